@@ -1,0 +1,1 @@
+"""Offline analysis of exported files (never of live state)."""

@@ -1,0 +1,1 @@
+"""The instrumentation API: phase context managers, callbacks, model metrics, thread helpers."""

@@ -1,0 +1,252 @@
+"""Callbacks for the same phases, named as in NVIDIA's one-logger so its users recognise them.
+
+Why callbacks at all: they let a framework hook or a trainer class keep every telemetry call
+in one place instead of wrapping model code in ``with`` blocks. They produce the same span
+tree as the context managers.
+
+Callbacks pair by identity (one open span per phase), are idempotent (a second start returns
+the open span, an end without start is ignored), close anything still open inside a phase
+before ending it, and never raise: each kind of misuse is reported once. ``*_time_msec``
+arguments take milliseconds since the epoch, as in the reference library.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import Span
+from opentelemetry.util.types import AttributeValue
+
+from traintel import _runtime, semconv
+from traintel.api import phases
+from traintel.semconv import Phase
+
+_CHECKPOINT_SAVE = "checkpoint_save"
+
+
+def _ns(time_msec: float | None) -> int | None:
+    return None if time_msec is None else int(time_msec * 1_000_000)
+
+
+def _start(template: phases.PhaseSpan, key: str, start_time_msec: float | None) -> Span:
+    """Open the phase ``template`` describes, under the key that pairs it with its end."""
+    try:
+        telemetry = _runtime.current()
+        if not telemetry.enabled:
+            return trace_api.INVALID_SPAN
+        return telemetry.callback_start(key, template, _ns(start_time_msec))
+    except Exception:
+        _runtime.current().warn_once("callback_start:" + key, "start callback for %r failed", key)
+        return trace_api.INVALID_SPAN
+
+
+def _end(key: str, finish_time_msec: float | None) -> None:
+    try:
+        telemetry = _runtime.current()
+        if not telemetry.enabled:
+            return
+        telemetry.callback_end(key, _ns(finish_time_msec))
+    except Exception:
+        _runtime.current().warn_once("callback_end:" + key, "end callback for %r failed", key)
+
+
+def on_app_start(start_time_msec: float | None = None) -> Span:
+    span = _start(phases.application(), Phase.APPLICATION.value, start_time_msec)
+    if span.is_recording():
+        _runtime.current().initialization_event(span)
+    return span
+
+
+def on_app_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.APPLICATION.value, finish_time_msec)
+
+
+def on_distributed_init_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.dist_init(), Phase.DIST_INIT.value, start_time_msec)
+
+
+def on_distributed_init_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.DIST_INIT.value, finish_time_msec)
+
+
+def on_dataloader_init_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.data_loader_init(), Phase.DATA_LOADER_INIT.value, start_time_msec)
+
+
+def on_dataloader_init_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.DATA_LOADER_INIT.value, finish_time_msec)
+
+
+def on_load_checkpoint_start(
+    start_time_msec: float | None = None,
+    path: str | os.PathLike[str] | None = None,
+    iteration: int | None = None,
+) -> Span:
+    return _start(
+        phases.checkpoint_load(path=path, iteration=iteration), Phase.CHECKPOINT_LOAD.value, start_time_msec
+    )
+
+
+def on_load_checkpoint_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.CHECKPOINT_LOAD.value, finish_time_msec)
+
+
+def on_model_init_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.model_init(), Phase.MODEL_INIT.value, start_time_msec)
+
+
+def on_model_init_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.MODEL_INIT.value, finish_time_msec)
+
+
+def on_optimizer_init_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.optimizer_init(), Phase.OPTIMIZER_INIT.value, start_time_msec)
+
+
+def on_optimizer_init_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.OPTIMIZER_INIT.value, finish_time_msec)
+
+
+def on_train_start(
+    train_iterations_start: int = 0,
+    train_samples_start: int | None = None,
+    train_iterations_target: int | None = None,
+    train_samples_target: int | None = None,
+    start_time_msec: float | None = None,
+) -> Span:
+    template = phases.training_loop(
+        train_iterations_start, train_samples_start, train_iterations_target, train_samples_target
+    )
+    return _start(template, Phase.TRAINING_LOOP.value, start_time_msec)
+
+
+def on_train_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.TRAINING_LOOP.value, finish_time_msec)
+
+
+def on_training_single_iteration_start(
+    start_time_msec: float | None = None,
+    iteration: int | None = None,
+    samples: int | None = None,
+    tokens: int | None = None,
+) -> Span:
+    template = phases.training_iteration(iteration=iteration, samples=samples, tokens=tokens)
+    return _start(template, Phase.TRAINING_ITERATION.value, start_time_msec)
+
+
+def on_training_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.TRAINING_ITERATION.value, finish_time_msec)
+
+
+def on_data_loading_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.data_loading(), Phase.DATA_LOADING.value, start_time_msec)
+
+
+def on_data_loading_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.DATA_LOADING.value, finish_time_msec)
+
+
+def on_model_forward_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.model_forward(), Phase.MODEL_FORWARD.value, start_time_msec)
+
+
+def on_model_forward_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.MODEL_FORWARD.value, finish_time_msec)
+
+
+def on_model_backward_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.model_backward(), Phase.MODEL_BACKWARD.value, start_time_msec)
+
+
+def on_model_backward_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.MODEL_BACKWARD.value, finish_time_msec)
+
+
+def on_optimizer_update_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.optimizer_update(), Phase.OPTIMIZER_UPDATE.value, start_time_msec)
+
+
+def on_optimizer_update_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.OPTIMIZER_UPDATE.value, finish_time_msec)
+
+
+def on_validation_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.validation_loop(), Phase.VALIDATION_LOOP.value, start_time_msec)
+
+
+def on_validation_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.VALIDATION_LOOP.value, finish_time_msec)
+
+
+def on_validation_single_iteration_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.validation_iteration(), Phase.VALIDATION_ITERATION.value, start_time_msec)
+
+
+def on_validation_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.VALIDATION_ITERATION.value, finish_time_msec)
+
+
+def on_testing_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.testing_loop(), Phase.TESTING_LOOP.value, start_time_msec)
+
+
+def on_testing_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.TESTING_LOOP.value, finish_time_msec)
+
+
+def on_testing_single_iteration_start(start_time_msec: float | None = None) -> Span:
+    return _start(phases.testing_iteration(), Phase.TESTING_ITERATION.value, start_time_msec)
+
+
+def on_testing_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    _end(Phase.TESTING_ITERATION.value, finish_time_msec)
+
+
+def on_save_checkpoint_start(
+    global_step: int | None = None,
+    start_time_msec: float | None = None,
+    strategy: str = "sync",
+    size_bytes: int | None = None,
+    path: str | os.PathLike[str] | None = None,
+) -> Span:
+    """``global_step`` is the iteration the checkpoint captures (default: iterations done)."""
+    template = phases.checkpoint_save(
+        strategy=strategy, iteration=global_step, size_bytes=size_bytes, path=path
+    )
+    return _start(template, _CHECKPOINT_SAVE, start_time_msec)
+
+
+def on_save_checkpoint_success(
+    global_step: int | None = None,
+    time_msec: float | None = None,
+    size_bytes: int | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> None:
+    """A ``save_checkpoint_success`` event on the open checkpoint span."""
+    try:
+        telemetry = _runtime.current()
+        span = telemetry.callback_span(_CHECKPOINT_SAVE) if telemetry.enabled else None
+        if span is None:
+            if telemetry.enabled:
+                telemetry.warn_once(
+                    "ckpt_success_without_start", "on_save_checkpoint_success without an open save"
+                )
+            return
+        event: dict[str, AttributeValue] = dict(attributes or {})
+        if global_step is not None:
+            event[semconv.CHECKPOINT_ITERATION] = global_step
+        if size_bytes is not None:
+            event[semconv.CHECKPOINT_SIZE] = size_bytes
+            span.set_attribute(semconv.CHECKPOINT_SIZE, size_bytes)
+        span.add_event(semconv.Event.SAVE_CHECKPOINT_SUCCESS.value, event, timestamp=_ns(time_msec))
+    except Exception:
+        _runtime.current().warn_once("ckpt_success", "on_save_checkpoint_success failed")
+
+
+def on_save_checkpoint_end(finish_time_msec: float | None = None) -> None:
+    _end(_CHECKPOINT_SAVE, finish_time_msec)
+
+
+__all__ = [name for name in dir() if name.startswith("on_")]

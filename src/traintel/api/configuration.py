@@ -1,0 +1,50 @@
+"""Public configuration entry points: ``configure``, ``set_training_config``, ``shutdown``."""
+
+from __future__ import annotations
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace as trace_api
+
+from traintel import _runtime
+from traintel._runtime import Telemetry
+
+
+def configure(
+    *,
+    tracer_provider: trace_api.TracerProvider | None = None,
+    meter_provider: metrics_api.MeterProvider | None = None,
+    service_name: str | None = None,
+    **training: object,
+) -> Telemetry:
+    """Configure traintel explicitly and return its handle.
+
+    Training facts (``global_batch_size=``, ``seq_len=``, ``flops_per_sample=``, ``session_tag=``
+    ...) override the ``TRAINTEL_*`` variables and may be zero-argument callables resolved when
+    needed. Providers default to the global ones when the user set them, else are built from
+    ``OTEL_*``. Every value is validated before anything is built: a bad one raises
+    :class:`~traintel.ConfigurationError` naming the variable or argument and the value.
+    """
+    return _runtime.configure(
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        service_name=service_name,
+        training=training,
+    )
+
+
+def set_training_config(**changes: object) -> None:
+    """Supply or change training facts after start (e.g. the batch size once the data loader
+    exists); they apply from now on. Raises :class:`~traintel.ConfigurationError` on a bad
+    value, leaving the previous configuration in force."""
+    _runtime.current().update_config(**changes)
+
+
+def get_telemetry() -> Telemetry:
+    """The current telemetry handle (configuring from the environment if needed)."""
+    return _runtime.current()
+
+
+def shutdown(timeout_s: float | None = None) -> bool:
+    """End open callback spans and flush within ``timeout_s`` (default ``TRAINTEL_SHUTDOWN_TIMEOUT``).
+    Returns whether everything was flushed in time. Called automatically at exit."""
+    return _runtime.shutdown(timeout_s)

@@ -1,0 +1,78 @@
+"""``record_metrics``: the user's model metrics (loss, lr, grad norm...) on the current step.
+
+Why on the span and not straight into OTel metrics: a loss belongs to an iteration, and the
+span is what a user opens in Jaeger when a step looks wrong. The metric goes on the innermost
+open iteration (training, validation or testing) enclosing the current context, else on the
+innermost open loop, as ``ml.training.metric.<name>``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import Span
+
+from traintel import _runtime, semconv
+
+
+def _as_number(value: object) -> float | int | bool | None:
+    """A plain number for ``value``: Python numbers as they are, tensors and numpy scalars
+    through ``.item()`` (which synchronises a CUDA tensor: pass ``loss.item()`` yourself where
+    you already synchronise), anything else ``None``."""
+    if isinstance(value, bool | int | float):
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            result = item()
+        except Exception:
+            return None
+        if isinstance(result, bool | int | float):
+            return result
+    return None
+
+
+def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: object) -> None:
+    """Attach model metrics to the current iteration (or loop). Never raises.
+
+    Non-numeric values are dropped with one warning; non-finite ones are kept (a NaN loss
+    is exactly what a user needs to find).
+    """
+    telemetry = _runtime.current()
+    if not telemetry.enabled or telemetry.processor is None:
+        return
+    try:
+        values = dict(metrics or {})
+        values.update(more)
+        current = trace_api.get_current_span().get_span_context().span_id
+        processor = telemetry.processor
+        target: Span | None = processor.enclosing(current, semconv.ITERATION_PHASES) or processor.enclosing(
+            current, semconv.LOOP_PHASES
+        )
+        if target is None:
+            for phase in (*semconv.ITERATION_PHASES, *semconv.LOOP_PHASES):
+                target = telemetry.callback_span(phase.value)
+                if target is not None:
+                    break
+        if target is None:
+            telemetry.warn_once(
+                "metrics_outside_loop", "record_metrics called outside any iteration or loop; ignored"
+            )
+            return
+        for name, raw in values.items():
+            number = _as_number(raw)
+            if number is None:
+                telemetry.warn_once(
+                    "metric_type:" + name,
+                    "record_metrics(%s=%r): not a number; dropped",
+                    name,
+                    type(raw).__name__,
+                )
+                continue
+            if isinstance(number, float) and not math.isfinite(number):
+                telemetry.warn_once("nonfinite:" + name, "record_metrics: %s is %r", name, number)
+            target.set_attribute(semconv.METRIC_PREFIX + name, number)
+    except Exception:
+        telemetry.warn_once("record_metrics", "record_metrics failed")

@@ -1,0 +1,246 @@
+"""Training facts and traintel's own knobs: parsing, validation and lazy values.
+
+Why lazy values: a job often learns its batch size only after the data loader exists and its
+world size only after ``dist_init``. Any field may therefore be a zero-argument callable that
+is resolved when the value is needed (and validated then), and ``set_training_config`` may
+supply values after telemetry started.
+
+Why two error modes: an explicit ``configure()`` should fail fast with one error that names
+the variable or argument and the bad value, before anything is half-built; implicit
+auto-configuration must never stop a training job, so it logs that same message and ignores
+only the bad setting.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
+
+from traintel import environment_variables as ev
+
+_logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ConfigurationError(ValueError):
+    """A configuration value is invalid; the message names the setting and the bad value."""
+
+
+def _positive_int(raw: object) -> int:
+    if isinstance(raw, bool):
+        raise ValueError("expected a positive integer")
+    if isinstance(raw, str):
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError("expected a positive integer") from None
+    elif isinstance(raw, int):
+        value = raw
+    elif isinstance(raw, float) and raw.is_integer():
+        value = int(raw)
+    else:
+        raise ValueError("expected a positive integer")
+    if value <= 0:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+def _number(raw: object, *, allow_zero: bool) -> float:
+    expected = "a non-negative number" if allow_zero else "a positive number"
+    if isinstance(raw, bool):
+        raise ValueError(f"expected {expected}")
+    if isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError(f"expected {expected}") from None
+    elif isinstance(raw, int | float):
+        value = float(raw)
+    else:
+        raise ValueError(f"expected {expected}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"expected {expected}")
+    return value
+
+
+def _positive_number(raw: object) -> float:
+    return _number(raw, allow_zero=False)
+
+
+def _non_negative_number(raw: object) -> float:
+    return _number(raw, allow_zero=True)
+
+
+def _non_empty_str(raw: object) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        raise ValueError("expected a non-empty string")
+    return raw.strip()
+
+
+@dataclass(frozen=True)
+class _Field(Generic[T]):
+    name: str
+    env: str
+    parse: Callable[[object], T]
+    default: T | None
+    doc: str
+
+
+_FIELDS: Final[tuple[_Field[Any], ...]] = (
+    _Field("session_tag", ev.TRAINTEL_SESSION_TAG, _non_empty_str, None, "jobs of one logical task"),
+    _Field("perf_tag", ev.TRAINTEL_PERF_TAG, _non_empty_str, None, "jobs expected to perform alike"),
+    _Field("run_id", ev.TRAINTEL_RUN_ID, _non_empty_str, None, "id shared by all ranks of a job"),
+    _Field("global_batch_size", ev.TRAINTEL_GLOBAL_BATCH_SIZE, _positive_int, None, "samples per step"),
+    _Field("seq_len", ev.TRAINTEL_SEQ_LEN, _positive_int, None, "tokens per sample"),
+    _Field("flops_per_sample", ev.TRAINTEL_FLOPS_PER_SAMPLE, _positive_number, None, "model FLOPs/sample"),
+    _Field("flops_per_token", ev.TRAINTEL_FLOPS_PER_TOKEN, _positive_number, None, "model FLOPs/token"),
+    _Field("peak_flops", ev.TRAINTEL_PEAK_FLOPS, _positive_number, None, "dense peak FLOP/s per device"),
+    _Field("log_every_n_iterations", ev.TRAINTEL_LOG_EVERY_N_ITERATIONS, _positive_int, 50, "window size"),
+    _Field("output_dir", ev.TRAINTEL_OUTPUT_DIR, _non_empty_str, "traintel-runs", "embedded file dir"),
+    _Field("shutdown_timeout", ev.TRAINTEL_SHUTDOWN_TIMEOUT, _non_negative_number, 5.0, "exit bound, s"),
+)
+_BY_NAME: Final = {f.name: f for f in _FIELDS}
+#: Names accepted by ``configure()`` / ``set_training_config()`` as training facts.
+FIELD_NAMES: Final = tuple(_BY_NAME)
+#: Fields that must be concrete when telemetry starts (they shape files and exit), not lazy.
+_EAGER: Final = frozenset({"output_dir", "shutdown_timeout", "run_id", "session_tag"})
+
+
+def _check(field: _Field[Any], value: object, source: str) -> object:
+    """Validate ``value`` for ``field``; callables pass (they are checked when resolved)."""
+    if callable(value):
+        if field.name in _EAGER:
+            raise ConfigurationError(f"{source}: {field.name} cannot be a callable, it is needed at start")
+        return value
+    try:
+        return field.parse(value)
+    except ValueError as exc:
+        raise ConfigurationError(f"{source}={value!r}: {exc}") from None
+
+
+class TrainingConfig:
+    """An immutable set of training facts; each value is concrete, lazy (callable) or unset.
+
+    Build one with :meth:`from_env`, derive updated copies with :meth:`updated`, and read
+    values with :meth:`get`, which resolves callables and never raises.
+    """
+
+    __slots__ = ("_lock", "_values", "_warned")
+
+    def __init__(self, values: Mapping[str, object] | None = None) -> None:
+        self._values: dict[str, object] = {}
+        for name, value in (values or {}).items():
+            field = _BY_NAME.get(name)
+            if field is None:
+                raise ConfigurationError(f"{name}: unknown training config setting (known: {FIELD_NAMES})")
+            if value is not None:
+                self._values[name] = _check(field, value, name)
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        overrides: Mapping[str, object] | None = None,
+        *,
+        strict: bool,
+    ) -> TrainingConfig:
+        """Read ``TRAINTEL_*`` variables, then apply explicit ``overrides`` on top.
+
+        With ``strict`` the first bad value raises :class:`ConfigurationError` (naming the
+        variable or argument); without it the error is logged and that one setting ignored.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for field in _FIELDS:
+            raw = environ.get(field.env)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                values[field.name] = _check(field, raw, field.env)
+            except ConfigurationError as exc:
+                if strict:
+                    raise
+                _logger.error("traintel: ignoring bad setting: %s", exc)
+        for name, value in (overrides or {}).items():
+            spec = _BY_NAME.get(name)
+            if spec is None:
+                error = ConfigurationError(f"{name}: unknown training config setting (known: {FIELD_NAMES})")
+                if strict:
+                    raise error
+                _logger.error("traintel: ignoring bad setting: %s", error)
+                continue
+            if value is None:
+                continue
+            try:
+                values[name] = _check(spec, value, name)
+            except ConfigurationError as exc:
+                if strict:
+                    raise
+                _logger.error("traintel: ignoring bad setting: %s", exc)
+        return cls(values)
+
+    def updated(self, **changes: object) -> TrainingConfig:
+        """A copy with ``changes`` applied; raises :class:`ConfigurationError` on a bad value.
+
+        Validation happens before anything is copied, so a bad call changes nothing.
+        """
+        for name, value in changes.items():
+            field = _BY_NAME.get(name)
+            if field is None:
+                raise ConfigurationError(f"{name}: unknown training config setting (known: {FIELD_NAMES})")
+            if value is not None:
+                _check(field, value, name)
+        merged = dict(self._values)
+        merged.update({k: v for k, v in changes.items() if v is not None})
+        return TrainingConfig(merged)
+
+    def get(self, name: str) -> Any:
+        """The concrete value of ``name`` (a callable is called and validated), or its default.
+
+        A callable that raises or returns a bad value is reported once and treated as unset:
+        telemetry must not take the training job down over a batch-size lambda.
+        """
+        field = _BY_NAME[name]
+        value = self._values.get(name)
+        if value is None:
+            return field.default
+        if not callable(value):
+            return value
+        try:
+            return field.parse(value())
+        except Exception as exc:
+            self._warn_once(name, f"traintel: {name} callable gave an unusable value ({exc}); ignoring it")
+            return field.default
+
+    def is_set(self, name: str) -> bool:
+        return name in self._values
+
+    def is_lazy(self, name: str) -> bool:
+        return callable(self._values.get(name))
+
+    def describe(self) -> dict[str, str | int | float]:
+        """Values for the ``telemetry_initialization`` event; lazy ones are resolved now."""
+        described: dict[str, str | int | float] = {}
+        for field in _FIELDS:
+            value = self.get(field.name)
+            if value is not None:
+                described[field.name] = value
+        return described
+
+    def _warn_once(self, key: str, message: str) -> None:
+        with self._lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        _logger.warning(message)
+
+    def __repr__(self) -> str:
+        return f"TrainingConfig({self._values!r})"

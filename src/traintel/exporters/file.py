@@ -1,0 +1,233 @@
+"""The embedded default: OTLP/JSON lines in a local file, one export request per line.
+
+Why a file and not a local collector: ``make demo`` and a first experiment must work with
+nothing else installed, and a file of standard OTLP/JSON requests can later be replayed to
+any collector or read by ``traintel`` commands. Traces and metrics of one process share one
+file (the line's top-level key says which), named by service, start time and pid so ranks
+and restarts never collide.
+
+Writes happen on the SDK's export threads, never on the training thread. A write error is
+reported once and the export fails; training goes on and other exporters are unaffected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from traintel import environment_variables as ev
+from traintel.exporters.otlp_json import metrics_to_json_line, spans_to_json_line
+
+_logger = logging.getLogger(__name__)
+
+DEFAULT_OUTPUT_DIR = "traintel-runs"
+FILE_SUFFIX = ".otlp.jsonl"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _file_name(service_name: str, started: float, pid: int) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+    safe = _UNSAFE.sub("_", service_name).strip("._") or "traintel"
+    return f"{safe}-{stamp}-{pid}{FILE_SUFFIX}"
+
+
+class OtlpJsonLinesFile:
+    """An append-only OTLP/JSON-lines file shared by a process's span and metric exporters.
+
+    The path is fixed on the first write (the service name comes from the first resource
+    seen), or given explicitly. After a fork the child starts its own file.
+    """
+
+    def __init__(
+        self, output_dir: str | os.PathLike[str] | None = None, path: str | os.PathLike[str] | None = None
+    ):
+        # Absolute now: a job that changes directory later must not scatter its telemetry.
+        self._output_dir = Path(
+            output_dir or os.environ.get(ev.TRAINTEL_OUTPUT_DIR) or DEFAULT_OUTPUT_DIR
+        ).absolute()
+        self._explicit_path = Path(path).absolute() if path is not None else None
+        self._lock = threading.Lock()
+        self._fh: IO[str] | None = None
+        self._path: Path | None = self._explicit_path
+        self._pid = os.getpid()
+        self._started = time.time()
+        self._failed_once = False
+        self._closed = False
+        self._users = 0
+        self.lines_written = 0
+
+    def acquire(self) -> None:
+        """Register an exporter writing here; the file closes when the last one releases."""
+        with self._lock:
+            self._users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users <= 0
+        if last:
+            self.close()
+
+    @property
+    def path(self) -> Path | None:
+        """Where lines go; ``None`` until the first write decides it."""
+        return self._path
+
+    def planned_path(self, service_name: str) -> Path:
+        """The path the first write will use for ``service_name`` (for reports at start)."""
+        if self._explicit_path is not None:
+            return self._explicit_path
+        if self._path is not None and self._pid == os.getpid():
+            return self._path
+        return self._output_dir / _file_name(service_name, self._started, os.getpid())
+
+    def _open(self, service_name: str) -> IO[str]:
+        if self._pid != os.getpid():  # forked: the parent's handle and name are not ours
+            self._fh = None
+            self._path = self._explicit_path
+            self._pid = os.getpid()
+            self._started = time.time()
+        if self._fh is None:
+            path = self.planned_path(service_name)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self._fh = os.fdopen(fd, "a", encoding="utf-8")
+            self._path = path
+        return self._fh
+
+    def write_line(self, line: str, service_name: str) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            try:
+                fh = self._open(service_name)
+                fh.write(line + "\n")
+                fh.flush()
+            except (OSError, ValueError) as exc:
+                if not self._failed_once:
+                    self._failed_once = True
+                    target = self._path or self._output_dir
+                    _logger.error(
+                        "traintel: cannot write telemetry file %s (%s); training continues, "
+                        "this exporter drops data until the file is writable",
+                        target,
+                        exc,
+                    )
+                self._fh = None
+                return False
+            self.lines_written += 1
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._fh is not None:
+                with contextlib.suppress(OSError):
+                    self._fh.close()
+                self._fh = None
+
+
+_default_files: dict[str, OtlpJsonLinesFile] = {}
+_default_files_lock = threading.Lock()
+
+
+def default_file(output_dir: str | os.PathLike[str] | None = None) -> OtlpJsonLinesFile:
+    """The process-wide file for ``output_dir``, so span and metric exporters share it."""
+    key = str(Path(output_dir or os.environ.get(ev.TRAINTEL_OUTPUT_DIR) or DEFAULT_OUTPUT_DIR).resolve())
+    with _default_files_lock:
+        existing = _default_files.get(key)
+        if existing is None or existing._closed:
+            existing = _default_files[key] = OtlpJsonLinesFile(key)
+        return existing
+
+
+def _service_name_of(resource_attributes: object) -> str:
+    name = getattr(resource_attributes, "get", lambda _k: None)("service.name")
+    return str(name) if name else "traintel"
+
+
+class OtlpJsonFileSpanExporter(SpanExporter):
+    """Span exporter writing one ``ExportTraceServiceRequest`` per line.
+
+    Registered as the ``traintel_file`` traces exporter, so ``OTEL_TRACES_EXPORTER=otlp,traintel_file``
+    keeps a local copy next to OTLP export.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, file: OtlpJsonLinesFile | None = None):
+        self._file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
+        self._file.acquire()
+        self._released = False
+
+    @property
+    def file(self) -> OtlpJsonLinesFile:
+        return self._file
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not spans:
+            return SpanExportResult.SUCCESS
+        try:
+            line = spans_to_json_line(spans)
+        except Exception:
+            _logger.exception("traintel: could not encode %d spans", len(spans))
+            return SpanExportResult.FAILURE
+        ok = self._file.write_line(line, _service_name_of(spans[0].resource.attributes))
+        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        if not self._released:
+            self._released = True
+            self._file.release()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class OtlpJsonFileMetricExporter(MetricExporter):
+    """Metric exporter writing one ``ExportMetricsServiceRequest`` per line (cumulative)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, file: OtlpJsonLinesFile | None = None):
+        super().__init__()
+        self._file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
+        self._file.acquire()
+        self._released = False
+
+    @property
+    def file(self) -> OtlpJsonLinesFile:
+        return self._file
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
+    ) -> MetricExportResult:
+        if not metrics_data.resource_metrics:
+            return MetricExportResult.SUCCESS
+        try:
+            line = metrics_to_json_line(metrics_data)
+        except Exception:
+            _logger.exception("traintel: could not encode metrics")
+            return MetricExportResult.FAILURE
+        service = _service_name_of(metrics_data.resource_metrics[0].resource.attributes)
+        ok = self._file.write_line(line, service)
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        if not self._released:
+            self._released = True
+            self._file.release()

@@ -1,0 +1,93 @@
+"""OTLP/JSON encoding of export requests, per the OpenTelemetry file-exporter format.
+
+Why the proto encoders and not a hand-written serialiser: the SDK's own
+``opentelemetry-exporter-otlp-proto-common`` builds exactly the request a collector receives,
+and ``google.protobuf.json_format`` prints the canonical JSON mapping. The one difference the
+OTLP/JSON spec makes is that trace and span ids are lowercase hex, not base64; we rewrite
+those keys on the way out and back on the way in, so a file line is a valid OTLP/JSON
+``Export*ServiceRequest`` that a collector's ``otlpjsonfile`` receiver or ``traintel replay``
+can send on.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from google.protobuf import json_format
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.metrics.export import MetricsData
+from opentelemetry.sdk.trace import ReadableSpan
+
+_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
+
+ExportRequest = ExportTraceServiceRequest | ExportMetricsServiceRequest
+
+
+def _rewrite_ids(node: Any, convert: Any) -> None:
+    """Rewrite every id key in a decoded JSON tree in place (spans, links, exemplars)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                node[key] = convert(value)
+            else:
+                _rewrite_ids(value, convert)
+    elif isinstance(node, list):
+        for item in node:
+            _rewrite_ids(item, convert)
+
+
+def _b64_to_hex(value: str) -> str:
+    return base64.b64decode(value).hex()
+
+
+def _hex_to_b64(value: str) -> str:
+    return base64.b64encode(bytes.fromhex(value)).decode("ascii")
+
+
+def request_to_json_line(request: ExportRequest) -> str:
+    """One OTLP/JSON line (no trailing newline) for an export request."""
+    tree = json_format.MessageToDict(request, use_integers_for_enums=True)
+    _rewrite_ids(tree, _b64_to_hex)
+    return json.dumps(tree, separators=(",", ":"), ensure_ascii=False)
+
+
+def spans_to_json_line(spans: Sequence[ReadableSpan]) -> str:
+    return request_to_json_line(encode_spans(spans))
+
+
+def metrics_to_json_line(metrics_data: MetricsData) -> str:
+    return request_to_json_line(encode_metrics(metrics_data))
+
+
+class DecodeError(ValueError):
+    """A line is not an OTLP/JSON trace or metrics export request."""
+
+
+def json_line_to_request(line: str) -> ExportRequest:
+    """Parse one line back into the proto request it encodes (trace or metrics)."""
+    try:
+        tree = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise DecodeError(f"not JSON: {exc}") from None
+    if not isinstance(tree, dict):
+        raise DecodeError("not a JSON object")
+    request: ExportRequest
+    if "resourceSpans" in tree:
+        request = ExportTraceServiceRequest()
+    elif "resourceMetrics" in tree:
+        request = ExportMetricsServiceRequest()
+    else:
+        raise DecodeError("neither resourceSpans nor resourceMetrics")
+    try:
+        _rewrite_ids(tree, _hex_to_b64)
+        json_format.ParseDict(tree, request, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError, binascii.Error, RecursionError) as exc:
+        raise DecodeError(f"not an OTLP request: {exc}") from None
+    return request

@@ -1,0 +1,190 @@
+"""Read OTLP/JSON-lines files back, streaming, with bad lines counted instead of fatal.
+
+Why proto classes and not a hand parser: the lines are standard OTLP requests, so the same
+``opentelemetry-proto`` messages the collector uses decode them; :class:`SpanRecord` is only a
+flat, typed view for analysis code that should not care about the OTLP nesting.
+
+A file written by a job that crashed may end in a truncated line, and a file may have been
+edited or corrupted: such lines are skipped and counted in :class:`ReadStats`, never raised.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
+
+from traintel.exporters.file import FILE_SUFFIX
+from traintel.exporters.otlp_json import DecodeError, ExportRequest, json_line_to_request
+
+_STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
+
+#: Lines longer than this are skipped unread: a corrupt file must not exhaust memory.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class ReadStats:
+    """What a read went through: files, good lines, and skipped lines with the first reasons."""
+
+    files: int = 0
+    lines: int = 0
+    skipped: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def skip(self, where: str, reason: str) -> None:
+        self.skipped += 1
+        if len(self.reasons) < 20:
+            self.reasons.append(f"{where}: {reason}")
+
+
+def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Files as given, directories expanded to their ``*.otlp.jsonl`` files (recursively)."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(sorted(p for p in path.rglob(f"*{FILE_SUFFIX}") if p.is_file()))
+        else:
+            found.append(path)
+    return found
+
+
+def read_requests(
+    paths: Iterable[str | os.PathLike[str]], stats: ReadStats | None = None
+) -> Iterator[ExportRequest]:
+    """Every export request in the files, in file order, one line at a time."""
+    stats = stats if stats is not None else ReadStats()
+    for path in expand_paths(paths):
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - closed below, generator-friendly
+        except OSError as exc:
+            stats.skip(str(path), f"cannot open ({exc.strerror or exc})")
+            continue
+        stats.files += 1
+        with fh:
+            lineno = 0
+            while True:
+                raw = fh.readline(MAX_LINE_BYTES + 1)
+                if not raw:
+                    break
+                lineno += 1
+                where = f"{path}:{lineno}"
+                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    stats.skip(where, f"line longer than {MAX_LINE_BYTES} bytes")
+                    while raw and not raw.endswith(b"\n"):  # discard the rest of the line
+                        raw = fh.readline(MAX_LINE_BYTES + 1)
+                    continue
+                text = raw.strip()
+                if not text:
+                    continue
+                try:
+                    request = json_line_to_request(text.decode("utf-8"))
+                except UnicodeDecodeError:
+                    stats.skip(where, "not UTF-8")
+                    continue
+                except DecodeError as exc:
+                    truncated = not raw.endswith(b"\n")
+                    stats.skip(where, "truncated last line" if truncated else str(exc))
+                    continue
+                stats.lines += 1
+                yield request
+
+
+def any_value(value: AnyValue) -> Any:
+    """A Python value for an OTLP ``AnyValue``."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return attributes_dict(value.kvlist_value.values)
+    return getattr(value, kind)
+
+
+def attributes_dict(attributes: Iterable[KeyValue]) -> dict[str, Any]:
+    return {kv.key: any_value(kv.value) for kv in attributes}
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SpanRecord:
+    """A flat view of one exported span with its resource, for analysis code."""
+
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    events: tuple[EventRecord, ...]
+    links: tuple[tuple[str, str], ...]
+    status_code: int
+    status_message: str
+    resource: dict[str, Any]
+    scope: str
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def is_error(self) -> bool:
+        return self.status_code == _STATUS_ERROR
+
+
+def _span_record(span: ProtoSpan, resource: dict[str, Any], scope: str) -> SpanRecord:
+    return SpanRecord(
+        name=span.name,
+        trace_id=span.trace_id.hex(),
+        span_id=span.span_id.hex(),
+        parent_span_id=span.parent_span_id.hex() or None,
+        start_ns=span.start_time_unix_nano,
+        end_ns=span.end_time_unix_nano,
+        attributes=attributes_dict(span.attributes),
+        events=tuple(
+            EventRecord(e.name, e.time_unix_nano, attributes_dict(e.attributes)) for e in span.events
+        ),
+        links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
+        status_code=span.status.code,
+        status_message=span.status.message,
+        resource=resource,
+        scope=scope,
+    )
+
+
+def iter_spans(
+    paths: Iterable[str | os.PathLike[str]], stats: ReadStats | None = None
+) -> Iterator[SpanRecord]:
+    """Every span in the files, flattened, streaming."""
+    for request in read_requests(paths, stats):
+        if not isinstance(request, ExportTraceServiceRequest):
+            continue
+        for resource_spans in request.resource_spans:
+            resource = attributes_dict(resource_spans.resource.attributes)
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    yield _span_record(span, resource, scope_spans.scope.name)
+
+
+def iter_metric_requests(
+    paths: Iterable[str | os.PathLike[str]], stats: ReadStats | None = None
+) -> Iterator[ExportMetricsServiceRequest]:
+    for request in read_requests(paths, stats):
+        if isinstance(request, ExportMetricsServiceRequest):
+            yield request

@@ -1,0 +1,345 @@
+"""Tracer and meter providers: attach to the user's, or build them from ``OTEL_*``.
+
+Rules (DESIGN rule 2): a provider the user (or ``opentelemetry-instrument``) already set is
+never replaced; traintel adds its span processor to it. Only when nothing is configured does
+traintel build providers, and then through the SDK's own machinery: ``Resource.create`` reads
+``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, ``TracerProvider`` reads
+``OTEL_TRACES_SAMPLER(_ARG)``, ``BatchSpanProcessor`` reads ``OTEL_BSP_*``,
+``PeriodicExportingMetricReader`` reads ``OTEL_METRIC_EXPORT_*``, and each OTLP exporter reads
+its endpoint, headers, timeout, compression, certificate and insecure settings itself. What
+traintel decides is only *which* exporters: ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``
+through the standard entry points, ``otlp`` resolved by ``OTEL_EXPORTER_OTLP_(TRACES_|METRICS_)PROTOCOL``,
+and the embedded file when no exporter and no OTLP endpoint is configured.
+
+Why our own bounded shutdown: the SDK's atexit hook joins its export thread without a bound,
+so a dead collector can hold a finished job for minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from traintel import semconv
+from traintel.config import ConfigurationError, TrainingConfig
+from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
+from traintel.resource_detectors import default_detectors, default_run_id, restart_count
+
+_logger = logging.getLogger(__name__)
+
+FILE_EXPORTER = "traintel_file"
+_PROTOCOLS = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
+_SIGNAL_VARS = {
+    "traces": (
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    ),
+    "metrics": (
+        "OTEL_METRICS_EXPORTER",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+    ),
+}
+
+
+def _report(error: ConfigurationError, strict: bool) -> None:
+    if strict:
+        raise error
+    _logger.error("traintel: ignoring bad setting: %s", error)
+
+
+def otlp_protocol(signal: str, environ: Mapping[str, str], strict: bool) -> str:
+    """The OTLP protocol for ``signal``: the per-signal variable wins over the general one."""
+    _, _, signal_var = _SIGNAL_VARS[signal]
+    for var in (signal_var, "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        raw = environ.get(var, "").strip()
+        if not raw:
+            continue
+        if raw in _PROTOCOLS:
+            return raw
+        _report(
+            ConfigurationError(
+                f"{var}={raw!r}: unknown OTLP protocol (supported: {', '.join(sorted(_PROTOCOLS))})"
+            ),
+            strict,
+        )
+    return "grpc"
+
+
+def exporter_names(signal: str, environ: Mapping[str, str]) -> list[str]:
+    """Exporter names for ``signal`` as the user asked, or the embedded default.
+
+    An OTLP endpoint without an exporter list means "send OTLP there"; nothing at all means
+    the local file, so a fresh machine never retries against a collector that is not there.
+    """
+    exporter_var, endpoint_var, _ = _SIGNAL_VARS[signal]
+    raw = environ.get(exporter_var, "").strip()
+    if raw:
+        names = [n.strip() for n in raw.split(",") if n.strip()]
+        return [] if "none" in names else names
+    if environ.get(endpoint_var, "").strip() or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip():
+        return ["otlp"]
+    return [FILE_EXPORTER]
+
+
+@dataclass
+class _ExporterPlan:
+    name: str
+    factory: Callable[[], Any]
+
+
+def _plan_exporters(
+    signal: str, environ: Mapping[str, str], file: OtlpJsonLinesFile, strict: bool
+) -> list[_ExporterPlan]:
+    """Resolve every exporter name to a factory, validating all before building any."""
+    exporter_var = _SIGNAL_VARS[signal][0]
+    plans: list[_ExporterPlan] = []
+    for name in exporter_names(signal, environ):
+        if name == FILE_EXPORTER:
+            cls = OtlpJsonFileSpanExporter if signal == "traces" else OtlpJsonFileMetricExporter
+            plans.append(_ExporterPlan(name, lambda cls=cls: cls(file=file)))  # type: ignore[misc]
+            continue
+        ep_name = _PROTOCOLS[otlp_protocol(signal, environ, strict)] if name == "otlp" else name
+        found = list(entry_points(group=f"opentelemetry_{signal}_exporter", name=ep_name))
+        if not found:
+            known = sorted({ep.name for ep in entry_points(group=f"opentelemetry_{signal}_exporter")})
+            _report(
+                ConfigurationError(
+                    f"{exporter_var}={environ.get(exporter_var, name)!r}: unknown exporter {name!r} "
+                    f"(installed: {', '.join([*known, 'otlp', 'none'])})"
+                ),
+                strict,
+            )
+            continue
+        try:
+            cls = found[0].load()
+        except Exception as exc:
+            _report(ConfigurationError(f"{exporter_var}: exporter {name!r} failed to load: {exc}"), strict)
+            continue
+        plans.append(_ExporterPlan(name, cls))
+    return plans
+
+
+def default_service_name() -> str:
+    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    return script or "traintel"
+
+
+def build_resource(config: TrainingConfig, service_name: str | None = None) -> Resource:
+    """The job's Resource: SDK defaults < detected identity < ``OTEL_*`` env < explicit args."""
+    detected: dict[str, Any] = {}
+    for detector in default_detectors():
+        try:
+            detected.update(detector.detect().attributes)
+        except Exception as exc:  # one broken detector must not lose the others
+            _logger.warning("traintel: resource detector %s failed: %s", type(detector).__name__, exc)
+    run_id = config.get("run_id") or default_run_id()
+    detected[semconv.RUN_ID] = run_id
+    detected[semconv.SESSION_TAG] = config.get("session_tag") or run_id
+    perf_tag = None if config.is_lazy("perf_tag") else config.get("perf_tag")
+    if perf_tag:
+        detected[semconv.PERF_TAG] = perf_tag
+    detected[semconv.RESTART_COUNT] = restart_count()
+    env_resource = OTELResourceDetector().detect()
+    resource = Resource.create({}).merge(Resource(detected)).merge(env_resource)
+    if service_name:
+        resource = resource.merge(Resource({semconv.SERVICE_NAME: service_name}))
+    elif str(resource.attributes.get(semconv.SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({semconv.SERVICE_NAME: default_service_name()}))
+    return resource
+
+
+def _is_unset_meter_provider(provider: object) -> bool:
+    # The API hands out a proxy until a real provider is set; it has no public type.
+    return type(provider).__name__ == "_ProxyMeterProvider"
+
+
+@dataclass
+class Pipeline:
+    """The providers traintel records into, and whether it owns (and so shuts down) them."""
+
+    tracer_provider: trace_api.TracerProvider
+    meter_provider: metrics_api.MeterProvider
+    owns_tracer_provider: bool
+    owns_meter_provider: bool
+    trace_exporters: list[str] = field(default_factory=list)
+    metric_exporters: list[str] = field(default_factory=list)
+    file: OtlpJsonLinesFile | None = None
+    processors: list[SpanProcessor] = field(default_factory=list)
+    _shut_down: bool = False
+
+    @property
+    def resource(self) -> Resource:
+        return getattr(self.tracer_provider, "resource", None) or Resource.get_empty()
+
+    def output_file(self) -> Path | None:
+        if self.file is None:
+            return None
+        service = str(self.resource.attributes.get(semconv.SERVICE_NAME, "traintel"))
+        return self.file.path or self.file.planned_path(service)
+
+    def add_span_processor(self, processor: SpanProcessor) -> None:
+        self.tracer_provider.add_span_processor(processor)  # type: ignore[attr-defined]
+        self.processors.append(processor)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Export what is buffered, waiting at most ``timeout_s``; never raises."""
+        return _bounded(
+            [
+                lambda: _call(self.tracer_provider, "force_flush", int(timeout_s * 1000)),
+                lambda: _call(self.meter_provider, "force_flush", int(timeout_s * 1000)),
+            ],
+            timeout_s,
+            "flush",
+        )
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Flush and release everything traintel owns within ``timeout_s``; never raises.
+
+        Providers the user owns are flushed, not shut down: their lifecycle is theirs.
+        """
+        if self._shut_down:
+            return True
+        self._shut_down = True
+        millis = int(timeout_s * 1000)
+        tasks: list[Callable[[], None]] = []
+        if self.owns_tracer_provider:
+
+            def flush_and_shutdown_traces() -> None:
+                _call(self.tracer_provider, "force_flush", millis)
+                _call(self.tracer_provider, "shutdown")
+
+            tasks.append(flush_and_shutdown_traces)
+        else:
+            tasks.append(lambda: _call(self.tracer_provider, "force_flush", millis))
+        if self.owns_meter_provider:
+            tasks.append(lambda: _call(self.meter_provider, "shutdown", millis))
+        else:
+            tasks.append(lambda: _call(self.meter_provider, "force_flush", millis))
+        return _bounded(tasks, timeout_s, "shutdown")
+
+
+def _call(target: object, method: str, *args: Any) -> None:
+    fn = getattr(target, method, None)
+    if fn is None:
+        return
+    try:
+        fn(*args)
+    except Exception:
+        _logger.exception("traintel: %s.%s failed", type(target).__name__, method)
+
+
+def _bounded(tasks: list[Callable[[], None]], timeout_s: float, what: str) -> bool:
+    """Run tasks in parallel daemon threads and wait for them at most ``timeout_s`` in total.
+
+    Daemon threads: if an exporter is stuck on a black-holed socket, the interpreter may still
+    exit when the bound is reached.
+    """
+    threads = [threading.Thread(target=t, name=f"traintel-{what}", daemon=True) for t in tasks]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t for t in threads if t.is_alive()]
+    if stuck:
+        _logger.warning(
+            "traintel: telemetry %s did not finish within %.1fs (collector unreachable or slow?); "
+            "going on without it",
+            what,
+            timeout_s,
+        )
+        return False
+    return True
+
+
+def build_pipeline(
+    config: TrainingConfig,
+    *,
+    tracer_provider: trace_api.TracerProvider | None = None,
+    meter_provider: metrics_api.MeterProvider | None = None,
+    service_name: str | None = None,
+    strict: bool,
+    environ: Mapping[str, str] | None = None,
+) -> Pipeline:
+    """The providers to record into: the user's where set, else built from ``OTEL_*``.
+
+    Everything is validated before anything is built or registered, so a strict call that
+    raises leaves the process exactly as it was.
+    """
+    environ = os.environ if environ is None else environ
+    tp = tracer_provider if tracer_provider is not None else trace_api.get_tracer_provider()
+    mp = meter_provider if meter_provider is not None else metrics_api.get_meter_provider()
+    attach_tp = isinstance(tp, TracerProvider)
+    if tracer_provider is not None and not attach_tp:
+        raise ConfigurationError(
+            f"tracer_provider={tracer_provider!r}: traintel needs an opentelemetry.sdk.trace.TracerProvider"
+        )
+    build_tp = not attach_tp
+    build_mp = meter_provider is None and _is_unset_meter_provider(mp)
+
+    file = OtlpJsonLinesFile(output_dir=config.get("output_dir"))
+    trace_plans = _plan_exporters("traces", environ, file, strict) if build_tp else []
+    metric_plans = _plan_exporters("metrics", environ, file, strict) if build_mp else []
+    resource = build_resource(config, service_name) if (build_tp or build_mp) else None
+    uses_file = any(p.name == FILE_EXPORTER for p in trace_plans + metric_plans)
+
+    # --- nothing below raises on bad configuration -------------------------------------------
+    if build_tp:
+        if not isinstance(tp, trace_api.ProxyTracerProvider):
+            _logger.warning(
+                "traintel: the global tracer provider is %s, not an SDK TracerProvider; traintel "
+                "records into a private provider and leaves the global one alone",
+                type(tp).__name__,
+            )
+        sdk_tp = TracerProvider(resource=resource, shutdown_on_exit=False)
+        for plan in trace_plans:
+            try:
+                exporter: SpanExporter = plan.factory()
+            except Exception as exc:
+                _logger.error("traintel: traces exporter %r could not start: %s", plan.name, exc)
+                continue
+            sdk_tp.add_span_processor(BatchSpanProcessor(exporter))
+        if isinstance(tp, trace_api.ProxyTracerProvider):
+            trace_api.set_tracer_provider(sdk_tp)
+        tp = sdk_tp
+
+    if build_mp:
+        readers: list[MetricReader] = []
+        for plan in metric_plans:
+            try:
+                metric_exporter: MetricExporter = plan.factory()
+            except Exception as exc:
+                _logger.error("traintel: metrics exporter %r could not start: %s", plan.name, exc)
+                continue
+            readers.append(PeriodicExportingMetricReader(metric_exporter))
+        sdk_mp = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+        metrics_api.set_meter_provider(sdk_mp)
+        mp = sdk_mp
+
+    return Pipeline(
+        tracer_provider=tp,
+        meter_provider=mp,
+        owns_tracer_provider=build_tp,
+        owns_meter_provider=build_mp,
+        trace_exporters=[p.name for p in trace_plans],
+        metric_exporters=[p.name for p in metric_plans],
+        file=file if uses_file else None,
+    )

@@ -1,0 +1,180 @@
+"""Resource detectors for a training process: identity, ranks and what the scheduler knows.
+
+Why the Resource and not span or metric attributes: rank, host and job ids describe the
+process, not an operation. On the Resource they cost nothing per span, every signal carries
+them, and TraceQL / Jaeger tag search finds all of a run's traces by them without putting
+per-rank labels on every metric series (the cardinality trap at 1,000+ GPUs).
+
+Each detector reads only environment variables and files the scheduler sets; none of them
+imports torch. ``torch.distributed`` is consulted only if the job already imported it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Mapping
+
+from opentelemetry.sdk.resources import Resource, ResourceDetector
+from opentelemetry.util.types import AttributeValue
+
+from traintel import semconv
+
+_K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _int_env(environ: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        raw = environ.get(name)
+        if raw is None:
+            continue
+        try:
+            return int(raw.strip())
+        except ValueError:
+            continue
+    return None
+
+
+def _set(attributes: dict[str, AttributeValue], key: str, value: AttributeValue | None) -> None:
+    if value is not None and value != "":
+        attributes[key] = value
+
+
+class ProcessIdentityDetector(ResourceDetector):
+    """``service.instance.id`` (unique per process, as OTel requires), host name and pid."""
+
+    def detect(self) -> Resource:
+        return Resource(
+            {
+                semconv.SERVICE_INSTANCE_ID: str(uuid.uuid4()),
+                semconv.HOST_NAME: socket.gethostname(),
+                semconv.PROCESS_PID: os.getpid(),
+            }
+        )
+
+
+def distributed_identity(environ: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """(rank, local_rank, world_size): from ``torch.distributed`` when it is initialised,
+    else torchrun's RANK / LOCAL_RANK / WORLD_SIZE, else Slurm's task ids, else a single process.
+    """
+    environ = os.environ if environ is None else environ
+    rank = _int_env(environ, "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+    local_rank = _int_env(environ, "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+    world_size = _int_env(environ, "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+    torch = sys.modules.get("torch")
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank = int(dist.get_rank())
+            world_size = int(dist.get_world_size())
+    except Exception:  # a half-torn-down process group must not stop identity detection
+        pass
+    return (rank or 0, local_rank if local_rank is not None else (rank or 0), world_size or 1)
+
+
+class DistributedDetector(ResourceDetector):
+    """``ml.training.rank`` / ``local_rank`` / ``world_size``."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self._environ = environ
+
+    def detect(self) -> Resource:
+        rank, local_rank, world_size = distributed_identity(self._environ)
+        return Resource({semconv.RANK: rank, semconv.LOCAL_RANK: local_rank, semconv.WORLD_SIZE: world_size})
+
+
+class TorchElasticDetector(ResourceDetector):
+    """What torchrun / torch.distributed.elastic exports to its workers."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self._environ = environ
+
+    def detect(self) -> Resource:
+        environ = os.environ if self._environ is None else self._environ
+        attributes: dict[str, AttributeValue] = {}
+        _set(attributes, semconv.TORCHELASTIC_RUN_ID, environ.get("TORCHELASTIC_RUN_ID"))
+        _set(attributes, semconv.TORCHELASTIC_RESTART_COUNT, _int_env(environ, "TORCHELASTIC_RESTART_COUNT"))
+        _set(attributes, semconv.TORCHELASTIC_MAX_RESTARTS, _int_env(environ, "TORCHELASTIC_MAX_RESTARTS"))
+        _set(attributes, semconv.TORCHELASTIC_GROUP_RANK, _int_env(environ, "GROUP_RANK"))
+        return Resource(attributes)
+
+
+class SlurmDetector(ResourceDetector):
+    """Slurm job, step, node and requeue count."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self._environ = environ
+
+    def detect(self) -> Resource:
+        environ = os.environ if self._environ is None else self._environ
+        attributes: dict[str, AttributeValue] = {}
+        _set(attributes, semconv.SLURM_JOB_ID, environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"))
+        _set(attributes, semconv.SLURM_STEP_ID, environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"))
+        _set(attributes, semconv.SLURM_NODE_ID, _int_env(environ, "SLURM_NODEID"))
+        _set(attributes, semconv.SLURM_RESTART_COUNT, _int_env(environ, "SLURM_RESTART_COUNT"))
+        _set(attributes, semconv.SLURM_ARRAY_JOB_ID, environ.get("SLURM_ARRAY_JOB_ID"))
+        _set(attributes, semconv.SLURM_ARRAY_TASK_ID, environ.get("SLURM_ARRAY_TASK_ID"))
+        return Resource(attributes)
+
+
+class KubernetesDetector(ResourceDetector):
+    """Pod, namespace and node from the downward-API variables a pod spec usually maps
+    (POD_NAME, POD_NAMESPACE, POD_UID, NODE_NAME) and the service-account namespace file."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None, namespace_file: str | None = None) -> None:
+        super().__init__()
+        self._environ = environ
+        self._namespace_file = namespace_file or _K8S_NAMESPACE_FILE
+
+    def detect(self) -> Resource:
+        environ = os.environ if self._environ is None else self._environ
+        if "KUBERNETES_SERVICE_HOST" not in environ and "POD_NAME" not in environ:
+            return Resource.get_empty()
+        attributes: dict[str, AttributeValue] = {}
+        pod = environ.get("POD_NAME") or environ.get("K8S_POD_NAME") or environ.get("HOSTNAME")
+        _set(attributes, semconv.K8S_POD_NAME, pod)
+        _set(attributes, semconv.K8S_POD_UID, environ.get("POD_UID") or environ.get("K8S_POD_UID"))
+        namespace = environ.get("POD_NAMESPACE") or environ.get("K8S_NAMESPACE")
+        if not namespace:
+            try:
+                with open(self._namespace_file, encoding="utf-8") as fh:
+                    namespace = fh.read().strip()
+            except OSError:
+                namespace = None
+        _set(attributes, semconv.K8S_NAMESPACE_NAME, namespace)
+        _set(attributes, semconv.K8S_NODE_NAME, environ.get("NODE_NAME") or environ.get("K8S_NODE_NAME"))
+        return Resource(attributes)
+
+
+def default_run_id(environ: Mapping[str, str] | None = None) -> str:
+    """One id for all ranks of a job: the launcher's id where one exists, else a fresh uuid."""
+    environ = os.environ if environ is None else environ
+    elastic = environ.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic != "none":
+        return elastic
+    slurm_job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    if slurm_job:
+        step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")
+        return f"slurm-{slurm_job}" + (f".{step}" if step else "")
+    return uuid.uuid4().hex
+
+
+def restart_count(environ: Mapping[str, str] | None = None) -> int:
+    """How many times the launcher restarted this job (torchrun or Slurm requeue), else 0."""
+    environ = os.environ if environ is None else environ
+    return _int_env(environ, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT") or 0
+
+
+def default_detectors(environ: Mapping[str, str] | None = None) -> list[ResourceDetector]:
+    return [
+        ProcessIdentityDetector(),
+        DistributedDetector(environ),
+        TorchElasticDetector(environ),
+        SlurmDetector(environ),
+        KubernetesDetector(environ),
+    ]

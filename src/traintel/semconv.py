@@ -1,0 +1,145 @@
+"""The traintel vocabulary: span, event, attribute and metric names, and their units.
+
+One module owns every string a backend will see, so a rename happens in one place and the
+tests (and the dashboards generated from this module) break loudly instead of drifting.
+Span names are phase names and stay low-cardinality: iteration numbers are attributes,
+never part of a name.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Final
+
+
+class Phase(str, Enum):
+    """A training phase; its value is both the span name and ``ml.training.phase``."""
+
+    APPLICATION = "application"
+    DIST_INIT = "dist_init"
+    DATA_LOADER_INIT = "data_loader_init"
+    CHECKPOINT_LOAD = "checkpoint_load"
+    MODEL_INIT = "model_init"
+    OPTIMIZER_INIT = "optimizer_init"
+    TRAINING_LOOP = "training_loop"
+    TRAINING_ITERATION = "training_iteration"
+    DATA_LOADING = "data_loading"
+    MODEL_FORWARD = "model_forward"
+    MODEL_BACKWARD = "model_backward"
+    OPTIMIZER_UPDATE = "optimizer_update"
+    CHECKPOINT_SAVE_SYNC = "checkpoint_save_sync"
+    CHECKPOINT_SAVE_ASYNC = "checkpoint_save_async"
+    VALIDATION_LOOP = "validation_loop"
+    VALIDATION_ITERATION = "validation_iteration"
+    TESTING_LOOP = "testing_loop"
+    TESTING_ITERATION = "testing_iteration"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Phases that are a single step of some loop; model metrics attach to these first.
+ITERATION_PHASES: Final = frozenset(
+    {Phase.TRAINING_ITERATION, Phase.VALIDATION_ITERATION, Phase.TESTING_ITERATION}
+)
+#: Phases that contain iterations; model metrics fall back to these outside an iteration.
+LOOP_PHASES: Final = frozenset({Phase.TRAINING_LOOP, Phase.VALIDATION_LOOP, Phase.TESTING_LOOP})
+#: The loop each iteration phase belongs in, for the "iteration outside its loop" check.
+LOOP_OF_ITERATION: Final = {
+    Phase.TRAINING_ITERATION: Phase.TRAINING_LOOP,
+    Phase.VALIDATION_ITERATION: Phase.VALIDATION_LOOP,
+    Phase.TESTING_ITERATION: Phase.TESTING_LOOP,
+}
+
+
+class Event(str, Enum):
+    """Span event names."""
+
+    TELEMETRY_INITIALIZATION = "telemetry_initialization"
+    TRAINING_CONFIG_UPDATE = "training_config_update"
+    TRAINING_METRICS_UPDATE = "training_metrics_update"
+    VALIDATION_METRICS_UPDATE = "validation_metrics_update"
+    TESTING_METRICS_UPDATE = "testing_metrics_update"
+    SAVE_CHECKPOINT_SUCCESS = "save_checkpoint_success"
+    CHECKPOINT_METRICS_UPDATE = "checkpoint_metrics_update"
+    SLOW_ITERATION = "slow_iteration"
+    NONFINITE_METRIC = "nonfinite_metric"
+    STRAGGLER = "straggler"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# --- span attributes -------------------------------------------------------------------------
+PHASE: Final = "ml.training.phase"
+ITERATION: Final = "ml.training.iteration"
+SAMPLES: Final = "ml.training.samples"
+TOKENS: Final = "ml.training.tokens"
+TRAIN_ITERATIONS_START: Final = "ml.training.train_iterations_start"
+TRAIN_SAMPLES_START: Final = "ml.training.train_samples_start"
+TRAIN_ITERATIONS_TARGET: Final = "ml.training.train_iterations_target"
+TRAIN_SAMPLES_TARGET: Final = "ml.training.train_samples_target"
+TRAIN_TOKENS_TARGET: Final = "ml.training.train_tokens_target"
+CHECKPOINT_STRATEGY: Final = "ml.training.checkpoint.strategy"
+CHECKPOINT_SIZE: Final = "ml.training.checkpoint.size"
+CHECKPOINT_ITERATION: Final = "ml.training.checkpoint.iteration"
+CHECKPOINT_PATH: Final = "ml.training.checkpoint.path"
+#: Prefix of the user's model metrics from ``record_metrics`` (``ml.training.metric.loss``).
+METRIC_PREFIX: Final = "ml.training.metric."
+#: Why a span was ended by traintel rather than by the user's code (exit, out-of-order end).
+END_REASON: Final = "traintel.end_reason"
+
+# --- resource attributes: run identity ----------------------------------------------------------
+RUN_ID: Final = "ml.training.run_id"
+SESSION_TAG: Final = "ml.training.session_tag"
+PERF_TAG: Final = "ml.training.perf_tag"
+RANK: Final = "ml.training.rank"
+LOCAL_RANK: Final = "ml.training.local_rank"
+WORLD_SIZE: Final = "ml.training.world_size"
+RESTART_COUNT: Final = "ml.training.restart_count"
+SERVICE_NAME: Final = "service.name"
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
+HOST_NAME: Final = "host.name"
+PROCESS_PID: Final = "process.pid"
+TORCHELASTIC_RUN_ID: Final = "torchelastic.run_id"
+TORCHELASTIC_RESTART_COUNT: Final = "torchelastic.restart_count"
+TORCHELASTIC_MAX_RESTARTS: Final = "torchelastic.max_restarts"
+TORCHELASTIC_GROUP_RANK: Final = "torchelastic.group_rank"
+SLURM_JOB_ID: Final = "slurm.job.id"
+SLURM_STEP_ID: Final = "slurm.step.id"
+SLURM_NODE_ID: Final = "slurm.node.id"
+SLURM_RESTART_COUNT: Final = "slurm.restart_count"
+SLURM_ARRAY_JOB_ID: Final = "slurm.array.job_id"
+SLURM_ARRAY_TASK_ID: Final = "slurm.array.task_id"
+K8S_POD_NAME: Final = "k8s.pod.name"
+K8S_POD_UID: Final = "k8s.pod.uid"
+K8S_NAMESPACE_NAME: Final = "k8s.namespace.name"
+K8S_NODE_NAME: Final = "k8s.node.name"
+
+# --- telemetry_initialization / training_config_update event attributes ------------------------
+CONFIG_PREFIX: Final = "traintel.config."
+METRICS_ENABLED: Final = "traintel.metrics.enabled"
+METRICS_DISABLED: Final = "traintel.metrics.disabled"
+TRACES_EXPORTERS: Final = "traintel.exporters.traces"
+METRICS_EXPORTERS: Final = "traintel.exporters.metrics"
+OUTPUT_FILE: Final = "traintel.output.file"
+TRAINTEL_VERSION: Final = "traintel.version"
+
+# --- metric instrument names (UCUM units) -----------------------------------------------------
+METRIC_ITERATION_DURATION: Final = "ml.training.iteration.duration"
+METRIC_SAMPLES: Final = "ml.training.samples"
+METRIC_TOKENS: Final = "ml.training.tokens"
+METRIC_SAMPLE_THROUGHPUT: Final = "ml.training.sample_throughput"
+METRIC_TOKEN_THROUGHPUT: Final = "ml.training.token_throughput"
+METRIC_FLOPS_THROUGHPUT: Final = "ml.training.flops_throughput"
+METRIC_MFU: Final = "ml.training.mfu"
+METRIC_GOODPUT: Final = "ml.training.goodput"
+METRIC_BADPUT: Final = "ml.training.badput"
+METRIC_CHECKPOINT_SAVE_DURATION: Final = "ml.training.checkpoint.save.duration"
+METRIC_CHECKPOINT_LOAD_DURATION: Final = "ml.training.checkpoint.load.duration"
+METRIC_CHECKPOINT_SIZE: Final = "ml.training.checkpoint.size"
+METRIC_DATA_LOADING_DURATION: Final = "ml.training.data_loading.duration"
+METRIC_PHASE_DURATION: Final = "ml.training.phase.duration"
+
+#: Instrumentation scope name for every tracer and meter traintel creates.
+INSTRUMENTATION_SCOPE: Final = "traintel"
