@@ -13,6 +13,7 @@ arguments take milliseconds since the epoch, as in the reference library.
 from __future__ import annotations
 
 import os
+from decimal import Decimal
 from collections.abc import Mapping
 
 from opentelemetry import trace as trace_api
@@ -27,7 +28,13 @@ _CHECKPOINT_SAVE = "checkpoint_save"
 
 
 def _ns(time_msec: float | None) -> int | None:
-    return None if time_msec is None else int(time_msec * 1_000_000)
+    """Milliseconds to integer nanoseconds without float rounding (1.7e12 ms * 1e6 exceeds
+    a double's exact integer range): go through the decimal text of the float."""
+    if time_msec is None:
+        return None
+    if isinstance(time_msec, int):
+        return time_msec * 1_000_000
+    return int(Decimal(repr(float(time_msec))) * 1_000_000)
 
 
 def _start(template: phases.PhaseSpan, key: str, start_time_msec: float | None) -> Span:

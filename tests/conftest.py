@@ -1,0 +1,70 @@
+"""Shared fixtures: a private SDK pipeline per test and a clean environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import traintel
+from traintel import _runtime
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No test sees the developer's OTEL_* / TRAINTEL_* settings or another test's runtime."""
+    for name in list(os.environ):
+        if name.startswith(("OTEL_", "TRAINTEL_")):
+            monkeypatch.delenv(name)
+    _runtime.shutdown(0.5)
+    yield
+    _runtime.shutdown(0.5)
+
+
+@dataclass
+class Pipeline:
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider
+    exporter: InMemorySpanExporter
+    reader: InMemoryMetricReader
+
+    def spans(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+    def by_name(self, name: str) -> list[ReadableSpan]:
+        return [s for s in self.spans() if s.name == name]
+
+    def one(self, name: str) -> ReadableSpan:
+        found = self.by_name(name)
+        assert len(found) == 1, f"expected one {name!r} span, got {len(found)}"
+        return found[0]
+
+
+@pytest.fixture
+def pipeline() -> Iterator[Pipeline]:
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider(shutdown_on_exit=False)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    traintel.configure(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    yield Pipeline(tracer_provider, meter_provider, exporter, reader)
+    traintel.shutdown(1.0)
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+
+
+def parent_name(span: ReadableSpan, spans: list[ReadableSpan]) -> str | None:
+    if span.parent is None:
+        return None
+    for candidate in spans:
+        if candidate.context.span_id == span.parent.span_id:
+            return candidate.name
+    raise AssertionError(f"{span.name}: parent {span.parent.span_id:x} not among exported spans")

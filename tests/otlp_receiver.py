@@ -1,0 +1,141 @@
+"""A real OTLP receiver for tests: gRPC and HTTP/protobuf servers on loopback.
+
+It decodes the actual Export*ServiceRequest bytes the SDK exporters send and records them
+with the request headers, so tests assert on what a collector would receive.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from traintel.exporters.reader import attributes_dict
+
+
+@dataclass
+class Received:
+    traces: list[trace_service_pb2.ExportTraceServiceRequest] = field(default_factory=list)
+    metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def spans(self) -> Iterator[tuple[dict[str, Any], Span]]:
+        with self.lock:
+            requests = list(self.traces)
+        for request in requests:
+            for resource_spans in request.resource_spans:
+                resource = attributes_dict(resource_spans.resource.attributes)
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        yield resource, span
+
+    def metric_names(self) -> set[str]:
+        with self.lock:
+            requests = list(self.metrics)
+        return {
+            metric.name
+            for request in requests
+            for rm in request.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+        }
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+    def __init__(self, received: Received) -> None:
+        self.received = received
+
+    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
+        with self.received.lock:
+            self.received.traces.append(request)
+            self.received.headers.append(dict(context.invocation_metadata()))
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
+    def __init__(self, received: Received) -> None:
+        self.received = received
+
+    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
+        with self.received.lock:
+            self.received.metrics.append(request)
+            self.received.headers.append(dict(context.invocation_metadata()))
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+
+class GrpcReceiver:
+    def __init__(self) -> None:
+        self.received = Received()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self.received), self.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsService(self.received), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> GrpcReceiver:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop(grace=None)
+
+
+class HttpReceiver:
+    def __init__(self) -> None:
+        self.received = received = Received()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                with received.lock:
+                    received.headers.append(headers)
+                    if self.path == "/v1/traces":
+                        received.traces.append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
+                        reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                    elif self.path == "/v1/metrics":
+                        received.metrics.append(metrics_service_pb2.ExportMetricsServiceRequest.FromString(body))
+                        reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+                    else:
+                        self.send_response(404)
+                        self.end_headers()
+                        return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> HttpReceiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,123 @@
+"""Configuration: TRAINTEL_* parsing, explicit vs implicit errors, lazy values."""
+
+from __future__ import annotations
+
+import logging
+import pytest
+from opentelemetry import trace as trace_api
+
+import traintel
+from tests.conftest import Pipeline
+from traintel import _runtime
+from traintel.config import ConfigurationError, TrainingConfig
+
+
+def test_env_values_are_parsed() -> None:
+    config = TrainingConfig.from_env(
+        {
+            "TRAINTEL_GLOBAL_BATCH_SIZE": " 256 ",
+            "TRAINTEL_SEQ_LEN": "2048",
+            "TRAINTEL_FLOPS_PER_TOKEN": "6e9",
+            "TRAINTEL_PEAK_FLOPS": "989e12",
+            "TRAINTEL_SESSION_TAG": "pretrain-7b",
+            "TRAINTEL_SHUTDOWN_TIMEOUT": "0",
+        },
+        strict=True,
+    )
+    assert config.get("global_batch_size") == 256
+    assert config.get("seq_len") == 2048
+    assert config.get("flops_per_token") == 6e9
+    assert config.get("peak_flops") == 989e12
+    assert config.get("session_tag") == "pretrain-7b"
+    assert config.get("shutdown_timeout") == 0.0
+    assert config.get("log_every_n_iterations") == 50  # default
+    assert config.get("output_dir") == "traintel-runs"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("TRAINTEL_GLOBAL_BATCH_SIZE", "abc", "TRAINTEL_GLOBAL_BATCH_SIZE='abc': expected a positive integer"),
+        ("TRAINTEL_GLOBAL_BATCH_SIZE", "-4", "TRAINTEL_GLOBAL_BATCH_SIZE='-4': expected a positive integer"),
+        ("TRAINTEL_SEQ_LEN", "1.5", "TRAINTEL_SEQ_LEN='1.5': expected a positive integer"),
+        ("TRAINTEL_PEAK_FLOPS", "0", "TRAINTEL_PEAK_FLOPS='0': expected a positive number"),
+        ("TRAINTEL_PEAK_FLOPS", "inf", "TRAINTEL_PEAK_FLOPS='inf': expected a positive number"),
+        ("TRAINTEL_SHUTDOWN_TIMEOUT", "-1", "TRAINTEL_SHUTDOWN_TIMEOUT='-1': expected a non-negative number"),
+        ("TRAINTEL_LOG_EVERY_N_ITERATIONS", "0", "TRAINTEL_LOG_EVERY_N_ITERATIONS='0': expected a positive integer"),
+    ],
+)
+def test_bad_env_value_strict_names_variable_and_value(variable: str, value: str, expected: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        TrainingConfig.from_env({variable: value}, strict=True)
+    assert str(caught.value) == expected
+
+
+def test_bad_env_value_lenient_logs_and_ignores_only_that_setting(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR):
+        config = TrainingConfig.from_env(
+            {"TRAINTEL_GLOBAL_BATCH_SIZE": "abc", "TRAINTEL_SEQ_LEN": "512"}, strict=False
+        )
+    assert config.get("global_batch_size") is None
+    assert config.get("seq_len") == 512
+    assert "TRAINTEL_GLOBAL_BATCH_SIZE='abc': expected a positive integer" in caplog.text
+
+
+def test_explicit_argument_errors_name_the_argument() -> None:
+    with pytest.raises(ConfigurationError, match=r"^global_batch_size=0: expected a positive integer$"):
+        traintel.configure(global_batch_size=0)
+    with pytest.raises(ConfigurationError, match=r"^batch_size: unknown training config setting"):
+        traintel.configure(batch_size=8)
+    with pytest.raises(ConfigurationError, match=r"output_dir cannot be a callable"):
+        traintel.configure(output_dir=lambda: "x")
+
+
+def test_explicit_configure_fails_before_anything_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    provider_before = trace_api.get_tracer_provider()
+    with pytest.raises(ConfigurationError) as caught:
+        traintel.configure()
+    assert str(caught.value).startswith("OTEL_EXPORTER_OTLP_PROTOCOL='carrier-pigeon': unknown OTLP protocol")
+    assert trace_api.get_tracer_provider() is provider_before
+    assert _runtime.configured() is None
+
+
+def test_unknown_exporter_name_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin_v9")
+    with pytest.raises(ConfigurationError, match=r"OTEL_TRACES_EXPORTER='zipkin_v9': unknown exporter 'zipkin_v9'"):
+        traintel.configure()
+
+
+def test_lazy_values_are_resolved_when_needed() -> None:
+    box = {"batch": 0}
+    config = TrainingConfig({"global_batch_size": lambda: box["batch"] or None})
+    assert config.is_lazy("global_batch_size")
+    box["batch"] = 64
+    assert config.get("global_batch_size") == 64
+    box["batch"] = 128
+    assert config.get("global_batch_size") == 128
+
+
+def test_lazy_value_that_fails_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> int:
+        raise RuntimeError("loader not ready")
+
+    config = TrainingConfig({"global_batch_size": broken, "seq_len": lambda: "many"})
+    with caplog.at_level(logging.WARNING):
+        assert config.get("global_batch_size") is None
+        assert config.get("global_batch_size") is None
+        assert config.get("seq_len") is None
+    assert caplog.text.count("global_batch_size callable") == 1
+    assert "seq_len callable gave an unusable value (expected a positive integer)" in caplog.text
+
+
+def test_set_training_config_after_start(pipeline: Pipeline) -> None:
+    with traintel.application():
+        traintel.set_training_config(global_batch_size=lambda: 48)
+        with pytest.raises(ConfigurationError, match="seq_len=-1"):
+            traintel.set_training_config(seq_len=-1, flops_per_sample=5.0)
+    telemetry = traintel.get_telemetry()
+    assert telemetry.config.get("global_batch_size") == 48
+    assert telemetry.config.get("flops_per_sample") is None  # the failed call changed nothing
+    events = pipeline.one("application").events
+    assert [e.name for e in events] == ["telemetry_initialization", "training_config_update"]

@@ -1,0 +1,179 @@
+"""Misuse and user exceptions: never an exception into user code, one warning per kind."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+import traintel
+from tests.conftest import Pipeline, parent_name
+from traintel import semconv
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_user_exception_marks_error_and_propagates_unchanged(pipeline: Pipeline) -> None:
+    original = Boom("bad batch")
+    with pytest.raises(Boom) as caught:
+        with traintel.training_loop():
+            with traintel.training_iteration():
+                with traintel.model_forward():
+                    raise original
+    assert caught.value is original
+    # the traceback still points at the raise inside the user's block
+    frames = []
+    tb = caught.value.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert frames[-1] == "test_user_exception_marks_error_and_propagates_unchanged"
+    for name in ("model_forward", "training_iteration", "training_loop"):
+        span = pipeline.one(name)
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.status.description == "Boom: bad batch"
+        assert [e.name for e in span.events] == ["exception"]
+        assert span.events[0].attributes["exception.type"] == f"{Boom.__module__}.Boom"  # type: ignore[index]
+
+
+def test_decorated_function_exception_propagates(pipeline: Pipeline) -> None:
+    @traintel.validation_loop()
+    def evaluate() -> None:
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        evaluate()
+    assert pipeline.one("validation_loop").status.status_code is StatusCode.ERROR
+
+
+def test_clean_system_exit_is_not_an_error(pipeline: Pipeline) -> None:
+    with pytest.raises(SystemExit), traintel.application():
+        sys.exit(0)
+    assert pipeline.one("application").status.status_code is StatusCode.UNSET
+
+
+def test_iteration_outside_loop_warns_once_and_still_records(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        for _ in range(5):
+            with traintel.training_iteration():
+                pass
+    warnings = [r for r in caplog.records if "outside any training_loop" in r.getMessage()]
+    assert len(warnings) == 1
+    assert len(pipeline.by_name("training_iteration")) == 5
+
+
+def test_callback_double_start_is_idempotent(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        first = traintel.on_train_start()
+        second = traintel.on_train_start()
+        traintel.on_train_start()
+        traintel.on_train_end()
+    assert first is second
+    assert len(pipeline.by_name("training_loop")) == 1
+    assert sum("fired twice" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_end_without_start_and_double_end(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        traintel.on_validation_end()
+        traintel.on_app_start()
+        traintel.on_app_end()
+        traintel.on_app_end()
+        traintel.on_app_end()
+        traintel.on_save_checkpoint_success(global_step=3)
+    assert len(pipeline.by_name("application")) == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("'validation_loop' without a matching start" in m for m in messages) == 1
+    assert sum("'application' without a matching start" in m for m in messages) == 1
+    assert sum("on_save_checkpoint_success without an open save" in m for m in messages) == 1
+
+
+def test_wrong_nesting_closes_children_in_order(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        traintel.on_app_start()
+        traintel.on_train_start()
+        traintel.on_training_single_iteration_start()
+        traintel.on_model_forward_start()
+        traintel.on_app_end()  # everything else still open
+    spans = pipeline.spans()
+    assert [s.name for s in spans] == ["model_forward", "training_iteration", "training_loop", "application"]
+    for span in spans[:-1]:
+        assert span.attributes[semconv.END_REASON] == "parent application ended first"  # type: ignore[index]
+    assert parent_name(pipeline.one("model_forward"), spans) == "training_iteration"
+    assert sum("still open" in r.getMessage() for r in caplog.records) == 1
+    # the context is back to empty: a new span is a root
+    traintel.on_app_start()
+    traintel.on_app_end()
+    assert pipeline.by_name("application")[1].parent is None
+
+
+def test_callbacks_from_another_thread(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    traintel.on_app_start()
+    traintel.on_train_start()
+
+    def end_elsewhere() -> None:
+        traintel.on_train_end()
+
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        thread = threading.Thread(target=end_elsewhere)
+        thread.start()
+        thread.join()
+    traintel.on_app_end()
+    spans = pipeline.spans()
+    assert [s.name for s in spans] == ["training_loop", "application"]
+    assert parent_name(spans[0], spans) == "application"
+    assert sum("different threads" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_callbacks_explicit_times_are_exact(pipeline: Pipeline) -> None:
+    traintel.on_app_start(start_time_msec=1_700_000_000_000.0)
+    traintel.on_model_init_start(start_time_msec=1_700_000_000_250.5)
+    traintel.on_model_init_end(finish_time_msec=1_700_000_001_000.0)
+    traintel.on_app_end(finish_time_msec=1_700_000_002_000.0)
+    model_init = pipeline.one("model_init")
+    assert model_init.start_time == 1_700_000_000_250_500_000
+    assert model_init.end_time == 1_700_000_001_000_000_000
+    assert pipeline.one("application").start_time == 1_700_000_000_000_000_000
+
+
+def test_bad_arguments_never_raise(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        with traintel.training_loop(), traintel.training_iteration():
+            traintel.record_metrics(loss=float("nan"), note="text", nested={"a": 1})
+        with traintel.checkpoint_save(strategy="sometimes"):  # type: ignore[arg-type]
+            pass
+        with traintel.checkpoint_save(path="/nonexistent/ckpt"):
+            pass
+    iteration = pipeline.one("training_iteration")
+    loss = iteration.attributes[semconv.METRIC_PREFIX + "loss"]  # type: ignore[index]
+    assert loss != loss  # NaN kept: a NaN loss is what the user needs to see
+    assert semconv.METRIC_PREFIX + "note" not in iteration.attributes  # type: ignore[operator]
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "record_metrics(note='str'): not a number" in messages
+    assert "checkpoint_save(strategy='sometimes')" in messages
+    assert len(pipeline.by_name("checkpoint_save_sync")) == 2
+
+
+def test_record_metrics_outside_any_loop_is_ignored(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        traintel.record_metrics(loss=1.0)
+        with traintel.validation_loop():
+            traintel.record_metrics(val_loss=0.5)
+    assert pipeline.one("validation_loop").attributes[semconv.METRIC_PREFIX + "val_loss"] == 0.5  # type: ignore[index]
+    assert sum("outside any iteration or loop" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_record_metrics_converts_tensors(pipeline: Pipeline) -> None:
+    torch = pytest.importorskip("torch")
+    with traintel.training_loop(), traintel.training_iteration():
+        traintel.record_metrics({"loss": torch.tensor(0.25)}, grad_norm=torch.tensor(3))
+    attributes = pipeline.one("training_iteration").attributes
+    assert attributes[semconv.METRIC_PREFIX + "loss"] == 0.25  # type: ignore[index]
+    assert attributes[semconv.METRIC_PREFIX + "grad_norm"] == 3  # type: ignore[index]

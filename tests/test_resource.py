@@ -1,0 +1,125 @@
+"""Resource detection: identity, ranks, torchrun, Slurm, Kubernetes; OTEL_* precedence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from traintel import semconv
+from traintel.config import TrainingConfig
+from traintel.providers import build_resource
+from traintel.resource_detectors import (
+    DistributedDetector,
+    KubernetesDetector,
+    SlurmDetector,
+    TorchElasticDetector,
+    default_run_id,
+    distributed_identity,
+    restart_count,
+)
+
+TORCHRUN = {
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "8",
+    "GROUP_RANK": "1",
+    "TORCHELASTIC_RUN_ID": "job-42",
+    "TORCHELASTIC_RESTART_COUNT": "2",
+    "TORCHELASTIC_MAX_RESTARTS": "5",
+}
+SLURM = {
+    "SLURM_JOB_ID": "987",
+    "SLURM_STEP_ID": "0",
+    "SLURM_NODEID": "4",
+    "SLURM_PROCID": "17",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "32",
+    "SLURM_RESTART_COUNT": "1",
+}
+
+
+def test_torchrun_identity() -> None:
+    assert distributed_identity(TORCHRUN) == (3, 1, 8)
+    assert DistributedDetector(TORCHRUN).detect().attributes == {
+        semconv.RANK: 3,
+        semconv.LOCAL_RANK: 1,
+        semconv.WORLD_SIZE: 8,
+    }
+    assert TorchElasticDetector(TORCHRUN).detect().attributes == {
+        semconv.TORCHELASTIC_RUN_ID: "job-42",
+        semconv.TORCHELASTIC_RESTART_COUNT: 2,
+        semconv.TORCHELASTIC_MAX_RESTARTS: 5,
+        semconv.TORCHELASTIC_GROUP_RANK: 1,
+    }
+    assert default_run_id(TORCHRUN) == "job-42"
+    assert restart_count(TORCHRUN) == 2
+
+
+def test_slurm_identity() -> None:
+    assert distributed_identity(SLURM) == (17, 1, 32)
+    assert SlurmDetector(SLURM).detect().attributes == {
+        semconv.SLURM_JOB_ID: "987",
+        semconv.SLURM_STEP_ID: "0",
+        semconv.SLURM_NODE_ID: 4,
+        semconv.SLURM_RESTART_COUNT: 1,
+    }
+    assert default_run_id(SLURM) == "slurm-987.0"
+    assert restart_count(SLURM) == 1
+
+
+def test_single_process_defaults() -> None:
+    assert distributed_identity({}) == (0, 0, 1)
+    assert len(default_run_id({})) == 32
+    assert default_run_id({}) != default_run_id({})
+    assert SlurmDetector({}).detect().attributes == {}
+    assert KubernetesDetector({}).detect().attributes == {}
+
+
+def test_kubernetes_from_downward_api_and_namespace_file(tmp_path: Path) -> None:
+    namespace_file = tmp_path / "namespace"
+    namespace_file.write_text("ml-team\n")
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "trainer-0", "NODE_NAME": "gpu-node-7", "POD_UID": "u-1"}
+    attributes = KubernetesDetector(env, namespace_file=str(namespace_file)).detect().attributes
+    assert attributes == {
+        semconv.K8S_POD_NAME: "trainer-0",
+        semconv.K8S_POD_UID: "u-1",
+        semconv.K8S_NAMESPACE_NAME: "ml-team",
+        semconv.K8S_NODE_NAME: "gpu-node-7",
+    }
+
+
+def test_resource_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in TORCHRUN.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=staging,ml.training.rank=99")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "llm-pretrain")
+    config = TrainingConfig.from_env({"TRAINTEL_SESSION_TAG": "s1", "TRAINTEL_PERF_TAG": "p1"}, strict=True)
+    attributes = build_resource(config).attributes
+    assert attributes[semconv.SERVICE_NAME] == "llm-pretrain"
+    assert attributes["deployment.environment"] == "staging"
+    assert attributes[semconv.RANK] == "99"  # the user's explicit OTEL_RESOURCE_ATTRIBUTES wins
+    assert attributes[semconv.WORLD_SIZE] == 8
+    assert attributes[semconv.RUN_ID] == "job-42"
+    assert attributes[semconv.SESSION_TAG] == "s1"
+    assert attributes[semconv.PERF_TAG] == "p1"
+    assert attributes[semconv.RESTART_COUNT] == 2
+    assert attributes[semconv.HOST_NAME]
+    assert len(str(attributes[semconv.SERVICE_INSTANCE_ID])) == 36
+    assert attributes["telemetry.sdk.name"] == "opentelemetry"
+    # an explicit service name beats the environment
+    assert build_resource(config, service_name="explicit").attributes[semconv.SERVICE_NAME] == "explicit"
+
+
+def test_each_process_gets_its_own_instance_id() -> None:
+    config = TrainingConfig()
+    first = build_resource(config).attributes[semconv.SERVICE_INSTANCE_ID]
+    second = build_resource(config).attributes[semconv.SERVICE_INSTANCE_ID]
+    assert first != second
+
+
+def test_session_tag_defaults_to_run_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINTEL_RUN_ID", "run-7")
+    attributes = build_resource(TrainingConfig.from_env(strict=True)).attributes
+    assert attributes[semconv.RUN_ID] == "run-7"
+    assert attributes[semconv.SESSION_TAG] == "run-7"

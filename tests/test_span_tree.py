@@ -1,0 +1,167 @@
+"""The span tree of a full instrumented run, for all three integration styles."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from opentelemetry.trace import SpanKind
+
+import traintel
+from tests import reference_job
+from tests.conftest import Pipeline, parent_name
+from traintel import semconv
+
+
+def _assert_reference_tree(pipeline: Pipeline) -> None:
+    spans = pipeline.spans()
+    assert Counter(s.name for s in spans) == reference_job.EXPECTED_COUNTS
+    for span in spans:
+        assert parent_name(span, spans) == reference_job.EXPECTED_PARENTS[span.name], span.name
+        assert span.attributes is not None
+        assert span.attributes[semconv.PHASE] == span.name
+        assert span.kind is SpanKind.INTERNAL
+    assert len({s.context.trace_id for s in spans}) == 1, "one job, one trace"
+    iterations = sorted(s.attributes[semconv.ITERATION] for s in pipeline.by_name("training_iteration"))  # type: ignore[index]
+    assert iterations == list(range(reference_job.ITERATIONS))
+    for span in pipeline.by_name("training_iteration"):
+        assert span.attributes[semconv.METRIC_PREFIX + "loss"] == 1.5  # type: ignore[index]
+    # children lie within their parents in time
+    by_id = {s.context.span_id: s for s in spans}
+    for span in spans:
+        if span.parent is not None:
+            parent = by_id[span.parent.span_id]
+            assert parent.start_time <= span.start_time <= span.end_time <= parent.end_time  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("style", ["context_managers", "callbacks"])
+def test_reference_tree(pipeline: Pipeline, style: str) -> None:
+    run: Callable[[], None] = getattr(reference_job, "with_" + style)
+    run()
+    _assert_reference_tree(pipeline)
+
+
+def test_reference_tree_plain_otel(pipeline: Pipeline) -> None:
+    reference_job.with_plain_otel(pipeline.tracer_provider.get_tracer("user-code"))
+    _assert_reference_tree(pipeline)
+
+
+def test_user_spans_nest_both_ways(pipeline: Pipeline) -> None:
+    tracer = pipeline.tracer_provider.get_tracer("user-code")
+    with tracer.start_as_current_span("my_job"):
+        with traintel.training_loop():
+            with traintel.training_iteration():
+                with tracer.start_as_current_span("my_kernel"):
+                    with traintel.model_forward():
+                        pass
+    spans = pipeline.spans()
+    assert parent_name(pipeline.one("training_loop"), spans) == "my_job"
+    assert parent_name(pipeline.one("my_kernel"), spans) == "training_iteration"
+    assert parent_name(pipeline.one("model_forward"), spans) == "my_kernel"
+
+
+def test_context_manager_yields_the_span_and_works_as_decorator(pipeline: Pipeline) -> None:
+    @traintel.training_iteration()
+    def step(x: int) -> int:
+        return x * 2
+
+    with traintel.training_loop(train_iterations_start=10) as loop_span:
+        loop_span.set_attribute("custom", "yes")
+        assert step(2) == 4
+        assert step(3) == 6
+        with traintel.timed_span("my_phase", phase="custom_phase", attributes={"k": 1}) as mine:
+            assert mine.is_recording()
+    loop = pipeline.one("training_loop")
+    assert loop.attributes["custom"] == "yes"  # type: ignore[index]
+    assert loop.attributes[semconv.TRAIN_ITERATIONS_START] == 10  # type: ignore[index]
+    iterations = pipeline.by_name("training_iteration")
+    assert [s.attributes[semconv.ITERATION] for s in iterations] == [10, 11]  # type: ignore[index]
+    mine_span = pipeline.one("my_phase")
+    assert mine_span.attributes == {"k": 1, semconv.PHASE: "custom_phase"}
+
+
+def test_async_function_decorator(pipeline: Pipeline) -> None:
+    import asyncio
+
+    @traintel.validation_loop()
+    async def evaluate() -> str:
+        await asyncio.sleep(0)
+        return "done"
+
+    assert asyncio.run(evaluate()) == "done"
+    assert pipeline.one("validation_loop").end_time is not None
+
+
+def test_telemetry_initialization_event_reports_config_and_capabilities(pipeline: Pipeline) -> None:
+    traintel.configure(
+        tracer_provider=pipeline.tracer_provider,
+        meter_provider=pipeline.meter_provider,
+        global_batch_size=32,
+        session_tag="sess",
+    )
+    with traintel.application():
+        traintel.set_training_config(seq_len=128, flops_per_token=6e6)
+    app = pipeline.one("application")
+    init, update = app.events
+    assert init.name == "telemetry_initialization"
+    assert init.attributes["traintel.config.global_batch_size"] == 32  # type: ignore[index]
+    assert "sample_throughput" in init.attributes[semconv.METRICS_ENABLED]  # type: ignore[index,operator]
+    disabled = init.attributes[semconv.METRICS_DISABLED]  # type: ignore[index]
+    assert any(d.startswith("token_throughput:") and "TRAINTEL_SEQ_LEN" in d for d in disabled)  # type: ignore[union-attr]
+    assert any(d.startswith("mfu:") and "TRAINTEL_PEAK_FLOPS" in d for d in disabled)  # type: ignore[union-attr]
+    assert update.name == "training_config_update"
+    assert update.attributes["traintel.config.seq_len"] == 128  # type: ignore[index]
+    assert "token_throughput" in update.attributes[semconv.METRICS_ENABLED]  # type: ignore[index,operator]
+    assert "flops_throughput" in update.attributes[semconv.METRICS_ENABLED]  # type: ignore[index,operator]
+
+
+def test_checkpoint_save_attributes_and_measured_size(pipeline: Pipeline, tmp_path: object) -> None:
+    from pathlib import Path
+
+    directory = Path(str(tmp_path)) / "ckpt"
+    directory.mkdir()
+    (directory / "a.bin").write_bytes(b"x" * 1000)
+    (directory / "b.bin").write_bytes(b"y" * 24)
+    with traintel.training_loop(train_iterations_start=5):
+        with traintel.training_iteration():
+            pass
+        with traintel.checkpoint_save(strategy="async", path=directory):
+            pass
+        with traintel.checkpoint_save(iteration=99, size_bytes=7):
+            pass
+    async_save = pipeline.one("checkpoint_save_async")
+    assert async_save.attributes[semconv.CHECKPOINT_SIZE] == 1024  # type: ignore[index]
+    assert async_save.attributes[semconv.CHECKPOINT_ITERATION] == 6  # type: ignore[index]
+    assert async_save.attributes[semconv.CHECKPOINT_STRATEGY] == "async"  # type: ignore[index]
+    sync_save = pipeline.one("checkpoint_save_sync")
+    assert sync_save.attributes[semconv.CHECKPOINT_SIZE] == 7  # type: ignore[index]
+    assert sync_save.attributes[semconv.CHECKPOINT_ITERATION] == 99  # type: ignore[index]
+
+
+def test_phase_duration_metric_in_seconds(pipeline: Pipeline) -> None:
+    tracer = pipeline.tracer_provider.get_tracer("user-code")
+    span = tracer.start_span("x", attributes={semconv.PHASE: "model_init"}, start_time=1_000_000_000)
+    span.end(end_time=3_500_000_000)
+    span = tracer.start_span("y", attributes={semconv.PHASE: "model_init"}, start_time=4_000_000_000)
+    span.end(end_time=4_000_250_000)
+    data = pipeline.reader.get_metrics_data()
+    assert data is not None
+    points = [
+        point
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == semconv.METRIC_PHASE_DURATION
+        for point in metric.data.data_points
+    ]
+    assert len(points) == 1
+    assert points[0].attributes == {semconv.PHASE: "model_init"}
+    assert points[0].count == 2
+    assert points[0].sum == pytest.approx(2.50025, abs=1e-12)
+    assert (points[0].min, points[0].max) == (0.00025, 2.5)
+    # seconds buckets: 0.25 ms lands in the first bucket (<= 1 ms), 2.5 s in the (1, 2.5] bucket
+    bounds = list(points[0].explicit_bounds)
+    assert bounds[0] == 0.001 and bounds[-1] == 7200.0
+    assert points[0].bucket_counts[0] == 1
+    assert points[0].bucket_counts[bounds.index(2.5)] == 1
