@@ -37,7 +37,9 @@ def progress(done: int, total: int, loss: float, started: float) -> None:
     width = 30
     filled = width * done // total
     rate = done / max(time.perf_counter() - started, 1e-9)
-    line = f"\rtraining [{'#' * filled}{'.' * (width - filled)}] {done}/{total} loss {loss:.3f} {rate:.0f} it/s"
+    line = (
+        f"\rtraining [{'#' * filled}{'.' * (width - filled)}] {done}/{total} loss {loss:.3f} {rate:.0f} it/s"
+    )
     if sys.stderr.isatty():
         print(line, end="", file=sys.stderr, flush=True)
     elif done % 50 == 0 or done == total:
@@ -58,7 +60,9 @@ def main(iterations: int, batch_size: int, workdir: Path) -> None:
     # The batch size is known only now: lazy configuration, as in the reference library.
     traintel.set_training_config(global_batch_size=batch_size)
     with traintel.model_init():
-        model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4))
+        model = nn.Sequential(
+            nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4)
+        )
     with traintel.optimizer_init():
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loss_fn = nn.CrossEntropyLoss()
@@ -85,14 +89,19 @@ def main(iterations: int, batch_size: int, workdir: Path) -> None:
                 validate(model, val_loader, loss_fn)
             if step == iterations // 2 or step == iterations:
                 with traintel.checkpoint_save(strategy="sync", iteration=step, path=checkpoint):
-                    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, checkpoint)
+                    torch.save(
+                        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                        checkpoint,
+                    )
     if sys.stderr.isatty():
         print(file=sys.stderr)
 
     # Reload the checkpoint into a fresh model, as a resumed job would.
     with traintel.checkpoint_load(path=checkpoint, iteration=iterations):
         state = torch.load(checkpoint, weights_only=True)
-        restored = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4))
+        restored = nn.Sequential(
+            nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4)
+        )
         restored.load_state_dict(state["model"])
     with traintel.testing_loop(), torch.no_grad():
         correct = 0

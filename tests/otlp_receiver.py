@@ -55,7 +55,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignor
     def __init__(self, received: Received) -> None:
         self.received = received
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
+    def Export(self, request: Any, context: Any) -> Any:
         with self.received.lock:
             self.received.traces.append(request)
             self.received.headers.append(dict(context.invocation_metadata()))
@@ -66,7 +66,7 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):  # type:
     def __init__(self, received: Received) -> None:
         self.received = received
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name
+    def Export(self, request: Any, context: Any) -> Any:
         with self.received.lock:
             self.received.metrics.append(request)
             self.received.headers.append(dict(context.invocation_metadata()))
@@ -78,7 +78,9 @@ class GrpcReceiver:
         self.received = Received()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self.received), self.server)
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsService(self.received), self.server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
+            _MetricsService(self.received), self.server
+        )
         self.port = self.server.add_insecure_port("127.0.0.1:0")
 
     @property
@@ -98,7 +100,7 @@ class HttpReceiver:
         self.received = received = Received()
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -109,7 +111,9 @@ class HttpReceiver:
                         received.traces.append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
                         reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
                     elif self.path == "/v1/metrics":
-                        received.metrics.append(metrics_service_pb2.ExportMetricsServiceRequest.FromString(body))
+                        received.metrics.append(
+                            metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
+                        )
                         reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
                     else:
                         self.send_response(404)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+
 import pytest
 from opentelemetry import trace as trace_api
 
@@ -37,13 +38,21 @@ def test_env_values_are_parsed() -> None:
 @pytest.mark.parametrize(
     ("variable", "value", "expected"),
     [
-        ("TRAINTEL_GLOBAL_BATCH_SIZE", "abc", "TRAINTEL_GLOBAL_BATCH_SIZE='abc': expected a positive integer"),
+        (
+            "TRAINTEL_GLOBAL_BATCH_SIZE",
+            "abc",
+            "TRAINTEL_GLOBAL_BATCH_SIZE='abc': expected a positive integer",
+        ),
         ("TRAINTEL_GLOBAL_BATCH_SIZE", "-4", "TRAINTEL_GLOBAL_BATCH_SIZE='-4': expected a positive integer"),
         ("TRAINTEL_SEQ_LEN", "1.5", "TRAINTEL_SEQ_LEN='1.5': expected a positive integer"),
         ("TRAINTEL_PEAK_FLOPS", "0", "TRAINTEL_PEAK_FLOPS='0': expected a positive number"),
         ("TRAINTEL_PEAK_FLOPS", "inf", "TRAINTEL_PEAK_FLOPS='inf': expected a positive number"),
         ("TRAINTEL_SHUTDOWN_TIMEOUT", "-1", "TRAINTEL_SHUTDOWN_TIMEOUT='-1': expected a non-negative number"),
-        ("TRAINTEL_LOG_EVERY_N_ITERATIONS", "0", "TRAINTEL_LOG_EVERY_N_ITERATIONS='0': expected a positive integer"),
+        (
+            "TRAINTEL_LOG_EVERY_N_ITERATIONS",
+            "0",
+            "TRAINTEL_LOG_EVERY_N_ITERATIONS='0': expected a positive integer",
+        ),
     ],
 )
 def test_bad_env_value_strict_names_variable_and_value(variable: str, value: str, expected: str) -> None:
@@ -84,7 +93,9 @@ def test_explicit_configure_fails_before_anything_is_built(monkeypatch: pytest.M
 
 def test_unknown_exporter_name_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin_v9")
-    with pytest.raises(ConfigurationError, match=r"OTEL_TRACES_EXPORTER='zipkin_v9': unknown exporter 'zipkin_v9'"):
+    with pytest.raises(
+        ConfigurationError, match=r"OTEL_TRACES_EXPORTER='zipkin_v9': unknown exporter 'zipkin_v9'"
+    ):
         traintel.configure()
 
 

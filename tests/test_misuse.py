@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import threading
 
@@ -20,11 +21,9 @@ class Boom(RuntimeError):
 
 def test_user_exception_marks_error_and_propagates_unchanged(pipeline: Pipeline) -> None:
     original = Boom("bad batch")
-    with pytest.raises(Boom) as caught:
-        with traintel.training_loop():
-            with traintel.training_iteration():
-                with traintel.model_forward():
-                    raise original
+    with pytest.raises(Boom) as caught, traintel.training_loop(), traintel.training_iteration():
+        with traintel.model_forward():
+            raise original
     assert caught.value is original
     # the traceback still points at the raise inside the user's block
     frames = []
@@ -153,7 +152,7 @@ def test_bad_arguments_never_raise(pipeline: Pipeline, caplog: pytest.LogCapture
             pass
     iteration = pipeline.one("training_iteration")
     loss = iteration.attributes[semconv.METRIC_PREFIX + "loss"]  # type: ignore[index]
-    assert loss != loss  # NaN kept: a NaN loss is what the user needs to see
+    assert math.isnan(loss)  # type: ignore[arg-type]  # NaN kept: a NaN loss is what the user needs to see
     assert semconv.METRIC_PREFIX + "note" not in iteration.attributes  # type: ignore[operator]
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "record_metrics(note='str'): not a number" in messages
@@ -161,7 +160,9 @@ def test_bad_arguments_never_raise(pipeline: Pipeline, caplog: pytest.LogCapture
     assert len(pipeline.by_name("checkpoint_save_sync")) == 2
 
 
-def test_record_metrics_outside_any_loop_is_ignored(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+def test_record_metrics_outside_any_loop_is_ignored(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="traintel"):
         traintel.record_metrics(loss=1.0)
         with traintel.validation_loop():

@@ -68,4 +68,3 @@ def test_callback_names_match_the_reference_library() -> None:
         "on_testing_end", "on_save_checkpoint_start", "on_save_checkpoint_success", "on_save_checkpoint_end",
     ]  # fmt: skip
     assert set(reference) <= set(traintel.__all__)
-

@@ -79,7 +79,12 @@ def test_single_process_defaults() -> None:
 def test_kubernetes_from_downward_api_and_namespace_file(tmp_path: Path) -> None:
     namespace_file = tmp_path / "namespace"
     namespace_file.write_text("ml-team\n")
-    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "trainer-0", "NODE_NAME": "gpu-node-7", "POD_UID": "u-1"}
+    env = {
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+        "HOSTNAME": "trainer-0",
+        "NODE_NAME": "gpu-node-7",
+        "POD_UID": "u-1",
+    }
     attributes = KubernetesDetector(env, namespace_file=str(namespace_file)).detect().attributes
     assert attributes == {
         semconv.K8S_POD_NAME: "trainer-0",

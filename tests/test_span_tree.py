@@ -49,12 +49,10 @@ def test_reference_tree_plain_otel(pipeline: Pipeline) -> None:
 
 def test_user_spans_nest_both_ways(pipeline: Pipeline) -> None:
     tracer = pipeline.tracer_provider.get_tracer("user-code")
-    with tracer.start_as_current_span("my_job"):
-        with traintel.training_loop():
-            with traintel.training_iteration():
-                with tracer.start_as_current_span("my_kernel"):
-                    with traintel.model_forward():
-                        pass
+    with tracer.start_as_current_span("my_job"), traintel.training_loop(), traintel.training_iteration():
+        with tracer.start_as_current_span("my_kernel"):
+            with traintel.model_forward():
+                pass
     spans = pipeline.spans()
     assert parent_name(pipeline.one("training_loop"), spans) == "my_job"
     assert parent_name(pipeline.one("my_kernel"), spans) == "training_iteration"

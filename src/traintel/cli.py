@@ -11,7 +11,7 @@ from traintel.exporters.reader import expand_paths
 
 
 def _summary(args: argparse.Namespace) -> int:
-    files = expand_paths(args.paths)
+    files = [path for path in expand_paths(args.paths) if path.is_file()]
     if not files:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2

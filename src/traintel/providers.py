@@ -39,7 +39,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from traintel import semconv
 from traintel.config import ConfigurationError, TrainingConfig
 from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
-from traintel.resource_detectors import default_detectors, default_run_id, restart_count
+from traintel.resource_detectors import TrainingResourceDetector
 
 _logger = logging.getLogger(__name__)
 
@@ -144,21 +144,9 @@ def default_service_name() -> str:
 
 def build_resource(config: TrainingConfig, service_name: str | None = None) -> Resource:
     """The job's Resource: SDK defaults < detected identity < ``OTEL_*`` env < explicit args."""
-    detected: dict[str, Any] = {}
-    for detector in default_detectors():
-        try:
-            detected.update(detector.detect().attributes)
-        except Exception as exc:  # one broken detector must not lose the others
-            _logger.warning("traintel: resource detector %s failed: %s", type(detector).__name__, exc)
-    run_id = config.get("run_id") or default_run_id()
-    detected[semconv.RUN_ID] = run_id
-    detected[semconv.SESSION_TAG] = config.get("session_tag") or run_id
-    perf_tag = None if config.is_lazy("perf_tag") else config.get("perf_tag")
-    if perf_tag:
-        detected[semconv.PERF_TAG] = perf_tag
-    detected[semconv.RESTART_COUNT] = restart_count()
+    detected = TrainingResourceDetector(config).detect()
     env_resource = OTELResourceDetector().detect()
-    resource = Resource.create({}).merge(Resource(detected)).merge(env_resource)
+    resource = Resource.create({}).merge(detected).merge(env_resource)
     if service_name:
         resource = resource.merge(Resource({semconv.SERVICE_NAME: service_name}))
     elif str(resource.attributes.get(semconv.SERVICE_NAME, "")).startswith("unknown_service"):

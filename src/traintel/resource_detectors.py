@@ -11,6 +11,7 @@ imports torch. ``torch.distributed`` is consulted only if the job already import
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -21,6 +22,9 @@ from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel.config import TrainingConfig
+
+_logger = logging.getLogger(__name__)
 
 _K8S_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -178,3 +182,38 @@ def default_detectors(environ: Mapping[str, str] | None = None) -> list[Resource
         SlurmDetector(environ),
         KubernetesDetector(environ),
     ]
+
+
+class TrainingResourceDetector(ResourceDetector):
+    """Everything above plus the run identity (run id, session and perf tags, restarts).
+
+    Registered as the ``traintel`` resource detector entry point, so providers built by the
+    OTel distro (``opentelemetry-instrument``) carry the same identity with
+    ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=traintel``. Without a config it reads ``TRAINTEL_*``
+    leniently: a detector must never fail a job.
+    """
+
+    def __init__(
+        self, config: TrainingConfig | None = None, environ: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__()
+        self._config = config
+        self._environ = environ
+
+    def detect(self) -> Resource:
+        config = (
+            self._config if self._config is not None else TrainingConfig.from_env(self._environ, strict=False)
+        )
+        attributes: dict[str, AttributeValue] = {}
+        for detector in default_detectors(self._environ):
+            try:
+                attributes.update(detector.detect().attributes)
+            except Exception as exc:  # one broken detector must not lose the others
+                _logger.warning("traintel: resource detector %s failed: %s", type(detector).__name__, exc)
+        run_id = config.get("run_id") or default_run_id(self._environ)
+        attributes[semconv.RUN_ID] = run_id
+        attributes[semconv.SESSION_TAG] = config.get("session_tag") or run_id
+        perf_tag = None if config.is_lazy("perf_tag") else config.get("perf_tag")
+        _set(attributes, semconv.PERF_TAG, perf_tag)
+        attributes[semconv.RESTART_COUNT] = restart_count(self._environ)
+        return Resource(attributes)

@@ -13,8 +13,8 @@ arguments take milliseconds since the epoch, as in the reference library.
 from __future__ import annotations
 
 import os
-from decimal import Decimal
 from collections.abc import Mapping
+from decimal import Decimal
 
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span

@@ -1,0 +1,41 @@
+"""``make demo``'s script: a real PyTorch run on CPU whose file reads back into a summary."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.subprocess_helpers import REPO, clean_env
+from traintel.exporters.reader import iter_spans
+
+pytest.importorskip("torch")
+
+
+def test_demo_runs_and_summarises(tmp_path: Path) -> None:
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "train_mlp.py"), "--iterations", "40", "--batch-size", "32"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "restored model accuracy:" in out
+    assert "\ntraining_iteration          40 " in out
+    assert "Throughput:" in out and "samples/s" in out
+    files = list((tmp_path / "traintel-runs").glob("*.otlp.jsonl"))
+    assert len(files) == 1
+    assert f"telemetry file: {files[0]}" in out
+    names = [s.name for s in iter_spans(files)]
+    assert names.count("training_iteration") == 40
+    assert names.count("validation_loop") == 1
+    assert names.count("checkpoint_save_sync") == 2
+    assert names.count("checkpoint_load") == 1
+    assert names.count("testing_iteration") == 4

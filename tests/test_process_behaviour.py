@@ -1,0 +1,207 @@
+"""Whole-process behaviour: disabled SDK, coexisting providers, bounded exit, auto-config,
+and ``opentelemetry-instrument``. Each runs in a fresh interpreter because it involves the
+global providers or process exit."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tests.otlp_receiver import GrpcReceiver
+from tests.subprocess_helpers import BlackHole, run_python
+from traintel.exporters.reader import iter_spans
+
+USER_JOB = """
+import traintel
+
+@traintel.application()
+def main():
+    total = 0
+    with traintel.training_loop():
+        for i in range(5):
+            with traintel.training_iteration() as span:
+                total += i
+                traintel.record_metrics(loss=1.0 / (i + 1))
+    print("result", total, type(span).__name__)
+    return total
+
+main()
+"""
+
+
+def test_sdk_disabled_records_nothing_and_user_code_runs_unchanged(tmp_path: Path) -> None:
+    with GrpcReceiver() as receiver:
+        disabled = run_python(
+            USER_JOB,
+            tmp_path,
+            OTEL_SDK_DISABLED="true",
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+        )
+    assert disabled.returncode == 0, disabled.stderr
+    assert disabled.stdout == "result 10 NonRecordingSpan\n"
+    assert disabled.stderr == ""
+    assert not receiver.received.traces and not receiver.received.metrics
+    assert not (tmp_path / "traintel-runs").exists()
+    enabled = run_python(USER_JOB, tmp_path)
+    assert enabled.returncode == 0, enabled.stderr
+    assert enabled.stdout == "result 10 _Span\n"
+    assert len(list((tmp_path / "traintel-runs").iterdir())) == 1
+
+
+def test_existing_global_provider_is_kept(tmp_path: Path) -> None:
+    code = """
+    import json
+    from opentelemetry import trace, metrics
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    metrics.set_meter_provider(meter_provider)
+
+    import traintel
+    with traintel.application():
+        with traintel.model_init():
+            pass
+    telemetry = traintel.get_telemetry()
+    names = [m.name for rm in reader.get_metrics_data().resource_metrics
+             for sm in rm.scope_metrics for m in sm.metrics]
+    print(json.dumps({
+        "same_provider": trace.get_tracer_provider() is provider,
+        "same_meter_provider": metrics.get_meter_provider() is meter_provider,
+        "owns": [telemetry.pipeline.owns_tracer_provider, telemetry.pipeline.owns_meter_provider],
+        "spans": [s.name for s in exporter.get_finished_spans()],
+        "metrics": names,
+        "file": str(telemetry.output_file),
+    }))
+    """
+    result = run_python(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report == {
+        "same_provider": True,
+        "same_meter_provider": True,
+        "owns": [False, False],
+        "spans": ["model_init", "application"],
+        "metrics": ["ml.training.phase.duration"],
+        "file": "None",
+    }
+    assert "Overriding of current" not in result.stderr
+    assert not (tmp_path / "traintel-runs").exists()
+
+
+def test_exit_is_bounded_when_collector_is_blackholed(tmp_path: Path) -> None:
+    with BlackHole() as hole:
+        started = time.monotonic()
+        result = run_python(
+            USER_JOB,
+            tmp_path,
+            timeout=60,
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{hole.port}",
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+            OTEL_EXPORTER_OTLP_TIMEOUT="30",
+            TRAINTEL_SHUTDOWN_TIMEOUT="1",
+        )
+        elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "result 10 _Span\n"
+    assert "did not finish within 1.0s" in result.stderr
+    # The exporter alone would wait 30 s per attempt; our bound is 1 s plus interpreter start/exit.
+    assert elapsed < 15, f"exit took {elapsed:.1f}s"
+
+
+def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> None:
+    with GrpcReceiver() as receiver:
+        result = run_python(
+            USER_JOB,
+            tmp_path,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+            OTEL_BSP_SCHEDULE_DELAY="60000",  # nothing leaves before exit: the exit flush must send it
+            OTEL_METRIC_EXPORT_INTERVAL="60000",
+        )
+    assert result.returncode == 0, result.stderr
+    assert len(list(receiver.received.spans())) == 7
+    assert receiver.received.metric_names() == {"ml.training.phase.duration"}
+
+
+def test_implicit_configuration_survives_bad_env(tmp_path: Path) -> None:
+    result = run_python(
+        USER_JOB + "\nprint(traintel.get_telemetry().config.get('seq_len'))\n",
+        tmp_path,
+        TRAINTEL_GLOBAL_BATCH_SIZE="lots",
+        TRAINTEL_SEQ_LEN="128",
+        OTEL_EXPORTER_OTLP_PROTOCOL="carrier-pigeon",
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "out"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["result 10 _Span", "128"]
+    assert "TRAINTEL_GLOBAL_BATCH_SIZE='lots': expected a positive integer" in result.stderr
+    assert result.stderr.count("TRAINTEL_GLOBAL_BATCH_SIZE") == 1
+    files = list((tmp_path / "out").iterdir())
+    assert len(files) == 1
+    assert len(list(iter_spans(files))) == 7
+
+
+def test_callbacks_left_open_are_ended_at_exit(tmp_path: Path) -> None:
+    code = """
+    import traintel
+    traintel.on_app_start()
+    traintel.on_train_start()
+    traintel.on_training_single_iteration_start()
+    print("exiting without end callbacks")
+    """
+    result = run_python(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    spans = {s.name: s for s in iter_spans([tmp_path / "traintel-runs"])}
+    assert set(spans) == {"application", "training_loop", "training_iteration"}
+    assert spans["training_iteration"].attributes["traintel.end_reason"] == "telemetry shutdown"
+    assert spans["training_loop"].parent_span_id == spans["application"].span_id
+
+
+def test_opentelemetry_instrument_picks_traintel_up(tmp_path: Path) -> None:
+    code = """
+    from opentelemetry import trace
+    import traintel
+    with traintel.application():
+        with traintel.model_init():
+            pass
+    telemetry = traintel.get_telemetry()
+    print(type(trace.get_tracer_provider()).__module__, telemetry.pipeline.owns_tracer_provider)
+    """
+    instrument = str(Path(sys.executable).parent / "opentelemetry-instrument")
+    result = run_python(
+        code,
+        tmp_path,
+        argv=[instrument, sys.executable],
+        OTEL_TRACES_EXPORTER="traintel_file",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+        OTEL_SERVICE_NAME="instrumented",
+        OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="traintel",
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "out"),
+        TRAINTEL_SESSION_TAG="via-distro",
+        RANK="3",
+        WORLD_SIZE="4",
+    )
+    assert result.returncode == 0, result.stderr
+    # the distro configured the SDK provider; traintel attached to it instead of building one
+    assert result.stdout.strip() == "opentelemetry.sdk.trace False"
+    spans = list(iter_spans([tmp_path / "out"]))
+    assert sorted(s.name for s in spans) == ["application", "model_init"]
+    resource = spans[0].resource
+    assert resource["service.name"] == "instrumented"
+    # the distro built the resource; traintel's detector entry point added the run identity
+    assert resource["ml.training.session_tag"] == "via-distro"
+    assert (resource["ml.training.rank"], resource["ml.training.world_size"]) == (3, 4)
+    assert resource["ml.training.run_id"]

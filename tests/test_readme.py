@@ -1,0 +1,27 @@
+"""The README tells the truth about the commands and every environment variable."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from traintel import environment_variables
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_readme_opens_with_the_two_commands() -> None:
+    first_block = README.split("```")[1]
+    commands = [line.split("#")[0].strip() for line in first_block.strip().splitlines()]
+    assert commands == ["make demo", "make test"]
+
+
+def test_every_traintel_variable_is_documented_and_no_other() -> None:
+    documented = set(re.findall(r"`(TRAINTEL_[A-Z_]+)`", README))
+    assert documented == set(environment_variables.ALL)
+
+
+def test_every_variable_constant_has_a_docstring() -> None:
+    source = Path(environment_variables.__file__).read_text()
+    for name in environment_variables.ALL:
+        assert re.search(rf'^{name}: Final = "{name}"\n"""\n\.\. envvar:: {name}\n', source, re.M), name
