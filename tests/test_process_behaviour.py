@@ -205,3 +205,26 @@ def test_opentelemetry_instrument_picks_traintel_up(tmp_path: Path) -> None:
     assert resource["ml.training.session_tag"] == "via-distro"
     assert (resource["ml.training.rank"], resource["ml.training.world_size"]) == (3, 4)
     assert resource["ml.training.run_id"]
+
+
+def test_sampler_from_env_drops_spans_without_false_warnings(tmp_path: Path) -> None:
+    result = run_python(USER_JOB, tmp_path, OTEL_TRACES_SAMPLER="always_off")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "result 10 NonRecordingSpan\n"
+    assert result.stderr == "", "a sampled-out loop is not misuse"
+    assert [s.name for s in iter_spans([tmp_path / "traintel-runs"])] == []
+
+
+def test_trace_id_ratio_sampler_is_read_by_the_sdk(tmp_path: Path) -> None:
+    code = (
+        USER_JOB
+        + "\nfrom opentelemetry import trace\nprint(trace.get_tracer_provider().sampler.get_description())\n"
+    )
+    result = run_python(
+        code, tmp_path, OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0.25"
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        result.stdout.splitlines()[-1]
+        == "ParentBased{root:TraceIdRatioBased{0.25},remoteParentSampled:AlwaysOnSampler{},remoteParentNotSampled:AlwaysOffSampler{},localParentSampled:AlwaysOnSampler{},localParentNotSampled:AlwaysOffSampler{}}"
+    )

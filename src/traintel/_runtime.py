@@ -81,6 +81,8 @@ class Telemetry:
         # Iteration numbering: the training loop sets the start, each iteration takes the next.
         self.next_train_iteration = 0
         self.next_eval_iteration: dict[str, int] = {}
+        # Loops opened through traintel's API and not yet closed, by phase name.
+        self.open_loops: dict[str, int] = {}
         self.closed = False
 
     # --- reporting ---------------------------------------------------------------------------

@@ -57,6 +57,8 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
                 if target is not None:
                     break
         if target is None:
+            if any(telemetry.open_loops.values()):
+                return  # inside a loop whose spans the sampler dropped: nothing to attach to
             telemetry.warn_once(
                 "metrics_outside_loop", "record_metrics called outside any iteration or loop; ignored"
             )

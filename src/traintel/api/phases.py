@@ -134,7 +134,21 @@ class _Application(PhaseSpan):
         return span
 
 
-class _TrainingLoop(PhaseSpan):
+class _Loop(PhaseSpan):
+    """A loop phase: counts itself open, so an iteration can tell it is inside its loop even
+    when the sampler dropped the loop span (the processor never sees unsampled spans)."""
+
+    __slots__ = ()
+
+    def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
+        telemetry.open_loops[self._name] = telemetry.open_loops.get(self._name, 0) + 1
+        return self._attributes
+
+    def _before_end(self, telemetry: _runtime.Telemetry, span: Span) -> None:
+        telemetry.open_loops[self._name] = max(0, telemetry.open_loops.get(self._name, 0) - 1)
+
+
+class _TrainingLoop(_Loop):
     __slots__ = ("_iterations_start",)
 
     def __init__(self, attributes: Mapping[str, AttributeValue], iterations_start: int) -> None:
@@ -143,7 +157,7 @@ class _TrainingLoop(PhaseSpan):
 
     def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
         telemetry.next_train_iteration = self._iterations_start
-        return self._attributes
+        return super()._start_attributes(telemetry)
 
 
 class _Iteration(PhaseSpan):
@@ -159,7 +173,8 @@ class _Iteration(PhaseSpan):
 
     def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
         processor = telemetry.processor
-        if processor is not None and not processor.is_open(self._loop.value):
+        loop = self._loop.value
+        if processor is not None and not telemetry.open_loops.get(loop) and not processor.is_open(loop):
             telemetry.warn_once(
                 "outside_loop:" + self._phase.value,
                 "%s started outside any %s; recorded where it is",
@@ -178,12 +193,12 @@ class _Iteration(PhaseSpan):
         return attributes
 
 
-class _EvalLoop(PhaseSpan):
+class _EvalLoop(_Loop):
     __slots__ = ()
 
     def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
         telemetry.next_eval_iteration[self._name] = 0
-        return self._attributes
+        return super()._start_attributes(telemetry)
 
 
 def directory_size(path: str | os.PathLike[str]) -> int:

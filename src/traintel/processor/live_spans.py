@@ -13,6 +13,7 @@ callbacks, or the user's plain ``tracer.start_as_current_span``).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Collection
 
@@ -23,12 +24,19 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from traintel import semconv
 from traintel.version import __version__
 
+_logger = logging.getLogger(__name__)
+
 #: Bucket boundaries in seconds: the SDK's defaults are for milliseconds and would put every
 #: training step in the first bucket. Spans 1 ms to 2 h cover kernels to checkpoints.
 DURATION_BUCKETS_S: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0,
     250.0, 500.0, 1000.0, 2500.0, 7200.0,
 )  # fmt: skip
+
+
+#: Open spans tracked at most. Only spans that are never ended (a leak in someone's code) can
+#: reach it; past it, non-phase spans are no longer tracked, so memory stays bounded.
+MAX_TRACKED_OPEN_SPANS = 100_000
 
 
 class LiveSpanProcessor(SpanProcessor):
@@ -49,13 +57,22 @@ class LiveSpanProcessor(SpanProcessor):
             explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS_S),
         )
         self._attribute_cache: dict[str, dict[str, str]] = {}
+        self._overflow_warned = False
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         if not self._enabled:
             return
         context = span.get_span_context()
-        self._open[context.span_id] = span
         phase = (span.attributes or {}).get(semconv.PHASE)
+        if len(self._open) < MAX_TRACKED_OPEN_SPANS or phase is not None:
+            self._open[context.span_id] = span
+        elif not self._overflow_warned:
+            self._overflow_warned = True
+            _logger.warning(
+                "traintel: %d spans are open at once (spans that are never ended?); "
+                "no longer tracking spans without ml.training.phase",
+                MAX_TRACKED_OPEN_SPANS,
+            )
         if phase is not None:
             key = str(phase)
             with self._lock:
