@@ -224,7 +224,4 @@ def test_trace_id_ratio_sampler_is_read_by_the_sdk(tmp_path: Path) -> None:
         code, tmp_path, OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0.25"
     )
     assert result.returncode == 0, result.stderr
-    assert (
-        result.stdout.splitlines()[-1]
-        == "ParentBased{root:TraceIdRatioBased{0.25},remoteParentSampled:AlwaysOnSampler{},remoteParentNotSampled:AlwaysOffSampler{},localParentSampled:AlwaysOnSampler{},localParentNotSampled:AlwaysOffSampler{}}"
-    )
+    assert result.stdout.splitlines()[-1].startswith("ParentBased{root:TraceIdRatioBased{0.25},")
