@@ -47,7 +47,7 @@ def test_sdk_disabled_records_nothing_and_user_code_runs_unchanged(tmp_path: Pat
     assert not (tmp_path / "traintel-runs").exists()
     enabled = run_python(USER_JOB, tmp_path)
     assert enabled.returncode == 0, enabled.stderr
-    assert enabled.stdout == "result 10 _Span\n"
+    assert enabled.stdout == "result 10 IterationSpan\n"
     assert len(list((tmp_path / "traintel-runs").iterdir())) == 1
 
 
@@ -93,7 +93,11 @@ def test_existing_global_provider_is_kept(tmp_path: Path) -> None:
         "same_meter_provider": True,
         "owns": [False, False],
         "spans": ["model_init", "application"],
-        "metrics": ["ml.training.phase.duration"],
+        "metrics": [
+            "ml.training.phase.duration",
+            "traintel.measurements.dropped",
+            "traintel.iterations.exported",
+        ],
         "file": "None",
     }
     assert "Overriding of current" not in result.stderr
@@ -114,7 +118,7 @@ def test_exit_is_bounded_when_collector_is_blackholed(tmp_path: Path) -> None:
         )
         elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "result 10 _Span\n"
+    assert result.stdout == "result 10 IterationSpan\n"
     assert "did not finish within 1.0s" in result.stderr
     # The exporter alone would wait 30 s per attempt; our bound is 1 s plus interpreter start/exit.
     assert elapsed < 15, f"exit took {elapsed:.1f}s"
@@ -132,7 +136,13 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
         )
     assert result.returncode == 0, result.stderr
     assert len(list(receiver.received.spans())) == 7
-    assert receiver.received.metric_names() == {"ml.training.phase.duration"}
+    assert receiver.received.metric_names() == {
+        "ml.training.phase.duration",
+        "ml.training.iteration.duration",
+        "ml.training.iteration.phase_time",
+        "traintel.measurements.dropped",
+        "traintel.iterations.exported",
+    }
 
 
 def test_implicit_configuration_survives_bad_env(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The process-wide telemetry state: configuration, providers, tracer, open callback phases.
+"""The process-wide telemetry state: configuration, providers, tracer, engine, open callbacks.
 
 Why one object: the API is module-level functions and context managers (as in the reference
 library), so something must hold the tracer and the training config they use. Everything
@@ -16,17 +16,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from opentelemetry import context as context_api
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel._engine import TrainingEngine
+from traintel._ids import ForcingIdGenerator
 from traintel.capabilities import capability_report
 from traintel.config import TrainingConfig
-from traintel.processor.live_spans import LiveSpanProcessor
+from traintel.processor.export_filter import TraceBudget
+from traintel.processor.instruments import TrainingInstruments
+from traintel.processor.training_metrics import TrainingMetricsProcessor
 from traintel.providers import Pipeline, build_pipeline
 from traintel.version import __version__
 
@@ -38,23 +42,27 @@ def sdk_disabled(environ: Mapping[str, str] | None = None) -> bool:
     return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
+class PhaseTemplate(Protocol):
+    """What the callbacks drive: a phase context manager's open/close protocol."""
+
+    _name: str
+
+    def _open(self, telemetry: Telemetry, start_ns: int | None = None) -> Span: ...
+
+    def _close(
+        self,
+        telemetry: Telemetry,
+        exc: BaseException | None,
+        end_ns: int | None = None,
+        reason: str | None = None,
+    ) -> None: ...
+
+
 @dataclass
 class _OpenCallback:
     key: str
     span: Span
-    token: object | None
-    thread_id: int
-    template: PhaseTemplate | None = None
-
-
-class PhaseTemplate(Protocol):
-    """What the callbacks need from a phase context manager: its name and hooks."""
-
-    _name: str
-
-    def _start_attributes(self, telemetry: Telemetry) -> Mapping[str, AttributeValue] | None: ...
-
-    def _before_end(self, telemetry: Telemetry, span: Span) -> None: ...
+    template: PhaseTemplate
 
 
 class Telemetry:
@@ -64,17 +72,16 @@ class Telemetry:
         self,
         config: TrainingConfig,
         pipeline: Pipeline | None,
-        processor: LiveSpanProcessor | None,
+        processor: TrainingMetricsProcessor | None,
+        engine: TrainingEngine | None = None,
+        tracer: trace_api.Tracer | None = None,
     ) -> None:
         self.config = config
         self.pipeline = pipeline
         self.processor = processor
+        self.engine = engine
         self.enabled = pipeline is not None
-        self.tracer: trace_api.Tracer = (
-            pipeline.tracer_provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__)
-            if pipeline is not None
-            else trace_api.NoOpTracer()
-        )
+        self.tracer: trace_api.Tracer = tracer if tracer is not None else trace_api.NoOpTracer()
         self._warned: set[str] = set()
         self._lock = threading.RLock()
         self._callbacks: list[_OpenCallback] = []
@@ -134,8 +141,8 @@ class Telemetry:
         end_reason: str | None = None,
     ) -> None:
         try:
-            if exc is not None and not _is_clean_exit(exc):
-                span.record_exception(exc)
+            if exc is not None:
+                span.record_exception(exc, timestamp=end_time, escaped=True)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
             if end_reason is not None:
                 span.set_attribute(semconv.END_REASON, end_reason)
@@ -171,9 +178,11 @@ class Telemetry:
         """Apply ``set_training_config``; the application span gets a ``training_config_update``."""
         new_config = self.config.updated(**changes)  # raises before anything changes
         self.config = new_config
-        if self.processor is None:
-            return
-        app = self.find_open_phase(semconv.Phase.APPLICATION)
+        if self.engine is not None:
+            self.engine.apply_config(new_config)
+        app: Span | None = self.engine.app if self.engine is not None else None
+        if app is None:
+            app = self.find_open_phase(semconv.Phase.APPLICATION)
         if app is not None:
             try:
                 app.add_event(semconv.Event.TRAINING_CONFIG_UPDATE.value, self.config_attributes())
@@ -188,10 +197,7 @@ class Telemetry:
         found = self.processor.enclosing(current.get_span_context().span_id, (phase,))
         if found is not None:
             return found
-        for entry in reversed(self._callbacks):  # a callback-opened phase in another context
-            if entry.key == phase:
-                return entry.span
-        return None
+        return self.callback_span(phase)
 
     # --- callbacks: pair by identity, idempotent, closed in order -----------------------------
     def callback_start(self, key: str, template: PhaseTemplate, start_time: int | None = None) -> Span:
@@ -202,14 +208,8 @@ class Telemetry:
                         f"double_start:{key}", "start callback for %r fired twice; ignoring the second", key
                     )
                     return entry.span
-            span = self.start_span(template._name, template._start_attributes(self), start_time)
-            token: object | None = None
-            if span.is_recording():
-                try:
-                    token = context_api.attach(trace_api.set_span_in_context(span))
-                except Exception:
-                    token = None
-            self._callbacks.append(_OpenCallback(key, span, token, threading.get_ident(), template))
+            span = template._open(self, start_time)
+            self._callbacks.append(_OpenCallback(key, span, template))
             return span
 
     def callback_span(self, key: str) -> Span | None:
@@ -217,6 +217,13 @@ class Telemetry:
             for entry in reversed(self._callbacks):
                 if entry.key == key:
                     return entry.span
+        return None
+
+    def callback_template(self, key: str) -> PhaseTemplate | None:
+        with self._lock:
+            for entry in reversed(self._callbacks):
+                if entry.key == key:
+                    return entry.template
         return None
 
     def callback_end(self, key: str, end_time: int | None = None, exc: BaseException | None = None) -> None:
@@ -238,39 +245,19 @@ class Telemetry:
                     [e.key for e in above],
                 )
             for entry in reversed(above):
-                self._close_callback(entry, None, f"parent {key} ended first")
-            self._close_callback(self._callbacks[index], end_time, None, exc)
+                entry.template._close(self, None, None, f"parent {key} ended first")
+            self._callbacks[index].template._close(self, exc, end_time)
             del self._callbacks[index:]
-
-    def _close_callback(
-        self, entry: _OpenCallback, end_time: int | None, reason: str | None, exc: BaseException | None = None
-    ) -> None:
-        if entry.template is not None:
-            try:
-                entry.template._before_end(self, entry.span)
-            except Exception:
-                self.warn_once("before_end:" + entry.key, "could not finish attributes of %r", entry.key)
-        if entry.token is not None:
-            if entry.thread_id == threading.get_ident():
-                try:
-                    context_api.detach(entry.token)  # type: ignore[arg-type]
-                except Exception:
-                    pass
-            else:
-                self.warn_once(
-                    f"cross_thread:{entry.key}",
-                    "%r was started and ended on different threads; its span is ended, the starting "
-                    "thread's context is left as it is",
-                    entry.key,
-                )
-        self.end_span(entry.span, exc=exc, end_time=end_time, end_reason=reason)
 
     def close_open_callbacks(self, reason: str) -> None:
         """End every callback-opened span, innermost first (at exit or reconfiguration)."""
         with self._lock:
             entries, self._callbacks = self._callbacks, []
         for entry in reversed(entries):
-            self._close_callback(entry, None, reason)
+            try:
+                entry.template._close(self, None, None, reason)
+            except Exception:
+                self.warn_once("close_callback", "could not close %r", entry.key)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def shutdown(self, timeout_s: float | None = None) -> bool:
@@ -286,10 +273,6 @@ class Telemetry:
         if self.processor is not None:
             self.processor.disable()
         return ok
-
-
-def _is_clean_exit(exc: BaseException) -> bool:
-    return isinstance(exc, SystemExit) and exc.code in (0, None)
 
 
 # --- the process-wide instance ----------------------------------------------------------------
@@ -332,9 +315,8 @@ def configure(
             reuse = tracer_provider is None and meter_provider is None and previous.pipeline is not None
             if reuse:
                 previous.close_open_callbacks("traintel reconfigured")
-                telemetry = Telemetry(config, previous.pipeline, previous.processor)
-                _set(telemetry)
-                return telemetry
+                previous.update_config(**{k: v for k, v in (training or {}).items()})
+                return previous
             previous.shutdown()
         return _install(
             config,
@@ -343,6 +325,38 @@ def configure(
             meter_provider=meter_provider,
             service_name=service_name,
         )
+
+
+def _tracer_for(pipeline: Pipeline) -> tuple[trace_api.Tracer, ForcingIdGenerator | None]:
+    """Our tracer, with an id generator we can steer (see ``traintel._ids``)."""
+    provider = pipeline.tracer_provider
+    if pipeline.ids is not None:
+        return provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__), pipeline.ids
+    if isinstance(provider, TracerProvider):
+        # The user's provider: our tracer alone gets the steering wrapper; theirs are untouched.
+        original = provider.id_generator
+        ids = ForcingIdGenerator(original)
+        provider.id_generator = ids  # type: ignore[assignment]
+        try:
+            tracer = provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__)
+        finally:
+            provider.id_generator = original
+        if getattr(tracer, "id_generator", ids) is ids:
+            return tracer, ids
+        return tracer, None
+    return provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__), None
+
+
+def _world_size(resource: Resource) -> int:
+    value = resource.attributes.get(semconv.WORLD_SIZE)
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        from traintel.resource_detectors import distributed_identity
+
+        return distributed_identity()[2]
 
 
 def _install(
@@ -362,11 +376,38 @@ def _install(
         service_name=service_name,
         strict=strict,
     )
-    # Added after the pipeline exists because its duration histogram needs the final meter
-    # provider, which build_pipeline may have just created.
-    processor = LiveSpanProcessor(pipeline.meter_provider)
+    # In the user's pipeline there is no export filter: count the trace budget at on_end.
+    budget = pipeline.export_filter._budget if pipeline.export_filter is not None else TraceBudget()
+    holder: dict[str, Any] = {}
+    instruments = TrainingInstruments(
+        pipeline.meter_provider,
+        last_window=lambda: holder["engine"].aggregator.last_window if "engine" in holder else None,
+        totals=lambda: (
+            (holder["engine"].samples_total, holder["engine"].tokens_total)
+            if "engine" in holder
+            else (0.0, 0.0)
+        ),
+    )
+    processor = TrainingMetricsProcessor(
+        instruments, budget=None if pipeline.export_filter is not None else budget
+    )
     pipeline.add_span_processor(processor)
-    telemetry = Telemetry(config, pipeline, processor)
+    tracer, ids = _tracer_for(pipeline)
+    telemetry = Telemetry(config, pipeline, processor, tracer=tracer)
+    engine = TrainingEngine(
+        config,
+        tracer,
+        ids,
+        pipeline.export_filter,
+        budget,
+        instruments,
+        _world_size(pipeline.resource),
+        telemetry.warn_once,
+    )
+    holder["engine"] = engine
+    telemetry.engine = engine
+    processor.engine = engine
+    processor.on_error = lambda kind: telemetry.warn_once(kind, "could not aggregate a %s", kind)
     _set(telemetry)
     return telemetry
 
@@ -402,8 +443,3 @@ def shutdown(timeout_s: float | None = None) -> bool:
     if telemetry is None:
         return True
     return telemetry.shutdown(timeout_s)
-
-
-def attributes_of(values: Mapping[str, Any]) -> dict[str, AttributeValue]:
-    """Drop ``None`` values: OTel attributes have no null."""
-    return {k: v for k, v in values.items() if v is not None}

@@ -27,6 +27,9 @@ _logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: Compute dtypes the peak-FLOPs table knows.
+DTYPES: Final = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
 
 class ConfigurationError(ValueError):
     """A configuration value is invalid; the message names the setting and the bad value."""
@@ -48,6 +51,34 @@ def _positive_int(raw: object) -> int:
         raise ValueError("expected a positive integer")
     if value <= 0:
         raise ValueError("expected a positive integer")
+    return value
+
+
+def _non_negative_int(raw: object) -> int:
+    if isinstance(raw, str) and raw.strip() == "0":
+        return 0
+    if raw == 0 and not isinstance(raw, bool):
+        return 0
+    try:
+        return _positive_int(raw)
+    except ValueError:
+        raise ValueError("expected a non-negative integer") from None
+
+
+def _choice(*allowed: str) -> Callable[[object], str]:
+    def parse(raw: object) -> str:
+        value = raw.strip().lower() if isinstance(raw, str) else raw
+        if value not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return str(value)
+
+    return parse
+
+
+def _factor(raw: object) -> float:
+    value = _number(raw, allow_zero=False)
+    if value <= 1:
+        raise ValueError("expected a number greater than 1")
     return value
 
 
@@ -100,16 +131,55 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     _Field("seq_len", ev.TRAINTEL_SEQ_LEN, _positive_int, None, "tokens per sample"),
     _Field("flops_per_sample", ev.TRAINTEL_FLOPS_PER_SAMPLE, _positive_number, None, "model FLOPs/sample"),
     _Field("flops_per_token", ev.TRAINTEL_FLOPS_PER_TOKEN, _positive_number, None, "model FLOPs/token"),
+    _Field(
+        "executed_flops_per_sample",
+        ev.TRAINTEL_EXECUTED_FLOPS_PER_SAMPLE,
+        _positive_number,
+        None,
+        "executed FLOPs/sample (recompute included), for HFU",
+    ),
     _Field("peak_flops", ev.TRAINTEL_PEAK_FLOPS, _positive_number, None, "dense peak FLOP/s per device"),
     _Field("log_every_n_iterations", ev.TRAINTEL_LOG_EVERY_N_ITERATIONS, _positive_int, 50, "window size"),
     _Field("output_dir", ev.TRAINTEL_OUTPUT_DIR, _non_empty_str, "traintel-runs", "embedded file dir"),
     _Field("shutdown_timeout", ev.TRAINTEL_SHUTDOWN_TIMEOUT, _non_negative_number, 5.0, "exit bound, s"),
+    _Field("warmup_iterations", ev.TRAINTEL_WARMUP_ITERATIONS, _non_negative_int, 1, "left out of totals"),
+    _Field("dtype", ev.TRAINTEL_DTYPE, _choice(*DTYPES), None, "training compute dtype, for peak FLOPs"),
+    _Field(
+        "flops_method",
+        ev.TRAINTEL_FLOPS_METHOD,
+        _choice("config", "formula", "counter", "callable"),
+        None,
+        "how flops_per_* was obtained",
+    ),
+    _Field(
+        "export_iterations",
+        ev.TRAINTEL_EXPORT_ITERATIONS,
+        _choice("sampled", "all", "none"),
+        "sampled",
+        "policy",
+    ),
+    _Field("export_first_iterations", ev.TRAINTEL_EXPORT_FIRST_ITERATIONS, _non_negative_int, 10, "first K"),
+    _Field(
+        "export_every_n_iterations", ev.TRAINTEL_EXPORT_EVERY_N_ITERATIONS, _non_negative_int, 100, "every M"
+    ),
+    _Field("slow_iteration_factor", ev.TRAINTEL_SLOW_ITERATION_FACTOR, _factor, 3.0, "k x rolling median"),
+    _Field("segment_iterations", ev.TRAINTEL_SEGMENT_ITERATIONS, _positive_int, 1000, "iterations per trace"),
+    _Field("segment_seconds", ev.TRAINTEL_SEGMENT_SECONDS, _positive_number, 600.0, "seconds per trace"),
+    _Field("max_spans_per_trace", ev.TRAINTEL_MAX_SPANS_PER_TRACE, _positive_int, 2000, "span budget"),
+    _Field("max_bytes_per_trace", ev.TRAINTEL_MAX_BYTES_PER_TRACE, _positive_int, 4_000_000, "byte budget"),
 )
 _BY_NAME: Final = {f.name: f for f in _FIELDS}
 #: Names accepted by ``configure()`` / ``set_training_config()`` as training facts.
 FIELD_NAMES: Final = tuple(_BY_NAME)
 #: Fields that must be concrete when telemetry starts (they shape files and exit), not lazy.
-_EAGER: Final = frozenset({"output_dir", "shutdown_timeout", "run_id", "session_tag"})
+_EAGER: Final = frozenset(
+    {
+        "output_dir", "shutdown_timeout", "run_id", "session_tag", "export_iterations",
+        "export_first_iterations", "export_every_n_iterations", "slow_iteration_factor",
+        "segment_iterations", "segment_seconds", "max_spans_per_trace", "max_bytes_per_trace",
+        "log_every_n_iterations", "warmup_iterations",
+    }
+)  # fmt: skip
 
 
 def _check(field: _Field[Any], value: object, source: str) -> object:

@@ -70,6 +70,14 @@ for a dense transformer of N parameters plus the attention term. Alternative to
 ``TRAINTEL_FLOPS_PER_SAMPLE``.
 """
 
+TRAINTEL_EXECUTED_FLOPS_PER_SAMPLE: Final = "TRAINTEL_EXECUTED_FLOPS_PER_SAMPLE"
+"""
+.. envvar:: TRAINTEL_EXECUTED_FLOPS_PER_SAMPLE
+
+FLOPs the hardware executes per sample, activation recomputation included (positive number).
+With it, HFU is reported next to MFU. ``traintel.apply_flops(measure_flops(...))`` sets it.
+"""
+
 TRAINTEL_PEAK_FLOPS: Final = "TRAINTEL_PEAK_FLOPS"
 """
 .. envvar:: TRAINTEL_PEAK_FLOPS
@@ -102,6 +110,94 @@ Seconds the process may spend flushing telemetry at exit (non-negative number). 
 even when the collector is down or black-holed. Default: 5.
 """
 
+TRAINTEL_WARMUP_ITERATIONS: Final = "TRAINTEL_WARMUP_ITERATIONS"
+"""
+.. envvar:: TRAINTEL_WARMUP_ITERATIONS
+
+Iterations at the start of each job left out of the cumulative statistics (non-negative
+integer): the first step compiles kernels and warms caches. Windows include them. Default: 1.
+"""
+
+TRAINTEL_DTYPE: Final = "TRAINTEL_DTYPE"
+"""
+.. envvar:: TRAINTEL_DTYPE
+
+The compute dtype that selects the peak FLOP/s column: ``bf16``, ``fp16``, ``fp32``, ``tf32``
+or ``fp8``. Default: the autocast dtype when autocast is on at the first iteration, else
+``fp32``.
+"""
+
+TRAINTEL_FLOPS_METHOD: Final = "TRAINTEL_FLOPS_METHOD"
+"""
+.. envvar:: TRAINTEL_FLOPS_METHOD
+
+How ``TRAINTEL_FLOPS_PER_*`` was obtained, published next to every MFU value: ``config``
+(a number you worked out), ``formula`` (an analytic formula such as 6N), ``counter``
+(``traintel.measure_flops``) or ``callable``. Default: ``config`` (``callable`` for callables).
+"""
+
+TRAINTEL_EXPORT_ITERATIONS: Final = "TRAINTEL_EXPORT_ITERATIONS"
+"""
+.. envvar:: TRAINTEL_EXPORT_ITERATIONS
+
+Which iterations are exported as spans: ``sampled`` (the first K, every M-th, slow ones and
+those with errors or non-finite metrics), ``all``, or ``none`` (metrics only). Every iteration
+is counted in the metrics whatever the policy. Default: ``sampled``.
+"""
+
+TRAINTEL_EXPORT_FIRST_ITERATIONS: Final = "TRAINTEL_EXPORT_FIRST_ITERATIONS"
+"""
+.. envvar:: TRAINTEL_EXPORT_FIRST_ITERATIONS
+
+K: the first K iterations of each loop are exported (non-negative integer). Default: 10.
+"""
+
+TRAINTEL_EXPORT_EVERY_N_ITERATIONS: Final = "TRAINTEL_EXPORT_EVERY_N_ITERATIONS"
+"""
+.. envvar:: TRAINTEL_EXPORT_EVERY_N_ITERATIONS
+
+M: every M-th iteration is exported (non-negative integer; 0 turns it off). Default: 100.
+"""
+
+TRAINTEL_SLOW_ITERATION_FACTOR: Final = "TRAINTEL_SLOW_ITERATION_FACTOR"
+"""
+.. envvar:: TRAINTEL_SLOW_ITERATION_FACTOR
+
+k: an iteration slower than k times the rolling median of the last 101 iterations is slow:
+it is exported and a ``slow_iteration`` event names it (number greater than 1). Default: 3.
+"""
+
+TRAINTEL_SEGMENT_ITERATIONS: Final = "TRAINTEL_SEGMENT_ITERATIONS"
+"""
+.. envvar:: TRAINTEL_SEGMENT_ITERATIONS
+
+A long run is cut into traces ("segments") of at most this many training iterations
+(positive integer). Default: 1000.
+"""
+
+TRAINTEL_SEGMENT_SECONDS: Final = "TRAINTEL_SEGMENT_SECONDS"
+"""
+.. envvar:: TRAINTEL_SEGMENT_SECONDS
+
+... or of at most this many seconds, whichever comes first (positive number). Default: 600.
+"""
+
+TRAINTEL_MAX_SPANS_PER_TRACE: Final = "TRAINTEL_MAX_SPANS_PER_TRACE"
+"""
+.. envvar:: TRAINTEL_MAX_SPANS_PER_TRACE
+
+Span budget of one trace; a segment is closed early before it is exceeded (positive
+integer). Default: 2000, where Jaeger's UI is still comfortable.
+"""
+
+TRAINTEL_MAX_BYTES_PER_TRACE: Final = "TRAINTEL_MAX_BYTES_PER_TRACE"
+"""
+.. envvar:: TRAINTEL_MAX_BYTES_PER_TRACE
+
+Estimated OTLP bytes budget of one trace (positive integer). Default: 4,000,000, under
+Tempo's default 5 MB ``max_bytes_per_trace``.
+"""
+
 ALL: Final = (
     TRAINTEL_SESSION_TAG,
     TRAINTEL_PERF_TAG,
@@ -110,9 +206,21 @@ ALL: Final = (
     TRAINTEL_SEQ_LEN,
     TRAINTEL_FLOPS_PER_SAMPLE,
     TRAINTEL_FLOPS_PER_TOKEN,
+    TRAINTEL_EXECUTED_FLOPS_PER_SAMPLE,
     TRAINTEL_PEAK_FLOPS,
     TRAINTEL_LOG_EVERY_N_ITERATIONS,
     TRAINTEL_OUTPUT_DIR,
     TRAINTEL_SHUTDOWN_TIMEOUT,
+    TRAINTEL_WARMUP_ITERATIONS,
+    TRAINTEL_DTYPE,
+    TRAINTEL_FLOPS_METHOD,
+    TRAINTEL_EXPORT_ITERATIONS,
+    TRAINTEL_EXPORT_FIRST_ITERATIONS,
+    TRAINTEL_EXPORT_EVERY_N_ITERATIONS,
+    TRAINTEL_SLOW_ITERATION_FACTOR,
+    TRAINTEL_SEGMENT_ITERATIONS,
+    TRAINTEL_SEGMENT_SECONDS,
+    TRAINTEL_MAX_SPANS_PER_TRACE,
+    TRAINTEL_MAX_BYTES_PER_TRACE,
 )
 """Every variable above, for documentation checks and the capability report."""

@@ -37,8 +37,10 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from traintel import semconv
+from traintel._ids import ForcingIdGenerator
 from traintel.config import ConfigurationError, TrainingConfig
 from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
+from traintel.processor.export_filter import IterationExportFilter, TraceBudget
 from traintel.resource_detectors import TrainingResourceDetector
 
 _logger = logging.getLogger(__name__)
@@ -171,6 +173,9 @@ class Pipeline:
     metric_exporters: list[str] = field(default_factory=list)
     file: OtlpJsonLinesFile | None = None
     processors: list[SpanProcessor] = field(default_factory=list)
+    #: Owned providers: the filter in front of the exporting processors, and the id generator.
+    export_filter: IterationExportFilter | None = None
+    ids: ForcingIdGenerator | None = None
     _shut_down: bool = False
 
     @property
@@ -290,6 +295,8 @@ def build_pipeline(
     uses_file = any(p.name == FILE_EXPORTER for p in trace_plans + metric_plans)
 
     # --- nothing below raises on bad configuration -------------------------------------------
+    ids: ForcingIdGenerator | None = None
+    export_filter: IterationExportFilter | None = None
     if build_tp:
         if not isinstance(tp, trace_api.ProxyTracerProvider):
             _logger.warning(
@@ -297,14 +304,18 @@ def build_pipeline(
                 "records into a private provider and leaves the global one alone",
                 type(tp).__name__,
             )
-        sdk_tp = TracerProvider(resource=resource, shutdown_on_exit=False)
+        ids = ForcingIdGenerator()
+        sdk_tp = TracerProvider(resource=resource, shutdown_on_exit=False, id_generator=ids)
+        exporting: list[SpanProcessor] = []
         for plan in trace_plans:
             try:
                 exporter: SpanExporter = plan.factory()
             except Exception as exc:
                 _logger.error("traintel: traces exporter %r could not start: %s", plan.name, exc)
                 continue
-            sdk_tp.add_span_processor(BatchSpanProcessor(exporter))
+            exporting.append(BatchSpanProcessor(exporter))
+        export_filter = IterationExportFilter(exporting, TraceBudget())
+        sdk_tp.add_span_processor(export_filter)
         if isinstance(tp, trace_api.ProxyTracerProvider):
             trace_api.set_tracer_provider(sdk_tp)
         tp = sdk_tp
@@ -323,6 +334,8 @@ def build_pipeline(
         mp = sdk_mp
 
     return Pipeline(
+        export_filter=export_filter,
+        ids=ids,
         tracer_provider=tp,
         meter_provider=mp,
         owns_tracer_provider=build_tp,

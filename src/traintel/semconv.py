@@ -33,6 +33,12 @@ class Phase(str, Enum):
     VALIDATION_ITERATION = "validation_iteration"
     TESTING_LOOP = "testing_loop"
     TESTING_ITERATION = "testing_iteration"
+    # Checkpoint sub-phases, children of a checkpoint_save_* span (or of the loop for finalize).
+    CHECKPOINT_STAGING = "checkpoint_staging"
+    CHECKPOINT_WRITE = "checkpoint_write"
+    CHECKPOINT_UPLOAD = "checkpoint_upload"
+    CHECKPOINT_FINALIZE = "checkpoint_finalize"
+    CHECKPOINT_BARRIER = "checkpoint_barrier"
 
     def __str__(self) -> str:
         return self.value
@@ -44,6 +50,19 @@ ITERATION_PHASES: Final = frozenset(
 )
 #: Phases that contain iterations; model metrics fall back to these outside an iteration.
 LOOP_PHASES: Final = frozenset({Phase.TRAINING_LOOP, Phase.VALIDATION_LOOP, Phase.TESTING_LOOP})
+#: Phases timed inside an iteration (the iteration fast path records them without SDK spans).
+STEP_PHASES: Final = frozenset(
+    {Phase.DATA_LOADING, Phase.MODEL_FORWARD, Phase.MODEL_BACKWARD, Phase.OPTIMIZER_UPDATE}
+)
+#: Checkpoint save phases and the stage names ``checkpoint_stage()`` accepts.
+CHECKPOINT_SAVE_PHASES: Final = frozenset({Phase.CHECKPOINT_SAVE_SYNC, Phase.CHECKPOINT_SAVE_ASYNC})
+CHECKPOINT_STAGES: Final = {
+    "staging": Phase.CHECKPOINT_STAGING,
+    "write": Phase.CHECKPOINT_WRITE,
+    "upload": Phase.CHECKPOINT_UPLOAD,
+    "finalize": Phase.CHECKPOINT_FINALIZE,
+    "barrier": Phase.CHECKPOINT_BARRIER,
+}
 #: The loop each iteration phase belongs in, for the "iteration outside its loop" check.
 LOOP_OF_ITERATION: Final = {
     Phase.TRAINING_ITERATION: Phase.TRAINING_LOOP,
@@ -65,6 +84,7 @@ class Event(str, Enum):
     SLOW_ITERATION = "slow_iteration"
     NONFINITE_METRIC = "nonfinite_metric"
     STRAGGLER = "straggler"
+    METRIC_OUT_OF_RANGE = "metric_out_of_range"
 
     def __str__(self) -> str:
         return self.value
@@ -75,6 +95,9 @@ PHASE: Final = "ml.training.phase"
 ITERATION: Final = "ml.training.iteration"
 SAMPLES: Final = "ml.training.samples"
 TOKENS: Final = "ml.training.tokens"
+PADDING_TOKENS: Final = "ml.training.padding_tokens"
+FLOPS: Final = "ml.training.flops"
+MICRO_BATCHES: Final = "ml.training.micro_batches"
 TRAIN_ITERATIONS_START: Final = "ml.training.train_iterations_start"
 TRAIN_SAMPLES_START: Final = "ml.training.train_samples_start"
 TRAIN_ITERATIONS_TARGET: Final = "ml.training.train_iterations_target"
@@ -84,6 +107,40 @@ CHECKPOINT_STRATEGY: Final = "ml.training.checkpoint.strategy"
 CHECKPOINT_SIZE: Final = "ml.training.checkpoint.size"
 CHECKPOINT_ITERATION: Final = "ml.training.checkpoint.iteration"
 CHECKPOINT_PATH: Final = "ml.training.checkpoint.path"
+CHECKPOINT_STAGE: Final = "ml.training.checkpoint.stage"
+CHECKPOINT_BYTES_PER_SECOND: Final = "ml.training.checkpoint.bytes_per_second"
+#: Why an iteration was exported (first, every_n, slow, error, nonfinite, checkpoint, all).
+SAMPLING_REASON: Final = "traintel.sampling.reason"
+#: Segment spans: which segment of a long run a trace holds.
+SEGMENT_INDEX: Final = "ml.training.segment.index"
+SEGMENT_FIRST_ITERATION: Final = "ml.training.segment.first_iteration"
+SEGMENT_LAST_ITERATION: Final = "ml.training.segment.last_iteration"
+SEGMENT_CONTINUES: Final = "ml.training.segment.continues"
+SEGMENT_SPANS: Final = "ml.training.segment.spans"
+SEGMENT_BYTES: Final = "ml.training.segment.estimated_bytes"
+#: Prefixes of the window (training_metrics_update), cumulative, end-of-loop summary,
+#: checkpoint (checkpoint_metrics_update) and evaluation (validation/testing) attributes.
+WINDOW_PREFIX: Final = "ml.training.window."
+TOTAL_PREFIX: Final = "ml.training.total."
+SUMMARY_PREFIX: Final = "ml.training.summary."
+CHECKPOINT_PREFIX: Final = "ml.training.checkpoint."
+EVAL_PREFIX: Final = "ml.training.eval."
+#: Next to every MFU value: how it was computed, so a user can check it.
+MFU_NUMERATOR: Final = "ml.training.mfu.numerator_flops_per_second"
+MFU_DENOMINATOR: Final = "ml.training.mfu.denominator_peak_flops"
+MFU_FLOPS_METHOD: Final = "ml.training.mfu.flops_method"
+MFU_TIMING_MODE: Final = "ml.training.mfu.timing_mode"
+MFU_PEAK_SOURCE: Final = "ml.training.mfu.peak_source"
+THROUGHPUT_AGGREGATION: Final = "ml.training.throughput.aggregation"
+THROUGHPUT_SCOPE: Final = "ml.training.throughput.scope"
+SLOW_FACTOR: Final = "ml.training.slow_factor"
+ITERATION_DURATION: Final = "ml.training.iteration.duration"
+ITERATION_MEDIAN: Final = "ml.training.iteration.median_duration"
+METRIC_NAME: Final = "ml.training.metric.name"
+METRIC_VALUE: Final = "ml.training.metric.value"
+EXPORTED_TRACE_ID: Final = "traintel.exported.trace_id"
+EXPORTED_SPAN_ID: Final = "traintel.exported.span_id"
+ERROR_REASON: Final = "traintel.error"
 #: Prefix of the user's model metrics from ``record_metrics`` (``ml.training.metric.loss``).
 METRIC_PREFIX: Final = "ml.training.metric."
 #: Why a span was ended by traintel rather than by the user's code (exit, out-of-order end).
@@ -140,6 +197,11 @@ METRIC_CHECKPOINT_LOAD_DURATION: Final = "ml.training.checkpoint.load.duration"
 METRIC_CHECKPOINT_SIZE: Final = "ml.training.checkpoint.size"
 METRIC_DATA_LOADING_DURATION: Final = "ml.training.data_loading.duration"
 METRIC_PHASE_DURATION: Final = "ml.training.phase.duration"
+METRIC_STEP_PHASE_TIME: Final = "ml.training.iteration.phase_time"
+METRIC_HFU: Final = "ml.training.hfu"
+METRIC_DROPPED_MEASUREMENTS: Final = "traintel.measurements.dropped"
+METRIC_ITERATIONS_EXPORTED: Final = "traintel.iterations.exported"
+METRIC_ITERATIONS_NOT_EXPORTED: Final = "traintel.iterations.not_exported"
 
 #: Instrumentation scope name for every tracer and meter traintel creates.
 INSTRUMENTATION_SCOPE: Final = "traintel"

@@ -60,10 +60,7 @@ def _end(key: str, finish_time_msec: float | None) -> None:
 
 
 def on_app_start(start_time_msec: float | None = None) -> Span:
-    span = _start(phases.application(), Phase.APPLICATION.value, start_time_msec)
-    if span.is_recording():
-        _runtime.current().initialization_event(span)
-    return span
+    return _start(phases.application(), Phase.APPLICATION.value, start_time_msec)
 
 
 def on_app_end(finish_time_msec: float | None = None) -> None:

@@ -8,7 +8,7 @@ innermost open loop, as ``ml.training.metric.<name>``.
 
 from __future__ import annotations
 
-import math
+import threading
 from collections.abc import Mapping
 
 from opentelemetry import trace as trace_api
@@ -46,6 +46,21 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
     try:
         values = dict(metrics or {})
         values.update(more)
+        engine = telemetry.engine
+        record = engine.active if engine is not None else None
+        if record is not None and engine is not None and engine.active_thread == threading.get_ident():
+            for name, raw in values.items():
+                number = _as_number(raw)
+                if number is None:
+                    telemetry.warn_once(
+                        "metric_type:" + name,
+                        "record_metrics(%s=%r): not a number; dropped",
+                        name,
+                        type(raw).__name__,
+                    )
+                    continue
+                engine.record_metric(record, name, float(number))
+            return
         current = trace_api.get_current_span().get_span_context().span_id
         processor = telemetry.processor
         target: Span | None = processor.enclosing(current, semconv.ITERATION_PHASES) or processor.enclosing(
@@ -73,8 +88,6 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
                     type(raw).__name__,
                 )
                 continue
-            if isinstance(number, float) and not math.isfinite(number):
-                telemetry.warn_once("nonfinite:" + name, "record_metrics: %s is %r", name, number)
             target.set_attribute(semconv.METRIC_PREFIX + name, number)
     except Exception:
         telemetry.warn_once("record_metrics", "record_metrics failed")

@@ -1,13 +1,17 @@
 """Context managers (that also work as decorators) for every training phase.
 
-Each phase is a real SDK span started in the current OpenTelemetry context and made current
-for its body, so the user's own ``tracer.start_as_current_span`` nests inside ours and ours
-inside theirs. The span is what ``with ... as span`` yields.
+Each phase is a span in the current OpenTelemetry context, made current for its body, so the
+user's own ``tracer.start_as_current_span`` nests inside ours and ours inside theirs.
+
+Iterations take the fast path (see ``traintel._engine``): while they run they are a
+pre-allocated context, not an SDK span, and they become real SDK spans with their exact
+timestamps and ids only if the tail-sampling policy exports them. The step phases inside an
+iteration (data loading, forward, backward, optimizer) are timed into the iteration's record.
 
 Why classes with ``__slots__`` instead of ``@contextlib.contextmanager``: a generator-based
-context manager costs several microseconds per use, and iteration phases run millions of
-times. Why not swallow exceptions: a user exception marks the span ERROR and propagates as the
-same object with the same traceback; only telemetry's own failures are contained.
+context manager costs several microseconds, and iteration phases run millions of times. Why
+not swallow exceptions: a user exception marks the span ERROR and propagates as the same
+object with the same traceback; only telemetry's own failures are contained.
 """
 
 from __future__ import annotations
@@ -15,55 +19,127 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
-from opentelemetry.trace import Span
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode
+from opentelemetry.util import types
 from opentelemetry.util.types import AttributeValue
 
 from traintel import _runtime, semconv
+from traintel._segments import SegmentedSpan
 from traintel.semconv import Phase
 
+if TYPE_CHECKING:
+    from traintel._engine import IterationRecord
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+_time_ns = time.time_ns
+_get_ident = threading.get_ident
+_attach = context_api.attach
+_detach = context_api.detach
+_get_current = context_api.get_current
+_set_span_in_context = trace_api.set_span_in_context
+
+
+def _clean_exit(exc: BaseException | None) -> BaseException | None:
+    """The exception to record: none for ``sys.exit(0)``."""
+    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+        return None
+    return exc
 
 
 class PhaseSpan:
     """A span for one phase: ``with phase as span: ...`` or ``@phase`` on a function.
 
     As a decorator every call gets its own span (the object is only a template), so a
-    decorated function may recurse or run in several threads at once.
+    decorated function may recurse or run in several threads at once. Callbacks drive the same
+    objects through :meth:`_open` and :meth:`_close`.
     """
 
-    __slots__ = ("_attributes", "_name", "_span", "_token")
+    __slots__ = ("_attributes", "_name", "_span", "_start_ns", "_thread", "_token")
 
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         self._name = name
         self._attributes = attributes
         self._span: Span = trace_api.INVALID_SPAN
         self._token: object | None = None
+        self._thread = 0
+        self._start_ns = 0
 
-    # Hooks for phases that compute attributes when they start or finish.
+    # --- hooks for phases with behaviour ---------------------------------------------------------
     def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
         return self._attributes
 
-    def _before_end(self, telemetry: _runtime.Telemetry, span: Span) -> None:
+    def _wrap(self, telemetry: _runtime.Telemetry, span: Span) -> Span:
+        return span
+
+    def _before_end(
+        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+    ) -> None:
         return None
+
+    # --- the protocol shared by context managers and callbacks -----------------------------------
+    def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
+        start = start_ns if start_ns is not None else _time_ns()
+        self._start_ns = start
+        span = telemetry.start_span(self._name, self._start_attributes(telemetry), start)
+        span = self._wrap(telemetry, span)
+        self._span = span
+        self._token = _attach(_set_span_in_context(span))
+        self._thread = _get_ident()
+        return span
+
+    def _close(
+        self,
+        telemetry: _runtime.Telemetry,
+        exc: BaseException | None,
+        end_ns: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        span, token = self._span, self._token
+        if token is None:
+            return
+        self._span, self._token = trace_api.INVALID_SPAN, None
+        end = end_ns if end_ns is not None else _time_ns()
+        error = _clean_exit(exc)
+        try:
+            self._before_end(telemetry, span, error, end)
+        except Exception:
+            telemetry.warn_once("before_end:" + self._name, "could not finish attributes of %r", self._name)
+        self._detach(telemetry, token)
+        telemetry.end_span(span, error, end, reason)
+
+    def _detach(self, telemetry: _runtime.Telemetry, token: object) -> None:
+        if self._thread == _get_ident():
+            try:
+                _detach(token)  # type: ignore[arg-type]
+            except Exception:
+                pass
+        else:
+            telemetry.warn_once(
+                "cross_thread:" + self._name,
+                "%r was started and ended on different threads; its span is ended, the starting "
+                "thread's context is left as it is",
+                self._name,
+            )
 
     def __enter__(self) -> Span:
         telemetry = _runtime.current()
         if not telemetry.enabled:
             return trace_api.INVALID_SPAN
         try:
-            span = telemetry.start_span(self._name, self._start_attributes(telemetry))
-            self._span = span
-            self._token = context_api.attach(trace_api.set_span_in_context(span))
+            return self._open(telemetry)
         except Exception:
             telemetry.warn_once("enter:" + self._name, "could not start phase %r", self._name)
-        return self._span
+            return trace_api.INVALID_SPAN
 
     def __exit__(
         self,
@@ -71,20 +147,12 @@ class PhaseSpan:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> Literal[False]:
-        span, token = self._span, self._token
-        if token is None:
-            return False
-        self._span, self._token = trace_api.INVALID_SPAN, None
-        telemetry = _runtime.current()
-        try:
-            self._before_end(telemetry, span)
-        except Exception:
-            telemetry.warn_once("before_end:" + self._name, "could not finish attributes of %r", self._name)
-        try:
-            context_api.detach(token)  # type: ignore[arg-type]
-        except Exception:
-            pass
-        telemetry.end_span(span, exc)
+        if self._token is not None:
+            telemetry = _runtime.current()
+            try:
+                self._close(telemetry, exc)
+            except Exception:
+                telemetry.warn_once("exit:" + self._name, "could not end phase %r", self._name)
         return False
 
     def _clone(self) -> PhaseSpan:
@@ -124,14 +192,27 @@ def _phase_attributes(
     return attributes
 
 
+# --- application and loops ---------------------------------------------------------------------
 class _Application(PhaseSpan):
     __slots__ = ()
 
-    def __enter__(self) -> Span:
-        span = super().__enter__()
-        if span.is_recording():
-            _runtime.current().initialization_event(span)
-        return span
+    def _wrap(self, telemetry: _runtime.Telemetry, span: Span) -> Span:
+        if not span.is_recording():
+            return span
+        telemetry.initialization_event(span)
+        proxy = SegmentedSpan(span, self._name, self._attributes)
+        if telemetry.engine is not None and telemetry.engine.app is None:
+            telemetry.engine.app = proxy
+        return proxy
+
+    def _before_end(
+        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+    ) -> None:
+        engine = telemetry.engine
+        if engine is not None and engine.app is span:
+            if isinstance(span, SegmentedSpan) and span.segment_index:
+                span.close_segment(end_ns, continues=False)
+            engine.app = None
 
 
 class _Loop(PhaseSpan):
@@ -144,7 +225,9 @@ class _Loop(PhaseSpan):
         telemetry.open_loops[self._name] = telemetry.open_loops.get(self._name, 0) + 1
         return self._attributes
 
-    def _before_end(self, telemetry: _runtime.Telemetry, span: Span) -> None:
+    def _before_end(
+        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+    ) -> None:
         telemetry.open_loops[self._name] = max(0, telemetry.open_loops.get(self._name, 0) - 1)
 
 
@@ -159,38 +242,22 @@ class _TrainingLoop(_Loop):
         telemetry.next_train_iteration = self._iterations_start
         return super()._start_attributes(telemetry)
 
+    def _wrap(self, telemetry: _runtime.Telemetry, span: Span) -> Span:
+        engine = telemetry.engine
+        if engine is None or not span.is_recording() or engine.loop is not None:
+            return span
+        proxy = SegmentedSpan(span, self._name, self._attributes)
+        engine.loop_start_ns = self._start_ns
+        engine.training_loop_opened(proxy, self._start_ns)
+        return proxy
 
-class _Iteration(PhaseSpan):
-    """An iteration of the training, validation or testing loop, numbered automatically."""
-
-    __slots__ = ("_iteration", "_loop", "_phase")
-
-    def __init__(self, phase: Phase, iteration: int | None, attributes: Mapping[str, AttributeValue]) -> None:
-        super().__init__(phase.value, attributes)
-        self._phase = phase
-        self._loop = semconv.LOOP_OF_ITERATION[phase]
-        self._iteration = iteration
-
-    def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
-        processor = telemetry.processor
-        loop = self._loop.value
-        if processor is not None and not telemetry.open_loops.get(loop) and not processor.is_open(loop):
-            telemetry.warn_once(
-                "outside_loop:" + self._phase.value,
-                "%s started outside any %s; recorded where it is",
-                self._phase.value,
-                self._loop.value,
-            )
-        if self._phase is Phase.TRAINING_ITERATION:
-            number = telemetry.next_train_iteration if self._iteration is None else self._iteration
-            telemetry.next_train_iteration = number + 1
-        else:
-            key = self._loop.value
-            number = telemetry.next_eval_iteration.get(key, 0) if self._iteration is None else self._iteration
-            telemetry.next_eval_iteration[key] = number + 1
-        attributes = dict(self._attributes or {})
-        attributes[semconv.ITERATION] = number
-        return attributes
+    def _before_end(
+        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+    ) -> None:
+        super()._before_end(telemetry, span, exc, end_ns)
+        engine = telemetry.engine
+        if engine is not None and isinstance(span, SegmentedSpan):
+            engine.training_loop_closing(span, end_ns)
 
 
 class _EvalLoop(_Loop):
@@ -198,14 +265,230 @@ class _EvalLoop(_Loop):
 
     def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
         telemetry.next_eval_iteration[self._name] = 0
+        if telemetry.engine is not None:
+            telemetry.engine.eval_loop_opened(self._name)
         return super()._start_attributes(telemetry)
 
+    def _before_end(
+        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+    ) -> None:
+        super()._before_end(telemetry, span, exc, end_ns)
+        if telemetry.engine is not None and span.is_recording():
+            telemetry.engine.eval_loop_closing(self._name, span, (end_ns - self._start_ns) / 1e9)
 
+
+# --- iterations: the fast path -----------------------------------------------------------------
+class IterationSpan(NonRecordingSpan):
+    """What ``with training_iteration() as span`` yields on the fast path.
+
+    Its context is the iteration's pre-allocated one (spans started inside nest under it);
+    attributes, events and status set on it are kept in the iteration's record and appear on
+    the SDK span if the iteration is exported.
+    """
+
+    def __init__(self, context: SpanContext, record: IterationRecord) -> None:
+        super().__init__(context)
+        self._record = record
+
+    def is_recording(self) -> bool:
+        return True
+
+    def set_attribute(self, key: str, value: types.AttributeValue) -> None:
+        record = self._record
+        if record.attributes is None:
+            record.attributes = {}
+        record.attributes[key] = value
+
+    def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
+        for key, value in attributes.items():
+            self.set_attribute(key, value)
+
+    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+        record = self._record
+        if record.events is None:
+            record.events = []
+        if len(record.events) < 128:
+            record.events.append((name, dict(attributes or {}), timestamp or _time_ns()))
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if isinstance(status, Status):
+            self._record.status = status
+        else:
+            self._record.status = Status(status, description)
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: types.Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        self._record.error = exception
+
+
+class _Iteration(PhaseSpan):
+    """A training, validation or testing iteration, numbered automatically, on the fast path."""
+
+    __slots__ = ("_iteration", "_loop", "_phase", "_record")
+
+    def __init__(self, phase: Phase, iteration: int | None, attributes: Mapping[str, AttributeValue]) -> None:
+        super().__init__(phase.value, attributes)
+        self._phase = phase
+        self._loop = semconv.LOOP_OF_ITERATION[phase]
+        self._iteration = iteration
+        self._record: IterationRecord | None = None
+
+    def _number(self, telemetry: _runtime.Telemetry) -> int:
+        processor = telemetry.processor
+        loop = self._loop.value
+        if processor is not None and not telemetry.open_loops.get(loop) and not processor.is_open(loop):
+            telemetry.warn_once(
+                "outside_loop:" + self._phase.value,
+                "%s started outside any %s; recorded where it is",
+                self._phase.value,
+                loop,
+            )
+        if self._phase is Phase.TRAINING_ITERATION:
+            number = telemetry.next_train_iteration if self._iteration is None else self._iteration
+            telemetry.next_train_iteration = number + 1
+        else:
+            number = (
+                telemetry.next_eval_iteration.get(loop, 0) if self._iteration is None else self._iteration
+            )
+            telemetry.next_eval_iteration[loop] = number + 1
+        return number
+
+    def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
+        engine = telemetry.engine
+        if engine is None or telemetry.closed:
+            return trace_api.INVALID_SPAN
+        start = start_ns if start_ns is not None else _time_ns()
+        record, context = engine.begin_iteration(self._name, self._number(telemetry), start, self._attributes)
+        handle = IterationSpan(context, record)
+        record.handle = handle
+        self._record = record
+        self._span = handle
+        body = _set_span_in_context(handle)
+        record.context = body
+        self._token = _attach(body)
+        self._thread = _get_ident()
+        return handle
+
+    def _close(
+        self,
+        telemetry: _runtime.Telemetry,
+        exc: BaseException | None,
+        end_ns: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        record, token = self._record, self._token
+        if token is None or record is None:
+            return
+        end = end_ns if end_ns is not None else _time_ns()
+        self._record, self._token = None, None
+        self._span = trace_api.INVALID_SPAN
+        self._detach(telemetry, token)
+        engine = telemetry.engine
+        if engine is not None:
+            if reason is not None:
+                if record.attributes is None:
+                    record.attributes = {}
+                record.attributes[semconv.END_REASON] = reason
+            error = _clean_exit(exc)
+            engine.end_iteration(record, error if error is not None else record.error, end)
+
+
+class _StepPhase(PhaseSpan):
+    """Data loading, forward, backward, optimizer: timed into the running iteration's record
+    (no span of their own unless the iteration is exported). Under a user span inside the
+    iteration they are real spans (so they nest under it) whose time still counts; outside
+    any iteration, plain spans."""
+
+    __slots__ = ("_record",)
+
+    def _before_end(
+        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+    ) -> None:
+        engine = telemetry.engine
+        if engine is not None and engine.active is not None and engine.active_thread == _get_ident():
+            engine.active.add_step_time(self._name, end_ns - self._start_ns)
+
+    def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+        super().__init__(name, attributes)
+        self._record: IterationRecord | None = None
+
+    def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
+        engine = telemetry.engine
+        if engine is not None:
+            record = engine.active
+            if (
+                record is not None
+                and engine.active_thread == _get_ident()
+                and _get_current() is record.context
+            ):
+                self._record = record
+                self._start_ns = start_ns if start_ns is not None else _time_ns()
+                self._token = True
+                return record.handle or trace_api.INVALID_SPAN
+        return super()._open(telemetry, start_ns)
+
+    def _close(
+        self,
+        telemetry: _runtime.Telemetry,
+        exc: BaseException | None,
+        end_ns: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        record = self._record
+        if record is None:
+            super()._close(telemetry, exc, end_ns, reason)
+            return
+        end = end_ns if end_ns is not None else _time_ns()
+        self._record = None
+        self._token = None
+        record.add_child(self._name, self._start_ns, end, _clean_exit(exc))
+
+    def __enter__(self) -> Span:
+        # Inlined fast path: the common case is an enclosing fast-path iteration on this thread.
+        telemetry = _runtime._telemetry
+        if telemetry is not None:
+            engine = telemetry.engine
+            if engine is not None:
+                record = engine.active
+                if (
+                    record is not None
+                    and _get_current() is record.context
+                    and engine.active_thread == _get_ident()
+                ):
+                    self._record = record
+                    self._start_ns = _time_ns()
+                    self._token = True
+                    return record.handle or trace_api.INVALID_SPAN
+        return super().__enter__()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> Literal[False]:
+        record = self._record
+        if record is not None:
+            self._record = None
+            self._token = None
+            record.add_child(self._name, self._start_ns, _time_ns(), _clean_exit(exc))
+            return False
+        return super().__exit__(exc_type, exc, traceback)
+
+
+# --- checkpoints ---------------------------------------------------------------------------------
 def directory_size(path: str | os.PathLike[str]) -> int:
     """Bytes in a file, or in all files under a directory (checkpoints are often directories)."""
     root = Path(path)
     if root.is_file():
         return root.stat().st_size
+    if not root.exists():
+        raise FileNotFoundError(os.fspath(path))
     total = 0
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
@@ -216,8 +499,86 @@ def directory_size(path: str | os.PathLike[str]) -> int:
     return total
 
 
+class AsyncCheckpointCompletion:
+    """The background half of an async save: call :meth:`finish` from the writer thread.
+
+    It records a ``checkpoint_finalize`` span from the moment control returned to training
+    until ``finish()``, linked to the ``checkpoint_save_async`` span (which carries the iteration
+    it captured) and parented to the training loop's current segment, and counts its time as
+    background time — not against training time. Idempotent and thread-safe; never raises.
+    """
+
+    def __init__(self, save_context: SpanContext, iteration: int, parent: Span | None) -> None:
+        self._save_context = save_context
+        self._iteration = iteration
+        self._parent = parent
+        self._start_ns = 0
+        self._done = False
+        self._lock = threading.Lock()
+
+    def _started(self, start_ns: int) -> None:
+        self._start_ns = start_ns
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def finish(
+        self,
+        size_bytes: int | None = None,
+        path: str | os.PathLike[str] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        telemetry = _runtime.current()
+        try:
+            end = _time_ns()
+            start = self._start_ns or end
+            engine = telemetry.engine
+            if engine is None or telemetry.closed:
+                return
+            if size_bytes is None and path is not None:
+                try:
+                    size_bytes = directory_size(path)
+                except OSError:
+                    telemetry.warn_once(
+                        "ckpt_size", "could not measure checkpoint size at %s", os.fspath(path)
+                    )
+            attributes: dict[str, AttributeValue] = {
+                semconv.PHASE: Phase.CHECKPOINT_FINALIZE.value,
+                semconv.CHECKPOINT_STRATEGY: "async",
+                semconv.CHECKPOINT_ITERATION: self._iteration,
+            }
+            if size_bytes is not None:
+                attributes[semconv.CHECKPOINT_SIZE] = size_bytes
+            parent = engine.loop if engine.loop is not None else self._parent
+            context = _set_span_in_context(parent) if parent is not None else None
+            span = telemetry.tracer.start_span(
+                Phase.CHECKPOINT_FINALIZE.value,
+                context=context,
+                attributes=attributes,
+                links=[Link(self._save_context)] if self._save_context.is_valid else None,
+                start_time=start,
+            )
+            totals = engine.checkpoint_background_done((end - start) / 1e9, size_bytes)
+            if size_bytes is not None and end > start:
+                totals[semconv.CHECKPOINT_BYTES_PER_SECOND] = size_bytes / ((end - start) / 1e9)
+            if error is None:
+                span.add_event(
+                    semconv.Event.SAVE_CHECKPOINT_SUCCESS.value,
+                    {semconv.CHECKPOINT_ITERATION: self._iteration},
+                )
+            span.add_event(semconv.Event.CHECKPOINT_METRICS_UPDATE.value, totals)
+            telemetry.end_span(span, error, end)
+        except Exception:
+            telemetry.warn_once("ckpt_finish", "could not record the async checkpoint completion")
+
+
 class _CheckpointSave(PhaseSpan):
-    __slots__ = ("_iteration", "_path", "_size_bytes")
+    __slots__ = ("_completion", "_iteration", "_path", "_size_bytes", "_strategy")
 
     def __init__(
         self,
@@ -235,24 +596,85 @@ class _CheckpointSave(PhaseSpan):
         }
         extra.update(attributes or {})
         super().__init__(phase.value, _phase_attributes(phase, extra))
+        self._strategy = strategy
         self._iteration = iteration
         self._size_bytes = size_bytes
         self._path = path
+        self._completion: AsyncCheckpointCompletion | None = None
 
     def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
         attributes = dict(self._attributes or {})
-        iteration = telemetry.next_train_iteration if self._iteration is None else self._iteration
-        attributes[semconv.CHECKPOINT_ITERATION] = iteration
+        if self._iteration is None:
+            self._iteration = telemetry.next_train_iteration
+        attributes[semconv.CHECKPOINT_ITERATION] = self._iteration
         return attributes
 
-    def _before_end(self, telemetry: _runtime.Telemetry, span: Span) -> None:
-        if self._size_bytes is None and self._path is not None and span.is_recording():
+    def completion(self) -> AsyncCheckpointCompletion:
+        """The handle the background writer finishes (async saves); call inside the ``with``."""
+        if self._completion is None:
+            span = self._span
+            engine = _runtime.current().engine
+            parent = engine.loop if engine is not None else None
+            self._completion = AsyncCheckpointCompletion(
+                span.get_span_context(), self._iteration if self._iteration is not None else 0, parent
+            )
+        return self._completion
+
+    def _before_end(
+        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+    ) -> None:
+        if self._completion is not None:
+            self._completion._started(end_ns)
+        size = self._size_bytes
+        if size is None and self._path is not None and exc is None:
             try:
-                span.set_attribute(semconv.CHECKPOINT_SIZE, directory_size(self._path))
+                size = directory_size(self._path)
             except OSError:
                 telemetry.warn_once(
                     "ckpt_size", "could not measure checkpoint size at %s", os.fspath(self._path)
                 )
+        if size is not None and span.is_recording():
+            span.set_attribute(semconv.CHECKPOINT_SIZE, size)
+        engine = telemetry.engine
+        if engine is None or not span.is_recording():
+            return
+        if exc is None:
+            span.add_event(
+                semconv.Event.SAVE_CHECKPOINT_SUCCESS.value,
+                {semconv.CHECKPOINT_ITERATION: self._iteration or 0},
+            )
+        duration = (end_ns - self._start_ns) / 1e9
+        attributes = engine.checkpoint_saved(duration, size, self._strategy, span, None)
+        rate = attributes.get(semconv.CHECKPOINT_BYTES_PER_SECOND)
+        if rate is not None:
+            span.set_attribute(semconv.CHECKPOINT_BYTES_PER_SECOND, rate)
+
+
+class _CheckpointLoad(PhaseSpan):
+    __slots__ = ()
+
+    def _before_end(
+        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+    ) -> None:
+        if telemetry.engine is not None and span.is_recording():
+            telemetry.engine.checkpoint_loaded((end_ns - self._start_ns) / 1e9)
+
+
+class _CheckpointStage(PhaseSpan):
+    __slots__ = ("_stage",)
+
+    def __init__(self, stage: str, attributes: Mapping[str, AttributeValue] | None) -> None:
+        phase = semconv.CHECKPOINT_STAGES[stage]
+        super().__init__(
+            phase.value, _phase_attributes(phase, {semconv.CHECKPOINT_STAGE: stage, **(attributes or {})})
+        )
+        self._stage = stage
+
+    def _before_end(
+        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+    ) -> None:
+        if telemetry.engine is not None and span.is_recording():
+            telemetry.engine.checkpoint_stage_done(self._stage, (end_ns - self._start_ns) / 1e9)
 
 
 def _checked_strategy(strategy: object) -> str:
@@ -268,6 +690,10 @@ def _checked_strategy(strategy: object) -> str:
 
 def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     return PhaseSpan(phase.value, _phase_attributes(phase, attributes))
+
+
+def _step(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    return _StepPhase(phase.value, _phase_attributes(phase, attributes))
 
 
 # --- the public phase factories ---------------------------------------------------------------
@@ -296,7 +722,7 @@ def checkpoint_load(
         semconv.CHECKPOINT_ITERATION: iteration,
     }
     extra.update(attributes or {})
-    return _simple(Phase.CHECKPOINT_LOAD, _drop_none(extra))
+    return _CheckpointLoad(Phase.CHECKPOINT_LOAD.value, _phase_attributes(Phase.CHECKPOINT_LOAD, extra))
 
 
 def model_init(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -327,46 +753,47 @@ def training_loop(
 
 
 def _iteration_attributes(
-    phase: Phase,
-    samples: int | None,
-    tokens: int | None,
+    samples: float | None,
+    tokens: float | None,
     attributes: Mapping[str, AttributeValue] | None,
 ) -> dict[str, AttributeValue]:
-    extra: dict[str, AttributeValue | None] = {semconv.SAMPLES: samples, semconv.TOKENS: tokens}
-    extra.update(attributes or {})
-    return _phase_attributes(phase, extra)
+    extra: dict[str, AttributeValue] = {}
+    if samples is not None:
+        extra[semconv.SAMPLES] = samples
+    if tokens is not None:
+        extra[semconv.TOKENS] = tokens
+    if attributes:
+        extra.update(attributes)
+    return extra
 
 
 def training_iteration(
     iteration: int | None = None,
-    samples: int | None = None,
-    tokens: int | None = None,
+    samples: float | None = None,
+    tokens: float | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
-    """One optimizer step. ``samples`` / ``tokens`` are this step's work (all micro-batches);
-    ``iteration`` defaults to the loop's running count."""
-    return _Iteration(
-        Phase.TRAINING_ITERATION,
-        iteration,
-        _iteration_attributes(Phase.TRAINING_ITERATION, samples, tokens, attributes),
-    )
+    """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
+    micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
+    loop's running count."""
+    return _Iteration(Phase.TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
 
 
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """Waiting for the next batch (the time the loop was blocked on data)."""
-    return _simple(Phase.DATA_LOADING, attributes)
+    return _step(Phase.DATA_LOADING, attributes)
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    return _simple(Phase.MODEL_FORWARD, attributes)
+    return _step(Phase.MODEL_FORWARD, attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    return _simple(Phase.MODEL_BACKWARD, attributes)
+    return _step(Phase.MODEL_BACKWARD, attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    return _simple(Phase.OPTIMIZER_UPDATE, attributes)
+    return _step(Phase.OPTIMIZER_UPDATE, attributes)
 
 
 def checkpoint_save(
@@ -375,14 +802,27 @@ def checkpoint_save(
     size_bytes: int | None = None,
     path: str | os.PathLike[str] | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
-) -> PhaseSpan:
+) -> _CheckpointSave:
     """Saving a checkpoint: span ``checkpoint_save_sync`` or ``checkpoint_save_async``.
 
+    The span covers the blocking part (until control returns to training); for an async save
+    call ``.completion()`` on the object inside the ``with`` and ``finish()`` it from the writer.
     ``iteration`` defaults to the number of training iterations completed so far (the value
     a job resuming from this checkpoint passes as ``train_iterations_start``). Given a
     ``path`` and no ``size_bytes``, the size is measured when the span ends.
     """
     return _CheckpointSave(_checked_strategy(strategy), iteration, size_bytes, path, attributes)
+
+
+def checkpoint_stage(stage: str, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """A marked part of a checkpoint save: ``staging``, ``write``, ``upload``, ``finalize`` or
+    ``barrier``; each stage's total time is reported in ``checkpoint_metrics_update``."""
+    if stage not in semconv.CHECKPOINT_STAGES:
+        _runtime.current().warn_once(
+            "bad_stage", "checkpoint_stage(%r): expected one of %s", stage, sorted(semconv.CHECKPOINT_STAGES)
+        )
+        return PhaseSpan("checkpoint_" + str(stage), attributes)
+    return _CheckpointStage(stage, attributes)
 
 
 def validation_loop(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -391,14 +831,10 @@ def validation_loop(attributes: Mapping[str, AttributeValue] | None = None) -> P
 
 def validation_iteration(
     iteration: int | None = None,
-    samples: int | None = None,
+    samples: float | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
-    return _Iteration(
-        Phase.VALIDATION_ITERATION,
-        iteration,
-        _iteration_attributes(Phase.VALIDATION_ITERATION, samples, None, attributes),
-    )
+    return _Iteration(Phase.VALIDATION_ITERATION, iteration, _iteration_attributes(samples, None, attributes))
 
 
 def testing_loop(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -407,14 +843,10 @@ def testing_loop(attributes: Mapping[str, AttributeValue] | None = None) -> Phas
 
 def testing_iteration(
     iteration: int | None = None,
-    samples: int | None = None,
+    samples: float | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
-    return _Iteration(
-        Phase.TESTING_ITERATION,
-        iteration,
-        _iteration_attributes(Phase.TESTING_ITERATION, samples, None, attributes),
-    )
+    return _Iteration(Phase.TESTING_ITERATION, iteration, _iteration_attributes(samples, None, attributes))
 
 
 def timed_span(
@@ -429,5 +861,37 @@ def timed_span(
     return PhaseSpan(name, merged)
 
 
-def _drop_none(values: Mapping[str, AttributeValue | None]) -> dict[str, AttributeValue]:
-    return {k: v for k, v in values.items() if v is not None}
+def record_batch(
+    samples: float | None = None,
+    tokens: float | None = None,
+    padding_tokens: float | None = None,
+    flops: float | None = None,
+) -> None:
+    """Add one micro-batch's work to the running iteration (summed per optimizer step).
+
+    Call it once per micro-batch under gradient accumulation, or once per step. Never raises;
+    outside an iteration it is ignored with one warning.
+    """
+    telemetry = _runtime.current()
+    engine = telemetry.engine
+    if engine is None:
+        return
+    record = engine.active
+    if record is None or engine.active_thread != _get_ident():
+        telemetry.warn_once("batch_outside", "record_batch called outside a training iteration; ignored")
+        return
+    for name, value in (
+        ("samples", samples),
+        ("tokens", tokens),
+        ("padding_tokens", padding_tokens),
+        ("flops", flops),
+    ):
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):
+            telemetry.warn_once(
+                "batch_value:" + name,
+                "record_batch(%s=%r): expected a non-negative number; ignored",
+                name,
+                value,
+            )
+            return
+    record.add_work(samples, tokens, padding_tokens, flops)

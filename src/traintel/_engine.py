@@ -1,0 +1,696 @@
+"""The training engine: the iteration fast path, tail sampling, windows, segments, events.
+
+Why a fast path: a real SDK span costs ~30-60 µs here, four per step would dwarf a small
+model's step, and a million-step run must not send four million spans. An iteration on the
+fast path is a small record with ``time.time_ns`` timestamps and a pre-generated span id; the
+context of its body is a non-recording span with that id, so user spans nest under it. When the
+iteration ends it is aggregated, then exported as real SDK spans (same ids, exact timestamps,
+children included) only if the sampling policy keeps it; otherwise it is counted and dropped,
+and the export filter drops the user spans it held for it, so nothing is orphaned.
+
+Everything here runs on the training thread and never raises into it: callers wrap calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Status, StatusCode, TraceFlags
+from opentelemetry.util.types import AttributeValue
+
+from traintel import semconv
+from traintel._ids import ForcingIdGenerator, new_span_id, new_trace_id
+from traintel._segments import SegmentedSpan
+from traintel.config import TrainingConfig
+from traintel.flops import autocast_dtype, current_device_name, peak_flops_for
+from traintel.processor.aggregator import (
+    BACKWARD,
+    DATA,
+    FORWARD,
+    OPTIMIZER,
+    EvalStats,
+    RateInputs,
+    TrainingAggregator,
+    WindowReport,
+)
+from traintel.processor.export_filter import IterationExportFilter, TraceBudget
+from traintel.processor.instruments import TrainingInstruments
+from traintel.processor.sampling import IterationSampler
+from traintel.semconv import Event, Phase
+
+_logger = logging.getLogger("traintel")
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_STEP_INDEX = {
+    Phase.DATA_LOADING.value: DATA,
+    Phase.MODEL_FORWARD.value: FORWARD,
+    Phase.MODEL_BACKWARD.value: BACKWARD,
+    Phase.OPTIMIZER_UPDATE.value: OPTIMIZER,
+}
+#: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; the rest are
+#: counted in the window events. The SDK keeps only the newest 128 events of a span.
+MAX_EVENTS_PER_SEGMENT = 20
+#: Fraction of the trace budget at which a segment is closed early, and at which we warn.
+BUDGET_ROTATE = 0.9
+
+
+class IterationRecord:
+    """One iteration on the fast path (training, validation or testing)."""
+
+    __slots__ = (
+        "attributes", "children", "context", "end_ns", "error", "events", "filtered", "flops",
+        "handle", "head_reason", "iteration", "metrics", "micro_batches", "nonfinite", "padding",
+        "parent", "phase", "phase_ns", "samples", "span_id", "start_ns", "status", "step_spans",
+        "tokens", "trace_id",
+    )  # fmt: skip
+
+    def __init__(self, phase: str, iteration: int, start_ns: int, parent: SpanContext) -> None:
+        self.phase = phase
+        self.iteration = iteration
+        self.start_ns = start_ns
+        self.end_ns = start_ns
+        self.parent = parent
+        self.span_id = 0
+        self.trace_id = 0
+        self.samples: float | None = None
+        self.tokens: float | None = None
+        self.padding: float | None = None
+        self.flops: float | None = None
+        self.micro_batches = 0
+        self.children: list[tuple[str, int, int, BaseException | None]] = []
+        self.phase_ns = [0, 0, 0, 0]
+        self.metrics: dict[str, float] | None = None
+        self.attributes: dict[str, AttributeValue] | None = None
+        self.error: BaseException | None = None
+        self.nonfinite = False
+        self.head_reason: str | None = None
+        self.filtered = False
+        self.events: list[tuple[str, dict[str, AttributeValue], int]] | None = None
+        self.status: Status | None = None
+        self.handle: Span | None = None
+        self.context: object = None  # the Context object attached for the body
+        self.step_spans = False
+
+    def add_child(self, phase: str, start_ns: int, end_ns: int, error: BaseException | None = None) -> None:
+        self.children.append((phase, start_ns, end_ns, error))
+        index = _STEP_INDEX.get(phase)
+        if index is not None:
+            self.phase_ns[index] += end_ns - start_ns
+
+    def add_step_time(self, phase: str, duration_ns: int) -> None:
+        """A step phase that ran as a real span (nested under a user span): time only."""
+        index = _STEP_INDEX.get(phase)
+        if index is not None:
+            self.phase_ns[index] += duration_ns
+            self.step_spans = True
+
+    def add_work(
+        self, samples: float | None, tokens: float | None, padding: float | None, flops: float | None
+    ) -> None:
+        """Micro-batch counts are summed into the step (never counted per micro-batch)."""
+        self.micro_batches += 1
+        if samples is not None:
+            self.samples = (self.samples or 0) + samples
+        if tokens is not None:
+            self.tokens = (self.tokens or 0) + tokens
+        if padding is not None:
+            self.padding = (self.padding or 0) + padding
+        if flops is not None:
+            self.flops = (self.flops or 0) + flops
+
+
+class _EventBudget:
+    """Caps events of each kind per segment."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def allow(self, kind: str) -> bool:
+        count = self.counts.get(kind, 0)
+        self.counts[kind] = count + 1
+        return count < MAX_EVENTS_PER_SEGMENT
+
+
+class TrainingEngine:
+    """State of the running job's training loop(s); one per configured Telemetry."""
+
+    def __init__(
+        self,
+        config: TrainingConfig,
+        tracer: trace_api.Tracer,
+        ids: ForcingIdGenerator | None,
+        export_filter: IterationExportFilter | None,
+        budget: TraceBudget,
+        instruments: TrainingInstruments | None,
+        world_size: int,
+        warn_once: Any,
+    ) -> None:
+        self.tracer = tracer
+        self.ids = ids
+        self.export_filter = export_filter
+        self.budget = budget
+        self.instruments = instruments
+        self.world_size = max(1, world_size)
+        self.warn_once = warn_once
+        self.lock = threading.RLock()
+        self.active: IterationRecord | None = None
+        self.active_thread = 0
+        self.app: SegmentedSpan | None = None
+        self.loop: SegmentedSpan | None = None
+        self.eval_stats: dict[str, EvalStats] = {}
+        self.eval_samplers: dict[str, IterationSampler] = {}
+        self.foreign_loop: Span | None = None
+        self.loop_start_ns = 0
+        self.samples_total = 0.0
+        self.tokens_total = 0.0
+        self.events = _EventBudget()
+        self.segments_closed = 0
+        self._dtype_seen: str | None = None
+        self._device_lookup: tuple[float | None, str | None, str | None] | None = None
+        self.apply_config(config)
+
+    # --- configuration --------------------------------------------------------------------------
+    def apply_config(self, config: TrainingConfig) -> None:
+        """(Re)read the knobs; called at start, on set_training_config, and at window ends."""
+        self.config = config
+        self.window_size = int(config.get("log_every_n_iterations"))
+        if not hasattr(self, "aggregator"):
+            self.aggregator = TrainingAggregator(self.window_size, int(config.get("warmup_iterations")))
+            self.sampler = IterationSampler(
+                str(config.get("export_iterations")),
+                int(config.get("export_first_iterations")),
+                int(config.get("export_every_n_iterations")),
+                float(config.get("slow_iteration_factor")),
+            )
+        self.aggregator.window_size = self.window_size
+        global_batch = config.get("global_batch_size")
+        self.default_samples: float | None = global_batch / self.world_size if global_batch else None
+        self.seq_len: int | None = config.get("seq_len")
+        self.flops_per_token: float | None = config.get("flops_per_token")
+        self.flops_per_sample: float | None = config.get("flops_per_sample")
+        self.segment_iterations = int(config.get("segment_iterations"))
+        self.segment_ns = int(float(config.get("segment_seconds")) * 1e9)
+        self.max_spans = int(config.get("max_spans_per_trace"))
+        self.max_bytes = int(config.get("max_bytes_per_trace"))
+
+    def rate_inputs(self) -> RateInputs:
+        config = self.config
+        method = config.get("flops_method")
+        if method is None:
+            lazy = config.is_lazy("flops_per_sample") or config.is_lazy("flops_per_token")
+            method = "callable" if lazy else "config"
+        executed = config.get("executed_flops_per_sample")
+        model = config.get("flops_per_sample")
+        ratio = executed / model if executed and model else None
+        peak = config.get("peak_flops")
+        if peak is not None:
+            return RateInputs(self.world_size, peak, "config (TRAINTEL_PEAK_FLOPS)", None, method, ratio)
+        peak, source, reason = self._device_peak()
+        return RateInputs(self.world_size, peak, source, reason, method, ratio)
+
+    def _device_peak(self) -> tuple[float | None, str | None, str | None]:
+        if self._device_lookup is None:
+            device = current_device_name()
+            dtype = self.config.get("dtype") or self._dtype_seen or "fp32"
+            if device is None:
+                self._device_lookup = (
+                    None,
+                    None,
+                    "no GPU: set TRAINTEL_PEAK_FLOPS to compute MFU on this device",
+                )
+            else:
+                found = peak_flops_for(device, dtype)
+                self._device_lookup = (found.peak_flops, found.source, found.reason)
+        return self._device_lookup
+
+    # --- iterations: the fast path --------------------------------------------------------------
+    def begin_iteration(
+        self,
+        phase: str,
+        iteration: int,
+        start_ns: int,
+        attributes: Mapping[str, AttributeValue] | None,
+    ) -> tuple[IterationRecord, SpanContext]:
+        """A record and the pre-allocated context of the iteration's body."""
+        parent = trace_api.get_current_span().get_span_context()
+        record = IterationRecord(phase, iteration, start_ns, parent)
+        if attributes:
+            record.attributes = dict(attributes)
+            samples = attributes.get(semconv.SAMPLES)
+            tokens = attributes.get(semconv.TOKENS)
+            if samples is not None or tokens is not None:
+                record.add_work(_num(samples), _num(tokens), None, None)
+                record.micro_batches = 0
+        if phase == Phase.TRAINING_ITERATION.value:
+            record.head_reason = self.sampler.head(iteration)
+            if self._dtype_seen is None:
+                self._dtype_seen = autocast_dtype() or "fp32"
+        else:
+            record.head_reason = self._eval_sampler(phase).head(iteration)
+        record.trace_id = parent.trace_id if parent.is_valid else new_trace_id()
+        record.span_id = span_id = new_span_id()
+        parent_sampled = parent.trace_flags.sampled if parent.is_valid else True
+        if self.export_filter is not None:
+            # Filtered mode: user spans inside are recorded and held until the decision.
+            sampled = parent_sampled and self.sampler.policy != "none"
+            if sampled:
+                self.export_filter.open_iteration(span_id)
+                record.filtered = True
+        else:
+            # The user's own pipeline: user spans follow the head decision (ParentBased samplers).
+            sampled = parent_sampled and record.head_reason is not None
+        context = SpanContext(record.trace_id, span_id, False, _SAMPLED if sampled else _NOT_SAMPLED)
+        self.active = record
+        self.active_thread = threading.get_ident()
+        return record, context
+
+    def _eval_sampler(self, phase: str) -> IterationSampler:
+        sampler = self.eval_samplers.get(phase)
+        if sampler is None:
+            sampler = self.eval_samplers[phase] = IterationSampler(
+                self.sampler.policy, self.sampler.first, self.sampler.every_n, self.sampler.slow_factor
+            )
+        return sampler
+
+    def end_iteration(self, record: IterationRecord, error: BaseException | None, end_ns: int) -> None:
+        record.end_ns = end_ns
+        record.error = error
+        if self.active is record:
+            self.active = None
+        duration_ns = end_ns - record.start_ns
+        if record.phase == Phase.TRAINING_ITERATION.value:
+            self._end_training_iteration(record, duration_ns)
+        else:
+            self._end_eval_iteration(record, duration_ns)
+
+    def _counts(self, record: IterationRecord) -> tuple[float | None, float | None, float | None]:
+        samples = record.samples if record.samples is not None else self.default_samples
+        tokens = record.tokens
+        if tokens is None and samples is not None and self.seq_len:
+            tokens = samples * self.seq_len
+        flops = record.flops
+        if flops is None:
+            if self.flops_per_token and tokens is not None:
+                flops = self.flops_per_token * tokens
+            elif self.flops_per_sample and samples is not None:
+                flops = self.flops_per_sample * samples
+        return samples, tokens, flops
+
+    def _end_training_iteration(self, record: IterationRecord, duration_ns: int) -> None:
+        samples, tokens, flops = self._counts(record)
+        aggregator = self.aggregator
+        phases = record.phase_ns if record.children or record.step_spans else None
+        window_full = aggregator.add_iteration(
+            record.iteration, duration_ns, samples, tokens, record.padding, flops, phases
+        )
+        if samples is not None:
+            self.samples_total += samples
+        if tokens is not None:
+            self.tokens_total += tokens
+        if record.metrics:
+            for name, value in record.metrics.items():
+                aggregator.add_model_metric(name, value)
+        seconds = duration_ns / 1e9
+        slow, median = self.sampler.is_slow(seconds)
+        reason = self.sampler.tail(record.head_reason, slow, record.error is not None, record.nonfinite)
+        reason = self._within_budget(reason)
+        exported = self._decide(record, reason)
+        aggregator.flag(record.nonfinite, slow, exported is not None)
+        loop = self.loop
+        if loop is not None:
+            loop.note_iteration(record.iteration)
+        if slow:
+            self._slow_event(record, seconds, median, exported)
+        if record.nonfinite:
+            self._nonfinite_events(record, exported)
+        instruments = self.instruments
+        if instruments is not None:
+            instruments.defer(seconds, record.phase_ns[DATA] / 1e9 if phases is not None else None)
+            if exported is not None:
+                instruments.exported_iterations += 1
+            else:
+                instruments.not_exported_iterations += 1
+        if window_full:
+            self.close_window()
+        if loop is not None and loop.current.is_recording():
+            self._maybe_rotate(record.end_ns)
+
+    def _end_eval_iteration(self, record: IterationRecord, duration_ns: int) -> None:
+        loop_phase = semconv.LOOP_OF_ITERATION[Phase(record.phase)].value
+        stats = self.eval_stats.get(loop_phase)
+        if stats is None:
+            stats = self.eval_stats[loop_phase] = EvalStats()
+        stats.add_iteration(duration_ns, record.samples)
+        if record.metrics:
+            for name, value in record.metrics.items():
+                stats.add_metric(name, value)
+        sampler = self._eval_sampler(record.phase)
+        reason = sampler.tail(record.head_reason, False, record.error is not None, record.nonfinite)
+        self._decide(record, self._within_budget(reason))
+
+    def _within_budget(self, reason: str | None) -> str | None:
+        """Errors always go out; anything else only while the current trace has room."""
+        if reason is None or reason in ("error", "nonfinite"):
+            return reason
+        loop = self.loop
+        if loop is None:
+            return reason
+        spans, size = self.budget.usage(loop.get_span_context().trace_id)
+        if spans + 8 > self.max_spans or size + 4096 > self.max_bytes:
+            self.warn_once(
+                "budget_full",
+                "trace span/byte budget reached in a segment that cannot be rotated; "
+                "further sampled iterations of that trace are counted but not exported",
+            )
+            return None
+        return reason
+
+    def _decide(self, record: IterationRecord, reason: str | None) -> tuple[int, int] | None:
+        """Release or drop what the filter held, and materialise the iteration if kept."""
+        if record.filtered and self.export_filter is not None:
+            self.export_filter.close_iteration(record.span_id, reason is not None)
+        if reason is None:
+            return None
+        if not (record.parent.trace_flags.sampled if record.parent.is_valid else True):
+            return None
+        return self._materialize(record, reason)
+
+    def _materialize(self, record: IterationRecord, reason: str) -> tuple[int, int] | None:
+        tracer = self.tracer
+        parent = record.parent
+        context = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
+        attributes: dict[str, AttributeValue] = dict(record.attributes or {})
+        attributes[semconv.PHASE] = record.phase
+        attributes[semconv.ITERATION] = record.iteration
+        attributes[semconv.SAMPLING_REASON] = reason
+        if record.samples is not None:
+            attributes[semconv.SAMPLES] = record.samples
+        if record.tokens is not None:
+            attributes[semconv.TOKENS] = record.tokens
+        if record.padding is not None:
+            attributes[semconv.PADDING_TOKENS] = record.padding
+        if record.flops is not None:
+            attributes[semconv.FLOPS] = record.flops
+        if record.micro_batches > 1:
+            attributes[semconv.MICRO_BATCHES] = record.micro_batches
+        if record.metrics:
+            for name, value in record.metrics.items():
+                attributes[semconv.METRIC_PREFIX + name] = value
+        ids = self.ids
+        if ids is not None:
+            ids.force(record.span_id, None if parent.is_valid else record.trace_id)
+        try:
+            span = tracer.start_span(
+                record.phase, context=context, attributes=attributes, start_time=record.start_ns
+            )
+        finally:
+            if ids is not None:
+                ids.clear()
+        child_context = trace_api.set_span_in_context(span)
+        for name, start_ns, end_ns, child_error in record.children:
+            child = tracer.start_span(
+                name, context=child_context, attributes={semconv.PHASE: name}, start_time=start_ns
+            )
+            if child_error is not None:
+                _mark_error(child, child_error, end_ns)
+            child.end(end_time=end_ns)
+        if record.events:
+            for name, event_attributes, timestamp in record.events:
+                span.add_event(name, event_attributes, timestamp)
+        if record.status is not None:
+            span.set_status(record.status)
+        if record.error is not None:
+            _mark_error(span, record.error, record.end_ns)
+        span.end(end_time=record.end_ns)
+        context_out = span.get_span_context()
+        return (context_out.trace_id, context_out.span_id)
+
+    def _loop_span_for(self, record: IterationRecord | None = None) -> Span | None:
+        return self.loop if self.loop is not None else self.foreign_loop
+
+    def _slow_event(
+        self, record: IterationRecord, seconds: float, median: float, exported: tuple[int, int] | None
+    ) -> None:
+        loop = self._loop_span_for(record)
+        if loop is None or not self.events.allow("slow"):
+            return
+        attributes: dict[str, AttributeValue] = {
+            semconv.ITERATION: record.iteration,
+            semconv.ITERATION_DURATION: seconds,
+            semconv.ITERATION_MEDIAN: median,
+            semconv.SLOW_FACTOR: seconds / median if median else math.inf,
+        }
+        if exported is not None:
+            attributes[semconv.EXPORTED_TRACE_ID] = format(exported[0], "032x")
+            attributes[semconv.EXPORTED_SPAN_ID] = format(exported[1], "016x")
+        loop.add_event(Event.SLOW_ITERATION.value, attributes, timestamp=record.end_ns)
+
+    def _nonfinite_events(self, record: IterationRecord, exported: tuple[int, int] | None) -> None:
+        loop = self._loop_span_for(record)
+        if loop is None or not record.metrics:
+            return
+        for name, value in record.metrics.items():
+            if math.isfinite(value) or not self.events.allow("nonfinite"):
+                continue
+            attributes: dict[str, AttributeValue] = {
+                semconv.ITERATION: record.iteration,
+                semconv.METRIC_NAME: name,
+                semconv.METRIC_VALUE: repr(value),
+            }
+            if exported is not None:
+                attributes[semconv.EXPORTED_TRACE_ID] = format(exported[0], "032x")
+                attributes[semconv.EXPORTED_SPAN_ID] = format(exported[1], "016x")
+            loop.add_event(Event.NONFINITE_METRIC.value, attributes, timestamp=record.end_ns)
+
+    # --- model metrics --------------------------------------------------------------------------
+    def record_metric(self, record: IterationRecord, name: str, value: float) -> None:
+        metrics = record.metrics
+        if metrics is None:
+            metrics = record.metrics = {}
+        metrics[name] = value
+        if not math.isfinite(value):
+            record.nonfinite = True
+
+    # --- windows --------------------------------------------------------------------------------
+    def close_window(self) -> WindowReport | None:
+        inputs = self.rate_inputs()
+        report = self.aggregator.close_window(inputs)
+        if report is None:
+            return None
+        self.apply_config(self.config)  # lazy values are re-resolved once per window
+        if inputs.peak_flops is None and report.get(semconv.WINDOW_PREFIX + "flops_per_second_per_device"):
+            self.warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
+        loop = self._loop_span_for()
+        if loop is not None:
+            loop.add_event(Event.TRAINING_METRICS_UPDATE.value, report.attributes)
+            for error in report.errors:
+                loop.add_event(
+                    Event.METRIC_OUT_OF_RANGE.value,
+                    {
+                        semconv.ERROR_REASON: error,
+                        semconv.MFU_NUMERATOR: report.attributes.get(
+                            semconv.WINDOW_PREFIX + "flops_per_second_per_device", 0.0
+                        ),
+                        semconv.MFU_DENOMINATOR: inputs.peak_flops or 0.0,
+                        semconv.MFU_PEAK_SOURCE: inputs.peak_source or "",
+                    },
+                )
+        for error in report.errors:
+            self.warn_once(
+                "out_of_range", "%s: check flops_per_* and the peak FLOP/s (not reported as a metric)", error
+            )
+        return report
+
+    # --- segments -------------------------------------------------------------------------------
+    def _maybe_rotate(self, now_ns: int) -> None:
+        loop = self.loop
+        if loop is None:
+            return
+        if loop.segment_start_ns == 0:
+            loop.segment_start_ns = now_ns
+        reason = None
+        if loop.segment_iterations >= self.segment_iterations:
+            reason = "iterations"
+        elif now_ns - loop.segment_start_ns >= self.segment_ns:
+            reason = "time"
+        else:
+            spans, size = self.budget.usage(loop.get_span_context().trace_id)
+            if spans >= BUDGET_ROTATE * self.max_spans or size >= BUDGET_ROTATE * self.max_bytes:
+                reason = "budget"
+        if reason is not None:
+            self.rotate(now_ns)
+
+    def rotate(self, now_ns: int) -> None:
+        """Close the current segment (loop, and application if ours) and continue in a new trace."""
+        loop = self.loop
+        if loop is None:
+            return
+        app = self.app
+        spans, size = self.budget.usage(loop.get_span_context().trace_id)
+        previous_loop = loop.get_span_context()
+        loop.close_segment(now_ns, continues=True, spans=spans, estimated_bytes=size)
+        new_parent: Span | None = None
+        if app is not None and app.get_span_context().trace_id == previous_loop.trace_id:
+            previous_app = app.get_span_context()
+            app.close_segment(now_ns, continues=True)
+            app.start_next(self.tracer, now_ns, None, [previous_app, app.first_context])
+            new_parent = app.current
+            root_links = [previous_loop]
+        else:
+            root_links = [previous_loop] + ([app.first_context] if app is not None else [])
+        loop.start_next(self.tracer, now_ns, new_parent, root_links)
+        self.segments_closed += 1
+        self.events = _EventBudget()
+
+    # --- loops ----------------------------------------------------------------------------------
+    def training_loop_opened(self, loop: SegmentedSpan, start_ns: int) -> None:
+        self.loop = loop
+        loop.segment_start_ns = start_ns
+
+    def training_loop_closing(self, loop: SegmentedSpan, end_ns: int) -> None:
+        """Last partial window, the at-a-glance summary and the segment marks, before end()."""
+        if self.loop is not loop:
+            return
+        self.close_window()
+        train_time = (end_ns - self.loop_start_ns) / 1e9 if self.loop_start_ns else None
+        summary = self.aggregator.summary(self.rate_inputs(), train_time)
+        summary[semconv.SUMMARY_PREFIX + "segments"] = self.segments_closed + 1
+        summary[semconv.SUMMARY_PREFIX + "exported_iterations"] = (
+            self.instruments.exported_iterations if self.instruments is not None else 0
+        )
+        loop.set_attributes(summary)
+        if self.segments_closed:
+            spans, size = self.budget.usage(loop.get_span_context().trace_id)
+            loop.close_segment(end_ns, continues=False, spans=spans, estimated_bytes=size)
+        self.loop = None
+
+    def eval_loop_opened(self, phase: str) -> None:
+        self.eval_stats[phase] = EvalStats()
+        iteration_phase = (
+            Phase.VALIDATION_ITERATION if phase == Phase.VALIDATION_LOOP.value else Phase.TESTING_ITERATION
+        )
+        self.eval_samplers.pop(iteration_phase.value, None)
+
+    def eval_loop_closing(self, phase: str, span: Span, duration_s: float) -> None:
+        stats = self.eval_stats.pop(phase, None) or EvalStats()
+        event = (
+            Event.VALIDATION_METRICS_UPDATE
+            if phase == Phase.VALIDATION_LOOP.value
+            else Event.TESTING_METRICS_UPDATE
+        )
+        attributes = stats.attributes(duration_s)
+        span.add_event(event.value, attributes)
+        span.set_attributes(attributes)
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def checkpoint_saved(
+        self,
+        duration_s: float,
+        size_bytes: int | None,
+        strategy: str,
+        own_span: Span | None,
+        parent: Span | None,
+    ) -> dict[str, AttributeValue]:
+        """Count a save's blocking part; the ``checkpoint_metrics_update`` event goes on the
+        save span while it is open (ours), else on its live parent."""
+        with self.lock:
+            self.aggregator.checkpoints.add_save(duration_s, size_bytes, strategy)
+            attributes: dict[str, AttributeValue] = dict(self.aggregator.checkpoints.attributes())
+        if size_bytes is not None and duration_s > 0:
+            attributes[semconv.CHECKPOINT_BYTES_PER_SECOND] = size_bytes / duration_s
+        instruments = self.instruments
+        if instruments is not None:
+            instruments.checkpoint_save_duration.record(duration_s, {semconv.CHECKPOINT_STRATEGY: strategy})
+            if size_bytes is not None:
+                instruments.checkpoint_size.record(size_bytes, {semconv.CHECKPOINT_STRATEGY: strategy})
+        target = own_span if own_span is not None else parent
+        if target is not None:
+            target.add_event(Event.CHECKPOINT_METRICS_UPDATE.value, attributes)
+        return attributes
+
+    def checkpoint_background_done(
+        self, duration_s: float, size_bytes: int | None
+    ) -> dict[str, AttributeValue]:
+        with self.lock:
+            self.aggregator.checkpoints.add_background(duration_s, size_bytes)
+            attributes: dict[str, AttributeValue] = dict(self.aggregator.checkpoints.attributes())
+        if self.instruments is not None and size_bytes is not None:
+            self.instruments.checkpoint_size.record(size_bytes, {semconv.CHECKPOINT_STRATEGY: "async"})
+        return attributes
+
+    def checkpoint_loaded(self, duration_s: float) -> None:
+        with self.lock:
+            self.aggregator.checkpoints.add_load(duration_s)
+        if self.instruments is not None:
+            self.instruments.checkpoint_load_duration.record(duration_s)
+
+    def checkpoint_stage_done(self, stage: str, duration_s: float) -> None:
+        with self.lock:
+            self.aggregator.checkpoints.add_stage(stage, duration_s)
+
+    # --- spans from other instrumentation (plain OTel with ml.training.phase) ----------------------
+    def foreign_iteration(
+        self, span: Any, duration_ns: int, steps: list[int] | None, loop_span: Span | None
+    ) -> None:
+        attributes = span.attributes or {}
+        if loop_span is not None:
+            self.foreign_loop = loop_span
+        record = IterationRecord(
+            Phase.TRAINING_ITERATION.value,
+            int(attributes.get(semconv.ITERATION, self.aggregator.iterations_seen)),
+            span.start_time,
+            span.parent or trace_api.INVALID_SPAN_CONTEXT,
+        )
+        record.end_ns = span.end_time
+        record.add_work(
+            _num(attributes.get(semconv.SAMPLES)),
+            _num(attributes.get(semconv.TOKENS)),
+            _num(attributes.get(semconv.PADDING_TOKENS)),
+            _num(attributes.get(semconv.FLOPS)),
+        )
+        phases = steps if steps is not None and any(steps) else None
+        for key, value in attributes.items():
+            if key.startswith(semconv.METRIC_PREFIX) and isinstance(value, int | float):
+                self.record_metric(record, key[len(semconv.METRIC_PREFIX) :], float(value))
+        samples, tokens, flops = self._counts(record)
+        window_full = self.aggregator.add_iteration(
+            record.iteration, duration_ns, samples, tokens, record.padding, flops, phases
+        )
+        if samples is not None:
+            self.samples_total += samples
+        if tokens is not None:
+            self.tokens_total += tokens
+        if record.metrics:
+            for name, value in record.metrics.items():
+                self.aggregator.add_model_metric(name, value)
+        seconds = duration_ns / 1e9
+        slow, median = self.sampler.is_slow(seconds)
+        self.aggregator.flag(record.nonfinite, slow, True)
+        if slow:
+            context = span.get_span_context()
+            self._slow_event(record, seconds, median, (context.trace_id, context.span_id))
+        if record.nonfinite:
+            context = span.get_span_context()
+            self._nonfinite_events(record, (context.trace_id, context.span_id))
+        if self.instruments is not None:
+            self.instruments.defer(seconds, phases[DATA] / 1e9 if phases is not None else None)
+        if window_full:
+            self.close_window()
+
+
+def _mark_error(span: Span, error: BaseException, timestamp: int) -> None:
+    span.record_exception(error, timestamp=timestamp, escaped=True)
+    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

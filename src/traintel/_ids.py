@@ -1,0 +1,63 @@
+"""Span ids chosen in advance, so a span can be materialised after the fact with its real id.
+
+Why: an iteration on the fast path is not an SDK span while it runs, but spans the user starts
+inside it need a parent id. The iteration gets a pre-generated id at its start; if the
+iteration is exported, its SDK span is created later with exactly that id, so those children
+are not orphans. The SDK picks ids through the provider's ``IdGenerator``; this wrapper
+returns a forced id when one is pending on the calling thread and delegates otherwise.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+
+_random_bits = random.getrandbits
+
+
+def new_span_id() -> int:
+    """A random non-zero 64-bit span id (the SDK's own generator does the same)."""
+    span_id = _random_bits(64)
+    while span_id == 0:
+        span_id = _random_bits(64)
+    return span_id
+
+
+def new_trace_id() -> int:
+    trace_id = _random_bits(128)
+    while trace_id == 0:
+        trace_id = _random_bits(128)
+    return trace_id
+
+
+class ForcingIdGenerator(IdGenerator):
+    """Delegates to ``inner`` unless :meth:`force` queued ids for this thread's next span."""
+
+    def __init__(self, inner: IdGenerator | None = None) -> None:
+        self.inner = inner or RandomIdGenerator()
+        self._local = threading.local()
+
+    def force(self, span_id: int, trace_id: int | None = None) -> None:
+        """The next span started on this thread gets ``span_id`` (and ``trace_id`` if a root)."""
+        self._local.span_id = span_id
+        self._local.trace_id = trace_id
+
+    def clear(self) -> None:
+        self._local.span_id = None
+        self._local.trace_id = None
+
+    def generate_span_id(self) -> int:
+        forced: int | None = getattr(self._local, "span_id", None)
+        if forced is not None:
+            self._local.span_id = None
+            return forced
+        return self.inner.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        forced: int | None = getattr(self._local, "trace_id", None)
+        if forced is not None:
+            self._local.trace_id = None
+            return forced
+        return self.inner.generate_trace_id()

@@ -1,0 +1,256 @@
+"""Model FLOPs and device peaks: the two halves of MFU.
+
+Why a table of *dense* peaks: NVIDIA's datasheets print tensor-core figures "with sparsity"
+(2:4 structured sparsity) next to, or instead of, dense ones; several public tables copied the
+sparse numbers and report MFU off by 2x. Every entry below is the dense figure for one GPU.
+Unknown device: no MFU and one clear warning, never a guess.
+
+Why count FLOPs on the meta device: ``FlopCounterMode`` on real CPU tensors misses the
+scaled-dot-product-attention FLOPs (the CPU SDPA path decomposes below the counter's
+dispatch), and counting on the real device would also run the step. On meta tensors nothing
+runs and SDPA is counted through its registered formula.
+
+torch is imported only inside the functions: the package core never needs it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# (pattern on the lower-cased device name, display name, {dtype: dense peak FLOP/s}).
+# Order matters: specific names before the families they contain ("h100 nvl" before "h100",
+# "l40s" before "l40"); word boundaries keep "l4" from matching "l40s" and "a10" from "a100".
+_PEAKS: tuple[tuple[str, str, dict[str, float]], ...] = (
+    # H100 NVL, per GPU (NVIDIA H100 datasheet, 2024: 1,671 TF BF16 with sparsity per GPU).
+    (r"\bh100\b.*\bnvl\b", "NVIDIA H100 NVL",
+     {"bf16": 835.5e12, "fp16": 835.5e12, "fp8": 1670.5e12, "tf32": 417.5e12, "fp32": 60e12}),
+    # H100 PCIe (datasheet: 1,513 TF BF16 with sparsity).
+    (r"\bh100\b.*(pcie|hbm2e)", "NVIDIA H100 PCIe",
+     {"bf16": 756.5e12, "fp16": 756.5e12, "fp8": 1513e12, "tf32": 378e12, "fp32": 51.2e12}),
+    # H200 and GH200 share H100 SXM's compute (datasheet: 1,979 TF BF16 with sparsity).
+    (r"\bg?h200\b", "NVIDIA H200",
+     {"bf16": 989.5e12, "fp16": 989.5e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12}),
+    # H100 SXM5 ("NVIDIA H100 80GB HBM3"): 1,979 TF BF16 with sparsity.
+    (r"\bh100\b", "NVIDIA H100 SXM",
+     {"bf16": 989.5e12, "fp16": 989.5e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12}),
+    # B200 (HGX B200 datasheet, per GPU: 4.5 PF FP16/BF16 and 9 PF FP8 with sparsity).
+    (r"\bb200\b", "NVIDIA B200",
+     {"bf16": 2.25e15, "fp16": 2.25e15, "fp8": 4.5e15, "tf32": 1.1e15, "fp32": 75e12}),
+    # A100 SXM and PCIe, 40 and 80 GB (A100 datasheet: 312 TF BF16 dense, 624 sparse).
+    (r"\ba100\b", "NVIDIA A100",
+     {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    # A10G (AWS): the A10 datasheet's figures, 125 TF BF16 dense (250 sparse).
+    (r"\ba10g\b", "NVIDIA A10G",
+     {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12}),
+    (r"\ba10\b", "NVIDIA A10",
+     {"bf16": 125e12, "fp16": 125e12, "tf32": 62.5e12, "fp32": 31.2e12}),
+    # L40S (datasheet: 733 TF BF16 / 1,466 TF FP8 with sparsity).
+    (r"\bl40s\b", "NVIDIA L40S",
+     {"bf16": 362.05e12, "fp16": 362.05e12, "fp8": 733e12, "tf32": 183e12, "fp32": 91.6e12}),
+    # L40 (datasheet: 362.1 TF BF16 with sparsity).
+    (r"\bl40\b", "NVIDIA L40",
+     {"bf16": 181.05e12, "fp16": 181.05e12, "fp8": 362e12, "tf32": 90.5e12, "fp32": 90.5e12}),
+    # L4 (datasheet: 242 TF BF16 / 485 TF FP8 with sparsity).
+    (r"\bl4\b", "NVIDIA L4",
+     {"bf16": 121e12, "fp16": 121e12, "fp8": 242.5e12, "tf32": 60e12, "fp32": 30.3e12}),
+    # V100 SXM2 (datasheet: 125 TF FP16 tensor; no BF16).
+    (r"\bv100\b", "NVIDIA V100",
+     {"fp16": 125e12, "fp32": 15.7e12}),
+    # T4 (datasheet: 65 TF FP16 tensor; no BF16).
+    (r"\bt4\b", "NVIDIA T4",
+     {"fp16": 65e12, "fp32": 8.1e12}),
+)  # fmt: skip
+
+_COMPILED = tuple((re.compile(pattern), name, peaks) for pattern, name, peaks in _PEAKS)
+
+
+@dataclass(frozen=True)
+class PeakLookup:
+    """The outcome of looking a device up: a peak, or why there is none."""
+
+    peak_flops: float | None
+    source: str
+    reason: str | None = None
+
+
+def peak_flops_for(device_name: str, dtype: str) -> PeakLookup:
+    """Dense peak FLOP/s of ``device_name`` (as ``torch.cuda.get_device_name`` prints it)."""
+    lowered = device_name.lower()
+    for pattern, name, peaks in _COMPILED:
+        if pattern.search(lowered):
+            peak = peaks.get(dtype)
+            if peak is None:
+                return PeakLookup(None, name, f"{name} has no {dtype} peak in the table")
+            return PeakLookup(peak, f"table: {name} {dtype} dense")
+    return PeakLookup(None, device_name, f"device {device_name!r} is not in the peak FLOP/s table")
+
+
+def known_devices() -> list[str]:
+    return [name for _, name, _ in _PEAKS]
+
+
+def current_device_name() -> str | None:
+    """The CUDA device this process uses, or None on CPU (never imports torch)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if torch.cuda.is_available():
+            return str(torch.cuda.get_device_name())
+    except Exception:
+        return None
+    return None
+
+
+def autocast_dtype() -> str | None:
+    """The autocast dtype in effect on the calling thread, as a table key."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if torch.is_autocast_enabled("cuda"):
+            dtype = torch.get_autocast_dtype("cuda")
+            return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype)
+    except Exception:
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """FLOPs of one training step on one example batch.
+
+    ``model_flops`` is what MFU counts: 3 x forward (forward + a backward of twice the
+    forward, the convention behind "6N per token"). ``executed_flops`` is what the counter saw
+    for forward and backward, recomputation included: HFU's numerator.
+    """
+
+    forward: int
+    backward: int
+    samples: int
+
+    @property
+    def model_flops(self) -> int:
+        return 3 * self.forward
+
+    @property
+    def executed_flops(self) -> int:
+        return self.forward + self.backward
+
+    @property
+    def model_flops_per_sample(self) -> float:
+        return self.model_flops / self.samples
+
+    @property
+    def executed_flops_per_sample(self) -> float:
+        return self.executed_flops / self.samples
+
+
+def _to_meta(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value, device="meta")
+    if isinstance(value, tuple | list):
+        return type(value)(_to_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_meta(v) for k, v in value.items()}
+    return value
+
+
+def _first_dim(value: Any) -> int | None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() > 0 else None
+    if isinstance(value, tuple | list):
+        for item in value:
+            found = _first_dim(item)
+            if found is not None:
+                return found
+    if isinstance(value, dict):
+        for item in value.values():
+            found = _first_dim(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _unwrap(model: Any) -> Any:
+    """The user's module behind DDP / FSDP / DataParallel / torch.compile wrappers."""
+    seen = 0
+    while seen < 8:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None or inner is model:
+            return model
+        model = inner
+        seen += 1
+    return model
+
+
+def measure_flops(
+    model: Any,
+    example_batch: Any,
+    loss_fn: Callable[[Any], Any] | None = None,
+    *,
+    samples: int | None = None,
+) -> FlopCount:
+    """Count one training step's FLOPs with ``torch.utils.flop_counter.FlopCounterMode``.
+
+    ``example_batch`` is what ``model(...)`` takes (a tensor, or a tuple/list of positional
+    arguments, or a dict of keyword arguments); ``loss_fn`` maps the output to a scalar (default:
+    ``output.sum()``). The model is copied to the meta device, so nothing runs and the real
+    model is untouched. Wrappers (DDP, FSDP, ``torch.compile``) are unwrapped first.
+    ``samples`` defaults to the batch's first dimension.
+    """
+    import torch
+    from torch.func import functional_call
+    from torch.utils.flop_counter import FlopCounterMode
+
+    module = _unwrap(model)
+    # Meta stand-ins for every parameter and buffer: no copy of the real weights is made.
+    state: dict[str, Any] = {
+        name: torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
+        for name, p in module.named_parameters()
+    }
+    state.update({name: torch.empty_like(b, device="meta") for name, b in module.named_buffers()})
+    was_training = module.training
+    module.train()
+    batch = _to_meta(example_batch)
+    count = samples if samples is not None else _first_dim(example_batch)
+    if not count:
+        raise ValueError("measure_flops: cannot tell the batch size; pass samples=")
+
+    def run_forward() -> Any:
+        if isinstance(batch, dict):
+            return functional_call(module, state, (), batch)
+        if isinstance(batch, tuple | list):
+            return functional_call(module, state, tuple(batch))
+        return functional_call(module, state, (batch,))
+
+    try:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            output = run_forward()
+        forward = int(counter.get_total_flops())
+        loss = loss_fn(output) if loss_fn is not None else output.sum()
+        counter = FlopCounterMode(display=False)
+        with counter:
+            loss.backward()
+        backward = int(counter.get_total_flops())
+    finally:
+        module.train(was_training)
+    return FlopCount(forward=forward, backward=backward, samples=int(count))
+
+
+def transformer_flops_per_token(
+    parameters: int, layers: int, hidden: int, seq_len: int, *, causal: bool = False
+) -> float:
+    """The analytic formula: 6N + 12·L·H·S per token for training (PaLM appendix B);
+    the attention term halves for causal attention when the kernel skips masked blocks."""
+    attention = 12 * layers * hidden * seq_len
+    return 6 * parameters + (attention / 2 if causal else attention)

@@ -1,0 +1,413 @@
+"""Training metrics from per-iteration observations: windows, totals, checkpoints, evaluation.
+
+Pure arithmetic, no OpenTelemetry and no torch, so every formula can be tested with exact
+numbers. Memory is O(window size + sketch buckets), never O(iterations).
+
+Definitions (the README repeats them):
+
+* An iteration is one optimizer step. Its samples, tokens, padding tokens and FLOPs are this
+  rank's work in that step (micro-batches summed), never cumulative counters.
+* Window = ``log_every_n_iterations`` consecutive iterations (tumbling). Totals = every
+  iteration after the first ``warmup_iterations`` of the job.
+* per-device samples/s = Σ samples / Σ duration of the iterations that reported samples;
+  job samples/s = per-device × world size (assumes balanced ranks; stated in
+  ``ml.training.throughput.aggregation``). Tokens likewise.
+* FLOPs of an iteration = given FLOPs, else flops_per_token × tokens, else flops_per_sample ×
+  samples. FLOP/s per device = Σ FLOPs / Σ duration of iterations with FLOPs.
+* MFU = FLOP/s per device / dense peak FLOP/s of the device; HFU the same with executed
+  (recompute-included) FLOPs. A value above 1 is reported as an error, not as a metric.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from traintel import semconv
+from traintel.processor.stats import QuantileSketch, RunningStats, percentile
+
+_W = semconv.WINDOW_PREFIX
+_T = semconv.TOTAL_PREFIX
+
+#: Indices of the step-phase timings carried with each iteration.
+DATA, FORWARD, BACKWARD, OPTIMIZER = range(4)
+STEP_PHASE_NAMES = ("data_loading", "forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class RateInputs:
+    """What turns counts into rates: resolved once per window from the configuration."""
+
+    world_size: int = 1
+    peak_flops: float | None = None
+    peak_source: str | None = None
+    peak_missing_reason: str | None = None
+    flops_method: str | None = None
+    executed_flops_ratio: float | None = None  # executed / model FLOPs, from the counter
+    timing_mode: str = "wall_clock"
+
+
+@dataclass
+class _Counts:
+    """Sums over a set of iterations; shared by windows and totals."""
+
+    iterations: int = 0
+    duration_s: float = 0.0
+    samples: float = 0.0
+    samples_time: float = 0.0
+    tokens: float = 0.0
+    tokens_time: float = 0.0
+    padding: float = 0.0
+    flops: float = 0.0
+    flops_time: float = 0.0
+    phase_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+
+    def add(
+        self,
+        duration_s: float,
+        samples: float | None,
+        tokens: float | None,
+        padding: float | None,
+        flops: float | None,
+        phases: list[int] | None,
+    ) -> None:
+        self.iterations += 1
+        self.duration_s += duration_s
+        if samples is not None:
+            self.samples += samples
+            self.samples_time += duration_s
+        if tokens is not None:
+            self.tokens += tokens
+            self.tokens_time += duration_s
+        if padding is not None:
+            self.padding += padding
+        if flops is not None:
+            self.flops += flops
+            self.flops_time += duration_s
+        if phases is not None:
+            totals = self.phase_s
+            totals[0] += phases[0] / 1e9
+            totals[1] += phases[1] / 1e9
+            totals[2] += phases[2] / 1e9
+            totals[3] += phases[3] / 1e9
+
+    def rates(self, inputs: RateInputs, prefix: str, out: dict[str, float | int | str]) -> list[str]:
+        """Throughput, FLOP/s, MFU/HFU into ``out``; returns MFU/HFU range errors."""
+        errors: list[str] = []
+        world = inputs.world_size
+        if self.samples_time > 0:
+            per_device = self.samples / self.samples_time
+            out[prefix + "samples_per_second_per_device"] = per_device
+            out[prefix + "samples_per_second"] = per_device * world
+        if self.tokens_time > 0:
+            per_device = self.tokens / self.tokens_time
+            out[prefix + "tokens_per_second_per_device"] = per_device
+            out[prefix + "tokens_per_second"] = per_device * world
+        if self.tokens + self.padding > 0 and self.padding > 0:
+            out[prefix + "padding_fraction"] = self.padding / (self.tokens + self.padding)
+        if self.flops_time > 0:
+            flops_per_second = self.flops / self.flops_time
+            out[prefix + "flops_per_second_per_device"] = flops_per_second
+            out[prefix + "tflops_per_device"] = flops_per_second / 1e12
+            if inputs.peak_flops:
+                mfu = flops_per_second / inputs.peak_flops
+                if mfu <= 1:
+                    out[prefix + "mfu"] = mfu
+                else:
+                    errors.append(f"mfu {mfu:.3f} > 1")
+                if inputs.executed_flops_ratio is not None:
+                    hfu = mfu * inputs.executed_flops_ratio
+                    if hfu <= 1:
+                        out[prefix + "hfu"] = hfu
+                    else:
+                        errors.append(f"hfu {hfu:.3f} > 1")
+        if self.duration_s > 0:
+            for name, seconds in zip(STEP_PHASE_NAMES, self.phase_s, strict=True):
+                out[prefix + "time." + name] = seconds
+            out[prefix + "data_loading_fraction"] = self.phase_s[DATA] / self.duration_s
+        return errors
+
+
+@dataclass
+class WindowReport:
+    """One closed window: the ``training_metrics_update`` attributes and gauge values."""
+
+    index: int
+    first_iteration: int
+    last_iteration: int
+    attributes: dict[str, float | int | str]
+    errors: list[str]
+
+    def get(self, key: str) -> float | None:
+        value = self.attributes.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+
+class _ModelMetric:
+    __slots__ = ("count", "last", "sum")
+
+    def __init__(self) -> None:
+        self.sum = 0.0
+        self.count = 0
+        self.last = math.nan
+
+
+class TrainingAggregator:
+    """Streaming training statistics for one job on one rank."""
+
+    def __init__(self, window_size: int = 50, warmup_iterations: int = 1) -> None:
+        self.window_size = window_size
+        self.warmup_iterations = warmup_iterations
+        self.iterations_seen = 0
+        self.first_iteration_s: float | None = None
+        self.windows_closed = 0
+        self._window = _Counts()
+        self._window_durations: list[float] = []
+        self._window_first: int | None = None
+        self._window_last = 0
+        self._window_metrics: dict[str, _ModelMetric] = {}
+        self._window_flags = [0, 0, 0]  # nonfinite, slow, exported
+        self.total = _Counts()
+        self._total_stats = RunningStats()
+        self._total_sketch = QuantileSketch(0.01)
+        self.last_window: WindowReport | None = None
+        self.checkpoints = CheckpointStats()
+
+    # --- per iteration (the hot path: primitive arguments, no allocation beyond appends) -------
+    def add_iteration(
+        self,
+        iteration: int,
+        duration_ns: int,
+        samples: float | None = None,
+        tokens: float | None = None,
+        padding: float | None = None,
+        flops: float | None = None,
+        phases: list[int] | None = None,
+    ) -> bool:
+        """Record one iteration; returns True when it completes a window (call :meth:`close_window`)."""
+        seconds = duration_ns / 1e9
+        self.iterations_seen += 1
+        if self.first_iteration_s is None:
+            self.first_iteration_s = seconds
+        if self._window_first is None:
+            self._window_first = iteration
+        self._window_last = iteration
+        self._window_durations.append(seconds)
+        self._window.add(seconds, samples, tokens, padding, flops, phases)
+        if self.iterations_seen > self.warmup_iterations:
+            self.total.add(seconds, samples, tokens, padding, flops, phases)
+            self._total_stats.add(seconds)
+            self._total_sketch.add(seconds)
+        return len(self._window_durations) >= self.window_size
+
+    def add_model_metric(self, name: str, value: float) -> None:
+        metric = self._window_metrics.get(name)
+        if metric is None:
+            metric = self._window_metrics[name] = _ModelMetric()
+        metric.last = value
+        if math.isfinite(value):
+            metric.sum += value
+            metric.count += 1
+
+    def flag(self, nonfinite: bool = False, slow: bool = False, exported: bool = False) -> None:
+        flags = self._window_flags
+        flags[0] += nonfinite
+        flags[1] += slow
+        flags[2] += exported
+
+    @property
+    def window_fill(self) -> int:
+        return len(self._window_durations)
+
+    # --- window boundary ------------------------------------------------------------------------
+    def close_window(self, inputs: RateInputs) -> WindowReport | None:
+        """Close the current window (full, or partial at loop end); None if it is empty."""
+        durations = self._window_durations
+        if not durations:
+            return None
+        ordered = sorted(durations)
+        counts = self._window
+        n = len(ordered)
+        mean = counts.duration_s / n
+        variance = sum((d - mean) ** 2 for d in ordered) / n
+        attributes: dict[str, float | int | str] = {
+            _W + "index": self.windows_closed,
+            _W + "iterations": n,
+            _W + "first_iteration": self._window_first if self._window_first is not None else 0,
+            _W + "last_iteration": self._window_last,
+            _W + "iteration_time.min": ordered[0],
+            _W + "iteration_time.mean": mean,
+            _W + "iteration_time.max": ordered[-1],
+            _W + "iteration_time.p50": percentile(ordered, 50),
+            _W + "iteration_time.p90": percentile(ordered, 90),
+            _W + "iteration_time.p99": percentile(ordered, 99),
+            _W + "iteration_time.stddev": math.sqrt(variance),
+            _W + "samples": counts.samples,
+            _W + "tokens": counts.tokens,
+            _W + "padding_tokens": counts.padding,
+            _W + "nonfinite_iterations": self._window_flags[0],
+            _W + "slow_iterations": self._window_flags[1],
+            _W + "exported_iterations": self._window_flags[2],
+        }
+        errors = counts.rates(inputs, _W, attributes)
+        for name, metric in self._window_metrics.items():
+            attributes[_W + "metric." + name + ".last"] = metric.last
+            if metric.count:
+                attributes[_W + "metric." + name + ".mean"] = metric.sum / metric.count
+        self._describe_inputs(inputs, attributes)
+        self._totals(inputs, attributes)
+        report = WindowReport(
+            index=self.windows_closed,
+            first_iteration=int(attributes[_W + "first_iteration"]),
+            last_iteration=self._window_last,
+            attributes=attributes,
+            errors=errors,
+        )
+        self.windows_closed += 1
+        self.last_window = report
+        self._window = _Counts()
+        self._window_durations = []
+        self._window_first = None
+        self._window_metrics = {}
+        self._window_flags = [0, 0, 0]
+        return report
+
+    def _totals(self, inputs: RateInputs, out: dict[str, float | int | str]) -> None:
+        out[_T + "iterations"] = self.iterations_seen
+        stats = self._total_stats
+        if stats.count:
+            out[_T + "iteration_time.mean"] = stats.mean
+            out[_T + "iteration_time.stddev"] = stats.stddev
+            out[_T + "iteration_time.p50"] = self._total_sketch.quantile(0.50)
+            out[_T + "iteration_time.p90"] = self._total_sketch.quantile(0.90)
+            out[_T + "iteration_time.p99"] = self._total_sketch.quantile(0.99)
+            scratch: dict[str, float | int | str] = {}
+            self.total.rates(inputs, _T, scratch)
+            for key in ("samples_per_second", "tokens_per_second", "tflops_per_device", "mfu", "hfu"):
+                if _T + key in scratch:
+                    out[_T + key] = scratch[_T + key]
+
+    @staticmethod
+    def _describe_inputs(inputs: RateInputs, out: dict[str, float | int | str]) -> None:
+        out[semconv.THROUGHPUT_AGGREGATION] = f"rank x world_size ({inputs.world_size})"
+        if _W + "flops_per_second_per_device" in out:
+            out[semconv.MFU_TIMING_MODE] = inputs.timing_mode
+            out[semconv.MFU_FLOPS_METHOD] = inputs.flops_method or "config"
+            if inputs.peak_flops:
+                out[semconv.MFU_NUMERATOR] = out[_W + "flops_per_second_per_device"]
+                out[semconv.MFU_DENOMINATOR] = inputs.peak_flops
+                out[semconv.MFU_PEAK_SOURCE] = inputs.peak_source or "config"
+
+    # --- end of loop ----------------------------------------------------------------------------
+    def summary(self, inputs: RateInputs, train_time_s: float | None) -> dict[str, float | int | str]:
+        """The at-a-glance numbers for the training_loop span."""
+        out: dict[str, float | int | str] = {semconv.SUMMARY_PREFIX + "iterations": self.iterations_seen}
+        if train_time_s is not None:
+            out[semconv.SUMMARY_PREFIX + "train_time"] = train_time_s
+        if self.first_iteration_s is not None:
+            out[semconv.SUMMARY_PREFIX + "first_iteration_time"] = self.first_iteration_s
+        totals: dict[str, float | int | str] = {}
+        self._totals(inputs, totals)
+        for key, value in totals.items():
+            out[semconv.SUMMARY_PREFIX + key[len(_T) :]] = value
+        out.update(self.checkpoints.attributes(semconv.SUMMARY_PREFIX + "checkpoint."))
+        return out
+
+
+class CheckpointStats:
+    """Checkpoint saves and loads: counts, times (blocking part), bytes, stages."""
+
+    def __init__(self) -> None:
+        self.saves = RunningStats()
+        self.first_save_s: float | None = None
+        self.last_save_s: float | None = None
+        self.bytes = 0
+        self.bytes_time_s = 0.0
+        self.background = RunningStats()
+        self.loads = RunningStats()
+        self.stages: dict[str, float] = {}
+        self.by_strategy: dict[str, int] = {}
+
+    def add_save(self, duration_s: float, size_bytes: int | None, strategy: str) -> None:
+        self.saves.add(duration_s)
+        if self.first_save_s is None:
+            self.first_save_s = duration_s
+        self.last_save_s = duration_s
+        self.by_strategy[strategy] = self.by_strategy.get(strategy, 0) + 1
+        if size_bytes is not None:
+            self.bytes += size_bytes
+            self.bytes_time_s += duration_s
+
+    def add_background(self, duration_s: float, size_bytes: int | None) -> None:
+        self.background.add(duration_s)
+        if size_bytes is not None:
+            self.bytes += size_bytes
+
+    def add_load(self, duration_s: float) -> None:
+        self.loads.add(duration_s)
+
+    def add_stage(self, stage: str, duration_s: float) -> None:
+        self.stages[stage] = self.stages.get(stage, 0.0) + duration_s
+
+    def attributes(self, prefix: str = semconv.CHECKPOINT_PREFIX) -> dict[str, float | int | str]:
+        out: dict[str, float | int | str] = {prefix + "saves": self.saves.count}
+        if self.saves.count:
+            out[prefix + "save_time.first"] = self.first_save_s or 0.0
+            out[prefix + "save_time.last"] = self.last_save_s or 0.0
+            out[prefix + "save_time.min"] = self.saves.min
+            out[prefix + "save_time.max"] = self.saves.max
+            out[prefix + "save_time.mean"] = self.saves.mean
+            out[prefix + "save_time.total"] = self.saves.sum
+        if self.bytes:
+            out[prefix + "bytes.total"] = self.bytes
+        if self.background.count:
+            out[prefix + "background_time.total"] = self.background.sum
+            out[prefix + "background_time.max"] = self.background.max
+        if self.loads.count:
+            out[prefix + "loads"] = self.loads.count
+            out[prefix + "load_time.total"] = self.loads.sum
+        for stage, seconds in sorted(self.stages.items()):
+            out[prefix + "stage." + stage + ".time_total"] = seconds
+        return out
+
+
+class EvalStats:
+    """One validation or testing loop."""
+
+    def __init__(self) -> None:
+        self.durations = RunningStats()
+        self.samples = 0.0
+        self.metrics: dict[str, _ModelMetric] = {}
+
+    def add_iteration(self, duration_ns: int, samples: float | None) -> None:
+        self.durations.add(duration_ns / 1e9)
+        if samples is not None:
+            self.samples += samples
+
+    def add_metric(self, name: str, value: float) -> None:
+        metric = self.metrics.get(name)
+        if metric is None:
+            metric = self.metrics[name] = _ModelMetric()
+        metric.last = value
+        if math.isfinite(value):
+            metric.sum += value
+            metric.count += 1
+
+    def attributes(self, loop_duration_s: float) -> dict[str, float | int | str]:
+        p = semconv.EVAL_PREFIX
+        out: dict[str, float | int | str] = {
+            p + "iterations": self.durations.count,
+            p + "duration": loop_duration_s,
+        }
+        if self.durations.count:
+            out[p + "iteration_time.mean"] = self.durations.mean
+            out[p + "iteration_time.max"] = self.durations.max
+        if self.samples:
+            out[p + "samples"] = self.samples
+            if self.durations.sum > 0:
+                out[p + "samples_per_second"] = self.samples / self.durations.sum
+        for name, metric in self.metrics.items():
+            out[p + "metric." + name + ".last"] = metric.last
+            if metric.count:
+                out[p + "metric." + name + ".mean"] = metric.sum / metric.count
+        return out

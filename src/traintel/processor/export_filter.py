@@ -1,0 +1,151 @@
+"""The export filter: holds spans started inside an in-flight iteration until it is decided.
+
+Why: whether an iteration is exported is known only when it ends (was it slow? did it fail?),
+but spans the user starts inside it end earlier. The filter sits between the tracer provider
+and the batch processors traintel built; it buffers every span whose ancestry leads to an
+undecided iteration and, at the decision, forwards them all or drops them all. So an exported
+iteration arrives whole (user spans included) and a dropped one leaves no orphan.
+
+It also counts what it forwards per trace (spans and estimated OTLP bytes): the budget that
+keeps each trace under the backends' limits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+_logger = logging.getLogger(__name__)
+
+#: Spans held for one iteration at most; more are dropped and counted.
+MAX_BUFFERED_PER_ITERATION = 10_000
+#: Recently dropped iterations remembered, so their late-ending descendants are dropped too.
+_DROPPED_MEMORY = 4096
+
+
+def estimate_span_bytes(span: ReadableSpan) -> int:
+    """A cheap upper-ish estimate of a span's OTLP protobuf size."""
+    size = 80 + len(span.name)
+    for key, value in (span.attributes or {}).items():
+        size += 8 + len(key) + (len(value) if isinstance(value, str) else 10)
+    for event in span.events:
+        size += 24 + len(event.name)
+        for key, value in (event.attributes or {}).items():
+            size += 8 + len(key) + (len(value) if isinstance(value, str) else 10)
+    size += 48 * len(span.links)
+    return size
+
+
+class TraceBudget:
+    """Spans and estimated bytes sent per trace, for the last few traces."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self._usage: OrderedDict[int, list[int]] = OrderedDict()
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    def add(self, span: ReadableSpan) -> None:
+        context = span.get_span_context()
+        if context is None:
+            return
+        size = estimate_span_bytes(span)
+        with self._lock:
+            usage = self._usage.get(context.trace_id)
+            if usage is None:
+                usage = self._usage[context.trace_id] = [0, 0]
+                if len(self._usage) > self._keep:
+                    self._usage.popitem(last=False)
+            usage[0] += 1
+            usage[1] += size
+
+    def usage(self, trace_id: int) -> tuple[int, int]:
+        with self._lock:
+            usage = self._usage.get(trace_id)
+            return (usage[0], usage[1]) if usage is not None else (0, 0)
+
+
+class IterationExportFilter(SpanProcessor):
+    """Wraps the exporting processors; see the module docstring."""
+
+    def __init__(self, processors: list[SpanProcessor], budget: TraceBudget) -> None:
+        self._processors = processors
+        self._budget = budget
+        self._pending: dict[int, list[ReadableSpan]] = {}
+        self._owner: dict[int, int] = {}
+        self._dropped: OrderedDict[int, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self.buffer_overflow = 0
+        self.dropped_spans = 0
+
+    # --- decisions, from the iteration fast path ---------------------------------------------------
+    def open_iteration(self, span_id: int) -> None:
+        with self._lock:
+            self._pending[span_id] = []
+
+    def close_iteration(self, span_id: int, export: bool) -> None:
+        with self._lock:
+            held = self._pending.pop(span_id, None) or []
+            if not export:
+                self._dropped[span_id] = None
+                if len(self._dropped) > _DROPPED_MEMORY:
+                    self._dropped.popitem(last=False)
+                self.dropped_spans += len(held)
+        if export:
+            for span in held:
+                self._forward(span)
+
+    # --- SpanProcessor ---------------------------------------------------------------------------
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        if self._pending:
+            parent = span.parent
+            if parent is not None:
+                parent_id = parent.span_id
+                with self._lock:
+                    root = parent_id if parent_id in self._pending else self._owner.get(parent_id)
+                    if root is not None:
+                        self._owner[span.get_span_context().span_id] = root
+        for processor in self._processors:
+            processor.on_start(span, parent_context=parent_context)
+
+    def _on_ending(self, span: Span) -> None:
+        for processor in self._processors:
+            processor._on_ending(span)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        context = span.get_span_context()
+        if self._owner and context is not None:
+            with self._lock:
+                root = self._owner.pop(context.span_id, None)
+                if root is not None:
+                    held = self._pending.get(root)
+                    if held is not None:
+                        if len(held) < MAX_BUFFERED_PER_ITERATION:
+                            held.append(span)
+                        else:
+                            self.buffer_overflow += 1
+                        return
+                    if root in self._dropped:
+                        self.dropped_spans += 1
+                        return
+        self._forward(span)
+
+    def _forward(self, span: ReadableSpan) -> None:
+        if span.context is not None and span.context.trace_flags.sampled:
+            self._budget.add(span)
+        for processor in self._processors:
+            processor.on_end(span)
+
+    def shutdown(self) -> None:
+        for processor in self._processors:
+            processor.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return all(processor.force_flush(timeout_millis) for processor in self._processors)
+
+    @property
+    def pending_iterations(self) -> int:
+        return len(self._pending)

@@ -1,0 +1,190 @@
+"""The OpenTelemetry metric instruments traintel exports, and how they are fed cheaply.
+
+Why deferred recording: an SDK histogram ``record`` costs microseconds (attribute hashing,
+locks, exemplar sampling) — the whole per-iteration budget. The training thread therefore only
+appends a float to a bounded deque; the values are recorded into the histograms by an
+observable instrument's callback, which the SDK runs on the metric reader's thread just before
+it collects (synchronous measurements made there are consumed by every reader's storage).
+Counters are added as deltas at the same moment. Gauges report the last closed window.
+
+A full deque drops its oldest values and counts them (``traintel.measurements.dropped``): a
+silent drop is a bug.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from traintel import semconv
+from traintel.processor.aggregator import WindowReport
+from traintel.version import __version__
+
+#: Bucket boundaries in seconds: the SDK's defaults are for milliseconds and would put every
+#: training step in the first bucket. 1 ms to 2 h covers kernels to checkpoints.
+DURATION_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0,
+    250.0, 500.0, 1000.0, 2500.0, 7200.0,
+)  # fmt: skip
+#: Checkpoint sizes: 1 MB to 10 TB.
+SIZE_BUCKETS_BY: tuple[float, ...] = tuple(float(10**e) for e in range(6, 14))
+
+#: Per-iteration values waiting for the reader thread; at 1,000 iterations/s and a 60 s
+#: export interval this holds one interval without loss.
+DEFERRED_CAPACITY = 100_000
+
+_W = semconv.WINDOW_PREFIX
+
+
+class TrainingInstruments:
+    """Creates the instruments on ``meter_provider`` and records into them off the hot path."""
+
+    def __init__(
+        self,
+        meter_provider: metrics_api.MeterProvider,
+        last_window: Callable[[], WindowReport | None],
+        totals: Callable[[], tuple[float, float]],
+    ) -> None:
+        meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
+        self._last_window = last_window
+        self._totals = totals
+        self._lock = threading.Lock()
+        self.iteration_durations: deque[float] = deque(maxlen=DEFERRED_CAPACITY)
+        self.data_loading_durations: deque[float] = deque(maxlen=DEFERRED_CAPACITY)
+        self.dropped = 0
+        self._reported_samples = 0.0
+        self._reported_tokens = 0.0
+        self.exported_iterations = 0
+        self.not_exported_iterations = 0
+        buckets = list(DURATION_BUCKETS_S)
+        self.iteration_duration = meter.create_histogram(
+            semconv.METRIC_ITERATION_DURATION, unit="s",
+            description="Wall time of each training iteration (one optimizer step).",
+            explicit_bucket_boundaries_advisory=buckets,
+        )  # fmt: skip
+        self.data_loading_duration = meter.create_histogram(
+            semconv.METRIC_DATA_LOADING_DURATION, unit="s",
+            description="Time each training iteration waited for its batch.",
+            explicit_bucket_boundaries_advisory=buckets,
+        )  # fmt: skip
+        self.phase_duration = meter.create_histogram(
+            semconv.METRIC_PHASE_DURATION, unit="s",
+            description="Wall time of phase spans other than per-step ones, by ml.training.phase.",
+            explicit_bucket_boundaries_advisory=buckets,
+        )  # fmt: skip
+        self.checkpoint_save_duration = meter.create_histogram(
+            semconv.METRIC_CHECKPOINT_SAVE_DURATION, unit="s",
+            description="Blocking time of each checkpoint save (async: until training resumed).",
+            explicit_bucket_boundaries_advisory=buckets,
+        )  # fmt: skip
+        self.checkpoint_load_duration = meter.create_histogram(
+            semconv.METRIC_CHECKPOINT_LOAD_DURATION, unit="s",
+            description="Time of each checkpoint load.",
+            explicit_bucket_boundaries_advisory=buckets,
+        )  # fmt: skip
+        self.checkpoint_size = meter.create_histogram(
+            semconv.METRIC_CHECKPOINT_SIZE, unit="By",
+            description="Size of each checkpoint written.",
+            explicit_bucket_boundaries_advisory=list(SIZE_BUCKETS_BY),
+        )  # fmt: skip
+        self.samples = meter.create_counter(
+            semconv.METRIC_SAMPLES, unit="{sample}", description="Training samples processed by this rank."
+        )
+        self.tokens = meter.create_counter(
+            semconv.METRIC_TOKENS, unit="{token}", description="Training tokens processed by this rank."
+        )
+        # The drain runs first: the SDK invokes observable callbacks in creation order, then
+        # collects synchronous instruments.
+        meter.create_observable_counter(
+            semconv.METRIC_DROPPED_MEASUREMENTS, callbacks=[self._drain], unit="{measurement}",
+            description="Per-iteration measurements dropped because the reader did not collect in time.",
+        )  # fmt: skip
+        meter.create_observable_counter(
+            semconv.METRIC_ITERATIONS_EXPORTED, callbacks=[self._exported], unit="{iteration}",
+            description="Iterations exported as spans (tail sampling), by traintel.exported.",
+        )  # fmt: skip
+        self._gauge(
+            meter, semconv.METRIC_SAMPLE_THROUGHPUT, "{sample}/s", "samples_per_second", per_device=True
+        )
+        self._gauge(meter, semconv.METRIC_TOKEN_THROUGHPUT, "{token}/s", "tokens_per_second", per_device=True)
+        self._gauge(meter, semconv.METRIC_FLOPS_THROUGHPUT, "FLOP/s", "flops_per_second_per_device")
+        self._gauge(meter, semconv.METRIC_MFU, "1", "mfu")
+        self._gauge(meter, semconv.METRIC_HFU, "1", "hfu")
+        meter.create_observable_gauge(
+            semconv.METRIC_STEP_PHASE_TIME, callbacks=[self._phase_times], unit="s",
+            description="Mean time per iteration spent in each step phase over the last window.",
+        )  # fmt: skip
+
+    def _gauge(
+        self, meter: metrics_api.Meter, name: str, unit: str, key: str, per_device: bool = False
+    ) -> None:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            window = self._last_window()
+            if window is None:
+                return []
+            observations = []
+            job = window.get(_W + key)
+            if job is not None:
+                scope = "job" if per_device else "device"
+                observations.append(Observation(job, {semconv.THROUGHPUT_SCOPE: scope}))
+            if per_device:
+                device = window.get(_W + key + "_per_device")
+                if device is not None:
+                    observations.append(Observation(device, {semconv.THROUGHPUT_SCOPE: "device"}))
+            return observations
+
+        meter.create_observable_gauge(
+            name, callbacks=[observe], unit=unit, description=f"Last window's {key}."
+        )
+
+    def _phase_times(self, options: CallbackOptions) -> Iterable[Observation]:
+        window = self._last_window()
+        if window is None:
+            return []
+        iterations = window.get(_W + "iterations") or 0
+        if not iterations:
+            return []
+        observations = []
+        for phase in ("data_loading", "forward", "backward", "optimizer"):
+            total = window.get(_W + "time." + phase)
+            if total is not None:
+                observations.append(Observation(total / iterations, {semconv.PHASE: phase}))
+        return observations
+
+    def defer(self, iteration_s: float, data_loading_s: float | None) -> None:
+        """Queue one iteration's values (training thread: two appends)."""
+        durations = self.iteration_durations
+        if len(durations) == DEFERRED_CAPACITY:
+            self.dropped += 1
+        durations.append(iteration_s)
+        if data_loading_s is not None:
+            self.data_loading_durations.append(data_loading_s)
+
+    def _drain(self, options: CallbackOptions) -> Iterable[Observation]:
+        with self._lock:  # two readers may collect at once
+            durations = self.iteration_durations
+            record = self.iteration_duration.record
+            for _ in range(len(durations)):
+                record(durations.popleft())
+            waits = self.data_loading_durations
+            record = self.data_loading_duration.record
+            for _ in range(len(waits)):
+                record(waits.popleft())
+            samples, tokens = self._totals()
+            if samples > self._reported_samples:
+                self.samples.add(samples - self._reported_samples)
+                self._reported_samples = samples
+            if tokens > self._reported_tokens:
+                self.tokens.add(tokens - self._reported_tokens)
+                self._reported_tokens = tokens
+        return [Observation(self.dropped)]
+
+    def _exported(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(self.exported_iterations, {"traintel.exported": True}),
+            Observation(self.not_exported_iterations, {"traintel.exported": False}),
+        ]

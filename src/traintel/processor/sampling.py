@@ -1,0 +1,71 @@
+"""Which iterations become exported spans: the tail-sampling policy.
+
+Why tail sampling: a run of a million steps must not send four million spans, but the steps
+a user opens in Jaeger — the first ones, a regular sample to compare against, the slow ones,
+the failed ones — must be there whole. Every iteration is counted in the metrics whatever
+this policy says.
+
+Head reasons (known when the iteration starts): first K, every M-th iteration number, "all".
+Tail reasons (known when it ends): slower than k x the rolling median of recent iterations,
+an error, a non-finite model metric. "Every M-th" uses the iteration number, so all ranks of a
+job export the same iterations and can be compared side by side.
+"""
+
+from __future__ import annotations
+
+from traintel.processor.stats import RollingMedian
+
+#: Recent iterations the slow-iteration median is taken over; and how many it needs first.
+MEDIAN_WINDOW = 101
+MEDIAN_MIN_SAMPLES = 10
+
+
+class IterationSampler:
+    __slots__ = ("_median", "every_n", "first", "policy", "seen", "slow_factor")
+
+    def __init__(
+        self, policy: str = "sampled", first: int = 10, every_n: int = 100, slow_factor: float = 3.0
+    ):
+        self.policy = policy
+        self.first = first
+        self.every_n = every_n
+        self.slow_factor = slow_factor
+        self.seen = 0
+        self._median = RollingMedian(MEDIAN_WINDOW)
+
+    def head(self, iteration: int) -> str | None:
+        """The export reason known at the start of an iteration, if any; counts it."""
+        index = self.seen
+        self.seen = index + 1
+        policy = self.policy
+        if policy == "all":
+            return "all"
+        if policy == "none":
+            return None
+        if index < self.first:
+            return "first"
+        if self.every_n and iteration % self.every_n == 0:
+            return "every_n"
+        return None
+
+    def is_slow(self, duration_s: float) -> tuple[bool, float]:
+        """(slow?, median it was compared with); then the duration joins the median."""
+        median = self._median
+        reference = median.median if len(median) >= MEDIAN_MIN_SAMPLES else 0.0
+        slow = reference > 0 and duration_s > self.slow_factor * reference
+        median.add(duration_s)
+        return slow, reference
+
+    def tail(self, head_reason: str | None, slow: bool, error: bool, nonfinite: bool) -> str | None:
+        """The final export reason: head reason, else error / non-finite / slow, else None."""
+        if head_reason is not None:
+            return head_reason
+        if self.policy == "none":
+            return None
+        if error:
+            return "error"
+        if nonfinite:
+            return "nonfinite"
+        if slow:
+            return "slow"
+        return None

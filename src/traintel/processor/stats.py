@@ -1,0 +1,136 @@
+"""Streaming statistics with bounded memory, for numbers that arrive once per iteration.
+
+Why these three: a window of N iterations keeps its N values (N is a config knob, so memory is
+bounded) and gets exact percentiles; the cumulative view over millions of iterations cannot
+keep values, so it uses a log-bucketed quantile sketch whose size depends on the range of
+values, not their number; the slow-iteration detector needs a rolling median over the last W
+steps.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections import deque
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linearly interpolated percentile (``q`` in 0..100) of an ascending list; NaN if empty.
+
+    The same definition as ``numpy.percentile(..., method="linear")``, so users can check us.
+    """
+    n = len(sorted_values)
+    if n == 0:
+        return math.nan
+    position = (n - 1) * q / 100.0
+    low = int(position)
+    high = low + 1 if low + 1 < n else low
+    fraction = position - low
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * fraction
+
+
+class RunningStats:
+    """Count, sum, min, max, mean and population standard deviation of a stream."""
+
+    __slots__ = ("_m2", "count", "max", "mean", "min", "sum")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self.mean = 0.0
+        self._m2 = 0.0
+
+    def add(self, value: float) -> None:
+        # Welford: numerically stable for long runs of nearly equal step times.
+        self.count += 1
+        self.sum += value
+        self.min = min(self.min, value)
+        self.max = max(self.max, value)
+        delta = value - self.mean
+        self.mean += delta / self.count
+        self._m2 += delta * (value - self.mean)
+
+    @property
+    def stddev(self) -> float:
+        return math.sqrt(self._m2 / self.count) if self.count else math.nan
+
+
+class QuantileSketch:
+    """A relative-error quantile sketch (the DDSketch idea) for positive values.
+
+    Every value lands in a logarithmic bucket; a quantile is answered with the bucket's
+    representative value, within ``relative_accuracy`` of the true sample quantile. Memory is
+    one counter per occupied bucket: with 1 % accuracy, values from 1 µs to 1 day occupy at
+    most ~1,300 buckets whatever the number of iterations.
+    """
+
+    __slots__ = ("_counts", "_gamma", "_log_gamma", "count", "relative_accuracy", "zeros")
+
+    def __init__(self, relative_accuracy: float = 0.01) -> None:
+        if not 0 < relative_accuracy < 1:
+            raise ValueError(f"relative_accuracy={relative_accuracy!r}: expected 0 < a < 1")
+        self.relative_accuracy = relative_accuracy
+        self._gamma = (1 + relative_accuracy) / (1 - relative_accuracy)
+        self._log_gamma = math.log(self._gamma)
+        self._counts: dict[int, int] = {}
+        self.count = 0
+        self.zeros = 0
+
+    def add(self, value: float) -> None:
+        self.count += 1
+        if value <= 0:
+            self.zeros += 1
+            return
+        index = math.ceil(math.log(value) / self._log_gamma)
+        counts = self._counts
+        counts[index] = counts.get(index, 0) + 1
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile (0..1): the value of rank ``q * (count - 1)``, approximately."""
+        if self.count == 0:
+            return math.nan
+        rank = q * (self.count - 1)
+        if rank < self.zeros:
+            return 0.0
+        seen = self.zeros
+        for index in sorted(self._counts):
+            seen += self._counts[index]
+            if seen > rank:
+                return 2 * self._gamma**index / (self._gamma + 1)
+        return 2 * self._gamma ** max(self._counts) / (self._gamma + 1)
+
+    @property
+    def buckets(self) -> int:
+        return len(self._counts)
+
+
+class RollingMedian:
+    """Median of the last ``size`` values, in O(size) per update with a sorted list."""
+
+    __slots__ = ("_order", "_sorted", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._order: deque[float] = deque()
+        self._sorted: list[float] = []
+
+    def add(self, value: float) -> None:
+        if len(self._order) == self.size:
+            old = self._order.popleft()
+            del self._sorted[bisect_left(self._sorted, old)]
+        self._order.append(value)
+        insort(self._sorted, value)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @property
+    def median(self) -> float:
+        values = self._sorted
+        n = len(values)
+        if n == 0:
+            return math.nan
+        middle = n // 2
+        return values[middle] if n % 2 else (values[middle - 1] + values[middle]) / 2
