@@ -28,14 +28,16 @@ def test_demo_runs_and_summarises(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "restored model accuracy:" in out
-    assert "\ntraining_iteration          40 " in out
+    assert "\ntraining_iteration          40 " in out  # from the window events, not the sampled spans
     assert "Throughput:" in out and "samples/s" in out
     files = list((tmp_path / "traintel-runs").glob("*.otlp.jsonl"))
     assert len(files) == 1
     assert f"telemetry file: {files[0]}" in out
     names = [s.name for s in iter_spans(files)]
-    assert names.count("training_iteration") == 40
+    assert names.count("training_iteration") == 10  # tail sampling: the first 10 (and every 100th)
+    assert "Iterations exported as spans: 10 (first 10)" in out
     assert names.count("validation_loop") == 1
     assert names.count("checkpoint_save_sync") == 2
     assert names.count("checkpoint_load") == 1
     assert names.count("testing_iteration") == 4
+    assert "Iterations: 40 " in out

@@ -155,7 +155,7 @@ def test_implicit_configuration_survives_bad_env(tmp_path: Path) -> None:
         TRAINTEL_OUTPUT_DIR=str(tmp_path / "out"),
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["result 10 _Span", "128"]
+    assert result.stdout.splitlines() == ["result 10 IterationSpan", "128"]
     assert "TRAINTEL_GLOBAL_BATCH_SIZE='lots': expected a positive integer" in result.stderr
     assert result.stderr.count("TRAINTEL_GLOBAL_BATCH_SIZE") == 1
     files = list((tmp_path / "out").iterdir())
@@ -220,7 +220,7 @@ def test_opentelemetry_instrument_picks_traintel_up(tmp_path: Path) -> None:
 def test_sampler_from_env_drops_spans_without_false_warnings(tmp_path: Path) -> None:
     result = run_python(USER_JOB, tmp_path, OTEL_TRACES_SAMPLER="always_off")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "result 10 NonRecordingSpan\n"
+    assert result.stdout == "result 10 IterationSpan\n"  # iterations are still counted in metrics
     assert result.stderr == "", "a sampled-out loop is not misuse"
     assert [s.name for s in iter_spans([tmp_path / "traintel-runs"])] == []
 

@@ -1,4 +1,4 @@
-"""The run summary, from a file of spans built at exact timestamps."""
+"""The run summary, read back from a file written by the real API at exact timestamps."""
 
 from __future__ import annotations
 
@@ -8,60 +8,41 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.trace import set_span_in_context
 
+import traintel
 from traintel import semconv
 from traintel.analysis.summary import percentile, render, summarize
 from traintel.cli import main
 from traintel.exporters.file import OtlpJsonFileSpanExporter, OtlpJsonLinesFile
 
-S = 1_000_000_000  # ns per second
+T0 = 1_700_000_000_000  # ms
 
 
 def _write_run(directory: Path) -> Path:
+    """A job driven by callbacks with explicit times: iterations of 4, 1, 1, 2 s."""
     file = OtlpJsonLinesFile(output_dir=directory)
     provider = TracerProvider(
         resource=Resource({"service.name": "exact", semconv.RANK: 0, semconv.RUN_ID: "r1"}),
         shutdown_on_exit=False,
     )
     provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
-    tracer = provider.get_tracer("t")
-
-    def span(name: str, start: float, end: float, parent: object = None, **attributes: object) -> object:
-        context = set_span_in_context(parent) if parent is not None else None  # type: ignore[arg-type]
-        s = tracer.start_span(
-            name,
-            context=context,
-            attributes={semconv.PHASE: name, **attributes},  # type: ignore[arg-type]
-            start_time=int(start * S),
-        )
-        s.end(end_time=int(end * S))
-        return s
-
-    app = tracer.start_span("application", attributes={semconv.PHASE: "application"}, start_time=0)
-    span("model_init", 0, 2, app)
-    loop = tracer.start_span(
-        "training_loop",
-        context=set_span_in_context(app),
-        attributes={semconv.PHASE: "training_loop"},
-        start_time=2 * S,
+    traintel.configure(
+        tracer_provider=provider, log_every_n_iterations=2, global_batch_size=10, warmup_iterations=1
     )
-    # iteration durations 4, 1, 1, 2 s; 10 samples each; the last has a loss
-    starts = [2, 6, 7, 8]
-    durations = [4, 1, 1, 2]
-    for i, (start, duration) in enumerate(zip(starts, durations, strict=True)):
-        extra = {semconv.METRIC_PREFIX + "loss": 0.5} if i == 3 else {}
-        span(
-            "training_iteration",
-            start,
-            start + duration,
-            loop,
-            **{semconv.SAMPLES: 10, semconv.ITERATION: i},
-            **extra,
-        )
-    span("checkpoint_save_sync", 10, 12, loop, **{semconv.CHECKPOINT_SIZE: 3_000_000})
-    loop.end(end_time=12 * S)
-    app.end(end_time=20 * S)
+    traintel.on_app_start(start_time_msec=T0)
+    traintel.on_model_init_start(start_time_msec=T0)
+    traintel.on_model_init_end(finish_time_msec=T0 + 2000)
+    traintel.on_train_start(train_iterations_start=0, start_time_msec=T0 + 2000)
+    for start, duration in ((2, 4), (6, 1), (7, 1), (8, 2)):
+        traintel.on_training_single_iteration_start(start_time_msec=T0 + start * 1000)
+        if start == 8:
+            traintel.record_metrics(loss=0.5)
+        traintel.on_training_single_iteration_end(finish_time_msec=T0 + (start + duration) * 1000)
+    traintel.on_save_checkpoint_start(global_step=4, start_time_msec=T0 + 10_000, size_bytes=3_000_000)
+    traintel.on_save_checkpoint_end(finish_time_msec=T0 + 12_000)
+    traintel.on_train_end(finish_time_msec=T0 + 12_000)
+    traintel.on_app_end(finish_time_msec=T0 + 20_000)
+    traintel.shutdown(1)
     provider.shutdown()
     assert file.path is not None
     return file.path
@@ -70,22 +51,34 @@ def _write_run(directory: Path) -> Path:
 def test_summary_numbers_are_exact(tmp_path: Path) -> None:
     path = _write_run(tmp_path)
     summary = summarize([path])
-    assert summary.spans == 8
     assert summary.application_s == 20.0
-    assert summary.phases["training_iteration"].count == 4
-    assert summary.phases["training_iteration"].total_s == 8.0
-    assert summary.phases["training_iteration"].max_s == 4.0
     assert summary.phases["model_init"].total_s == 2.0
-    assert summary.first_iteration_s == 4.0
-    assert summary.sample_throughput == 40 / 8  # 40 samples over 8 s of iterations
-    assert summary.checkpoint_bytes == 3_000_000
-    assert summary.last_metrics == {"loss": 0.5}
+    assert summary.phases["training_loop"].total_s == 10.0
+    assert summary.windows == 2
+    assert summary.window_iterations == 4
+    assert summary.window_iteration_s == 8.0
+    assert summary.window_iteration_max_s == 4.0
+    value = summary.summary_value
+    assert value("iterations") == 4
+    assert value("first_iteration_time") == 4.0
+    assert value("train_time") == 10.0
+    assert value("iteration_time.mean") == pytest.approx(4 / 3)  # after the 1 warm-up iteration
+    assert value("iteration_time.p50") == 1.0  # exact for short runs (a sketch past 2048 iterations)
+    assert value("iteration_time.p90") == pytest.approx(1.8)
+    assert value("samples_per_second") == 30 / 4  # 3 post-warm-up iterations x 10 samples / 4 s
+    assert value("checkpoint.saves") == 1
+    assert value("checkpoint.save_time.total") == 2.0
+    assert value("checkpoint.bytes.total") == 3_000_000
+    assert summary.exported_iterations == {"first": 4}
     text = render(summary)
     assert "training_iteration           4      8.00 s      2.00 s      4.00 s   40.0%" in text
-    assert "Iterations: 4  mean 2.00 s  p50 1.50 s  p90 3.40 s  p99 3.94 s  max 4.00 s" in text
+    assert "model_init                   1      2.00 s      2.00 s      2.00 s   10.0%" in text
     assert "First iteration: 4.00 s" in text
-    assert "Throughput: 5.0 samples/s" in text
-    assert "Checkpoints written: 3.00 MB" in text
+    assert "Throughput: 7.5 samples/s (job)" in text
+    assert "Checkpoints: 1 saves, 2.00 s blocking in total, mean 2.00 s, max 2.00 s, 3.00 MB" in text
+    assert "Last window's model metrics: loss mean 0.5, last 0.5" in text
+    assert "Iterations: 4  mean 1.33 s  p50 1.00 s  p90 1.80 s  p99 1.98 s  (after warm-up)" in text
+    assert "Iterations exported as spans: 4 (first 4)" in text
 
 
 def test_percentile_interpolates() -> None:

@@ -3,10 +3,16 @@
 Why from the file and not from live state: the summary then shows exactly what reached the
 exporter (what a collector would have received), and works for any finished run, including
 one that crashed. Analysis code reads files and the vocabulary only (never the live runtime).
+
+Per-step numbers come from the ``training_metrics_update`` window events and the training
+loop's ``ml.training.summary.*`` attributes, because with tail sampling most iterations are
+counted but not exported as spans. Exported iteration spans are listed for what they are: the
+sampled ones (first, every M-th, slow, failed), with their trace and span ids.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 from collections.abc import Iterable
@@ -15,39 +21,39 @@ from typing import Any
 
 from traintel import semconv
 from traintel.exporters.reader import ReadStats, SpanRecord, iter_spans
+from traintel.processor.stats import percentile
 from traintel.semconv import Phase
 
 _PHASE_ORDER = {phase.value: i for i, phase in enumerate(Phase)}
+_W = semconv.WINDOW_PREFIX
+_S = semconv.SUMMARY_PREFIX
+_STEP_PHASES = (
+    ("data_loading", Phase.DATA_LOADING.value),
+    ("forward", Phase.MODEL_FORWARD.value),
+    ("backward", Phase.MODEL_BACKWARD.value),
+    ("optimizer", Phase.OPTIMIZER_UPDATE.value),
+)
+_PER_STEP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES}
+
+__all__ = ["PhaseStats", "RunSummary", "percentile", "render", "summarize"]
 
 
 @dataclass
 class PhaseStats:
     count: int = 0
     total_s: float = 0.0
-    min_s: float = math.inf
     max_s: float = 0.0
     errors: int = 0
 
-    def add(self, seconds: float, error: bool) -> None:
-        self.count += 1
+    def add(self, seconds: float, error: bool, count: int = 1) -> None:
+        self.count += count
         self.total_s += seconds
-        self.min_s = min(self.min_s, seconds)
-        self.max_s = max(self.max_s, seconds)
+        self.max_s = max(self.max_s, seconds if count == 1 else self.max_s)
         self.errors += int(error)
 
     @property
     def mean_s(self) -> float:
         return self.total_s / self.count if self.count else 0.0
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100) of an ascending list."""
-    if not sorted_values:
-        return math.nan
-    position = (len(sorted_values) - 1) * q / 100.0
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
 @dataclass
@@ -60,18 +66,18 @@ class RunSummary:
     ranks: set[int] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
     phases: dict[str, PhaseStats] = field(default_factory=dict)
-    iteration_s: list[float] = field(default_factory=list)
-    first_iteration_s: float | None = None
-    _first_iteration_start_ns: int = 2**63
-    samples: int = 0
-    tokens: int = 0
-    iterations_with_samples_s: float = 0.0
-    iterations_with_tokens_s: float = 0.0
-    global_batch_size: int | None = None
-    checkpoint_bytes: int = 0
-    last_metrics: dict[str, Any] = field(default_factory=dict)
     application_s: float = 0.0
     spans: int = 0
+    windows: int = 0
+    window_iterations: int = 0
+    window_iteration_s: float = 0.0
+    window_iteration_max_s: float = 0.0
+    step_phase_s: dict[str, float] = field(default_factory=dict)
+    loop_summaries: list[dict[str, Any]] = field(default_factory=list)
+    last_window: dict[str, Any] = field(default_factory=dict)
+    exported_iterations: dict[str, int] = field(default_factory=dict)
+    slowest: list[tuple[float, str, str, int]] = field(default_factory=list)
+    events: dict[str, int] = field(default_factory=dict)
     stats: ReadStats = field(default_factory=ReadStats)
 
     def add(self, span: SpanRecord) -> None:
@@ -87,53 +93,52 @@ class RunSummary:
                 target.add(str(resource[key]))
         if semconv.RANK in resource:
             self.ranks.add(int(resource[semconv.RANK]))
+        for event in span.events:
+            self.events[event.name] = self.events.get(event.name, 0) + 1
+            if event.name == semconv.Event.TRAINING_METRICS_UPDATE:
+                self._window(event.attributes)
         phase = span.attributes.get(semconv.PHASE)
         if phase is None:
             return
         phase = str(phase)
         seconds = span.duration_s
+        if phase == Phase.TRAINING_ITERATION:
+            reason = str(span.attributes.get(semconv.SAMPLING_REASON, "foreign"))
+            self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + 1
+            item = (seconds, span.trace_id, span.span_id, int(span.attributes.get(semconv.ITERATION, -1)))
+            if len(self.slowest) < 5:
+                heapq.heappush(self.slowest, item)
+            else:
+                heapq.heappushpop(self.slowest, item)
+        if phase in _PER_STEP:
+            return  # counted from the window events, not from the sampled spans
         self.phases.setdefault(phase, PhaseStats()).add(seconds, span.is_error)
         if phase == Phase.APPLICATION:
             self.application_s += seconds
-            for event in span.events:
-                if event.name == semconv.Event.TELEMETRY_INITIALIZATION:
-                    batch = event.attributes.get(semconv.CONFIG_PREFIX + "global_batch_size")
-                    if batch is not None:
-                        self.global_batch_size = int(batch)
-        elif phase == Phase.TRAINING_ITERATION:
-            self.iteration_s.append(seconds)
-            if span.start_ns < self._first_iteration_start_ns:
-                self._first_iteration_start_ns = span.start_ns
-                self.first_iteration_s = seconds
-            samples = span.attributes.get(semconv.SAMPLES)
-            if samples is not None:
-                self.samples += int(samples)
-                self.iterations_with_samples_s += seconds
-            tokens = span.attributes.get(semconv.TOKENS)
-            if tokens is not None:
-                self.tokens += int(tokens)
-                self.iterations_with_tokens_s += seconds
-            for key, value in span.attributes.items():
-                if key.startswith(semconv.METRIC_PREFIX):
-                    self.last_metrics[key[len(semconv.METRIC_PREFIX) :]] = value
-        elif phase in (Phase.CHECKPOINT_SAVE_SYNC, Phase.CHECKPOINT_SAVE_ASYNC):
-            size = span.attributes.get(semconv.CHECKPOINT_SIZE)
-            if size is not None:
-                self.checkpoint_bytes += int(size)
+        elif phase == Phase.TRAINING_LOOP and _S + "iterations" in span.attributes:
+            self.loop_summaries.append({k: v for k, v in span.attributes.items() if k.startswith(_S)})
 
-    @property
-    def sample_throughput(self) -> float | None:
-        """Samples per second of iteration time: reported samples, else global batch size."""
-        if self.samples and self.iterations_with_samples_s > 0:
-            return self.samples / self.iterations_with_samples_s
-        if self.global_batch_size and self.iteration_s:
-            return self.global_batch_size * len(self.iteration_s) / sum(self.iteration_s)
-        return None
+    def _window(self, attributes: dict[str, Any]) -> None:
+        n = int(attributes.get(_W + "iterations", 0))
+        if not n:
+            return
+        self.windows += 1
+        self.window_iterations += n
+        self.window_iteration_s += float(attributes.get(_W + "iteration_time.mean", 0.0)) * n
+        self.window_iteration_max_s = max(
+            self.window_iteration_max_s, float(attributes.get(_W + "iteration_time.max", 0.0))
+        )
+        for short, _phase in _STEP_PHASES:
+            value = attributes.get(_W + "time." + short)
+            if value is not None:
+                self.step_phase_s[short] = self.step_phase_s.get(short, 0.0) + float(value)
+        self.last_window = attributes
 
-    @property
-    def token_throughput(self) -> float | None:
-        if self.tokens and self.iterations_with_tokens_s > 0:
-            return self.tokens / self.iterations_with_tokens_s
+    def summary_value(self, key: str) -> Any:
+        """A ``ml.training.summary.<key>`` value of the last training loop that has it."""
+        for summary in reversed(self.loop_summaries):
+            if _S + key in summary:
+                return summary[_S + key]
         return None
 
 
@@ -144,14 +149,27 @@ def summarize(paths: Iterable[str | os.PathLike[str]]) -> RunSummary:
     return summary
 
 
-def _fmt_s(seconds: float) -> str:
-    if math.isnan(seconds) or math.isinf(seconds):
+def _fmt_s(seconds: float | None) -> str:
+    if seconds is None or math.isnan(seconds) or math.isinf(seconds):
         return "-"
     if seconds < 1e-3:
         return f"{seconds * 1e6:.1f} µs"
     if seconds < 1:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds:.2f} s"
+
+
+def _fmt_number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _row(
+    name: str, count: int, total: float, mean: float, maximum: float | None, share: str, errors: int
+) -> str:
+    return (
+        f"{name:<22}{count:>8}{_fmt_s(total):>12}{_fmt_s(mean):>12}"
+        f"{_fmt_s(maximum):>12}{share:>8}{errors or '':>8}"
+    )
 
 
 def render(summary: RunSummary) -> str:
@@ -172,32 +190,108 @@ def render(summary: RunSummary) -> str:
     lines.append(header)
     lines.append("-" * len(header))
     total = summary.application_s
-    for name in sorted(summary.phases, key=lambda n: (_PHASE_ORDER.get(n, 99), n)):
-        stats = summary.phases[name]
-        share = f"{100 * stats.total_s / total:.1f}%" if total > 0 and name != Phase.APPLICATION else ""
-        lines.append(
-            f"{name:<22}{stats.count:>8}{_fmt_s(stats.total_s):>12}{_fmt_s(stats.mean_s):>12}"
-            f"{_fmt_s(stats.max_s):>12}{share:>8}{stats.errors or '':>8}"
+
+    def share(seconds: float) -> str:
+        return f"{100 * seconds / total:.1f}%" if total > 0 else ""
+
+    rows: list[tuple[int, str]] = []
+    for name, stats in summary.phases.items():
+        shown = share(stats.total_s) if name != Phase.APPLICATION else ""
+        rows.append(
+            (
+                _PHASE_ORDER.get(name, 99),
+                _row(name, stats.count, stats.total_s, stats.mean_s, stats.max_s, shown, stats.errors),
+            )
         )
-    if summary.iteration_s:
-        ordered = sorted(summary.iteration_s)
+    n = summary.window_iterations
+    if n:
+        iteration_s = summary.window_iteration_s
+        rows.append(
+            (
+                _PHASE_ORDER[Phase.TRAINING_ITERATION.value],
+                _row(
+                    "training_iteration",
+                    n,
+                    iteration_s,
+                    iteration_s / n,
+                    summary.window_iteration_max_s,
+                    share(iteration_s),
+                    0,
+                ),
+            )
+        )
+        for short, phase in _STEP_PHASES:
+            seconds = summary.step_phase_s.get(short)
+            if seconds:
+                rows.append(
+                    (_PHASE_ORDER[phase], _row(phase, n, seconds, seconds / n, None, share(seconds), 0))
+                )
+    for _order, row in sorted(rows, key=lambda r: r[0]):
+        lines.append(row)
+
+    value = summary.summary_value
+    iterations = value("iterations")
+    if iterations is not None or n:
         lines.append("")
         lines.append(
-            f"Iterations: {len(ordered)}  mean {_fmt_s(sum(ordered) / len(ordered))}  "
-            f"p50 {_fmt_s(percentile(ordered, 50))}  p90 {_fmt_s(percentile(ordered, 90))}  "
-            f"p99 {_fmt_s(percentile(ordered, 99))}  max {_fmt_s(ordered[-1])}"
+            f"Iterations: {iterations if iterations is not None else n}  "
+            f"mean {_fmt_s(value('iteration_time.mean'))}  p50 {_fmt_s(value('iteration_time.p50'))}  "
+            f"p90 {_fmt_s(value('iteration_time.p90'))}  p99 {_fmt_s(value('iteration_time.p99'))}"
+            "  (after warm-up)"
         )
-        if summary.first_iteration_s is not None:
-            lines.append(f"First iteration: {_fmt_s(summary.first_iteration_s)}")
-    if summary.sample_throughput is not None:
-        lines.append(f"Throughput: {summary.sample_throughput:,.1f} samples/s (samples / iteration time)")
-    if summary.token_throughput is not None:
-        lines.append(f"Throughput: {summary.token_throughput:,.1f} tokens/s")
-    if summary.checkpoint_bytes:
-        lines.append(f"Checkpoints written: {summary.checkpoint_bytes / 1e6:,.2f} MB")
-    if summary.last_metrics:
-        shown = ", ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.last_metrics.items()
+        first = value("first_iteration_time")
+        if first is not None:
+            lines.append(f"First iteration: {_fmt_s(first)}")
+    samples_per_second = value("samples_per_second")
+    if samples_per_second is not None:
+        lines.append(f"Throughput: {samples_per_second:,.1f} samples/s (job)")
+    tokens_per_second = value("tokens_per_second")
+    if tokens_per_second is not None:
+        lines.append(f"Throughput: {tokens_per_second:,.1f} tokens/s (job)")
+    tflops = value("tflops_per_device")
+    if tflops is not None:
+        mfu = value("mfu")
+        lines.append(
+            f"Compute: {tflops:,.3f} TFLOP/s per device"
+            + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
         )
-        lines.append(f"Last model metrics: {shown}")
+    saves = value("checkpoint.saves")
+    if saves:
+        lines.append(
+            f"Checkpoints: {saves} saves, {_fmt_s(value('checkpoint.save_time.total'))} blocking in total, "
+            f"mean {_fmt_s(value('checkpoint.save_time.mean'))}, max {_fmt_s(value('checkpoint.save_time.max'))}"
+            + (
+                f", {value('checkpoint.bytes.total') / 1e6:,.2f} MB"
+                if value("checkpoint.bytes.total")
+                else ""
+            )
+        )
+    metrics: dict[str, dict[str, Any]] = {}
+    for key, metric_value in summary.last_window.items():
+        if key.startswith(_W + "metric."):
+            name, _, statistic = key[len(_W + "metric.") :].rpartition(".")
+            metrics.setdefault(name, {})[statistic] = metric_value
+    if metrics:
+        shown = "; ".join(
+            f"{name} "
+            + ", ".join(f"{stat} {_fmt_number(v)}" for stat, v in sorted(stats.items(), reverse=True))
+            for name, stats in sorted(metrics.items())
+        )
+        lines.append(f"Last window's model metrics: {shown}")
+    if summary.exported_iterations:
+        reasons = ", ".join(
+            f"{reason} {count}" for reason, count in sorted(summary.exported_iterations.items())
+        )
+        lines.append(f"Iterations exported as spans: {sum(summary.exported_iterations.values())} ({reasons})")
+        for seconds, trace_id, span_id, iteration in sorted(summary.slowest, reverse=True)[:3]:
+            lines.append(
+                f"  slowest exported: iteration {iteration} {_fmt_s(seconds)}  trace {trace_id} span {span_id}"
+            )
+    notable = {
+        k: v
+        for k, v in summary.events.items()
+        if k in ("slow_iteration", "nonfinite_metric", "metric_out_of_range")
+    }
+    if notable:
+        lines.append("Events: " + ", ".join(f"{k} x{v}" for k, v in sorted(notable.items())))
     return "\n".join(lines)

@@ -58,28 +58,56 @@ class RunningStats:
 
 
 class QuantileSketch:
-    """A relative-error quantile sketch (the DDSketch idea) for positive values.
+    """Exact quantiles for the first ``exact_limit`` values, then a relative-error sketch.
 
-    Every value lands in a logarithmic bucket; a quantile is answered with the bucket's
-    representative value, within ``relative_accuracy`` of the true sample quantile. Memory is
-    one counter per occupied bucket: with 1 % accuracy, values from 1 µs to 1 day occupy at
-    most ~1,300 buckets whatever the number of iterations.
+    Short runs get the same linear-interpolated percentiles as the windows. Past the limit the
+    values fold into logarithmic buckets (the DDSketch idea): a quantile is answered with its
+    bucket's representative value, within ``relative_accuracy`` of the true sample quantile.
+    Memory is one counter per occupied bucket: with 1 % accuracy, values from 1 µs to 1 day
+    occupy at most ~1,300 buckets, whatever the number of iterations.
     """
 
-    __slots__ = ("_counts", "_gamma", "_log_gamma", "count", "relative_accuracy", "zeros")
+    __slots__ = (
+        "_counts",
+        "_exact",
+        "_gamma",
+        "_log_gamma",
+        "count",
+        "exact_limit",
+        "relative_accuracy",
+        "zeros",
+    )
 
-    def __init__(self, relative_accuracy: float = 0.01) -> None:
+    def __init__(self, relative_accuracy: float = 0.01, exact_limit: int = 2048) -> None:
         if not 0 < relative_accuracy < 1:
             raise ValueError(f"relative_accuracy={relative_accuracy!r}: expected 0 < a < 1")
         self.relative_accuracy = relative_accuracy
+        self.exact_limit = exact_limit
         self._gamma = (1 + relative_accuracy) / (1 - relative_accuracy)
         self._log_gamma = math.log(self._gamma)
         self._counts: dict[int, int] = {}
+        self._exact: list[float] | None = []
         self.count = 0
         self.zeros = 0
 
+    @property
+    def is_exact(self) -> bool:
+        return self._exact is not None
+
     def add(self, value: float) -> None:
         self.count += 1
+        exact = self._exact
+        if exact is not None:
+            exact.append(value)
+            if len(exact) <= self.exact_limit:
+                return
+            self._exact = None
+            for folded in exact:
+                self._bucket(folded)
+            return
+        self._bucket(value)
+
+    def _bucket(self, value: float) -> None:
         if value <= 0:
             self.zeros += 1
             return
@@ -88,9 +116,11 @@ class QuantileSketch:
         counts[index] = counts.get(index, 0) + 1
 
     def quantile(self, q: float) -> float:
-        """The ``q`` quantile (0..1): the value of rank ``q * (count - 1)``, approximately."""
+        """The ``q`` quantile (0..1): the value of rank ``q * (count - 1)``."""
         if self.count == 0:
             return math.nan
+        if self._exact is not None:
+            return percentile(sorted(self._exact), q * 100)
         rank = q * (self.count - 1)
         if rank < self.zeros:
             return 0.0
