@@ -11,15 +11,17 @@ import atexit
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
@@ -260,6 +262,10 @@ class Telemetry:
                 self.warn_once("close_callback", "could not close %r", entry.key)
 
     # --- lifecycle ---------------------------------------------------------------------------
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Export what is buffered now (bounded; never raises)."""
+        return self.pipeline.flush(timeout_s) if self.pipeline is not None else True
+
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """End open callback spans, flush and release owned providers within the bound."""
         if self.closed:
@@ -306,13 +312,21 @@ def configure(
     meter_provider: metrics_api.MeterProvider | None = None,
     service_name: str | None = None,
     training: Mapping[str, object] | None = None,
+    span_exporters: Sequence[SpanExporter] | None = None,
+    metric_readers: Sequence[MetricReader] | None = None,
 ) -> Telemetry:
     """Explicit configuration: validates everything first and raises ConfigurationError."""
     config = TrainingConfig.from_env(overrides=training, strict=True)
     with _state_lock:
         previous = _telemetry
         if previous is not None:
-            reuse = tracer_provider is None and meter_provider is None and previous.pipeline is not None
+            reuse = (
+                tracer_provider is None
+                and meter_provider is None
+                and span_exporters is None
+                and metric_readers is None
+                and previous.pipeline is not None
+            )
             if reuse:
                 previous.close_open_callbacks("traintel reconfigured")
                 previous.update_config(**{k: v for k, v in (training or {}).items()})
@@ -324,6 +338,8 @@ def configure(
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
             service_name=service_name,
+            span_exporters=span_exporters,
+            metric_readers=metric_readers,
         )
 
 
@@ -366,6 +382,8 @@ def _install(
     tracer_provider: trace_api.TracerProvider | None = None,
     meter_provider: metrics_api.MeterProvider | None = None,
     service_name: str | None = None,
+    span_exporters: Sequence[SpanExporter] | None = None,
+    metric_readers: Sequence[MetricReader] | None = None,
 ) -> Telemetry:
     if sdk_disabled():
         return _install_disabled(config)
@@ -375,6 +393,8 @@ def _install(
         meter_provider=meter_provider,
         service_name=service_name,
         strict=strict,
+        span_exporters=span_exporters,
+        metric_readers=metric_readers,
     )
     # In the user's pipeline there is no export filter: count the trace budget at on_end.
     budget = pipeline.export_filter._budget if pipeline.export_filter is not None else TraceBudget()

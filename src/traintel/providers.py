@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -271,26 +271,42 @@ def build_pipeline(
     service_name: str | None = None,
     strict: bool,
     environ: Mapping[str, str] | None = None,
+    span_exporters: Sequence[SpanExporter] | None = None,
+    metric_readers: Sequence[MetricReader] | None = None,
 ) -> Pipeline:
     """The providers to record into: the user's where set, else built from ``OTEL_*``.
+
+    ``span_exporters`` / ``metric_readers`` ask for private providers that traintel builds
+    (with its export filter and batching) around exactly those, never set globally.
 
     Everything is validated before anything is built or registered, so a strict call that
     raises leaves the process exactly as it was.
     """
     environ = os.environ if environ is None else environ
+    if span_exporters is not None and tracer_provider is not None:
+        raise ConfigurationError("span_exporters= and tracer_provider= exclude each other")
+    if metric_readers is not None and meter_provider is not None:
+        raise ConfigurationError("metric_readers= and meter_provider= exclude each other")
     tp = tracer_provider if tracer_provider is not None else trace_api.get_tracer_provider()
     mp = meter_provider if meter_provider is not None else metrics_api.get_meter_provider()
-    attach_tp = isinstance(tp, TracerProvider)
+    attach_tp = isinstance(tp, TracerProvider) and span_exporters is None
     if tracer_provider is not None and not attach_tp:
         raise ConfigurationError(
             f"tracer_provider={tracer_provider!r}: traintel needs an opentelemetry.sdk.trace.TracerProvider"
         )
     build_tp = not attach_tp
-    build_mp = meter_provider is None and _is_unset_meter_provider(mp)
+    build_mp = metric_readers is not None or (meter_provider is None and _is_unset_meter_provider(mp))
+    set_global_tp = span_exporters is None and isinstance(tp, trace_api.ProxyTracerProvider)
+    set_global_mp = metric_readers is None
 
     file = OtlpJsonLinesFile(output_dir=config.get("output_dir"))
-    trace_plans = _plan_exporters("traces", environ, file, strict) if build_tp else []
-    metric_plans = _plan_exporters("metrics", environ, file, strict) if build_mp else []
+    if span_exporters is not None:
+        trace_plans = [_ExporterPlan(type(e).__name__, lambda e=e: e) for e in span_exporters]  # type: ignore[misc]
+    else:
+        trace_plans = _plan_exporters("traces", environ, file, strict) if build_tp else []
+    metric_plans = (
+        _plan_exporters("metrics", environ, file, strict) if build_mp and metric_readers is None else []
+    )
     resource = build_resource(config, service_name) if (build_tp or build_mp) else None
     uses_file = any(p.name == FILE_EXPORTER for p in trace_plans + metric_plans)
 
@@ -298,7 +314,7 @@ def build_pipeline(
     ids: ForcingIdGenerator | None = None
     export_filter: IterationExportFilter | None = None
     if build_tp:
-        if not isinstance(tp, trace_api.ProxyTracerProvider):
+        if span_exporters is None and not isinstance(tp, trace_api.ProxyTracerProvider):
             _logger.warning(
                 "traintel: the global tracer provider is %s, not an SDK TracerProvider; traintel "
                 "records into a private provider and leaves the global one alone",
@@ -316,12 +332,12 @@ def build_pipeline(
             exporting.append(BatchSpanProcessor(exporter))
         export_filter = IterationExportFilter(exporting, TraceBudget())
         sdk_tp.add_span_processor(export_filter)
-        if isinstance(tp, trace_api.ProxyTracerProvider):
+        if set_global_tp:
             trace_api.set_tracer_provider(sdk_tp)
         tp = sdk_tp
 
     if build_mp:
-        readers: list[MetricReader] = []
+        readers: list[MetricReader] = list(metric_readers or [])
         for plan in metric_plans:
             try:
                 metric_exporter: MetricExporter = plan.factory()
@@ -330,7 +346,8 @@ def build_pipeline(
                 continue
             readers.append(PeriodicExportingMetricReader(metric_exporter))
         sdk_mp = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
-        metrics_api.set_meter_provider(sdk_mp)
+        if set_global_mp:
+            metrics_api.set_meter_provider(sdk_mp)
         mp = sdk_mp
 
     return Pipeline(

@@ -259,7 +259,8 @@ def render(summary: RunSummary) -> str:
     if saves:
         lines.append(
             f"Checkpoints: {saves} saves, {_fmt_s(value('checkpoint.save_time.total'))} blocking in total, "
-            f"mean {_fmt_s(value('checkpoint.save_time.mean'))}, max {_fmt_s(value('checkpoint.save_time.max'))}"
+            f"mean {_fmt_s(value('checkpoint.save_time.mean'))}, "
+            f"max {_fmt_s(value('checkpoint.save_time.max'))}"
             + (
                 f", {value('checkpoint.bytes.total') / 1e6:,.2f} MB"
                 if value("checkpoint.bytes.total")
@@ -282,10 +283,12 @@ def render(summary: RunSummary) -> str:
         reasons = ", ".join(
             f"{reason} {count}" for reason, count in sorted(summary.exported_iterations.items())
         )
-        lines.append(f"Iterations exported as spans: {sum(summary.exported_iterations.values())} ({reasons})")
+        exported = sum(summary.exported_iterations.values())
+        lines.append(f"Iterations exported as spans: {exported} ({reasons})")
         for seconds, trace_id, span_id, iteration in sorted(summary.slowest, reverse=True)[:3]:
             lines.append(
-                f"  slowest exported: iteration {iteration} {_fmt_s(seconds)}  trace {trace_id} span {span_id}"
+                f"  slowest exported: iteration {iteration} {_fmt_s(seconds)}  "
+                f"trace {trace_id} span {span_id}"
             )
     notable = {
         k: v

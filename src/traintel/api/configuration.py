@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from traintel import _runtime
 from traintel._runtime import Telemetry
@@ -14,6 +18,8 @@ def configure(
     tracer_provider: trace_api.TracerProvider | None = None,
     meter_provider: metrics_api.MeterProvider | None = None,
     service_name: str | None = None,
+    span_exporters: Sequence[SpanExporter] | None = None,
+    metric_readers: Sequence[MetricReader] | None = None,
     **training: object,
 ) -> Telemetry:
     """Configure traintel explicitly and return its handle.
@@ -21,7 +27,9 @@ def configure(
     Training facts (``global_batch_size=``, ``seq_len=``, ``flops_per_sample=``, ``session_tag=``
     ...) override the ``TRAINTEL_*`` variables and may be zero-argument callables resolved when
     needed. Providers default to the global ones when the user set them, else are built from
-    ``OTEL_*``. Every value is validated before anything is built: a bad one raises
+    ``OTEL_*``. ``span_exporters=`` / ``metric_readers=`` build private providers around exactly
+    those (with traintel's batching and export filter), leaving global providers alone.
+    Every value is validated before anything is built: a bad one raises
     :class:`~traintel.ConfigurationError` naming the variable or argument and the value.
     """
     return _runtime.configure(
@@ -29,6 +37,8 @@ def configure(
         meter_provider=meter_provider,
         service_name=service_name,
         training=training,
+        span_exporters=span_exporters,
+        metric_readers=metric_readers,
     )
 
 

@@ -24,20 +24,17 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode
-from opentelemetry.util import types
+from opentelemetry.trace import Link, Span, SpanContext
 from opentelemetry.util.types import AttributeValue
 
 from traintel import _runtime, semconv
+from traintel._engine import IterationSpan
 from traintel._segments import SegmentedSpan
 from traintel.semconv import Phase
-
-if TYPE_CHECKING:
-    from traintel._engine import IterationRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,6 +43,8 @@ _get_ident = threading.get_ident
 _attach = context_api.attach
 _detach = context_api.detach
 _get_current = context_api.get_current
+_TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
+_LOOP_OF = {iteration.value: loop.value for iteration, loop in semconv.LOOP_OF_ITERATION.items()}
 _set_span_in_context = trace_api.set_span_in_context
 
 
@@ -278,77 +277,34 @@ class _EvalLoop(_Loop):
 
 
 # --- iterations: the fast path -----------------------------------------------------------------
-class IterationSpan(NonRecordingSpan):
-    """What ``with training_iteration() as span`` yields on the fast path.
-
-    Its context is the iteration's pre-allocated one (spans started inside nest under it);
-    attributes, events and status set on it are kept in the iteration's record and appear on
-    the SDK span if the iteration is exported.
-    """
-
-    def __init__(self, context: SpanContext, record: IterationRecord) -> None:
-        super().__init__(context)
-        self._record = record
-
-    def is_recording(self) -> bool:
-        return True
-
-    def set_attribute(self, key: str, value: types.AttributeValue) -> None:
-        record = self._record
-        if record.attributes is None:
-            record.attributes = {}
-        record.attributes[key] = value
-
-    def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
-        for key, value in attributes.items():
-            self.set_attribute(key, value)
-
-    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
-        record = self._record
-        if record.events is None:
-            record.events = []
-        if len(record.events) < 128:
-            record.events.append((name, dict(attributes or {}), timestamp or _time_ns()))
-
-    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        if isinstance(status, Status):
-            self._record.status = status
-        else:
-            self._record.status = Status(status, description)
-
-    def record_exception(
-        self,
-        exception: BaseException,
-        attributes: types.Attributes = None,
-        timestamp: int | None = None,
-        escaped: bool = False,
-    ) -> None:
-        self._record.error = exception
-
-
 class _Iteration(PhaseSpan):
     """A training, validation or testing iteration, numbered automatically, on the fast path."""
 
     __slots__ = ("_iteration", "_loop", "_phase", "_record")
 
-    def __init__(self, phase: Phase, iteration: int | None, attributes: Mapping[str, AttributeValue]) -> None:
-        super().__init__(phase.value, attributes)
+    def __init__(self, phase: str, iteration: int | None, attributes: Mapping[str, AttributeValue]) -> None:
+        self._name = phase
+        self._attributes = attributes
+        self._span = trace_api.INVALID_SPAN
+        self._token = None
+        self._thread = 0
+        self._start_ns = 0
         self._phase = phase
-        self._loop = semconv.LOOP_OF_ITERATION[phase]
+        self._loop = _LOOP_OF[phase]
         self._iteration = iteration
-        self._record: IterationRecord | None = None
+        self._record: IterationSpan | None = None
 
     def _number(self, telemetry: _runtime.Telemetry) -> int:
         processor = telemetry.processor
-        loop = self._loop.value
-        if processor is not None and not telemetry.open_loops.get(loop) and not processor.is_open(loop):
+        loop = self._loop
+        if not telemetry.open_loops.get(loop) and processor is not None and not processor.is_open(loop):
             telemetry.warn_once(
-                "outside_loop:" + self._phase.value,
+                "outside_loop:" + self._phase,
                 "%s started outside any %s; recorded where it is",
-                self._phase.value,
+                self._phase,
                 loop,
             )
-        if self._phase is Phase.TRAINING_ITERATION:
+        if self._phase == _TRAINING_ITERATION:
             number = telemetry.next_train_iteration if self._iteration is None else self._iteration
             telemetry.next_train_iteration = number + 1
         else:
@@ -363,16 +319,13 @@ class _Iteration(PhaseSpan):
         if engine is None or telemetry.closed:
             return trace_api.INVALID_SPAN
         start = start_ns if start_ns is not None else _time_ns()
-        record, context = engine.begin_iteration(self._name, self._number(telemetry), start, self._attributes)
-        handle = IterationSpan(context, record)
-        record.handle = handle
+        record = engine.begin_iteration(self._name, self._number(telemetry), start, self._attributes)
         self._record = record
-        self._span = handle
-        body = _set_span_in_context(handle)
-        record.context = body
+        self._span = record
+        body = record.context = _set_span_in_context(record)
         self._token = _attach(body)
         self._thread = _get_ident()
-        return handle
+        return record
 
     def _close(
         self,
@@ -415,7 +368,7 @@ class _StepPhase(PhaseSpan):
 
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         super().__init__(name, attributes)
-        self._record: IterationRecord | None = None
+        self._record: IterationSpan | None = None
 
     def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
         engine = telemetry.engine
@@ -429,7 +382,7 @@ class _StepPhase(PhaseSpan):
                 self._record = record
                 self._start_ns = start_ns if start_ns is not None else _time_ns()
                 self._token = True
-                return record.handle or trace_api.INVALID_SPAN
+                return record
         return super()._open(telemetry, start_ns)
 
     def _close(
@@ -463,7 +416,7 @@ class _StepPhase(PhaseSpan):
                     self._record = record
                     self._start_ns = _time_ns()
                     self._token = True
-                    return record.handle or trace_api.INVALID_SPAN
+                    return record
         return super().__enter__()
 
     def __exit__(
@@ -692,8 +645,24 @@ def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None
     return PhaseSpan(phase.value, _phase_attributes(phase, attributes))
 
 
-def _step(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    return _StepPhase(phase.value, _phase_attributes(phase, attributes))
+# Per-step phases are constructed once per step: names and attribute maps are precomputed
+# (an Enum member's .value costs more than the rest of the constructor). They are never
+# mutated: the span copies its attributes.
+_DATA_LOADING = Phase.DATA_LOADING.value
+_MODEL_FORWARD = Phase.MODEL_FORWARD.value
+_MODEL_BACKWARD = Phase.MODEL_BACKWARD.value
+_OPTIMIZER_UPDATE = Phase.OPTIMIZER_UPDATE.value
+_STEP_ATTRIBUTES = {
+    name: {semconv.PHASE: name}
+    for name in (_DATA_LOADING, _MODEL_FORWARD, _MODEL_BACKWARD, _OPTIMIZER_UPDATE)
+}
+_EMPTY: dict[str, AttributeValue] = {}
+
+
+def _step(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    if attributes:
+        return _StepPhase(name, {**_STEP_ATTRIBUTES[name], **attributes})
+    return _StepPhase(name, _STEP_ATTRIBUTES[name])
 
 
 # --- the public phase factories ---------------------------------------------------------------
@@ -757,6 +726,8 @@ def _iteration_attributes(
     tokens: float | None,
     attributes: Mapping[str, AttributeValue] | None,
 ) -> dict[str, AttributeValue]:
+    if samples is None and tokens is None and not attributes:
+        return _EMPTY
     extra: dict[str, AttributeValue] = {}
     if samples is not None:
         extra[semconv.SAMPLES] = samples
@@ -776,24 +747,24 @@ def training_iteration(
     """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
     micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
     loop's running count."""
-    return _Iteration(Phase.TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
+    return _Iteration(_TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
 
 
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """Waiting for the next batch (the time the loop was blocked on data)."""
-    return _step(Phase.DATA_LOADING, attributes)
+    return _step(_DATA_LOADING, attributes)
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    return _step(Phase.MODEL_FORWARD, attributes)
+    return _step(_MODEL_FORWARD, attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    return _step(Phase.MODEL_BACKWARD, attributes)
+    return _step(_MODEL_BACKWARD, attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    return _step(Phase.OPTIMIZER_UPDATE, attributes)
+    return _step(_OPTIMIZER_UPDATE, attributes)
 
 
 def checkpoint_save(
@@ -834,7 +805,9 @@ def validation_iteration(
     samples: float | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
-    return _Iteration(Phase.VALIDATION_ITERATION, iteration, _iteration_attributes(samples, None, attributes))
+    return _Iteration(
+        Phase.VALIDATION_ITERATION.value, iteration, _iteration_attributes(samples, None, attributes)
+    )
 
 
 def testing_loop(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -846,7 +819,9 @@ def testing_iteration(
     samples: float | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
-    return _Iteration(Phase.TESTING_ITERATION, iteration, _iteration_attributes(samples, None, attributes))
+    return _Iteration(
+        Phase.TESTING_ITERATION.value, iteration, _iteration_attributes(samples, None, attributes)
+    )
 
 
 def timed_span(

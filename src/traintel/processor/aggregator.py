@@ -91,6 +91,20 @@ class _Counts:
             totals[2] += phases[2] / 1e9
             totals[3] += phases[3] / 1e9
 
+    def merge(self, other: _Counts, sign: int = 1) -> None:
+        """Add (or, with ``sign=-1``, take away) another set of sums."""
+        self.iterations += sign * other.iterations
+        self.duration_s += sign * other.duration_s
+        self.samples += sign * other.samples
+        self.samples_time += sign * other.samples_time
+        self.tokens += sign * other.tokens
+        self.tokens_time += sign * other.tokens_time
+        self.padding += sign * other.padding
+        self.flops += sign * other.flops
+        self.flops_time += sign * other.flops_time
+        for i in range(4):
+            self.phase_s[i] += sign * other.phase_s[i]
+
     def rates(self, inputs: RateInputs, prefix: str, out: dict[str, float | int | str]) -> list[str]:
         """Throughput, FLOP/s, MFU/HFU into ``out``; returns MFU/HFU range errors."""
         errors: list[str] = []
@@ -167,6 +181,7 @@ class TrainingAggregator:
         self._window_last = 0
         self._window_metrics: dict[str, _ModelMetric] = {}
         self._window_flags = [0, 0, 0]  # nonfinite, slow, exported
+        self._window_warmup = _Counts()  # the window's warm-up iterations, left out of totals
         self.total = _Counts()
         self._total_stats = RunningStats()
         self._total_sketch = QuantileSketch(0.01)
@@ -186,19 +201,21 @@ class TrainingAggregator:
     ) -> bool:
         """Record one iteration; returns True when it completes a window (call :meth:`close_window`)."""
         seconds = duration_ns / 1e9
-        self.iterations_seen += 1
-        if self.first_iteration_s is None:
-            self.first_iteration_s = seconds
-        if self._window_first is None:
+        seen = self.iterations_seen = self.iterations_seen + 1
+        durations = self._window_durations
+        if not durations:
             self._window_first = iteration
         self._window_last = iteration
-        self._window_durations.append(seconds)
+        durations.append(seconds)
         self._window.add(seconds, samples, tokens, padding, flops, phases)
-        if self.iterations_seen > self.warmup_iterations:
-            self.total.add(seconds, samples, tokens, padding, flops, phases)
-            self._total_stats.add(seconds)
-            self._total_sketch.add(seconds)
-        return len(self._window_durations) >= self.window_size
+        if seen <= self.warmup_iterations:  # rare: the first iterations of the job
+            if self.first_iteration_s is None:
+                self.first_iteration_s = seconds
+            self._window_warmup.add(seconds, samples, tokens, padding, flops, phases)
+        elif self.first_iteration_s is None:
+            self.first_iteration_s = seconds
+        # Totals are folded in once per window (close_window), not per iteration.
+        return len(durations) >= self.window_size
 
     def add_model_metric(self, name: str, value: float) -> None:
         metric = self._window_metrics.get(name)
@@ -225,6 +242,7 @@ class TrainingAggregator:
         durations = self._window_durations
         if not durations:
             return None
+        self._fold_into_totals(durations)
         ordered = sorted(durations)
         counts = self._window
         n = len(ordered)
@@ -266,11 +284,28 @@ class TrainingAggregator:
         self.windows_closed += 1
         self.last_window = report
         self._window = _Counts()
+        self._window_warmup = _Counts()
         self._window_durations = []
         self._window_first = None
         self._window_metrics = {}
         self._window_flags = [0, 0, 0]
         return report
+
+    def _fold_into_totals(self, durations: list[float]) -> None:
+        """Add the window's post-warm-up iterations to the totals (Chan's parallel merge for
+        the mean and variance: exact and stable, with no per-iteration cost)."""
+        warm = self._window_warmup.iterations
+        post = durations[warm:]
+        if not post:
+            return
+        counts = _Counts()
+        counts.merge(self._window)
+        counts.merge(self._window_warmup, sign=-1)
+        self.total.merge(counts)
+        self._total_stats.merge(post)
+        sketch = self._total_sketch
+        for value in post:
+            sketch.add(value)
 
     def _totals(self, inputs: RateInputs, out: dict[str, float | int | str]) -> None:
         out[_T + "iterations"] = self.iterations_seen

@@ -13,7 +13,9 @@ job export the same iterations and can be compared side by side.
 
 from __future__ import annotations
 
-from traintel.processor.stats import RollingMedian
+from collections import deque
+
+from traintel.processor.stats import percentile
 
 #: Recent iterations the slow-iteration median is taken over; and how many it needs first.
 MEDIAN_WINDOW = 101
@@ -21,7 +23,11 @@ MEDIAN_MIN_SAMPLES = 10
 
 
 class IterationSampler:
-    __slots__ = ("_median", "every_n", "first", "policy", "seen", "slow_factor")
+    """Head and tail decisions. The slow threshold is k x the median of the last 101 durations,
+    recomputed at each window boundary (and once the first 10 durations exist), so the
+    per-iteration cost is one comparison and one append."""
+
+    __slots__ = ("_recent", "every_n", "first", "median", "policy", "seen", "slow_factor", "threshold")
 
     def __init__(
         self, policy: str = "sampled", first: int = 10, every_n: int = 100, slow_factor: float = 3.0
@@ -31,7 +37,9 @@ class IterationSampler:
         self.every_n = every_n
         self.slow_factor = slow_factor
         self.seen = 0
-        self._median = RollingMedian(MEDIAN_WINDOW)
+        self._recent: deque[float] = deque(maxlen=MEDIAN_WINDOW)
+        self.median = 0.0
+        self.threshold = float("inf")
 
     def head(self, iteration: int) -> str | None:
         """The export reason known at the start of an iteration, if any; counts it."""
@@ -48,13 +56,19 @@ class IterationSampler:
             return "every_n"
         return None
 
-    def is_slow(self, duration_s: float) -> tuple[bool, float]:
-        """(slow?, median it was compared with); then the duration joins the median."""
-        median = self._median
-        reference = median.median if len(median) >= MEDIAN_MIN_SAMPLES else 0.0
-        slow = reference > 0 and duration_s > self.slow_factor * reference
-        median.add(duration_s)
-        return slow, reference
+    def is_slow(self, duration_s: float) -> bool:
+        """Whether ``duration_s`` exceeds k x the current median; then it joins the recent ones."""
+        recent = self._recent
+        recent.append(duration_s)
+        if self.median == 0.0 and len(recent) == MEDIAN_MIN_SAMPLES:
+            self.refresh()
+        return duration_s > self.threshold
+
+    def refresh(self) -> None:
+        """Recompute the median of the recent durations (window boundaries)."""
+        if len(self._recent) >= MEDIAN_MIN_SAMPLES:
+            self.median = percentile(sorted(self._recent), 50)
+            self.threshold = self.slow_factor * self.median if self.median > 0 else float("inf")
 
     def tail(self, head_reason: str | None, slow: bool, error: bool, nonfinite: bool) -> str | None:
         """The final export reason: head reason, else error / non-finite / slow, else None."""

@@ -52,6 +52,24 @@ class RunningStats:
         self.mean += delta / self.count
         self._m2 += delta * (value - self.mean)
 
+    def merge(self, values: list[float]) -> None:
+        """Add a batch of values at once (Chan et al.'s pairwise combination of moments)."""
+        n = len(values)
+        if n == 0:
+            return
+        batch_sum = math.fsum(values)
+        batch_mean = batch_sum / n
+        batch_m2 = math.fsum((v - batch_mean) ** 2 for v in values)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self._m2 += batch_m2 + delta * delta * self.count * n / total
+        self.mean += delta * n / total
+        self.count = total
+        self.sum += batch_sum
+        low, high = min(values), max(values)
+        self.min = min(self.min, low)
+        self.max = max(self.max, high)
+
     @property
     def stddev(self) -> float:
         return math.sqrt(self._m2 / self.count) if self.count else math.nan
@@ -98,7 +116,7 @@ class QuantileSketch:
         self.count += 1
         exact = self._exact
         if exact is not None:
-            exact.append(value)
+            insort(exact, value)  # kept sorted: quantiles need no sort
             if len(exact) <= self.exact_limit:
                 return
             self._exact = None
@@ -120,7 +138,7 @@ class QuantileSketch:
         if self.count == 0:
             return math.nan
         if self._exact is not None:
-            return percentile(sorted(self._exact), q * 100)
+            return percentile(self._exact, q * 100)
         rank = q * (self.count - 1)
         if rank < self.zeros:
             return 0.0
