@@ -46,10 +46,12 @@ from traintel.api.callbacks import (
 from traintel.api.configuration import configure, get_telemetry, set_training_config, shutdown
 from traintel.api.model_metrics import record_metrics
 from traintel.api.phases import (
+    AsyncCheckpointCompletion,
     PhaseSpan,
     application,
     checkpoint_load,
     checkpoint_save,
+    checkpoint_stage,
     data_loader_init,
     data_loading,
     dist_init,
@@ -58,6 +60,7 @@ from traintel.api.phases import (
     model_init,
     optimizer_init,
     optimizer_update,
+    record_batch,
     testing_iteration,
     testing_loop,
     timed_span,
@@ -67,27 +70,35 @@ from traintel.api.phases import (
     validation_loop,
 )
 from traintel.api.threads import ContextThreadPoolExecutor, submit_with_context, wrap_with_context
+from traintel._engine import IterationSpan
 from traintel.config import ConfigurationError, TrainingConfig
+from traintel.flops import FlopCount, apply_flops, measure_flops, peak_flops_for
 from traintel.semconv import Event, Phase
 from traintel.version import __version__
 
 __all__ = [
+    "AsyncCheckpointCompletion",
     "ConfigurationError",
     "ContextThreadPoolExecutor",
     "Event",
+    "FlopCount",
+    "IterationSpan",
     "Phase",
     "PhaseSpan",
     "Telemetry",
     "TrainingConfig",
     "__version__",
     "application",
+    "apply_flops",
     "checkpoint_load",
     "checkpoint_save",
+    "checkpoint_stage",
     "configure",
     "data_loader_init",
     "data_loading",
     "dist_init",
     "get_telemetry",
+    "measure_flops",
     "model_backward",
     "model_forward",
     "model_init",
@@ -128,6 +139,8 @@ __all__ = [
     "on_validation_start",
     "optimizer_init",
     "optimizer_update",
+    "peak_flops_for",
+    "record_batch",
     "record_metrics",
     "set_training_config",
     "shutdown",

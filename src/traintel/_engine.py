@@ -407,6 +407,8 @@ class TrainingEngine:
         if window_full:
             self.close_window()
         if loop is not None:
+            if exported is not None:  # exports fill the trace: check the budget right away
+                self._check_budget(record.end_ns)
             self._maybe_rotate(record.end_ns)
 
     def _end_eval_iteration(self, record: IterationSpan, duration_ns: int) -> None:
@@ -586,10 +588,16 @@ class TrainingEngine:
             or now_ns - loop.segment_start_ns >= self.segment_ns
         ):
             self.rotate(now_ns)
-        elif loop.segment_iterations % 16 == 0:  # the budget is checked every 16 iterations
-            spans, size = self.budget.usage(loop.get_span_context().trace_id)
-            if spans >= BUDGET_ROTATE * self.max_spans or size >= BUDGET_ROTATE * self.max_bytes:
-                self.rotate(now_ns)
+        elif loop.segment_iterations % 16 == 0:  # and after every exported iteration
+            self._check_budget(now_ns)
+
+    def _check_budget(self, now_ns: int) -> None:
+        loop = self.loop
+        if loop is None:
+            return
+        spans, size = self.budget.usage(loop.get_span_context().trace_id)
+        if spans >= BUDGET_ROTATE * self.max_spans or size >= BUDGET_ROTATE * self.max_bytes:
+            self.rotate(now_ns)
 
     def rotate(self, now_ns: int) -> None:
         """Close the current segment (loop, and application if ours) and continue in a new trace."""

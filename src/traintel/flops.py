@@ -254,3 +254,15 @@ def transformer_flops_per_token(
     the attention term halves for causal attention when the kernel skips masked blocks."""
     attention = 12 * layers * hidden * seq_len
     return 6 * parameters + (attention / 2 if causal else attention)
+
+
+def apply_flops(count: FlopCount) -> None:
+    """Use a :func:`measure_flops` result for MFU (and HFU) from now on: sets
+    ``flops_per_sample``, ``executed_flops_per_sample`` and ``flops_method="counter"``."""
+    from traintel import _runtime
+
+    _runtime.current().update_config(
+        flops_per_sample=count.model_flops_per_sample,
+        executed_flops_per_sample=count.executed_flops_per_sample,
+        flops_method="counter",
+    )

@@ -38,6 +38,7 @@ _logger = logging.getLogger(__name__)
 MAX_TRACKED_OPEN_SPANS = 100_000
 
 _PER_STEP = frozenset({p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES})
+_STAGE_OF = {phase.value: stage for stage, phase in semconv.CHECKPOINT_STAGES.items()}
 _STEP_INDEX = {
     Phase.DATA_LOADING.value: 0,
     Phase.MODEL_FORWARD.value: 1,
@@ -152,6 +153,8 @@ class TrainingMetricsProcessor(SpanProcessor):
             )  # fmt: skip
         elif phase == Phase.CHECKPOINT_LOAD.value:
             engine.checkpoint_loaded(duration_ns / 1e9)
+        elif phase in _STAGE_OF:
+            engine.checkpoint_stage_done(_STAGE_OF[phase], duration_ns / 1e9)
 
     # --- queries ---------------------------------------------------------------------------------
     def is_open(self, phase: str) -> bool:

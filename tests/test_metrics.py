@@ -1,0 +1,415 @@
+"""Training metrics with exact numbers: windows, totals, throughput, MFU, checkpoints, eval.
+
+Iterations are driven through the callbacks with explicit millisecond timestamps, so every
+duration is exact and every formula can be asserted to the digit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import traintel
+from traintel import semconv
+
+T0 = 1_700_000_000_000  # ms since the epoch
+W = semconv.WINDOW_PREFIX
+TOT = semconv.TOTAL_PREFIX
+
+
+@dataclass
+class Owned:
+    exporter: InMemorySpanExporter
+    reader: InMemoryMetricReader
+
+    def spans(self) -> list[ReadableSpan]:
+        traintel.get_telemetry().flush(5)
+        return list(self.exporter.get_finished_spans())
+
+    def named(self, name: str) -> list[ReadableSpan]:
+        return [s for s in self.spans() if s.name == name]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [dict(e.attributes or {}) for s in self.spans() for e in s.events if e.name == name]
+
+    def metric_points(self, name: str) -> list[Any]:
+        data = self.reader.get_metrics_data()
+        assert data is not None
+        return [
+            point
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if metric.name == name
+            for point in metric.data.data_points
+        ]
+
+
+@pytest.fixture
+def owned() -> Iterator[Any]:
+    """A pipeline traintel builds itself (export filter included) around in-memory parts."""
+
+    def make(**training: object) -> Owned:
+        exporter = InMemorySpanExporter()
+        reader = InMemoryMetricReader()
+        traintel.configure(span_exporters=[exporter], metric_readers=[reader], **training)
+        return Owned(exporter, reader)
+
+    yield make
+    traintel.shutdown(2)
+
+
+def ms(seconds: float) -> float:
+    return T0 + seconds * 1000
+
+
+def step(start: float, duration: float, *, phases: bool = True, loss: float | None = None) -> None:
+    """One training iteration [start, start + duration) s with data 1/16, forward 1/4 and
+    backward 1/8 of its length (binary fractions: the sums are exact)."""
+    traintel.on_training_single_iteration_start(start_time_msec=ms(start))
+    if phases:
+        t = start
+        for start_cb, end_cb, share in (
+            (traintel.on_data_loading_start, traintel.on_data_loading_end, 1 / 16),
+            (traintel.on_model_forward_start, traintel.on_model_forward_end, 1 / 4),
+            (traintel.on_model_backward_start, traintel.on_model_backward_end, 1 / 8),
+        ):
+            start_cb(start_time_msec=ms(t))
+            t += duration * share
+            end_cb(finish_time_msec=ms(t))
+    if loss is not None:
+        traintel.record_metrics(loss=loss)
+    traintel.on_training_single_iteration_end(finish_time_msec=ms(start + duration))
+
+
+def run_loop(durations: list[float], **kwargs: Any) -> float:
+    traintel.on_train_start(train_iterations_start=0, start_time_msec=ms(0))
+    t = 0.0
+    for i, duration in enumerate(durations):
+        step(t, duration, loss=float(i), **kwargs)
+        t += duration
+    traintel.on_train_end(finish_time_msec=ms(t))
+    return t
+
+
+def test_window_and_total_numbers_are_exact(owned: Any) -> None:
+    job = owned(
+        log_every_n_iterations=4, warmup_iterations=1, global_batch_size=8, seq_len=4,
+        flops_per_token=10, peak_flops=1000, export_iterations="none",
+    )  # fmt: skip
+    run_loop([2, 1, 1, 2, 1, 1, 1, 1, 3])
+    windows = job.events("training_metrics_update")
+    assert [w[W + "iterations"] for w in windows] == [4, 4, 1]  # the last, partial, at loop end
+    first = windows[0]
+    assert (first[W + "index"], first[W + "first_iteration"], first[W + "last_iteration"]) == (0, 0, 3)
+    assert first[W + "iteration_time.min"] == 1.0
+    assert first[W + "iteration_time.max"] == 2.0
+    assert first[W + "iteration_time.mean"] == 1.5
+    assert first[W + "iteration_time.p50"] == 1.5
+    assert first[W + "iteration_time.p90"] == 2.0
+    assert first[W + "iteration_time.stddev"] == 0.5
+    assert first[W + "samples"] == 32.0  # 4 steps x 8 samples (global batch / world size 1)
+    assert first[W + "tokens"] == 128.0
+    assert first[W + "samples_per_second_per_device"] == 32 / 6
+    assert first[W + "samples_per_second"] == 32 / 6
+    assert first[W + "tokens_per_second"] == 128 / 6
+    assert first[W + "flops_per_second_per_device"] == 1280 / 6
+    assert first[W + "tflops_per_device"] == 1280 / 6 / 1e12
+    assert first[W + "mfu"] == 1280 / 6 / 1000
+    assert first[semconv.MFU_NUMERATOR] == 1280 / 6
+    assert first[semconv.MFU_DENOMINATOR] == 1000
+    assert first[semconv.MFU_FLOPS_METHOD] == "config"
+    assert first[semconv.MFU_TIMING_MODE] == "wall_clock"
+    assert first[semconv.MFU_PEAK_SOURCE] == "config (TRAINTEL_PEAK_FLOPS)"
+    assert first[W + "time.data_loading"] == 6 / 16
+    assert first[W + "time.forward"] == 6 / 4
+    assert first[W + "time.backward"] == 6 / 8
+    assert first[W + "time.optimizer"] == 0.0
+    assert first[W + "data_loading_fraction"] == (6 / 16) / 6
+    assert first[W + "metric.loss.last"] == 3.0
+    assert first[W + "metric.loss.mean"] == 1.5
+    # totals leave out the 1 warm-up iteration: [1, 1, 2] so far
+    assert first[TOT + "iterations"] == 4
+    assert first[TOT + "iteration_time.mean"] == 4 / 3
+    assert first[TOT + "iteration_time.p50"] == 1.0
+    assert first[TOT + "samples_per_second"] == 24 / 4
+    second = windows[1]
+    assert second[W + "iteration_time.mean"] == 1.0
+    assert second[W + "iteration_time.stddev"] == 0.0
+    assert second[TOT + "iteration_time.mean"] == 8 / 7
+    loop = job.named("training_loop")[0].attributes
+    S = semconv.SUMMARY_PREFIX
+    assert loop[S + "iterations"] == 9
+    assert loop[S + "train_time"] == 13.0
+    assert loop[S + "first_iteration_time"] == 2.0
+    assert loop[S + "iteration_time.mean"] == 11 / 8
+    assert loop[S + "samples_per_second"] == 64 / 11
+    assert loop[S + "mfu"] == 64 * 40 / 11 / 1000
+
+
+@pytest.mark.parametrize(("iterations", "events"), [(3, [3]), (4, [4]), (5, [4, 1])])
+def test_window_boundaries(owned: Any, iterations: int, events: list[int]) -> None:
+    job = owned(log_every_n_iterations=4, export_iterations="none")
+    run_loop([1.0] * iterations, phases=False)
+    assert [w[W + "iterations"] for w in job.events("training_metrics_update")] == events
+
+
+def test_lazy_batch_size_arriving_mid_run(owned: Any) -> None:
+    job = owned(log_every_n_iterations=4, export_iterations="none")
+    traintel.on_train_start(start_time_msec=ms(0))
+    step(0, 1, phases=False)
+    step(1, 1, phases=False)
+    traintel.set_training_config(global_batch_size=lambda: 16)
+    step(2, 2, phases=False)
+    step(4, 2, phases=False)
+    traintel.on_train_end(finish_time_msec=ms(6))
+    (window,) = job.events("training_metrics_update")
+    assert window[W + "samples"] == 32.0  # only the two steps after the batch size was known
+    assert window[W + "samples_per_second"] == 32 / 4  # over those steps' time
+
+
+def test_micro_batches_are_summed_per_step(owned: Any) -> None:
+    job = owned(log_every_n_iterations=2, export_iterations="all", global_batch_size=999)
+    traintel.on_train_start(start_time_msec=ms(0))
+    for i in range(2):
+        traintel.on_training_single_iteration_start(start_time_msec=ms(i))
+        for _ in range(4):  # gradient accumulation: 4 micro-batches, one optimizer step
+            traintel.record_batch(samples=2, tokens=20, padding_tokens=4)
+        traintel.on_training_single_iteration_end(finish_time_msec=ms(i + 1))
+    traintel.on_train_end(finish_time_msec=ms(2))
+    (window,) = job.events("training_metrics_update")
+    assert window[W + "samples"] == 16.0  # 2 steps x 8, not 8 x per-micro-batch time
+    assert window[W + "tokens"] == 160.0
+    assert window[W + "padding_tokens"] == 32.0
+    assert window[W + "padding_fraction"] == 32 / 192
+    assert window[W + "samples_per_second"] == 8.0
+    spans = job.named("training_iteration")
+    assert [s.attributes[semconv.SAMPLES] for s in spans] == [8, 8]
+    assert [s.attributes[semconv.MICRO_BATCHES] for s in spans] == [4, 4]
+
+
+def test_mfu_above_one_is_an_error_event_not_a_metric(owned: Any, caplog: pytest.LogCaptureFixture) -> None:
+    job = owned(log_every_n_iterations=2, global_batch_size=1, flops_per_sample=5e3, peak_flops=1e3)
+    with caplog.at_level(logging.WARNING):
+        run_loop([1, 1], phases=False)
+    (window,) = job.events("training_metrics_update")
+    assert W + "mfu" not in window
+    assert window[W + "flops_per_second_per_device"] == 5e3
+    (error,) = job.events("metric_out_of_range")
+    assert error[semconv.ERROR_REASON] == "mfu 5.000 > 1"
+    assert error[semconv.MFU_NUMERATOR] == 5e3
+    assert error[semconv.MFU_DENOMINATOR] == 1e3
+    assert caplog.text.count("mfu 5.000 > 1") == 1
+
+
+def test_no_peak_on_cpu_means_no_mfu_and_one_warning(owned: Any, caplog: pytest.LogCaptureFixture) -> None:
+    job = owned(log_every_n_iterations=1, global_batch_size=1, flops_per_sample=10)
+    with caplog.at_level(logging.WARNING):
+        run_loop([1, 1, 1], phases=False)
+    windows = job.events("training_metrics_update")
+    assert all(W + "mfu" not in w and w[W + "flops_per_second_per_device"] == 10 for w in windows)
+    assert caplog.text.count("no MFU: no GPU: set TRAINTEL_PEAK_FLOPS") == 1
+
+
+def test_checkpoint_metrics(owned: Any) -> None:
+    job = owned(export_iterations="none")
+    pipeline = traintel.get_telemetry().pipeline
+    assert pipeline is not None
+    tracer = pipeline.tracer_provider.get_tracer("user-checkpointer")
+    traintel.on_train_start(start_time_msec=ms(0))
+    traintel.on_save_checkpoint_start(global_step=10, start_time_msec=ms(1), size_bytes=100)
+    traintel.on_save_checkpoint_end(finish_time_msec=ms(3))
+    save = traintel.on_save_checkpoint_start(global_step=20, start_time_msec=ms(5), size_bytes=300)
+    # plain OTel stage spans inside our save, at exact times
+    from opentelemetry import trace
+
+    for stage, begin, end in (("staging", 5, 5.5), ("write", 5.5, 8.5), ("barrier", 8.5, 9)):
+        span = tracer.start_span(
+            "checkpoint_" + stage, context=trace.set_span_in_context(save),
+            attributes={semconv.PHASE: "checkpoint_" + stage}, start_time=int(ms(begin) * 1e6),
+        )  # fmt: skip
+        span.end(end_time=int(ms(end) * 1e6))
+    traintel.on_save_checkpoint_end(finish_time_msec=ms(9))
+    traintel.on_train_end(finish_time_msec=ms(10))
+    first, second = job.named("checkpoint_save_sync")
+    assert first.attributes[semconv.CHECKPOINT_ITERATION] == 10
+    assert second.attributes[semconv.CHECKPOINT_BYTES_PER_SECOND] == 75.0
+    assert [e.name for e in second.events] == ["save_checkpoint_success", "checkpoint_metrics_update"]
+    update = dict(second.events[1].attributes or {})
+    C = semconv.CHECKPOINT_PREFIX
+    assert update[C + "saves"] == 2
+    assert (update[C + "save_time.first"], update[C + "save_time.last"]) == (2.0, 4.0)
+    assert (update[C + "save_time.min"], update[C + "save_time.max"]) == (2.0, 4.0)
+    assert (update[C + "save_time.mean"], update[C + "save_time.total"]) == (3.0, 6.0)
+    assert update[C + "bytes.total"] == 400
+    assert update[C + "stage.staging.time_total"] == 0.5
+    assert update[C + "stage.write.time_total"] == 3.0
+    assert update[C + "stage.barrier.time_total"] == 0.5
+    points = job.metric_points(semconv.METRIC_CHECKPOINT_SAVE_DURATION)
+    assert [(p.count, p.sum) for p in points] == [(2, 6.0)]
+    assert points[0].attributes == {semconv.CHECKPOINT_STRATEGY: "sync"}
+
+
+def test_async_checkpoint_blocking_and_background(owned: Any) -> None:
+    job = owned(log_every_n_iterations=100, export_iterations="none")
+    done = threading.Event()
+    with traintel.application(), traintel.training_loop():
+        for i in range(3):
+            with traintel.training_iteration():
+                pass
+            if i == 0:
+                save = traintel.checkpoint_save(strategy="async", size_bytes=1000)
+                with save:
+                    completion = save.completion()
+
+                    def write() -> None:
+                        done.wait(5)
+                        completion.finish()
+                        completion.finish()  # idempotent
+
+                    writer = threading.Thread(target=write)
+                    writer.start()
+        done.set()  # the write overlapped two more iterations
+        writer.join()
+    (blocking,) = job.named("checkpoint_save_async")
+    (finalize,) = job.named("checkpoint_finalize")
+    assert finalize.start_time == blocking.end_time  # background time starts when training resumes
+    assert [link.context.span_id for link in finalize.links] == [blocking.context.span_id]
+    loop = job.named("training_loop")[0]
+    assert finalize.parent is not None and finalize.parent.span_id == loop.context.span_id
+    assert finalize.attributes[semconv.CHECKPOINT_ITERATION] == 1
+    assert [e.name for e in finalize.events] == ["save_checkpoint_success", "checkpoint_metrics_update"]
+    update = dict(finalize.events[1].attributes or {})
+    C = semconv.CHECKPOINT_PREFIX
+    blocking_s = (blocking.end_time - blocking.start_time) / 1e9  # type: ignore[operator]
+    background_s = (finalize.end_time - finalize.start_time) / 1e9  # type: ignore[operator]
+    assert update[C + "save_time.total"] == pytest.approx(blocking_s)  # only the blocking part
+    assert update[C + "background_time.total"] == pytest.approx(background_s)
+    assert update[C + "bytes.total"] == 1000
+    summary = loop.attributes
+    assert summary[semconv.SUMMARY_PREFIX + "checkpoint.save_time.total"] == pytest.approx(blocking_s)
+
+
+def test_validation_metrics_update(owned: Any) -> None:
+    job = owned(export_iterations="none")
+    traintel.on_train_start(start_time_msec=ms(0))
+    traintel.on_validation_start(start_time_msec=ms(10))
+    for i, loss in enumerate((0.5, 0.7, 0.9)):
+        traintel.on_validation_single_iteration_start(start_time_msec=ms(10 + i))
+        traintel.record_metrics(val_loss=loss)
+        traintel.on_validation_single_iteration_end(finish_time_msec=ms(11 + i))
+    traintel.on_validation_end(finish_time_msec=ms(13.5))
+    traintel.on_train_end(finish_time_msec=ms(14))
+    (update,) = job.events("validation_metrics_update")
+    E = semconv.EVAL_PREFIX
+    assert update[E + "iterations"] == 3
+    assert update[E + "duration"] == 3.5
+    assert update[E + "iteration_time.mean"] == 1.0
+    assert update[E + "metric.val_loss.mean"] == pytest.approx(0.7)
+    assert update[E + "metric.val_loss.last"] == 0.9
+    assert job.named("validation_loop")[0].attributes[E + "iterations"] == 3
+
+
+def test_nonfinite_metric_event_and_export(owned: Any) -> None:
+    job = owned(export_first_iterations=0, export_every_n_iterations=0)
+    traintel.on_train_start(start_time_msec=ms(0))
+    for i in range(6):
+        traintel.on_training_single_iteration_start(start_time_msec=ms(i))
+        traintel.record_metrics(loss=math.nan if i == 4 else 1.0)
+        traintel.on_training_single_iteration_end(finish_time_msec=ms(i + 1))
+    traintel.on_train_end(finish_time_msec=ms(6))
+    (exported,) = job.named("training_iteration")
+    assert exported.attributes[semconv.ITERATION] == 4
+    assert exported.attributes[semconv.SAMPLING_REASON] == "nonfinite"
+    assert math.isnan(exported.attributes[semconv.METRIC_PREFIX + "loss"])  # type: ignore[arg-type]
+    (event,) = job.events("nonfinite_metric")
+    assert event[semconv.ITERATION] == 4
+    assert event[semconv.METRIC_NAME] == "loss"
+    assert event[semconv.METRIC_VALUE] == "nan"
+    assert event[semconv.EXPORTED_SPAN_ID] == format(exported.context.span_id, "016x")
+    (window,) = job.events("training_metrics_update")
+    assert window[W + "nonfinite_iterations"] == 1
+    assert window[W + "metric.loss.mean"] == 1.0  # NaN kept out of the mean, counted
+
+
+def test_iteration_duration_histogram_and_gauges(owned: Any) -> None:
+    job = owned(log_every_n_iterations=3, global_batch_size=4, flops_per_sample=100, peak_flops=2000)
+    run_loop([1, 2, 1], phases=True)
+    (histogram,) = job.metric_points(semconv.METRIC_ITERATION_DURATION)
+    assert (histogram.count, histogram.sum, histogram.min, histogram.max) == (3, 4.0, 1.0, 2.0)
+    (waits,) = job.metric_points(semconv.METRIC_DATA_LOADING_DURATION)
+    assert (waits.count, waits.sum) == (3, 4 / 16)
+    (samples,) = job.metric_points(semconv.METRIC_SAMPLES)
+    assert samples.value == 12
+    throughput = {
+        p.attributes[semconv.THROUGHPUT_SCOPE]: p.value
+        for p in job.metric_points(semconv.METRIC_SAMPLE_THROUGHPUT)
+    }
+    assert throughput == {"job": 3.0, "device": 3.0}
+    (mfu,) = job.metric_points(semconv.METRIC_MFU)
+    assert mfu.value == 300 / 2000
+    phase_time = {
+        p.attributes[semconv.PHASE]: p.value for p in job.metric_points(semconv.METRIC_STEP_PHASE_TIME)
+    }
+    assert phase_time["forward"] == 4 / 4 / 3
+    (dropped,) = job.metric_points(semconv.METRIC_DROPPED_MEASUREMENTS)
+    assert dropped.value == 0
+
+
+def test_plain_otel_iterations_are_aggregated(pipeline: Any) -> None:
+    traintel.configure(
+        tracer_provider=pipeline.tracer_provider, meter_provider=pipeline.meter_provider,
+        log_every_n_iterations=2, warmup_iterations=0,
+    )  # fmt: skip
+    tracer = pipeline.tracer_provider.get_tracer("user-trainer")
+    from opentelemetry import trace
+
+    loop = tracer.start_span("training_loop", attributes={semconv.PHASE: "training_loop"}, start_time=0)
+    context = trace.set_span_in_context(loop)
+    for i, (start, end) in enumerate(((0, 2), (2, 3))):
+        it = tracer.start_span(
+            "training_iteration", context=context, start_time=start * 10**9,
+            attributes={semconv.PHASE: "training_iteration", semconv.ITERATION: i, semconv.SAMPLES: 6},
+        )  # fmt: skip
+        forward = tracer.start_span(
+            "model_forward", context=trace.set_span_in_context(it), start_time=start * 10**9,
+            attributes={semconv.PHASE: "model_forward"},
+        )  # fmt: skip
+        forward.end(end_time=start * 10**9 + 500_000_000)
+        it.set_attribute(semconv.METRIC_PREFIX + "loss", 2.0 - i)
+        it.end(end_time=end * 10**9)
+    loop.end(end_time=3 * 10**9)
+    (update,) = [e for e in pipeline.one("training_loop").events if e.name == "training_metrics_update"]
+    assert update.attributes[W + "iterations"] == 2
+    assert update.attributes[W + "iteration_time.mean"] == 1.5
+    assert update.attributes[W + "samples_per_second"] == 12 / 3
+    assert update.attributes[W + "time.forward"] == 1.0
+    assert update.attributes[W + "metric.loss.mean"] == 1.5
+
+
+def test_state_stays_bounded(owned: Any) -> None:
+    owned(log_every_n_iterations=50)
+    telemetry = traintel.get_telemetry()
+    tracer = telemetry.tracer
+    with traintel.training_loop():
+        for _ in range(20_000):
+            with traintel.training_iteration(), traintel.model_forward():
+                with tracer.start_as_current_span("user_work"):
+                    pass
+    engine = telemetry.engine
+    assert engine is not None and telemetry.processor is not None and telemetry.pipeline is not None
+    assert telemetry.processor.open_count() == 0
+    assert telemetry.pipeline.export_filter is not None
+    assert telemetry.pipeline.export_filter.pending_iterations == 0
+    assert engine.aggregator.window_fill < 50
+    assert engine.aggregator._total_sketch.buckets < 1500
+    assert len(engine.sampler._recent) <= 101
