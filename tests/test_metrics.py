@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import traintel
@@ -271,7 +271,7 @@ def test_async_checkpoint_blocking_and_background(owned: Any) -> None:
                 with save:
                     completion = save.completion()
 
-                    def write() -> None:
+                    def write(completion: traintel.AsyncCheckpointCompletion = completion) -> None:
                         done.wait(5)
                         completion.finish()
                         completion.finish()  # idempotent

@@ -5,6 +5,7 @@ them into training metrics; everything leaves through the standard OTLP exporter
 embedded OTLP/JSON-lines file when nothing else is configured.
 """
 
+from traintel._engine import IterationSpan
 from traintel._runtime import Telemetry
 from traintel.api.callbacks import (
     on_app_end,
@@ -70,7 +71,6 @@ from traintel.api.phases import (
     validation_loop,
 )
 from traintel.api.threads import ContextThreadPoolExecutor, submit_with_context, wrap_with_context
-from traintel._engine import IterationSpan
 from traintel.config import ConfigurationError, TrainingConfig
 from traintel.flops import FlopCount, apply_flops, measure_flops, peak_flops_for
 from traintel.semconv import Event, Phase

@@ -231,6 +231,7 @@ class TrainingEngine:
         self.eval_samplers: dict[str, IterationSampler] = {}
         self.foreign_loop: Span | None = None
         self.loop_start_ns = 0
+        self.rotate_pending = False
         self.samples_total = 0.0
         self.tokens_total = 0.0
         self.events = _EventBudget()
@@ -302,6 +303,10 @@ class TrainingEngine:
         attributes: Mapping[str, AttributeValue] | None,
     ) -> IterationSpan:
         """The record (and span handle) of an iteration whose body starts now."""
+        if self.rotate_pending and phase == _TRAINING_ITERATION:
+            # Rotated at the start of the next iteration, never after the last one.
+            self.rotate_pending = False
+            self.rotate(start_ns)
         parent = trace_api.get_current_span().get_span_context()
         record = IterationSpan(phase, iteration, start_ns, parent)
         if attributes:
@@ -587,7 +592,7 @@ class TrainingEngine:
             loop.segment_iterations >= self.segment_iterations
             or now_ns - loop.segment_start_ns >= self.segment_ns
         ):
-            self.rotate(now_ns)
+            self.rotate_pending = True
         elif loop.segment_iterations % 16 == 0:  # and after every exported iteration
             self._check_budget(now_ns)
 
@@ -597,7 +602,7 @@ class TrainingEngine:
             return
         spans, size = self.budget.usage(loop.get_span_context().trace_id)
         if spans >= BUDGET_ROTATE * self.max_spans or size >= BUDGET_ROTATE * self.max_bytes:
-            self.rotate(now_ns)
+            self.rotate_pending = True
 
     def rotate(self, now_ns: int) -> None:
         """Close the current segment (loop, and application if ours) and continue in a new trace."""
@@ -624,6 +629,7 @@ class TrainingEngine:
     # --- loops ----------------------------------------------------------------------------------
     def training_loop_opened(self, loop: SegmentedSpan, start_ns: int) -> None:
         self.loop = loop
+        self.rotate_pending = False
         loop.segment_start_ns = start_ns
 
     def training_loop_closing(self, loop: SegmentedSpan, end_ns: int) -> None:

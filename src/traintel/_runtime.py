@@ -20,7 +20,6 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
@@ -344,23 +343,22 @@ def configure(
 
 
 def _tracer_for(pipeline: Pipeline) -> tuple[trace_api.Tracer, ForcingIdGenerator | None]:
-    """Our tracer, with an id generator we can steer (see ``traintel._ids``)."""
+    """Our tracer, with an id generator we can steer (see ``traintel._ids``).
+
+    Only our own tracer's generator is wrapped (delegating to the provider's): other tracers of
+    a user's provider are untouched. The wrapper is reused if the provider handed out the same
+    tracer before (it caches tracers by scope).
+    """
     provider = pipeline.tracer_provider
-    if pipeline.ids is not None:
-        return provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__), pipeline.ids
-    if isinstance(provider, TracerProvider):
-        # The user's provider: our tracer alone gets the steering wrapper; theirs are untouched.
-        original = provider.id_generator
-        ids = ForcingIdGenerator(original)
-        provider.id_generator = ids  # type: ignore[assignment]
-        try:
-            tracer = provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__)
-        finally:
-            provider.id_generator = original
-        if getattr(tracer, "id_generator", ids) is ids:
-            return tracer, ids
+    tracer = provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__)
+    generator = getattr(tracer, "id_generator", None)
+    if isinstance(generator, ForcingIdGenerator):
+        return tracer, generator
+    if generator is None:
         return tracer, None
-    return provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__), None
+    ids = ForcingIdGenerator(generator)
+    tracer.id_generator = ids  # type: ignore[attr-defined]
+    return tracer, ids
 
 
 def _world_size(resource: Resource) -> int:

@@ -15,6 +15,7 @@ torch is imported only inside the functions: the package core never needs it.
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 from collections.abc import Callable
@@ -208,18 +209,21 @@ def measure_flops(
     ``samples`` defaults to the batch's first dimension.
     """
     import torch
-    from torch.func import functional_call
     from torch.utils.flop_counter import FlopCounterMode
 
     module = _unwrap(model)
-    # Meta stand-ins for every parameter and buffer: no copy of the real weights is made.
-    state: dict[str, Any] = {
-        name: torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
-        for name, p in module.named_parameters()
-    }
-    state.update({name: torch.empty_like(b, device="meta") for name, b in module.named_buffers()})
-    was_training = module.training
-    module.train()
+    # A structural copy whose parameters and buffers are meta stand-ins: pre-seeding deepcopy's
+    # memo means the real weights are never copied (no second copy of a large model in memory),
+    # and code that runs later (activation-checkpoint recomputation in backward) sees them too.
+    memo: dict[int, Any] = {}
+    for parameter in module.parameters():
+        memo[id(parameter)] = torch.nn.Parameter(
+            torch.empty_like(parameter, device="meta"), requires_grad=parameter.requires_grad
+        )
+    for buffer in module.buffers():
+        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    meta_model = copy.deepcopy(module, memo)
+    meta_model.train()
     batch = _to_meta(example_batch)
     count = samples if samples is not None else _first_dim(example_batch)
     if not count:
@@ -227,10 +231,10 @@ def measure_flops(
 
     def run_forward() -> Any:
         if isinstance(batch, dict):
-            return functional_call(module, state, (), batch)
+            return meta_model(**batch)
         if isinstance(batch, tuple | list):
-            return functional_call(module, state, tuple(batch))
-        return functional_call(module, state, (batch,))
+            return meta_model(*batch)
+        return meta_model(batch)
 
     try:
         counter = FlopCounterMode(display=False)
@@ -242,8 +246,12 @@ def measure_flops(
         with counter:
             loss.backward()
         backward = int(counter.get_total_flops())
-    finally:
-        module.train(was_training)
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"measure_flops: the model does not run on the meta device ({exc}). A common cause is a "
+            "tensor created on a fixed device inside forward; use transformer_flops_per_token() and "
+            "flops_per_token= instead."
+        ) from exc
     return FlopCount(forward=forward, backward=backward, samples=int(count))
 
 

@@ -1,0 +1,144 @@
+"""FLOP counting on the meta device and the dense peak table."""
+
+from __future__ import annotations
+
+import pytest
+
+import traintel
+from traintel.flops import FlopCount, measure_flops, peak_flops_for, transformer_flops_per_token
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+
+class Block(nn.Module):  # type: ignore[misc]
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.up = nn.Linear(dim, 4 * dim, bias=False)
+        self.down = nn.Linear(4 * dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(dim, dim=-1)
+        q, k, v = (t.view(batch, seq, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        attention = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, seq, dim)
+        x = x + self.out(attention)
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class TinyLM(nn.Module):  # type: ignore[misc]
+    def __init__(self, vocab: int = 100, dim: int = 64, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_transformer_count_is_6n_plus_attention_exactly() -> None:
+    batch, seq, dim, layers = 2, 16, 64, 2
+    model = TinyLM(dim=dim, layers=layers)
+    ids = torch.randint(0, 100, (batch, seq))
+    count = measure_flops(model, ids)
+    # N = parameters of the matmuls (embedding lookups and norms are not FLOPs of a matmul)
+    n = sum(
+        p.numel() for name, p in model.named_parameters() if p.dim() == 2 and not name.startswith("embed")
+    )
+    tokens = batch * seq
+    attention = 12 * layers * dim * seq * tokens  # QK^T and AV, forward + backward
+    assert count.model_flops == 6 * n * tokens + attention
+    assert count.executed_flops == count.model_flops  # no recomputation in this model
+    assert count.samples == batch
+    assert count.model_flops_per_sample == (6 * n * tokens + attention) / batch
+    assert transformer_flops_per_token(n, layers, dim, seq) * tokens == count.model_flops
+    # the trap the meta device avoids: on CPU tensors the counter misses SDPA's FLOPs
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        model(ids)
+    assert count.forward - counter.get_total_flops() == 4 * layers * dim * seq * tokens
+
+
+def test_real_model_is_untouched_and_wrappers_unwrapped() -> None:
+    model = TinyLM()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.eval()
+
+    class Wrapper(nn.Module):  # type: ignore[misc]  # like DDP: the model is .module
+        def __init__(self, module: nn.Module) -> None:
+            super().__init__()
+            self.module = module
+
+    count = measure_flops(Wrapper(model), torch.randint(0, 100, (3, 8)))
+    assert count.samples == 3 and count.forward > 0
+    assert not model.training  # mode restored
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_recomputation_shows_up_as_hfu_not_mfu() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(TinyLM):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+            return self.head(x)
+
+    plain = measure_flops(TinyLM(), torch.randint(0, 100, (2, 16)))
+    recomputed = measure_flops(Checkpointed(), torch.randint(0, 100, (2, 16)))
+    assert recomputed.model_flops == plain.model_flops
+    assert recomputed.executed_flops > plain.executed_flops  # the blocks' forward ran twice
+
+
+def test_apply_flops_feeds_mfu_and_hfu(pipeline: object) -> None:
+    count = FlopCount(forward=100, backward=300, samples=2)  # executed 400, model 300
+    traintel.apply_flops(count)
+    config = traintel.get_telemetry().config
+    assert config.get("flops_per_sample") == 150
+    assert config.get("executed_flops_per_sample") == 200
+    assert config.get("flops_method") == "counter"
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "peak", "source"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.5e12, "NVIDIA H100 SXM"),
+        ("NVIDIA H100 PCIe", "bf16", 756.5e12, "NVIDIA H100 PCIe"),
+        ("NVIDIA H100 NVL", "fp8", 1670.5e12, "NVIDIA H100 NVL"),
+        ("NVIDIA H200", "bf16", 989.5e12, "NVIDIA H200"),
+        ("NVIDIA GH200 480GB", "bf16", 989.5e12, "NVIDIA H200"),
+        ("NVIDIA B200", "bf16", 2.25e15, "NVIDIA B200"),
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312e12, "NVIDIA A100"),
+        ("NVIDIA A100 80GB PCIe", "tf32", 156e12, "NVIDIA A100"),
+        ("NVIDIA A10G", "bf16", 125e12, "NVIDIA A10G"),
+        ("NVIDIA A10", "fp16", 125e12, "NVIDIA A10"),
+        ("NVIDIA L4", "bf16", 121e12, "NVIDIA L4"),
+        ("NVIDIA L40S", "bf16", 362.05e12, "NVIDIA L40S"),
+        ("NVIDIA L40", "bf16", 181.05e12, "NVIDIA L40"),
+    ],
+)
+def test_dense_peaks_and_substring_traps(name: str, dtype: str, peak: float, source: str) -> None:
+    found = peak_flops_for(name, dtype)
+    assert found.peak_flops == peak
+    assert found.source == f"table: {source} {dtype} dense"
+
+
+def test_unknown_device_or_dtype_has_no_peak() -> None:
+    assert peak_flops_for("Radeon 9000", "bf16").peak_flops is None
+    assert "not in the peak FLOP/s table" in (peak_flops_for("Radeon 9000", "bf16").reason or "")
+    missing = peak_flops_for("NVIDIA A100-SXM4-40GB", "fp8")
+    assert missing.peak_flops is None and missing.reason == "NVIDIA A100 has no fp8 peak in the table"

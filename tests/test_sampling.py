@@ -1,0 +1,168 @@
+"""Tail sampling of iterations: which are exported, whole, and never an orphan."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+import traintel
+from tests.conftest import Pipeline
+from traintel import semconv
+
+T0 = 1_700_000_000_000
+
+
+def ms(seconds: float) -> float:
+    return T0 + seconds * 1000
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    yield exporter
+    traintel.shutdown(2)
+
+
+def finished(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    traintel.get_telemetry().flush(5)
+    return list(exporter.get_finished_spans())
+
+
+def assert_no_orphans(spans: list[ReadableSpan]) -> None:
+    ids = {s.context.span_id for s in spans}
+    for span in spans:
+        if span.parent is not None:
+            assert span.parent.span_id in ids, f"{span.name} is an orphan"
+
+
+def run_job(durations: list[float]) -> None:
+    """Iterations at explicit times, each with a user span inside."""
+    tracer = trace.get_tracer("user-code", tracer_provider=_provider())
+    traintel.on_app_start(start_time_msec=ms(0))
+    traintel.on_train_start(start_time_msec=ms(0))
+    t = 0.0
+    for duration in durations:
+        traintel.on_training_single_iteration_start(start_time_msec=ms(t))
+        with tracer.start_as_current_span("user_work"):
+            with tracer.start_as_current_span("user_inner"):
+                pass
+        traintel.on_model_forward_start(start_time_msec=ms(t))
+        traintel.on_model_forward_end(finish_time_msec=ms(t + duration / 2))
+        traintel.on_training_single_iteration_end(finish_time_msec=ms(t + duration))
+        t += duration
+    traintel.on_train_end(finish_time_msec=ms(t + 1))
+    traintel.on_app_end(finish_time_msec=ms(t + 2))
+
+
+def _provider() -> Any:
+    pipeline = traintel.get_telemetry().pipeline
+    assert pipeline is not None
+    return pipeline.tracer_provider
+
+
+def exported_by_iteration(spans: list[ReadableSpan]) -> dict[int, ReadableSpan]:
+    return {s.attributes[semconv.ITERATION]: s for s in spans if s.name == "training_iteration"}  # type: ignore[misc]
+
+
+def test_first_every_n_and_slow_are_exported_whole(exporter: InMemorySpanExporter) -> None:
+    traintel.configure(
+        span_exporters=[exporter], metric_readers=[], export_first_iterations=2,
+        export_every_n_iterations=5, slow_iteration_factor=3,
+    )  # fmt: skip
+    durations = [1.0] * 20
+    durations[12] = 5.0  # slower than 3 x the median of 1 s
+    run_job(durations)
+    spans = finished(exporter)
+    assert_no_orphans(spans)
+    by_iteration = exported_by_iteration(spans)
+    reasons = {i: s.attributes[semconv.SAMPLING_REASON] for i, s in by_iteration.items()}
+    assert reasons == {0: "first", 1: "first", 5: "every_n", 10: "every_n", 12: "slow", 15: "every_n"}
+    assert by_iteration[12].end_time - by_iteration[12].start_time == 5 * 10**9  # type: ignore[operator]
+    # whole: every exported iteration has its user spans (held by the filter) and its phases
+    for iteration, span in by_iteration.items():
+        children = [s for s in spans if s.parent is not None and s.parent.span_id == span.context.span_id]
+        assert sorted(c.name for c in children) == ["model_forward", "user_work"], iteration
+    user_work = [s for s in spans if s.name == "user_work"]
+    assert len(user_work) == len(by_iteration)  # the other 14 iterations' user spans were dropped
+    assert len([s for s in spans if s.name == "user_inner"]) == len(by_iteration)
+    (slow_event,) = [e for s in spans for e in s.events if e.name == "slow_iteration"]
+    attributes = slow_event.attributes or {}
+    assert attributes[semconv.ITERATION] == 12
+    assert attributes[semconv.ITERATION_DURATION] == 5.0
+    assert attributes[semconv.ITERATION_MEDIAN] == 1.0
+    assert attributes[semconv.EXPORTED_SPAN_ID] == format(by_iteration[12].context.span_id, "016x")
+    assert attributes[semconv.EXPORTED_TRACE_ID] == format(by_iteration[12].context.trace_id, "032x")
+    # exported iterations keep the span ids their children saw while they ran
+    assert len({s.context.trace_id for s in spans}) == 1
+
+
+def test_failed_iteration_is_exported_with_its_spans(exporter: InMemorySpanExporter) -> None:
+    traintel.configure(span_exporters=[exporter], metric_readers=[], export_first_iterations=1)
+    tracer = trace.get_tracer("user-code", tracer_provider=_provider())
+    with traintel.training_loop():
+        for i in range(5):
+            try:
+                with traintel.training_iteration():
+                    with tracer.start_as_current_span("user_work"):
+                        if i == 3:
+                            raise ZeroDivisionError("bad batch")
+            except ZeroDivisionError:
+                pass
+    spans = finished(exporter)
+    assert_no_orphans(spans)
+    by_iteration = exported_by_iteration(spans)
+    assert {i: s.attributes[semconv.SAMPLING_REASON] for i, s in by_iteration.items()} == {
+        0: "first",
+        3: "error",
+    }
+    failed = by_iteration[3]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.status.description == "ZeroDivisionError: bad batch"
+    assert [e.name for e in failed.events] == ["exception"]
+    (user_work,) = [s for s in spans if s.name == "user_work" and s.parent.span_id == failed.context.span_id]  # type: ignore[union-attr]
+    assert user_work.status.status_code is StatusCode.ERROR
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("all", 20), ("none", 0)])
+def test_all_and_none_policies(exporter: InMemorySpanExporter, policy: str, expected: int) -> None:
+    traintel.configure(span_exporters=[exporter], metric_readers=[], export_iterations=policy)
+    run_job([1.0] * 20)
+    spans = finished(exporter)
+    assert_no_orphans(spans)
+    assert len(exported_by_iteration(spans)) == expected
+    assert len([s for s in spans if s.name == "user_work"]) == expected
+    assert len([s for s in spans if s.name == "training_metrics_update"]) == 0
+    loop = next(s for s in spans if s.name == "training_loop")
+    assert sum(1 for e in loop.events if e.name == "training_metrics_update") == 1  # metrics regardless
+
+
+def test_user_provider_without_filter_leaves_no_orphans(pipeline: Pipeline) -> None:
+    """In the user's own pipeline traintel cannot hold spans back: user spans follow the head
+    decision (ParentBased sampling), tail-exported iterations come without them."""
+    traintel.configure(
+        tracer_provider=pipeline.tracer_provider, meter_provider=pipeline.meter_provider,
+        export_first_iterations=1, export_every_n_iterations=0,
+    )  # fmt: skip
+    tracer = pipeline.tracer_provider.get_tracer("user-code")
+    traintel.on_train_start(start_time_msec=ms(0))
+    for i, duration in enumerate([1.0] * 15 + [9.0]):
+        traintel.on_training_single_iteration_start(start_time_msec=ms(i))
+        with tracer.start_as_current_span("user_work"):
+            pass
+        traintel.on_training_single_iteration_end(finish_time_msec=ms(i + duration))
+    traintel.on_train_end(finish_time_msec=ms(30))
+    spans = pipeline.spans()
+    assert_no_orphans(spans)
+    by_iteration = exported_by_iteration(spans)
+    assert {i: s.attributes[semconv.SAMPLING_REASON] for i, s in by_iteration.items()} == {
+        0: "first",
+        15: "slow",
+    }
+    user_work = [s for s in spans if s.name == "user_work"]
+    assert [s.parent.span_id for s in user_work] == [by_iteration[0].context.span_id]  # type: ignore[union-attr]
