@@ -28,6 +28,7 @@ from opentelemetry.util import types
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel._fastctx import current_span as _current_span
 from traintel._ids import ForcingIdGenerator, new_span_id, new_trace_id
 from traintel._segments import SegmentedSpan
 from traintel.config import TrainingConfig
@@ -301,13 +302,14 @@ class TrainingEngine:
         iteration: int,
         start_ns: int,
         attributes: Mapping[str, AttributeValue] | None,
+        context: Context,
     ) -> IterationSpan:
-        """The record (and span handle) of an iteration whose body starts now."""
+        """The record (and span handle) of an iteration whose body starts now in ``context``."""
         if self.rotate_pending and phase == _TRAINING_ITERATION:
             # Rotated at the start of the next iteration, never after the last one.
             self.rotate_pending = False
             self.rotate(start_ns)
-        parent = trace_api.get_current_span().get_span_context()
+        parent = _current_span(context).get_span_context()
         record = IterationSpan(phase, iteration, start_ns, parent)
         if attributes:
             record.attributes = dict(attributes)
@@ -322,9 +324,10 @@ class TrainingEngine:
                 self._dtype_seen = autocast_dtype() or "fp32"
         else:
             record.head_reason = self._eval_sampler(phase).head(iteration)
-        record.trace_id = parent.trace_id if parent.is_valid else new_trace_id()
+        valid = parent.is_valid
+        record.trace_id = parent.trace_id if valid else new_trace_id()
         record.span_id = span_id = new_span_id()
-        parent_sampled = parent.trace_flags.sampled if parent.is_valid else True
+        parent_sampled = bool(parent.trace_flags & 1) if valid else True
         if self.export_filter is not None:
             # Filtered mode: user spans inside are recorded and held until the decision.
             sampled = parent_sampled and self.sampler.policy != "none"
@@ -372,7 +375,18 @@ class TrainingEngine:
         return samples, tokens, flops
 
     def _end_training_iteration(self, record: IterationSpan, duration_ns: int) -> None:
-        samples, tokens, flops = self._counts(record)
+        samples = record.samples
+        if samples is None:
+            samples = self.default_samples
+        tokens = record.tokens
+        if tokens is None and samples is not None and self.seq_len:
+            tokens = samples * self.seq_len
+        flops = record.flops
+        if flops is None:
+            if self.flops_per_token and tokens is not None:
+                flops = self.flops_per_token * tokens
+            elif self.flops_per_sample and samples is not None:
+                flops = self.flops_per_sample * samples
         aggregator = self.aggregator
         phases = record.phase_ns if record.children or record.step_spans else None
         window_full = aggregator.add_iteration(

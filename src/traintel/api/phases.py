@@ -26,11 +26,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar, cast
 
-from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Link, Span, SpanContext
 from opentelemetry.util.types import AttributeValue
 
+from traintel import _fastctx as _fast
 from traintel import _runtime, semconv
 from traintel._engine import IterationSpan
 from traintel._segments import SegmentedSpan
@@ -40,9 +40,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
-_attach = context_api.attach
-_detach = context_api.detach
-_get_current = context_api.get_current
+_attach = _fast.attach
+_detach = _fast.detach
+_get_current = _fast.get_current
+_with_span = _fast.with_span
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 _LOOP_OF = {iteration.value: loop.value for iteration, loop in semconv.LOOP_OF_ITERATION.items()}
 _set_span_in_context = trace_api.set_span_in_context
@@ -92,7 +93,7 @@ class PhaseSpan:
         span = telemetry.start_span(self._name, self._start_attributes(telemetry), start)
         span = self._wrap(telemetry, span)
         self._span = span
-        self._token = _attach(_set_span_in_context(span))
+        self._token = _attach(_with_span(span, _get_current()))
         self._thread = _get_ident()
         return span
 
@@ -319,13 +320,43 @@ class _Iteration(PhaseSpan):
         if engine is None or telemetry.closed:
             return trace_api.INVALID_SPAN
         start = start_ns if start_ns is not None else _time_ns()
-        record = engine.begin_iteration(self._name, self._number(telemetry), start, self._attributes)
+        context = _get_current()
+        record = engine.begin_iteration(self._name, self._number(telemetry), start, self._attributes, context)
         self._record = record
         self._span = record
-        body = record.context = _set_span_in_context(record)
+        body = record.context = _with_span(record, context)
         self._token = _attach(body)
         self._thread = _get_ident()
         return record
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> Literal[False]:
+        # The common case inlined: same thread, no explicit end time, no end reason.
+        record, token = self._record, self._token
+        if token is None or record is None:
+            return False
+        end = _time_ns()
+        self._record = self._token = None
+        telemetry = _runtime.current()
+        try:
+            if self._thread == _get_ident():
+                try:
+                    _detach(token)
+                except Exception:
+                    pass
+            else:
+                self._detach(telemetry, token)
+            engine = telemetry.engine
+            if engine is not None:
+                error = record.error if exc is None else (_clean_exit(exc) or record.error)
+                engine.end_iteration(record, error, end)
+        except Exception:
+            telemetry.warn_once("exit:" + self._name, "could not end phase %r", self._name)
+        return False
 
     def _close(
         self,
@@ -357,7 +388,14 @@ class _StepPhase(PhaseSpan):
     iteration they are real spans (so they nest under it) whose time still counts; outside
     any iteration, plain spans."""
 
-    __slots__ = ("_record",)
+    __slots__ = ("_index", "_record")
+
+    def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None, index: int) -> None:
+        self._name = name
+        self._attributes = attributes
+        self._index = index
+        self._record: IterationSpan | None = None
+        self._token = None
 
     def _before_end(
         self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
@@ -365,10 +403,6 @@ class _StepPhase(PhaseSpan):
         engine = telemetry.engine
         if engine is not None and engine.active is not None and engine.active_thread == _get_ident():
             engine.active.add_step_time(self._name, end_ns - self._start_ns)
-
-    def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
-        super().__init__(name, attributes)
-        self._record: IterationSpan | None = None
 
     def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
         engine = telemetry.engine
@@ -399,7 +433,8 @@ class _StepPhase(PhaseSpan):
         end = end_ns if end_ns is not None else _time_ns()
         self._record = None
         self._token = None
-        record.add_child(self._name, self._start_ns, end, _clean_exit(exc))
+        record.children.append((self._name, self._start_ns, end, _clean_exit(exc)))
+        record.phase_ns[self._index] += end - self._start_ns
 
     def __enter__(self) -> Span:
         # Inlined fast path: the common case is an enclosing fast-path iteration on this thread.
@@ -415,7 +450,6 @@ class _StepPhase(PhaseSpan):
                 ):
                     self._record = record
                     self._start_ns = _time_ns()
-                    self._token = True
                     return record
         return super().__enter__()
 
@@ -428,8 +462,10 @@ class _StepPhase(PhaseSpan):
         record = self._record
         if record is not None:
             self._record = None
-            self._token = None
-            record.add_child(self._name, self._start_ns, _time_ns(), _clean_exit(exc))
+            end = _time_ns()
+            start = self._start_ns
+            record.children.append((self._name, start, end, None if exc is None else _clean_exit(exc)))
+            record.phase_ns[self._index] += end - start
             return False
         return super().__exit__(exc_type, exc, traceback)
 
@@ -656,13 +692,14 @@ _STEP_ATTRIBUTES = {
     name: {semconv.PHASE: name}
     for name in (_DATA_LOADING, _MODEL_FORWARD, _MODEL_BACKWARD, _OPTIMIZER_UPDATE)
 }
+_STEP_INDEX = {_DATA_LOADING: 0, _MODEL_FORWARD: 1, _MODEL_BACKWARD: 2, _OPTIMIZER_UPDATE: 3}
 _EMPTY: dict[str, AttributeValue] = {}
 
 
 def _step(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if attributes:
-        return _StepPhase(name, {**_STEP_ATTRIBUTES[name], **attributes})
-    return _StepPhase(name, _STEP_ATTRIBUTES[name])
+        return _StepPhase(name, {**_STEP_ATTRIBUTES[name], **attributes}, _STEP_INDEX[name])
+    return _StepPhase(name, _STEP_ATTRIBUTES[name], _STEP_INDEX[name])
 
 
 # --- the public phase factories ---------------------------------------------------------------
