@@ -44,7 +44,8 @@ def main() -> None:
             perf_tag_or_fn="bench", global_batch_size_or_fn=32, log_every_n_train_iterations=50
         )
         provider = TrainingTelemetryProvider.instance()
-        provider.with_base_config(base).with_exporter(FileExporter(file_path=Path(tmp) / "t.json")).configure_provider()
+        exporter = FileExporter(file_path=Path(tmp) / "t.json")
+        provider.with_base_config(base).with_exporter(exporter).configure_provider()
         with application():
             provider.set_training_telemetry_config(training)
             with training_loop(train_iterations_start=0):

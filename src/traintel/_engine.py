@@ -114,6 +114,7 @@ class IterationSpan(NonRecordingSpan):
     status: Status | None = None
     context: object = None  # the Context object attached for the body
     step_spans = False
+    materializing = False
 
     def __init__(self, phase: str, iteration: int, start_ns: int, parent: SpanContext) -> None:
         self.phase = phase
@@ -233,6 +234,9 @@ class TrainingEngine:
         self.foreign_loop: Span | None = None
         self.loop_start_ns = 0
         self.rotate_pending = False
+        self.materializing = 0  # the thread materialising an exported iteration, if any
+        if export_filter is not None:
+            export_filter.active_iteration = lambda: self.active
         self.samples_total = 0.0
         self.tokens_total = 0.0
         self.events = _EventBudget()
@@ -329,11 +333,9 @@ class TrainingEngine:
         record.span_id = span_id = new_span_id()
         parent_sampled = bool(parent.trace_flags & 1) if valid else True
         if self.export_filter is not None:
-            # Filtered mode: user spans inside are recorded and held until the decision.
+            # Filtered mode: user spans inside are recorded and held until the decision (the
+            # filter registers the iteration on the first one).
             sampled = parent_sampled and self.sampler.policy != "none"
-            if sampled:
-                self.export_filter.open_iteration(span_id)
-                record.filtered = True
         else:
             # The user's own pipeline: user spans follow the head decision (ParentBased samplers).
             sampled = parent_sampled and record.head_reason is not None
@@ -517,6 +519,7 @@ class TrainingEngine:
         if record.error is not None:
             _mark_error(span, record.error, record.end_ns)
         span.end(end_time=record.end_ns)
+        self.materializing = 0
         context_out = span.get_span_context()
         return (context_out.trace_id, context_out.span_id)
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
@@ -28,16 +30,12 @@ _DROPPED_MEMORY = 4096
 
 
 def estimate_span_bytes(span: ReadableSpan) -> int:
-    """A cheap upper-ish estimate of a span's OTLP protobuf size."""
-    size = 80 + len(span.name)
-    for key, value in (span.attributes or {}).items():
-        size += 8 + len(key) + (len(value) if isinstance(value, str) else 10)
+    """A cheap estimate of a span's OTLP protobuf size: ids, times and name (~80 B), ~48 B per
+    attribute (our keys are ~30 characters), events with their attributes, links."""
+    size = 80 + len(span.name) + 48 * len(span.attributes or ())
     for event in span.events:
-        size += 24 + len(event.name)
-        for key, value in (event.attributes or {}).items():
-            size += 8 + len(key) + (len(value) if isinstance(value, str) else 10)
-    size += 48 * len(span.links)
-    return size
+        size += 32 + len(event.name) + 48 * len(event.attributes or ())
+    return size + 48 * len(span.links)
 
 
 class TraceBudget:
@@ -53,19 +51,21 @@ class TraceBudget:
         if context is None:
             return
         size = estimate_span_bytes(span)
-        with self._lock:
-            usage = self._usage.get(context.trace_id)
-            if usage is None:
-                usage = self._usage[context.trace_id] = [0, 0]
-                if len(self._usage) > self._keep:
-                    self._usage.popitem(last=False)
-            usage[0] += 1
-            usage[1] += size
+        usage = self._usage.get(context.trace_id)
+        if usage is None:
+            with self._lock:
+                usage = self._usage.get(context.trace_id)
+                if usage is None:
+                    usage = self._usage[context.trace_id] = [0, 0]
+                    if len(self._usage) > self._keep:
+                        self._usage.popitem(last=False)
+        # Unlocked: an estimate; concurrent ends of one trace may lose an increment, not a span.
+        usage[0] += 1
+        usage[1] += size
 
     def usage(self, trace_id: int) -> tuple[int, int]:
-        with self._lock:
-            usage = self._usage.get(trace_id)
-            return (usage[0], usage[1]) if usage is not None else (0, 0)
+        usage = self._usage.get(trace_id)
+        return (usage[0], usage[1]) if usage is not None else (0, 0)
 
 
 class IterationExportFilter(SpanProcessor):
@@ -78,36 +78,48 @@ class IterationExportFilter(SpanProcessor):
         self._owner: dict[int, int] = {}
         self._dropped: OrderedDict[int, None] = OrderedDict()
         self._lock = threading.Lock()
+        self._open_children: dict[int, int] = {}
         self.buffer_overflow = 0
         self.dropped_spans = 0
+        #: Returns the running fast-path iteration (set by the engine): its span id is the parent
+        #: of spans the user starts inside it. Registering lazily, on the first such span, keeps
+        #: iterations without user spans free of any filter work.
+        self.active_iteration: Callable[[], Any] = lambda: None
 
     # --- decisions, from the iteration fast path ---------------------------------------------------
-    def open_iteration(self, span_id: int) -> None:
-        with self._lock:
-            self._pending[span_id] = []
-
     def close_iteration(self, span_id: int, export: bool) -> None:
+        """The decision for an iteration some user span was started in."""
         with self._lock:
             held = self._pending.pop(span_id, None) or []
+            still_open = self._open_children.pop(span_id, 0)
             if not export:
-                self._dropped[span_id] = None
-                if len(self._dropped) > _DROPPED_MEMORY:
-                    self._dropped.popitem(last=False)
                 self.dropped_spans += len(held)
+                if still_open:  # late-ending descendants must be dropped too
+                    self._dropped[span_id] = None
+                    if len(self._dropped) > _DROPPED_MEMORY:
+                        self._dropped.popitem(last=False)
         if export:
             for span in held:
                 self._forward(span)
 
     # --- SpanProcessor ---------------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        if self._pending:
-            parent = span.parent
-            if parent is not None:
-                parent_id = parent.span_id
+        parent = span.parent
+        if parent is not None:
+            parent_id = parent.span_id
+            root = self._owner.get(parent_id)
+            if root is None:
+                active = self.active_iteration()
+                if active is not None and active.span_id == parent_id and not active.materializing:
+                    root = parent_id
+                    if not active.filtered:
+                        active.filtered = True
+                        with self._lock:
+                            self._pending[root] = []
+            if root is not None:
                 with self._lock:
-                    root = parent_id if parent_id in self._pending else self._owner.get(parent_id)
-                    if root is not None:
-                        self._owner[span.get_span_context().span_id] = root
+                    self._owner[span.get_span_context().span_id] = root
+                    self._open_children[root] = self._open_children.get(root, 0) + 1
         for processor in self._processors:
             processor.on_start(span, parent_context=parent_context)
 
@@ -121,6 +133,11 @@ class IterationExportFilter(SpanProcessor):
             with self._lock:
                 root = self._owner.pop(context.span_id, None)
                 if root is not None:
+                    remaining = self._open_children.get(root, 0) - 1
+                    if remaining > 0:
+                        self._open_children[root] = remaining
+                    else:
+                        self._open_children.pop(root, None)
                     held = self._pending.get(root)
                     if held is not None:
                         if len(held) < MAX_BUFFERED_PER_ITERATION:

@@ -2,19 +2,19 @@
 
 Why deferred recording: an SDK histogram ``record`` costs microseconds (attribute hashing,
 locks, exemplar sampling) — the whole per-iteration budget. The training thread therefore only
-appends a float to a bounded deque; the values are recorded into the histograms by an
+appends a float to a bounded buffer; the values are recorded into the histograms by an
 observable instrument's callback, which the SDK runs on the metric reader's thread just before
 it collects (synchronous measurements made there are consumed by every reader's storage).
 Counters are added as deltas at the same moment. Gauges report the last closed window.
 
-A full deque drops its oldest values and counts them (``traintel.measurements.dropped``): a
-silent drop is a bug.
+A full buffer drops new values and counts them (``traintel.measurements.dropped``): a silent
+drop is a bug.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+from array import array
 from collections.abc import Callable, Iterable
 
 from opentelemetry import metrics as metrics_api
@@ -33,8 +33,8 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
 #: Checkpoint sizes: 1 MB to 10 TB.
 SIZE_BUCKETS_BY: tuple[float, ...] = tuple(float(10**e) for e in range(6, 14))
 
-#: Per-iteration values waiting for the reader thread; at 1,000 iterations/s and a 60 s
-#: export interval this holds one interval without loss.
+#: Per-iteration values waiting for the reader thread (0.8 MB at most per buffer); at 1,000
+#: iterations/s and a 60 s export interval this holds one interval without loss.
 DEFERRED_CAPACITY = 100_000
 
 _W = semconv.WINDOW_PREFIX
@@ -53,8 +53,10 @@ class TrainingInstruments:
         self._last_window = last_window
         self._totals = totals
         self._lock = threading.Lock()
-        self.iteration_durations: deque[float] = deque(maxlen=DEFERRED_CAPACITY)
-        self.data_loading_durations: deque[float] = deque(maxlen=DEFERRED_CAPACITY)
+        # Compact buffers (8 bytes a value), swapped out under a lock by the reader's drain.
+        self._buffer_lock = threading.Lock()
+        self.iteration_durations = array("d")
+        self.data_loading_durations = array("d")
         self.dropped = 0
         self._reported_samples = 0.0
         self._reported_tokens = 0.0
@@ -156,24 +158,27 @@ class TrainingInstruments:
         return observations
 
     def defer(self, iteration_s: float, data_loading_s: float | None) -> None:
-        """Queue one iteration's values (training thread: two appends)."""
-        durations = self.iteration_durations
-        if len(durations) == DEFERRED_CAPACITY:
-            self.dropped += 1
-        durations.append(iteration_s)
-        if data_loading_s is not None:
-            self.data_loading_durations.append(data_loading_s)
+        """Queue one iteration's values (training thread: an uncontended lock and two appends)."""
+        with self._buffer_lock:
+            durations = self.iteration_durations
+            if len(durations) >= DEFERRED_CAPACITY:
+                self.dropped += 1  # no reader collected for DEFERRED_CAPACITY iterations
+                return
+            durations.append(iteration_s)
+            if data_loading_s is not None:
+                self.data_loading_durations.append(data_loading_s)
 
     def _drain(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:  # two readers may collect at once
-            durations = self.iteration_durations
+            with self._buffer_lock:
+                durations, self.iteration_durations = self.iteration_durations, array("d")
+                waits, self.data_loading_durations = self.data_loading_durations, array("d")
             record = self.iteration_duration.record
-            for _ in range(len(durations)):
-                record(durations.popleft())
-            waits = self.data_loading_durations
+            for value in durations:
+                record(value)
             record = self.data_loading_duration.record
-            for _ in range(len(waits)):
-                record(waits.popleft())
+            for value in waits:
+                record(value)
             samples, tokens = self._totals()
             if samples > self._reported_samples:
                 self.samples.add(samples - self._reported_samples)

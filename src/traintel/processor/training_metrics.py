@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from traintel.processor.instruments import TrainingInstruments
 
 _logger = logging.getLogger(__name__)
+_get_ident = threading.get_ident
 
 #: Open spans tracked at most. Only spans that are never ended (a leak in someone's code) can
 #: reach it; past it, spans without ``ml.training.phase`` are no longer tracked.
@@ -71,8 +72,9 @@ class TrainingMetricsProcessor(SpanProcessor):
 
     # --- SpanProcessor ---------------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        if not self._enabled:
-            return
+        engine = self.engine
+        if not self._enabled or (engine is not None and engine.materializing == _get_ident()):
+            return  # an exported iteration's spans: created and ended at once, already counted
         context = span.get_span_context()
         phase = (span.attributes or {}).get(semconv.PHASE)
         if phase is not None or len(self._open) < MAX_TRACKED_OPEN_SPANS:
@@ -95,9 +97,12 @@ class TrainingMetricsProcessor(SpanProcessor):
         context = span.get_span_context()
         if context is None:
             return
-        live = self._open.pop(context.span_id, None)
         if self._budget is not None and context.trace_flags.sampled:
             self._budget.add(span)
+        engine = self.engine
+        if engine is not None and engine.materializing == _get_ident():
+            return
+        live = self._open.pop(context.span_id, None)
         phase = (span.attributes or {}).get(semconv.PHASE)
         if phase is None:
             return
