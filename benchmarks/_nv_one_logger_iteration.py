@@ -1,8 +1,14 @@
-"""Runs inside a separate virtualenv with nv-one-logger-training-telemetry installed.
+"""Runs inside a separate virtualenv holding both nv-one-logger-training-telemetry and traintel.
 
-Prints JSON: microseconds per ``with training_iteration():`` (nothing inside), median of
-rounds, at the start of a run and again after ``--later`` iterations. Exporter: the library's
-FileExporter writing to a temporary file, as in its own example.
+nv-one-logger pins its own dependencies, so it gets a virtualenv of its own; traintel is
+installed there too so both are measured in one process, in interleaved rounds (these machines
+are noisy: interleaving exposes both to the same noise). Prints JSON with medians in
+microseconds per iteration:
+
+* ``nv_start``: nv-one-logger's ``with training_iteration():`` alone, at the start of a run;
+* ``traintel``: traintel's ``training_iteration`` with ``model_forward``, ``model_backward`` and
+  ``optimizer_update`` inside (default policy), in the same rounds;
+* ``nv_later`` / ``traintel_later``: the same after ``--later`` iterations of each.
 """
 
 from __future__ import annotations
@@ -19,25 +25,56 @@ from nv_one_logger.exporter.file_exporter import FileExporter
 from nv_one_logger.training_telemetry.api.config import TrainingTelemetryConfig
 from nv_one_logger.training_telemetry.api.context import application, training_iteration, training_loop
 from nv_one_logger.training_telemetry.api.training_telemetry_provider import TrainingTelemetryProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+import traintel
 
 
-def rounds(n: int, count: int) -> float:
-    samples = []
-    for _ in range(count):
-        start = time.perf_counter_ns()
-        for _ in range(n):
-            with training_iteration():
+class DropExporter(SpanExporter):
+    def export(self, spans: object) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def nv_steps(n: int) -> None:
+    for _ in range(n):
+        with training_iteration():
+            pass
+
+
+def traintel_steps(n: int) -> None:
+    for _ in range(n):
+        with traintel.training_iteration():
+            with traintel.model_forward():
                 pass
-        samples.append((time.perf_counter_ns() - start) / n / 1000)
-    return statistics.median(samples)
+            with traintel.model_backward():
+                pass
+            with traintel.optimizer_update():
+                pass
+
+
+def interleaved(n: int, rounds: int) -> tuple[float, float, float]:
+    """Medians of nv and traintel, and the median of per-round ratios nv / traintel."""
+    nv, ours, ratios = [], [], []
+    for _ in range(rounds):
+        start = time.perf_counter_ns()
+        nv_steps(n)
+        a = (time.perf_counter_ns() - start) / n / 1000
+        start = time.perf_counter_ns()
+        traintel_steps(n)
+        b = (time.perf_counter_ns() - start) / n / 1000
+        nv.append(a)
+        ours.append(b)
+        ratios.append(a / b)
+    return statistics.median(nv), statistics.median(ours), statistics.median(ratios)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iterations", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--later", type=int, default=20000)
     args = parser.parse_args()
+    traintel.configure(span_exporters=[DropExporter()], metric_readers=[], slow_iteration_factor=1e9)
     with tempfile.TemporaryDirectory() as tmp:
         base = OneLoggerConfig(application_name="bench", world_size_or_fn=1, session_tag_or_fn="bench")
         training = TrainingTelemetryConfig(
@@ -48,16 +85,25 @@ def main() -> None:
         provider.with_base_config(base).with_exporter(exporter).configure_provider()
         with application():
             provider.set_training_telemetry_config(training)
-            with training_loop(train_iterations_start=0):
-                rounds(200, 1)  # warm-up
-                start = rounds(args.iterations, args.rounds)
+            with training_loop(train_iterations_start=0), traintel.training_loop():
+                nv_steps(200)
+                traintel_steps(200)
+                nv_start, ours_start, ratio_start = interleaved(args.iterations, args.rounds)
                 done = 200 + args.iterations * args.rounds
                 filler = max(0, args.later - done)
-                for _ in range(filler):
-                    with training_iteration():
-                        pass
-                later = rounds(args.iterations, args.rounds)
-    print(json.dumps({"start_us": start, "later_us": later, "later_at": args.later}))
+                nv_steps(filler)
+                traintel_steps(filler)
+                nv_later, ours_later, ratio_later = interleaved(args.iterations, args.rounds)
+    traintel.shutdown(2)
+    print(
+        json.dumps(
+            {
+                "nv_start": nv_start, "traintel": ours_start, "ratio_start": ratio_start,
+                "nv_later": nv_later, "traintel_later": ours_later, "ratio_later": ratio_later,
+                "later_at": args.later,
+            }
+        )
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

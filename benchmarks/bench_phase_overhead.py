@@ -135,10 +135,26 @@ def nv_one_logger(iterations: int, rounds: int, later: int) -> dict[str, float] 
     return parsed
 
 
+def interleaved(variants: dict[str, Callable[[int], None]], n: int, rounds: int) -> dict[str, list[float]]:
+    """Microseconds per iteration of every variant, one run of each per round, so the noise of
+    these shared machines hits all variants alike; ratios are then taken per round."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            start = time.perf_counter_ns()
+            fn(n)
+            times[name].append((time.perf_counter_ns() - start) / n / 1000)
+    return times
+
+
+def ratio(times: dict[str, list[float]], a: str, b: str) -> float:
+    return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--iterations", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--iterations", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--long", type=int, default=1_000_000, help="iterations for flatness and memory")
     parser.add_argument("--skip-nv", action="store_true", help="do not run nv-one-logger")
     args = parser.parse_args()
@@ -146,52 +162,68 @@ def main() -> None:
     sdk_provider = TracerProvider(shutdown_on_exit=False)
     sdk_provider.add_span_processor(BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16))
     bare = bare_sdk(sdk_provider)
-
-    # traintel with its own pipeline around the same kind of exporter, default sampling policy
+    # traintel builds its own pipeline around the same kind of exporter and batch processor
     traintel.configure(span_exporters=[DropExporter()], metric_readers=[], slow_iteration_factor=1e9)
+
+    def default_policy(n: int) -> None:
+        traintel.set_training_config(export_iterations="sampled")
+        traintel_steps(n)
+
+    def export_all(n: int) -> None:
+        traintel.set_training_config(export_iterations="all")
+        traintel_steps(n)
+
+    variants = {
+        "floor (4 perf_counter_ns pairs)": floor,
+        "bare OTel SDK, 4 spans": bare,
+        "traintel, default policy": default_policy,
+        "traintel, export all (4 spans)": export_all,
+    }
     with traintel.training_loop():
-        for fn in (floor, bare, traintel_steps):  # warm up
+        for fn in variants.values():  # warm up
             fn(1000)
-        results = {
-            "floor (4 perf_counter_ns pairs)": measure(floor, args.iterations, args.rounds),
-            "bare OTel SDK, 4 spans": measure(bare, args.iterations, args.rounds),
-            "traintel, default policy": measure(traintel_steps, args.iterations, args.rounds),
-        }
-    traintel.configure(span_exporters=[DropExporter()], metric_readers=[], export_iterations="all")
-    with traintel.training_loop():
-        traintel_steps(1000)
-        results["traintel, export all (4 spans)"] = measure(traintel_steps, args.iterations, args.rounds)
-        results["bare OTel SDK, 4 spans (again)"] = measure(bare, args.iterations, args.rounds)
+        times = interleaved(variants, args.iterations, args.rounds)
+    traintel.set_training_config(export_iterations="sampled")
 
     # flatness and memory over a long run, default policy
-    traintel.configure(span_exporters=[DropExporter()], metric_readers=[], slow_iteration_factor=1e9)
     with traintel.training_loop():
         traintel_steps(1000)
-        early = measure(traintel_steps, args.iterations, args.rounds)
+        early = interleaved({"early": traintel_steps}, args.iterations, args.rounds)["early"]
         rss_before = rss_bytes()
-        remaining = max(0, args.long - 1000 - args.iterations * args.rounds)
-        traintel_steps(remaining)
-        late = measure(traintel_steps, args.iterations, args.rounds)
+        traintel_steps(max(0, args.long - 1000 - args.iterations * args.rounds))
+        late = interleaved({"late": traintel_steps}, args.iterations, args.rounds)["late"]
         rss_after = rss_bytes()
     traintel.shutdown(5)
 
-    nv = None if args.skip_nv else nv_one_logger(2000, 5, 20_000)
+    nv = None if args.skip_nv else nv_one_logger(1000, args.rounds, 20_000)
 
-    print(f"per-iteration cost, median of {args.rounds} rounds x {args.iterations} iterations")
-    for name, micros in results.items():
-        print(f"  {name:<36} {micros:9.2f} µs")
-    ours = results["traintel, default policy"]
-    sdk = statistics.mean([results["bare OTel SDK, 4 spans"], results["bare OTel SDK, 4 spans (again)"]])
-    print(f"ratio traintel default / bare SDK:       {ours / sdk:.3f}x")
-    print(f"ratio traintel 'all' / bare SDK spans:   {results['traintel, export all (4 spans)'] / sdk:.2f}x")
+    default, everything, sdk = (
+        "traintel, default policy",
+        "traintel, export all (4 spans)",
+        "bare OTel SDK, 4 spans",
+    )
+    print(f"per-iteration cost: median of {args.rounds} interleaved rounds x {args.iterations} iterations")
+    for name, values in times.items():
+        print(f"  {name:<36} {statistics.median(values):9.2f} µs")
+    print(f"ratio traintel default / bare SDK:       {ratio(times, default, sdk):.3f}x")
+    print(f"ratio traintel 'all' / bare SDK spans:   {ratio(times, everything, sdk):.2f}x")
     if isinstance(nv, dict):
-        print(f"  nv-one-logger training_iteration alone: {nv['start_us']:.2f} µs at the start, "
-              f"{nv['later_us']:.2f} µs at iteration {int(nv['later_at'])}")  # fmt: skip
-        print(f"ratio nv-one-logger (start) / traintel:  {nv['start_us'] / ours:.1f}x")
+        print("nv-one-logger (training_iteration alone) vs traintel (4 phases), one process, interleaved:")
+        for label, nv_key, ours_key, ratio_key in (
+            ("at the start", "nv_start", "traintel", "ratio_start"),
+            (f"after {int(nv['later_at']):,} iterations", "nv_later", "traintel_later", "ratio_later"),
+        ):
+            print(
+                f"  {label:<26} nv {nv[nv_key]:8.2f} µs   traintel {nv[ours_key]:7.2f} µs   "
+                f"ratio {nv[ratio_key]:.1f}x"
+            )
     else:
-        print(f"  nv-one-logger: {nv or 'skipped'}")
-    print(f"flatness: {early:.2f} µs near iteration 1,000 vs {late:.2f} µs after {args.long:,} "
-          f"({late / early:.2f}x)")  # fmt: skip
+        print(f"nv-one-logger: {nv or 'skipped'}")
+    early_us, late_us = statistics.median(early), statistics.median(late)
+    print(
+        f"flatness: {early_us:.2f} µs near iteration 1,000 vs {late_us:.2f} µs after {args.long:,} "
+        f"({late_us / early_us:.2f}x)"
+    )
     print(f"RSS growth over {args.long:,} iterations: {(rss_after - rss_before) / 1e6:.2f} MB")
 
 

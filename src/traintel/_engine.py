@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Mapping
@@ -54,6 +55,7 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 _new_tuple = tuple.__new__
+_getrandbits = random.getrandbits
 
 
 def _span_context(trace_id: int, span_id: int, flags: TraceFlags) -> SpanContext:
@@ -115,6 +117,7 @@ class IterationSpan(NonRecordingSpan):
     context: object = None  # the Context object attached for the body
     step_spans = False
     materializing = False
+    real_span: Span | None = None  # "all" mode: the SDK span the iteration is while it runs
 
     def __init__(self, phase: str, iteration: int, start_ns: int, parent: SpanContext) -> None:
         self.phase = phase
@@ -249,6 +252,8 @@ class TrainingEngine:
     def apply_config(self, config: TrainingConfig) -> None:
         """(Re)read the knobs; called at start, on set_training_config, and at window ends."""
         self.config = config
+        self._rate_inputs: RateInputs | None = None
+        self.export_all = config.get("export_iterations") == "all"
         self.window_size = int(config.get("log_every_n_iterations"))
         if not hasattr(self, "aggregator"):
             self.aggregator = TrainingAggregator(self.window_size, int(config.get("warmup_iterations")))
@@ -259,6 +264,7 @@ class TrainingEngine:
                 float(config.get("slow_iteration_factor")),
             )
         self.aggregator.window_size = self.window_size
+        self.sampler.policy = str(config.get("export_iterations"))
         global_batch = config.get("global_batch_size")
         self.default_samples: float | None = global_batch / self.world_size if global_batch else None
         self.seq_len: int | None = config.get("seq_len")
@@ -323,15 +329,26 @@ class TrainingEngine:
                 record.add_work(_num(samples), _num(tokens), None, None)
                 record.micro_batches = 0
         if phase == _TRAINING_ITERATION:
-            record.head_reason = self.sampler.head(iteration)
+            sampler = self.sampler
+            index = sampler.seen
+            sampler.seen = index + 1
+            if (
+                index >= sampler.first
+                and sampler.policy == "sampled"
+                and (not sampler.every_n or iteration % sampler.every_n)
+            ):
+                pass  # the common case, decided inline: no head reason
+            else:
+                sampler.seen = index
+                record.head_reason = sampler.head(iteration)
             if self._dtype_seen is None:
                 self._dtype_seen = autocast_dtype() or "fp32"
         else:
             record.head_reason = self._eval_sampler(phase).head(iteration)
-        valid = parent.is_valid
-        record.trace_id = parent.trace_id if valid else new_trace_id()
-        record.span_id = span_id = new_span_id()
-        parent_sampled = bool(parent.trace_flags & 1) if valid else True
+        valid = parent[5]  # SpanContext.is_valid, read from the tuple
+        record.trace_id = parent[0] if valid else new_trace_id()
+        record.span_id = span_id = _getrandbits(64) or new_span_id()
+        parent_sampled = bool(parent[3] & 1) if valid else True  # trace_flags
         if self.export_filter is not None:
             # Filtered mode: user spans inside are recorded and held until the decision (the
             # filter registers the iteration on the first one).
@@ -405,10 +422,17 @@ class TrainingEngine:
         sampler = self.sampler
         slow = sampler.is_slow(seconds)
         median = sampler.median
-        reason = sampler.tail(record.head_reason, slow, record.error is not None, record.nonfinite)
-        if reason is not None:
-            reason = self._within_budget(reason)
-        exported = self._decide(record, reason)
+        if record.head_reason is None and not slow and record.error is None and not record.nonfinite:
+            reason = None  # the common case: counted, not exported
+        else:
+            reason = sampler.tail(record.head_reason, slow, record.error is not None, record.nonfinite)
+            if reason is not None:
+                reason = self._within_budget(reason)
+        exported = (
+            self._decide(record, reason)
+            if reason is not None or record.filtered or record.real_span
+            else None
+        )
         if record.nonfinite or slow or exported is not None:
             aggregator.flag(record.nonfinite, slow, exported is not None)
         loop = self.loop
@@ -462,8 +486,48 @@ class TrainingEngine:
             return None
         return reason
 
+    # --- "all" mode: every iteration is a real span from the start --------------------------------
+    def start_real_iteration(self, record: IterationSpan, context: Context) -> Span:
+        """With every iteration exported there is nothing to defer: the iteration is an SDK span
+        while it runs (its step phases and the user's spans nest as usual), and the record only
+        carries the numbers for the aggregates."""
+        span = self.tracer.start_span(
+            record.phase,
+            context=context,
+            attributes={semconv.PHASE: record.phase, semconv.ITERATION: record.iteration},
+            start_time=record.start_ns,
+        )
+        record.real_span = span
+        record.materializing = True  # not a deferred iteration: the filter holds nothing for it
+        record.span_id = span.get_span_context().span_id
+        return span
+
+    def _finish_real(self, record: IterationSpan, reason: str | None) -> tuple[int, int] | None:
+        span = record.real_span
+        if span is None:
+            return None
+        attributes = self._span_attributes(record, reason or "all")
+        del attributes[semconv.PHASE], attributes[semconv.ITERATION]
+        span.set_attributes(attributes)
+        if record.events:
+            for name, event_attributes, timestamp in record.events:
+                span.add_event(name, event_attributes, timestamp)
+        if record.status is not None:
+            span.set_status(record.status)
+        if record.error is not None:
+            _mark_error(span, record.error, record.end_ns)
+        span.end(end_time=record.end_ns)
+        context = span.get_span_context()
+        return (
+            (context.trace_id, context.span_id)
+            if span.is_recording() or context.trace_flags.sampled
+            else None
+        )
+
     def _decide(self, record: IterationSpan, reason: str | None) -> tuple[int, int] | None:
         """Release or drop what the filter held, and materialise the iteration if kept."""
+        if record.real_span is not None:
+            return self._finish_real(record, reason)
         if record.filtered and self.export_filter is not None:
             self.export_filter.close_iteration(record.span_id, reason is not None)
         if reason is None:
@@ -472,10 +536,8 @@ class TrainingEngine:
             return None
         return self._materialize(record, reason)
 
-    def _materialize(self, record: IterationSpan, reason: str) -> tuple[int, int] | None:
-        tracer = self.tracer
-        parent = record.parent
-        context = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
+    @staticmethod
+    def _span_attributes(record: IterationSpan, reason: str) -> dict[str, AttributeValue]:
         attributes: dict[str, AttributeValue] = dict(record.attributes or {})
         attributes[semconv.PHASE] = record.phase
         attributes[semconv.ITERATION] = record.iteration
@@ -493,6 +555,13 @@ class TrainingEngine:
         if record.metrics:
             for name, value in record.metrics.items():
                 attributes[semconv.METRIC_PREFIX + name] = value
+        return attributes
+
+    def _materialize(self, record: IterationSpan, reason: str) -> tuple[int, int] | None:
+        tracer = self.tracer
+        parent = record.parent
+        context = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
+        attributes = self._span_attributes(record, reason)
         ids = self.ids
         if ids is not None:
             ids.force(record.span_id, None if parent.is_valid else record.trace_id)
@@ -571,12 +640,15 @@ class TrainingEngine:
 
     # --- windows --------------------------------------------------------------------------------
     def close_window(self) -> WindowReport | None:
-        inputs = self.rate_inputs()
+        inputs = self._rate_inputs
+        if inputs is None or self.config.has_lazy:
+            inputs = self._rate_inputs = self.rate_inputs()
         report = self.aggregator.close_window(inputs)
         self.sampler.refresh()
         if report is None:
             return None
-        self.apply_config(self.config)  # lazy values are re-resolved once per window
+        if self.config.has_lazy:
+            self.apply_config(self.config)  # lazy values are re-resolved once per window
         if inputs.peak_flops is None and report.get(semconv.WINDOW_PREFIX + "flops_per_second_per_device"):
             self.warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
         loop = self._loop_span_for()

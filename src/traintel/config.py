@@ -293,6 +293,11 @@ class TrainingConfig:
     def is_set(self, name: str) -> bool:
         return name in self._values
 
+    @property
+    def has_lazy(self) -> bool:
+        """Whether any value is a callable (and so may change between reads)."""
+        return any(callable(value) for value in self._values.values())
+
     def is_lazy(self, name: str) -> bool:
         return callable(self._values.get(name))
 

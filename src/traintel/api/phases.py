@@ -323,11 +323,18 @@ class _Iteration(PhaseSpan):
         context = _get_current()
         record = engine.begin_iteration(self._name, self._number(telemetry), start, self._attributes, context)
         self._record = record
-        self._span = record
-        body = record.context = _with_span(record, context)
+        handle: Span = record
+        if engine.export_all:
+            # Every iteration exported: a real span from the start; step phases become real
+            # spans under it (record.context stays None, so they do not take the fast path).
+            handle = engine.start_real_iteration(record, context)
+            body = _with_span(handle, context)
+        else:
+            body = record.context = _with_span(record, context)
+        self._span = handle
         self._token = _attach(body)
         self._thread = _get_ident()
-        return record
+        return handle
 
     def __exit__(
         self,

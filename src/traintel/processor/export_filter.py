@@ -50,18 +50,20 @@ class TraceBudget:
         context = span.get_span_context()
         if context is None:
             return
-        size = estimate_span_bytes(span)
         usage = self._usage.get(context.trace_id)
         if usage is None:
             with self._lock:
                 usage = self._usage.get(context.trace_id)
                 if usage is None:
-                    usage = self._usage[context.trace_id] = [0, 0]
+                    usage = self._usage[context.trace_id] = [0, 0, 0]
                     if len(self._usage) > self._keep:
                         self._usage.popitem(last=False)
         # Unlocked: an estimate; concurrent ends of one trace may lose an increment, not a span.
-        usage[0] += 1
-        usage[1] += size
+        # Sizing a span walks its attributes; every 8th span is sized and stands for its 8.
+        count = usage[0] = usage[0] + 1
+        if count % 8 == 1:
+            usage[2] = estimate_span_bytes(span)
+        usage[1] += usage[2]
 
     def usage(self, trace_id: int) -> tuple[int, int]:
         usage = self._usage.get(trace_id)

@@ -77,6 +77,8 @@ class TrainingMetricsProcessor(SpanProcessor):
             return  # an exported iteration's spans: created and ended at once, already counted
         context = span.get_span_context()
         phase = (span.attributes or {}).get(semconv.PHASE)
+        if phase in _PER_STEP and self._is_own(span):
+            return  # our own per-step spans ("all" mode): the engine counts them directly
         if phase is not None or len(self._open) < MAX_TRACKED_OPEN_SPANS:
             self._open[context.span_id] = span
         elif not self._overflow_warned:
@@ -102,10 +104,13 @@ class TrainingMetricsProcessor(SpanProcessor):
         engine = self.engine
         if engine is not None and engine.materializing == _get_ident():
             return
-        live = self._open.pop(context.span_id, None)
         phase = (span.attributes or {}).get(semconv.PHASE)
         if phase is None:
+            self._open.pop(context.span_id, None)
             return
+        if phase in _PER_STEP and self._is_own(span):
+            return
+        live = self._open.pop(context.span_id, None)
         key = str(phase)
         if live is not None:
             with self._lock:
