@@ -394,18 +394,7 @@ class TrainingEngine:
         return samples, tokens, flops
 
     def _end_training_iteration(self, record: IterationSpan, duration_ns: int) -> None:
-        samples = record.samples
-        if samples is None:
-            samples = self.default_samples
-        tokens = record.tokens
-        if tokens is None and samples is not None and self.seq_len:
-            tokens = samples * self.seq_len
-        flops = record.flops
-        if flops is None:
-            if self.flops_per_token and tokens is not None:
-                flops = self.flops_per_token * tokens
-            elif self.flops_per_sample and samples is not None:
-                flops = self.flops_per_sample * samples
+        samples, tokens, flops = self._counts(record)
         aggregator = self.aggregator
         phases = record.phase_ns if record.children or record.step_spans else None
         window_full = aggregator.add_iteration(
