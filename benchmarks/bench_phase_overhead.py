@@ -135,15 +135,20 @@ def nv_one_logger(iterations: int, rounds: int, later: int) -> dict[str, float] 
     return parsed
 
 
-def interleaved(variants: dict[str, Callable[[int], None]], n: int, rounds: int) -> dict[str, list[float]]:
+def interleaved(
+    variants: dict[str, Callable[[int], None]], n: int, rounds: int, settle: Callable[[], None] = lambda: None
+) -> dict[str, list[float]]:
     """Microseconds per iteration of every variant, one run of each per round, so the noise of
-    these shared machines hits all variants alike; ratios are then taken per round."""
+    these shared machines hits all variants alike; ratios are then taken per round. ``settle``
+    runs untimed after each variant: the batch processors' export threads finish their backlog
+    there instead of competing for the GIL with the next variant's timing."""
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
             start = time.perf_counter_ns()
             fn(n)
             times[name].append((time.perf_counter_ns() - start) / n / 1000)
+            settle()
     return times
 
 
@@ -179,10 +184,15 @@ def main() -> None:
         "traintel, default policy": default_policy,
         "traintel, export all (4 spans)": export_all,
     }
+
+    def settle() -> None:
+        sdk_provider.force_flush()
+        traintel.get_telemetry().flush(10)
+
     with traintel.training_loop():
         for fn in variants.values():  # warm up
             fn(1000)
-        times = interleaved(variants, args.iterations, args.rounds)
+        times = interleaved(variants, args.iterations, args.rounds, settle)
     traintel.set_training_config(export_iterations="sampled")
 
     # flatness and memory over a long run, default policy

@@ -21,6 +21,7 @@ Definitions (the README repeats them):
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 from traintel import semconv
@@ -247,7 +248,8 @@ class TrainingAggregator:
         counts = self._window
         n = len(ordered)
         mean = counts.duration_s / n
-        variance = sum((d - mean) ** 2 for d in ordered) / n
+        deviations = [d - mean for d in ordered]
+        variance = math.fsum(map(operator.mul, deviations, deviations)) / n
         attributes: dict[str, float | int | str] = {
             _W + "index": self.windows_closed,
             _W + "iterations": n,
@@ -303,9 +305,7 @@ class TrainingAggregator:
         counts.merge(self._window_warmup, sign=-1)
         self.total.merge(counts)
         self._total_stats.merge(post)
-        sketch = self._total_sketch
-        for value in post:
-            sketch.add(value)
+        self._total_sketch.add_many(post)
 
     def _totals(self, inputs: RateInputs, out: dict[str, float | int | str]) -> None:
         out[_T + "iterations"] = self.iterations_seen

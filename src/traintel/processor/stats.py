@@ -10,6 +10,7 @@ steps.
 from __future__ import annotations
 
 import math
+import operator
 from bisect import bisect_left, insort
 from collections import deque
 
@@ -59,7 +60,8 @@ class RunningStats:
             return
         batch_sum = math.fsum(values)
         batch_mean = batch_sum / n
-        batch_m2 = math.fsum((v - batch_mean) ** 2 for v in values)
+        deviations = [v - batch_mean for v in values]
+        batch_m2 = math.fsum(map(operator.mul, deviations, deviations))
         total = self.count + n
         delta = batch_mean - self.mean
         self._m2 += batch_m2 + delta * delta * self.count * n / total
@@ -124,6 +126,22 @@ class QuantileSketch:
                 self._bucket(folded)
             return
         self._bucket(value)
+
+    def add_many(self, values: list[float]) -> None:
+        """Add a batch (a window's values): one C-level sort instead of an insort per value."""
+        exact = self._exact
+        if exact is None:
+            for value in values:
+                self._bucket(value)
+            self.count += len(values)
+            return
+        exact.extend(values)
+        exact.sort()  # timsort merges the two sorted runs in linear time
+        self.count += len(values)
+        if len(exact) > self.exact_limit:
+            self._exact = None
+            for folded in exact:
+                self._bucket(folded)
 
     def _bucket(self, value: float) -> None:
         if value <= 0:
