@@ -425,8 +425,11 @@ class TrainingEngine:
         if record.nonfinite or slow or exported is not None:
             aggregator.flag(record.nonfinite, slow, exported is not None)
         loop = self.loop
-        if loop is not None:
-            loop.note_iteration(record.iteration)
+        if loop is not None:  # SegmentedSpan.note_iteration, inlined
+            if loop.segment_first_iteration is None:
+                loop.segment_first_iteration = record.iteration
+            loop.segment_last_iteration = record.iteration
+            loop.segment_iterations += 1
         if slow:
             self._slow_event(record, seconds, median, exported)
         if record.nonfinite:

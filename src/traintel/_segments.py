@@ -31,7 +31,7 @@ class SegmentedSpan(Span):
 
     def __init__(self, first: Span, name: str, attributes: Mapping[str, types.AttributeValue] | None) -> None:
         self.current = first
-        self.first_context = first.get_span_context()
+        self.first_context = self._context = first.get_span_context()
         self.name = name
         self.start_attributes = dict(attributes or {})
         self.segment_index = 0
@@ -45,7 +45,7 @@ class SegmentedSpan(Span):
         self.current.end(end_time=end_time)
 
     def get_span_context(self) -> SpanContext:
-        return self.current.get_span_context()
+        return self._context  # the current segment's; read once per iteration, so cached
 
     def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
         self.current.set_attributes(attributes)
@@ -126,6 +126,7 @@ class SegmentedSpan(Span):
             links=[Link(link) for link in links if link.is_valid],
             start_time=start_ns,
         )
+        self._context = self.current.get_span_context()
         self.segment_start_ns = start_ns
         self.segment_first_iteration = None
         self.segment_last_iteration = None

@@ -315,6 +315,16 @@ class _Iteration(PhaseSpan):
             telemetry.next_eval_iteration[loop] = number + 1
         return number
 
+    def __enter__(self) -> Span:
+        telemetry = _runtime._telemetry or _runtime.current()
+        if telemetry.engine is None:
+            return trace_api.INVALID_SPAN
+        try:
+            return self._open(telemetry)
+        except Exception:
+            telemetry.warn_once("enter:" + self._name, "could not start phase %r", self._name)
+            return trace_api.INVALID_SPAN
+
     def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
         engine = telemetry.engine
         if engine is None or telemetry.closed:
@@ -348,7 +358,7 @@ class _Iteration(PhaseSpan):
             return False
         end = _time_ns()
         self._record = self._token = None
-        telemetry = _runtime.current()
+        telemetry = _runtime._telemetry or _runtime.current()
         try:
             if self._thread == _get_ident():
                 try:
@@ -796,18 +806,28 @@ def training_iteration(
 
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """Waiting for the next batch (the time the loop was blocked on data)."""
+    if not attributes:  # the per-step case: no factory call
+        return _StepPhase(_DATA_LOADING, _STEP_ATTRIBUTES[_DATA_LOADING], _STEP_INDEX[_DATA_LOADING])
     return _step(_DATA_LOADING, attributes)
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    if not attributes:  # the per-step case: no factory call
+        return _StepPhase(_MODEL_FORWARD, _STEP_ATTRIBUTES[_MODEL_FORWARD], _STEP_INDEX[_MODEL_FORWARD])
     return _step(_MODEL_FORWARD, attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    if not attributes:  # the per-step case: no factory call
+        return _StepPhase(_MODEL_BACKWARD, _STEP_ATTRIBUTES[_MODEL_BACKWARD], _STEP_INDEX[_MODEL_BACKWARD])
     return _step(_MODEL_BACKWARD, attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    if not attributes:  # the per-step case: no factory call
+        return _StepPhase(
+            _OPTIMIZER_UPDATE, _STEP_ATTRIBUTES[_OPTIMIZER_UPDATE], _STEP_INDEX[_OPTIMIZER_UPDATE]
+        )
     return _step(_OPTIMIZER_UPDATE, attributes)
 
 

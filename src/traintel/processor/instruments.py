@@ -53,8 +53,7 @@ class TrainingInstruments:
         self._last_window = last_window
         self._totals = totals
         self._lock = threading.Lock()
-        # Compact buffers (8 bytes a value), swapped out under a lock by the reader's drain.
-        self._buffer_lock = threading.Lock()
+        # Compact buffers (8 bytes a value), appended by the training thread, drained by readers.
         self.iteration_durations = array("d")
         self.data_loading_durations = array("d")
         self.dropped = 0
@@ -158,21 +157,28 @@ class TrainingInstruments:
         return observations
 
     def defer(self, iteration_s: float, data_loading_s: float | None) -> None:
-        """Queue one iteration's values (training thread: an uncontended lock and two appends)."""
-        with self._buffer_lock:
-            durations = self.iteration_durations
-            if len(durations) >= DEFERRED_CAPACITY:
-                self.dropped += 1  # no reader collected for DEFERRED_CAPACITY iterations
-                return
-            durations.append(iteration_s)
-            if data_loading_s is not None:
-                self.data_loading_durations.append(data_loading_s)
+        """Queue one iteration's values (training thread: two appends, no lock — see _drain)."""
+        durations = self.iteration_durations
+        if len(durations) >= DEFERRED_CAPACITY:
+            self.dropped += 1  # no reader collected for DEFERRED_CAPACITY iterations
+            return
+        durations.append(iteration_s)
+        if data_loading_s is not None:
+            self.data_loading_durations.append(data_loading_s)
 
     def _drain(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:  # two readers may collect at once
-            with self._buffer_lock:
-                durations, self.iteration_durations = self.iteration_durations, array("d")
-                waits, self.data_loading_durations = self.data_loading_durations, array("d")
+            # Lock-free against the training thread: each array operation is atomic under the
+            # GIL, and only the first n values (present when counted) are taken and removed;
+            # values appended meanwhile stay for the next collection.
+            buffer = self.iteration_durations
+            n = len(buffer)
+            durations = buffer[:n]
+            del buffer[:n]
+            buffer = self.data_loading_durations
+            n = len(buffer)
+            waits = buffer[:n]
+            del buffer[:n]
             record = self.iteration_duration.record
             for value in durations:
                 record(value)
