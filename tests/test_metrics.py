@@ -412,4 +412,4 @@ def test_state_stays_bounded(owned: Any) -> None:
     assert telemetry.pipeline.export_filter.pending_iterations == 0
     assert engine.aggregator.window_fill < 50
     assert engine.aggregator._total_sketch.buckets < 1500
-    assert len(engine.sampler._recent) <= 101
+    assert len(engine.sampler.recent) <= 101

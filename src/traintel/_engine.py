@@ -46,7 +46,7 @@ from traintel.processor.aggregator import (
 )
 from traintel.processor.export_filter import IterationExportFilter, TraceBudget
 from traintel.processor.instruments import TrainingInstruments
-from traintel.processor.sampling import IterationSampler
+from traintel.processor.sampling import MEDIAN_MIN_SAMPLES, IterationSampler
 from traintel.semconv import Event, Phase
 
 _logger = logging.getLogger("traintel")
@@ -369,31 +369,28 @@ class TrainingEngine:
             )
         return sampler
 
-    def end_iteration(self, record: IterationSpan, error: BaseException | None, end_ns: int) -> None:
+    def end_iteration(
+        self,
+        record: IterationSpan,
+        error: BaseException | None,
+        end_ns: int,
+        exported_as: tuple[int, int] | None = None,
+    ) -> None:
+        """Aggregate an ended iteration and decide whether it is exported.
+
+        ``exported_as`` marks a span someone else already exported (a plain-OTel iteration seen
+        by the processor): it is aggregated the same way, with no decision to take. This is the
+        per-step hot path: helpers are inlined where a call would cost more than the work.
+        """
         record.end_ns = end_ns
         record.error = error
+        record.context = None  # the body's Context holds the record: break the cycle for refcounting
         if self.active is record:
             self.active = None
         duration_ns = end_ns - record.start_ns
-        if record.phase == _TRAINING_ITERATION:
-            self._end_training_iteration(record, duration_ns)
-        else:
+        if record.phase != _TRAINING_ITERATION:
             self._end_eval_iteration(record, duration_ns)
-
-    def _counts(self, record: IterationSpan) -> tuple[float | None, float | None, float | None]:
-        samples = record.samples if record.samples is not None else self.default_samples
-        tokens = record.tokens
-        if tokens is None and samples is not None and self.seq_len:
-            tokens = samples * self.seq_len
-        flops = record.flops
-        if flops is None:
-            if self.flops_per_token and tokens is not None:
-                flops = self.flops_per_token * tokens
-            elif self.flops_per_sample and samples is not None:
-                flops = self.flops_per_sample * samples
-        return samples, tokens, flops
-
-    def _end_training_iteration(self, record: IterationSpan, duration_ns: int) -> None:
+            return
         samples, tokens, flops = self._counts(record)
         aggregator = self.aggregator
         phases = record.phase_ns if record.children or record.step_spans else None
@@ -409,19 +406,21 @@ class TrainingEngine:
                 aggregator.add_model_metric(name, value)
         seconds = duration_ns / 1e9
         sampler = self.sampler
-        slow = sampler.is_slow(seconds)
-        median = sampler.median
-        if record.head_reason is None and not slow and record.error is None and not record.nonfinite:
-            reason = None  # the common case: counted, not exported
-        else:
-            reason = sampler.tail(record.head_reason, slow, record.error is not None, record.nonfinite)
-            if reason is not None:
-                reason = self._within_budget(reason)
-        exported = (
-            self._decide(record, reason)
-            if reason is not None or record.filtered or record.real_span
-            else None
-        )
+        recent = sampler.recent  # IterationSampler.is_slow, inlined
+        recent.append(seconds)
+        if sampler.median == 0.0 and len(recent) == MEDIAN_MIN_SAMPLES:
+            sampler.refresh()
+        slow = seconds > sampler.threshold
+        exported = exported_as
+        if exported_as is None:
+            if record.head_reason is None and not slow and record.error is None and not record.nonfinite:
+                reason = None  # the common case: counted, not exported
+            else:
+                reason = sampler.tail(record.head_reason, slow, record.error is not None, record.nonfinite)
+                if reason is not None:
+                    reason = self._within_budget(reason)
+            if reason is not None or record.filtered or record.real_span is not None:
+                exported = self._decide(record, reason)
         if record.nonfinite or slow or exported is not None:
             aggregator.flag(record.nonfinite, slow, exported is not None)
         loop = self.loop
@@ -431,12 +430,12 @@ class TrainingEngine:
             loop.segment_last_iteration = record.iteration
             loop.segment_iterations += 1
         if slow:
-            self._slow_event(record, seconds, median, exported)
+            self._slow_event(record, seconds, sampler.median, exported)
         if record.nonfinite:
             self._nonfinite_events(record, exported)
         instruments = self.instruments
         if instruments is not None:
-            instruments.defer(seconds, record.phase_ns[DATA] / 1e9 if phases is not None else None)
+            instruments.defer(seconds, phases[DATA] / 1e9 if phases is not None else None)
             if exported is not None:
                 instruments.exported_iterations += 1
             else:
@@ -444,9 +443,29 @@ class TrainingEngine:
         if window_full:
             self.close_window()
         if loop is not None:
-            if exported is not None:  # exports fill the trace: check the budget right away
-                self._check_budget(record.end_ns)
-            self._maybe_rotate(record.end_ns)
+            if exported is not None and exported_as is None:  # exports fill the trace: check now
+                self._check_budget(end_ns)
+            if (
+                loop.segment_iterations >= self.segment_iterations
+                or end_ns - loop.segment_start_ns >= self.segment_ns
+            ):
+                self.rotate_pending = True  # done at the start of the next iteration
+            elif loop.segment_iterations % 16 == 0:  # the budget, every 16 iterations too
+                self._check_budget(end_ns)
+
+    def _counts(self, record: IterationSpan) -> tuple[float | None, float | None, float | None]:
+        """This step's samples, tokens and FLOPs: reported, else derived from the config."""
+        samples = record.samples if record.samples is not None else self.default_samples
+        tokens = record.tokens
+        if tokens is None and samples is not None and self.seq_len:
+            tokens = samples * self.seq_len
+        flops = record.flops
+        if flops is None:
+            if self.flops_per_token and tokens is not None:
+                flops = self.flops_per_token * tokens
+            elif self.flops_per_sample and samples is not None:
+                flops = self.flops_per_sample * samples
+        return samples, tokens, flops
 
     def _end_eval_iteration(self, record: IterationSpan, duration_ns: int) -> None:
         loop_phase = semconv.LOOP_OF_ITERATION[Phase(record.phase)].value
@@ -665,18 +684,6 @@ class TrainingEngine:
         return report
 
     # --- segments -------------------------------------------------------------------------------
-    def _maybe_rotate(self, now_ns: int) -> None:
-        loop = self.loop
-        if loop is None:
-            return
-        if (
-            loop.segment_iterations >= self.segment_iterations
-            or now_ns - loop.segment_start_ns >= self.segment_ns
-        ):
-            self.rotate_pending = True
-        elif loop.segment_iterations % 16 == 0:  # and after every exported iteration
-            self._check_budget(now_ns)
-
     def _check_budget(self, now_ns: int) -> None:
         loop = self.loop
         if loop is None:
@@ -798,51 +805,30 @@ class TrainingEngine:
     def foreign_iteration(
         self, span: Any, duration_ns: int, steps: list[int] | None, loop_span: Span | None
     ) -> None:
+        """A training iteration span someone else created (and exported): same aggregates."""
         attributes = span.attributes or {}
         if loop_span is not None:
             self.foreign_loop = loop_span
         record = IterationSpan(
-            Phase.TRAINING_ITERATION.value,
+            _TRAINING_ITERATION,
             int(attributes.get(semconv.ITERATION, self.aggregator.iterations_seen)),
             span.start_time,
             span.parent or trace_api.INVALID_SPAN_CONTEXT,
         )
-        record.end_ns = span.end_time
         record.add_work(
             _num(attributes.get(semconv.SAMPLES)),
             _num(attributes.get(semconv.TOKENS)),
             _num(attributes.get(semconv.PADDING_TOKENS)),
             _num(attributes.get(semconv.FLOPS)),
         )
-        phases = steps if steps is not None and any(steps) else None
+        if steps is not None and any(steps):
+            record.phase_ns = steps
+            record.step_spans = True
         for key, value in attributes.items():
             if key.startswith(semconv.METRIC_PREFIX) and isinstance(value, int | float):
                 self.record_metric(record, key[len(semconv.METRIC_PREFIX) :], float(value))
-        samples, tokens, flops = self._counts(record)
-        window_full = self.aggregator.add_iteration(
-            record.iteration, duration_ns, samples, tokens, record.padding, flops, phases
-        )
-        if samples is not None:
-            self.samples_total += samples
-        if tokens is not None:
-            self.tokens_total += tokens
-        if record.metrics:
-            for name, value in record.metrics.items():
-                self.aggregator.add_model_metric(name, value)
-        seconds = duration_ns / 1e9
-        slow = self.sampler.is_slow(seconds)
-        median = self.sampler.median
-        self.aggregator.flag(record.nonfinite, slow, True)
-        if slow:
-            context = span.get_span_context()
-            self._slow_event(record, seconds, median, (context.trace_id, context.span_id))
-        if record.nonfinite:
-            context = span.get_span_context()
-            self._nonfinite_events(record, (context.trace_id, context.span_id))
-        if self.instruments is not None:
-            self.instruments.defer(seconds, phases[DATA] / 1e9 if phases is not None else None)
-        if window_full:
-            self.close_window()
+        context = span.get_span_context()
+        self.end_iteration(record, None, span.start_time + duration_ns, (context.trace_id, context.span_id))
 
 
 def _mark_error(span: Span, error: BaseException, timestamp: int) -> None:

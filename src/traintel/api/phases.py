@@ -295,26 +295,6 @@ class _Iteration(PhaseSpan):
         self._iteration = iteration
         self._record: IterationSpan | None = None
 
-    def _number(self, telemetry: _runtime.Telemetry) -> int:
-        processor = telemetry.processor
-        loop = self._loop
-        if not telemetry.open_loops.get(loop) and processor is not None and not processor.is_open(loop):
-            telemetry.warn_once(
-                "outside_loop:" + self._phase,
-                "%s started outside any %s; recorded where it is",
-                self._phase,
-                loop,
-            )
-        if self._phase == _TRAINING_ITERATION:
-            number = telemetry.next_train_iteration if self._iteration is None else self._iteration
-            telemetry.next_train_iteration = number + 1
-        else:
-            number = (
-                telemetry.next_eval_iteration.get(loop, 0) if self._iteration is None else self._iteration
-            )
-            telemetry.next_eval_iteration[loop] = number + 1
-        return number
-
     def __enter__(self) -> Span:
         telemetry = _runtime._telemetry or _runtime.current()
         if telemetry.engine is None:
@@ -331,7 +311,25 @@ class _Iteration(PhaseSpan):
             return trace_api.INVALID_SPAN
         start = start_ns if start_ns is not None else _time_ns()
         context = _get_current()
-        record = engine.begin_iteration(self._name, self._number(telemetry), start, self._attributes, context)
+        loop = self._loop
+        if not telemetry.open_loops.get(loop):
+            processor = telemetry.processor
+            if processor is not None and not processor.is_open(loop):
+                telemetry.warn_once(
+                    "outside_loop:" + self._phase,
+                    "%s started outside any %s; recorded where it is",
+                    self._phase,
+                    loop,
+                )
+        if self._phase == _TRAINING_ITERATION:  # number it: the loop's running count unless given
+            number = telemetry.next_train_iteration if self._iteration is None else self._iteration
+            telemetry.next_train_iteration = number + 1
+        else:
+            number = (
+                telemetry.next_eval_iteration.get(loop, 0) if self._iteration is None else self._iteration
+            )
+            telemetry.next_eval_iteration[loop] = number + 1
+        record = engine.begin_iteration(self._name, number, start, self._attributes, context)
         self._record = record
         handle: Span = record
         if engine.export_all:

@@ -23,11 +23,11 @@ MEDIAN_MIN_SAMPLES = 10
 
 
 class IterationSampler:
-    """Head and tail decisions. The slow threshold is k x the median of the last 101 durations,
-    recomputed at each window boundary (and once the first 10 durations exist), so the
-    per-iteration cost is one comparison and one append."""
+    """Head and tail decisions. The slow threshold is k x the median of the last 101 durations
+    (``recent``), recomputed at each window boundary and once the first 10 exist, so the engine's
+    per-iteration cost is one append and one comparison with ``threshold``."""
 
-    __slots__ = ("_recent", "every_n", "first", "median", "policy", "seen", "slow_factor", "threshold")
+    __slots__ = ("every_n", "first", "median", "policy", "recent", "seen", "slow_factor", "threshold")
 
     def __init__(
         self, policy: str = "sampled", first: int = 10, every_n: int = 100, slow_factor: float = 3.0
@@ -37,7 +37,7 @@ class IterationSampler:
         self.every_n = every_n
         self.slow_factor = slow_factor
         self.seen = 0
-        self._recent: deque[float] = deque(maxlen=MEDIAN_WINDOW)
+        self.recent: deque[float] = deque(maxlen=MEDIAN_WINDOW)
         self.median = 0.0
         self.threshold = float("inf")
 
@@ -56,18 +56,10 @@ class IterationSampler:
             return "every_n"
         return None
 
-    def is_slow(self, duration_s: float) -> bool:
-        """Whether ``duration_s`` exceeds k x the current median; then it joins the recent ones."""
-        recent = self._recent
-        recent.append(duration_s)
-        if self.median == 0.0 and len(recent) == MEDIAN_MIN_SAMPLES:
-            self.refresh()
-        return duration_s > self.threshold
-
     def refresh(self) -> None:
         """Recompute the median of the recent durations (window boundaries)."""
-        if len(self._recent) >= MEDIAN_MIN_SAMPLES:
-            self.median = percentile(sorted(self._recent), 50)
+        if len(self.recent) >= MEDIAN_MIN_SAMPLES:
+            self.median = percentile(sorted(self.recent), 50)
             self.threshold = self.slow_factor * self.median if self.median > 0 else float("inf")
 
     def tail(self, head_reason: str | None, slow: bool, error: bool, nonfinite: bool) -> str | None:
