@@ -57,9 +57,15 @@ else:  # pragma: no cover - only with a custom OTEL_PYTHON_CONTEXT
     detach = context_api.detach  # type: ignore[assignment]
 
 
+_dict_setitem = dict.__setitem__
+
+
 def with_span(span: Span, context: Context) -> Context:
-    """``trace.set_span_in_context(span, context)`` in one dict copy."""
-    return Context({**context, SPAN_KEY: span})
+    """``trace.set_span_in_context(span, context)`` in one dict copy (Context forbids item
+    assignment only through its own ``__setitem__``; a fresh copy is not shared yet)."""
+    new = Context(context)
+    _dict_setitem(new, SPAN_KEY, span)
+    return new
 
 
 def current_span(context: Context) -> Span:
