@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -34,8 +35,10 @@ def test_demo_runs_and_summarises(tmp_path: Path) -> None:
     assert len(files) == 1
     assert f"telemetry file: {files[0]}" in out
     names = [s.name for s in iter_spans(files)]
-    assert names.count("training_iteration") == 10  # tail sampling: the first 10 (and every 100th)
-    assert "Iterations exported as spans: 10 (first 10)" in out
+    # tail sampling: the first 10, plus any the real clock found slow (> 3 x the median)
+    exported = names.count("training_iteration")
+    assert 10 <= exported <= 40
+    assert re.search(rf"Iterations exported as spans: {exported} \(.*first 10", out)
     assert names.count("validation_loop") == 1
     assert names.count("checkpoint_save_sync") == 2
     assert names.count("checkpoint_load") == 1
