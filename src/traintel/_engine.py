@@ -164,12 +164,6 @@ class IterationSpan(NonRecordingSpan):
     def __repr__(self) -> str:
         return f"IterationSpan({self.phase!r}, iteration={self.iteration})"
 
-    def add_child(self, phase: str, start_ns: int, end_ns: int, error: BaseException | None = None) -> None:
-        self.children.append((phase, start_ns, end_ns, error))
-        index = _STEP_INDEX.get(phase)
-        if index is not None:
-            self.phase_ns[index] += end_ns - start_ns
-
     def add_step_time(self, phase: str, duration_ns: int) -> None:
         """A step phase that ran as a real span (nested under a user span): time only."""
         index = _STEP_INDEX.get(phase)
@@ -424,7 +418,7 @@ class TrainingEngine:
         if record.nonfinite or slow or exported is not None:
             aggregator.flag(record.nonfinite, slow, exported is not None)
         loop = self.loop
-        if loop is not None:  # SegmentedSpan.note_iteration, inlined
+        if loop is not None:  # the segment's iteration range
             if loop.segment_first_iteration is None:
                 loop.segment_first_iteration = record.iteration
             loop.segment_last_iteration = record.iteration

@@ -220,13 +220,6 @@ class Telemetry:
                     return entry.span
         return None
 
-    def callback_template(self, key: str) -> PhaseTemplate | None:
-        with self._lock:
-            for entry in reversed(self._callbacks):
-                if entry.key == key:
-                    return entry.template
-        return None
-
     def callback_end(self, key: str, end_time: int | None = None, exc: BaseException | None = None) -> None:
         with self._lock:
             index = next(

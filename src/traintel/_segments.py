@@ -82,12 +82,6 @@ class SegmentedSpan(Span):
         return f"SegmentedSpan({self.name!r}, segment={self.segment_index}, current={self.current!r})"
 
     # --- segment bookkeeping --------------------------------------------------------------------
-    def note_iteration(self, iteration: int) -> None:
-        if self.segment_first_iteration is None:
-            self.segment_first_iteration = iteration
-        self.segment_last_iteration = iteration
-        self.segment_iterations += 1
-
     def close_segment(self, end_ns: int, continues: bool, spans: int = 0, estimated_bytes: int = 0) -> None:
         """Mark and end the current segment's span."""
         span = self.current

@@ -90,10 +90,6 @@ def peak_flops_for(device_name: str, dtype: str) -> PeakLookup:
     return PeakLookup(None, device_name, f"device {device_name!r} is not in the peak FLOP/s table")
 
 
-def known_devices() -> list[str]:
-    return [name for _, name, _ in _PEAKS]
-
-
 def current_device_name() -> str | None:
     """The CUDA device this process uses, or None on CPU (never imports torch)."""
     torch = sys.modules.get("torch")

@@ -1,18 +1,16 @@
 """Streaming statistics with bounded memory, for numbers that arrive once per iteration.
 
-Why these three: a window of N iterations keeps its N values (N is a config knob, so memory is
+Why these: a window of N iterations keeps its N values (N is a config knob, so memory is
 bounded) and gets exact percentiles; the cumulative view over millions of iterations cannot
 keep values, so it uses a log-bucketed quantile sketch whose size depends on the range of
-values, not their number; the slow-iteration detector needs a rolling median over the last W
-steps.
+values, not their number.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from bisect import bisect_left, insort
-from collections import deque
+from bisect import insort
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -178,33 +176,3 @@ class QuantileSketch:
     @property
     def buckets(self) -> int:
         return len(self._counts)
-
-
-class RollingMedian:
-    """Median of the last ``size`` values, in O(size) per update with a sorted list."""
-
-    __slots__ = ("_order", "_sorted", "size")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._order: deque[float] = deque()
-        self._sorted: list[float] = []
-
-    def add(self, value: float) -> None:
-        if len(self._order) == self.size:
-            old = self._order.popleft()
-            del self._sorted[bisect_left(self._sorted, old)]
-        self._order.append(value)
-        insort(self._sorted, value)
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    @property
-    def median(self) -> float:
-        values = self._sorted
-        n = len(values)
-        if n == 0:
-            return math.nan
-        middle = n // 2
-        return values[middle] if n % 2 else (values[middle - 1] + values[middle]) / 2

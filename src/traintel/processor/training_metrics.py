@@ -171,9 +171,6 @@ class TrainingMetricsProcessor(SpanProcessor):
         """Whether any span of ``phase`` is open right now (in any thread)."""
         return self._phase_counts.get(phase, 0) > 0
 
-    def open_span(self, span_id: int) -> Span | None:
-        return self._open.get(span_id)
-
     def enclosing(self, span_id: int, phases: Collection[str]) -> Span | None:
         """The nearest open span, starting at ``span_id`` and walking up, whose phase is in
         ``phases``; ``None`` when the chain leaves the registry first."""
