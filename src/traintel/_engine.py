@@ -514,20 +514,9 @@ class TrainingEngine:
         attributes = self._span_attributes(record, reason or "all")
         del attributes[semconv.PHASE], attributes[semconv.ITERATION]
         span.set_attributes(attributes)
-        if record.events:
-            for name, event_attributes, timestamp in record.events:
-                span.add_event(name, event_attributes, timestamp)
-        if record.status is not None:
-            span.set_status(record.status)
-        if record.error is not None:
-            _mark_error(span, record.error, record.end_ns)
-        span.end(end_time=record.end_ns)
+        _finish_span(span, record)
         context = span.get_span_context()
-        return (
-            (context.trace_id, context.span_id)
-            if span.is_recording() or context.trace_flags.sampled
-            else None
-        )
+        return (context.trace_id, context.span_id) if context.trace_flags.sampled else None
 
     def _decide(self, record: IterationSpan, reason: str | None) -> tuple[int, int] | None:
         """Release or drop what the filter held, and materialise the iteration if kept."""
@@ -585,14 +574,7 @@ class TrainingEngine:
             if child_error is not None:
                 _mark_error(child, child_error, end_ns)
             child.end(end_time=end_ns)
-        if record.events:
-            for name, event_attributes, timestamp in record.events:
-                span.add_event(name, event_attributes, timestamp)
-        if record.status is not None:
-            span.set_status(record.status)
-        if record.error is not None:
-            _mark_error(span, record.error, record.end_ns)
-        span.end(end_time=record.end_ns)
+        _finish_span(span, record)
         self.materializing = 0
         context_out = span.get_span_context()
         return (context_out.trace_id, context_out.span_id)
@@ -823,6 +805,18 @@ class TrainingEngine:
                 self.record_metric(record, key[len(semconv.METRIC_PREFIX) :], float(value))
         context = span.get_span_context()
         self.end_iteration(record, None, span.start_time + duration_ns, (context.trace_id, context.span_id))
+
+
+def _finish_span(span: Span, record: IterationSpan) -> None:
+    """Give an iteration's SDK span what was set on its handle, then end it at its end time."""
+    if record.events:
+        for name, event_attributes, timestamp in record.events:
+            span.add_event(name, event_attributes, timestamp)
+    if record.status is not None:
+        span.set_status(record.status)
+    if record.error is not None:
+        _mark_error(span, record.error, record.end_ns)
+    span.end(end_time=record.end_ns)
 
 
 def _mark_error(span: Span, error: BaseException, timestamp: int) -> None:

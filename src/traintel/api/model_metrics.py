@@ -34,6 +34,23 @@ def _as_number(value: object) -> float | int | bool | None:
     return None
 
 
+def _numbers(values: Mapping[str, object], telemetry: _runtime.Telemetry) -> dict[str, float | int | bool]:
+    """The values that are numbers; each other one is dropped with one warning per name."""
+    numbers: dict[str, float | int | bool] = {}
+    for name, raw in values.items():
+        number = _as_number(raw)
+        if number is None:
+            telemetry.warn_once(
+                "metric_type:" + name,
+                "record_metrics(%s=%r): not a number; dropped",
+                name,
+                type(raw).__name__,
+            )
+        else:
+            numbers[name] = number
+    return numbers
+
+
 def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: object) -> None:
     """Attach model metrics to the current iteration (or loop). Never raises.
 
@@ -46,19 +63,11 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
     try:
         values = dict(metrics or {})
         values.update(more)
+        numbers = _numbers(values, telemetry)
         engine = telemetry.engine
         record = engine.active if engine is not None else None
         if record is not None and engine is not None and engine.active_thread == threading.get_ident():
-            for name, raw in values.items():
-                number = _as_number(raw)
-                if number is None:
-                    telemetry.warn_once(
-                        "metric_type:" + name,
-                        "record_metrics(%s=%r): not a number; dropped",
-                        name,
-                        type(raw).__name__,
-                    )
-                    continue
+            for name, number in numbers.items():
                 engine.record_metric(record, name, float(number))
             return
         current = trace_api.get_current_span().get_span_context().span_id
@@ -78,16 +87,7 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
                 "metrics_outside_loop", "record_metrics called outside any iteration or loop; ignored"
             )
             return
-        for name, raw in values.items():
-            number = _as_number(raw)
-            if number is None:
-                telemetry.warn_once(
-                    "metric_type:" + name,
-                    "record_metrics(%s=%r): not a number; dropped",
-                    name,
-                    type(raw).__name__,
-                )
-                continue
+        for name, number in numbers.items():
             target.set_attribute(semconv.METRIC_PREFIX + name, number)
     except Exception:
         telemetry.warn_once("record_metrics", "record_metrics failed")

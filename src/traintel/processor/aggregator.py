@@ -208,26 +208,7 @@ class TrainingAggregator:
             self._window_first = iteration
         self._window_last = iteration
         durations.append(seconds)
-        window = self._window  # _Counts.add, inlined: this runs once per step
-        window.iterations += 1
-        window.duration_s += seconds
-        if samples is not None:
-            window.samples += samples
-            window.samples_time += seconds
-        if tokens is not None:
-            window.tokens += tokens
-            window.tokens_time += seconds
-        if padding is not None:
-            window.padding += padding
-        if flops is not None:
-            window.flops += flops
-            window.flops_time += seconds
-        if phases is not None:
-            totals = window.phase_s
-            totals[0] += phases[0] / 1e9
-            totals[1] += phases[1] / 1e9
-            totals[2] += phases[2] / 1e9
-            totals[3] += phases[3] / 1e9
+        self._window.add(seconds, samples, tokens, padding, flops, phases)
         if seen <= self.warmup_iterations:  # rare: the first iterations of the job
             if self.first_iteration_s is None:
                 self.first_iteration_s = seconds
