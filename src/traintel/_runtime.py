@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
@@ -389,36 +389,32 @@ def _install(
     )
     # In the user's pipeline there is no export filter: count the trace budget at on_end.
     budget = pipeline.export_filter._budget if pipeline.export_filter is not None else TraceBudget()
-    holder: dict[str, Any] = {}
-    instruments = TrainingInstruments(
-        pipeline.meter_provider,
-        last_window=lambda: holder["engine"].aggregator.last_window if "engine" in holder else None,
-        totals=lambda: (
-            (holder["engine"].samples_total, holder["engine"].tokens_total)
-            if "engine" in holder
-            else (0.0, 0.0)
-        ),
-    )
-    processor = TrainingMetricsProcessor(
-        instruments, budget=None if pipeline.export_filter is not None else budget
-    )
-    pipeline.add_span_processor(processor)
     tracer, ids = _tracer_for(pipeline)
-    telemetry = Telemetry(config, pipeline, processor, tracer=tracer)
+    telemetry = Telemetry(config, pipeline, None, tracer=tracer)
     engine = TrainingEngine(
         config,
         tracer,
         ids,
         pipeline.export_filter,
         budget,
-        instruments,
+        None,
         _world_size(pipeline.resource),
         telemetry.warn_once,
     )
-    holder["engine"] = engine
-    telemetry.engine = engine
+    # The instruments read the engine's last window and totals when a reader collects.
+    engine.instruments = instruments = TrainingInstruments(
+        pipeline.meter_provider,
+        last_window=lambda: engine.aggregator.last_window,
+        totals=lambda: (engine.samples_total, engine.tokens_total),
+    )
+    processor = TrainingMetricsProcessor(
+        instruments, budget=None if pipeline.export_filter is not None else budget
+    )
     processor.engine = engine
     processor.on_error = lambda kind: telemetry.warn_once(kind, "could not aggregate a %s", kind)
+    pipeline.add_span_processor(processor)
+    telemetry.processor = processor
+    telemetry.engine = engine
     _set(telemetry)
     return telemetry
 
