@@ -75,10 +75,10 @@ class TrainingMetricsProcessor(SpanProcessor):
         engine = self.engine
         if not self._enabled or (engine is not None and engine.materializing == _get_ident()):
             return  # an exported iteration's spans: created and ended at once, already counted
+        if span.name in _PER_STEP and self._is_own(span):
+            return  # our own per-step spans ("all" mode; our span names are phases): counted directly
         context = span.get_span_context()
         phase = (span.attributes or {}).get(semconv.PHASE)
-        if phase in _PER_STEP and self._is_own(span):
-            return  # our own per-step spans ("all" mode): the engine counts them directly
         if phase is not None or len(self._open) < MAX_TRACKED_OPEN_SPANS:
             self._open[context.span_id] = span
         elif not self._overflow_warned:
@@ -104,11 +104,11 @@ class TrainingMetricsProcessor(SpanProcessor):
         engine = self.engine
         if engine is not None and engine.materializing == _get_ident():
             return
+        if span.name in _PER_STEP and self._is_own(span):
+            return
         phase = (span.attributes or {}).get(semconv.PHASE)
         if phase is None:
             self._open.pop(context.span_id, None)
-            return
-        if phase in _PER_STEP and self._is_own(span):
             return
         live = self._open.pop(context.span_id, None)
         key = str(phase)
