@@ -142,3 +142,38 @@ def test_unknown_device_or_dtype_has_no_peak() -> None:
     assert "not in the peak FLOP/s table" in (peak_flops_for("Radeon 9000", "bf16").reason or "")
     missing = peak_flops_for("NVIDIA A100-SXM4-40GB", "fp8")
     assert missing.peak_flops is None and missing.reason == "NVIDIA A100 has no fp8 peak in the table"
+
+
+def test_mfu_from_the_counter_on_a_real_model(pipeline: object) -> None:
+    """measure_flops -> apply_flops -> exact MFU and HFU in the window event."""
+    from tests.conftest import Pipeline
+
+    assert isinstance(pipeline, Pipeline)
+    model = TinyLM()
+    batch = torch.randint(0, 100, (4, 16))
+    count = measure_flops(model, batch)
+    traintel.configure(
+        tracer_provider=pipeline.tracer_provider, meter_provider=pipeline.meter_provider,
+        log_every_n_iterations=2, peak_flops=1e9, global_batch_size=4,
+    )  # fmt: skip
+    traintel.apply_flops(count)
+    t0 = 1_700_000_000_000
+    traintel.on_train_start(start_time_msec=t0)
+    for i in range(2):
+        traintel.on_training_single_iteration_start(start_time_msec=t0 + 1000 * i)
+        loss = model(batch).float().mean()  # a real step in between, timed by the callbacks' clock
+        loss.backward()
+        traintel.on_training_single_iteration_end(finish_time_msec=t0 + 1000 * (i + 1))
+    traintel.on_train_end(finish_time_msec=t0 + 2000)
+    (update,) = [e for e in pipeline.one("training_loop").events if e.name == "training_metrics_update"]
+    attributes = update.attributes or {}
+    per_second = count.model_flops_per_sample * 4  # 4 samples per 1 s step
+    assert attributes["ml.training.window.flops_per_second_per_device"] == pytest.approx(
+        per_second, rel=1e-12
+    )
+    assert attributes["ml.training.window.mfu"] == pytest.approx(per_second / 1e9, rel=1e-12)
+    assert attributes["ml.training.window.hfu"] == pytest.approx(
+        per_second / 1e9 * count.executed_flops / count.model_flops, rel=1e-12
+    )
+    assert attributes["ml.training.mfu.flops_method"] == "counter"
+    assert attributes["ml.training.mfu.denominator_peak_flops"] == 1e9

@@ -260,7 +260,7 @@ def test_checkpoint_metrics(owned: Any) -> None:
 
 
 def test_async_checkpoint_blocking_and_background(owned: Any) -> None:
-    job = owned(log_every_n_iterations=100, export_iterations="none")
+    job = owned(log_every_n_iterations=100)
     done = threading.Event()
     with traintel.application(), traintel.training_loop():
         for i in range(3):
@@ -283,7 +283,12 @@ def test_async_checkpoint_blocking_and_background(owned: Any) -> None:
     (blocking,) = job.named("checkpoint_save_async")
     (finalize,) = job.named("checkpoint_finalize")
     assert finalize.start_time == blocking.end_time  # background time starts when training resumes
-    assert [link.context.span_id for link in finalize.links] == [blocking.context.span_id]
+    first_iteration = next(s for s in job.named("training_iteration") if s.attributes[semconv.ITERATION] == 0)
+    # linked to its save and to the iteration that was just completed (exported: it was the first)
+    assert [link.context.span_id for link in finalize.links] == [
+        blocking.context.span_id,
+        first_iteration.context.span_id,
+    ]
     loop = job.named("training_loop")[0]
     assert finalize.parent is not None and finalize.parent.span_id == loop.context.span_id
     assert finalize.attributes[semconv.CHECKPOINT_ITERATION] == 1
@@ -297,6 +302,25 @@ def test_async_checkpoint_blocking_and_background(owned: Any) -> None:
     assert update[C + "bytes.total"] == 1000
     summary = loop.attributes
     assert summary[semconv.SUMMARY_PREFIX + "checkpoint.save_time.total"] == pytest.approx(blocking_s)
+
+
+def test_async_checkpoint_inside_an_iteration_exports_and_links_it(owned: Any) -> None:
+    job = owned(export_first_iterations=0, export_every_n_iterations=0)
+    with traintel.training_loop():
+        for i in range(4):
+            with traintel.training_iteration():
+                if i == 2:
+                    save = traintel.checkpoint_save(strategy="async")
+                    with save:
+                        completion = save.completion()
+                    completion.finish(size_bytes=5)
+    (iteration,) = job.named("training_iteration")
+    assert iteration.attributes[semconv.ITERATION] == 2
+    assert iteration.attributes[semconv.SAMPLING_REASON] == "checkpoint"
+    (finalize,) = job.named("checkpoint_finalize")
+    assert finalize.links[1].context.span_id == iteration.context.span_id
+    (blocking,) = job.named("checkpoint_save_async")
+    assert blocking.parent is not None and blocking.parent.span_id == iteration.context.span_id
 
 
 def test_validation_metrics_update(owned: Any) -> None:

@@ -229,6 +229,7 @@ class TrainingEngine:
         self.eval_stats: dict[str, EvalStats] = {}
         self.eval_samplers: dict[str, IterationSampler] = {}
         self.foreign_loop: Span | None = None
+        self.last_exported: SpanContext | None = None  # the last training iteration, if exported
         self.loop_start_ns = 0
         self.rotate_pending = False
         self.materializing = 0  # the thread materialising an exported iteration, if any
@@ -417,6 +418,9 @@ class TrainingEngine:
                 exported = self._decide(record, reason)
         if record.nonfinite or slow or exported is not None:
             aggregator.flag(record.nonfinite, slow, exported is not None)
+        self.last_exported = (
+            _span_context(exported[0], exported[1], _SAMPLED) if exported is not None else None
+        )
         loop = self.loop
         if loop is not None:  # the segment's iteration range
             if loop.segment_first_iteration is None:
@@ -732,6 +736,19 @@ class TrainingEngine:
         span.set_attributes(attributes)
 
     # --- checkpoints ----------------------------------------------------------------------------
+    def iteration_starting_checkpoint(self) -> SpanContext | None:
+        """The span context of the iteration an async checkpoint belongs to, if it is (or will
+        be) exported: the running iteration, whose export this forces, else the last one if it
+        was exported."""
+        record = self.active
+        if record is not None and record.real_span is None and record.phase == _TRAINING_ITERATION:
+            if record.head_reason is None:
+                record.head_reason = "checkpoint"
+            return _span_context(record.trace_id, record.span_id, _SAMPLED)
+        if record is not None and record.real_span is not None:
+            return record.real_span.get_span_context()
+        return self.last_exported
+
     def checkpoint_saved(
         self,
         duration_s: float,

@@ -507,13 +507,22 @@ class AsyncCheckpointCompletion:
     """The background half of an async save: call :meth:`finish` from the writer thread.
 
     It records a ``checkpoint_finalize`` span from the moment control returned to training
-    until ``finish()``, linked to the ``checkpoint_save_async`` span (which carries the iteration
-    it captured) and parented to the training loop's current segment, and counts its time as
-    background time — not against training time. Idempotent and thread-safe; never raises.
+    until ``finish()``, parented to the training loop's current segment and linked to the
+    ``checkpoint_save_async`` span (which carries the iteration it captured) and to the
+    iteration that started the save: the enclosing iteration when the save ran inside one (that
+    iteration is then exported), else the iteration just completed if it was exported. Its time
+    is background time, not training time. Idempotent and thread-safe; never raises.
     """
 
-    def __init__(self, save_context: SpanContext, iteration: int, parent: Span | None) -> None:
+    def __init__(
+        self,
+        save_context: SpanContext,
+        iteration: int,
+        parent: Span | None,
+        iteration_context: SpanContext | None = None,
+    ) -> None:
         self._save_context = save_context
+        self._iteration_context = iteration_context
         self._iteration = iteration
         self._parent = parent
         self._start_ns = 0
@@ -564,7 +573,11 @@ class AsyncCheckpointCompletion:
                 Phase.CHECKPOINT_FINALIZE.value,
                 context=context,
                 attributes=attributes,
-                links=[Link(self._save_context)] if self._save_context.is_valid else None,
+                links=[
+                    Link(c)
+                    for c in (self._save_context, self._iteration_context)
+                    if c is not None and c.is_valid
+                ],
                 start_time=start,
             )
             totals = engine.checkpoint_background_done((end - start) / 1e9, size_bytes)
@@ -619,8 +632,12 @@ class _CheckpointSave(PhaseSpan):
             span = self._span
             engine = _runtime.current().engine
             parent = engine.loop if engine is not None else None
+            started_by = engine.iteration_starting_checkpoint() if engine is not None else None
             self._completion = AsyncCheckpointCompletion(
-                span.get_span_context(), self._iteration if self._iteration is not None else 0, parent
+                span.get_span_context(),
+                self._iteration if self._iteration is not None else 0,
+                parent,
+                started_by,
             )
         return self._completion
 
