@@ -164,8 +164,11 @@ def main() -> None:
     parser.add_argument("--skip-nv", action="store_true", help="do not run nv-one-logger")
     args = parser.parse_args()
 
+    # The same batch processor settings for the bare SDK and traintel's pipeline (a queue large
+    # enough that neither drops spans under this synthetic load).
+    os.environ["OTEL_BSP_MAX_QUEUE_SIZE"] = str(1 << 16)
     sdk_provider = TracerProvider(shutdown_on_exit=False)
-    sdk_provider.add_span_processor(BatchSpanProcessor(DropExporter(), max_queue_size=1 << 16))
+    sdk_provider.add_span_processor(BatchSpanProcessor(DropExporter()))
     bare = bare_sdk(sdk_provider)
     # traintel builds its own pipeline around the same kind of exporter and batch processor
     traintel.configure(span_exporters=[DropExporter()], metric_readers=[], slow_iteration_factor=1e9)
