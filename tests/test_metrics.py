@@ -437,3 +437,18 @@ def test_state_stays_bounded(owned: Any) -> None:
     assert engine.aggregator.window_fill < 50
     assert engine.aggregator._total_sketch.buckets < 1500
     assert len(engine.sampler.recent) <= 101
+
+
+def test_values_no_reader_collected_in_time_are_counted(owned: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from traintel.processor import instruments
+
+    monkeypatch.setattr(instruments, "DEFERRED_CAPACITY", 5)
+    job = owned(log_every_n_iterations=100)
+    run_loop([1.0] * 8, phases=False)
+    (histogram,) = job.metric_points(semconv.METRIC_ITERATION_DURATION)
+    assert histogram.count == 5  # the buffer held five until the reader came
+    (dropped,) = job.metric_points(semconv.METRIC_DROPPED_MEASUREMENTS)
+    assert dropped.value == 3  # and the three it could not hold are reported, not silent
+    run_loop([1.0] * 2, phases=False)  # after a collection there is room again
+    (histogram,) = job.metric_points(semconv.METRIC_ITERATION_DURATION)
+    assert histogram.count == 7
