@@ -20,36 +20,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_phase_overhead import DropExporter, traintel_steps  # same dir: on sys.path
 from nv_one_logger.api.config import OneLoggerConfig
 from nv_one_logger.exporter.file_exporter import FileExporter
 from nv_one_logger.training_telemetry.api.config import TrainingTelemetryConfig
 from nv_one_logger.training_telemetry.api.context import application, training_iteration, training_loop
 from nv_one_logger.training_telemetry.api.training_telemetry_provider import TrainingTelemetryProvider
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 import traintel
-
-
-class DropExporter(SpanExporter):
-    def export(self, spans: object) -> SpanExportResult:
-        return SpanExportResult.SUCCESS
 
 
 def nv_steps(n: int) -> None:
     for _ in range(n):
         with training_iteration():
             pass
-
-
-def traintel_steps(n: int) -> None:
-    for _ in range(n):
-        with traintel.training_iteration():
-            with traintel.model_forward():
-                pass
-            with traintel.model_backward():
-                pass
-            with traintel.optimizer_update():
-                pass
 
 
 def interleaved(n: int, rounds: int) -> tuple[float, float, float]:

@@ -35,10 +35,8 @@ from traintel._segments import SegmentedSpan
 from traintel.config import TrainingConfig
 from traintel.flops import autocast_dtype, current_device_name, peak_flops_for
 from traintel.processor.aggregator import (
-    BACKWARD,
     DATA,
-    FORWARD,
-    OPTIMIZER,
+    STEP_INDEX,
     EvalStats,
     RateInputs,
     TrainingAggregator,
@@ -75,12 +73,6 @@ if not _checked_fast_path():  # an API release changed SpanContext's layout: bui
         return SpanContext(trace_id, span_id, False, flags)
 
 
-_STEP_INDEX = {
-    Phase.DATA_LOADING.value: DATA,
-    Phase.MODEL_FORWARD.value: FORWARD,
-    Phase.MODEL_BACKWARD.value: BACKWARD,
-    Phase.OPTIMIZER_UPDATE.value: OPTIMIZER,
-}
 #: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; the rest are
 #: counted in the window events. The SDK keeps only the newest 128 events of a span.
 MAX_EVENTS_PER_SEGMENT = 20
@@ -166,7 +158,7 @@ class IterationSpan(NonRecordingSpan):
 
     def add_step_time(self, phase: str, duration_ns: int) -> None:
         """A step phase that ran as a real span (nested under a user span): time only."""
-        index = _STEP_INDEX.get(phase)
+        index = STEP_INDEX.get(phase)
         if index is not None:
             self.phase_ns[index] += duration_ns
             self.step_spans = True

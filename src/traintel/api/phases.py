@@ -34,6 +34,7 @@ from traintel import _fastctx as _fast
 from traintel import _runtime, semconv
 from traintel._engine import IterationSpan
 from traintel._segments import SegmentedSpan
+from traintel.processor.aggregator import STEP_INDEX
 from traintel.semconv import Phase
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -724,14 +725,13 @@ _STEP_ATTRIBUTES = {
     name: {semconv.PHASE: name}
     for name in (_DATA_LOADING, _MODEL_FORWARD, _MODEL_BACKWARD, _OPTIMIZER_UPDATE)
 }
-_STEP_INDEX = {_DATA_LOADING: 0, _MODEL_FORWARD: 1, _MODEL_BACKWARD: 2, _OPTIMIZER_UPDATE: 3}
 _EMPTY: dict[str, AttributeValue] = {}
 
 
 def _step(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if attributes:
-        return _StepPhase(name, {**_STEP_ATTRIBUTES[name], **attributes}, _STEP_INDEX[name])
-    return _StepPhase(name, _STEP_ATTRIBUTES[name], _STEP_INDEX[name])
+        return _StepPhase(name, {**_STEP_ATTRIBUTES[name], **attributes}, STEP_INDEX[name])
+    return _StepPhase(name, _STEP_ATTRIBUTES[name], STEP_INDEX[name])
 
 
 # --- the public phase factories ---------------------------------------------------------------
@@ -822,26 +822,26 @@ def training_iteration(
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """Waiting for the next batch (the time the loop was blocked on data)."""
     if not attributes:  # the per-step case: no factory call
-        return _StepPhase(_DATA_LOADING, _STEP_ATTRIBUTES[_DATA_LOADING], _STEP_INDEX[_DATA_LOADING])
+        return _StepPhase(_DATA_LOADING, _STEP_ATTRIBUTES[_DATA_LOADING], STEP_INDEX[_DATA_LOADING])
     return _step(_DATA_LOADING, attributes)
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _StepPhase(_MODEL_FORWARD, _STEP_ATTRIBUTES[_MODEL_FORWARD], _STEP_INDEX[_MODEL_FORWARD])
+        return _StepPhase(_MODEL_FORWARD, _STEP_ATTRIBUTES[_MODEL_FORWARD], STEP_INDEX[_MODEL_FORWARD])
     return _step(_MODEL_FORWARD, attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _StepPhase(_MODEL_BACKWARD, _STEP_ATTRIBUTES[_MODEL_BACKWARD], _STEP_INDEX[_MODEL_BACKWARD])
+        return _StepPhase(_MODEL_BACKWARD, _STEP_ATTRIBUTES[_MODEL_BACKWARD], STEP_INDEX[_MODEL_BACKWARD])
     return _step(_MODEL_BACKWARD, attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
         return _StepPhase(
-            _OPTIMIZER_UPDATE, _STEP_ATTRIBUTES[_OPTIMIZER_UPDATE], _STEP_INDEX[_OPTIMIZER_UPDATE]
+            _OPTIMIZER_UPDATE, _STEP_ATTRIBUTES[_OPTIMIZER_UPDATE], STEP_INDEX[_OPTIMIZER_UPDATE]
         )
     return _step(_OPTIMIZER_UPDATE, attributes)
 

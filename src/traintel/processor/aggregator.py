@@ -33,6 +33,13 @@ _T = semconv.TOTAL_PREFIX
 #: Indices of the step-phase timings carried with each iteration.
 DATA, FORWARD, BACKWARD, OPTIMIZER = range(4)
 STEP_PHASE_NAMES = ("data_loading", "forward", "backward", "optimizer")
+#: Where each step phase's time goes in those timings, by phase (span) name.
+STEP_INDEX = {
+    semconv.Phase.DATA_LOADING.value: DATA,
+    semconv.Phase.MODEL_FORWARD.value: FORWARD,
+    semconv.Phase.MODEL_BACKWARD.value: BACKWARD,
+    semconv.Phase.OPTIMIZER_UPDATE.value: OPTIMIZER,
+}
 
 
 @dataclass(frozen=True)
@@ -159,12 +166,27 @@ class WindowReport:
 
 
 class _ModelMetric:
+    """Last value and mean of a model metric; non-finite values are last but not averaged."""
+
     __slots__ = ("count", "last", "sum")
 
     def __init__(self) -> None:
         self.sum = 0.0
         self.count = 0
         self.last = math.nan
+
+    def add(self, value: float) -> None:
+        self.last = value
+        if math.isfinite(value):
+            self.sum += value
+            self.count += 1
+
+
+def _add_metric(metrics: dict[str, _ModelMetric], name: str, value: float) -> None:
+    metric = metrics.get(name)
+    if metric is None:
+        metric = metrics[name] = _ModelMetric()
+    metric.add(value)
 
 
 class TrainingAggregator:
@@ -219,13 +241,7 @@ class TrainingAggregator:
         return len(durations) >= self.window_size
 
     def add_model_metric(self, name: str, value: float) -> None:
-        metric = self._window_metrics.get(name)
-        if metric is None:
-            metric = self._window_metrics[name] = _ModelMetric()
-        metric.last = value
-        if math.isfinite(value):
-            metric.sum += value
-            metric.count += 1
+        _add_metric(self._window_metrics, name, value)
 
     def flag(self, nonfinite: bool = False, slow: bool = False, exported: bool = False) -> None:
         flags = self._window_flags
@@ -420,13 +436,7 @@ class EvalStats:
             self.samples += samples
 
     def add_metric(self, name: str, value: float) -> None:
-        metric = self.metrics.get(name)
-        if metric is None:
-            metric = self.metrics[name] = _ModelMetric()
-        metric.last = value
-        if math.isfinite(value):
-            metric.sum += value
-            metric.count += 1
+        _add_metric(self.metrics, name, value)
 
     def attributes(self, loop_duration_s: float) -> dict[str, float | int | str]:
         p = semconv.EVAL_PREFIX

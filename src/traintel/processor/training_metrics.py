@@ -24,6 +24,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from traintel import semconv
+from traintel.processor.aggregator import STEP_INDEX
 from traintel.semconv import Phase
 
 if TYPE_CHECKING:
@@ -40,12 +41,6 @@ MAX_TRACKED_OPEN_SPANS = 100_000
 
 _PER_STEP = frozenset({p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES})
 _STAGE_OF = {phase.value: stage for stage, phase in semconv.CHECKPOINT_STAGES.items()}
-_STEP_INDEX = {
-    Phase.DATA_LOADING.value: 0,
-    Phase.MODEL_FORWARD.value: 1,
-    Phase.MODEL_BACKWARD.value: 2,
-    Phase.OPTIMIZER_UPDATE.value: 3,
-}
 
 
 class TrainingMetricsProcessor(SpanProcessor):
@@ -144,7 +139,7 @@ class TrainingMetricsProcessor(SpanProcessor):
             return
         context = span.get_span_context()
         attributes = span.attributes or {}
-        index = _STEP_INDEX.get(phase)
+        index = STEP_INDEX.get(phase)
         if index is not None:
             parent = span.parent
             steps = self._foreign_steps.get(parent.span_id) if parent is not None else None
