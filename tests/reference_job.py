@@ -31,7 +31,11 @@ EXPECTED_PARENTS: dict[str, str | None] = {
     "validation_iteration": "validation_loop",
     "testing_loop": "application",
     "testing_iteration": "testing_loop",
+    # Not a phase: the window's goodput record (one window: fewer iterations than its size).
+    "training_window": "training_loop",
 }
+#: Span names in the tree that are records, not phases (no ``ml.training.phase``).
+RECORDS = frozenset({"training_window"})
 EXPECTED_COUNTS = {
     **{name: 1 for name in EXPECTED_PARENTS},
     "training_iteration": ITERATIONS,

@@ -101,7 +101,7 @@ def test_wrong_nesting_closes_children_in_order(pipeline: Pipeline, caplog: pyte
         traintel.on_training_single_iteration_start()
         traintel.on_model_forward_start()
         traintel.on_app_end()  # everything else still open
-    spans = pipeline.spans()
+    spans = [s for s in pipeline.spans() if s.name != "training_window"]
     assert [s.name for s in spans] == ["model_forward", "training_iteration", "training_loop", "application"]
     for span in spans[1:-1]:
         assert span.attributes[semconv.END_REASON] == "parent application ended first"  # type: ignore[index]

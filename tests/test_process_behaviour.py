@@ -97,6 +97,8 @@ def test_existing_global_provider_is_kept(tmp_path: Path) -> None:
             "ml.training.phase.duration",
             "traintel.measurements.dropped",
             "traintel.iterations.exported",
+            "ml.training.goodput",
+            "ml.training.badput",
         ],
         "file": "None",
     }
@@ -135,13 +137,17 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
             OTEL_METRIC_EXPORT_INTERVAL="60000",
         )
     assert result.returncode == 0, result.stderr
-    assert len(list(receiver.received.spans())) == 7
+    assert len(list(receiver.received.spans())) == 8  # 7 phases and the window record
     assert receiver.received.metric_names() == {
         "ml.training.phase.duration",
         "ml.training.iteration.duration",
         "ml.training.iteration.phase_time",
         "traintel.measurements.dropped",
         "traintel.iterations.exported",
+        "ml.training.goodput",
+        "ml.training.badput",
+        "ml.training.step_time.ideal",
+        "ml.training.step_time.deviation",
     }
 
 
@@ -160,7 +166,7 @@ def test_implicit_configuration_survives_bad_env(tmp_path: Path) -> None:
     assert result.stderr.count("TRAINTEL_GLOBAL_BATCH_SIZE") == 1
     files = list((tmp_path / "out").iterdir())
     assert len(files) == 1
-    assert len(list(iter_spans(files))) == 7
+    assert len(list(iter_spans(files))) == 8  # 7 phases and the window record
 
 
 def test_callbacks_left_open_are_ended_at_exit(tmp_path: Path) -> None:
@@ -174,7 +180,7 @@ def test_callbacks_left_open_are_ended_at_exit(tmp_path: Path) -> None:
     result = run_python(code, tmp_path)
     assert result.returncode == 0, result.stderr
     spans = {s.name: s for s in iter_spans([tmp_path / "traintel-runs"])}
-    assert set(spans) == {"application", "training_loop", "training_iteration"}
+    assert set(spans) == {"application", "training_loop", "training_iteration", "training_window"}
     assert spans["training_iteration"].attributes["traintel.end_reason"] == "telemetry shutdown"
     assert spans["training_loop"].parent_span_id == spans["application"].span_id
 

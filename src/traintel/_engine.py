@@ -43,6 +43,7 @@ from traintel.processor.aggregator import (
     WindowReport,
 )
 from traintel.processor.export_filter import IterationExportFilter, TraceBudget
+from traintel.processor.goodput import GoodputLedger, GoodputSnapshot, WindowGoodput
 from traintel.processor.instruments import TrainingInstruments
 from traintel.processor.sampling import MEDIAN_MIN_SAMPLES, IterationSampler
 from traintel.semconv import Event, Phase
@@ -231,6 +232,8 @@ class TrainingEngine:
         self.tokens_total = 0.0
         self.events = _EventBudget()
         self.segments_closed = 0
+        self.goodput = GoodputLedger()
+        self._ended_loop: Span | None = None
         self._dtype_seen: str | None = None
         self._device_lookup: tuple[float | None, str | None, str | None] | None = None
         self.apply_config(config)
@@ -382,7 +385,7 @@ class TrainingEngine:
         aggregator = self.aggregator
         phases = record.phase_ns if record.children or record.step_spans else None
         window_full = aggregator.add_iteration(
-            record.iteration, duration_ns, samples, tokens, record.padding, flops, phases
+            record.iteration, duration_ns, samples, tokens, record.padding, flops, phases, end_ns
         )
         if samples is not None:
             self.samples_total += samples
@@ -622,14 +625,17 @@ class TrainingEngine:
             record.nonfinite = True
 
     # --- windows --------------------------------------------------------------------------------
-    def close_window(self) -> WindowReport | None:
+    def close_window(self, final: bool = False) -> WindowReport | None:
         inputs = self._rate_inputs
         if inputs is None or self.config.has_lazy:
             inputs = self._rate_inputs = self.rate_inputs()
         report = self.aggregator.close_window(inputs)
         self.sampler.refresh()
         if report is None:
+            if final:
+                self._export_windows(self.goodput.flush_held())
             return None
+        self._export_windows(self.goodput.close_window(report, inputs.peak_flops, final))
         if self.config.has_lazy:
             self.apply_config(self.config)  # lazy values are re-resolved once per window
         if inputs.peak_flops is None and report.get(semconv.WINDOW_PREFIX + "flops_per_second_per_device"):
@@ -654,6 +660,30 @@ class TrainingEngine:
                 "out_of_range", "%s: check flops_per_* and the peak FLOP/s (not reported as a metric)", error
             )
         return report
+
+    def _export_windows(self, windows: list[WindowGoodput]) -> None:
+        """Each window's goodput record as a ``training_window`` span, exported at once (not
+        with the segment), so a job killed mid-segment loses at most its open window."""
+        if not windows:
+            return
+        loop = self._loop_span_for()
+        parent = loop.current if isinstance(loop, SegmentedSpan) else loop
+        if parent is None:
+            parent = self._ended_loop
+        context = trace_api.set_span_in_context(parent) if parent is not None else Context()
+        for window in windows:
+            span = self.tracer.start_span(
+                semconv.TRAINING_WINDOW_SPAN,
+                context=context,
+                attributes=window.attributes(),
+                start_time=window.start_ns,
+            )
+            span.end(end_time=max(window.end_ns, window.start_ns))
+        self.goodput_snapshot(time.time_ns())
+
+    def goodput_snapshot(self, now_ns: int) -> GoodputSnapshot:
+        """The job's goodput now (published to the gauges by the instruments)."""
+        return self.goodput.snapshot(now_ns)
 
     # --- segments -------------------------------------------------------------------------------
     def _check_budget(self, now_ns: int) -> None:
@@ -688,6 +718,7 @@ class TrainingEngine:
 
     # --- loops ----------------------------------------------------------------------------------
     def training_loop_opened(self, loop: SegmentedSpan, start_ns: int) -> None:
+        self.goodput.started(start_ns)
         self.loop = loop
         self.rotate_pending = False
         loop.segment_start_ns = start_ns
@@ -696,13 +727,16 @@ class TrainingEngine:
         """Last partial window, the at-a-glance summary and the segment marks, before end()."""
         if self.loop is not loop:
             return
-        self.close_window()
+        self.close_window(final=True)
         train_time = (end_ns - self.loop_start_ns) / 1e9 if self.loop_start_ns else None
         summary = self.aggregator.summary(self.rate_inputs(), train_time)
         summary[semconv.SUMMARY_PREFIX + "segments"] = self.segments_closed + 1
         summary[semconv.SUMMARY_PREFIX + "exported_iterations"] = (
             self.instruments.exported_iterations if self.instruments is not None else 0
         )
+        summary.update(self.goodput_snapshot(end_ns).attributes(semconv.SUMMARY_PREFIX))
+        if self.goodput.ideal_step_time_s is not None:
+            summary[semconv.SUMMARY_PREFIX + "step_time.ideal"] = self.goodput.ideal_step_time_s
         loop.set_attributes(summary)
         if self.segments_closed:
             spans, size = self.budget.usage(loop.get_span_context().trace_id)
@@ -787,6 +821,18 @@ class TrainingEngine:
             self.aggregator.checkpoints.add_stage(stage, duration_s)
 
     # --- spans from other instrumentation (plain OTel with ml.training.phase) ----------------------
+    def foreign_loop_ended(self, context: SpanContext) -> None:
+        """Someone else's training loop ended: its last partial window closes now. The loop span
+        is frozen, so that window's event has nowhere to go; its record still parents to it."""
+        if self.loop is not None:
+            return
+        self.foreign_loop = None
+        self._ended_loop = NonRecordingSpan(context)
+        try:
+            self.close_window(final=True)
+        finally:
+            self._ended_loop = None
+
     def foreign_iteration(
         self, span: Any, duration_ns: int, steps: list[int] | None, loop_span: Span | None
     ) -> None:

@@ -11,6 +11,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -406,6 +407,8 @@ def _install(
         pipeline.meter_provider,
         last_window=lambda: engine.aggregator.last_window,
         totals=lambda: (engine.samples_total, engine.tokens_total),
+        goodput=lambda: engine.goodput_snapshot(time.time_ns()),
+        step_time=lambda: (engine.goodput.ideal_step_time_s, engine.goodput.last_window),
     )
     processor = TrainingMetricsProcessor(
         instruments, budget=None if pipeline.export_filter is not None else budget

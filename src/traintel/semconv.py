@@ -71,6 +71,37 @@ LOOP_OF_ITERATION: Final = {
 }
 
 
+#: Goodput accounting: the badput category of each phase whose time is not productive. Time
+#: belongs to the innermost categorised phase covering it; iterations are productive except
+#: their data-loading wait and the categorised phases nested in them.
+BADPUT_CATEGORY_OF_PHASE: Final = {
+    Phase.DIST_INIT.value: "initialization",
+    Phase.DATA_LOADER_INIT.value: "initialization",
+    Phase.MODEL_INIT.value: "initialization",
+    Phase.OPTIMIZER_INIT.value: "initialization",
+    Phase.CHECKPOINT_LOAD.value: "checkpoint_load",
+    Phase.CHECKPOINT_SAVE_SYNC.value: "checkpoint_save",
+    Phase.CHECKPOINT_SAVE_ASYNC.value: "checkpoint_save",
+    Phase.DATA_LOADING.value: "data_loading",
+    Phase.VALIDATION_LOOP.value: "evaluation",
+    Phase.TESTING_LOOP.value: "evaluation",
+}
+#: Every badput category, in report order; they sum with goodput to the total wall time.
+BADPUT_CATEGORIES: Final = (
+    "initialization",
+    "checkpoint_load",
+    "checkpoint_save",
+    "data_loading",
+    "evaluation",
+    "program_startup",
+    "wasted_progress",
+    "infrastructure_recovery",
+    "other",
+)
+#: The compact per-window span the goodput analysis reads (iteration spans are tail-sampled).
+TRAINING_WINDOW_SPAN: Final = "training_window"
+
+
 class Event(str, Enum):
     """Span event names."""
 
@@ -146,6 +177,16 @@ METRIC_PREFIX: Final = "ml.training.metric."
 #: Why a span was ended by traintel rather than by the user's code (exit, out-of-order end).
 END_REASON: Final = "traintel.end_reason"
 
+#: Goodput (live, per job): ratios of the job's wall time so far, and the time behind them.
+GOODPUT: Final = "ml.training.goodput"
+GOODPUT_PREFIX: Final = "ml.training.goodput."
+BADPUT_PREFIX: Final = "ml.training.badput."
+BADPUT_CATEGORY: Final = "ml.training.badput.category"
+#: Step-time deviation: the robust ideal step time and how far windows deviate from it.
+STEP_TIME_IDEAL: Final = "ml.training.step_time.ideal"
+STEP_TIME_DEVIATION_PREFIX: Final = "ml.training.step_time.deviation."
+STEP_TIME_QUANTILE: Final = "ml.training.step_time.quantile"
+
 # --- resource attributes: run identity ----------------------------------------------------------
 RUN_ID: Final = "ml.training.run_id"
 SESSION_TAG: Final = "ml.training.session_tag"
@@ -192,6 +233,8 @@ METRIC_FLOPS_THROUGHPUT: Final = "ml.training.flops_throughput"
 METRIC_MFU: Final = "ml.training.mfu"
 METRIC_GOODPUT: Final = "ml.training.goodput"
 METRIC_BADPUT: Final = "ml.training.badput"
+METRIC_STEP_TIME_IDEAL: Final = "ml.training.step_time.ideal"
+METRIC_STEP_TIME_DEVIATION: Final = "ml.training.step_time.deviation"
 METRIC_CHECKPOINT_SAVE_DURATION: Final = "ml.training.checkpoint.save.duration"
 METRIC_CHECKPOINT_LOAD_DURATION: Final = "ml.training.checkpoint.load.duration"
 METRIC_CHECKPOINT_SIZE: Final = "ml.training.checkpoint.size"

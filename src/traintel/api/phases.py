@@ -211,6 +211,8 @@ class _Application(PhaseSpan):
     ) -> None:
         engine = telemetry.engine
         if engine is not None and engine.app is span:
+            engine.goodput.ended(end_ns)
+            span.set_attributes(engine.goodput_snapshot(end_ns).attributes())
             if isinstance(span, SegmentedSpan) and span.segment_index:
                 span.close_segment(end_ns, continues=False)
             engine.app = None

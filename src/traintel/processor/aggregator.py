@@ -159,6 +159,15 @@ class WindowReport:
     last_iteration: int
     attributes: dict[str, float | int | str]
     errors: list[str]
+    #: The window's raw material for goodput: durations in arrival order (seconds), its time
+    #: span (first iteration's start to last iteration's end) and its sums.
+    durations: list[float] = field(default_factory=list)
+    start_ns: int = 0
+    end_ns: int = 0
+    duration_s: float = 0.0
+    data_loading_s: float = 0.0
+    flops: float = 0.0
+    flops_time_s: float = 0.0
 
     def get(self, key: str) -> float | None:
         value = self.attributes.get(key)
@@ -202,6 +211,8 @@ class TrainingAggregator:
         self._window_durations: list[float] = []
         self._window_first: int | None = None
         self._window_last = 0
+        self._window_start_ns = 0
+        self._window_end_ns = 0
         self._window_metrics: dict[str, _ModelMetric] = {}
         self._window_flags = [0, 0, 0]  # nonfinite, slow, exported
         self._window_warmup = _Counts()  # the window's warm-up iterations, left out of totals
@@ -221,6 +232,7 @@ class TrainingAggregator:
         padding: float | None = None,
         flops: float | None = None,
         phases: list[int] | None = None,
+        end_ns: int = 0,
     ) -> bool:
         """Record one iteration; returns True when it completes a window (call :meth:`close_window`)."""
         seconds = duration_ns / 1e9
@@ -228,7 +240,9 @@ class TrainingAggregator:
         durations = self._window_durations
         if not durations:
             self._window_first = iteration
+            self._window_start_ns = end_ns - duration_ns
         self._window_last = iteration
+        self._window_end_ns = end_ns
         durations.append(seconds)
         self._window.add(seconds, samples, tokens, padding, flops, phases)
         if seen <= self.warmup_iterations:  # rare: the first iterations of the job
@@ -298,6 +312,13 @@ class TrainingAggregator:
             last_iteration=self._window_last,
             attributes=attributes,
             errors=errors,
+            durations=durations,
+            start_ns=self._window_start_ns,
+            end_ns=self._window_end_ns,
+            duration_s=counts.duration_s,
+            data_loading_s=counts.phase_s[DATA],
+            flops=counts.flops,
+            flops_time_s=counts.flops_time,
         )
         self.windows_closed += 1
         self.last_window = report

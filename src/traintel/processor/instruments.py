@@ -22,6 +22,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
 from traintel.processor.aggregator import WindowReport
+from traintel.processor.goodput import GoodputSnapshot, WindowGoodput
 from traintel.version import __version__
 
 #: Bucket boundaries in seconds: the SDK's defaults are for milliseconds and would put every
@@ -48,10 +49,14 @@ class TrainingInstruments:
         meter_provider: metrics_api.MeterProvider,
         last_window: Callable[[], WindowReport | None],
         totals: Callable[[], tuple[float, float]],
+        goodput: Callable[[], GoodputSnapshot | None] = lambda: None,
+        step_time: Callable[[], tuple[float | None, WindowGoodput | None]] = lambda: (None, None),
     ) -> None:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
         self._last_window = last_window
         self._totals = totals
+        self._goodput = goodput
+        self._step_time = step_time
         self._lock = threading.Lock()
         # Compact buffers (8 bytes a value), appended by the training thread, drained by readers.
         self.iteration_durations = array("d")
@@ -119,6 +124,22 @@ class TrainingInstruments:
             semconv.METRIC_STEP_PHASE_TIME, callbacks=[self._phase_times], unit="s",
             description="Mean time per iteration spent in each step phase over the last window.",
         )  # fmt: skip
+        meter.create_observable_gauge(
+            semconv.METRIC_GOODPUT, callbacks=[self._observe_goodput], unit="1",
+            description="This job's productive training time / its wall time so far.",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            semconv.METRIC_BADPUT, callbacks=[self._observe_badput], unit="1",
+            description="This job's unproductive time / its wall time so far, by badput category.",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            semconv.METRIC_STEP_TIME_IDEAL, callbacks=[self._observe_ideal], unit="s",
+            description="Ideal step time: mean of the steps at most median + 3 MAD.",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            semconv.METRIC_STEP_TIME_DEVIATION, callbacks=[self._observe_deviation], unit="1",
+            description="Last window's step time percentiles / ideal step time - 1, by quantile.",
+        )  # fmt: skip
 
     def _gauge(
         self, meter: metrics_api.Meter, name: str, unit: str, key: str, per_device: bool = False
@@ -155,6 +176,32 @@ class TrainingInstruments:
             if total is not None:
                 observations.append(Observation(total / iterations, {semconv.PHASE: phase}))
         return observations
+
+    def _observe_goodput(self, options: CallbackOptions) -> Iterable[Observation]:
+        snapshot = self._goodput()
+        return [] if snapshot is None or snapshot.total_s <= 0 else [Observation(snapshot.goodput)]
+
+    def _observe_badput(self, options: CallbackOptions) -> Iterable[Observation]:
+        snapshot = self._goodput()
+        if snapshot is None or snapshot.total_s <= 0:
+            return []
+        return [
+            Observation(snapshot.badput(category), {semconv.BADPUT_CATEGORY: category})
+            for category in snapshot.badput_s
+        ]
+
+    def _observe_ideal(self, options: CallbackOptions) -> Iterable[Observation]:
+        ideal, _ = self._step_time()
+        return [] if ideal is None else [Observation(ideal)]
+
+    def _observe_deviation(self, options: CallbackOptions) -> Iterable[Observation]:
+        ideal, window = self._step_time()
+        if ideal is None or window is None or ideal <= 0:
+            return []
+        return [
+            Observation(value / ideal - 1, {semconv.STEP_TIME_QUANTILE: name})
+            for name, value in (("p50", window.p50_s), ("p90", window.p90_s), ("p99", window.p99_s))
+        ]
 
     def defer(self, iteration_s: float, data_loading_s: float | None) -> None:
         """Queue one iteration's values (training thread: two appends, no lock — see _drain)."""

@@ -28,6 +28,30 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * fraction
 
 
+def robust_mean(sorted_values: list[float], k: float = 3.0) -> float:
+    """The ideal step time: the mean after dropping values above ``median + k * MAD`` (median
+    absolute deviation). Slow outliers (a checkpoint stall, a GC pause) do not inflate it, and
+    no arbitrary minimum step length is assumed."""
+    if not sorted_values:
+        return math.nan
+    median = percentile(sorted_values, 50)
+    mad = percentile(sorted(abs(v - median) for v in sorted_values), 50)
+    limit = median + k * mad
+    kept = [v for v in sorted_values if v <= limit]
+    return math.fsum(kept) / len(kept)
+
+
+def _weighted_median(points: list[tuple[float, int]]) -> float:
+    """The lower median of sorted (value, count) pairs."""
+    total = sum(n for _, n in points)
+    seen = 0
+    for value, n in points:
+        seen += n
+        if 2 * seen >= total:
+            return value
+    return points[-1][0]
+
+
 class RunningStats:
     """Count, sum, min, max, mean and population standard deviation of a stream."""
 
@@ -172,6 +196,23 @@ class QuantileSketch:
             if seen > rank:
                 return 2 * self._gamma**index / (self._gamma + 1)
         return 2 * self._gamma ** max(self._counts) / (self._gamma + 1)
+
+    def robust_mean(self, k: float = 3.0) -> float:
+        """Mean of the values at most ``median + k * MAD`` (exact while exact; from bucket
+        representatives, so within the sketch's relative accuracy, after that)."""
+        if self.count == 0:
+            return math.nan
+        if self._exact is not None:
+            return robust_mean(self._exact, k)
+        gamma = self._gamma
+        points = [(2 * gamma**index / (gamma + 1), n) for index, n in sorted(self._counts.items())]
+        if self.zeros:
+            points.insert(0, (0.0, self.zeros))
+        median = _weighted_median(points)
+        spread = sorted((abs(value - median), n) for value, n in points)
+        limit = median + k * _weighted_median(spread)
+        kept = [(value, n) for value, n in points if value <= limit]
+        return sum(value * n for value, n in kept) / sum(n for _, n in kept)
 
     @property
     def buckets(self) -> int:

@@ -41,6 +41,9 @@ MAX_TRACKED_OPEN_SPANS = 100_000
 
 _PER_STEP = frozenset({p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES})
 _STAGE_OF = {phase.value: stage for stage, phase in semconv.CHECKPOINT_STAGES.items()}
+_CATEGORY_OF = semconv.BADPUT_CATEGORY_OF_PHASE
+_DATA_LOADING = Phase.DATA_LOADING.value
+_TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 
 
 class TrainingMetricsProcessor(SpanProcessor):
@@ -84,6 +87,8 @@ class TrainingMetricsProcessor(SpanProcessor):
                 MAX_TRACKED_OPEN_SPANS,
             )
         if phase is not None:
+            if engine is not None and span.start_time is not None:
+                engine.goodput.started(span.start_time)
             key = str(phase)
             with self._lock:
                 self._phase_counts[key] = self._phase_counts.get(key, 0) + 1
@@ -100,6 +105,8 @@ class TrainingMetricsProcessor(SpanProcessor):
         if engine is not None and engine.materializing == _get_ident():
             return
         if span.name in _PER_STEP and self._is_own(span):
+            if span.name == _DATA_LOADING and engine is not None and self._enabled:
+                self._goodput(engine, span, _DATA_LOADING)  # outside an iteration: badput
             return
         phase = (span.attributes or {}).get(semconv.PHASE)
         if phase is None:
@@ -117,6 +124,8 @@ class TrainingMetricsProcessor(SpanProcessor):
         if not self._enabled or span.start_time is None or span.end_time is None:
             return
         duration_ns = span.end_time - span.start_time
+        if engine is not None and key in _CATEGORY_OF:
+            self._goodput(engine, span, key)
         if key not in _PER_STEP and self._instruments is not None:
             attributes = self._attribute_cache.get(key)
             if attributes is None:
@@ -127,6 +136,46 @@ class TrainingMetricsProcessor(SpanProcessor):
                 self._foreign(span, key, duration_ns)
             except Exception:
                 self.on_error("foreign_span")
+
+    def _goodput(self, engine: TrainingEngine, span: ReadableSpan, phase: str) -> None:
+        """Book a categorised phase's time: its own time less the categorised phases inside it
+        (innermost wins); its whole time is taken from what encloses it. Data loading inside an
+        iteration is already the iteration's data-loading wait."""
+        context = span.get_span_context()
+        if context is None or span.start_time is None or span.end_time is None:
+            return
+        duration_ns = span.end_time - span.start_time
+        kind, ancestor = self._goodput_parent(engine, span)
+        if phase == _DATA_LOADING and kind == "iteration":
+            return
+        ledger = engine.goodput
+        ledger.phase_ended(_CATEGORY_OF[phase], context.span_id, duration_ns)
+        if kind == "phase":
+            ledger.nested_in_phase(ancestor, duration_ns)
+        elif kind == "iteration":
+            ledger.nested_in_iteration(duration_ns)
+
+    def _goodput_parent(self, engine: TrainingEngine, span: ReadableSpan) -> tuple[str | None, int]:
+        """The nearest enclosing categorised phase ("phase", its id) or training iteration
+        ("iteration"), walking up through uncategorised spans (the user's, loops, application)."""
+        parent = span.parent
+        span_id = parent.span_id if parent is not None else 0
+        active = engine.active
+        for _ in range(256):  # a cycle guard, not a real depth
+            if active is not None and span_id == active.span_id and active.phase == _TRAINING_ITERATION:
+                return "iteration", span_id
+            live = self._open.get(span_id)
+            if live is None:
+                return None, 0
+            phase = (live.attributes or {}).get(semconv.PHASE)
+            if phase == _TRAINING_ITERATION:
+                return "iteration", span_id
+            if phase in _CATEGORY_OF:
+                return "phase", span_id
+            if live.parent is None:
+                return None, 0
+            span_id = live.parent.span_id
+        return None, 0
 
     def _is_own(self, span: ReadableSpan) -> bool:
         scope = span.instrumentation_scope
@@ -158,6 +207,8 @@ class TrainingMetricsProcessor(SpanProcessor):
             )  # fmt: skip
         elif phase == Phase.CHECKPOINT_LOAD.value:
             engine.checkpoint_loaded(duration_ns / 1e9)
+        elif phase == Phase.TRAINING_LOOP.value and context is not None:
+            engine.foreign_loop_ended(context)
         elif phase in _STAGE_OF:
             engine.checkpoint_stage_done(_STAGE_OF[phase], duration_ns / 1e9)
 

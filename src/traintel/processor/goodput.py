@@ -1,0 +1,254 @@
+"""Live goodput of the running job, and the compact per-window records the offline analysis
+reads.
+
+Why per-window records: iteration spans are tail-sampled, so a file holds ~1 % of them; the
+analysis across restarts (``traintel goodput``) needs each window's iteration range and
+where its time went. They leave as small ``training_window`` spans, exported as soon as the
+window closes, so a job killed mid-segment loses at most the window that was open.
+
+Accounting rules (the README states them; ``analysis/goodput.py`` applies the same ones to
+files): every instant of a job's wall time belongs to the innermost categorised phase covering
+it (``semconv.BADPUT_CATEGORY_OF_PHASE``); an iteration's own time is productive except its
+data-loading wait and the categorised phases nested in it; the first iteration's excess over the
+typical iteration (the median of the others in the first window) is ``program_startup``; what
+no rule claims is ``other``. Memory is constant: sums, and one held window at most.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from traintel import semconv
+from traintel.processor.aggregator import WindowReport
+from traintel.processor.stats import QuantileSketch, percentile
+
+#: The categories the live ledger can see (wasted progress and recovery need later jobs).
+LIVE_CATEGORIES = (
+    "initialization",
+    "checkpoint_load",
+    "checkpoint_save",
+    "data_loading",
+    "evaluation",
+    "program_startup",
+)
+
+
+@dataclass
+class WindowGoodput:
+    """One window's goodput record: what a ``training_window`` span carries."""
+
+    index: int
+    first_iteration: int
+    last_iteration: int
+    iterations: int
+    start_ns: int
+    end_ns: int
+    iteration_time_s: float
+    data_loading_s: float
+    nested_badput_s: float
+    program_startup_s: float = 0.0
+    flops: float = 0.0
+    peak_flops: float | None = None
+    p50_s: float = 0.0
+    p90_s: float = 0.0
+    p99_s: float = 0.0
+    max_s: float = 0.0
+    slowest_iteration: int | None = None
+    ideal_step_time_s: float | None = None
+
+    @property
+    def productive_s(self) -> float:
+        """Iteration time less data-loading wait, nested categorised phases and startup."""
+        return max(
+            0.0, self.iteration_time_s - self.data_loading_s - self.nested_badput_s - self.program_startup_s
+        )
+
+    def attributes(self) -> dict[str, float | int | str]:
+        w = semconv.WINDOW_PREFIX
+        out: dict[str, float | int | str] = {
+            w + "index": self.index,
+            w + "first_iteration": self.first_iteration,
+            w + "last_iteration": self.last_iteration,
+            w + "iterations": self.iterations,
+            w + "iteration_time.total": self.iteration_time_s,
+            w + "productive_time": self.productive_s,
+            w + "data_loading_time": self.data_loading_s,
+            w + "nested_badput_time": self.nested_badput_s,
+            w + "program_startup_time": self.program_startup_s,
+            w + "iteration_time.p50": self.p50_s,
+            w + "iteration_time.p90": self.p90_s,
+            w + "iteration_time.p99": self.p99_s,
+            w + "iteration_time.max": self.max_s,
+        }
+        if self.slowest_iteration is not None:
+            out[w + "slowest_iteration"] = self.slowest_iteration
+        if self.flops:
+            out[w + "flops"] = self.flops
+        if self.peak_flops:
+            out[semconv.MFU_DENOMINATOR] = self.peak_flops
+        if self.ideal_step_time_s is not None:
+            out[semconv.STEP_TIME_IDEAL] = self.ideal_step_time_s
+            for name, value in (("p50", self.p50_s), ("p90", self.p90_s), ("p99", self.p99_s)):
+                out[semconv.STEP_TIME_DEVIATION_PREFIX + name] = value / self.ideal_step_time_s - 1
+        return out
+
+
+@dataclass
+class GoodputSnapshot:
+    """The job's goodput at one moment: seconds by category over ``total_s``."""
+
+    total_s: float
+    productive_s: float
+    badput_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def goodput(self) -> float:
+        return self.productive_s / self.total_s if self.total_s > 0 else 0.0
+
+    def badput(self, category: str) -> float:
+        return self.badput_s.get(category, 0.0) / self.total_s if self.total_s > 0 else 0.0
+
+    def attributes(self, prefix: str = "ml.training.") -> dict[str, float]:
+        """Ratios and seconds: ``<prefix>goodput``, ``<prefix>badput.<category>`` (ratio) and
+        ``..._time`` (seconds)."""
+        out = {
+            prefix + "goodput": self.goodput,
+            prefix + "goodput.productive_time": self.productive_s,
+            prefix + "goodput.total_time": self.total_s,
+        }
+        for category, seconds in self.badput_s.items():
+            out[prefix + "badput." + category] = self.badput(category)
+            out[prefix + "badput." + category + "_time"] = seconds
+        return out
+
+
+class GoodputLedger:
+    """The current job's productive and badput time, fed by the engine and the processor."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.job_start_ns: int | None = None
+        self.job_end_ns: int | None = None
+        self.productive_s = 0.0
+        self.badput_s = dict.fromkeys(LIVE_CATEGORIES, 0.0)
+        self.window_nested_s = 0.0  # categorised time inside the open window's iterations
+        self._nested: dict[int, int] = {}  # open categorised span id -> categorised time inside it
+        self._held: WindowGoodput | None = None  # the first window, until startup is known
+        self._first_iteration_s: float | None = None
+        self._startup_decided = False
+        self.steps = QuantileSketch(0.01)
+        self.ideal_step_time_s: float | None = None
+        self.last: GoodputSnapshot | None = None
+        self.last_window: WindowGoodput | None = None
+
+    # --- time that is not an iteration's -------------------------------------------------------
+    def started(self, start_ns: int) -> None:
+        if self.job_start_ns is None or start_ns < self.job_start_ns:
+            self.job_start_ns = start_ns
+
+    def ended(self, end_ns: int) -> None:
+        """The job's outermost span ended: the snapshot stops growing."""
+        self.job_end_ns = end_ns
+
+    def phase_ended(self, category: str, span_id: int, duration_ns: int) -> None:
+        """A categorised phase ended: its time less the categorised phases inside it."""
+        with self.lock:
+            inner = self._nested.pop(span_id, 0)
+            exclusive = max(0, duration_ns - inner)
+            self.badput_s[category] = self.badput_s.get(category, 0.0) + exclusive / 1e9
+
+    def nested_in_phase(self, parent_span_id: int, duration_ns: int) -> None:
+        with self.lock:
+            self._nested[parent_span_id] = self._nested.get(parent_span_id, 0) + duration_ns
+
+    def nested_in_iteration(self, duration_ns: int) -> None:
+        with self.lock:
+            self.window_nested_s += duration_ns / 1e9
+
+    def forget(self, span_id: int) -> None:
+        """A categorised span ended without being counted (bounded bookkeeping)."""
+        self._nested.pop(span_id, None)
+
+    # --- windows -------------------------------------------------------------------------------
+    def close_window(
+        self, report: WindowReport, peak_flops: float | None, final: bool
+    ) -> list[WindowGoodput]:
+        """Account a closed window; returns the records ready to export (the first window is
+        held until the typical iteration is known, i.e. until a second iteration exists)."""
+        durations = report.durations
+        ordered = sorted(durations)
+        with self.lock:
+            nested, self.window_nested_s = self.window_nested_s, 0.0
+        slowest = None
+        if durations and report.last_iteration - report.first_iteration + 1 == len(durations):
+            slowest = report.first_iteration + durations.index(ordered[-1])
+        window = WindowGoodput(
+            index=report.index,
+            first_iteration=report.first_iteration,
+            last_iteration=report.last_iteration,
+            iterations=len(durations),
+            start_ns=report.start_ns,
+            end_ns=report.end_ns,
+            iteration_time_s=report.duration_s,
+            data_loading_s=report.data_loading_s,
+            nested_badput_s=nested,
+            flops=report.flops,
+            peak_flops=peak_flops,
+            p50_s=percentile(ordered, 50),
+            p90_s=percentile(ordered, 90),
+            p99_s=percentile(ordered, 99),
+            max_s=ordered[-1] if ordered else 0.0,
+            slowest_iteration=slowest,
+        )
+        self.steps.add_many(durations)
+        self.ideal_step_time_s = self.steps.robust_mean()
+        window.ideal_step_time_s = self.ideal_step_time_s
+        ready: list[WindowGoodput] = [window]
+        if not self._startup_decided:
+            if self._held is None:  # the job's first window
+                self._first_iteration_s = durations[0] if durations else None
+                if len(durations) >= 2:
+                    self._decide_startup(window, percentile(sorted(durations[1:]), 50))
+                elif final:  # a job of one iteration: no typical step to compare with
+                    self._startup_decided = True
+                else:
+                    self._held, ready = window, []
+            else:  # the held first window, decided against this one's iterations
+                self._decide_startup(self._held, percentile(ordered, 50))
+                ready = [self._held, window]
+                self._held = None
+        if ready:
+            self.last_window = ready[-1]
+        for record in ready:
+            self.productive_s += record.productive_s
+            self.badput_s["data_loading"] += record.data_loading_s
+            self.badput_s["program_startup"] += record.program_startup_s
+        return ready
+
+    def _decide_startup(self, window: WindowGoodput, typical_s: float) -> None:
+        first = self._first_iteration_s or 0.0
+        window.program_startup_s = max(0.0, first - typical_s)
+        self._startup_decided = True
+
+    def flush_held(self) -> list[WindowGoodput]:
+        """The loop ended with only the first iteration's window held: export it as it is."""
+        if self._held is None:
+            return []
+        window, self._held = self._held, None
+        self._startup_decided = True
+        self.productive_s += window.productive_s
+        self.badput_s["data_loading"] += window.data_loading_s
+        return [window]
+
+    def snapshot(self, now_ns: int) -> GoodputSnapshot:
+        if self.job_end_ns is not None:
+            now_ns = min(now_ns, self.job_end_ns)
+        start = self.job_start_ns if self.job_start_ns is not None else now_ns
+        total = max(0.0, (now_ns - start) / 1e9)
+        with self.lock:
+            badput = {k: v for k, v in self.badput_s.items()}
+        accounted = self.productive_s + sum(badput.values())
+        badput["other"] = max(0.0, total - accounted)
+        self.last = GoodputSnapshot(total, self.productive_s, badput)
+        return self.last
