@@ -140,7 +140,8 @@ CHECKPOINT_ITERATION: Final = "ml.training.checkpoint.iteration"
 CHECKPOINT_PATH: Final = "ml.training.checkpoint.path"
 CHECKPOINT_STAGE: Final = "ml.training.checkpoint.stage"
 CHECKPOINT_BYTES_PER_SECOND: Final = "ml.training.checkpoint.bytes_per_second"
-#: Why an iteration was exported (first, every_n, slow, error, nonfinite, checkpoint, all).
+#: Why an iteration was exported (first, every_n, slow, error, nonfinite, checkpoint, nested_phase,
+#: all).
 SAMPLING_REASON: Final = "traintel.sampling.reason"
 #: Segment spans: which segment of a long run a trace holds.
 SEGMENT_INDEX: Final = "ml.training.segment.index"

@@ -89,6 +89,8 @@ class TrainingMetricsProcessor(SpanProcessor):
         if phase is not None:
             if engine is not None and span.start_time is not None:
                 engine.goodput.started(span.start_time)
+                if phase in _CATEGORY_OF and phase != _DATA_LOADING:
+                    self._keep_enclosing_iteration(engine, span, str(phase))
             key = str(phase)
             with self._lock:
                 self._phase_counts[key] = self._phase_counts.get(key, 0) + 1
@@ -154,6 +156,19 @@ class TrainingMetricsProcessor(SpanProcessor):
             ledger.nested_in_phase(ancestor, duration_ns)
         elif kind == "iteration":
             ledger.nested_in_iteration(duration_ns)
+
+    def _keep_enclosing_iteration(self, engine: TrainingEngine, span: Span, phase: str) -> None:
+        """A checkpoint save or evaluation inside a fast-path iteration: export that iteration,
+        so the phase span is not dropped with it (it is badput the analysis must see)."""
+        kind, span_id = self._goodput_parent(engine, span)
+        record = engine.active
+        if (
+            kind == "iteration"
+            and record is not None
+            and record.span_id == span_id
+            and record.head_reason is None
+        ):
+            record.head_reason = "checkpoint" if phase.startswith("checkpoint") else "nested_phase"
 
     def _goodput_parent(self, engine: TrainingEngine, span: ReadableSpan) -> tuple[str | None, int]:
         """The nearest enclosing categorised phase ("phase", its id) or training iteration

@@ -1,0 +1,730 @@
+"""Goodput and badput across the jobs of a training session, from the embedded default's files.
+
+Why files: a session spans restarts (a crash, a preemption, a requeue), and no live process
+sees it whole. Every job's process wrote its spans; the ones that matter here are always
+exported: the phase spans (init, checkpoints, evaluation, loops) and one ``training_window``
+record per window of iterations (iteration spans themselves are tail-sampled).
+
+The rules, applied to each job's reference rank (the lowest, unless asked):
+
+* A job lasts from its first span's start to the end of its outermost span (``application``,
+  else ``training_loop``); a job whose end was never exported (SIGKILL, node loss) ends at its
+  last exported activity (span end, event or metric point). A job that overlaps the next one
+  ends where the next begins.
+* Inside a job every instant belongs to the innermost categorised phase covering it
+  (``semconv.BADPUT_CATEGORY_OF_PHASE``; data loading inside an iteration excepted: it is the
+  window's data-loading wait). Time inside a window not covered by a phase holds the window's
+  productive time, data-loading wait and program startup; the rest of it (between iterations)
+  and of the job is ``other``.
+* Between jobs: ``infrastructure_recovery`` after a job that did not end cleanly (error status,
+  or no exported end), ``other`` (a scheduling gap) after one that did.
+* ``wasted_progress``: the productive time of a job's iterations that a later job of the
+  session ran again (it resumed from an older checkpoint). Windows are the granularity: a window
+  partly redone contributes its productive time in proportion to the iterations redone.
+* An interval (``start``/``end``) clips phases exactly; a window cut by the interval
+  contributes in proportion to its uncovered time inside the interval.
+
+Every category is a share of the same total and the shares sum to 1 (``other`` is the rest).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from traintel import semconv
+from traintel.exporters.reader import ReadStats, attributes_dict, read_requests
+from traintel.semconv import BADPUT_CATEGORIES, BADPUT_CATEGORY_OF_PHASE, Phase
+
+__all__ = ["JobGoodput", "SessionGoodput", "compute_goodput", "load_jobs", "render_goodput"]
+
+_W = semconv.WINDOW_PREFIX
+_ITERATION = Phase.TRAINING_ITERATION.value
+_DATA_LOADING = Phase.DATA_LOADING.value
+_APPLICATION = Phase.APPLICATION.value
+_LOOP = Phase.TRAINING_LOOP.value
+_FRAMEWORK = ("initialization", "checkpoint_load", "checkpoint_save", "data_loading", "evaluation",
+              "program_startup")  # fmt: skip
+
+
+@dataclass
+class _Window:
+    start_ns: int
+    end_ns: int
+    first: int
+    last: int
+    iterations: int
+    productive_s: float
+    data_s: float
+    startup_s: float
+    flops: float
+    peak: float | None
+    p50: float
+    p90: float
+    p99: float
+    max_s: float
+    slowest: int | None
+    ideal: float | None
+    wasted_fraction: float = 0.0
+    free_total: int = 0
+    free_in: int = 0
+
+
+@dataclass
+class _Process:
+    """What one process (one rank of one job) exported, reduced to what goodput needs."""
+
+    instance: str
+    resource: dict[str, Any]
+    start_ns: int = 2**63
+    last_ns: int = 0
+    end_ns: int | None = None  # the outermost span's final end, if exported
+    end_error: bool = False
+    outermost: str | None = None
+    phases: list[tuple[int, int, str]] = field(default_factory=list)
+    data_loading: list[tuple[int, int, str, str | None]] = field(default_factory=list)
+    parents: dict[str, tuple[str | None, bool]] = field(default_factory=dict)
+    windows: list[_Window] = field(default_factory=list)
+    resume: int | None = None
+    exported: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        value = self.resource.get(semconv.RANK)
+        return int(value) if isinstance(value, int) else 0
+
+    @property
+    def ended_cleanly(self) -> bool:
+        return self.end_ns is not None and not self.end_error
+
+    @property
+    def stop_ns(self) -> int:
+        return self.end_ns if self.end_ns is not None else max(self.last_ns, self.start_ns)
+
+    def see(self, start_ns: int, end_ns: int) -> None:
+        if start_ns and start_ns < self.start_ns:
+            self.start_ns = start_ns
+        self.last_ns = max(self.last_ns, end_ns)
+
+
+@dataclass
+class Job:
+    """One launch of the training program: its ranks (processes) share run id and restart."""
+
+    session: str
+    perf_tag: str | None
+    run_id: str
+    restart: int
+    ranks: dict[int, _Process] = field(default_factory=dict)
+
+
+@dataclass
+class JobGoodput:
+    run_id: str
+    restart: int
+    ranks: list[int]
+    rank_used: int
+    start_ns: int
+    end_ns: int
+    status: str  # "completed", "failed", or "no end exported" (killed, or still running)
+    productive_s: float
+    badput_s: dict[str, float]
+    first_iteration: int | None
+    last_iteration: int | None
+    resumed_from: int | None
+    goodput_by_rank: dict[int, float]
+
+    @property
+    def total_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def goodput(self) -> float:
+        return self.productive_s / self.total_s if self.total_s > 0 else 0.0
+
+
+@dataclass
+class SessionGoodput:
+    """A session's goodput over ``[start_ns, end_ns]``: seconds by category, and the detail."""
+
+    session: str
+    perf_tags: list[str]
+    start_ns: int
+    end_ns: int
+    productive_s: float
+    badput_s: dict[str, float]
+    disruptions: int
+    last_iteration: int | None
+    jobs: list[JobGoodput]
+    scheduling_gap_s: float = 0.0
+    model_flops_utilization: float | None = None
+    ideal_step_time_s: float | None = None
+    recent_deviation: list[dict[str, float]] = field(default_factory=list)
+    most_deviating: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def total_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def goodput(self) -> float:
+        return self.productive_s / self.total_s if self.total_s > 0 else 0.0
+
+    def badput(self, category: str) -> float:
+        return self.badput_s.get(category, 0.0) / self.total_s if self.total_s > 0 else 0.0
+
+    def layers(self) -> dict[str, dict[str, float]]:
+        """Infrastructure (between jobs), framework (inside jobs) and model (MFU) views."""
+        total = self.total_s or 1.0
+        infrastructure = self.badput_s["infrastructure_recovery"] + self.scheduling_gap_s
+        framework = sum(self.badput_s[c] for c in _FRAMEWORK)
+        out: dict[str, dict[str, float]] = {
+            "infrastructure": {
+                "badput": infrastructure / total,
+                "infrastructure_recovery": self.badput("infrastructure_recovery"),
+                "scheduling_gap": self.scheduling_gap_s / total,
+            },
+            "framework": {"badput": framework / total, **{c: self.badput(c) for c in _FRAMEWORK}},
+        }
+        if self.model_flops_utilization is not None:
+            out["model"] = {"mfu_over_productive_time": self.model_flops_utilization}
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "perf_tags": self.perf_tags,
+            "start_unix_nano": self.start_ns,
+            "end_unix_nano": self.end_ns,
+            "total_seconds": self.total_s,
+            "goodput": self.goodput,
+            "productive_seconds": self.productive_s,
+            "badput": {c: self.badput(c) for c in BADPUT_CATEGORIES},
+            "badput_seconds": dict(self.badput_s),
+            "scheduling_gap_seconds": self.scheduling_gap_s,
+            "disruptions": self.disruptions,
+            "last_iteration": self.last_iteration,
+            "layers": self.layers(),
+            "step_time": {
+                "ideal_seconds": self.ideal_step_time_s,
+                "recent_windows": self.recent_deviation,
+                "most_deviating": self.most_deviating,
+            },
+            "jobs": [
+                {
+                    "run_id": j.run_id,
+                    "restart": j.restart,
+                    "ranks": j.ranks,
+                    "rank_used": j.rank_used,
+                    "start_unix_nano": j.start_ns,
+                    "end_unix_nano": j.end_ns,
+                    "status": j.status,
+                    "total_seconds": j.total_s,
+                    "goodput": j.goodput,
+                    "productive_seconds": j.productive_s,
+                    "badput_seconds": j.badput_s,
+                    "first_iteration": j.first_iteration,
+                    "last_iteration": j.last_iteration,
+                    "resumed_from": j.resumed_from,
+                    "goodput_by_rank": {str(k): v for k, v in j.goodput_by_rank.items()},
+                }
+                for j in self.jobs
+            ],
+        }
+
+
+# --- reading -------------------------------------------------------------------------------------
+def _float(value: object, default: float = 0.0) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _window(start_ns: int, end_ns: int, a: dict[str, Any]) -> _Window:
+    return _Window(
+        start_ns=start_ns,
+        end_ns=end_ns,
+        first=_int(a.get(_W + "first_iteration")) or 0,
+        last=_int(a.get(_W + "last_iteration")) or 0,
+        iterations=_int(a.get(_W + "iterations")) or 0,
+        productive_s=_float(a.get(_W + "productive_time")),
+        data_s=_float(a.get(_W + "data_loading_time")),
+        startup_s=_float(a.get(_W + "program_startup_time")),
+        flops=_float(a.get(_W + "flops")),
+        peak=_float(a.get(semconv.MFU_DENOMINATOR)) or None,
+        p50=_float(a.get(_W + "iteration_time.p50")),
+        p90=_float(a.get(_W + "iteration_time.p90")),
+        p99=_float(a.get(_W + "iteration_time.p99")),
+        max_s=_float(a.get(_W + "iteration_time.max")),
+        slowest=_int(a.get(_W + "slowest_iteration")),
+        ideal=_float(a.get(semconv.STEP_TIME_IDEAL)) or None,
+    )
+
+
+def load_jobs(paths: Iterable[str | os.PathLike[str]], stats: ReadStats | None = None) -> list[Job]:
+    """Read the files (streaming) into jobs: grouped by session, run id and restart count."""
+    processes: dict[str, _Process] = {}
+
+    def process_of(resource: dict[str, Any]) -> _Process:
+        key = str(resource.get(semconv.SERVICE_INSTANCE_ID) or resource.get(semconv.RUN_ID) or "unknown")
+        found = processes.get(key)
+        if found is None:
+            found = processes[key] = _Process(key, resource)
+        return found
+
+    for request in read_requests(paths, stats):
+        if isinstance(request, ExportTraceServiceRequest):
+            for resource_spans in request.resource_spans:
+                process = process_of(attributes_dict(resource_spans.resource.attributes))
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        _add_span(process, span)
+        elif isinstance(request, ExportMetricsServiceRequest):
+            for resource_metrics in request.resource_metrics:
+                process = process_of(attributes_dict(resource_metrics.resource.attributes))
+                for scope_metrics in resource_metrics.scope_metrics:
+                    for metric in scope_metrics.metrics:
+                        kind = metric.WhichOneof("data")
+                        if kind is None:
+                            continue
+                        for point in getattr(metric, kind).data_points:
+                            process.see(0, point.time_unix_nano)
+    jobs: dict[tuple[str, str, int], Job] = {}
+    for process in processes.values():
+        if process.start_ns == 2**63:
+            continue  # metrics only: no timeline
+        _resolve_data_loading(process)
+        process.windows.sort(key=lambda w: w.start_ns)
+        r = process.resource
+        session = str(r.get(semconv.SESSION_TAG) or r.get(semconv.RUN_ID) or process.instance)
+        run_id = str(r.get(semconv.RUN_ID) or process.instance)
+        restart = _int(r.get(semconv.RESTART_COUNT)) or 0
+        perf = r.get(semconv.PERF_TAG)
+        job = jobs.get((session, run_id, restart))
+        if job is None:
+            job = jobs[(session, run_id, restart)] = Job(
+                session, str(perf) if perf else None, run_id, restart
+            )
+        job.ranks[process.rank] = process
+    return list(jobs.values())
+
+
+def _add_span(process: _Process, span: Any) -> None:
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    process.see(start, end)
+    for event in span.events:
+        process.see(0, event.time_unix_nano)
+    attributes = attributes_dict(span.attributes)
+    span_id = span.span_id.hex()
+    parent = span.parent_span_id.hex() or None
+    name = span.name
+    phase = attributes.get(semconv.PHASE)
+    process.parents[span_id] = (parent, phase == _ITERATION)
+    if name == semconv.TRAINING_WINDOW_SPAN:
+        process.windows.append(_window(start, end, attributes))
+        return
+    if phase == _ITERATION:
+        iteration = _int(attributes.get(semconv.ITERATION))
+        if iteration is not None:
+            process.exported[iteration] = (span.trace_id.hex(), span_id)
+        return
+    if phase in (_APPLICATION, _LOOP):
+        if phase == _LOOP and attributes.get(semconv.SEGMENT_INDEX, 0) == 0:
+            resume = _int(attributes.get(semconv.TRAIN_ITERATIONS_START))
+            if resume is not None and (process.resume is None or resume < process.resume):
+                process.resume = resume
+        final = not attributes.get(semconv.SEGMENT_CONTINUES, False)
+        if final and (process.outermost is None or (phase == _APPLICATION and process.outermost == _LOOP)):
+            process.outermost = str(phase)
+            process.end_ns = end
+            process.end_error = span.status.code == 2  # STATUS_CODE_ERROR
+        return
+    category = BADPUT_CATEGORY_OF_PHASE.get(str(phase)) if phase is not None else None
+    if category is None:
+        return
+    if phase == _DATA_LOADING:
+        process.data_loading.append((start, end, span_id, parent))
+    else:
+        process.phases.append((start, end, category))
+
+
+def _resolve_data_loading(process: _Process) -> None:
+    """Data loading outside iterations is badput of its own; inside, the window has it."""
+    for start, end, _span_id, parent_id in process.data_loading:
+        parent = parent_id
+        inside = False
+        seen = 0
+        while parent is not None and seen < 256:
+            entry = process.parents.get(parent)
+            if entry is None:
+                break
+            if entry[1]:
+                inside = True
+                break
+            parent = entry[0]
+            seen += 1
+        if not inside:
+            process.phases.append((start, end, "data_loading"))
+    process.data_loading.clear()
+    process.parents.clear()
+
+
+# --- the timeline ------------------------------------------------------------------------------
+def _job_timeline(
+    process: _Process, job_start: int, job_end: int, a: int, b: int, badput: dict[str, int]
+) -> tuple[float, dict[str, float]]:
+    """Sweep one job's [job_start, job_end]: nanoseconds by category inside [a, b] into
+    ``badput``; returns the productive seconds and the window-prorated seconds by category."""
+    windows = [w for w in process.windows if w.end_ns > job_start and w.start_ns < job_end]
+    phases = sorted(p for p in process.phases if p[1] > job_start and p[0] < job_end)
+    points = {job_start, job_end}
+    for start, end, _ in phases:
+        points.update((max(start, job_start), min(end, job_end)))
+    for w in windows:
+        w.free_total = w.free_in = 0
+        points.update((max(w.start_ns, job_start), min(w.end_ns, job_end)))
+    for edge in (a, b):
+        if job_start < edge < job_end:
+            points.add(edge)
+    ordered = sorted(points)
+    active: list[tuple[int, int, int, str]] = []  # (-start, end, order, category)
+    next_phase = 0
+    next_window = 0
+    for p, q in itertools.pairwise(ordered):
+        while next_phase < len(phases) and phases[next_phase][0] <= p:
+            start, end, category = phases[next_phase]
+            heapq.heappush(active, (-start, end, next_phase, category))
+            next_phase += 1
+        while active and active[0][1] <= p:
+            heapq.heappop(active)
+        # the innermost phase: latest start among those covering [p, q] (lazy heap cleanup)
+        covering = [entry for entry in active if entry[1] > p]
+        inside = a <= p and q <= b
+        length = q - p
+        if covering:
+            category = max(covering, key=lambda e: (-e[0], -e[1]))[3]
+            if inside:
+                badput[category] = badput.get(category, 0) + length
+            continue
+        while next_window < len(windows) and windows[next_window].end_ns <= p:
+            next_window += 1
+        window = windows[next_window] if next_window < len(windows) else None
+        if window is not None and window.start_ns <= p:
+            window.free_total += length
+            if inside:
+                window.free_in += length
+        elif inside:
+            badput["other"] = badput.get("other", 0) + length
+    productive = 0.0
+    prorated: dict[str, float] = defaultdict(float)
+    for w in windows:
+        if not w.free_total or not w.free_in:
+            continue
+        share = w.free_in / w.free_total
+        kept = w.productive_s * (1 - w.wasted_fraction)
+        productive += share * kept
+        prorated["wasted_progress"] += share * w.productive_s * w.wasted_fraction
+        prorated["data_loading"] += share * w.data_s
+        prorated["program_startup"] += share * w.startup_s
+        prorated["other"] += w.free_in / 1e9 - share * (w.productive_s + w.data_s + w.startup_s)
+    return productive, prorated
+
+
+def _redone(later: list[tuple[int, int]], first: int, last: int) -> int:
+    """How many of the iterations ``first..last`` the later jobs' ranges cover."""
+    covered: list[tuple[int, int]] = []
+    for low, high in sorted(later):
+        lo, hi = max(low, first), min(high, last)
+        if lo > hi:
+            continue
+        if covered and lo <= covered[-1][1] + 1:
+            covered[-1] = (covered[-1][0], max(covered[-1][1], hi))
+        else:
+            covered.append((lo, hi))
+    return sum(hi - lo + 1 for lo, hi in covered)
+
+
+def _ran(process: _Process) -> tuple[int, int] | None:
+    """The iteration range a job ran: from its resume point (or first window) to its last."""
+    if not process.windows:
+        return None
+    first = min(w.first for w in process.windows)
+    if process.resume is not None:
+        first = min(first, process.resume)
+    return first, max(w.last for w in process.windows)
+
+
+def _reference(job: Job, rank: int | None) -> _Process:
+    if rank is not None and rank in job.ranks:
+        return job.ranks[rank]
+    return job.ranks[min(job.ranks)]
+
+
+def compute_goodput(
+    jobs: list[Job],
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    rank: int | None = None,
+    by_perf_tag: bool = False,
+) -> list[SessionGoodput]:
+    """Goodput of each session (``session_tag``; with ``by_perf_tag`` also split by perf tag)."""
+    sessions: dict[tuple[str, str | None], list[Job]] = defaultdict(list)
+    for job in jobs:
+        sessions[(job.session, job.perf_tag if by_perf_tag else None)].append(job)
+    results = []
+    for (session, _), members in sorted(sessions.items(), key=lambda kv: kv[0][0]):
+        result = _session(session, members, start_ns, end_ns, rank)
+        if result is not None:
+            results.append(result)
+    return results
+
+
+def _session(
+    session: str, jobs: list[Job], start: int | None, end: int | None, rank: int | None
+) -> SessionGoodput | None:
+    jobs = sorted(jobs, key=lambda j: _reference(j, rank).start_ns)
+    refs = [_reference(j, rank) for j in jobs]
+    session_start, session_end = refs[0].start_ns, max(p.stop_ns for p in refs)
+    a = session_start if start is None else max(start, session_start)
+    b = session_end if end is None else min(end, session_end)
+    if b <= a:
+        return None
+    # wasted progress: the share of each window that a later job ran again
+    ranges = [_ran(p) for p in refs]
+    for i, job in enumerate(jobs):
+        later = [r for r in ranges[i + 1 :] if r is not None]
+        for member in job.ranks.values():
+            for w in member.windows:
+                span = w.last - w.first + 1
+                w.wasted_fraction = _redone(later, w.first, w.last) / span if later and span > 0 else 0.0
+    totals_ns: dict[str, int] = {}
+    seconds: dict[str, float] = dict.fromkeys(BADPUT_CATEGORIES, 0.0)
+    productive = 0.0
+    scheduling_gap_ns = 0
+    disruptions = 0
+    job_results = []
+    for i, (job, process) in enumerate(zip(jobs, refs, strict=True)):
+        job_end = process.stop_ns
+        if i + 1 < len(refs):
+            job_end = min(job_end, refs[i + 1].start_ns)
+            gap = (max(job_end, a), min(refs[i + 1].start_ns, b))
+            if not process.ended_cleanly:
+                disruptions += 1
+            if gap[1] > gap[0]:
+                if process.ended_cleanly:
+                    scheduling_gap_ns += gap[1] - gap[0]
+                    totals_ns["other"] = totals_ns.get("other", 0) + gap[1] - gap[0]
+                else:
+                    key = "infrastructure_recovery"
+                    totals_ns[key] = totals_ns.get(key, 0) + gap[1] - gap[0]
+        job_end = max(job_end, process.start_ns)
+        job_productive, prorated = _job_timeline(process, process.start_ns, job_end, a, b, totals_ns)
+        productive += job_productive
+        for category, value in prorated.items():
+            seconds[category] += value
+        job_results.append(_job_result(job, process, refs[i + 1].start_ns if i + 1 < len(refs) else None))
+    for category, value in totals_ns.items():
+        seconds[category] += value / 1e9
+    total_s = (b - a) / 1e9
+    named = sum(v for k, v in seconds.items() if k != "other")
+    seconds["other"] = total_s - productive - named  # the residual, so the shares sum to 1
+    windows = sorted((w for p in refs for w in p.windows), key=lambda w: w.end_ns)
+    result = SessionGoodput(
+        session=session,
+        perf_tags=sorted({j.perf_tag for j in jobs if j.perf_tag}),
+        start_ns=a,
+        end_ns=b,
+        productive_s=productive,
+        badput_s=seconds,
+        disruptions=disruptions,
+        last_iteration=max((w.last for w in windows), default=None),
+        jobs=job_results,
+        scheduling_gap_s=scheduling_gap_ns / 1e9,
+    )
+    _model_goodput(result, windows)
+    _step_time(result, windows, refs)
+    return result
+
+
+def _job_result(job: Job, process: _Process, limit: int | None) -> JobGoodput:
+    """A job on its own, over its own time (ending where the next job starts, if it overlaps
+    it): the reference rank's breakdown and each rank's goodput."""
+    by_rank: dict[int, float] = {}
+    productive, badput = 0.0, {}
+    job_end = process.start_ns
+    for number, member in sorted(job.ranks.items()):
+        end = member.stop_ns if limit is None else min(member.stop_ns, limit)
+        end = max(end, member.start_ns)
+        counted: dict[str, int] = {}
+        kept, prorated = _job_timeline(member, member.start_ns, end, member.start_ns, end, counted)
+        total = (end - member.start_ns) / 1e9
+        by_rank[number] = kept / total if total > 0 else 0.0
+        if member is process:
+            productive, job_end = kept, end
+            badput = {k: v / 1e9 for k, v in counted.items()}
+            for k, v in prorated.items():
+                badput[k] = badput.get(k, 0.0) + v
+    status = "no end exported" if process.end_ns is None else ("failed" if process.end_error else "completed")
+    ranged = _ran(process)
+    return JobGoodput(
+        run_id=job.run_id,
+        restart=job.restart,
+        ranks=sorted(job.ranks),
+        rank_used=process.rank,
+        start_ns=process.start_ns,
+        end_ns=job_end,
+        status=status,
+        productive_s=productive,
+        badput_s=badput,
+        first_iteration=ranged[0] if ranged else None,
+        last_iteration=ranged[1] if ranged else None,
+        resumed_from=process.resume,
+        goodput_by_rank=by_rank,
+    )
+
+
+def _model_goodput(result: SessionGoodput, windows: list[_Window]) -> None:
+    flops = useful = 0.0
+    for w in windows:
+        kept = w.productive_s * (1 - w.wasted_fraction)
+        if w.flops and w.peak and w.productive_s > 0:
+            flops += w.flops * (1 - w.wasted_fraction)
+            useful += kept * w.peak
+    if useful > 0:
+        result.model_flops_utilization = flops / useful
+
+
+def _step_time(
+    result: SessionGoodput, windows: list[_Window], refs: list[_Process], recent: int = 10
+) -> None:
+    ideal = next((w.ideal for w in reversed(windows) if w.ideal), None)
+    result.ideal_step_time_s = ideal
+    if not ideal:
+        return
+    result.recent_deviation = [
+        {
+            "first_iteration": w.first,
+            "last_iteration": w.last,
+            "p50": w.p50 / ideal - 1,
+            "p90": w.p90 / ideal - 1,
+            "p99": w.p99 / ideal - 1,
+        }
+        for w in windows[-recent:]
+    ]
+    exported: dict[int, tuple[str, str]] = {}
+    for process in refs:
+        exported.update(process.exported)
+    worst = heapq.nlargest(5, (w for w in windows if w.slowest is not None), key=lambda w: w.max_s)
+    for w in worst:
+        entry: dict[str, Any] = {
+            "iteration": w.slowest,
+            "seconds": w.max_s,
+            "deviation": w.max_s / ideal - 1,
+        }
+        ids = exported.get(w.slowest) if w.slowest is not None else None
+        if ids is not None:
+            entry["trace_id"], entry["span_id"] = ids
+        result.most_deviating.append(entry)
+
+
+# --- text ------------------------------------------------------------------------------------
+def _bar(share: float, width: int = 30) -> str:
+    share = min(1.0, max(0.0, share))
+    return "#" * round(share * width)
+
+
+def _clock(ns: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def render_goodput(results: list[SessionGoodput]) -> str:
+    """The tables a person reads."""
+    if not results:
+        return "no training sessions found"
+    lines: list[str] = []
+    for r in results:
+        tags = f" (perf_tag {', '.join(r.perf_tags)})" if r.perf_tags else ""
+        lines.append(f"session {r.session}{tags}")
+        lines.append(
+            f"  {_clock(r.start_ns)} -> {_clock(r.end_ns)} UTC, {r.total_s:,.1f} s, {len(r.jobs)} job(s), "
+            f"{r.disruptions} disruption(s), last iteration {r.last_iteration}"
+        )
+        lines.append(f"  {'goodput':<26}{r.goodput:8.2%}  {r.productive_s:12.1f} s  {_bar(r.goodput)}")
+        for category in BADPUT_CATEGORIES:
+            share = r.badput(category)
+            lines.append(
+                f"  {'badput ' + category:<26}{share:8.2%}  {r.badput_s[category]:12.1f} s  {_bar(share)}"
+            )
+        layers = r.layers()
+        lines.append(
+            f"  layers: infrastructure {layers['infrastructure']['badput']:.2%} badput, "
+            f"framework {layers['framework']['badput']:.2%} badput"
+            + (
+                f", model MFU over productive time {r.model_flops_utilization:.2%}"
+                if r.model_flops_utilization is not None
+                else ""
+            )
+        )
+        if r.ideal_step_time_s:
+            lines.append(
+                f"  ideal step time {r.ideal_step_time_s * 1e3:.2f} ms (mean of steps <= median + 3 MAD)"
+            )
+            if r.recent_deviation:
+                last = r.recent_deviation[-1]
+                lines.append(
+                    f"  last window deviation: p50 {last['p50']:+.1%}  p90 {last['p90']:+.1%}  "
+                    f"p99 {last['p99']:+.1%}"
+                )
+            for entry in r.most_deviating:
+                ids = f"  trace {entry['trace_id']} span {entry['span_id']}" if "trace_id" in entry else ""
+                lines.append(
+                    f"    iteration {entry['iteration']}: {entry['seconds'] * 1e3:.1f} ms "
+                    f"({entry['deviation']:+.0%}){ids}"
+                )
+        lines.append(
+            f"  {'job (run id, restart)':<40}{'ranks':>6}{'start':>21}{'seconds':>11}{'goodput':>9}  "
+            f"{'iterations':<15}status"
+        )
+        for j in r.jobs:
+            iterations = f"{j.first_iteration}-{j.last_iteration}" if j.first_iteration is not None else "-"
+            name = f"{j.run_id[:32]}, {j.restart}"
+            lines.append(
+                f"  {name:<40}{len(j.ranks):>6}{_clock(j.start_ns):>21}{j.total_s:>11.1f}{j.goodput:>9.2%}  "
+                f"{iterations:<15}{j.status}"
+            )
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def parse_time(text: str) -> int:
+    """Unix nanoseconds from ISO 8601 (UTC unless an offset is given) or Unix seconds."""
+    import datetime
+
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds):
+            raise ValueError(f"not a finite time: {text!r}")
+        return round(seconds * 1e9)
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"not an ISO 8601 time or Unix seconds: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return round(moment.timestamp() * 1e9)

@@ -1,0 +1,335 @@
+"""Goodput and badput: crafted jobs with exact timestamps, written through traintel's real
+pipeline (its processor computes the window records) into the embedded default's file format,
+then read back by the analysis. Every bucket is asserted, and the sum against the total.
+
+Jobs use plain OpenTelemetry spans with ``ml.training.phase`` and explicit start/end times (the
+path any instrumentation can take), so the numbers are exact; the live ledger of the same job
+is checked against the file analysis.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+import traintel
+from traintel import cli, semconv
+from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
+from traintel.exporters.file import OtlpJsonFileSpanExporter
+from traintel.processor.goodput import GoodputLedger
+from traintel.semconv import BADPUT_CATEGORIES
+
+T0 = 1_700_000_000 * 10**9
+S = 10**9
+
+
+def at(seconds: float) -> int:
+    return T0 + round(seconds * S)
+
+
+class Job:
+    """Spans of one process at exact times (seconds after T0)."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self.tracer = tracer
+
+    def open(self, name: str, start: float, parent: Span | None = None, **attributes: Any) -> Span:
+        context = trace.set_span_in_context(parent) if parent is not None else None
+        attributes.setdefault(semconv.PHASE, name)
+        if attributes[semconv.PHASE] is None:
+            del attributes[semconv.PHASE]
+        return self.tracer.start_span(name, context=context, attributes=attributes, start_time=at(start))
+
+    def span(
+        self, name: str, start: float, end: float, parent: Span | None = None, **attributes: Any
+    ) -> Span:
+        span = self.open(name, start, parent, **attributes)
+        span.end(end_time=at(end))
+        return span
+
+    def iteration(
+        self, loop: Span, number: int, start: float, end: float, data: float = 0.0, **attributes: Any
+    ) -> Span:
+        span = self.open("training_iteration", start, loop, **{semconv.ITERATION: number, **attributes})
+        if data:
+            self.span("data_loading", start, start + data, span)
+        return span
+
+
+def run_job(
+    directory: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    build: Callable[[Job], None],
+    session: str = "s1",
+    run_id: str = "job-a",
+    restart: int = 0,
+    rank: int = 0,
+    window: int = 2,
+) -> GoodputLedger:
+    """Run ``build`` under a traintel pipeline writing ``directory/<run>-<restart>-<rank>``;
+    returns the job's live goodput ledger."""
+    with monkeypatch.context() as env:
+        env.setenv("TRAINTEL_SESSION_TAG", session)
+        env.setenv("TRAINTEL_RUN_ID", run_id)
+        env.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+        env.setenv("RANK", str(rank))
+        env.setenv("WORLD_SIZE", "2")
+        path = directory / f"{run_id}-{restart}-{rank}.otlp.jsonl"
+        telemetry = traintel.configure(
+            span_exporters=[OtlpJsonFileSpanExporter(path)],
+            metric_readers=[],
+            log_every_n_iterations=window,
+            warmup_iterations=0,
+        )
+        assert telemetry.engine is not None and telemetry.pipeline is not None
+        build(Job(telemetry.pipeline.tracer_provider.get_tracer("user-code")))
+        ledger = telemetry.engine.goodput
+        traintel.shutdown(5)
+    return ledger
+
+
+def clean_job(job: Job, offset: float = 0.0) -> None:
+    """100 s: init 10, load 5, 6 iterations in 3 windows, a save, validation, testing."""
+    o = offset
+    app = job.open("application", o + 0)
+    job.span("model_init", o + 0, o + 10, app)
+    job.span("checkpoint_load", o + 10, o + 15, app)
+    loop = job.open("training_loop", o + 20, app)
+    for number, (start, end, data) in enumerate([(20, 30, 2), (30, 34, 0), (34, 38, 1), (40, 44, 0)]):
+        job.iteration(loop, number, o + start, o + end, data).end(end_time=at(o + end))
+    job.span("checkpoint_save_sync", o + 44, o + 50, loop)
+    validation = job.open("validation_loop", o + 50, loop)
+    job.span("validation_iteration", o + 51, o + 59, validation)
+    validation.end(end_time=at(o + 60))
+    for number, start in ((4, 60), (5, 64)):
+        job.iteration(loop, number, o + start, o + start + 4).end(end_time=at(o + start + 4))
+    loop.end(end_time=at(o + 80))
+    job.span("testing_loop", o + 85, o + 90, app)
+    app.end(end_time=at(o + 100))
+
+
+def assert_sums(result: SessionGoodput) -> None:
+    total = result.productive_s + sum(result.badput_s[c] for c in BADPUT_CATEGORIES)
+    assert total == pytest.approx(result.total_s, abs=1e-9)
+    shares = result.goodput + sum(result.badput(c) for c in BADPUT_CATEGORIES)
+    assert shares == pytest.approx(1.0, abs=1e-12)
+
+
+def expect(result: SessionGoodput, productive: float, **badput: float) -> None:
+    assert result.productive_s == pytest.approx(productive, abs=1e-9)
+    for category in BADPUT_CATEGORIES:
+        assert result.badput_s[category] == pytest.approx(badput.get(category, 0.0), abs=1e-9), category
+    assert_sums(result)
+
+
+def one_session(directory: Path, **kwargs: Any) -> SessionGoodput:
+    results = compute_goodput(load_jobs([directory]), **kwargs)
+    assert len(results) == 1
+    return results[0]
+
+
+def test_clean_run_every_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = run_job(tmp_path, monkeypatch, clean_job)
+    result = one_session(tmp_path)
+    assert result.total_s == 100
+    # windows: [10, 4] s with 2 s data wait, startup 10 - 4 = 6, productive 14 - 2 - 6 = 6;
+    # [4, 4] with 1 s data, productive 7 (2 s between iterations: other); [4, 4] productive 8
+    expect(
+        result, 21, initialization=10, checkpoint_load=5, checkpoint_save=6, data_loading=3,
+        evaluation=15, program_startup=6, other=34,
+    )  # fmt: skip
+    assert result.disruptions == 0
+    assert result.last_iteration == 5
+    assert [j.status for j in result.jobs] == ["completed"]
+    assert result.jobs[0].goodput == pytest.approx(0.21)
+    # the live ledger of the same job agrees
+    snapshot = ledger.snapshot(at(100))
+    assert snapshot.total_s == 100
+    assert snapshot.productive_s == pytest.approx(21)
+    for category in ("initialization", "checkpoint_load", "checkpoint_save", "data_loading", "evaluation"):
+        assert snapshot.badput_s[category] == pytest.approx(result.badput_s[category]), category
+    assert snapshot.badput_s["program_startup"] == pytest.approx(6)
+    assert snapshot.badput_s["other"] == pytest.approx(34)
+
+
+def test_step_time_deviation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_job(tmp_path, monkeypatch, clean_job)
+    result = one_session(tmp_path)
+    # steps 10, 4, 4, 4, 4, 4: median 4, MAD 0, so the 10 s step is dropped: ideal 4 s
+    assert result.ideal_step_time_s == pytest.approx(4)
+    assert result.recent_deviation[-1] == {
+        "first_iteration": 4, "last_iteration": 5, "p50": 0.0, "p90": 0.0, "p99": 0.0
+    }  # fmt: skip
+    worst = result.most_deviating[0]
+    assert (worst["iteration"], worst["seconds"], worst["deviation"]) == (0, 10, 1.5)
+    assert "trace_id" in worst and "span_id" in worst  # the first iterations are exported
+
+
+def crashed_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def first(job: Job) -> None:  # killed at 45 s: application and loop never end
+        app = job.open("application", 0)
+        job.span("model_init", 0, 10, app)
+        loop = job.open("training_loop", 10, app)
+        for number in range(4):
+            start = 10 + 5 * number
+            job.iteration(loop, number, start, start + 5).end(end_time=at(start + 5))
+        job.span("checkpoint_save_sync", 30, 32, loop, **{semconv.CHECKPOINT_ITERATION: 4})
+        for number, start in ((4, 32), (5, 37)):
+            job.iteration(loop, number, start, start + 5).end(end_time=at(start + 5))
+        job.span("my_work", 42, 45, loop, **{semconv.PHASE: None})  # the last exported activity
+
+    def second(job: Job) -> None:  # resumes from the checkpoint of iteration 4
+        app = job.open("application", 60)
+        job.span("checkpoint_load", 60, 64, app, **{semconv.CHECKPOINT_ITERATION: 4})
+        loop = job.open("training_loop", 64, app, **{semconv.TRAIN_ITERATIONS_START: 4})
+        for number in range(4, 8):
+            start = 64 + 5 * (number - 4)
+            job.iteration(loop, number, start, start + 5).end(end_time=at(start + 5))
+        loop.end(end_time=at(95))
+        app.end(end_time=at(100))
+
+    run_job(tmp_path, monkeypatch, first, restart=0)
+    run_job(tmp_path, monkeypatch, second, restart=1)
+
+
+def test_crash_after_checkpoint_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    crashed_then_resumed(tmp_path, monkeypatch)
+    result = one_session(tmp_path)
+    assert result.total_s == 100
+    # iterations 4-5 of the first job (window [32, 42], 10 s) were run again: wasted progress;
+    # 45 -> 60 s (last activity of the killed job -> next start): infrastructure recovery
+    expect(
+        result, 40, initialization=10, checkpoint_save=2, checkpoint_load=4, wasted_progress=10,
+        infrastructure_recovery=15, other=19,
+    )  # fmt: skip
+    assert result.disruptions == 1
+    assert result.last_iteration == 7
+    killed, resumed = result.jobs
+    assert (killed.status, killed.end_ns, killed.last_iteration) == ("no end exported", at(45), 5)
+    assert (resumed.status, resumed.resumed_from, resumed.first_iteration) == ("completed", 4, 4)
+    assert result.layers()["infrastructure"]["infrastructure_recovery"] == pytest.approx(0.15)
+
+
+def test_interval_clips_phases_exactly_and_windows_in_proportion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_job(tmp_path, monkeypatch, clean_job)
+    result = one_session(tmp_path, start_ns=at(25), end_ns=at(60))
+    assert result.total_s == 35
+    # [25, 34] cuts window 0 ([20, 34], 14 s uncovered): 9/14 of its productive 6, data 2 and
+    # startup 6; window 1 whole; the save and the validation loop exactly
+    share = 9 / 14
+    expect(
+        result, 6 * share + 7, data_loading=2 * share + 1, program_startup=6 * share, checkpoint_save=6,
+        evaluation=10, other=2,
+    )  # fmt: skip
+    # an interval across the crash gap
+    crash_dir = tmp_path / "crash"
+    crash_dir.mkdir()
+    crashed_then_resumed(crash_dir, monkeypatch)
+    across = one_session(crash_dir, start_ns=at(40), end_ns=at(66))
+    # [40, 42] of the redone window (wasted 2), [42, 45] other, 15 s recovery, 4 s load, and
+    # [64, 66] of a 10 s window holding 10 s of productive time
+    expect(across, 2, wasted_progress=2, other=3, infrastructure_recovery=15, checkpoint_load=4)
+
+
+def test_two_sessions_interleaved_in_one_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_job(tmp_path, monkeypatch, clean_job, session="alpha", run_id="a1")
+    run_job(tmp_path, monkeypatch, lambda job: clean_job(job, offset=50), session="beta", run_id="b1")
+    results = {r.session: r for r in compute_goodput(load_jobs([tmp_path]))}
+    assert set(results) == {"alpha", "beta"}
+    for name, offset in (("alpha", 0), ("beta", 50)):
+        result = results[name]
+        assert (result.start_ns, result.end_ns) == (at(offset), at(offset + 100))
+        expect(
+            result, 21, initialization=10, checkpoint_load=5, checkpoint_save=6, data_loading=3,
+            evaluation=15, program_startup=6, other=34,
+        )  # fmt: skip
+
+
+def test_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def slower_rank(job: Job) -> None:  # the same job; rank 1 loads its checkpoint 5 s longer
+        app = job.open("application", 0)
+        job.span("model_init", 0, 10, app)
+        job.span("checkpoint_load", 10, 20, app)
+        loop = job.open("training_loop", 20, app)
+        for number, (start, end, data) in enumerate([(20, 30, 2), (30, 34, 0), (34, 38, 1), (40, 44, 0)]):
+            job.iteration(loop, number, start, end, data).end(end_time=at(end))
+        loop.end(end_time=at(80))
+        app.end(end_time=at(100))
+
+    run_job(tmp_path, monkeypatch, clean_job, rank=0)
+    run_job(tmp_path, monkeypatch, slower_rank, rank=1)
+    result = one_session(tmp_path)
+    (job,) = result.jobs
+    assert job.ranks == [0, 1] and job.rank_used == 0
+    assert job.goodput_by_rank == {0: pytest.approx(0.21), 1: pytest.approx(0.13)}
+    expect(
+        result, 21, initialization=10, checkpoint_load=5, checkpoint_save=6, data_loading=3,
+        evaluation=15, program_startup=6, other=34,
+    )  # fmt: skip
+    rank1 = one_session(tmp_path, rank=1)
+    expect(rank1, 13, initialization=10, checkpoint_load=10, data_loading=3, program_startup=6, other=58)
+
+
+def test_async_checkpoint_counts_only_its_blocking_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def job_with_async_save(job: Job) -> None:
+        app = job.open("application", 0)
+        loop = job.open("training_loop", 0, app)
+        for number in range(2):
+            job.iteration(loop, number, 4 * number, 4 * number + 4).end(end_time=at(4 * number + 4))
+        save = job.span("checkpoint_save_async", 8, 9, loop)  # blocking: 1 s
+        # the background write overlaps the next iterations: not badput
+        job.span("checkpoint_finalize", 9, 17, save)
+        for number in range(2, 4):
+            start = 9 + 4 * (number - 2)
+            job.iteration(loop, number, start, start + 4).end(end_time=at(start + 4))
+        loop.end(end_time=at(17))
+        app.end(end_time=at(17))
+
+    run_job(tmp_path, monkeypatch, job_with_async_save)
+    result = one_session(tmp_path)
+    expect(result, 16, checkpoint_save=1)
+
+
+def test_cli_table_and_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    crashed_then_resumed(tmp_path, monkeypatch)
+    assert cli.main(["goodput", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (session,) = data["sessions"]
+    assert session["goodput"] == pytest.approx(0.40)
+    assert session["badput"]["wasted_progress"] == pytest.approx(0.10)
+    assert session["disruptions"] == 1
+    assert math.isclose(session["goodput"] + sum(session["badput"].values()), 1.0)
+    assert [j["status"] for j in session["jobs"]] == ["no end exported", "completed"]
+    assert cli.main(["goodput", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "session s1" in text and "badput infrastructure_recovery" in text and "15.00%" in text
+    start = "2023-11-14T22:13:40Z"  # T0 + 20 s
+    assert (
+        cli.main(["goodput", str(tmp_path), "--json", "--start", start, "--end", str(1_700_000_000 + 30)])
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["sessions"][0]["total_seconds"] == pytest.approx(10)
+
+
+def test_cli_rejects_bad_times_by_name(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "traintel.cli", "goodput", str(tmp_path), "--start", "yesterday"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--start" in result.stderr and "'yesterday'" in result.stderr
