@@ -13,6 +13,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 import traintel
+from tests.conftest import Pipeline, parent_name
 from traintel import cli, semconv
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.exporters.file import OtlpJsonFileSpanExporter
@@ -333,3 +335,39 @@ def test_cli_rejects_bad_times_by_name(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "--start" in result.stderr and "'yesterday'" in result.stderr
+
+
+def test_live_goodput_on_the_application_span_and_as_gauges(pipeline: Pipeline) -> None:
+    with traintel.application():
+        with traintel.model_init():
+            time.sleep(0.05)
+        with traintel.training_loop():
+            for _ in range(3):
+                with traintel.training_iteration():
+                    with traintel.data_loading():
+                        time.sleep(0.01)
+    app = pipeline.one("application").attributes
+    assert app is not None
+    categories = ("initialization", "checkpoint_load", "checkpoint_save", "data_loading", "evaluation",
+                  "program_startup", "other")  # fmt: skip
+    shares = app[semconv.GOODPUT] + sum(app[semconv.BADPUT_PREFIX + c] for c in categories)  # type: ignore[operator]
+    assert shares == pytest.approx(1.0)
+    assert app[semconv.BADPUT_PREFIX + "initialization_time"] >= 0.05  # type: ignore[operator]
+    assert app[semconv.BADPUT_PREFIX + "data_loading_time"] >= 0.03  # type: ignore[operator]
+    loop = pipeline.one("training_loop").attributes
+    assert loop is not None and semconv.SUMMARY_PREFIX + "goodput" in loop
+    window = pipeline.one("training_window")
+    assert window.attributes is not None and window.attributes[semconv.WINDOW_PREFIX + "iterations"] == 3
+    assert parent_name(window, pipeline.spans()) == "training_loop"
+    data = pipeline.reader.get_metrics_data()
+    assert data is not None
+    points: dict[str, list[Any]] = {}
+    for resource_metrics in data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                points[metric.name] = list(metric.data.data_points)  # type: ignore[union-attr]
+    (goodput,) = points[semconv.METRIC_GOODPUT]
+    assert goodput.value == pytest.approx(app[semconv.GOODPUT])
+    badput = {p.attributes[semconv.BADPUT_CATEGORY]: p.value for p in points[semconv.METRIC_BADPUT]}
+    assert set(badput) == set(categories)
+    assert goodput.value + sum(badput.values()) == pytest.approx(1.0)

@@ -10,7 +10,7 @@ import traintel
 
 EXPECTED = {
     "AsyncCheckpointCompletion", "FlopCount", "IterationSpan", "apply_flops", "checkpoint_stage",
-    "measure_flops", "peak_flops_for", "record_batch",
+    "measure_flops", "peak_flops_for", "record_batch", "SessionGoodput", "session_goodput",
     "ConfigurationError", "ContextThreadPoolExecutor", "Event", "Phase", "PhaseSpan", "Telemetry",
     "TrainingConfig", "__version__", "application", "checkpoint_load", "checkpoint_save", "configure",
     "data_loader_init", "data_loading", "dist_init", "get_telemetry", "model_backward", "model_forward",

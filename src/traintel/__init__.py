@@ -7,6 +7,7 @@ embedded OTLP/JSON-lines file when nothing else is configured.
 
 from traintel._engine import IterationSpan
 from traintel._runtime import Telemetry
+from traintel.analysis.goodput import SessionGoodput, session_goodput
 from traintel.api.callbacks import (
     on_app_end,
     on_app_start,
@@ -85,6 +86,7 @@ __all__ = [
     "IterationSpan",
     "Phase",
     "PhaseSpan",
+    "SessionGoodput",
     "Telemetry",
     "TrainingConfig",
     "__version__",
@@ -142,6 +144,7 @@ __all__ = [
     "peak_flops_for",
     "record_batch",
     "record_metrics",
+    "session_goodput",
     "set_training_config",
     "shutdown",
     "submit_with_context",

@@ -551,10 +551,20 @@ class TrainingEngine:
         return attributes
 
     def _materialize(self, record: IterationSpan, reason: str) -> tuple[int, int] | None:
-        tracer = self.tracer
         parent = record.parent
         context = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
         attributes = self._span_attributes(record, reason)
+        self.materializing = threading.get_ident()  # the processor skips these: already counted
+        try:
+            return self._materialize_spans(record, context, attributes)
+        finally:
+            self.materializing = 0
+
+    def _materialize_spans(
+        self, record: IterationSpan, context: Context, attributes: dict[str, AttributeValue]
+    ) -> tuple[int, int]:
+        tracer = self.tracer
+        parent = record.parent
         ids = self.ids
         if ids is not None:
             ids.force(record.span_id, None if parent.is_valid else record.trace_id)
@@ -574,7 +584,6 @@ class TrainingEngine:
                 _mark_error(child, child_error, end_ns)
             child.end(end_time=end_ns)
         _finish_span(span, record)
-        self.materializing = 0
         context_out = span.get_span_context()
         return (context_out.trace_id, context_out.span_id)
 

@@ -45,7 +45,14 @@ from traintel import semconv
 from traintel.exporters.reader import ReadStats, attributes_dict, read_requests
 from traintel.semconv import BADPUT_CATEGORIES, BADPUT_CATEGORY_OF_PHASE, Phase
 
-__all__ = ["JobGoodput", "SessionGoodput", "compute_goodput", "load_jobs", "render_goodput"]
+__all__ = [
+    "JobGoodput",
+    "SessionGoodput",
+    "compute_goodput",
+    "load_jobs",
+    "render_goodput",
+    "session_goodput",
+]
 
 _W = semconv.WINDOW_PREFIX
 _ITERATION = Phase.TRAINING_ITERATION.value
@@ -488,6 +495,20 @@ def compute_goodput(
         if result is not None:
             results.append(result)
     return results
+
+
+def session_goodput(
+    paths: Iterable[str | os.PathLike[str]],
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    rank: int | None = None,
+    by_perf_tag: bool = False,
+) -> list[SessionGoodput]:
+    """Goodput of every session in the files or directories (the embedded default's output of
+    one or more jobs and ranks), optionally over ``[start_ns, end_ns]`` (Unix nanoseconds)."""
+    if start_ns is not None and end_ns is not None and end_ns <= start_ns:
+        raise ValueError(f"end_ns={end_ns} must be after start_ns={start_ns}")
+    return compute_goodput(load_jobs(paths), start_ns, end_ns, rank, by_perf_tag)
 
 
 def _session(
