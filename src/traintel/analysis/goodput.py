@@ -134,8 +134,24 @@ class Job:
     ranks: dict[int, _Process] = field(default_factory=dict)
 
 
+class _Share:
+    """Goodput over ``[start_ns, end_ns]`` from productive seconds (jobs and sessions)."""
+
+    start_ns: int
+    end_ns: int
+    productive_s: float
+
+    @property
+    def total_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def goodput(self) -> float:
+        return self.productive_s / self.total_s if self.total_s > 0 else 0.0
+
+
 @dataclass
-class JobGoodput:
+class JobGoodput(_Share):
     run_id: str
     restart: int
     ranks: list[int]
@@ -150,17 +166,9 @@ class JobGoodput:
     resumed_from: int | None
     goodput_by_rank: dict[int, float]
 
-    @property
-    def total_s(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e9
-
-    @property
-    def goodput(self) -> float:
-        return self.productive_s / self.total_s if self.total_s > 0 else 0.0
-
 
 @dataclass
-class SessionGoodput:
+class SessionGoodput(_Share):
     """A session's goodput over ``[start_ns, end_ns]``: seconds by category, and the detail."""
 
     session: str
@@ -177,14 +185,6 @@ class SessionGoodput:
     ideal_step_time_s: float | None = None
     recent_deviation: list[dict[str, float]] = field(default_factory=list)
     most_deviating: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def total_s(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e9
-
-    @property
-    def goodput(self) -> float:
-        return self.productive_s / self.total_s if self.total_s > 0 else 0.0
 
     def badput(self, category: str) -> float:
         return self.badput_s.get(category, 0.0) / self.total_s if self.total_s > 0 else 0.0

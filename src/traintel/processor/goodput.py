@@ -24,14 +24,14 @@ from traintel.processor.aggregator import WindowReport
 from traintel.processor.stats import QuantileSketch, percentile
 
 #: The categories the live ledger can see (wasted progress and recovery need later jobs).
-LIVE_CATEGORIES = (
-    "initialization",
-    "checkpoint_load",
-    "checkpoint_save",
-    "data_loading",
-    "evaluation",
-    "program_startup",
+LIVE_CATEGORIES = tuple(
+    c for c in semconv.BADPUT_CATEGORIES if c not in ("wasted_progress", "infrastructure_recovery", "other")
 )
+
+
+#: Once the step sketch has left its exact range, the ideal step time is recomputed every this
+#: many windows (its bucket walk costs more than the rest of a window close).
+IDEAL_REFRESH_WINDOWS = 16
 
 
 @dataclass
@@ -137,8 +137,9 @@ class GoodputLedger:
         self._held: WindowGoodput | None = None  # the first window, until startup is known
         self._first_iteration_s: float | None = None
         self._startup_decided = False
-        self.steps = QuantileSketch(0.01)
+        self.steps = QuantileSketch(0.01, exact_limit=256)  # the ideal is recomputed every window
         self.ideal_step_time_s: float | None = None
+        self._windows_seen = 0
         self.last: GoodputSnapshot | None = None
         self.last_window: WindowGoodput | None = None
 
@@ -202,7 +203,10 @@ class GoodputLedger:
             slowest_iteration=slowest,
         )
         self.steps.add_many(durations)
-        self.ideal_step_time_s = self.steps.robust_mean()
+        self._windows_seen += 1
+        if self.steps.is_exact or self._windows_seen % IDEAL_REFRESH_WINDOWS == 0:
+            # exact (and cheap) for the first steps; then from the sketch, every few windows
+            self.ideal_step_time_s = self.steps.robust_mean()
         window.ideal_step_time_s = self.ideal_step_time_s
         ready: list[WindowGoodput] = [window]
         if not self._startup_decided:
