@@ -43,7 +43,7 @@ from traintel.processor.aggregator import (
     WindowReport,
 )
 from traintel.processor.export_filter import IterationExportFilter, TraceBudget
-from traintel.processor.goodput import GoodputLedger, GoodputSnapshot, WindowGoodput
+from traintel.processor.goodput import GoodputLedger, WindowGoodput
 from traintel.processor.instruments import TrainingInstruments
 from traintel.processor.sampling import MEDIAN_MIN_SAMPLES, IterationSampler
 from traintel.semconv import Event, Phase
@@ -233,7 +233,6 @@ class TrainingEngine:
         self.events = _EventBudget()
         self.segments_closed = 0
         self.goodput = GoodputLedger()
-        self._ended_loop: Span | None = None
         self._dtype_seen: str | None = None
         self._device_lookup: tuple[float | None, str | None, str | None] | None = None
         self.apply_config(config)
@@ -634,7 +633,7 @@ class TrainingEngine:
             record.nonfinite = True
 
     # --- windows --------------------------------------------------------------------------------
-    def close_window(self, final: bool = False) -> WindowReport | None:
+    def close_window(self, final: bool = False, ended_loop: Span | None = None) -> WindowReport | None:
         inputs = self._rate_inputs
         if inputs is None or self.config.has_lazy:
             inputs = self._rate_inputs = self.rate_inputs()
@@ -642,9 +641,9 @@ class TrainingEngine:
         self.sampler.refresh()
         if report is None:
             if final:
-                self._export_windows(self.goodput.flush_held())
+                self._export_windows(self.goodput.flush_held(), ended_loop)
             return None
-        self._export_windows(self.goodput.close_window(report, inputs.peak_flops, final))
+        self._export_windows(self.goodput.close_window(report, inputs.peak_flops, final), ended_loop)
         if self.config.has_lazy:
             self.apply_config(self.config)  # lazy values are re-resolved once per window
         if inputs.peak_flops is None and report.get(semconv.WINDOW_PREFIX + "flops_per_second_per_device"):
@@ -670,15 +669,16 @@ class TrainingEngine:
             )
         return report
 
-    def _export_windows(self, windows: list[WindowGoodput]) -> None:
+    def _export_windows(self, windows: list[WindowGoodput], ended_loop: Span | None) -> None:
         """Each window's goodput record as a ``training_window`` span, exported at once (not
-        with the segment), so a job killed mid-segment loses at most its open window."""
+        with the segment), so a job killed mid-segment loses at most its open window. Its
+        parent is the loop segment holding it (``ended_loop``: a foreign loop that just ended)."""
         if not windows:
             return
         loop = self._loop_span_for()
         parent = loop.current if isinstance(loop, SegmentedSpan) else loop
         if parent is None:
-            parent = self._ended_loop
+            parent = ended_loop
         context = trace_api.set_span_in_context(parent) if parent is not None else Context()
         for window in windows:
             span = self.tracer.start_span(
@@ -688,11 +688,6 @@ class TrainingEngine:
                 start_time=window.start_ns,
             )
             span.end(end_time=max(window.end_ns, window.start_ns))
-        self.goodput_snapshot(time.time_ns())
-
-    def goodput_snapshot(self, now_ns: int) -> GoodputSnapshot:
-        """The job's goodput now (published to the gauges by the instruments)."""
-        return self.goodput.snapshot(now_ns)
 
     # --- segments -------------------------------------------------------------------------------
     def _check_budget(self, now_ns: int) -> None:
@@ -743,7 +738,7 @@ class TrainingEngine:
         summary[semconv.SUMMARY_PREFIX + "exported_iterations"] = (
             self.instruments.exported_iterations if self.instruments is not None else 0
         )
-        summary.update(self.goodput_snapshot(end_ns).attributes(semconv.SUMMARY_PREFIX))
+        summary.update(self.goodput.snapshot(end_ns).attributes(semconv.SUMMARY_PREFIX))
         if self.goodput.ideal_step_time_s is not None:
             summary[semconv.SUMMARY_PREFIX + "step_time.ideal"] = self.goodput.ideal_step_time_s
         loop.set_attributes(summary)
@@ -836,11 +831,7 @@ class TrainingEngine:
         if self.loop is not None:
             return
         self.foreign_loop = None
-        self._ended_loop = NonRecordingSpan(context)
-        try:
-            self.close_window(final=True)
-        finally:
-            self._ended_loop = None
+        self.close_window(final=True, ended_loop=NonRecordingSpan(context))
 
     def foreign_iteration(
         self, span: Any, duration_ns: int, steps: list[int] | None, loop_span: Span | None

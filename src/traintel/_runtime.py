@@ -407,7 +407,7 @@ def _install(
         pipeline.meter_provider,
         last_window=lambda: engine.aggregator.last_window,
         totals=lambda: (engine.samples_total, engine.tokens_total),
-        goodput=lambda: engine.goodput_snapshot(time.time_ns()),
+        goodput=lambda: engine.goodput.snapshot(time.time_ns()),
         step_time=lambda: (engine.goodput.ideal_step_time_s, engine.goodput.last_window),
     )
     processor = TrainingMetricsProcessor(

@@ -98,7 +98,7 @@ class _Process:
     end_error: bool = False
     outermost: str | None = None
     phases: list[tuple[int, int, str]] = field(default_factory=list)
-    data_loading: list[tuple[int, int, str, str | None]] = field(default_factory=list)
+    data_loading: list[tuple[int, int, str | None]] = field(default_factory=list)
     parents: dict[str, tuple[str | None, bool]] = field(default_factory=dict)
     windows: list[_Window] = field(default_factory=list)
     resume: int | None = None
@@ -361,14 +361,14 @@ def _add_span(process: _Process, span: Any) -> None:
     if category is None:
         return
     if phase == _DATA_LOADING:
-        process.data_loading.append((start, end, span_id, parent))
+        process.data_loading.append((start, end, parent))
     else:
         process.phases.append((start, end, category))
 
 
 def _resolve_data_loading(process: _Process) -> None:
     """Data loading outside iterations is badput of its own; inside, the window has it."""
-    for start, end, _span_id, parent_id in process.data_loading:
+    for start, end, parent_id in process.data_loading:
         parent = parent_id
         inside = False
         seen = 0
@@ -405,7 +405,8 @@ def _job_timeline(
         if job_start < edge < job_end:
             points.add(edge)
     ordered = sorted(points)
-    active: list[tuple[int, int, int, str]] = []  # (-start, end, order, category)
+    # open phases, the innermost (latest start; then shortest) first: (-start, end, order, category)
+    active: list[tuple[int, int, int, str]] = []
     next_phase = 0
     next_window = 0
     for p, q in itertools.pairwise(ordered):
@@ -413,14 +414,12 @@ def _job_timeline(
             start, end, category = phases[next_phase]
             heapq.heappush(active, (-start, end, next_phase, category))
             next_phase += 1
-        while active and active[0][1] <= p:
+        while active and active[0][1] <= p:  # ended: removed once they reach the top
             heapq.heappop(active)
-        # the innermost phase: latest start among those covering [p, q] (lazy heap cleanup)
-        covering = [entry for entry in active if entry[1] > p]
         inside = a <= p and q <= b
         length = q - p
-        if covering:
-            category = max(covering, key=lambda e: (-e[0], -e[1]))[3]
+        if active:  # the top started at or before p and ends after it: it covers [p, q]
+            category = active[0][3]
             if inside:
                 badput[category] = badput.get(category, 0) + length
             continue

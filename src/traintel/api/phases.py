@@ -212,7 +212,7 @@ class _Application(PhaseSpan):
         engine = telemetry.engine
         if engine is not None and engine.app is span:
             engine.goodput.ended(end_ns)
-            span.set_attributes(engine.goodput_snapshot(end_ns).attributes())
+            span.set_attributes(engine.goodput.snapshot(end_ns).attributes())
             if isinstance(span, SegmentedSpan) and span.segment_index:
                 span.close_segment(end_ns, continues=False)
             engine.app = None

@@ -167,7 +167,6 @@ class WindowReport:
     duration_s: float = 0.0
     data_loading_s: float = 0.0
     flops: float = 0.0
-    flops_time_s: float = 0.0
 
     def get(self, key: str) -> float | None:
         value = self.attributes.get(key)
@@ -318,7 +317,6 @@ class TrainingAggregator:
             duration_s=counts.duration_s,
             data_loading_s=counts.phase_s[DATA],
             flops=counts.flops,
-            flops_time_s=counts.flops_time,
         )
         self.windows_closed += 1
         self.last_window = report

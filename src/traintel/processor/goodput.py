@@ -140,7 +140,6 @@ class GoodputLedger:
         self.steps = QuantileSketch(0.01, exact_limit=256)  # the ideal is recomputed every window
         self.ideal_step_time_s: float | None = None
         self._windows_seen = 0
-        self.last: GoodputSnapshot | None = None
         self.last_window: WindowGoodput | None = None
 
     # --- time that is not an iteration's -------------------------------------------------------
@@ -167,10 +166,6 @@ class GoodputLedger:
         with self.lock:
             self.window_nested_s += duration_ns / 1e9
 
-    def forget(self, span_id: int) -> None:
-        """A categorised span ended without being counted (bounded bookkeeping)."""
-        self._nested.pop(span_id, None)
-
     # --- windows -------------------------------------------------------------------------------
     def close_window(
         self, report: WindowReport, peak_flops: float | None, final: bool
@@ -178,12 +173,14 @@ class GoodputLedger:
         """Account a closed window; returns the records ready to export (the first window is
         held until the typical iteration is known, i.e. until a second iteration exists)."""
         durations = report.durations
-        ordered = sorted(durations)
+        w = semconv.WINDOW_PREFIX + "iteration_time."
+        p50, p90, p99 = (report.get(w + q) or 0.0 for q in ("p50", "p90", "p99"))
+        max_s = report.get(w + "max") or 0.0  # the aggregator sorted the window already
         with self.lock:
             nested, self.window_nested_s = self.window_nested_s, 0.0
         slowest = None
         if durations and report.last_iteration - report.first_iteration + 1 == len(durations):
-            slowest = report.first_iteration + durations.index(ordered[-1])
+            slowest = report.first_iteration + durations.index(max_s)
         window = WindowGoodput(
             index=report.index,
             first_iteration=report.first_iteration,
@@ -196,10 +193,10 @@ class GoodputLedger:
             nested_badput_s=nested,
             flops=report.flops,
             peak_flops=peak_flops,
-            p50_s=percentile(ordered, 50),
-            p90_s=percentile(ordered, 90),
-            p99_s=percentile(ordered, 99),
-            max_s=ordered[-1] if ordered else 0.0,
+            p50_s=p50,
+            p90_s=p90,
+            p99_s=p99,
+            max_s=max_s,
             slowest_iteration=slowest,
         )
         self.steps.add_many(durations)
@@ -219,9 +216,13 @@ class GoodputLedger:
                 else:
                     self._held, ready = window, []
             else:  # the held first window, decided against this one's iterations
-                self._decide_startup(self._held, percentile(ordered, 50))
+                self._decide_startup(self._held, p50)
                 ready = [self._held, window]
                 self._held = None
+        return self._book(ready)
+
+    def _book(self, ready: list[WindowGoodput]) -> list[WindowGoodput]:
+        """Count windows whose startup share is decided, and return them for export."""
         if ready:
             self.last_window = ready[-1]
         for record in ready:
@@ -241,9 +242,7 @@ class GoodputLedger:
             return []
         window, self._held = self._held, None
         self._startup_decided = True
-        self.productive_s += window.productive_s
-        self.badput_s["data_loading"] += window.data_loading_s
-        return [window]
+        return self._book([window])
 
     def snapshot(self, now_ns: int) -> GoodputSnapshot:
         if self.job_end_ns is not None:
@@ -254,5 +253,4 @@ class GoodputLedger:
             badput = {k: v for k, v in self.badput_s.items()}
         accounted = self.productive_s + sum(badput.values())
         badput["other"] = max(0.0, total - accounted)
-        self.last = GoodputSnapshot(total, self.productive_s, badput)
-        return self.last
+        return GoodputSnapshot(total, self.productive_s, badput)
