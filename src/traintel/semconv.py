@@ -247,5 +247,45 @@ METRIC_DROPPED_MEASUREMENTS: Final = "traintel.measurements.dropped"
 METRIC_ITERATIONS_EXPORTED: Final = "traintel.iterations.exported"
 METRIC_ITERATIONS_NOT_EXPORTED: Final = "traintel.iterations.not_exported"
 
+# System and device gauges (observable, sampled on the metric reader's thread). GPU names follow
+# the OTel ``hw.*`` conventions so series join with dcgm-exporter's by ``hw.id`` (the GPU UUID).
+METRIC_HW_GPU_MEMORY_USAGE: Final = "hw.gpu.memory.usage"
+METRIC_HW_GPU_MEMORY_LIMIT: Final = "hw.gpu.memory.limit"
+METRIC_HW_GPU_UTILIZATION: Final = "hw.gpu.utilization"
+METRIC_HW_TEMPERATURE: Final = "hw.temperature"
+METRIC_HW_POWER: Final = "hw.power"
+HW_ID: Final = "hw.id"
+HW_TYPE: Final = "hw.type"
+#: The PyTorch caching allocator of this process (``torch.cuda.memory_stats``), per device.
+METRIC_DEVICE_MEMORY_ALLOCATED: Final = "ml.training.device.memory.allocated"
+METRIC_DEVICE_MEMORY_RESERVED: Final = "ml.training.device.memory.reserved"
+METRIC_DEVICE_MEMORY_PEAK: Final = "ml.training.device.memory.peak"
+METRIC_DEVICE_MEMORY_ALLOC_RETRIES: Final = "ml.training.device.memory.alloc_retries"
+METRIC_DEVICE_MEMORY_OOMS: Final = "ml.training.device.memory.ooms"
+METRIC_PROCESS_CPU_UTILIZATION: Final = "process.cpu.utilization"
+METRIC_PROCESS_MEMORY_USAGE: Final = "process.memory.usage"
+#: Hang localisation, per rank: sampled off the training thread, so a rank blocked in a
+#: collective or a kernel still reports how long it has been stuck and where.
+METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS: Final = "ml.training.heartbeat.seconds_since_progress"
+METRIC_HEARTBEAT_ITERATION: Final = "ml.training.heartbeat.iteration"
+METRIC_HEARTBEAT_PHASE: Final = "ml.training.heartbeat.phase"
+#: Cross-rank window statistics (``ml.training.statistic`` = min, median, max, p99) and stragglers.
+METRIC_RANKS_ITERATION_DURATION: Final = "ml.training.ranks.iteration.duration"
+METRIC_RANKS_COMPUTE_DURATION: Final = "ml.training.ranks.compute.duration"
+METRIC_RANKS_DATA_LOADING_DURATION: Final = "ml.training.ranks.data_loading.duration"
+METRIC_RANK_COMPUTE_EWMA: Final = "ml.training.rank.compute.ewma"
+METRIC_STRAGGLERS: Final = "ml.training.stragglers"
+STATISTIC: Final = "ml.training.statistic"
+STRAGGLER_RANK: Final = "ml.training.straggler.rank"
+# Self-telemetry: traintel's own losses and health. A silent drop is a bug.
+METRIC_SPANS_DROPPED: Final = "traintel.spans.dropped"
+METRIC_EVENTS_DROPPED: Final = "traintel.events.dropped"
+METRIC_EXPORT_FAILURES: Final = "traintel.export.failures"
+METRIC_EXPORT_BATCHES_SPLIT: Final = "traintel.export.batches.split"
+METRIC_QUEUE_DEPTH: Final = "traintel.queue.depth"
+METRIC_SPOOL_SIZE: Final = "traintel.spool.size"
+METRIC_SPOOL_DROPPED: Final = "traintel.spool.dropped"
+DROP_REASON: Final = "traintel.drop.reason"
+
 #: Instrumentation scope name for every tracer and meter traintel creates.
 INSTRUMENTATION_SCOPE: Final = "traintel"
