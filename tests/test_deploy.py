@@ -33,6 +33,7 @@ SERVICES: dict[str, Any] = COMPOSE["services"]
 JAEGER_CONFIG = DEPLOY / "jaeger" / "config.yaml"
 COLLECTOR_CONFIGS = sorted(COLLECTOR_DIR.glob("*.yaml"))
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
+GRAFANA_PROVISIONING = DEPLOY / "grafana" / "provisioning"
 RULE_FILES = sorted((DEPLOY / "prometheus" / "rules").glob("*.yml"))
 PROMETHEUS_CONFIG = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
 README = (ROOT / "README.md").read_text()
@@ -140,7 +141,7 @@ def series_names(name: str, unit: str, kind: str) -> set[str]:
         ("ml.training.flops_throughput", "FLOP/s", "gauge", "ml_training_flops_throughput_FLOP_per_second"),
         ("ml.training.mfu", "1", "gauge", "ml_training_mfu_ratio"),
         ("ml.training.samples", "{sample}", "counter", "ml_training_samples_total"),
-        ("ml.training.heartbeat.seconds_since_progress", "s", "gauge", "ml_training_heartbeat_seconds_since_progress"),
+        ("a.seconds_since_progress", "s", "gauge", "a_seconds_since_progress"),  # unit already a word
         ("hw.temperature", "Cel", "gauge", "hw_temperature_celsius"),
         ("queue.size", "{item}", "updowncounter", "queue_size"),
     ],
@@ -159,16 +160,16 @@ def _kind(data: Any) -> str:
     return "gauge"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def emitted() -> Iterator[dict[str, Any]]:
     """A real run through every metric-producing path: windows with MFU and tokens, goodput,
     checkpoint save (with stages) and load, validation. Returns instruments, point attributes
     and the resource attributes as the metric reader exported them."""
-    traintel.shutdown(0.5)
     reader = InMemoryMetricReader()
     traintel.configure(
         span_exporters=[InMemorySpanExporter()], metric_readers=[reader], log_every_n_iterations=2,
-        global_batch_size=4, seq_len=8, flops_per_sample=1e3, peak_flops=1e5, session_tag="deploy-test", perf_tag="p",
+        global_batch_size=4, seq_len=8, flops_per_sample=1e3, peak_flops=1e5,
+        session_tag="deploy-test", perf_tag="p",
     )  # fmt: skip
     traintel.on_load_checkpoint_start(start_time_msec=ms(-2))
     traintel.on_load_checkpoint_end(finish_time_msec=ms(-1))
@@ -202,7 +203,9 @@ def span_metrics_series(config: dict[str, Any]) -> set[str]:
     connector = config["connectors"]["span_metrics"]
     namespace = connector.get("namespace", "traces.span.metrics")
     unit = connector.get("histogram", {}).get("unit", "ms")
-    return series_names(namespace + ".calls", "", "counter") | series_names(namespace + ".duration", unit, "histogram")
+    return series_names(namespace + ".calls", "", "counter") | series_names(
+        namespace + ".duration", unit, "histogram"
+    )
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -283,6 +286,7 @@ def label_values_query(query: str) -> tuple[str, str]:
 
 def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(where, PromQL) for every Prometheus query of the dashboard, variables included."""
+
     def panels(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         for item in items:
             yield item
@@ -298,7 +302,11 @@ def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
 
 
 def all_queries() -> list[tuple[str, str]]:
-    queries = [(f"{path.name}: {where}", expr) for path in DASHBOARDS for where, expr in dashboard_queries(json.loads(path.read_text()))]
+    queries = [
+        (f"{path.name}: {where}", expr)
+        for path in DASHBOARDS
+        for where, expr in dashboard_queries(json.loads(path.read_text()))
+    ]
     for path in RULE_FILES:
         for group in load_yaml(path)["groups"]:
             queries += [(f"{path.name}: alert {rule['alert']}", rule["expr"]) for rule in group["rules"]]
@@ -316,9 +324,17 @@ def test_there_are_panels_and_alerts_to_check() -> None:
 
 
 def test_metric_name_extraction() -> None:
-    expr = 'sum by (le) (rate(a_b_bucket{x=~"$run", y="z"}[$__rate_interval])) / ignoring (r) group_left () c offset 10m > 0.8 * d'
+    expr = (
+        'sum by (le) (rate(a_b_bucket{x=~"$run", y="z"}[$__rate_interval]))'
+        " / ignoring (r) group_left () c offset 10m > 0.8 * d"
+    )
     assert metric_names(expr) == {"a_b_bucket", "c", "d"}
-    assert set(label_uses(expr)) == {("x", "=~", ".*"), ("y", "=", "z"), ("le", None, None), ("r", None, None)}
+    assert set(label_uses(expr)) == {
+        ("x", "=~", ".*"),
+        ("y", "=", "z"),
+        ("le", None, None),
+        ("r", None, None),
+    }
 
 
 def test_every_queried_metric_is_a_name_traintel_emits(emitted: dict[str, Any]) -> None:
@@ -333,7 +349,9 @@ def test_every_queried_label_is_an_attribute_traintel_sets(emitted: dict[str, An
     assert promoted <= emitted["resource"], "promoting attributes traintel does not set"
     point_attributes = emitted["attributes"] | set(PENDING_ATTRIBUTES) | {semconv.PHASE}
     allowed = {prometheus_label(a) for a in point_attributes | promoted} | BUILTIN_LABELS
-    unknown = {(where, label) for where, expr in QUERIES for label, _, _ in label_uses(expr) if label not in allowed}
+    unknown = {
+        (where, label) for where, expr in QUERIES for label, _, _ in label_uses(expr) if label not in allowed
+    }
     assert not unknown, f"labels Prometheus will not have: {sorted(unknown)}"
     # The run identity and the rank are what panels filter and split by.
     assert {semconv.RUN_ID, semconv.SESSION_TAG, semconv.RANK} <= promoted
@@ -342,7 +360,9 @@ def test_every_queried_label_is_an_attribute_traintel_sets(emitted: dict[str, An
 def test_label_values_in_queries_exist() -> None:
     """A matcher on a phase or badput category must be able to match a value traintel emits."""
     known = {
-        prometheus_label(semconv.PHASE): {p.value for p in semconv.Phase} | {"data_loading", "forward", "backward", "optimizer"},
+        # phase spans, and the step phases of ml.training.iteration.phase_time
+        prometheus_label(semconv.PHASE): {p.value for p in semconv.Phase}
+        | {"data_loading", "forward", "backward", "optimizer"},
         prometheus_label(semconv.BADPUT_CATEGORY): set(semconv.BADPUT_CATEGORIES),
         prometheus_label(semconv.THROUGHPUT_SCOPE): {"job", "device"},
         prometheus_label(semconv.STATISTIC): {"min", "median", "max", "p99"},
@@ -363,13 +383,18 @@ DEPRECATED_TYPES = {"exporters": {"otlp", "otlphttp", "loadbalancing"}, "connect
 @pytest.mark.parametrize("path", ALL_COLLECTOR_CONFIGS, ids=lambda p: p.name)
 def test_pipelines_reference_only_defined_components(path: Path) -> None:
     config = load_yaml(path)
-    defined = {kind: set(config.get(kind) or {}) for kind in ("receivers", "processors", "exporters", "connectors", "extensions")}
+    defined = {
+        kind: set(config.get(kind) or {})
+        for kind in ("receivers", "processors", "exporters", "connectors", "extensions")
+    }
     service = config["service"]
     assert set(service.get("extensions", [])) == defined["extensions"]
     used: dict[str, set[str]] = {kind: set() for kind in defined}
     connectors_in, connectors_out = set(), set()
     for name, pipeline in service["pipelines"].items():
-        receivers, processors, exporters = (pipeline.get(k, []) for k in ("receivers", "processors", "exporters"))
+        receivers, processors, exporters = (
+            pipeline.get(k, []) for k in ("receivers", "processors", "exporters")
+        )
         assert receivers and exporters, name
         assert set(receivers) <= defined["receivers"] | defined["connectors"], (name, receivers)
         assert set(processors) <= defined["processors"], (name, processors)
@@ -409,7 +434,9 @@ def test_agents_route_traces_by_trace_id_to_the_gateways() -> None:
     assert "load_balancing" in agent["service"]["pipelines"]["traces"]["exporters"]
     # span metrics per rank are made on the agent: the gateway sees a rank's spans split by trace
     assert "span_metrics" in agent["connectors"] and "connectors" not in gateway
-    assert balancer["resolver"]["dns"]["port"] == port_of(gateway["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"])
+    assert balancer["resolver"]["dns"]["port"] == port_of(
+        gateway["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]
+    )
 
 
 def test_debug_variant_prints_and_writes_everything() -> None:
@@ -422,7 +449,11 @@ def test_debug_variant_prints_and_writes_everything() -> None:
 # --- the span_metrics dimension is an attribute traintel sets ----------------------------------
 def test_span_metrics_dimension_is_set_on_every_phase_span(pipeline: Any) -> None:
     configs = [load_yaml(p) for p in COLLECTOR_CONFIGS]
-    dimensions = {d["name"] for c in configs for d in c.get("connectors", {}).get("span_metrics", {}).get("dimensions", [])}
+    dimensions = {
+        d["name"]
+        for c in configs
+        for d in c.get("connectors", {}).get("span_metrics", {}).get("dimensions", [])
+    }
     assert dimensions == {semconv.PHASE}
     reference_job.with_context_managers()
     spans = [s for s in pipeline.spans() if s.name not in reference_job.RECORDS]
@@ -457,9 +488,11 @@ def endpoints(node: Any) -> Iterator[str]:
 def listening_ports(service: str) -> set[int]:
     """Ports the service's own configuration makes it listen on."""
     if service == "collector":
-        return {port_of(e) for e in endpoints(MAIN_COLLECTOR["receivers"])} | {
-            port_of(e) for e in endpoints(MAIN_COLLECTOR["extensions"])
-        } | {port_of(e) for e in endpoints(MAIN_COLLECTOR["service"])}
+        return (
+            {port_of(e) for e in endpoints(MAIN_COLLECTOR["receivers"])}
+            | {port_of(e) for e in endpoints(MAIN_COLLECTOR["extensions"])}
+            | {port_of(e) for e in endpoints(MAIN_COLLECTOR["service"])}
+        )
     if service == "jaeger":
         config = load_yaml(JAEGER_CONFIG)
         return {port_of(e) for e in endpoints({"r": config["receivers"], "e": config["extensions"]})}
@@ -512,7 +545,7 @@ def service_urls() -> Iterator[tuple[str, str]]:
         for endpoint in endpoints(load_yaml(path).get("exporters", {})):
             # ${env:NAME:-default} -> default
             yield path.name, re.sub(r"\$\{env:[A-Z_]+:-([^}]*)\}", r"\1", endpoint)
-    datasources = load_yaml(DEPLOY / "grafana" / "provisioning" / "datasources" / "datasources.yaml")
+    datasources = load_yaml(GRAFANA_PROVISIONING / "datasources" / "datasources.yaml")
     for source in datasources["datasources"]:
         yield f"datasource {source['name']}", source["url"]
     for job in PROMETHEUS_CONFIG["scrape_configs"]:
@@ -541,7 +574,7 @@ def test_prometheus_receives_otlp_and_stores_exemplars() -> None:
     assert "--web.enable-otlp-receiver" in command
     assert "--enable-feature=exemplar-storage" in command
     assert PROMETHEUS_CONFIG["otlp"]["translation_strategy"] == "UnderscoreEscapingWithSuffixes"
-    datasources = load_yaml(DEPLOY / "grafana" / "provisioning" / "datasources" / "datasources.yaml")["datasources"]
+    datasources = load_yaml(GRAFANA_PROVISIONING / "datasources" / "datasources.yaml")["datasources"]
     by_uid = {d["uid"]: d for d in datasources}
     assert set(by_uid) == {"prometheus", "tempo", "jaeger"}
     (link,) = by_uid["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
@@ -572,17 +605,20 @@ def test_collector_config_selected_by_compose_exists() -> None:
     (argument,) = SERVICES["collector"]["command"]
     default = re.search(r"\$\{COLLECTOR_CONFIG:-([^}]+)\}", argument).group(1)  # type: ignore[union-attr]
     assert (COLLECTOR_DIR / default).is_file()
-    assert ("./collector-config:" + argument.split("=")[1].rsplit("/", 1)[0] + ":ro") in SERVICES["collector"]["volumes"]
+    config_dir = argument.split("=")[1].rsplit("/", 1)[0]
+    assert f"./collector-config:{config_dir}:ro" in SERVICES["collector"]["volumes"]
 
 
 def test_grafana_provisions_the_dashboard_it_opens() -> None:
     grafana = SERVICES["grafana"]
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
-    provider = load_yaml(DEPLOY / "grafana" / "provisioning" / "dashboards" / "dashboards.yaml")["providers"][0]
+    (provider,) = load_yaml(GRAFANA_PROVISIONING / "dashboards" / "dashboards.yaml")["providers"]
     mounts = dict(v.rsplit(":", 1)[0].split(":", 1)[::-1] for v in grafana["volumes"] if v.startswith("./"))
     host_dir = mounts[provider["options"]["path"]]
     assert (ROOT / host_dir / Path(home).name).is_file()
     dashboard = json.loads((ROOT / host_dir / Path(home).name).read_text())
     assert [v["name"] for v in dashboard["templating"]["list"]] == ["session", "run"]
     exemplar_panels = [t for where, t in dashboard_queries(dashboard) if "exemplar" in where.lower()]
-    assert exemplar_panels and all("traces_span_metrics_duration_seconds_bucket" in t for t in exemplar_panels)
+    assert exemplar_panels and all(
+        "traces_span_metrics_duration_seconds_bucket" in t for t in exemplar_panels
+    )
