@@ -172,3 +172,16 @@ def test_uninstrument_restores_every_patched_function_exactly(pipeline: Pipeline
             assert parent_name(span, spans) == "training_loop"
     size = pipeline.one("checkpoint_save_sync").attributes[semconv.CHECKPOINT_SIZE]  # type: ignore[index]
     assert size == sum(p.stat().st_size for p in (tmp_path / "dcp").rglob("*") if p.is_file())
+
+
+def test_the_base_install_imports_no_framework(tmp_path: Path) -> None:
+    code = (
+        "import sys, traintel, traintel.integrations, traintel.instrumentation\n"
+        "frameworks = ('lightning', 'pytorch_lightning', 'transformers', 'torch')\n"
+        "print(sorted(m for m in frameworks if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -169,3 +169,12 @@ def test_a_failing_step_marks_spans_error_and_propagates_unchanged(
     failed = next(s for s in captured.named("training_iteration") if not s.status.is_ok)
     assert attr(failed, semconv.ITERATION) == 3
     assert "boom at step 3" in (failed.status.description or "")
+
+
+def test_the_pytorch_lightning_namespace_has_the_same_callback() -> None:
+    legacy = pytest.importorskip("pytorch_lightning")
+    from traintel.integrations import pytorch_lightning as integration
+
+    assert issubclass(integration.TraintelCallback, legacy.Callback)
+    trainer = integration.TraintelTrainer(logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    assert sum(isinstance(c, integration.TraintelCallback) for c in trainer.callbacks) == 1
