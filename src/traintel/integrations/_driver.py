@@ -21,43 +21,61 @@ _STEP_KEYS = frozenset(phase.value for phase in semconv.STEP_PHASES)
 
 
 class PhaseDriver:
-    """Opens phases under callback keys and remembers which ones it opened."""
+    """Opens phases under keys and remembers which ones it opened, innermost last.
+
+    Loops, iterations and the application go through traintel's callback registry, so they
+    pair with the public ``on_*`` callbacks and are closed at shutdown. Step phases (data
+    loading, forward, backward, optimizer) run many times per iteration and are driven
+    directly: the registry's lock and scan would cost more than the phase itself.
+    """
 
     __slots__ = ("_integration", "_open")
 
     def __init__(self, integration: str) -> None:
         self._integration = integration
-        self._open: list[str] = []
+        self._open: list[tuple[str, phases.PhaseSpan | None]] = []
 
     def is_open(self, key: str) -> bool:
-        return key in self._open
+        return any(entry[0] == key for entry in self._open)
 
     def open(self, key: str, template: phases.PhaseSpan, start_ns: int | None = None) -> None:
-        if key in self._open:
+        if self.is_open(key):
             return
         try:
             telemetry = _runtime.current()
             if not telemetry.enabled or telemetry.closed:
                 return
+            if key in _STEP_KEYS:
+                template._open(telemetry, start_ns)
+                self._open.append((key, template))
+                return
             span = telemetry.callback_start(key, template, start_ns)
-            if key not in _STEP_KEYS and span.is_recording():
+            if span.is_recording():
                 span.set_attribute(semconv.INTEGRATION, self._integration)
-            self._open.append(key)
+            self._open.append((key, None))
         except Exception:
             _runtime.current().warn_once(
                 f"{self._integration}:open:{key}", "%s: could not open %r", self._integration, key
             )
 
     def close(self, key: str, end_ns: int | None = None, exc: BaseException | None = None) -> None:
-        """Close ``key`` (and, as the registry does, anything opened inside it)."""
-        if key not in self._open:
+        """Close ``key``, and first anything opened inside it (ended early, not failed)."""
+        index = next((i for i, entry in enumerate(self._open) if entry[0] == key), None)
+        if index is None:
             return
-        index = self._open.index(key)
+        entries = self._open[index:]
         del self._open[index:]
         try:
             telemetry = _runtime.current()
-            if not telemetry.closed:
-                telemetry.callback_end(key, end_ns, exc)
+            if telemetry.closed:
+                return
+            for inner, template in reversed(entries):
+                error = exc if inner == key else None
+                reason = None if inner == key else f"parent {key} ended first"
+                if template is not None:
+                    template._close(telemetry, error, end_ns, reason)
+                else:
+                    telemetry.callback_end(inner, end_ns, error)
         except Exception:
             _runtime.current().warn_once(
                 f"{self._integration}:close:{key}", "%s: could not close %r", self._integration, key
@@ -65,11 +83,11 @@ class PhaseDriver:
 
     def fail(self, exc: BaseException) -> None:
         """Close everything this driver opened, innermost first, each marked ERROR by ``exc``."""
-        for key in reversed(list(self._open)):
+        for key, _template in reversed(list(self._open)):
             self.close(key, None, exc)
 
     def close_all(self) -> None:
-        for key in reversed(list(self._open)):
+        for key, _template in reversed(list(self._open)):
             self.close(key)
 
 

@@ -156,7 +156,7 @@ class LightningHooks:
         end = now_ns()
         driver.close(_FORWARD, end)  # manual optimization: no backward hooks ran
         driver.close(_OPTIMIZER, end)
-        if self._record_loss:
+        if self._record_loss and self._stepped:  # the step's last micro-batch
             loss = loss_value(outputs)
             if loss is not None:
                 if getattr(pl_module, "automatic_optimization", False):
