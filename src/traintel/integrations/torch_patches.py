@@ -16,6 +16,9 @@ What is patched, and why each choice:
   ``async_save`` / ``load``: checkpoint spans on the thread that instrumented (the training
   thread); a call made inside another (DCP writes with ``torch.save``) or by a background
   writer (``async_save``'s thread, whose time is the async save's finalize) is not counted twice.
+- Only the thread that instrumented (the main thread under ``opentelemetry-instrument``) is
+  traced: phases are per-thread contexts, and a script's own prefetching or writer threads are
+  not its training loop.
 - The ``application`` and ``training_loop`` spans open lazily at the first instrumented call,
   backdated to when instrumentation started, so a script that never trains gets no spans, and
   a script that opens its own phases with traintel's API keeps them (nothing is nested twice).
@@ -169,6 +172,8 @@ class TorchPatcher:
             phases.record_batch(samples=samples)
 
     def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
         try:
             start = now_ns()
             if self._ensure_iteration(start):
@@ -177,6 +182,8 @@ class TorchPatcher:
             _runtime.current().warn_once("instrumentor:step_pre", "instrumentor: optimizer pre-hook failed")
 
     def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
         try:
             end = now_ns()
             if self._driver.is_open(_ITERATION):
@@ -194,6 +201,8 @@ class TorchPatcher:
         def __next__(iterator: Any) -> Any:
             start = now_ns()
             batch = original(iterator)  # StopIteration and loader errors pass through untouched
+            if threading.get_ident() != patcher._thread:
+                return batch  # a prefetching thread of the script's own: not the training loop
             try:
                 patcher._batch_loaded(batch, start, now_ns())
             except Exception:
