@@ -29,30 +29,32 @@ class PhaseDriver:
     directly: the registry's lock and scan would cost more than the phase itself.
     """
 
-    __slots__ = ("_integration", "_open")
+    __slots__ = ("_integration", "_keys", "_open")
 
     def __init__(self, integration: str) -> None:
         self._integration = integration
         self._open: list[tuple[str, phases.PhaseSpan | None]] = []
+        self._keys: set[str] = set()
 
     def is_open(self, key: str) -> bool:
-        return any(entry[0] == key for entry in self._open)
+        return key in self._keys
 
     def open(self, key: str, template: phases.PhaseSpan, start_ns: int | None = None) -> None:
-        if self.is_open(key):
+        if key in self._keys:
             return
         try:
-            telemetry = _runtime.current()
+            telemetry = _runtime._telemetry or _runtime.current()
             if not telemetry.enabled or telemetry.closed:
                 return
             if key in _STEP_KEYS:
                 template._open(telemetry, start_ns)
                 self._open.append((key, template))
-                return
-            span = telemetry.callback_start(key, template, start_ns)
-            if span.is_recording():
-                span.set_attribute(semconv.INTEGRATION, self._integration)
-            self._open.append((key, None))
+            else:
+                span = telemetry.callback_start(key, template, start_ns)
+                if span.is_recording():
+                    span.set_attribute(semconv.INTEGRATION, self._integration)
+                self._open.append((key, None))
+            self._keys.add(key)
         except Exception:
             _runtime.current().warn_once(
                 f"{self._integration}:open:{key}", "%s: could not open %r", self._integration, key
@@ -60,13 +62,19 @@ class PhaseDriver:
 
     def close(self, key: str, end_ns: int | None = None, exc: BaseException | None = None) -> None:
         """Close ``key``, and first anything opened inside it (ended early, not failed)."""
-        index = next((i for i, entry in enumerate(self._open) if entry[0] == key), None)
-        if index is None:
+        if key not in self._keys:
             return
-        entries = self._open[index:]
-        del self._open[index:]
+        stack = self._open
+        if stack[-1][0] == key:  # the common case: the innermost phase
+            entries = [stack.pop()]
+            self._keys.discard(key)
+        else:
+            index = next(i for i, entry in enumerate(stack) if entry[0] == key)
+            entries = stack[index:]
+            del stack[index:]
+            self._keys.difference_update(entry[0] for entry in entries)
         try:
-            telemetry = _runtime.current()
+            telemetry = _runtime._telemetry or _runtime.current()
             if telemetry.closed:
                 return
             for inner, template in reversed(entries):
