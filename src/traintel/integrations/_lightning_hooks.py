@@ -15,6 +15,8 @@ previous batch to this batch's start: the time the loop waited for it), ``model_
 tokens, given ``tokens_fn``) to the iteration. ``trainer.save_checkpoint`` and the strategy's
 ``load_checkpoint`` are wrapped between ``setup`` and ``teardown`` for checkpoint spans.
 ``on_exception`` marks every span it opened ERROR; Lightning then re-raises the exception.
+The first micro-batch's FLOPs are counted as it runs (forward: batch start to
+``on_before_backward``; executed: to ``on_after_backward``) for MFU.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from traintel import _runtime, semconv
 from traintel.api import phases
 from traintel.api.model_metrics import record_metrics
 from traintel.integrations._driver import PhaseDriver, batch_size, loss_value, now_ns
+from traintel.integrations._flops import FirstStepFlops
 from traintel.semconv import Phase
 
 _APP = Phase.APPLICATION.value
@@ -52,15 +55,20 @@ class LightningHooks:
         tokens_fn: Callable[[Any], int | None] | None = None,
         samples_fn: Callable[[Any], int | None] | None = None,
         record_loss: bool = True,
+        count_flops: bool = True,
     ) -> None:
         """``samples_fn`` / ``tokens_fn`` map a batch to its size (default samples: the leading
         dimension of its first tensor; tokens: not counted). ``record_loss`` puts the step's
-        loss on the iteration (it reads the loss tensor, a device sync on GPU)."""
+        loss on the iteration (it reads the loss tensor, a device sync on GPU). ``count_flops``
+        counts the first micro-batch's FLOPs for MFU (see :mod:`traintel.integrations._flops`)
+        unless ``flops_per_sample`` / ``flops_per_token`` are configured."""
         super().__init__()
         self._driver = PhaseDriver(semconv.INTEGRATION_LIGHTNING)
         self._tokens_fn = tokens_fn
         self._samples_fn = samples_fn or batch_size
         self._record_loss = record_loss
+        self._flops = FirstStepFlops(count_flops)
+        self._flops_samples: int | None = None
         self._batch_end_ns: int | None = None
         self._stepped = False
         self._restore: list[tuple[object, str]] = []
@@ -77,6 +85,7 @@ class LightningHooks:
         for owner, name in reversed(self._restore):
             vars(owner).pop(name, None)
         self._restore.clear()
+        self._flops.abort()
         self._driver.close_all()
 
     def _wrap(self, owner: object, name: str, make: _Wrapper) -> None:
@@ -131,18 +140,25 @@ class LightningHooks:
             driver.open(_ITERATION, phases.training_iteration(), waited_from)
         driver.open(_DATA, phases.data_loading(), waited_from)
         driver.close(_DATA, start)
+        samples = None
         try:
+            samples = self._samples_fn(batch)
             tokens = self._tokens_fn(batch) if self._tokens_fn is not None else None
-            phases.record_batch(samples=self._samples_fn(batch), tokens=tokens)
+            phases.record_batch(samples=samples, tokens=tokens)
         except Exception:
             _runtime.current().warn_once("lightning:batch", "lightning: could not count the batch")
         driver.open(_FORWARD, phases.model_forward(), start)
+        if not self._flops.decided and self._flops.start():
+            self._flops_samples = samples
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._flops.forward_done()
         self._driver.close(_FORWARD)
         self._driver.open(_BACKWARD, phases.model_backward())
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if self._flops.counting:
+            self._flops.finish(self._flops_samples)
         self._driver.close(_BACKWARD)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -154,7 +170,9 @@ class LightningHooks:
     ) -> None:
         driver = self._driver
         end = now_ns()
-        driver.close(_FORWARD, end)  # manual optimization: no backward hooks ran
+        if self._flops.counting:  # no backward hooks ran (manual optimization without them)
+            self._flops.finish(self._flops_samples)
+        driver.close(_FORWARD, end)
         driver.close(_OPTIMIZER, end)
         if self._record_loss and self._stepped:  # the step's last micro-batch
             loss = loss_value(outputs)
@@ -222,6 +240,7 @@ class LightningHooks:
 
     # --- failure -------------------------------------------------------------------------------
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._flops.abort()
         self._driver.fail(exception)
 
 

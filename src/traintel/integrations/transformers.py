@@ -40,8 +40,9 @@ from transformers import TrainerCallback
 from traintel import _runtime, semconv
 from traintel.api import phases
 from traintel.api.model_metrics import record_metrics
-from traintel.flops import FlopCount, _unwrap, apply_flops
+from traintel.flops import _unwrap
 from traintel.integrations._driver import PhaseDriver, batch_size, loss_value, now_ns
+from traintel.integrations._flops import FirstStepFlops
 from traintel.semconv import Phase
 
 _APP = Phase.APPLICATION.value
@@ -72,11 +73,9 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
 
     def __init__(self, count_flops: bool = True, record_loss: bool = True) -> None:
         self.driver = PhaseDriver(semconv.INTEGRATION_TRANSFORMERS)
-        self.count_flops = count_flops
         self.record_loss = record_loss
         self.step_loss = 0.0
-        self.flops_done = False
-        self.forward_counter: Any = None
+        self.flops = FirstStepFlops(count_flops)
 
     def open_iteration(self, start_ns: int | None = None) -> None:
         if not self.driver.is_open(_ITERATION):
@@ -108,44 +107,6 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
         self.driver.close(_ITERATION)
 
     # --- FLOPs ---------------------------------------------------------------------------------
-    def wants_flops(self) -> bool:
-        """True once, for the first micro-batch, unless FLOPs are configured or counting is off."""
-        if self.flops_done or not self.count_flops:
-            return False
-        self.flops_done = True
-        config = _runtime.current().config
-        return config.get("flops_per_sample") is None and config.get("flops_per_token") is None
-
-    def counted_step(self, run: Callable[[], Any], model: Any, inputs: Any) -> Any:
-        """Run the first training step under ``FlopCounterMode``: the whole step counts the
-        executed FLOPs, the ``compute_loss`` call inside it (see :meth:`counted_forward`) the
-        forward ones. Counting the real step avoids the meta device, where HF attention-mask
-        code calls ``.item()``, and costs one slower step instead of an extra one."""
-        from torch.utils.flop_counter import FlopCounterMode
-
-        total = FlopCounterMode(display=False)
-        self.forward_counter = FlopCounterMode(display=False)
-        try:
-            with total:
-                result = run()
-            forward = int(self.forward_counter.get_total_flops())
-            samples = batch_size(inputs)
-            if forward and samples:
-                executed = int(total.get_total_flops())
-                apply_flops(FlopCount(forward=forward, backward=executed - forward, samples=samples))
-            else:
-                self.formula_flops(model, inputs)
-        finally:
-            self.forward_counter = None
-        return result
-
-    def counted_forward(self, run: Callable[[], Any]) -> Any:
-        counter = self.forward_counter
-        if counter is None:
-            return run()
-        with counter:
-            return run()
-
     def formula_flops(self, model: Any, inputs: Any) -> None:
         """6 x non-embedding parameters per token, when nothing was counted."""
         telemetry = _runtime.current()
@@ -212,7 +173,8 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
             if not driver.is_open(_ITERATION):  # evaluation also computes losses
                 return original(*args, **kwargs)
             driver.open(_FORWARD, phases.model_forward())
-            result = cb.counted_forward(lambda: original(*args, **kwargs))
+            result = original(*args, **kwargs)
+            cb.flops.forward_done()
             driver.close(_FORWARD)
             driver.open(_BACKWARD, phases.model_backward())  # ends with training_step
             return result
@@ -228,10 +190,16 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
                 phases.record_batch(samples=batch_size(inputs), tokens=_tokens(inputs))
             except Exception:
                 _runtime.current().warn_once("transformers:batch", "transformers: could not count a batch")
-            if cb.wants_flops():
-                loss = cb.counted_step(lambda: original(model, inputs, *args, **kwargs), model, inputs)
-            else:
+            if not cb.flops.start():
                 loss = original(model, inputs, *args, **kwargs)
+            else:
+                try:
+                    loss = original(model, inputs, *args, **kwargs)
+                except BaseException:
+                    cb.flops.abort()
+                    raise
+                if not cb.flops.finish(batch_size(inputs)):
+                    cb.formula_flops(model, inputs)
             driver.close(_BACKWARD)
             if cb.record_loss:
                 value = loss_value(loss)
