@@ -26,6 +26,7 @@ BATCH = 4
 ACCUMULATE = 2
 SEQ = 16
 STEPS = 24
+PADDING = 4
 
 
 @pytest.fixture
@@ -53,7 +54,9 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return len(self.ids)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[index], "labels": self.ids[index]}
+        mask = torch.ones(SEQ, dtype=torch.long)
+        mask[SEQ - PADDING :] = 0  # right padding: not counted as tokens
+        return {"input_ids": self.ids[index], "labels": self.ids[index], "attention_mask": mask}
 
 
 def _trainer(output: Path, max_steps: int, **kwargs: Any) -> Any:
@@ -111,7 +114,7 @@ def test_train_evaluate_checkpoint_resume_and_flops(captured: Captured, tmp_path
             "optimizer_update": 1,
         }
         assert attr(span, semconv.SAMPLES) == BATCH * ACCUMULATE
-        assert attr(span, semconv.TOKENS) == BATCH * ACCUMULATE * SEQ
+        assert attr(span, semconv.TOKENS) == BATCH * ACCUMULATE * (SEQ - PADDING)
         assert attr(span, semconv.INTEGRATION) == "transformers"
         assert attr(span, semconv.METRIC_PREFIX + "loss") > 0
     save = captured.named("checkpoint_save_sync")[0]
@@ -129,7 +132,8 @@ def test_train_evaluate_checkpoint_resume_and_flops(captured: Captured, tmp_path
     assert config.get("flops_method") == "counter"
     updates = window_updates(captured)
     assert sum(u[semconv.WINDOW_PREFIX + "samples"] for u in updates) == STEPS * BATCH * ACCUMULATE
-    assert sum(u[semconv.WINDOW_PREFIX + "tokens"] for u in updates) == STEPS * BATCH * ACCUMULATE * SEQ
+    tokens = STEPS * BATCH * ACCUMULATE * (SEQ - PADDING)
+    assert sum(u[semconv.WINDOW_PREFIX + "tokens"] for u in updates) == tokens
     assert captured.metric_sum(semconv.METRIC_SAMPLES) == STEPS * BATCH * ACCUMULATE
 
     # resume: the load is traced, numbering continues from the checkpoint's global step

@@ -41,7 +41,7 @@ from traintel import _runtime, semconv
 from traintel.api import phases
 from traintel.api.model_metrics import record_metrics
 from traintel.flops import _unwrap
-from traintel.integrations._driver import PhaseDriver, batch_size, loss_value, now_ns
+from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
 from traintel.integrations._flops import FirstStepFlops
 from traintel.semconv import Phase
 
@@ -56,13 +56,15 @@ _VALIDATION = Phase.VALIDATION_LOOP.value
 _TESTING = Phase.TESTING_LOOP.value
 
 
-def _tokens(inputs: Any) -> int | None:
-    """Non-padding tokens of a micro-batch: the attention mask's sum, else ``input_ids``' size."""
+def _tokens(inputs: Any) -> Any:
+    """Non-padding tokens of a micro-batch: the attention mask's sum (a tensor, still on the
+    device: reading it is left to the step's end, one device sync per step instead of one per
+    micro-batch), else ``input_ids``' size; None if neither is there."""
     if not isinstance(inputs, dict):
         return None
     mask = inputs.get("attention_mask")
     if mask is not None and hasattr(mask, "sum"):
-        return int(mask.sum())
+        return mask.sum()
     ids = inputs.get("input_ids")
     return int(ids.numel()) if ids is not None and hasattr(ids, "numel") else None
 
@@ -74,12 +76,15 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, count_flops: bool = True, record_loss: bool = True) -> None:
         self.driver = PhaseDriver(semconv.INTEGRATION_TRANSFORMERS)
         self.record_loss = record_loss
-        self.step_loss = 0.0
         self.flops = FirstStepFlops(count_flops)
+        # Per-micro-batch tokens and losses, read once at the step's end (see _tokens).
+        self.pending_tokens: list[Any] = []
+        self.pending_losses: list[Any] = []
 
     def open_iteration(self, start_ns: int | None = None) -> None:
         if not self.driver.is_open(_ITERATION):
-            self.step_loss = 0.0
+            self.pending_tokens.clear()
+            self.pending_losses.clear()
             self.driver.open(_ITERATION, phases.training_iteration(), start_ns)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -102,8 +107,18 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
         self.driver.close(_OPTIMIZER)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.record_loss and self.driver.is_open(_ITERATION):
-            record_metrics(loss=self.step_loss)
+        if self.driver.is_open(_ITERATION):
+            try:
+                if self.pending_tokens:
+                    phases.record_batch(tokens=sum(int(t) for t in self.pending_tokens))
+                if self.record_loss and self.pending_losses:
+                    # training_step returns each micro-batch's loss scaled for accumulation:
+                    # their sum is the step's loss
+                    record_metrics(loss=sum(float(v) for v in self.pending_losses))
+            except Exception:
+                _runtime.current().warn_once("transformers:step_end", "transformers: could not read the step")
+            self.pending_tokens.clear()
+            self.pending_losses.clear()
         self.driver.close(_ITERATION)
 
     # --- FLOPs ---------------------------------------------------------------------------------
@@ -112,6 +127,7 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
         telemetry = _runtime.current()
         try:
             tokens, samples = _tokens(inputs), batch_size(inputs)
+            tokens = int(tokens) if tokens is not None else None
             parameters = int(_unwrap(model).num_parameters(exclude_embeddings=True))
             if tokens and samples:
                 telemetry.update_config(
@@ -187,7 +203,10 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
             if not driver.is_open(_ITERATION):
                 return original(model, inputs, *args, **kwargs)
             try:
-                phases.record_batch(samples=batch_size(inputs), tokens=_tokens(inputs))
+                phases.record_batch(samples=batch_size(inputs))
+                tokens = _tokens(inputs)
+                if tokens is not None:
+                    cb.pending_tokens.append(tokens)
             except Exception:
                 _runtime.current().warn_once("transformers:batch", "transformers: could not count a batch")
             if not cb.flops.start():
@@ -201,10 +220,8 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
                 if not cb.flops.finish(batch_size(inputs)):
                     cb.formula_flops(model, inputs)
             driver.close(_BACKWARD)
-            if cb.record_loss:
-                value = loss_value(loss)
-                if value is not None:
-                    cb.step_loss += value
+            if cb.record_loss and loss is not None:
+                cb.pending_losses.append(loss.detach() if hasattr(loss, "detach") else loss)
             return loss
 
         return wrapper
