@@ -3,6 +3,7 @@ patches' exact removal."""
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.monitor
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -153,8 +155,10 @@ def test_uninstrument_restores_every_patched_function_exactly(pipeline: Pipeline
         future = dcp.async_save(state, checkpoint_id=str(tmp_path / "dcp_async"), no_dist=True)
         getattr(future, "upload_completion", future).result(timeout=60)
         dcp.load(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+        torch.monitor.log_event(torch.monitor.Event("while_instrumented", datetime.datetime.now(), {}))
     finally:
         instrumentor.uninstrument()
+    torch.monitor.log_event(torch.monitor.Event("after_uninstrument", datetime.datetime.now(), {}))
     after = _patched_objects()
     assert all(after[name] is before[name] for name in before), "every original is back, by identity"
     assert _global_step_hooks() == hooks_before
@@ -170,6 +174,9 @@ def test_uninstrument_restores_every_patched_function_exactly(pipeline: Pipeline
             assert span.attributes is not None
             assert str(span.attributes[semconv.INSTRUMENTED_CALL]).startswith("torch.distributed.checkpoint.")
             assert parent_name(span, spans) == "training_loop"
+    events = [e.name for s in spans for e in s.events]
+    assert "while_instrumented" in events, "the torch.monitor bridge is part of instrumentation"
+    assert "after_uninstrument" not in events
     size = pipeline.one("checkpoint_save_sync").attributes[semconv.CHECKPOINT_SIZE]  # type: ignore[index]
     assert size == sum(p.stat().st_size for p in (tmp_path / "dcp").rglob("*") if p.is_file())
 

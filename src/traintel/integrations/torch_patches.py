@@ -19,6 +19,8 @@ What is patched, and why each choice:
 - Only the thread that instrumented (the main thread under ``opentelemetry-instrument``) is
   traced: phases are per-thread contexts, and a script's own prefetching or writer threads are
   not its training loop.
+- torch.monitor events and ``Stat`` windows are forwarded by the bridge of
+  :mod:`traintel.integrations.torch_monitor`.
 - The ``application`` and ``training_loop`` spans open lazily at the first instrumented call,
   backdated to when instrumentation started, so a script that never trains gets no spans, and
   a script that opens its own phases with traintel's API keeps them (nothing is nested twice).
@@ -43,6 +45,7 @@ from opentelemetry.util.types import AttributeValue
 from traintel import _runtime, semconv
 from traintel.api import phases
 from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
+from traintel.integrations.torch_monitor import TorchMonitorBridge
 from traintel.semconv import Phase
 
 _APP = Phase.APPLICATION.value
@@ -68,6 +71,7 @@ class TorchPatcher:
         self._last_step_end: int | None = None
         self._installed = False
         self._thread = 0
+        self._monitor: TorchMonitorBridge | None = None
 
     # --- install / uninstall ---------------------------------------------------------------------
     def install(self) -> None:
@@ -96,6 +100,7 @@ class TorchPatcher:
                 if original is not None:
                     call = "torch.distributed.checkpoint." + name
                     self._patch(dcp, name, self._checkpoint(original, call, kind, self._dcp_path))
+        self._monitor = TorchMonitorBridge().install()
         atexit.register(self.finish)
 
     def uninstall(self) -> None:
@@ -114,6 +119,9 @@ class TorchPatcher:
             else:
                 delattr(owner, name)
         self._patched.clear()
+        if self._monitor is not None:
+            self._monitor.uninstall()
+            self._monitor = None
         self._driver.close_all()
 
     def finish(self) -> None:
