@@ -13,9 +13,11 @@ What is patched, and why each choice:
 - ``_BaseDataLoaderIter.__next__`` (every DataLoader iterator inherits it): the wait for a
   batch is ``data_loading``, and the batch's leading dimension is counted as samples.
 - ``torch.save`` / ``torch.load`` and ``torch.distributed.checkpoint`` ``save`` /
-  ``async_save`` / ``load``: checkpoint spans on the thread that instrumented (the training
-  thread); a call made inside another (DCP writes with ``torch.save``) or by a background
-  writer (``async_save``'s thread, whose time is the async save's finalize) is not counted twice.
+  ``async_save`` / ``load`` (DCP is patched when the script imports it, by a post-import hook:
+  importing it up front would add about a second to every instrumented start): checkpoint
+  spans on the thread that instrumented (the training thread); a call made inside another
+  (DCP writes with ``torch.save``) or by a background writer (``async_save``'s thread, whose
+  time is the async save's finalize) is not counted twice.
 - Only the thread that instrumented (the main thread under ``opentelemetry-instrument``) is
   traced: phases are per-thread contexts, and a script's own prefetching or writer threads are
   not its training loop.
@@ -72,6 +74,7 @@ class TorchPatcher:
         self._installed = False
         self._thread = 0
         self._monitor: TorchMonitorBridge | None = None
+        self._dcp_patched = False
 
     # --- install / uninstall ---------------------------------------------------------------------
     def install(self) -> None:
@@ -93,13 +96,10 @@ class TorchPatcher:
         self._hooks.append(register_optimizer_step_pre_hook(self._step_pre))
         self._hooks.append(register_optimizer_step_post_hook(self._step_post))
         if torch.distributed.is_available():
-            import torch.distributed.checkpoint as dcp
+            # when the script imports it (now, if it already has): importing DCP costs ~1 s
+            from wrapt import register_post_import_hook
 
-            for name, kind in (("save", "sync"), ("async_save", "async"), ("load", "load")):
-                original = getattr(dcp, name, None)
-                if original is not None:
-                    call = "torch.distributed.checkpoint." + name
-                    self._patch(dcp, name, self._checkpoint(original, call, kind, self._dcp_path))
+            register_post_import_hook(self._patch_dcp, "torch.distributed.checkpoint")
         self._monitor = TorchMonitorBridge().install()
         atexit.register(self.finish)
 
@@ -119,6 +119,7 @@ class TorchPatcher:
             else:
                 delattr(owner, name)
         self._patched.clear()
+        self._dcp_patched = False
         if self._monitor is not None:
             self._monitor.uninstall()
             self._monitor = None
@@ -131,6 +132,16 @@ class TorchPatcher:
             self._driver.fail(error)
         else:
             self._driver.close_all()
+
+    def _patch_dcp(self, dcp: Any) -> None:
+        if not self._installed or self._dcp_patched:
+            return
+        self._dcp_patched = True
+        for name, kind in (("save", "sync"), ("async_save", "async"), ("load", "load")):
+            original = getattr(dcp, name, None)
+            if original is not None:
+                call = "torch.distributed.checkpoint." + name
+                self._patch(dcp, name, self._checkpoint(original, call, kind, self._dcp_path))
 
     def _patch(self, owner: object, name: str, replacement: object) -> None:
         own = name in vars(owner)
