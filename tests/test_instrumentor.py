@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from tests.conftest import Pipeline, parent_name
-from tests.subprocess_helpers import REPO, clean_env
+from tests.subprocess_helpers import REPO, clean_env, run_python
 from traintel import semconv
 from traintel.exporters.reader import SpanRecord, iter_spans
 from traintel.instrumentation import TraintelInstrumentor
@@ -192,3 +192,27 @@ def test_the_base_install_imports_no_framework(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_dcp_is_patched_when_the_script_imports_it_and_restored(tmp_path: Path) -> None:
+    code = """
+    import sys
+    import traintel
+    from traintel.instrumentation import TraintelInstrumentor
+    traintel.configure(span_exporters=[], metric_readers=[])
+    instrumentor = TraintelInstrumentor()
+    instrumentor.instrument()
+    print("imported at start:", "torch.distributed.checkpoint" in sys.modules)
+    import torch.distributed.checkpoint as dcp
+    original = dcp.state_dict_saver.save
+    print("patched on import:", dcp.save is not original)
+    instrumentor.uninstrument()
+    print("restored:", dcp.save is original)
+    """
+    result = run_python(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:3] == [
+        "imported at start: False",
+        "patched on import: True",
+        "restored: True",
+    ]
