@@ -184,3 +184,8 @@ def test_the_pytorch_lightning_namespace_has_the_same_callback() -> None:
     assert issubclass(integration.TraintelCallback, legacy.Callback)
     trainer = integration.TraintelTrainer(logger=False, enable_progress_bar=False, enable_checkpointing=False)
     assert sum(isinstance(c, integration.TraintelCallback) for c in trainer.callbacks) == 1
+    # a single callback (not a list), as Lightning accepts, is kept next to ours
+    other = legacy.Callback()
+    trainer = integration.TraintelTrainer(callbacks=other, logger=False, enable_checkpointing=False)
+    assert other in trainer.callbacks
+    assert sum(isinstance(c, integration.TraintelCallback) for c in trainer.callbacks) == 1

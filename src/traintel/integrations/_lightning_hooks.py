@@ -246,7 +246,8 @@ class LightningHooks:
 
 def with_callback(kwargs: dict[str, Any], callback_type: type) -> dict[str, Any]:
     """``Trainer`` keyword arguments with a ``callback_type`` instance added unless one is there."""
-    callbacks = list(kwargs.pop("callbacks", None) or [])
+    given = kwargs.pop("callbacks", None)
+    callbacks = list(given) if isinstance(given, list | tuple) else [] if given is None else [given]
     if not any(isinstance(callback, callback_type) for callback in callbacks):
         callbacks.append(callback_type())
     return {**kwargs, "callbacks": callbacks}
