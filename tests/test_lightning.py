@@ -45,6 +45,12 @@ class TinyModule(pl.LightningModule):  # type: ignore[misc]
         x, y = batch
         self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
 
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def test_dataloader(self) -> DataLoader[Any]:
+        return self.val_dataloader()
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
@@ -147,6 +153,14 @@ def test_fit_validate_checkpoint_and_resume(captured: Captured, tmp_path: Path) 
     assert last[semconv.WINDOW_PREFIX + "samples_per_second"] == pytest.approx(
         last[semconv.WINDOW_PREFIX + "samples"] / wall, rel=1e-9
     )
+
+    # test: its own application (one per Trainer entry point), loop and iterations
+    trainer.test(model, verbose=False)
+    spans = captured.spans()
+    (testing,) = captured.named("testing_loop")
+    assert parent_name(testing, spans) == "application"
+    assert children(testing, spans) == {"testing_iteration": 2}
+    assert captured.counts()["application"] == 2
 
     # resume from the checkpoint: the load is traced and numbering continues from global_step
     resumed = _trainer(tmp_path / "resumed", max_epochs=9)

@@ -75,11 +75,14 @@ class LightningHooks:
 
     # --- application and checkpoints -----------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        telemetry = _runtime.current()
-        if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
-            self._driver.open(_APP, phases.application())
-        self._wrap(trainer, "save_checkpoint", self._traced_save)
-        self._wrap(trainer.strategy, "load_checkpoint", self._traced_load)
+        try:
+            telemetry = _runtime.current()
+            if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
+                self._driver.open(_APP, phases.application())
+            self._wrap(trainer, "save_checkpoint", self._traced_save)
+            self._wrap(trainer.strategy, "load_checkpoint", self._traced_load)
+        except Exception:
+            _runtime.current().warn_once("lightning:setup", "lightning: could not set up tracing")
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         for owner, name in reversed(self._restore):
@@ -119,8 +122,9 @@ class LightningHooks:
     # --- training ------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         max_steps = getattr(trainer, "max_steps", -1)
+        step = getattr(trainer, "global_step", 0)
         template = phases.training_loop(
-            train_iterations_start=int(trainer.global_step),
+            train_iterations_start=step if isinstance(step, int) else 0,
             train_iterations_target=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
         )
         self._driver.open(_LOOP, template)
