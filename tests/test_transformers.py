@@ -168,3 +168,13 @@ def test_a_failing_step_marks_spans_error_and_propagates(captured: Captured, tmp
     assert errors == {"application", "training_loop", "training_iteration", "model_forward"}
     failed = next(s for s in captured.named("training_iteration") if not s.status.is_ok)
     assert attr(failed, semconv.ITERATION) == 3
+
+
+def test_formula_fallback_counts_the_model_behind_its_wrapper(captured: Captured) -> None:
+    model = _model()
+    wrapped = torch.nn.DataParallel(model)  # a wrapper with .module, like DDP (no GPU needed)
+    ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
+    TraintelCallback().formula_flops(wrapped, {"input_ids": ids, "labels": ids})
+    config = traintel.get_telemetry().config
+    assert config.get("flops_per_sample") == 6 * model.num_parameters(exclude_embeddings=True) * SEQ
+    assert config.get("flops_method") == "formula"
