@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning.pytorch import Callback, Trainer
+try:
+    from lightning.pytorch import Callback, Trainer
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"traintel.integrations.lightning needs lightning: pip install 'traintel[lightning]' ({exc})"
+    ) from exc
 
 from traintel.integrations._lightning_hooks import LightningHooks, with_callback
 

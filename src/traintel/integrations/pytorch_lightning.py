@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytorch_lightning import Callback, Trainer
+try:
+    from pytorch_lightning import Callback, Trainer
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "traintel.integrations.pytorch_lightning needs pytorch_lightning: "
+        f"pip install 'traintel[lightning]' ({exc})"
+    ) from exc
 
 from traintel.integrations._lightning_hooks import LightningHooks, with_callback
 

@@ -35,7 +35,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from transformers import TrainerCallback
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"traintel.integrations.transformers needs transformers: pip install 'traintel[transformers]' ({exc})"
+    ) from exc
 
 from traintel import _runtime, semconv
 from traintel.api import phases
