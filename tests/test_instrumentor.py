@@ -216,3 +216,17 @@ def test_dcp_is_patched_when_the_script_imports_it_and_restored(tmp_path: Path) 
         "patched on import: True",
         "restored: True",
     ]
+
+
+def test_a_missing_framework_names_the_extra_to_install(tmp_path: Path) -> None:
+    code = """
+    import sys
+    sys.modules["transformers"] = None  # as if it were not installed
+    try:
+        import traintel.integrations.transformers
+    except ImportError as exc:
+        print(exc)
+    """
+    result = run_python(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'traintel[transformers]'" in result.stdout
