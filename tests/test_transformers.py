@@ -178,3 +178,15 @@ def test_formula_fallback_counts_the_model_behind_its_wrapper(captured: Captured
     config = traintel.get_telemetry().config
     assert config.get("flops_per_sample") == 6 * model.num_parameters(exclude_embeddings=True) * SEQ
     assert config.get("flops_method") == "formula"
+
+
+def test_the_callback_alone_still_gives_one_iteration_per_optimizer_step(
+    captured: Captured, tmp_path: Path
+) -> None:
+    trainer = _trainer(tmp_path, 4, callbacks=[TraintelCallback(count_flops=False)])
+    trainer.train()
+    spans = captured.spans()
+    iterations = captured.named("training_iteration")
+    assert [attr(s, semconv.ITERATION) for s in iterations] == [0, 1, 2, 3]
+    assert all(children(s, spans) == {"optimizer_update": 1} for s in iterations)
+    assert {parent_name(s, spans) for s in iterations} == {"training_loop"}
