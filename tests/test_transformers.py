@@ -1,5 +1,5 @@
 """The Hugging Face integration with a real ``Trainer`` on CPU and a tiny randomly initialised
-GPT-2 built from a config (no downloads): span tree, gradient accumulation, evaluation,
+GPT-2 built from a config (no downloads), 48 optimizer steps: span tree, gradient accumulation, evaluation,
 checkpoint save and resume, FLOPs counted by traintel, and a failing step."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from traintel.integrations.transformers import TraintelCallback, instrument_trai
 BATCH = 4
 ACCUMULATE = 2
 SEQ = 16
-STEPS = 24
+STEPS = 48
 PADDING = 4
 
 
@@ -67,7 +67,7 @@ def _trainer(output: Path, max_steps: int, **kwargs: Any) -> Any:
         per_device_eval_batch_size=BATCH,
         gradient_accumulation_steps=ACCUMULATE,
         eval_strategy="steps",
-        eval_steps=12,
+        eval_steps=STEPS // 2,
         save_strategy="steps",
         save_steps=STEPS,
         logging_steps=1000,
@@ -93,7 +93,7 @@ def test_train_evaluate_checkpoint_resume_and_flops(captured: Captured, tmp_path
     assert counts["application"] == 1
     assert counts["training_loop"] == 1
     assert counts["training_iteration"] == STEPS, "one iteration per optimizer step"
-    assert counts["validation_loop"] == 2  # eval_steps=12
+    assert counts["validation_loop"] == 2  # every STEPS // 2 steps
     assert counts["validation_iteration"] == 4  # 8 eval samples / 4 per batch, twice
     assert counts["checkpoint_save_sync"] == 1
     for name, parent in {
