@@ -1,6 +1,7 @@
 """The Hugging Face integration with a real ``Trainer`` on CPU and a tiny randomly initialised
-GPT-2 built from a config (no downloads), 48 optimizer steps: span tree, gradient accumulation, evaluation,
-checkpoint save and resume, FLOPs counted by traintel, and a failing step."""
+GPT-2 built from a config (no downloads), 48 optimizer steps: span tree, gradient
+accumulation, evaluation, checkpoint save and resume, FLOPs counted by traintel, and a failing
+step."""
 
 from __future__ import annotations
 
