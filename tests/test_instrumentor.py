@@ -194,7 +194,7 @@ def test_the_base_install_imports_no_framework(tmp_path: Path) -> None:
     assert result.stdout.strip() == "[]"
 
 
-def test_dcp_is_patched_when_the_script_imports_it_and_restored(tmp_path: Path) -> None:
+def test_torch_and_dcp_are_patched_when_the_script_imports_them_and_restored(tmp_path: Path) -> None:
     code = """
     import sys
     import traintel
@@ -202,19 +202,21 @@ def test_dcp_is_patched_when_the_script_imports_it_and_restored(tmp_path: Path) 
     traintel.configure(span_exporters=[], metric_readers=[])
     instrumentor = TraintelInstrumentor()
     instrumentor.instrument()
-    print("imported at start:", "torch.distributed.checkpoint" in sys.modules)
+    print("imported at start:", "torch" in sys.modules)
+    import torch
+    original_save = torch.save.__wrapped__
     import torch.distributed.checkpoint as dcp
     original = dcp.state_dict_saver.save
     print("patched on import:", dcp.save is not original)
     instrumentor.uninstrument()
-    print("restored:", dcp.save is original)
+    print("restored:", dcp.save is original, torch.save is original_save)
     """
     result = run_python(code, tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:3] == [
         "imported at start: False",
         "patched on import: True",
-        "restored: True",
+        "restored: True True",
     ]
 
 

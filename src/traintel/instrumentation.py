@@ -2,8 +2,8 @@
 
 Why: a job already launched under ``opentelemetry-instrument`` has its providers configured by
 the OTel distro from ``OTEL_*``; this instrumentor makes traintel attach to them (adding its
-processor) with no configuration code in the script, and, when torch is installed, patches it
-for zero-code phase spans (see :mod:`traintel.integrations.torch_patches`). ``instrument(torch=
+processor) with no configuration code in the script, and, when the script imports torch,
+patches it for zero-code phase spans (see :mod:`traintel.integrations.torch_patches`). ``instrument(torch=
 False)`` attaches without patching.
 """
 
@@ -35,7 +35,7 @@ class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
             try:
                 patcher = type(self)._patcher = TorchPatcher()
-                patcher.install()
+                patcher.arm()  # patches when the script imports torch
             except Exception:
                 _runtime.current().warn_once("instrumentor", "could not patch torch; phases are not traced")
 

@@ -23,6 +23,8 @@ What is patched, and why each choice:
   not its training loop.
 - torch.monitor events and ``Stat`` windows are forwarded by the bridge of
   :mod:`traintel.integrations.torch_monitor`.
+- Nothing is patched until the script imports torch (a post-import hook), so instrumenting a
+  process that never uses torch costs nothing.
 - The ``application`` and ``training_loop`` spans open lazily at the first instrumented call,
   backdated to when instrumentation started, so a script that never trains gets no spans, and
   a script that opens its own phases with traintel's API keeps them (nothing is nested twice).
@@ -75,8 +77,27 @@ class TorchPatcher:
         self._thread = 0
         self._monitor: TorchMonitorBridge | None = None
         self._dcp_patched = False
+        self._armed = False
+        self._armed_ns = 0
 
     # --- install / uninstall ---------------------------------------------------------------------
+    def arm(self) -> None:
+        """Install when the script imports torch (at once if it already has): an instrumented
+        process that never uses torch does not pay torch's import time (over a second)."""
+        from wrapt import register_post_import_hook
+
+        self._armed = True
+        self._armed_ns = now_ns()
+        register_post_import_hook(self._torch_imported, "torch")
+
+    def _torch_imported(self, module: Any) -> None:
+        if not self._armed:
+            return
+        try:
+            self.install()
+        except Exception:
+            _runtime.current().warn_once("instrumentor", "could not patch torch; phases are not traced")
+
     def install(self) -> None:
         import torch
         from torch.optim.optimizer import (
@@ -88,7 +109,7 @@ class TorchPatcher:
         if self._installed:
             return
         self._installed = True
-        self._installed_ns = now_ns()
+        self._installed_ns = self._armed_ns or now_ns()
         self._thread = threading.get_ident()
         self._patch(torch, "save", self._checkpoint(torch.save, "torch.save", "sync", self._save_path))
         self._patch(torch, "load", self._checkpoint(torch.load, "torch.load", "load", self._load_path))
@@ -106,6 +127,7 @@ class TorchPatcher:
     def uninstall(self) -> None:
         """Restore every patched attribute to the exact object it was, remove the hooks and
         close the spans this instrumentation opened."""
+        self._armed = False
         if not self._installed:
             return
         self._installed = False
