@@ -289,3 +289,17 @@ DROP_REASON: Final = "traintel.drop.reason"
 
 #: Instrumentation scope name for every tracer and meter traintel creates.
 INSTRUMENTATION_SCOPE: Final = "traintel"
+
+# Framework integrations (issue 5): which driver opened a phase span, and the torch.monitor bridge.
+#: On spans opened by an integration: ``lightning``, ``transformers`` or ``instrumentor``.
+INTEGRATION: Final = "traintel.integration"
+INTEGRATION_LIGHTNING: Final = "lightning"
+INTEGRATION_TRANSFORMERS: Final = "transformers"
+INTEGRATION_INSTRUMENTOR: Final = "instrumentor"
+#: The patched call behind a zero-code span (``torch.save``, ``torch.distributed.checkpoint.load``...).
+INSTRUMENTED_CALL: Final = "traintel.instrumented.call"
+#: One gauge for every torch.monitor ``Stat`` value, keyed by ``torch.monitor.stat`` ("<stat>.<agg>").
+METRIC_TORCH_MONITOR_STAT: Final = "ml.training.torch_monitor.stat"
+TORCH_MONITOR_STAT: Final = "torch.monitor.stat"
+#: torch.monitor's own event name for ``Stat`` windows (``torch.monitor.STAT_EVENT``).
+TORCH_MONITOR_STAT_EVENT: Final = "torch.monitor.Stat"

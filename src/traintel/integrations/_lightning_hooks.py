@@ -1,0 +1,257 @@
+"""Lightning's callback hooks mapped onto traintel phases, shared by both Lightning namespaces.
+
+Why a mixin without a Lightning import: ``lightning.pytorch`` and ``pytorch_lightning`` are the
+same framework under two package names with two distinct ``Callback`` classes; each namespace
+module combines this mixin with its own ``Callback`` (the mixin comes first, so its hooks
+replace the base class's no-ops).
+
+The mapping: ``setup``/``teardown`` bracket an ``application`` span unless one is already open;
+``on_train_start``/``end`` the ``training_loop`` (numbered from ``trainer.global_step``, so a
+resumed run continues its iteration count). An iteration is one optimizer step: it opens at
+the first micro-batch of an accumulation window and closes at the end of the micro-batch whose
+``on_before_optimizer_step`` fired; every micro-batch adds ``data_loading`` (from the end of the
+previous batch to this batch's start: the time the loop waited for it), ``model_forward``
+(batch start to ``on_before_backward``) and ``model_backward`` children, and its batch size (and
+tokens, given ``tokens_fn``) to the iteration. ``trainer.save_checkpoint`` and the strategy's
+``load_checkpoint`` are wrapped between ``setup`` and ``teardown`` for checkpoint spans.
+``on_exception`` marks every span it opened ERROR; Lightning then re-raises the exception.
+The first micro-batch's FLOPs are counted as it runs (forward: batch start to
+``on_before_backward``; executed: to ``on_after_backward``) for MFU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from traintel import _runtime, semconv
+from traintel.api import phases
+from traintel.api.model_metrics import record_metrics
+from traintel.integrations._driver import PhaseDriver, batch_size, loss_value, now_ns
+from traintel.integrations._flops import FirstStepFlops
+from traintel.semconv import Phase
+
+_APP = Phase.APPLICATION.value
+_LOOP = Phase.TRAINING_LOOP.value
+_ITERATION = Phase.TRAINING_ITERATION.value
+_DATA = Phase.DATA_LOADING.value
+_FORWARD = Phase.MODEL_FORWARD.value
+_BACKWARD = Phase.MODEL_BACKWARD.value
+_OPTIMIZER = Phase.OPTIMIZER_UPDATE.value
+_EVAL_PHASES = {
+    "validation": (phases.validation_loop, phases.validation_iteration, Phase.VALIDATION_LOOP.value),
+    "test": (phases.testing_loop, phases.testing_iteration, Phase.TESTING_LOOP.value),
+}
+
+_Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+class LightningHooks:
+    """The hook implementations; see the module docstring for the mapping."""
+
+    def __init__(
+        self,
+        tokens_fn: Callable[[Any], int | None] | None = None,
+        samples_fn: Callable[[Any], int | None] | None = None,
+        record_loss: bool = True,
+        count_flops: bool = True,
+    ) -> None:
+        """``samples_fn`` / ``tokens_fn`` map a batch to its size (default samples: the leading
+        dimension of its first tensor; tokens: not counted). ``record_loss`` puts the step's
+        loss on the iteration (it reads the loss tensor, a device sync on GPU). ``count_flops``
+        counts the first micro-batch's FLOPs for MFU (see :mod:`traintel.integrations._flops`)
+        unless ``flops_per_sample`` / ``flops_per_token`` are configured."""
+        super().__init__()
+        self._driver = PhaseDriver(semconv.INTEGRATION_LIGHTNING)
+        self._tokens_fn = tokens_fn
+        self._samples_fn = samples_fn or batch_size
+        self._record_loss = record_loss
+        self._flops = FirstStepFlops(count_flops)
+        self._flops_samples: int | None = None
+        self._batch_end_ns: int | None = None
+        self._stepped = False
+        self._restore: list[tuple[object, str]] = []
+
+    # --- application and checkpoints -----------------------------------------------------------
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        try:
+            telemetry = _runtime.current()
+            if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
+                self._driver.open(_APP, phases.application())
+            self._wrap(trainer, "save_checkpoint", self._traced_save)
+            self._wrap(trainer.strategy, "load_checkpoint", self._traced_load)
+        except Exception:
+            _runtime.current().warn_once("lightning:setup", "lightning: could not set up tracing")
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        for owner, name in reversed(self._restore):
+            vars(owner).pop(name, None)
+        self._restore.clear()
+        self._flops.abort()
+        self._driver.close_all()
+
+    def _wrap(self, owner: object, name: str, make: _Wrapper) -> None:
+        if name in vars(owner):  # already wrapped (or set by the user): leave it alone
+            return
+        original = getattr(owner, name, None)
+        if original is not None:
+            setattr(owner, name, make(original))
+            self._restore.append((owner, name))
+
+    @staticmethod
+    def _traced_save(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
+            attributes = {semconv.INTEGRATION: semconv.INTEGRATION_LIGHTNING}
+            with phases.checkpoint_save(path=filepath, attributes=attributes):
+                return original(filepath, *args, **kwargs)
+
+        return save_checkpoint
+
+    @staticmethod
+    def _traced_load(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def load_checkpoint(checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+            attributes = {semconv.INTEGRATION: semconv.INTEGRATION_LIGHTNING}
+            with phases.checkpoint_load(path=checkpoint_path, attributes=attributes):
+                return original(checkpoint_path, *args, **kwargs)
+
+        return load_checkpoint
+
+    # --- training ------------------------------------------------------------------------------
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        max_steps = getattr(trainer, "max_steps", -1)
+        step = getattr(trainer, "global_step", 0)
+        template = phases.training_loop(
+            train_iterations_start=step if isinstance(step, int) else 0,
+            train_iterations_target=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
+        )
+        self._driver.open(_LOOP, template)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._driver.close(_LOOP)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._batch_end_ns = now_ns()
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        driver = self._driver
+        start = now_ns()
+        waited_from = self._batch_end_ns if self._batch_end_ns is not None else start
+        if not driver.is_open(_ITERATION):
+            self._stepped = False
+            driver.open(_ITERATION, phases.training_iteration(), waited_from)
+        driver.open(_DATA, phases.data_loading(), waited_from)
+        driver.close(_DATA, start)
+        samples = None
+        try:
+            samples = self._samples_fn(batch)
+            tokens = self._tokens_fn(batch) if self._tokens_fn is not None else None
+            phases.record_batch(samples=samples, tokens=tokens)
+        except Exception:
+            _runtime.current().warn_once("lightning:batch", "lightning: could not count the batch")
+        driver.open(_FORWARD, phases.model_forward(), start)
+        if not self._flops.decided and self._flops.start():
+            self._flops_samples = samples
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._flops.forward_done()
+        self._driver.close(_FORWARD)
+        self._driver.open(_BACKWARD, phases.model_backward())
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+        if self._flops.counting:
+            self._flops.finish(self._flops_samples)
+        self._driver.close(_BACKWARD)
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self._stepped = True
+        self._driver.open(_OPTIMIZER, phases.optimizer_update())
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        driver = self._driver
+        end = now_ns()
+        if self._flops.counting:  # no backward hooks ran (manual optimization without them)
+            self._flops.finish(self._flops_samples)
+        driver.close(_FORWARD, end)
+        driver.close(_OPTIMIZER, end)
+        if self._record_loss and self._stepped:  # the step's last micro-batch
+            loss = loss_value(outputs)
+            if loss is not None:
+                if getattr(pl_module, "automatic_optimization", False):
+                    # Lightning hands the loss here divided by accumulate_grad_batches
+                    loss *= getattr(trainer, "accumulate_grad_batches", 1)
+                record_metrics(loss=loss)
+        if self._stepped:
+            driver.close(_ITERATION, end)
+        self._batch_end_ns = now_ns()
+
+    # --- validation and test -------------------------------------------------------------------
+    def _eval_start(self, kind: str) -> None:
+        loop, _iteration, key = _EVAL_PHASES[kind]
+        self._driver.open(key, loop())
+
+    def _eval_end(self, kind: str) -> None:
+        self._driver.close(_EVAL_PHASES[kind][2])
+        self._batch_end_ns = now_ns()  # the evaluation's time is not the next batch's wait
+
+    def _eval_batch_start(self, kind: str, batch: Any) -> None:
+        _loop, iteration, key = _EVAL_PHASES[kind]
+        samples = None
+        try:
+            samples = self._samples_fn(batch)
+        except Exception:
+            _runtime.current().warn_once("lightning:eval_batch", "lightning: could not count an eval batch")
+        self._driver.open(key + ":iteration", iteration(samples=samples))
+
+    def _eval_batch_end(self, kind: str) -> None:
+        self._driver.close(_EVAL_PHASES[kind][2] + ":iteration")
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._eval_start("validation")
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._eval_end("validation")
+
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._eval_batch_start("validation", batch)
+
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._eval_batch_end("validation")
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._eval_start("test")
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._eval_end("test")
+
+    def on_test_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._eval_batch_start("test", batch)
+
+    def on_test_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._eval_batch_end("test")
+
+    # --- failure -------------------------------------------------------------------------------
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._flops.abort()
+        self._driver.fail(exception)
+
+
+def with_callback(kwargs: dict[str, Any], callback_type: type) -> dict[str, Any]:
+    """``Trainer`` keyword arguments with a ``callback_type`` instance added unless one is there."""
+    given = kwargs.pop("callbacks", None)
+    callbacks = list(given) if isinstance(given, list | tuple) else [] if given is None else [given]
+    if not any(isinstance(callback, callback_type) for callback in callbacks):
+        callbacks.append(callback_type())
+    return {**kwargs, "callbacks": callbacks}

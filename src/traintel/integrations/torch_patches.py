@@ -1,0 +1,337 @@
+"""Zero-code phase spans for an unmodified PyTorch script (``opentelemetry-instrument``).
+
+What is patched, and why each choice:
+
+- Optimizer steps through torch's *global* step hooks (``register_optimizer_step_pre_hook`` /
+  ``_post_hook``), not by replacing ``torch.optim.Optimizer.step``: every optimizer class
+  overrides ``step``, so a patched base method would never run. The hooks see every optimizer,
+  whatever its class, and are removed exactly by their handles.
+- An iteration is one optimizer step: it starts where the previous step ended (or at the batch
+  fetch that began it) and ends when the step returns. Batches fetched while gradients are
+  disabled (evaluation) do not open training iterations, and evaluation or a checkpoint between
+  two steps restarts the clock, so their time is not counted as training.
+- ``_BaseDataLoaderIter.__next__`` (every DataLoader iterator inherits it): the wait for a
+  batch is ``data_loading``, and the batch's leading dimension is counted as samples.
+- ``torch.save`` / ``torch.load`` and ``torch.distributed.checkpoint`` ``save`` /
+  ``async_save`` / ``load`` (DCP is patched when the script imports it, by a post-import hook:
+  importing it up front would add about a second to every instrumented start): checkpoint
+  spans on the thread that instrumented (the training thread); a call made inside another
+  (DCP writes with ``torch.save``) or by a background writer (``async_save``'s thread, whose
+  time is the async save's finalize) is not counted twice.
+- Only the thread that instrumented (the main thread under ``opentelemetry-instrument``) is
+  traced: phases are per-thread contexts, and a script's own prefetching or writer threads are
+  not its training loop.
+- torch.monitor events and ``Stat`` windows are forwarded by the bridge of
+  :mod:`traintel.integrations.torch_monitor`.
+- Nothing is patched until the script imports torch (a post-import hook), so instrumenting a
+  process that never uses torch costs nothing.
+- The ``application`` and ``training_loop`` spans open lazily at the first instrumented call,
+  backdated to when instrumentation started, so a script that never trains gets no spans, and
+  a script that opens its own phases with traintel's API keeps them (nothing is nested twice).
+  They close at exit; if the script died of an exception, every open span is marked with it.
+
+Every wrapper calls the original with the same arguments and returns its result or raises its
+exception unchanged; telemetry failures are contained and reported once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.util.types import AttributeValue
+
+from traintel import _runtime, semconv
+from traintel.api import phases
+from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
+from traintel.integrations.torch_monitor import TorchMonitorBridge
+from traintel.semconv import Phase
+
+_APP = Phase.APPLICATION.value
+_LOOP = Phase.TRAINING_LOOP.value
+_ITERATION = Phase.TRAINING_ITERATION.value
+_DATA = Phase.DATA_LOADING.value
+_OPTIMIZER = Phase.OPTIMIZER_UPDATE.value
+
+
+def _path_of(value: object) -> str | None:
+    return os.fspath(value) if isinstance(value, str | os.PathLike) else None  # type: ignore[arg-type]
+
+
+class TorchPatcher:
+    """Installs and removes the patches; one instance per instrumentation."""
+
+    def __init__(self) -> None:
+        self._driver = PhaseDriver(semconv.INTEGRATION_INSTRUMENTOR)
+        self._patched: list[tuple[object, str, object, bool]] = []
+        self._hooks: list[Any] = []
+        self._local = threading.local()
+        self._installed_ns = 0
+        self._last_step_end: int | None = None
+        self._installed = False
+        self._thread = 0
+        self._monitor: TorchMonitorBridge | None = None
+        self._dcp_patched = False
+        self._armed = False
+        self._armed_ns = 0
+
+    # --- install / uninstall ---------------------------------------------------------------------
+    def arm(self) -> None:
+        """Install when the script imports torch (at once if it already has): an instrumented
+        process that never uses torch does not pay torch's import time (over a second)."""
+        from wrapt import register_post_import_hook
+
+        self._armed = True
+        self._armed_ns = now_ns()
+        register_post_import_hook(self._torch_imported, "torch")
+
+    def _torch_imported(self, module: Any) -> None:
+        if not self._armed:
+            return
+        try:
+            self.install()
+        except Exception:
+            _runtime.current().warn_once("instrumentor", "could not patch torch; phases are not traced")
+
+    def install(self) -> None:
+        import torch
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        if self._installed:
+            return
+        self._installed = True
+        self._installed_ns = self._armed_ns or now_ns()
+        self._thread = threading.get_ident()
+        self._patch(torch, "save", self._checkpoint(torch.save, "torch.save", "sync", self._save_path))
+        self._patch(torch, "load", self._checkpoint(torch.load, "torch.load", "load", self._load_path))
+        self._patch(_BaseDataLoaderIter, "__next__", self._next(_BaseDataLoaderIter.__next__))
+        self._hooks.append(register_optimizer_step_pre_hook(self._step_pre))
+        self._hooks.append(register_optimizer_step_post_hook(self._step_post))
+        if torch.distributed.is_available():
+            # when the script imports it (now, if it already has): importing DCP costs ~1 s
+            from wrapt import register_post_import_hook
+
+            register_post_import_hook(self._patch_dcp, "torch.distributed.checkpoint")
+        self._monitor = TorchMonitorBridge().install()
+        atexit.register(self.finish)
+
+    def uninstall(self) -> None:
+        """Restore every patched attribute to the exact object it was, remove the hooks and
+        close the spans this instrumentation opened."""
+        self._armed = False
+        if not self._installed:
+            return
+        self._installed = False
+        atexit.unregister(self.finish)
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        for owner, name, original, own in reversed(self._patched):
+            if own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)
+        self._patched.clear()
+        self._dcp_patched = False
+        if self._monitor is not None:
+            self._monitor.uninstall()
+            self._monitor = None
+        self._driver.close_all()
+
+    def finish(self) -> None:
+        """At exit: close what is open, marking it with the exception that ended the script."""
+        error = getattr(sys, "last_value", None)
+        if isinstance(error, BaseException):
+            self._driver.fail(error)
+        else:
+            self._driver.close_all()
+
+    def _patch_dcp(self, dcp: Any) -> None:
+        if not self._installed or self._dcp_patched:
+            return
+        self._dcp_patched = True
+        for name, kind in (("save", "sync"), ("async_save", "async"), ("load", "load")):
+            original = getattr(dcp, name, None)
+            if original is not None:
+                call = "torch.distributed.checkpoint." + name
+                self._patch(dcp, name, self._checkpoint(original, call, kind, self._dcp_path))
+
+    def _patch(self, owner: object, name: str, replacement: object) -> None:
+        own = name in vars(owner)
+        original = vars(owner)[name] if own else getattr(owner, name)
+        setattr(owner, name, replacement)
+        self._patched.append((owner, name, original, own))
+
+    # --- the phase model -------------------------------------------------------------------------
+    def _drives_iterations(self, telemetry: _runtime.Telemetry) -> bool:
+        """False when the script runs its own training loop through traintel's API."""
+        if self._driver.is_open(_LOOP):
+            return True
+        return not telemetry.open_loops.get(_LOOP)
+
+    def _ensure_application(self) -> None:
+        if self._driver.is_open(_APP):
+            return
+        telemetry = _runtime.current()
+        if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
+            self._driver.open(_APP, phases.application(), self._installed_ns)
+
+    def _ensure_iteration(self, start_ns: int) -> bool:
+        telemetry = _runtime.current()
+        if not telemetry.enabled or not self._drives_iterations(telemetry):
+            return False
+        if self._driver.is_open(_ITERATION):
+            return True
+        self._ensure_application()
+        if not self._driver.is_open(_LOOP):
+            self._driver.open(_LOOP, phases.training_loop(), start_ns)
+        start = self._last_step_end if self._last_step_end is not None else start_ns
+        self._driver.open(_ITERATION, phases.training_iteration(), start)
+        return self._driver.is_open(_ITERATION)
+
+    def _batch_loaded(self, batch: Any, start_ns: int, end_ns: int) -> None:
+        import torch
+
+        if not torch.is_grad_enabled():  # an evaluation batch: not training time
+            self._last_step_end = None
+            return
+        if not self._ensure_iteration(start_ns):
+            return
+        self._driver.open(_DATA, phases.data_loading(), start_ns)
+        self._driver.close(_DATA, end_ns)
+        samples = batch_size(batch)
+        if samples:
+            phases.record_batch(samples=samples)
+
+    def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
+        try:
+            start = now_ns()
+            if self._ensure_iteration(start):
+                self._driver.open(_OPTIMIZER, phases.optimizer_update(), start)
+        except Exception:
+            _runtime.current().warn_once("instrumentor:step_pre", "instrumentor: optimizer pre-hook failed")
+
+    def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
+        try:
+            end = now_ns()
+            if self._driver.is_open(_ITERATION):
+                self._driver.close(_OPTIMIZER, end)
+                self._driver.close(_ITERATION, end)
+                self._last_step_end = end
+        except Exception:
+            _runtime.current().warn_once("instrumentor:step_post", "instrumentor: optimizer post-hook failed")
+
+    # --- wrappers --------------------------------------------------------------------------------
+    def _next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        patcher = self
+
+        @functools.wraps(original)
+        def __next__(iterator: Any) -> Any:
+            start = now_ns()
+            batch = original(iterator)  # StopIteration and loader errors pass through untouched
+            if threading.get_ident() != patcher._thread:
+                return batch  # a prefetching thread of the script's own: not the training loop
+            try:
+                patcher._batch_loaded(batch, start, now_ns())
+            except Exception:
+                _runtime.current().warn_once("instrumentor:next", "instrumentor: batch accounting failed")
+            return batch
+
+        return __next__
+
+    def _checkpoint(
+        self,
+        original: Callable[..., Any],
+        call: str,
+        kind: str,
+        path_of: Callable[[tuple[Any, ...], dict[str, Any]], str | None],
+    ) -> Callable[..., Any]:
+        patcher = self
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            local = patcher._local
+            if getattr(local, "inside", False) or threading.get_ident() != patcher._thread:
+                return original(*args, **kwargs)  # DCP's own torch.save, or a background writer
+            template = patcher._checkpoint_template(call, kind, args, kwargs, path_of)
+            local.inside = True
+            try:
+                if template is None:
+                    return original(*args, **kwargs)
+                with template:
+                    result = original(*args, **kwargs)
+                    if kind == "async" and isinstance(template, phases._CheckpointSave):
+                        patcher._finish_async(template, result, path_of(args, kwargs))
+                return result
+            finally:
+                local.inside = False
+                patcher._last_step_end = None  # checkpoint time is not the next iteration's
+
+        return wrapper
+
+    def _checkpoint_template(
+        self,
+        call: str,
+        kind: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        path_of: Callable[[tuple[Any, ...], dict[str, Any]], str | None],
+    ) -> phases.PhaseSpan | None:
+        try:
+            telemetry = _runtime.current()
+            if not telemetry.enabled:
+                return None
+            self._ensure_application()
+            path = path_of(args, kwargs)
+            attributes: dict[str, AttributeValue] = {
+                semconv.INSTRUMENTED_CALL: call,
+                semconv.INTEGRATION: semconv.INTEGRATION_INSTRUMENTOR,
+            }
+            if kind == "load":
+                return phases.checkpoint_load(path=path, attributes=attributes)
+            if kind == "async":  # measured when the background write finishes, not now
+                if path is not None:
+                    attributes[semconv.CHECKPOINT_PATH] = path
+                return phases.checkpoint_save(strategy=kind, attributes=attributes)
+            return phases.checkpoint_save(strategy=kind, path=path, attributes=attributes)
+        except Exception:
+            _runtime.current().warn_once("instrumentor:" + call, "instrumentor: could not trace %s", call)
+            return None
+
+    @staticmethod
+    def _finish_async(template: phases._CheckpointSave, result: Any, path: str | None) -> None:
+        try:
+            completion = template.completion()
+            future = getattr(result, "upload_completion", result)
+
+            def done(finished: Any) -> None:
+                completion.finish(path=path, error=finished.exception())
+
+            future.add_done_callback(done)
+        except Exception:
+            _runtime.current().warn_once("instrumentor:async", "instrumentor: cannot follow the async save")
+
+    @staticmethod
+    def _save_path(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        return _path_of(args[1] if len(args) > 1 else kwargs.get("f"))
+
+    @staticmethod
+    def _load_path(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        return _path_of(args[0] if args else kwargs.get("f"))
+
+    @staticmethod
+    def _dcp_path(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        return _path_of(kwargs.get("checkpoint_id"))

@@ -1,0 +1,302 @@
+"""Hugging Face ``transformers.Trainer``: a ``TrainerCallback`` plus the wrappers it needs.
+
+Usage::
+
+    from traintel.integrations.transformers import instrument_trainer
+    trainer = Trainer(model=model, args=args, train_dataset=dataset)
+    instrument_trainer(trainer)
+    trainer.train()
+
+Why wrappers as well as a callback: ``TrainerCallback`` events carry no batch, no loss tensor,
+no timing of the forward pass and no exception, and the Trainer prefetches a whole accumulation
+window of batches before ``on_step_begin``. So :func:`instrument_trainer` adds the callback and
+wraps a few methods *on that trainer instance* (never the class): ``train`` (the
+``application`` span and ERROR on an exception, which propagates unchanged),
+``get_batch_samples`` (``data_loading``; it opens the iteration), ``compute_loss``
+(``model_forward``), ``training_step`` (``model_backward`` is the rest of it; samples and tokens
+per micro-batch; the loss), ``prediction_step`` (evaluation iterations), ``evaluate``/
+``predict`` (``validation_loop``/``testing_loop``), ``_save_checkpoint`` and
+``_load_from_checkpoint`` (checkpoint spans).
+
+An iteration is one optimizer step (``on_step_end``), however many micro-batches it
+accumulates. FLOPs are counted by traintel on the first micro-batch (``FlopCounterMode`` around
+the real step: the forward inside ``compute_loss`` for model FLOPs, the whole step for executed
+FLOPs; whatever wrappers DDP/FSDP/``torch.compile`` put around the model, the counter sees the
+operations that run; if nothing was counted, 6 x non-embedding parameters of the unwrapped model
+per token), never read from ``state.total_flos``, which is zero or wrong behind those wrappers.
+Configured ``flops_per_sample``/``flops_per_token`` win.
+Requires ``traintel[transformers]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"traintel.integrations.transformers needs transformers: pip install 'traintel[transformers]' ({exc})"
+    ) from exc
+
+from traintel import _runtime, semconv
+from traintel.api import phases
+from traintel.api.model_metrics import record_metrics
+from traintel.flops import _unwrap
+from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
+from traintel.integrations._flops import FirstStepFlops
+from traintel.semconv import Phase
+
+_APP = Phase.APPLICATION.value
+_LOOP = Phase.TRAINING_LOOP.value
+_ITERATION = Phase.TRAINING_ITERATION.value
+_DATA = Phase.DATA_LOADING.value
+_FORWARD = Phase.MODEL_FORWARD.value
+_BACKWARD = Phase.MODEL_BACKWARD.value
+_OPTIMIZER = Phase.OPTIMIZER_UPDATE.value
+_VALIDATION = Phase.VALIDATION_LOOP.value
+_TESTING = Phase.TESTING_LOOP.value
+
+
+def _tokens(inputs: Any) -> Any:
+    """Non-padding tokens of a micro-batch: the attention mask's sum (a tensor, still on the
+    device: reading it is left to the step's end, one device sync per step instead of one per
+    micro-batch), else ``input_ids``' size; None if neither is there."""
+    if not isinstance(inputs, dict):
+        return None
+    mask = inputs.get("attention_mask")
+    if mask is not None and hasattr(mask, "sum"):
+        return mask.sum()
+    ids = inputs.get("input_ids")
+    return int(ids.numel()) if ids is not None and hasattr(ids, "numel") else None
+
+
+class TraintelCallback(TrainerCallback):  # type: ignore[misc]
+    """Loop, iteration and optimizer phases from ``TrainerCallback`` events; see the module
+    docstring for what :func:`instrument_trainer` adds."""
+
+    def __init__(self, count_flops: bool = True, record_loss: bool = True) -> None:
+        self.driver = PhaseDriver(semconv.INTEGRATION_TRANSFORMERS)
+        self.record_loss = record_loss
+        self.flops = FirstStepFlops(count_flops)
+        # Per-micro-batch tokens and losses, read once at the step's end (see _tokens).
+        self.pending_tokens: list[Any] = []
+        self.pending_losses: list[Any] = []
+
+    def open_iteration(self, start_ns: int | None = None) -> None:
+        if not self.driver.is_open(_ITERATION):
+            self.pending_tokens.clear()
+            self.pending_losses.clear()
+            self.driver.open(_ITERATION, phases.training_iteration(), start_ns)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        target = state.max_steps if isinstance(state.max_steps, int) and state.max_steps > 0 else None
+        template = phases.training_loop(
+            train_iterations_start=int(state.global_step), train_iterations_target=target
+        )
+        self.driver.open(_LOOP, template)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.driver.close(_LOOP)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.open_iteration()  # without the wrappers, the iteration starts here
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.driver.open(_OPTIMIZER, phases.optimizer_update())
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.driver.close(_OPTIMIZER)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.driver.is_open(_ITERATION):
+            try:
+                if self.pending_tokens:
+                    phases.record_batch(tokens=sum(int(t) for t in self.pending_tokens))
+                if self.record_loss and self.pending_losses:
+                    # training_step returns each micro-batch's loss scaled for accumulation:
+                    # their sum is the step's loss
+                    record_metrics(loss=sum(float(v) for v in self.pending_losses))
+            except Exception:
+                _runtime.current().warn_once("transformers:step_end", "transformers: could not read the step")
+            self.pending_tokens.clear()
+            self.pending_losses.clear()
+        self.driver.close(_ITERATION)
+
+    # --- FLOPs ---------------------------------------------------------------------------------
+    def formula_flops(self, model: Any, inputs: Any) -> None:
+        """6 x non-embedding parameters per token, when nothing was counted."""
+        telemetry = _runtime.current()
+        try:
+            tokens, samples = _tokens(inputs), batch_size(inputs)
+            tokens = int(tokens) if tokens is not None else None
+            parameters = int(_unwrap(model).num_parameters(exclude_embeddings=True))
+            if tokens and samples:
+                telemetry.update_config(
+                    flops_per_sample=6.0 * parameters * tokens / samples, flops_method="formula"
+                )
+        except Exception:
+            telemetry.warn_once("transformers:flops", "transformers: could not count model FLOPs")
+
+
+def _wrap(trainer: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = getattr(trainer, name, None)
+    if original is not None and name not in vars(trainer):
+        setattr(trainer, name, make(original))
+
+
+def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -> TraintelCallback:
+    """Add a :class:`TraintelCallback` to ``trainer`` and wrap its methods (instance only).
+    Returns the callback. Calling it twice on one trainer does nothing the second time."""
+    existing = getattr(trainer, "_traintel_callback", None)
+    if isinstance(existing, TraintelCallback):
+        return existing
+    cb = callback or TraintelCallback()
+    trainer.add_callback(cb)
+    trainer._traintel_callback = cb
+    driver = cb.driver
+
+    def train(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            telemetry = _runtime.current()
+            if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
+                driver.open(_APP, phases.application())
+            try:
+                result = original(*args, **kwargs)
+            except BaseException as exc:
+                driver.fail(exc)
+                raise
+            driver.close_all()
+            return result
+
+        return wrapper
+
+    def get_batch_samples(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = now_ns()
+            result = original(*args, **kwargs)
+            if driver.is_open(_LOOP):
+                cb.open_iteration(start)
+                driver.open(_DATA, phases.data_loading(), start)
+                driver.close(_DATA)
+            return result
+
+        return wrapper
+
+    def compute_loss(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not driver.is_open(_ITERATION):  # evaluation also computes losses
+                return original(*args, **kwargs)
+            driver.open(_FORWARD, phases.model_forward())
+            result = original(*args, **kwargs)
+            cb.flops.forward_done()
+            driver.close(_FORWARD)
+            driver.open(_BACKWARD, phases.model_backward())  # ends with training_step
+            return result
+
+        return wrapper
+
+    def training_step(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            if not driver.is_open(_ITERATION):
+                return original(model, inputs, *args, **kwargs)
+            try:
+                phases.record_batch(samples=batch_size(inputs))
+                tokens = _tokens(inputs)
+                if tokens is not None:
+                    cb.pending_tokens.append(tokens)
+            except Exception:
+                _runtime.current().warn_once("transformers:batch", "transformers: could not count a batch")
+            if not cb.flops.start():
+                loss = original(model, inputs, *args, **kwargs)
+            else:
+                try:
+                    loss = original(model, inputs, *args, **kwargs)
+                except BaseException:
+                    cb.flops.abort()
+                    raise
+                if not cb.flops.finish(batch_size(inputs)):
+                    cb.formula_flops(model, inputs)
+            driver.close(_BACKWARD)
+            if cb.record_loss and loss is not None:
+                cb.pending_losses.append(loss.detach() if hasattr(loss, "detach") else loss)
+            return loss
+
+        return wrapper
+
+    def eval_loop(key: str, template: Callable[[], phases.PhaseSpan]) -> Callable[..., Any]:
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if driver.is_open(_VALIDATION) or driver.is_open(_TESTING):
+                    return original(*args, **kwargs)
+                driver.open(key, template())
+                try:
+                    result = original(*args, **kwargs)
+                except BaseException as exc:
+                    driver.close(key, None, exc)
+                    raise
+                driver.close(key)
+                return result
+
+            return wrapper
+
+        return make
+
+    def prediction_step(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            if driver.is_open(_TESTING):
+                iteration = phases.testing_iteration(samples=batch_size(inputs))
+            else:
+                iteration = phases.validation_iteration(samples=batch_size(inputs))
+            with iteration:
+                return original(model, inputs, *args, **kwargs)
+
+        return wrapper
+
+    def save_checkpoint(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(model: Any, trial: Any = None, *args: Any, **kwargs: Any) -> Any:
+            path: str | None = None
+            try:
+                path = os.path.join(
+                    trainer._get_output_dir(trial=trial), f"checkpoint-{trainer.state.global_step}"
+                )
+            except Exception:
+                path = None
+            attributes = {semconv.INTEGRATION: semconv.INTEGRATION_TRANSFORMERS}
+            with phases.checkpoint_save(path=path, attributes=attributes):
+                return original(model, trial, *args, **kwargs)
+
+        return wrapper
+
+    def load_checkpoint(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(resume_from_checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
+            attributes = {semconv.INTEGRATION: semconv.INTEGRATION_TRANSFORMERS}
+            with phases.checkpoint_load(path=resume_from_checkpoint, attributes=attributes):
+                return original(resume_from_checkpoint, *args, **kwargs)
+
+        return wrapper
+
+    _wrap(trainer, "train", train)
+    _wrap(trainer, "get_batch_samples", get_batch_samples)
+    _wrap(trainer, "compute_loss", compute_loss)
+    _wrap(trainer, "training_step", training_step)
+    _wrap(trainer, "prediction_step", prediction_step)
+    _wrap(trainer, "evaluate", eval_loop(_VALIDATION, phases.validation_loop))
+    _wrap(trainer, "predict", eval_loop(_TESTING, phases.testing_loop))
+    _wrap(trainer, "_save_checkpoint", save_checkpoint)
+    _wrap(trainer, "_load_from_checkpoint", load_checkpoint)
+    return cb
+
+
+__all__ = ["TraintelCallback", "instrument_trainer"]

@@ -1,0 +1,205 @@
+"""The Lightning callback with a real ``Trainer`` on CPU: span tree, gradient accumulation,
+validation, checkpoint save and resume, metrics, and a failing step."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import traintel
+from tests.conftest import parent_name
+from tests.integration_helpers import Captured, attr, capture, children, window_updates
+from traintel import semconv
+
+pl = pytest.importorskip("lightning.pytorch")
+from traintel.integrations.lightning import TraintelCallback, TraintelTrainer  # noqa: E402
+
+BATCH = 4
+ACCUMULATE = 2
+BATCHES_PER_EPOCH = 12  # 6 optimizer steps per epoch
+
+
+class TinyModule(pl.LightningModule):  # type: ignore[misc]
+    def __init__(self, fail_at_step: int = -1) -> None:
+        super().__init__()
+        self.net = nn.Linear(6, 1)
+        self.fail_at_step = fail_at_step
+        self.losses: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.global_step == self.fail_at_step:
+            raise RuntimeError(f"boom at step {self.global_step}")
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.losses.append(float(loss.detach()))
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def test_dataloader(self) -> DataLoader[Any]:
+        return self.val_dataloader()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(BATCH * BATCHES_PER_EPOCH, 6, generator=generator)
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=BATCH)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        x = torch.randn(2 * BATCH, 6)
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=BATCH)
+
+
+def _trainer(root: Path, max_epochs: int, **kwargs: Any) -> Any:
+    return TraintelTrainer(
+        max_epochs=max_epochs,
+        accelerator="cpu",
+        devices=1,
+        accumulate_grad_batches=ACCUMULATE,
+        default_root_dir=str(root),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def captured() -> Iterator[Captured]:
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    yield capture()
+    traintel.shutdown(2)
+
+
+def test_fit_validate_checkpoint_and_resume(captured: Captured, tmp_path: Path) -> None:
+    model = TinyModule()
+    trainer = _trainer(tmp_path, max_epochs=8)
+    assert sum(isinstance(c, TraintelCallback) for c in trainer.callbacks) == 1
+    trainer.fit(model)
+    assert trainer.global_step == 48
+
+    spans = captured.spans()
+    counts = captured.counts()
+    assert counts["application"] == 1
+    assert counts["training_loop"] == 1
+    assert counts["training_iteration"] == 48, "an iteration is an optimizer step, not a micro-batch"
+    assert counts["validation_loop"] == 8
+    assert counts["validation_iteration"] == 16
+    assert counts["checkpoint_save_sync"] == 8  # ModelCheckpoint, once per epoch
+    for name, parent in {
+        "training_loop": "application",
+        "training_iteration": "training_loop",
+        "validation_loop": "training_loop",
+        "validation_iteration": "validation_loop",
+        "checkpoint_save_sync": "training_loop",
+    }.items():
+        assert {parent_name(s, spans) for s in captured.named(name)} == {parent}, name
+    iterations = captured.named("training_iteration")
+    assert [attr(s, semconv.ITERATION) for s in iterations] == list(range(48))
+    for span in iterations:
+        # two micro-batches per step, each with its own data wait, forward and backward
+        assert children(span, spans) == {
+            "data_loading": ACCUMULATE,
+            "model_forward": ACCUMULATE,
+            "model_backward": ACCUMULATE,
+            "optimizer_update": 1,
+        }
+        assert attr(span, semconv.SAMPLES) == BATCH * ACCUMULATE
+        assert attr(span, semconv.INTEGRATION) == "lightning"
+    # the loss on each iteration is the last micro-batch's training_step loss
+    assert [attr(s, semconv.METRIC_PREFIX + "loss") for s in iterations] == model.losses[ACCUMULATE - 1 :: 2]
+    # phases are in order inside each iteration
+    first = sorted(
+        (s for s in spans if s.parent is not None and s.parent.span_id == iterations[0].context.span_id),
+        key=lambda s: s.start_time or 0,
+    )
+    assert [s.name for s in first] == ["data_loading", "model_forward", "model_backward"] * 2 + [
+        "optimizer_update"
+    ]
+    # FLOPs for MFU: counted by traintel on the first micro-batch as it ran (Linear(6, 1) on a
+    # batch of 4: 2*4*6 forward FLOPs; model FLOPs = 3 x forward, per sample)
+    config = traintel.get_telemetry().config
+    assert config.get("flops_per_sample") == 3 * (2 * BATCH * 6) / BATCH
+    assert config.get("executed_flops_per_sample") == (2 * BATCH * 6 + 2 * 6 * 1 * BATCH) / BATCH
+    assert config.get("flops_method") == "counter"
+    save = captured.named("checkpoint_save_sync")[-1]
+    path = Path(str(attr(save, semconv.CHECKPOINT_PATH)))
+    assert path.is_file()
+    assert attr(save, semconv.CHECKPOINT_SIZE) == path.stat().st_size
+    # metrics: samples counted per optimizer step, throughput over the iterations' wall time
+    assert captured.metric_sum(semconv.METRIC_SAMPLES) == 48 * BATCH * ACCUMULATE
+    updates = window_updates(captured)
+    assert sum(u[semconv.WINDOW_PREFIX + "samples"] for u in updates) == 48 * BATCH * ACCUMULATE
+    last = updates[-1]
+    window = [
+        s for s in iterations if attr(s, semconv.ITERATION) >= last[semconv.WINDOW_PREFIX + "first_iteration"]
+    ]
+    wall = sum((s.end_time or 0) - (s.start_time or 0) for s in window) / 1e9
+    assert last[semconv.WINDOW_PREFIX + "samples_per_second"] == pytest.approx(
+        last[semconv.WINDOW_PREFIX + "samples"] / wall, rel=1e-9
+    )
+
+    # test: its own application (one per Trainer entry point), loop and iterations
+    trainer.test(model, verbose=False)
+    spans = captured.spans()
+    (testing,) = captured.named("testing_loop")
+    assert parent_name(testing, spans) == "application"
+    assert children(testing, spans) == {"testing_iteration": 2}
+    assert captured.counts()["application"] == 2
+
+    # resume from the checkpoint: the load is traced and numbering continues from global_step
+    resumed = _trainer(tmp_path / "resumed", max_epochs=9)
+    resumed.fit(TinyModule(), ckpt_path=str(path))
+    spans = captured.spans()
+    load = captured.named("checkpoint_load")
+    assert len(load) == 1
+    assert attr(load[0], semconv.CHECKPOINT_PATH) == str(path)
+    assert parent_name(load[0], spans) == "application"
+    loops = captured.named("training_loop")
+    assert attr(loops[-1], semconv.TRAIN_ITERATIONS_START) == 48
+    resumed_iterations = [s for s in captured.named("training_iteration") if s.parent == loops[-1].context]
+    assert [attr(s, semconv.ITERATION) for s in resumed_iterations] == list(range(48, 54))
+
+
+def test_a_failing_step_marks_spans_error_and_propagates_unchanged(
+    captured: Captured, tmp_path: Path
+) -> None:
+    model = TinyModule(fail_at_step=3)
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[TraintelCallback()])
+    with pytest.raises(RuntimeError, match="boom at step 3") as raised:
+        trainer.fit(model)
+    assert type(raised.value) is RuntimeError
+    errors = {s.name for s in captured.spans() if not s.status.is_ok}
+    assert errors == {"application", "training_loop", "training_iteration", "model_forward"}
+    failed = next(s for s in captured.named("training_iteration") if not s.status.is_ok)
+    assert attr(failed, semconv.ITERATION) == 3
+    assert "boom at step 3" in (failed.status.description or "")
+
+
+def test_the_pytorch_lightning_namespace_has_the_same_callback() -> None:
+    legacy = pytest.importorskip("pytorch_lightning")
+    from traintel.integrations import pytorch_lightning as integration
+
+    assert issubclass(integration.TraintelCallback, legacy.Callback)
+    trainer = integration.TraintelTrainer(logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    assert sum(isinstance(c, integration.TraintelCallback) for c in trainer.callbacks) == 1
+    # a single callback (not a list), as Lightning accepts, is kept next to ours
+    other = legacy.Callback()
+    trainer = integration.TraintelTrainer(callbacks=other, logger=False, enable_checkpointing=False)
+    assert other in trainer.callbacks
+    assert sum(isinstance(c, integration.TraintelCallback) for c in trainer.callbacks) == 1
