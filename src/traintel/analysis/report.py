@@ -22,7 +22,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from traintel import semconv
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.analysis.summary import RunSummary, phase_rows
-from traintel.exporters.reader import ReadStats, SpanRecord, attributes_dict, expand_paths, read_requests, spans_in
+from traintel.exporters.reader import (
+    ReadStats,
+    SpanRecord,
+    attributes_dict,
+    expand_paths,
+    read_requests,
+    spans_in,
+)
 from traintel.semconv import Phase
 
 _W = semconv.WINDOW_PREFIX
@@ -132,7 +139,9 @@ def window_point(end_ns: int, attributes: dict[str, Any]) -> WindowPoint | None:
         iterations=n,
         end_ns=end_ns,
         time_s=time_s,
-        p99_s=float(attributes.get(_W + "iteration_time.p99", attributes.get(_W + "iteration_time.max", 0.0))),
+        p99_s=float(
+            attributes.get(_W + "iteration_time.p99", attributes.get(_W + "iteration_time.max", 0.0))
+        ),
         samples=float(samples) if isinstance(samples, int | float) else None,
         tokens=float(tokens) if isinstance(tokens, int | float) else None,
         flops_time=rate_time("tflops_per_device"),
@@ -229,7 +238,9 @@ class Report:
         key = f"{run}/{restart}/{rank}"
         process = self.processes.get(key)
         if process is None:
-            label = f"rank {rank}" + (f" · {run}" if run != "?" else "") + (f" · restart {restart}" if restart else "")
+            # run ids are often 32 hex digits: a prefix tells runs apart in a legend
+            label = f"rank {rank}" + (f" · run {run[:8]}" if run != "?" else "")
+            label += f" · restart {restart}" if restart else ""
             process = self.processes[key] = Process(key, label, rank)
         return process
 
@@ -262,20 +273,19 @@ class Report:
         if phase in _STAGE_PHASES:
             stage = _STAGE_PHASES[phase]
             self.stage_s[stage] = self.stage_s.get(stage, 0.0) + span.duration_s
-        elif phase in (Phase.CHECKPOINT_SAVE_SYNC.value, Phase.CHECKPOINT_SAVE_ASYNC.value):
-            if len(self.saves) < CHECKPOINT_RECORDS:
-                size = span.attributes.get(semconv.CHECKPOINT_SIZE)
-                iteration = span.attributes.get(semconv.CHECKPOINT_ITERATION)
-                self.saves.append(
-                    CheckpointSave(
-                        process.label,
-                        phase,
-                        span.start_ns,
-                        span.duration_s,
-                        float(size) if isinstance(size, int | float) else None,
-                        int(iteration) if isinstance(iteration, int) else None,
-                    )
+        elif phase in semconv.CHECKPOINT_SAVE_PHASES and len(self.saves) < CHECKPOINT_RECORDS:
+            size = span.attributes.get(semconv.CHECKPOINT_SIZE)
+            iteration = span.attributes.get(semconv.CHECKPOINT_ITERATION)
+            self.saves.append(
+                CheckpointSave(
+                    process.label,
+                    phase,
+                    span.start_ns,
+                    span.duration_s,
+                    float(size) if isinstance(size, int | float) else None,
+                    int(iteration) if isinstance(iteration, int) else None,
                 )
+            )
 
     def add_metrics(self, request: ExportMetricsServiceRequest) -> None:
         """traintel's own counters (dropped measurements, spans, export failures...): the last

@@ -52,9 +52,12 @@ def bar(share: float, width: int = 24) -> str:
 
 def _table(title: str, *columns: str) -> Table:
     table = Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, title_style="bold",
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        title_style="bold",
         show_header=any(columns),
-    )  # fmt: skip
+    )
     for i, column in enumerate(columns):
         table.add_column(column, justify="left" if i == 0 else "right")
     return table
@@ -127,8 +130,12 @@ def renderables(report: Report) -> list[RenderableType]:
         tags = ", ".join(t for t in session.perf_tags if t)
         title = f"Goodput · session {session.session or '-'}" + (f" · perf tag {tags}" if tags else "")
         table = _table(title, "category", "time", "share", "")
-        table.add_row(Text("productive", style="green"), fmt_s(session.productive_s), fmt_pct(session.goodput),
-                      Text(bar(session.goodput), style="green"))  # fmt: skip
+        table.add_row(
+            Text("productive", style="green"),
+            fmt_s(session.productive_s),
+            fmt_pct(session.goodput),
+            Text(bar(session.goodput), style="green"),
+        )
         for category in BADPUT_CATEGORIES:
             seconds = session.badput_s.get(category, 0.0)
             if seconds > 0:
@@ -138,8 +145,13 @@ def renderables(report: Report) -> list[RenderableType]:
         out.append(table)
 
     if s.slowest:
-        slow = _table("Slowest exported iterations (open in Jaeger/Tempo by id)", "iteration", "time",
-                      "trace id", "span id")  # fmt: skip
+        slow = _table(
+            "Slowest exported iterations (open in Jaeger/Tempo by id)",
+            "iteration",
+            "time",
+            "trace id",
+            "span id",
+        )
         for seconds, trace_id, span_id, iteration in sorted(s.slowest, reverse=True):
             slow.add_row(str(iteration), fmt_s(seconds), trace_id, span_id)
         out.append(slow)
@@ -161,7 +173,8 @@ def renderables(report: Report) -> list[RenderableType]:
 def render_text(report: Report, width: int = 110, color: bool = False) -> str:
     """The report as text (no colour unless asked), e.g. for tests or a pipe."""
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width, color_system="standard" if color else None,
-                      force_terminal=color)  # fmt: skip
+    console = Console(
+        file=buffer, width=width, color_system="standard" if color else None, force_terminal=color
+    )
     console.print(Group(*renderables(report)))
     return buffer.getvalue()

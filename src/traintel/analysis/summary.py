@@ -198,16 +198,23 @@ def phase_rows(summary: RunSummary) -> list[PhaseRow]:
     rows: list[PhaseRow] = []
     for name, stats in summary.phases.items():
         shown = share(stats.total_s) if name != Phase.APPLICATION else None
-        rows.append(PhaseRow(name, stats.count, stats.total_s, stats.mean_s, stats.max_s, shown, stats.errors))
+        rows.append(
+            PhaseRow(name, stats.count, stats.total_s, stats.mean_s, stats.max_s, shown, stats.errors)
+        )
     n = summary.window_iterations
     if n:
         seconds = summary.window_iteration_s
         rows.append(
             PhaseRow(
-                Phase.TRAINING_ITERATION.value, n, seconds, seconds / n,
-                summary.window_iteration_max_s, share(seconds), 0,
+                Phase.TRAINING_ITERATION.value,
+                n,
+                seconds,
+                seconds / n,
+                summary.window_iteration_max_s,
+                share(seconds),
+                0,
             )
-        )  # fmt: skip
+        )
         for short, phase in _STEP_PHASES:
             seconds = summary.step_phase_s.get(short, 0.0)
             if seconds:
