@@ -17,6 +17,7 @@ from typing import IO, Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from traintel import semconv
+from traintel.analysis.report import process_identity
 from traintel.exporters.reader import ReadStats, SpanRecord, expand_paths, read_requests, spans_in
 from traintel.semconv import Phase
 
@@ -45,17 +46,12 @@ class ChromeTraceWriter:
         self.events += 1
 
     def _pid(self, resource: dict[str, Any]) -> int:
-        run = str(resource.get(semconv.RUN_ID, resource.get(semconv.SERVICE_INSTANCE_ID, "?")))
-        restart = resource.get(semconv.RESTART_COUNT, 0)
-        rank = int(resource.get(semconv.RANK, 0) or 0)
-        key = f"{run}/{restart}/{rank}"
+        key, rank, label = process_identity(resource)
         pid = self._pids.get(key)
         if pid is None:
             pid = self._pids[key] = len(self._pids) + 1
             host = resource.get(semconv.HOST_NAME)
-            name = f"rank {rank}" + (f" ({host})" if host else "") + f" · run {run}"
-            if restart:
-                name += f" · restart {restart}"
+            name = label + (f" · {host}" if host else "")
             self._emit({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
             self._emit({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": rank}})
             for tid, thread in ((_MAIN_THREAD, "training"), (_BACKGROUND_THREAD, "background")):

@@ -54,6 +54,17 @@ _STAGE_PHASES = {phase.value: stage for stage, phase in semconv.CHECKPOINT_STAGE
 _TIMELINE_SKIP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES}
 
 
+def process_identity(resource: dict[str, Any]) -> tuple[str, int, str]:
+    """(key, rank, label) of the process (a rank of one job) a resource describes."""
+    run = str(resource.get(semconv.RUN_ID, resource.get(semconv.SERVICE_INSTANCE_ID, "?")))
+    restart = resource.get(semconv.RESTART_COUNT, 0)
+    rank = int(resource.get(semconv.RANK, 0) or 0)
+    # run ids are often 32 hex digits: a prefix tells runs apart in a legend
+    label = f"rank {rank}" + (f" · run {run[:8]}" if run != "?" else "")
+    label += f" · restart {restart}" if restart else ""
+    return f"{run}/{restart}/{rank}", rank, label
+
+
 @dataclass
 class WindowPoint:
     """One window of iterations (or several merged): what the charts plot."""
@@ -149,6 +160,29 @@ def window_point(end_ns: int, attributes: dict[str, Any]) -> WindowPoint | None:
     )
 
 
+def window_span_point(span: SpanRecord) -> WindowPoint | None:
+    """A point from a ``training_window`` span: every window of the run is exported as one (the
+    update events ride on the loop span, where a plain OpenTelemetry loop keeps only the SDK's
+    newest 128 events), but it carries no sample or token counts."""
+    a = span.attributes
+    n = int(a.get(_W + "iterations", 0) or 0)
+    if n <= 0:
+        return None
+    raw_flops, raw_peak = a.get(_W + "flops"), a.get(semconv.MFU_DENOMINATOR)
+    flops = float(raw_flops) if isinstance(raw_flops, int | float) and raw_flops > 0 else None
+    peak = float(raw_peak) if isinstance(raw_peak, int | float) and raw_peak > 0 else None
+    return WindowPoint(
+        first_iteration=int(a.get(_W + "first_iteration", 0)),
+        last_iteration=int(a.get(_W + "last_iteration", 0)),
+        iterations=n,
+        end_ns=span.end_ns,
+        time_s=float(a.get(_W + "iteration_time.total", 0.0)),
+        p99_s=float(a.get(_W + "iteration_time.p99", 0.0)),
+        flops_time=flops / 1e12 if flops is not None else None,  # TFLOP/s x seconds
+        mfu_time=flops / peak if flops is not None and peak is not None else None,
+    )
+
+
 class Series:
     """Window points in bounded memory: when full, adjacent pairs merge and later points are
     pre-merged at the new stride, so the resolution halves instead of memory growing."""
@@ -185,8 +219,14 @@ class Process:
     key: str
     label: str
     rank: int
-    series: Series = field(default_factory=Series)
+    series: Series = field(default_factory=Series)  # from training_metrics_update events
+    windows: Series = field(default_factory=Series)  # from training_window spans
     first_ns: int = 0
+
+    def timing(self) -> list[WindowPoint]:
+        """Iteration time and MFU per window: the complete window spans when the run has them."""
+        return self.windows.all() or self.series.all()
+
     last_ns: int = 0
 
 
@@ -232,15 +272,9 @@ class Report:
         return self.summary.stats
 
     def process_of(self, resource: dict[str, Any]) -> Process:
-        run = str(resource.get(semconv.RUN_ID, resource.get(semconv.SERVICE_INSTANCE_ID, "?")))
-        restart = resource.get(semconv.RESTART_COUNT, 0)
-        rank = int(resource.get(semconv.RANK, 0) or 0)
-        key = f"{run}/{restart}/{rank}"
+        key, rank, label = process_identity(resource)
         process = self.processes.get(key)
         if process is None:
-            # run ids are often 32 hex digits: a prefix tells runs apart in a legend
-            label = f"rank {rank}" + (f" · run {run[:8]}" if run != "?" else "")
-            label += f" · restart {restart}" if restart else ""
             process = self.processes[key] = Process(key, label, rank)
         return process
 
@@ -262,6 +296,10 @@ class Report:
                     detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
                     detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
                     self.warning_details.append(detail)
+        if span.name == semconv.TRAINING_WINDOW_SPAN:
+            point = window_span_point(span)
+            if point is not None:
+                process.windows.add(point)
         phase = span.attributes.get(semconv.PHASE)
         if phase is None or phase in _TIMELINE_SKIP:
             return
@@ -320,6 +358,12 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         s = self.summary
         value = s.summary_value
+        data = self._as_dict(s, value)
+        if data["iterations"]["mean_s"] is None:  # a loop without traintel's end-of-loop summary
+            data["iterations"]["mean_s"] = data["windows_mean_s"]
+        return data
+
+    def _as_dict(self, s: RunSummary, value: Callable[[str], Any]) -> dict[str, Any]:
         return {
             "files": self.files,
             "identity": {
@@ -342,6 +386,7 @@ class Report:
                     for stat in ("mean", "stddev", "p50", "p90", "p99")
                 },
             },
+            "windows_mean_s": s.window_iteration_s / s.window_iterations if s.window_iterations else None,
             "throughput": {
                 "samples_per_second": value("samples_per_second"),
                 "tokens_per_second": value("tokens_per_second"),
@@ -372,6 +417,10 @@ class Report:
             "warning_details": self.warning_details,
             "self_telemetry": self.self_telemetry,
             "windows": {
+                label: [p.as_dict() for p in self.processes[key].timing()]
+                for key, label in self.rank_labels()
+            },
+            "throughput_windows": {
                 label: [p.as_dict() for p in self.processes[key].series.all()]
                 for key, label in self.rank_labels()
             },

@@ -282,10 +282,10 @@ def checkpoint_chart(report: Report) -> str:
 
 def heatmap(report: Report) -> str:
     """Ranks x iteration ranges, coloured by mean iteration time (a straggler is a hot row)."""
-    processes = [(key, label) for key, label in report.rank_labels() if report.processes[key].series.all()]
+    processes = [(key, label) for key, label in report.rank_labels() if report.processes[key].timing()]
     if len(processes) < 2:
         return '<p class="none">one rank only: no heatmap</p>'
-    series = {key: report.processes[key].series.all() for key, _ in processes}
+    series = {key: report.processes[key].timing() for key, _ in processes}
     first = min(p.first_iteration for pts in series.values() for p in pts)
     last = max(p.last_iteration for pts in series.values() for p in pts)
     bins = min(60, max(1, last - first + 1))
@@ -334,7 +334,9 @@ _Line = tuple[str, str, list[tuple[float, float]], bool]
 def _series_lines(report: Report, value: str) -> list[_Line]:
     lines: list[_Line] = []
     for n, (key, label) in enumerate(report.rank_labels()):
-        pts: list[WindowPoint] = report.processes[key].series.all()
+        process = report.processes[key]
+        throughput = value in ("samples_per_second", "tokens_per_second")
+        pts: list[WindowPoint] = process.series.all() if throughput else process.timing()
         colour = _PALETTE[n % len(_PALETTE)]
         if value == "time":
             lines.append((f"{label} mean", colour, [(float(p.last_iteration), p.mean_s) for p in pts], False))
