@@ -141,3 +141,4 @@ if __name__ == "__main__":
         print()
         print(f"telemetry file: {output}")
         print(f"summarise it again with: traintel summary {output.parent}")
+        print(f"full report with charts: traintel report {output.parent} --html report.html")

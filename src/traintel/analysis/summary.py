@@ -35,7 +35,7 @@ _STEP_PHASES = (
 )
 _PER_STEP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES}
 
-__all__ = ["PhaseStats", "RunSummary", "percentile", "render", "summarize"]
+__all__ = ["PhaseRow", "PhaseStats", "RunSummary", "percentile", "phase_rows", "render", "summarize"]
 
 
 @dataclass
@@ -79,6 +79,8 @@ class RunSummary:
     slowest: list[tuple[float, str, str, int]] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=dict)
     stats: ReadStats = field(default_factory=ReadStats)
+    #: How many of the slowest exported iterations are kept (a bounded heap).
+    keep_slowest: int = 5
 
     def add(self, span: SpanRecord) -> None:
         self.spans += 1
@@ -106,7 +108,7 @@ class RunSummary:
             reason = str(span.attributes.get(semconv.SAMPLING_REASON, "foreign"))
             self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + 1
             item = (seconds, span.trace_id, span.span_id, int(span.attributes.get(semconv.ITERATION, -1)))
-            if len(self.slowest) < 5:
+            if len(self.slowest) < self.keep_slowest:
                 heapq.heappush(self.slowest, item)
             else:
                 heapq.heappushpop(self.slowest, item)
@@ -172,6 +174,54 @@ def _row(
     )
 
 
+@dataclass(frozen=True)
+class PhaseRow:
+    """One line of the wall-time-by-phase table; ``share`` is of the application's time."""
+
+    phase: str
+    count: int
+    total_s: float
+    mean_s: float
+    max_s: float | None
+    share: float | None
+    errors: int
+
+
+def phase_rows(summary: RunSummary) -> list[PhaseRow]:
+    """Wall time by phase, in span-tree order. Per-step phases come from the window events
+    (every iteration counted), not from the tail-sampled iteration spans."""
+    total = summary.application_s
+
+    def share(seconds: float) -> float | None:
+        return seconds / total if total > 0 else None
+
+    rows: list[PhaseRow] = []
+    for name, stats in summary.phases.items():
+        shown = share(stats.total_s) if name != Phase.APPLICATION else None
+        rows.append(
+            PhaseRow(name, stats.count, stats.total_s, stats.mean_s, stats.max_s, shown, stats.errors)
+        )
+    n = summary.window_iterations
+    if n:
+        seconds = summary.window_iteration_s
+        rows.append(
+            PhaseRow(
+                Phase.TRAINING_ITERATION.value,
+                n,
+                seconds,
+                seconds / n,
+                summary.window_iteration_max_s,
+                share(seconds),
+                0,
+            )
+        )
+        for short, phase in _STEP_PHASES:
+            seconds = summary.step_phase_s.get(short, 0.0)
+            if seconds:
+                rows.append(PhaseRow(phase, n, seconds, seconds / n, None, share(seconds), 0))
+    return sorted(rows, key=lambda r: _PHASE_ORDER.get(r.phase, 99))
+
+
 def render(summary: RunSummary) -> str:
     """The summary as plain text for a terminal."""
     lines: list[str] = []
@@ -189,45 +239,10 @@ def render(summary: RunSummary) -> str:
     header = f"{'phase':<22}{'count':>8}{'total':>12}{'mean':>12}{'max':>12}{'share':>8}{'errors':>8}"
     lines.append(header)
     lines.append("-" * len(header))
-    total = summary.application_s
-
-    def share(seconds: float) -> str:
-        return f"{100 * seconds / total:.1f}%" if total > 0 else ""
-
-    rows: list[tuple[int, str]] = []
-    for name, stats in summary.phases.items():
-        shown = share(stats.total_s) if name != Phase.APPLICATION else ""
-        rows.append(
-            (
-                _PHASE_ORDER.get(name, 99),
-                _row(name, stats.count, stats.total_s, stats.mean_s, stats.max_s, shown, stats.errors),
-            )
-        )
+    for row in phase_rows(summary):
+        share = f"{100 * row.share:.1f}%" if row.share is not None else ""
+        lines.append(_row(row.phase, row.count, row.total_s, row.mean_s, row.max_s, share, row.errors))
     n = summary.window_iterations
-    if n:
-        iteration_s = summary.window_iteration_s
-        rows.append(
-            (
-                _PHASE_ORDER[Phase.TRAINING_ITERATION.value],
-                _row(
-                    "training_iteration",
-                    n,
-                    iteration_s,
-                    iteration_s / n,
-                    summary.window_iteration_max_s,
-                    share(iteration_s),
-                    0,
-                ),
-            )
-        )
-        for short, phase in _STEP_PHASES:
-            seconds = summary.step_phase_s.get(short)
-            if seconds:
-                rows.append(
-                    (_PHASE_ORDER[phase], _row(phase, n, seconds, seconds / n, None, share(seconds), 0))
-                )
-    for _order, row in sorted(rows, key=lambda r: r[0]):
-        lines.append(row)
 
     value = summary.summary_value
     iterations = value("iterations")

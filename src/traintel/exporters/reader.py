@@ -11,7 +11,7 @@ edited or corrupted: such lines are skipped and counted in :class:`ReadStats`, n
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,9 +58,14 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 
 
 def read_requests(
-    paths: Iterable[str | os.PathLike[str]], stats: ReadStats | None = None
+    paths: Iterable[str | os.PathLike[str]],
+    stats: ReadStats | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> Iterator[ExportRequest]:
-    """Every export request in the files, in file order, one line at a time."""
+    """Every export request in the files, in file order, one line at a time.
+
+    ``progress`` is told the byte count of every line read (a progress bar for large inputs).
+    """
     stats = stats if stats is not None else ReadStats()
     for path in expand_paths(paths):
         try:
@@ -76,6 +81,8 @@ def read_requests(
                 if not raw:
                     break
                 lineno += 1
+                if progress is not None:
+                    progress(len(raw))
                 where = f"{path}:{lineno}"
                 if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                     stats.skip(where, f"line longer than {MAX_LINE_BYTES} bytes")
@@ -168,18 +175,22 @@ def _span_record(span: ProtoSpan, resource: dict[str, Any], scope: str) -> SpanR
     )
 
 
+def spans_in(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
+    """The spans of one trace export request, flattened."""
+    for resource_spans in request.resource_spans:
+        resource = attributes_dict(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                yield _span_record(span, resource, scope_spans.scope.name)
+
+
 def iter_spans(
     paths: Iterable[str | os.PathLike[str]], stats: ReadStats | None = None
 ) -> Iterator[SpanRecord]:
     """Every span in the files, flattened, streaming."""
     for request in read_requests(paths, stats):
-        if not isinstance(request, ExportTraceServiceRequest):
-            continue
-        for resource_spans in request.resource_spans:
-            resource = attributes_dict(resource_spans.resource.attributes)
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    yield _span_record(span, resource, scope_spans.scope.name)
+        if isinstance(request, ExportTraceServiceRequest):
+            yield from spans_in(request)
 
 
 def iter_metric_requests(

@@ -1,0 +1,452 @@
+"""Everything ``traintel report`` shows, gathered in one streaming pass over a run's files.
+
+Why one pass with bounded state: the files of a long run can be gigabytes, and a report must
+not need the memory of its input. Per-window series are downsampled in place (adjacent windows
+merge, weighted by their iterations and time, once a series reaches its point budget), the
+phase timeline keeps its first intervals and counts the rest, and the slowest iterations are a
+top-k heap. Goodput comes from the goodput analysis itself (one more pass), so both commands
+always agree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from traintel import semconv
+from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
+from traintel.analysis.summary import RunSummary, phase_rows
+from traintel.exporters.reader import (
+    ReadStats,
+    SpanRecord,
+    attributes_dict,
+    expand_paths,
+    read_requests,
+    spans_in,
+)
+from traintel.semconv import Phase
+
+_W = semconv.WINDOW_PREFIX
+#: Points kept per series (per process); beyond it adjacent windows merge.
+SERIES_POINTS = 256
+#: Phase intervals kept for the timeline; the rest are counted.
+TIMELINE_INTERVALS = 4000
+#: Checkpoint saves kept individually (totals count all of them).
+CHECKPOINT_RECORDS = 500
+#: Warning events kept with their details (counts cover all of them).
+WARNING_DETAILS = 20
+#: Events that are warnings a user should see.
+WARNING_EVENTS = frozenset(
+    {
+        semconv.Event.SLOW_ITERATION.value,
+        semconv.Event.NONFINITE_METRIC.value,
+        semconv.Event.METRIC_OUT_OF_RANGE.value,
+        semconv.Event.STRAGGLER.value,
+    }
+)
+_STAGE_PHASES = {phase.value: stage for stage, phase in semconv.CHECKPOINT_STAGES.items()}
+_TIMELINE_SKIP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES}
+
+
+def process_identity(resource: dict[str, Any]) -> tuple[str, int, str]:
+    """(key, rank, label) of the process (a rank of one job) a resource describes."""
+    run = str(resource.get(semconv.RUN_ID, resource.get(semconv.SERVICE_INSTANCE_ID, "?")))
+    restart = resource.get(semconv.RESTART_COUNT, 0)
+    rank = int(resource.get(semconv.RANK, 0) or 0)
+    # run ids are often 32 hex digits: a prefix tells runs apart in a legend
+    label = f"rank {rank}" + (f" · run {run[:8]}" if run != "?" else "")
+    label += f" · restart {restart}" if restart else ""
+    return f"{run}/{restart}/{rank}", rank, label
+
+
+@dataclass
+class WindowPoint:
+    """One window of iterations (or several merged): what the charts plot."""
+
+    first_iteration: int
+    last_iteration: int
+    iterations: int
+    end_ns: int
+    time_s: float  # total iteration time of the window
+    p99_s: float  # the window's p99 (the max of p99s once merged)
+    samples: float | None = None
+    tokens: float | None = None
+    flops_time: float | None = None  # TFLOP/s x seconds, to merge rates by time
+    mfu_time: float | None = None
+
+    @property
+    def mean_s(self) -> float:
+        return self.time_s / self.iterations if self.iterations else 0.0
+
+    @property
+    def samples_per_second(self) -> float | None:
+        return self.samples / self.time_s if self.samples is not None and self.time_s > 0 else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.tokens / self.time_s if self.tokens is not None and self.time_s > 0 else None
+
+    @property
+    def tflops_per_device(self) -> float | None:
+        return self.flops_time / self.time_s if self.flops_time is not None and self.time_s > 0 else None
+
+    @property
+    def mfu(self) -> float | None:
+        return self.mfu_time / self.time_s if self.mfu_time is not None and self.time_s > 0 else None
+
+    def merged(self, other: WindowPoint) -> WindowPoint:
+        def add(a: float | None, b: float | None) -> float | None:
+            return None if a is None and b is None else (a or 0.0) + (b or 0.0)
+
+        return WindowPoint(
+            min(self.first_iteration, other.first_iteration),
+            max(self.last_iteration, other.last_iteration),
+            self.iterations + other.iterations,
+            max(self.end_ns, other.end_ns),
+            self.time_s + other.time_s,
+            max(self.p99_s, other.p99_s),
+            add(self.samples, other.samples),
+            add(self.tokens, other.tokens),
+            add(self.flops_time, other.flops_time),
+            add(self.mfu_time, other.mfu_time),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "first_iteration": self.first_iteration,
+            "last_iteration": self.last_iteration,
+            "iterations": self.iterations,
+            "mean_s": self.mean_s,
+            "p99_s": self.p99_s,
+            "samples_per_second": self.samples_per_second,
+            "tokens_per_second": self.tokens_per_second,
+            "tflops_per_device": self.tflops_per_device,
+            "mfu": self.mfu,
+        }
+
+
+def window_point(end_ns: int, attributes: dict[str, Any]) -> WindowPoint | None:
+    """A point from a ``training_metrics_update`` event's attributes (None if not a window)."""
+    n = int(attributes.get(_W + "iterations", 0) or 0)
+    if n <= 0:
+        return None
+    time_s = float(attributes.get(_W + "iteration_time.mean", 0.0)) * n
+
+    def rate_time(key: str) -> float | None:
+        value = attributes.get(_W + key)
+        return float(value) * time_s if isinstance(value, int | float) else None
+
+    samples = attributes.get(_W + "samples")
+    tokens = attributes.get(_W + "tokens")
+    return WindowPoint(
+        first_iteration=int(attributes.get(_W + "first_iteration", 0)),
+        last_iteration=int(attributes.get(_W + "last_iteration", 0)),
+        iterations=n,
+        end_ns=end_ns,
+        time_s=time_s,
+        p99_s=float(
+            attributes.get(_W + "iteration_time.p99", attributes.get(_W + "iteration_time.max", 0.0))
+        ),
+        samples=float(samples) if isinstance(samples, int | float) else None,
+        tokens=float(tokens) if isinstance(tokens, int | float) else None,
+        flops_time=rate_time("tflops_per_device"),
+        mfu_time=rate_time("mfu"),
+    )
+
+
+def window_span_point(span: SpanRecord) -> WindowPoint | None:
+    """A point from a ``training_window`` span: every window of the run is exported as one (the
+    update events ride on the loop span, where a plain OpenTelemetry loop keeps only the SDK's
+    newest 128 events), but it carries no sample or token counts."""
+    a = span.attributes
+    n = int(a.get(_W + "iterations", 0) or 0)
+    if n <= 0:
+        return None
+    raw_flops, raw_peak = a.get(_W + "flops"), a.get(semconv.MFU_DENOMINATOR)
+    flops = float(raw_flops) if isinstance(raw_flops, int | float) and raw_flops > 0 else None
+    peak = float(raw_peak) if isinstance(raw_peak, int | float) and raw_peak > 0 else None
+    return WindowPoint(
+        first_iteration=int(a.get(_W + "first_iteration", 0)),
+        last_iteration=int(a.get(_W + "last_iteration", 0)),
+        iterations=n,
+        end_ns=span.end_ns,
+        time_s=float(a.get(_W + "iteration_time.total", 0.0)),
+        p99_s=float(a.get(_W + "iteration_time.p99", 0.0)),
+        flops_time=flops / 1e12 if flops is not None else None,  # TFLOP/s x seconds
+        mfu_time=flops / peak if flops is not None and peak is not None else None,
+    )
+
+
+class Series:
+    """Window points in bounded memory: when full, adjacent pairs merge and later points are
+    pre-merged at the new stride, so the resolution halves instead of memory growing."""
+
+    def __init__(self, capacity: int = SERIES_POINTS) -> None:
+        self.capacity = max(2, capacity)
+        self.points: list[WindowPoint] = []
+        self.stride = 1
+        self._pending: WindowPoint | None = None
+        self._pending_count = 0
+
+    def add(self, point: WindowPoint) -> None:
+        self._pending = point if self._pending is None else self._pending.merged(point)
+        self._pending_count += 1
+        if self._pending_count < self.stride:
+            return
+        self.points.append(self._pending)
+        self._pending, self._pending_count = None, 0
+        if len(self.points) >= self.capacity:
+            pairs = [self.points[i].merged(self.points[i + 1]) for i in range(0, len(self.points) - 1, 2)]
+            if len(self.points) % 2:
+                pairs.append(self.points[-1])
+            self.points = pairs
+            self.stride *= 2
+
+    def all(self) -> list[WindowPoint]:
+        return self.points + ([self._pending] if self._pending is not None else [])
+
+
+@dataclass
+class Process:
+    """One process of one job (a rank): its identity and its per-window series."""
+
+    key: str
+    label: str
+    rank: int
+    series: Series = field(default_factory=Series)  # from training_metrics_update events
+    windows: Series = field(default_factory=Series)  # from training_window spans
+    first_ns: int = 0
+
+    def timing(self) -> list[WindowPoint]:
+        """Iteration time and MFU per window: the complete window spans when the run has them."""
+        return self.windows.all() or self.series.all()
+
+    last_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Interval:
+    process: str
+    phase: str
+    start_ns: int
+    end_ns: int
+    error: bool
+
+
+@dataclass(frozen=True)
+class CheckpointSave:
+    process: str
+    phase: str
+    start_ns: int
+    duration_s: float
+    size_bytes: float | None
+    iteration: int | None
+
+
+@dataclass
+class Report:
+    """What ``traintel report`` renders (terminal, JSON, HTML)."""
+
+    summary: RunSummary = field(default_factory=lambda: RunSummary(keep_slowest=10))
+    processes: dict[str, Process] = field(default_factory=dict)
+    perf_tags: set[str] = field(default_factory=set)
+    timeline: list[Interval] = field(default_factory=list)
+    timeline_dropped: int = 0
+    saves: list[CheckpointSave] = field(default_factory=list)
+    stage_s: dict[str, float] = field(default_factory=dict)
+    warnings: dict[str, int] = field(default_factory=dict)
+    warning_details: list[dict[str, Any]] = field(default_factory=list)
+    self_telemetry: dict[str, float] = field(default_factory=dict)
+    goodput: list[SessionGoodput] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    _latest: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
+
+    @property
+    def stats(self) -> ReadStats:
+        return self.summary.stats
+
+    def process_of(self, resource: dict[str, Any]) -> Process:
+        key, rank, label = process_identity(resource)
+        process = self.processes.get(key)
+        if process is None:
+            process = self.processes[key] = Process(key, label, rank)
+        return process
+
+    def add_span(self, span: SpanRecord) -> None:
+        self.summary.add(span)
+        process = self.process_of(span.resource)
+        if semconv.PERF_TAG in span.resource:
+            self.perf_tags.add(str(span.resource[semconv.PERF_TAG]))
+        process.first_ns = min(process.first_ns or span.start_ns, span.start_ns)
+        process.last_ns = max(process.last_ns, span.end_ns)
+        for event in span.events:
+            if event.name == semconv.Event.TRAINING_METRICS_UPDATE.value:
+                point = window_point(event.time_ns, event.attributes)
+                if point is not None:
+                    process.series.add(point)
+            elif event.name in WARNING_EVENTS:
+                self.warnings[event.name] = self.warnings.get(event.name, 0) + 1
+                if len(self.warning_details) < WARNING_DETAILS:
+                    detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
+                    detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
+                    self.warning_details.append(detail)
+        if span.name == semconv.TRAINING_WINDOW_SPAN:
+            point = window_span_point(span)
+            if point is not None:
+                process.windows.add(point)
+        phase = span.attributes.get(semconv.PHASE)
+        if phase is None or phase in _TIMELINE_SKIP:
+            return
+        phase = str(phase)
+        if len(self.timeline) < TIMELINE_INTERVALS:
+            self.timeline.append(Interval(process.key, phase, span.start_ns, span.end_ns, span.is_error))
+        else:
+            self.timeline_dropped += 1
+        if phase in _STAGE_PHASES:
+            stage = _STAGE_PHASES[phase]
+            self.stage_s[stage] = self.stage_s.get(stage, 0.0) + span.duration_s
+        elif phase in semconv.CHECKPOINT_SAVE_PHASES and len(self.saves) < CHECKPOINT_RECORDS:
+            size = span.attributes.get(semconv.CHECKPOINT_SIZE)
+            iteration = span.attributes.get(semconv.CHECKPOINT_ITERATION)
+            self.saves.append(
+                CheckpointSave(
+                    process.label,
+                    phase,
+                    span.start_ns,
+                    span.duration_s,
+                    float(size) if isinstance(size, int | float) else None,
+                    int(iteration) if isinstance(iteration, int) else None,
+                )
+            )
+
+    def add_metrics(self, request: ExportMetricsServiceRequest) -> None:
+        """traintel's own counters (dropped measurements, spans, export failures...): the last
+        cumulative value of each series, summed over processes at the end."""
+        for resource_metrics in request.resource_metrics:
+            process = self.process_of(attributes_dict(resource_metrics.resource.attributes)).key
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    if not metric.name.startswith("traintel."):
+                        continue
+                    kind = metric.WhichOneof("data")
+                    if kind not in ("sum", "gauge"):
+                        continue
+                    points = getattr(metric, kind).data_points
+                    total = 0.0
+                    for point in points:
+                        total += point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
+                    self._latest[(process, metric.name)] = total
+
+    def finish(self) -> None:
+        totals: dict[str, float] = {}
+        for (_process, name), value in self._latest.items():
+            totals[name] = totals.get(name, 0.0) + value
+        self.self_telemetry = dict(sorted(totals.items()))
+
+    # --- views ---------------------------------------------------------------------------------
+    def rank_labels(self) -> list[tuple[str, str]]:
+        """(process key, label), ordered by rank then key."""
+        ordered = sorted(self.processes.values(), key=lambda p: (p.rank, p.key))
+        return [(p.key, p.label) for p in ordered]
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.summary
+        value = s.summary_value
+        data = self._as_dict(s, value)
+        if data["iterations"]["mean_s"] is None:  # a loop without traintel's end-of-loop summary
+            data["iterations"]["mean_s"] = data["windows_mean_s"]
+        return data
+
+    def _as_dict(self, s: RunSummary, value: Callable[[str], Any]) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "identity": {
+                "services": sorted(s.services),
+                "run_ids": sorted(s.run_ids),
+                "session_tags": sorted(s.session_tags),
+                "perf_tags": sorted(self.perf_tags),
+                "ranks": sorted(s.ranks),
+                "hosts": sorted(s.hosts),
+            },
+            "spans": s.spans,
+            "skipped_lines": self.stats.skipped,
+            "skipped_reasons": self.stats.reasons,
+            "phases": [row.__dict__ for row in phase_rows(s)],
+            "iterations": {
+                "count": value("iterations") if value("iterations") is not None else s.window_iterations,
+                "first_s": value("first_iteration_time"),
+                **{
+                    f"{stat}_s": value(f"iteration_time.{stat}")
+                    for stat in ("mean", "stddev", "p50", "p90", "p99")
+                },
+            },
+            "windows_mean_s": s.window_iteration_s / s.window_iterations if s.window_iterations else None,
+            "throughput": {
+                "samples_per_second": value("samples_per_second"),
+                "tokens_per_second": value("tokens_per_second"),
+                "tflops_per_device": value("tflops_per_device"),
+                "mfu": value("mfu"),
+                "hfu": value("hfu"),
+            },
+            "checkpoints": {
+                "saves": len(self.saves),
+                "save_time_total_s": sum(c.duration_s for c in self.saves),
+                "save_time_mean_s": (sum(c.duration_s for c in self.saves) / len(self.saves))
+                if self.saves
+                else None,
+                "save_time_max_s": max((c.duration_s for c in self.saves), default=None),
+                "bytes_total": sum(c.size_bytes or 0.0 for c in self.saves),
+                "stages_s": self.stage_s,
+                "loads": s.phases[Phase.CHECKPOINT_LOAD.value].count
+                if Phase.CHECKPOINT_LOAD.value in s.phases
+                else 0,
+            },
+            "goodput": [g.as_dict() for g in self.goodput],
+            "slowest_iterations": [
+                {"iteration": it, "seconds": sec, "trace_id": t, "span_id": sp}
+                for sec, t, sp, it in sorted(s.slowest, reverse=True)
+            ],
+            "exported_iterations": s.exported_iterations,
+            "warnings": self.warnings,
+            "warning_details": self.warning_details,
+            "self_telemetry": self.self_telemetry,
+            "windows": {
+                label: [p.as_dict() for p in self.processes[key].timing()]
+                for key, label in self.rank_labels()
+            },
+            "throughput_windows": {
+                label: [p.as_dict() for p in self.processes[key].series.all()]
+                for key, label in self.rank_labels()
+            },
+            "timeline_intervals_dropped": self.timeline_dropped,
+        }
+
+
+def build_report(
+    paths: Iterable[str | os.PathLike[str]],
+    progress: Callable[[int], None] | None = None,
+    with_goodput: bool = True,
+) -> Report:
+    """Read the files once (plus once for goodput) and gather the report."""
+    files = [p for p in expand_paths(paths) if p.is_file()]
+    report = Report(files=[str(f) for f in files])
+    for request in read_requests(files, report.stats, progress):
+        if isinstance(request, ExportTraceServiceRequest):
+            for span in spans_in(request):
+                report.add_span(span)
+        elif isinstance(request, ExportMetricsServiceRequest):
+            report.add_metrics(request)
+    report.finish()
+    if with_goodput and files:
+        report.goodput = compute_goodput(load_jobs(files, ReadStats()))
+    return report
+
+
+def total_bytes(paths: Iterable[str | os.PathLike[str]]) -> int:
+    return sum(Path(p).stat().st_size for p in expand_paths(paths) if Path(p).is_file())

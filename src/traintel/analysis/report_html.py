@@ -1,0 +1,430 @@
+"""``traintel report --html``: one self-contained page with the report's charts.
+
+Why inline SVG drawn here rather than a JavaScript charting library: the file must open
+offline, from an email or a CI artifact, with no CDN and nothing to execute; SVG renders in
+every browser and the numbers behind each mark are in its ``<title>`` tooltip. The page shows
+the same :class:`~traintel.analysis.report.Report` as the terminal and JSON views.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+from traintel.analysis.report import Report, WindowPoint
+from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
+from traintel.analysis.summary import phase_rows
+from traintel.semconv import BADPUT_CATEGORIES, Phase
+
+_PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+)
+_PHASE_COLOUR = {
+    Phase.APPLICATION.value: "#d0d7e1",
+    Phase.TRAINING_LOOP.value: "#59a14f",
+    Phase.VALIDATION_LOOP.value: "#b07aa1",
+    Phase.TESTING_LOOP.value: "#9c755f",
+    Phase.CHECKPOINT_SAVE_SYNC.value: "#e15759",
+    Phase.CHECKPOINT_SAVE_ASYNC.value: "#ff9da7",
+    Phase.CHECKPOINT_LOAD.value: "#f28e2b",
+    Phase.CHECKPOINT_FINALIZE.value: "#ffbe7d",
+}
+_INIT = {p.value for p in (Phase.DIST_INIT, Phase.DATA_LOADER_INIT, Phase.MODEL_INIT, Phase.OPTIMIZER_INIT)}
+_LANES = ("application", "init", "training_loop", "checkpoint", "evaluation", "other")
+_W, _H, _PAD = 760, 240, 64
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:880px;
+color:#222;background:#fff}
+h1{font-size:1.5em;margin-bottom:0}h2{font-size:1.15em;margin-top:2em;border-bottom:1px solid #ddd}
+.sub{color:#666;margin-top:4px}table{border-collapse:collapse;margin:8px 0;font-size:.9em}
+td,th{padding:3px 10px;text-align:right;border-bottom:1px solid #eee}
+td:first-child,th:first-child{text-align:left}
+svg{display:block;margin:8px 0;background:#fcfcfd;border:1px solid #eee}
+.legend span{display:inline-block;margin-right:14px;font-size:.85em}
+.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
+.warn{color:#b35900}.none{color:#888}
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _text(
+    x: float, y: float, content: object, size: int = 10, anchor: str = "start", bold: bool = False
+) -> str:
+    weight = ' font-weight="bold"' if bold else ""
+    head = f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"{weight}>'
+    return f"{head}{_e(content)}</text>"
+
+
+def _nice_max(value: float) -> float:
+    if value <= 0 or not math.isfinite(value):
+        return 1.0
+    exponent = 10.0 ** math.floor(math.log10(value))
+    for step in (1, 2, 2.5, 5, 10):
+        if value <= step * exponent:
+            return step * exponent
+    return 10 * exponent
+
+
+def _compact(value: float) -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _axes(
+    y_max: float, y_fmt: str, x_min: float, x_max: float, x_label: str, x_ticks: bool = True
+) -> list[str]:
+    parts = [
+        f'<line x1="{_PAD}" y1="{_H - 30}" x2="{_W - 10}" y2="{_H - 30}" stroke="#999"/>',
+        f'<line x1="{_PAD}" y1="10" x2="{_PAD}" y2="{_H - 30}" stroke="#999"/>',
+    ]
+    for i in range(5):
+        value = y_max * i / 4
+        y = _H - 30 - (_H - 40) * i / 4
+        label = fmt_s(value) if y_fmt == "s" else fmt_pct(value) if y_fmt == "%" else _compact(value)
+        parts.append(f'<line x1="{_PAD}" y1="{y:.1f}" x2="{_W - 10}" y2="{y:.1f}" stroke="#eee"/>')
+        parts.append(_text(_PAD - 4, y + 4, label, anchor="end"))
+    for i in range(5 if x_ticks else 0):
+        value = x_min + (x_max - x_min) * i / 4
+        x = _PAD + (_W - _PAD - 10) * i / 4
+        parts.append(_text(x, _H - 16, f"{value:,.0f}", anchor="middle"))
+    parts.append(_text(_W / 2, _H - 2, x_label, 11, "middle"))
+    return parts
+
+
+def line_chart(
+    lines: Sequence[tuple[str, str, list[tuple[float, float]], bool]], y_fmt: str, x_label: str, chart_id: str
+) -> str:
+    """Lines of (label, colour, points, dashed) in one SVG."""
+    points = [p for _, _, pts, _ in lines for p in pts]
+    if not points:
+        return '<p class="none">no data</p>'
+    x_min = min(x for x, _ in points)
+    x_max = max(*(x for x, _ in points), x_min + 1)
+    y_max = _nice_max(max(y for _, y in points))
+    parts = [
+        f'<svg id="{chart_id}" class="chart" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
+        'xmlns="http://www.w3.org/2000/svg" role="img">'
+    ]
+    parts += _axes(y_max, y_fmt, x_min, x_max, x_label)
+    legend = []
+    for label, colour, pts, dashed in lines:
+        if not pts:
+            continue
+        coords = " ".join(
+            f"{_PAD + (_W - _PAD - 10) * (x - x_min) / (x_max - x_min):.1f},"
+            f"{_H - 30 - (_H - 40) * min(y, y_max) / y_max:.1f}"
+            for x, y in pts
+        )
+        dash = ' stroke-dasharray="5,3"' if dashed else ""
+        parts.append(
+            f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="1.8"{dash} '
+            f'points="{coords}">'
+            f"<title>{_e(label)}</title></polyline>"
+        )
+        legend.append(f'<span><i style="background:{colour}"></i>{_e(label)}</span>')
+    parts.append("</svg>")
+    return "".join(parts) + f'<div class="legend">{"".join(legend)}</div>'
+
+
+def _lane(phase: str) -> str:
+    if phase == Phase.APPLICATION.value:
+        return "application"
+    if phase in _INIT or phase == Phase.CHECKPOINT_LOAD.value:
+        return "init"
+    if phase == Phase.TRAINING_LOOP.value:
+        return "training_loop"
+    if phase.startswith("checkpoint"):
+        return "checkpoint"
+    if phase in (Phase.VALIDATION_LOOP.value, Phase.TESTING_LOOP.value):
+        return "evaluation"
+    return "other"
+
+
+def gantt(report: Report) -> str:
+    """Phases over time, a band of lanes per process."""
+    if not report.timeline:
+        return '<p class="none">no phase spans</p>'
+    start = min(i.start_ns for i in report.timeline)
+    end = max(*(i.end_ns for i in report.timeline), start + 1)
+    processes = report.rank_labels()
+    row_h, label_w = 14, 150
+    height = 20 + row_h * (len(_LANES) + 1) * len(processes) + 8 * len(processes) + 20
+    width = _W
+    scale = (width - label_w - 10) / (end - start)
+    parts = [
+        f'<svg id="timeline" class="chart" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" role="img">'
+    ]
+    lane_y: dict[tuple[str, str], float] = {}
+    y = 10.0
+    for key, label in processes:
+        parts.append(_text(4, y + 10, label, 11, bold=True))
+        y += row_h
+        for lane in _LANES:
+            lane_y[(key, lane)] = y
+            parts.append(_text(label_w - 6, y + 10, lane, anchor="end"))
+            y += row_h
+        y += 8
+    for interval in report.timeline:
+        x = label_w + (interval.start_ns - start) * scale
+        w = max(1.0, (interval.end_ns - interval.start_ns) * scale)
+        ly = lane_y[(interval.process, _lane(interval.phase))]
+        colour = _PHASE_COLOUR.get(interval.phase, "#76b7b2" if interval.phase in _INIT else "#bab0ac")
+        stroke = ' stroke="#c00" stroke-width="1.5"' if interval.error else ""
+        tip = f"{interval.phase}: {fmt_s((interval.end_ns - interval.start_ns) / 1e9)}"
+        parts.append(
+            f'<rect class="phase" x="{x:.1f}" y="{ly + 1:.1f}" width="{w:.1f}" height="{row_h - 2}" '
+            f'fill="{colour}"{stroke}><title>{_e(tip)}</title></rect>'
+        )
+    total_s = (end - start) / 1e9
+    parts.append(
+        _text(label_w, height - 4, "0") + _text(width - 10, height - 4, fmt_s(total_s), anchor="end")
+    )
+    parts.append("</svg>")
+    dropped = (
+        f'<p class="warn">{report.timeline_dropped:,} later phase spans not drawn</p>'
+        if report.timeline_dropped
+        else ""
+    )
+    return "".join(parts) + dropped
+
+
+def waterfall(report: Report) -> str:
+    """Per session: productive time, then each badput category stacked on what came before."""
+    out = []
+    for n, session in enumerate(report.goodput):
+        total = session.total_s
+        if total <= 0:
+            continue
+        steps = [("productive", session.productive_s, "#59a14f")] + [
+            (c, session.badput_s.get(c, 0.0), _PALETTE[i % len(_PALETTE)])
+            for i, c in enumerate(BADPUT_CATEGORIES)
+            if session.badput_s.get(c, 0.0) > 0
+        ]
+        bar_h, label_w = 20, 170
+        height = 10 + bar_h * (len(steps) + 1) + 10
+        scale = (_W - label_w - 90) / total
+        parts = [
+            f'<svg id="goodput-{n}" class="chart goodput" width="{_W}" height="{height}" '
+            f'viewBox="0 0 {_W} {height}" xmlns="http://www.w3.org/2000/svg" role="img">'
+        ]
+        offset = 0.0
+        y = 10.0
+        for label, seconds, colour in steps:
+            x = label_w + offset * scale
+            parts.append(_text(label_w - 6, y + 14, label, 11, "end"))
+            parts.append(
+                f'<rect class="bar" x="{x:.1f}" y="{y + 2:.1f}" width="{max(1.0, seconds * scale):.1f}" '
+                f'height="{bar_h - 4}" fill="{colour}"><title>{_e(label)}: {_e(fmt_s(seconds))}</title>'
+                "</rect>"
+            )
+            parts.append(_text(x + seconds * scale + 4, y + 14, fmt_pct(seconds / total)))
+            offset += seconds
+            y += bar_h
+        parts.append(_text(label_w - 6, y + 14, "total", 11, "end", bold=True))
+        parts.append(
+            f'<rect x="{label_w}" y="{y + 2:.1f}" width="{total * scale:.1f}" '
+            f'height="{bar_h - 4}" fill="#999"/>'
+        )
+        parts.append(_text(label_w + total * scale + 4, y + 14, fmt_s(total)))
+        parts.append("</svg>")
+        out.append(f"<h3>session {_e(session.session or '-')}: goodput {_e(fmt_pct(session.goodput))}</h3>")
+        out.append("".join(parts))
+    return "".join(out) or '<p class="none">no goodput data</p>'
+
+
+def checkpoint_chart(report: Report) -> str:
+    if not report.saves:
+        return '<p class="none">no checkpoint saves</p>'
+    longest = _nice_max(max(c.duration_s for c in report.saves))
+    shown = report.saves[:60]
+    bar_w = min(40.0, max(4.0, (_W - _PAD - 20) / max(len(shown), 1) - 2))
+    parts = [
+        f'<svg id="checkpoints" class="chart" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
+        'xmlns="http://www.w3.org/2000/svg" role="img">'
+    ]
+    parts += _axes(longest, "s", 1, len(shown), "saves in order (hover for iteration and size)", False)
+    for i, save in enumerate(shown):
+        h = (_H - 40) * save.duration_s / longest
+        x = _PAD + 2 + i * (bar_w + 2)
+        colour = _PHASE_COLOUR.get(save.phase, "#e15759")
+        size = f", {save.size_bytes / 1e6:,.2f} MB" if save.size_bytes else ""
+        tip = f"{save.process} {save.phase} at iteration {save.iteration}: {fmt_s(save.duration_s)}{size}"
+        parts.append(
+            f'<rect class="bar" x="{x:.1f}" y="{_H - 30 - h:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
+            f'fill="{colour}"><title>{_e(tip)}</title></rect>'
+        )
+    parts.append("</svg>")
+    stages = ""
+    if report.stage_s:
+        rows = "".join(
+            f"<tr><td>{_e(k)}</td><td>{_e(fmt_s(v))}</td></tr>" for k, v in sorted(report.stage_s.items())
+        )
+        stages = f"<table><tr><th>stage</th><th>total</th></tr>{rows}</table>"
+    return "".join(parts) + stages
+
+
+def heatmap(report: Report) -> str:
+    """Ranks x iteration ranges, coloured by mean iteration time (a straggler is a hot row)."""
+    processes = [(key, label) for key, label in report.rank_labels() if report.processes[key].timing()]
+    if len(processes) < 2:
+        return '<p class="none">one rank only: no heatmap</p>'
+    series = {key: report.processes[key].timing() for key, _ in processes}
+    first = min(p.first_iteration for pts in series.values() for p in pts)
+    last = max(p.last_iteration for pts in series.values() for p in pts)
+    bins = min(60, max(1, last - first + 1))
+    span = (last - first + 1) / bins
+    grid: dict[tuple[str, int], list[float]] = {}
+    for key, pts in series.items():
+        for p in pts:
+            b = min(bins - 1, int((p.first_iteration - first) / span))
+            grid.setdefault((key, b), []).append(p.mean_s)
+    values = [sum(v) / len(v) for v in grid.values()]
+    lo, hi = min(values), max(values)
+    label_w, cell_h = 150, 18
+    cell_w = (_W - label_w - 10) / bins
+    height = 10 + cell_h * len(processes) + 24
+    parts = [
+        f'<svg id="heatmap" class="chart" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" '
+        'xmlns="http://www.w3.org/2000/svg" role="img">'
+    ]
+    for row, (key, label) in enumerate(processes):
+        y = 10 + row * cell_h
+        parts.append(_text(label_w - 6, y + 13, label, 11, "end"))
+        for b in range(bins):
+            cell = grid.get((key, b))
+            if not cell:
+                continue
+            mean = sum(cell) / len(cell)
+            t = 0.0 if hi == lo else (mean - lo) / (hi - lo)
+            colour = f"rgb({int(255 * t)},{int(80 + 100 * (1 - t))},{int(200 * (1 - t))})"
+            lo_it = first + int(b * span)
+            tip = f"{label}, iterations from {lo_it}: mean {fmt_s(mean)}"
+            parts.append(
+                f'<rect class="cell" x="{label_w + b * cell_w:.1f}" y="{y}" width="{cell_w + 0.5:.1f}" '
+                f'height="{cell_h - 2}" fill="{colour}"><title>{_e(tip)}</title></rect>'
+            )
+    parts.append(
+        _text(label_w, height - 6, f"iteration {first:,}")
+        + _text(_W - 10, height - 6, f"{last:,} · blue {fmt_s(lo)} → red {fmt_s(hi)}", anchor="end")
+        + "</svg>"
+    )
+    return "".join(parts)
+
+
+_Line = tuple[str, str, list[tuple[float, float]], bool]
+
+
+def _series_lines(report: Report, value: str) -> list[_Line]:
+    lines: list[_Line] = []
+    for n, (key, label) in enumerate(report.rank_labels()):
+        process = report.processes[key]
+        throughput = value in ("samples_per_second", "tokens_per_second")
+        pts: list[WindowPoint] = process.series.all() if throughput else process.timing()
+        colour = _PALETTE[n % len(_PALETTE)]
+        if value == "time":
+            lines.append((f"{label} mean", colour, [(float(p.last_iteration), p.mean_s) for p in pts], False))
+            lines.append((f"{label} p99", colour, [(float(p.last_iteration), p.p99_s) for p in pts], True))
+        else:
+            got = [(float(p.last_iteration), getattr(p, value)) for p in pts]
+            kept = [(x, float(y)) for x, y in got if y is not None]
+            if kept:
+                lines.append((label, colour, kept, False))
+    return lines
+
+
+def render_html(report: Report) -> str:
+    s = report.summary
+    value = s.summary_value
+    title = f"traintel report · {', '.join(sorted(s.services)) or 'run'}"
+    identity = (
+        f"run {', '.join(sorted(s.run_ids)) or '-'} · session {', '.join(sorted(s.session_tags)) or '-'}"
+        f" · perf tag {', '.join(sorted(report.perf_tags)) or '-'} · ranks "
+        f"{', '.join(map(str, sorted(s.ranks))) or '-'} · hosts {', '.join(sorted(s.hosts)) or '-'}"
+    )
+    phase_table = "".join(
+        f"<tr><td>{_e(r.phase)}</td><td>{r.count:,}</td><td>{_e(fmt_s(r.total_s))}</td>"
+        f"<td>{_e(fmt_s(r.mean_s))}</td><td>{_e(fmt_pct(r.share))}</td></tr>"
+        for r in phase_rows(s)
+    )
+    headline = [
+        (
+            "iterations",
+            fmt_num(value("iterations") if value("iterations") is not None else s.window_iterations),
+        ),
+        (
+            "iteration time mean / p99",
+            f"{fmt_s(value('iteration_time.mean'))} / {fmt_s(value('iteration_time.p99'))}",
+        ),
+        ("samples/s (job)", fmt_num(value("samples_per_second"))),
+        ("tokens/s (job)", fmt_num(value("tokens_per_second"))),
+        ("TFLOP/s per device", fmt_num(value("tflops_per_device"))),
+        ("MFU", fmt_pct(value("mfu"))),
+    ]
+    headline_rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline)
+    throughput_key = "tokens_per_second" if s.summary_value("tokens_per_second") else "samples_per_second"
+    unit = "tokens" if throughput_key.startswith("tokens") else "samples"
+    mfu_lines = _series_lines(report, "mfu")
+    warnings = "".join(
+        f'<li class="warn">{_e(name)}: {n:,}</li>' for name, n in sorted(report.warnings.items())
+    ) + "".join(
+        f'<li class="warn">{_e(name)}: {fmt_num(total)}</li>'
+        for name, total in report.self_telemetry.items()
+        if total and any(w in name for w in ("dropped", "failures", "split"))
+    )
+    if report.stats.skipped:
+        warnings += f'<li class="warn">unreadable lines skipped: {report.stats.skipped:,}</li>'
+    slowest = "".join(
+        f"<tr><td>{it}</td><td>{_e(fmt_s(sec))}</td><td><code>{_e(t)}</code></td><td><code>{_e(sp)}</code></td></tr>"
+        for sec, t, sp, it in sorted(s.slowest, reverse=True)
+    )
+    sections = [
+        f"<h1>{_e(title)}</h1><p class='sub'>{_e(identity)}</p>",
+        f"<table>{headline_rows}</table>",
+        "<h2>Timeline</h2>",
+        gantt(report),
+        "<h2>Wall time by phase</h2>",
+        f"<table><tr><th>phase</th><th>count</th><th>total</th><th>mean</th><th>share</th></tr>{phase_table}</table>",
+        "<h2>Iteration time per window (mean, p99 dashed)</h2>",
+        line_chart(_series_lines(report, "time"), "s", "iteration", "iteration-time"),
+        f"<h2>Throughput per window ({unit}/s)</h2>",
+        line_chart(_series_lines(report, throughput_key), "n", "iteration", "throughput"),
+        "<h2>MFU per window</h2>",
+        line_chart(mfu_lines, "%", "iteration", "mfu")
+        if mfu_lines
+        else '<p class="none">no MFU (no peak FLOPs for this device)</p>',
+        "<h2>Goodput</h2>",
+        waterfall(report),
+        "<h2>Checkpoints (blocking time of each save)</h2>",
+        checkpoint_chart(report),
+        "<h2>Iteration time by rank</h2>",
+        heatmap(report),
+        "<h2>Slowest exported iterations</h2>",
+        f"<table><tr><th>iteration</th><th>time</th><th>trace id</th><th>span id</th></tr>{slowest}</table>"
+        if slowest
+        else '<p class="none">none exported</p>',
+        "<h2>Warnings</h2>",
+        f"<ul>{warnings}</ul>" if warnings else '<p class="none">none</p>',
+    ]
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        + "\n".join(sections)
+        + "</body></html>\n"
+    )

@@ -1,0 +1,291 @@
+"""``traintel report`` / ``export-trace`` / ``compare``: jobs at exact timestamps written through
+traintel's real pipeline into the embedded default's files, then read back by the CLI.
+
+Rank 0 steps every 4 s, rank 1 every 5 s; both: model_init 10 s, six iterations in windows of
+two, a 2 s checkpoint save (1 MB) after the fourth iteration, 1 s after the loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_goodput import Job, at, run_job
+from traintel import cli, semconv
+from traintel.analysis.report import Series, WindowPoint, build_report
+from traintel.analysis.report_html import render_html
+from traintel.analysis.report_text import render_text
+
+
+def stepping(step: float, iterations: int = 6) -> Callable[[Job], None]:
+    def build(job: Job) -> None:
+        app = job.open("application", 0)
+        job.span("model_init", 0, 10, app)
+        loop = job.open("training_loop", 10, app)
+        t = 10.0
+        for number in range(iterations):
+            job.iteration(loop, number, t, t + step).end(end_time=at(t + step))
+            t += step
+            if number == 3:
+                job.span(
+                    "checkpoint_save_sync", t, t + 2, loop,
+                    **{semconv.CHECKPOINT_ITERATION: 4, semconv.CHECKPOINT_SIZE: 1_000_000},
+                )  # fmt: skip
+                t += 2
+        loop.end(end_time=at(t))
+        app.end(end_time=at(t + 1))
+
+    return build
+
+
+def two_ranks(directory: Path, monkeypatch: pytest.MonkeyPatch, perf_tag: str = "p1") -> None:
+    monkeypatch.setenv("TRAINTEL_PERF_TAG", perf_tag)
+    run_job(directory, monkeypatch, stepping(4), rank=0)
+    run_job(directory, monkeypatch, stepping(5), rank=1)
+
+
+def run_cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_report_numbers_are_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_job(tmp_path, monkeypatch, stepping(4), rank=0)
+    report = build_report([tmp_path])
+    data = report.as_dict()
+    phases = {row["phase"]: row for row in data["phases"]}
+    assert phases["application"]["total_s"] == pytest.approx(37)
+    assert phases["model_init"]["total_s"] == pytest.approx(10)
+    assert phases["model_init"]["share"] == pytest.approx(10 / 37)
+    assert phases["training_iteration"]["count"] == 6
+    assert phases["training_iteration"]["total_s"] == pytest.approx(24)
+    assert phases["training_iteration"]["mean_s"] == pytest.approx(4)
+    assert phases["checkpoint_save_sync"]["total_s"] == pytest.approx(2)
+    windows = data["windows"]["rank 0 · run job-a"]
+    assert [(w["first_iteration"], w["last_iteration"], w["iterations"]) for w in windows] == [
+        (0, 1, 2), (2, 3, 2), (4, 5, 2)
+    ]  # fmt: skip
+    assert all(w["mean_s"] == pytest.approx(4) for w in windows)
+    checkpoints = data["checkpoints"]
+    assert (checkpoints["saves"], checkpoints["save_time_total_s"], checkpoints["bytes_total"]) == (
+        1, pytest.approx(2), 1_000_000
+    )  # fmt: skip
+    (session,) = data["goodput"]
+    assert session["total_seconds"] == pytest.approx(37)
+    assert session["productive_seconds"] == pytest.approx(24)
+    assert session["badput_seconds"]["initialization"] == pytest.approx(10)
+    assert session["badput_seconds"]["checkpoint_save"] == pytest.approx(2)
+    assert data["identity"]["perf_tags"] == [] and data["identity"]["ranks"] == [0]
+    slowest = data["slowest_iterations"]
+    assert slowest and all(len(s["trace_id"]) == 32 and len(s["span_id"]) == 16 for s in slowest)
+    assert all(s["seconds"] == pytest.approx(4) for s in slowest)
+    text = render_text(report)
+    for expected in ("Wall time by phase", "model_init", "27.0%", "Goodput", "productive", "64.9%"):
+        assert expected in text, expected
+
+
+def test_cli_report_text_json_and_skipped_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    two_ranks(tmp_path, monkeypatch)
+    (damaged,) = [p for p in tmp_path.iterdir() if p.name.endswith("-1.otlp.jsonl")]
+    with damaged.open("ab") as fh:
+        fh.write(b"this is not json\n")
+        fh.write(b'{"resourceSpans": [{"resource": {"attri')  # a crash mid-line
+    code, out, err = run_cli("report", str(tmp_path), capsys=capsys)
+    assert code == 0 and "Traceback" not in out + err
+    assert "skipped" in out and "2 line(s)" in out and "truncated last line" in out
+    assert "perf tag" in out and "p1" in out
+    code, out, _ = run_cli("report", str(tmp_path), "--json", capsys=capsys)
+    data = json.loads(out)
+    assert data["skipped_lines"] == 2
+    assert data["identity"]["ranks"] == [0, 1]
+    assert sorted(data["windows"]) == ["rank 0 · run job-a", "rank 1 · run job-a"]
+    assert [w["mean_s"] for w in data["windows"]["rank 1 · run job-a"]] == [pytest.approx(5)] * 3
+    code, _, err = run_cli("report", str(tmp_path / "nothing-here"), capsys=capsys)
+    assert code == 2 and "no telemetry files" in err
+
+
+def test_html_report_is_self_contained_with_every_chart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    two_ranks(tmp_path / "runs", monkeypatch)
+    page = render_html(build_report([tmp_path / "runs"]))
+    for element in ('id="timeline"', 'id="iteration-time"', 'id="throughput"', 'id="goodput-0"',
+                    'id="checkpoints"', 'id="heatmap"'):  # fmt: skip
+        assert element in page, element
+    assert page.count('class="cell"') == 6  # 2 ranks x 3 windows
+    assert page.count('class="phase"') >= 2 * 4  # application, init, loop, save per rank
+    # nothing to fetch: no scripts, stylesheets, images or fonts from anywhere
+    for forbidden in ("<script", "<link", "src=", "url(", "@import"):
+        assert forbidden not in page, forbidden
+    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def _screenshot(browser: str, page: Path, png: Path, profile: Path) -> None:
+    subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+         f"--user-data-dir={profile}", "--hide-scrollbars", "--window-size=900,2400",
+         f"--screenshot={png}", page.as_uri()],
+        check=True, capture_output=True, timeout=90,
+    )  # fmt: skip
+
+
+def test_html_report_renders_in_headless_chromium(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the HTML is not rendered")
+    two_ranks(tmp_path / "runs", monkeypatch)
+    page = tmp_path / "report.html"
+    assert cli.main(["report", str(tmp_path / "runs"), "--html", str(page)]) == 0
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'p0'}", "--dump-dom", page.as_uri()],
+        check=True, capture_output=True, text=True, timeout=90,
+    ).stdout  # fmt: skip
+    assert dom.count("<svg") >= 6 and "polyline" in dom and 'class="cell"' in dom
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><body></body></html>")
+    _screenshot(browser, blank, tmp_path / "blank.png", tmp_path / "p1")
+    _screenshot(browser, page, tmp_path / "report.png", tmp_path / "p2")
+    # the same viewport with charts drawn compresses far worse than an empty page
+    assert (tmp_path / "report.png").stat().st_size > 10 * (tmp_path / "blank.png").stat().st_size
+
+
+def test_export_trace_one_process_per_rank_phases_nested(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    two_ranks(tmp_path / "runs", monkeypatch)
+    out = tmp_path / "trace.json"
+    code, text, _ = run_cli("export-trace", str(tmp_path / "runs"), "-o", str(out), capsys=capsys)
+    assert code == 0 and "trace events" in text
+    trace = json.loads(out.read_text())
+    events: list[dict[str, Any]] = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert sorted(n.split(" · ")[:2] for n in names.values()) == [
+        ["rank 0", "run job-a"],
+        ["rank 1", "run job-a"],
+    ]
+    spans = [e for e in events if e["ph"] == "X"]
+    by_pid: dict[int, list[dict[str, Any]]] = {}
+    for e in spans:
+        by_pid.setdefault(e["pid"], []).append(e)
+    for pid, own in by_pid.items():
+        loop = next(e for e in own if e["name"] == "training_loop")
+        app = next(e for e in own if e["name"] == "application")
+        iterations = [e for e in own if e["name"] == "training_iteration"]
+        assert iterations, names[pid]
+        for child in [loop, *iterations]:
+            parent = app if child is loop else loop
+            assert parent["ts"] <= child["ts"] and child["ts"] + child["dur"] <= parent["ts"] + parent["dur"]
+            assert child["tid"] == parent["tid"]
+        step = 4 if names[pid].startswith("rank 0") else 5
+        assert {e["dur"] for e in iterations} == {step * 1e6}
+        assert all(len(e["args"]["span_id"]) == 16 for e in own)
+
+
+def test_compare_flags_the_slower_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRAINTEL_PERF_TAG", "p1")
+    run_job(tmp_path / "a", monkeypatch, stepping(4))
+    run_job(tmp_path / "b", monkeypatch, stepping(5))
+    code, out, _ = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json", capsys=capsys)
+    data = json.loads(out)
+    assert code == 0 and data["perf_tags"] == {"a": ["p1"], "b": ["p1"], "match": True}
+    mean = next(d for d in data["differences"] if d["metric"] == "iteration time mean")
+    assert (mean["a"], mean["b"], mean["change"], mean["verdict"]) == (
+        pytest.approx(4), pytest.approx(5), pytest.approx(0.25), "worse"
+    )  # fmt: skip
+    assert data["regressions"] == ["iteration time mean"]
+    # the same 13 s of overhead weighs less against longer steps: goodput 24/37 -> 30/43
+    goodput = next(d for d in data["differences"] if d["metric"] == "goodput")
+    assert (goodput["a"], goodput["b"], goodput["verdict"]) == (
+        pytest.approx(24 / 37),
+        pytest.approx(30 / 43),
+        "better",
+    )
+    code, out, _ = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on-regression",
+                           capsys=capsys)  # fmt: skip
+    assert code == 1 and "worse" in out
+    code, out, _ = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "a"), "--fail-on-regression",
+                           capsys=capsys)  # fmt: skip
+    assert code == 0 and "0 significant difference(s)" in out
+    with pytest.raises(SystemExit):
+        cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--threshold", "-1"])
+    assert "--threshold" in capsys.readouterr().err
+
+
+def test_compare_warns_when_perf_tags_differ(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRAINTEL_PERF_TAG", "p1")
+    run_job(tmp_path / "a", monkeypatch, stepping(4))
+    monkeypatch.setenv("TRAINTEL_PERF_TAG", "p2")
+    run_job(tmp_path / "b", monkeypatch, stepping(4))
+    code, out, _ = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), capsys=capsys)
+    assert code == 0 and "perf tags differ" in out
+
+
+def test_series_memory_is_bounded_and_totals_exact() -> None:
+    series = Series(capacity=64)
+    for n in range(100_000):
+        series.add(WindowPoint(2 * n, 2 * n + 1, 2, n, time_s=2.0 + (n % 3), p99_s=1.0 + n % 7, samples=64.0))
+    points = series.all()
+    assert len(points) <= 64
+    assert sum(p.iterations for p in points) == 200_000
+    assert sum(p.time_s for p in points) == pytest.approx(sum(2.0 + (n % 3) for n in range(100_000)))
+    assert sum(p.samples or 0 for p in points) == 64.0 * 100_000
+    assert points[0].first_iteration == 0 and points[-1].last_iteration == 199_999
+    assert max(p.p99_s for p in points) == 7.0
+    # contiguous and ordered
+    assert all(a.last_iteration + 1 == b.first_iteration for a, b in itertools.pairwise(points))
+
+
+def test_report_memory_does_not_grow_with_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streaming pass keeps bounded state: an input 10x larger needs about the same memory
+    (peak RSS of a process that only builds the report)."""
+    run_job(tmp_path / "run", monkeypatch, stepping(0.01, 400), window=2)
+    (source,) = (tmp_path / "run").iterdir()
+    lines = source.read_bytes()
+    (tmp_path / "small").mkdir()
+    (tmp_path / "large").mkdir()
+    (tmp_path / "small" / source.name).write_bytes(lines)
+    (tmp_path / "large" / source.name).write_bytes(lines * 10)  # ten runs' worth of windows
+
+    def peak_rss_kb(directory: Path) -> int:
+        code = (
+            "import resource, sys\n"
+            "from traintel.analysis.report import build_report\n"
+            "r = build_report([sys.argv[1]], with_goodput=False)\n"
+            "assert r.stats.skipped == 0\n"
+            "assert sum(p.iterations for p in r.processes['job-a/0/0'].timing()) > 0\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(directory)], capture_output=True, text=True, check=True
+        )
+        return int(done.stdout.strip())
+
+    small, large = peak_rss_kb(tmp_path / "small"), peak_rss_kb(tmp_path / "large")
+    # holding the input would cost several times its 10 x ~0.8 MB of JSON in Python objects
+    assert large - small < 8 * 1024, (small, large, len(lines))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
