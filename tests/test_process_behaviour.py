@@ -99,6 +99,10 @@ def test_existing_global_provider_is_kept(tmp_path: Path) -> None:
             "traintel.iterations.exported",
             "ml.training.goodput",
             "ml.training.badput",
+            "ml.training.heartbeat.seconds_since_progress",
+            "ml.training.heartbeat.phase",  # no iteration ran: no heartbeat.iteration
+            "process.cpu.utilization",
+            "process.memory.usage",
         ],
         "file": "None",
     }
@@ -148,6 +152,11 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
         "ml.training.badput",
         "ml.training.step_time.ideal",
         "ml.training.step_time.deviation",
+        "ml.training.heartbeat.seconds_since_progress",
+        "ml.training.heartbeat.iteration",
+        "ml.training.heartbeat.phase",
+        "process.cpu.utilization",
+        "process.memory.usage",
     }
 
 

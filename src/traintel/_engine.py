@@ -229,6 +229,9 @@ class TrainingEngine:
         if export_filter is not None:
             export_filter.active_iteration = lambda: self.active
         self.samples_total = 0.0
+        # The heartbeat's progress stamp (read on the metric reader's thread).
+        self.last_iteration_end_ns = 0
+        self.last_iteration = -1
         self.tokens_total = 0.0
         self.events = _EventBudget()
         self.segments_closed = 0
@@ -380,6 +383,8 @@ class TrainingEngine:
         if record.phase != _TRAINING_ITERATION:
             self._end_eval_iteration(record, duration_ns)
             return
+        self.last_iteration_end_ns = end_ns
+        self.last_iteration = record.iteration
         samples, tokens, flops = self._counts(record)
         aggregator = self.aggregator
         phases = record.phase_ns if record.children or record.step_spans else None

@@ -30,10 +30,12 @@ from traintel._engine import TrainingEngine
 from traintel._ids import ForcingIdGenerator
 from traintel.capabilities import capability_report
 from traintel.config import TrainingConfig
+from traintel.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel.processor.export_filter import TraceBudget
 from traintel.processor.instruments import TrainingInstruments
 from traintel.processor.training_metrics import TrainingMetricsProcessor
 from traintel.providers import Pipeline, build_pipeline
+from traintel.system_metrics import SystemInstruments
 from traintel.version import __version__
 
 _logger = logging.getLogger("traintel")
@@ -416,6 +418,9 @@ def _install(
     processor.engine = engine
     processor.on_error = lambda kind: telemetry.warn_once(kind, "could not aggregate a %s", kind)
     pipeline.add_span_processor(processor)
+    # Sampled by the metric reader's thread only: hang localisation and process/device gauges.
+    HeartbeatInstruments(pipeline.meter_provider, Heartbeat(engine, processor))
+    SystemInstruments(pipeline.meter_provider)
     telemetry.processor = processor
     telemetry.engine = engine
     _set(telemetry)

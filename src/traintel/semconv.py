@@ -269,6 +269,8 @@ METRIC_PROCESS_MEMORY_USAGE: Final = "process.memory.usage"
 METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS: Final = "ml.training.heartbeat.seconds_since_progress"
 METRIC_HEARTBEAT_ITERATION: Final = "ml.training.heartbeat.iteration"
 METRIC_HEARTBEAT_PHASE: Final = "ml.training.heartbeat.phase"
+#: On the phase gauge: the step phase completed last in the open iteration (where it stopped).
+HEARTBEAT_AFTER: Final = "ml.training.heartbeat.after"
 #: Cross-rank window statistics (``ml.training.statistic`` = min, median, max, p99) and stragglers.
 METRIC_RANKS_ITERATION_DURATION: Final = "ml.training.ranks.iteration.duration"
 METRIC_RANKS_COMPUTE_DURATION: Final = "ml.training.ranks.compute.duration"

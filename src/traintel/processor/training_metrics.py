@@ -56,6 +56,8 @@ class TrainingMetricsProcessor(SpanProcessor):
         budget: TraceBudget | None = None,
     ) -> None:
         self._open: dict[int, Span] = {}
+        #: When a phase span last ended (the heartbeat's progress stamp).
+        self.last_end_ns = 0
         self._phase_counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._enabled = True
@@ -115,6 +117,7 @@ class TrainingMetricsProcessor(SpanProcessor):
             self._open.pop(context.span_id, None)
             return
         live = self._open.pop(context.span_id, None)
+        self.last_end_ns = span.end_time or 0
         key = str(phase)
         if live is not None:
             with self._lock:
@@ -228,6 +231,10 @@ class TrainingMetricsProcessor(SpanProcessor):
             engine.checkpoint_stage_done(_STAGE_OF[phase], duration_ns / 1e9)
 
     # --- queries ---------------------------------------------------------------------------------
+    def open_spans(self) -> list[Span]:
+        """The spans open now (a copy; may raise RuntimeError if the registry changes meanwhile)."""
+        return list(self._open.values())
+
     def is_open(self, phase: str) -> bool:
         """Whether any span of ``phase`` is open right now (in any thread)."""
         return self._phase_counts.get(phase, 0) > 0

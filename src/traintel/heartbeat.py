@@ -1,0 +1,129 @@
+"""Hang localisation: where the training thread is, and how long since it moved.
+
+Why sampled on the metric reader's thread from state the training thread already keeps: a rank
+stuck in a collective or a kernel has a blocked training thread, so anything it would have to
+push never arrives. The reader's thread still runs, reads the engine's open iteration (its
+start, its completed step phases) and the processor's registry of open phase spans, and reports
+seconds since the last progress, the phase the rank is in and the last iteration it completed.
+The NCCL watchdog takes 10-30 minutes and names no rank; these gauges name it at the next
+collection. The training thread pays nothing but one timestamp store per completed iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from traintel import semconv
+from traintel.version import __version__
+
+if TYPE_CHECKING:
+    from traintel._engine import TrainingEngine
+    from traintel.processor.training_metrics import TrainingMetricsProcessor
+
+IDLE = "idle"
+
+
+@dataclass(frozen=True)
+class HeartbeatSample:
+    seconds_since_progress: float
+    iteration: int | None  # the last completed training iteration
+    phase: str  # the innermost phase open now (IDLE outside any)
+    after: str | None  # inside an iteration: its last completed step phase
+
+
+class Heartbeat:
+    """Reads the engine and processor; never writes to them."""
+
+    def __init__(self, engine: TrainingEngine, processor: TrainingMetricsProcessor) -> None:
+        self._engine = engine
+        self._processor = processor
+        self._started_ns = time.time_ns()
+
+    def sample(self, now_ns: int | None = None) -> HeartbeatSample:
+        now = time.time_ns() if now_ns is None else now_ns
+        engine = self._engine
+        progress = max(self._started_ns, engine.last_iteration_end_ns, self._processor.last_end_ns)
+        phase, after = IDLE, None
+        record = engine.active  # read once: the training thread may replace it meanwhile
+        if record is not None:
+            phase = record.phase
+            progress = max(progress, record.start_ns)
+            children = record.children
+            if children:
+                name, _start, end, _error = children[-1]
+                after = name
+                progress = max(progress, end)
+        else:
+            innermost = self._innermost_open_phase()
+            if innermost is not None:
+                phase, started = innermost
+                progress = max(progress, started)
+        last = engine.last_iteration if engine.last_iteration_end_ns else None
+        return HeartbeatSample(max(0.0, (now - progress) / 1e9), last, phase, after)
+
+    def _innermost_open_phase(self) -> tuple[str, int] | None:
+        """The open phase span started last (spans nest, so it is the innermost one)."""
+        try:
+            spans = list(self._processor.open_spans())
+        except RuntimeError:  # the registry changed size while copied: no phase this time
+            return None
+        best: tuple[str, int] | None = None
+        for span in spans:
+            phase = (span.attributes or {}).get(semconv.PHASE)
+            started = span.start_time
+            if phase is not None and started is not None and (best is None or started > best[1]):
+                best = (str(phase), started)
+        return best
+
+
+class HeartbeatInstruments:
+    """The three gauges; their callbacks run on the metric reader's thread."""
+
+    def __init__(self, meter_provider: metrics_api.MeterProvider, heartbeat: Heartbeat) -> None:
+        meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
+        self._heartbeat = heartbeat
+        self._sample: HeartbeatSample | None = None
+        meter.create_observable_gauge(
+            semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS,
+            [self._seconds],
+            unit="s",
+            description="Seconds since this rank last made progress (an iteration or phase began or ended)",
+        )
+        meter.create_observable_gauge(
+            semconv.METRIC_HEARTBEAT_ITERATION,
+            [self._iteration],
+            unit="{iteration}",
+            description="The last training iteration this rank completed",
+        )
+        meter.create_observable_gauge(
+            semconv.METRIC_HEARTBEAT_PHASE,
+            [self._phase],
+            unit="1",
+            description="1 for the phase this rank is in now, with its last completed step phase",
+        )
+
+    def _seconds(self, options: CallbackOptions) -> Iterable[Observation]:
+        # The first callback of a collection samples; the other two reuse it, so the three
+        # gauges describe one moment.
+        self._sample = sample = self._heartbeat.sample()
+        return [Observation(sample.seconds_since_progress)]
+
+    def _current(self) -> HeartbeatSample:
+        return self._sample if self._sample is not None else self._heartbeat.sample()
+
+    def _iteration(self, options: CallbackOptions) -> Iterable[Observation]:
+        iteration = self._current().iteration
+        return [] if iteration is None else [Observation(iteration)]
+
+    def _phase(self, options: CallbackOptions) -> Iterable[Observation]:
+        sample = self._current()
+        attributes = {semconv.PHASE: sample.phase}
+        if sample.after is not None:
+            attributes[semconv.HEARTBEAT_AFTER] = sample.after
+        return [Observation(1, attributes)]

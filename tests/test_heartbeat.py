@@ -1,0 +1,134 @@
+"""Hang localisation and process gauges, read by a real metric reader from another thread while
+a real training thread is blocked (as a rank stuck in a collective would be)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import traintel
+from tests.conftest import Pipeline
+from traintel import semconv
+
+
+def points(pipeline: Pipeline, name: str) -> list[Any]:
+    data = pipeline.reader.get_metrics_data()
+    assert data is not None
+    for resource_metrics in data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if metric.name == name:
+                    return list(metric.data.data_points)
+    return []
+
+
+def one_value(pipeline: Pipeline, name: str) -> Any:
+    (point,) = points(pipeline, name)
+    return point
+
+
+class Stuck:
+    """A training thread that runs ``before`` completed iterations, then blocks in ``where``."""
+
+    def __init__(self, before: int, where: str) -> None:
+        self.blocked = threading.Event()
+        self.release = threading.Event()
+        self.thread = threading.Thread(target=self._train, args=(before, where), daemon=True)
+
+    def _train(self, before: int, where: str) -> None:
+        with traintel.training_loop():
+            for number in range(before + 1):
+                stuck = number == before
+                if stuck and where == "checkpoint":
+                    with traintel.checkpoint_save(iteration=number):
+                        self._block()
+                    return
+                with traintel.training_iteration(number, samples=8):
+                    with traintel.model_forward():
+                        pass
+                    with traintel.model_backward():
+                        if stuck:
+                            self._block()
+                    with traintel.optimizer_update():
+                        pass
+
+    def _block(self) -> None:
+        self.blocked.set()
+        assert self.release.wait(30)
+
+    def __enter__(self) -> Stuck:
+        self.thread.start()
+        assert self.blocked.wait(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.thread.join(30)
+
+
+def test_a_rank_stuck_in_backward_is_named_while_its_thread_is_blocked(pipeline: Pipeline) -> None:
+    with Stuck(before=3, where="backward"):
+        time.sleep(0.3)
+        waited = one_value(pipeline, semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS).value
+        assert 0.3 <= waited < 30
+        assert one_value(pipeline, semconv.METRIC_HEARTBEAT_ITERATION).value == 2  # the last completed
+        phase = one_value(pipeline, semconv.METRIC_HEARTBEAT_PHASE)
+        assert dict(phase.attributes) == {
+            semconv.PHASE: "training_iteration",
+            semconv.HEARTBEAT_AFTER: "model_forward",  # stopped inside backward
+        }
+        time.sleep(0.2)  # no progress: the gauge keeps growing
+        assert one_value(pipeline, semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS).value >= waited + 0.2
+    # released: iteration 3 completes and the loop ends
+    assert one_value(pipeline, semconv.METRIC_HEARTBEAT_ITERATION).value == 3
+    assert one_value(pipeline, semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS).value < waited
+    assert dict(one_value(pipeline, semconv.METRIC_HEARTBEAT_PHASE).attributes) == {semconv.PHASE: "idle"}
+
+
+def test_a_rank_stuck_in_a_checkpoint_save_is_named(pipeline: Pipeline) -> None:
+    with Stuck(before=2, where="checkpoint"):
+        time.sleep(0.2)
+        assert dict(one_value(pipeline, semconv.METRIC_HEARTBEAT_PHASE).attributes) == {
+            semconv.PHASE: "checkpoint_save_sync"
+        }
+        assert one_value(pipeline, semconv.METRIC_HEARTBEAT_ITERATION).value == 1
+        assert one_value(pipeline, semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS).value >= 0.2
+
+
+def test_before_any_iteration_there_is_no_iteration_gauge(pipeline: Pipeline) -> None:
+    with traintel.model_init():
+        assert points(pipeline, semconv.METRIC_HEARTBEAT_ITERATION) == []
+        assert dict(one_value(pipeline, semconv.METRIC_HEARTBEAT_PHASE).attributes) == {
+            semconv.PHASE: "model_init"
+        }
+
+
+def test_process_cpu_and_memory(pipeline: Pipeline) -> None:
+    one_value(pipeline, semconv.METRIC_PROCESS_CPU_UTILIZATION)  # start a measurement interval
+    deadline = time.monotonic() + 0.4
+    while time.monotonic() < deadline:  # one core busy
+        pass
+    cpus = len(os.sched_getaffinity(0))
+    busy = one_value(pipeline, semconv.METRIC_PROCESS_CPU_UTILIZATION).value
+    assert 0.5 / cpus <= busy <= 1.0  # one busy thread of this process, whatever else runs
+    rss = one_value(pipeline, semconv.METRIC_PROCESS_MEMORY_USAGE).value
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert 10 * 2**20 < rss <= 1.1 * peak  # the kernel updates its high-water mark lazily
+
+
+def test_no_cuda_means_no_device_series(pipeline: Pipeline) -> None:
+    for name in (
+        semconv.METRIC_DEVICE_MEMORY_ALLOCATED, semconv.METRIC_DEVICE_MEMORY_RESERVED,
+        semconv.METRIC_DEVICE_MEMORY_PEAK, semconv.METRIC_DEVICE_MEMORY_ALLOC_RETRIES,
+        semconv.METRIC_DEVICE_MEMORY_OOMS,
+    ):  # fmt: skip
+        assert points(pipeline, name) == [], name
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(pytest.main([__file__, "-q"]))
