@@ -232,6 +232,7 @@ class TrainingEngine:
         # The heartbeat's progress stamp (read on the metric reader's thread).
         self.last_iteration_end_ns = 0
         self.last_iteration = -1
+        self.last_checkpoint: tuple[int, int, float] | None = None  # (iteration, end ns, seconds)
         self.tokens_total = 0.0
         self.events = _EventBudget()
         self.segments_closed = 0
@@ -791,9 +792,17 @@ class TrainingEngine:
         strategy: str,
         own_span: Span | None,
         parent: Span | None,
+        iteration: int | None = None,
     ) -> dict[str, AttributeValue]:
         """Count a save's blocking part; the ``checkpoint_metrics_update`` event goes on the
         save span while it is open (ours), else on its live parent."""
+        # What a preemption loses: iterations after the last save (``iteration`` = the first
+        # iteration a resume from this checkpoint runs; unknown: the one after the last done).
+        self.last_checkpoint = (
+            iteration if iteration is not None else self.last_iteration + 1,
+            time.time_ns(),
+            duration_s,
+        )
         with self.lock:
             self.aggregator.checkpoints.add_save(duration_s, size_bytes, strategy)
             attributes: dict[str, AttributeValue] = dict(self.aggregator.checkpoints.attributes())

@@ -424,6 +424,9 @@ def _install(
     telemetry.processor = processor
     telemetry.engine = engine
     _set(telemetry)
+    from traintel import preemption  # imports this module
+
+    preemption.install()
     return telemetry
 
 

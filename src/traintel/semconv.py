@@ -116,6 +116,7 @@ class Event(str, Enum):
     NONFINITE_METRIC = "nonfinite_metric"
     STRAGGLER = "straggler"
     METRIC_OUT_OF_RANGE = "metric_out_of_range"
+    PREEMPTION = "preemption"
 
     def __str__(self) -> str:
         return self.value
@@ -187,6 +188,17 @@ BADPUT_CATEGORY: Final = "ml.training.badput.category"
 STEP_TIME_IDEAL: Final = "ml.training.step_time.ideal"
 STEP_TIME_DEVIATION_PREFIX: Final = "ml.training.step_time.deviation."
 STEP_TIME_QUANTILE: Final = "ml.training.step_time.quantile"
+
+#: The ``preemption`` event (on the outermost open span when a terminating signal arrives).
+PREEMPTION_SIGNAL: Final = "ml.training.preemption.signal"
+PREEMPTION_RECEIVED: Final = "ml.training.preemption.received_unix_nano"
+PREEMPTION_LAST_ITERATION: Final = "ml.training.preemption.last_completed_iteration"
+PREEMPTION_CHECKPOINT_ITERATION: Final = "ml.training.preemption.last_checkpoint_iteration"
+PREEMPTION_ITERATIONS_LOST: Final = "ml.training.preemption.iterations_lost"
+PREEMPTION_SAVE_AFTER_SIGNAL: Final = "ml.training.preemption.save_after_signal"
+PREEMPTION_SAVE_AFTER_SIGNAL_TIME: Final = "ml.training.preemption.save_after_signal_time"
+#: ``traintel.end_reason`` of spans a terminating signal ended (``preempted: SIGTERM``).
+END_REASON_PREEMPTED: Final = "preempted"
 
 # --- resource attributes: run identity ----------------------------------------------------------
 RUN_ID: Final = "ml.training.run_id"

@@ -96,6 +96,7 @@ class _Process:
     last_ns: int = 0
     end_ns: int | None = None  # the outermost span's final end, if exported
     end_error: bool = False
+    preempted: bool = False  # a terminating signal's ``preemption`` event was exported
     outermost: str | None = None
     phases: list[tuple[int, int, str]] = field(default_factory=list)
     data_loading: list[tuple[int, int, str | None]] = field(default_factory=list)
@@ -158,7 +159,7 @@ class JobGoodput(_Share):
     rank_used: int
     start_ns: int
     end_ns: int
-    status: str  # "completed", "failed", or "no end exported" (killed, or still running)
+    status: str  # "completed", "failed", "preempted", or "no end exported" (killed, or still running)
     productive_s: float
     badput_s: dict[str, float]
     first_iteration: int | None
@@ -332,6 +333,8 @@ def _add_span(process: _Process, span: Any) -> None:
     process.see(start, end)
     for event in span.events:
         process.see(0, event.time_unix_nano)
+        if event.name == semconv.Event.PREEMPTION.value:
+            process.preempted = True
     attributes = attributes_dict(span.attributes)
     span_id = span.span_id.hex()
     parent = span.parent_span_id.hex() or None
@@ -595,7 +598,12 @@ def _job_result(job: Job, process: _Process, limit: int | None) -> JobGoodput:
             badput = {k: v / 1e9 for k, v in counted.items()}
             for k, v in prorated.items():
                 badput[k] = badput.get(k, 0.0) + v
-    status = "no end exported" if process.end_ns is None else ("failed" if process.end_error else "completed")
+    if process.preempted:  # told to stop (SIGTERM/SIGINT), not a failure of the job
+        status = "preempted"
+    elif process.end_ns is None:
+        status = "no end exported"
+    else:
+        status = "failed" if process.end_error else "completed"
     ranged = _ran(process)
     return JobGoodput(
         run_id=job.run_id,

@@ -668,7 +668,7 @@ class _CheckpointSave(PhaseSpan):
                 {semconv.CHECKPOINT_ITERATION: self._iteration or 0},
             )
         duration = (end_ns - self._start_ns) / 1e9
-        attributes = engine.checkpoint_saved(duration, size, self._strategy, span, None)
+        attributes = engine.checkpoint_saved(duration, size, self._strategy, span, None, self._iteration)
         rate = attributes.get(semconv.CHECKPOINT_BYTES_PER_SECOND)
         if rate is not None:
             span.set_attribute(semconv.CHECKPOINT_BYTES_PER_SECOND, rate)

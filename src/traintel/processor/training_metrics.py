@@ -219,9 +219,10 @@ class TrainingMetricsProcessor(SpanProcessor):
         elif phase in (Phase.CHECKPOINT_SAVE_SYNC.value, Phase.CHECKPOINT_SAVE_ASYNC.value):
             size = attributes.get(semconv.CHECKPOINT_SIZE)
             strategy = "async" if phase == Phase.CHECKPOINT_SAVE_ASYNC.value else "sync"
+            iteration = attributes.get(semconv.CHECKPOINT_ITERATION)
             engine.checkpoint_saved(
                 duration_ns / 1e9, int(size) if isinstance(size, int) else None, strategy, None,
-                self.enclosing_parent(span),
+                self.enclosing_parent(span), iteration if isinstance(iteration, int) else None,
             )  # fmt: skip
         elif phase == Phase.CHECKPOINT_LOAD.value:
             engine.checkpoint_loaded(duration_ns / 1e9)

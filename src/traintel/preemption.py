@@ -1,0 +1,177 @@
+"""Preemption: a job told to stop (SIGTERM from Slurm or Kubernetes, SIGINT) still reports why.
+
+Without this, SIGTERM's default action kills the process where it stands: open spans are never
+ended, the buffered batch is lost, and the run looks like a crash. With it, when a terminating
+signal arrives whose action would end the process:
+
+1. a ``preemption`` event goes on the outermost open span (signal, time received, last completed
+   iteration, last checkpoint iteration, iterations lost, whether a save ran after the signal);
+2. the open iteration and every open phase span end, innermost first, with ERROR status and
+   ``traintel.end_reason = "preempted: SIGTERM"``;
+3. everything is flushed — all of it on a helper thread joined with ``TRAINTEL_SHUTDOWN_TIMEOUT``
+   as the deadline, because the interrupted training thread may hold a lock an SDK call needs;
+4. the signal is handed to the handler installed before traintel's, or re-raised with the
+   default action, so the job exits exactly as it would have (same status, same signal).
+
+A handler the user installed first (a graceful-shutdown flag, say) is called as is: the job is
+not ending now, so nothing is ended early; the event is still recorded and its checkpoint
+fields say whether the save that follows has happened (see :func:`note_checkpoint`). A signal
+set to be ignored stays ignored. Handlers are installed once per process, from the main thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from opentelemetry.sdk.trace import Span
+from opentelemetry.trace import Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from traintel import _runtime, semconv
+
+_logger = logging.getLogger("traintel")
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+_previous: dict[int, _Handler] = {}
+_installed = False
+_install_lock = threading.Lock()
+
+
+def install() -> bool:
+    """Install the handlers (once per process, main thread only); True if installed now or before."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return True
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for signum in SIGNALS:
+            try:
+                previous = signal.getsignal(signum)
+                if previous in (signal.SIG_IGN, None):  # ignored, or set outside Python: keep it
+                    continue
+                signal.signal(signum, _handle)
+                _previous[signum] = previous
+            except (ValueError, OSError):  # not supported here
+                continue
+        _installed = True
+        return True
+
+
+def _default_action_ends_process(previous: _Handler) -> bool:
+    return previous in (signal.SIG_DFL, signal.default_int_handler)
+
+
+def _handle(signum: int, frame: FrameType | None) -> None:
+    received_ns = time.time_ns()
+    previous = _previous.get(signum, signal.SIG_DFL)
+    ending = _default_action_ends_process(previous)
+    try:
+        _report(signum, received_ns, end_spans=ending and previous is signal.SIG_DFL)
+    except Exception:  # never let telemetry change how the job stops
+        _logger.exception("traintel: could not report the preemption")
+    _hand_over(signum, frame, previous)
+
+
+def _hand_over(signum: int, frame: FrameType | None, previous: _Handler) -> None:
+    if callable(previous):  # the user's handler, or SIGINT's default (raises KeyboardInterrupt)
+        previous(signum, frame)
+        return
+    # SIG_DFL: die by the same signal, as without traintel
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _report(signum: int, received_ns: int, end_spans: bool) -> None:
+    """Event, span ends and flush on a helper thread, waited for up to the shutdown timeout."""
+    telemetry = _runtime.configured()
+    if telemetry is None or telemetry.closed or telemetry.pipeline is None:
+        return
+    timeout = float(telemetry.config.get("shutdown_timeout"))
+    worker = threading.Thread(
+        target=_finish,
+        args=(telemetry, signum, received_ns, end_spans),
+        name="traintel-preemption",
+        daemon=True,
+    )
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        _logger.warning("traintel: preemption report not finished within %.1f s; exiting anyway", timeout)
+
+
+def preemption_attributes(
+    telemetry: _runtime.Telemetry, signum: int, received_ns: int
+) -> dict[str, AttributeValue]:
+    name = signal.Signals(signum).name
+    attributes: dict[str, AttributeValue] = {
+        semconv.PREEMPTION_SIGNAL: name,
+        semconv.PREEMPTION_RECEIVED: received_ns,
+    }
+    engine = telemetry.engine
+    if engine is None:
+        return attributes
+    completed = engine.last_iteration if engine.last_iteration_end_ns else None
+    if completed is not None:
+        attributes[semconv.PREEMPTION_LAST_ITERATION] = completed
+    checkpoint = engine.last_checkpoint
+    if checkpoint is not None:
+        iteration, end_ns, seconds = checkpoint
+        attributes[semconv.PREEMPTION_CHECKPOINT_ITERATION] = iteration
+        saved_after = end_ns >= received_ns
+        attributes[semconv.PREEMPTION_SAVE_AFTER_SIGNAL] = saved_after
+        if saved_after:
+            attributes[semconv.PREEMPTION_SAVE_AFTER_SIGNAL_TIME] = seconds
+    if completed is not None:
+        resume = checkpoint[0] if checkpoint is not None else 0
+        attributes[semconv.PREEMPTION_ITERATIONS_LOST] = max(0, completed + 1 - resume)
+    return attributes
+
+
+def _finish(telemetry: _runtime.Telemetry, signum: int, received_ns: int, end_spans: bool) -> None:
+    try:
+        name = signal.Signals(signum).name
+        processor, engine = telemetry.processor, telemetry.engine
+        open_spans: list[Span] = []
+        if processor is not None:
+            for _ in range(3):  # the registry may change while copied; it settles at once
+                try:
+                    open_spans = processor.open_spans()
+                    break
+                except RuntimeError:
+                    continue
+        phase_spans = [s for s in open_spans if (s.attributes or {}).get(semconv.PHASE)]
+        phase_spans.sort(key=lambda s: s.start_time or 0)
+        attributes = preemption_attributes(telemetry, signum, received_ns)
+        if phase_spans:
+            phase_spans[0].add_event(semconv.Event.PREEMPTION.value, attributes, timestamp=received_ns)
+        if end_spans:
+            reason = f"{semconv.END_REASON_PREEMPTED}: {name}"
+            now = time.time_ns()
+            record = engine.active if engine is not None else None
+            if engine is not None and record is not None:
+                record.attributes = {**(record.attributes or {}), semconv.END_REASON: reason}
+                engine.end_iteration(record, _Preempted(reason), now)
+            for span in reversed(phase_spans):  # innermost first
+                span.set_status(Status(StatusCode.ERROR, reason))
+                span.set_attribute(semconv.END_REASON, reason)
+                span.end(end_time=now)
+            telemetry.closed = True  # the process is about to die: nothing more to record
+            if telemetry.pipeline is not None:
+                telemetry.pipeline.flush(float(telemetry.config.get("shutdown_timeout")))
+        else:
+            telemetry.flush(float(telemetry.config.get("shutdown_timeout")))
+    except Exception:
+        _logger.exception("traintel: could not report the preemption")
+
+
+class _Preempted(Exception):
+    """The error an iteration cut short by a terminating signal is ended with."""

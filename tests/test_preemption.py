@@ -1,0 +1,156 @@
+"""Preemption in a real child process: a signal arrives mid-iteration (or mid-checkpoint); the
+open spans end with ERROR and a reason, a ``preemption`` event says what was lost, everything
+is flushed, and the process exits exactly as it would have without traintel."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.subprocess_helpers import clean_env
+from traintel import semconv
+from traintel.analysis.goodput import compute_goodput, load_jobs
+from traintel.exporters.reader import iter_spans
+
+# Trains 6 iterations, saves a checkpoint after the 4th (resume would start at 4), then blocks
+# in iteration 6's backward (or in a second save) until a signal arrives.
+TRAIN = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    mode, where = sys.argv[1], sys.argv[2]
+    if mode == "user_handler":
+        stop = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    if mode != "plain":
+        import traintel
+        traintel.configure(log_every_n_iterations=2, warmup_iterations=0)
+    else:
+        import contextlib
+        class _T:
+            def __getattr__(self, name):
+                return lambda *a, **k: contextlib.nullcontext()
+        traintel = _T()
+
+    def block():
+        print("ready", flush=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+            if mode == "user_handler" and stop:
+                return
+        print("never signalled", flush=True)
+
+    with traintel.application():
+        with traintel.training_loop():
+            for n in range(8):
+                if n == 4:
+                    with traintel.checkpoint_save(iteration=4):
+                        pass
+                if n == 6 and where == "checkpoint":
+                    with traintel.checkpoint_save(iteration=6):
+                        block()
+                    break
+                with traintel.training_iteration(n, samples=8):
+                    with traintel.model_forward():
+                        pass
+                    with traintel.model_backward():
+                        if n == 6:
+                            block()
+                    with traintel.optimizer_update():
+                        pass
+                if mode == "user_handler" and stop:
+                    with traintel.checkpoint_save(iteration=n + 1):
+                        time.sleep(0.05)
+                    break
+    print("clean exit", flush=True)
+    """
+)
+
+
+def run_and_signal(tmp_path: Path, mode: str, where: str, signum: int) -> tuple[int, str, str, float]:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    child = subprocess.Popen(
+        [sys.executable, str(script), mode, where],
+        cwd=tmp_path,
+        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_SHUTDOWN_TIMEOUT="5"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    sent = time.monotonic()
+    child.send_signal(signum)
+    out, err = child.communicate(timeout=60)
+    return child.returncode, out, err, time.monotonic() - sent
+
+
+def spans(tmp_path: Path) -> list[Any]:
+    return list(iter_spans([tmp_path / "runs"]))
+
+
+def the_event(found: list[Any]) -> dict[str, Any]:
+    events = [e for s in found for e in s.events if e.name == semconv.Event.PREEMPTION.value]
+    assert len(events) == 1, events
+    return events[0].attributes
+
+
+@pytest.mark.parametrize("where", ["backward", "checkpoint"])
+def test_sigterm_ends_open_spans_reports_the_loss_and_dies_by_the_signal(tmp_path: Path, where: str) -> None:
+    code, out, err, took = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM)
+    assert code == -signal.SIGTERM, err  # died by SIGTERM, as without traintel
+    assert "clean exit" not in out and "Traceback" not in err
+    assert took < 15  # the flush is bounded (TRAINTEL_SHUTDOWN_TIMEOUT=5)
+    found = spans(tmp_path)
+    by_name = {s.name: s for s in found}
+    for name in ("application", "training_loop") + (
+        ("checkpoint_save_sync",) if where == "checkpoint" else ()
+    ):
+        span = (
+            by_name[name]
+            if name != "checkpoint_save_sync"
+            else max((s for s in found if s.name == name), key=lambda s: s.start_ns)
+        )
+        assert span.is_error, name
+        assert span.attributes[semconv.END_REASON] == "preempted: SIGTERM", name
+    event = the_event(found)
+    assert event[semconv.PREEMPTION_SIGNAL] == "SIGTERM"
+    assert event[semconv.PREEMPTION_LAST_ITERATION] == 5
+    assert event[semconv.PREEMPTION_CHECKPOINT_ITERATION] == 4
+    assert event[semconv.PREEMPTION_ITERATIONS_LOST] == 2  # 4 and 5 are redone after a resume
+    assert event[semconv.PREEMPTION_SAVE_AFTER_SIGNAL] is False
+    if where == "backward":  # the cut-short iteration is exported, with the step it stopped in
+        (cut,) = [s for s in found if s.name == "training_iteration" and s.attributes[semconv.ITERATION] == 6]
+        assert cut.is_error and cut.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+    (job,) = compute_goodput(load_jobs([tmp_path / "runs"]))[0].jobs
+    assert job.status == "preempted"
+
+
+def test_a_users_own_sigterm_handler_keeps_control(tmp_path: Path) -> None:
+    code, out, err, _ = run_and_signal(tmp_path, "user_handler", "backward", signal.SIGTERM)
+    assert code == 0 and "clean exit" in out, err  # the user's graceful path ran to the end
+    found = spans(tmp_path)
+    app = next(s for s in found if s.name == "application")
+    assert not app.is_error and semconv.END_REASON not in app.attributes
+    event = the_event(found)
+    assert event[semconv.PREEMPTION_SIGNAL] == "SIGTERM"
+    assert event[semconv.PREEMPTION_LAST_ITERATION] == 5  # reported when the signal arrived
+
+
+def test_sigint_exits_as_without_traintel(tmp_path: Path) -> None:
+    plain, _, plain_err, _ = run_and_signal(tmp_path, "plain", "backward", signal.SIGINT)  # no traintel
+    code, _, err, _ = run_and_signal(tmp_path, "traintel", "backward", signal.SIGINT)
+    assert code == plain  # KeyboardInterrupt, exit status as Python gives it
+    assert "KeyboardInterrupt" in err and "KeyboardInterrupt" in plain_err
+    found = spans(tmp_path)
+    app = next(s for s in found if s.name == "application")
+    assert app.is_error and "KeyboardInterrupt" in app.status_message
+    assert the_event(found)[semconv.PREEMPTION_SIGNAL] == "SIGINT"
