@@ -140,9 +140,13 @@ def test_a_users_own_sigterm_handler_keeps_control(tmp_path: Path) -> None:
     found = spans(tmp_path)
     app = next(s for s in found if s.name == "application")
     assert not app.is_error and semconv.END_REASON not in app.attributes
-    event = the_event(found)
+    event = the_event(found)  # reported when the application ended, after the user's save
     assert event[semconv.PREEMPTION_SIGNAL] == "SIGTERM"
-    assert event[semconv.PREEMPTION_LAST_ITERATION] == 5  # reported when the signal arrived
+    assert event[semconv.PREEMPTION_LAST_ITERATION] == 6  # the user's loop finished its step
+    assert event[semconv.PREEMPTION_CHECKPOINT_ITERATION] == 7
+    assert event[semconv.PREEMPTION_ITERATIONS_LOST] == 0
+    assert event[semconv.PREEMPTION_SAVE_AFTER_SIGNAL] is True
+    assert 0.05 <= event[semconv.PREEMPTION_SAVE_AFTER_SIGNAL_TIME] < 5
 
 
 def test_sigint_exits_as_without_traintel(tmp_path: Path) -> None:

@@ -70,15 +70,36 @@ def _default_action_ends_process(previous: _Handler) -> bool:
     return previous in (signal.SIG_DFL, signal.default_int_handler)
 
 
+#: A signal the user's own handler took over: (signal, received ns), reported when traintel's
+#: application span ends, so the event can say whether a save followed the signal.
+_pending: tuple[int, int] | None = None
+
+
 def _handle(signum: int, frame: FrameType | None) -> None:
+    global _pending
     received_ns = time.time_ns()
     previous = _previous.get(signum, signal.SIG_DFL)
-    ending = _default_action_ends_process(previous)
     try:
-        _report(signum, received_ns, end_spans=ending and previous is signal.SIG_DFL)
+        telemetry = _runtime.configured()
+        engine = telemetry.engine if telemetry is not None else None
+        if not _default_action_ends_process(previous) and engine is not None and engine.app is not None:
+            _pending = (signum, received_ns)  # the job goes on: report when its application ends
+        else:
+            _report(signum, received_ns, end_spans=previous is signal.SIG_DFL)
     except Exception:  # never let telemetry change how the job stops
         _logger.exception("traintel: could not report the preemption")
     _hand_over(signum, frame, previous)
+
+
+def report_pending(telemetry: _runtime.Telemetry, span: Span | Any) -> None:
+    """Called just before traintel's application span ends: the deferred ``preemption`` event."""
+    global _pending
+    pending, _pending = _pending, None
+    if pending is not None:
+        signum, received_ns = pending
+        span.add_event(
+            semconv.Event.PREEMPTION.value, preemption_attributes(telemetry, signum, received_ns), received_ns
+        )
 
 
 def _hand_over(signum: int, frame: FrameType | None, previous: _Handler) -> None:

@@ -31,7 +31,7 @@ from opentelemetry.trace import Link, Span, SpanContext
 from opentelemetry.util.types import AttributeValue
 
 from traintel import _fastctx as _fast
-from traintel import _runtime, semconv
+from traintel import _runtime, preemption, semconv
 from traintel._engine import IterationSpan
 from traintel._segments import SegmentedSpan
 from traintel.processor.aggregator import STEP_INDEX
@@ -211,6 +211,7 @@ class _Application(PhaseSpan):
     ) -> None:
         engine = telemetry.engine
         if engine is not None and engine.app is span:
+            preemption.report_pending(telemetry, span)
             engine.goodput.ended(end_ns)
             span.set_attributes(engine.goodput.snapshot(end_ns).attributes())
             if isinstance(span, SegmentedSpan) and span.segment_index:
