@@ -135,3 +135,61 @@ def test_shared_file_closes_after_last_exporter(tmp_path: Path) -> None:
     assert file.write_line('{"resourceSpans":[]}', "svc")
     metrics.shutdown()
     assert not file.write_line('{"resourceSpans":[]}', "svc")
+
+
+def test_disk_full_reports_once_and_otlp_export_is_unaffected(caplog: pytest.LogCaptureFixture) -> None:
+    """The file exporter writes to /dev/full (every write fails with ENOSPC) next to a real OTLP
+    exporter: training runs to the end, one clear error, the collector gets every span."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    import traintel
+    from tests.otlp_receiver import GrpcReceiver
+
+    with GrpcReceiver() as receiver:
+        file = OtlpJsonLinesFile(path="/dev/full")
+        traintel.configure(
+            span_exporters=[
+                OtlpJsonFileSpanExporter(file=file),
+                OTLPSpanExporter(receiver.endpoint, insecure=True),
+            ],
+            metric_readers=[],
+            export_iterations="all",
+        )
+        with traintel.application(), traintel.training_loop():
+            for n in range(5):
+                with traintel.training_iteration(n), traintel.model_forward():
+                    pass
+        traintel.shutdown(5)
+        names = [span.name for _resource, span in receiver.received.spans()]
+    assert names.count("training_iteration") == 5 and "application" in names and "training_loop" in names
+    assert caplog.text.count("cannot write telemetry file /dev/full") == 1
+    assert "No space left on device" in caplog.text
+    assert file.lines_written == 0
+
+
+def test_a_file_removed_mid_run_is_recreated_and_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "run.otlp.jsonl"
+    file = OtlpJsonLinesFile(path=path)
+    exporter = OtlpJsonFileSpanExporter(file=file)
+    tracer_provider = TracerProvider(shutdown_on_exit=False)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = tracer_provider.get_tracer("t")
+    tracer.start_span("before").end()
+    path.unlink()
+    tracer.start_span("after-1").end()
+    path.unlink()
+    tracer.start_span("after-2").end()
+    assert [s.name for s in iter_spans([path])] == ["after-2"]
+    assert caplog.text.count("was removed while in use") == 1
+    assert file.lines_written == 3
+
+
+def test_files_are_owner_only(tmp_path: Path) -> None:
+    file = OtlpJsonLinesFile(output_dir=tmp_path / "runs" / "deeper")
+    assert file.write_line('{"resourceSpans":[]}', "svc")
+    (written,) = (tmp_path / "runs" / "deeper").iterdir()
+    assert stat.S_IMODE(written.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "runs" / "deeper").stat().st_mode) == 0o700
+    file.close()

@@ -67,6 +67,7 @@ class OtlpJsonLinesFile:
         self._pid = os.getpid()
         self._started = time.time()
         self._failed_once = False
+        self._reopened_once = False
         self._closed = False
         self._users = 0
         self.lines_written = 0
@@ -116,6 +117,8 @@ class OtlpJsonLinesFile:
                 return False
             try:
                 fh = self._open(service_name)
+                if os.fstat(fh.fileno()).st_nlink == 0:
+                    fh = self._reopen_removed(service_name)
                 fh.write(line + "\n")
                 fh.flush()
             except (OSError, ValueError) as exc:
@@ -132,6 +135,24 @@ class OtlpJsonLinesFile:
                 return False
             self.lines_written += 1
             return True
+
+    def _reopen_removed(self, service_name: str) -> IO[str]:
+        """The file was deleted under us (a cleanup job, a user): writing on would fill an
+        unlinked inode nobody can read. Start a new file at the same path, and say so once."""
+        removed = self._path
+        if self._fh is not None:
+            with contextlib.suppress(OSError):
+                self._fh.close()
+        self._fh = None
+        fh = self._open(service_name)
+        if not self._reopened_once:
+            self._reopened_once = True
+            _logger.warning(
+                "traintel: telemetry file %s was removed while in use; writing a new one there "
+                "(what the removed file held is gone)",
+                removed,
+            )
+        return fh
 
     def close(self) -> None:
         with self._lock:
