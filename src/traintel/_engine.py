@@ -29,6 +29,7 @@ from opentelemetry.util import types
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel._attributes import as_number, clean_value
 from traintel._fastctx import current_span as _current_span
 from traintel._ids import ForcingIdGenerator, new_span_id, new_trace_id
 from traintel._segments import SegmentedSpan
@@ -54,6 +55,7 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 _new_tuple = tuple.__new__
+_PLAIN = (str, bool, int, float)
 _getrandbits = random.getrandbits
 
 
@@ -128,6 +130,11 @@ class IterationSpan(NonRecordingSpan):
         return True
 
     def set_attribute(self, key: str, value: types.AttributeValue) -> None:
+        if type(value) not in _PLAIN:
+            cleaned = clean_value(key, value)
+            if cleaned is None:
+                return
+            value = cleaned
         if self.attributes is None:
             self.attributes = {}
         self.attributes[key] = value
@@ -894,4 +901,7 @@ def _mark_error(span: Span, error: BaseException, timestamp: int) -> None:
 
 
 def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    number = as_number(value)  # a numpy scalar or a one-element tensor
+    return float(number) if number is not None else None

@@ -32,6 +32,7 @@ from opentelemetry.util.types import AttributeValue
 
 from traintel import _fastctx as _fast
 from traintel import _runtime, preemption, semconv
+from traintel._attributes import as_number, clean_attributes, clean_value
 from traintel._engine import IterationSpan
 from traintel._segments import SegmentedSpan
 from traintel.processor.aggregator import STEP_INDEX
@@ -189,7 +190,7 @@ def _phase_attributes(
 ) -> dict[str, AttributeValue]:
     attributes: dict[str, AttributeValue] = {semconv.PHASE: phase.value}
     if extra:
-        attributes.update({k: v for k, v in extra.items() if v is not None})
+        attributes.update(clean_attributes({k: v for k, v in extra.items() if v is not None}))
     return attributes
 
 
@@ -800,13 +801,14 @@ def _iteration_attributes(
 ) -> dict[str, AttributeValue]:
     if samples is None and tokens is None and not attributes:
         return _EMPTY
-    extra: dict[str, AttributeValue] = {}
-    if samples is not None:
-        extra[semconv.SAMPLES] = samples
-    if tokens is not None:
-        extra[semconv.TOKENS] = tokens
-    if attributes:
-        extra.update(attributes)
+    extra: dict[str, AttributeValue] = clean_attributes(attributes) if attributes else {}
+    for key, value in ((semconv.SAMPLES, samples), (semconv.TOKENS, tokens)):
+        if value is not None:
+            number = as_number(value)  # a numpy count or a tensor: its number, not its str()
+            if number is not None:
+                extra[key] = number
+            else:
+                clean_value(key, value)  # says once why it was dropped
     return extra
 
 
