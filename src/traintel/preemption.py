@@ -30,6 +30,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import Span
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
@@ -91,7 +92,7 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     _hand_over(signum, frame, previous)
 
 
-def report_pending(telemetry: _runtime.Telemetry, span: Span | Any) -> None:
+def report_pending(telemetry: _runtime.Telemetry, span: trace_api.Span) -> None:
     """Called just before traintel's application span ends: the deferred ``preemption`` event."""
     global _pending
     pending, _pending = _pending, None
