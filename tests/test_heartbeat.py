@@ -132,3 +132,33 @@ def test_no_cuda_means_no_device_series(pipeline: Pipeline) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(pytest.main([__file__, "-q"]))
+
+
+def test_the_gauges_follow_a_reconfiguration_on_the_same_provider() -> None:
+    """The SDK keeps the first registration of a gauge: it must read the current job, not the
+    first one traintel was configured for."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    tracer_provider = TracerProvider(shutdown_on_exit=False)
+    traintel.configure(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    traintel.shutdown(1)
+    traintel.configure(tracer_provider=tracer_provider, meter_provider=meter_provider)
+    with traintel.training_loop():
+        for number in (40, 41):
+            with traintel.training_iteration(number):
+                pass
+    data = reader.get_metrics_data()
+    assert data is not None
+    values = {
+        metric.name: [getattr(p, "value", None) for p in metric.data.data_points]
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+    }
+    assert values[semconv.METRIC_HEARTBEAT_ITERATION] == [41]
+    traintel.shutdown(1)
+    meter_provider.shutdown()

@@ -95,6 +95,7 @@ class Telemetry:
         # Loops opened through traintel's API and not yet closed, by phase name.
         self.open_loops: dict[str, int] = {}
         self.closed = False
+        self.heartbeat: Heartbeat | None = None
 
     # --- reporting ---------------------------------------------------------------------------
     def warn_once(self, kind: str, message: str, *args: object) -> None:
@@ -419,7 +420,8 @@ def _install(
     processor.on_error = lambda kind: telemetry.warn_once(kind, "could not aggregate a %s", kind)
     pipeline.add_span_processor(processor)
     # Sampled by the metric reader's thread only: hang localisation and process/device gauges.
-    HeartbeatInstruments(pipeline.meter_provider, Heartbeat(engine, processor))
+    telemetry.heartbeat = Heartbeat(engine, processor)
+    HeartbeatInstruments(pipeline.meter_provider, _current_heartbeat)
     SystemInstruments(pipeline.meter_provider)
     telemetry.processor = processor
     telemetry.engine = engine
@@ -428,6 +430,12 @@ def _install(
 
     preemption.install()
     return telemetry
+
+
+def _current_heartbeat() -> Heartbeat | None:
+    """The running job's heartbeat (the gauges outlive a reconfiguration; see HeartbeatInstruments)."""
+    telemetry = _telemetry
+    return None if telemetry is None or telemetry.closed else telemetry.heartbeat
 
 
 def _install_disabled(config: TrainingConfig) -> Telemetry:

@@ -12,7 +12,7 @@ collection. The training thread pays nothing but one timestamp store per complet
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,11 +83,18 @@ class Heartbeat:
 
 
 class HeartbeatInstruments:
-    """The three gauges; their callbacks run on the metric reader's thread."""
+    """The three gauges; their callbacks run on the metric reader's thread.
 
-    def __init__(self, meter_provider: metrics_api.MeterProvider, heartbeat: Heartbeat) -> None:
+    ``source`` is asked for the current heartbeat at every collection (``None``: report
+    nothing) rather than holding one: configured again on the same meter provider, the SDK keeps
+    the first registration of each gauge, which must then follow the new engine.
+    """
+
+    def __init__(
+        self, meter_provider: metrics_api.MeterProvider, source: Callable[[], Heartbeat | None]
+    ) -> None:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
-        self._heartbeat = heartbeat
+        self._source = source
         self._sample: HeartbeatSample | None = None
         meter.create_observable_gauge(
             semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS,
@@ -111,18 +118,18 @@ class HeartbeatInstruments:
     def _seconds(self, options: CallbackOptions) -> Iterable[Observation]:
         # The first callback of a collection samples; the other two reuse it, so the three
         # gauges describe one moment.
-        self._sample = sample = self._heartbeat.sample()
-        return [Observation(sample.seconds_since_progress)]
-
-    def _current(self) -> HeartbeatSample:
-        return self._sample if self._sample is not None else self._heartbeat.sample()
+        heartbeat = self._source()
+        self._sample = sample = heartbeat.sample() if heartbeat is not None else None
+        return [] if sample is None else [Observation(sample.seconds_since_progress)]
 
     def _iteration(self, options: CallbackOptions) -> Iterable[Observation]:
-        iteration = self._current().iteration
-        return [] if iteration is None else [Observation(iteration)]
+        sample = self._sample
+        return [] if sample is None or sample.iteration is None else [Observation(sample.iteration)]
 
     def _phase(self, options: CallbackOptions) -> Iterable[Observation]:
-        sample = self._current()
+        sample = self._sample
+        if sample is None:
+            return []
         attributes = {semconv.PHASE: sample.phase}
         if sample.after is not None:
             attributes[semconv.HEARTBEAT_AFTER] = sample.after
