@@ -434,8 +434,8 @@ def _install(
 
 def _current_heartbeat() -> Heartbeat | None:
     """The running job's heartbeat (the gauges outlive a reconfiguration; see HeartbeatInstruments)."""
-    telemetry = _telemetry
-    return None if telemetry is None or telemetry.closed else telemetry.heartbeat
+    telemetry = _telemetry  # closed, it still reports its last state in the final export
+    return None if telemetry is None else telemetry.heartbeat
 
 
 def _install_disabled(config: TrainingConfig) -> Telemetry:
