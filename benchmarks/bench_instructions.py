@@ -65,6 +65,9 @@ def instructions(script: Path, variant: str, policy: str, n: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument(
+        "--only", nargs="+", default=None, metavar="VARIANT", help="measure only these variants (no ratios)"
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (apt-get install valgrind); nothing measured")
@@ -73,15 +76,17 @@ def main() -> None:
     script.write_text(_CHILD.format(here=str(HERE)))
     try:
         # The baseline runs the same setup and warm-up under the same policy, without the steps.
-        baselines = {
-            policy: instructions(script, "baseline", policy, args.iterations) for policy in ("sampled", "all")
-        }
         variants = (
             ("floor", "sampled"),
             ("bare_sdk", "sampled"),
             ("traintel_default", "sampled"),
             ("traintel_all", "all"),
         )  # fmt: skip
+        variants = tuple(v for v in variants if args.only is None or v[0] in args.only)
+        baselines = {
+            policy: instructions(script, "baseline", policy, args.iterations)
+            for policy in {policy for _, policy in variants}
+        }
         per_step = {
             variant: (instructions(script, variant, policy, args.iterations) - baselines[policy])
             / args.iterations
@@ -92,6 +97,8 @@ def main() -> None:
     print(f"instructions per iteration (callgrind, {args.iterations} iterations, baseline subtracted)")
     for variant, count in per_step.items():
         print(f"  {variant:<18} {count:12,.0f}")
+    if args.only is not None:
+        return
     print(
         f"ratio traintel default / bare SDK:      {per_step['traintel_default'] / per_step['bare_sdk']:.3f}x"
     )

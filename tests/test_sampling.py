@@ -166,3 +166,50 @@ def test_user_provider_without_filter_leaves_no_orphans(pipeline: Pipeline) -> N
     }
     user_work = [s for s in spans if s.name == "user_work"]
     assert [s.parent.span_id for s in user_work] == [by_iteration[0].context.span_id]  # type: ignore[union-attr]
+
+
+def test_all_policy_step_spans_nest_count_and_fail_like_the_fast_path(exporter: InMemorySpanExporter) -> None:
+    """In "all" mode the step phases are SDK spans started directly in the iteration: they
+    nest under it, user spans nest under them, their time lands in the window, and a failing
+    step is an ERROR span whose exception propagates unchanged."""
+    traintel.configure(
+        span_exporters=[exporter], metric_readers=[], export_iterations="all", log_every_n_iterations=3
+    )
+    tracer = trace.get_tracer("user-code", tracer_provider=_provider())
+    with traintel.training_loop():
+        for i in range(3):
+            try:
+                with traintel.training_iteration():
+                    with traintel.model_forward():
+                        with tracer.start_as_current_span("user_kernel"):
+                            pass
+                    with traintel.model_backward():
+                        if i == 2:
+                            raise FloatingPointError("overflow")
+                    with traintel.optimizer_update():
+                        pass
+            except FloatingPointError as error:
+                assert str(error) == "overflow" and i == 2
+    spans = finished(exporter)
+    assert_no_orphans(spans)
+    by_id = {s.context.span_id: s for s in spans}
+    iterations = exported_by_iteration(spans)
+    assert sorted(iterations) == [0, 1, 2]
+    steps = [s for s in spans if s.name in ("model_forward", "model_backward", "optimizer_update")]
+    assert len(steps) == 8  # the third iteration stopped in backward
+    for step in steps:
+        parent = by_id[step.parent.span_id]  # type: ignore[union-attr]
+        assert parent.name == "training_iteration"
+        assert step.attributes[semconv.PHASE] == step.name
+    for kernel in (s for s in spans if s.name == "user_kernel"):
+        assert by_id[kernel.parent.span_id].name == "model_forward"  # type: ignore[union-attr]
+    (failed,) = [s for s in steps if s.status.status_code is StatusCode.ERROR]
+    assert failed.name == "model_backward"
+    assert failed.status.description == "FloatingPointError: overflow"
+    assert [e.name for e in failed.events] == ["exception"]
+    assert by_id[failed.parent.span_id].status.status_code is StatusCode.ERROR  # type: ignore[union-attr]
+    loop = next(s for s in spans if s.name == "training_loop")
+    (window,) = [e.attributes for e in loop.events if e.name == "training_metrics_update"]
+    for name, phase in (("forward", "model_forward"), ("backward", "model_backward")):
+        expected = sum((s.end_time or 0) - (s.start_time or 0) for s in steps if s.name == phase) / 1e9
+        assert window[semconv.WINDOW_PREFIX + "time." + name] == pytest.approx(expected, abs=1e-9)

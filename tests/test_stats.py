@@ -32,6 +32,28 @@ def test_sketch_is_exact_for_short_runs_then_within_one_percent() -> None:
         assert sketch.quantile(q) == pytest.approx(exact, rel=0.0101)
 
 
+@pytest.mark.parametrize("zeros", [0, 30, 999])
+def test_sketched_quantiles_in_one_walk_are_the_bucket_of_the_ranked_value(zeros: int) -> None:
+    rng = random.Random(zeros)
+    values = [0.0] * zeros + [rng.lognormvariate(-4, 1.0) for _ in range(1000 - zeros)]
+    rng.shuffle(values)
+    sketch = QuantileSketch(0.01, exact_limit=8)
+    sketch.add_many(values)
+    assert not sketch.is_exact
+    ordered = sorted(values)
+    gamma = (1 + 0.01) / (1 - 0.01)
+    qs = (0.0, 0.25, 0.5, 0.9, 0.99, 1.0)
+
+    def expected(q: float) -> float:  # the representative of the bucket holding the ranked value
+        value = ordered[math.floor(q * (len(ordered) - 1))]
+        if value <= 0:
+            return 0.0
+        return 2 * gamma ** math.ceil(math.log(value) / math.log(gamma)) / (gamma + 1)
+
+    assert sketch.quantiles(qs) == [expected(q) for q in qs]
+    assert [sketch.quantile(q) for q in qs] == [expected(q) for q in qs]
+
+
 def test_running_stats_batches_equal_one_pass() -> None:
     rng = random.Random(3)
     values = [rng.uniform(0.001, 2.0) for _ in range(1000)]

@@ -113,6 +113,7 @@ class IterationSpan(NonRecordingSpan):
     step_spans = False
     materializing = False
     real_span: Span | None = None  # "all" mode: the SDK span the iteration is while it runs
+    real_context: object = None  # "all" mode: the Context attached for the body
 
     def __init__(self, phase: str, iteration: int, start_ns: int, parent: SpanContext) -> None:
         self.phase = phase
@@ -385,6 +386,7 @@ class TrainingEngine:
         record.end_ns = end_ns
         record.error = error
         record.context = None  # the body's Context holds the record: break the cycle for refcounting
+        record.real_context = None
         if self.active is record:
             self.active = None
         duration_ns = end_ns - record.start_ns
@@ -507,11 +509,14 @@ class TrainingEngine:
         """With every iteration exported there is nothing to defer: the iteration is an SDK span
         while it runs (its step phases and the user's spans nest as usual), and the record only
         carries the numbers for the aggregates."""
+        attributes: dict[str, AttributeValue] = {
+            semconv.PHASE: record.phase,
+            semconv.ITERATION: record.iteration,
+        }
+        if record.head_reason is not None:  # known now ("all"): one attribute fewer to set at the end
+            attributes[semconv.SAMPLING_REASON] = record.head_reason
         span = self.tracer.start_span(
-            record.phase,
-            context=context,
-            attributes={semconv.PHASE: record.phase, semconv.ITERATION: record.iteration},
-            start_time=record.start_ns,
+            record.phase, context=context, attributes=attributes, start_time=record.start_ns
         )
         record.real_span = span
         record.materializing = True  # not a deferred iteration: the filter holds nothing for it
@@ -524,7 +529,10 @@ class TrainingEngine:
             return None
         attributes = self._span_attributes(record, reason or "all")
         del attributes[semconv.PHASE], attributes[semconv.ITERATION]
-        span.set_attributes(attributes)
+        if attributes.get(semconv.SAMPLING_REASON) == record.head_reason:
+            del attributes[semconv.SAMPLING_REASON]  # set at the start
+        if attributes:
+            span.set_attributes(attributes)
         _finish_span(span, record)
         context = span.get_span_context()
         return (context.trace_id, context.span_id) if context.trace_flags.sampled else None

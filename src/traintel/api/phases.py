@@ -27,13 +27,14 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar, cast
 
 from opentelemetry import trace as trace_api
-from opentelemetry.trace import Link, Span, SpanContext
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import _fastctx as _fast
 from traintel import _runtime, preemption, semconv
 from traintel._attributes import as_number, clean_attributes, clean_value
-from traintel._engine import IterationSpan
+from traintel._engine import IterationSpan, TrainingEngine
 from traintel._segments import SegmentedSpan
 from traintel.processor.aggregator import STEP_INDEX
 from traintel.semconv import Phase
@@ -341,7 +342,7 @@ class _Iteration(PhaseSpan):
             # Every iteration exported: a real span from the start; step phases become real
             # spans under it (record.context stays None, so they do not take the fast path).
             handle = engine.start_real_iteration(record, context)
-            body = _with_span(handle, context)
+            body = record.real_context = _with_span(handle, context)
         else:
             body = record.context = _with_span(record, context)
         self._span = handle
@@ -408,13 +409,14 @@ class _StepPhase(PhaseSpan):
     iteration they are real spans (so they nest under it) whose time still counts; outside
     any iteration, plain spans."""
 
-    __slots__ = ("_index", "_record")
+    __slots__ = ("_index", "_real", "_record")
 
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None, index: int) -> None:
         self._name = name
         self._attributes = attributes
         self._index = index
         self._record: IterationSpan | None = None
+        self._real: IterationSpan | None = None  # "all" mode: the running iteration, if direct
         self._token = None
 
     def _before_end(
@@ -463,15 +465,48 @@ class _StepPhase(PhaseSpan):
             engine = telemetry.engine
             if engine is not None:
                 record = engine.active
-                if (
-                    record is not None
-                    and _get_current() is record.context
-                    and engine.active_thread == _get_ident()
-                ):
-                    self._record = record
-                    self._start_ns = _time_ns()
-                    return record
+                if record is not None and engine.active_thread == _get_ident():
+                    current = _get_current()
+                    if current is record.context:
+                        self._record = record
+                        self._start_ns = _time_ns()
+                        return record
+                    if current is record.real_context and not telemetry.closed:
+                        return self._enter_real(engine, record, current)
         return super().__enter__()
+
+    def _enter_real(self, engine: TrainingEngine, record: IterationSpan, current: Context) -> Span:
+        """ "all" mode, directly in the running iteration: an SDK span with nothing around it
+        (the generic path costs as much again as the span itself)."""
+        start = _time_ns()
+        try:
+            span = engine.tracer.start_span(
+                self._name, context=current, attributes=self._attributes, start_time=start
+            )
+            self._token = _attach(_with_span(span, current))
+        except Exception:
+            return super().__enter__()
+        self._span = span
+        self._start_ns = start
+        self._real = record
+        return span
+
+    def _exit_real(self, record: IterationSpan, exc: BaseException | None) -> None:
+        end = _time_ns()
+        self._real = None
+        token, self._token = self._token, None
+        span, self._span = self._span, trace_api.INVALID_SPAN
+        try:
+            _detach(token)  # type: ignore[arg-type]
+        except Exception:
+            pass
+        record.phase_ns[self._index] += end - self._start_ns
+        record.step_spans = True
+        error = None if exc is None else _clean_exit(exc)
+        if error is not None:
+            span.record_exception(error, timestamp=end, escaped=True)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.end(end_time=end)
 
     def __exit__(
         self,
@@ -486,6 +521,13 @@ class _StepPhase(PhaseSpan):
             start = self._start_ns
             record.children.append((self._name, start, end, None if exc is None else _clean_exit(exc)))
             record.phase_ns[self._index] += end - start
+            return False
+        real = self._real
+        if real is not None:
+            try:
+                self._exit_real(real, exc)
+            except Exception:
+                _runtime.current().warn_once("exit:" + self._name, "could not end phase %r", self._name)
             return False
         return super().__exit__(exc_type, exc, traceback)
 

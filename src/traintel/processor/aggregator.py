@@ -55,6 +55,23 @@ class RateInputs:
     timing_mode: str = "wall_clock"
 
 
+#: One iteration as the window keeps it until it closes: duration (ns), samples, tokens,
+#: padding tokens, FLOPs, and the four step-phase times (ns) or None.
+_Row = tuple[int, float | None, float | None, float | None, float | None, list[int] | None]
+
+
+def _column(
+    values: tuple[float | None, ...], durations: tuple[int, ...], total_ns: int
+) -> tuple[float, float]:
+    """The sum of a count column and the time (s) of the iterations that reported it."""
+    if None not in values:
+        return float(sum(values)), total_ns / 1e9  # type: ignore[arg-type]
+    pairs = [(v, d) for v, d in zip(values, durations, strict=True) if v is not None]
+    if not pairs:
+        return 0.0, 0.0
+    return float(sum(v for v, _ in pairs)), sum(d for _, d in pairs) / 1e9
+
+
 @dataclass
 class _Counts:
     """Sums over a set of iterations; shared by windows and totals."""
@@ -70,34 +87,26 @@ class _Counts:
     flops_time: float = 0.0
     phase_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
-    def add(
-        self,
-        duration_s: float,
-        samples: float | None,
-        tokens: float | None,
-        padding: float | None,
-        flops: float | None,
-        phases: list[int] | None,
-    ) -> None:
-        self.iterations += 1
-        self.duration_s += duration_s
-        if samples is not None:
-            self.samples += samples
-            self.samples_time += duration_s
-        if tokens is not None:
-            self.tokens += tokens
-            self.tokens_time += duration_s
-        if padding is not None:
-            self.padding += padding
-        if flops is not None:
-            self.flops += flops
-            self.flops_time += duration_s
-        if phases is not None:
-            totals = self.phase_s
-            totals[0] += phases[0] / 1e9
-            totals[1] += phases[1] / 1e9
-            totals[2] += phases[2] / 1e9
-            totals[3] += phases[3] / 1e9
+    @classmethod
+    def of_rows(cls, rows: list[_Row]) -> _Counts:
+        """Sums of a window's rows, taken column by column with C-level ``sum`` (the per-step
+        path only appends a row; folding each step into running sums cost more than the step).
+        Durations are summed in integer nanoseconds, so the sums are exact before conversion."""
+        counts = cls()
+        if not rows:
+            return counts
+        durations, samples, tokens, padding, flops, phases = zip(*rows, strict=True)
+        total_ns = sum(durations)
+        counts.iterations = len(rows)
+        counts.duration_s = total_ns / 1e9
+        counts.samples, counts.samples_time = _column(samples, durations, total_ns)
+        counts.tokens, counts.tokens_time = _column(tokens, durations, total_ns)
+        counts.padding = _column(padding, durations, total_ns)[0]
+        counts.flops, counts.flops_time = _column(flops, durations, total_ns)
+        reported = [p for p in phases if p is not None]
+        if reported:
+            counts.phase_s = [sum(column) / 1e9 for column in zip(*reported, strict=True)]
+        return counts
 
     def merge(self, other: _Counts, sign: int = 1) -> None:
         """Add (or, with ``sign=-1``, take away) another set of sums."""
@@ -206,22 +215,21 @@ class TrainingAggregator:
         self.iterations_seen = 0
         self.first_iteration_s: float | None = None
         self.windows_closed = 0
-        self._window = _Counts()
-        self._window_durations: list[float] = []
+        self._rows: list[_Row] = []
         self._window_first: int | None = None
         self._window_last = 0
         self._window_start_ns = 0
         self._window_end_ns = 0
         self._window_metrics: dict[str, _ModelMetric] = {}
         self._window_flags = [0, 0, 0]  # nonfinite, slow, exported
-        self._window_warmup = _Counts()  # the window's warm-up iterations, left out of totals
+        self._window_warm = 0  # the window's first rows that are warm-up, left out of totals
         self.total = _Counts()
         self._total_stats = RunningStats()
         self._total_sketch = QuantileSketch(0.01)
         self.last_window: WindowReport | None = None
         self.checkpoints = CheckpointStats()
 
-    # --- per iteration (the hot path: primitive arguments, no allocation beyond appends) -------
+    # --- per iteration (the hot path: primitive arguments, one append) -------------------------
     def add_iteration(
         self,
         iteration: int,
@@ -234,24 +242,21 @@ class TrainingAggregator:
         end_ns: int = 0,
     ) -> bool:
         """Record one iteration; returns True when it completes a window (call :meth:`close_window`)."""
-        seconds = duration_ns / 1e9
         seen = self.iterations_seen = self.iterations_seen + 1
-        durations = self._window_durations
-        if not durations:
+        rows = self._rows
+        if not rows:
             self._window_first = iteration
             self._window_start_ns = end_ns - duration_ns
         self._window_last = iteration
         self._window_end_ns = end_ns
-        durations.append(seconds)
-        self._window.add(seconds, samples, tokens, padding, flops, phases)
-        if seen <= self.warmup_iterations:  # rare: the first iterations of the job
+        rows.append((duration_ns, samples, tokens, padding, flops, phases))
+        if seen <= self.warmup_iterations or self.first_iteration_s is None:  # rare: the job's first
             if self.first_iteration_s is None:
-                self.first_iteration_s = seconds
-            self._window_warmup.add(seconds, samples, tokens, padding, flops, phases)
-        elif self.first_iteration_s is None:
-            self.first_iteration_s = seconds
-        # Totals are folded in once per window (close_window), not per iteration.
-        return len(durations) >= self.window_size
+                self.first_iteration_s = duration_ns / 1e9
+            if seen <= self.warmup_iterations:
+                self._window_warm += 1
+        # Sums and totals are taken once per window (close_window), not per iteration.
+        return len(rows) >= self.window_size
 
     def add_model_metric(self, name: str, value: float) -> None:
         _add_metric(self._window_metrics, name, value)
@@ -264,17 +269,18 @@ class TrainingAggregator:
 
     @property
     def window_fill(self) -> int:
-        return len(self._window_durations)
+        return len(self._rows)
 
     # --- window boundary ------------------------------------------------------------------------
     def close_window(self, inputs: RateInputs) -> WindowReport | None:
         """Close the current window (full, or partial at loop end); None if it is empty."""
-        durations = self._window_durations
-        if not durations:
+        rows = self._rows
+        if not rows:
             return None
-        self._fold_into_totals(durations)
+        counts = _Counts.of_rows(rows)
+        durations = [row[0] / 1e9 for row in rows]
+        self._fold_into_totals(rows, counts, durations)
         ordered = sorted(durations)
-        counts = self._window
         n = len(ordered)
         mean = counts.duration_s / n
         deviations = [d - mean for d in ordered]
@@ -320,25 +326,21 @@ class TrainingAggregator:
         )
         self.windows_closed += 1
         self.last_window = report
-        self._window = _Counts()
-        self._window_warmup = _Counts()
-        self._window_durations = []
+        self._rows = []
+        self._window_warm = 0
         self._window_first = None
         self._window_metrics = {}
         self._window_flags = [0, 0, 0]
         return report
 
-    def _fold_into_totals(self, durations: list[float]) -> None:
+    def _fold_into_totals(self, rows: list[_Row], counts: _Counts, durations: list[float]) -> None:
         """Add the window's post-warm-up iterations to the totals (Chan's parallel merge for
         the mean and variance: exact and stable, with no per-iteration cost)."""
-        warm = self._window_warmup.iterations
+        warm = self._window_warm
         post = durations[warm:]
         if not post:
             return
-        counts = _Counts()
-        counts.merge(self._window)
-        counts.merge(self._window_warmup, sign=-1)
-        self.total.merge(counts)
+        self.total.merge(counts if not warm else _Counts.of_rows(rows[warm:]))
         self._total_stats.merge(post)
         self._total_sketch.add_many(post)
 
@@ -348,9 +350,10 @@ class TrainingAggregator:
         if stats.count:
             out[_T + "iteration_time.mean"] = stats.mean
             out[_T + "iteration_time.stddev"] = stats.stddev
-            out[_T + "iteration_time.p50"] = self._total_sketch.quantile(0.50)
-            out[_T + "iteration_time.p90"] = self._total_sketch.quantile(0.90)
-            out[_T + "iteration_time.p99"] = self._total_sketch.quantile(0.99)
+            p50, p90, p99 = self._total_sketch.quantiles((0.50, 0.90, 0.99))
+            out[_T + "iteration_time.p50"] = p50
+            out[_T + "iteration_time.p90"] = p90
+            out[_T + "iteration_time.p99"] = p99
             scratch: dict[str, float | int | str] = {}
             self.total.rates(inputs, _T, scratch)
             for key in ("samples_per_second", "tokens_per_second", "tflops_per_device", "mfu", "hfu"):

@@ -38,6 +38,18 @@ def estimate_span_bytes(span: ReadableSpan) -> int:
     return size + 48 * len(span.links)
 
 
+def _no_op(self: object, span: object, parent_context: object = None) -> None:
+    pass
+
+
+def _is_no_op(method: object) -> bool:
+    """True for a missing hook or one whose body is ``pass``: nothing to call."""
+    code = getattr(method, "__code__", None)
+    if method is None:
+        return True
+    return code is not None and code.co_code == _no_op.__code__.co_code and not code.co_names
+
+
 class TraceBudget:
     """Spans and estimated bytes sent per trace, for the last few traces."""
 
@@ -45,19 +57,26 @@ class TraceBudget:
         self._usage: OrderedDict[int, list[int]] = OrderedDict()
         self._keep = keep
         self._lock = threading.Lock()
+        self._last: tuple[int, list[int]] = (0, [0, 0, 0])  # consecutive spans share a trace
 
     def add(self, span: ReadableSpan) -> None:
+        """Count a span that is being exported (unsampled spans are not: they never leave)."""
         context = span.get_span_context()
-        if context is None:
+        if context is None or not context[3] & 1:  # trace_flags, read from the tuple
             return
-        usage = self._usage.get(context.trace_id)
-        if usage is None:
-            with self._lock:
-                usage = self._usage.get(context.trace_id)
-                if usage is None:
-                    usage = self._usage[context.trace_id] = [0, 0, 0]
-                    if len(self._usage) > self._keep:
-                        self._usage.popitem(last=False)
+        trace_id = context[0]
+        last_id, usage = self._last
+        if trace_id != last_id:
+            found = self._usage.get(trace_id)
+            if found is None:
+                with self._lock:
+                    found = self._usage.get(trace_id)
+                    if found is None:
+                        found = self._usage[trace_id] = [0, 0, 0]
+                        if len(self._usage) > self._keep:
+                            self._usage.popitem(last=False)
+            usage = found
+            self._last = (trace_id, usage)
         # Unlocked: an estimate; concurrent ends of one trace may lose an increment, not a span.
         # Sizing a span walks its attributes; every 8th span is sized and stands for its 8.
         count = usage[0] = usage[0] + 1
@@ -81,6 +100,10 @@ class IterationExportFilter(SpanProcessor):
         self._dropped: OrderedDict[int, None] = OrderedDict()
         self._lock = threading.Lock()
         self._open_children: dict[int, int] = {}
+        # Only processors whose hooks do something are called for every span (the SDK's batch
+        # and simple processors do nothing at start, and nothing while a span is ending).
+        self._starting = [p for p in processors if not _is_no_op(getattr(type(p), "on_start", None))]
+        self._ending = [p for p in processors if not _is_no_op(getattr(type(p), "_on_ending", None))]
         self.buffer_overflow = 0
         self.dropped_spans = 0
         #: Returns the running fast-path iteration (set by the engine): its span id is the parent
@@ -122,11 +145,11 @@ class IterationExportFilter(SpanProcessor):
                 with self._lock:
                     self._owner[span.get_span_context().span_id] = root
                     self._open_children[root] = self._open_children.get(root, 0) + 1
-        for processor in self._processors:
+        for processor in self._starting:
             processor.on_start(span, parent_context=parent_context)
 
     def _on_ending(self, span: Span) -> None:
-        for processor in self._processors:
+        for processor in self._ending:
             processor._on_ending(span)
 
     def on_end(self, span: ReadableSpan) -> None:
@@ -153,8 +176,7 @@ class IterationExportFilter(SpanProcessor):
         self._forward(span)
 
     def _forward(self, span: ReadableSpan) -> None:
-        if span.context is not None and span.context.trace_flags.sampled:
-            self._budget.add(span)
+        self._budget.add(span)
         for processor in self._processors:
             processor.on_end(span)
 

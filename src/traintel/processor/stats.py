@@ -183,19 +183,33 @@ class QuantileSketch:
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0..1): the value of rank ``q * (count - 1)``."""
+        return self.quantiles((q,))[0]
+
+    def quantiles(self, qs: tuple[float, ...]) -> list[float]:
+        """Several quantiles (ascending ``qs``) in one walk over the buckets: the totals ask for
+        p50, p90 and p99 at every window close."""
         if self.count == 0:
-            return math.nan
+            return [math.nan] * len(qs)
         if self._exact is not None:
-            return percentile(self._exact, q * 100)
-        rank = q * (self.count - 1)
-        if rank < self.zeros:
-            return 0.0
+            return [percentile(self._exact, q * 100) for q in qs]
+        counts, gamma = self._counts, self._gamma
+        out: list[float] = []
+        pending = iter(qs)
+        q = next(pending, None)
         seen = self.zeros
-        for index in sorted(self._counts):
-            seen += self._counts[index]
-            if seen > rank:
-                return 2 * self._gamma**index / (self._gamma + 1)
-        return 2 * self._gamma ** max(self._counts) / (self._gamma + 1)
+        while q is not None and q * (self.count - 1) < seen:
+            out.append(0.0)
+            q = next(pending, None)
+        for index in sorted(counts):
+            if q is None:
+                break
+            seen += counts[index]
+            while q is not None and seen > q * (self.count - 1):
+                out.append(2 * gamma**index / (gamma + 1))
+                q = next(pending, None)
+        top = 2 * gamma ** max(counts) / (gamma + 1) if counts else 0.0
+        out.extend(top for _ in range(len(qs) - len(out)))
+        return out
 
     def robust_mean(self, k: float = 3.0) -> float:
         """Mean of the values at most ``median + k * MAD`` (exact while exact; from bucket

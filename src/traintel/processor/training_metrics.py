@@ -63,6 +63,7 @@ class TrainingMetricsProcessor(SpanProcessor):
         self._enabled = True
         self._instruments = instruments
         self._own_scope = own_scope
+        self._own_scope_seen: object = None
         self._budget = budget
         self._attribute_cache: dict[str, dict[str, str]] = {}
         self._overflow_warned = False
@@ -103,7 +104,7 @@ class TrainingMetricsProcessor(SpanProcessor):
         context = span.get_span_context()
         if context is None:
             return
-        if self._budget is not None and context.trace_flags.sampled:
+        if self._budget is not None:
             self._budget.add(span)
         engine = self.engine
         if engine is not None and engine.materializing == _get_ident():
@@ -197,7 +198,12 @@ class TrainingMetricsProcessor(SpanProcessor):
 
     def _is_own(self, span: ReadableSpan) -> bool:
         scope = span.instrumentation_scope
-        return scope is not None and scope.name == self._own_scope
+        if scope is self._own_scope_seen:  # one scope object per tracer: compare names once
+            return scope is not None
+        if scope is not None and scope.name == self._own_scope:
+            self._own_scope_seen = scope
+            return True
+        return False
 
     def _foreign(self, span: ReadableSpan, phase: str, duration_ns: int) -> None:
         """Aggregate a span traintel's API did not create."""
