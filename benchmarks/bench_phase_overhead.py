@@ -103,23 +103,19 @@ def rss_bytes() -> int:
 def nv_one_logger(iterations: int, rounds: int, later: int) -> dict[str, float] | str:
     """Run the nv-one-logger half in its own virtualenv; a string says why it could not."""
     python = NV_VENV / "bin" / "python"
-    if not python.exists():
+    probe = [str(python), "-c", "import nv_one_logger, traintel"]
+    ready = python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0
+    if not ready:  # both libraries in one virtualenv: nv-one-logger's pins, traintel's base deps
         try:
-            subprocess.run([sys.executable, "-m", "venv", str(NV_VENV)], check=True, capture_output=True)
+            if not python.exists():
+                subprocess.run([sys.executable, "-m", "venv", str(NV_VENV)], check=True, capture_output=True)
             subprocess.run(
                 [
-                    str(python),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "nv-one-logger-training-telemetry",
-                    "pyyaml",
+                    str(python), "-m", "pip", "install", "--quiet",
+                    "nv-one-logger-training-telemetry", "pyyaml", str(HERE.parent),
                 ],
-                check=True,
-                capture_output=True,
-                timeout=600,
-            )
+                check=True, capture_output=True, timeout=900,
+            )  # fmt: skip
         except (subprocess.SubprocessError, OSError) as exc:
             return f"unavailable ({exc})"
     result = subprocess.run(
@@ -128,6 +124,7 @@ def nv_one_logger(iterations: int, rounds: int, later: int) -> dict[str, float] 
             "--rounds", str(rounds), "--later", str(later),
         ],
         capture_output=True, text=True, timeout=1800, check=False,
+        env=dict(os.environ, PYTHONPATH=str(HERE.parent / "src")),  # this checkout's traintel
     )  # fmt: skip
     if result.returncode != 0:
         return f"failed: {result.stderr.strip().splitlines()[-1:]}"
