@@ -191,3 +191,39 @@ def test_the_callback_alone_still_gives_one_iteration_per_optimizer_step(
     assert [attr(s, semconv.ITERATION) for s in iterations] == [0, 1, 2, 3]
     assert all(children(s, spans) == {"optimizer_update": 1} for s in iterations)
     assert {parent_name(s, spans) for s in iterations} == {"training_loop"}
+
+
+def test_compiled_model_flops_are_counted_not_taken_from_total_flos(
+    captured: Captured, tmp_path: Path
+) -> None:
+    """``torch_compile=True`` wraps the model in an ``OptimizedModule`` (``aot_eager``: no C++
+    toolchain needed); the counter still sees every operation of the first micro-batch, so the
+    FLOPs equal the eager count of the unwrapped model, whatever ``total_flos`` says."""
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=ACCUMULATE,
+        save_strategy="no",
+        logging_steps=1000,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        torch_compile=True,
+        torch_compile_backend="aot_eager",
+    )
+    trainer = transformers.Trainer(model=_model(), args=args, train_dataset=Tokens(64))
+    instrument_trainer(trainer)
+    trainer.train()
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"
+    ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
+    expected = traintel.measure_flops(_model(), {"input_ids": ids, "labels": ids}, lambda o: o.loss)
+    config = traintel.get_telemetry().config
+    assert config.get("flops_per_sample") == expected.model_flops_per_sample
+    assert config.get("flops_method") == "counter"
+    iterations = captured.named("training_iteration")
+    assert [attr(s, semconv.ITERATION) for s in iterations] == [0, 1, 2, 3]
+    spans = captured.spans()
+    assert all(children(s, spans)["model_forward"] == ACCUMULATE for s in iterations)
+    assert all(attr(s, semconv.METRIC_PREFIX + "loss") > 0 for s in iterations)
