@@ -16,86 +16,100 @@ from traintel import _runtime, semconv
 from traintel.api import phases
 from traintel.flops import _first_dim
 
-#: Step phases are timed into their iteration's record: their handle is the iteration itself.
+#: Phases that run every step are driven directly, not through the callback registry: their
+#: handle is the iteration's record (or, for the iteration, the record itself).
 _STEP_KEYS = frozenset(phase.value for phase in semconv.STEP_PHASES)
+_DIRECT_KEYS = _STEP_KEYS | {semconv.Phase.TRAINING_ITERATION.value}
 
 
 class PhaseDriver:
     """Opens phases under keys and remembers which ones it opened, innermost last.
 
-    Loops, iterations and the application go through traintel's callback registry, so they
-    pair with the public ``on_*`` callbacks and are closed at shutdown. Step phases (data
-    loading, forward, backward, optimizer) run many times per iteration and are driven
-    directly: the registry's lock and scan would cost more than the phase itself.
+    Loops, evaluation and the application go through traintel's callback registry, so they
+    pair with the public ``on_*`` callbacks and are closed at shutdown. The training iteration
+    and its step phases (data loading, forward, backward, optimizer) run every step and are
+    driven directly: the registry's lock and scan would cost more than the phase itself. They
+    are still closed on failure and teardown (:meth:`fail`, :meth:`close_all`), and a job killed
+    mid-iteration has the engine end it (preemption).
     """
 
-    __slots__ = ("_integration", "_keys", "_open")
+    __slots__ = ("_integration", "_open")
 
     def __init__(self, integration: str) -> None:
         self._integration = integration
-        self._open: list[tuple[str, phases.PhaseSpan | None]] = []
-        self._keys: set[str] = set()
+        #: key -> the template driven directly, or None for a registry entry; insertion order
+        #: is opening order, so the last key is the innermost phase.
+        self._open: dict[str, phases.PhaseSpan | None] = {}
 
     def is_open(self, key: str) -> bool:
-        return key in self._keys
+        return key in self._open
 
     def open(self, key: str, template: phases.PhaseSpan, start_ns: int | None = None) -> None:
-        if key in self._keys:
+        if key in self._open:
             return
         try:
             telemetry = _runtime._telemetry or _runtime.current()
             if not telemetry.enabled or telemetry.closed:
                 return
-            if key in _STEP_KEYS:
-                template._open(telemetry, start_ns)
-                self._open.append((key, template))
+            if key in _DIRECT_KEYS:
+                span = template._open(telemetry, start_ns)
+                self._open[key] = template
+                if key in _STEP_KEYS:  # their handle is the iteration: already marked
+                    return
             else:
                 span = telemetry.callback_start(key, template, start_ns)
-                if span.is_recording():
-                    span.set_attribute(semconv.INTEGRATION, self._integration)
-                self._open.append((key, None))
-            self._keys.add(key)
+                self._open[key] = None
+            if span.is_recording():
+                span.set_attribute(semconv.INTEGRATION, self._integration)
         except Exception:
-            _runtime.current().warn_once(
-                f"{self._integration}:open:{key}", "%s: could not open %r", self._integration, key
-            )
+            self._failed("open", key)
 
     def close(self, key: str, end_ns: int | None = None, exc: BaseException | None = None) -> None:
         """Close ``key``, and first anything opened inside it (ended early, not failed)."""
-        if key not in self._keys:
+        opened = self._open
+        if key not in opened:
             return
-        stack = self._open
-        if stack[-1][0] == key:  # the common case: the innermost phase
-            entries = [stack.pop()]
-            self._keys.discard(key)
-        else:
-            index = next(i for i, entry in enumerate(stack) if entry[0] == key)
-            entries = stack[index:]
-            del stack[index:]
-            self._keys.difference_update(entry[0] for entry in entries)
+        template = opened[key]
+        if template is not None and next(reversed(opened)) == key:  # every step: direct, innermost
+            del opened[key]
+            try:
+                telemetry = _runtime._telemetry or _runtime.current()
+                if not telemetry.closed:
+                    template._close(telemetry, exc, end_ns)
+            except Exception:
+                self._failed("close", key)
+            return
+        entries = self._pop_from(key)
         try:
             telemetry = _runtime._telemetry or _runtime.current()
             if telemetry.closed:
                 return
             for inner, template in reversed(entries):
-                error = exc if inner == key else None
-                reason = None if inner == key else f"parent {key} ended first"
+                error, reason = (exc, None) if inner == key else (None, f"parent {key} ended first")
                 if template is not None:
                     template._close(telemetry, error, end_ns, reason)
                 else:
                     telemetry.callback_end(inner, end_ns, error)
         except Exception:
-            _runtime.current().warn_once(
-                f"{self._integration}:close:{key}", "%s: could not close %r", self._integration, key
-            )
+            self._failed("close", key)
+
+    def _failed(self, action: str, key: str) -> None:
+        _runtime.current().warn_once(
+            f"{self._integration}:{action}:{key}", "%s: could not %s %r", self._integration, action, key
+        )
+
+    def _pop_from(self, key: str) -> list[tuple[str, phases.PhaseSpan | None]]:
+        """``key`` and everything opened after it, in opening order, taken off the open set."""
+        keys = list(self._open)
+        return [(inner, self._open.pop(inner)) for inner in keys[keys.index(key) :]]
 
     def fail(self, exc: BaseException) -> None:
         """Close everything this driver opened, innermost first, each marked ERROR by ``exc``."""
-        for key, _template in reversed(list(self._open)):
+        for key in reversed(list(self._open)):
             self.close(key, None, exc)
 
     def close_all(self) -> None:
-        for key, _template in reversed(list(self._open)):
+        for key in reversed(list(self._open)):
             self.close(key)
 
 
