@@ -386,7 +386,6 @@ class TrainingEngine:
         record.end_ns = end_ns
         record.error = error
         record.context = None  # the body's Context holds the record: break the cycle for refcounting
-        record.real_context = None
         if self.active is record:
             self.active = None
         duration_ns = end_ns - record.start_ns
@@ -601,7 +600,7 @@ class TrainingEngine:
                 name, context=child_context, attributes={semconv.PHASE: name}, start_time=start_ns
             )
             if child_error is not None:
-                _mark_error(child, child_error, end_ns)
+                mark_error(child, child_error, end_ns)
             child.end(end_time=end_ns)
         _finish_span(span, record)
         context_out = span.get_span_context()
@@ -899,11 +898,11 @@ def _finish_span(span: Span, record: IterationSpan) -> None:
     if record.status is not None:
         span.set_status(record.status)
     if record.error is not None:
-        _mark_error(span, record.error, record.end_ns)
+        mark_error(span, record.error, record.end_ns)
     span.end(end_time=record.end_ns)
 
 
-def _mark_error(span: Span, error: BaseException, timestamp: int) -> None:
+def mark_error(span: Span, error: BaseException, timestamp: int) -> None:
     span.record_exception(error, timestamp=timestamp, escaped=True)
     span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
 

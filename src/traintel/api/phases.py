@@ -28,13 +28,13 @@ from typing import Any, Literal, TypeVar, cast
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanContext
 from opentelemetry.util.types import AttributeValue
 
 from traintel import _fastctx as _fast
 from traintel import _runtime, preemption, semconv
 from traintel._attributes import as_number, clean_attributes, clean_value
-from traintel._engine import IterationSpan, TrainingEngine
+from traintel._engine import IterationSpan, TrainingEngine, mark_error
 from traintel._segments import SegmentedSpan
 from traintel.processor.aggregator import STEP_INDEX
 from traintel.semconv import Phase
@@ -500,12 +500,10 @@ class _StepPhase(PhaseSpan):
             _detach(token)  # type: ignore[arg-type]
         except Exception:
             pass
-        record.phase_ns[self._index] += end - self._start_ns
-        record.step_spans = True
+        record.add_step_time(self._name, end - self._start_ns)
         error = None if exc is None else _clean_exit(exc)
         if error is not None:
-            span.record_exception(error, timestamp=end, escaped=True)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            mark_error(span, error, end)
         span.end(end_time=end)
 
     def __exit__(

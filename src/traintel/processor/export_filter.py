@@ -44,9 +44,9 @@ def _no_op(self: object, span: object, parent_context: object = None) -> None:
 
 def _is_no_op(method: object) -> bool:
     """True for a missing hook or one whose body is ``pass``: nothing to call."""
-    code = getattr(method, "__code__", None)
     if method is None:
         return True
+    code = getattr(method, "__code__", None)
     return code is not None and code.co_code == _no_op.__code__.co_code and not code.co_names
 
 
