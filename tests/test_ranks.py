@@ -134,3 +134,87 @@ def test_a_killed_rank_does_not_hang_the_survivor(tmp_path: Path) -> None:
     assert updates and all(u[R + "window.index"] <= 5 for u in updates)
     windows = rank0.events(semconv.Event.TRAINING_METRICS_UPDATE.value)
     assert windows[-1][semconv.WINDOW_PREFIX + "last_iteration"] == 39  # its own telemetry goes on
+
+
+HUNG_JOB = """
+traintel.configure()
+x = torch.randn(64, 64)
+with traintel.training_loop():
+    for i in range(30):
+        with traintel.training_iteration():
+            with traintel.model_forward():
+                (x @ x).sum()
+                time.sleep(0.02)
+                if RANK == 1 and i == 10:
+                    time.sleep(HANG)  # hung, not dead: its exchange never joins in time
+started = time.monotonic()
+traintel.shutdown()
+print(f"SHUTDOWN {time.monotonic() - started:.3f}", flush=True)
+os._exit(0)
+"""
+
+
+def test_a_hung_rank_times_the_exchange_out_and_training_goes_on(tmp_path: Path) -> None:
+    timeout, hang = 2.0, 7.0
+    rank0, rank1 = run_ranks(
+        f"HANG = {hang}\n" + HUNG_JOB, tmp_path, timeout=60, TRAINTEL_LOG_EVERY_N_ITERATIONS="2",
+        TRAINTEL_CROSS_RANK_TIMEOUT=str(timeout),
+    )  # fmt: skip
+    assert rank0.returncode == 0 and rank1.returncode == 0, rank0.stderr[-2000:] + rank1.stderr[-2000:]
+    assert "cross-rank exchange stopped on rank 0" in rank0.stderr
+    loop = next(s for s in rank0.spans() if s.name == semconv.Phase.TRAINING_LOOP.value)
+    # Rank 0 never waited for the hung rank beyond the exchange timeout (its own work: ~0.6 s).
+    assert loop.duration_s < 30 * 0.02 + timeout + 2.0 < hang
+    assert rank0.seconds < rank1.seconds
+
+
+BLOCKED_JOB = """
+from torch.nn.parallel import DistributedDataParallel as DDP
+traintel.configure()
+model = DDP(torch.nn.Linear(16, 4))
+x = torch.randn(8, 16)
+with traintel.training_loop():
+    for i in range(6):
+        with traintel.training_iteration():
+            with traintel.model_forward():
+                if RANK == 1 and i == 3:
+                    print(f"BLOCKED {time.time_ns()}", flush=True)
+                    time.sleep(BLOCK)  # rank 0 meanwhile waits in backward's all-reduce
+                loss = model(x).sum()
+            with traintel.model_backward():
+                loss.backward()
+traintel.shutdown()
+dist.destroy_process_group()
+"""
+
+
+def test_a_blocked_rank_is_named_by_its_heartbeat_within_the_reader_interval(tmp_path: Path) -> None:
+    interval, block = 0.5, 3.0
+    results = ok(
+        run_ranks(
+            f"BLOCK = {block}\n" + BLOCKED_JOB,
+            tmp_path,
+            OTEL_METRIC_EXPORT_INTERVAL=str(int(interval * 1000)),
+        )
+    )
+    blocked_at = int(
+        next(line for line in results[1].stdout.splitlines() if line.startswith("BLOCKED")).split()[1]
+    )
+    # Inside an iteration the gauge names it and its last completed step phase: rank 1 none yet
+    # (stuck in forward), rank 0 forward (stuck in backward, i.e. in the all-reduce).
+    for result, after in ((results[1], None), (results[0], "model_forward")):
+        seconds = result.metric_points(semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS)
+        phases = {t: a for t, a, _ in result.metric_points(semconv.METRIC_HEARTBEAT_PHASE)}
+        during = [(t, v) for t, _, v in seconds if blocked_at < t < blocked_at + block * 1e9]
+        assert during, f"rank {result.rank}: no heartbeat while blocked"
+        # The first collection after the block began already shows where the rank is stuck...
+        first_t, _ = during[0]
+        assert first_t - blocked_at <= (interval + 0.5) * 1e9
+        assert phases[first_t][semconv.PHASE] == "training_iteration"
+        assert phases[first_t].get(semconv.HEARTBEAT_AFTER) == after
+        iterations = {t: v for t, _, v in result.metric_points(semconv.METRIC_HEARTBEAT_ITERATION)}
+        assert iterations[first_t] == 2
+        # ...and the gauge keeps growing with the time stuck.
+        last_t, last_v = during[-1]
+        assert last_v >= (last_t - blocked_at) / 1e9 - 0.1
+        assert last_v > block / 2
