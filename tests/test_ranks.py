@@ -218,3 +218,47 @@ def test_a_blocked_rank_is_named_by_its_heartbeat_within_the_reader_interval(tmp
         last_t, last_v = during[-1]
         assert last_v >= (last_t - blocked_at) / 1e9 - 0.1
         assert last_v > block / 2
+
+
+SYNC_POINT_JOB = """
+traintel.configure()
+x = torch.randn(64, 64)
+with traintel.training_loop():
+    for i in range(8):
+        with traintel.training_iteration():
+            with traintel.data_loading():
+                time.sleep(0.01)
+            with traintel.model_forward():
+                (x @ x).sum()
+                if RANK == 1:
+                    time.sleep(DELAY)
+            traintel.mark_sync_point()  # no DDP: the user's own collective follows
+            dist.all_reduce(torch.ones(4))
+traintel.shutdown()
+dist.destroy_process_group()
+"""
+
+
+def test_scale_mode_only_rank_0_exports_job_level_statistics(tmp_path: Path) -> None:
+    delay = 0.05
+    rank0, rank1 = ok(
+        run_ranks(
+            f"DELAY = {delay}\n" + SYNC_POINT_JOB, tmp_path, TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
+            TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE="1",
+        )
+    )  # fmt: skip
+    updates = rank0.events(semconv.Event.RANKS_METRICS_UPDATE.value)
+    assert [u[R + "window.index"] for u in updates] == [0, 1]
+    last = updates[-1]
+    assert last[R + "top_k"] == [1, 0] and last[R + "compute_mode"] == "sync_point"
+    # The explicit sync point: compute excludes the data wait and the all-reduce.
+    assert 0.01 <= last[R + "data_loading_time.min"] < 0.02
+    assert delay <= last[R + "compute_time.max"] < delay + 0.01
+    assert last[R + "compute_time.min"] < 0.01
+    assert [s[semconv.STRAGGLER_RANK] for s in rank0.events(semconv.Event.STRAGGLER.value)] == [1, 1]
+    assert rank0.metric_points(semconv.METRIC_RANKS_COMPUTE_DURATION)
+    # Rank 1 exports only its own anomaly: its straggler events and its lagging EWMA.
+    assert not rank1.events(semconv.Event.RANKS_METRICS_UPDATE.value)
+    assert [s[semconv.STRAGGLER_RANK] for s in rank1.events(semconv.Event.STRAGGLER.value)] == [1, 1]
+    assert not rank1.metric_points(semconv.METRIC_RANKS_COMPUTE_DURATION)
+    assert rank1.metric_points(semconv.METRIC_RANK_COMPUTE_EWMA)[-1][2] >= delay

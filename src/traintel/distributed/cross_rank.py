@@ -64,7 +64,7 @@ class CrossRank:
 
     @property
     def scale_mode(self) -> bool:
-        return self.world >= int(self.config.get("cross_rank_scale_world_size"))
+        return self.world >= int(self.engine.config.get("cross_rank_scale_world_size"))
 
     # --- the synchronisation point (once per iteration) -----------------------------------------
     def mark_sync_point(self, now_ns: int) -> None:

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from traintel import semconv
 from traintel.processor.stats import percentile
 
-#: Smoothing of the per-rank compute EWMA (weight of the newest window).
-EWMA_ALPHA = 0.3
+#: Smoothing of the per-rank compute EWMA (weight of the newest window): one window three times
+#: slower than the others moves it by a fifth of the gap, below the default straggler factor,
+#: while a lag that lasts crosses it within a few windows.
+EWMA_ALPHA = 0.1
 #: A straggler must lag the other ranks' median by at least this much: below it, differences
 #: are timer and scheduler noise on small steps, not a slow rank.
 MIN_LAG_S = 0.005
