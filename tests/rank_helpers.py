@@ -69,6 +69,7 @@ def run_ranks(code: str, tmp_path: Path, world: int = 2, timeout: float = 90, **
     script = tmp_path / "rank.py"
     script.write_text(PRELUDE + textwrap.dedent(code))
     port = str(free_port())
+    run_id = f"ranks-{port}"  # torchrun gives every rank the same TORCHELASTIC_RUN_ID
     procs = []
     started = time.monotonic()
     for rank in range(world):
@@ -76,7 +77,8 @@ def run_ranks(code: str, tmp_path: Path, world: int = 2, timeout: float = 90, **
         out_dir.mkdir()
         rank_env = clean_env(
             RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port, TRAINTEL_OUTPUT_DIR=str(out_dir), OMP_NUM_THREADS="1", **env,
+            MASTER_PORT=port, TRAINTEL_OUTPUT_DIR=str(out_dir), OMP_NUM_THREADS="1",
+            TORCHELASTIC_RUN_ID=run_id, **env,
         )  # fmt: skip
         procs.append(
             (

@@ -262,3 +262,34 @@ def test_scale_mode_only_rank_0_exports_job_level_statistics(tmp_path: Path) -> 
     assert [s[semconv.STRAGGLER_RANK] for s in rank1.events(semconv.Event.STRAGGLER.value)] == [1, 1]
     assert not rank1.metric_points(semconv.METRIC_RANKS_COMPUTE_DURATION)
     assert rank1.metric_points(semconv.METRIC_RANK_COMPUTE_EWMA)[-1][2] >= delay
+
+
+def test_the_report_merges_the_rank_files_into_cross_rank_statistics(
+    ddp: list[RankResult], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from traintel import cli
+
+    dirs = [str(result.out_dir) for result in ddp]
+    assert cli.main(["report", *dirs, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["cross_rank"]
+    windows = data["windows"]
+    assert [(w["window"], w["first_iteration"], w["last_iteration"], w["ranks"]) for w in windows] == [
+        (0, 0, 3, 2), (1, 4, 7, 2), (2, 8, 11, 2)
+    ]  # fmt: skip
+    # Recomputed from each rank's own window events: the same per-rank means as the live view.
+    per_rank = [
+        [e[semconv.WINDOW_PREFIX + "iteration_time.mean"] for e in r.events("training_metrics_update")]
+        for r in ddp
+    ]
+    for window, a, b in zip(windows, *per_rank, strict=True):
+        assert window["iteration_time"]["min"] == min(a, b) and window["iteration_time"]["max"] == max(a, b)
+        assert window["iteration_time"]["median"] == pytest.approx((a + b) / 2)
+        assert window["compute_time"]["max"] >= DELAY and window["straggler_rank"] == 1
+        assert window["top_k"] == [1, 0]
+    # Both ranks carried the same straggler events: counted once per window.
+    assert [(s["window"], s["rank"]) for s in data["stragglers"]] == [(0, 1), (1, 1), (2, 1)]
+    assert cli.main(["report", *dirs]) == 0
+    text = capsys.readouterr().out
+    assert "Across ranks, per window" in text and "rank 1" in text
