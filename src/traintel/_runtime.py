@@ -428,7 +428,7 @@ def _install(
     HeartbeatInstruments(pipeline.meter_provider, _current_heartbeat)
     # Cross-rank statistics: the exchange starts at a window end once torch.distributed is up.
     global _last_cross_rank
-    telemetry.cross_rank = _last_cross_rank = cross_rank = CrossRank(engine, config)
+    telemetry.cross_rank = _last_cross_rank = cross_rank = CrossRank(engine)
     engine.window_hook = cross_rank.window_closed
     cross_rank.count_straggler = CrossRankInstruments(pipeline.meter_provider, _current_cross_rank).count
     SystemInstruments(pipeline.meter_provider)

@@ -293,8 +293,8 @@ METRIC_RANK_COMPUTE_EWMA: Final = "ml.training.rank.compute.ewma"
 METRIC_STRAGGLERS: Final = "ml.training.stragglers"
 STATISTIC: Final = "ml.training.statistic"
 STRAGGLER_RANK: Final = "ml.training.straggler.rank"
-#: On ``ranks_metrics_update`` (and ``training_window`` summaries): the cross-rank statistics of a
-#: window, e.g. ``ml.training.ranks.compute_time.median``, ``ml.training.ranks.top_k``.
+#: On ``ranks_metrics_update`` events: the cross-rank statistics of a window, e.g.
+#: ``ml.training.ranks.compute_time.median``, ``ml.training.ranks.top_k``.
 RANKS_PREFIX: Final = "ml.training.ranks."
 #: On ``straggler`` events: the lagging rank's compute time before the synchronisation point,
 #: the median of the other ranks', their ratio, the rank's EWMA and whether the lag is chronic.

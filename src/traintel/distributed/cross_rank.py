@@ -34,7 +34,6 @@ from traintel.version import __version__
 
 if TYPE_CHECKING:
     from traintel._engine import IterationSpan, TrainingEngine
-    from traintel.config import TrainingConfig
     from traintel.distributed.exchange import Exchange
 
 _logger = logging.getLogger("traintel")
@@ -44,12 +43,11 @@ _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 class CrossRank:
     """One job's cross-rank state; the engine calls :meth:`window_closed` at every window end."""
 
-    def __init__(self, engine: TrainingEngine, config: TrainingConfig) -> None:
-        self.engine = engine
-        self.config = config
-        self.enabled = config.get("cross_rank") != "off"
-        self.timeout_s = float(config.get("cross_rank_timeout"))
-        self.tracker = RankTracker(int(config.get("cross_rank_top_k")), float(config.get("straggler_factor")))
+    def __init__(self, engine: TrainingEngine) -> None:
+        self.engine = engine  # its config is the job's current one (set_training_config included)
+        self.failed = False
+        self.timeout_s = 0.0
+        self.tracker = RankTracker()
         self.exchange: Exchange | None = None
         self.rank = 0
         self.world = 1
@@ -84,7 +82,7 @@ class CrossRank:
     def window_closed(self, report: WindowReport | None, final: bool) -> None:
         """Hand this window's row to the exchange; at the loop's end, wait (bounded) for it."""
         try:
-            if not self.enabled:
+            if self.failed or self.engine.config.get("cross_rank") == "off":
                 return
             exchange = self.exchange if self.exchange is not None else self._start()
             if exchange is None:
@@ -95,7 +93,7 @@ class CrossRank:
                 # The loop span ends right after: its events must be in first. Bounded.
                 exchange.wait_idle(self.timeout_s)
         except Exception:
-            self.enabled = False
+            self.failed = True
             _logger.exception("traintel: cross-rank statistics disabled after an error")
 
     def _row(self, report: WindowReport) -> RankWindow:
@@ -129,6 +127,9 @@ class CrossRank:
         if world is None:
             return None
         self.rank, self.world = world
+        config = self.engine.config
+        self.timeout_s = float(config.get("cross_rank_timeout"))
+        self.tracker = RankTracker(int(config.get("cross_rank_top_k")), float(config.get("straggler_factor")))
         self.exchange = Exchange(len(FIELDS), self.timeout_s, self._gathered)
         return self.exchange
 
@@ -142,7 +143,7 @@ class CrossRank:
             self.latest = window
         job_level = self.rank == 0 or not self.scale_mode
         loop = self.engine._loop_span_for()
-        if loop is not None and job_level:
+        if loop is not None and job_level and self.engine.events.allow("ranks"):
             loop.add_event(Event.RANKS_METRICS_UPDATE.value, window.attributes())
         straggler = window.straggler
         if straggler is None:
@@ -151,7 +152,11 @@ class CrossRank:
             self.stragglers += 1
             if self.count_straggler is not None:
                 self.count_straggler(straggler.rank)
-        if loop is not None and (job_level or straggler.rank == self.rank):
+        if (
+            loop is not None
+            and (job_level or straggler.rank == self.rank)
+            and self.engine.events.allow("straggler")
+        ):
             loop.add_event(Event.STRAGGLER.value, straggler.attributes(window.window_index))
 
     # --- what the gauges read (metric reader's thread) ------------------------------------------
