@@ -128,8 +128,8 @@ def test_a_killed_rank_does_not_hang_the_survivor(tmp_path: Path) -> None:
     assert rank0.returncode == 0, rank0.stderr[-3000:]
     assert "SURVIVED" in rank0.stdout
     assert "cross-rank exchange stopped on rank 0" in rank0.stderr
-    # 40 iterations of >= 20 ms plus start-up; never blocked past the exchange timeout.
-    assert rank0.seconds < 40 * 0.02 + timeout + 20
+    loop = next(s for s in rank0.spans() if s.name == semconv.Phase.TRAINING_LOOP.value)
+    assert loop.duration_s < 40 * 0.02 + timeout  # 40 iterations of ~20 ms, never blocked for long
     updates = rank0.events(semconv.Event.RANKS_METRICS_UPDATE.value)
     assert updates and all(u[R + "window.index"] <= 5 for u in updates)
     windows = rank0.events(semconv.Event.TRAINING_METRICS_UPDATE.value)
@@ -155,17 +155,21 @@ os._exit(0)
 
 
 def test_a_hung_rank_times_the_exchange_out_and_training_goes_on(tmp_path: Path) -> None:
-    timeout, hang = 2.0, 7.0
+    timeout, hang = 1.0, 6.0
     rank0, rank1 = run_ranks(
-        f"HANG = {hang}\n" + HUNG_JOB, tmp_path, timeout=60, TRAINTEL_LOG_EVERY_N_ITERATIONS="2",
+        f"HANG = {hang}\n" + HUNG_JOB, tmp_path, timeout=60, TRAINTEL_LOG_EVERY_N_ITERATIONS="10",
         TRAINTEL_CROSS_RANK_TIMEOUT=str(timeout),
     )  # fmt: skip
     assert rank0.returncode == 0 and rank1.returncode == 0, rank0.stderr[-2000:] + rank1.stderr[-2000:]
-    assert "cross-rank exchange stopped on rank 0" in rank0.stderr
+    # Window 0 was exchanged; window 1's gather waited for the hung rank and timed out.
+    (stopped,) = [
+        line for line in rank0.stderr.splitlines() if "cross-rank exchange stopped on rank 0" in line
+    ]
+    assert "timed out" in stopped.lower(), stopped
+    assert [u[R + "window.index"] for u in rank0.events(semconv.Event.RANKS_METRICS_UPDATE.value)] == [0]
     loop = next(s for s in rank0.spans() if s.name == semconv.Phase.TRAINING_LOOP.value)
     # Rank 0 never waited for the hung rank beyond the exchange timeout (its own work: ~0.6 s).
-    assert loop.duration_s < 30 * 0.02 + timeout + 2.0 < hang
-    assert rank0.seconds < rank1.seconds
+    assert loop.duration_s < 30 * 0.02 + timeout + 1.0 < hang
 
 
 BLOCKED_JOB = """
