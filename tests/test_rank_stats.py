@@ -89,9 +89,7 @@ def test_the_row_round_trips_the_exchange_vector() -> None:
 def test_without_a_sync_point_compute_is_the_step_minus_the_data_wait(pipeline: Pipeline) -> None:
     cross_rank = traintel.get_telemetry().cross_rank
     assert cross_rank is not None
-    report = WindowReport(
-        0, 0, 3, {semconv.WINDOW_PREFIX + "iterations": 4}, [], duration_s=2.0, data_loading_s=0.4
-    )
+    report = WindowReport(0, 0, 3, {}, [], durations=[0.5] * 4, duration_s=2.0, data_loading_s=0.4)
     row = cross_rank._row(report)
     assert (row.iteration_s, row.data_loading_s, row.compute_s, row.sync_marked) == (0.5, 0.1, 0.4, False)
 
@@ -119,8 +117,15 @@ def _emit(pipeline: Pipeline, rank: int, world: int, scale_world: int) -> tuple[
     assert cross_rank is not None
     cross_rank.rank, cross_rank.world = rank, world
     with traintel.training_loop():
+        cross_rank._window_ends[0] = window_end = 1_700_000_000_000_000_000
         cross_rank._gathered([r.vector() for r in rows(0, [0.1, 0.1, 0.5, 0.1][:world])])
     events = [(e.name, dict(e.attributes or {})) for e in pipeline.one("training_loop").events]
+    timed = [
+        e.timestamp
+        for e in pipeline.one("training_loop").events
+        if e.name in ("ranks_metrics_update", "straggler")
+    ]
+    assert timed == [window_end] * len(timed)  # at the window's end, not when the gather returned
     metrics = {
         name: points(pipeline, name)
         for name in (

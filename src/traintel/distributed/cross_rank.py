@@ -27,7 +27,13 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
-from traintel.distributed.stats import FIELDS, CrossRankWindow, RankTracker, RankWindow
+from traintel.distributed.stats import (
+    FIELDS,
+    MAX_PENDING_WINDOWS,
+    CrossRankWindow,
+    RankTracker,
+    RankWindow,
+)
 from traintel.processor.aggregator import DATA, WindowReport
 from traintel.semconv import Event, Phase
 from traintel.version import __version__
@@ -52,13 +58,14 @@ class CrossRank:
         self.rank = 0
         self.world = 1
         self.latest: CrossRankWindow | None = None
-        self.stragglers = 0
         self.count_straggler: Callable[[int], None] | None = None
         # The synchronisation-point stamps of the open window (training or autograd thread).
         self._marked: IterationSpan | None = None
         self._compute_ns = 0
         self._marked_iterations = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the tracker and latest window, read by the metric reader
+        self._window_ends: dict[int, int] = {}  # window index -> end (ns), for the events' times
+        self._mismatch_warned = False
 
     @property
     def scale_mode(self) -> bool:
@@ -88,6 +95,10 @@ class CrossRank:
             if exchange is None:
                 return
             if report is not None:
+                ends = self._window_ends
+                if len(ends) > 2 * MAX_PENDING_WINDOWS:  # windows the exchange never answered
+                    ends.clear()
+                ends[report.index] = report.end_ns
                 exchange.submit(self._row(report).vector())
             if final:
                 # The loop span ends right after: its events must be in first. Bounded.
@@ -97,9 +108,7 @@ class CrossRank:
             _logger.exception("traintel: cross-rank statistics disabled after an error")
 
     def _row(self, report: WindowReport) -> RankWindow:
-        n = max(
-            1, int(report.attributes.get(semconv.WINDOW_PREFIX + "iterations", 0) or len(report.durations))
-        )
+        n = len(report.durations) or 1
         marked, compute_ns = self._marked_iterations, self._compute_ns
         self._marked_iterations = self._compute_ns = 0
         if marked:
@@ -135,41 +144,45 @@ class CrossRank:
 
     # --- results (exchange thread) --------------------------------------------------------------
     def _gathered(self, rows: list[list[float]]) -> None:
-        window = self.tracker.update([RankWindow.from_vector(rank, row) for rank, row in enumerate(rows)])
-        if window is None:
-            _logger.warning("traintel: ranks sent different windows; skipping their cross-rank statistics")
-            return
         with self._lock:
-            self.latest = window
+            window = self.tracker.update([RankWindow.from_vector(rank, row) for rank, row in enumerate(rows)])
+            if window is not None:
+                self.latest = window
+        if window is None:
+            if not self._mismatch_warned:
+                self._mismatch_warned = True
+                _logger.warning(
+                    "traintel: ranks sent different windows; skipping their cross-rank statistics"
+                )
+            return
+        end_ns = self._window_ends.pop(window.window_index, None)
         job_level = self.rank == 0 or not self.scale_mode
         loop = self.engine._loop_span_for()
         if loop is not None and job_level and self.engine.events.allow("ranks"):
-            loop.add_event(Event.RANKS_METRICS_UPDATE.value, window.attributes())
+            loop.add_event(Event.RANKS_METRICS_UPDATE.value, window.attributes(), timestamp=end_ns)
         straggler = window.straggler
         if straggler is None:
             return
-        if self.rank == 0:
-            self.stragglers += 1
-            if self.count_straggler is not None:
-                self.count_straggler(straggler.rank)
+        if self.rank == 0 and self.count_straggler is not None:
+            self.count_straggler(straggler.rank)
         if (
             loop is not None
             and (job_level or straggler.rank == self.rank)
             and self.engine.events.allow("straggler")
         ):
-            loop.add_event(Event.STRAGGLER.value, straggler.attributes(window.window_index))
+            loop.add_event(Event.STRAGGLER.value, straggler.attributes(window.window_index), timestamp=end_ns)
 
     # --- what the gauges read (metric reader's thread) ------------------------------------------
     def gauges(self) -> tuple[CrossRankWindow | None, float | None]:
         """The job-level window to report (None: not this rank's to report) and this rank's EWMA."""
+        job_level = self.rank == 0 or not self.scale_mode
         with self._lock:
             window = self.latest
-        if window is None:
-            return None, None
-        job_level = self.rank == 0 or not self.scale_mode
-        ewma = window.ewma[self.rank] if self.rank < len(window.ewma) else None
-        if not job_level and not self.tracker.chronic(self.rank):
-            ewma = None
+            if window is None:
+                return None, None
+            ewma = window.ewma[self.rank] if self.rank < len(window.ewma) else None
+            if not job_level and not self.tracker.chronic(self.rank):
+                ewma = None
         return (window if job_level else None), ewma
 
     def close(self) -> None:

@@ -23,11 +23,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-_logger = logging.getLogger("traintel")
+from traintel.distributed.stats import MAX_PENDING_WINDOWS as MAX_PENDING
 
-#: Windows that may wait for the exchange thread. More pending means the exchange cannot keep
-#: up (a rank is stuck): this rank stops exchanging rather than fall out of step.
-MAX_PENDING = 8
+_logger = logging.getLogger("traintel")
 
 
 def distributed_world() -> tuple[int, int] | None:

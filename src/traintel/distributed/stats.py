@@ -29,7 +29,9 @@ EWMA_ALPHA = 0.1
 MIN_LAG_S = 0.005
 #: The fields every rank contributes per window, in exchange order.
 FIELDS = ("window_index", "iterations", "iteration_s", "data_loading_s", "compute_s", "sync_marked")
-STATISTICS = ("min", "median", "max", "p99")
+#: Windows that may wait for the exchange thread. More pending means the exchange cannot keep
+#: up (a rank is stuck): this rank stops exchanging rather than fall out of step.
+MAX_PENDING_WINDOWS = 8
 
 
 @dataclass(frozen=True)
