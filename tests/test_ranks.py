@@ -155,7 +155,7 @@ os._exit(0)
 
 
 def test_a_hung_rank_times_the_exchange_out_and_training_goes_on(tmp_path: Path) -> None:
-    timeout, hang = 1.0, 6.0
+    timeout, hang = 1.0, 4.0
     rank0, rank1 = run_ranks(
         f"HANG = {hang}\n" + HUNG_JOB, tmp_path, timeout=60, TRAINTEL_LOG_EVERY_N_ITERATIONS="10",
         TRAINTEL_CROSS_RANK_TIMEOUT=str(timeout),
@@ -193,7 +193,7 @@ dist.destroy_process_group()
 
 
 def test_a_blocked_rank_is_named_by_its_heartbeat_within_the_reader_interval(tmp_path: Path) -> None:
-    interval, block = 0.5, 3.0
+    interval, block = 0.5, 2.0
     results = ok(
         run_ranks(
             f"BLOCK = {block}\n" + BLOCKED_JOB,
