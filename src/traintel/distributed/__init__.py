@@ -19,7 +19,7 @@ def mark_sync_point() -> None:
     """This rank has finished its own work of the iteration and now waits for the others.
 
     Call it right before the first collective of each training iteration when not using
-    :func:`watch_ddp` (FSDP, a hand-written all-reduce, pipeline stages...). Only the first
+    :func:`watch_ddp` (e.g. your own all-reduce of the gradients). Only the first
     call of an iteration counts; outside a training iteration, or before traintel is
     configured, it does nothing. Never raises.
     """
