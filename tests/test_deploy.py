@@ -55,11 +55,6 @@ PENDING_INSTRUMENTS: dict[str, tuple[str, str]] = {
     semconv.METRIC_DEVICE_MEMORY_PEAK: ("gauge", "By"),
     semconv.METRIC_DEVICE_MEMORY_ALLOC_RETRIES: ("counter", "{retry}"),
     semconv.METRIC_DEVICE_MEMORY_OOMS: ("counter", "{oom}"),
-    semconv.METRIC_RANKS_ITERATION_DURATION: ("gauge", "s"),
-    semconv.METRIC_RANKS_COMPUTE_DURATION: ("gauge", "s"),
-    semconv.METRIC_RANKS_DATA_LOADING_DURATION: ("gauge", "s"),
-    semconv.METRIC_RANK_COMPUTE_EWMA: ("gauge", "s"),
-    semconv.METRIC_STRAGGLERS: ("counter", "{straggler}"),
     semconv.METRIC_SPANS_DROPPED: ("counter", "{span}"),
     semconv.METRIC_EVENTS_DROPPED: ("counter", "{event}"),
     semconv.METRIC_EXPORT_FAILURES: ("counter", "{failure}"),
@@ -69,7 +64,7 @@ PENDING_INSTRUMENTS: dict[str, tuple[str, str]] = {
     semconv.METRIC_SPOOL_DROPPED: ("counter", "{batch}"),
 }
 #: Span attributes the pending instruments put on their points (see semconv.py).
-PENDING_ATTRIBUTES = (semconv.STATISTIC, semconv.STRAGGLER_RANK, semconv.DROP_REASON, semconv.HW_ID)
+PENDING_ATTRIBUTES = (semconv.DROP_REASON, semconv.HW_ID)
 
 
 # --- Prometheus' OTLP translation (otlptranslator, strategy UnderscoreEscapingWithSuffixes) ----
@@ -179,6 +174,12 @@ def emitted() -> Iterator[dict[str, Any]]:
     traintel.on_validation_single_iteration_start()
     traintel.on_validation_single_iteration_end()
     traintel.on_validation_end()
+    # Cross-rank statistics as rank 0 reports them after a gather (the gather itself needs two
+    # processes: tests/test_ranks.py), with rank 1 lagging.
+    cross_rank = traintel.get_telemetry().cross_rank
+    assert cross_rank is not None
+    cross_rank.world = 2
+    cross_rank._gathered([[0.0, 2.0, 1.0, 0.1, 0.2, 1.0], [0.0, 2.0, 1.0, 0.1, 0.6, 1.0]])
     instruments: dict[str, tuple[str, str]] = {}
     attributes: set[str] = set()
     resource: set[str] = set()

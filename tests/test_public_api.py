@@ -27,7 +27,7 @@ EXPECTED = {
     "on_validation_single_iteration_start", "on_validation_start", "optimizer_init", "optimizer_update",
     "record_metrics", "set_training_config", "shutdown", "submit_with_context", "testing_iteration",
     "testing_loop", "timed_span", "training_iteration", "training_loop", "validation_iteration",
-    "validation_loop", "wrap_with_context",
+    "validation_loop", "wrap_with_context", "mark_sync_point", "watch_ddp",
 }  # fmt: skip
 
 

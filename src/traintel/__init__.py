@@ -73,6 +73,7 @@ from traintel.api.phases import (
 )
 from traintel.api.threads import ContextThreadPoolExecutor, submit_with_context, wrap_with_context
 from traintel.config import ConfigurationError, TrainingConfig
+from traintel.distributed import mark_sync_point, watch_ddp
 from traintel.flops import FlopCount, apply_flops, measure_flops, peak_flops_for
 from traintel.semconv import Event, Phase
 from traintel.version import __version__
@@ -100,6 +101,7 @@ __all__ = [
     "data_loading",
     "dist_init",
     "get_telemetry",
+    "mark_sync_point",
     "measure_flops",
     "model_backward",
     "model_forward",
@@ -155,5 +157,6 @@ __all__ = [
     "training_loop",
     "validation_iteration",
     "validation_loop",
+    "watch_ddp",
     "wrap_with_context",
 ]

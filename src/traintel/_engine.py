@@ -18,7 +18,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -247,6 +247,8 @@ class TrainingEngine:
         self.goodput = GoodputLedger()
         self._dtype_seen: str | None = None
         self._device_lookup: tuple[float | None, str | None, str | None] | None = None
+        # Called with every closed window (None: nothing to close) and whether the loop ends.
+        self.window_hook: Callable[[WindowReport | None, bool], None] | None = None
         self.apply_config(config)
 
     # --- configuration --------------------------------------------------------------------------
@@ -659,6 +661,8 @@ class TrainingEngine:
             inputs = self._rate_inputs = self.rate_inputs()
         report = self.aggregator.close_window(inputs)
         self.sampler.refresh()
+        if self.window_hook is not None:
+            self.window_hook(report, final)
         if report is None:
             if final:
                 self._export_windows(self.goodput.flush_held(), ended_loop)

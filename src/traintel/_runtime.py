@@ -30,6 +30,7 @@ from traintel._engine import TrainingEngine
 from traintel._ids import ForcingIdGenerator
 from traintel.capabilities import capability_report
 from traintel.config import TrainingConfig
+from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
 from traintel.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel.processor.export_filter import TraceBudget
 from traintel.processor.instruments import TrainingInstruments
@@ -96,6 +97,7 @@ class Telemetry:
         self.open_loops: dict[str, int] = {}
         self.closed = False
         self.heartbeat: Heartbeat | None = None
+        self.cross_rank: CrossRank | None = None
 
     # --- reporting ---------------------------------------------------------------------------
     def warn_once(self, kind: str, message: str, *args: object) -> None:
@@ -271,6 +273,8 @@ class Telemetry:
         if self.pipeline is None:
             return True
         timeout = float(self.config.get("shutdown_timeout")) if timeout_s is None else timeout_s
+        if self.cross_rank is not None:
+            self.cross_rank.close()
         ok = self.pipeline.shutdown(timeout)
         if self.processor is not None:
             self.processor.disable()
@@ -422,6 +426,11 @@ def _install(
     # Sampled by the metric reader's thread only: hang localisation and process/device gauges.
     telemetry.heartbeat = Heartbeat(engine, processor)
     HeartbeatInstruments(pipeline.meter_provider, _current_heartbeat)
+    # Cross-rank statistics: the exchange starts at a window end once torch.distributed is up.
+    global _last_cross_rank
+    telemetry.cross_rank = _last_cross_rank = cross_rank = CrossRank(engine)
+    engine.window_hook = cross_rank.window_closed
+    cross_rank.count_straggler = CrossRankInstruments(pipeline.meter_provider, _current_cross_rank).count
     SystemInstruments(pipeline.meter_provider)
     telemetry.processor = processor
     telemetry.engine = engine
@@ -436,6 +445,14 @@ def _current_heartbeat() -> Heartbeat | None:
     """The running job's heartbeat (the gauges outlive a reconfiguration; see HeartbeatInstruments)."""
     telemetry = _telemetry  # closed, it still reports its last state in the final export
     return None if telemetry is None else telemetry.heartbeat
+
+
+_last_cross_rank: CrossRank | None = None
+
+
+def _current_cross_rank() -> CrossRank | None:
+    """The job installed last: after an explicit shutdown() its final export still reports it."""
+    return _last_cross_rank
 
 
 def _install_disabled(config: TrainingConfig) -> Telemetry:

@@ -167,6 +167,17 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     _Field("segment_seconds", ev.TRAINTEL_SEGMENT_SECONDS, _positive_number, 600.0, "seconds per trace"),
     _Field("max_spans_per_trace", ev.TRAINTEL_MAX_SPANS_PER_TRACE, _positive_int, 2000, "span budget"),
     _Field("max_bytes_per_trace", ev.TRAINTEL_MAX_BYTES_PER_TRACE, _positive_int, 4_000_000, "byte budget"),
+    _Field("cross_rank", ev.TRAINTEL_CROSS_RANK, _choice("auto", "off"), "auto", "cross-rank statistics"),
+    _Field("cross_rank_timeout", ev.TRAINTEL_CROSS_RANK_TIMEOUT, _positive_number, 30.0, "exchange bound, s"),
+    _Field(
+        "cross_rank_scale_world_size",
+        ev.TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE,
+        _positive_int,
+        64,
+        "world size from which only rank 0 exports job-level statistics",
+    ),
+    _Field("cross_rank_top_k", ev.TRAINTEL_CROSS_RANK_TOP_K, _positive_int, 3, "slowest ranks named"),
+    _Field("straggler_factor", ev.TRAINTEL_STRAGGLER_FACTOR, _factor, 1.25, "k x other ranks' median"),
 )
 _BY_NAME: Final = {f.name: f for f in _FIELDS}
 #: Names accepted by ``configure()`` / ``set_training_config()`` as training facts.

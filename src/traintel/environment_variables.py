@@ -197,6 +197,51 @@ TRAINTEL_MAX_BYTES_PER_TRACE: Final = "TRAINTEL_MAX_BYTES_PER_TRACE"
 Estimated OTLP bytes budget of one trace (positive integer). Default: 4,000,000, under
 Tempo's default 5 MB ``max_bytes_per_trace``.
 """
+TRAINTEL_CROSS_RANK: Final = "TRAINTEL_CROSS_RANK"
+"""
+.. envvar:: TRAINTEL_CROSS_RANK
+
+``auto`` or ``off``. With ``auto``, when ``torch.distributed`` is initialised with more than one
+rank, every window's per-rank iteration, data-loading and compute times are exchanged over a
+gloo group of traintel's own (off the training thread) for cross-rank statistics and
+straggler detection. Default: ``auto``.
+"""
+
+TRAINTEL_CROSS_RANK_TIMEOUT: Final = "TRAINTEL_CROSS_RANK_TIMEOUT"
+"""
+.. envvar:: TRAINTEL_CROSS_RANK_TIMEOUT
+
+Seconds (positive number) an exchange may wait for the other ranks (the gloo group's timeout,
+and the bound on the wait at the end of the training loop). A rank that is dead or hung makes
+the exchange time out and stop; training goes on. Default: 30.
+"""
+
+TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE: Final = "TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE"
+"""
+.. envvar:: TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE
+
+World size (positive integer) from which the job reduces its cross-rank telemetry: only rank 0
+exports the job-level statistics (with the top-k rank ids); the other ranks export only their
+own anomalies (straggler events, a chronically lagging compute EWMA). Default: 64.
+"""
+
+TRAINTEL_CROSS_RANK_TOP_K: Final = "TRAINTEL_CROSS_RANK_TOP_K"
+"""
+.. envvar:: TRAINTEL_CROSS_RANK_TOP_K
+
+How many of the slowest ranks (by compute time before the synchronisation point) each window
+names (positive integer). Default: 3.
+"""
+
+TRAINTEL_STRAGGLER_FACTOR: Final = "TRAINTEL_STRAGGLER_FACTOR"
+"""
+.. envvar:: TRAINTEL_STRAGGLER_FACTOR
+
+k: the slowest rank of a window is a straggler when its compute time before the
+synchronisation point exceeds k times the median of the other ranks' (and by at least 5 ms);
+its EWMA above k times theirs makes the lag chronic (number greater than 1). Default: 1.25.
+"""
+
 
 ALL: Final = (
     TRAINTEL_SESSION_TAG,
@@ -222,5 +267,10 @@ ALL: Final = (
     TRAINTEL_SEGMENT_SECONDS,
     TRAINTEL_MAX_SPANS_PER_TRACE,
     TRAINTEL_MAX_BYTES_PER_TRACE,
+    TRAINTEL_CROSS_RANK,
+    TRAINTEL_CROSS_RANK_TIMEOUT,
+    TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE,
+    TRAINTEL_CROSS_RANK_TOP_K,
+    TRAINTEL_STRAGGLER_FACTOR,
 )
 """Every variable above, for documentation checks and the capability report."""

@@ -117,6 +117,8 @@ class Event(str, Enum):
     STRAGGLER = "straggler"
     METRIC_OUT_OF_RANGE = "metric_out_of_range"
     PREEMPTION = "preemption"
+    #: The job's cross-rank statistics of one window (distributed runs; see traintel.distributed).
+    RANKS_METRICS_UPDATE = "ranks_metrics_update"
 
     def __str__(self) -> str:
         return self.value
@@ -291,6 +293,16 @@ METRIC_RANK_COMPUTE_EWMA: Final = "ml.training.rank.compute.ewma"
 METRIC_STRAGGLERS: Final = "ml.training.stragglers"
 STATISTIC: Final = "ml.training.statistic"
 STRAGGLER_RANK: Final = "ml.training.straggler.rank"
+#: On ``ranks_metrics_update`` events: the cross-rank statistics of a window, e.g.
+#: ``ml.training.ranks.compute_time.median``, ``ml.training.ranks.top_k``.
+RANKS_PREFIX: Final = "ml.training.ranks."
+#: On ``straggler`` events: the lagging rank's compute time before the synchronisation point,
+#: the median of the other ranks', their ratio, the rank's EWMA and whether the lag is chronic.
+STRAGGLER_COMPUTE_TIME: Final = "ml.training.straggler.compute_time"
+STRAGGLER_MEDIAN_COMPUTE_TIME: Final = "ml.training.straggler.median_compute_time"
+STRAGGLER_FACTOR: Final = "ml.training.straggler.factor"
+STRAGGLER_COMPUTE_EWMA: Final = "ml.training.straggler.compute_ewma"
+STRAGGLER_CHRONIC: Final = "ml.training.straggler.chronic"
 # Self-telemetry: traintel's own losses and health. A silent drop is a bug.
 METRIC_SPANS_DROPPED: Final = "traintel.spans.dropped"
 METRIC_EVENTS_DROPPED: Final = "traintel.events.dropped"

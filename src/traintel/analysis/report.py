@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from traintel import semconv
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
+from traintel.analysis.ranks import CrossRankTable
 from traintel.analysis.summary import RunSummary, phase_rows
 from traintel.exporters.reader import (
     ReadStats,
@@ -265,6 +266,7 @@ class Report:
     self_telemetry: dict[str, float] = field(default_factory=dict)
     goodput: list[SessionGoodput] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    ranks: CrossRankTable = field(default_factory=CrossRankTable)  # merged across the ranks' files
     _latest: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
 
     @property
@@ -285,7 +287,9 @@ class Report:
             self.perf_tags.add(str(span.resource[semconv.PERF_TAG]))
         process.first_ns = min(process.first_ns or span.start_ns, span.start_ns)
         process.last_ns = max(process.last_ns, span.end_ns)
+        job = process.key.rsplit("/", 1)[0]
         for event in span.events:
+            self.ranks.add_event(job, process.rank, event.name, event.attributes)
             if event.name == semconv.Event.TRAINING_METRICS_UPDATE.value:
                 point = window_point(event.time_ns, event.attributes)
                 if point is not None:
@@ -425,6 +429,7 @@ class Report:
                 for key, label in self.rank_labels()
             },
             "timeline_intervals_dropped": self.timeline_dropped,
+            "cross_rank": self.ranks.as_dict(),
         }
 
 

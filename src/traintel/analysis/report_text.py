@@ -156,6 +156,30 @@ def renderables(report: Report) -> list[RenderableType]:
             slow.add_row(str(iteration), fmt_s(seconds), trace_id, span_id)
         out.append(slow)
 
+    cross = report.ranks.rows()
+    if cross:
+        ranks = _table(
+            "Across ranks, per window (p99 and top-k: --json)",
+            "window",
+            "ranks",
+            "iteration min · median · max",
+            "compute before sync min · median · max",
+            "straggler",
+        )
+        for window in cross[-20:]:
+            spans = [
+                " · ".join(fmt_s(stats.get(k)) for k in ("min", "median", "max")) if stats else "-"
+                for stats in (window["iteration_time"], window["compute_time"])
+            ]
+            straggler = window["straggler_rank"]
+            ranks.add_row(
+                f"{window['window']} (it. {window['first_iteration']}-{window['last_iteration']})",
+                str(window["ranks"]),
+                *spans,
+                Text(f"rank {straggler}", style="yellow") if straggler is not None else "",
+            )
+        out.append(ranks)
+
     notes = _table("Warnings", "", "")
     for name, n in sorted(report.warnings.items()):
         notes.add_row(Text(name, style="yellow"), fmt_num(n))

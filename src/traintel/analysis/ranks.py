@@ -1,0 +1,119 @@
+"""Cross-rank statistics from per-rank files, for ``traintel report``.
+
+Why recomputed from each rank's own window events: the live exchange may be off, may have
+stopped (a dead rank), or the job may have reduced its export at scale; every rank's
+``training_metrics_update`` events are always there. Per window (keyed by job and window
+index) the ranks' mean iteration times give min / median / max / p99 across ranks; the compute
+and data-loading statistics, the top-k ranks and the stragglers come from the live exchange's
+``ranks_metrics_update`` and ``straggler`` events when the files have them (each rank may carry
+the same ones: they are counted once per job and window).
+
+Memory is bounded: the first :data:`MAX_WINDOWS` windows of each job are kept per rank, the
+rest counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from traintel import semconv
+from traintel.processor.stats import percentile
+
+MAX_WINDOWS = 512
+_W = semconv.WINDOW_PREFIX
+_R = semconv.RANKS_PREFIX
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "min": ordered[0],
+        "median": percentile(ordered, 50),
+        "max": ordered[-1],
+        "p99": percentile(ordered, 99),
+    }
+
+
+@dataclass
+class _Window:
+    first_iteration: int
+    last_iteration: int
+    iteration_s: dict[int, float] = field(default_factory=dict)  # by rank
+    live: dict[str, Any] | None = None  # the exchange's ranks_metrics_update
+
+
+@dataclass
+class CrossRankTable:
+    """Per (job, window index): every rank's mean iteration time, and the live statistics."""
+
+    windows: dict[tuple[str, int], _Window] = field(default_factory=dict)
+    stragglers: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    dropped: int = 0
+
+    def _window(self, job: str, index: int, attributes: dict[str, Any]) -> _Window | None:
+        key = (job, index)
+        window = self.windows.get(key)
+        if window is None:
+            if len(self.windows) >= MAX_WINDOWS:
+                self.dropped += 1
+                return None
+            first = attributes.get(_W + "first_iteration", -1)
+            last = attributes.get(_W + "last_iteration", -1)
+            window = self.windows[key] = _Window(int(first), int(last))
+        return window
+
+    def add_event(self, job: str, rank: int, name: str, attributes: dict[str, Any]) -> None:
+        if name == semconv.Event.TRAINING_METRICS_UPDATE.value:
+            index, mean = attributes.get(_W + "index"), attributes.get(_W + "iteration_time.mean")
+            if isinstance(index, int) and isinstance(mean, int | float):
+                window = self._window(job, index, attributes)
+                if window is not None:
+                    window.iteration_s[rank] = float(mean)
+        elif name == semconv.Event.RANKS_METRICS_UPDATE.value:
+            index = attributes.get(_R + "window.index")
+            if isinstance(index, int):
+                window = self._window(job, index, {})
+                if window is not None and window.live is None:
+                    window.live = attributes
+        elif name == semconv.Event.STRAGGLER.value:
+            index = attributes.get(_R + "window.index")
+            if isinstance(index, int) and len(self.stragglers) < MAX_WINDOWS:
+                self.stragglers.setdefault((job, index), attributes)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per window seen on at least two ranks, in job and window order."""
+        out = []
+        for (job, index), window in sorted(self.windows.items()):
+            if len(window.iteration_s) < 2 and window.live is None:
+                continue
+            row: dict[str, Any] = {
+                "job": job,
+                "window": index,
+                "first_iteration": window.first_iteration,
+                "last_iteration": window.last_iteration,
+                "ranks": len(window.iteration_s),
+                "iteration_time": _summary(list(window.iteration_s.values())) if window.iteration_s else None,
+                "slowest_rank": max(window.iteration_s, key=lambda r: (window.iteration_s[r], -r))
+                if window.iteration_s
+                else None,
+            }
+            live = window.live or {}
+            for name in ("compute_time", "data_loading_time"):
+                stats = {s: live.get(f"{_R}{name}.{s}") for s in ("min", "median", "max", "p99")}
+                row[name] = stats if all(v is not None for v in stats.values()) else None
+            row["top_k"] = list(live.get(_R + "top_k", []))
+            straggler = self.stragglers.get((job, index))
+            row["straggler_rank"] = straggler.get(semconv.STRAGGLER_RANK) if straggler else None
+            out.append(row)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "windows": self.rows(),
+            "stragglers": [
+                {"job": job, "window": index, **{k.rsplit(".", 1)[-1]: v for k, v in attributes.items()}}
+                for (job, index), attributes in sorted(self.stragglers.items())
+            ],
+            "windows_dropped": self.dropped,
+        }

@@ -1,0 +1,48 @@
+"""Multi-rank telemetry: cross-rank window statistics, stragglers, the synchronisation point.
+
+Importing this package does not import torch: the exchange (``exchange.py``) is imported when
+the first window closes with ``torch.distributed`` initialised, the DDP hook (``ddp.py``) when
+:func:`watch_ddp` is called.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
+
+__all__ = ["CrossRank", "CrossRankInstruments", "mark_sync_point", "watch_ddp"]
+
+
+def mark_sync_point() -> None:
+    """This rank has finished its own work of the iteration and now waits for the others.
+
+    Call it right before the first collective of each training iteration when not using
+    :func:`watch_ddp` (e.g. your own all-reduce of the gradients). Only the first
+    call of an iteration counts; outside a training iteration, or before traintel is
+    configured, it does nothing. Never raises.
+    """
+    try:
+        from traintel import _runtime
+
+        telemetry = _runtime.configured()
+        cross_rank = telemetry.cross_rank if telemetry is not None else None
+        if cross_rank is not None:
+            cross_rank.mark_sync_point(time.time_ns())
+    except Exception:  # telemetry never breaks training
+        pass
+
+
+def watch_ddp(model: Any, hook: Any = None, state: Any = None) -> Any:
+    """Register a DDP communication hook that marks the synchronisation point.
+
+    The hook runs when the first gradient bucket is ready, i.e. when this rank arrives at the
+    all-reduce, then hands the bucket to ``hook`` (default: DDP's plain all-reduce, with
+    ``state`` as its process group, None for the default group). Pass your own hook (e.g.
+    fp16 compression) and its state to keep it. Call before the first backward; DDP accepts
+    one comm hook per model. Returns ``model``.
+    """
+    from traintel.distributed.ddp import register
+
+    return register(model, hook, state)

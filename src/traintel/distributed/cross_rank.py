@@ -1,0 +1,249 @@
+"""Cross-rank statistics and stragglers at window boundaries: the coordinator.
+
+The training thread pays one timestamp per iteration at the synchronisation point
+(:meth:`CrossRank.mark_sync_point`, called by the DDP comm hook or by the user) and, per
+window, the building of one six-number row handed to the exchange thread. Everything else
+(the gather, the statistics, events and metrics) happens on the exchange thread; the gauges are
+read on the metric reader's thread. torch is imported only when the exchange starts.
+
+What each rank exports: below ``TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE`` every rank adds the
+job's ``ranks_metrics_update`` event and ``straggler`` events to its own loop segment (each
+rank's trace stands alone) and reports the ``ml.training.ranks.*`` gauges and its own compute
+EWMA. From that world size on, only rank 0 exports the job-level statistics; the other ranks
+export only their own anomalies (the ``straggler`` event when they are it, their EWMA gauge
+while chronically lagging). The ``ml.training.stragglers`` counter is always rank 0's, so
+summing it over ranks counts each straggler once.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from traintel import semconv
+from traintel.distributed.stats import (
+    FIELDS,
+    MAX_PENDING_WINDOWS,
+    CrossRankWindow,
+    RankTracker,
+    RankWindow,
+)
+from traintel.processor.aggregator import DATA, WindowReport
+from traintel.semconv import Event, Phase
+from traintel.version import __version__
+
+if TYPE_CHECKING:
+    from traintel._engine import IterationSpan, TrainingEngine
+    from traintel.distributed.exchange import Exchange
+
+_logger = logging.getLogger("traintel")
+_TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
+
+
+class CrossRank:
+    """One job's cross-rank state; the engine calls :meth:`window_closed` at every window end."""
+
+    def __init__(self, engine: TrainingEngine) -> None:
+        self.engine = engine  # its config is the job's current one (set_training_config included)
+        self.failed = False
+        self.timeout_s = 0.0
+        self.tracker = RankTracker()
+        self.exchange: Exchange | None = None
+        self.rank = 0
+        self.world = 1
+        self.latest: CrossRankWindow | None = None
+        self.count_straggler: Callable[[int], None] | None = None
+        # The synchronisation-point stamps of the open window (training or autograd thread).
+        self._marked: IterationSpan | None = None
+        self._compute_ns = 0
+        self._marked_iterations = 0
+        self._lock = threading.Lock()  # the tracker and latest window, read by the metric reader
+        self._window_ends: dict[int, int] = {}  # window index -> end (ns), for the events' times
+        self._mismatch_warned = False
+
+    @property
+    def scale_mode(self) -> bool:
+        return self.world >= int(self.engine.config.get("cross_rank_scale_world_size"))
+
+    # --- the synchronisation point (once per iteration) -----------------------------------------
+    def mark_sync_point(self, now_ns: int) -> None:
+        """This rank arrives at the iteration's collective: its compute time ends here.
+
+        Only the first mark of an iteration counts (a DDP hook fires once per gradient bucket);
+        the compute time is the time since the iteration began minus its data-loading wait.
+        """
+        record = self.engine.active
+        if record is None or record is self._marked or record.phase != _TRAINING_ITERATION:
+            return
+        self._marked = record
+        self._compute_ns += now_ns - record.start_ns - record.phase_ns[DATA]
+        self._marked_iterations += 1
+
+    # --- the window boundary (training thread) --------------------------------------------------
+    def window_closed(self, report: WindowReport | None, final: bool) -> None:
+        """Hand this window's row to the exchange; at the loop's end, wait (bounded) for it."""
+        try:
+            if self.failed or self.engine.config.get("cross_rank") == "off":
+                return
+            exchange = self.exchange if self.exchange is not None else self._start()
+            if exchange is None:
+                return
+            if report is not None:
+                ends = self._window_ends
+                if len(ends) > 2 * MAX_PENDING_WINDOWS:  # windows the exchange never answered
+                    ends.clear()
+                ends[report.index] = report.end_ns
+                exchange.submit(self._row(report).vector())
+            if final:
+                # The loop span ends right after: its events must be in first. Bounded.
+                exchange.wait_idle(self.timeout_s)
+        except Exception:
+            self.failed = True
+            _logger.exception("traintel: cross-rank statistics disabled after an error")
+
+    def _row(self, report: WindowReport) -> RankWindow:
+        n = len(report.durations) or 1
+        marked, compute_ns = self._marked_iterations, self._compute_ns
+        self._marked_iterations = self._compute_ns = 0
+        if marked:
+            compute = compute_ns / marked / 1e9
+        else:  # no synchronisation point: the whole step but the data wait is this rank's own
+            compute = (report.duration_s - report.data_loading_s) / n
+        return RankWindow(
+            self.rank,
+            report.index,
+            n,
+            report.duration_s / n,
+            report.data_loading_s / n,
+            compute,
+            marked > 0,
+        )
+
+    def _start(self) -> Exchange | None:
+        """The exchange, once torch.distributed is up with more than one rank (never imports
+        torch itself: a job that never imported it is not distributed)."""
+        if "torch" not in sys.modules:
+            return None
+        from traintel.distributed.exchange import Exchange, distributed_world
+
+        world = distributed_world()
+        if world is None:
+            return None
+        self.rank, self.world = world
+        config = self.engine.config
+        self.timeout_s = float(config.get("cross_rank_timeout"))
+        self.tracker = RankTracker(int(config.get("cross_rank_top_k")), float(config.get("straggler_factor")))
+        self.exchange = Exchange(len(FIELDS), self.timeout_s, self._gathered)
+        return self.exchange
+
+    # --- results (exchange thread) --------------------------------------------------------------
+    def _gathered(self, rows: list[list[float]]) -> None:
+        with self._lock:
+            window = self.tracker.update([RankWindow.from_vector(rank, row) for rank, row in enumerate(rows)])
+            if window is not None:
+                self.latest = window
+        if window is None:
+            if not self._mismatch_warned:
+                self._mismatch_warned = True
+                _logger.warning(
+                    "traintel: ranks sent different windows; skipping their cross-rank statistics"
+                )
+            return
+        end_ns = self._window_ends.pop(window.window_index, None)
+        job_level = self.rank == 0 or not self.scale_mode
+        loop = self.engine._loop_span_for()
+        if loop is not None and job_level and self.engine.events.allow("ranks"):
+            loop.add_event(Event.RANKS_METRICS_UPDATE.value, window.attributes(), timestamp=end_ns)
+        straggler = window.straggler
+        if straggler is None:
+            return
+        if self.rank == 0 and self.count_straggler is not None:
+            self.count_straggler(straggler.rank)
+        if (
+            loop is not None
+            and (job_level or straggler.rank == self.rank)
+            and self.engine.events.allow("straggler")
+        ):
+            loop.add_event(Event.STRAGGLER.value, straggler.attributes(window.window_index), timestamp=end_ns)
+
+    # --- what the gauges read (metric reader's thread) ------------------------------------------
+    def gauges(self) -> tuple[CrossRankWindow | None, float | None]:
+        """The job-level window to report (None: not this rank's to report) and this rank's EWMA."""
+        job_level = self.rank == 0 or not self.scale_mode
+        with self._lock:
+            window = self.latest
+            if window is None:
+                return None, None
+            ewma = window.ewma[self.rank] if self.rank < len(window.ewma) else None
+            if not job_level and not self.tracker.chronic(self.rank):
+                ewma = None
+        return (window if job_level else None), ewma
+
+    def close(self) -> None:
+        if self.exchange is not None:
+            self.exchange.close()
+
+
+class CrossRankInstruments:
+    """The cross-rank gauges and the straggler counter.
+
+    ``source`` gives the running job's :class:`CrossRank` at every collection (configured again
+    on the same meter provider, the SDK keeps the first registration; see HeartbeatInstruments).
+    """
+
+    def __init__(
+        self, meter_provider: metrics_api.MeterProvider, source: Callable[[], CrossRank | None]
+    ) -> None:
+        meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
+        self._source = source
+        for name, pick, what in (
+            (semconv.METRIC_RANKS_ITERATION_DURATION, "iteration", "iteration time"),
+            (
+                semconv.METRIC_RANKS_COMPUTE_DURATION,
+                "compute",
+                "compute time before the synchronisation point",
+            ),
+            (semconv.METRIC_RANKS_DATA_LOADING_DURATION, "data_loading", "data-loading wait"),
+        ):
+            meter.create_observable_gauge(
+                name,
+                [self._statistics(pick)],
+                unit="s",
+                description=f"Last window's mean {what} per iteration: min/median/max/p99 across ranks",
+            )
+        meter.create_observable_gauge(
+            semconv.METRIC_RANK_COMPUTE_EWMA,
+            [self._ewma],
+            unit="s",
+            description="This rank's compute time before the synchronisation point, smoothed over windows",
+        )
+        self._counter = meter.create_counter(
+            semconv.METRIC_STRAGGLERS,
+            unit="{straggler}",
+            description="Windows whose slowest rank (compute before the collective) was a straggler",
+        )
+
+    def count(self, rank: int) -> None:
+        self._counter.add(1, {semconv.STRAGGLER_RANK: rank})
+
+    def _statistics(self, pick: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            cross_rank = self._source()
+            window = cross_rank.gauges()[0] if cross_rank is not None else None
+            if window is None:
+                return []
+            summary: Any = getattr(window, pick)
+            return [Observation(value, {semconv.STATISTIC: name}) for name, value in summary.items()]
+
+        return observe
+
+    def _ewma(self, options: CallbackOptions) -> Iterable[Observation]:
+        cross_rank = self._source()
+        ewma = cross_rank.gauges()[1] if cross_rank is not None else None
+        return [] if ewma is None else [Observation(ewma)]

@@ -1,0 +1,132 @@
+"""The exchange: every rank's window row, gathered over a gloo group of traintel's own.
+
+Why its own group: the user's collectives (NCCL or gloo, on the default group) must never be
+interleaved with ours, and a gloo group works on every machine whatever the training backend.
+Why a background thread: an all-gather waits for the slowest rank, and that wait must not be
+the training thread's. Why a timeout: a rank that is dead or hung must never hang training
+through telemetry; the group's timeout bounds each gather, a failed gather abandons the
+exchange for good (a gloo group after a timeout cannot be trusted to be in step), and the
+training thread only ever waits with a bound.
+
+This module imports torch; it is imported only once ``torch.distributed`` is initialised.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from traintel.distributed.stats import MAX_PENDING_WINDOWS as MAX_PENDING
+
+_logger = logging.getLogger("traintel")
+
+
+def distributed_world() -> tuple[int, int] | None:
+    """(rank, world size) when torch.distributed is initialised with more than one rank."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    world = dist.get_world_size()
+    return (dist.get_rank(), world) if world > 1 else None
+
+
+class Exchange:
+    """All-gathers fixed-size rows on a background thread; results go to ``on_rows``."""
+
+    def __init__(
+        self,
+        width: int,
+        timeout_s: float,
+        on_rows: Callable[[list[list[float]]], None],
+    ) -> None:
+        # new_group is collective: every rank calls it at the same point of its program (the
+        # first window boundary after torch.distributed is initialised), on the training thread.
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.width = width
+        self.timeout_s = timeout_s
+        self.failed: str | None = None
+        self._on_rows = on_rows
+        self._queue: queue.Queue[list[float] | None] = queue.Queue(MAX_PENDING)
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="traintel-cross-rank", daemon=True)
+        self._thread.start()
+
+    def submit(self, row: list[float]) -> bool:
+        """Queue this rank's row; never blocks. False once the exchange is abandoned."""
+        if self.failed is not None:
+            return False
+        with self._idle:
+            self._pending += 1
+        try:
+            self._queue.put_nowait(row)
+        except queue.Full:
+            with self._idle:
+                self._pending -= 1
+            self._abandon(f"{MAX_PENDING} windows waiting for the other ranks")
+            return False
+        return True
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` for the queued exchanges to finish (or fail)."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._pending and self.failed is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def close(self) -> None:
+        """Stop the thread after the queued rows (it is a daemon: a hung gather never blocks exit)."""
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+
+    def _abandon(self, reason: str) -> None:
+        if self.failed is None:
+            self.failed = reason
+            _logger.warning(
+                "traintel: cross-rank exchange stopped on rank %d (%s); rank statistics end here, "
+                "training goes on",
+                self.rank,
+                reason,
+            )
+        with self._idle:
+            self._idle.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            row = self._queue.get()
+            if row is None:
+                return
+            try:
+                rows = self._gather(row)
+            except Exception as exc:  # timeout, dead peer, destroyed group: stop for good
+                with self._idle:
+                    self._pending = 0
+                self._abandon(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                return
+            try:
+                self._on_rows(rows)
+            except Exception:
+                _logger.exception("traintel: could not report cross-rank statistics")
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+
+    def _gather(self, row: list[float]) -> list[list[float]]:
+        mine = torch.tensor(row, dtype=torch.float64)
+        out = [torch.zeros(self.width, dtype=torch.float64) for _ in range(self.world)]
+        dist.all_gather(out, mine, group=self.group)
+        return [tensor.tolist() for tensor in out]

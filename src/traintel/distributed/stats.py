@@ -1,0 +1,193 @@
+"""Cross-rank statistics of one window: pure arithmetic over every rank's window means.
+
+Why compute time before the synchronisation point: under DDP the gradient all-reduce inside
+backward makes every rank wait for the slowest, so every rank's iteration time comes out the
+same and comparing them blames nobody. The time a rank spends before it arrives at the
+collective is its own; the rank that arrives last is the straggler.
+
+Why an EWMA per rank: one slow window (a GC pause, a noisy neighbour) is a one-off stall; a rank
+whose smoothed compute time stays above the others' is chronically lagging (a bad GPU, a hot
+node, an unbalanced shard) and is worth a ticket. The ``straggler`` event says which it is.
+
+No torch and no OpenTelemetry here, so every number can be tested exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from traintel import semconv
+from traintel.processor.stats import percentile
+
+#: Smoothing of the per-rank compute EWMA (weight of the newest window): one window three times
+#: slower than the others moves it by a fifth of the gap, below the default straggler factor,
+#: while a lag that lasts crosses it within a few windows.
+EWMA_ALPHA = 0.1
+#: A straggler must lag the other ranks' median by at least this much: below it, differences
+#: are timer and scheduler noise on small steps, not a slow rank.
+MIN_LAG_S = 0.005
+#: The fields every rank contributes per window, in exchange order.
+FIELDS = ("window_index", "iterations", "iteration_s", "data_loading_s", "compute_s", "sync_marked")
+#: Windows that may wait for the exchange thread. More pending means the exchange cannot keep
+#: up (a rank is stuck): this rank stops exchanging rather than fall out of step.
+MAX_PENDING_WINDOWS = 8
+
+
+@dataclass(frozen=True)
+class RankWindow:
+    """One rank's means over one window (seconds per iteration)."""
+
+    rank: int
+    window_index: int
+    iterations: int
+    iteration_s: float
+    data_loading_s: float
+    compute_s: float
+    sync_marked: bool  # compute measured to a synchronisation point (else: the step minus data)
+
+    def vector(self) -> list[float]:
+        """The fixed-size row this rank sends (its rank is its position in the gather)."""
+        return [
+            float(self.window_index),
+            float(self.iterations),
+            self.iteration_s,
+            self.data_loading_s,
+            self.compute_s,
+            1.0 if self.sync_marked else 0.0,
+        ]
+
+    @classmethod
+    def from_vector(cls, rank: int, row: Sequence[float]) -> RankWindow:
+        return cls(rank, int(row[0]), int(row[1]), row[2], row[3], row[4], row[5] > 0.5)
+
+
+@dataclass(frozen=True)
+class Summary:
+    min: float
+    median: float
+    max: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Summary:
+        ordered = sorted(values)
+        return cls(ordered[0], percentile(ordered, 50), ordered[-1], percentile(ordered, 99))
+
+    def items(self) -> tuple[tuple[str, float], ...]:
+        return (("min", self.min), ("median", self.median), ("max", self.max), ("p99", self.p99))
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    compute_s: float
+    others_median_s: float
+    factor: float  # compute / the other ranks' median
+    ewma_s: float
+    chronic: bool  # the EWMA too exceeds k times the other ranks' EWMA median
+
+    def attributes(self, window_index: int) -> dict[str, float | int | str | bool]:
+        return {
+            semconv.STRAGGLER_RANK: self.rank,
+            semconv.STRAGGLER_COMPUTE_TIME: self.compute_s,
+            semconv.STRAGGLER_MEDIAN_COMPUTE_TIME: self.others_median_s,
+            semconv.STRAGGLER_FACTOR: self.factor,
+            semconv.STRAGGLER_COMPUTE_EWMA: self.ewma_s,
+            semconv.STRAGGLER_CHRONIC: self.chronic,
+            semconv.RANKS_PREFIX + "window.index": window_index,
+        }
+
+
+@dataclass(frozen=True)
+class CrossRankWindow:
+    """The job's view of one window, identical on every rank that computed it."""
+
+    window_index: int
+    ranks: int
+    iteration: Summary
+    data_loading: Summary
+    compute: Summary
+    compute_mode: str  # sync_point (every rank marked one), step, or mixed
+    top_k: tuple[int, ...]  # slowest ranks by compute time, slowest first
+    top_k_compute: tuple[float, ...]
+    ewma: tuple[float, ...]  # per rank, after this window
+    straggler: Straggler | None
+
+    def attributes(self) -> dict[str, float | int | str | bool | list[int] | list[float]]:
+        """The ``ranks_metrics_update`` event (and job-level summary) attributes."""
+        p = semconv.RANKS_PREFIX
+        out: dict[str, float | int | str | bool | list[int] | list[float]] = {
+            p + "window.index": self.window_index,
+            p + "count": self.ranks,
+            p + "compute_mode": self.compute_mode,
+            p + "top_k": list(self.top_k),
+            p + "top_k.compute_time": list(self.top_k_compute),
+        }
+        for name, summary in (
+            ("iteration_time", self.iteration),
+            ("data_loading_time", self.data_loading),
+            ("compute_time", self.compute),
+        ):
+            for statistic, value in summary.items():
+                out[f"{p}{name}.{statistic}"] = value
+        if self.straggler is not None:
+            out[semconv.STRAGGLER_RANK] = self.straggler.rank
+        return out
+
+
+class RankTracker:
+    """Per-rank EWMAs across windows: O(world size) memory, whatever the number of windows."""
+
+    def __init__(self, top_k: int = 3, factor: float = 1.25) -> None:
+        self.top_k = top_k
+        self.factor = factor
+        self._ewma: dict[int, float] = {}
+
+    def update(self, rows: Sequence[RankWindow]) -> CrossRankWindow | None:
+        """Fold one window's rows (one per rank) in; None if they do not describe one window."""
+        rows = [row for row in rows if row.iterations > 0]
+        if not rows or len({row.window_index for row in rows}) != 1:
+            return None
+        for row in rows:
+            previous = self._ewma.get(row.rank)
+            self._ewma[row.rank] = (
+                row.compute_s
+                if previous is None
+                else EWMA_ALPHA * row.compute_s + (1 - EWMA_ALPHA) * previous
+            )
+        by_compute = sorted(rows, key=lambda row: (-row.compute_s, row.rank))
+        top = by_compute[: self.top_k]
+        marked = sum(row.sync_marked for row in rows)
+        mode = "sync_point" if marked == len(rows) else "step" if marked == 0 else "mixed"
+        return CrossRankWindow(
+            window_index=rows[0].window_index,
+            ranks=len(rows),
+            iteration=Summary.of([row.iteration_s for row in rows]),
+            data_loading=Summary.of([row.data_loading_s for row in rows]),
+            compute=Summary.of([row.compute_s for row in rows]),
+            compute_mode=mode,
+            top_k=tuple(row.rank for row in top),
+            top_k_compute=tuple(row.compute_s for row in top),
+            ewma=tuple(self._ewma.get(rank, 0.0) for rank in range(max(self._ewma) + 1)),
+            straggler=self._straggler(by_compute),
+        )
+
+    def _straggler(self, by_compute: list[RankWindow]) -> Straggler | None:
+        if len(by_compute) < 2:
+            return None
+        worst, others = by_compute[0], by_compute[1:]
+        median = percentile(sorted(row.compute_s for row in others), 50)
+        lag = worst.compute_s - median
+        if worst.compute_s <= self.factor * median or lag < MIN_LAG_S:
+            return None
+        ewma = self._ewma[worst.rank]
+        others_ewma = percentile(sorted(self._ewma[row.rank] for row in others), 50)
+        factor = worst.compute_s / median if median > 0 else float("inf")
+        return Straggler(worst.rank, worst.compute_s, median, factor, ewma, ewma > self.factor * others_ewma)
+
+    def chronic(self, rank: int) -> bool:
+        """Whether ``rank``'s EWMA exceeds k times the median EWMA of the other ranks."""
+        mine = self._ewma.get(rank)
+        others = sorted(value for other, value in self._ewma.items() if other != rank)
+        return mine is not None and bool(others) and mine > self.factor * percentile(others, 50)
