@@ -30,6 +30,7 @@ from traintel._engine import TrainingEngine
 from traintel._ids import ForcingIdGenerator
 from traintel.capabilities import capability_report
 from traintel.config import TrainingConfig
+from traintel.gpu import GpuInstruments
 from traintel.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel.processor.export_filter import TraceBudget
 from traintel.processor.instruments import TrainingInstruments
@@ -423,6 +424,7 @@ def _install(
     telemetry.heartbeat = Heartbeat(engine, processor)
     HeartbeatInstruments(pipeline.meter_provider, _current_heartbeat)
     SystemInstruments(pipeline.meter_provider)
+    GpuInstruments(pipeline.meter_provider)
     telemetry.processor = processor
     telemetry.engine = engine
     _set(telemetry)
