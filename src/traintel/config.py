@@ -167,6 +167,8 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     _Field("segment_seconds", ev.TRAINTEL_SEGMENT_SECONDS, _positive_number, 600.0, "seconds per trace"),
     _Field("max_spans_per_trace", ev.TRAINTEL_MAX_SPANS_PER_TRACE, _positive_int, 2000, "span budget"),
     _Field("max_bytes_per_trace", ev.TRAINTEL_MAX_BYTES_PER_TRACE, _positive_int, 4_000_000, "byte budget"),
+    _Field("cuda_event_timing", ev.TRAINTEL_CUDA_EVENT_TIMING, _choice("off", "on"), "off", "GPU step times"),
+    _Field("nvtx", ev.TRAINTEL_NVTX, _choice("off", "on"), "off", "NVTX range per phase span"),
 )
 _BY_NAME: Final = {f.name: f for f in _FIELDS}
 #: Names accepted by ``configure()`` / ``set_training_config()`` as training facts.
@@ -177,7 +179,7 @@ _EAGER: Final = frozenset(
         "output_dir", "shutdown_timeout", "run_id", "session_tag", "export_iterations",
         "export_first_iterations", "export_every_n_iterations", "slow_iteration_factor",
         "segment_iterations", "segment_seconds", "max_spans_per_trace", "max_bytes_per_trace",
-        "log_every_n_iterations", "warmup_iterations",
+        "log_every_n_iterations", "warmup_iterations", "cuda_event_timing", "nvtx",
     }
 )  # fmt: skip
 

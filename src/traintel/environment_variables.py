@@ -198,6 +198,25 @@ Estimated OTLP bytes budget of one trace (positive integer). Default: 4,000,000,
 Tempo's default 5 MB ``max_bytes_per_trace``.
 """
 
+TRAINTEL_CUDA_EVENT_TIMING: Final = "TRAINTEL_CUDA_EVENT_TIMING"
+"""
+.. envvar:: TRAINTEL_CUDA_EVENT_TIMING
+
+``on`` or ``off`` (default). On, forward / backward / optimizer GPU time is measured with CUDA
+events recorded at the phase boundaries and resolved later without synchronising; it lands in
+``training_metrics_update`` as ``ml.training.window.device_time.*``. Needs CUDA: without it the
+setting is refused with one warning.
+"""
+
+TRAINTEL_NVTX: Final = "TRAINTEL_NVTX"
+"""
+.. envvar:: TRAINTEL_NVTX
+
+``on`` or ``off`` (default). On, every phase span also pushes an NVTX range named after the
+phase (and the iteration number), so an Nsight Systems timeline lines up with the traces.
+Needs CUDA: without it the setting is refused with one warning.
+"""
+
 ALL: Final = (
     TRAINTEL_SESSION_TAG,
     TRAINTEL_PERF_TAG,
@@ -222,5 +241,7 @@ ALL: Final = (
     TRAINTEL_SEGMENT_SECONDS,
     TRAINTEL_MAX_SPANS_PER_TRACE,
     TRAINTEL_MAX_BYTES_PER_TRACE,
+    TRAINTEL_CUDA_EVENT_TIMING,
+    TRAINTEL_NVTX,
 )
 """Every variable above, for documentation checks and the capability report."""
