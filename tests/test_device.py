@@ -219,7 +219,9 @@ class NvtxRecorder:
         self.depth -= 1
 
 
-def test_nvtx_ranges_follow_the_phase_spans(job: InMemorySpanExporter) -> None:
+@pytest.mark.parametrize("export", ["none", "all"])  # fast-path records, or real spans throughout
+def test_nvtx_ranges_follow_the_phase_spans(export: str) -> None:
+    traintel.configure(span_exporters=[InMemorySpanExporter()], export_iterations=export)
     nvtx = NvtxRecorder()
     engine().device = DeviceHooks(None, NvtxRanges(nvtx.push, nvtx.pop))
     with traintel.application():

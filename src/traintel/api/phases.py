@@ -100,7 +100,8 @@ class PhaseSpan:
         self._thread = _get_ident()
         engine = telemetry.engine
         if engine is not None and engine.device is not None:
-            engine.device.started(self._name)
+            active = engine.active  # a step phase exported as a real span: name its iteration
+            engine.device.started(self._name, active.iteration if active is not None else None)
         return span
 
     def _close(
