@@ -227,3 +227,27 @@ def test_allocator_stats_become_device_series(monkeypatch: pytest.MonkeyPatch) -
         ]
         kind = "gauge" if isinstance(metric.data, Gauge) else "counter"
         assert (kind, metric.unit) == PENDING_INSTRUMENTS[name], name
+
+
+class FakeTorchCuda:
+    """torch.cuda as a job that initialised CUDA on device 1 sees it (no CUDA here)."""
+
+    def __init__(self, uuid: str | None) -> None:
+        self.uuid = uuid
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def current_device(self) -> int:
+        return 1
+
+    def get_device_properties(self, index: int) -> Any:
+        return SimpleNamespace(uuid=self.uuid)
+
+
+def test_an_initialised_cuda_device_wins_and_is_spelled_as_nvml_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    environ = {"CUDA_VISIBLE_DEVICES": UUIDS[0]}
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=FakeTorchCuda("bbbbbbbb-1111")))
+    assert gpu_in_use(environ) == UUIDS[1]  # torch's uuid has no "GPU-" prefix; NVML's has
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=FakeTorchCuda(None)))
+    assert gpu_in_use(environ) == "cuda:1"
