@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import resource
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -52,7 +53,8 @@ class PendingTimings:
     """Event pairs waiting for the device; resolved in order, without ever waiting.
 
     Pairs are recorded on one stream, so they complete in order: resolution stops at the first
-    pair whose end has not completed. Resolved events go back to ``release`` for reuse.
+    pair whose end has not completed. Resolved events go back to ``release`` for reuse. A lock,
+    because a window may close on another thread (the span processor's, for plain-OTel spans).
     """
 
     def __init__(
@@ -61,18 +63,24 @@ class PendingTimings:
         self.capacity = capacity
         self._pending: deque[tuple[str, EventLike, EventLike]] = deque()
         self._release = release
+        self._lock = threading.Lock()
         self.seconds: dict[str, float] = {}
         self.counts: dict[str, int] = {}
         self.dropped = 0
 
     def add(self, phase: str, start: EventLike, end: EventLike) -> None:
-        if len(self._pending) >= self.capacity:
-            self._pending.popleft()
-            self.dropped += 1
-        self._pending.append((phase, start, end))
+        with self._lock:
+            if len(self._pending) >= self.capacity:
+                self._pending.popleft()
+                self.dropped += 1
+            self._pending.append((phase, start, end))
 
     def poll(self) -> None:
         """Resolve every pair at the head of the queue whose end event has completed."""
+        with self._lock:
+            self._poll()
+
+    def _poll(self) -> None:
         pending = self._pending
         while pending:
             phase, start, end = pending[0]
@@ -91,7 +99,11 @@ class PendingTimings:
 
     def window_attributes(self, out: dict[str, float | int | str]) -> None:
         """Poll, then move what was resolved since the last window into ``out``."""
-        self.poll()
+        with self._lock:
+            self._poll()
+            self._move(out)
+
+    def _move(self, out: dict[str, float | int | str]) -> None:
         prefix = semconv.WINDOW_DEVICE_TIME_PREFIX
         out[semconv.WINDOW_DEVICE_TIMING_MODE] = semconv.TIMING_MODE_CUDA_EVENT
         for phase, seconds in self.seconds.items():
