@@ -39,9 +39,10 @@ PROMETHEUS_CONFIG = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").re
 README = (ROOT / "README.md").read_text()
 
 #: Kinds and units of metrics whose names are pinned in semconv.py but whose instruments other
-#: issues are still implementing (NVML, cross-rank, self-telemetry), or that this CPU-only run
-#: cannot emit (the torch.cuda allocator gauges, registered in system_metrics.py, report only
-#: with CUDA), as agreed for those issues; hw.* units follow the OTel semantic conventions. ONE place:
+#: issues are still implementing (cross-rank, self-telemetry), or that this CPU-only run cannot
+#: emit (the torch.cuda allocator gauges of system_metrics.py report only with CUDA, the NVML
+#: gauges of gpu.py only with a GPU; tests/test_gpu.py checks those against this table), as
+#: agreed for those issues; hw.* units follow the OTel semantic conventions. ONE place:
 #: once they exist, delete the entries and the real run below reports them instead (an entry
 #: that the run also emits fails ``test_pending_table_does_not_shadow_real_instruments``).
 PENDING_INSTRUMENTS: dict[str, tuple[str, str]] = {

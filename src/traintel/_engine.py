@@ -34,6 +34,7 @@ from traintel._fastctx import current_span as _current_span
 from traintel._ids import ForcingIdGenerator, new_span_id, new_trace_id
 from traintel._segments import SegmentedSpan
 from traintel.config import TrainingConfig
+from traintel.device import DeviceHooks, annotate_window, device_hooks
 from traintel.flops import autocast_dtype, current_device_name, peak_flops_for
 from traintel.processor.aggregator import (
     DATA,
@@ -250,6 +251,8 @@ class TrainingEngine:
         # Called with every closed window (None: nothing to close) and whether the loop ends.
         self.window_hook: Callable[[WindowReport | None, bool], None] | None = None
         self.apply_config(config)
+        # CUDA-event timing / NVTX at phase boundaries: None (one `is None` test) unless asked for.
+        self.device: DeviceHooks | None = device_hooks(config, warn_once)
 
     # --- configuration --------------------------------------------------------------------------
     def apply_config(self, config: TrainingConfig) -> None:
@@ -667,6 +670,7 @@ class TrainingEngine:
             if final:
                 self._export_windows(self.goodput.flush_held(), ended_loop)
             return None
+        annotate_window(report.attributes, self.device)
         self._export_windows(self.goodput.close_window(report, inputs.peak_flops, final), ended_loop)
         if self.config.has_lazy:
             self.apply_config(self.config)  # lazy values are re-resolved once per window

@@ -31,6 +31,7 @@ from traintel._ids import ForcingIdGenerator
 from traintel.capabilities import capability_report
 from traintel.config import TrainingConfig
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
+from traintel.gpu import GpuInstruments
 from traintel.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel.processor.export_filter import TraceBudget
 from traintel.processor.instruments import TrainingInstruments
@@ -432,6 +433,7 @@ def _install(
     engine.window_hook = cross_rank.window_closed
     cross_rank.count_straggler = CrossRankInstruments(pipeline.meter_provider, _current_cross_rank).count
     SystemInstruments(pipeline.meter_provider)
+    GpuInstruments(pipeline.meter_provider)
     telemetry.processor = processor
     telemetry.engine = engine
     _set(telemetry)

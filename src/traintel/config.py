@@ -178,6 +178,8 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     ),
     _Field("cross_rank_top_k", ev.TRAINTEL_CROSS_RANK_TOP_K, _positive_int, 3, "slowest ranks named"),
     _Field("straggler_factor", ev.TRAINTEL_STRAGGLER_FACTOR, _factor, 1.25, "k x other ranks' median"),
+    _Field("cuda_event_timing", ev.TRAINTEL_CUDA_EVENT_TIMING, _choice("off", "on"), "off", "GPU step times"),
+    _Field("nvtx", ev.TRAINTEL_NVTX, _choice("off", "on"), "off", "NVTX range per phase span"),
 )
 _BY_NAME: Final = {f.name: f for f in _FIELDS}
 #: Names accepted by ``configure()`` / ``set_training_config()`` as training facts.
@@ -188,7 +190,7 @@ _EAGER: Final = frozenset(
         "output_dir", "shutdown_timeout", "run_id", "session_tag", "export_iterations",
         "export_first_iterations", "export_every_n_iterations", "slow_iteration_factor",
         "segment_iterations", "segment_seconds", "max_spans_per_trace", "max_bytes_per_trace",
-        "log_every_n_iterations", "warmup_iterations",
+        "log_every_n_iterations", "warmup_iterations", "cuda_event_timing", "nvtx",
     }
 )  # fmt: skip
 

@@ -243,6 +243,25 @@ its EWMA above k times theirs makes the lag chronic (number greater than 1). Def
 """
 
 
+TRAINTEL_CUDA_EVENT_TIMING: Final = "TRAINTEL_CUDA_EVENT_TIMING"
+"""
+.. envvar:: TRAINTEL_CUDA_EVENT_TIMING
+
+``on`` or ``off`` (default). On, forward / backward / optimizer GPU time is measured with CUDA
+events recorded at the phase boundaries and resolved later without synchronising; it lands in
+``training_metrics_update`` as ``ml.training.window.device_time.*``. Needs CUDA: without it the
+setting is refused with one warning.
+"""
+
+TRAINTEL_NVTX: Final = "TRAINTEL_NVTX"
+"""
+.. envvar:: TRAINTEL_NVTX
+
+``on`` or ``off`` (default). On, every phase span also pushes an NVTX range named after the
+phase (and the iteration number), so an Nsight Systems timeline lines up with the traces.
+Needs CUDA: without it the setting is refused with one warning.
+"""
+
 ALL: Final = (
     TRAINTEL_SESSION_TAG,
     TRAINTEL_PERF_TAG,
@@ -272,5 +291,7 @@ ALL: Final = (
     TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE,
     TRAINTEL_CROSS_RANK_TOP_K,
     TRAINTEL_STRAGGLER_FACTOR,
+    TRAINTEL_CUDA_EVENT_TIMING,
+    TRAINTEL_NVTX,
 )
 """Every variable above, for documentation checks and the capability report."""

@@ -23,6 +23,7 @@ from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
 from traintel.config import TrainingConfig
+from traintel.gpu import gpu_in_use
 
 _logger = logging.getLogger(__name__)
 
@@ -155,6 +156,20 @@ class KubernetesDetector(ResourceDetector):
         return Resource(attributes)
 
 
+class GpuDetector(ResourceDetector):
+    """``hw.id``: the UUID of the GPU this process trains on, so its series join dcgm-exporter's
+    (see :func:`traintel.gpu.gpu_in_use` for when it is known)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None, nvml: object | None = None) -> None:
+        super().__init__()
+        self._environ = environ
+        self._nvml = nvml
+
+    def detect(self) -> Resource:
+        hw_id = gpu_in_use(os.environ if self._environ is None else self._environ, self._nvml)
+        return Resource({semconv.HW_ID: hw_id}) if hw_id else Resource.get_empty()
+
+
 def default_run_id(environ: Mapping[str, str] | None = None) -> str:
     """One id for all ranks of a job: the launcher's id where one exists, else a fresh uuid."""
     environ = os.environ if environ is None else environ
@@ -181,6 +196,7 @@ def default_detectors(environ: Mapping[str, str] | None = None) -> list[Resource
         TorchElasticDetector(environ),
         SlurmDetector(environ),
         KubernetesDetector(environ),
+        GpuDetector(environ),
     ]
 
 

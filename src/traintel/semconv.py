@@ -329,3 +329,25 @@ METRIC_TORCH_MONITOR_STAT: Final = "ml.training.torch_monitor.stat"
 TORCH_MONITOR_STAT: Final = "torch.monitor.stat"
 #: torch.monitor's own event name for ``Stat`` windows (``torch.monitor.STAT_EVENT``).
 TORCH_MONITOR_STAT_EVENT: Final = "torch.monitor.Stat"
+
+# Devices (issue 6): per-window memory peaks and device-side timing on ``training_metrics_update``.
+#: Peak bytes the CUDA caching allocator held for tensors during the window (current device;
+#: ``torch.cuda.max_memory_allocated``, reset at each window boundary).
+WINDOW_DEVICE_MEMORY_PEAK_ALLOCATED: Final = WINDOW_PREFIX + "device.memory.peak_allocated"
+#: The same for memory reserved by the allocator (``torch.cuda.max_memory_reserved``).
+WINDOW_DEVICE_MEMORY_PEAK_RESERVED: Final = WINDOW_PREFIX + "device.memory.peak_reserved"
+#: The process' peak resident memory since it started (``getrusage`` ``ru_maxrss``), NOT a
+#: per-window peak: the kernel keeps no cheap per-interval high-water mark.
+WINDOW_PROCESS_PEAK_RSS_SINCE_START: Final = WINDOW_PREFIX + "process.memory.peak_rss_since_start"
+#: How the window's iteration and step-phase times were measured (``TIMING_MODE_*``).
+WINDOW_TIMING_MODE: Final = WINDOW_PREFIX + "timing_mode"
+#: Prefix of the GPU time of forward / backward / optimizer ranges resolved in the window
+#: (``<prefix><phase>`` seconds summed, ``<prefix><phase>.count`` ranges), with its mode.
+WINDOW_DEVICE_TIME_PREFIX: Final = WINDOW_PREFIX + "device_time."
+WINDOW_DEVICE_TIMING_MODE: Final = WINDOW_DEVICE_TIME_PREFIX + "timing_mode"
+#: Event pairs still in flight at the window's close (their time lands in a later window), and
+#: pairs dropped because the bounded queue was full.
+WINDOW_DEVICE_TIME_PENDING: Final = WINDOW_DEVICE_TIME_PREFIX + "pending"
+WINDOW_DEVICE_TIME_DROPPED: Final = WINDOW_DEVICE_TIME_PREFIX + "dropped"
+TIMING_MODE_WALL_CLOCK: Final = "wall_clock"
+TIMING_MODE_CUDA_EVENT: Final = "cuda_event"

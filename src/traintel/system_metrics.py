@@ -26,6 +26,7 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
+from traintel.gpu import torch_uuid
 from traintel.version import __version__
 
 
@@ -78,11 +79,7 @@ def _cuda_devices() -> list[tuple[int, str, Any]]:
     try:
         if not cuda.is_available() or not cuda.is_initialized():
             return []
-        devices = []
-        for index in range(cuda.device_count()):
-            uuid = getattr(cuda.get_device_properties(index), "uuid", None)
-            devices.append((index, f"GPU-{uuid}" if uuid is not None else f"cuda:{index}", cuda))
-        return devices
+        return [(index, torch_uuid(cuda, index), cuda) for index in range(cuda.device_count())]
     except Exception:
         return []
 

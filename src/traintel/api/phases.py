@@ -36,6 +36,7 @@ from traintel import _runtime, preemption, semconv
 from traintel._attributes import as_number, clean_attributes, clean_value
 from traintel._engine import IterationSpan, TrainingEngine, mark_error
 from traintel._segments import SegmentedSpan
+from traintel.device import DeviceHooks
 from traintel.processor.aggregator import STEP_INDEX
 from traintel.semconv import Phase
 
@@ -98,6 +99,10 @@ class PhaseSpan:
         self._span = span
         self._token = _attach(_with_span(span, _get_current()))
         self._thread = _get_ident()
+        engine = telemetry.engine
+        if engine is not None and engine.device is not None:
+            active = engine.active  # a step phase exported as a real span: name its iteration
+            engine.device.started(self._name, active.iteration if active is not None else None)
         return span
 
     def _close(
@@ -112,6 +117,9 @@ class PhaseSpan:
             return
         self._span, self._token = trace_api.INVALID_SPAN, None
         end = end_ns if end_ns is not None else _time_ns()
+        engine = telemetry.engine
+        if engine is not None and engine.device is not None:
+            engine.device.ended(self._name)
         error = _clean_exit(exc)
         try:
             self._before_end(telemetry, span, error, end)
@@ -337,6 +345,8 @@ class _Iteration(PhaseSpan):
             telemetry.next_eval_iteration[loop] = number + 1
         record = engine.begin_iteration(self._name, number, start, self._attributes, context)
         self._record = record
+        if engine.device is not None:
+            engine.device.started(self._name, number)
         handle: Span = record
         if engine.export_all:
             # Every iteration exported: a real span from the start; step phases become real
@@ -373,6 +383,8 @@ class _Iteration(PhaseSpan):
                 self._detach(telemetry, token)
             engine = telemetry.engine
             if engine is not None:
+                if engine.device is not None:
+                    engine.device.ended(self._name)
                 error = record.error if exc is None else (_clean_exit(exc) or record.error)
                 engine.end_iteration(record, error, end)
         except Exception:
@@ -395,6 +407,8 @@ class _Iteration(PhaseSpan):
         self._detach(telemetry, token)
         engine = telemetry.engine
         if engine is not None:
+            if engine.device is not None:
+                engine.device.ended(self._name)
             if reason is not None:
                 if record.attributes is None:
                     record.attributes = {}
@@ -409,7 +423,7 @@ class _StepPhase(PhaseSpan):
     iteration they are real spans (so they nest under it) whose time still counts; outside
     any iteration, plain spans."""
 
-    __slots__ = ("_index", "_real", "_record")
+    __slots__ = ("_device", "_index", "_real", "_record")
 
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None, index: int) -> None:
         self._name = name
@@ -418,6 +432,7 @@ class _StepPhase(PhaseSpan):
         self._record: IterationSpan | None = None
         self._real: IterationSpan | None = None  # "all" mode: the running iteration, if direct
         self._token = None
+        self._device: DeviceHooks | None = None  # set on the fast path when device hooks are on
 
     def _before_end(
         self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
@@ -438,6 +453,9 @@ class _StepPhase(PhaseSpan):
                 self._record = record
                 self._start_ns = start_ns if start_ns is not None else _time_ns()
                 self._token = True
+                if engine.device is not None:
+                    self._device = engine.device
+                    engine.device.started(self._name, record.iteration)
                 return record
         return super()._open(telemetry, start_ns)
 
@@ -455,6 +473,9 @@ class _StepPhase(PhaseSpan):
         end = end_ns if end_ns is not None else _time_ns()
         self._record = None
         self._token = None
+        if self._device is not None:
+            self._device.ended(self._name)
+            self._device = None
         record.children.append((self._name, self._start_ns, end, _clean_exit(exc)))
         record.phase_ns[self._index] += end - self._start_ns
 
@@ -470,6 +491,9 @@ class _StepPhase(PhaseSpan):
                     if current is record.context:
                         self._record = record
                         self._start_ns = _time_ns()
+                        if engine.device is not None:
+                            self._device = engine.device
+                            engine.device.started(self._name, record.iteration)
                         return record
                     if current is record.real_context and not telemetry.closed:
                         return self._enter_real(engine, record, current)
@@ -489,6 +513,9 @@ class _StepPhase(PhaseSpan):
         self._span = span
         self._start_ns = start
         self._real = record
+        if engine.device is not None:
+            self._device = engine.device
+            engine.device.started(self._name, record.iteration)
         return span
 
     def _exit_real(self, record: IterationSpan, exc: BaseException | None) -> None:
@@ -500,6 +527,9 @@ class _StepPhase(PhaseSpan):
             _detach(token)  # type: ignore[arg-type]
         except Exception:
             pass
+        if self._device is not None:
+            self._device.ended(self._name)
+            self._device = None
         record.add_step_time(self._name, end - self._start_ns)
         error = None if exc is None else _clean_exit(exc)
         if error is not None:
@@ -516,6 +546,9 @@ class _StepPhase(PhaseSpan):
         if record is not None:
             self._record = None
             end = _time_ns()
+            if self._device is not None:
+                self._device.ended(self._name)
+                self._device = None
             start = self._start_ns
             record.children.append((self._name, start, end, None if exc is None else _clean_exit(exc)))
             record.phase_ns[self._index] += end - start

@@ -1,0 +1,204 @@
+"""GPU identity and NVML gauges (``hw.gpu.*``), sampled by the metric reader — never by training.
+
+Why NVML and not torch: utilisation, temperature and power are not visible to PyTorch, and the
+same readings are what dcgm-exporter publishes, so using the OTel ``hw.*`` names keyed by
+``hw.id`` = the GPU UUID lets a dashboard join traintel's series with the node's. NVML comes
+from ``nvidia-ml-py`` (``pip install traintel[gpu]``); without it, without a driver or without a
+GPU, the instruments are simply not registered (one debug log, nothing per step).
+
+Which GPUs: those this process can see — ``CUDA_VISIBLE_DEVICES`` (indices or ``GPU-`` UUIDs) when
+it is set, else every GPU NVML lists. Indices are taken in NVML's (PCI bus) order, which is
+CUDA's too when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and on nodes of identical GPUs.
+
+Not yet run on a GPU: the NVML calls below are those of nvidia-ml-py's documented API; the tests
+substitute a fake NVML module to check the mapping from readings to observations and units.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from traintel import semconv
+from traintel.version import __version__
+
+_logger = logging.getLogger(__name__)
+
+#: nvidia-ml-py's NVML_TEMPERATURE_GPU (the die sensor), should the module lack the constant.
+_TEMPERATURE_GPU = 0
+
+
+def load_nvml() -> Any | None:
+    """The ``pynvml`` module (nvidia-ml-py) if it is installed, else None."""
+    try:
+        import pynvml  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    return pynvml
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def torch_uuid(cuda: Any, index: int) -> str:
+    """``hw.id`` of a torch CUDA device: ``GPU-<uuid>`` as NVML and dcgm-exporter spell it."""
+    uuid = getattr(cuda.get_device_properties(index), "uuid", None)
+    if uuid is None:
+        return f"cuda:{index}"
+    text = str(uuid)
+    return text if text.startswith("GPU-") else f"GPU-{text}"
+
+
+def visible_entries(environ: Mapping[str, str]) -> list[str] | None:
+    """``CUDA_VISIBLE_DEVICES`` as a list (None when unset). As CUDA does, the list stops at
+    the first entry that is neither an index nor a UUID."""
+    raw = environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    entries = []
+    for entry in (part.strip() for part in raw.split(",")):
+        if not (entry.isdigit() or entry.startswith("GPU-")):
+            break
+        entries.append(entry)
+    return entries
+
+
+def _handle(nvml: Any, entry: str) -> Any:
+    if entry.startswith("GPU-"):
+        return nvml.nvmlDeviceGetHandleByUUID(entry)
+    return nvml.nvmlDeviceGetHandleByIndex(int(entry))
+
+
+def nvml_devices(nvml: Any, environ: Mapping[str, str]) -> list[tuple[str, Any]]:
+    """(hw.id, NVML handle) of each GPU visible to this process; NVML must be initialised."""
+    entries = visible_entries(environ)
+    if entries is None:
+        entries = [str(index) for index in range(int(nvml.nvmlDeviceGetCount()))]
+    devices = []
+    for entry in entries:
+        try:
+            handle = _handle(nvml, entry)
+            devices.append((_text(nvml.nvmlDeviceGetUUID(handle)), handle))
+        except Exception as exc:  # an index past the last GPU, a MIG instance...
+            _logger.debug("traintel: NVML cannot read GPU %s: %s", entry, exc)
+    return devices
+
+
+def gpu_in_use(environ: Mapping[str, str], nvml: Any | None = None) -> str | None:
+    """``hw.id`` of the GPU this process trains on, or None when that is not known.
+
+    Exact when the job has already initialised CUDA (the current device). Before that, only
+    what the scheduler pinned: the ``CUDA_VISIBLE_DEVICES`` entry of this local rank (its only
+    entry, or the LOCAL_RANK-th), as a UUID directly or an index resolved through NVML. No
+    ``CUDA_VISIBLE_DEVICES`` and no CUDA yet: None, rather than a guess on a CPU-only job.
+    """
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        if cuda is not None and cuda.is_initialized():
+            return torch_uuid(cuda, cuda.current_device())
+    except Exception:
+        pass
+    entries = visible_entries(environ)
+    if not entries:
+        return None
+    local = environ.get("LOCAL_RANK", "0").strip()
+    index = int(local) if local.isdigit() else 0
+    if len(entries) == 1:
+        index = 0
+    if index >= len(entries):
+        return None
+    entry = entries[index]
+    if entry.startswith("GPU-"):
+        return entry
+    nvml = load_nvml() if nvml is None else nvml
+    if nvml is None:
+        return None
+    try:
+        nvml.nvmlInit()
+        return _text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(int(entry))))
+    except Exception as exc:
+        _logger.debug("traintel: no GPU UUID from NVML: %s", exc)
+        return None
+
+
+def _utilization(nvml: Any, handle: Any) -> float:
+    return float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0  # NVML: percent
+
+
+def _temperature(nvml: Any, handle: Any) -> float:
+    sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", _TEMPERATURE_GPU)
+    return float(nvml.nvmlDeviceGetTemperature(handle, sensor))
+
+
+_Reading = Callable[[Any, Any], float]
+#: (metric, unit, reading from (nvml, handle), description). NVML's units converted to UCUM.
+_READINGS: tuple[tuple[str, str, _Reading, str], ...] = (
+    (
+        semconv.METRIC_HW_GPU_MEMORY_USAGE,
+        "By",
+        lambda nvml, handle: float(nvml.nvmlDeviceGetMemoryInfo(handle).used),
+        "GPU memory in use (all processes, NVML)",
+    ),
+    (
+        semconv.METRIC_HW_GPU_MEMORY_LIMIT,
+        "By",
+        lambda nvml, handle: float(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+        "GPU memory size (NVML)",
+    ),
+    (semconv.METRIC_HW_GPU_UTILIZATION, "1", _utilization, "Fraction of time a kernel ran (NVML)"),
+    (semconv.METRIC_HW_TEMPERATURE, "Cel", _temperature, "GPU die temperature (NVML)"),
+    (
+        semconv.METRIC_HW_POWER,
+        "W",
+        lambda nvml, handle: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,  # NVML: milliwatts
+        "GPU power draw (NVML)",
+    ),
+)
+
+
+class GpuInstruments:
+    """Registers the NVML gauges when NVML sees a GPU; their callbacks run on the reader's thread."""
+
+    def __init__(
+        self,
+        meter_provider: metrics_api.MeterProvider,
+        nvml: Any | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.devices: list[tuple[str, Any]] = []
+        self._nvml = load_nvml() if nvml is None else nvml
+        if self._nvml is None:
+            _logger.debug("traintel: no GPU gauges (no nvidia-ml-py: pip install 'traintel[gpu]')")
+            return
+        try:
+            self._nvml.nvmlInit()
+            self.devices = nvml_devices(self._nvml, os.environ if environ is None else environ)
+        except Exception as exc:  # no driver, no GPU
+            _logger.debug("traintel: no GPU gauges (NVML: %s)", exc)
+            return
+        if not self.devices:
+            _logger.debug("traintel: no GPU gauges (NVML lists no GPU visible to this process)")
+            return
+        meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
+        for name, unit, read, description in _READINGS:
+            meter.create_observable_gauge(name, [self._callback(read)], unit=unit, description=description)
+
+    def _callback(self, read: _Reading) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            observations = []
+            for hw_id, handle in self.devices:
+                try:  # a reading a GPU does not support (power on some boards) is left out
+                    value = read(self._nvml, handle)
+                except Exception:
+                    continue
+                observations.append(Observation(value, {semconv.HW_ID: hw_id, semconv.HW_TYPE: "gpu"}))
+            return observations
+
+        return callback
