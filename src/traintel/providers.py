@@ -36,7 +36,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-from traintel import semconv
+from traintel import _redaction, semconv
 from traintel._ids import ForcingIdGenerator
 from traintel.config import ConfigurationError, TrainingConfig
 from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
@@ -283,6 +283,7 @@ def build_pipeline(
     raises leaves the process exactly as it was.
     """
     environ = os.environ if environ is None else environ
+    _redaction.install(environ)  # the SDK logs malformed header entries while exporters are built
     if span_exporters is not None and tracer_provider is not None:
         raise ConfigurationError("span_exporters= and tracer_provider= exclude each other")
     if metric_readers is not None and meter_provider is not None:
@@ -350,6 +351,7 @@ def build_pipeline(
             metrics_api.set_meter_provider(sdk_mp)
         mp = sdk_mp
 
+    _redaction.install(environ)  # the exporters' loggers exist now
     return Pipeline(
         export_filter=export_filter,
         ids=ids,
