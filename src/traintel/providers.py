@@ -40,6 +40,7 @@ from traintel import _redaction, semconv
 from traintel._ids import ForcingIdGenerator
 from traintel.config import ConfigurationError, TrainingConfig
 from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
+from traintel.exporters.http_session import CertificateSession, needs_certificate_session
 from traintel.processor.export_filter import IterationExportFilter, TraceBudget
 from traintel.resource_detectors import TrainingResourceDetector
 
@@ -135,8 +136,15 @@ def _plan_exporters(
         except Exception as exc:
             _report(ConfigurationError(f"{exporter_var}: exporter {name!r} failed to load: {exc}"), strict)
             continue
+        if ep_name == _PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ):
+            plans.append(_ExporterPlan(name, _with_certificate_session(cls)))
+            continue
         plans.append(_ExporterPlan(name, cls))
     return plans
+
+
+def _with_certificate_session(cls: Any) -> Callable[[], Any]:
+    return lambda: cls(session=CertificateSession())
 
 
 def default_service_name() -> str:
