@@ -41,6 +41,7 @@ from traintel._ids import ForcingIdGenerator
 from traintel.config import ConfigurationError, TrainingConfig
 from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
 from traintel.exporters.http_session import CertificateSession, needs_certificate_session
+from traintel.exporters.process_bound import ProcessBoundMetricExporter, ProcessBoundSpanExporter
 from traintel.processor.export_filter import IterationExportFilter, TraceBudget
 from traintel.resource_detectors import TrainingResourceDetector
 
@@ -338,7 +339,7 @@ def build_pipeline(
             except Exception as exc:
                 _logger.error("traintel: traces exporter %r could not start: %s", plan.name, exc)
                 continue
-            exporting.append(BatchSpanProcessor(exporter))
+            exporting.append(BatchSpanProcessor(ProcessBoundSpanExporter(exporter)))
         export_filter = IterationExportFilter(exporting, TraceBudget())
         sdk_tp.add_span_processor(export_filter)
         if set_global_tp:
@@ -353,7 +354,7 @@ def build_pipeline(
             except Exception as exc:
                 _logger.error("traintel: metrics exporter %r could not start: %s", plan.name, exc)
                 continue
-            readers.append(PeriodicExportingMetricReader(metric_exporter))
+            readers.append(PeriodicExportingMetricReader(ProcessBoundMetricExporter(metric_exporter)))
         sdk_mp = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
         if set_global_mp:
             metrics_api.set_meter_provider(sdk_mp)
