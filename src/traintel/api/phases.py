@@ -212,7 +212,7 @@ class _Application(PhaseSpan):
     ) -> None:
         engine = telemetry.engine
         if engine is not None and engine.app is span:
-            preemption.report_pending(telemetry, span)
+            preemption.report_pending(telemetry, span, exc)
             engine.goodput.ended(end_ns)
             span.set_attributes(engine.goodput.snapshot(end_ns).attributes())
             if isinstance(span, SegmentedSpan) and span.segment_index:
