@@ -31,13 +31,16 @@ SCRIPT = textwrap.dedent(
     """
     import contextlib, os, sys, time
     use_traintel, where = sys.argv[1] == "traintel", sys.argv[2]
-    if where == "handler_saves":  # installed before traintel's, which then hands it the signal
+    def install_handler():
         import signal
         def save_then_exit(signum, frame):
             with traintel.checkpoint_save(iteration=done[0]):
                 time.sleep(0.2)
             sys.exit(128 + signum)
         signal.signal(signal.SIGTERM, save_then_exit)
+
+    if where == "handler_saves":  # installed before traintel's, which hands it the signal
+        install_handler()
     if use_traintel:
         import traintel
         traintel.configure(log_every_n_iterations=2, warmup_iterations=5 if where == "warmup" else 0)
@@ -46,6 +49,8 @@ SCRIPT = textwrap.dedent(
             def __getattr__(self, name):
                 return lambda *a, **k: contextlib.nullcontext()
         traintel = _NoTelemetry()
+    if where == "handler_saves_late":  # installed after traintel configured: replaces its handler
+        install_handler()
 
     def block():
         print("ready", flush=True)
@@ -55,7 +60,7 @@ SCRIPT = textwrap.dedent(
         print("never signalled", flush=True)
 
     done = [0]
-    block_at = {"first_iteration": 0, "warmup": 2, "handler_saves": 5}.get(where)
+    block_at = {"first_iteration": 0, "warmup": 2, "handler_saves": 5, "handler_saves_late": 5}.get(where)
     with traintel.application():
         with traintel.training_loop():
             for n in range(8):
@@ -159,9 +164,12 @@ def test_sigterm_outside_a_plain_training_step(tmp_path: Path, where: str) -> No
     assert _status(tmp_path / "runs") == "preempted"
 
 
-def test_a_users_handler_saves_after_the_signal_then_exits(tmp_path: Path) -> None:
-    plain_code, _, _, _ = run_and_signal(tmp_path / "plain", False, "handler_saves")
-    code, out, err, took = run_and_signal(tmp_path, True, "handler_saves")
+@pytest.mark.parametrize("where", ["handler_saves", "handler_saves_late"])
+def test_a_users_handler_saves_after_the_signal_then_exits(tmp_path: Path, where: str) -> None:
+    """The handler installed before traintel configured, or after (traintel chains it when the
+    application span opens)."""
+    plain_code, _, _, _ = run_and_signal(tmp_path / "plain", False, where)
+    code, out, err, took = run_and_signal(tmp_path, True, where)
     assert code == plain_code == 128 + signal.SIGTERM, err  # the user's sys.exit(143), unchanged
     assert "clean exit" not in out and "Traceback" not in err, err
     assert took < 15

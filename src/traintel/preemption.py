@@ -67,6 +67,28 @@ def install() -> bool:
         return True
 
 
+def chain_later_handlers() -> None:
+    """When the application span opens: a handler installed after traintel's is chained.
+
+    A script that configures traintel first and then installs its own SIGTERM handler (save,
+    then exit) replaces traintel's, and the run would end without a ``preemption`` event.
+    traintel takes the signal back and calls that handler as it calls one installed before it.
+    A signal set to be ignored stays ignored. Main thread only; never raises.
+    """
+    if not _installed or threading.current_thread() is not threading.main_thread():
+        return
+    with _install_lock:
+        for signum in SIGNALS:
+            try:
+                current = signal.getsignal(signum)
+                if current is _handle or current in (signal.SIG_IGN, None):
+                    continue
+                signal.signal(signum, _handle)
+                _previous[signum] = current
+            except (ValueError, OSError):
+                continue
+
+
 def _default_action_ends_process(previous: _Handler) -> bool:
     return previous in (signal.SIG_DFL, signal.default_int_handler)
 

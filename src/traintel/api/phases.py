@@ -202,6 +202,7 @@ class _Application(PhaseSpan):
         if not span.is_recording():
             return span
         telemetry.initialization_event(span)
+        preemption.chain_later_handlers()
         proxy = SegmentedSpan(span, self._name, self._attributes)
         if telemetry.engine is not None and telemetry.engine.app is None:
             telemetry.engine.app = proxy
