@@ -7,6 +7,7 @@ with the request headers, so tests assert on what a collector would receive.
 from __future__ import annotations
 
 import gzip
+import ssl
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -74,18 +75,25 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):  # type:
 
 
 class GrpcReceiver:
-    def __init__(self) -> None:
+    """``tls=(key_pem, cert_pem)`` serves TLS (an ``https://`` endpoint) instead of plaintext."""
+
+    def __init__(self, tls: tuple[bytes, bytes] | None = None) -> None:
         self.received = Received()
+        self.scheme = "https" if tls is not None else "http"
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self.received), self.server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _MetricsService(self.received), self.server
         )
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        if tls is None:
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
+        else:
+            credentials = grpc.ssl_server_credentials([tls])
+            self.port = self.server.add_secure_port("127.0.0.1:0", credentials)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> GrpcReceiver:
         self.server.start()
@@ -96,8 +104,12 @@ class GrpcReceiver:
 
 
 class HttpReceiver:
-    def __init__(self) -> None:
+    """``tls=(cert_file, key_file)`` serves HTTPS; failed handshakes are counted, not served."""
+
+    def __init__(self, tls: tuple[str, str] | None = None) -> None:
         self.received = received = Received()
+        self.scheme = "https" if tls is not None else "http"
+        self.failed_handshakes = 0
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
@@ -128,13 +140,31 @@ class HttpReceiver:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        receiver = self
+
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                receiver.failed_handshakes += 1  # a client that refused our certificate
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            # The handshake runs in the handler thread (not in accept), so a client that
+            # rejects the certificate cannot stall the accept loop.
+            original = self.server.get_request
+
+            def get_request() -> tuple[Any, Any]:
+                sock, address = original()
+                return context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+            self.server.get_request = get_request  # type: ignore[method-assign]
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> HttpReceiver:
         self.thread.start()

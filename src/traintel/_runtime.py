@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -296,11 +297,44 @@ def current() -> Telemetry:
     with _state_lock:
         if _telemetry is not None:
             return _telemetry
+        if in_dataloader_worker():  # spawn/forkserver workers import traintel afresh
+            return _install_disabled(TrainingConfig())
         try:
             return _install(TrainingConfig.from_env(strict=False), strict=False)
         except Exception:
             _logger.exception("traintel: auto-configuration failed; telemetry is off for this process")
             return _install_disabled(TrainingConfig())
+
+
+def in_dataloader_worker() -> bool:
+    """True inside a ``torch.utils.data`` worker process (without importing torch).
+
+    Workers do not record by default: their spans would be exported by N extra processes under
+    the job's identity, and the time the training loop waits for a batch - what data loading
+    costs training - is measured in the main process by ``data_loading``.
+    """
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    try:
+        return worker is not None and worker.get_worker_info() is not None
+    except Exception:
+        return False
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker, say) stops recording into the parent's copy.
+
+    Its exporters are process-bound (``traintel.exporters.process_bound``), so nothing it holds
+    is sent twice; closing it also makes the API a no-op there and skips any flush at exit.
+    """
+    global _state_lock
+    _state_lock = threading.RLock()  # another thread may have held it at the fork
+    telemetry = _telemetry
+    if telemetry is not None:
+        telemetry.closed = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def configured() -> Telemetry | None:

@@ -67,13 +67,37 @@ def install() -> bool:
         return True
 
 
+def chain_later_handlers() -> None:
+    """When the application span opens: a handler installed after traintel's is chained.
+
+    A script that configures traintel first and then installs its own SIGTERM handler (save,
+    then exit) replaces traintel's, and the run would end without a ``preemption`` event.
+    traintel takes the signal back and calls that handler as it calls one installed before it.
+    A signal set to be ignored stays ignored. Main thread only; never raises.
+    """
+    if not _installed or threading.current_thread() is not threading.main_thread():
+        return
+    with _install_lock:
+        for signum in SIGNALS:
+            try:
+                current = signal.getsignal(signum)
+                if current is _handle or current in (signal.SIG_IGN, None):
+                    continue
+                signal.signal(signum, _handle)
+                _previous[signum] = current
+            except (ValueError, OSError):
+                continue
+
+
 def _default_action_ends_process(previous: _Handler) -> bool:
     return previous in (signal.SIG_DFL, signal.default_int_handler)
 
 
-#: A signal the user's own handler took over: (signal, received ns), reported when traintel's
-#: application span ends, so the event can say whether a save followed the signal.
-_pending: tuple[int, int] | None = None
+#: A signal the user's own handler took over: (signal, received ns, last iteration completed
+#: when it arrived), reported when traintel's application span ends, so the event can say
+#: whether a save followed the signal. The iteration is taken at the signal: the one it cut
+#: short ends later (with the user's exit) but was not completed.
+_pending: tuple[int, int, int | None] | None = None
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
@@ -84,7 +108,8 @@ def _handle(signum: int, frame: FrameType | None) -> None:
         telemetry = _runtime.configured()
         engine = telemetry.engine if telemetry is not None else None
         if not _default_action_ends_process(previous) and engine is not None and engine.app is not None:
-            _pending = (signum, received_ns)  # the job goes on: report when its application ends
+            # the job goes on: report when its application ends
+            _pending = (signum, received_ns, _last_completed(engine))
         else:
             _report(signum, received_ns, end_spans=previous is signal.SIG_DFL)
     except Exception:  # never let telemetry change how the job stops
@@ -92,15 +117,23 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     _hand_over(signum, frame, previous)
 
 
-def report_pending(telemetry: _runtime.Telemetry, span: trace_api.Span) -> None:
-    """Called just before traintel's application span ends: the deferred ``preemption`` event."""
+def report_pending(
+    telemetry: _runtime.Telemetry, span: trace_api.Span, exc: BaseException | None = None
+) -> None:
+    """Called just before traintel's application span ends: the deferred ``preemption`` event.
+
+    Ending cleanly, the user's loop went on after the signal: the iterations it finished count.
+    Ending by an exception (a handler that saves and then ``sys.exit``s from inside the signal),
+    the iteration the signal interrupted ended with that exit and did not complete: the last
+    completed one is the one taken when the signal arrived.
+    """
     global _pending
     pending, _pending = _pending, None
     if pending is not None:
-        signum, received_ns = pending
-        span.add_event(
-            semconv.Event.PREEMPTION.value, preemption_attributes(telemetry, signum, received_ns), received_ns
-        )
+        signum, received_ns, at_signal = pending
+        completed = at_signal if exc is not None else _last_completed(telemetry.engine)
+        attributes = preemption_attributes(telemetry, signum, received_ns, completed)
+        span.add_event(semconv.Event.PREEMPTION.value, attributes, received_ns)
 
 
 def _hand_over(signum: int, frame: FrameType | None, previous: _Handler) -> None:
@@ -130,9 +163,20 @@ def _report(signum: int, received_ns: int, end_spans: bool) -> None:
         _logger.warning("traintel: preemption report not finished within %.1f s; exiting anyway", timeout)
 
 
+def _last_completed(engine: Any) -> int | None:
+    if engine is None or not engine.last_iteration_end_ns:
+        return None
+    return engine.last_iteration  # type: ignore[no-any-return]
+
+
+_NOW = -2  # preemption_attributes' default: the engine's last completed iteration now
+
+
 def preemption_attributes(
-    telemetry: _runtime.Telemetry, signum: int, received_ns: int
+    telemetry: _runtime.Telemetry, signum: int, received_ns: int, completed: int | None = _NOW
 ) -> dict[str, AttributeValue]:
+    """The event's attributes; ``completed`` is the last iteration done when the signal came
+    (default: the engine's now)."""
     name = signal.Signals(signum).name
     attributes: dict[str, AttributeValue] = {
         semconv.PREEMPTION_SIGNAL: name,
@@ -141,10 +185,12 @@ def preemption_attributes(
     engine = telemetry.engine
     if engine is None:
         return attributes
-    completed = engine.last_iteration if engine.last_iteration_end_ns else None
+    if completed == _NOW:
+        completed = _last_completed(engine)
     if completed is not None:
         attributes[semconv.PREEMPTION_LAST_ITERATION] = completed
     checkpoint = engine.last_checkpoint
+    attributes[semconv.PREEMPTION_SAVE_AFTER_SIGNAL] = False  # said even when nothing was saved
     if checkpoint is not None:
         iteration, end_ns, seconds = checkpoint
         attributes[semconv.PREEMPTION_CHECKPOINT_ITERATION] = iteration
@@ -152,9 +198,11 @@ def preemption_attributes(
         attributes[semconv.PREEMPTION_SAVE_AFTER_SIGNAL] = saved_after
         if saved_after:
             attributes[semconv.PREEMPTION_SAVE_AFTER_SIGNAL_TIME] = seconds
-    if completed is not None:
-        resume = checkpoint[0] if checkpoint is not None else 0
-        attributes[semconv.PREEMPTION_ITERATIONS_LOST] = max(0, completed + 1 - resume)
+    # Completed iterations a resume redoes; none completed (cut in warm-up): nothing but the
+    # step in progress, which is never counted as done.
+    resume = checkpoint[0] if checkpoint is not None else 0
+    lost = completed + 1 - resume if completed is not None else 0
+    attributes[semconv.PREEMPTION_ITERATIONS_LOST] = max(0, lost)
     return attributes
 
 

@@ -36,10 +36,12 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-from traintel import semconv
+from traintel import _redaction, semconv
 from traintel._ids import ForcingIdGenerator
 from traintel.config import ConfigurationError, TrainingConfig
 from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
+from traintel.exporters.http_session import CertificateSession, needs_certificate_session
+from traintel.exporters.process_bound import ProcessBoundMetricExporter, ProcessBoundSpanExporter
 from traintel.processor.export_filter import IterationExportFilter, TraceBudget
 from traintel.resource_detectors import TrainingResourceDetector
 
@@ -135,8 +137,15 @@ def _plan_exporters(
         except Exception as exc:
             _report(ConfigurationError(f"{exporter_var}: exporter {name!r} failed to load: {exc}"), strict)
             continue
+        if ep_name == _PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ):
+            plans.append(_ExporterPlan(name, _with_certificate_session(cls)))
+            continue
         plans.append(_ExporterPlan(name, cls))
     return plans
+
+
+def _with_certificate_session(cls: Any) -> Callable[[], Any]:
+    return lambda: cls(session=CertificateSession())
 
 
 def default_service_name() -> str:
@@ -283,6 +292,7 @@ def build_pipeline(
     raises leaves the process exactly as it was.
     """
     environ = os.environ if environ is None else environ
+    _redaction.install(environ)  # the SDK logs malformed header entries while exporters are built
     if span_exporters is not None and tracer_provider is not None:
         raise ConfigurationError("span_exporters= and tracer_provider= exclude each other")
     if metric_readers is not None and meter_provider is not None:
@@ -329,7 +339,7 @@ def build_pipeline(
             except Exception as exc:
                 _logger.error("traintel: traces exporter %r could not start: %s", plan.name, exc)
                 continue
-            exporting.append(BatchSpanProcessor(exporter))
+            exporting.append(BatchSpanProcessor(ProcessBoundSpanExporter(exporter)))
         export_filter = IterationExportFilter(exporting, TraceBudget())
         sdk_tp.add_span_processor(export_filter)
         if set_global_tp:
@@ -344,12 +354,13 @@ def build_pipeline(
             except Exception as exc:
                 _logger.error("traintel: metrics exporter %r could not start: %s", plan.name, exc)
                 continue
-            readers.append(PeriodicExportingMetricReader(metric_exporter))
+            readers.append(PeriodicExportingMetricReader(ProcessBoundMetricExporter(metric_exporter)))
         sdk_mp = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
         if set_global_mp:
             metrics_api.set_meter_provider(sdk_mp)
         mp = sdk_mp
 
+    _redaction.install(environ)  # the exporters' loggers exist now
     return Pipeline(
         export_filter=export_filter,
         ids=ids,

@@ -211,6 +211,7 @@ class _Application(PhaseSpan):
         if not span.is_recording():
             return span
         telemetry.initialization_event(span)
+        preemption.chain_later_handlers()
         proxy = SegmentedSpan(span, self._name, self._attributes)
         if telemetry.engine is not None and telemetry.engine.app is None:
             telemetry.engine.app = proxy
@@ -221,7 +222,7 @@ class _Application(PhaseSpan):
     ) -> None:
         engine = telemetry.engine
         if engine is not None and engine.app is span:
-            preemption.report_pending(telemetry, span)
+            preemption.report_pending(telemetry, span, exc)
             engine.goodput.ended(end_ns)
             span.set_attributes(engine.goodput.snapshot(end_ns).attributes())
             if isinstance(span, SegmentedSpan) and span.segment_index:

@@ -1,0 +1,97 @@
+"""Keep OTLP header values (API keys, bearer tokens) out of every log line.
+
+Why this exists: the values of ``OTEL_EXPORTER_OTLP_HEADERS`` and its per-signal variants are
+credentials, yet the SDK logs a malformed entry verbatim ("Header format invalid! ...: <entry>")
+and exporters log exceptions whose text may quote the request metadata. Job logs end up in
+shared places (Slurm output, CI artefacts), so every record from the loggers that can see a
+header - the OpenTelemetry SDK and exporters, grpc, urllib3/requests and traintel - passes a
+filter that replaces each header value (and each malformed entry) with ``[REDACTED]``.
+
+Logger filters only see records created on their own logger, not on children, so the filter is
+attached to every existing logger of those families; :func:`install` is called before and after
+the exporters are built, when all their modules (and loggers) exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from collections.abc import Iterable, Mapping
+from urllib.parse import unquote
+
+HEADER_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+    "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+)
+_LOGGER_FAMILIES = ("opentelemetry", "grpc", "urllib3", "requests", "traintel")
+REDACTED = "[REDACTED]"
+#: Shorter values are not secrets, and replacing them would garble unrelated text.
+_MIN_SECRET_LENGTH = 4
+
+
+def header_secrets(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """Every value (raw and URL-decoded) and every malformed entry of the header variables."""
+    environ = os.environ if environ is None else environ
+    found: set[str] = set()
+    for variable in HEADER_VARIABLES:
+        raw = environ.get(variable, "")
+        for raw_entry in raw.split(","):
+            entry = raw_entry.strip()
+            _, has_value, value = entry.partition("=")
+            candidates = [value.strip(), unquote(value).strip()] if has_value else [entry]
+            found.update(c for c in candidates if len(c) >= _MIN_SECRET_LENGTH)
+    return frozenset(found)
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    # Longest first: a value that contains another one is replaced whole.
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+class SecretFilter(logging.Filter):
+    """Rewrites a record whose message or traceback contains a secret; never drops a record."""
+
+    def __init__(self, secrets: frozenset[str]) -> None:
+        super().__init__("traintel.redaction")
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.secrets:
+            return True
+        try:
+            message = record.getMessage()
+            cleaned = redact(message, self.secrets)
+            if cleaned != message:
+                record.msg, record.args = cleaned, None
+            if record.exc_info and record.exc_info[1] is not None:
+                text = record.exc_text or "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+                cleaned = redact(text, self.secrets)
+                if cleaned != text:  # the formatter uses exc_text as is once it is set
+                    record.exc_text = cleaned
+            if record.stack_info:
+                record.stack_info = redact(record.stack_info, self.secrets)
+        except Exception:  # an exception here would reach the caller: withhold the whole text
+            record.msg, record.args, record.exc_info, record.exc_text = REDACTED, None, None, None
+        return True
+
+
+_filter = SecretFilter(frozenset())
+
+
+def install(environ: Mapping[str, str] | None = None) -> SecretFilter:
+    """Attach the filter (with the current header values) to every logger that may see them."""
+    _filter.secrets = header_secrets(environ)
+    if not _filter.secrets:
+        return _filter
+    manager = logging.Logger.manager
+    names = [n for n in list(manager.loggerDict) if n.split(".", 1)[0] in _LOGGER_FAMILIES]
+    for name in {*names, *_LOGGER_FAMILIES, "opentelemetry.util.re"}:
+        logger = logging.getLogger(name)
+        if _filter not in logger.filters:
+            logger.addFilter(_filter)
+    return _filter

@@ -1,0 +1,103 @@
+"""DataLoader workers under fork, spawn and forkserver, inside a traced training loop.
+
+A fresh interpreter trains a small model on CPU with ``DataLoader(num_workers=2,
+multiprocessing_context=...)``, persistent workers that live across two epochs, and a dataset
+that calls traintel *and* a plain OTel tracer in the worker. Export intervals are short, so a
+forked child whose copies of the exporter threads still ran would export within its lifetime.
+Expected: only the main process exports (one file set, one pid), no worker-side span anywhere,
+exact span counts with unique ids, no hang at worker exit, the job exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.subprocess_helpers import run_python
+from traintel.exporters.reader import iter_spans
+
+JOB = """
+import json, os, time
+import torch
+from opentelemetry import trace
+from torch.utils.data import DataLoader, Dataset
+import traintel
+
+class Numbers(Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, index):
+        with traintel.timed_span("worker_side_read", attributes={"index": index}):
+            with trace.get_tracer("user").start_as_current_span("user_worker_span"):
+                time.sleep(0.01)
+                return torch.full((4,), float(index)), torch.tensor([float(index)])
+
+def main():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.001)
+    loader = DataLoader(
+        Numbers(), batch_size=4, num_workers=2, persistent_workers=True,
+        multiprocessing_context=os.environ["MP_METHOD"],
+    )
+    step = 0
+    with traintel.application():
+        with traintel.training_loop():
+            for epoch in range(2):
+                batches = iter(loader)
+                for _ in range(len(loader)):
+                    with traintel.training_iteration(step, samples=4):
+                        with traintel.data_loading():
+                            x, y = next(batches)
+                        with traintel.model_forward():
+                            loss = torch.nn.functional.mse_loss(model(x), y)
+                        with traintel.model_backward():
+                            loss.backward()
+                        with traintel.optimizer_update():
+                            optimizer.step()
+                            optimizer.zero_grad()
+                    step += 1
+                time.sleep(0.3)  # the workers live on, past several export intervals
+    del loader  # persistent workers shut down here
+    print(json.dumps({"pid": os.getpid(), "steps": step}), flush=True)
+
+if __name__ == "__main__":
+    main()
+"""
+
+STEPS = 16  # 2 epochs x 8 batches
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_dataloader_workers_do_not_export(tmp_path: Path, method: str) -> None:
+    runs = tmp_path / "runs"
+    result = run_python(
+        JOB,
+        tmp_path,
+        timeout=180,  # a deadlock at worker exit fails here instead of hanging the suite
+        MP_METHOD=method,
+        TRAINTEL_EXPORT_ITERATIONS="all",
+        TRAINTEL_OUTPUT_DIR=str(runs),
+        OTEL_BSP_SCHEDULE_DELAY="50",
+        OTEL_METRIC_EXPORT_INTERVAL="100",
+        TRAINTEL_SHUTDOWN_TIMEOUT="5",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == STEPS
+    files = sorted(p.name for p in runs.rglob("*") if p.is_file())
+    assert files and all(f"{summary['pid']}" in name for name in files), files  # main process only
+    spans = list(iter_spans([runs]))
+    names = [s.name for s in spans]
+    assert "worker_side_read" not in names and "user_worker_span" not in names
+    assert names.count("training_iteration") == STEPS
+    assert names.count("data_loading") == STEPS
+    assert names.count("application") == 1
+    assert len({s.span_id for s in spans}) == len(spans)  # nothing duplicated
+    by_id = {s.span_id: s for s in spans}
+    for span in spans:
+        if span.name == "data_loading":  # the wait for the worker is measured in the main process
+            assert by_id[span.parent_span_id].name == "training_iteration"
