@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -52,10 +53,13 @@ class Received:
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
-    def __init__(self, received: Received) -> None:
+    def __init__(self, received: Received, delay_s: float = 0.0) -> None:
         self.received = received
+        self.delay_s = delay_s
 
     def Export(self, request: Any, context: Any) -> Any:
+        if self.delay_s:
+            time.sleep(self.delay_s)  # a slow collector: it answers, late
         with self.received.lock:
             self.received.traces.append(request)
             self.received.headers.append(dict(context.invocation_metadata()))
@@ -74,14 +78,19 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):  # type:
 
 
 class GrpcReceiver:
-    def __init__(self) -> None:
-        self.received = Received()
+    """``port`` and ``received`` let a test stop a receiver and start another in its place
+    (a collector restart); ``delay_s`` makes trace exports slow."""
+
+    def __init__(self, port: int = 0, received: Received | None = None, delay_s: float = 0.0) -> None:
+        self.received = received if received is not None else Received()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self.received), self.server)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
+            _TraceService(self.received, delay_s), self.server
+        )
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _MetricsService(self.received), self.server
         )
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
 
     @property
     def endpoint(self) -> str:
@@ -96,11 +105,15 @@ class GrpcReceiver:
 
 
 class HttpReceiver:
-    def __init__(self) -> None:
-        self.received = received = Received()
+    """See :class:`GrpcReceiver` for ``port``, ``received`` and ``delay_s``."""
+
+    def __init__(self, port: int = 0, received: Received | None = None, delay_s: float = 0.0) -> None:
+        self.received = received = received if received is not None else Received()
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                if delay_s and self.path == "/v1/traces":
+                    time.sleep(delay_s)
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -128,7 +141,7 @@ class HttpReceiver:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

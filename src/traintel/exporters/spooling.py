@@ -1,0 +1,316 @@
+"""The export path around the standard exporters: count what is lost, split, spool, resend.
+
+Why a wrapper and not a fork of the OTLP exporters: they stay responsible for the wire
+(endpoint, headers, TLS, compression, retries within their timeout); this adds only what they
+lack for a training job that must lose nothing:
+
+- **Split by bytes.** A batch whose OTLP encoding is over ``max_batch_bytes`` (gRPC refuses
+  messages over 4 MiB by default) is halved until every part fits, never refused.
+- **Spool on failure.** A batch the exporter reports as failed goes to a bounded on-disk
+  :class:`~traintel.exporters.spool.Spool`, and later batches queue behind it (in order, and
+  without paying the exporter's timeout again for each while the collector is down).
+- **Resend off the training thread.** One daemon thread retries the oldest spooled batch every
+  ``retry_interval_s`` and sends the rest as soon as one goes through.
+- **Spill at a stuck exit.** When the bounded shutdown gives up (a black-holed collector), the
+  batch in flight and the processor's queue are written to the spool instead of vanishing.
+
+Delivery is at least once: a batch is spooled only when the exporter says it failed, so a
+collector that took a batch and then timed out its answer can get it twice (the replay and
+the collector can deduplicate by span id).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from traintel.exporters import health as health_module
+from traintel.exporters.health import HEALTH, ExportHealth
+from traintel.exporters.otlp_json import DecodeError, json_line_to_request, request_to_json_line
+from traintel.exporters.proto_spans import readable_spans
+from traintel.exporters.spool import Spool, SpoolEntry
+
+_logger = logging.getLogger(__name__)
+
+#: gRPC's default maximum message size is 4 MiB; stay clear of it with headroom for framing.
+DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
+
+
+def split_by_bytes(
+    spans: Sequence[ReadableSpan], max_bytes: int
+) -> list[tuple[Sequence[ReadableSpan], ExportTraceServiceRequest]]:
+    """Consecutive parts of ``spans`` whose encoded request fits ``max_bytes`` (halving).
+
+    A single span over the limit stays a part of its own: the caller decides what to do.
+    """
+    request = encode_spans(spans)
+    if len(spans) <= 1 or request.ByteSize() <= max_bytes:
+        return [(spans, request)]
+    middle = len(spans) // 2
+    return split_by_bytes(spans[:middle], max_bytes) + split_by_bytes(spans[middle:], max_bytes)
+
+
+class CountingBatchSpanProcessor(BatchSpanProcessor):
+    """The SDK's batch processor, with its queue-full drops and event-cap drops counted.
+
+    Why a subclass: the SDK drops a span when its queue is full with one log line and (only
+    on recent versions, opt-in) an internal metric; we count every one, on any version that
+    keeps its queue where 1.40+ does. If it moved, drops go uncounted and we say so once.
+    """
+
+    def __init__(self, exporter: SpanExporter, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
+        super().__init__(exporter, **kwargs)
+        self._health = health
+        batch = getattr(self, "_batch_processor", None)
+        queue = getattr(batch, "_queue", None)
+        self._queue: deque[ReadableSpan] | None = queue if isinstance(queue, deque) else None
+        self._max_queue: int = getattr(batch, "_max_queue_size", 0) or 0
+        if self._queue is None:
+            _logger.warning(
+                "traintel: this opentelemetry-sdk's BatchSpanProcessor keeps its queue elsewhere; "
+                "queue-overflow drops are not counted"
+            )
+        health.watch_queue(self)
+
+    def depth(self) -> int:
+        return len(self._queue) if self._queue is not None else 0
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not span.context or not span.context.trace_flags.sampled:
+            return
+        dropped_events = span.dropped_events
+        if dropped_events:
+            self._health.drop_events(dropped_events)
+        queue = self._queue
+        if queue is not None and self._max_queue and len(queue) >= self._max_queue:
+            self._health.drop_spans(health_module.QUEUE_FULL, 1)
+        super().on_end(span)
+
+    def take_queued(self) -> list[ReadableSpan]:
+        """Everything still queued, oldest first, taken out (for the spill at a stuck exit)."""
+        queue = self._queue
+        taken: list[ReadableSpan] = []
+        while queue:
+            try:
+                taken.append(queue.pop())  # the SDK appends on the left: the right is oldest
+            except IndexError:  # the export thread took the last one
+                break
+        return taken
+
+
+class SpoolingSpanExporter(SpanExporter):
+    """Wraps any ``SpanExporter``: split by bytes, spool failed batches, resend them."""
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        spool: Spool | None,
+        *,
+        retry_interval_s: float = 5.0,
+        drain_timeout_s: float = 5.0,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        health: ExportHealth = HEALTH,
+    ) -> None:
+        self.exporter = exporter
+        self.spool = spool
+        self._retry_interval_s = retry_interval_s
+        self._drain_timeout_s = drain_timeout_s
+        self._max_batch_bytes = max_batch_bytes
+        self._health = health
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        #: Spooled batches wait: new batches queue behind them until the resend drains them.
+        self._backlog = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._in_flight: tuple[ExportTraceServiceRequest, int] | None = None
+        self._failed_once = False
+        if spool is not None:
+            health.watch_spool(spool)
+
+    # --- the export thread -------------------------------------------------------------------
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._stopped or not spans:
+            return SpanExportResult.FAILURE if self._stopped else SpanExportResult.SUCCESS
+        try:
+            parts = split_by_bytes(spans, self._max_batch_bytes)
+        except Exception:
+            _logger.exception("traintel: could not encode a span batch; %d span(s) dropped", len(spans))
+            self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
+            return SpanExportResult.FAILURE
+        if len(parts) > 1:
+            self._health.batch_split(len(parts) - 1)
+        kept = True
+        for part, request in parts:
+            kept = self._export_part(part, request) and kept
+        return SpanExportResult.SUCCESS if kept else SpanExportResult.FAILURE
+
+    def _export_part(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest) -> bool:
+        if request.ByteSize() > self._max_batch_bytes:  # one span alone over the limit
+            _logger.error(
+                "traintel: span %r encodes to %d bytes, over the %d-byte export limit; dropped",
+                spans[0].name,
+                request.ByteSize(),
+                self._max_batch_bytes,
+            )
+            self._health.drop_spans(health_module.TOO_LARGE, len(spans))
+            return False
+        with self._cond:
+            backlog = self._backlog
+        if not backlog:
+            with self._send_lock:
+                self._in_flight = (request, len(spans))
+                try:
+                    if self._send(spans):
+                        return True
+                finally:
+                    self._in_flight = None
+            self._health.export_failed()
+        return self._to_spool(request, len(spans))
+
+    def _send(self, spans: Sequence[ReadableSpan]) -> bool:
+        try:
+            return self.exporter.export(spans) == SpanExportResult.SUCCESS
+        except Exception as exc:
+            if not self._failed_once:
+                self._failed_once = True
+                _logger.error("traintel: span exporter %s raised: %s", type(self.exporter).__name__, exc)
+            return False
+
+    def _to_spool(self, request: ExportTraceServiceRequest, count: int) -> bool:
+        if self.spool is None:
+            self._health.drop_spans(health_module.NOT_SPOOLED, count)
+            return False
+        with self._cond:
+            entry = self.spool.put(request_to_json_line(request), count)
+            if entry is None:
+                self._health.drop_spans(health_module.NOT_SPOOLED, count)
+                return False
+            self._health.spooled(count)
+            if not self._backlog:
+                self._backlog = True
+                _logger.warning(
+                    "traintel: span export failed; spooling batches to %s and retrying every %gs "
+                    "(training continues)",
+                    self.spool.directory,
+                    self._retry_interval_s,
+                )
+            self._start_resend()
+            self._cond.notify_all()
+            return True
+
+    # --- the resend thread -------------------------------------------------------------------
+    def _start_resend(self) -> None:
+        if self._thread is None and not self._stopped:
+            self._thread = threading.Thread(
+                target=self._resend_loop, name="traintel-spool-resend", daemon=True
+            )
+            self._thread.start()
+
+    def _resend_loop(self) -> None:
+        spool = self.spool
+        assert spool is not None
+        while True:
+            with self._cond:
+                while not self._stopped and not self._backlog:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                entries = spool.entries()
+                if not entries:
+                    self._backlog = False
+                    _logger.warning("traintel: spooled spans delivered; exporting directly again")
+                    self._cond.notify_all()
+                    continue
+            try:
+                delivered = self._resend(spool, entries[0])
+            except Exception:
+                _logger.exception("traintel: resending a spooled batch failed")
+                delivered = False
+            if not delivered:
+                self._health.export_failed()
+                with self._cond:
+                    if not self._stopped:
+                        self._cond.wait(self._retry_interval_s)
+
+    def _resend(self, spool: Spool, entry: SpoolEntry) -> bool:
+        line = spool.read(entry)
+        if line is None:
+            return True  # gone (dropped by the bound meanwhile): nothing to send
+        try:
+            request = json_line_to_request(line)
+        except DecodeError as exc:
+            _logger.error("traintel: spool file %s is unreadable (%s); dropped", entry.path, exc)
+            spool.remove(entry)
+            self._health.drop_spans(health_module.NOT_SPOOLED, entry.spans)
+            return True
+        if not isinstance(request, ExportTraceServiceRequest):
+            spool.remove(entry)
+            return True
+        spans = list(readable_spans(request))
+        with self._send_lock:
+            if self._stopped:
+                return False
+            if not self._send(spans):
+                return False
+        spool.remove(entry)
+        self._health.resent(len(spans))
+        return True
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def drain(self, timeout_s: float) -> bool:
+        """Retry the spool now and wait up to ``timeout_s`` for it to empty."""
+        with self._cond:
+            if not self._backlog:
+                return True
+            self._cond.notify_all()  # cut the retry wait short
+            self._cond.wait_for(lambda: not self._backlog or self._stopped, timeout_s)
+            return not self._backlog
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.drain(timeout_millis / 1000) and self.exporter.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        self.drain(self._drain_timeout_s)
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        try:
+            self.exporter.shutdown()
+        except Exception:
+            _logger.exception("traintel: span exporter shutdown failed")
+        if self.spool is not None:
+            self.spool.remove_if_empty()
+
+    def spill(self, queued: Sequence[ReadableSpan]) -> int:
+        """At a stuck exit: the batch in flight and ``queued`` spans go to the spool (no network).
+
+        Returns the number of spans written. The in-flight batch may still arrive if its send
+        completes before the process ends; it is then delivered twice rather than lost.
+        """
+        written = 0
+        in_flight = self._in_flight
+        if in_flight is not None and self._to_spool(*in_flight):
+            written += in_flight[1]
+        if queued:
+            for _part, request in split_by_bytes(list(queued), self._max_batch_bytes):
+                count = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+                if self._to_spool(request, count):
+                    written += count
+        return written
+
+
+__all__ = [
+    "DEFAULT_MAX_BATCH_BYTES",
+    "CountingBatchSpanProcessor",
+    "SpoolingSpanExporter",
+    "split_by_bytes",
+]

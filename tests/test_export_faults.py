@@ -1,0 +1,162 @@
+"""Collector faults injected for real: a job in a fresh interpreter exports to a real OTLP
+receiver on loopback that this test stops and restarts on the same port (gRPC and HTTP).
+
+What must hold: training continues, every span and event the run produced arrives exactly
+once after the collector returns (asserted by span id against the embedded file, which never
+fails), the spool on disk is owner-only and holds no header values, and the losses and
+resends are reported.
+"""
+
+from __future__ import annotations
+
+import collections
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Received
+from tests.subprocess_helpers import clean_env, wait_for
+from traintel.exporters.reader import iter_spans
+
+SECRET = "planted-s3cr3t-token"
+
+#: The job runs three stretches of iterations, announcing each stop in ``ctl/`` and waiting
+#: for the test's go-ahead: healthy, collector stopped, collector restarted.
+STAGED_JOB = """
+import pathlib, sys, time
+import traintel
+
+ctl = pathlib.Path("ctl")
+
+def wait(name):
+    deadline = time.monotonic() + 60
+    while not (ctl / name).exists():
+        if time.monotonic() > deadline:
+            sys.exit("test never said " + name)
+        time.sleep(0.02)
+
+def iterations(n):
+    for _ in range(n):
+        with traintel.training_iteration():
+            with traintel.model_forward():
+                pass
+            traintel.record_metrics(loss=0.5)
+
+with traintel.application():
+    with traintel.training_loop():
+        iterations(4)
+        traintel.get_telemetry().flush()
+        (ctl / "healthy").touch()
+        wait("stopped")
+        iterations(4)
+        traintel.get_telemetry().flush()
+        (ctl / "failed").touch()
+        wait("restarted")
+        iterations(4)
+print("trained", flush=True)
+"""
+
+
+def _env(endpoint: str, protocol: str, tmp_path: Path, **extra: str) -> dict[str, str]:
+    return clean_env(
+        OTEL_TRACES_EXPORTER="otlp,traintel_file",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+        OTEL_EXPORTER_OTLP_INSECURE="true",
+        OTEL_EXPORTER_OTLP_TIMEOUT="2",
+        OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer%20{SECRET}",
+        OTEL_BSP_SCHEDULE_DELAY="100",
+        TRAINTEL_EXPORT_ITERATIONS="all",
+        TRAINTEL_SPOOL_RETRY_INTERVAL="0.3",
+        TRAINTEL_SHUTDOWN_TIMEOUT="10",
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+        **extra,
+    )
+
+
+def _ids_and_events(spans: list[tuple[str, list[tuple[str, int]]]]) -> collections.Counter[str]:
+    return collections.Counter(span_id for span_id, _ in spans)
+
+
+def received_spans(received: Received) -> list[tuple[str, list[tuple[str, int]]]]:
+    return [
+        (span.span_id.hex(), [(e.name, e.time_unix_nano) for e in span.events])
+        for _, span in received.spans()
+    ]
+
+
+def produced_spans(runs: Path) -> list[tuple[str, list[tuple[str, int]]]]:
+    files = [p for p in runs.glob("*.otlp.jsonl")]
+    return [(s.span_id, [(e.name, e.time_ns) for e in s.events]) for s in iter_spans(files)]
+
+
+Receiver = Callable[..., GrpcReceiver | HttpReceiver]
+
+
+@pytest.mark.parametrize(
+    ("protocol", "receiver_class"), [("grpc", GrpcReceiver), ("http/protobuf", HttpReceiver)]
+)
+def test_collector_stopped_mid_run_nothing_lost_nothing_twice(
+    tmp_path: Path, protocol: str, receiver_class: Receiver
+) -> None:
+    (tmp_path / "ctl").mkdir()
+    (tmp_path / "job.py").write_text(STAGED_JOB)
+    ctl = tmp_path / "ctl"
+    first = receiver_class()
+    received = first.received
+    port = first.port
+    first.__enter__()
+    job = subprocess.Popen(
+        [sys.executable, "job.py"],
+        cwd=tmp_path,
+        env=_env(f"http://127.0.0.1:{port}", protocol, tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_for(lambda: (ctl / "healthy").exists() or job.poll() is not None, 60)
+        healthy = len(list(received.spans()))
+        assert healthy > 0, "the healthy stretch was exported directly"
+        first.__exit__()  # the collector goes away
+        (ctl / "stopped").touch()
+        assert wait_for(lambda: (ctl / "failed").exists() or job.poll() is not None, 60)
+        # The failed batches wait on disk, owner-only, without the header values.
+        spool_root = tmp_path / "runs" / "spool"
+        spool_files = [p for p in spool_root.rglob("*") if p.is_file()]
+        assert spool_files, "failed batches were spooled"
+        for path in [spool_root, *spool_root.rglob("*")]:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+            if path.is_file():
+                assert SECRET not in path.read_text()
+        assert len(list(received.spans())) == healthy
+        second = receiver_class(port=port, received=received)  # restarted, same port
+        second.__enter__()
+        (ctl / "restarted").touch()
+        stdout, stderr = job.communicate(timeout=90)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    try:
+        assert job.returncode == 0, stderr
+        assert stdout == "trained\n"
+    finally:
+        second.__exit__()
+    produced = produced_spans(tmp_path / "runs")
+    arrived = received_spans(received)
+    counts = _ids_and_events(arrived)
+    assert len(produced) == 27  # application, loop, window record, 12 x (iteration, forward)
+    assert sum(len(events) for _, events in produced) >= 2
+    assert not [span_id for span_id, n in counts.items() if n > 1], "a span arrived twice"
+    assert sorted(produced) == sorted(arrived), "every span and event arrived, exactly once"
+    assert "export attempt(s) failed" in stderr and "re-sent" in stderr
+    assert SECRET not in stderr
+    # Fully delivered: the process's spool directory is gone, nothing waits for a replay.
+    assert not [p for p in (tmp_path / "runs" / "spool").rglob("*.otlp.jsonl")]
