@@ -157,6 +157,13 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
         "ml.training.heartbeat.phase",
         "process.cpu.utilization",
         "process.memory.usage",
+        "traintel.spans.dropped",
+        "traintel.events.dropped",
+        "traintel.export.failures",
+        "traintel.export.batches.split",
+        "traintel.queue.depth",
+        "traintel.spool.size",
+        "traintel.spool.dropped",
     }
 
 

@@ -30,6 +30,7 @@ from traintel._engine import TrainingEngine
 from traintel._ids import ForcingIdGenerator
 from traintel.capabilities import capability_report
 from traintel.config import TrainingConfig
+from traintel.exporters.health import register_instruments
 from traintel.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel.processor.export_filter import TraceBudget
 from traintel.processor.instruments import TrainingInstruments
@@ -423,6 +424,8 @@ def _install(
     telemetry.heartbeat = Heartbeat(engine, processor)
     HeartbeatInstruments(pipeline.meter_provider, _current_heartbeat)
     SystemInstruments(pipeline.meter_provider)
+    if pipeline.owns_tracer_provider:  # traintel's own export path: its losses and health
+        register_instruments(pipeline.meter_provider)
     telemetry.processor = processor
     telemetry.engine = engine
     _set(telemetry)

@@ -46,7 +46,7 @@ from traintel.exporters.file import (
     OtlpJsonLinesFile,
     _file_name,
 )
-from traintel.exporters.health import EXIT_TIMEOUT, HEALTH, describe, register_instruments
+from traintel.exporters.health import EXIT_TIMEOUT, HEALTH, describe
 from traintel.exporters.spool import Spool
 from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter
 from traintel.processor.export_filter import IterationExportFilter, TraceBudget
@@ -405,10 +405,6 @@ def build_pipeline(
         if set_global_mp:
             metrics_api.set_meter_provider(sdk_mp)
         mp = sdk_mp
-    try:
-        register_instruments(mp)
-    except Exception:
-        _logger.exception("traintel: could not register the self-telemetry instruments")
 
     return Pipeline(
         export_paths=export_paths,
