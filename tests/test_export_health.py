@@ -1,0 +1,176 @@
+"""Self-telemetry of the export path, with the real SDK and exact counts: queue-overflow drops,
+the event cap, batches split by bytes (over a real gRPC socket), the spool's bound, and the
+``traintel.*`` instruments that report them."""
+
+from __future__ import annotations
+
+import stat
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.otlp_receiver import GrpcReceiver
+from traintel import semconv
+from traintel.exporters.health import ExportHealth, describe, register_instruments
+from traintel.exporters.reader import iter_spans
+from traintel.exporters.spool import Spool
+from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter, split_by_bytes
+
+
+class GatedExporter(SpanExporter):
+    """Holds the export thread until released: the queue behind it fills up."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.entered.set()
+        self.gate.wait(10)
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+class FailingExporter(SpanExporter):
+    def __init__(self) -> None:
+        self.fail = True
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self.fail:
+            return SpanExportResult.FAILURE
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+def _metrics(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, Any], float]]]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        metric.name: [(dict(p.attributes or {}), p.value) for p in metric.data.data_points]  # type: ignore[union-attr]
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+    }
+
+
+def _instruments(health: ExportHealth) -> InMemoryMetricReader:
+    reader = InMemoryMetricReader()
+    register_instruments(MeterProvider(metric_readers=[reader]), health)
+    return reader
+
+
+def test_queue_overflow_drops_are_counted_exactly() -> None:
+    health = ExportHealth()
+    exporter = GatedExporter()
+    processor = CountingBatchSpanProcessor(
+        exporter, health=health, max_queue_size=4, max_export_batch_size=1, schedule_delay_millis=1
+    )
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    tracer.start_span("first").end()
+    assert exporter.entered.wait(5)  # the export thread is now stuck on "first"
+    for i in range(20):
+        tracer.start_span(f"s{i}").end()
+    reader = _instruments(health)
+    assert _metrics(reader)[semconv.METRIC_QUEUE_DEPTH] == [({}, 4)]
+    exporter.gate.set()
+    provider.force_flush()
+    provider.shutdown()
+    assert health.spans_dropped == {"queue_full": 16}
+    assert len(exporter.spans) == 5  # "first" and the 4 the queue held: 21 = 5 + 16
+    dropped = dict((a[semconv.DROP_REASON], v) for a, v in _metrics(reader)[semconv.METRIC_SPANS_DROPPED])
+    assert dropped["queue_full"] == 16
+    assert describe(health.snapshot())[0] == "16 span(s) dropped (queue_full 16)"
+
+
+def test_events_over_the_cap_are_counted() -> None:
+    health = ExportHealth()
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_events=128))
+    provider.add_span_processor(CountingBatchSpanProcessor(memory, health=health))
+    with provider.get_tracer("t").start_as_current_span("chatty") as span:
+        for i in range(131):
+            span.add_event(f"e{i}")
+    provider.shutdown()
+    assert len(memory.get_finished_spans()[0].events) == 128
+    assert health.events_dropped == 3
+    assert _metrics(_instruments(health))[semconv.METRIC_EVENTS_DROPPED] == [({}, 3)]
+
+
+def _big_spans(count: int, value_bytes: int) -> list[ReadableSpan]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("t")
+    for i in range(count):
+        tracer.start_span(f"big{i}", attributes={"blob": "x" * value_bytes}).end()
+    return list(memory.get_finished_spans())
+
+
+def test_a_batch_over_grpc_limit_is_split_and_delivered_over_a_real_socket() -> None:
+    spans = _big_spans(60, 100_000)  # ~6 MB: one request would exceed gRPC's 4 MiB limit
+    health = ExportHealth()
+    with GrpcReceiver() as receiver:
+        unsplit = OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=5)
+        assert unsplit.export(spans) == SpanExportResult.FAILURE  # what happens without splitting
+        unsplit.shutdown()
+        wrapped = SpoolingSpanExporter(
+            OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=5), None, health=health
+        )
+        assert wrapped.export(spans) == SpanExportResult.SUCCESS
+        wrapped.shutdown()
+    arrived = [span.name for _, span in receiver.received.spans()]
+    assert sorted(arrived) == sorted(s.name for s in spans)
+    assert len(receiver.received.traces) == 2
+    assert health.batches_split == 1
+    assert health.export_failures == 0 and not health.spans_dropped
+
+
+def test_split_parts_are_in_order_and_under_the_limit() -> None:
+    spans = _big_spans(9, 1000)
+    parts = split_by_bytes(spans, 3000)
+    assert [s for part, _ in parts for s in part] == spans
+    assert all(request.ByteSize() <= 3000 for _, request in parts)
+    # ~1.1 kB per span: halving 9 gives parts of two (the odd middle part is split 1 + 2).
+    assert [len(part) for part, _ in parts] == [2, 2, 2, 1, 2]
+    # A single span over the limit stays alone, for the caller to refuse and count.
+    assert len(split_by_bytes(spans[:1], 10)) == 1
+
+
+def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
+    health = ExportHealth()
+    spool = Spool(tmp_path / "a" / "spool", max_bytes=3 * 12_000)
+    failing = FailingExporter()
+    exporter = SpoolingSpanExporter(failing, spool, retry_interval_s=0.05, health=health)
+    batches = [_big_spans(1, 10_000) for _ in range(5)]
+    for batch in batches:
+        assert exporter.export(batch) == SpanExportResult.SUCCESS  # kept on disk
+    assert len(spool) == 3 and spool.dropped_batches == 2 and spool.dropped_spans == 2
+    for path in [tmp_path / "a", tmp_path / "a" / "spool", *spool.directory.iterdir()]:
+        assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600)
+    # What is kept is a readable OTLP/JSON-lines spool: the three newest batches.
+    assert sorted(s.name for s in iter_spans([spool.directory])) == ["big0"] * 3
+    metrics = _metrics(_instruments(health))
+    assert metrics[semconv.METRIC_SPOOL_DROPPED] == [({}, 2)]
+    assert metrics[semconv.METRIC_SPOOL_SIZE] == [({}, spool.size_bytes)]
+    dropped = dict((a[semconv.DROP_REASON], v) for a, v in metrics[semconv.METRIC_SPANS_DROPPED])
+    assert dropped["spool_full"] == 2
+    # The collector comes back: the kept batches are re-sent, oldest first, exactly once.
+    failing.fail = False
+    assert exporter.drain(5)
+    assert [s.context.span_id for s in failing.spans] == [b[0].context.span_id for b in batches[2:]]
+    assert health.spans_resent == 3
+    exporter.shutdown()
+    assert not spool.directory.exists()  # delivered: nothing left behind
+    assert health.export_failures >= 1
