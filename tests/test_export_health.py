@@ -18,6 +18,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.otlp_receiver import GrpcReceiver
+from tests.subprocess_helpers import run_python
+from traintel.analysis.report import build_report
+from traintel.analysis.summary import render, summarize
 from traintel import semconv
 from traintel.exporters.health import ExportHealth, describe, register_instruments
 from traintel.exporters.reader import iter_spans
@@ -174,3 +177,24 @@ def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
     exporter.shutdown()
     assert not spool.directory.exists()  # delivered: nothing left behind
     assert health.export_failures >= 1
+
+
+def test_losses_reach_the_exit_line_the_summary_and_the_report(tmp_path: Path) -> None:
+    """A span over OTEL_SPAN_EVENT_COUNT_LIMIT in a real run with the embedded default: the
+    application span has telemetry_initialization and 5 notes, 2 kept, 4 dropped."""
+    code = """
+    import traintel
+    from opentelemetry import trace
+    with traintel.application():
+        span = trace.get_current_span()
+        for i in range(5):
+            span.add_event(f"note{i}")
+    """
+    result = run_python(code, tmp_path, OTEL_SPAN_EVENT_COUNT_LIMIT="2")
+    assert result.returncode == 0, result.stderr
+    assert "telemetry export: 4 span event(s) dropped over OTEL_SPAN_EVENT_COUNT_LIMIT" in result.stderr
+    runs = tmp_path / "traintel-runs"
+    assert "Telemetry losses: traintel.events.dropped 4" in render(summarize([runs]))
+    report = build_report([runs])
+    assert report.self_telemetry[semconv.METRIC_EVENTS_DROPPED] == 4
+    assert report.self_telemetry[semconv.METRIC_SPANS_DROPPED] == 0
