@@ -19,9 +19,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.otlp_receiver import GrpcReceiver
 from tests.subprocess_helpers import run_python
+from traintel import semconv
 from traintel.analysis.report import build_report
 from traintel.analysis.summary import render, summarize
-from traintel import semconv
 from traintel.exporters.health import ExportHealth, describe, register_instruments
 from traintel.exporters.reader import iter_spans
 from traintel.exporters.spool import Spool
