@@ -13,13 +13,15 @@ import collections
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Received
-from tests.subprocess_helpers import clean_env, wait_for
+from tests.subprocess_helpers import BlackHole, clean_env, wait_for
+from traintel.cli import main
 from traintel.exporters.reader import iter_spans
 
 SECRET = "planted-s3cr3t-token"
@@ -62,7 +64,7 @@ print("trained", flush=True)
 
 
 def _env(endpoint: str, protocol: str, tmp_path: Path, **extra: str) -> dict[str, str]:
-    return clean_env(
+    settings = dict(
         OTEL_TRACES_EXPORTER="otlp,traintel_file",
         OTEL_METRICS_EXPORTER="none",
         OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
@@ -75,8 +77,8 @@ def _env(endpoint: str, protocol: str, tmp_path: Path, **extra: str) -> dict[str
         TRAINTEL_SPOOL_RETRY_INTERVAL="0.3",
         TRAINTEL_SHUTDOWN_TIMEOUT="10",
         TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
-        **extra,
     )
+    return clean_env(**(settings | extra))
 
 
 def _ids_and_events(spans: list[tuple[str, list[tuple[str, int]]]]) -> collections.Counter[str]:
@@ -160,3 +162,66 @@ def test_collector_stopped_mid_run_nothing_lost_nothing_twice(
     assert SECRET not in stderr
     # Fully delivered: the process's spool directory is gone, nothing waits for a replay.
     assert not [p for p in (tmp_path / "runs" / "spool").rglob("*.otlp.jsonl")]
+
+
+PLAIN_JOB = """
+import time
+import traintel
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(8):
+            with traintel.training_iteration():
+                with traintel.model_forward():
+                    time.sleep(0.05)
+                traintel.record_metrics(loss=0.5)
+print("trained", flush=True)
+"""
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_blackholed_collector_bounded_exit_everything_spooled_then_replayed(
+    tmp_path: Path, protocol: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with BlackHole() as hole:
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-c", PLAIN_JOB],
+            cwd=tmp_path,
+            env=_env(f"http://127.0.0.1:{hole.port}", protocol, tmp_path, TRAINTEL_SHUTDOWN_TIMEOUT="2"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "trained\n"
+    assert elapsed < 15, f"exit took {elapsed:.1f}s"  # 2 s bound + interpreter start and exit
+    assert SECRET not in result.stderr
+    [spool] = (tmp_path / "runs" / "spool").iterdir()
+    produced = produced_spans(tmp_path / "runs")
+    assert len(produced) == 19  # application, loop, window record, 8 x (iteration, forward)
+    receiver_class = GrpcReceiver if protocol == "grpc" else HttpReceiver
+    with receiver_class() as receiver:
+        assert main(["replay", str(spool), "--endpoint", receiver.endpoint, "--protocol", protocol]) == 0
+    arrived = received_spans(receiver.received)
+    assert sorted(arrived) == sorted(produced), "the black hole took nothing; the spool kept it all"
+    assert "replayed 19 span(s)" in capsys.readouterr().out
+
+
+def test_slow_collector_gets_everything_once(tmp_path: Path) -> None:
+    with GrpcReceiver(delay_s=0.5) as receiver:
+        result = subprocess.run(
+            [sys.executable, "-c", PLAIN_JOB],
+            cwd=tmp_path,
+            env=_env(receiver.endpoint, "grpc", tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    produced = produced_spans(tmp_path / "runs")
+    assert sorted(received_spans(receiver.received)) == sorted(produced)
+    assert "export attempt(s) failed" not in result.stderr  # slow is not failed: nothing spooled
+    assert not (tmp_path / "runs" / "spool").exists()
