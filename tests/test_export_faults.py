@@ -179,15 +179,24 @@ print("trained", flush=True)
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize("exporter_timeout", ["1", "30"])
 def test_blackholed_collector_bounded_exit_everything_spooled_then_replayed(
-    tmp_path: Path, protocol: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, protocol: str, exporter_timeout: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Exporter timeout 1 s: the batches fail and are spooled before the 2 s exit bound.
+    30 s: the bound is reached with a batch in flight and spans queued; they are spilled."""
     with BlackHole() as hole:
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-c", PLAIN_JOB],
             cwd=tmp_path,
-            env=_env(f"http://127.0.0.1:{hole.port}", protocol, tmp_path, TRAINTEL_SHUTDOWN_TIMEOUT="2"),
+            env=_env(
+                f"http://127.0.0.1:{hole.port}",
+                protocol,
+                tmp_path,
+                OTEL_EXPORTER_OTLP_TIMEOUT=exporter_timeout,
+                TRAINTEL_SHUTDOWN_TIMEOUT="2",
+            ),
             capture_output=True,
             text=True,
             timeout=60,
