@@ -46,7 +46,7 @@ from traintel.exporters.file import (
     OtlpJsonLinesFile,
     _file_name,
 )
-from traintel.exporters.health import EXIT_TIMEOUT, HEALTH, describe
+from traintel.exporters.health import EXIT_TIMEOUT, HEALTH
 from traintel.exporters.spool import Spool
 from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter
 from traintel.processor.export_filter import IterationExportFilter, TraceBudget
@@ -262,7 +262,7 @@ class Pipeline:
         done = _bounded(tasks, timeout_s, "shutdown")
         if not done:
             self._spill()
-        for line in describe(HEALTH.snapshot()):
+        for line in HEALTH.new_report_lines():
             _logger.warning("traintel: telemetry export: %s", line)
         return done
 

@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -67,6 +67,7 @@ class ExportHealth:
         self.spans_resent = 0
         self._queues: weakref.WeakSet[_Sized] = weakref.WeakSet()
         self._spools: weakref.WeakSet[_SpoolLike] = weakref.WeakSet()
+        self._reported: list[str] = []
 
     # --- counting ----------------------------------------------------------------------------
     def drop_spans(self, reason: str, count: int) -> None:
@@ -99,6 +100,16 @@ class ExportHealth:
 
     def watch_spool(self, spool: _SpoolLike) -> None:
         self._spools.add(spool)
+
+    def new_report_lines(self) -> list[str]:
+        """:func:`describe` of now, or nothing if that was already reported (a process that
+        shuts down more than one pipeline says it once)."""
+        lines = describe(self.snapshot())
+        with self._lock:
+            if lines == self._reported:
+                return []
+            self._reported = lines
+        return lines
 
     def snapshot(self) -> HealthSnapshot:
         spools = list(self._spools)
@@ -145,71 +156,54 @@ class _SpoolLike(Protocol):  # the parts of exporters.spool.Spool read here
 HEALTH = ExportHealth()
 
 
+def _dropped_by_reason(s: HealthSnapshot) -> list[Observation]:
+    return [
+        Observation(s.spans_dropped.get(reason, 0), {semconv.DROP_REASON: reason})
+        for reason in sorted({*DROP_REASONS, *s.spans_dropped})
+    ]
+
+
+#: (name, counter or gauge, unit, description, value(s) from a snapshot). Counters are
+#: cumulative totals since the process started.
+_INSTRUMENTS: tuple[tuple[str, str, str, str, Callable[[HealthSnapshot], Any]], ...] = (
+    (semconv.METRIC_SPANS_DROPPED, "counter", "{span}",
+     "Spans traintel could not deliver or keep, by traintel.drop.reason", _dropped_by_reason),
+    (semconv.METRIC_EVENTS_DROPPED, "counter", "{event}",
+     "Span events beyond OTEL_SPAN_EVENT_COUNT_LIMIT, dropped by the SDK", lambda s: s.events_dropped),
+    (semconv.METRIC_EXPORT_FAILURES, "counter", "{failure}",
+     "Span export attempts the exporter reported as failed (first sends and resends)",
+     lambda s: s.export_failures),
+    (semconv.METRIC_EXPORT_BATCHES_SPLIT, "counter", "{batch}",
+     "Extra batches made by splitting export batches over the gRPC message size limit",
+     lambda s: s.batches_split),
+    (semconv.METRIC_QUEUE_DEPTH, "gauge", "{span}",
+     "Spans waiting in the batch span processors' queues", lambda s: s.queue_depth),
+    (semconv.METRIC_SPOOL_SIZE, "gauge", "By",
+     "Bytes of undelivered span batches in the on-disk spool", lambda s: s.spool_bytes),
+    (semconv.METRIC_SPOOL_DROPPED, "counter", "{batch}",
+     "Spooled batches deleted, oldest first, to stay within TRAINTEL_SPOOL_MAX_BYTES",
+     lambda s: s.spool_dropped_batches),
+)  # fmt: skip
+
+
 def register_instruments(meter_provider: metrics_api.MeterProvider, health: ExportHealth = HEALTH) -> None:
     """The ``traintel.*`` self-telemetry instruments on ``meter_provider``, read at collection."""
     meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
 
-    def observe(
-        read: Callable[[HealthSnapshot], Iterable[Observation]],
-    ) -> Callable[..., Iterable[Observation]]:
+    def observe(read: Callable[[HealthSnapshot], Any]) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             try:
-                return list(read(health.snapshot()))
+                value = read(health.snapshot())
             except Exception:  # a broken callback must not break the collection
                 _logger.exception("traintel: self-telemetry collection failed")
                 return []
+            return value if isinstance(value, list) else [Observation(value)]
 
         return callback
 
-    meter.create_observable_counter(
-        semconv.METRIC_SPANS_DROPPED,
-        [
-            observe(
-                lambda s: [
-                    Observation(s.spans_dropped.get(reason, 0), {semconv.DROP_REASON: reason})
-                    for reason in sorted({*DROP_REASONS, *s.spans_dropped})
-                ]
-            )
-        ],
-        unit="{span}",
-        description="Spans traintel could not deliver or keep, by traintel.drop.reason",
-    )
-    meter.create_observable_counter(
-        semconv.METRIC_EVENTS_DROPPED,
-        [observe(lambda s: [Observation(s.events_dropped)])],
-        unit="{event}",
-        description="Span events beyond OTEL_SPAN_EVENT_COUNT_LIMIT, dropped by the SDK",
-    )
-    meter.create_observable_counter(
-        semconv.METRIC_EXPORT_FAILURES,
-        [observe(lambda s: [Observation(s.export_failures)])],
-        unit="{failure}",
-        description="Span export attempts the exporter reported as failed (first sends and resends)",
-    )
-    meter.create_observable_counter(
-        semconv.METRIC_EXPORT_BATCHES_SPLIT,
-        [observe(lambda s: [Observation(s.batches_split)])],
-        unit="{batch}",
-        description="Extra batches made by splitting export batches over the gRPC message size limit",
-    )
-    meter.create_observable_gauge(
-        semconv.METRIC_QUEUE_DEPTH,
-        [observe(lambda s: [Observation(s.queue_depth)])],
-        unit="{span}",
-        description="Spans waiting in the batch span processors' queues",
-    )
-    meter.create_observable_gauge(
-        semconv.METRIC_SPOOL_SIZE,
-        [observe(lambda s: [Observation(s.spool_bytes)])],
-        unit="By",
-        description="Bytes of undelivered span batches in the on-disk spool",
-    )
-    meter.create_observable_counter(
-        semconv.METRIC_SPOOL_DROPPED,
-        [observe(lambda s: [Observation(s.spool_dropped_batches)])],
-        unit="{batch}",
-        description="Spooled batches deleted, oldest first, to stay within TRAINTEL_SPOOL_MAX_BYTES",
-    )
+    for name, kind, unit, description, read in _INSTRUMENTS:
+        create = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
+        create(name, [observe(read)], unit=unit, description=description)
 
 
 def describe(snapshot: HealthSnapshot) -> list[str]:

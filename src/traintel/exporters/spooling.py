@@ -132,14 +132,18 @@ class SpoolingSpanExporter(SpanExporter):
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._in_flight: tuple[ExportTraceServiceRequest, int] | None = None
+        self._spilled: ExportTraceServiceRequest | None = None
         self._failed_once = False
         if spool is not None:
             health.watch_spool(spool)
 
     # --- the export thread -------------------------------------------------------------------
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if self._stopped or not spans:
-            return SpanExportResult.FAILURE if self._stopped else SpanExportResult.SUCCESS
+        if not spans:
+            return SpanExportResult.SUCCESS
+        if self._stopped:
+            self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
+            return SpanExportResult.FAILURE
         try:
             parts = split_by_bytes(spans, self._max_batch_bytes)
         except Exception:
@@ -174,6 +178,8 @@ class SpoolingSpanExporter(SpanExporter):
                 finally:
                     self._in_flight = None
             self._health.export_failed()
+            if self._spilled is request:  # the exit bound already wrote it to the spool
+                return True
         return self._to_spool(request, len(spans))
 
     def _send(self, spans: Sequence[ReadableSpan]) -> bool:
@@ -235,7 +241,7 @@ class SpoolingSpanExporter(SpanExporter):
             except Exception:
                 _logger.exception("traintel: resending a spooled batch failed")
                 delivered = False
-            if not delivered:
+            if not delivered and not self._stopped:
                 self._health.export_failed()
                 with self._cond:
                     if not self._stopped:
@@ -299,6 +305,7 @@ class SpoolingSpanExporter(SpanExporter):
         written = 0
         in_flight = self._in_flight
         if in_flight is not None and self._to_spool(*in_flight):
+            self._spilled = in_flight[0]
             written += in_flight[1]
         if queued:
             for _part, request in split_by_bytes(list(queued), self._max_batch_bytes):
