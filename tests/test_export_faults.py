@@ -136,7 +136,7 @@ def test_collector_stopped_mid_run_nothing_lost_nothing_twice(
             mode = stat.S_IMODE(path.stat().st_mode)
             assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
             if path.is_file():
-                assert SECRET not in path.read_text()
+                assert SECRET.encode() not in path.read_bytes()
         assert len(list(received.spans())) == healthy
         second = receiver_class(port=port, received=received)  # restarted, same port
         second.__enter__()

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -23,8 +24,8 @@ from traintel import semconv
 from traintel.analysis.report import build_report
 from traintel.analysis.summary import render, summarize
 from traintel.exporters.health import ExportHealth, describe, register_instruments
-from traintel.exporters.reader import iter_spans
-from traintel.exporters.spool import Spool
+from traintel.exporters.reader import spans_in
+from traintel.exporters.spool import Spool, spooled_requests
 from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter, split_by_bytes
 
 
@@ -144,7 +145,7 @@ def test_split_parts_are_in_order_and_under_the_limit() -> None:
     spans = _big_spans(9, 1000)
     parts = split_by_bytes(spans, 3000)
     assert [s for part, _ in parts for s in part] == spans
-    assert all(request.ByteSize() <= 3000 for _, request in parts)
+    assert all(encode_spans(part).ByteSize() <= 3000 for part, _ in parts)
     # ~1.1 kB per span: halving 9 gives parts of two (the odd middle part is split 1 + 2).
     assert [len(part) for part, _ in parts] == [2, 2, 2, 1, 2]
     # A single span over the limit stays alone, for the caller to refuse and count.
@@ -162,8 +163,9 @@ def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
     assert len(spool) == 3 and spool.dropped_batches == 2 and spool.dropped_spans == 2
     for path in [tmp_path / "a", tmp_path / "a" / "spool", *spool.directory.iterdir()]:
         assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600)
-    # What is kept is a readable OTLP/JSON-lines spool: the three newest batches.
-    assert sorted(s.name for s in iter_spans([spool.directory])) == ["big0"] * 3
+    # What is kept: the three newest batches, as the requests a collector would have received.
+    kept = [s.span_id for request in spooled_requests([spool.directory]) for s in spans_in(request)]
+    assert kept == [f"{b[0].context.span_id:016x}" for b in batches[2:]]
     metrics = _metrics(_instruments(health))
     assert metrics[semconv.METRIC_SPOOL_DROPPED] == [({}, 2)]
     assert metrics[semconv.METRIC_SPOOL_SIZE] == [({}, spool.size_bytes)]

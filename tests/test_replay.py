@@ -14,7 +14,8 @@ import pytest
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 from tests.subprocess_helpers import run_python
 from traintel.cli import main
-from traintel.exporters.reader import iter_spans
+from traintel.exporters.reader import iter_spans, spans_in
+from traintel.exporters.spool import spooled_requests
 
 JOB = """
 import traintel
@@ -71,7 +72,8 @@ def test_down_for_the_whole_run_then_replayed_exactly_once(
     assert "not delivered, kept in" in stderr and "traintel replay DIR" in stderr
     produced = sorted(s.span_id for s in iter_spans(sorted((tmp_path / "runs").glob("*.otlp.jsonl"))))
     assert len(produced) == 15  # application, loop, window record, 6 x (iteration, forward)
-    assert sorted(s.span_id for s in iter_spans([spool])) == produced, "the spool holds the whole run"
+    spooled = sorted(s.span_id for request in spooled_requests([spool]) for s in spans_in(request))
+    assert spooled == produced, "the spool holds the whole run"
     with receiver_class() as receiver:
         code = main(
             ["replay", str(spool), "--endpoint", receiver.endpoint, "--protocol", protocol, "--delete-sent"]
@@ -81,7 +83,7 @@ def test_down_for_the_whole_run_then_replayed_exactly_once(
     assert "replayed 15 span(s)" in out
     counts = collections.Counter(span.span_id.hex() for _, span in receiver.received.spans())
     assert sorted(counts) == produced and set(counts.values()) == {1}
-    assert not list(spool.glob("*.otlp.jsonl")), "--delete-sent drained the spool"
+    assert not list(spooled_requests([spool])), "--delete-sent drained the spool"
     app = next(span for _, span in receiver.received.spans() if span.name == "application")
     assert app.events[0].name == "telemetry_initialization"
 

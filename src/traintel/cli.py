@@ -169,9 +169,9 @@ def _goodput(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from traintel.config import ConfigurationError
-    from traintel.replay import otlp_span_exporter, render, replay
+    from traintel.replay import otlp_span_exporter, render, replay, replay_files
 
-    files = _files(args.paths)
+    files = replay_files(args.paths)
     if not files:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2

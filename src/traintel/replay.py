@@ -3,7 +3,8 @@
 Why through the standard OTLP span exporters: the endpoint may be given on the command line,
 everything else (headers, certificate, compression, timeout) comes from the same
 ``OTEL_EXPORTER_OTLP_*`` variables a job uses, read by the same code. Spans are re-created
-from the OTLP/JSON lines (:mod:`traintel.exporters.proto_spans`), batched, and split by bytes
+from the spooled OTLP requests or the OTLP/JSON lines (:mod:`traintel.exporters.proto_spans`),
+batched, and split by bytes
 like live export.
 
 In order, file by file; on the first failed send it stops (the collector is down: carrying on
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -29,6 +31,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from traintel.config import ConfigurationError
 from traintel.exporters.proto_spans import readable_spans
 from traintel.exporters.reader import ReadStats, expand_paths, read_requests
+from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
 from traintel.exporters.spooling import DEFAULT_MAX_BATCH_BYTES, split_by_bytes
 from traintel.providers import otlp_protocol
 
@@ -98,8 +101,27 @@ def _send(exporter: SpanExporter, spans: Sequence[ReadableSpan], result: ReplayR
     return True
 
 
+def replay_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Embedded-default files and spooled batches in ``paths``, each directory in name order
+    (a spool's names sort in write order)."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found.extend(sorted({*expand_paths([path]), *spool_files([path])}))
+        else:
+            found.append(path)
+    return found
+
+
 def _spans_of(path: Path, result: ReplayResult) -> Iterator[ReadableSpan]:
     """Streaming: a long run's file is never held in memory whole."""
+    if path.name.endswith(SPOOL_SUFFIX):
+        try:
+            yield from readable_spans(read_batch(path))
+        except (OSError, DecodeError) as exc:
+            result.stats.skip(str(path), f"unreadable spooled batch ({exc})")
+        return
     for request in read_requests([path], result.stats):
         if isinstance(request, ExportTraceServiceRequest):
             yield from readable_spans(request)
@@ -117,7 +139,7 @@ def replay(
 ) -> ReplayResult:
     """Send every span in ``paths`` (files or directories) through ``exporter``, in order."""
     result = ReplayResult()
-    for path in expand_paths(paths):
+    for path in replay_files(paths):
         if on_file is not None:
             on_file(path)
         if not all(_send(exporter, b, result) for b in _batches(_spans_of(path, result), batch_spans)):

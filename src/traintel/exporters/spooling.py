@@ -24,9 +24,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
@@ -34,7 +35,6 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from traintel.exporters import health as health_module
 from traintel.exporters.health import HEALTH, ExportHealth
-from traintel.exporters.otlp_json import DecodeError, json_line_to_request, request_to_json_line
 from traintel.exporters.proto_spans import readable_spans
 from traintel.exporters.spool import Spool, SpoolEntry
 
@@ -44,13 +44,43 @@ _logger = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
 
 
+def _value_bytes(value: object) -> int:
+    if isinstance(value, str):
+        return len(value) if value.isascii() else 4 * len(value)
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, tuple | list):
+        return sum(_value_bytes(v) + 4 for v in value)
+    return 12
+
+
+def _attributes_bytes(attributes: object) -> int:
+    items = attributes.items() if isinstance(attributes, Mapping) else ()
+    return sum(len(key) + _value_bytes(value) + 8 for key, value in items)
+
+
+def estimate_bytes(span: ReadableSpan) -> int:
+    """A cheap generous estimate of a span's OTLP protobuf size (strings counted in full),
+    so most batches are never encoded twice only to learn they fit."""
+    size = 96 + len(span.name) + _attributes_bytes(span.attributes)
+    for event in span.events:
+        size += 24 + len(event.name) + _attributes_bytes(event.attributes)
+    for link in span.links:
+        size += 48 + _attributes_bytes(link.attributes)
+    return size
+
+
 def split_by_bytes(
     spans: Sequence[ReadableSpan], max_bytes: int
-) -> list[tuple[Sequence[ReadableSpan], ExportTraceServiceRequest]]:
+) -> list[tuple[Sequence[ReadableSpan], ExportTraceServiceRequest | None]]:
     """Consecutive parts of ``spans`` whose encoded request fits ``max_bytes`` (halving).
 
-    A single span over the limit stays a part of its own: the caller decides what to do.
+    A part's request is ``None`` when twice the estimate fits: then it is not encoded here
+    (the exporter does that). A single span over the limit stays a part of its own, with its
+    request, for the caller to refuse.
     """
+    if 2 * sum(estimate_bytes(s) for s in spans) <= max_bytes:
+        return [(spans, None)]
     request = encode_spans(spans)
     if len(spans) <= 1 or request.ByteSize() <= max_bytes:
         return [(spans, request)]
@@ -131,8 +161,8 @@ class SpoolingSpanExporter(SpanExporter):
         self._backlog = False
         self._stopped = False
         self._thread: threading.Thread | None = None
-        self._in_flight: tuple[ExportTraceServiceRequest, int] | None = None
-        self._spilled: ExportTraceServiceRequest | None = None
+        self._in_flight: Sequence[ReadableSpan] | None = None
+        self._spilled: Sequence[ReadableSpan] | None = None
         self._failed_once = False
         if spool is not None:
             health.watch_spool(spool)
@@ -157,8 +187,8 @@ class SpoolingSpanExporter(SpanExporter):
             kept = self._export_part(part, request) and kept
         return SpanExportResult.SUCCESS if kept else SpanExportResult.FAILURE
 
-    def _export_part(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest) -> bool:
-        if request.ByteSize() > self._max_batch_bytes:  # one span alone over the limit
+    def _export_part(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
+        if request is not None and request.ByteSize() > self._max_batch_bytes:  # one span alone
             _logger.error(
                 "traintel: span %r encodes to %d bytes, over the %d-byte export limit; dropped",
                 spans[0].name,
@@ -171,16 +201,16 @@ class SpoolingSpanExporter(SpanExporter):
             backlog = self._backlog
         if not backlog:
             with self._send_lock:
-                self._in_flight = (request, len(spans))
+                self._in_flight = spans
                 try:
                     if self._send(spans):
                         return True
                 finally:
                     self._in_flight = None
             self._health.export_failed()
-            if self._spilled is request:  # the exit bound already wrote it to the spool
+            if self._spilled is spans:  # the exit bound already wrote it to the spool
                 return True
-        return self._to_spool(request, len(spans))
+        return self._to_spool(spans, request)
 
     def _send(self, spans: Sequence[ReadableSpan]) -> bool:
         try:
@@ -191,12 +221,15 @@ class SpoolingSpanExporter(SpanExporter):
                 _logger.error("traintel: span exporter %s raised: %s", type(self.exporter).__name__, exc)
             return False
 
-    def _to_spool(self, request: ExportTraceServiceRequest, count: int) -> bool:
+    def _to_spool(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
+        count = len(spans)
         if self.spool is None:
             self._health.drop_spans(health_module.NOT_SPOOLED, count)
             return False
+        if request is None:
+            request = encode_spans(spans)
         with self._cond:
-            entry = self.spool.put(request_to_json_line(request), count)
+            entry = self.spool.put(request, count)
             if entry is None:
                 self._health.drop_spans(health_module.NOT_SPOOLED, count)
                 return False
@@ -248,19 +281,15 @@ class SpoolingSpanExporter(SpanExporter):
                         self._cond.wait(self._retry_interval_s)
 
     def _resend(self, spool: Spool, entry: SpoolEntry) -> bool:
-        line = spool.read(entry)
-        if line is None:
-            return True  # gone (dropped by the bound meanwhile): nothing to send
         try:
-            request = json_line_to_request(line)
+            request = spool.read(entry)
         except DecodeError as exc:
             _logger.error("traintel: spool file %s is unreadable (%s); dropped", entry.path, exc)
             spool.remove(entry)
             self._health.drop_spans(health_module.NOT_SPOOLED, entry.spans)
             return True
-        if not isinstance(request, ExportTraceServiceRequest):
-            spool.remove(entry)
-            return True
+        if request is None:
+            return True  # gone (dropped by the bound meanwhile): nothing to send
         spans = list(readable_spans(request))
         with self._send_lock:
             if self._stopped:
@@ -304,14 +333,13 @@ class SpoolingSpanExporter(SpanExporter):
         """
         written = 0
         in_flight = self._in_flight
-        if in_flight is not None and self._to_spool(*in_flight):
-            self._spilled = in_flight[0]
-            written += in_flight[1]
+        if in_flight is not None and self._to_spool(in_flight, None):
+            self._spilled = in_flight
+            written += len(in_flight)
         if queued:
-            for _part, request in split_by_bytes(list(queued), self._max_batch_bytes):
-                count = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-                if self._to_spool(request, count):
-                    written += count
+            for part, request in split_by_bytes(list(queued), self._max_batch_bytes):
+                if self._to_spool(part, request):
+                    written += len(part)
         return written
 
 
@@ -319,5 +347,6 @@ __all__ = [
     "DEFAULT_MAX_BATCH_BYTES",
     "CountingBatchSpanProcessor",
     "SpoolingSpanExporter",
+    "estimate_bytes",
     "split_by_bytes",
 ]
