@@ -12,9 +12,12 @@ the record of what the run produced):
 * blackholed: a socket that accepts connections and never reads or answers.
 * slow: a receiver that takes ``--slow`` s to answer every trace export.
 
-Per scenario: iterations per second inside the loop (median of ``--rounds``), its ratio to
-healthy, spans produced (the file), received live, recovered afterwards by ``traintel replay``
-of the spool, duplicates by span id, and the time from the loop's end to process exit.
+Per scenario (medians of ``--rounds``): iterations per second inside the loop (wall time) and
+CPU microseconds per iteration of the training thread and of the whole process (export threads
+included; CPU time is far less disturbed by other jobs on a shared machine than wall time),
+each with its ratio to healthy; spans produced (the file), received live, recovered afterwards
+by ``traintel replay`` of the spool, duplicates by span id, and the time from the loop's end to
+process exit.
 
 Run: ``python benchmarks/bench_export_faults.py [--seconds 4] [--rounds 3] [--export all]``.
 """
@@ -59,6 +62,7 @@ def work():
 with traintel.application():
     with traintel.training_loop():
         started = time.perf_counter()
+        thread_cpu, process_cpu = time.thread_time(), time.process_time()
         iterations = 0
         while time.perf_counter() - started < seconds:
             with traintel.training_iteration():
@@ -70,7 +74,9 @@ with traintel.application():
                     pass
             iterations += 1
         elapsed = time.perf_counter() - started
-print(json.dumps({"iterations": iterations, "elapsed": elapsed, "loop_end": time.time()}), flush=True)
+        thread_cpu, process_cpu = time.thread_time() - thread_cpu, time.process_time() - process_cpu
+print(json.dumps({"iterations": iterations, "elapsed": elapsed, "loop_end": time.time(),
+                  "thread_cpu": thread_cpu, "process_cpu": process_cpu}), flush=True)
 """
 
 SCENARIOS = ("healthy", "down at start", "killed + restarted", "blackholed", "slow")
@@ -79,6 +85,10 @@ SCENARIOS = ("healthy", "down at start", "killed + restarted", "blackholed", "sl
 @dataclass
 class Outcome:
     rates: list[float] = field(default_factory=list)
+    #: CPU microseconds per iteration: the training thread's, and the whole process's (export
+    #: threads included). Less sensitive than wall time to other jobs on a shared machine.
+    thread_us: list[float] = field(default_factory=list)
+    process_us: list[float] = field(default_factory=list)
     produced: list[int] = field(default_factory=list)
     live: list[int] = field(default_factory=list)
     replayed: list[int] = field(default_factory=list)
@@ -156,6 +166,8 @@ def run_once(scenario: str, args: argparse.Namespace, outcome: Outcome) -> None:
             raise SystemExit(f"{scenario}: the job failed:\n{result.stderr}")
         report = json.loads(result.stdout)
         outcome.rates.append(report["iterations"] / report["elapsed"])
+        outcome.thread_us.append(report["thread_cpu"] / report["iterations"] * 1e6)
+        outcome.process_us.append(report["process_cpu"] / report["iterations"] * 1e6)
         outcome.exit_s.append(ended - report["loop_end"])
         produced = [s.span_id for s in iter_spans(sorted((cwd / "runs").glob("*.otlp.jsonl")))]
         live = [span.span_id.hex() for _, span in received.spans()]
@@ -200,15 +212,18 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.rounds} rounds, medians"
     )
     header = (
-        f"{'scenario':<20}{'it/s':>9}{'vs healthy':>12}{'produced':>10}{'live':>7}"
-        f"{'replayed':>10}{'dups':>6}{'exit s':>8}"
+        f"{'scenario':<20}{'it/s':>8}{'ratio':>7}{'thr CPU':>9}{'ratio':>7}{'proc CPU':>10}{'ratio':>7}"
+        f"{'produced':>10}{'live':>7}{'replayed':>10}{'dups':>6}{'exit s':>8}"
     )
     print(header)
     print("-" * len(header))
+    healthy_thread = median(outcomes["healthy"].thread_us)
+    healthy_process = median(outcomes["healthy"].process_us)
     for scenario, o in outcomes.items():
-        rate = median(o.rates)
+        rate, thread, process = median(o.rates), median(o.thread_us), median(o.process_us)
         print(
-            f"{scenario:<20}{rate:>9.0f}{rate / healthy:>12.3f}{median(o.produced):>10.0f}"
+            f"{scenario:<20}{rate:>8.0f}{rate / healthy:>7.3f}{thread:>9.1f}{thread / healthy_thread:>7.3f}"
+            f"{process:>10.1f}{process / healthy_process:>7.3f}{median(o.produced):>10.0f}"
             f"{median(o.live):>7.0f}{median(o.replayed):>10.0f}{max(o.duplicates):>6}"
             f"{median(o.exit_s):>8.2f}"
         )

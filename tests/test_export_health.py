@@ -200,3 +200,27 @@ def test_losses_reach_the_exit_line_the_summary_and_the_report(tmp_path: Path) -
     report = build_report([runs])
     assert report.self_telemetry[semconv.METRIC_EVENTS_DROPPED] == 4
     assert report.self_telemetry[semconv.METRIC_SPANS_DROPPED] == 0
+
+
+def test_a_forked_child_spools_into_its_own_directory(tmp_path: Path) -> None:
+    import multiprocessing
+
+    health = ExportHealth()
+    spool = Spool(tmp_path / "spool" / "job-otlp", max_bytes=1_000_000)
+    exporter = SpoolingSpanExporter(
+        FailingExporter(), spool, retry_interval_s=60, drain_timeout_s=0, health=health
+    )
+    assert exporter.export(_big_spans(1, 10)) == SpanExportResult.SUCCESS  # spooled by the parent
+
+    def child() -> None:
+        exporter.export(_big_spans(2, 10))
+        exporter.shutdown()
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join(30)
+    assert process.exitcode == 0
+    exporter.shutdown()
+    assert [len(list(spans_in(r))) for r in spooled_requests([spool.directory])] == [1]
+    [forked] = [d for d in (tmp_path / "spool").iterdir() if d.name == f"job-otlp-fork{process.pid}"]
+    assert [len(list(spans_in(r))) for r in spooled_requests([forked])] == [2]

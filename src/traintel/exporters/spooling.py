@@ -22,7 +22,9 @@ the collector can deduplicate by span id).
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -166,6 +168,20 @@ class SpoolingSpanExporter(SpanExporter):
         self._failed_once = False
         if spool is not None:
             health.watch_spool(spool)
+        reference = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _after_fork_in_child(reference))
+
+    def _reinit_in_child(self) -> None:
+        """A forked child has no resend thread and must not write into its parent's spool."""
+        self._cond = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._backlog = False
+        self._thread = None
+        self._in_flight = self._spilled = None
+        if self.spool is not None:
+            parent = self.spool.directory
+            self.spool = Spool(parent.with_name(f"{parent.name}-fork{os.getpid()}"), self.spool.max_bytes)
+            self._health.watch_spool(self.spool)
 
     # --- the export thread -------------------------------------------------------------------
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -341,6 +357,12 @@ class SpoolingSpanExporter(SpanExporter):
                 if self._to_spool(part, request):
                     written += len(part)
         return written
+
+
+def _after_fork_in_child(reference: weakref.ref[SpoolingSpanExporter]) -> None:
+    exporter = reference()
+    if exporter is not None:
+        exporter._reinit_in_child()
 
 
 __all__ = [
