@@ -126,7 +126,7 @@ def test_a_batch_over_grpc_limit_is_split_and_delivered_over_a_real_socket() -> 
     spans = _big_spans(60, 100_000)  # ~6 MB: one request would exceed gRPC's 4 MiB limit
     health = ExportHealth()
     with GrpcReceiver() as receiver:
-        unsplit = OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=5)
+        unsplit = OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=1)
         assert unsplit.export(spans) == SpanExportResult.FAILURE  # what happens without splitting
         unsplit.shutdown()
         wrapped = SpoolingSpanExporter(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -158,7 +159,8 @@ def _spooling(
         base = config.get("spool_dir") or Path(str(config.get("output_dir"))) / "spool"
         service = str((resource or Resource.get_empty()).attributes.get(semconv.SERVICE_NAME, "traintel"))
         process = _file_name(service, time.time(), os.getpid()).removesuffix(FILE_SUFFIX)
-        spool = Spool(Path(str(base)) / f"{process}-{name}", max_bytes)
+        safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+        spool = Spool(Path(str(base)) / f"{process}-{safe_name}", max_bytes)
     timeout = float(config.get("shutdown_timeout"))
     return SpoolingSpanExporter(
         exporter,
