@@ -228,5 +228,7 @@ def test_slow_collector_gets_everything_once(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     produced = produced_spans(tmp_path / "runs")
     assert sorted(received_spans(receiver.received)) == sorted(produced)
-    assert "export attempt(s) failed" not in result.stderr  # slow is not failed: nothing spooled
-    assert not (tmp_path / "runs" / "spool").exists()
+    assert "export attempt(s) failed" not in result.stderr  # slow is not failed
+    # Batches that came while a send was under way waited on disk; all were delivered.
+    spool = tmp_path / "runs" / "spool"
+    assert not spool.exists() or not list(spool.iterdir())

@@ -229,11 +229,16 @@ class Pipeline:
 
     def flush(self, timeout_s: float) -> bool:
         """Export what is buffered, waiting at most ``timeout_s``; never raises."""
+        millis = int(timeout_s * 1000)
+
+        def flush_traces() -> None:
+            _call(self.tracer_provider, "force_flush", millis)
+            for _processor, spooler in self.export_paths:  # sent, or safe in the spool
+                if spooler is not None:
+                    _call(spooler, "force_flush", millis)
+
         return _bounded(
-            [
-                lambda: _call(self.tracer_provider, "force_flush", int(timeout_s * 1000)),
-                lambda: _call(self.meter_provider, "force_flush", int(timeout_s * 1000)),
-            ],
+            [flush_traces, lambda: _call(self.meter_provider, "force_flush", millis)],
             timeout_s,
             "flush",
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -138,8 +139,17 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         return taken
 
 
+_Batch = tuple[Sequence[ReadableSpan], ExportTraceServiceRequest | None]
+
+
 class SpoolingSpanExporter(SpanExporter):
-    """Wraps any ``SpanExporter``: split by bytes, spool failed batches, resend them."""
+    """Wraps any ``SpanExporter``: split by bytes, send on its own thread, spool, resend.
+
+    ``export`` (the batch processor's thread) never waits for the network: a batch goes to the
+    sender thread if it is idle and nothing is spooled, else straight to the spool. So a
+    collector that is down, black-holed or slow never stops the batch processor from draining
+    its queue (which would overflow it and drop spans): the spool absorbs the difference.
+    """
 
     def __init__(
         self,
@@ -157,33 +167,36 @@ class SpoolingSpanExporter(SpanExporter):
         self._drain_timeout_s = drain_timeout_s
         self._max_batch_bytes = max_batch_bytes
         self._health = health
-        self._cond = threading.Condition()
-        self._send_lock = threading.Lock()
-        #: Spooled batches wait: new batches queue behind them until the resend drains them.
-        self._backlog = False
-        self._stopped = False
-        self._thread: threading.Thread | None = None
-        self._in_flight: Sequence[ReadableSpan] | None = None
-        self._spilled: Sequence[ReadableSpan] | None = None
         self._failed_once = False
+        self._init_state()
         if spool is not None:
             health.watch_spool(spool)
         reference = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _after_fork_in_child(reference))
 
-    def _reinit_in_child(self) -> None:
-        """A forked child has no resend thread and must not write into its parent's spool."""
+    def _init_state(self) -> None:
         self._cond = threading.Condition()
-        self._send_lock = threading.Lock()
+        #: The batch handed to the sender thread and not yet taken.
+        self._handoff: _Batch | None = None
+        #: The sender is sending (a handed-off batch or a spooled one).
+        self._busy = False
+        #: Spooled batches wait: new batches queue behind them until the sender drains them.
         self._backlog = False
-        self._thread = None
-        self._in_flight = self._spilled = None
+        self._retry_at = 0.0
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._in_flight: Sequence[ReadableSpan] | None = None
+        self._spilled: Sequence[ReadableSpan] | None = None
+
+    def _reinit_in_child(self) -> None:
+        """A forked child has no sender thread and must not write into its parent's spool."""
+        self._init_state()
         if self.spool is not None:
             parent = self.spool.directory
             self.spool = Spool(parent.with_name(f"{parent.name}-fork{os.getpid()}"), self.spool.max_bytes)
             self._health.watch_spool(self.spool)
 
-    # --- the export thread -------------------------------------------------------------------
+    # --- the batch processor's thread: never waits for the network ---------------------------
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
@@ -214,19 +227,18 @@ class SpoolingSpanExporter(SpanExporter):
             self._health.drop_spans(health_module.TOO_LARGE, len(spans))
             return False
         with self._cond:
-            backlog = self._backlog
-        if not backlog:
-            with self._send_lock:
-                self._in_flight = spans
-                try:
-                    if self._send(spans):
-                        return True
-                finally:
-                    self._in_flight = None
-            self._health.export_failed()
-            if self._spilled is spans:  # the exit bound already wrote it to the spool
+            if self._idle():
+                self._handoff = (spans, request)
+                self._busy = True
+                self._start_sender()
+                self._cond.notify_all()
                 return True
+        if self.spool is None:
+            return self._send_when_idle(spans)
         return self._to_spool(spans, request)
+
+    def _idle(self) -> bool:
+        return not self._busy and self._handoff is None and not self._backlog
 
     def _send(self, spans: Sequence[ReadableSpan]) -> bool:
         try:
@@ -250,53 +262,100 @@ class SpoolingSpanExporter(SpanExporter):
                 self._health.drop_spans(health_module.NOT_SPOOLED, count)
                 return False
             self._health.spooled(count)
-            if not self._backlog:
-                self._backlog = True
-                _logger.warning(
-                    "traintel: span export failed; spooling batches to %s and retrying every %gs "
-                    "(training continues)",
-                    self.spool.directory,
-                    self._retry_interval_s,
-                )
-            self._start_resend()
+            self._backlog = True
+            self._start_sender()
             self._cond.notify_all()
             return True
 
-    # --- the resend thread -------------------------------------------------------------------
-    def _start_resend(self) -> None:
+    def _send_when_idle(self, spans: Sequence[ReadableSpan]) -> bool:
+        """Without a spool, a batch arriving while the sender is busy waits for it (the SDK's
+        own behaviour), and is dropped and counted if the send fails."""
+        with self._cond:
+            self._cond.wait_for(lambda: (not self._busy and self._handoff is None) or self._stopped)
+            self._busy = True
+        try:
+            if self._send(spans):
+                return True
+            self._health.export_failed()
+            self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
+            return False
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    # --- the sender thread -------------------------------------------------------------------
+    def _start_sender(self) -> None:
         if self._thread is None and not self._stopped:
-            self._thread = threading.Thread(
-                target=self._resend_loop, name="traintel-spool-resend", daemon=True
-            )
+            self._thread = threading.Thread(target=self._sender_loop, name="traintel-export", daemon=True)
             self._thread.start()
 
-    def _resend_loop(self) -> None:
-        spool = self.spool
-        assert spool is not None
+    def _next_job(self) -> _Batch | SpoolEntry | None:
+        """Under the lock: a handed-off batch, the oldest spooled batch when a retry is due, or
+        ``None`` to stop. Waits otherwise."""
         while True:
-            with self._cond:
-                while not self._stopped and not self._backlog:
-                    self._cond.wait()
-                if self._stopped:
-                    return
-                entries = spool.entries()
+            if self._handoff is not None:
+                job, self._handoff = self._handoff, None
+                self._busy = True
+                return job
+            if self._stopped:
+                return None
+            if self._backlog and self.spool is not None:
+                entries = self.spool.entries()
                 if not entries:
                     self._backlog = False
                     _logger.warning("traintel: spooled spans delivered; exporting directly again")
-                    self._cond.notify_all()
                     continue
-            try:
-                delivered = self._resend(spool, entries[0])
-            except Exception:
-                _logger.exception("traintel: resending a spooled batch failed")
-                delivered = False
-            if not delivered and not self._stopped:
-                self._health.export_failed()
-                with self._cond:
-                    if not self._stopped:
-                        self._cond.wait(self._retry_interval_s)
+                wait = self._retry_at - time.monotonic()
+                if wait <= 0:
+                    self._busy = True
+                    return entries[0]
+            else:
+                wait = None
+            self._busy = False
+            self._cond.notify_all()
+            self._cond.wait(wait)
 
-    def _resend(self, spool: Spool, entry: SpoolEntry) -> bool:
+    def _sender_loop(self) -> None:
+        while True:
+            with self._cond:
+                job = self._next_job()
+                if job is None:
+                    self._busy = False
+                    self._cond.notify_all()
+                    return
+            try:
+                delivered = self._resend(job) if isinstance(job, SpoolEntry) else self._first_send(*job)
+            except Exception:
+                _logger.exception("traintel: span export failed unexpectedly")
+                delivered = False
+            if not delivered:
+                with self._cond:
+                    self._retry_at = time.monotonic() + self._retry_interval_s
+
+    def _first_send(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
+        self._in_flight = spans
+        try:
+            if self._send(spans):
+                return True
+        finally:
+            self._in_flight = None
+        self._health.export_failed()
+        if self._spilled is spans:  # the exit bound already wrote it to the spool
+            return False
+        if self._to_spool(spans, request) and self._backlog:
+            assert self.spool is not None
+            _logger.warning(
+                "traintel: span export failed; spooling batches to %s and retrying every %gs "
+                "(training continues)",
+                self.spool.directory,
+                self._retry_interval_s,
+            )
+        return False
+
+    def _resend(self, entry: SpoolEntry) -> bool:
+        spool = self.spool
+        assert spool is not None
         try:
             request = spool.read(entry)
         except DecodeError as exc:
@@ -307,33 +366,38 @@ class SpoolingSpanExporter(SpanExporter):
         if request is None:
             return True  # gone (dropped by the bound meanwhile): nothing to send
         spans = list(readable_spans(request))
-        with self._send_lock:
-            if self._stopped:
-                return False
-            if not self._send(spans):
-                return False
+        if self._stopped:
+            return False
+        if not self._send(spans):
+            if not self._stopped:
+                self._health.export_failed()
+            return False
         spool.remove(entry)
         self._health.resent(len(spans))
         return True
 
     # --- lifecycle ---------------------------------------------------------------------------
-    def drain(self, timeout_s: float) -> bool:
-        """Retry the spool now and wait up to ``timeout_s`` for it to empty."""
-        with self._cond:
-            if not self._backlog:
-                return True
-            self._cond.notify_all()  # cut the retry wait short
-            self._cond.wait_for(lambda: not self._backlog or self._stopped, timeout_s)
-            return not self._backlog
-
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.drain(timeout_millis / 1000) and self.exporter.force_flush(timeout_millis)
+        """Wait until every batch handed over has left memory: delivered or spooled."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not self._busy and self._handoff is None, timeout_millis / 1000
+            )
+
+    def drain(self, timeout_s: float) -> bool:
+        """Retry the spool now and wait up to ``timeout_s`` for everything to be delivered."""
+        with self._cond:
+            self._retry_at = 0.0
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: self._idle() or self._stopped, timeout_s)
 
     def shutdown(self) -> None:
-        self.drain(self._drain_timeout_s)
+        drained = self.drain(self._drain_timeout_s)
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+        if not drained:
+            self.spill(())  # what is still in memory goes to disk before the process ends
         try:
             self.exporter.shutdown()
         except Exception:
@@ -342,16 +406,19 @@ class SpoolingSpanExporter(SpanExporter):
             self.spool.remove_if_empty()
 
     def spill(self, queued: Sequence[ReadableSpan]) -> int:
-        """At a stuck exit: the batch in flight and ``queued`` spans go to the spool (no network).
-
-        Returns the number of spans written. The in-flight batch may still arrive if its send
-        completes before the process ends; it is then delivered twice rather than lost.
-        """
+        """At a stuck exit: the batch in flight or handed over, and ``queued`` spans, go to the
+        spool (no network). Returns the number of spans written. The in-flight batch may still
+        arrive if its send completes before the process ends; it is then delivered twice
+        rather than lost."""
         written = 0
+        with self._cond:
+            handoff, self._handoff = self._handoff, None
         in_flight = self._in_flight
         if in_flight is not None and self._to_spool(in_flight, None):
             self._spilled = in_flight
             written += len(in_flight)
+        if handoff is not None and self._to_spool(*handoff):
+            written += len(handoff[0])
         if queued:
             for part, request in split_by_bytes(list(queued), self._max_batch_bytes):
                 if self._to_spool(part, request):
