@@ -225,3 +225,16 @@ def test_a_forked_child_spools_into_its_own_directory(tmp_path: Path) -> None:
     assert [len(list(spans_in(r))) for r in spooled_requests([spool.directory])] == [1]
     [forked] = [d for d in (tmp_path / "spool").iterdir() if d.name == f"job-otlp-fork{process.pid}"]
     assert [len(list(spans_in(r))) for r in spooled_requests([forked])] == [2]
+
+
+def test_without_a_spool_a_failed_batch_is_dropped_and_counted() -> None:
+    health = ExportHealth()
+    failing = FailingExporter()
+    exporter = SpoolingSpanExporter(failing, None, health=health)  # TRAINTEL_SPOOL_MAX_BYTES=0
+    assert exporter.export(_big_spans(3, 10)) == SpanExportResult.FAILURE
+    assert health.spans_dropped == {"not_spooled": 3} and health.export_failures == 1
+    failing.fail = False
+    assert exporter.export(_big_spans(2, 10)) == SpanExportResult.SUCCESS
+    assert len(failing.spans) == 2
+    exporter.shutdown()
+    assert describe(health.snapshot())[0] == "3 span(s) dropped (not_spooled 3)"

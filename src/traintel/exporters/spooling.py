@@ -6,17 +6,19 @@ lack for a training job that must lose nothing:
 
 - **Split by bytes.** A batch whose OTLP encoding is over ``max_batch_bytes`` (gRPC refuses
   messages over 4 MiB by default) is halved until every part fits, never refused.
-- **Spool on failure.** A batch the exporter reports as failed goes to a bounded on-disk
-  :class:`~traintel.exporters.spool.Spool`, and later batches queue behind it (in order, and
-  without paying the exporter's timeout again for each while the collector is down).
-- **Resend off the training thread.** One daemon thread retries the oldest spooled batch every
-  ``retry_interval_s`` and sends the rest as soon as one goes through.
-- **Spill at a stuck exit.** When the bounded shutdown gives up (a black-holed collector), the
-  batch in flight and the processor's queue are written to the spool instead of vanishing.
+- **Never wait for the network on the batch processor's thread.** A processor waiting for a
+  dead, black-holed or slow collector stops draining its queue, which overflows and drops
+  spans. Here a batch goes to our own sender thread when it is idle and nothing is spooled,
+  and otherwise straight to a bounded on-disk :class:`~traintel.exporters.spool.Spool`.
+- **Spool on failure, resend.** A failed send is spooled too; the sender then retries the
+  oldest spooled batch every ``retry_interval_s`` and sends the rest as soon as one goes
+  through, after which batches go direct again.
+- **Spill at exit.** If the spool cannot be drained within the bound at shutdown, the batch
+  in flight and whatever is still queued are written to the spool instead of vanishing.
 
-Delivery is at least once: a batch is spooled only when the exporter says it failed, so a
-collector that took a batch and then timed out its answer can get it twice (the replay and
-the collector can deduplicate by span id).
+Delivery is at least once: a batch spilled while its send is under way may still arrive, and
+a collector that took a batch but whose answer timed out gets it again (deduplicate by span
+id if it matters).
 """
 
 from __future__ import annotations
@@ -226,6 +228,8 @@ class SpoolingSpanExporter(SpanExporter):
             )
             self._health.drop_spans(health_module.TOO_LARGE, len(spans))
             return False
+        if self.spool is None:
+            return self._send_direct(spans)
         with self._cond:
             if self._idle():
                 self._handoff = (spans, request)
@@ -233,8 +237,6 @@ class SpoolingSpanExporter(SpanExporter):
                 self._start_sender()
                 self._cond.notify_all()
                 return True
-        if self.spool is None:
-            return self._send_when_idle(spans)
         return self._to_spool(spans, request)
 
     def _idle(self) -> bool:
@@ -267,22 +269,14 @@ class SpoolingSpanExporter(SpanExporter):
             self._cond.notify_all()
             return True
 
-    def _send_when_idle(self, spans: Sequence[ReadableSpan]) -> bool:
-        """Without a spool, a batch arriving while the sender is busy waits for it (the SDK's
-        own behaviour), and is dropped and counted if the send fails."""
-        with self._cond:
-            self._cond.wait_for(lambda: (not self._busy and self._handoff is None) or self._stopped)
-            self._busy = True
-        try:
-            if self._send(spans):
-                return True
-            self._health.export_failed()
-            self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
-            return False
-        finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+    def _send_direct(self, spans: Sequence[ReadableSpan]) -> bool:
+        """Without a spool (``TRAINTEL_SPOOL_MAX_BYTES=0``): the SDK's own behaviour, send on
+        the processor's thread and wait; a failed batch is dropped, and counted."""
+        if self._send(spans):
+            return True
+        self._health.export_failed()
+        self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
+        return False
 
     # --- the sender thread -------------------------------------------------------------------
     def _start_sender(self) -> None:
