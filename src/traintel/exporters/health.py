@@ -49,10 +49,6 @@ class HealthSnapshot:
     spans_resent: int
     spool_dirs: tuple[str, ...]
 
-    @property
-    def lost_anything(self) -> bool:
-        return bool(sum(self.spans_dropped.values()) or self.events_dropped)
-
 
 class ExportHealth:
     """Process-wide counters of the export path, thread-safe."""

@@ -63,8 +63,6 @@ class Spool:
         #: Batches and spans deleted to respect the bound (oldest first), since start.
         self.dropped_batches = 0
         self.dropped_spans = 0
-        #: Batches written, since start.
-        self.written_batches = 0
 
     # --- state -------------------------------------------------------------------------------
     @property
@@ -113,7 +111,6 @@ class Spool:
             entry = SpoolEntry(seq, spans, path, len(data))
             self._entries.append(entry)
             self._bytes += entry.size
-            self.written_batches += 1
             while self._bytes > self.max_bytes and len(self._entries) > 1:
                 self._drop_oldest()
             return entry
