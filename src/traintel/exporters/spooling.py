@@ -187,8 +187,8 @@ class SpoolingSpanExporter(SpanExporter):
         self._retry_at = 0.0
         self._stopped = False
         self._thread: threading.Thread | None = None
+        #: The handed-off batch the sender is sending (spilled to disk if the exit comes first).
         self._in_flight: Sequence[ReadableSpan] | None = None
-        self._spilled: Sequence[ReadableSpan] | None = None
 
     def _reinit_in_child(self) -> None:
         """A forked child has no sender thread and must not write into its parent's spool."""
@@ -290,6 +290,7 @@ class SpoolingSpanExporter(SpanExporter):
         while True:
             if self._handoff is not None:
                 job, self._handoff = self._handoff, None
+                self._in_flight = job[0]
                 self._busy = True
                 return job
             if self._stopped:
@@ -328,14 +329,13 @@ class SpoolingSpanExporter(SpanExporter):
                     self._retry_at = time.monotonic() + self._retry_interval_s
 
     def _first_send(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
-        self._in_flight = spans
-        try:
-            if self._send(spans):
-                return True
-        finally:
-            self._in_flight = None
+        delivered = self._send(spans)
+        with self._cond:  # whoever clears _in_flight owns the batch: here, or spill() at exit
+            mine, self._in_flight = self._in_flight is spans, None
+        if delivered:
+            return True
         self._health.export_failed()
-        if self._spilled is spans:  # the exit bound already wrote it to the spool
+        if not mine:  # the exit already wrote it to the spool
             return False
         if self._to_spool(spans, request) and self._backlog:
             assert self.spool is not None
@@ -407,9 +407,8 @@ class SpoolingSpanExporter(SpanExporter):
         written = 0
         with self._cond:
             handoff, self._handoff = self._handoff, None
-        in_flight = self._in_flight
+            in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None and self._to_spool(in_flight, None):
-            self._spilled = in_flight
             written += len(in_flight)
         if handoff is not None and self._to_spool(*handoff):
             written += len(handoff[0])
