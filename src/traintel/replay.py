@@ -4,8 +4,7 @@ Why through the standard OTLP span exporters: the endpoint may be given on the c
 everything else (headers, certificate, compression, timeout) comes from the same
 ``OTEL_EXPORTER_OTLP_*`` variables a job uses, read by the same code. Spans are re-created
 from the spooled OTLP requests or the OTLP/JSON lines (:mod:`traintel.exporters.proto_spans`),
-batched, and split by bytes
-like live export.
+batched, and split by bytes like live export.
 
 In order, file by file; on the first failed send it stops (the collector is down: carrying on
 would only reorder), reports what was sent and exits non-zero, so running it again resumes.
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -135,13 +134,10 @@ def replay(
     *,
     delete_sent: bool = False,
     batch_spans: int = BATCH_SPANS,
-    on_file: Callable[[Path], None] | None = None,
 ) -> ReplayResult:
     """Send every span in ``paths`` (files or directories) through ``exporter``, in order."""
     result = ReplayResult()
     for path in replay_files(paths):
-        if on_file is not None:
-            on_file(path)
         if not all(_send(exporter, b, result) for b in _batches(_spans_of(path, result), batch_spans)):
             result.failed_file = path
             return result

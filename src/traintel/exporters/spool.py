@@ -86,8 +86,8 @@ class Spool:
     def put(self, request: ExportTraceServiceRequest, spans: int) -> SpoolEntry | None:
         """Spool one trace export request; drops the oldest batches to make room.
 
-        Returns ``None`` (after one logged error) when the batch cannot be kept: larger than
-        the whole bound, or the directory is not writable. The caller counts it as dropped.
+        Returns ``None`` when the batch cannot be kept: larger than the whole bound, or the
+        directory is not writable (logged once). The caller counts it as dropped.
         """
         data = request.SerializeToString()
         if len(data) > self.max_bytes:
