@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -93,6 +94,8 @@ class Outcome:
     live: list[int] = field(default_factory=list)
     replayed: list[int] = field(default_factory=list)
     duplicates: list[int] = field(default_factory=list)
+    #: Spans the job itself reported as dropped at exit (``traintel.spans.dropped``).
+    counted: list[int] = field(default_factory=list)
     exit_s: list[float] = field(default_factory=list)
 
 
@@ -185,6 +188,8 @@ def run_once(scenario: str, args: argparse.Namespace, outcome: Outcome) -> None:
         outcome.live.append(len(set(live)))
         outcome.replayed.append(len(set(again) - set(live)))
         outcome.duplicates.append(sum(n - 1 for n in counts.values()))
+        reported = re.search(r"telemetry export: (\d+) span\(s\) dropped", result.stderr)
+        outcome.counted.append(int(reported.group(1)) if reported else 0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -232,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
         for s, o in outcomes.items()
     }
     print("spans lost per round (produced - live - replayed): " + json.dumps(lost))
+    print(
+        "spans the job reported dropped per round: " + json.dumps({s: o.counted for s, o in outcomes.items()})
+    )
 
 
 if __name__ == "__main__":
