@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -53,10 +54,13 @@ class Received:
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
-    def __init__(self, received: Received) -> None:
+    def __init__(self, received: Received, delay_s: float = 0.0) -> None:
         self.received = received
+        self.delay_s = delay_s
 
     def Export(self, request: Any, context: Any) -> Any:
+        if self.delay_s:
+            time.sleep(self.delay_s)  # a slow collector: it answers, late
         with self.received.lock:
             self.received.traces.append(request)
             self.received.headers.append(dict(context.invocation_metadata()))
@@ -75,21 +79,31 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):  # type:
 
 
 class GrpcReceiver:
-    """``tls=(key_pem, cert_pem)`` serves TLS (an ``https://`` endpoint) instead of plaintext."""
+    """``port`` and ``received`` let a test stop a receiver and start another in its place
+    (a collector restart); ``delay_s`` makes trace exports slow; ``tls=(key_pem, cert_pem)``
+    serves TLS (an ``https://`` endpoint) instead of plaintext."""
 
-    def __init__(self, tls: tuple[bytes, bytes] | None = None) -> None:
-        self.received = Received()
+    def __init__(
+        self,
+        port: int = 0,
+        received: Received | None = None,
+        delay_s: float = 0.0,
+        tls: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        self.received = received if received is not None else Received()
         self.scheme = "https" if tls is not None else "http"
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self.received), self.server)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
+            _TraceService(self.received, delay_s), self.server
+        )
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _MetricsService(self.received), self.server
         )
         if tls is None:
-            self.port = self.server.add_insecure_port("127.0.0.1:0")
+            self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         else:
             credentials = grpc.ssl_server_credentials([tls])
-            self.port = self.server.add_secure_port("127.0.0.1:0", credentials)
+            self.port = self.server.add_secure_port(f"127.0.0.1:{port}", credentials)
 
     @property
     def endpoint(self) -> str:
@@ -104,15 +118,24 @@ class GrpcReceiver:
 
 
 class HttpReceiver:
-    """``tls=(cert_file, key_file)`` serves HTTPS; failed handshakes are counted, not served."""
+    """See :class:`GrpcReceiver` for ``port``, ``received`` and ``delay_s``.
+    ``tls=(cert_file, key_file)`` serves HTTPS; failed handshakes are counted, not served."""
 
-    def __init__(self, tls: tuple[str, str] | None = None) -> None:
-        self.received = received = Received()
+    def __init__(
+        self,
+        port: int = 0,
+        received: Received | None = None,
+        delay_s: float = 0.0,
+        tls: tuple[str, str] | None = None,
+    ) -> None:
+        self.received = received = received if received is not None else Received()
         self.scheme = "https" if tls is not None else "http"
         self.failed_handshakes = 0
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                if delay_s and self.path == "/v1/traces":
+                    time.sleep(delay_s)
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -146,7 +169,7 @@ class HttpReceiver:
             def handle_error(self, request: Any, client_address: Any) -> None:
                 receiver.failed_handshakes += 1  # a client that refused our certificate
 
-        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server = Server(("127.0.0.1", port), Handler)
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(*tls)

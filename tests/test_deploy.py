@@ -56,13 +56,6 @@ PENDING_INSTRUMENTS: dict[str, tuple[str, str]] = {
     semconv.METRIC_DEVICE_MEMORY_PEAK: ("gauge", "By"),
     semconv.METRIC_DEVICE_MEMORY_ALLOC_RETRIES: ("counter", "{retry}"),
     semconv.METRIC_DEVICE_MEMORY_OOMS: ("counter", "{oom}"),
-    semconv.METRIC_SPANS_DROPPED: ("counter", "{span}"),
-    semconv.METRIC_EVENTS_DROPPED: ("counter", "{event}"),
-    semconv.METRIC_EXPORT_FAILURES: ("counter", "{failure}"),
-    semconv.METRIC_EXPORT_BATCHES_SPLIT: ("counter", "{batch}"),
-    semconv.METRIC_QUEUE_DEPTH: ("gauge", "{span}"),
-    semconv.METRIC_SPOOL_SIZE: ("gauge", "By"),
-    semconv.METRIC_SPOOL_DROPPED: ("counter", "{batch}"),
 }
 #: Span attributes the pending instruments put on their points (see semconv.py).
 PENDING_ATTRIBUTES = (semconv.DROP_REASON, semconv.HW_ID)

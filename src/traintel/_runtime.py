@@ -32,6 +32,7 @@ from traintel._ids import ForcingIdGenerator
 from traintel.capabilities import capability_report
 from traintel.config import TrainingConfig
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
+from traintel.exporters.health import register_instruments
 from traintel.gpu import GpuInstruments
 from traintel.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel.processor.export_filter import TraceBudget
@@ -468,6 +469,8 @@ def _install(
     cross_rank.count_straggler = CrossRankInstruments(pipeline.meter_provider, _current_cross_rank).count
     SystemInstruments(pipeline.meter_provider)
     GpuInstruments(pipeline.meter_provider)
+    if pipeline.owns_tracer_provider:  # traintel's own export path: its losses and health
+        register_instruments(pipeline.meter_provider)
     telemetry.processor = processor
     telemetry.engine = engine
     _set(telemetry)

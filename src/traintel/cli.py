@@ -167,6 +167,28 @@ def _goodput(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from traintel.config import ConfigurationError
+    from traintel.replay import otlp_span_exporter, render, replay, replay_files
+
+    files = replay_files(args.paths)
+    if not files:
+        print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
+        return 2
+    try:
+        exporter = otlp_span_exporter(args.endpoint, args.protocol)
+    except ConfigurationError as exc:
+        print(f"traintel: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = replay(files, exporter, delete_sent=args.delete_sent)
+    finally:
+        exporter.shutdown()
+    target = args.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint"
+    print(render(result, target))
+    return 0 if result.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="traintel", description="OpenTelemetry-native training telemetry.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -208,6 +230,20 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--json", action="store_true", help="machine-readable output")
     comp.add_argument("--fail-on-regression", action="store_true", help="exit 1 if anything got worse")
     comp.set_defaults(func=_compare)
+    rep = sub.add_parser(
+        "replay", help="send a spool or embedded-default files to an OTLP endpoint (spans, in order)"
+    )
+    rep.add_argument("paths", nargs="+", help="spool directories, files or directories of files")
+    rep.add_argument("--endpoint", help="OTLP endpoint (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)")
+    rep.add_argument(
+        "--protocol",
+        choices=("grpc", "http/protobuf"),
+        help="default: OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, else grpc",
+    )
+    rep.add_argument(
+        "--delete-sent", action="store_true", help="remove each file once all its spans were delivered"
+    )
+    rep.set_defaults(func=_replay)
     return parser
 
 

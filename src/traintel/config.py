@@ -180,6 +180,9 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     _Field("straggler_factor", ev.TRAINTEL_STRAGGLER_FACTOR, _factor, 1.25, "k x other ranks' median"),
     _Field("cuda_event_timing", ev.TRAINTEL_CUDA_EVENT_TIMING, _choice("off", "on"), "off", "GPU step times"),
     _Field("nvtx", ev.TRAINTEL_NVTX, _choice("off", "on"), "off", "NVTX range per phase span"),
+    _Field("spool_dir", ev.TRAINTEL_SPOOL_DIR, _non_empty_str, None, "export spool dir"),
+    _Field("spool_max_bytes", ev.TRAINTEL_SPOOL_MAX_BYTES, _non_negative_int, 268_435_456, "spool bound"),
+    _Field("spool_retry_interval", ev.TRAINTEL_SPOOL_RETRY_INTERVAL, _positive_number, 5.0, "resend every s"),
 )
 _BY_NAME: Final = {f.name: f for f in _FIELDS}
 #: Names accepted by ``configure()`` / ``set_training_config()`` as training facts.
@@ -190,6 +193,7 @@ _EAGER: Final = frozenset(
         "output_dir", "shutdown_timeout", "run_id", "session_tag", "export_iterations",
         "export_first_iterations", "export_every_n_iterations", "slow_iteration_factor",
         "segment_iterations", "segment_seconds", "max_spans_per_trace", "max_bytes_per_trace",
+        "spool_dir", "spool_max_bytes", "spool_retry_interval",
         "log_every_n_iterations", "warmup_iterations", "cuda_event_timing", "nvtx",
     }
 )  # fmt: skip

@@ -262,6 +262,34 @@ phase (and the iteration number), so an Nsight Systems timeline lines up with th
 Needs CUDA: without it the setting is refused with one warning.
 """
 
+TRAINTEL_SPOOL_DIR: Final = "TRAINTEL_SPOOL_DIR"
+"""
+.. envvar:: TRAINTEL_SPOOL_DIR
+
+Directory of the export spool: span batches the collector did not take are kept here (one
+subdirectory per process, 0700; files 0600) and re-sent when it is back, or later with
+``traintel replay DIR``. Default: ``spool`` under :envvar:`TRAINTEL_OUTPUT_DIR`. Nothing is
+created unless an export fails.
+"""
+
+TRAINTEL_SPOOL_MAX_BYTES: Final = "TRAINTEL_SPOOL_MAX_BYTES"
+"""
+.. envvar:: TRAINTEL_SPOOL_MAX_BYTES
+
+Bound of each process's export spool on disk, in bytes (non-negative integer; 0 turns the
+spool off, failed batches are then dropped and counted). When full, the oldest batches are
+dropped and counted in ``traintel.spool.dropped`` and ``traintel.spans.dropped``
+(``traintel.drop.reason=spool_full``). Default: 268435456 (256 MiB).
+"""
+
+TRAINTEL_SPOOL_RETRY_INTERVAL: Final = "TRAINTEL_SPOOL_RETRY_INTERVAL"
+"""
+.. envvar:: TRAINTEL_SPOOL_RETRY_INTERVAL
+
+Seconds between attempts to re-send the oldest spooled batch while the collector is failing
+(positive number). Once one goes through, the rest follow at once. Default: 5.
+"""
+
 ALL: Final = (
     TRAINTEL_SESSION_TAG,
     TRAINTEL_PERF_TAG,
@@ -293,5 +321,8 @@ ALL: Final = (
     TRAINTEL_STRAGGLER_FACTOR,
     TRAINTEL_CUDA_EVENT_TIMING,
     TRAINTEL_NVTX,
+    TRAINTEL_SPOOL_DIR,
+    TRAINTEL_SPOOL_MAX_BYTES,
+    TRAINTEL_SPOOL_RETRY_INTERVAL,
 )
 """Every variable above, for documentation checks and the capability report."""

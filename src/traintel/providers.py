@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -34,14 +35,23 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from traintel import _redaction, semconv
 from traintel._ids import ForcingIdGenerator
 from traintel.config import ConfigurationError, TrainingConfig
-from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
+from traintel.exporters.file import (
+    FILE_SUFFIX,
+    OtlpJsonFileMetricExporter,
+    OtlpJsonFileSpanExporter,
+    OtlpJsonLinesFile,
+    _file_name,
+)
+from traintel.exporters.health import EXIT_TIMEOUT, HEALTH
 from traintel.exporters.http_session import CertificateSession, needs_certificate_session
 from traintel.exporters.process_bound import ProcessBoundMetricExporter, ProcessBoundSpanExporter
+from traintel.exporters.spool import Spool
+from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter
 from traintel.processor.export_filter import IterationExportFilter, TraceBudget
 from traintel.resource_detectors import TrainingResourceDetector
 
@@ -148,6 +158,27 @@ def _with_certificate_session(cls: Any) -> Callable[[], Any]:
     return lambda: cls(session=CertificateSession())
 
 
+def _spooling(
+    exporter: SpanExporter, name: str, config: TrainingConfig, resource: Resource | None
+) -> SpoolingSpanExporter:
+    """``exporter`` behind the spool: one directory per process and exporter (ranks never share)."""
+    max_bytes = int(config.get("spool_max_bytes"))
+    spool = None
+    if max_bytes > 0:
+        base = config.get("spool_dir") or Path(str(config.get("output_dir"))) / "spool"
+        service = str((resource or Resource.get_empty()).attributes.get(semconv.SERVICE_NAME, "traintel"))
+        process = _file_name(service, time.time(), os.getpid()).removesuffix(FILE_SUFFIX)
+        safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+        spool = Spool(Path(str(base)) / f"{process}-{safe_name}", max_bytes)
+    timeout = float(config.get("shutdown_timeout"))
+    return SpoolingSpanExporter(
+        exporter,
+        spool,
+        retry_interval_s=float(config.get("spool_retry_interval")),
+        drain_timeout_s=0.8 * timeout,
+    )
+
+
 def default_service_name() -> str:
     script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
     return script or "traintel"
@@ -185,6 +216,10 @@ class Pipeline:
     #: Owned providers: the filter in front of the exporting processors, and the id generator.
     export_filter: IterationExportFilter | None = None
     ids: ForcingIdGenerator | None = None
+    #: Owned providers: each exporting batch processor with its spooling wrapper (if any).
+    export_paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = field(
+        default_factory=list
+    )
     _shut_down: bool = False
 
     @property
@@ -203,11 +238,16 @@ class Pipeline:
 
     def flush(self, timeout_s: float) -> bool:
         """Export what is buffered, waiting at most ``timeout_s``; never raises."""
+        millis = int(timeout_s * 1000)
+
+        def flush_traces() -> None:
+            _call(self.tracer_provider, "force_flush", millis)
+            for _processor, spooler in self.export_paths:  # sent, or safe in the spool
+                if spooler is not None:
+                    _call(spooler, "force_flush", millis)
+
         return _bounded(
-            [
-                lambda: _call(self.tracer_provider, "force_flush", int(timeout_s * 1000)),
-                lambda: _call(self.meter_provider, "force_flush", int(timeout_s * 1000)),
-            ],
+            [flush_traces, lambda: _call(self.meter_provider, "force_flush", millis)],
             timeout_s,
             "flush",
         )
@@ -235,7 +275,24 @@ class Pipeline:
             tasks.append(lambda: _call(self.meter_provider, "shutdown", millis))
         else:
             tasks.append(lambda: _call(self.meter_provider, "force_flush", millis))
-        return _bounded(tasks, timeout_s, "shutdown")
+        done = _bounded(tasks, timeout_s, "shutdown")
+        if not done:
+            self._spill()
+        for line in HEALTH.new_report_lines():
+            _logger.warning("traintel: telemetry export: %s", line)
+        return done
+
+    def _spill(self) -> None:
+        """The exit bound was reached: what is queued or in flight goes to the spool, not away."""
+        for processor, spooler in self.export_paths:
+            try:
+                queued = processor.take_queued()
+                if spooler is not None:
+                    spooler.spill(queued)
+                elif queued:
+                    HEALTH.drop_spans(EXIT_TIMEOUT, len(queued))
+            except Exception:
+                _logger.exception("traintel: could not spool the spans left at exit")
 
 
 def _call(target: object, method: str, *args: Any) -> None:
@@ -323,6 +380,7 @@ def build_pipeline(
     # --- nothing below raises on bad configuration -------------------------------------------
     ids: ForcingIdGenerator | None = None
     export_filter: IterationExportFilter | None = None
+    export_paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
     if build_tp:
         if span_exporters is None and not isinstance(tp, trace_api.ProxyTracerProvider):
             _logger.warning(
@@ -339,7 +397,12 @@ def build_pipeline(
             except Exception as exc:
                 _logger.error("traintel: traces exporter %r could not start: %s", plan.name, exc)
                 continue
-            exporting.append(BatchSpanProcessor(ProcessBoundSpanExporter(exporter)))
+            spooler = None
+            if plan.name != FILE_EXPORTER and span_exporters is None:
+                exporter = spooler = _spooling(exporter, plan.name, config, resource)
+            batcher = CountingBatchSpanProcessor(ProcessBoundSpanExporter(exporter))
+            export_paths.append((batcher, spooler))
+            exporting.append(batcher)
         export_filter = IterationExportFilter(exporting, TraceBudget())
         sdk_tp.add_span_processor(export_filter)
         if set_global_tp:
@@ -362,6 +425,7 @@ def build_pipeline(
 
     _redaction.install(environ)  # the exporters' loggers exist now
     return Pipeline(
+        export_paths=export_paths,
         export_filter=export_filter,
         ids=ids,
         tracer_provider=tp,

@@ -22,11 +22,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from traintel import semconv
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.analysis.ranks import CrossRankTable
-from traintel.analysis.summary import RunSummary, phase_rows
+from traintel.analysis.summary import RunSummary, phase_rows, self_telemetry_points
 from traintel.exporters.reader import (
     ReadStats,
     SpanRecord,
-    attributes_dict,
     expand_paths,
     read_requests,
     spans_in,
@@ -332,20 +331,8 @@ class Report:
     def add_metrics(self, request: ExportMetricsServiceRequest) -> None:
         """traintel's own counters (dropped measurements, spans, export failures...): the last
         cumulative value of each series, summed over processes at the end."""
-        for resource_metrics in request.resource_metrics:
-            process = self.process_of(attributes_dict(resource_metrics.resource.attributes)).key
-            for scope_metrics in resource_metrics.scope_metrics:
-                for metric in scope_metrics.metrics:
-                    if not metric.name.startswith("traintel."):
-                        continue
-                    kind = metric.WhichOneof("data")
-                    if kind not in ("sum", "gauge"):
-                        continue
-                    points = getattr(metric, kind).data_points
-                    total = 0.0
-                    for point in points:
-                        total += point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
-                    self._latest[(process, metric.name)] = total
+        for resource, name, value in self_telemetry_points(request):
+            self._latest[(self.process_of(resource).key, name)] = value
 
     def finish(self) -> None:
         totals: dict[str, float] = {}

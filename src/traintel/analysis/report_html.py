@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from traintel.analysis.report import Report, WindowPoint
 from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
-from traintel.analysis.summary import phase_rows
+from traintel.analysis.summary import is_loss, phase_rows
 from traintel.semconv import BADPUT_CATEGORIES, Phase
 
 _PALETTE = (
@@ -386,7 +386,7 @@ def render_html(report: Report) -> str:
     ) + "".join(
         f'<li class="warn">{_e(name)}: {fmt_num(total)}</li>'
         for name, total in report.self_telemetry.items()
-        if total and any(w in name for w in ("dropped", "failures", "split"))
+        if total and is_loss(name)
     )
     if report.stats.skipped:
         warnings += f'<li class="warn">unreadable lines skipped: {report.stats.skipped:,}</li>'

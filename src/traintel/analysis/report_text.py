@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from traintel.analysis.report import Report
-from traintel.analysis.summary import phase_rows
+from traintel.analysis.summary import is_loss, phase_rows
 from traintel.semconv import BADPUT_CATEGORIES
 
 
@@ -184,7 +184,7 @@ def renderables(report: Report) -> list[RenderableType]:
     for name, n in sorted(report.warnings.items()):
         notes.add_row(Text(name, style="yellow"), fmt_num(n))
     for name, total in report.self_telemetry.items():
-        if total and any(word in name for word in ("dropped", "failures", "split")):
+        if total and is_loss(name):
             notes.add_row(Text(name, style="yellow"), fmt_num(total))
     if report.stats.skipped:
         notes.add_row(Text("unreadable lines skipped", style="yellow"), fmt_num(report.stats.skipped))

@@ -15,12 +15,15 @@ from __future__ import annotations
 import heapq
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
 from traintel import semconv
-from traintel.exporters.reader import ReadStats, SpanRecord, iter_spans
+from traintel.exporters.reader import ReadStats, SpanRecord, attributes_dict, read_requests, spans_in
 from traintel.processor.stats import percentile
 from traintel.semconv import Phase
 
@@ -35,7 +38,45 @@ _STEP_PHASES = (
 )
 _PER_STEP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES}
 
-__all__ = ["PhaseRow", "PhaseStats", "RunSummary", "percentile", "phase_rows", "render", "summarize"]
+__all__ = [
+    "PhaseRow",
+    "PhaseStats",
+    "RunSummary",
+    "is_loss",
+    "percentile",
+    "phase_rows",
+    "render",
+    "self_telemetry_points",
+    "summarize",
+]
+
+#: Self-telemetry series that mean something was lost, refused or failed.
+_LOSS_WORDS = ("dropped", "failures", "split")
+
+
+def self_telemetry_points(
+    request: ExportMetricsServiceRequest,
+) -> Iterator[tuple[dict[str, Any], str, float]]:
+    """``(resource, name, value)`` of every ``traintel.*`` sum or gauge in a metrics request,
+    summed over its points (attributes such as the drop reason)."""
+    for resource_metrics in request.resource_metrics:
+        resource = attributes_dict(resource_metrics.resource.attributes)
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                if not metric.name.startswith("traintel."):
+                    continue
+                kind = metric.WhichOneof("data")
+                if kind not in ("sum", "gauge"):
+                    continue
+                total = 0.0
+                for point in getattr(metric, kind).data_points:
+                    total += point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
+                yield resource, metric.name, total
+
+
+def is_loss(name: str) -> bool:
+    """Whether a ``traintel.*`` series counts something lost, refused or failed."""
+    return any(word in name for word in _LOSS_WORDS)
 
 
 @dataclass
@@ -79,6 +120,8 @@ class RunSummary:
     slowest: list[tuple[float, str, str, int]] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=dict)
     stats: ReadStats = field(default_factory=ReadStats)
+    #: ``traintel.*`` self-telemetry: the last value of each series, per process.
+    self_telemetry_latest: dict[tuple[str, str], float] = field(default_factory=dict)
     #: How many of the slowest exported iterations are kept (a bounded heap).
     keep_slowest: int = 5
 
@@ -136,6 +179,19 @@ class RunSummary:
                 self.step_phase_s[short] = self.step_phase_s.get(short, 0.0) + float(value)
         self.last_window = attributes
 
+    def add_metrics(self, request: ExportMetricsServiceRequest) -> None:
+        for resource, name, value in self_telemetry_points(request):
+            process = str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
+            self.self_telemetry_latest[(process, name)] = value
+
+    @property
+    def self_telemetry(self) -> dict[str, float]:
+        """Each ``traintel.*`` series' last value, summed over processes."""
+        totals: dict[str, float] = {}
+        for (_process, name), value in self.self_telemetry_latest.items():
+            totals[name] = totals.get(name, 0.0) + value
+        return dict(sorted(totals.items()))
+
     def summary_value(self, key: str) -> Any:
         """A ``ml.training.summary.<key>`` value of the last training loop that has it."""
         for summary in reversed(self.loop_summaries):
@@ -146,8 +202,12 @@ class RunSummary:
 
 def summarize(paths: Iterable[str | os.PathLike[str]]) -> RunSummary:
     summary = RunSummary()
-    for span in iter_spans(paths, summary.stats):
-        summary.add(span)
+    for request in read_requests(paths, summary.stats):
+        if isinstance(request, ExportTraceServiceRequest):
+            for span in spans_in(request):
+                summary.add(span)
+        else:
+            summary.add_metrics(request)
     return summary
 
 
@@ -312,4 +372,12 @@ def render(summary: RunSummary) -> str:
     }
     if notable:
         lines.append("Events: " + ", ".join(f"{k} x{v}" for k, v in sorted(notable.items())))
+    losses = {name: value for name, value in summary.self_telemetry.items() if value and is_loss(name)}
+    if losses:
+        lines.append(
+            "Telemetry losses: " + ", ".join(f"{name} {_fmt_number(value)}" for name, value in losses.items())
+        )
+    spooled = summary.self_telemetry.get(semconv.METRIC_SPOOL_SIZE)
+    if spooled:
+        lines.append(f"Telemetry not yet delivered: {spooled:,.0f} bytes in the spool (traintel replay DIR)")
     return "\n".join(lines)

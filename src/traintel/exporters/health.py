@@ -1,0 +1,231 @@
+"""Self-telemetry: what traintel's own export path lost, split, spooled and still holds.
+
+Why plain counters read by observable instruments: the places that lose data are the SDK's
+export threads and the batch processor's ``on_end``; calling the metrics SDK there would add
+work (and a second failure mode) to the path that is already in trouble. The counters are
+process-wide: every pipeline of the process adds to the same totals, which the ``traintel.*``
+instruments report at each collection and the exit report prints. A silent drop is a bug.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from traintel import semconv
+from traintel.version import __version__
+
+_logger = logging.getLogger(__name__)
+
+#: ``traintel.drop.reason`` values on ``traintel.spans.dropped``.
+QUEUE_FULL = "queue_full"
+SPOOL_FULL = "spool_full"
+NOT_SPOOLED = "not_spooled"
+TOO_LARGE = "too_large"
+EXIT_TIMEOUT = "exit_timeout"
+DROP_REASONS = (QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT)
+
+
+@dataclass(frozen=True)
+class HealthSnapshot:
+    spans_dropped: dict[str, int]
+    events_dropped: int
+    export_failures: int
+    batches_split: int
+    queue_depth: int
+    spool_bytes: int
+    spool_batches: int
+    spool_spans: int
+    spool_dropped_batches: int
+    spans_spooled: int
+    spans_resent: int
+    spool_dirs: tuple[str, ...]
+
+
+class ExportHealth:
+    """Process-wide counters of the export path, thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.spans_dropped: dict[str, int] = {}
+        self.events_dropped = 0
+        self.export_failures = 0
+        self.batches_split = 0
+        self.spans_spooled = 0
+        self.spans_resent = 0
+        self._queues: weakref.WeakSet[_Sized] = weakref.WeakSet()
+        self._spools: weakref.WeakSet[_SpoolLike] = weakref.WeakSet()
+        self._reported: list[str] = []
+
+    # --- counting ----------------------------------------------------------------------------
+    def drop_spans(self, reason: str, count: int) -> None:
+        with self._lock:
+            self.spans_dropped[reason] = self.spans_dropped.get(reason, 0) + count
+
+    def drop_events(self, count: int) -> None:
+        with self._lock:
+            self.events_dropped += count
+
+    def export_failed(self) -> None:
+        with self._lock:
+            self.export_failures += 1
+
+    def batch_split(self, extra_batches: int) -> None:
+        with self._lock:
+            self.batches_split += extra_batches
+
+    def spooled(self, spans: int) -> None:
+        with self._lock:
+            self.spans_spooled += spans
+
+    def resent(self, spans: int) -> None:
+        with self._lock:
+            self.spans_resent += spans
+
+    # --- what is watched ---------------------------------------------------------------------
+    def watch_queue(self, queue: _Sized) -> None:
+        self._queues.add(queue)
+
+    def watch_spool(self, spool: _SpoolLike) -> None:
+        self._spools.add(spool)
+
+    def new_report_lines(self) -> list[str]:
+        """:func:`describe` of now, or nothing if that was already reported (a process that
+        shuts down more than one pipeline says it once)."""
+        lines = describe(self.snapshot())
+        with self._lock:
+            if lines == self._reported:
+                return []
+            self._reported = lines
+        return lines
+
+    def snapshot(self) -> HealthSnapshot:
+        spools = list(self._spools)
+        with self._lock:
+            spans_dropped = dict(self.spans_dropped)
+            for spool in spools:  # the bound's drops are counted by the spool itself
+                if spool.dropped_spans:
+                    spans_dropped[SPOOL_FULL] = spans_dropped.get(SPOOL_FULL, 0) + spool.dropped_spans
+            return HealthSnapshot(
+                spans_dropped=spans_dropped,
+                events_dropped=self.events_dropped,
+                export_failures=self.export_failures,
+                batches_split=self.batches_split,
+                queue_depth=sum(q.depth() for q in list(self._queues)),
+                spool_bytes=sum(s.size_bytes for s in spools),
+                spool_batches=sum(len(s) for s in spools),
+                spool_spans=sum(s.pending_spans for s in spools),
+                spool_dropped_batches=sum(s.dropped_batches for s in spools),
+                spans_spooled=self.spans_spooled,
+                spans_resent=self.spans_resent,
+                spool_dirs=tuple(sorted(str(s.directory) for s in spools if len(s))),
+            )
+
+
+class _Sized(Protocol):
+    def depth(self) -> int: ...
+
+
+class _SpoolLike(Protocol):  # the parts of exporters.spool.Spool read here
+    @property
+    def size_bytes(self) -> int: ...
+    @property
+    def pending_spans(self) -> int: ...
+    @property
+    def directory(self) -> Path: ...
+
+    dropped_batches: int
+    dropped_spans: int
+
+    def __len__(self) -> int: ...
+
+
+#: The process's export health.
+HEALTH = ExportHealth()
+
+
+def _dropped_by_reason(s: HealthSnapshot) -> list[Observation]:
+    return [
+        Observation(s.spans_dropped.get(reason, 0), {semconv.DROP_REASON: reason})
+        for reason in sorted({*DROP_REASONS, *s.spans_dropped})
+    ]
+
+
+#: (name, counter or gauge, unit, description, value(s) from a snapshot). Counters are
+#: cumulative totals since the process started.
+_INSTRUMENTS: tuple[tuple[str, str, str, str, Callable[[HealthSnapshot], Any]], ...] = (
+    (semconv.METRIC_SPANS_DROPPED, "counter", "{span}",
+     "Spans traintel could not deliver or keep, by traintel.drop.reason", _dropped_by_reason),
+    (semconv.METRIC_EVENTS_DROPPED, "counter", "{event}",
+     "Span events beyond OTEL_SPAN_EVENT_COUNT_LIMIT, dropped by the SDK", lambda s: s.events_dropped),
+    (semconv.METRIC_EXPORT_FAILURES, "counter", "{failure}",
+     "Span export attempts the exporter reported as failed (first sends and resends)",
+     lambda s: s.export_failures),
+    (semconv.METRIC_EXPORT_BATCHES_SPLIT, "counter", "{batch}",
+     "Extra batches made by splitting export batches over the gRPC message size limit",
+     lambda s: s.batches_split),
+    (semconv.METRIC_QUEUE_DEPTH, "gauge", "{span}",
+     "Spans waiting in the batch span processors' queues", lambda s: s.queue_depth),
+    (semconv.METRIC_SPOOL_SIZE, "gauge", "By",
+     "Bytes of undelivered span batches in the on-disk spool", lambda s: s.spool_bytes),
+    (semconv.METRIC_SPOOL_DROPPED, "counter", "{batch}",
+     "Spooled batches deleted, oldest first, to stay within TRAINTEL_SPOOL_MAX_BYTES",
+     lambda s: s.spool_dropped_batches),
+)  # fmt: skip
+
+
+def register_instruments(meter_provider: metrics_api.MeterProvider, health: ExportHealth = HEALTH) -> None:
+    """The ``traintel.*`` self-telemetry instruments on ``meter_provider``, read at collection."""
+    meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
+
+    def observe(read: Callable[[HealthSnapshot], Any]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            try:
+                value = read(health.snapshot())
+            except Exception:  # a broken callback must not break the collection
+                _logger.exception("traintel: self-telemetry collection failed")
+                return []
+            return value if isinstance(value, list) else [Observation(value)]
+
+        return callback
+
+    for name, kind, unit, description, read in _INSTRUMENTS:
+        create = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
+        create(name, [observe(read)], unit=unit, description=description)
+
+
+def describe(snapshot: HealthSnapshot) -> list[str]:
+    """Readable lines about losses and what is left to deliver; empty when all went well."""
+    lines: list[str] = []
+    dropped = {reason: n for reason, n in sorted(snapshot.spans_dropped.items()) if n}
+    if dropped:
+        lines.append(
+            f"{sum(dropped.values())} span(s) dropped ("
+            + ", ".join(f"{reason} {n}" for reason, n in dropped.items())
+            + ")"
+        )
+    if snapshot.events_dropped:
+        lines.append(f"{snapshot.events_dropped} span event(s) dropped over OTEL_SPAN_EVENT_COUNT_LIMIT")
+    if snapshot.export_failures:
+        lines.append(
+            f"{snapshot.export_failures} export attempt(s) failed; {snapshot.spans_spooled} span(s) "
+            f"spooled, {snapshot.spans_resent} re-sent"
+        )
+    if snapshot.batches_split:
+        lines.append(f"{snapshot.batches_split} extra batch(es) from splitting over the size limit")
+    if snapshot.spool_batches:
+        lines.append(
+            f"{snapshot.spool_spans} span(s) in {snapshot.spool_batches} batch(es) "
+            f"({snapshot.spool_bytes} bytes) not delivered, kept in "
+            + ", ".join(snapshot.spool_dirs)
+            + "; send them with: traintel replay DIR"
+        )
+    return lines

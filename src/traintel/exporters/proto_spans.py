@@ -1,0 +1,119 @@
+"""OTLP trace requests back into SDK spans, so any configured ``SpanExporter`` can send them.
+
+Why back to ``ReadableSpan`` and not raw proto over our own gRPC/HTTP client: the standard
+OTLP exporters already read every ``OTEL_EXPORTER_OTLP_*`` setting (endpoint, headers,
+certificate, compression, timeout, retries). Handing them spans reuses all of that for the
+spool's resend and for ``traintel replay``, instead of a second, subtly different client.
+The round trip keeps names, ids, parents, times, kinds, status, attributes, events and links;
+it loses only the dropped-item counts, which the SDK does not let us set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
+from opentelemetry.trace.status import Status, StatusCode
+
+from traintel.exporters.reader import any_value
+
+#: OTLP's span flags: the W3C trace flags in the low byte, "parent is remote" in bit 9.
+_TRACE_FLAGS_MASK = 0xFF
+_PARENT_IS_REMOTE = 0x200
+_KINDS = {
+    0: SpanKind.INTERNAL,  # SPAN_KIND_UNSPECIFIED
+    1: SpanKind.INTERNAL,
+    2: SpanKind.SERVER,
+    3: SpanKind.CLIENT,
+    4: SpanKind.PRODUCER,
+    5: SpanKind.CONSUMER,
+}
+
+
+def _attribute(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _attributes(attributes: Sequence[KeyValue]) -> dict[str, Any]:
+    return {kv.key: _attribute(any_value(kv.value)) for kv in attributes}
+
+
+def _flags(span_flags: int) -> TraceFlags:
+    # Spans without flags (older senders) were sampled, or they would not have been exported.
+    return TraceFlags(span_flags & _TRACE_FLAGS_MASK if span_flags else TraceFlags.SAMPLED)
+
+
+def _trace_state(raw: str) -> TraceState:
+    return TraceState.from_header([raw]) if raw else TraceState()
+
+
+def _span(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
+    trace_id = int.from_bytes(span.trace_id, "big")
+    flags = _flags(span.flags)
+    context = SpanContext(
+        trace_id,
+        int.from_bytes(span.span_id, "big"),
+        is_remote=False,
+        trace_flags=flags,
+        trace_state=_trace_state(span.trace_state),
+    )
+    parent = None
+    if span.parent_span_id:
+        parent = SpanContext(
+            trace_id,
+            int.from_bytes(span.parent_span_id, "big"),
+            is_remote=bool(span.flags & _PARENT_IS_REMOTE),
+            trace_flags=flags,
+        )
+    links = [
+        Link(
+            SpanContext(
+                int.from_bytes(link.trace_id, "big"),
+                int.from_bytes(link.span_id, "big"),
+                is_remote=True,
+                trace_flags=_flags(link.flags),
+                trace_state=_trace_state(link.trace_state),
+            ),
+            _attributes(link.attributes),
+        )
+        for link in span.links
+    ]
+    return ReadableSpan(
+        name=span.name,
+        context=context,
+        parent=parent,
+        resource=resource,
+        attributes=_attributes(span.attributes),
+        events=[Event(e.name, _attributes(e.attributes), e.time_unix_nano) for e in span.events],
+        links=links,
+        kind=_KINDS.get(span.kind, SpanKind.INTERNAL),
+        status=Status(StatusCode(span.status.code), span.status.message or None),
+        start_time=span.start_time_unix_nano,
+        end_time=span.end_time_unix_nano,
+        instrumentation_scope=scope,
+    )
+
+
+def readable_spans(request: ExportTraceServiceRequest) -> Iterator[ReadableSpan]:
+    """Every span of one OTLP trace export request as an SDK span, with its resource and scope."""
+    for resource_spans in request.resource_spans:
+        resource = Resource(_attributes(resource_spans.resource.attributes), resource_spans.schema_url)
+        for scope_spans in resource_spans.scope_spans:
+            scope = InstrumentationScope(
+                scope_spans.scope.name,
+                scope_spans.scope.version or None,
+                scope_spans.schema_url or None,
+                _attributes(scope_spans.scope.attributes) or None,
+            )
+            for span in scope_spans.spans:
+                yield _span(span, resource, scope)
+
+
+__all__ = ["readable_spans"]

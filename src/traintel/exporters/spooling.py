@@ -1,0 +1,434 @@
+"""The export path around the standard exporters: count what is lost, split, spool, resend.
+
+Why a wrapper and not a fork of the OTLP exporters: they stay responsible for the wire
+(endpoint, headers, TLS, compression, retries within their timeout); this adds only what they
+lack for a training job that must lose nothing:
+
+- **Split by bytes.** A batch whose OTLP encoding is over ``max_batch_bytes`` (gRPC refuses
+  messages over 4 MiB by default) is halved until every part fits, never refused.
+- **Never wait for the network on the batch processor's thread.** A processor waiting for a
+  dead, black-holed or slow collector stops draining its queue, which overflows and drops
+  spans. Here a batch goes to our own sender thread when it is idle and nothing is spooled,
+  and otherwise straight to a bounded on-disk :class:`~traintel.exporters.spool.Spool`.
+- **Spool on failure, resend.** A failed send is spooled too; the sender then retries the
+  oldest spooled batch every ``retry_interval_s`` and sends the rest as soon as one goes
+  through, after which batches go direct again.
+- **Spill at exit.** If the spool cannot be drained within the bound at shutdown, the batch
+  in flight and whatever is still queued are written to the spool instead of vanishing.
+
+Delivery is at least once: a batch spilled while its send is under way may still arrive, and
+a collector that took a batch but whose answer timed out gets it again (deduplicate by span
+id if it matters).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from traintel.exporters import health as health_module
+from traintel.exporters.health import HEALTH, ExportHealth
+from traintel.exporters.proto_spans import readable_spans
+from traintel.exporters.spool import Spool, SpoolEntry
+
+_logger = logging.getLogger(__name__)
+
+#: gRPC's default maximum message size is 4 MiB; stay clear of it with headroom for framing.
+DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
+
+
+def _value_bytes(value: object) -> int:
+    if isinstance(value, str):
+        return len(value) if value.isascii() else 4 * len(value)
+    if isinstance(value, bytes):
+        return len(value)
+    if isinstance(value, tuple | list):
+        return sum(_value_bytes(v) + 4 for v in value)
+    return 12
+
+
+def _attributes_bytes(attributes: object) -> int:
+    items = attributes.items() if isinstance(attributes, Mapping) else ()
+    return sum(len(key) + _value_bytes(value) + 8 for key, value in items)
+
+
+def estimate_bytes(span: ReadableSpan) -> int:
+    """A cheap generous estimate of a span's OTLP protobuf size (strings counted in full),
+    so most batches are never encoded twice only to learn they fit."""
+    size = 96 + len(span.name) + _attributes_bytes(span.attributes)
+    for event in span.events:
+        size += 24 + len(event.name) + _attributes_bytes(event.attributes)
+    for link in span.links:
+        size += 48 + _attributes_bytes(link.attributes)
+    return size
+
+
+def split_by_bytes(
+    spans: Sequence[ReadableSpan], max_bytes: int
+) -> list[tuple[Sequence[ReadableSpan], ExportTraceServiceRequest | None]]:
+    """Consecutive parts of ``spans`` whose encoded request fits ``max_bytes`` (halving).
+
+    A part's request is ``None`` when twice the estimate fits: then it is not encoded here
+    (the exporter does that). A single span over the limit stays a part of its own, with its
+    request, for the caller to refuse.
+    """
+    if 2 * sum(estimate_bytes(s) for s in spans) <= max_bytes:
+        return [(spans, None)]
+    request = encode_spans(spans)
+    if len(spans) <= 1 or request.ByteSize() <= max_bytes:
+        return [(spans, request)]
+    middle = len(spans) // 2
+    return split_by_bytes(spans[:middle], max_bytes) + split_by_bytes(spans[middle:], max_bytes)
+
+
+class CountingBatchSpanProcessor(BatchSpanProcessor):
+    """The SDK's batch processor, with its queue-full drops and event-cap drops counted.
+
+    Why a subclass: the SDK drops a span when its queue is full with one log line and (only
+    on recent versions, opt-in) an internal metric; we count every one, on any version that
+    keeps its queue where 1.40+ does. If it moved, drops go uncounted and we say so once.
+    """
+
+    def __init__(self, exporter: SpanExporter, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
+        super().__init__(exporter, **kwargs)
+        self._health = health
+        batch = getattr(self, "_batch_processor", None)
+        queue = getattr(batch, "_queue", None)
+        self._queue: deque[ReadableSpan] | None = queue if isinstance(queue, deque) else None
+        self._max_queue: int = getattr(batch, "_max_queue_size", 0) or 0
+        if self._queue is None:
+            _logger.warning(
+                "traintel: this opentelemetry-sdk's BatchSpanProcessor keeps its queue elsewhere; "
+                "queue-overflow drops are not counted"
+            )
+        health.watch_queue(self)
+
+    def depth(self) -> int:
+        return len(self._queue) if self._queue is not None else 0
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not span.context or not span.context.trace_flags.sampled:
+            return
+        dropped_events = span.dropped_events
+        if dropped_events:
+            self._health.drop_events(dropped_events)
+        queue = self._queue
+        if queue is not None and self._max_queue and len(queue) >= self._max_queue:
+            self._health.drop_spans(health_module.QUEUE_FULL, 1)
+        super().on_end(span)
+
+    def take_queued(self) -> list[ReadableSpan]:
+        """Everything still queued, oldest first, taken out (for the spill at a stuck exit)."""
+        queue = self._queue
+        taken: list[ReadableSpan] = []
+        while queue:
+            try:
+                taken.append(queue.pop())  # the SDK appends on the left: the right is oldest
+            except IndexError:  # the export thread took the last one
+                break
+        return taken
+
+
+_Batch = tuple[Sequence[ReadableSpan], ExportTraceServiceRequest | None]
+
+
+class SpoolingSpanExporter(SpanExporter):
+    """Wraps any ``SpanExporter``: split by bytes, send on its own thread, spool, resend.
+
+    ``export`` (the batch processor's thread) never waits for the network: a batch goes to the
+    sender thread if it is idle and nothing is spooled, else straight to the spool. So a
+    collector that is down, black-holed or slow never stops the batch processor from draining
+    its queue (which would overflow it and drop spans): the spool absorbs the difference.
+    """
+
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        spool: Spool | None,
+        *,
+        retry_interval_s: float = 5.0,
+        drain_timeout_s: float = 5.0,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        health: ExportHealth = HEALTH,
+    ) -> None:
+        self.exporter = exporter
+        self.spool = spool
+        self._retry_interval_s = retry_interval_s
+        self._drain_timeout_s = drain_timeout_s
+        self._max_batch_bytes = max_batch_bytes
+        self._health = health
+        self._failed_once = False
+        self._init_state()
+        if spool is not None:
+            health.watch_spool(spool)
+        reference = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _after_fork_in_child(reference))
+
+    def _init_state(self) -> None:
+        self._cond = threading.Condition()
+        #: The batch handed to the sender thread and not yet taken.
+        self._handoff: _Batch | None = None
+        #: The sender is sending (a handed-off batch or a spooled one).
+        self._busy = False
+        #: Spooled batches wait: new batches queue behind them until the sender drains them.
+        self._backlog = False
+        self._retry_at = 0.0
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        #: The handed-off batch the sender is sending (spilled to disk if the exit comes first).
+        self._in_flight: Sequence[ReadableSpan] | None = None
+
+    def _reinit_in_child(self) -> None:
+        """A forked child has no sender thread and must not write into its parent's spool."""
+        self._init_state()
+        if self.spool is not None:
+            parent = self.spool.directory
+            self.spool = Spool(parent.with_name(f"{parent.name}-fork{os.getpid()}"), self.spool.max_bytes)
+            self._health.watch_spool(self.spool)
+
+    # --- the batch processor's thread: never waits for the network ---------------------------
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not spans:
+            return SpanExportResult.SUCCESS
+        if self._stopped:
+            self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
+            return SpanExportResult.FAILURE
+        try:
+            parts = split_by_bytes(spans, self._max_batch_bytes)
+        except Exception:
+            _logger.exception("traintel: could not encode a span batch; %d span(s) dropped", len(spans))
+            self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
+            return SpanExportResult.FAILURE
+        if len(parts) > 1:
+            self._health.batch_split(len(parts) - 1)
+        kept = True
+        for part, request in parts:
+            kept = self._export_part(part, request) and kept
+        return SpanExportResult.SUCCESS if kept else SpanExportResult.FAILURE
+
+    def _export_part(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
+        if request is not None and request.ByteSize() > self._max_batch_bytes:  # one span alone
+            _logger.error(
+                "traintel: span %r encodes to %d bytes, over the %d-byte export limit; dropped",
+                spans[0].name,
+                request.ByteSize(),
+                self._max_batch_bytes,
+            )
+            self._health.drop_spans(health_module.TOO_LARGE, len(spans))
+            return False
+        if self.spool is None:
+            return self._send_direct(spans)
+        with self._cond:
+            if self._idle():
+                self._handoff = (spans, request)
+                self._busy = True
+                self._start_sender()
+                self._cond.notify_all()
+                return True
+        return self._to_spool(spans, request)
+
+    def _idle(self) -> bool:
+        return not self._busy and self._handoff is None and not self._backlog
+
+    def _send(self, spans: Sequence[ReadableSpan]) -> bool:
+        try:
+            return self.exporter.export(spans) == SpanExportResult.SUCCESS
+        except Exception as exc:
+            if not self._failed_once:
+                self._failed_once = True
+                _logger.error("traintel: span exporter %s raised: %s", type(self.exporter).__name__, exc)
+            return False
+
+    def _to_spool(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
+        count = len(spans)
+        if self.spool is None:
+            self._health.drop_spans(health_module.NOT_SPOOLED, count)
+            return False
+        if request is None:
+            request = encode_spans(spans)
+        with self._cond:
+            entry = self.spool.put(request, count)
+            if entry is None:
+                self._health.drop_spans(health_module.NOT_SPOOLED, count)
+                return False
+            self._health.spooled(count)
+            self._backlog = True
+            self._start_sender()
+            self._cond.notify_all()
+            return True
+
+    def _send_direct(self, spans: Sequence[ReadableSpan]) -> bool:
+        """Without a spool (``TRAINTEL_SPOOL_MAX_BYTES=0``): the SDK's own behaviour, send on
+        the processor's thread and wait; a failed batch is dropped, and counted."""
+        if self._send(spans):
+            return True
+        self._health.export_failed()
+        self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
+        return False
+
+    # --- the sender thread -------------------------------------------------------------------
+    def _start_sender(self) -> None:
+        if self._thread is None and not self._stopped:
+            self._thread = threading.Thread(target=self._sender_loop, name="traintel-export", daemon=True)
+            self._thread.start()
+
+    def _next_job(self) -> _Batch | SpoolEntry | None:
+        """Under the lock: a handed-off batch, the oldest spooled batch when a retry is due, or
+        ``None`` to stop. Waits otherwise."""
+        while True:
+            if self._handoff is not None:
+                job, self._handoff = self._handoff, None
+                self._in_flight = job[0]
+                self._busy = True
+                return job
+            if self._stopped:
+                return None
+            if self._backlog and self.spool is not None:
+                entries = self.spool.entries()
+                if not entries:
+                    self._backlog = False
+                    _logger.warning("traintel: spooled spans delivered; exporting directly again")
+                    continue
+                wait = self._retry_at - time.monotonic()
+                if wait <= 0:
+                    self._busy = True
+                    return entries[0]
+            else:
+                wait = None
+            self._busy = False
+            self._cond.notify_all()
+            self._cond.wait(wait)
+
+    def _sender_loop(self) -> None:
+        while True:
+            with self._cond:
+                job = self._next_job()
+                if job is None:
+                    self._busy = False
+                    self._cond.notify_all()
+                    return
+            try:
+                delivered = self._resend(job) if isinstance(job, SpoolEntry) else self._first_send(*job)
+            except Exception:
+                _logger.exception("traintel: span export failed unexpectedly")
+                delivered = False
+            if not delivered:
+                with self._cond:
+                    self._retry_at = time.monotonic() + self._retry_interval_s
+
+    def _first_send(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
+        delivered = self._send(spans)
+        with self._cond:  # whoever clears _in_flight owns the batch: here, or spill() at exit
+            mine, self._in_flight = self._in_flight is spans, None
+        if delivered:
+            return True
+        self._health.export_failed()
+        if not mine:  # the exit already wrote it to the spool
+            return False
+        if self._to_spool(spans, request) and self._backlog:
+            assert self.spool is not None
+            _logger.warning(
+                "traintel: span export failed; spooling batches to %s and retrying every %gs "
+                "(training continues)",
+                self.spool.directory,
+                self._retry_interval_s,
+            )
+        return False
+
+    def _resend(self, entry: SpoolEntry) -> bool:
+        spool = self.spool
+        assert spool is not None
+        try:
+            request = spool.read(entry)
+        except DecodeError as exc:
+            _logger.error("traintel: spool file %s is unreadable (%s); dropped", entry.path, exc)
+            spool.remove(entry)
+            self._health.drop_spans(health_module.NOT_SPOOLED, entry.spans)
+            return True
+        if request is None:
+            return True  # gone (dropped by the bound meanwhile): nothing to send
+        spans = list(readable_spans(request))
+        if self._stopped:
+            return False
+        if not self._send(spans):
+            if not self._stopped:
+                self._health.export_failed()
+            return False
+        spool.remove(entry)
+        self._health.resent(len(spans))
+        return True
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Wait until every batch handed over has left memory: delivered or spooled."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not self._busy and self._handoff is None, timeout_millis / 1000
+            )
+
+    def drain(self, timeout_s: float) -> bool:
+        """Retry the spool now and wait up to ``timeout_s`` for everything to be delivered."""
+        with self._cond:
+            self._retry_at = 0.0
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: self._idle() or self._stopped, timeout_s)
+
+    def shutdown(self) -> None:
+        drained = self.drain(self._drain_timeout_s)
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if not drained:
+            self.spill(())  # what is still in memory goes to disk before the process ends
+        try:
+            self.exporter.shutdown()
+        except Exception:
+            _logger.exception("traintel: span exporter shutdown failed")
+        if self.spool is not None:
+            self.spool.remove_if_empty()
+
+    def spill(self, queued: Sequence[ReadableSpan]) -> int:
+        """At a stuck exit: the batch in flight or handed over, and ``queued`` spans, go to the
+        spool (no network). Returns the number of spans written. The in-flight batch may still
+        arrive if its send completes before the process ends; it is then delivered twice
+        rather than lost."""
+        written = 0
+        with self._cond:
+            handoff, self._handoff = self._handoff, None
+            in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None and self._to_spool(in_flight, None):
+            written += len(in_flight)
+        if handoff is not None and self._to_spool(*handoff):
+            written += len(handoff[0])
+        if queued:
+            for part, request in split_by_bytes(list(queued), self._max_batch_bytes):
+                if self._to_spool(part, request):
+                    written += len(part)
+        return written
+
+
+def _after_fork_in_child(reference: weakref.ref[SpoolingSpanExporter]) -> None:
+    exporter = reference()
+    if exporter is not None:
+        exporter._reinit_in_child()
+
+
+__all__ = [
+    "DEFAULT_MAX_BATCH_BYTES",
+    "CountingBatchSpanProcessor",
+    "SpoolingSpanExporter",
+    "estimate_bytes",
+    "split_by_bytes",
+]

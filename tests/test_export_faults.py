@@ -1,0 +1,234 @@
+"""Collector faults injected for real: a job in a fresh interpreter exports to a real OTLP
+receiver on loopback that this test stops and restarts on the same port (gRPC and HTTP).
+
+What must hold: training continues, every span and event the run produced arrives exactly
+once after the collector returns (asserted by span id against the embedded file, which never
+fails), the spool on disk is owner-only and holds no header values, and the losses and
+resends are reported.
+"""
+
+from __future__ import annotations
+
+import collections
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Received
+from tests.subprocess_helpers import BlackHole, clean_env, wait_for
+from traintel.cli import main
+from traintel.exporters.reader import iter_spans
+
+SECRET = "planted-s3cr3t-token"
+
+#: The job runs three stretches of iterations, announcing each stop in ``ctl/`` and waiting
+#: for the test's go-ahead: healthy, collector stopped, collector restarted.
+STAGED_JOB = """
+import pathlib, sys, time
+import traintel
+
+ctl = pathlib.Path("ctl")
+
+def wait(name):
+    deadline = time.monotonic() + 60
+    while not (ctl / name).exists():
+        if time.monotonic() > deadline:
+            sys.exit("test never said " + name)
+        time.sleep(0.02)
+
+def iterations(n):
+    for _ in range(n):
+        with traintel.training_iteration():
+            with traintel.model_forward():
+                pass
+            traintel.record_metrics(loss=0.5)
+
+with traintel.application():
+    with traintel.training_loop():
+        iterations(4)
+        traintel.get_telemetry().flush()
+        (ctl / "healthy").touch()
+        wait("stopped")
+        iterations(4)
+        traintel.get_telemetry().flush()
+        (ctl / "failed").touch()
+        wait("restarted")
+        iterations(4)
+print("trained", flush=True)
+"""
+
+
+def _env(endpoint: str, protocol: str, tmp_path: Path, **extra: str) -> dict[str, str]:
+    settings = dict(
+        OTEL_TRACES_EXPORTER="otlp,traintel_file",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+        OTEL_EXPORTER_OTLP_INSECURE="true",
+        OTEL_EXPORTER_OTLP_TIMEOUT="2",
+        OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer%20{SECRET}",
+        OTEL_BSP_SCHEDULE_DELAY="100",
+        TRAINTEL_EXPORT_ITERATIONS="all",
+        TRAINTEL_SPOOL_RETRY_INTERVAL="0.3",
+        TRAINTEL_SHUTDOWN_TIMEOUT="10",
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+    )
+    return clean_env(**(settings | extra))
+
+
+def received_spans(received: Received) -> list[tuple[str, list[tuple[str, int]]]]:
+    return [
+        (span.span_id.hex(), [(e.name, e.time_unix_nano) for e in span.events])
+        for _, span in received.spans()
+    ]
+
+
+def produced_spans(runs: Path) -> list[tuple[str, list[tuple[str, int]]]]:
+    files = sorted(runs.glob("*.otlp.jsonl"))  # the embedded file, not the spool below it
+    return [(s.span_id, [(e.name, e.time_ns) for e in s.events]) for s in iter_spans(files)]
+
+
+Receiver = Callable[..., GrpcReceiver | HttpReceiver]
+
+
+@pytest.mark.parametrize(
+    ("protocol", "receiver_class"), [("grpc", GrpcReceiver), ("http/protobuf", HttpReceiver)]
+)
+def test_collector_stopped_mid_run_nothing_lost_nothing_twice(
+    tmp_path: Path, protocol: str, receiver_class: Receiver
+) -> None:
+    (tmp_path / "ctl").mkdir()
+    (tmp_path / "job.py").write_text(STAGED_JOB)
+    ctl = tmp_path / "ctl"
+    first = receiver_class()
+    received = first.received
+    port = first.port
+    first.__enter__()
+    second: GrpcReceiver | HttpReceiver | None = None
+    job = subprocess.Popen(
+        [sys.executable, "job.py"],
+        cwd=tmp_path,
+        env=_env(f"http://127.0.0.1:{port}", protocol, tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_for(lambda: (ctl / "healthy").exists() or job.poll() is not None, 60)
+        healthy = len(list(received.spans()))
+        assert healthy > 0, "the healthy stretch was exported directly"
+        first.__exit__()  # the collector goes away
+        (ctl / "stopped").touch()
+        assert wait_for(lambda: (ctl / "failed").exists() or job.poll() is not None, 60)
+        # The failed batches wait on disk, owner-only, without the header values.
+        spool_root = tmp_path / "runs" / "spool"
+        spool_files = [p for p in spool_root.rglob("*") if p.is_file()]
+        assert spool_files, "failed batches were spooled"
+        for path in [spool_root, *spool_root.rglob("*")]:
+            mode = stat.S_IMODE(path.stat().st_mode)
+            assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes()
+        assert len(list(received.spans())) == healthy
+        second = receiver_class(port=port, received=received)  # restarted, same port
+        second.__enter__()
+        (ctl / "restarted").touch()
+        stdout, stderr = job.communicate(timeout=90)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+        if second is not None:
+            second.__exit__()
+    assert job.returncode == 0, stderr
+    assert stdout == "trained\n"
+    produced = produced_spans(tmp_path / "runs")
+    arrived = received_spans(received)
+    counts = collections.Counter(span_id for span_id, _ in arrived)
+    assert len(produced) == 27  # application, loop, window record, 12 x (iteration, forward)
+    assert sum(len(events) for _, events in produced) >= 2
+    assert not [span_id for span_id, n in counts.items() if n > 1], "a span arrived twice"
+    assert sorted(produced) == sorted(arrived), "every span and event arrived, exactly once"
+    assert "export attempt(s) failed" in stderr and "re-sent" in stderr
+    assert SECRET not in stderr
+    # Fully delivered: the process's spool directory is gone, nothing waits for a replay.
+    assert not list((tmp_path / "runs" / "spool").iterdir())
+
+
+PLAIN_JOB = """
+import time
+import traintel
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(8):
+            with traintel.training_iteration():
+                with traintel.model_forward():
+                    time.sleep(0.05)
+                traintel.record_metrics(loss=0.5)
+print("trained", flush=True)
+"""
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize("exporter_timeout", ["1", "30"])
+def test_blackholed_collector_bounded_exit_everything_spooled_then_replayed(
+    tmp_path: Path, protocol: str, exporter_timeout: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exporter timeout 1 s: the batches fail and are spooled before the 2 s exit bound.
+    30 s: the bound is reached with a batch in flight and spans queued; they are spilled."""
+    with BlackHole() as hole:
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-c", PLAIN_JOB],
+            cwd=tmp_path,
+            env=_env(
+                f"http://127.0.0.1:{hole.port}",
+                protocol,
+                tmp_path,
+                OTEL_EXPORTER_OTLP_TIMEOUT=exporter_timeout,
+                TRAINTEL_SHUTDOWN_TIMEOUT="2",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "trained\n"
+    assert elapsed < 15, f"exit took {elapsed:.1f}s"  # 2 s bound + interpreter start and exit
+    assert SECRET not in result.stderr
+    [spool] = (tmp_path / "runs" / "spool").iterdir()
+    produced = produced_spans(tmp_path / "runs")
+    assert len(produced) == 19  # application, loop, window record, 8 x (iteration, forward)
+    receiver_class = GrpcReceiver if protocol == "grpc" else HttpReceiver
+    with receiver_class() as receiver:
+        assert main(["replay", str(spool), "--endpoint", receiver.endpoint, "--protocol", protocol]) == 0
+    arrived = received_spans(receiver.received)
+    assert sorted(arrived) == sorted(produced), "the black hole took nothing; the spool kept it all"
+    assert "replayed 19 span(s)" in capsys.readouterr().out
+
+
+def test_slow_collector_gets_everything_once(tmp_path: Path) -> None:
+    with GrpcReceiver(delay_s=0.5) as receiver:
+        result = subprocess.run(
+            [sys.executable, "-c", PLAIN_JOB],
+            cwd=tmp_path,
+            env=_env(receiver.endpoint, "grpc", tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    produced = produced_spans(tmp_path / "runs")
+    assert sorted(received_spans(receiver.received)) == sorted(produced)
+    assert "export attempt(s) failed" not in result.stderr  # slow is not failed
+    # Batches that came while a send was under way waited on disk; all were delivered.
+    spool = tmp_path / "runs" / "spool"
+    assert not spool.exists() or not list(spool.iterdir())

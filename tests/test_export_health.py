@@ -1,0 +1,240 @@
+"""Self-telemetry of the export path, with the real SDK and exact counts: queue-overflow drops,
+the event cap, batches split by bytes (over a real gRPC socket), the spool's bound, and the
+``traintel.*`` instruments that report them."""
+
+from __future__ import annotations
+
+import stat
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tests.otlp_receiver import GrpcReceiver
+from tests.subprocess_helpers import run_python
+from traintel import semconv
+from traintel.analysis.report import build_report
+from traintel.analysis.summary import render, summarize
+from traintel.exporters.health import ExportHealth, describe, register_instruments
+from traintel.exporters.reader import spans_in
+from traintel.exporters.spool import Spool, spooled_requests
+from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter, split_by_bytes
+
+
+class GatedExporter(SpanExporter):
+    """Holds the export thread until released: the queue behind it fills up."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.entered.set()
+        self.gate.wait(10)
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+class FailingExporter(SpanExporter):
+    def __init__(self) -> None:
+        self.fail = True
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self.fail:
+            return SpanExportResult.FAILURE
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+def _metrics(reader: InMemoryMetricReader) -> dict[str, list[tuple[dict[str, Any], float]]]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        metric.name: [(dict(p.attributes or {}), p.value) for p in metric.data.data_points]  # type: ignore[union-attr]
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+    }
+
+
+def _instruments(health: ExportHealth) -> InMemoryMetricReader:
+    reader = InMemoryMetricReader()
+    register_instruments(MeterProvider(metric_readers=[reader]), health)
+    return reader
+
+
+def test_queue_overflow_drops_are_counted_exactly() -> None:
+    health = ExportHealth()
+    exporter = GatedExporter()
+    processor = CountingBatchSpanProcessor(
+        exporter, health=health, max_queue_size=4, max_export_batch_size=1, schedule_delay_millis=1
+    )
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    tracer.start_span("first").end()
+    assert exporter.entered.wait(5)  # the export thread is now stuck on "first"
+    for i in range(20):
+        tracer.start_span(f"s{i}").end()
+    reader = _instruments(health)
+    assert _metrics(reader)[semconv.METRIC_QUEUE_DEPTH] == [({}, 4)]
+    exporter.gate.set()
+    provider.force_flush()
+    provider.shutdown()
+    assert health.spans_dropped == {"queue_full": 16}
+    assert len(exporter.spans) == 5  # "first" and the 4 the queue held: 21 = 5 + 16
+    dropped = dict((a[semconv.DROP_REASON], v) for a, v in _metrics(reader)[semconv.METRIC_SPANS_DROPPED])
+    assert dropped["queue_full"] == 16
+    assert describe(health.snapshot())[0] == "16 span(s) dropped (queue_full 16)"
+
+
+def test_events_over_the_cap_are_counted() -> None:
+    health = ExportHealth()
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_events=128))
+    provider.add_span_processor(CountingBatchSpanProcessor(memory, health=health))
+    with provider.get_tracer("t").start_as_current_span("chatty") as span:
+        for i in range(131):
+            span.add_event(f"e{i}")
+    provider.shutdown()
+    assert len(memory.get_finished_spans()[0].events) == 128
+    assert health.events_dropped == 3
+    assert _metrics(_instruments(health))[semconv.METRIC_EVENTS_DROPPED] == [({}, 3)]
+
+
+def _big_spans(count: int, value_bytes: int) -> list[ReadableSpan]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("t")
+    for i in range(count):
+        tracer.start_span(f"big{i}", attributes={"blob": "x" * value_bytes}).end()
+    return list(memory.get_finished_spans())
+
+
+def test_a_batch_over_grpc_limit_is_split_and_delivered_over_a_real_socket() -> None:
+    spans = _big_spans(60, 100_000)  # ~6 MB: one request would exceed gRPC's 4 MiB limit
+    health = ExportHealth()
+    with GrpcReceiver() as receiver:
+        unsplit = OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=1)
+        assert unsplit.export(spans) == SpanExportResult.FAILURE  # what happens without splitting
+        unsplit.shutdown()
+        wrapped = SpoolingSpanExporter(
+            OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=5), None, health=health
+        )
+        assert wrapped.export(spans) == SpanExportResult.SUCCESS
+        wrapped.shutdown()
+    arrived = [span.name for _, span in receiver.received.spans()]
+    assert sorted(arrived) == sorted(s.name for s in spans)
+    assert len(receiver.received.traces) == 2
+    assert health.batches_split == 1
+    assert health.export_failures == 0 and not health.spans_dropped
+
+
+def test_split_parts_are_in_order_and_under_the_limit() -> None:
+    spans = _big_spans(9, 1000)
+    parts = split_by_bytes(spans, 3000)
+    assert [s for part, _ in parts for s in part] == spans
+    assert all(encode_spans(part).ByteSize() <= 3000 for part, _ in parts)
+    # ~1.1 kB per span: halving 9 gives parts of two (the odd middle part is split 1 + 2).
+    assert [len(part) for part, _ in parts] == [2, 2, 2, 1, 2]
+    # A single span over the limit stays alone, for the caller to refuse and count.
+    assert len(split_by_bytes(spans[:1], 10)) == 1
+
+
+def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
+    health = ExportHealth()
+    spool = Spool(tmp_path / "a" / "spool", max_bytes=3 * 12_000)
+    failing = FailingExporter()
+    exporter = SpoolingSpanExporter(failing, spool, retry_interval_s=0.05, health=health)
+    batches = [_big_spans(1, 10_000) for _ in range(5)]
+    for batch in batches:
+        assert exporter.export(batch) == SpanExportResult.SUCCESS  # handed over or kept on disk
+        assert exporter.force_flush(5000)  # out of memory: the first after its failed send
+    assert len(spool) == 3 and spool.dropped_batches == 2 and spool.dropped_spans == 2
+    for path in [tmp_path / "a", tmp_path / "a" / "spool", *spool.directory.iterdir()]:
+        assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600)
+    # What is kept: the three newest batches, as the requests a collector would have received.
+    kept = [s.span_id for request in spooled_requests([spool.directory]) for s in spans_in(request)]
+    assert kept == [f"{b[0].context.span_id:016x}" for b in batches[2:]]
+    metrics = _metrics(_instruments(health))
+    assert metrics[semconv.METRIC_SPOOL_DROPPED] == [({}, 2)]
+    assert metrics[semconv.METRIC_SPOOL_SIZE] == [({}, spool.size_bytes)]
+    dropped = dict((a[semconv.DROP_REASON], v) for a, v in metrics[semconv.METRIC_SPANS_DROPPED])
+    assert dropped["spool_full"] == 2
+    # The collector comes back: the kept batches are re-sent, oldest first, exactly once.
+    failing.fail = False
+    assert exporter.drain(5)
+    assert [s.context.span_id for s in failing.spans] == [b[0].context.span_id for b in batches[2:]]
+    assert health.spans_resent == 3
+    exporter.shutdown()
+    assert not spool.directory.exists()  # delivered: nothing left behind
+    assert health.export_failures >= 1
+
+
+def test_losses_reach_the_exit_line_the_summary_and_the_report(tmp_path: Path) -> None:
+    """A span over OTEL_SPAN_EVENT_COUNT_LIMIT in a real run with the embedded default: the
+    application span has telemetry_initialization and 5 notes, 2 kept, 4 dropped."""
+    code = """
+    import traintel
+    from opentelemetry import trace
+    with traintel.application():
+        span = trace.get_current_span()
+        for i in range(5):
+            span.add_event(f"note{i}")
+    """
+    result = run_python(code, tmp_path, OTEL_SPAN_EVENT_COUNT_LIMIT="2")
+    assert result.returncode == 0, result.stderr
+    assert "telemetry export: 4 span event(s) dropped over OTEL_SPAN_EVENT_COUNT_LIMIT" in result.stderr
+    runs = tmp_path / "traintel-runs"
+    assert "Telemetry losses: traintel.events.dropped 4" in render(summarize([runs]))
+    report = build_report([runs])
+    assert report.self_telemetry[semconv.METRIC_EVENTS_DROPPED] == 4
+    assert report.self_telemetry[semconv.METRIC_SPANS_DROPPED] == 0
+
+
+def test_a_forked_child_spools_into_its_own_directory(tmp_path: Path) -> None:
+    import multiprocessing
+
+    health = ExportHealth()
+    spool = Spool(tmp_path / "spool" / "job-otlp", max_bytes=1_000_000)
+    exporter = SpoolingSpanExporter(
+        FailingExporter(), spool, retry_interval_s=60, drain_timeout_s=0, health=health
+    )
+    assert exporter.export(_big_spans(1, 10)) == SpanExportResult.SUCCESS  # spooled by the parent
+
+    def child() -> None:
+        exporter.export(_big_spans(2, 10))
+        exporter.shutdown()
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join(30)
+    assert process.exitcode == 0
+    exporter.shutdown()
+    assert [len(list(spans_in(r))) for r in spooled_requests([spool.directory])] == [1]
+    [forked] = [d for d in (tmp_path / "spool").iterdir() if d.name == f"job-otlp-fork{process.pid}"]
+    assert [len(list(spans_in(r))) for r in spooled_requests([forked])] == [2]
+
+
+def test_without_a_spool_a_failed_batch_is_dropped_and_counted() -> None:
+    health = ExportHealth()
+    failing = FailingExporter()
+    exporter = SpoolingSpanExporter(failing, None, health=health)  # TRAINTEL_SPOOL_MAX_BYTES=0
+    assert exporter.export(_big_spans(3, 10)) == SpanExportResult.FAILURE
+    assert health.spans_dropped == {"not_spooled": 3} and health.export_failures == 1
+    failing.fail = False
+    assert exporter.export(_big_spans(2, 10)) == SpanExportResult.SUCCESS
+    assert len(failing.spans) == 2
+    exporter.shutdown()
+    assert describe(health.snapshot())[0] == "3 span(s) dropped (not_spooled 3)"
