@@ -47,6 +47,9 @@ _logger = logging.getLogger(__name__)
 
 #: gRPC's default maximum message size is 4 MiB; stay clear of it with headroom for framing.
 DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
+#: How long the exit waits for the sender to finish writing a failed batch it already took
+#: (a local disk write; without the wait the process could end in the middle of it).
+_OWNED_WRITE_TIMEOUT_S = 2.0
 
 
 def _value_bytes(value: object) -> int:
@@ -189,6 +192,8 @@ class SpoolingSpanExporter(SpanExporter):
         self._thread: threading.Thread | None = None
         #: The handed-off batch the sender is sending (spilled to disk if the exit comes first).
         self._in_flight: Sequence[ReadableSpan] | None = None
+        #: The sender owns a failed batch and is writing it to the spool.
+        self._writing = False
 
     def _reinit_in_child(self) -> None:
         """A forked child has no sender thread and must not write into its parent's spool."""
@@ -332,12 +337,20 @@ class SpoolingSpanExporter(SpanExporter):
         delivered = self._send(spans)
         with self._cond:  # whoever clears _in_flight owns the batch: here, or spill() at exit
             mine, self._in_flight = self._in_flight is spans, None
+            # Owned and failed: shutdown() waits for the write (the exit must not cut it short).
+            self._writing = mine and not delivered
         if delivered:
             return True
         self._health.export_failed()
         if not mine:  # the exit already wrote it to the spool
             return False
-        if self._to_spool(spans, request) and self._backlog:
+        try:
+            spooled = self._to_spool(spans, request)
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+        if spooled and self._backlog:
             assert self.spool is not None
             _logger.warning(
                 "traintel: span export failed; spooling batches to %s and retrying every %gs "
@@ -392,6 +405,8 @@ class SpoolingSpanExporter(SpanExporter):
             self._cond.notify_all()
         if not drained:
             self.spill(())  # what is still in memory goes to disk before the process ends
+            with self._cond:  # a failed batch the sender took before the spill: let it land
+                self._cond.wait_for(lambda: not self._writing, _OWNED_WRITE_TIMEOUT_S)
         try:
             self.exporter.shutdown()
         except Exception:
