@@ -64,8 +64,11 @@ def _column(
     values: tuple[float | None, ...], durations: tuple[int, ...], total_ns: int
 ) -> tuple[float, float]:
     """The sum of a count column and the time (s) of the iterations that reported it."""
-    if None not in values:
+    missing = values.count(None)
+    if not missing:
         return float(sum(values)), total_ns / 1e9  # type: ignore[arg-type]
+    if missing == len(values):  # the common case without counts: no per-value bytecode
+        return 0.0, 0.0
     pairs = [(v, d) for v, d in zip(values, durations, strict=True) if v is not None]
     if not pairs:
         return 0.0, 0.0
