@@ -142,6 +142,30 @@ def test_all_and_none_policies(exporter: InMemorySpanExporter, policy: str, expe
     assert sum(1 for e in loop.events if e.name == "training_metrics_update") == 1  # metrics regardless
 
 
+def test_the_export_policy_changes_mid_run(exporter: InMemorySpanExporter) -> None:
+    traintel.configure(
+        span_exporters=[exporter],
+        metric_readers=[],
+        export_first_iterations=2,
+        export_every_n_iterations=5,
+        slow_iteration_factor=1e9,
+    )
+    with traintel.training_loop():
+        for _ in range(10):
+            with traintel.training_iteration():
+                pass
+        traintel.set_training_config(export_every_n_iterations=0, export_first_iterations=0)
+        for _ in range(10):
+            with traintel.training_iteration():
+                pass
+        traintel.set_training_config(export_every_n_iterations=4)
+        for _ in range(10):
+            with traintel.training_iteration():
+                pass
+    exported = sorted(exported_by_iteration(finished(exporter)))
+    assert exported == [0, 1, 5, 20, 24, 28]  # first 2, every 5th; nothing; every 4th
+
+
 def test_user_provider_without_filter_leaves_no_orphans(pipeline: Pipeline) -> None:
     """In the user's own pipeline traintel cannot hold spans back: user spans follow the head
     decision (ParentBased sampling), tail-exported iterations come without them."""

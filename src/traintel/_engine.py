@@ -277,7 +277,14 @@ class TrainingEngine:
                 float(config.get("slow_iteration_factor")),
             )
         self.aggregator.window_size = self.window_size
-        self.sampler.policy = str(config.get("export_iterations"))
+        sampler = self.sampler  # the export policy can change mid-run (set_training_config)
+        sampler.policy = str(config.get("export_iterations"))
+        sampler.first = int(config.get("export_first_iterations"))
+        sampler.every_n = int(config.get("export_every_n_iterations"))
+        factor = float(config.get("slow_iteration_factor"))
+        if factor != sampler.slow_factor:
+            sampler.slow_factor = factor
+            sampler.refresh()
         global_batch = config.get("global_batch_size")
         self.default_samples: float | None = global_batch / self.world_size if global_batch else None
         self.seq_len: int | None = config.get("seq_len")
