@@ -299,21 +299,19 @@ class _EvalLoop(_Loop):
 class _Iteration(PhaseSpan):
     """A training, validation or testing iteration, numbered automatically, on the fast path."""
 
-    # No __slots__: state starts as class-level defaults (one object per step; see _StepPhase).
-    _span: Span = trace_api.INVALID_SPAN
-    _token: object | None = None
-    _thread = 0
-    _start_ns = 0
-    _iteration: int | None = None
-    _record: IterationSpan | None = None
-    _phase = _TRAINING_ITERATION
-    _loop = _LOOP_OF[_TRAINING_ITERATION]
+    __slots__ = ("_iteration", "_loop", "_phase", "_record")
 
     def __init__(self, phase: str, iteration: int | None, attributes: Mapping[str, AttributeValue]) -> None:
-        self._name = self._phase = phase
+        self._name = phase
         self._attributes = attributes
+        self._span = trace_api.INVALID_SPAN
+        self._token = None
+        self._thread = 0
+        self._start_ns = 0
+        self._phase = phase
         self._loop = _LOOP_OF[phase]
         self._iteration = iteration
+        self._record: IterationSpan | None = None
 
     def __enter__(self) -> Span:
         telemetry = _runtime._telemetry or _runtime.current()
@@ -830,12 +828,6 @@ def _bare_step(name: str) -> Callable[[], _StepPhase]:
     )
 
 
-#: ``training_iteration()`` without arguments: class-level state, no __init__.
-_TrainingIterationPhase: Callable[[], _Iteration] = type(  # type: ignore[assignment]
-    "_TrainingIterationPhase",
-    (_Iteration,),
-    {"__init__": object.__init__, "_name": _TRAINING_ITERATION, "_attributes": _EMPTY},
-)
 _DataLoadingPhase = _bare_step(_DATA_LOADING)
 _ModelForwardPhase = _bare_step(_MODEL_FORWARD)
 _ModelBackwardPhase = _bare_step(_MODEL_BACKWARD)
@@ -931,8 +923,6 @@ def training_iteration(
     """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
     micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
     loop's running count."""
-    if iteration is None and samples is None and tokens is None and not attributes:
-        return _TrainingIterationPhase()  # nothing of its own: no __init__
     return _Iteration(_TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
 
 
