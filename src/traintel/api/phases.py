@@ -172,9 +172,6 @@ class PhaseSpan:
             for slot in getattr(cls, "__slots__", ()):
                 if hasattr(self, slot):
                     object.__setattr__(clone, slot, getattr(self, slot))
-        state = getattr(self, "__dict__", None)
-        if state:  # step phases keep their state in a dict, not slots
-            clone.__dict__.update(state)
         clone._span = trace_api.INVALID_SPAN
         clone._token = None
         return clone
@@ -427,21 +424,16 @@ class _StepPhase(PhaseSpan):
     iteration they are real spans (so they nest under it) whose time still counts; outside
     any iteration, plain spans."""
 
-    # No __slots__ here: the state starts as class-level defaults, so the per-phase subclasses
-    # below are created with no Python __init__ at all (three objects per step).
-    _span: Span = trace_api.INVALID_SPAN
-    _token: object | None = None
-    _thread = 0
-    _start_ns = 0
-    _index = 0
-    _record: IterationSpan | None = None
-    _real: IterationSpan | None = None  # "all" mode: the running iteration, if direct
-    _device: DeviceHooks | None = None  # set on the fast path when device hooks are on
+    __slots__ = ("_device", "_index", "_real", "_record")
 
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None, index: int) -> None:
         self._name = name
         self._attributes = attributes
         self._index = index
+        self._record: IterationSpan | None = None
+        self._real: IterationSpan | None = None  # "all" mode: the running iteration, if direct
+        self._token = None
+        self._device: DeviceHooks | None = None  # set on the fast path when device hooks are on
 
     def _before_end(
         self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
@@ -814,26 +806,6 @@ _STEP_ATTRIBUTES = {
 _EMPTY: dict[str, AttributeValue] = {}
 
 
-def _bare_step(name: str) -> Callable[[], _StepPhase]:
-    """A step phase without attributes of its own: a class whose instances need no __init__."""
-    return type(  # type: ignore[return-value]
-        "_" + name.title().replace("_", "") + "Phase",
-        (_StepPhase,),
-        {
-            "__init__": object.__init__,
-            "_name": name,
-            "_attributes": _STEP_ATTRIBUTES[name],
-            "_index": STEP_INDEX[name],
-        },
-    )
-
-
-_DataLoadingPhase = _bare_step(_DATA_LOADING)
-_ModelForwardPhase = _bare_step(_MODEL_FORWARD)
-_ModelBackwardPhase = _bare_step(_MODEL_BACKWARD)
-_OptimizerUpdatePhase = _bare_step(_OPTIMIZER_UPDATE)
-
-
 def _step(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if attributes:
         return _StepPhase(name, {**_STEP_ATTRIBUTES[name], **attributes}, STEP_INDEX[name])
@@ -929,25 +901,27 @@ def training_iteration(
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """Waiting for the next batch (the time the loop was blocked on data)."""
     if not attributes:  # the per-step case: no factory call
-        return _DataLoadingPhase()
+        return _StepPhase(_DATA_LOADING, _STEP_ATTRIBUTES[_DATA_LOADING], STEP_INDEX[_DATA_LOADING])
     return _step(_DATA_LOADING, attributes)
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _ModelForwardPhase()
+        return _StepPhase(_MODEL_FORWARD, _STEP_ATTRIBUTES[_MODEL_FORWARD], STEP_INDEX[_MODEL_FORWARD])
     return _step(_MODEL_FORWARD, attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _ModelBackwardPhase()
+        return _StepPhase(_MODEL_BACKWARD, _STEP_ATTRIBUTES[_MODEL_BACKWARD], STEP_INDEX[_MODEL_BACKWARD])
     return _step(_MODEL_BACKWARD, attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _OptimizerUpdatePhase()
+        return _StepPhase(
+            _OPTIMIZER_UPDATE, _STEP_ATTRIBUTES[_OPTIMIZER_UPDATE], STEP_INDEX[_OPTIMIZER_UPDATE]
+        )
     return _step(_OPTIMIZER_UPDATE, attributes)
 
 
