@@ -374,7 +374,14 @@ class TrainingAggregator:
             out[_T + "iteration_time.p99"] = p99
             scratch: dict[str, float | int | str] = {}
             self.total.rates(inputs, _T, scratch)
-            for key in ("samples_per_second", "tokens_per_second", "tflops_per_device", "mfu", "hfu"):
+            for key in (
+                "samples_per_second",
+                "tokens_per_second",
+                "flops_per_second_per_device",  # the total MFU's numerator
+                "tflops_per_device",
+                "mfu",
+                "hfu",
+            ):
                 if _T + key in scratch:
                     out[_T + key] = scratch[_T + key]
 
@@ -401,6 +408,15 @@ class TrainingAggregator:
         self._totals(inputs, totals)
         for key, value in totals.items():
             out[semconv.SUMMARY_PREFIX + key[len(_T) :]] = value
+        if semconv.SUMMARY_PREFIX + "mfu" in out:  # what the run's MFU was computed from
+            for key, value in (
+                (semconv.MFU_NUMERATOR, out[semconv.SUMMARY_PREFIX + "flops_per_second_per_device"]),
+                (semconv.MFU_DENOMINATOR, inputs.peak_flops or 0.0),
+                (semconv.MFU_FLOPS_METHOD, inputs.flops_method or "config"),
+                (semconv.MFU_TIMING_MODE, inputs.timing_mode),
+                (semconv.MFU_PEAK_SOURCE, inputs.peak_source or "config"),
+            ):
+                out[semconv.SUMMARY_PREFIX + key.removeprefix("ml.training.")] = value
         out.update(self.checkpoints.attributes(semconv.SUMMARY_PREFIX + "checkpoint."))
         return out
 
