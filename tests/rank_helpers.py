@@ -40,6 +40,17 @@ class RankResult:
     def events(self, name: str) -> list[dict[str, Any]]:
         return [e.attributes for s in self.spans() for e in s.events if e.name == name]
 
+    def metric_names(self) -> set[str]:
+        """Every metric this rank exported at least one point of."""
+        return {
+            metric.name
+            for request in iter_metric_requests(sorted(self.out_dir.glob("*.jsonl")))
+            for rm in request.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if getattr(metric, metric.WhichOneof("data") or "gauge").data_points
+        }
+
     def metric_points(self, name: str) -> list[tuple[int, dict[str, Any], float]]:
         """(time ns, attributes, value) of every exported point of metric ``name``."""
         from traintel.exporters.reader import attributes_dict
