@@ -296,7 +296,7 @@ def test_scale_mode_rank_0_exports_the_job_the_other_ranks_their_anomalies(tmp_p
         range(10), "first"
     )
     assert len(rank0.events(semconv.Event.TRAINING_METRICS_UPDATE.value)) == 3
-    assert WINDOW_SERIES <= rank0.metric_names(), WINDOW_SERIES - rank0.metric_names()
+    assert rank0.metric_names() >= WINDOW_SERIES, WINDOW_SERIES - rank0.metric_names()
     (loop0,) = [s for s in rank0.spans() if s.name == semconv.Phase.TRAINING_LOOP.value]
     assert semconv.SUMMARY_RANK_EXPORT not in loop0.attributes
     # Rank 1 exports only its anomalies: the non-finite and the slow iteration (whole), its
@@ -337,7 +337,48 @@ def test_scale_mode_rank_0_exports_the_job_the_other_ranks_their_anomalies(tmp_p
     assert [(w["window"], w["first_iteration"], w["last_iteration"], w["ranks"]) for w in rows] == [
         (0, 0, 3, 2), (1, 4, 7, 2), (2, 8, 11, 2)
     ]  # fmt: skip
-    assert rows[-1]["iteration_time"] == {s: last[f"{R}iteration_time.{s}"] for s in ("min", "median", "max", "p99")}
+    assert rows[-1]["iteration_time"] == {
+        s: last[f"{R}iteration_time.{s}"] for s in ("min", "median", "max", "p99")
+    }
+
+
+SPAWNED_JOB = """
+traintel.configure()  # before the process group, no RANK in the environment: world unknown
+dist.init_process_group("gloo", init_method=INIT, rank=RANK, world_size=2)
+x = torch.randn(64, 64)
+with traintel.training_loop():
+    for i in range(8):
+        with traintel.training_iteration():
+            with traintel.model_forward():
+                (x @ x).sum()
+            dist.all_reduce(torch.ones(4))
+traintel.shutdown()
+dist.destroy_process_group()
+"""
+
+
+def test_scale_mode_is_decided_from_torch_distributed_at_the_first_window(tmp_path: Path) -> None:
+    rank0, rank1 = ok(
+        run_ranks(
+            SPAWNED_JOB, tmp_path, spawn=True, TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
+            TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE="2", TRAINTEL_EXPORT_FIRST_ITERATIONS="2",
+        )
+    )  # fmt: skip
+    for result in (rank0, rank1):
+        assert exported_iterations(result) == {0: "first", 1: "first"}  # before anyone knew
+    assert len(rank0.events(semconv.Event.TRAINING_METRICS_UPDATE.value)) == 2
+    assert len(rank0.events(semconv.Event.RANKS_METRICS_UPDATE.value)) == 2
+    assert semconv.METRIC_ITERATION_DURATION in rank0.metric_names()
+    # Rank 1 learnt its rank at the first window boundary: that window's event is already cut,
+    # and so are the per-iteration values buffered before it (no collection ran meanwhile).
+    assert not rank1.events(semconv.Event.TRAINING_METRICS_UPDATE.value)
+    assert not rank1.events(semconv.Event.RANKS_METRICS_UPDATE.value)
+    assert not {n for n in rank1.metric_names() if n.startswith("ml.training.")} - {
+        semconv.METRIC_RANK_COMPUTE_EWMA,
+        *(n for n in rank0.metric_names() if ".heartbeat." in n),
+    }
+    (loop,) = [s for s in rank1.spans() if s.name == semconv.Phase.TRAINING_LOOP.value]
+    assert loop.attributes[semconv.SUMMARY_RANK_EXPORT] == semconv.RANK_EXPORT_ANOMALIES_ONLY
 
 
 def test_the_report_merges_the_rank_files_into_cross_rank_statistics(
