@@ -211,3 +211,20 @@ def test_the_all_policy_is_reduced_to_the_anomalies_too(
     )  # fmt: skip
     engine.set_rank_export(RankExportPolicy.decide(0, 2, 2))  # decided once: ignored
     assert engine.rank_export == RankExportPolicy(1, 2, 2)
+
+
+def test_without_a_known_world_the_first_window_decides(
+    monkeypatch: pytest.MonkeyPatch, clean_exit: None
+) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    traintel.configure(span_exporters=[InMemorySpanExporter()], metric_readers=[], log_every_n_iterations=2)
+    engine = traintel.get_telemetry().engine
+    assert engine is not None and engine.rank_export is None  # not known at configure
+    with traintel.training_loop():
+        for i in range(2):
+            with traintel.training_iteration():
+                pass
+            # not distributed at the boundary: a single process, everything exported
+            assert engine.rank_export == (None if i == 0 else RankExportPolicy(0, 1, 64))
+    assert engine.window_events and engine.instruments is not None and engine.instruments.window_series

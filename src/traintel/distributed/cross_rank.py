@@ -137,9 +137,12 @@ class CrossRank:
         (else a single process: everything is exported). Decided once for the job."""
         world = None
         if "torch" in sys.modules:
-            from traintel.distributed.exchange import distributed_world
+            try:
+                from traintel.distributed.exchange import distributed_world
 
-            world = distributed_world()
+                world = distributed_world()
+            except Exception:  # a half-torn-down group: as not distributed, decided all the same
+                world = None
         rank, size = world if world is not None else (0, 1)
         threshold = int(self.engine.config.get("cross_rank_scale_world_size"))
         self.engine.set_rank_export(RankExportPolicy.decide(rank, size, threshold))
