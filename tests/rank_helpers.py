@@ -24,6 +24,17 @@ RANK = dist.get_rank()
 import traintel
 """
 
+#: Like ``mp.spawn`` with explicit ranks: no RANK / WORLD_SIZE in the environment, and the script
+#: itself calls ``init_process_group`` (tcp:// on MASTER_PORT) with ``RANK``, when it chooses.
+SPAWN_PRELUDE = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+RANK = int(os.environ["SPAWN_RANK"])
+INIT = f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}"
+import traintel
+"""
+
 
 @dataclass
 class RankResult:
@@ -39,6 +50,17 @@ class RankResult:
 
     def events(self, name: str) -> list[dict[str, Any]]:
         return [e.attributes for s in self.spans() for e in s.events if e.name == name]
+
+    def metric_names(self) -> set[str]:
+        """Every metric this rank exported at least one point of."""
+        return {
+            metric.name
+            for request in iter_metric_requests(sorted(self.out_dir.glob("*.jsonl")))
+            for rm in request.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if getattr(metric, metric.WhichOneof("data") or "gauge").data_points
+        }
 
     def metric_points(self, name: str) -> list[tuple[int, dict[str, Any], float]]:
         """(time ns, attributes, value) of every exported point of metric ``name``."""
@@ -64,10 +86,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_ranks(code: str, tmp_path: Path, world: int = 2, timeout: float = 90, **env: str) -> list[RankResult]:
-    """Start ``world`` ranks of ``PRELUDE + code`` at once and wait for all (bounded)."""
+def run_ranks(
+    code: str, tmp_path: Path, world: int = 2, timeout: float = 90, spawn: bool = False, **env: str
+) -> list[RankResult]:
+    """Start ``world`` ranks of ``PRELUDE + code`` (``spawn``: ``SPAWN_PRELUDE``) at once and
+    wait for all (bounded)."""
     script = tmp_path / "rank.py"
-    script.write_text(PRELUDE + textwrap.dedent(code))
+    script.write_text((SPAWN_PRELUDE if spawn else PRELUDE) + textwrap.dedent(code))
     port = str(free_port())
     run_id = f"ranks-{port}"  # torchrun gives every rank the same TORCHELASTIC_RUN_ID
     procs = []
@@ -75,11 +100,16 @@ def run_ranks(code: str, tmp_path: Path, world: int = 2, timeout: float = 90, **
     for rank in range(world):
         out_dir = tmp_path / f"rank{rank}"
         out_dir.mkdir()
+        launcher = {"SPAWN_RANK": str(rank)} if spawn else {
+            "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)
+        }  # fmt: skip
         rank_env = clean_env(
-            RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port, TRAINTEL_OUTPUT_DIR=str(out_dir), OMP_NUM_THREADS="1",
-            TORCHELASTIC_RUN_ID=run_id, **env,
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TRAINTEL_OUTPUT_DIR=str(out_dir), OMP_NUM_THREADS="1",
+            TORCHELASTIC_RUN_ID=run_id, **launcher, **env,
         )  # fmt: skip
+        if spawn:  # not even the parent's
+            for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+                rank_env.pop(name, None)
         procs.append(
             (
                 out_dir,

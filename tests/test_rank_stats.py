@@ -11,6 +11,7 @@ import traintel
 from tests.conftest import Pipeline
 from tests.test_heartbeat import points
 from traintel import semconv
+from traintel.distributed.export_policy import RankExportPolicy
 from traintel.distributed.stats import EWMA_ALPHA, RankTracker, RankWindow
 from traintel.processor.aggregator import WindowReport
 
@@ -112,9 +113,10 @@ def test_sync_point_marks_compute_once_per_iteration(pipeline: Pipeline) -> None
 
 
 def _emit(pipeline: Pipeline, rank: int, world: int, scale_world: int) -> tuple[list[Any], dict[str, Any]]:
-    traintel.set_training_config(cross_rank_scale_world_size=scale_world)
-    cross_rank = traintel.get_telemetry().cross_rank
-    assert cross_rank is not None
+    telemetry = traintel.get_telemetry()
+    cross_rank, engine = telemetry.cross_rank, telemetry.engine
+    assert cross_rank is not None and engine is not None
+    engine.set_rank_export(RankExportPolicy.decide(rank, world, scale_world))
     cross_rank.rank, cross_rank.world = rank, world
     with traintel.training_loop():
         cross_rank._window_ends[0] = window_end = 1_700_000_000_000_000_000

@@ -224,11 +224,11 @@ def test_a_blocked_rank_is_named_by_its_heartbeat_within_the_reader_interval(tmp
         assert last_v > block / 2
 
 
-SYNC_POINT_JOB = """
+SCALE_JOB = """
 traintel.configure()
 x = torch.randn(64, 64)
 with traintel.training_loop():
-    for i in range(8):
+    for i in range(12):
         with traintel.training_iteration():
             with traintel.data_loading():
                 time.sleep(0.01)
@@ -238,34 +238,147 @@ with traintel.training_loop():
                     time.sleep(DELAY)
             traintel.mark_sync_point()  # no DDP: the user's own collective follows
             dist.all_reduce(torch.ones(4))
+            if RANK == 1 and i == 9:
+                traintel.record_metrics(loss=float("nan"))
+            if RANK == 1 and i == 11:
+                time.sleep(SLOW)  # after the collective: slow on rank 1 alone
+        if i == 5:
+            with traintel.checkpoint_save(size_bytes=1000):
+                time.sleep(0.01)
+traintel.shutdown()
+dist.destroy_process_group()
+"""
+
+#: What rank 0 exports of SCALE_JOB and a rank reduced to its anomalies does not.
+WINDOW_SERIES = {
+    semconv.METRIC_ITERATION_DURATION,
+    semconv.METRIC_DATA_LOADING_DURATION,
+    semconv.METRIC_PHASE_DURATION,
+    semconv.METRIC_CHECKPOINT_SAVE_DURATION,
+    semconv.METRIC_CHECKPOINT_SIZE,
+    semconv.METRIC_STEP_PHASE_TIME,
+    semconv.METRIC_GOODPUT,
+    semconv.METRIC_BADPUT,
+    semconv.METRIC_STEP_TIME_IDEAL,
+    semconv.METRIC_STEP_TIME_DEVIATION,
+}
+
+
+def exported_iterations(result: RankResult) -> dict[int, str]:
+    return {
+        s.attributes[semconv.ITERATION]: s.attributes[semconv.SAMPLING_REASON]
+        for s in result.spans()
+        if s.name == semconv.Phase.TRAINING_ITERATION.value
+    }
+
+
+def test_scale_mode_rank_0_exports_the_job_the_other_ranks_their_anomalies(tmp_path: Path) -> None:
+    delay = 0.05
+    rank0, rank1 = ok(
+        run_ranks(
+            f"DELAY = {delay}\nSLOW = 0.6\n" + SCALE_JOB, tmp_path, TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
+            TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE="1", TRAINTEL_SLOW_ITERATION_FACTOR="5",
+            OTEL_METRIC_EXPORT_INTERVAL="300",  # collections during the run too (the heartbeat's)
+        )
+    )  # fmt: skip
+    updates = rank0.events(semconv.Event.RANKS_METRICS_UPDATE.value)
+    assert [u[R + "window.index"] for u in updates] == [0, 1, 2]
+    last = updates[-1]
+    assert last[R + "top_k"] == [1, 0] and last[R + "compute_mode"] == "sync_point"
+    # The explicit sync point: compute excludes the data wait, the all-reduce and what follows.
+    assert 0.01 <= last[R + "data_loading_time.min"] < 0.02
+    assert delay <= last[R + "compute_time.max"] < delay + 0.01
+    assert last[R + "compute_time.min"] < 0.01
+    assert [s[semconv.STRAGGLER_RANK] for s in rank0.events(semconv.Event.STRAGGLER.value)] == [1, 1, 1]
+    assert rank0.metric_points(semconv.METRIC_RANKS_COMPUTE_DURATION)
+    # Rank 0 is unchanged: its first 10 iterations, its window events and window series.
+    assert {i: r for i, r in exported_iterations(rank0).items() if r == "first"} == dict.fromkeys(
+        range(10), "first"
+    )
+    assert len(rank0.events(semconv.Event.TRAINING_METRICS_UPDATE.value)) == 3
+    assert rank0.metric_names() >= WINDOW_SERIES, WINDOW_SERIES - rank0.metric_names()
+    (loop0,) = [s for s in rank0.spans() if s.name == semconv.Phase.TRAINING_LOOP.value]
+    assert semconv.SUMMARY_RANK_EXPORT not in loop0.attributes
+    # Rank 1 exports only its anomalies: the non-finite and the slow iteration (whole), its
+    # straggler events and lagging EWMA, the loop they hang from, its checkpoint, its goodput
+    # records (training_window), its heartbeat; no window events, no window series.
+    assert exported_iterations(rank1) == {9: "nonfinite", 11: "slow"}
+    spans = rank1.spans()
+    assert sorted({s.name for s in spans}) == [
+        "checkpoint_save_sync", "data_loading", "model_forward", "training_iteration", "training_loop",
+        "training_window",
+    ]  # fmt: skip
+    assert len([s for s in spans if s.name == "training_window"]) == 3
+    (loop1,) = [s for s in spans if s.name == semconv.Phase.TRAINING_LOOP.value]
+    assert sorted(e.name for e in loop1.events) == [
+        "nonfinite_metric", "slow_iteration", "straggler", "straggler", "straggler"
+    ]  # fmt: skip
+    assert [s[semconv.STRAGGLER_RANK] for s in rank1.events(semconv.Event.STRAGGLER.value)] == [1, 1, 1]
+    assert loop1.attributes[semconv.SUMMARY_RANK_EXPORT] == semconv.RANK_EXPORT_ANOMALIES_ONLY
+    assert loop1.attributes[semconv.SUMMARY_PREFIX + "iterations"] == 12  # the summary stays
+    (checkpoint,) = [s for s in spans if s.name == "checkpoint_save_sync"]
+    assert [e.name for e in checkpoint.events] == ["save_checkpoint_success", "checkpoint_metrics_update"]
+    assert {n for n in rank1.metric_names() if n.startswith("ml.training.")} == {
+        semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS,
+        semconv.METRIC_HEARTBEAT_ITERATION,
+        semconv.METRIC_HEARTBEAT_PHASE,
+        semconv.METRIC_RANK_COMPUTE_EWMA,
+    }
+    assert rank1.metric_points(semconv.METRIC_RANK_COMPUTE_EWMA)[-1][2] >= delay
+    # Offline, the report takes the job's statistics from rank 0's live events.
+    from traintel.analysis.ranks import CrossRankTable
+
+    table = CrossRankTable()
+    for result in (rank0, rank1):
+        for span in result.spans():
+            for event in span.events:
+                table.add_event("job", result.rank, event.name, event.attributes)
+    rows = table.rows()
+    assert [(w["window"], w["first_iteration"], w["last_iteration"], w["ranks"]) for w in rows] == [
+        (0, 0, 3, 2), (1, 4, 7, 2), (2, 8, 11, 2)
+    ]  # fmt: skip
+    assert rows[-1]["iteration_time"] == {
+        s: last[f"{R}iteration_time.{s}"] for s in ("min", "median", "max", "p99")
+    }
+
+
+SPAWNED_JOB = """
+traintel.configure()  # before the process group, no RANK in the environment: world unknown
+dist.init_process_group("gloo", init_method=INIT, rank=RANK, world_size=2)
+x = torch.randn(64, 64)
+with traintel.training_loop():
+    for i in range(8):
+        with traintel.training_iteration():
+            with traintel.model_forward():
+                (x @ x).sum()
+            dist.all_reduce(torch.ones(4))
 traintel.shutdown()
 dist.destroy_process_group()
 """
 
 
-def test_scale_mode_only_rank_0_exports_job_level_statistics(tmp_path: Path) -> None:
-    delay = 0.05
+def test_scale_mode_is_decided_from_torch_distributed_at_the_first_window(tmp_path: Path) -> None:
     rank0, rank1 = ok(
         run_ranks(
-            f"DELAY = {delay}\n" + SYNC_POINT_JOB, tmp_path, TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
-            TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE="1",
+            SPAWNED_JOB, tmp_path, spawn=True, TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
+            TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE="2", TRAINTEL_EXPORT_FIRST_ITERATIONS="2",
         )
     )  # fmt: skip
-    updates = rank0.events(semconv.Event.RANKS_METRICS_UPDATE.value)
-    assert [u[R + "window.index"] for u in updates] == [0, 1]
-    last = updates[-1]
-    assert last[R + "top_k"] == [1, 0] and last[R + "compute_mode"] == "sync_point"
-    # The explicit sync point: compute excludes the data wait and the all-reduce.
-    assert 0.01 <= last[R + "data_loading_time.min"] < 0.02
-    assert delay <= last[R + "compute_time.max"] < delay + 0.01
-    assert last[R + "compute_time.min"] < 0.01
-    assert [s[semconv.STRAGGLER_RANK] for s in rank0.events(semconv.Event.STRAGGLER.value)] == [1, 1]
-    assert rank0.metric_points(semconv.METRIC_RANKS_COMPUTE_DURATION)
-    # Rank 1 exports only its own anomaly: its straggler events and its lagging EWMA.
+    for result in (rank0, rank1):
+        assert exported_iterations(result) == {0: "first", 1: "first"}  # before anyone knew
+    assert len(rank0.events(semconv.Event.TRAINING_METRICS_UPDATE.value)) == 2
+    assert len(rank0.events(semconv.Event.RANKS_METRICS_UPDATE.value)) == 2
+    assert semconv.METRIC_ITERATION_DURATION in rank0.metric_names()
+    # Rank 1 learnt its rank at the first window boundary: that window's event is already cut,
+    # and so are the per-iteration values buffered before it (no collection ran meanwhile).
+    assert not rank1.events(semconv.Event.TRAINING_METRICS_UPDATE.value)
     assert not rank1.events(semconv.Event.RANKS_METRICS_UPDATE.value)
-    assert [s[semconv.STRAGGLER_RANK] for s in rank1.events(semconv.Event.STRAGGLER.value)] == [1, 1]
-    assert not rank1.metric_points(semconv.METRIC_RANKS_COMPUTE_DURATION)
-    assert rank1.metric_points(semconv.METRIC_RANK_COMPUTE_EWMA)[-1][2] >= delay
+    assert not {n for n in rank1.metric_names() if n.startswith("ml.training.")} - {
+        semconv.METRIC_RANK_COMPUTE_EWMA,
+        *(n for n in rank0.metric_names() if ".heartbeat." in n),
+    }
+    (loop,) = [s for s in rank1.spans() if s.name == semconv.Phase.TRAINING_LOOP.value]
+    assert loop.attributes[semconv.SUMMARY_RANK_EXPORT] == semconv.RANK_EXPORT_ANOMALIES_ONLY
 
 
 def test_the_report_merges_the_rank_files_into_cross_rank_statistics(

@@ -35,6 +35,7 @@ from traintel._ids import ForcingIdGenerator, new_span_id, new_trace_id
 from traintel._segments import SegmentedSpan
 from traintel.config import TrainingConfig
 from traintel.device import DeviceHooks, annotate_window, device_hooks
+from traintel.distributed.export_policy import RankExportPolicy
 from traintel.flops import autocast_dtype, current_device_name, peak_flops_for
 from traintel.processor.aggregator import (
     STEP_INDEX,
@@ -257,6 +258,9 @@ class TrainingEngine:
         self._device_lookup: tuple[float | None, str | None, str | None] | None = None
         # Called with every closed window (None: nothing to close) and whether the loop ends.
         self.window_hook: Callable[[WindowReport | None, bool], None] | None = None
+        # What this rank exports (None: not decided yet, everything); see set_rank_export.
+        self.rank_export: RankExportPolicy | None = None
+        self.window_events = True  # training_metrics_update: read once per window
         self.apply_config(config)
         # CUDA-event timing / NVTX at phase boundaries: None (one `is None` test) unless asked for.
         self.device: DeviceHooks | None = device_hooks(config, warn_once)
@@ -285,6 +289,8 @@ class TrainingEngine:
         if factor != sampler.slow_factor:
             sampler.slow_factor = factor
             sampler.refresh()
+        if self.rank_export is not None and not self.rank_export.routine_iterations:
+            self._stop_routine_sampling()
         global_batch = config.get("global_batch_size")
         self.default_samples: float | None = global_batch / self.world_size if global_batch else None
         self.seq_len: int | None = config.get("seq_len")
@@ -296,6 +302,27 @@ class TrainingEngine:
         self.segment_ns = int(float(config.get("segment_seconds")) * 1e9)
         self.max_spans = int(config.get("max_spans_per_trace"))
         self.max_bytes = int(config.get("max_bytes_per_trace"))
+
+    def set_rank_export(self, policy: RankExportPolicy) -> None:
+        """Apply what this rank exports; the first decision stands (scale mode is decided once
+        per job), later calls are ignored. Nothing of it is read per iteration."""
+        if self.rank_export is not None:
+            return
+        self.rank_export = policy
+        self.window_events = policy.window_events
+        if not policy.routine_iterations:
+            self._stop_routine_sampling()
+        if not policy.window_series and self.instruments is not None:
+            self.instruments.stop_window_series()
+
+    def _stop_routine_sampling(self) -> None:
+        """No head reasons (first K, every M-th, "all"): only tail reasons export an iteration.
+        Set once on the samplers the fast path already reads, so it costs nothing per step."""
+        for sampler in (self.sampler, *self.eval_samplers.values()):
+            sampler.first = sampler.every_n = 0
+            if sampler.policy == "all":
+                sampler.policy = "sampled"
+        self.export_all = False
 
     def rate_inputs(self) -> RateInputs:
         config = self.config
@@ -699,7 +726,7 @@ class TrainingEngine:
         if inputs.peak_flops is None and report.get(semconv.WINDOW_PREFIX + "flops_per_second_per_device"):
             self.warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
         loop = self._loop_span_for()
-        if loop is not None:
+        if loop is not None and self.window_events:
             loop.add_event(Event.TRAINING_METRICS_UPDATE.value, report.attributes)
             for error in report.errors:
                 loop.add_event(
@@ -791,6 +818,8 @@ class TrainingEngine:
         summary.update(self.goodput.snapshot(end_ns).attributes(semconv.SUMMARY_PREFIX))
         if self.goodput.ideal_step_time_s is not None:
             summary[semconv.SUMMARY_PREFIX + "step_time.ideal"] = self.goodput.ideal_step_time_s
+        if self.rank_export is not None and self.rank_export.anomalies_only:
+            summary[semconv.SUMMARY_RANK_EXPORT] = semconv.RANK_EXPORT_ANOMALIES_ONLY
         loop.set_attributes(summary)
         if self.segments_closed:
             spans, size = self.budget.usage(loop.get_span_context().trace_id)

@@ -32,6 +32,7 @@ from traintel._ids import ForcingIdGenerator
 from traintel.capabilities import capability_report
 from traintel.config import TrainingConfig
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
+from traintel.distributed.export_policy import RankExportPolicy
 from traintel.exporters.health import register_instruments
 from traintel.gpu import GpuInstruments
 from traintel.heartbeat import Heartbeat, HeartbeatInstruments
@@ -410,6 +411,30 @@ def _world_size(resource: Resource) -> int:
         return distributed_identity()[2]
 
 
+def _rank(resource: Resource) -> int:
+    """The Resource's rank; a user's provider without one: the launcher's (as _world_size)."""
+    value = resource.attributes.get(semconv.RANK)
+    if value is None:
+        from traintel.resource_detectors import distributed_identity
+
+        return distributed_identity()[0]
+    try:
+        return int(str(value))
+    except ValueError:
+        return -1
+
+
+def _decide_rank_export(engine: TrainingEngine, config: TrainingConfig, resource: Resource) -> None:
+    """Scale mode from the Resource's rank and world size when the launcher gave them (torchrun,
+    Slurm): decided before the first iteration, so a reduced rank exports none of its routine
+    telemetry. Otherwise the first window boundary decides (CrossRank)."""
+    world = _world_size(resource)
+    rank = _rank(resource)
+    if world > 1 and 0 <= rank < world:
+        threshold = int(config.get("cross_rank_scale_world_size"))
+        engine.set_rank_export(RankExportPolicy.decide(rank, world, threshold))
+
+
 def _install(
     config: TrainingConfig,
     *,
@@ -468,6 +493,7 @@ def _install(
     telemetry.cross_rank = _last_cross_rank = cross_rank = CrossRank(engine)
     engine.window_hook = cross_rank.window_closed
     cross_rank.count_straggler = CrossRankInstruments(pipeline.meter_provider, _current_cross_rank).count
+    _decide_rank_export(engine, config, pipeline.resource)
     SystemInstruments(pipeline.meter_provider)
     GpuInstruments(pipeline.meter_provider)
     if pipeline.owns_tracer_provider:  # traintel's own export path: its losses and health

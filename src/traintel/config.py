@@ -174,7 +174,7 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
         ev.TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE,
         _positive_int,
         64,
-        "world size from which only rank 0 exports job-level statistics",
+        "world size from which ranks other than 0 export only their anomalies",
     ),
     _Field("cross_rank_top_k", ev.TRAINTEL_CROSS_RANK_TOP_K, _positive_int, 3, "slowest ranks named"),
     _Field("straggler_factor", ev.TRAINTEL_STRAGGLER_FACTOR, _factor, 1.25, "k x other ranks' median"),

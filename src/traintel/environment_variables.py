@@ -220,9 +220,11 @@ TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE: Final = "TRAINTEL_CROSS_RANK_SCALE_WORLD_S
 """
 .. envvar:: TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE
 
-World size (positive integer) from which the job reduces its cross-rank telemetry: only rank 0
-exports the job-level statistics (with the top-k rank ids); the other ranks export only their
-own anomalies (straggler events, a chronically lagging compute EWMA). Default: 64.
+World size (positive integer) from which the job reduces its telemetry: rank 0 exports
+everything plus the job-level statistics (with the top-k rank ids); the other ranks export only
+their own anomalies (slow, failed or non-finite iterations, straggler events, a chronically
+lagging compute EWMA) and what only they can tell (heartbeat, checkpoint and phase spans), no
+window series or window events. Decided once per job. Default: 64.
 """
 
 TRAINTEL_CROSS_RANK_TOP_K: Final = "TRAINTEL_CROSS_RANK_TOP_K"

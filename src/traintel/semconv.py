@@ -351,3 +351,9 @@ WINDOW_DEVICE_TIME_PENDING: Final = WINDOW_DEVICE_TIME_PREFIX + "pending"
 WINDOW_DEVICE_TIME_DROPPED: Final = WINDOW_DEVICE_TIME_PREFIX + "dropped"
 TIMING_MODE_WALL_CLOCK: Final = "wall_clock"
 TIMING_MODE_CUDA_EVENT: Final = "cuda_event"
+
+# Scale mode (issue 6).
+#: On the end-of-loop summary of a rank that exported only its anomalies
+#: (``TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE`` reached, not rank 0); absent otherwise.
+SUMMARY_RANK_EXPORT: Final = SUMMARY_PREFIX + "rank_export"
+RANK_EXPORT_ANOMALIES_ONLY: Final = "anomalies_only"

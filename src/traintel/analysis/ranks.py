@@ -1,12 +1,13 @@
 """Cross-rank statistics from per-rank files, for ``traintel report``.
 
-Why recomputed from each rank's own window events: the live exchange may be off, may have
-stopped (a dead rank), or the job may have reduced its export at scale; every rank's
-``training_metrics_update`` events are always there. Per window (keyed by job and window
-index) the ranks' mean iteration times give min / median / max / p99 across ranks; the compute
-and data-loading statistics, the top-k ranks and the stragglers come from the live exchange's
-``ranks_metrics_update`` and ``straggler`` events when the files have them (each rank may carry
-the same ones: they are counted once per job and window).
+Why recomputed from each rank's own window events: the live exchange may be off or may have
+stopped (a dead rank). Per window (keyed by job and window index) the ranks' mean iteration
+times give min / median / max / p99 across ranks; the compute and data-loading statistics, the
+top-k ranks and the stragglers come from the live exchange's ``ranks_metrics_update`` and
+``straggler`` events when the files have them (each rank may carry the same ones: they are
+counted once per job and window). In scale mode only rank 0 exported its window events: where
+the live event counted more ranks than the files hold window events for, its iteration-time
+statistics and rank count are the job's.
 
 Memory is bounded: the first :data:`MAX_WINDOWS` windows of each job are kept per rank, the
 rest counted.
@@ -70,6 +71,9 @@ class CrossRankTable:
                 window = self._window(job, index, attributes)
                 if window is not None:
                     window.iteration_s[rank] = float(mean)
+                    if window.first_iteration < 0:  # created from the live event
+                        window.first_iteration = int(attributes.get(_W + "first_iteration", -1))
+                        window.last_iteration = int(attributes.get(_W + "last_iteration", -1))
         elif name == semconv.Event.RANKS_METRICS_UPDATE.value:
             index = attributes.get(_R + "window.index")
             if isinstance(index, int):
@@ -87,6 +91,7 @@ class CrossRankTable:
         for (job, index), window in sorted(self.windows.items()):
             if len(window.iteration_s) < 2 and window.live is None:
                 continue
+            live = window.live or {}
             row: dict[str, Any] = {
                 "job": job,
                 "window": index,
@@ -98,7 +103,11 @@ class CrossRankTable:
                 if window.iteration_s
                 else None,
             }
-            live = window.live or {}
+            counted = live.get(_R + "count")
+            if isinstance(counted, int) and counted > len(window.iteration_s):  # scale mode
+                stats = {s: live.get(f"{_R}iteration_time.{s}") for s in ("min", "median", "max", "p99")}
+                if all(v is not None for v in stats.values()):
+                    row["ranks"], row["iteration_time"], row["slowest_rank"] = counted, stats, None
             for name in ("compute_time", "data_loading_time"):
                 stats = {s: live.get(f"{_R}{name}.{s}") for s in ("min", "median", "max", "p99")}
                 row[name] = stats if all(v is not None for v in stats.values()) else None

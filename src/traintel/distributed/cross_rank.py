@@ -11,8 +11,10 @@ job's ``ranks_metrics_update`` event and ``straggler`` events to its own loop se
 rank's trace stands alone) and reports the ``ml.training.ranks.*`` gauges and its own compute
 EWMA. From that world size on, only rank 0 exports the job-level statistics; the other ranks
 export only their own anomalies (the ``straggler`` event when they are it, their EWMA gauge
-while chronically lagging). The ``ml.training.stragglers`` counter is always rank 0's, so
-summing it over ranks counts each straggler once.
+while chronically lagging): the engine's :class:`RankExportPolicy`, decided here at the first
+window boundary if the Resource did not know the world size at configure. The
+``ml.training.stragglers`` counter is always rank 0's, so summing it over ranks counts each
+straggler once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
+from traintel.distributed.export_policy import RankExportPolicy
 from traintel.distributed.stats import (
     FIELDS,
     MAX_PENDING_WINDOWS,
@@ -68,8 +71,10 @@ class CrossRank:
         self._mismatch_warned = False
 
     @property
-    def scale_mode(self) -> bool:
-        return self.world >= int(self.engine.config.get("cross_rank_scale_world_size"))
+    def job_level(self) -> bool:
+        """This rank exports the job-level statistics (below the scale world size, or rank 0)."""
+        policy = self.engine.rank_export
+        return policy is None or policy.job_statistics
 
     # --- the synchronisation point (once per iteration) -----------------------------------------
     def mark_sync_point(self, now_ns: int) -> None:
@@ -89,6 +94,8 @@ class CrossRank:
     def window_closed(self, report: WindowReport | None, final: bool) -> None:
         """Hand this window's row to the exchange; at the loop's end, wait (bounded) for it."""
         try:
+            if self.engine.rank_export is None:
+                self._decide_rank_export()
             if self.failed or self.engine.config.get("cross_rank") == "off":
                 return
             exchange = self.exchange if self.exchange is not None else self._start()
@@ -125,6 +132,21 @@ class CrossRank:
             marked > 0,
         )
 
+    def _decide_rank_export(self) -> None:
+        """The first window boundary: the world size is torch.distributed's, if initialised
+        (else a single process: everything is exported). Decided once for the job."""
+        world = None
+        if "torch" in sys.modules:
+            try:
+                from traintel.distributed.exchange import distributed_world
+
+                world = distributed_world()
+            except Exception:  # a half-torn-down group: as not distributed, decided all the same
+                world = None
+        rank, size = world if world is not None else (0, 1)
+        threshold = int(self.engine.config.get("cross_rank_scale_world_size"))
+        self.engine.set_rank_export(RankExportPolicy.decide(rank, size, threshold))
+
     def _start(self) -> Exchange | None:
         """The exchange, once torch.distributed is up with more than one rank (never imports
         torch itself: a job that never imported it is not distributed)."""
@@ -156,7 +178,7 @@ class CrossRank:
                 )
             return
         end_ns = self._window_ends.pop(window.window_index, None)
-        job_level = self.rank == 0 or not self.scale_mode
+        job_level = self.job_level
         loop = self.engine._loop_span_for()
         if loop is not None and job_level and self.engine.events.allow("ranks"):
             loop.add_event(Event.RANKS_METRICS_UPDATE.value, window.attributes(), timestamp=end_ns)
@@ -175,7 +197,7 @@ class CrossRank:
     # --- what the gauges read (metric reader's thread) ------------------------------------------
     def gauges(self) -> tuple[CrossRankWindow | None, float | None]:
         """The job-level window to report (None: not this rank's to report) and this rank's EWMA."""
-        job_level = self.rank == 0 or not self.scale_mode
+        job_level = self.job_level
         with self._lock:
             window = self.latest
             if window is None:

@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Callable, Iterable
 
 from opentelemetry import metrics as metrics_api
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import CallbackOptions, NoOpCounter, NoOpHistogram, Observation
 
 from traintel import semconv
 from traintel.processor.aggregator import WindowReport
@@ -68,6 +68,7 @@ class TrainingInstruments:
         self._reported_samples = 0.0
         self._reported_tokens = 0.0
         self.exported_iterations = 0
+        self.window_series = True  # False: scale mode, a rank other than 0 (stop_window_series)
         buckets = list(DURATION_BUCKETS_S)
         self.iteration_duration = meter.create_histogram(
             semconv.METRIC_ITERATION_DURATION, unit="s",
@@ -142,6 +143,21 @@ class TrainingInstruments:
             semconv.METRIC_STEP_TIME_DEVIATION, callbacks=[self._observe_deviation], unit="1",
             description="Last window's step time percentiles / ideal step time - 1, by quantile.",
         )  # fmt: skip
+
+    def stop_window_series(self) -> None:
+        """This rank's window series are rank 0's to report (scale mode): from now on every
+        ``ml.training.*`` instrument here reports nothing. The gauges' sources become empty,
+        the recording instruments no-ops, and the per-iteration buffers are emptied unrecorded
+        at collection. traintel's own counters (dropped measurements, exported iterations)
+        stay: they are how a loss or the reduction itself shows."""
+        self.window_series = False
+        self._last_window = lambda: None
+        self._goodput = lambda: None
+        self._step_time = lambda: (None, None)
+        self.iteration_duration = self.data_loading_duration = NoOpHistogram("")
+        self.phase_duration = self.checkpoint_save_duration = NoOpHistogram("")
+        self.checkpoint_load_duration = self.checkpoint_size = NoOpHistogram("")
+        self.samples = self.tokens = NoOpCounter("")
 
     def _gauge(
         self, meter: metrics_api.Meter, name: str, unit: str, key: str, per_device: bool = False
@@ -230,6 +246,8 @@ class TrainingInstruments:
             n = len(buffer)
             waits = buffer[:n]
             del buffer[:n]
+            if not self.window_series:
+                return [Observation(self.dropped)]
             record = self.iteration_duration.record
             for value in durations:
                 record(value)
