@@ -10,7 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -74,13 +74,21 @@ TRAIN = textwrap.dedent(
 )
 
 
-def run_and_signal(tmp_path: Path, mode: str, where: str, signum: int) -> tuple[int, str, str, float]:
+class Run(NamedTuple):
+    code: int
+    out: str
+    err: str
+    took: float  # seconds from the signal to the child's exit
+    sent_ns: int  # wall clock just before the signal was sent
+
+
+def run_and_signal(tmp_path: Path, mode: str, where: str, signum: int, **env: str) -> Run:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     child = subprocess.Popen(
         [sys.executable, str(script), mode, where],
         cwd=tmp_path,
-        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_SHUTDOWN_TIMEOUT="5"),
+        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_SHUTDOWN_TIMEOUT="5", **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -88,9 +96,10 @@ def run_and_signal(tmp_path: Path, mode: str, where: str, signum: int) -> tuple[
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "ready"
     sent = time.monotonic()
+    sent_ns = time.time_ns()
     child.send_signal(signum)
     out, err = child.communicate(timeout=60)
-    return child.returncode, out, err, time.monotonic() - sent
+    return Run(child.returncode, out, err, time.monotonic() - sent, sent_ns)
 
 
 def spans(tmp_path: Path) -> list[Any]:
@@ -105,7 +114,7 @@ def the_event(found: list[Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("where", ["backward", "checkpoint"])
 def test_sigterm_ends_open_spans_reports_the_loss_and_dies_by_the_signal(tmp_path: Path, where: str) -> None:
-    code, out, err, took = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM)
+    code, out, err, took, _ = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM)
     assert code == -signal.SIGTERM, err  # died by SIGTERM, as without traintel
     assert "clean exit" not in out and "Traceback" not in err
     assert took < 15  # the flush is bounded (TRAINTEL_SHUTDOWN_TIMEOUT=5)
@@ -135,7 +144,7 @@ def test_sigterm_ends_open_spans_reports_the_loss_and_dies_by_the_signal(tmp_pat
 
 
 def test_a_users_own_sigterm_handler_keeps_control(tmp_path: Path) -> None:
-    code, out, err, _ = run_and_signal(tmp_path, "user_handler", "backward", signal.SIGTERM)
+    code, out, err, _, _ = run_and_signal(tmp_path, "user_handler", "backward", signal.SIGTERM)
     assert code == 0 and "clean exit" in out, err  # the user's graceful path ran to the end
     found = spans(tmp_path)
     app = next(s for s in found if s.name == "application")
@@ -150,11 +159,38 @@ def test_a_users_own_sigterm_handler_keeps_control(tmp_path: Path) -> None:
 
 
 def test_sigint_exits_as_without_traintel(tmp_path: Path) -> None:
-    plain, _, plain_err, _ = run_and_signal(tmp_path, "plain", "backward", signal.SIGINT)  # no traintel
-    code, _, err, _ = run_and_signal(tmp_path, "traintel", "backward", signal.SIGINT)
+    plain, _, plain_err, _, _ = run_and_signal(tmp_path, "plain", "backward", signal.SIGINT)  # no traintel
+    code, _, err, _, _ = run_and_signal(tmp_path, "traintel", "backward", signal.SIGINT)
     assert code == plain  # KeyboardInterrupt, exit status as Python gives it
     assert "KeyboardInterrupt" in err and "KeyboardInterrupt" in plain_err
     found = spans(tmp_path)
     app = next(s for s in found if s.name == "application")
     assert app.is_error and "KeyboardInterrupt" in app.status_message
     assert the_event(found)[semconv.PREEMPTION_SIGNAL] == "SIGINT"
+
+
+@pytest.mark.parametrize("policy", ["sampled", "all"])
+def test_the_step_open_at_the_signal_is_exported_cut_at_the_signal(tmp_path: Path, policy: str) -> None:
+    """SIGTERM inside iteration 6's backward: that backward is a child span of the exported
+    iteration, ERROR with the reason, ended when the signal came. ``sampled``: step phases are
+    records on the fast path; ``all``: they are SDK spans from the start."""
+    run = run_and_signal(tmp_path, "traintel", "backward", signal.SIGTERM, TRAINTEL_EXPORT_ITERATIONS=policy)
+    assert run.code == -signal.SIGTERM, run.err
+    assert "Traceback" not in run.err and "ended span" not in run.err, run.err
+    found = spans(tmp_path)
+    received = the_event(found)[semconv.PREEMPTION_RECEIVED]
+    (cut,) = [s for s in found if s.name == "training_iteration" and s.attributes[semconv.ITERATION] == 6]
+    assert cut.is_error and cut.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+    children = {s.name: s for s in found if s.parent_span_id == cut.span_id}
+    assert sorted(children) == ["model_backward", "model_forward"]  # no optimizer step: never reached
+    assert sum(1 for s in found if s.parent_span_id == cut.span_id) == 2  # none twice
+    forward, backward = children["model_forward"], children["model_backward"]
+    assert not forward.is_error and semconv.END_REASON not in forward.attributes
+    assert backward.is_error and backward.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+    assert backward.attributes[semconv.PHASE] == "model_backward"
+    assert backward.end_ns == received  # ended when the signal came, not when the report ran
+    assert run.sent_ns <= received < run.sent_ns + 2_000_000_000  # the same wall clock, both sides
+    assert forward.end_ns <= backward.start_ns < backward.end_ns <= cut.end_ns
+    if policy == "all":  # the backward of every completed iteration too, and none of them cut
+        done = [s for s in found if s.name == "model_backward" and s is not backward]
+        assert len(done) == 6 and not any(s.is_error for s in done)

@@ -36,6 +36,7 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import _runtime, semconv
+from traintel._engine import IterationSpan, Terminated
 
 _logger = logging.getLogger("traintel")
 
@@ -228,8 +229,10 @@ def _finish(telemetry: _runtime.Telemetry, signum: int, received_ns: int, end_sp
             now = time.time_ns()
             record = engine.active if engine is not None else None
             if engine is not None and record is not None:
+                error = Terminated(reason)
+                _cut_open_step(record, error, received_ns)
                 record.attributes = {**(record.attributes or {}), semconv.END_REASON: reason}
-                engine.end_iteration(record, _Preempted(reason), now)
+                engine.end_iteration(record, error, now)
             for span in reversed(phase_spans):  # innermost first
                 span.set_status(Status(StatusCode.ERROR, reason))
                 span.set_attribute(semconv.END_REASON, reason)
@@ -243,5 +246,13 @@ def _finish(telemetry: _runtime.Telemetry, signum: int, received_ns: int, end_sp
         _logger.exception("traintel: could not report the preemption")
 
 
-class _Preempted(Exception):
-    """The error an iteration cut short by a terminating signal is ended with."""
+def _cut_open_step(record: IterationSpan, error: Terminated, received_ns: int) -> None:
+    """The step phase the signal landed in (backward, say) ends at the signal, before its
+    iteration; a failure here must not stop the rest of the report."""
+    step = record.open_step
+    if step is None:
+        return
+    try:
+        step.cut(record, error, received_ns)
+    except Exception:
+        _logger.exception("traintel: could not end the step phase open at the signal")

@@ -34,7 +34,7 @@ from opentelemetry.util.types import AttributeValue
 from traintel import _fastctx as _fast
 from traintel import _runtime, preemption, semconv
 from traintel._attributes import as_number, clean_attributes, clean_value
-from traintel._engine import IterationSpan, TrainingEngine, mark_error
+from traintel._engine import IterationSpan, Terminated, TrainingEngine, mark_error
 from traintel._segments import SegmentedSpan
 from traintel.device import DeviceHooks
 from traintel.processor.aggregator import STEP_INDEX
@@ -454,11 +454,15 @@ class _StepPhase(PhaseSpan):
                 self._record = record
                 self._start_ns = start_ns if start_ns is not None else _time_ns()
                 self._token = True
+                record.open_step = self
                 if engine.device is not None:
                     self._device = engine.device
                     engine.device.started(self._name, record.iteration)
                 return record
-        return super()._open(telemetry, start_ns)
+        span = super()._open(telemetry, start_ns)
+        if engine is not None and engine.active is not None and engine.active_thread == _get_ident():
+            engine.active.open_step = self  # a real span inside the iteration (under a user span)
+        return span
 
     def _close(
         self,
@@ -492,6 +496,7 @@ class _StepPhase(PhaseSpan):
                     if current is record.context:
                         self._record = record
                         self._start_ns = _time_ns()
+                        record.open_step = self
                         if engine.device is not None:
                             self._device = engine.device
                             engine.device.started(self._name, record.iteration)
@@ -514,6 +519,7 @@ class _StepPhase(PhaseSpan):
         self._span = span
         self._start_ns = start
         self._real = record
+        record.open_step = self
         if engine.device is not None:
             self._device = engine.device
             engine.device.started(self._name, record.iteration)
@@ -536,6 +542,26 @@ class _StepPhase(PhaseSpan):
         if error is not None:
             mark_error(span, error, end)
         span.end(end_time=end)
+
+    def cut(self, record: IterationSpan, error: Terminated, end_ns: int) -> None:
+        """A terminating signal came while this step was open in ``record``: end it at
+        ``end_ns``, ERROR with the reason, as the iteration's child (a record on the fast path,
+        the SDK span otherwise). Nothing is detached: the process is about to die, and this
+        runs on the preemption thread, not the one that entered the step. A step closed
+        meanwhile (its record or token cleared) is left alone."""
+        if self._record is record:  # the fast path: a child the exported iteration creates
+            self._record = None
+            record.children.append((self._name, self._start_ns, end_ns, error))
+            record.phase_ns[self._index] += end_ns - self._start_ns
+            return
+        span = self._span
+        if self._token is None or not span.is_recording():
+            return
+        self._real, self._token, self._span = None, None, trace_api.INVALID_SPAN
+        record.add_step_time(self._name, end_ns - self._start_ns)
+        span.set_attribute(semconv.END_REASON, str(error))
+        mark_error(span, error, end_ns)
+        span.end(end_time=end_ns)
 
     def __exit__(
         self,
