@@ -40,6 +40,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from traintel import _redaction, semconv
 from traintel._ids import ForcingIdGenerator
 from traintel.config import ConfigurationError, TrainingConfig
+from traintel.exporters import tls_errors
 from traintel.exporters.file import (
     FILE_SUFFIX,
     OtlpJsonFileMetricExporter,
@@ -424,6 +425,7 @@ def build_pipeline(
         mp = sdk_mp
 
     _redaction.install(environ)  # the exporters' loggers exist now
+    tls_errors.install(environ)
     return Pipeline(
         export_paths=export_paths,
         export_filter=export_filter,
