@@ -20,7 +20,7 @@ from traintel.analysis.goodput import compute_goodput, load_jobs
 from traintel.exporters.reader import iter_spans
 
 # Trains 6 iterations, saves a checkpoint after the 4th (resume would start at 4), then blocks
-# in iteration 6's backward (or in a second save) until a signal arrives.
+# in iteration 6's backward (or just after it, or in a second save) until a signal arrives.
 TRAIN = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -61,8 +61,10 @@ TRAIN = textwrap.dedent(
                     with traintel.model_forward():
                         pass
                     with traintel.model_backward():
-                        if n == 6:
+                        if n == 6 and where == "backward":
                             block()
+                    if n == 6 and where == "after_backward":
+                        block()
                     with traintel.optimizer_update():
                         pass
                 if mode == "user_handler" and stop:
@@ -194,3 +196,18 @@ def test_the_step_open_at_the_signal_is_exported_cut_at_the_signal(tmp_path: Pat
     if policy == "all":  # the backward of every completed iteration too, and none of them cut
         done = [s for s in found if s.name == "model_backward" and s is not backward]
         assert len(done) == 6 and not any(s.is_error for s in done)
+
+
+def test_a_signal_between_steps_cuts_the_iteration_and_no_step(tmp_path: Path) -> None:
+    """SIGTERM after iteration 6's backward closed, before its optimizer step: the iteration is
+    cut, the steps it completed are exported as they were, none is cut twice or made ERROR."""
+    run = run_and_signal(tmp_path, "traintel", "after_backward", signal.SIGTERM)
+    assert run.code == -signal.SIGTERM, run.err
+    assert "Traceback" not in run.err and "could not" not in run.err, run.err
+    found = spans(tmp_path)
+    (cut,) = [s for s in found if s.name == "training_iteration" and s.attributes[semconv.ITERATION] == 6]
+    assert cut.is_error and cut.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+    children = sorted((s for s in found if s.parent_span_id == cut.span_id), key=lambda s: s.start_ns)
+    assert [s.name for s in children] == ["model_forward", "model_backward"]
+    assert not any(s.is_error or semconv.END_REASON in s.attributes for s in children)
+    assert children[1].end_ns < the_event(found)[semconv.PREEMPTION_RECEIVED]

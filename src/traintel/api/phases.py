@@ -554,9 +554,9 @@ class _StepPhase(PhaseSpan):
             record.children.append((self._name, self._start_ns, end_ns, error))
             record.phase_ns[self._index] += end_ns - self._start_ns
             return
-        span = self._span
-        if self._token is None or not span.is_recording():
+        if self._token is None:  # closed (a fast-path step never sets its token or span)
             return
+        span = self._span
         self._real, self._token, self._span = None, None, trace_api.INVALID_SPAN
         record.add_step_time(self._name, end_ns - self._start_ns)
         span.set_attribute(semconv.END_REASON, str(error))
