@@ -20,7 +20,8 @@ from traintel.analysis.goodput import compute_goodput, load_jobs
 from traintel.exporters.reader import iter_spans
 
 # Trains 6 iterations, saves a checkpoint after the 4th (resume would start at 4), then blocks
-# in iteration 6's backward (or just after it, or in a second save) until a signal arrives.
+# in iteration 6's backward (or just after it, in a second save, or loading data before it)
+# until a signal arrives.
 TRAIN = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -57,6 +58,9 @@ TRAIN = textwrap.dedent(
                     with traintel.checkpoint_save(iteration=6):
                         block()
                     break
+                if n == 6 and where == "data_loading":  # waiting for a batch, before the iteration
+                    with traintel.data_loading():
+                        block()
                 with traintel.training_iteration(n, samples=8):
                     with traintel.model_forward():
                         pass
@@ -211,3 +215,20 @@ def test_a_signal_between_steps_cuts_the_iteration_and_no_step(tmp_path: Path) -
     assert [s.name for s in children] == ["model_forward", "model_backward"]
     assert not any(s.is_error or semconv.END_REASON in s.attributes for s in children)
     assert children[1].end_ns < the_event(found)[semconv.PREEMPTION_RECEIVED]
+
+
+def test_a_signal_while_loading_data_before_the_iteration_cuts_that_span(tmp_path: Path) -> None:
+    """``data_loading`` outside any iteration is an SDK span of its own (badput): cut at the
+    signal like a step inside one, parented to the training loop."""
+    run = run_and_signal(tmp_path, "traintel", "data_loading", signal.SIGTERM)
+    assert run.code == -signal.SIGTERM, run.err
+    assert "Traceback" not in run.err and "could not" not in run.err, run.err
+    found = spans(tmp_path)
+    event = the_event(found)
+    assert event[semconv.PREEMPTION_LAST_ITERATION] == 5 and event[semconv.PREEMPTION_ITERATIONS_LOST] == 2
+    (loading,) = [s for s in found if s.name == "data_loading"]
+    (loop,) = [s for s in found if s.name == "training_loop"]
+    assert loading.parent_span_id == loop.span_id
+    assert loading.is_error and loading.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+    assert loading.end_ns == event[semconv.PREEMPTION_RECEIVED]
+    assert not [s for s in found if s.name == "training_iteration" and s.attributes[semconv.ITERATION] == 6]

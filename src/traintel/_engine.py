@@ -83,10 +83,11 @@ class Terminated(Exception):
 
 
 class OpenStep(Protocol):
-    """A step phase open in an iteration (``IterationSpan.open_step``): at a terminating signal
-    it is ended there, as the iteration's child, with ``Terminated``."""
+    """A step phase open in an iteration (``IterationSpan.open_step``) or outside any
+    (``TrainingEngine.open_step``, ``record`` None): at a terminating signal it is ended there,
+    with ``Terminated``."""
 
-    def cut(self, record: IterationSpan, error: Terminated, end_ns: int) -> None: ...
+    def cut(self, record: IterationSpan | None, error: Terminated, end_ns: int) -> None: ...
 
 
 #: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; the rest are
@@ -241,6 +242,9 @@ class TrainingEngine:
         self.lock = threading.RLock()
         self.active: IterationSpan | None = None
         self.active_thread = 0
+        #: The step phase entered last outside any iteration (a ``data_loading`` before the
+        #: iteration opens): what a terminating signal ends, if it is still open.
+        self.open_step: OpenStep | None = None
         self.app: SegmentedSpan | None = None
         self.loop: SegmentedSpan | None = None
         self.eval_stats: dict[str, EvalStats] = {}

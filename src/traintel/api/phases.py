@@ -460,8 +460,12 @@ class _StepPhase(PhaseSpan):
                     engine.device.started(self._name, record.iteration)
                 return record
         span = super()._open(telemetry, start_ns)
-        if engine is not None and engine.active is not None and engine.active_thread == _get_ident():
-            engine.active.open_step = self  # a real span inside the iteration (under a user span)
+        if engine is not None:
+            active = engine.active
+            if active is None:
+                engine.open_step = self  # outside any iteration (data loading before it opens)
+            elif engine.active_thread == _get_ident():
+                active.open_step = self  # a real span inside the iteration (under a user span)
         return span
 
     def _close(
@@ -543,13 +547,13 @@ class _StepPhase(PhaseSpan):
             mark_error(span, error, end)
         span.end(end_time=end)
 
-    def cut(self, record: IterationSpan, error: Terminated, end_ns: int) -> None:
-        """A terminating signal came while this step was open in ``record``: end it at
-        ``end_ns``, ERROR with the reason, as the iteration's child (a record on the fast path,
-        the SDK span otherwise). Nothing is detached: the process is about to die, and this
-        runs on the preemption thread, not the one that entered the step. A step closed
-        meanwhile (its record or token cleared) is left alone."""
-        if self._record is record:  # the fast path: a child the exported iteration creates
+    def cut(self, record: IterationSpan | None, error: Terminated, end_ns: int) -> None:
+        """A terminating signal came while this step was open in ``record`` (or outside any
+        iteration: ``None``): end it at ``end_ns``, ERROR with the reason (a record on the
+        fast path, the SDK span otherwise). Nothing is detached: the process is about to die,
+        and this runs on the preemption thread, not the one that entered the step. A step
+        closed meanwhile (its record or token cleared) is left alone."""
+        if record is not None and self._record is record:  # fast path: the iteration's child
             self._record = None
             record.children.append((self._name, self._start_ns, end_ns, error))
             record.phase_ns[self._index] += end_ns - self._start_ns
@@ -558,7 +562,8 @@ class _StepPhase(PhaseSpan):
             return
         span = self._span
         self._real, self._token, self._span = None, None, trace_api.INVALID_SPAN
-        record.add_step_time(self._name, end_ns - self._start_ns)
+        if record is not None:
+            record.add_step_time(self._name, end_ns - self._start_ns)
         span.set_attribute(semconv.END_REASON, str(error))
         mark_error(span, error, end_ns)
         span.end(end_time=end_ns)
