@@ -138,8 +138,10 @@ def test_the_certificate_error_names_the_signals_own_variables_and_lets_other_li
     exporter = logging.getLogger("opentelemetry.exporter.test_tls_errors")
     exporter.propagate = False
     kept: list[str] = []
-    exporter.addHandler(_ListHandler(kept))
-    exporter.addFilter(tls_errors.CertificateFailureFilter(tls_errors.tls_targets(env)))
+    handler = _ListHandler(kept)
+    exporter.addHandler(handler)
+    certificate_filter = tls_errors.CertificateFailureFilter(tls_errors.tls_targets(env))
+    exporter.addFilter(certificate_filter)
     failure = (  # as requests words it
         "HTTPSConnectionPool(host='collector', port=4318): Max retries exceeded with url: /v1/traces "
         "(Caused by SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED] "
@@ -151,6 +153,8 @@ def test_the_certificate_error_names_the_signals_own_variables_and_lets_other_li
         exporter.warning("Transient error %s encountered while exporting spans batch, retrying.", failure)
         exporter.error("Failed to export spans batch due to timeout, max retries or shutdown.")
         exporter.warning("Transient error %s encountered while exporting metrics batch.", failure)
+    exporter.removeHandler(handler)
+    exporter.removeFilter(certificate_filter)
     said = [r.getMessage() for r in caplog.records if r.name == "traintel"]
     assert kept == ["Failed to export metrics batch due to timeout, max retries or shutdown."]
     assert len(said) == 2, said  # one per (endpoint, CA): traces, then metrics
