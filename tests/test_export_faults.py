@@ -214,12 +214,15 @@ def test_blackholed_collector_bounded_exit_everything_spooled_then_replayed(
     assert "replayed 19 span(s)" in capsys.readouterr().out
 
 
-def test_slow_collector_gets_everything_once(tmp_path: Path) -> None:
-    with GrpcReceiver(delay_s=0.5) as receiver:
+@pytest.mark.parametrize(
+    ("protocol", "receiver_class"), [("grpc", GrpcReceiver), ("http/protobuf", HttpReceiver)]
+)
+def test_slow_collector_gets_everything_once(tmp_path: Path, protocol: str, receiver_class: Receiver) -> None:
+    with receiver_class(delay_s=0.5) as receiver:
         result = subprocess.run(
             [sys.executable, "-c", PLAIN_JOB],
             cwd=tmp_path,
-            env=_env(receiver.endpoint, "grpc", tmp_path),
+            env=_env(receiver.endpoint, protocol, tmp_path),
             capture_output=True,
             text=True,
             timeout=60,
@@ -227,7 +230,9 @@ def test_slow_collector_gets_everything_once(tmp_path: Path) -> None:
         )
     assert result.returncode == 0, result.stderr
     produced = produced_spans(tmp_path / "runs")
+    assert len(produced) == 19  # application, loop, window record, 8 x (iteration, forward)
     assert sorted(received_spans(receiver.received)) == sorted(produced)
+    assert len(receiver.received.traces) >= 2, "several slow requests, not one at exit"
     assert "export attempt(s) failed" not in result.stderr  # slow is not failed
     # Batches that came while a send was under way waited on disk; all were delivered.
     spool = tmp_path / "runs" / "spool"

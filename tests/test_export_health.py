@@ -4,6 +4,8 @@ the event cap, batches split by bytes (over a real gRPC socket), the spool's bou
 
 from __future__ import annotations
 
+import re
+import socket
 import stat
 import threading
 from collections.abc import Sequence
@@ -13,7 +15,13 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import (
+    InMemoryMetricReader,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -24,7 +32,8 @@ from traintel import semconv
 from traintel.analysis.report import build_report
 from traintel.analysis.summary import render, summarize
 from traintel.exporters.health import ExportHealth, describe, register_instruments
-from traintel.exporters.reader import spans_in
+from traintel.exporters.metric_counting import CountingMetricExporter
+from traintel.exporters.reader import attributes_dict, iter_metric_requests, spans_in
 from traintel.exporters.spool import Spool, spooled_requests
 from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter, split_by_bytes
 
@@ -238,3 +247,104 @@ def test_without_a_spool_a_failed_batch_is_dropped_and_counted() -> None:
     assert len(failing.spans) == 2
     exporter.shutdown()
     assert describe(health.snapshot())[0] == "3 span(s) dropped (not_spooled 3)"
+
+
+class SwitchableMetricExporter(MetricExporter):
+    """A metric exporter whose collector is down until ``up`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = False
+        self.delivered = 0
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        if not self.up:
+            return MetricExportResult.FAILURE
+        self.delivered += 1
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
+def test_failed_metric_exports_are_counted_by_signal_and_the_exit_line_says_what_was_lost() -> None:
+    health = ExportHealth()
+    inner = SwitchableMetricExporter()
+    reader = PeriodicExportingMetricReader(
+        CountingMetricExporter(inner, health), export_interval_millis=10**9
+    )
+    provider = MeterProvider(metric_readers=[reader])
+    provider.get_meter("job").create_counter("samples").add(8)
+    for _ in range(3):
+        provider.force_flush()  # the collector is down: three exports fail
+    snapshot = health.snapshot()
+    assert (snapshot.metric_export_failures, snapshot.metric_exports_delivered) == (3, 0)
+    assert snapshot.export_failures == 0  # span failures are counted apart
+    assert describe(snapshot) == [
+        "3 metric export(s) failed, none delivered: this run's metrics were not delivered "
+        "(metrics are not spooled)"
+    ]
+    failures = _metrics(_instruments(health))[semconv.METRIC_EXPORT_FAILURES]
+    assert sorted((p[semconv.EXPORT_SIGNAL], v) for p, v in failures) == [("metrics", 3), ("traces", 0)]
+    inner.up = True
+    provider.force_flush()  # back: this export carries the cumulative totals
+    assert describe(health.snapshot()) == [
+        "3 metric export(s) failed; a later export delivered the cumulative totals"
+    ]
+    inner.up = False
+    provider.shutdown()  # down again at exit: the final export fails
+    assert inner.delivered == 1
+    assert describe(health.snapshot()) == [
+        "4 metric export(s) failed, the last one too: the metrics since the last delivered export "
+        "were not delivered (metrics are not spooled)"
+    ]
+
+
+def test_a_job_whose_collector_is_down_counts_its_metric_failures_and_says_so(tmp_path: Path) -> None:
+    """Real OTLP/gRPC metric export to a port where nothing listens, next to the embedded file."""
+    code = """
+    import time
+    import traintel
+    with traintel.application():
+        with traintel.training_loop():
+            for _ in range(10):
+                with traintel.training_iteration(samples=8):
+                    time.sleep(0.1)
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = run_python(
+        code,
+        tmp_path,
+        OTEL_TRACES_EXPORTER="traintel_file",
+        OTEL_METRICS_EXPORTER="otlp,traintel_file",
+        OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=f"http://127.0.0.1:{port}",
+        OTEL_EXPORTER_OTLP_INSECURE="true",
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",
+        OTEL_METRIC_EXPORT_INTERVAL="300",
+        TRAINTEL_SHUTDOWN_TIMEOUT="3",
+    )
+    assert result.returncode == 0, result.stderr
+    exit_lines = [line for line in result.stderr.splitlines() if "metric export(s) failed" in line]
+    assert len(exit_lines) == 1, result.stderr
+    match = re.search(r"telemetry export: (\d+) metric export\(s\) failed, none delivered", exit_lines[0])
+    assert match, exit_lines[0]
+    assert "this run's metrics were not delivered (metrics are not spooled)" in exit_lines[0]
+    # The embedded file got traintel.export.failures by signal; its last point (collected while
+    # the OTLP reader's final export may still be failing) is at most what the exit line says.
+    last: dict[str, float] = {}
+    for request in iter_metric_requests([tmp_path / "traintel-runs"]):
+        for rm in request.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == semconv.METRIC_EXPORT_FAILURES:
+                        for point in metric.sum.data_points:
+                            last[attributes_dict(point.attributes)[semconv.EXPORT_SIGNAL]] = point.as_int
+    assert last["traces"] == 0
+    assert 1 <= last["metrics"] <= int(match.group(1))

@@ -10,7 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -20,7 +20,8 @@ from traintel.analysis.goodput import compute_goodput, load_jobs
 from traintel.exporters.reader import iter_spans
 
 # Trains 6 iterations, saves a checkpoint after the 4th (resume would start at 4), then blocks
-# in iteration 6's backward (or in a second save) until a signal arrives.
+# in iteration 6's backward (or just after it, in a second save, or loading data before it)
+# until a signal arrives.
 TRAIN = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -57,12 +58,17 @@ TRAIN = textwrap.dedent(
                     with traintel.checkpoint_save(iteration=6):
                         block()
                     break
+                if n == 6 and where == "data_loading":  # waiting for a batch, before the iteration
+                    with traintel.data_loading():
+                        block()
                 with traintel.training_iteration(n, samples=8):
                     with traintel.model_forward():
                         pass
                     with traintel.model_backward():
-                        if n == 6:
+                        if n == 6 and where == "backward":
                             block()
+                    if n == 6 and where == "after_backward":
+                        block()
                     with traintel.optimizer_update():
                         pass
                 if mode == "user_handler" and stop:
@@ -74,13 +80,21 @@ TRAIN = textwrap.dedent(
 )
 
 
-def run_and_signal(tmp_path: Path, mode: str, where: str, signum: int) -> tuple[int, str, str, float]:
+class Run(NamedTuple):
+    code: int
+    out: str
+    err: str
+    took: float  # seconds from the signal to the child's exit
+    sent_ns: int  # wall clock just before the signal was sent
+
+
+def run_and_signal(tmp_path: Path, mode: str, where: str, signum: int, **env: str) -> Run:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     child = subprocess.Popen(
         [sys.executable, str(script), mode, where],
         cwd=tmp_path,
-        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_SHUTDOWN_TIMEOUT="5"),
+        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_SHUTDOWN_TIMEOUT="5", **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -88,9 +102,10 @@ def run_and_signal(tmp_path: Path, mode: str, where: str, signum: int) -> tuple[
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "ready"
     sent = time.monotonic()
+    sent_ns = time.time_ns()
     child.send_signal(signum)
     out, err = child.communicate(timeout=60)
-    return child.returncode, out, err, time.monotonic() - sent
+    return Run(child.returncode, out, err, time.monotonic() - sent, sent_ns)
 
 
 def spans(tmp_path: Path) -> list[Any]:
@@ -105,7 +120,7 @@ def the_event(found: list[Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("where", ["backward", "checkpoint"])
 def test_sigterm_ends_open_spans_reports_the_loss_and_dies_by_the_signal(tmp_path: Path, where: str) -> None:
-    code, out, err, took = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM)
+    code, out, err, took, _ = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM)
     assert code == -signal.SIGTERM, err  # died by SIGTERM, as without traintel
     assert "clean exit" not in out and "Traceback" not in err
     assert took < 15  # the flush is bounded (TRAINTEL_SHUTDOWN_TIMEOUT=5)
@@ -135,7 +150,7 @@ def test_sigterm_ends_open_spans_reports_the_loss_and_dies_by_the_signal(tmp_pat
 
 
 def test_a_users_own_sigterm_handler_keeps_control(tmp_path: Path) -> None:
-    code, out, err, _ = run_and_signal(tmp_path, "user_handler", "backward", signal.SIGTERM)
+    code, out, err, _, _ = run_and_signal(tmp_path, "user_handler", "backward", signal.SIGTERM)
     assert code == 0 and "clean exit" in out, err  # the user's graceful path ran to the end
     found = spans(tmp_path)
     app = next(s for s in found if s.name == "application")
@@ -150,11 +165,70 @@ def test_a_users_own_sigterm_handler_keeps_control(tmp_path: Path) -> None:
 
 
 def test_sigint_exits_as_without_traintel(tmp_path: Path) -> None:
-    plain, _, plain_err, _ = run_and_signal(tmp_path, "plain", "backward", signal.SIGINT)  # no traintel
-    code, _, err, _ = run_and_signal(tmp_path, "traintel", "backward", signal.SIGINT)
+    plain, _, plain_err, _, _ = run_and_signal(tmp_path, "plain", "backward", signal.SIGINT)  # no traintel
+    code, _, err, _, _ = run_and_signal(tmp_path, "traintel", "backward", signal.SIGINT)
     assert code == plain  # KeyboardInterrupt, exit status as Python gives it
     assert "KeyboardInterrupt" in err and "KeyboardInterrupt" in plain_err
     found = spans(tmp_path)
     app = next(s for s in found if s.name == "application")
     assert app.is_error and "KeyboardInterrupt" in app.status_message
     assert the_event(found)[semconv.PREEMPTION_SIGNAL] == "SIGINT"
+
+
+@pytest.mark.parametrize("policy", ["sampled", "all"])
+def test_the_step_open_at_the_signal_is_exported_cut_at_the_signal(tmp_path: Path, policy: str) -> None:
+    """SIGTERM inside iteration 6's backward: that backward is a child span of the exported
+    iteration, ERROR with the reason, ended when the signal came. ``sampled``: step phases are
+    records on the fast path; ``all``: they are SDK spans from the start."""
+    run = run_and_signal(tmp_path, "traintel", "backward", signal.SIGTERM, TRAINTEL_EXPORT_ITERATIONS=policy)
+    assert run.code == -signal.SIGTERM, run.err
+    assert "Traceback" not in run.err and "ended span" not in run.err, run.err
+    found = spans(tmp_path)
+    received = the_event(found)[semconv.PREEMPTION_RECEIVED]
+    (cut,) = [s for s in found if s.name == "training_iteration" and s.attributes[semconv.ITERATION] == 6]
+    assert cut.is_error and cut.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+    children = {s.name: s for s in found if s.parent_span_id == cut.span_id}
+    assert sorted(children) == ["model_backward", "model_forward"]  # no optimizer step: never reached
+    assert sum(1 for s in found if s.parent_span_id == cut.span_id) == 2  # none twice
+    forward, backward = children["model_forward"], children["model_backward"]
+    assert not forward.is_error and semconv.END_REASON not in forward.attributes
+    assert backward.is_error and backward.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+    assert backward.attributes[semconv.PHASE] == "model_backward"
+    assert backward.end_ns == received  # ended when the signal came, not when the report ran
+    assert run.sent_ns <= received < run.sent_ns + 2_000_000_000  # the same wall clock, both sides
+    assert forward.end_ns <= backward.start_ns < backward.end_ns <= cut.end_ns
+    if policy == "all":  # the backward of every completed iteration too, and none of them cut
+        done = [s for s in found if s.name == "model_backward" and s is not backward]
+        assert len(done) == 6 and not any(s.is_error for s in done)
+
+
+def test_a_signal_between_steps_cuts_the_iteration_and_no_step(tmp_path: Path) -> None:
+    """SIGTERM after iteration 6's backward closed, before its optimizer step: the iteration is
+    cut, the steps it completed are exported as they were, none is cut twice or made ERROR."""
+    run = run_and_signal(tmp_path, "traintel", "after_backward", signal.SIGTERM)
+    assert run.code == -signal.SIGTERM, run.err
+    assert "Traceback" not in run.err and "could not" not in run.err, run.err
+    found = spans(tmp_path)
+    (cut,) = [s for s in found if s.name == "training_iteration" and s.attributes[semconv.ITERATION] == 6]
+    assert cut.is_error and cut.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+    children = sorted((s for s in found if s.parent_span_id == cut.span_id), key=lambda s: s.start_ns)
+    assert [s.name for s in children] == ["model_forward", "model_backward"]
+    assert not any(s.is_error or semconv.END_REASON in s.attributes for s in children)
+    assert children[1].end_ns < the_event(found)[semconv.PREEMPTION_RECEIVED]
+
+
+def test_a_signal_while_loading_data_before_the_iteration_cuts_that_span(tmp_path: Path) -> None:
+    """``data_loading`` outside any iteration is an SDK span of its own (badput): cut at the
+    signal like a step inside one, parented to the training loop."""
+    run = run_and_signal(tmp_path, "traintel", "data_loading", signal.SIGTERM)
+    assert run.code == -signal.SIGTERM, run.err
+    assert "Traceback" not in run.err and "could not" not in run.err, run.err
+    found = spans(tmp_path)
+    event = the_event(found)
+    assert event[semconv.PREEMPTION_LAST_ITERATION] == 5 and event[semconv.PREEMPTION_ITERATIONS_LOST] == 2
+    (loading,) = [s for s in found if s.name == "data_loading"]
+    (loop,) = [s for s in found if s.name == "training_loop"]
+    assert loading.parent_span_id == loop.span_id
+    assert loading.is_error and loading.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+    assert loading.end_ns == event[semconv.PREEMPTION_RECEIVED]
+    assert not [s for s in found if s.name == "training_iteration" and s.attributes[semconv.ITERATION] == 6]

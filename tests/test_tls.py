@@ -3,12 +3,13 @@
 The test generates a CA and a server certificate (``tests/tls_certs.py``); the job gets nothing
 but ``OTEL_EXPORTER_OTLP_ENDPOINT=https://...`` and ``OTEL_EXPORTER_OTLP_CERTIFICATE``. With the
 right CA every span of the reference job arrives over gRPC and over HTTP/protobuf; with a wrong
-CA the export fails with a clear certificate error, the job trains to the end and exits 0 within
-the shutdown bound.
+CA the job logs one clear error naming the endpoint and the CA file, trains to the end, exits 0
+within the shutdown bound, and the spool keeps every span.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from pathlib import Path
@@ -19,6 +20,8 @@ from tests import reference_job
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 from tests.subprocess_helpers import run_python
 from tests.tls_certs import TlsFiles, make_tls_files
+from traintel.exporters import tls_errors
+from traintel.exporters.spool import read_batch
 
 JOB = """
 from tests import reference_job
@@ -27,8 +30,8 @@ print("trained", flush=True)
 """
 
 GRPC_CORE_LINE = re.compile(r"^[IWEF]\d{4} \d")
-CERTIFICATE_ERROR = re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed")
 EXPECTED_SPANS = sum(reference_job.EXPECTED_COUNTS.values())
+SECRET = "planted-tls-header-token"
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +81,7 @@ def test_export_over_tls_with_the_generated_ca(
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_a_wrong_ca_fails_export_cleanly_and_training_goes_on(
+def test_a_wrong_ca_says_so_once_training_goes_on_and_the_spool_keeps_the_spans(
     tmp_path: Path, certs: tuple[TlsFiles, TlsFiles], protocol: str
 ) -> None:
     good, other = certs
@@ -89,15 +92,83 @@ def test_a_wrong_ca_fails_export_cleanly_and_training_goes_on(
             protocol,
             other.ca_cert,  # signed by a CA the job does not trust
             OTEL_EXPORTER_OTLP_TIMEOUT="2",
+            OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer%20{SECRET}",
             TRAINTEL_SHUTDOWN_TIMEOUT="3",
+            TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
         )
     assert code == 0 and "trained" in out, err  # training ran to the end, exit status untouched
-    assert "Traceback" not in err, err
+    assert "Traceback" not in err and SECRET not in err, err
     assert took < 30  # bounded by the timeouts, not by retries against a peer we refuse
     assert list(receiver.received.spans()) == []  # nothing was sent to an unverified peer
-    # grpc's C core adds its own "I<date> ... Handshake failed" lines per attempt (GRPC_VERBOSITY
-    # silences them). What Python logs is the exporters' certificate failure (a retry notice or
-    # the final error, per signal, depending on when the bounded shutdown cuts the retries).
+    # grpc's C core adds its own INFO lines ("I<date> ... Handshake failed") per attempt, outside
+    # Python logging (GRPC_VERBOSITY=ERROR silences them). Everything else is traintel's:
+    # the one certificate error, then the spool notice and the exit report. Before, each
+    # exporter logged its own retry and failure lines per signal, none naming the CA file.
     logged = [line for line in err.splitlines() if line.strip() and not GRPC_CORE_LINE.match(line)]
-    assert any(CERTIFICATE_ERROR.search(line) for line in logged), err
-    assert len(logged) <= 7, err  # plus, at most, traintel's "shutdown did not finish in time"
+    assert all(line.startswith("traintel: ") for line in logged), err
+    (certificate,) = [line for line in logged if "certificate" in line.lower()]
+    assert "failed TLS certificate verification (unable to get local issuer certificate)" in certificate
+    assert f"OTEL_EXPORTER_OTLP_ENDPOINT={receiver.endpoint} " in certificate
+    assert f"the CA in {other.ca_cert} (OTEL_EXPORTER_OTLP_CERTIFICATE)" in certificate
+    others = [line for line in logged if line != certificate]
+    notices = ("traintel: span export failed; spooling", "traintel: telemetry ")  # + exit report
+    assert all(line.startswith(notices) for line in others), err
+    assert "metric export(s) failed, none delivered: this run's metrics were not delivered" in err
+    # The spool kept every span of the run, once.
+    spooled = [
+        span.span_id
+        for path in sorted((tmp_path / "runs" / "spool").rglob("*.otlp.pb"))
+        for resource_spans in read_batch(path).resource_spans
+        for scope_spans in resource_spans.scope_spans
+        for span in scope_spans.spans
+    ]
+    assert len(spooled) == len(set(spooled)) == EXPECTED_SPANS, err
+
+
+def test_the_certificate_error_names_the_signals_own_variables_and_lets_other_lines_through(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The per-signal endpoint and CA win; without a CA file the error says what to set; lines
+    that are not about the certificate pass, until that signal's failure was explained."""
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "https://metrics:4318/v1/metrics",
+        "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": "/etc/ca/traces.pem",
+    }
+    exporter = logging.getLogger("opentelemetry.exporter.test_tls_errors")
+    exporter.propagate = False
+    kept: list[str] = []
+    handler = _ListHandler(kept)
+    exporter.addHandler(handler)
+    certificate_filter = tls_errors.CertificateFailureFilter(tls_errors.tls_targets(env))
+    exporter.addFilter(certificate_filter)
+    failure = (  # as requests words it
+        "HTTPSConnectionPool(host='collector', port=4318): Max retries exceeded with url: /v1/traces "
+        "(Caused by SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED] "
+        "certificate verify failed: self-signed certificate (_ssl.c:1006)')))"
+    )
+    with caplog.at_level(logging.ERROR, logger="traintel"):
+        exporter.warning("Failed to export metrics batch due to timeout, max retries or shutdown.")
+        exporter.warning("Transient error %s encountered while exporting spans batch, retrying.", failure)
+        exporter.warning("Transient error %s encountered while exporting spans batch, retrying.", failure)
+        exporter.error("Failed to export spans batch due to timeout, max retries or shutdown.")
+        exporter.warning("Transient error %s encountered while exporting metrics batch.", failure)
+    exporter.removeHandler(handler)
+    exporter.removeFilter(certificate_filter)
+    said = [r.getMessage() for r in caplog.records if r.name == "traintel"]
+    assert kept == ["Failed to export metrics batch due to timeout, max retries or shutdown."]
+    assert len(said) == 2, said  # one per (endpoint, CA): traces, then metrics
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT=https://collector:4318 " in said[0]
+    assert "(self-signed certificate)" in said[0]
+    assert "the CA in /etc/ca/traces.pem (OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE)" in said[0]
+    assert "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=https://metrics:4318/v1/metrics " in said[1]
+    assert "not trusted by this machine's CA store (set OTEL_EXPORTER_OTLP_CERTIFICATE" in said[1]
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, into: list[str]) -> None:
+        super().__init__()
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())

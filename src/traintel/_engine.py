@@ -19,7 +19,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
@@ -77,6 +77,19 @@ if not _checked_fast_path():  # an API release changed SpanContext's layout: bui
         return SpanContext(trace_id, span_id, False, flags)
 
 
+class Terminated(Exception):
+    """Why a span was cut short by a terminating signal; its message is the end reason
+    (``traintel.end_reason``), set on every span ended with it."""
+
+
+class OpenStep(Protocol):
+    """A step phase open in an iteration (``IterationSpan.open_step``) or outside any
+    (``TrainingEngine.open_step``, ``record`` None): at a terminating signal it is ended there,
+    with ``Terminated``."""
+
+    def cut(self, record: IterationSpan | None, error: Terminated, end_ns: int) -> None: ...
+
+
 #: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; the rest are
 #: counted in the window events. The SDK keeps only the newest 128 events of a span.
 MAX_EVENTS_PER_SEGMENT = 20
@@ -117,6 +130,9 @@ class IterationSpan(NonRecordingSpan):
     real_context: object = None  # "all" mode: the Context attached for the body
     sampled = False  # the trace flag user spans inside inherit
     _span_context: SpanContext | None = None
+    # The step phase entered last (one store per step; open while its own record is still
+    # set): what a terminating signal ends with the iteration.
+    open_step: OpenStep | None = None
 
     def __init__(self, phase: str, iteration: int, start_ns: int, parent: SpanContext) -> None:
         self.phase = phase
@@ -234,6 +250,9 @@ class TrainingEngine:
         self.lock = threading.RLock()
         self.active: IterationSpan | None = None
         self.active_thread = 0
+        #: The step phase entered last outside any iteration (a ``data_loading`` before the
+        #: iteration opens): what a terminating signal ends, if it is still open.
+        self.open_step: OpenStep | None = None
         self.app: SegmentedSpan | None = None
         self.loop: SegmentedSpan | None = None
         self.eval_stats: dict[str, EvalStats] = {}
@@ -653,6 +672,8 @@ class TrainingEngine:
             )
             if child_error is not None:
                 mark_error(child, child_error, end_ns)
+                if isinstance(child_error, Terminated):
+                    child.set_attribute(semconv.END_REASON, str(child_error))
             child.end(end_time=end_ns)
         _finish_span(span, record)
         context_out = span.get_span_context()

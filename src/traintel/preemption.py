@@ -6,7 +6,9 @@ signal arrives whose action would end the process:
 
 1. a ``preemption`` event goes on the outermost open span (signal, time received, last completed
    iteration, last checkpoint iteration, iterations lost, whether a save ran after the signal);
-2. the open iteration and every open phase span end, innermost first, with ERROR status and
+2. the step phase the signal landed in (``model_backward``, a ``data_loading`` between
+   iterations...) ends at the time the signal was received, then the open iteration and every
+   open phase span, innermost first, all with ERROR status and
    ``traintel.end_reason = "preempted: SIGTERM"``;
 3. everything is flushed — all of it on a helper thread joined with ``TRAINTEL_SHUTDOWN_TIMEOUT``
    as the deadline, because the interrupted training thread may hold a lock an SDK call needs;
@@ -36,6 +38,7 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import _runtime, semconv
+from traintel._engine import IterationSpan, OpenStep, Terminated
 
 _logger = logging.getLogger("traintel")
 
@@ -226,10 +229,14 @@ def _finish(telemetry: _runtime.Telemetry, signum: int, received_ns: int, end_sp
         if end_spans:
             reason = f"{semconv.END_REASON_PREEMPTED}: {name}"
             now = time.time_ns()
+            error = Terminated(reason)
             record = engine.active if engine is not None else None
-            if engine is not None and record is not None:
+            if engine is not None and record is not None:  # its open step ends, then itself
+                _cut_open_step(record.open_step, record, error, received_ns)
                 record.attributes = {**(record.attributes or {}), semconv.END_REASON: reason}
-                engine.end_iteration(record, _Preempted(reason), now)
+                engine.end_iteration(record, error, now)
+            elif engine is not None:  # between iterations: loading data for the next one, say
+                _cut_open_step(engine.open_step, None, error, received_ns)
             for span in reversed(phase_spans):  # innermost first
                 span.set_status(Status(StatusCode.ERROR, reason))
                 span.set_attribute(semconv.END_REASON, reason)
@@ -243,5 +250,14 @@ def _finish(telemetry: _runtime.Telemetry, signum: int, received_ns: int, end_sp
         _logger.exception("traintel: could not report the preemption")
 
 
-class _Preempted(Exception):
-    """The error an iteration cut short by a terminating signal is ended with."""
+def _cut_open_step(
+    step: OpenStep | None, record: IterationSpan | None, error: Terminated, received_ns: int
+) -> None:
+    """The step phase the signal landed in (backward, say) ends at the signal, before its
+    iteration; a failure here must not stop the rest of the report."""
+    if step is None:
+        return
+    try:
+        step.cut(record, error, received_ns)
+    except Exception:
+        _logger.exception("traintel: could not end the step phase open at the signal")

@@ -40,6 +40,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from traintel import _redaction, semconv
 from traintel._ids import ForcingIdGenerator
 from traintel.config import ConfigurationError, TrainingConfig
+from traintel.exporters import tls_errors
 from traintel.exporters.file import (
     FILE_SUFFIX,
     OtlpJsonFileMetricExporter,
@@ -49,6 +50,7 @@ from traintel.exporters.file import (
 )
 from traintel.exporters.health import EXIT_TIMEOUT, HEALTH
 from traintel.exporters.http_session import CertificateSession, needs_certificate_session
+from traintel.exporters.metric_counting import CountingMetricExporter
 from traintel.exporters.process_bound import ProcessBoundMetricExporter, ProcessBoundSpanExporter
 from traintel.exporters.spool import Spool
 from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter
@@ -417,13 +419,19 @@ def build_pipeline(
             except Exception as exc:
                 _logger.error("traintel: metrics exporter %r could not start: %s", plan.name, exc)
                 continue
-            readers.append(PeriodicExportingMetricReader(ProcessBoundMetricExporter(metric_exporter)))
+            bound = (
+                ProcessBoundMetricExporter(metric_exporter)
+                if plan.name == FILE_EXPORTER
+                else CountingMetricExporter(metric_exporter)  # failures counted, said at exit
+            )
+            readers.append(PeriodicExportingMetricReader(bound))
         sdk_mp = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
         if set_global_mp:
             metrics_api.set_meter_provider(sdk_mp)
         mp = sdk_mp
 
     _redaction.install(environ)  # the exporters' loggers exist now
+    tls_errors.install(environ)
     return Pipeline(
         export_paths=export_paths,
         export_filter=export_filter,

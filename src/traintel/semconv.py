@@ -312,6 +312,8 @@ METRIC_QUEUE_DEPTH: Final = "traintel.queue.depth"
 METRIC_SPOOL_SIZE: Final = "traintel.spool.size"
 METRIC_SPOOL_DROPPED: Final = "traintel.spool.dropped"
 DROP_REASON: Final = "traintel.drop.reason"
+#: On ``traintel.export.failures``: the signal whose export failed, ``traces`` or ``metrics``.
+EXPORT_SIGNAL: Final = "traintel.export.signal"
 
 #: Instrumentation scope name for every tracer and meter traintel creates.
 INSTRUMENTATION_SCOPE: Final = "traintel"

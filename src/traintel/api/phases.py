@@ -34,7 +34,7 @@ from opentelemetry.util.types import AttributeValue
 from traintel import _fastctx as _fast
 from traintel import _runtime, preemption, semconv
 from traintel._attributes import as_number, clean_attributes, clean_value
-from traintel._engine import IterationSpan, TrainingEngine, mark_error
+from traintel._engine import IterationSpan, Terminated, TrainingEngine, mark_error
 from traintel._segments import SegmentedSpan
 from traintel.device import DeviceHooks
 from traintel.processor.aggregator import STEP_INDEX
@@ -454,11 +454,19 @@ class _StepPhase(PhaseSpan):
                 self._record = record
                 self._start_ns = start_ns if start_ns is not None else _time_ns()
                 self._token = True
+                record.open_step = self
                 if engine.device is not None:
                     self._device = engine.device
                     engine.device.started(self._name, record.iteration)
                 return record
-        return super()._open(telemetry, start_ns)
+        span = super()._open(telemetry, start_ns)
+        if engine is not None:
+            active = engine.active
+            if active is None:
+                engine.open_step = self  # outside any iteration (data loading before it opens)
+            elif engine.active_thread == _get_ident():
+                active.open_step = self  # a real span inside the iteration (under a user span)
+        return span
 
     def _close(
         self,
@@ -492,6 +500,7 @@ class _StepPhase(PhaseSpan):
                     if current is record.context:
                         self._record = record
                         self._start_ns = _time_ns()
+                        record.open_step = self
                         if engine.device is not None:
                             self._device = engine.device
                             engine.device.started(self._name, record.iteration)
@@ -514,6 +523,7 @@ class _StepPhase(PhaseSpan):
         self._span = span
         self._start_ns = start
         self._real = record
+        record.open_step = self
         if engine.device is not None:
             self._device = engine.device
             engine.device.started(self._name, record.iteration)
@@ -536,6 +546,27 @@ class _StepPhase(PhaseSpan):
         if error is not None:
             mark_error(span, error, end)
         span.end(end_time=end)
+
+    def cut(self, record: IterationSpan | None, error: Terminated, end_ns: int) -> None:
+        """A terminating signal came while this step was open in ``record`` (or outside any
+        iteration: ``None``): end it at ``end_ns``, ERROR with the reason (a record on the
+        fast path, the SDK span otherwise). Nothing is detached: the process is about to die,
+        and this runs on the preemption thread, not the one that entered the step. A step
+        closed meanwhile (its record or token cleared) is left alone."""
+        if record is not None and self._record is record:  # fast path: the iteration's child
+            self._record = None
+            record.children.append((self._name, self._start_ns, end_ns, error))
+            record.phase_ns[self._index] += end_ns - self._start_ns
+            return
+        if self._token is None:  # closed (a fast-path step never sets its token or span)
+            return
+        span = self._span
+        self._real, self._token, self._span = None, None, trace_api.INVALID_SPAN
+        if record is not None:
+            record.add_step_time(self._name, end_ns - self._start_ns)
+        span.set_attribute(semconv.END_REASON, str(error))
+        mark_error(span, error, end_ns)
+        span.end(end_time=end_ns)
 
     def __exit__(
         self,

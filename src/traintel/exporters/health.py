@@ -48,6 +48,10 @@ class HealthSnapshot:
     spans_spooled: int
     spans_resent: int
     spool_dirs: tuple[str, ...]
+    metric_export_failures: int = 0
+    metric_exports_delivered: int = 0
+    #: The last metric export failed, or had not finished when the snapshot was taken.
+    metrics_undelivered: bool = False
 
 
 class ExportHealth:
@@ -61,6 +65,10 @@ class ExportHealth:
         self.batches_split = 0
         self.spans_spooled = 0
         self.spans_resent = 0
+        self.metric_export_failures = 0
+        self.metric_exports_delivered = 0
+        self._metric_export_running = 0
+        self._last_metric_export_failed = False
         self._queues: weakref.WeakSet[_Sized] = weakref.WeakSet()
         self._spools: weakref.WeakSet[_SpoolLike] = weakref.WeakSet()
         self._reported: list[str] = []
@@ -77,6 +85,19 @@ class ExportHealth:
     def export_failed(self) -> None:
         with self._lock:
             self.export_failures += 1
+
+    def metric_export_started(self) -> None:
+        with self._lock:
+            self._metric_export_running += 1
+
+    def metric_export_done(self, delivered: bool) -> None:
+        with self._lock:
+            self._metric_export_running = max(0, self._metric_export_running - 1)
+            self._last_metric_export_failed = not delivered
+            if delivered:
+                self.metric_exports_delivered += 1
+            else:
+                self.metric_export_failures += 1
 
     def batch_split(self, extra_batches: int) -> None:
         with self._lock:
@@ -127,6 +148,10 @@ class ExportHealth:
                 spans_spooled=self.spans_spooled,
                 spans_resent=self.spans_resent,
                 spool_dirs=tuple(sorted(str(s.directory) for s in spools if len(s))),
+                metric_export_failures=self.metric_export_failures,
+                metric_exports_delivered=self.metric_exports_delivered,
+                metrics_undelivered=self.metric_export_failures > 0
+                and (self._last_metric_export_failed or self._metric_export_running > 0),
             )
 
 
@@ -152,6 +177,13 @@ class _SpoolLike(Protocol):  # the parts of exporters.spool.Spool read here
 HEALTH = ExportHealth()
 
 
+def _failures_by_signal(s: HealthSnapshot) -> list[Observation]:
+    return [
+        Observation(s.export_failures, {semconv.EXPORT_SIGNAL: "traces"}),
+        Observation(s.metric_export_failures, {semconv.EXPORT_SIGNAL: "metrics"}),
+    ]
+
+
 def _dropped_by_reason(s: HealthSnapshot) -> list[Observation]:
     return [
         Observation(s.spans_dropped.get(reason, 0), {semconv.DROP_REASON: reason})
@@ -167,8 +199,8 @@ _INSTRUMENTS: tuple[tuple[str, str, str, str, Callable[[HealthSnapshot], Any]], 
     (semconv.METRIC_EVENTS_DROPPED, "counter", "{event}",
      "Span events beyond OTEL_SPAN_EVENT_COUNT_LIMIT, dropped by the SDK", lambda s: s.events_dropped),
     (semconv.METRIC_EXPORT_FAILURES, "counter", "{failure}",
-     "Span export attempts the exporter reported as failed (first sends and resends)",
-     lambda s: s.export_failures),
+     "Export attempts that failed, by traintel.export.signal: span batches (first sends and "
+     "resends) and metric exports", _failures_by_signal),
     (semconv.METRIC_EXPORT_BATCHES_SPLIT, "counter", "{batch}",
      "Extra batches made by splitting export batches over the gRPC message size limit",
      lambda s: s.batches_split),
@@ -216,9 +248,11 @@ def describe(snapshot: HealthSnapshot) -> list[str]:
         lines.append(f"{snapshot.events_dropped} span event(s) dropped over OTEL_SPAN_EVENT_COUNT_LIMIT")
     if snapshot.export_failures:
         lines.append(
-            f"{snapshot.export_failures} export attempt(s) failed; {snapshot.spans_spooled} span(s) "
+            f"{snapshot.export_failures} span export attempt(s) failed; {snapshot.spans_spooled} span(s) "
             f"spooled, {snapshot.spans_resent} re-sent"
         )
+    if snapshot.metric_export_failures:
+        lines.append(_metrics_line(snapshot))
     if snapshot.batches_split:
         lines.append(f"{snapshot.batches_split} extra batch(es) from splitting over the size limit")
     if snapshot.spool_batches:
@@ -229,3 +263,16 @@ def describe(snapshot: HealthSnapshot) -> list[str]:
             + "; send them with: traintel replay DIR"
         )
     return lines
+
+
+def _metrics_line(snapshot: HealthSnapshot) -> str:
+    """Metrics are cumulative and not spooled: what a failure cost depends on the last export."""
+    failed = f"{snapshot.metric_export_failures} metric export(s) failed"
+    if not snapshot.metrics_undelivered:
+        return failed + "; a later export delivered the cumulative totals"
+    if not snapshot.metric_exports_delivered:
+        return failed + ", none delivered: this run's metrics were not delivered (metrics are not spooled)"
+    return (
+        failed + ", the last one too: the metrics since the last delivered export were not delivered "
+        "(metrics are not spooled)"
+    )
