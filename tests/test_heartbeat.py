@@ -162,3 +162,51 @@ def test_the_gauges_follow_a_reconfiguration_on_the_same_provider() -> None:
     assert values[semconv.METRIC_HEARTBEAT_ITERATION] == [41]
     traintel.shutdown(1)
     meter_provider.shutdown()
+
+
+def test_an_explicit_shutdown_still_reports_the_last_state_in_the_final_export() -> None:
+    """traintel.shutdown() shuts the providers down after it has forgotten the job; the final
+    metric export (the reader's last collection) must still see the job's heartbeat."""
+    from collections.abc import Sequence
+
+    from opentelemetry.sdk.metrics.export import (
+        MetricExporter,
+        MetricExportResult,
+        MetricsData,
+        PeriodicExportingMetricReader,
+    )
+
+    class Collecting(MetricExporter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.exports: list[MetricsData] = []
+
+        def export(
+            self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+        ) -> MetricExportResult:
+            self.exports.append(metrics_data)
+            return MetricExportResult.SUCCESS
+
+        def force_flush(self, timeout_millis: float = 10_000) -> bool:
+            return True
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            pass
+
+    exporter = Collecting()
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=3_600_000)
+    traintel.configure(span_exporters=[], metric_readers=[reader])
+    with traintel.training_loop():
+        for number in (7, 8):
+            with traintel.training_iteration(number):
+                pass
+    traintel.shutdown(5)
+    final: Sequence[Any] = [
+        point.value
+        for rm in exporter.exports[-1].resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == semconv.METRIC_HEARTBEAT_ITERATION
+        for point in metric.data.data_points
+    ]
+    assert final == [8]

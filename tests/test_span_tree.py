@@ -165,3 +165,17 @@ def test_phase_duration_metric_in_seconds(pipeline: Pipeline) -> None:
     assert bounds[0] == 0.001 and bounds[-1] == 7200.0
     assert points[0].bucket_counts[0] == 1
     assert points[0].bucket_counts[bounds.index(2.5)] == 1
+
+
+def test_one_success_event_when_the_callback_reports_it_too(pipeline: Pipeline) -> None:
+    traintel.on_train_start()
+    traintel.on_save_checkpoint_start(global_step=12)
+    traintel.on_save_checkpoint_success(global_step=12, attributes={"note": "user"})
+    traintel.on_save_checkpoint_end()
+    traintel.on_save_checkpoint_start(global_step=13)
+    traintel.on_save_checkpoint_end()  # no callback: traintel reports the success itself
+    traintel.on_train_end()
+    first, second = pipeline.by_name("checkpoint_save_sync")
+    successes = [e for e in first.events if e.name == "save_checkpoint_success"]
+    assert len(successes) == 1 and successes[0].attributes["note"] == "user"  # type: ignore[index]
+    assert [e.name for e in second.events].count("save_checkpoint_success") == 1

@@ -507,9 +507,14 @@ def _install(
     return telemetry
 
 
+#: The job an explicit shutdown() is closing: no longer current, still reported until it is shut.
+_closing: Telemetry | None = None
+
+
 def _current_heartbeat() -> Heartbeat | None:
     """The running job's heartbeat (the gauges outlive a reconfiguration; see HeartbeatInstruments)."""
-    telemetry = _telemetry  # closed, it still reports its last state in the final export
+    # closed, or being shut down, it still reports its last state in the final export
+    telemetry = _telemetry or _closing
     return None if telemetry is None else telemetry.heartbeat
 
 
@@ -546,9 +551,13 @@ def _at_exit() -> None:
 
 def shutdown(timeout_s: float | None = None) -> bool:
     """Flush and stop telemetry now (bounded); the next API call auto-configures afresh."""
-    global _telemetry
+    global _telemetry, _closing
     with _state_lock:
         telemetry, _telemetry = _telemetry, None
     if telemetry is None:
         return True
-    return telemetry.shutdown(timeout_s)
+    _closing = telemetry  # its final metric export still reports the job (_current_heartbeat)
+    try:
+        return telemetry.shutdown(timeout_s)
+    finally:
+        _closing = None

@@ -769,11 +769,10 @@ class _CheckpointSave(PhaseSpan):
         engine = telemetry.engine
         if engine is None or not span.is_recording():
             return
-        if exc is None:
-            span.add_event(
-                semconv.Event.SAVE_CHECKPOINT_SUCCESS.value,
-                {semconv.CHECKPOINT_ITERATION: self._iteration or 0},
-            )
+        success = semconv.Event.SAVE_CHECKPOINT_SUCCESS.value
+        # once: on_save_checkpoint_success() may have added it already (with its own attributes)
+        if exc is None and not any(e.name == success for e in getattr(span, "events", ())):
+            span.add_event(success, {semconv.CHECKPOINT_ITERATION: self._iteration or 0})
         duration = (end_ns - self._start_ns) / 1e9
         attributes = engine.checkpoint_saved(duration, size, self._strategy, span, None, self._iteration)
         rate = attributes.get(semconv.CHECKPOINT_BYTES_PER_SECOND)
