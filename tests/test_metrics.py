@@ -461,3 +461,17 @@ def test_values_no_reader_collected_in_time_are_counted(owned: Any, monkeypatch:
     run_loop([1.0] * 2, phases=False)  # after a collection there is room again
     (histogram,) = job.metric_points(semconv.METRIC_ITERATION_DURATION)
     assert histogram.count == 7
+
+
+def test_work_set_as_attributes_on_the_iteration_counts(owned: Any) -> None:
+    """span.set_attribute("ml.training.samples", n) on traintel's iteration counts the work, as
+    the same attribute on a plain OpenTelemetry iteration span does."""
+    job = owned(log_every_n_iterations=2, export_iterations="none")
+    with traintel.training_loop():
+        for _ in range(2):
+            with traintel.training_iteration() as span:
+                span.set_attribute(semconv.SAMPLES, 8)
+                span.set_attributes({semconv.TOKENS: 64, semconv.FLOPS: 100.0})
+    (window,) = job.events("training_metrics_update")
+    assert window[W + "samples"] == 16.0
+    assert window[W + "tokens"] == 128.0

@@ -19,7 +19,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
@@ -90,6 +90,13 @@ class OpenStep(Protocol):
     def cut(self, record: IterationSpan | None, error: Terminated, end_ns: int) -> None: ...
 
 
+#: Iteration attributes that are the step's work counts (IterationSpan fields).
+_COUNT_ATTRIBUTES: Final = {
+    semconv.SAMPLES: "samples",
+    semconv.TOKENS: "tokens",
+    semconv.PADDING_TOKENS: "padding",
+    semconv.FLOPS: "flops",
+}
 #: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; the rest are
 #: counted in the window events. The SDK keeps only the newest 128 events of a span.
 MAX_EVENTS_PER_SEGMENT = 20
@@ -164,6 +171,9 @@ class IterationSpan(NonRecordingSpan):
         if self.attributes is None:
             self.attributes = {}
         self.attributes[key] = value
+        count = _COUNT_ATTRIBUTES.get(key)
+        if count is not None:  # the step's work set as an attribute counts, as on a plain OTel span
+            setattr(self, count, _num(value))
 
     def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
         for key, value in attributes.items():
