@@ -571,18 +571,26 @@ class TrainingEngine:
         """Errors always go out; anything else only while the current trace has room."""
         if reason is None or reason in ("error", "nonfinite"):
             return reason
+        if self.trace_has_room():
+            return reason
+        # Full before the segment could rotate (a long validation loop inside it, say): the
+        # next training iteration starts a new segment; until then iterations are only counted.
+        self.rotate_pending = True
+        self.warn_once(
+            "budget_full",
+            "trace span/byte budget reached before the segment could be rotated (inside a long "
+            "evaluation loop?); iterations until the next training iteration are counted but "
+            "not exported",
+        )
+        return None
+
+    def trace_has_room(self) -> bool:
+        """Room in the current segment's trace for one more exported iteration."""
         loop = self.loop
         if loop is None:
-            return reason
+            return True
         spans, size = self.budget.usage(loop.get_span_context().trace_id)
-        if spans + 8 > self.max_spans or size + 4096 > self.max_bytes:
-            self.warn_once(
-                "budget_full",
-                "trace span/byte budget reached in a segment that cannot be rotated; "
-                "further sampled iterations of that trace are counted but not exported",
-            )
-            return None
-        return reason
+        return spans + 8 <= self.max_spans and size + 4096 <= self.max_bytes
 
     # --- "all" mode: every iteration is a real span from the start --------------------------------
     def start_real_iteration(self, record: IterationSpan, context: Context) -> Span:

@@ -349,9 +349,11 @@ class _Iteration(PhaseSpan):
         if engine.device is not None:
             engine.device.started(self._name, number)
         handle: Span = record
-        if engine.export_all:
+        if engine.export_all and (self._phase == _TRAINING_ITERATION or engine.trace_has_room()):
             # Every iteration exported: a real span from the start; step phases become real
             # spans under it (record.context stays None, so they do not take the fast path).
+            # An evaluation loop cannot rotate the segment: past the trace budget its
+            # iterations take the fast path and are counted, not exported.
             handle = engine.start_real_iteration(record, context)
             body = record.real_context = _with_span(handle, context)
         else:
