@@ -243,3 +243,20 @@ def test_a_step_phase_split_with_an_optimizer(job: Any) -> None:
         p.attributes[semconv.PHASE]: p.value for p in run.metric_points(semconv.METRIC_STEP_PHASE_TIME)
     }
     assert phase_time["optimizer"] == 0.5  # mean per step
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="on traintel's own iterations set_attribute('ml.training.samples', n) is exported on "
+    "the span but not counted (only training_iteration(samples=) and record_batch are), while "
+    "the same attribute on a plain OTel iteration span is counted",
+)
+def test_samples_set_as_an_attribute_on_the_iteration_are_counted(job: Any) -> None:
+    run = job(log_every_n_iterations=2, export_iterations="all")
+    with traintel.training_loop():
+        for _ in range(2):
+            with traintel.training_iteration() as span:
+                span.set_attribute(semconv.SAMPLES, 8)
+    assert [s.attributes[semconv.SAMPLES] for s in run.named("training_iteration")] == [8, 8]
+    (window,) = run.events("training_metrics_update")
+    assert window[W + "samples"] == 16.0
