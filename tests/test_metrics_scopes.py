@@ -260,3 +260,24 @@ def test_samples_set_as_an_attribute_on_the_iteration_are_counted(job: Any) -> N
     assert [s.attributes[semconv.SAMPLES] for s in run.named("training_iteration")] == [8, 8]
     (window,) = run.events("training_metrics_update")
     assert window[W + "samples"] == 16.0
+
+
+def test_slow_iterations_are_counted_exported_and_their_events_capped(job: Any) -> None:
+    """Alternating 1 s and 5 s steps: every 5 s step is slow (> 3 x the median of 1 s), exported
+    and counted; the loop segment carries at most 20 slow_iteration events, the windows count all."""
+    run = job(
+        log_every_n_iterations=10, warmup_iterations=0, export_first_iterations=0,
+        export_every_n_iterations=0, slow_iteration_factor=3,
+    )  # fmt: skip
+    run_loop([1.0] * 10 + [1.0, 5.0] * 25, phases=False)
+    windows = run.events("training_metrics_update")
+    assert [w[W + "slow_iterations"] for w in windows] == [0, 5, 5, 5, 5, 5]
+    assert [w[W + "exported_iterations"] for w in windows] == [0, 5, 5, 5, 5, 5]
+    assert len(run.events("slow_iteration")) == _engine.MAX_EVENTS_PER_SEGMENT == 20
+    exported = sorted(s.attributes[semconv.ITERATION] for s in run.named("training_iteration"))
+    assert exported == list(range(11, 60, 2))
+    counts = {
+        p.attributes["traintel.exported"]: p.value
+        for p in run.metric_points(semconv.METRIC_ITERATIONS_EXPORTED)
+    }
+    assert counts == {True: 25, False: 35}
