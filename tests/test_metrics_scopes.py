@@ -281,3 +281,24 @@ def test_slow_iterations_are_counted_exported_and_their_events_capped(job: Any) 
         for p in run.metric_points(semconv.METRIC_ITERATIONS_EXPORTED)
     }
     assert counts == {True: 25, False: 35}
+
+
+def test_checkpoint_stages_marked_with_the_api_have_their_totals(job: Any) -> None:
+    run = job(export_iterations="none")
+    with traintel.training_loop():
+        for _ in range(2):
+            with traintel.checkpoint_save(size_bytes=10):
+                with traintel.checkpoint_stage("staging"):
+                    pass
+                with traintel.checkpoint_stage("upload"):
+                    pass
+    stages = {name: run.named("checkpoint_" + name) for name in ("staging", "upload")}
+    assert {name: len(spans) for name, spans in stages.items()} == {"staging": 2, "upload": 2}
+    saves = run.named("checkpoint_save_sync")
+    for spans in stages.values():
+        assert [s.parent.span_id for s in spans] == [s.context.span_id for s in saves]  # type: ignore[union-attr]
+    update = dict(saves[-1].events[-1].attributes or {})
+    C = semconv.CHECKPOINT_PREFIX
+    for name, spans in stages.items():
+        seconds = sum((s.end_time or 0) - (s.start_time or 0) for s in spans) / 1e9
+        assert update[C + "stage." + name + ".time_total"] == pytest.approx(seconds, rel=1e-12)
