@@ -8,6 +8,7 @@ through the real phase API, engine and SDK (no OTel stand-ins)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import traintel
 from traintel import _runtime, semconv
 from traintel.device import (
+    PEAK_RSS_REFRESH_NS,
     DeviceHooks,
     EventTimer,
     NvtxRanges,
@@ -24,6 +26,7 @@ from traintel.device import (
     annotate_window,
     device_hooks,
     peak_rss_bytes,
+    recent_peak_rss_bytes,
 )
 
 DT = semconv.WINDOW_DEVICE_TIME_PREFIX
@@ -283,11 +286,24 @@ def test_off_by_default_and_bad_values_name_the_variable(monkeypatch: pytest.Mon
 
 
 def test_window_memory_on_cpu_is_the_process_peak_rss(job: InMemorySpanExporter) -> None:
-    before = peak_rss_bytes()
     train_with_context_managers(FakeGpu(lag=0), 2)
     (window,) = window_events(job)
-    assert before <= window[semconv.WINDOW_PROCESS_PEAK_RSS_SINCE_START] <= peak_rss_bytes()
+    # Read at most once a second: a high-water mark at most that old, never above the true one.
+    assert 0 < window[semconv.WINDOW_PROCESS_PEAK_RSS_SINCE_START] <= peak_rss_bytes()
     assert semconv.WINDOW_DEVICE_MEMORY_PEAK_ALLOCATED not in window
+
+
+def test_peak_rss_is_read_at_most_once_per_interval() -> None:
+    from traintel import device
+
+    now = time.monotonic_ns() + 10 * PEAK_RSS_REFRESH_NS  # past any earlier read
+    reads = device._peak_rss[2]
+    first = recent_peak_rss_bytes(now)
+    assert 0 < first <= peak_rss_bytes() and device._peak_rss[2] == reads + 1
+    assert recent_peak_rss_bytes(now + PEAK_RSS_REFRESH_NS - 1) == first  # cached: no system call
+    assert device._peak_rss[2] == reads + 1
+    assert recent_peak_rss_bytes(now + PEAK_RSS_REFRESH_NS) <= peak_rss_bytes()  # read again
+    assert device._peak_rss[2] == reads + 2
 
 
 class FakeCudaMemory:

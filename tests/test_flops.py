@@ -139,9 +139,13 @@ def test_dense_peaks_and_substring_traps(name: str, dtype: str, peak: float, sou
 
 def test_unknown_device_or_dtype_has_no_peak() -> None:
     assert peak_flops_for("Radeon 9000", "bf16").peak_flops is None
-    assert "not in the peak FLOP/s table" in (peak_flops_for("Radeon 9000", "bf16").reason or "")
+    assert "not in the peak FLOP/s table: set TRAINTEL_PEAK_FLOPS" in (
+        peak_flops_for("Radeon 9000", "bf16").reason or ""
+    )
     missing = peak_flops_for("NVIDIA A100-SXM4-40GB", "fp8")
-    assert missing.peak_flops is None and missing.reason == "NVIDIA A100 has no fp8 peak in the table"
+    assert missing.peak_flops is None and missing.reason == (
+        "NVIDIA A100 has no fp8 peak in the table: set TRAINTEL_PEAK_FLOPS"
+    )
 
 
 def test_mfu_from_the_counter_on_a_real_model(pipeline: object) -> None:

@@ -142,6 +142,8 @@ def test_window_and_total_numbers_are_exact(owned: Any) -> None:
     assert first[TOT + "iteration_time.mean"] == 4 / 3
     assert first[TOT + "iteration_time.p50"] == 1.0
     assert first[TOT + "samples_per_second"] == 24 / 4
+    assert first[TOT + "flops_per_second_per_device"] == 24 * 4 * 10 / 4  # the total MFU's numerator
+    assert first[TOT + "mfu"] == first[TOT + "flops_per_second_per_device"] / 1000
     second = windows[1]
     assert second[W + "iteration_time.mean"] == 1.0
     assert second[W + "iteration_time.stddev"] == 0.0
@@ -154,6 +156,13 @@ def test_window_and_total_numbers_are_exact(owned: Any) -> None:
     assert loop[S + "iteration_time.mean"] == 11 / 8
     assert loop[S + "samples_per_second"] == 64 / 11
     assert loop[S + "mfu"] == 64 * 40 / 11 / 1000
+    # next to the run's MFU, what it was computed from
+    assert loop[S + "flops_per_second_per_device"] == 64 * 40 / 11
+    assert loop[S + "mfu.numerator_flops_per_second"] == 64 * 40 / 11
+    assert loop[S + "mfu.denominator_peak_flops"] == 1000
+    assert loop[S + "mfu.flops_method"] == "config"
+    assert loop[S + "mfu.timing_mode"] == "wall_clock"
+    assert loop[S + "mfu.peak_source"] == "config (TRAINTEL_PEAK_FLOPS)"
 
 
 @pytest.mark.parametrize(("iterations", "events"), [(3, [3]), (4, [4]), (5, [4, 1])])

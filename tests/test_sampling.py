@@ -142,6 +142,30 @@ def test_all_and_none_policies(exporter: InMemorySpanExporter, policy: str, expe
     assert sum(1 for e in loop.events if e.name == "training_metrics_update") == 1  # metrics regardless
 
 
+def test_the_export_policy_changes_mid_run(exporter: InMemorySpanExporter) -> None:
+    traintel.configure(
+        span_exporters=[exporter],
+        metric_readers=[],
+        export_first_iterations=2,
+        export_every_n_iterations=5,
+        slow_iteration_factor=1e9,
+    )
+    with traintel.training_loop():
+        for _ in range(10):
+            with traintel.training_iteration():
+                pass
+        traintel.set_training_config(export_every_n_iterations=0, export_first_iterations=0)
+        for _ in range(10):
+            with traintel.training_iteration():
+                pass
+        traintel.set_training_config(export_every_n_iterations=4)
+        for _ in range(10):
+            with traintel.training_iteration():
+                pass
+    exported = sorted(exported_by_iteration(finished(exporter)))
+    assert exported == [0, 1, 5, 20, 24, 28]  # first 2, every 5th; nothing; every 4th
+
+
 def test_user_provider_without_filter_leaves_no_orphans(pipeline: Pipeline) -> None:
     """In the user's own pipeline traintel cannot hold spans back: user spans follow the head
     decision (ParentBased sampling), tail-exported iterations come without them."""
@@ -213,3 +237,31 @@ def test_all_policy_step_spans_nest_count_and_fail_like_the_fast_path(exporter: 
     for name, phase in (("forward", "model_forward"), ("backward", "model_backward")):
         expected = sum((s.end_time or 0) - (s.start_time or 0) for s in steps if s.name == phase) / 1e9
         assert window[semconv.WINDOW_PREFIX + "time." + name] == pytest.approx(expected, abs=1e-9)
+
+
+def test_step_phases_as_decorators_clone_their_state(exporter: InMemorySpanExporter) -> None:
+    """A bare step (class-level state, no __init__) and one with attributes, each used as a
+    decorator: every call is its own phase, exported with the iteration ("all")."""
+    traintel.configure(span_exporters=[exporter], metric_readers=[], export_iterations="all")
+
+    @traintel.model_forward()
+    def forward(depth: int) -> int:
+        return depth if depth == 0 else forward(depth - 1) + 1
+
+    @traintel.optimizer_update({"optimizer": "sgd"})
+    def step() -> None:
+        pass
+
+    with traintel.training_loop():
+        for _ in range(2):
+            with traintel.training_iteration():
+                assert forward(1) == 1
+                step()
+    spans = finished(exporter)
+    assert_no_orphans(spans)
+    forwards = [s for s in spans if s.name == "model_forward"]
+    assert len(forwards) == 4  # two calls per iteration (the recursion nests)
+    steps = [s for s in spans if s.name == "optimizer_update"]
+    assert len(steps) == 2 and all(s.attributes["optimizer"] == "sgd" for s in steps)  # type: ignore[index]
+    iterations = {s.context.span_id for s in spans if s.name == "training_iteration"}
+    assert {s.parent.span_id for s in steps} == iterations  # type: ignore[union-attr]

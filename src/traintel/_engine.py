@@ -37,7 +37,6 @@ from traintel.config import TrainingConfig
 from traintel.device import DeviceHooks, annotate_window, device_hooks
 from traintel.flops import autocast_dtype, current_device_name, peak_flops_for
 from traintel.processor.aggregator import (
-    DATA,
     STEP_INDEX,
     EvalStats,
     RateInputs,
@@ -115,6 +114,8 @@ class IterationSpan(NonRecordingSpan):
     materializing = False
     real_span: Span | None = None  # "all" mode: the SDK span the iteration is while it runs
     real_context: object = None  # "all" mode: the Context attached for the body
+    sampled = False  # the trace flag user spans inside inherit
+    _span_context: SpanContext | None = None
 
     def __init__(self, phase: str, iteration: int, start_ns: int, parent: SpanContext) -> None:
         self.phase = phase
@@ -126,7 +127,13 @@ class IterationSpan(NonRecordingSpan):
 
     # --- the Span API a user sees inside the iteration ---------------------------------------------
     def get_span_context(self) -> SpanContext:
-        return self._context
+        # Built on first use: most iterations are never asked (no user span, not exported).
+        context = self._span_context
+        if context is None:
+            context = self._span_context = _span_context(
+                self.trace_id, self.span_id, _SAMPLED if self.sampled else _NOT_SAMPLED
+            )
+        return context
 
     def is_recording(self) -> bool:
         return True
@@ -270,12 +277,21 @@ class TrainingEngine:
                 float(config.get("slow_iteration_factor")),
             )
         self.aggregator.window_size = self.window_size
-        self.sampler.policy = str(config.get("export_iterations"))
+        sampler = self.sampler  # the export policy can change mid-run (set_training_config)
+        sampler.policy = str(config.get("export_iterations"))
+        sampler.first = int(config.get("export_first_iterations"))
+        sampler.every_n = int(config.get("export_every_n_iterations"))
+        factor = float(config.get("slow_iteration_factor"))
+        if factor != sampler.slow_factor:
+            sampler.slow_factor = factor
+            sampler.refresh()
         global_batch = config.get("global_batch_size")
         self.default_samples: float | None = global_batch / self.world_size if global_batch else None
         self.seq_len: int | None = config.get("seq_len")
         self.flops_per_token: float | None = config.get("flops_per_token")
         self.flops_per_sample: float | None = config.get("flops_per_sample")
+        # Without a default batch, a step that reports nothing has nothing derived (_counts).
+        self._derives_counts = self.default_samples is not None
         self.segment_iterations = int(config.get("segment_iterations"))
         self.segment_ns = int(float(config.get("segment_seconds")) * 1e9)
         self.max_spans = int(config.get("max_spans_per_trace"))
@@ -353,7 +369,7 @@ class TrainingEngine:
             record.head_reason = self._eval_sampler(phase).head(iteration)
         valid = parent[5]  # SpanContext.is_valid, read from the tuple
         record.trace_id = parent[0] if valid else new_trace_id()
-        record.span_id = span_id = _getrandbits(64) or new_span_id()
+        record.span_id = _getrandbits(64) or new_span_id()
         parent_sampled = bool(parent[3] & 1) if valid else True  # trace_flags
         if self.export_filter is not None:
             # Filtered mode: user spans inside are recorded and held until the decision (the
@@ -362,7 +378,8 @@ class TrainingEngine:
         else:
             # The user's own pipeline: user spans follow the head decision (ParentBased samplers).
             sampled = parent_sampled and record.head_reason is not None
-        record._context = _span_context(record.trace_id, span_id, _SAMPLED if sampled else _NOT_SAMPLED)
+        if sampled:
+            record.sampled = True
         self.active = record
         self.active_thread = threading.get_ident()
         return record
@@ -399,7 +416,15 @@ class TrainingEngine:
             return
         self.last_iteration_end_ns = end_ns
         self.last_iteration = record.iteration
-        samples, tokens, flops = self._counts(record)
+        if (
+            self._derives_counts
+            or record.samples is not None
+            or record.tokens is not None
+            or record.flops is not None
+        ):
+            samples, tokens, flops = self._counts(record)
+        else:  # nothing reported, nothing to derive: no call
+            samples = tokens = flops = None
         aggregator = self.aggregator
         phases = record.phase_ns if record.children or record.step_spans else None
         window_full = aggregator.add_iteration(
@@ -444,13 +469,8 @@ class TrainingEngine:
             self._slow_event(record, seconds, sampler.median, exported)
         if record.nonfinite:
             self._nonfinite_events(record, exported)
-        instruments = self.instruments
-        if instruments is not None:
-            instruments.defer(seconds, phases[DATA] / 1e9 if phases is not None else None)
-            if exported is not None:
-                instruments.exported_iterations += 1
-            else:
-                instruments.not_exported_iterations += 1
+        if exported is not None and self.instruments is not None:
+            self.instruments.exported_iterations += 1
         if window_full:
             self.close_window()
         if loop is not None:
@@ -663,6 +683,8 @@ class TrainingEngine:
         if inputs is None or self.config.has_lazy:
             inputs = self._rate_inputs = self.rate_inputs()
         report = self.aggregator.close_window(inputs)
+        if report is not None and self.instruments is not None:
+            self.instruments.defer_window(report.durations, report.data_loading_durations)
         self.sampler.refresh()
         if self.window_hook is not None:
             self.window_hook(report, final)

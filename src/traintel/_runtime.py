@@ -452,6 +452,7 @@ def _install(
         totals=lambda: (engine.samples_total, engine.tokens_total),
         goodput=lambda: engine.goodput.snapshot(time.time_ns()),
         step_time=lambda: (engine.goodput.ideal_step_time_s, engine.goodput.last_window),
+        iterations=lambda: engine.aggregator.iterations_seen,
     )
     processor = TrainingMetricsProcessor(
         instruments, budget=None if pipeline.export_filter is not None else budget

@@ -85,9 +85,15 @@ def peak_flops_for(device_name: str, dtype: str) -> PeakLookup:
         if pattern.search(lowered):
             peak = peaks.get(dtype)
             if peak is None:
-                return PeakLookup(None, name, f"{name} has no {dtype} peak in the table")
+                return PeakLookup(
+                    None, name, f"{name} has no {dtype} peak in the table: set TRAINTEL_PEAK_FLOPS"
+                )
             return PeakLookup(peak, f"table: {name} {dtype} dense")
-    return PeakLookup(None, device_name, f"device {device_name!r} is not in the peak FLOP/s table")
+    return PeakLookup(
+        None,
+        device_name,
+        f"device {device_name!r} is not in the peak FLOP/s table: set TRAINTEL_PEAK_FLOPS",
+    )
 
 
 def current_device_name() -> str | None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
 
 from traintel import semconv
 from traintel.processor.stats import QuantileSketch, RunningStats, percentile
@@ -60,12 +62,23 @@ class RateInputs:
 _Row = tuple[int, float | None, float | None, float | None, float | None, list[int] | None]
 
 
+_NOT_NONE = partial(operator.is_not, None)
+
+
+def _seconds(nanoseconds: object) -> list[float]:
+    """``[v / 1e9 for v in nanoseconds]`` with C-level iterators (exactly the same divisions)."""
+    return list(map(operator.truediv, nanoseconds, repeat(1e9)))  # type: ignore[call-overload]
+
+
 def _column(
     values: tuple[float | None, ...], durations: tuple[int, ...], total_ns: int
 ) -> tuple[float, float]:
     """The sum of a count column and the time (s) of the iterations that reported it."""
-    if None not in values:
+    missing = values.count(None)
+    if not missing:
         return float(sum(values)), total_ns / 1e9  # type: ignore[arg-type]
+    if missing == len(values):  # the common case without counts: no per-value bytecode
+        return 0.0, 0.0
     pairs = [(v, d) for v, d in zip(values, durations, strict=True) if v is not None]
     if not pairs:
         return 0.0, 0.0
@@ -103,7 +116,7 @@ class _Counts:
         counts.tokens, counts.tokens_time = _column(tokens, durations, total_ns)
         counts.padding = _column(padding, durations, total_ns)[0]
         counts.flops, counts.flops_time = _column(flops, durations, total_ns)
-        reported = [p for p in phases if p is not None]
+        reported = list(filter(_NOT_NONE, phases))
         if reported:
             counts.phase_s = [sum(column) / 1e9 for column in zip(*reported, strict=True)]
         return counts
@@ -176,6 +189,8 @@ class WindowReport:
     duration_s: float = 0.0
     data_loading_s: float = 0.0
     flops: float = 0.0
+    #: Data-loading wait (s) of each iteration that timed its step phases, in arrival order.
+    data_loading_durations: list[float] = field(default_factory=list)
 
     def get(self, key: str) -> float | None:
         value = self.attributes.get(key)
@@ -278,12 +293,12 @@ class TrainingAggregator:
         if not rows:
             return None
         counts = _Counts.of_rows(rows)
-        durations = [row[0] / 1e9 for row in rows]
+        durations = _seconds(map(operator.itemgetter(0), rows))
         self._fold_into_totals(rows, counts, durations)
         ordered = sorted(durations)
         n = len(ordered)
         mean = counts.duration_s / n
-        deviations = [d - mean for d in ordered]
+        deviations = list(map(operator.sub, ordered, repeat(mean)))
         variance = math.fsum(map(operator.mul, deviations, deviations)) / n
         attributes: dict[str, float | int | str] = {
             _W + "index": self.windows_closed,
@@ -323,6 +338,9 @@ class TrainingAggregator:
             duration_s=counts.duration_s,
             data_loading_s=counts.phase_s[DATA],
             flops=counts.flops,
+            data_loading_durations=_seconds(
+                map(operator.itemgetter(DATA), filter(_NOT_NONE, map(operator.itemgetter(5), rows)))
+            ),
         )
         self.windows_closed += 1
         self.last_window = report
@@ -356,7 +374,14 @@ class TrainingAggregator:
             out[_T + "iteration_time.p99"] = p99
             scratch: dict[str, float | int | str] = {}
             self.total.rates(inputs, _T, scratch)
-            for key in ("samples_per_second", "tokens_per_second", "tflops_per_device", "mfu", "hfu"):
+            for key in (
+                "samples_per_second",
+                "tokens_per_second",
+                "flops_per_second_per_device",  # the total MFU's numerator
+                "tflops_per_device",
+                "mfu",
+                "hfu",
+            ):
                 if _T + key in scratch:
                     out[_T + key] = scratch[_T + key]
 
@@ -383,6 +408,15 @@ class TrainingAggregator:
         self._totals(inputs, totals)
         for key, value in totals.items():
             out[semconv.SUMMARY_PREFIX + key[len(_T) :]] = value
+        if semconv.SUMMARY_PREFIX + "mfu" in out:  # what the run's MFU was computed from
+            for key, value in (
+                (semconv.MFU_NUMERATOR, out[semconv.SUMMARY_PREFIX + "flops_per_second_per_device"]),
+                (semconv.MFU_DENOMINATOR, inputs.peak_flops or 0.0),
+                (semconv.MFU_FLOPS_METHOD, inputs.flops_method or "config"),
+                (semconv.MFU_TIMING_MODE, inputs.timing_mode),
+                (semconv.MFU_PEAK_SOURCE, inputs.peak_source or "config"),
+            ):
+                out[semconv.SUMMARY_PREFIX + key.removeprefix("ml.training.")] = value
         out.update(self.checkpoints.attributes(semconv.SUMMARY_PREFIX + "checkpoint."))
         return out
 

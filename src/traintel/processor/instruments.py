@@ -51,12 +51,15 @@ class TrainingInstruments:
         totals: Callable[[], tuple[float, float]],
         goodput: Callable[[], GoodputSnapshot | None] = lambda: None,
         step_time: Callable[[], tuple[float | None, WindowGoodput | None]] = lambda: (None, None),
+        iterations: Callable[[], int] = lambda: 0,
     ) -> None:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
         self._last_window = last_window
         self._totals = totals
         self._goodput = goodput
         self._step_time = step_time
+        #: Training iterations ended so far (those not exported: this minus exported_iterations).
+        self._iterations = iterations
         self._lock = threading.Lock()
         # Compact buffers (8 bytes a value), appended by the training thread, drained by readers.
         self.iteration_durations = array("d")
@@ -65,7 +68,6 @@ class TrainingInstruments:
         self._reported_samples = 0.0
         self._reported_tokens = 0.0
         self.exported_iterations = 0
-        self.not_exported_iterations = 0
         buckets = list(DURATION_BUCKETS_S)
         self.iteration_duration = meter.create_histogram(
             semconv.METRIC_ITERATION_DURATION, unit="s",
@@ -203,15 +205,17 @@ class TrainingInstruments:
             for name, value in (("p50", window.p50_s), ("p90", window.p90_s), ("p99", window.p99_s))
         ]
 
-    def defer(self, iteration_s: float, data_loading_s: float | None) -> None:
-        """Queue one iteration's values (training thread: two appends, no lock — see _drain)."""
-        durations = self.iteration_durations
-        if len(durations) >= DEFERRED_CAPACITY:
-            self.dropped += 1  # no reader collected for DEFERRED_CAPACITY iterations
-            return
-        durations.append(iteration_s)
-        if data_loading_s is not None:
-            self.data_loading_durations.append(data_loading_s)
+    def defer_window(self, iteration_s: list[float], data_loading_s: list[float]) -> None:
+        """Queue a closed window's values for the reader (training thread: C-level extends, no
+        lock — see _drain; no per-iteration call). Values beyond the capacity are counted."""
+        for values, buffer in (
+            (iteration_s, self.iteration_durations),
+            (data_loading_s, self.data_loading_durations),
+        ):
+            room = max(DEFERRED_CAPACITY - len(buffer), 0)
+            if room < len(values):
+                self.dropped += len(values) - room  # no reader collected in time
+            buffer.extend(values[:room])
 
     def _drain(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:  # two readers may collect at once
@@ -244,5 +248,5 @@ class TrainingInstruments:
     def _exported(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
             Observation(self.exported_iterations, {"traintel.exported": True}),
-            Observation(self.not_exported_iterations, {"traintel.exported": False}),
+            Observation(self._iterations() - self.exported_iterations, {"traintel.exported": False}),
         ]

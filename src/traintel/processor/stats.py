@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import math
 import operator
-from bisect import insort
+from bisect import bisect_right, insort
+from collections import Counter
+from itertools import accumulate
+
+#: ``0.0 < v``: a C-level predicate for ``filter``.
+_POSITIVE = (0.0).__lt__
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -127,7 +132,7 @@ class QuantileSketch:
         self.exact_limit = exact_limit
         self._gamma = (1 + relative_accuracy) / (1 - relative_accuracy)
         self._log_gamma = math.log(self._gamma)
-        self._counts: dict[int, int] = {}
+        self._counts: Counter[int] = Counter()
         self._exact: list[float] | None = []
         self.count = 0
         self.zeros = 0
@@ -164,14 +169,13 @@ class QuantileSketch:
             self._buckets_of(exact)
 
     def _buckets_of(self, values: list[float]) -> None:
-        """Bucket a batch: one comprehension, no Python call per value."""
+        """Bucket a batch with C-level iterators (``map``, ``Counter.update``): no bytecode per
+        value; the window close does this for every window."""
         inverse = 1.0 / self._log_gamma
-        ceil, log = math.ceil, math.log
-        positive = [ceil(log(v) * inverse) for v in values if v > 0]
+        positive = list(filter(_POSITIVE, values))
         self.zeros += len(values) - len(positive)
-        counts = self._counts
-        for index in positive:
-            counts[index] = counts.get(index, 0) + 1
+        # ceil(log(v) * inverse), as in _bucket (multiplication commutes exactly)
+        self._counts.update(map(math.ceil, map(inverse.__mul__, map(math.log, positive))))
 
     def _bucket(self, value: float) -> None:
         if value <= 0:
@@ -193,22 +197,18 @@ class QuantileSketch:
         if self._exact is not None:
             return [percentile(self._exact, q * 100) for q in qs]
         counts, gamma = self._counts, self._gamma
+        keys = sorted(counts)
+        # seen[j]: values at or below bucket keys[j - 1] (seen[0]: the zeros); C-level sums.
+        seen = list(accumulate(map(counts.__getitem__, keys), initial=self.zeros))
         out: list[float] = []
-        pending = iter(qs)
-        q = next(pending, None)
-        seen = self.zeros
-        while q is not None and q * (self.count - 1) < seen:
-            out.append(0.0)
-            q = next(pending, None)
-        for index in sorted(counts):
-            if q is None:
-                break
-            seen += counts[index]
-            while q is not None and seen > q * (self.count - 1):
+        for q in qs:
+            # the first j with seen[j] > rank: rank below the zeros' count is 0, past the end the top
+            j = bisect_right(seen, q * (self.count - 1))
+            if j == 0:
+                out.append(0.0)
+            else:
+                index = keys[j - 1] if j <= len(keys) else keys[-1]
                 out.append(2 * gamma**index / (gamma + 1))
-                q = next(pending, None)
-        top = 2 * gamma ** max(counts) / (gamma + 1) if counts else 0.0
-        out.extend(top for _ in range(len(qs) - len(out)))
         return out
 
     def robust_mean(self, k: float = 3.0) -> float:
