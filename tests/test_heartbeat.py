@@ -7,6 +7,7 @@ import os
 import resource
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -108,14 +109,44 @@ def test_before_any_iteration_there_is_no_iteration_gauge(pipeline: Pipeline) ->
         }
 
 
-def test_process_cpu_and_memory(pipeline: Pipeline) -> None:
-    one_value(pipeline, semconv.METRIC_PROCESS_CPU_UTILIZATION)  # start a measurement interval
-    deadline = time.monotonic() + 0.4
-    while time.monotonic() < deadline:  # one core busy
-        pass
+def _cpu_utilization_within_bounds(pipeline: Pipeline, activity: Callable[[], None]) -> float:
+    """The gauge over one collection interval in which ``activity`` runs, asserted to lie within
+    what this process' own CPU clock, read around each collection, allows."""
     cpus = len(os.sched_getaffinity(0))
-    busy = one_value(pipeline, semconv.METRIC_PROCESS_CPU_UTILIZATION).value
-    assert 0.5 / cpus <= busy <= 1.0  # one busy thread of this process, whatever else runs
+    tick = 1 / os.sysconf("SC_CLK_TCK")  # os.times() resolution: the gauge's CPU time is in ticks
+    cpu_0, wall_0 = time.process_time(), time.monotonic()
+    one_value(pipeline, semconv.METRIC_PROCESS_CPU_UTILIZATION)  # start a measurement interval
+    cpu_1, wall_1 = time.process_time(), time.monotonic()
+    activity()
+    cpu_2, wall_2 = time.process_time(), time.monotonic()
+    value = float(one_value(pipeline, semconv.METRIC_PROCESS_CPU_UTILIZATION).value)
+    cpu_3, wall_3 = time.process_time(), time.monotonic()
+    # The gauge's interval lies between the two collections: it contains [wall_1, wall_2] and is
+    # contained in [wall_0, wall_3]; so does its CPU time, give or take a clock tick at each end.
+    lowest = (cpu_2 - cpu_1 - 2 * tick) / (wall_3 - wall_0) / cpus
+    highest = (cpu_3 - cpu_0 + 2 * tick) / (wall_2 - wall_1) / cpus
+    assert lowest <= value <= highest
+    return value
+
+
+def test_process_cpu_and_memory(pipeline: Pipeline) -> None:
+    """CPU utilisation = this process' CPU time / wall time between two collections / the CPUs
+    it may run on. Checked against the process' own CPU clock, not a fixed share of a core (on
+    a loaded machine a busy thread gets what the scheduler gives it), so it holds under any load
+    and still catches a wrong formula: the idle interval catches wall time taken for CPU time
+    and the busy one a missing division by the CPUs or an interval that does not restart."""
+
+    def idle() -> None:
+        time.sleep(0.3)
+
+    def busy() -> None:  # one thread busy until it got a quarter of a CPU second
+        start, deadline = time.process_time(), time.monotonic() + 20
+        while time.process_time() - start < 0.25 and time.monotonic() < deadline:
+            pass
+        assert time.process_time() - start >= 0.25, "no quarter CPU second in 20 s: nothing to check"
+
+    assert _cpu_utilization_within_bounds(pipeline, idle) < 0.5 / len(os.sched_getaffinity(0))
+    assert _cpu_utilization_within_bounds(pipeline, busy) <= 1.0
     rss = one_value(pipeline, semconv.METRIC_PROCESS_MEMORY_USAGE).value
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert 10 * 2**20 < rss <= 1.1 * peak  # the kernel updates its high-water mark lazily

@@ -467,6 +467,8 @@ class TrainingEngine:
         if self.active is record:
             self.active = None
         duration_ns = end_ns - record.start_ns
+        if record.real_span is not None:  # "all" mode: the body saw the SDK span, not the record
+            _take_counts(record, record.real_span)
         if record.phase != _TRAINING_ITERATION:
             self._end_eval_iteration(record, duration_ns)
             return
@@ -590,7 +592,7 @@ class TrainingEngine:
         if loop is None:
             return True
         spans, size = self.budget.usage(loop.get_span_context().trace_id)
-        return spans + 8 <= self.max_spans and size + 4096 <= self.max_bytes
+        return spans + 8 <= self.max_spans and size + self._open_bytes(loop) + 4096 <= self.max_bytes
 
     # --- "all" mode: every iteration is a real span from the start --------------------------------
     def start_real_iteration(self, record: IterationSpan, context: Context) -> Span:
@@ -811,8 +813,16 @@ class TrainingEngine:
         if loop is None:
             return
         spans, size = self.budget.usage(loop.get_span_context().trace_id)
+        size += self._open_bytes(loop)
         if spans >= BUDGET_ROTATE * self.max_spans or size >= BUDGET_ROTATE * self.max_bytes:
             self.rotate_pending = True
+
+    def _open_bytes(self, loop: SegmentedSpan) -> int:
+        """What the open loop (and application) segment will add to the trace when it ends: its
+        events so far, and a margin for the two spans with their summaries (~2 kB)."""
+        app = self.app
+        same_trace = app is not None and app.get_span_context().trace_id == loop.get_span_context().trace_id
+        return loop.open_bytes + (app.open_bytes if same_trace and app is not None else 0) + 2048
 
     def rotate(self, now_ns: int) -> None:
         """Close the current segment (loop, and application if ours) and continue in a new trace."""
@@ -1003,6 +1013,16 @@ def _finish_span(span: Span, record: IterationSpan) -> None:
 def mark_error(span: Span, error: BaseException, timestamp: int) -> None:
     span.record_exception(error, timestamp=timestamp, escaped=True)
     span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+
+def _take_counts(record: IterationSpan, span: Span) -> None:
+    """Work counts the user set as attributes on the iteration's SDK span."""
+    attributes = getattr(span, "attributes", None)
+    if attributes:
+        for key, field_name in _COUNT_ATTRIBUTES.items():
+            value = attributes.get(key)
+            if value is not None:
+                setattr(record, field_name, _num(value))
 
 
 def _num(value: object) -> float | None:

@@ -24,6 +24,7 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from opentelemetry.util import types
 
 from traintel import semconv
+from traintel.processor.export_filter import estimate_attributes_bytes
 
 
 class SegmentedSpan(Span):
@@ -39,6 +40,9 @@ class SegmentedSpan(Span):
         self.segment_first_iteration: int | None = None
         self.segment_last_iteration: int | None = None
         self.segment_iterations = 0
+        #: Estimated OTLP bytes of the events on the open segment: they reach the trace only
+        #: when the segment ends, but count against its budget now.
+        self.open_bytes = 0
 
     # --- Span API: forward to the current segment -------------------------------------------------
     def end(self, end_time: int | None = None) -> None:
@@ -54,6 +58,7 @@ class SegmentedSpan(Span):
         self.current.set_attribute(key, value)
 
     def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+        self.open_bytes += 24 + len(name) + estimate_attributes_bytes(attributes)
         self.current.add_event(name, attributes, timestamp)
 
     def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
@@ -125,3 +130,4 @@ class SegmentedSpan(Span):
         self.segment_first_iteration = None
         self.segment_last_iteration = None
         self.segment_iterations = 0
+        self.open_bytes = 0

@@ -29,7 +29,7 @@ MAX_BUFFERED_PER_ITERATION = 10_000
 _DROPPED_MEMORY = 4096
 
 
-def _attributes_bytes(attributes: object) -> int:
+def estimate_attributes_bytes(attributes: object) -> int:
     """OTLP size of a set of attributes: per KeyValue its key, its value (a string as long as
     it is, a number up to 9 bytes, an array per element) and ~8 bytes of framing."""
     size = 0
@@ -48,11 +48,11 @@ def estimate_span_bytes(span: ReadableSpan) -> int:
     ids, parent, times, kind, status and framing (~90 B), the name, attributes, events (~24 B
     each with name and attributes) and links (~44 B each with attributes). Checked against the
     real encoding in the tests."""
-    size = 90 + len(span.name) + _attributes_bytes(span.attributes)
+    size = 90 + len(span.name) + estimate_attributes_bytes(span.attributes)
     for event in span.events:
-        size += 24 + len(event.name) + _attributes_bytes(event.attributes)
+        size += 24 + len(event.name) + estimate_attributes_bytes(event.attributes)
     for link in span.links:
-        size += 44 + _attributes_bytes(link.attributes)
+        size += 44 + estimate_attributes_bytes(link.attributes)
     return size
 
 
