@@ -175,6 +175,10 @@ def test_a_reduced_rank_exports_only_its_anomalies(monkeypatch: pytest.MonkeyPat
         p.attributes["traintel.exported"]: p.value for p in rank1.metrics[semconv.METRIC_ITERATIONS_EXPORTED]
     }
     assert exported == {True: 2, False: 18}
+    # traintel's own health: only what is not zero (nothing went wrong here: no series at all)
+    assert {name for name in rank1.metrics if name.startswith("traintel.")} == {
+        semconv.METRIC_ITERATIONS_EXPORTED
+    }
 
 
 def test_rank_0_and_ranks_below_the_threshold_export_everything(

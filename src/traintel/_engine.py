@@ -36,6 +36,7 @@ from traintel._segments import SegmentedSpan
 from traintel.config import TrainingConfig
 from traintel.device import DeviceHooks, annotate_window, device_hooks
 from traintel.distributed.export_policy import RankExportPolicy
+from traintel.exporters.health import HEALTH
 from traintel.flops import autocast_dtype, current_device_name, peak_flops_for
 from traintel.processor.aggregator import (
     STEP_INDEX,
@@ -289,6 +290,7 @@ class TrainingEngine:
         self.window_hook: Callable[[WindowReport | None, bool], None] | None = None
         # What this rank exports (None: not decided yet, everything); see set_rank_export.
         self.rank_export: RankExportPolicy | None = None
+        HEALTH.report_zeros = True  # until a scale-mode decision says otherwise
         self.window_events = True  # training_metrics_update: read once per window
         self.apply_config(config)
         # CUDA-event timing / NVTX at phase boundaries: None (one `is None` test) unless asked for.
@@ -343,6 +345,7 @@ class TrainingEngine:
             self._stop_routine_sampling()
         if not policy.window_series and self.instruments is not None:
             self.instruments.stop_window_series()
+        HEALTH.report_zeros = not policy.anomalies_only  # self-telemetry: only what went wrong
 
     def _stop_routine_sampling(self) -> None:
         """No head reasons (first K, every M-th, "all"): only tail reasons export an iteration.

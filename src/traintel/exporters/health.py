@@ -67,6 +67,9 @@ class ExportHealth:
         self.spans_resent = 0
         self.metric_export_failures = 0
         self.metric_exports_delivered = 0
+        #: False on a rank that exports only its anomalies (scale mode): a zero is not reported,
+        #: so a healthy rank adds no self-telemetry series.
+        self.report_zeros = True
         self._metric_export_running = 0
         self._last_metric_export_failed = False
         self._queues: weakref.WeakSet[_Sized] = weakref.WeakSet()
@@ -225,7 +228,10 @@ def register_instruments(meter_provider: metrics_api.MeterProvider, health: Expo
             except Exception:  # a broken callback must not break the collection
                 _logger.exception("traintel: self-telemetry collection failed")
                 return []
-            return value if isinstance(value, list) else [Observation(value)]
+            observations = value if isinstance(value, list) else [Observation(value)]
+            if health.report_zeros:
+                return observations
+            return [o for o in observations if o.value]
 
         return callback
 

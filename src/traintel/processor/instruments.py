@@ -247,7 +247,7 @@ class TrainingInstruments:
             waits = buffer[:n]
             del buffer[:n]
             if not self.window_series:
-                return [Observation(self.dropped)]
+                return [Observation(self.dropped)] if self.dropped else []  # reduced rank: only a loss
             record = self.iteration_duration.record
             for value in durations:
                 record(value)
