@@ -290,6 +290,10 @@ class TrainingEngine:
         self.window_hook: Callable[[WindowReport | None, bool], None] | None = None
         # What this rank exports (None: not decided yet, everything); see set_rank_export.
         self.rank_export: RankExportPolicy | None = None
+        # The parent SpanContext of the last iteration and the Context it was read from (a
+        # Context is immutable; only a segment rotation changes what its span answers).
+        self._parent_of: object = None
+        self._parent: SpanContext = trace_api.INVALID_SPAN_CONTEXT
         HEALTH.report_zeros = True  # until a scale-mode decision says otherwise
         self.window_events = True  # training_metrics_update: read once per window
         self.apply_config(config)
@@ -400,7 +404,11 @@ class TrainingEngine:
             # Rotated at the start of the next iteration, never after the last one.
             self.rotate_pending = False
             self.rotate(start_ns)
-        parent = _current_span(context).get_span_context()
+        if context is self._parent_of:  # the loop's context, iteration after iteration
+            parent = self._parent
+        else:
+            parent = self._parent = _current_span(context).get_span_context()
+            self._parent_of = context
         record = IterationSpan(phase, iteration, start_ns, parent)
         if attributes:
             record.attributes = dict(attributes)
@@ -846,6 +854,7 @@ class TrainingEngine:
         else:
             root_links = [previous_loop] + ([app.first_context] if app is not None else [])
         loop.start_next(self.tracer, now_ns, new_parent, root_links)
+        self._parent_of = None  # the loop (and application) answer a new SpanContext now
         self.segments_closed += 1
         self.events = _EventBudget()
 

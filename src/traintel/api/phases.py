@@ -927,6 +927,8 @@ def training_iteration(
     """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
     micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
     loop's running count."""
+    if samples is None and tokens is None and not attributes:  # the per-step case: no call
+        return _Iteration(_TRAINING_ITERATION, iteration, _EMPTY)
     return _Iteration(_TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
 
 
