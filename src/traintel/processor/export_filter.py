@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.context import Context
@@ -29,18 +29,21 @@ MAX_BUFFERED_PER_ITERATION = 10_000
 _DROPPED_MEMORY = 4096
 
 
-def estimate_attributes_bytes(attributes: object) -> int:
+def estimate_attributes_bytes(attributes: Mapping[str, Any] | None) -> int:
     """OTLP size of a set of attributes: per KeyValue its key, its value (a string as long as
-    it is, a number up to 9 bytes, an array per element) and ~8 bytes of framing."""
-    size = 0
-    for key, value in getattr(attributes, "items", dict)():
-        if isinstance(value, str):
-            size += 8 + len(key) + len(value)
-        elif isinstance(value, tuple | list):
-            size += 10 + len(key) + sum(len(v) + 2 if isinstance(v, str) else 10 for v in value)
-        else:
-            size += 8 + len(key) + 9
+    it is, a number up to 9 bytes, an array per element) and ~8 bytes of framing. C-level
+    passes over keys and values: the loop's window events have ~60 attributes."""
+    if not attributes:
+        return 0
+    values = attributes.values()
+    size = sum(map(len, attributes)) + 17 * len(attributes) + sum(map(len, filter(_IS_STR, values)))
+    for kind in (tuple, list):
+        for array in filter(kind.__instancecheck__, values):
+            size += sum(len(v) + 2 if isinstance(v, str) else 10 for v in array)
     return size
+
+
+_IS_STR = str.__instancecheck__
 
 
 def estimate_span_bytes(span: ReadableSpan) -> int:
