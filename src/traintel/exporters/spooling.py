@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -42,6 +42,7 @@ from traintel.exporters import health as health_module
 from traintel.exporters.health import HEALTH, ExportHealth
 from traintel.exporters.proto_spans import readable_spans
 from traintel.exporters.spool import Spool, SpoolEntry
+from traintel.processor.export_filter import estimate_span_bytes
 
 _logger = logging.getLogger(__name__)
 
@@ -52,30 +53,10 @@ DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
 _OWNED_WRITE_TIMEOUT_S = 2.0
 
 
-def _value_bytes(value: object) -> int:
-    if isinstance(value, str):
-        return len(value) if value.isascii() else 4 * len(value)
-    if isinstance(value, bytes):
-        return len(value)
-    if isinstance(value, tuple | list):
-        return sum(_value_bytes(v) + 4 for v in value)
-    return 12
-
-
-def _attributes_bytes(attributes: object) -> int:
-    items = attributes.items() if isinstance(attributes, Mapping) else ()
-    return sum(len(key) + _value_bytes(value) + 8 for key, value in items)
-
-
 def estimate_bytes(span: ReadableSpan) -> int:
-    """A cheap generous estimate of a span's OTLP protobuf size (strings counted in full),
-    so most batches are never encoded twice only to learn they fit."""
-    size = 96 + len(span.name) + _attributes_bytes(span.attributes)
-    for event in span.events:
-        size += 24 + len(event.name) + _attributes_bytes(event.attributes)
-    for link in span.links:
-        size += 48 + _attributes_bytes(link.attributes)
-    return size
+    """A generous estimate of a span's OTLP protobuf size (the trace budget's, on the high
+    side), so most batches are never encoded twice only to learn they fit."""
+    return estimate_span_bytes(span)
 
 
 def split_by_bytes(
