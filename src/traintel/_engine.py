@@ -292,8 +292,7 @@ class TrainingEngine:
         self.rank_export: RankExportPolicy | None = None
         # The parent SpanContext of the last iteration and the Context it was read from (a
         # Context is immutable; only a segment rotation changes what its span answers).
-        self._parent_of: object = None
-        self._parent: SpanContext = trace_api.INVALID_SPAN_CONTEXT
+        self._parent_cache: tuple[object, SpanContext] = (None, trace_api.INVALID_SPAN_CONTEXT)
         HEALTH.report_zeros = True  # until a scale-mode decision says otherwise
         self.window_events = True  # training_metrics_update: read once per window
         self.apply_config(config)
@@ -404,11 +403,12 @@ class TrainingEngine:
             # Rotated at the start of the next iteration, never after the last one.
             self.rotate_pending = False
             self.rotate(start_ns)
-        if context is self._parent_of:  # the loop's context, iteration after iteration
-            parent = self._parent
+        cached = self._parent_cache  # one tuple: two threads never pair a context with another's parent
+        if context is cached[0]:  # the loop's context, iteration after iteration
+            parent = cached[1]
         else:
-            parent = self._parent = _current_span(context).get_span_context()
-            self._parent_of = context
+            parent = _current_span(context).get_span_context()
+            self._parent_cache = (context, parent)
         record = IterationSpan(phase, iteration, start_ns, parent)
         if attributes:
             record.attributes = dict(attributes)
@@ -854,7 +854,7 @@ class TrainingEngine:
         else:
             root_links = [previous_loop] + ([app.first_context] if app is not None else [])
         loop.start_next(self.tracer, now_ns, new_parent, root_links)
-        self._parent_of = None  # the loop (and application) answer a new SpanContext now
+        self._parent_cache = (None, trace_api.INVALID_SPAN_CONTEXT)  # the loop answers anew now
         self.segments_closed += 1
         self.events = _EventBudget()
 
