@@ -173,7 +173,9 @@ def test_fit_validate_checkpoint_and_resume(captured: Captured, tmp_path: Path) 
         assert update[semconv.EVAL_PREFIX + "metric.val_loss.last"] == last_loss
         assert update[semconv.EVAL_PREFIX + "metric.val_loss.mean"] == (first_loss + last_loss) / 2
     # Lightning's own epoch value (batch-size weighted, float32) agrees: equal batch sizes
-    assert float(trainer.callback_metrics["val_loss"]) == pytest.approx((first_loss + last_loss) / 2, rel=1e-6)
+    assert float(trainer.callback_metrics["val_loss"]) == pytest.approx(
+        (first_loss + last_loss) / 2, rel=1e-6
+    )
 
     # test: its own application (one per Trainer entry point), loop and iterations
     trainer.test(model, verbose=False)

@@ -283,3 +283,20 @@ def test_standalone_evaluate_and_predict_are_applications_with_their_metrics(
     update = _eval_update(testing)
     assert _metric(update, "test_loss", "last") == predicted.metrics["test_loss"]
     assert _metric(update, "test_loss", "mean") == predicted.metrics["test_loss"]
+
+
+def test_a_failing_standalone_evaluate_marks_its_application_error(
+    captured: Captured, tmp_path: Path
+) -> None:
+    def failing_metrics(prediction: Any) -> dict[str, float]:
+        raise ValueError("bad metric")
+
+    trainer = _trainer(tmp_path, 4, compute_metrics=failing_metrics)
+    instrument_trainer(trainer, TraintelCallback(count_flops=False))
+    with pytest.raises(ValueError, match="bad metric") as raised:
+        trainer.evaluate()
+    assert type(raised.value) is ValueError
+    errors = {s.name for s in captured.spans() if not s.status.is_ok}
+    assert errors == {"application", "validation_loop"}
+    (application,) = captured.named("application")
+    assert "bad metric" in (application.status.description or "")
