@@ -32,6 +32,7 @@ class TinyModule(pl.LightningModule):  # type: ignore[misc]
         self.net = nn.Linear(6, 1)
         self.fail_at_step = fail_at_step
         self.losses: list[float] = []
+        self.eval_losses: list[float] = []  # what validation_step / test_step logged, in order
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.global_step == self.fail_at_step:
@@ -43,10 +44,15 @@ class TinyModule(pl.LightningModule):  # type: ignore[misc]
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
-        self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+        loss = nn.functional.mse_loss(self.net(x), y)
+        self.eval_losses.append(float(loss))
+        self.log("val_loss", loss)
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_end(self) -> None:
+        self.log_dict({"test_marker": 7.0})  # logged once per loop, outside any iteration
 
     def test_dataloader(self) -> DataLoader[Any]:
         return self.val_dataloader()
@@ -154,6 +160,23 @@ def test_fit_validate_checkpoint_and_resume(captured: Captured, tmp_path: Path) 
         last[semconv.WINDOW_PREFIX + "samples"] / wall, rel=1e-9
     )
 
+    # what validation_step logged: on each validation iteration, and last / mean over the
+    # loop's batches on its validation_metrics_update event
+    validations = captured.named("validation_loop")
+    assert len(model.eval_losses) == 2 * len(validations)
+    assert [attr(s, semconv.METRIC_PREFIX + "val_loss") for s in captured.named("validation_iteration")] == (
+        model.eval_losses
+    )
+    pairs = zip(model.eval_losses[::2], model.eval_losses[1::2], strict=True)
+    for loop, (first_loss, last_loss) in zip(validations, pairs, strict=True):
+        update = _eval_update(loop, semconv.Event.VALIDATION_METRICS_UPDATE)
+        assert update[semconv.EVAL_PREFIX + "metric.val_loss.last"] == last_loss
+        assert update[semconv.EVAL_PREFIX + "metric.val_loss.mean"] == (first_loss + last_loss) / 2
+    # Lightning's own epoch value (batch-size weighted, float32) agrees: equal batch sizes
+    assert float(trainer.callback_metrics["val_loss"]) == pytest.approx(
+        (first_loss + last_loss) / 2, rel=1e-6
+    )
+
     # test: its own application (one per Trainer entry point), loop and iterations
     trainer.test(model, verbose=False)
     spans = captured.spans()
@@ -161,6 +184,14 @@ def test_fit_validate_checkpoint_and_resume(captured: Captured, tmp_path: Path) 
     assert parent_name(testing, spans) == "application"
     assert children(testing, spans) == {"testing_iteration": 2}
     assert captured.counts()["application"] == 2
+    update = _eval_update(testing, semconv.Event.TESTING_METRICS_UPDATE)
+    first_loss, last_loss = model.eval_losses[-2:]
+    assert update[semconv.EVAL_PREFIX + "metric.val_loss.last"] == last_loss
+    assert update[semconv.EVAL_PREFIX + "metric.val_loss.mean"] == (first_loss + last_loss) / 2
+    # logged in on_test_epoch_end (through log_dict): the loop's own value, in its update too
+    assert update[semconv.EVAL_PREFIX + "metric.test_marker.last"] == 7.0
+    assert update[semconv.EVAL_PREFIX + "metric.test_marker.mean"] == 7.0
+    assert "log" not in vars(model), "the module's log is restored at teardown"
 
     # resume from the checkpoint: the load is traced and numbering continues from global_step
     resumed = _trainer(tmp_path / "resumed", max_epochs=9)
@@ -174,6 +205,11 @@ def test_fit_validate_checkpoint_and_resume(captured: Captured, tmp_path: Path) 
     assert attr(loops[-1], semconv.TRAIN_ITERATIONS_START) == 48
     resumed_iterations = [s for s in captured.named("training_iteration") if s.parent == loops[-1].context]
     assert [attr(s, semconv.ITERATION) for s in resumed_iterations] == list(range(48, 54))
+
+
+def _eval_update(loop: Any, event: semconv.Event) -> dict[str, Any]:
+    (update,) = (e for e in loop.events if e.name == event.value)
+    return dict(update.attributes or {})
 
 
 def test_a_failing_step_marks_spans_error_and_propagates_unchanged(

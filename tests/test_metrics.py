@@ -352,6 +352,30 @@ def test_validation_metrics_update(owned: Any) -> None:
     assert job.named("validation_loop")[0].attributes[E + "iterations"] == 3
 
 
+def test_metrics_recorded_on_an_eval_loop_count_toward_its_update(owned: Any) -> None:
+    """A value recorded inside the loop but after its iterations (an epoch-level accuracy, a
+    framework's eval_loss) is one more value of the update's last and mean; the next loop
+    starts afresh."""
+    job = owned(export_iterations="none")
+    traintel.on_testing_start(start_time_msec=ms(0))
+    for i, loss in enumerate((0.5, 1.5)):
+        traintel.on_testing_single_iteration_start(start_time_msec=ms(i))
+        traintel.record_metrics(loss=loss)
+        traintel.on_testing_single_iteration_end(finish_time_msec=ms(i + 1))
+    traintel.record_metrics(loss=4.0, accuracy=0.75)
+    traintel.on_testing_end(finish_time_msec=ms(3))
+    traintel.on_testing_start(start_time_msec=ms(4))
+    traintel.on_testing_end(finish_time_msec=ms(5))
+    first, second = job.events("testing_metrics_update")
+    E = semconv.EVAL_PREFIX
+    assert first[E + "iterations"] == 2
+    assert first[E + "metric.loss.last"] == 4.0
+    assert first[E + "metric.loss.mean"] == 2.0
+    assert first[E + "metric.accuracy.last"] == 0.75
+    assert first[E + "metric.accuracy.mean"] == 0.75
+    assert not [key for key in second if key.startswith(E + "metric.")]
+
+
 def test_nonfinite_metric_event_and_export(owned: Any) -> None:
     job = owned(export_first_iterations=0, export_every_n_iterations=0)
     traintel.on_train_start(start_time_msec=ms(0))

@@ -60,7 +60,7 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": self.ids[index], "labels": self.ids[index], "attention_mask": mask}
 
 
-def _trainer(output: Path, max_steps: int, **kwargs: Any) -> Any:
+def _trainer(output: Path, max_steps: int, logging_steps: int = 1000, **kwargs: Any) -> Any:
     args = transformers.TrainingArguments(
         output_dir=str(output),
         max_steps=max_steps,
@@ -71,7 +71,7 @@ def _trainer(output: Path, max_steps: int, **kwargs: Any) -> Any:
         eval_steps=STEPS // 2,
         save_strategy="steps",
         save_steps=STEPS,
-        logging_steps=1000,
+        logging_steps=logging_steps,
         report_to=[],
         use_cpu=True,
         disable_tqdm=True,
@@ -83,8 +83,18 @@ def _trainer(output: Path, max_steps: int, **kwargs: Any) -> Any:
     )
 
 
+def _eval_update(loop: Any) -> dict[str, Any]:
+    """The attributes of the ``validation_metrics_update``/``testing_metrics_update`` event."""
+    (event,) = (e for e in loop.events if e.name.endswith("_metrics_update"))
+    return dict(event.attributes or {})
+
+
+def _metric(update: dict[str, Any], name: str, stat: str) -> Any:
+    return update.get(semconv.EVAL_PREFIX + "metric." + name + "." + stat)
+
+
 def test_train_evaluate_checkpoint_resume_and_flops(captured: Captured, tmp_path: Path) -> None:
-    trainer = _trainer(tmp_path, STEPS)
+    trainer = _trainer(tmp_path, STEPS, logging_steps=1)
     callback = instrument_trainer(trainer)
     assert instrument_trainer(trainer) is callback, "idempotent"
     trainer.train()
@@ -117,7 +127,20 @@ def test_train_evaluate_checkpoint_resume_and_flops(captured: Captured, tmp_path
         assert attr(span, semconv.SAMPLES) == BATCH * ACCUMULATE
         assert attr(span, semconv.TOKENS) == BATCH * ACCUMULATE * (SEQ - PADDING)
         assert attr(span, semconv.INTEGRATION) == "transformers"
-        assert attr(span, semconv.METRIC_PREFIX + "loss") > 0
+    # the loss on each iteration is the one the Trainer logged for that step (logging_steps=1)
+    logged = {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
+    assert len(logged) == STEPS
+    assert [attr(s, semconv.METRIC_PREFIX + "loss") for s in iterations] == [
+        logged[step] for step in range(1, STEPS + 1)
+    ]
+    # each evaluation's metrics reach its loop's validation_metrics_update event
+    evaluated = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+    assert [entry["step"] for entry in evaluated] == [STEPS // 2, STEPS]
+    for loop, entry in zip(captured.named("validation_loop"), evaluated, strict=True):
+        update = _eval_update(loop)
+        assert _metric(update, "eval_loss", "last") == entry["eval_loss"]
+        assert _metric(update, "eval_loss", "mean") == entry["eval_loss"]
+        assert _metric(update, "eval_runtime", "last") == entry["eval_runtime"]
     save = captured.named("checkpoint_save_sync")[0]
     path = Path(str(attr(save, semconv.CHECKPOINT_PATH)))
     assert path == tmp_path / f"checkpoint-{STEPS}"
@@ -227,3 +250,53 @@ def test_compiled_model_flops_are_counted_not_taken_from_total_flos(
     spans = captured.spans()
     assert all(children(s, spans)["model_forward"] == ACCUMULATE for s in iterations)
     assert all(attr(s, semconv.METRIC_PREFIX + "loss") > 0 for s in iterations)
+
+
+def test_standalone_evaluate_and_predict_are_applications_with_their_metrics(
+    captured: Captured, tmp_path: Path
+) -> None:
+    """Without ``train()``, ``evaluate()`` and ``predict()`` each get an ``application`` (as
+    Lightning's ``trainer.test`` does), and their loops' update events carry the metrics they
+    return, to the digit."""
+    trainer = _trainer(tmp_path, 4)
+    instrument_trainer(trainer, TraintelCallback(count_flops=False))
+    metrics = trainer.evaluate()
+    predicted = trainer.predict(Tokens(8))
+
+    spans = captured.spans()
+    applications = captured.named("application")
+    assert len(applications) == 2
+    assert all(s.parent is None for s in applications)
+    (validation,) = captured.named("validation_loop")
+    (testing,) = captured.named("testing_loop")
+    assert validation.parent == applications[0].context
+    assert testing.parent == applications[1].context
+    assert children(validation, spans) == {"validation_iteration": 2}
+    assert children(testing, spans) == {"testing_iteration": 2}
+    assert "training_loop" not in captured.counts()
+
+    update = _eval_update(validation)
+    assert _metric(update, "eval_loss", "last") == metrics["eval_loss"]
+    assert _metric(update, "eval_loss", "mean") == metrics["eval_loss"]
+    assert _metric(update, "eval_samples_per_second", "last") == metrics["eval_samples_per_second"]
+    assert update[semconv.EVAL_PREFIX + "iterations"] == 2
+    update = _eval_update(testing)
+    assert _metric(update, "test_loss", "last") == predicted.metrics["test_loss"]
+    assert _metric(update, "test_loss", "mean") == predicted.metrics["test_loss"]
+
+
+def test_a_failing_standalone_evaluate_marks_its_application_error(
+    captured: Captured, tmp_path: Path
+) -> None:
+    def failing_metrics(prediction: Any) -> dict[str, float]:
+        raise ValueError("bad metric")
+
+    trainer = _trainer(tmp_path, 4, compute_metrics=failing_metrics)
+    instrument_trainer(trainer, TraintelCallback(count_flops=False))
+    with pytest.raises(ValueError, match="bad metric") as raised:
+        trainer.evaluate()
+    assert type(raised.value) is ValueError
+    errors = {s.name for s in captured.spans() if not s.status.is_ok}
+    assert errors == {"application", "validation_loop"}
+    (application,) = captured.named("application")
+    assert "bad metric" in (application.status.description or "")

@@ -3,7 +3,8 @@
 Why on the span and not straight into OTel metrics: a loss belongs to an iteration, and the
 span is what a user opens in Jaeger when a step looks wrong. The metric goes on the innermost
 open iteration (training, validation or testing) enclosing the current context, else on the
-innermost open loop, as ``ml.training.metric.<name>``.
+innermost open loop, as ``ml.training.metric.<name>``. On a validation or testing loop they
+also count toward its ``*_metrics_update`` event (last and mean), like per-iteration values.
 """
 
 from __future__ import annotations
@@ -89,5 +90,11 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
             return
         for name, number in numbers.items():
             target.set_attribute(semconv.METRIC_PREFIX + name, number)
+        # On a validation/testing loop itself (after its iterations: an epoch-level accuracy,
+        # a framework's eval_loss), the values also count toward the loop's update event.
+        stats = engine.eval_stats.get(getattr(target, "name", "")) if engine is not None else None
+        if stats is not None:
+            for name, number in numbers.items():
+                stats.add_metric(name, float(number))
     except Exception:
         telemetry.warn_once("record_metrics", "record_metrics failed")

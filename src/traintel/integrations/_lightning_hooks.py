@@ -15,6 +15,14 @@ previous batch to this batch's start: the time the loop waited for it), ``model_
 tokens, given ``tokens_fn``) to the iteration. ``trainer.save_checkpoint`` and the strategy's
 ``load_checkpoint`` are wrapped between ``setup`` and ``teardown`` for checkpoint spans.
 ``on_exception`` marks every span it opened ERROR; Lightning then re-raises the exception.
+What the module logs (``self.log`` / ``self.log_dict``, wrapped on the module between ``setup``
+and ``teardown``) while a validation or test loop runs is recorded too, as
+``traintel.record_metrics`` would be: a value logged in ``validation_step``/``test_step`` on that
+batch's iteration (the loop's update event then has its last and its mean over the batches,
+unweighted, where Lightning's epoch value weights by batch size), a value logged in an
+epoch-end hook on the loop (it counts toward the update event as one more value). Scalars only
+(numbers, one-element tensors: read with ``.item()``, a device sync); a ``torchmetrics.Metric``
+object is skipped.
 The first micro-batch's FLOPs are counted as it runs (forward: batch start to
 ``on_before_backward``; executed: to ``on_after_backward``) for MFU.
 """
@@ -39,9 +47,11 @@ _DATA = Phase.DATA_LOADING.value
 _FORWARD = Phase.MODEL_FORWARD.value
 _BACKWARD = Phase.MODEL_BACKWARD.value
 _OPTIMIZER = Phase.OPTIMIZER_UPDATE.value
+_VALIDATION_LOOP = Phase.VALIDATION_LOOP.value
+_TESTING_LOOP = Phase.TESTING_LOOP.value
 _EVAL_PHASES = {
-    "validation": (phases.validation_loop, phases.validation_iteration, Phase.VALIDATION_LOOP.value),
-    "test": (phases.testing_loop, phases.testing_iteration, Phase.TESTING_LOOP.value),
+    "validation": (phases.validation_loop, phases.validation_iteration, _VALIDATION_LOOP),
+    "test": (phases.testing_loop, phases.testing_iteration, _TESTING_LOOP),
 }
 
 _Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -81,6 +91,7 @@ class LightningHooks:
                 self._driver.open(_APP, phases.application())
             self._wrap(trainer, "save_checkpoint", self._traced_save)
             self._wrap(trainer.strategy, "load_checkpoint", self._traced_load)
+            self._wrap(pl_module, "log", self._traced_log)
         except Exception:
             _runtime.current().warn_once("lightning:setup", "lightning: could not set up tracing")
 
@@ -118,6 +129,25 @@ class LightningHooks:
                 return original(checkpoint_path, *args, **kwargs)
 
         return load_checkpoint
+
+    def _traced_log(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def log(name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(name, value, *args, **kwargs)
+            if self._driver.is_open(_VALIDATION_LOOP) or self._driver.is_open(_TESTING_LOOP):
+                self._record_logged(name, value)
+            return result
+
+        return log
+
+    @staticmethod
+    def _record_logged(name: str, value: Any) -> None:
+        try:
+            scalar = isinstance(value, int | float) and not isinstance(value, bool)
+            if scalar or (hasattr(value, "numel") and hasattr(value, "item") and value.numel() == 1):
+                record_metrics({name: value})
+        except Exception:
+            _runtime.current().warn_once("lightning:log", "lightning: could not record a logged metric")
 
     # --- training ------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:

@@ -15,8 +15,10 @@ wraps a few methods *on that trainer instance* (never the class): ``train`` (the
 ``get_batch_samples`` (``data_loading``; it opens the iteration), ``compute_loss``
 (``model_forward``), ``training_step`` (``model_backward`` is the rest of it; samples and tokens
 per micro-batch; the loss), ``prediction_step`` (evaluation iterations), ``evaluate``/
-``predict`` (``validation_loop``/``testing_loop``), ``_save_checkpoint`` and
-``_load_from_checkpoint`` (checkpoint spans).
+``predict`` (``validation_loop``/``testing_loop``, inside an ``application`` of their own when
+called outside ``train``; the metrics ``on_evaluate``/``on_predict`` receive, ``eval_loss``
+first, go on that loop and its ``validation_metrics_update``/``testing_metrics_update``
+event), ``_save_checkpoint`` and ``_load_from_checkpoint`` (checkpoint spans).
 
 An iteration is one optimizer step (``on_step_end``), however many micro-batches it
 accumulates. FLOPs are counted by traintel on the first micro-batch (``FlopCounterMode`` around
@@ -31,6 +33,7 @@ Requires ``traintel[transformers]``.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from collections.abc import Callable
 from typing import Any
@@ -118,13 +121,35 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
                     phases.record_batch(tokens=sum(int(t) for t in self.pending_tokens))
                 if self.record_loss and self.pending_losses:
                     # training_step returns each micro-batch's loss scaled for accumulation:
-                    # their sum is the step's loss
-                    record_metrics(loss=sum(float(v) for v in self.pending_losses))
+                    # their sum is the step's loss, added in the losses' own dtype as the
+                    # Trainer adds them (so it equals the loss the Trainer logs for the step)
+                    record_metrics(loss=float(functools.reduce(operator.add, self.pending_losses)))
             except Exception:
                 _runtime.current().warn_once("transformers:step_end", "transformers: could not read the step")
             self.pending_tokens.clear()
             self.pending_losses.clear()
         self.driver.close(_ITERATION)
+
+    # --- evaluation -------------------------------------------------------------------------------
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        self.record_eval_metrics(_VALIDATION, metrics)
+
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        self.record_eval_metrics(_TESTING, metrics)
+
+    def record_eval_metrics(self, key: str, metrics: Any) -> None:
+        """The evaluation's metrics (``eval_loss``, ``compute_metrics``' results, speed) on its
+        loop, so its ``*_metrics_update`` event carries them; only while the loop traintel opened
+        around ``evaluate``/``predict`` (:func:`instrument_trainer`) is still open."""
+        if not self.driver.is_open(key) or not isinstance(metrics, dict):
+            return
+        numbers = {
+            name: value
+            for name, value in metrics.items()
+            if isinstance(value, int | float) and not isinstance(value, bool)
+        }
+        if numbers:
+            record_metrics(numbers)
 
     # --- FLOPs ---------------------------------------------------------------------------------
     def formula_flops(self, model: Any, inputs: Any) -> None:
@@ -159,12 +184,18 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
     trainer._traintel_callback = cb
     driver = cb.driver
 
+    def open_application() -> bool:
+        """Open an ``application`` unless one is open already; whether this opened it."""
+        telemetry = _runtime.current()
+        if not telemetry.enabled or telemetry.find_open_phase(_APP) is not None:
+            return False
+        driver.open(_APP, phases.application())
+        return driver.is_open(_APP)
+
     def train(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            telemetry = _runtime.current()
-            if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
-                driver.open(_APP, phases.application())
+            open_application()
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
@@ -237,13 +268,20 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 if driver.is_open(_VALIDATION) or driver.is_open(_TESTING):
                     return original(*args, **kwargs)
+                # a standalone evaluate/predict is an application of its own, as Lightning's
+                # trainer.validate/test are; inside train() it is part of train's
+                own_application = open_application()
                 driver.open(key, template())
                 try:
                     result = original(*args, **kwargs)
                 except BaseException as exc:
                     driver.close(key, None, exc)
+                    if own_application:
+                        driver.close(_APP, None, exc)
                     raise
                 driver.close(key)
+                if own_application:
+                    driver.close(_APP)
                 return result
 
             return wrapper
