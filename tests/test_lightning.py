@@ -3,6 +3,8 @@ validation, checkpoint save and resume, metrics, and a failing step."""
 
 from __future__ import annotations
 
+import copy
+import io
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -225,6 +227,41 @@ def test_a_failing_step_marks_spans_error_and_propagates_unchanged(
     failed = next(s for s in captured.named("training_iteration") if not s.status.is_ok)
     assert attr(failed, semconv.ITERATION) == 3
     assert "boom at step 3" in (failed.status.description or "")
+
+
+class _SavesTheWholeModule(pl.Callback):  # type: ignore[misc]
+    """What some users do mid-fit: torch.save(model) (a pickle of the module) and deepcopy."""
+
+    def __init__(self) -> None:
+        self.copies: list[Any] = []
+
+    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.copies.append(torch.load(_pickled(pl_module), weights_only=False))
+        self.copies.append(copy.deepcopy(pl_module))
+
+
+def _pickled(module: Any) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_the_module_pickles_and_copies_mid_fit_and_copies_report_nothing(
+    captured: Captured, tmp_path: Path
+) -> None:
+    model = TinyModule()
+    saver = _SavesTheWholeModule()
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[TraintelCallback(), saver])
+    trainer.fit(model)
+    assert len(saver.copies) == 2
+    for clone in saver.copies:
+        assert clone.log.__func__ is type(clone).log  # the class's plain log, bound to the copy
+        assert clone.log.__self__ is clone
+    assert "log" not in vars(model)  # restored at teardown
+    (loop,) = captured.named("validation_loop")
+    update = _eval_update(loop, semconv.Event.VALIDATION_METRICS_UPDATE)
+    assert update[semconv.EVAL_PREFIX + "metric.val_loss.last"] == model.eval_losses[-1]
 
 
 def test_the_pytorch_lightning_namespace_has_the_same_callback() -> None:

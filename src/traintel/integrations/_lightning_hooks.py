@@ -91,7 +91,7 @@ class LightningHooks:
                 self._driver.open(_APP, phases.application())
             self._wrap(trainer, "save_checkpoint", self._traced_save)
             self._wrap(trainer.strategy, "load_checkpoint", self._traced_load)
-            self._wrap(pl_module, "log", self._traced_log)
+            self._wrap(pl_module, "log", lambda original: _LogTap(original, self))
         except Exception:
             _runtime.current().warn_once("lightning:setup", "lightning: could not set up tracing")
 
@@ -130,16 +130,6 @@ class LightningHooks:
 
         return load_checkpoint
 
-    def _traced_log(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def log(name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(name, value, *args, **kwargs)
-            if self._driver.is_open(_VALIDATION_LOOP) or self._driver.is_open(_TESTING_LOOP):
-                self._record_logged(name, value)
-            return result
-
-        return log
-
     @staticmethod
     def _record_logged(name: str, value: Any) -> None:
         try:
@@ -148,6 +138,10 @@ class LightningHooks:
                 record_metrics({name: value})
         except Exception:
             _runtime.current().warn_once("lightning:log", "lightning: could not record a logged metric")
+
+    def record_if_evaluating(self, name: str, value: Any) -> None:
+        if self._driver.is_open(_VALIDATION_LOOP) or self._driver.is_open(_TESTING_LOOP):
+            self._record_logged(name, value)
 
     # --- training ------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -285,3 +279,29 @@ def with_callback(kwargs: dict[str, Any], callback_type: type) -> dict[str, Any]
     if not any(isinstance(callback, callback_type) for callback in callbacks):
         callbacks.append(callback_type())
     return {**kwargs, "callbacks": callbacks}
+
+
+class _LogTap:
+    """The module's ``log`` while traintel runs: Lightning's own, then the value recorded if an
+    evaluation loop is open. Pickled or deep-copied with the module (``torch.save(model)`` in a
+    callback, SWA's copy), it becomes the class's plain ``log`` of the new module: no closure
+    to fail pickling, no copy reporting into this run."""
+
+    __slots__ = ("__wrapped__", "_hooks")
+
+    def __init__(self, original: Callable[..., Any], hooks: LightningHooks) -> None:
+        self.__wrapped__ = original
+        self._hooks = hooks
+
+    def __call__(self, name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self.__wrapped__(name, value, *args, **kwargs)
+        self._hooks.record_if_evaluating(name, value)
+        return result
+
+    def __reduce__(self) -> tuple[Callable[[Any], Any], tuple[Any]]:
+        return (_plain_log, (getattr(self.__wrapped__, "__self__", None),))
+
+
+def _plain_log(module: Any) -> Any:
+    """The class's ``log`` bound to ``module`` (what a pickled or copied tap becomes)."""
+    return type(module).log.__get__(module)
