@@ -371,3 +371,27 @@ def test_live_goodput_on_the_application_span_and_as_gauges(pipeline: Pipeline) 
     badput = {p.attributes[semconv.BADPUT_CATEGORY]: p.value for p in points[semconv.METRIC_BADPUT]}
     assert set(badput) == set(categories)
     assert goodput.value + sum(badput.values()) == pytest.approx(1.0)
+
+
+def test_a_first_step_slow_from_its_batch_is_data_loading_not_startup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first iteration takes 10 s, 9 of them waiting for its batch; the others 1 s (0.5 s
+    data). Its excess over the typical step (9 s) is mostly data loading already booked: startup
+    gets only the rest of the window's non-data time, and every share sums to exactly 1."""
+
+    def build(job: Job) -> None:
+        app = job.open("application", 0)
+        loop = job.open("training_loop", 0, app)
+        for number, (start, end, data) in enumerate([(0, 10, 9), (10, 11, 0.5), (11, 12, 0.5)]):
+            job.iteration(loop, number, start, end, data).end(end_time=at(end))
+        loop.end(end_time=at(12))
+        app.end(end_time=at(12))
+
+    ledger = run_job(tmp_path, monkeypatch, build, window=3)
+    live = ledger.snapshot(at(12))
+    assert live.badput_s["data_loading"] == pytest.approx(10.0, abs=1e-9)
+    assert live.badput_s["program_startup"] == pytest.approx(2.0, abs=1e-9)  # not 9: 10 - 1
+    assert live.productive_s == pytest.approx(0.0, abs=1e-9)
+    assert live.goodput + sum(live.badput(c) for c in live.badput_s) == pytest.approx(1.0, abs=1e-12)
+    expect(one_session(tmp_path), 0.0, data_loading=10.0, program_startup=2.0)

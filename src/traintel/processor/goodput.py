@@ -232,8 +232,12 @@ class GoodputLedger:
         return ready
 
     def _decide_startup(self, window: WindowGoodput, typical_s: float) -> None:
+        """The first iteration's excess over a typical one, less what the window already books
+        as data-loading wait or nested phases (a first step slow because its batch was slow is
+        data loading, not startup): every second in exactly one category, shares sum to 1."""
         first = self._first_iteration_s or 0.0
-        window.program_startup_s = max(0.0, first - typical_s)
+        room = window.iteration_time_s - window.data_loading_s - window.nested_badput_s
+        window.program_startup_s = max(0.0, min(first - typical_s, room))
         self._startup_decided = True
 
     def flush_held(self) -> list[WindowGoodput]:
