@@ -59,6 +59,7 @@ _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 _new_tuple = tuple.__new__
 _PLAIN = (str, bool, int, float)
 _getrandbits = random.getrandbits
+_new_record = object.__new__
 
 
 def _span_context(trace_id: int, span_id: int, flags: TraceFlags) -> SpanContext:
@@ -143,6 +144,7 @@ class IterationSpan(NonRecordingSpan):
     open_step: OpenStep | None = None
 
     def __init__(self, phase: str, iteration: int, start_ns: int, parent: SpanContext) -> None:
+        # begin_iteration sets these same fields without calling __init__ (the per-step path)
         self.phase = phase
         self.iteration = iteration
         self.start_ns = start_ns
@@ -409,7 +411,13 @@ class TrainingEngine:
         else:
             parent = _current_span(context).get_span_context()
             self._parent_cache = (context, parent)
-        record = IterationSpan(phase, iteration, start_ns, parent)
+        record = _new_record(IterationSpan)  # IterationSpan(...) without the __init__ call
+        record.phase = phase
+        record.iteration = iteration
+        record.start_ns = start_ns
+        record.parent = parent
+        record.children = []
+        record.phase_ns = [0, 0, 0, 0]
         if attributes:
             record.attributes = dict(attributes)
             samples = attributes.get(semconv.SAMPLES)

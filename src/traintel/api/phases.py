@@ -838,6 +838,36 @@ _STEP_ATTRIBUTES = {
 _EMPTY: dict[str, AttributeValue] = {}
 
 
+_new_step = _StepPhase.__new__
+_new_iteration = _Iteration.__new__
+_INVALID_SPAN = trace_api.INVALID_SPAN
+_TRAINING_LOOP = _LOOP_OF[_TRAINING_ITERATION]
+
+
+def _bare_step(name: str, attributes: Mapping[str, AttributeValue], index: int) -> _StepPhase:
+    """``_StepPhase(name, attributes, index)`` without the type call into a Python ``__init__``:
+    three of these per step, and the call costs more than the stores."""
+    phase = _new_step(_StepPhase)
+    phase._name = name
+    phase._attributes = attributes
+    phase._index = index
+    phase._record = None
+    phase._real = None
+    phase._token = None
+    phase._device = None
+    return phase
+
+
+_DATA_LOADING_ATTRIBUTES = _STEP_ATTRIBUTES[_DATA_LOADING]
+_MODEL_FORWARD_ATTRIBUTES = _STEP_ATTRIBUTES[_MODEL_FORWARD]
+_MODEL_BACKWARD_ATTRIBUTES = _STEP_ATTRIBUTES[_MODEL_BACKWARD]
+_OPTIMIZER_UPDATE_ATTRIBUTES = _STEP_ATTRIBUTES[_OPTIMIZER_UPDATE]
+_DATA_LOADING_INDEX = STEP_INDEX[_DATA_LOADING]
+_MODEL_FORWARD_INDEX = STEP_INDEX[_MODEL_FORWARD]
+_MODEL_BACKWARD_INDEX = STEP_INDEX[_MODEL_BACKWARD]
+_OPTIMIZER_UPDATE_INDEX = STEP_INDEX[_OPTIMIZER_UPDATE]
+
+
 def _step(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if attributes:
         return _StepPhase(name, {**_STEP_ATTRIBUTES[name], **attributes}, STEP_INDEX[name])
@@ -927,35 +957,42 @@ def training_iteration(
     """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
     micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
     loop's running count."""
-    if samples is None and tokens is None and not attributes:  # the per-step case: no call
-        return _Iteration(_TRAINING_ITERATION, iteration, _EMPTY)
+    if samples is None and tokens is None and not attributes:  # the per-step case: no __init__
+        phase = _new_iteration(_Iteration)
+        phase._name = phase._phase = _TRAINING_ITERATION
+        phase._attributes = _EMPTY
+        phase._span = _INVALID_SPAN
+        phase._token = None
+        phase._thread = phase._start_ns = 0
+        phase._loop = _TRAINING_LOOP
+        phase._iteration = iteration
+        phase._record = None
+        return phase
     return _Iteration(_TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
 
 
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """Waiting for the next batch (the time the loop was blocked on data)."""
     if not attributes:  # the per-step case: no factory call
-        return _StepPhase(_DATA_LOADING, _STEP_ATTRIBUTES[_DATA_LOADING], STEP_INDEX[_DATA_LOADING])
+        return _bare_step(_DATA_LOADING, _DATA_LOADING_ATTRIBUTES, _DATA_LOADING_INDEX)
     return _step(_DATA_LOADING, attributes)
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _StepPhase(_MODEL_FORWARD, _STEP_ATTRIBUTES[_MODEL_FORWARD], STEP_INDEX[_MODEL_FORWARD])
+        return _bare_step(_MODEL_FORWARD, _MODEL_FORWARD_ATTRIBUTES, _MODEL_FORWARD_INDEX)
     return _step(_MODEL_FORWARD, attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _StepPhase(_MODEL_BACKWARD, _STEP_ATTRIBUTES[_MODEL_BACKWARD], STEP_INDEX[_MODEL_BACKWARD])
+        return _bare_step(_MODEL_BACKWARD, _MODEL_BACKWARD_ATTRIBUTES, _MODEL_BACKWARD_INDEX)
     return _step(_MODEL_BACKWARD, attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _StepPhase(
-            _OPTIMIZER_UPDATE, _STEP_ATTRIBUTES[_OPTIMIZER_UPDATE], STEP_INDEX[_OPTIMIZER_UPDATE]
-        )
+        return _bare_step(_OPTIMIZER_UPDATE, _OPTIMIZER_UPDATE_ATTRIBUTES, _OPTIMIZER_UPDATE_INDEX)
     return _step(_OPTIMIZER_UPDATE, attributes)
 
 
