@@ -143,14 +143,13 @@ class IterationSpan(NonRecordingSpan):
     # set): what a terminating signal ends with the iteration.
     open_step: OpenStep | None = None
 
-    def __init__(self, phase: str, iteration: int, start_ns: int, parent: SpanContext) -> None:
-        # begin_iteration sets these same fields without calling __init__ (the per-step path)
-        self.phase = phase
-        self.iteration = iteration
-        self.start_ns = start_ns
-        self.parent = parent
-        self.children: list[tuple[str, int, int, BaseException | None]] = []
-        self.phase_ns = [0, 0, 0, 0]
+    # Built by iteration_record (no type call into a Python __init__: one per step).
+    phase: str
+    iteration: int
+    start_ns: int
+    parent: SpanContext
+    children: list[tuple[str, int, int, BaseException | None]]
+    phase_ns: list[int]
 
     # --- the Span API a user sees inside the iteration ---------------------------------------------
     def get_span_context(self) -> SpanContext:
@@ -223,6 +222,18 @@ class IterationSpan(NonRecordingSpan):
             self.padding = (self.padding or 0) + padding
         if flops is not None:
             self.flops = (self.flops or 0) + flops
+
+
+def iteration_record(phase: str, iteration: int, start_ns: int, parent: SpanContext) -> IterationSpan:
+    """A new iteration record: what every iteration has; the rest are class defaults."""
+    record: IterationSpan = _new_record(IterationSpan)
+    record.phase = phase
+    record.iteration = iteration
+    record.start_ns = start_ns
+    record.parent = parent
+    record.children = []
+    record.phase_ns = [0, 0, 0, 0]
+    return record
 
 
 class _EventBudget:
@@ -411,13 +422,7 @@ class TrainingEngine:
         else:
             parent = _current_span(context).get_span_context()
             self._parent_cache = (context, parent)
-        record = _new_record(IterationSpan)  # IterationSpan(...) without the __init__ call
-        record.phase = phase
-        record.iteration = iteration
-        record.start_ns = start_ns
-        record.parent = parent
-        record.children = []
-        record.phase_ns = [0, 0, 0, 0]
+        record = iteration_record(phase, iteration, start_ns, parent)
         if attributes:
             record.attributes = dict(attributes)
             samples = attributes.get(semconv.SAMPLES)
@@ -996,7 +1001,7 @@ class TrainingEngine:
         attributes = span.attributes or {}
         if loop_span is not None:
             self.foreign_loop = loop_span
-        record = IterationSpan(
+        record = iteration_record(
             _TRAINING_ITERATION,
             int(attributes.get(semconv.ITERATION, self.aggregator.iterations_seen)),
             span.start_time,

@@ -296,19 +296,12 @@ class _EvalLoop(_Loop):
 class _Iteration(PhaseSpan):
     """A training, validation or testing iteration, numbered automatically, on the fast path."""
 
+    # Built by _iteration_phase (no type call into a Python __init__: one per step).
     __slots__ = ("_iteration", "_loop", "_phase", "_record")
-
-    def __init__(self, phase: str, iteration: int | None, attributes: Mapping[str, AttributeValue]) -> None:
-        self._name = phase
-        self._attributes = attributes
-        self._span = trace_api.INVALID_SPAN
-        self._token = None
-        self._thread = 0
-        self._start_ns = 0
-        self._phase = phase
-        self._loop = _LOOP_OF[phase]
-        self._iteration = iteration
-        self._record: IterationSpan | None = None
+    _iteration: int | None
+    _loop: str
+    _phase: str
+    _record: IterationSpan | None
 
     def __enter__(self) -> Span:
         telemetry = _runtime._telemetry or _runtime.current()
@@ -426,16 +419,12 @@ class _StepPhase(PhaseSpan):
     iteration they are real spans (so they nest under it) whose time still counts; outside
     any iteration, plain spans."""
 
+    # Built by _step_phase (no type call into a Python __init__: three per step).
     __slots__ = ("_device", "_index", "_real", "_record")
-
-    def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None, index: int) -> None:
-        self._name = name
-        self._attributes = attributes
-        self._index = index
-        self._record: IterationSpan | None = None
-        self._real: IterationSpan | None = None  # "all" mode: the running iteration, if direct
-        self._token = None
-        self._device: DeviceHooks | None = None  # set on the fast path when device hooks are on
+    _index: int
+    _record: IterationSpan | None
+    _real: IterationSpan | None  # "all" mode: the running iteration, if direct
+    _device: DeviceHooks | None  # set on the fast path when device hooks are on
 
     def _before_end(
         self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
@@ -456,10 +445,7 @@ class _StepPhase(PhaseSpan):
                 self._record = record
                 self._start_ns = start_ns if start_ns is not None else _time_ns()
                 self._token = True
-                record.open_step = self
-                if engine.device is not None:
-                    self._device = engine.device
-                    engine.device.started(self._name, record.iteration)
+                self._started_in(record, engine)
                 return record
         span = super()._open(telemetry, start_ns)
         if engine is not None:
@@ -502,7 +488,7 @@ class _StepPhase(PhaseSpan):
                     if current is record.context:
                         self._record = record
                         self._start_ns = _time_ns()
-                        record.open_step = self
+                        record.open_step = self  # _started_in, inlined on the per-step path
                         if engine.device is not None:
                             self._device = engine.device
                             engine.device.started(self._name, record.iteration)
@@ -510,6 +496,13 @@ class _StepPhase(PhaseSpan):
                     if current is record.real_context and not telemetry.closed:
                         return self._enter_real(engine, record, current)
         return super().__enter__()
+
+    def _started_in(self, record: IterationSpan, engine: TrainingEngine) -> None:
+        """Open in ``record``: what a terminating signal cuts, and the device hooks' start."""
+        record.open_step = self
+        if engine.device is not None:
+            self._device = engine.device
+            engine.device.started(self._name, record.iteration)
 
     def _enter_real(self, engine: TrainingEngine, record: IterationSpan, current: Context) -> Span:
         """ "all" mode, directly in the running iteration: an SDK span with nothing around it
@@ -525,10 +518,7 @@ class _StepPhase(PhaseSpan):
         self._span = span
         self._start_ns = start
         self._real = record
-        record.open_step = self
-        if engine.device is not None:
-            self._device = engine.device
-            engine.device.started(self._name, record.iteration)
+        self._started_in(record, engine)
         return span
 
     def _exit_real(self, record: IterationSpan, exc: BaseException | None) -> None:
@@ -841,12 +831,11 @@ _EMPTY: dict[str, AttributeValue] = {}
 _new_step = _StepPhase.__new__
 _new_iteration = _Iteration.__new__
 _INVALID_SPAN = trace_api.INVALID_SPAN
-_TRAINING_LOOP = _LOOP_OF[_TRAINING_ITERATION]
 
 
-def _bare_step(name: str, attributes: Mapping[str, AttributeValue], index: int) -> _StepPhase:
-    """``_StepPhase(name, attributes, index)`` without the type call into a Python ``__init__``:
-    three of these per step, and the call costs more than the stores."""
+def _step_phase(name: str, attributes: Mapping[str, AttributeValue], index: int) -> _StepPhase:
+    """A step phase, built without a type call into a Python ``__init__``: three of these per
+    step, and that call costs more than the stores."""
     phase = _new_step(_StepPhase)
     phase._name = name
     phase._attributes = attributes
@@ -868,10 +857,26 @@ _MODEL_BACKWARD_INDEX = STEP_INDEX[_MODEL_BACKWARD]
 _OPTIMIZER_UPDATE_INDEX = STEP_INDEX[_OPTIMIZER_UPDATE]
 
 
+def _iteration_phase(
+    phase: str, iteration: int | None, attributes: Mapping[str, AttributeValue]
+) -> _Iteration:
+    """An iteration phase, built without a type call into a Python ``__init__`` (one per step)."""
+    it = _new_iteration(_Iteration)
+    it._name = it._phase = phase
+    it._attributes = attributes
+    it._span = _INVALID_SPAN
+    it._token = None
+    it._thread = it._start_ns = 0
+    it._loop = _LOOP_OF[phase]
+    it._iteration = iteration
+    it._record = None
+    return it
+
+
 def _step(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if attributes:
-        return _StepPhase(name, {**_STEP_ATTRIBUTES[name], **attributes}, STEP_INDEX[name])
-    return _StepPhase(name, _STEP_ATTRIBUTES[name], STEP_INDEX[name])
+        return _step_phase(name, {**_STEP_ATTRIBUTES[name], **attributes}, STEP_INDEX[name])
+    return _step_phase(name, _STEP_ATTRIBUTES[name], STEP_INDEX[name])
 
 
 # --- the public phase factories ---------------------------------------------------------------
@@ -957,42 +962,34 @@ def training_iteration(
     """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
     micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
     loop's running count."""
-    if samples is None and tokens is None and not attributes:  # the per-step case: no __init__
-        phase = _new_iteration(_Iteration)
-        phase._name = phase._phase = _TRAINING_ITERATION
-        phase._attributes = _EMPTY
-        phase._span = _INVALID_SPAN
-        phase._token = None
-        phase._thread = phase._start_ns = 0
-        phase._loop = _TRAINING_LOOP
-        phase._iteration = iteration
-        phase._record = None
-        return phase
-    return _Iteration(_TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
+    if samples is None and tokens is None and not attributes:  # the per-step case
+        return _iteration_phase(_TRAINING_ITERATION, iteration, _EMPTY)
+    extra = _iteration_attributes(samples, tokens, attributes)
+    return _iteration_phase(_TRAINING_ITERATION, iteration, extra)
 
 
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """Waiting for the next batch (the time the loop was blocked on data)."""
     if not attributes:  # the per-step case: no factory call
-        return _bare_step(_DATA_LOADING, _DATA_LOADING_ATTRIBUTES, _DATA_LOADING_INDEX)
+        return _step_phase(_DATA_LOADING, _DATA_LOADING_ATTRIBUTES, _DATA_LOADING_INDEX)
     return _step(_DATA_LOADING, attributes)
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _bare_step(_MODEL_FORWARD, _MODEL_FORWARD_ATTRIBUTES, _MODEL_FORWARD_INDEX)
+        return _step_phase(_MODEL_FORWARD, _MODEL_FORWARD_ATTRIBUTES, _MODEL_FORWARD_INDEX)
     return _step(_MODEL_FORWARD, attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _bare_step(_MODEL_BACKWARD, _MODEL_BACKWARD_ATTRIBUTES, _MODEL_BACKWARD_INDEX)
+        return _step_phase(_MODEL_BACKWARD, _MODEL_BACKWARD_ATTRIBUTES, _MODEL_BACKWARD_INDEX)
     return _step(_MODEL_BACKWARD, attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: no factory call
-        return _bare_step(_OPTIMIZER_UPDATE, _OPTIMIZER_UPDATE_ATTRIBUTES, _OPTIMIZER_UPDATE_INDEX)
+        return _step_phase(_OPTIMIZER_UPDATE, _OPTIMIZER_UPDATE_ATTRIBUTES, _OPTIMIZER_UPDATE_INDEX)
     return _step(_OPTIMIZER_UPDATE, attributes)
 
 
@@ -1034,7 +1031,7 @@ def validation_iteration(
     samples: float | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
-    return _Iteration(
+    return _iteration_phase(
         Phase.VALIDATION_ITERATION.value, iteration, _iteration_attributes(samples, None, attributes)
     )
 
@@ -1048,7 +1045,7 @@ def testing_iteration(
     samples: float | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
-    return _Iteration(
+    return _iteration_phase(
         Phase.TESTING_ITERATION.value, iteration, _iteration_attributes(samples, None, attributes)
     )
 

@@ -53,12 +53,6 @@ DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
 _OWNED_WRITE_TIMEOUT_S = 2.0
 
 
-def estimate_bytes(span: ReadableSpan) -> int:
-    """A generous estimate of a span's OTLP protobuf size (the trace budget's, on the high
-    side), so most batches are never encoded twice only to learn they fit."""
-    return estimate_span_bytes(span)
-
-
 def split_by_bytes(
     spans: Sequence[ReadableSpan], max_bytes: int
 ) -> list[tuple[Sequence[ReadableSpan], ExportTraceServiceRequest | None]]:
@@ -68,7 +62,7 @@ def split_by_bytes(
     (the exporter does that). A single span over the limit stays a part of its own, with its
     request, for the caller to refuse.
     """
-    if 2 * sum(estimate_bytes(s) for s in spans) <= max_bytes:
+    if 2 * sum(estimate_span_bytes(s) for s in spans) <= max_bytes:
         return [(spans, None)]
     request = encode_spans(spans)
     if len(spans) <= 1 or request.ByteSize() <= max_bytes:
@@ -425,6 +419,5 @@ __all__ = [
     "DEFAULT_MAX_BATCH_BYTES",
     "CountingBatchSpanProcessor",
     "SpoolingSpanExporter",
-    "estimate_bytes",
     "split_by_bytes",
 ]
