@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -68,3 +69,45 @@ def parent_name(span: ReadableSpan, spans: list[ReadableSpan]) -> str | None:
         if candidate.context.span_id == span.parent.span_id:
             return candidate.name
     raise AssertionError(f"{span.name}: parent {span.parent.span_id:x} not among exported spans")
+
+
+@dataclass
+class Owned:
+    exporter: InMemorySpanExporter
+    reader: InMemoryMetricReader
+
+    def spans(self) -> list[ReadableSpan]:
+        traintel.get_telemetry().flush(5)
+        return list(self.exporter.get_finished_spans())
+
+    def named(self, name: str) -> list[ReadableSpan]:
+        return [s for s in self.spans() if s.name == name]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [dict(e.attributes or {}) for s in self.spans() for e in s.events if e.name == name]
+
+    def metric_points(self, name: str) -> list[Any]:
+        data = self.reader.get_metrics_data()
+        assert data is not None
+        return [
+            point
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if metric.name == name
+            for point in metric.data.data_points
+        ]
+
+
+@pytest.fixture
+def owned() -> Iterator[Any]:
+    """A pipeline traintel builds itself (export filter included) around in-memory parts."""
+
+    def make(**training: object) -> Owned:
+        exporter = InMemorySpanExporter()
+        reader = InMemoryMetricReader()
+        traintel.configure(span_exporters=[exporter], metric_readers=[reader], **training)
+        return Owned(exporter, reader)
+
+    yield make
+    traintel.shutdown(2)

@@ -11,15 +11,12 @@ exactly; checkpoint stages have no explicit-time API and are compared with their
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import traintel
-from tests.test_metrics import Owned, ms, run_loop
+from tests.test_metrics import ms, run_loop
 from traintel import _engine, semconv
 
 W = semconv.WINDOW_PREFIX
@@ -28,17 +25,9 @@ S = semconv.SUMMARY_PREFIX
 
 
 @pytest.fixture
-def job() -> Iterator[Any]:
-    """A pipeline traintel builds itself around in-memory parts; call with training settings."""
-
-    def make(**training: object) -> Owned:
-        exporter = InMemorySpanExporter()
-        reader = InMemoryMetricReader()
-        traintel.configure(span_exporters=[exporter], metric_readers=[reader], **training)
-        return Owned(exporter, reader)
-
-    yield make
-    traintel.shutdown(2)
+def job(owned: Any) -> Any:
+    """A pipeline traintel builds itself around in-memory parts (conftest's ``owned``)."""
+    return owned
 
 
 def by_scope(points: list[Any]) -> dict[str, float]:
