@@ -88,9 +88,13 @@ class Run(NamedTuple):
     sent_ns: int  # wall clock just before the signal was sent
 
 
-def run_and_signal(tmp_path: Path, mode: str, where: str, signum: int, **env: str) -> Run:
+def run_and_signal(
+    tmp_path: Path, mode: str, where: str, signum: int, script_text: str = TRAIN, **env: str
+) -> Run:
+    """Run ``script_text`` (argv: mode, where) until it prints "ready", then signal it."""
+    tmp_path.mkdir(exist_ok=True)
     script = tmp_path / "train.py"
-    script.write_text(TRAIN)
+    script.write_text(script_text)
     child = subprocess.Popen(
         [sys.executable, str(script), mode, where],
         cwd=tmp_path,

@@ -9,16 +9,13 @@ script without traintel: the exit status must be identical.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.subprocess_helpers import clean_env
+from tests.test_preemption import run_and_signal, the_event
 from traintel import semconv
 from traintel.analysis.goodput import compute_goodput, load_jobs
 from traintel.exporters.reader import iter_spans
@@ -85,32 +82,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run_and_signal(tmp_path: Path, use_traintel: bool, where: str) -> tuple[int, str, str, float]:
-    tmp_path.mkdir(exist_ok=True)
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    child = subprocess.Popen(
-        [sys.executable, str(script), "traintel" if use_traintel else "plain", where],
-        cwd=tmp_path,
-        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_SHUTDOWN_TIMEOUT="5"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "ready"
-    sent = time.monotonic()
-    child.send_signal(signal.SIGTERM)
-    out, err = child.communicate(timeout=60)
-    return child.returncode, out, err, time.monotonic() - sent
-
-
-def _event(found: list[Any]) -> dict[str, Any]:
-    events = [e for s in found for e in s.events if e.name == semconv.Event.PREEMPTION.value]
-    assert len(events) == 1, events
-    return dict(events[0].attributes)
-
-
 def _status(runs: Path) -> str:
     (job,) = compute_goodput(load_jobs([runs]))[0].jobs
     return job.status
@@ -126,8 +97,8 @@ def _done_and_saved(event: dict[str, Any]) -> tuple[int, int]:
 
 @pytest.mark.parametrize("where", ["validation", "first_iteration", "warmup"])
 def test_sigterm_outside_a_plain_training_step(tmp_path: Path, where: str) -> None:
-    plain_code, _, _, _ = run_and_signal(tmp_path / "plain", False, where)
-    code, out, err, took = run_and_signal(tmp_path, True, where)
+    plain_code = run_and_signal(tmp_path / "plain", "plain", where, signal.SIGTERM, SCRIPT).code
+    code, out, err, took, _ = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM, SCRIPT)
     assert code == plain_code == -signal.SIGTERM, err  # died by the signal, exactly as without us
     assert "clean exit" not in out and "Traceback" not in err, err
     assert took < 15
@@ -143,7 +114,7 @@ def test_sigterm_outside_a_plain_training_step(tmp_path: Path, where: str) -> No
     for name in cut:
         last = max(by_name[name], key=lambda s: s.start_ns)
         assert last.is_error and last.attributes[semconv.END_REASON] == PREEMPTED, name
-    event = _event(found)
+    event = the_event(found)
     assert event[semconv.PREEMPTION_SIGNAL] == "SIGTERM"
     (app,) = by_name["application"]
     assert app.start_ns < event[semconv.PREEMPTION_RECEIVED] < app.end_ns  # when it came
@@ -168,15 +139,15 @@ def test_sigterm_outside_a_plain_training_step(tmp_path: Path, where: str) -> No
 def test_a_users_handler_saves_after_the_signal_then_exits(tmp_path: Path, where: str) -> None:
     """The handler installed before traintel configured, or after (traintel chains it when the
     application span opens)."""
-    plain_code, _, _, _ = run_and_signal(tmp_path / "plain", False, where)
-    code, out, err, took = run_and_signal(tmp_path, True, where)
+    plain_code = run_and_signal(tmp_path / "plain", "plain", where, signal.SIGTERM, SCRIPT).code
+    code, out, err, took, _ = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM, SCRIPT)
     assert code == plain_code == 128 + signal.SIGTERM, err  # the user's sys.exit(143), unchanged
     assert "clean exit" not in out and "Traceback" not in err, err
     assert took < 15
     found = list(iter_spans([tmp_path / "runs"]))
     saves = sorted((s for s in found if s.name == "checkpoint_save_sync"), key=lambda s: s.start_ns)
     assert [s.attributes[semconv.CHECKPOINT_ITERATION] for s in saves] == [2, 5]  # the handler's save
-    event = _event(found)
+    event = the_event(found)
     assert event[semconv.PREEMPTION_SIGNAL] == "SIGTERM"
     assert event[semconv.PREEMPTION_SAVE_AFTER_SIGNAL] is True
     measured = (saves[1].end_ns - saves[1].start_ns) / 1e9
