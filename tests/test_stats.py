@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from traintel.processor.stats import QuantileSketch, RunningStats, percentile
+from traintel.processor.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
 
 
 def test_sketch_is_exact_for_short_runs_then_within_one_percent() -> None:
@@ -75,3 +75,37 @@ def test_percentile_matches_numpy_linear_definition() -> None:
     assert percentile(values, 25) == 1.5
     assert percentile(values, 75) == 4.0
     assert math.isnan(percentile([], 50))
+
+
+def test_a_shared_indexed_batch_gives_each_sketch_what_its_own_values_give() -> None:
+    rng = random.Random(11)
+    windows = [[0.0] * (i % 3) + [rng.lognormvariate(-5, 0.7) for _ in range(50)] for i in range(80)]
+    shared_a, shared_b = QuantileSketch(0.01, exact_limit=2048), QuantileSketch(0.01, exact_limit=256)
+    own_a, own_b = QuantileSketch(0.01, exact_limit=2048), QuantileSketch(0.01, exact_limit=256)
+    for values in windows:
+        batch = IndexedBatch(values)  # bucketed once, whichever sketch asks first
+        shared_a.add_many(batch)
+        shared_b.add_many(batch)
+        own_a.add_many(list(values))
+        own_b.add_many(list(values))
+    assert not shared_a.is_exact and not shared_b.is_exact
+    qs = (0.0, 0.5, 0.9, 0.99, 1.0)
+    for shared, own in ((shared_a, own_a), (shared_b, own_b)):
+        assert (shared.count, shared.zeros, shared.buckets) == (own.count, own.zeros, own.buckets)
+        assert shared.quantiles(qs) == own.quantiles(qs)
+        assert shared.robust_mean() == own.robust_mean()
+
+
+def test_merging_moments_equals_merging_the_values() -> None:
+    rng = random.Random(5)
+    by_values, by_moments = RunningStats(), RunningStats()
+    for _ in range(20):
+        values = [rng.uniform(0.01, 3.0) for _ in range(50)]
+        by_values.merge(values)
+        total = math.fsum(values)
+        mean = total / len(values)
+        m2 = math.fsum((v - mean) ** 2 for v in values)
+        by_moments.merge_moments(len(values), total, mean, m2, min(values), max(values))
+    for name in ("count", "sum", "min", "max", "mean", "stddev"):
+        assert getattr(by_moments, name) == pytest.approx(getattr(by_values, name), rel=1e-12)
+    assert by_moments.count == 1000

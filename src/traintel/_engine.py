@@ -32,6 +32,7 @@ from traintel import semconv
 from traintel._attributes import as_number, clean_value
 from traintel._fastctx import current_span as _current_span
 from traintel._ids import ForcingIdGenerator, new_span_id, new_trace_id
+from traintel._sdkfast import add_clean_event, set_clean_attributes
 from traintel._segments import SegmentedSpan
 from traintel.config import TrainingConfig
 from traintel.device import DeviceHooks, annotate_window, device_hooks
@@ -60,6 +61,7 @@ _new_tuple = tuple.__new__
 _PLAIN = (str, bool, int, float)
 _getrandbits = random.getrandbits
 _new_record = object.__new__
+_TRAINING_METRICS_UPDATE = Event.TRAINING_METRICS_UPDATE.value
 
 
 def _span_context(trace_id: int, span_id: int, flags: TraceFlags) -> SpanContext:
@@ -792,7 +794,10 @@ class TrainingEngine:
             self.warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
         loop = self._loop_span_for()
         if loop is not None and self.window_events:
-            loop.add_event(Event.TRAINING_METRICS_UPDATE.value, report.attributes)
+            if isinstance(loop, SegmentedSpan):
+                loop.add_clean_event(_TRAINING_METRICS_UPDATE, report.attributes)
+            else:
+                add_clean_event(loop, _TRAINING_METRICS_UPDATE, report.attributes)
             for error in report.errors:
                 loop.add_event(
                     Event.METRIC_OUT_OF_RANGE.value,
@@ -823,12 +828,11 @@ class TrainingEngine:
             parent = ended_loop
         context = trace_api.set_span_in_context(parent) if parent is not None else Context()
         for window in windows:
+            # Started without attributes, then given them uncleaned: they are traintel's numbers.
             span = self.tracer.start_span(
-                semconv.TRAINING_WINDOW_SPAN,
-                context=context,
-                attributes=window.attributes(),
-                start_time=window.start_ns,
+                semconv.TRAINING_WINDOW_SPAN, context=context, start_time=window.start_ns
             )
+            set_clean_attributes(span, window.attributes())
             span.end(end_time=max(window.end_ns, window.start_ns))
 
     # --- segments -------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from opentelemetry.util import types
 
 from traintel import semconv
+from traintel._sdkfast import add_clean_event
 from traintel.processor.export_filter import estimate_attributes_bytes
 
 
@@ -60,6 +61,14 @@ class SegmentedSpan(Span):
     def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
         self.open_bytes += 24 + len(name) + estimate_attributes_bytes(attributes)
         self.current.add_event(name, attributes, timestamp)
+
+    def add_clean_event(
+        self, name: str, attributes: Mapping[str, types.AttributeValue], timestamp: int | None = None
+    ) -> None:
+        """``add_event`` for attributes traintel computed (plain numbers and strings): stored
+        without the SDK's per-value cleaning (see ``traintel._sdkfast``)."""
+        self.open_bytes += 24 + len(name) + estimate_attributes_bytes(attributes)
+        add_clean_event(self.current, name, attributes, timestamp)
 
     def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
         self.current.add_link(context, attributes)

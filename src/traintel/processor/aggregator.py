@@ -27,7 +27,7 @@ from functools import partial
 from itertools import repeat
 
 from traintel import semconv
-from traintel.processor.stats import QuantileSketch, RunningStats, percentile
+from traintel.processor.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
 
 _W = semconv.WINDOW_PREFIX
 _T = semconv.TOTAL_PREFIX
@@ -184,6 +184,8 @@ class WindowReport:
     #: The window's raw material for goodput: durations in arrival order (seconds), its time
     #: span (first iteration's start to last iteration's end) and its sums.
     durations: list[float] = field(default_factory=list)
+    #: The same durations with their sketch bucket indices (computed once, shared).
+    batch: IndexedBatch | None = None
     start_ns: int = 0
     end_ns: int = 0
     duration_s: float = 0.0
@@ -294,12 +296,14 @@ class TrainingAggregator:
             return None
         counts = _Counts.of_rows(rows)
         durations = _seconds(map(operator.itemgetter(0), rows))
-        self._fold_into_totals(rows, counts, durations)
+        batch = IndexedBatch(durations)
         ordered = sorted(durations)
         n = len(ordered)
         mean = counts.duration_s / n
         deviations = list(map(operator.sub, ordered, repeat(mean)))
-        variance = math.fsum(map(operator.mul, deviations, deviations)) / n
+        m2 = math.fsum(map(operator.mul, deviations, deviations))
+        variance = m2 / n
+        self._fold_into_totals(rows, counts, batch, (n, counts.duration_s, mean, m2, ordered[0], ordered[-1]))
         attributes: dict[str, float | int | str] = {
             _W + "index": self.windows_closed,
             _W + "iterations": n,
@@ -333,6 +337,7 @@ class TrainingAggregator:
             attributes=attributes,
             errors=errors,
             durations=durations,
+            batch=batch,
             start_ns=self._window_start_ns,
             end_ns=self._window_end_ns,
             duration_s=counts.duration_s,
@@ -351,14 +356,26 @@ class TrainingAggregator:
         self._window_flags = [0, 0, 0]
         return report
 
-    def _fold_into_totals(self, rows: list[_Row], counts: _Counts, durations: list[float]) -> None:
+    def _fold_into_totals(
+        self,
+        rows: list[_Row],
+        counts: _Counts,
+        batch: IndexedBatch,
+        moments: tuple[int, float, float, float, float, float],
+    ) -> None:
         """Add the window's post-warm-up iterations to the totals (Chan's parallel merge for
-        the mean and variance: exact and stable, with no per-iteration cost)."""
+        the mean and variance: exact and stable, with no per-iteration cost). A window with no
+        warm-up rows (all but the first) hands over the moments and bucket indices it has."""
         warm = self._window_warm
-        post = durations[warm:]
+        if not warm:
+            self.total.merge(counts)
+            self._total_stats.merge_moments(*moments)
+            self._total_sketch.add_many(batch)
+            return
+        post = batch.values[warm:]
         if not post:
             return
-        self.total.merge(counts if not warm else _Counts.of_rows(rows[warm:]))
+        self.total.merge(_Counts.of_rows(rows[warm:]))
         self._total_stats.merge(post)
         self._total_sketch.add_many(post)
 

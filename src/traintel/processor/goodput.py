@@ -199,7 +199,7 @@ class GoodputLedger:
             max_s=max_s,
             slowest_iteration=slowest,
         )
-        self.steps.add_many(durations)
+        self.steps.add_many(report.batch if report.batch is not None else durations)
         self._windows_seen += 1
         if self.steps.is_exact or self._windows_seen % IDEAL_REFRESH_WINDOWS == 0:
             # exact (and cheap) for the first steps; then from the sketch, every few windows

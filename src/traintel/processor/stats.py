@@ -89,19 +89,50 @@ class RunningStats:
         batch_mean = batch_sum / n
         deviations = [v - batch_mean for v in values]
         batch_m2 = math.fsum(map(operator.mul, deviations, deviations))
-        total = self.count + n
-        delta = batch_mean - self.mean
-        self._m2 += batch_m2 + delta * delta * self.count * n / total
-        self.mean += delta * n / total
-        self.count = total
-        self.sum += batch_sum
-        low, high = min(values), max(values)
+        self.merge_moments(n, batch_sum, batch_mean, batch_m2, min(values), max(values))
+
+    def merge_moments(self, n: int, total: float, mean: float, m2: float, low: float, high: float) -> None:
+        """Add a batch given by its moments (a window that computed them already)."""
+        if n == 0:
+            return
+        count = self.count + n
+        delta = mean - self.mean
+        self._m2 += m2 + delta * delta * self.count * n / count
+        self.mean += delta * n / count
+        self.count = count
+        self.sum += total
         self.min = min(self.min, low)
         self.max = max(self.max, high)
 
     @property
     def stddev(self) -> float:
         return math.sqrt(self._m2 / self.count) if self.count else math.nan
+
+
+class IndexedBatch:
+    """A batch of values (a window's step times) and their sketch bucket indices, computed at
+    most once: the run's totals and the goodput ledger sketch the same values at the same
+    accuracy, and bucketing is most of what adding a batch costs."""
+
+    __slots__ = ("_indices", "_log_gamma", "values", "zeros")
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+        self._indices: list[int] | None = None
+        self._log_gamma = 0.0
+        self.zeros = 0
+
+    def indices(self, log_gamma: float) -> list[int]:
+        """``ceil(log(v) / log(gamma))`` of each positive value, with C-level iterators (no
+        bytecode per value); ``zeros`` counts the others."""
+        if self._indices is None or log_gamma != self._log_gamma:
+            values = self.values
+            positive = values if not values or min(values) > 0.0 else list(filter(_POSITIVE, values))
+            self.zeros = len(values) - len(positive)
+            inverse = 1.0 / log_gamma  # as in QuantileSketch._bucket (multiplication commutes exactly)
+            self._indices = list(map(math.ceil, map(inverse.__mul__, map(math.log, positive))))
+            self._log_gamma = log_gamma
+        return self._indices
 
 
 class QuantileSketch:
@@ -118,6 +149,7 @@ class QuantileSketch:
         "_counts",
         "_exact",
         "_gamma",
+        "_keys",
         "_log_gamma",
         "count",
         "exact_limit",
@@ -133,6 +165,7 @@ class QuantileSketch:
         self._gamma = (1 + relative_accuracy) / (1 - relative_accuracy)
         self._log_gamma = math.log(self._gamma)
         self._counts: Counter[int] = Counter()
+        self._keys: list[int] = []  # the sorted bucket keys, while no bucket is added
         self._exact: list[float] | None = []
         self.count = 0
         self.zeros = 0
@@ -154,34 +187,30 @@ class QuantileSketch:
             return
         self._bucket(value)
 
-    def add_many(self, values: list[float]) -> None:
-        """Add a batch (a window's values): one C-level sort instead of an insort per value."""
+    def add_many(self, values: list[float] | IndexedBatch) -> None:
+        """Add a batch (a window's values): one C-level sort instead of an insort per value;
+        an :class:`IndexedBatch` shares its bucket indices with other sketches."""
+        batch = values if isinstance(values, IndexedBatch) else IndexedBatch(values)
         exact = self._exact
         if exact is None:
-            self._buckets_of(values)
-            self.count += len(values)
+            self._counts.update(batch.indices(self._log_gamma))
+            self.zeros += batch.zeros
+            self.count += len(batch.values)
             return
-        exact.extend(values)
+        exact.extend(batch.values)
         exact.sort()  # timsort merges the two sorted runs in linear time
-        self.count += len(values)
+        self.count += len(batch.values)
         if len(exact) > self.exact_limit:
             self._exact = None
-            self._buckets_of(exact)
-
-    def _buckets_of(self, values: list[float]) -> None:
-        """Bucket a batch with C-level iterators (``map``, ``Counter.update``): no bytecode per
-        value; the window close does this for every window."""
-        inverse = 1.0 / self._log_gamma
-        positive = list(filter(_POSITIVE, values))
-        self.zeros += len(values) - len(positive)
-        # ceil(log(v) * inverse), as in _bucket (multiplication commutes exactly)
-        self._counts.update(map(math.ceil, map(inverse.__mul__, map(math.log, positive))))
+            folded = IndexedBatch(exact)
+            self._counts.update(folded.indices(self._log_gamma))
+            self.zeros += folded.zeros
 
     def _bucket(self, value: float) -> None:
         if value <= 0:
             self.zeros += 1
             return
-        index = math.ceil(math.log(value) * (1.0 / self._log_gamma))  # as in _buckets_of
+        index = math.ceil(math.log(value) * (1.0 / self._log_gamma))  # as in IndexedBatch.indices
         counts = self._counts
         counts[index] = counts.get(index, 0) + 1
 
@@ -197,7 +226,9 @@ class QuantileSketch:
         if self._exact is not None:
             return [percentile(self._exact, q * 100) for q in qs]
         counts, gamma = self._counts, self._gamma
-        keys = sorted(counts)
+        keys = self._keys
+        if len(keys) != len(counts):  # buckets are only ever added: same length, same keys
+            keys = self._keys = sorted(counts)
         # seen[j]: values at or below bucket keys[j - 1] (seen[0]: the zeros); C-level sums.
         seen = list(accumulate(map(counts.__getitem__, keys), initial=self.zeros))
         out: list[float] = []
