@@ -235,6 +235,10 @@ def iteration_record(phase: str, iteration: int, start_ns: int, parent: SpanCont
     record.parent = parent
     record.children = []
     record.phase_ns = [0, 0, 0, 0]
+    # Read on every iteration's end: instance values are read faster than class defaults.
+    record.real_span = record.samples = record.tokens = record.flops = record.padding = None
+    record.metrics = record.error = record.head_reason = None
+    record.nonfinite = record.filtered = record.step_spans = False
     return record
 
 
@@ -648,7 +652,7 @@ class TrainingEngine:
         if attributes.get(semconv.SAMPLING_REASON) == record.head_reason:
             del attributes[semconv.SAMPLING_REASON]  # set at the start
         if attributes:
-            span.set_attributes(attributes)
+            set_clean_attributes(span, attributes)  # plain values, or the public API cleans them
         _finish_span(span, record)
         context = span.get_span_context()
         return (context.trace_id, context.span_id) if context.trace_flags.sampled else None

@@ -32,9 +32,39 @@ from traintel.processor.stats import IndexedBatch, QuantileSketch, RunningStats,
 _W = semconv.WINDOW_PREFIX
 _T = semconv.TOTAL_PREFIX
 
+
+class _Prefixed(dict[str, str]):
+    """``prefix + name``, built once per name: a window event has ~60 keys, and a new string
+    per key per window (concatenated, then hashed on insertion) was a tenth of its cost."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def __missing__(self, name: str) -> str:
+        key = self[name] = self.prefix + name
+        return key
+
+
+_KEYS = {prefix: _Prefixed(prefix) for prefix in (_W, _T)}
+_WK, _TK = _KEYS[_W], _KEYS[_T]
+#: The rates the totals carry (of all ``rates`` computes).
+_TOTAL_RATES = tuple(
+    _TK[name]
+    for name in (
+        "samples_per_second",
+        "tokens_per_second",
+        "flops_per_second_per_device",  # the total MFU's numerator
+        "tflops_per_device",
+        "mfu",
+        "hfu",
+    )
+)
+
 #: Indices of the step-phase timings carried with each iteration.
 DATA, FORWARD, BACKWARD, OPTIMIZER = range(4)
 STEP_PHASE_NAMES = ("data_loading", "forward", "backward", "optimizer")
+_TIME_NAMES = tuple("time." + name for name in STEP_PHASE_NAMES)
 #: Where each step phase's time goes in those timings, by phase (span) name.
 STEP_INDEX = {
     semconv.Phase.DATA_LOADING.value: DATA,
@@ -138,37 +168,38 @@ class _Counts:
     def rates(self, inputs: RateInputs, prefix: str, out: dict[str, float | int | str]) -> list[str]:
         """Throughput, FLOP/s, MFU/HFU into ``out``; returns MFU/HFU range errors."""
         errors: list[str] = []
+        keys = _KEYS.get(prefix) or _KEYS.setdefault(prefix, _Prefixed(prefix))
         world = inputs.world_size
         if self.samples_time > 0:
             per_device = self.samples / self.samples_time
-            out[prefix + "samples_per_second_per_device"] = per_device
-            out[prefix + "samples_per_second"] = per_device * world
+            out[keys["samples_per_second_per_device"]] = per_device
+            out[keys["samples_per_second"]] = per_device * world
         if self.tokens_time > 0:
             per_device = self.tokens / self.tokens_time
-            out[prefix + "tokens_per_second_per_device"] = per_device
-            out[prefix + "tokens_per_second"] = per_device * world
+            out[keys["tokens_per_second_per_device"]] = per_device
+            out[keys["tokens_per_second"]] = per_device * world
         if self.tokens + self.padding > 0 and self.padding > 0:
-            out[prefix + "padding_fraction"] = self.padding / (self.tokens + self.padding)
+            out[keys["padding_fraction"]] = self.padding / (self.tokens + self.padding)
         if self.flops_time > 0:
             flops_per_second = self.flops / self.flops_time
-            out[prefix + "flops_per_second_per_device"] = flops_per_second
-            out[prefix + "tflops_per_device"] = flops_per_second / 1e12
+            out[keys["flops_per_second_per_device"]] = flops_per_second
+            out[keys["tflops_per_device"]] = flops_per_second / 1e12
             if inputs.peak_flops:
                 mfu = flops_per_second / inputs.peak_flops
                 if mfu <= 1:
-                    out[prefix + "mfu"] = mfu
+                    out[keys["mfu"]] = mfu
                 else:
                     errors.append(f"mfu {mfu:.3f} > 1")
                 if inputs.executed_flops_ratio is not None:
                     hfu = mfu * inputs.executed_flops_ratio
                     if hfu <= 1:
-                        out[prefix + "hfu"] = hfu
+                        out[keys["hfu"]] = hfu
                     else:
                         errors.append(f"hfu {hfu:.3f} > 1")
         if self.duration_s > 0:
-            for name, seconds in zip(STEP_PHASE_NAMES, self.phase_s, strict=True):
-                out[prefix + "time." + name] = seconds
-            out[prefix + "data_loading_fraction"] = self.phase_s[DATA] / self.duration_s
+            for name, seconds in zip(_TIME_NAMES, self.phase_s, strict=True):
+                out[keys[name]] = seconds
+            out[keys["data_loading_fraction"]] = self.phase_s[DATA] / self.duration_s
         return errors
 
 
@@ -305,34 +336,34 @@ class TrainingAggregator:
         variance = m2 / n
         self._fold_into_totals(rows, counts, batch, (n, counts.duration_s, mean, m2, ordered[0], ordered[-1]))
         attributes: dict[str, float | int | str] = {
-            _W + "index": self.windows_closed,
-            _W + "iterations": n,
-            _W + "first_iteration": self._window_first if self._window_first is not None else 0,
-            _W + "last_iteration": self._window_last,
-            _W + "iteration_time.min": ordered[0],
-            _W + "iteration_time.mean": mean,
-            _W + "iteration_time.max": ordered[-1],
-            _W + "iteration_time.p50": percentile(ordered, 50),
-            _W + "iteration_time.p90": percentile(ordered, 90),
-            _W + "iteration_time.p99": percentile(ordered, 99),
-            _W + "iteration_time.stddev": math.sqrt(variance),
-            _W + "samples": counts.samples,
-            _W + "tokens": counts.tokens,
-            _W + "padding_tokens": counts.padding,
-            _W + "nonfinite_iterations": self._window_flags[0],
-            _W + "slow_iterations": self._window_flags[1],
-            _W + "exported_iterations": self._window_flags[2],
+            _WK["index"]: self.windows_closed,
+            _WK["iterations"]: n,
+            _WK["first_iteration"]: self._window_first if self._window_first is not None else 0,
+            _WK["last_iteration"]: self._window_last,
+            _WK["iteration_time.min"]: ordered[0],
+            _WK["iteration_time.mean"]: mean,
+            _WK["iteration_time.max"]: ordered[-1],
+            _WK["iteration_time.p50"]: percentile(ordered, 50),
+            _WK["iteration_time.p90"]: percentile(ordered, 90),
+            _WK["iteration_time.p99"]: percentile(ordered, 99),
+            _WK["iteration_time.stddev"]: math.sqrt(variance),
+            _WK["samples"]: counts.samples,
+            _WK["tokens"]: counts.tokens,
+            _WK["padding_tokens"]: counts.padding,
+            _WK["nonfinite_iterations"]: self._window_flags[0],
+            _WK["slow_iterations"]: self._window_flags[1],
+            _WK["exported_iterations"]: self._window_flags[2],
         }
         errors = counts.rates(inputs, _W, attributes)
         for name, metric in self._window_metrics.items():
-            attributes[_W + "metric." + name + ".last"] = metric.last
+            attributes[_WK["metric." + name + ".last"]] = metric.last
             if metric.count:
-                attributes[_W + "metric." + name + ".mean"] = metric.sum / metric.count
+                attributes[_WK["metric." + name + ".mean"]] = metric.sum / metric.count
         self._describe_inputs(inputs, attributes)
         self._totals(inputs, attributes)
         report = WindowReport(
             index=self.windows_closed,
-            first_iteration=int(attributes[_W + "first_iteration"]),
+            first_iteration=int(attributes[_WK["first_iteration"]]),
             last_iteration=self._window_last,
             attributes=attributes,
             errors=errors,
@@ -380,36 +411,29 @@ class TrainingAggregator:
         self._total_sketch.add_many(post)
 
     def _totals(self, inputs: RateInputs, out: dict[str, float | int | str]) -> None:
-        out[_T + "iterations"] = self.iterations_seen
+        out[_TK["iterations"]] = self.iterations_seen
         stats = self._total_stats
         if stats.count:
-            out[_T + "iteration_time.mean"] = stats.mean
-            out[_T + "iteration_time.stddev"] = stats.stddev
+            out[_TK["iteration_time.mean"]] = stats.mean
+            out[_TK["iteration_time.stddev"]] = stats.stddev
             p50, p90, p99 = self._total_sketch.quantiles((0.50, 0.90, 0.99))
-            out[_T + "iteration_time.p50"] = p50
-            out[_T + "iteration_time.p90"] = p90
-            out[_T + "iteration_time.p99"] = p99
+            out[_TK["iteration_time.p50"]] = p50
+            out[_TK["iteration_time.p90"]] = p90
+            out[_TK["iteration_time.p99"]] = p99
             scratch: dict[str, float | int | str] = {}
             self.total.rates(inputs, _T, scratch)
-            for key in (
-                "samples_per_second",
-                "tokens_per_second",
-                "flops_per_second_per_device",  # the total MFU's numerator
-                "tflops_per_device",
-                "mfu",
-                "hfu",
-            ):
-                if _T + key in scratch:
-                    out[_T + key] = scratch[_T + key]
+            for key in _TOTAL_RATES:
+                if key in scratch:
+                    out[key] = scratch[key]
 
     @staticmethod
     def _describe_inputs(inputs: RateInputs, out: dict[str, float | int | str]) -> None:
         out[semconv.THROUGHPUT_AGGREGATION] = f"rank x world_size ({inputs.world_size})"
-        if _W + "flops_per_second_per_device" in out:
+        if _WK["flops_per_second_per_device"] in out:
             out[semconv.MFU_TIMING_MODE] = inputs.timing_mode
             out[semconv.MFU_FLOPS_METHOD] = inputs.flops_method or "config"
             if inputs.peak_flops:
-                out[semconv.MFU_NUMERATOR] = out[_W + "flops_per_second_per_device"]
+                out[semconv.MFU_NUMERATOR] = out[_WK["flops_per_second_per_device"]]
                 out[semconv.MFU_DENOMINATOR] = inputs.peak_flops
                 out[semconv.MFU_PEAK_SOURCE] = inputs.peak_source or "config"
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import SpanContext
 
 _logger = logging.getLogger(__name__)
 
@@ -82,9 +83,11 @@ class TraceBudget:
         self._lock = threading.Lock()
         self._last: tuple[int, list[int]] = (0, [0, 0, 0])  # consecutive spans share a trace
 
-    def add(self, span: ReadableSpan) -> None:
-        """Count a span that is being exported (unsampled spans are not: they never leave)."""
-        context = span.get_span_context()
+    def add(self, span: ReadableSpan, context: SpanContext | None = None) -> None:
+        """Count a span that is being exported (unsampled spans are not: they never leave).
+        ``context``: the span's, when the caller has read it already."""
+        if context is None:
+            context = span.get_span_context()
         if context is None or not context[3] & 1:  # trace_flags, read from the tuple
             return
         trace_id = context[0]
@@ -152,24 +155,35 @@ class IterationExportFilter(SpanProcessor):
 
     # --- SpanProcessor ---------------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        parent = span.parent
-        if parent is not None:
-            parent_id = parent.span_id
-            root = self._owner.get(parent_id)
-            if root is None:
-                active = self.active_iteration()
-                if active is not None and active.span_id == parent_id and not active.materializing:
-                    root = parent_id
-                    if not active.filtered:
-                        active.filtered = True
-                        with self._lock:
-                            self._pending[root] = []
-            if root is not None:
-                with self._lock:
-                    self._owner[span.get_span_context().span_id] = root
-                    self._open_children[root] = self._open_children.get(root, 0) + 1
+        owner = self._owner
+        if owner:
+            self._track(span, owner)
+        else:  # nothing held: only a span started directly in a deferred iteration is news
+            active = self.active_iteration()
+            if active is not None and not active.materializing:
+                self._track(span, owner)
         for processor in self._starting:
             processor.on_start(span, parent_context=parent_context)
+
+    def _track(self, span: Span, owner: dict[int, int]) -> None:
+        """Hold ``span`` if its parent is a deferred iteration, or a span already held."""
+        parent = span.parent
+        if parent is None:
+            return
+        parent_id = parent.span_id
+        root = owner.get(parent_id)
+        if root is None:
+            active = self.active_iteration()
+            if active is not None and active.span_id == parent_id and not active.materializing:
+                root = parent_id
+                if not active.filtered:
+                    active.filtered = True
+                    with self._lock:
+                        self._pending[root] = []
+        if root is not None:
+            with self._lock:
+                owner[span.get_span_context().span_id] = root
+                self._open_children[root] = self._open_children.get(root, 0) + 1
 
     def _on_ending(self, span: Span) -> None:
         for processor in self._ending:
@@ -196,7 +210,9 @@ class IterationExportFilter(SpanProcessor):
                     if root in self._dropped:
                         self.dropped_spans += 1
                         return
-        self._forward(span)
+        self._budget.add(span, context)
+        for processor in self._processors:
+            processor.on_end(span)
 
     def _forward(self, span: ReadableSpan) -> None:
         self._budget.add(span)
