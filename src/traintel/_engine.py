@@ -312,6 +312,7 @@ class TrainingEngine:
         # The parent SpanContext of the last iteration and the Context it was read from (a
         # Context is immutable; only a segment rotation changes what its span answers).
         self._parent_cache: tuple[object, SpanContext] = (None, trace_api.INVALID_SPAN_CONTEXT)
+        self._window_parent: tuple[Span | None, Context] = (None, Context())
         HEALTH.report_zeros = True  # until a scale-mode decision says otherwise
         self.window_events = True  # training_metrics_update: read once per window
         self.apply_config(config)
@@ -830,7 +831,13 @@ class TrainingEngine:
         parent = loop.current if isinstance(loop, SegmentedSpan) else loop
         if parent is None:
             parent = ended_loop
-        context = trace_api.set_span_in_context(parent) if parent is not None else Context()
+        cached = self._window_parent  # the segment's context, built once per segment
+        if cached[0] is not parent or parent is None:
+            cached = self._window_parent = (
+                parent,
+                trace_api.set_span_in_context(parent) if parent is not None else Context(),
+            )
+        context = cached[1]
         for window in windows:
             # Started without attributes, then given them uncleaned: they are traintel's numbers.
             span = self.tracer.start_span(

@@ -29,6 +29,21 @@ LIVE_CATEGORIES = tuple(
 )
 
 
+#: The record's attribute names, built once (a window closes every few seconds, for weeks).
+_KEYS = {
+    name: semconv.WINDOW_PREFIX + name
+    for name in (
+        "index", "first_iteration", "last_iteration", "iterations", "iteration_time.total",
+        "productive_time", "data_loading_time", "nested_badput_time", "program_startup_time",
+        "iteration_time.p50", "iteration_time.p90", "iteration_time.p99", "iteration_time.max",
+        "slowest_iteration", "flops",
+    )
+}  # fmt: skip
+_DEVIATION_P50, _DEVIATION_P90, _DEVIATION_P99 = (
+    semconv.STEP_TIME_DEVIATION_PREFIX + q for q in ("p50", "p90", "p99")
+)
+_P50, _P90, _P99, _MAX = (semconv.WINDOW_PREFIX + "iteration_time." + q for q in ("p50", "p90", "p99", "max"))
+
 #: Once the step sketch has left its exact range, the ideal step time is recomputed every this
 #: many windows (its bucket walk costs more than the rest of a window close).
 IDEAL_REFRESH_WINDOWS = 16
@@ -65,32 +80,34 @@ class WindowGoodput:
         )
 
     def attributes(self) -> dict[str, float | int | str]:
-        w = semconv.WINDOW_PREFIX
+        k = _KEYS
         out: dict[str, float | int | str] = {
-            w + "index": self.index,
-            w + "first_iteration": self.first_iteration,
-            w + "last_iteration": self.last_iteration,
-            w + "iterations": self.iterations,
-            w + "iteration_time.total": self.iteration_time_s,
-            w + "productive_time": self.productive_s,
-            w + "data_loading_time": self.data_loading_s,
-            w + "nested_badput_time": self.nested_badput_s,
-            w + "program_startup_time": self.program_startup_s,
-            w + "iteration_time.p50": self.p50_s,
-            w + "iteration_time.p90": self.p90_s,
-            w + "iteration_time.p99": self.p99_s,
-            w + "iteration_time.max": self.max_s,
+            k["index"]: self.index,
+            k["first_iteration"]: self.first_iteration,
+            k["last_iteration"]: self.last_iteration,
+            k["iterations"]: self.iterations,
+            k["iteration_time.total"]: self.iteration_time_s,
+            k["productive_time"]: self.productive_s,
+            k["data_loading_time"]: self.data_loading_s,
+            k["nested_badput_time"]: self.nested_badput_s,
+            k["program_startup_time"]: self.program_startup_s,
+            k["iteration_time.p50"]: self.p50_s,
+            k["iteration_time.p90"]: self.p90_s,
+            k["iteration_time.p99"]: self.p99_s,
+            k["iteration_time.max"]: self.max_s,
         }
         if self.slowest_iteration is not None:
-            out[w + "slowest_iteration"] = self.slowest_iteration
+            out[k["slowest_iteration"]] = self.slowest_iteration
         if self.flops:
-            out[w + "flops"] = self.flops
+            out[k["flops"]] = self.flops
         if self.peak_flops:
             out[semconv.MFU_DENOMINATOR] = self.peak_flops
         if self.ideal_step_time_s is not None:
-            out[semconv.STEP_TIME_IDEAL] = self.ideal_step_time_s
-            for name, value in (("p50", self.p50_s), ("p90", self.p90_s), ("p99", self.p99_s)):
-                out[semconv.STEP_TIME_DEVIATION_PREFIX + name] = value / self.ideal_step_time_s - 1
+            ideal = self.ideal_step_time_s
+            out[semconv.STEP_TIME_IDEAL] = ideal
+            out[_DEVIATION_P50] = self.p50_s / ideal - 1
+            out[_DEVIATION_P90] = self.p90_s / ideal - 1
+            out[_DEVIATION_P99] = self.p99_s / ideal - 1
         return out
 
 
@@ -173,9 +190,8 @@ class GoodputLedger:
         """Account a closed window; returns the records ready to export (the first window is
         held until the typical iteration is known, i.e. until a second iteration exists)."""
         durations = report.durations
-        w = semconv.WINDOW_PREFIX + "iteration_time."
-        p50, p90, p99 = (report.get(w + q) or 0.0 for q in ("p50", "p90", "p99"))
-        max_s = report.get(w + "max") or 0.0  # the aggregator sorted the window already
+        p50, p90, p99 = report.get(_P50) or 0.0, report.get(_P90) or 0.0, report.get(_P99) or 0.0
+        max_s = report.get(_MAX) or 0.0  # the aggregator sorted the window already
         with self.lock:
             nested, self.window_nested_s = self.window_nested_s, 0.0
         slowest = None
