@@ -109,3 +109,40 @@ def test_merging_moments_equals_merging_the_values() -> None:
     for name in ("count", "sum", "min", "max", "mean", "stddev"):
         assert getattr(by_moments, name) == pytest.approx(getattr(by_values, name), rel=1e-12)
     assert by_moments.count == 1000
+
+
+def _reference_robust_mean(sketch: QuantileSketch, k: float = 3.0) -> float:
+    """The bucket sketch's robust mean written out plainly (pairs, loops): the definition the
+    C-level passes of QuantileSketch.robust_mean must reproduce to the last bit."""
+    gamma = (1 + sketch.relative_accuracy) / (1 - sketch.relative_accuracy)
+    points = [(2 * gamma**index / (gamma + 1), n) for index, n in sorted(sketch._counts.items())]
+    if sketch.zeros:
+        points.insert(0, (0.0, sketch.zeros))
+
+    def weighted_median(pairs: list[tuple[float, int]]) -> float:
+        total, seen = sum(n for _, n in pairs), 0
+        for value, n in pairs:
+            seen += n
+            if 2 * seen >= total:
+                return value
+        return pairs[-1][0]
+
+    median = weighted_median(points)
+    limit = median + k * weighted_median(sorted((abs(value - median), n) for value, n in points))
+    kept = [(value, n) for value, n in points if value <= limit]
+    return sum(value * n for value, n in kept) / sum(n for _, n in kept)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sketched_robust_mean_equals_its_plain_definition(seed: int) -> None:
+    rng = random.Random(seed)
+    values = [rng.lognormvariate(-4, 0.3) for _ in range(3000)]
+    values += [rng.uniform(0.5, 5.0) for _ in range(seed * 20)]  # slow outliers, dropped
+    values += [0.0] * (seed % 3) * 7
+    rng.shuffle(values)
+    sketch = QuantileSketch(0.01, exact_limit=64)
+    for start in range(0, len(values), 50):
+        sketch.add_many(values[start : start + 50])
+    assert not sketch.is_exact
+    assert sketch.robust_mean() == _reference_robust_mean(sketch)
+    assert sketch.robust_mean(1.0) == _reference_robust_mean(sketch, 1.0)

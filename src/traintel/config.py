@@ -313,7 +313,7 @@ class TrainingConfig:
     @property
     def has_lazy(self) -> bool:
         """Whether any value is a callable (and so may change between reads)."""
-        return any(callable(value) for value in self._values.values())
+        return any(map(callable, self._values.values()))  # read at every window close
 
     def is_lazy(self, name: str) -> bool:
         return callable(self._values.get(name))

@@ -37,16 +37,21 @@ def estimate_attributes_bytes(attributes: Mapping[str, Any] | None) -> int:
     if not attributes:
         return 0
     values = attributes.values()
-    strings = list(filter(_IS_STR, values))
-    size = sum(map(len, attributes)) + 17 * len(attributes) + sum(map(len, strings))
-    size += sum(3 * len(v) for v in strings if not v.isascii())  # UTF-8: up to 4 bytes a character
-    for kind in (tuple, list):
-        for array in filter(kind.__instancecheck__, values):
-            size += sum(len(v) + 2 if isinstance(v, str) else 10 for v in array)
+    size = sum(map(len, attributes)) + 17 * len(attributes)
+    kinds = set(map(type, values))  # one pass: plain scalars need no array walk
+    if str in kinds or not kinds <= _SCALARS:
+        strings = list(filter(_IS_STR, values))
+        size += sum(map(len, strings))
+        size += sum(3 * len(v) for v in strings if not v.isascii())  # UTF-8: up to 4 bytes a character
+    if not kinds <= _SCALARS:
+        for kind in (tuple, list):
+            for array in filter(kind.__instancecheck__, values):
+                size += sum(len(v) + 2 if isinstance(v, str) else 10 for v in array)
     return size
 
 
 _IS_STR = str.__instancecheck__
+_SCALARS = frozenset({str, bool, int, float, type(None)})
 
 
 def estimate_span_bytes(span: ReadableSpan) -> int:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import operator
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import Counter
-from itertools import accumulate
+from itertools import accumulate, repeat
 
 #: ``0.0 < v``: a C-level predicate for ``filter``.
 _POSITIVE = (0.0).__lt__
@@ -46,15 +46,12 @@ def robust_mean(sorted_values: list[float], k: float = 3.0) -> float:
     return math.fsum(kept) / len(kept)
 
 
-def _weighted_median(points: list[tuple[float, int]]) -> float:
-    """The lower median of sorted (value, count) pairs."""
-    total = sum(n for _, n in points)
-    seen = 0
-    for value, n in points:
-        seen += n
-        if 2 * seen >= total:
-            return value
-    return points[-1][0]
+def _weighted_median_of(values: list[float], counts: list[int]) -> float:
+    """The lower median of ascending ``values`` each seen ``counts`` times: the first value at
+    which the running count reaches half the total (C-level running sums, then a bisection)."""
+    seen = list(accumulate(counts))
+    j = bisect_left(seen, seen[-1] / 2)
+    return values[min(j, len(values) - 1)]
 
 
 class RunningStats:
@@ -214,6 +211,12 @@ class QuantileSketch:
         counts = self._counts
         counts[index] = counts.get(index, 0) + 1
 
+    def _sorted_keys(self) -> list[int]:
+        keys = self._keys
+        if len(keys) != len(self._counts):  # buckets are only ever added: same length, same keys
+            keys = self._keys = sorted(self._counts)
+        return keys
+
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0..1): the value of rank ``q * (count - 1)``."""
         return self.quantiles((q,))[0]
@@ -226,9 +229,7 @@ class QuantileSketch:
         if self._exact is not None:
             return [percentile(self._exact, q * 100) for q in qs]
         counts, gamma = self._counts, self._gamma
-        keys = self._keys
-        if len(keys) != len(counts):  # buckets are only ever added: same length, same keys
-            keys = self._keys = sorted(counts)
+        keys = self._sorted_keys()
         # seen[j]: values at or below bucket keys[j - 1] (seen[0]: the zeros); C-level sums.
         seen = list(accumulate(map(counts.__getitem__, keys), initial=self.zeros))
         out: list[float] = []
@@ -250,14 +251,23 @@ class QuantileSketch:
         if self._exact is not None:
             return robust_mean(self._exact, k)
         gamma = self._gamma
-        points = [(2 * gamma**index / (gamma + 1), n) for index, n in sorted(self._counts.items())]
+        keys = self._sorted_keys()
+        counts = list(map(self._counts.__getitem__, keys))
+        # each bucket's representative, 2 * gamma**index / (gamma + 1), as in quantiles()
+        doubled = map(operator.mul, repeat(2), map(gamma.__pow__, keys))
+        values: list[float] = list(map(operator.truediv, doubled, repeat(gamma + 1)))
         if self.zeros:
-            points.insert(0, (0.0, self.zeros))
-        median = _weighted_median(points)
-        spread = sorted((abs(value - median), n) for value, n in points)
-        limit = median + k * _weighted_median(spread)
-        kept = [(value, n) for value, n in points if value <= limit]
-        return sum(value * n for value, n in kept) / sum(n for _, n in kept)
+            values.insert(0, 0.0)
+            counts.insert(0, self.zeros)
+        median = _weighted_median_of(values, counts)
+        spread = list(map(abs, map(operator.sub, values, repeat(median))))
+        order = sorted(range(len(spread)), key=spread.__getitem__)
+        limit = median + k * _weighted_median_of(
+            list(map(spread.__getitem__, order)), list(map(counts.__getitem__, order))
+        )
+        kept = bisect_right(values, limit)  # values ascend: the kept ones are a prefix
+        weighted: float = sum(map(operator.mul, values[:kept], counts[:kept]))
+        return weighted / sum(counts[:kept])
 
     @property
     def buckets(self) -> int:
