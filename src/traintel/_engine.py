@@ -158,10 +158,19 @@ class IterationSpan(NonRecordingSpan):
         # Built on first use: most iterations are never asked (no user span, not exported).
         context = self._span_context
         if context is None:
+            if not self.span_id:
+                self.assign_ids()
             context = self._span_context = _span_context(
                 self.trace_id, self.span_id, _SAMPLED if self.sampled else _NOT_SAMPLED
             )
         return context
+
+    def assign_ids(self) -> None:
+        """Draw the iteration's span id (and its trace id: the parent's, or a new one for a root)
+        on first need: most iterations are never asked (no user span, not exported)."""
+        parent = self.parent
+        self.trace_id = parent[0] if parent[5] else new_trace_id()  # SpanContext.is_valid
+        self.span_id = _getrandbits(64) or new_span_id()
 
     def is_recording(self) -> bool:
         return True
@@ -328,6 +337,7 @@ class TrainingEngine:
         self.window_size = int(config.get("log_every_n_iterations"))
         if not hasattr(self, "aggregator"):
             self.aggregator = TrainingAggregator(self.window_size, int(config.get("warmup_iterations")))
+            self._rows = self.aggregator.rows  # stable: emptied in place at each window close
             self.sampler = IterationSampler(
                 str(config.get("export_iterations")),
                 int(config.get("export_first_iterations")),
@@ -454,18 +464,15 @@ class TrainingEngine:
                 self._dtype_seen = autocast_dtype() or "fp32"
         else:
             record.head_reason = self._eval_sampler(phase).head(iteration)
-        valid = parent[5]  # SpanContext.is_valid, read from the tuple
-        record.trace_id = parent[0] if valid else new_trace_id()
-        record.span_id = _getrandbits(64) or new_span_id()
-        parent_sampled = bool(parent[3] & 1) if valid else True  # trace_flags
+        # Ids are drawn on first need (IterationSpan.assign_ids). The trace flag user spans
+        # inside inherit: with traintel's providers, sampled (the filter holds them until the
+        # decision; it registers the iteration on the first one) unless the policy is "none";
+        # with the user's own pipeline, the head decision (ParentBased samplers follow it).
         if self.export_filter is not None:
-            # Filtered mode: user spans inside are recorded and held until the decision (the
-            # filter registers the iteration on the first one).
-            sampled = parent_sampled and self.sampler.policy != "none"
+            inherit = self.sampler.policy != "none"
         else:
-            # The user's own pipeline: user spans follow the head decision (ParentBased samplers).
-            sampled = parent_sampled and record.head_reason is not None
-        if sampled:
+            inherit = record.head_reason is not None
+        if inherit and (not parent[5] or parent[3] & 1):  # a sampled parent (is_valid, trace_flags)
             record.sampled = True
         self.active = record
         self.active_thread = threading.get_ident()
@@ -490,42 +497,48 @@ class TrainingEngine:
 
         ``exported_as`` marks a span someone else already exported (a plain-OTel iteration seen
         by the processor): it is aggregated the same way, with no decision to take. This is the
-        per-step hot path: helpers are inlined where a call would cost more than the work.
+        per-step hot path: the common case (counted, not exported) reads each field once and
+        calls nothing but the row append; anything unusual goes to :meth:`_export_decision`.
         """
         record.end_ns = end_ns
-        record.error = error
         record.context = None  # the body's Context holds the record: break the cycle for refcounting
         if self.active is record:
             self.active = None
+        if error is not None:
+            record.error = error
         duration_ns = end_ns - record.start_ns
-        if record.real_span is not None:  # "all" mode: the body saw the SDK span, not the record
-            _take_counts(record, record.real_span)
+        real = record.real_span
+        if real is not None:  # "all" mode: the body saw the SDK span, not the record
+            _take_counts(record, real)
         if record.phase != _TRAINING_ITERATION:
             self._end_eval_iteration(record, duration_ns)
             return
+        iteration = record.iteration
         self.last_iteration_end_ns = end_ns
-        self.last_iteration = record.iteration
-        if (
-            self._derives_counts
-            or record.samples is not None
-            or record.tokens is not None
-            or record.flops is not None
-        ):
+        self.last_iteration = iteration
+        samples, tokens, flops = record.samples, record.tokens, record.flops
+        if self._derives_counts or samples is not None or tokens is not None or flops is not None:
             samples, tokens, flops = self._counts(record)
-        else:  # nothing reported, nothing to derive: no call
-            samples = tokens = flops = None
-        aggregator = self.aggregator
-        phases = record.phase_ns if record.children or record.step_spans else None
-        window_full = aggregator.add_iteration(
-            record.iteration, duration_ns, samples, tokens, record.padding, flops, phases, end_ns
+            if samples is not None:
+                self.samples_total += samples
+            if tokens is not None:
+                self.tokens_total += tokens
+        rows = self._rows  # TrainingAggregator.add_iteration, inlined
+        rows.append(
+            (
+                duration_ns,
+                samples,
+                tokens,
+                record.padding,
+                flops,
+                record.phase_ns if record.children or record.step_spans else None,
+                iteration,
+                end_ns,
+            )
         )
-        if samples is not None:
-            self.samples_total += samples
-        if tokens is not None:
-            self.tokens_total += tokens
         if record.metrics:
             for name, value in record.metrics.items():
-                aggregator.add_model_metric(name, value)
+                self.aggregator.add_model_metric(name, value)
         seconds = duration_ns / 1e9
         sampler = self.sampler
         recent = sampler.recent  # IterationSampler.is_slow, inlined
@@ -533,45 +546,59 @@ class TrainingEngine:
         if sampler.median == 0.0 and len(recent) == MEDIAN_MIN_SAMPLES:
             sampler.refresh()
         slow = seconds > sampler.threshold
+        if (
+            slow
+            or exported_as is not None
+            or record.head_reason is not None
+            or record.error is not None
+            or record.nonfinite
+            or record.filtered
+            or real is not None
+        ):
+            exported = self._export_decision(record, exported_as, slow, seconds)
+        else:  # the common case: counted, not exported
+            exported = self.last_exported = None
+        loop = self.loop
+        if loop is not None:  # the segment's iteration range
+            in_segment = loop.segment_iterations = loop.segment_iterations + 1
+            if loop.segment_first_iteration is None:
+                loop.segment_first_iteration = iteration
+            loop.segment_last_iteration = iteration
+        if len(rows) >= self.window_size:
+            self.close_window()
+        if loop is not None:
+            if exported is not None and exported_as is None:  # exports fill the trace: check now
+                self._check_budget(end_ns)
+            if in_segment >= self.segment_iterations or end_ns - loop.segment_start_ns >= self.segment_ns:
+                self.rotate_pending = True  # done at the start of the next iteration
+            elif in_segment % 16 == 0:  # the budget, every 16 iterations too
+                self._check_budget(end_ns)
+
+    def _export_decision(
+        self, record: IterationSpan, exported_as: tuple[int, int] | None, slow: bool, seconds: float
+    ) -> tuple[int, int] | None:
+        """A training iteration that is slow, failed, non-finite, sampled at its head, holds
+        user spans or was exported by someone else: decide, flag, and emit its events."""
+        sampler = self.sampler
         exported = exported_as
         if exported_as is None:
-            if record.head_reason is None and not slow and record.error is None and not record.nonfinite:
-                reason = None  # the common case: counted, not exported
-            else:
-                reason = sampler.tail(record.head_reason, slow, record.error is not None, record.nonfinite)
-                if reason is not None:
-                    reason = self._within_budget(reason)
+            reason = sampler.tail(record.head_reason, slow, record.error is not None, record.nonfinite)
+            if reason is not None:
+                reason = self._within_budget(reason)
             if reason is not None or record.filtered or record.real_span is not None:
                 exported = self._decide(record, reason)
         if record.nonfinite or slow or exported is not None:
-            aggregator.flag(record.nonfinite, slow, exported is not None)
+            self.aggregator.flag(record.nonfinite, slow, exported is not None)
         self.last_exported = (
             _span_context(exported[0], exported[1], _SAMPLED) if exported is not None else None
         )
-        loop = self.loop
-        if loop is not None:  # the segment's iteration range
-            if loop.segment_first_iteration is None:
-                loop.segment_first_iteration = record.iteration
-            loop.segment_last_iteration = record.iteration
-            loop.segment_iterations += 1
         if slow:
             self._slow_event(record, seconds, sampler.median, exported)
         if record.nonfinite:
             self._nonfinite_events(record, exported)
         if exported is not None and self.instruments is not None:
             self.instruments.exported_iterations += 1
-        if window_full:
-            self.close_window()
-        if loop is not None:
-            if exported is not None and exported_as is None:  # exports fill the trace: check now
-                self._check_budget(end_ns)
-            if (
-                loop.segment_iterations >= self.segment_iterations
-                or end_ns - loop.segment_start_ns >= self.segment_ns
-            ):
-                self.rotate_pending = True  # done at the start of the next iteration
-            elif loop.segment_iterations % 16 == 0:  # the budget, every 16 iterations too
-                self._check_budget(end_ns)
+        return exported
 
     def _counts(self, record: IterationSpan) -> tuple[float | None, float | None, float | None]:
         """This step's samples, tokens and FLOPs: reported, else derived from the config."""
@@ -707,6 +734,8 @@ class TrainingEngine:
         tracer = self.tracer
         parent = record.parent
         ids = self.ids
+        if not record.span_id:
+            record.assign_ids()
         if ids is not None:
             ids.force(record.span_id, None if parent.is_valid else record.trace_id)
         try:
@@ -942,6 +971,8 @@ class TrainingEngine:
         if record is not None and record.real_span is None and record.phase == _TRAINING_ITERATION:
             if record.head_reason is None:
                 record.head_reason = "checkpoint"
+            if not record.span_id:
+                record.assign_ids()
             return _span_context(record.trace_id, record.span_id, _SAMPLED)
         if record is not None and record.real_span is not None:
             return record.real_span.get_span_context()

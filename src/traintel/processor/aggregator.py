@@ -88,8 +88,8 @@ class RateInputs:
 
 
 #: One iteration as the window keeps it until it closes: duration (ns), samples, tokens,
-#: padding tokens, FLOPs, and the four step-phase times (ns) or None.
-_Row = tuple[int, float | None, float | None, float | None, float | None, list[int] | None]
+#: padding tokens, FLOPs, the four step-phase times (ns) or None, its number, its end (ns).
+_Row = tuple[int, float | None, float | None, float | None, float | None, list[int] | None, int, int]
 
 
 _NOT_NONE = partial(operator.is_not, None)
@@ -138,7 +138,7 @@ class _Counts:
         counts = cls()
         if not rows:
             return counts
-        durations, samples, tokens, padding, flops, phases = zip(*rows, strict=True)
+        durations, samples, tokens, padding, flops, phases, _numbers, _ends = zip(*rows, strict=True)
         total_ns = sum(durations)
         counts.iterations = len(rows)
         counts.duration_s = total_ns / 1e9
@@ -260,24 +260,22 @@ class TrainingAggregator:
     def __init__(self, window_size: int = 50, warmup_iterations: int = 1) -> None:
         self.window_size = window_size
         self.warmup_iterations = warmup_iterations
-        self.iterations_seen = 0
-        self.first_iteration_s: float | None = None
         self.windows_closed = 0
-        self._rows: list[_Row] = []
-        self._window_first: int | None = None
-        self._window_last = 0
-        self._window_start_ns = 0
-        self._window_end_ns = 0
+        #: The open window's iterations, one row each (see ``_Row``). The engine appends to it
+        #: directly (the per-step path: one append, no call); it is emptied in place, never
+        #: replaced. Everything else about the window is derived from it when it closes.
+        self.rows: list[_Row] = []
+        self._seen_closed = 0  # iterations in closed windows
+        self._first_iteration_s: float | None = None
         self._window_metrics: dict[str, _ModelMetric] = {}
         self._window_flags = [0, 0, 0]  # nonfinite, slow, exported
-        self._window_warm = 0  # the window's first rows that are warm-up, left out of totals
         self.total = _Counts()
         self._total_stats = RunningStats()
         self._total_sketch = QuantileSketch(0.01)
         self.last_window: WindowReport | None = None
         self.checkpoints = CheckpointStats()
 
-    # --- per iteration (the hot path: primitive arguments, one append) -------------------------
+    # --- per iteration (the hot path: one append) ------------------------------------------------
     def add_iteration(
         self,
         iteration: int,
@@ -289,22 +287,22 @@ class TrainingAggregator:
         phases: list[int] | None = None,
         end_ns: int = 0,
     ) -> bool:
-        """Record one iteration; returns True when it completes a window (call :meth:`close_window`)."""
-        seen = self.iterations_seen = self.iterations_seen + 1
-        rows = self._rows
-        if not rows:
-            self._window_first = iteration
-            self._window_start_ns = end_ns - duration_ns
-        self._window_last = iteration
-        self._window_end_ns = end_ns
-        rows.append((duration_ns, samples, tokens, padding, flops, phases))
-        if seen <= self.warmup_iterations or self.first_iteration_s is None:  # rare: the job's first
-            if self.first_iteration_s is None:
-                self.first_iteration_s = duration_ns / 1e9
-            if seen <= self.warmup_iterations:
-                self._window_warm += 1
-        # Sums and totals are taken once per window (close_window), not per iteration.
+        """Record one iteration; returns True when it completes a window (call :meth:`close_window`).
+        Sums, totals, warm-up and bounds are taken once per window, not per iteration."""
+        rows = self.rows
+        rows.append((duration_ns, samples, tokens, padding, flops, phases, iteration, end_ns))
         return len(rows) >= self.window_size
+
+    @property
+    def iterations_seen(self) -> int:
+        return self._seen_closed + len(self.rows)
+
+    @property
+    def first_iteration_s(self) -> float | None:
+        """The job's first iteration (s), once it has ended."""
+        if self._first_iteration_s is None and self.rows and not self._seen_closed:
+            return self.rows[0][0] / 1e9
+        return self._first_iteration_s
 
     def add_model_metric(self, name: str, value: float) -> None:
         _add_metric(self._window_metrics, name, value)
@@ -317,14 +315,19 @@ class TrainingAggregator:
 
     @property
     def window_fill(self) -> int:
-        return len(self._rows)
+        return len(self.rows)
 
     # --- window boundary ------------------------------------------------------------------------
     def close_window(self, inputs: RateInputs) -> WindowReport | None:
         """Close the current window (full, or partial at loop end); None if it is empty."""
-        rows = self._rows
+        rows = self.rows
         if not rows:
             return None
+        first, last = rows[0], rows[-1]
+        seen_before = self._seen_closed
+        if self._first_iteration_s is None and not seen_before:
+            self._first_iteration_s = first[0] / 1e9
+        warm = min(max(self.warmup_iterations - seen_before, 0), len(rows))  # the job's first rows
         counts = _Counts.of_rows(rows)
         durations = _seconds(map(operator.itemgetter(0), rows))
         batch = IndexedBatch(durations)
@@ -334,12 +337,14 @@ class TrainingAggregator:
         deviations = list(map(operator.sub, ordered, repeat(mean)))
         m2 = math.fsum(map(operator.mul, deviations, deviations))
         variance = m2 / n
-        self._fold_into_totals(rows, counts, batch, (n, counts.duration_s, mean, m2, ordered[0], ordered[-1]))
+        self._fold_into_totals(
+            rows, warm, counts, batch, (n, counts.duration_s, mean, m2, ordered[0], ordered[-1])
+        )
         attributes: dict[str, float | int | str] = {
             _WK["index"]: self.windows_closed,
             _WK["iterations"]: n,
-            _WK["first_iteration"]: self._window_first if self._window_first is not None else 0,
-            _WK["last_iteration"]: self._window_last,
+            _WK["first_iteration"]: first[6],
+            _WK["last_iteration"]: last[6],
             _WK["iteration_time.min"]: ordered[0],
             _WK["iteration_time.mean"]: mean,
             _WK["iteration_time.max"]: ordered[-1],
@@ -364,13 +369,13 @@ class TrainingAggregator:
         report = WindowReport(
             index=self.windows_closed,
             first_iteration=int(attributes[_WK["first_iteration"]]),
-            last_iteration=self._window_last,
+            last_iteration=last[6],
             attributes=attributes,
             errors=errors,
             durations=durations,
             batch=batch,
-            start_ns=self._window_start_ns,
-            end_ns=self._window_end_ns,
+            start_ns=first[7] - first[0],
+            end_ns=last[7],
             duration_s=counts.duration_s,
             data_loading_s=counts.phase_s[DATA],
             flops=counts.flops,
@@ -380,9 +385,8 @@ class TrainingAggregator:
         )
         self.windows_closed += 1
         self.last_window = report
-        self._rows = []
-        self._window_warm = 0
-        self._window_first = None
+        self._seen_closed = seen_before + n
+        rows.clear()
         self._window_metrics = {}
         self._window_flags = [0, 0, 0]
         return report
@@ -390,6 +394,7 @@ class TrainingAggregator:
     def _fold_into_totals(
         self,
         rows: list[_Row],
+        warm: int,
         counts: _Counts,
         batch: IndexedBatch,
         moments: tuple[int, float, float, float, float, float],
@@ -397,7 +402,6 @@ class TrainingAggregator:
         """Add the window's post-warm-up iterations to the totals (Chan's parallel merge for
         the mean and variance: exact and stable, with no per-iteration cost). A window with no
         warm-up rows (all but the first) hands over the moments and bucket indices it has."""
-        warm = self._window_warm
         if not warm:
             self.total.merge(counts)
             self._total_stats.merge_moments(*moments)
