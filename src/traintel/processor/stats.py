@@ -12,6 +12,16 @@ import math
 import operator
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
+
+try:  # Counter.update's own C helper: update() itself first asks isinstance(x, Mapping), an ABC check
+    from collections import _count_elements  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - another Python's collections
+
+    def _count_elements(mapping: dict[int, int], iterable: list[int]) -> None:
+        for element in iterable:
+            mapping[element] = mapping.get(element, 0) + 1
+
+
 from itertools import accumulate, repeat
 
 #: ``0.0 < v``: a C-level predicate for ``filter``.
@@ -190,7 +200,7 @@ class QuantileSketch:
         batch = values if isinstance(values, IndexedBatch) else IndexedBatch(values)
         exact = self._exact
         if exact is None:
-            self._counts.update(batch.indices(self._log_gamma))
+            _count_elements(self._counts, batch.indices(self._log_gamma))
             self.zeros += batch.zeros
             self.count += len(batch.values)
             return
@@ -200,7 +210,7 @@ class QuantileSketch:
         if len(exact) > self.exact_limit:
             self._exact = None
             folded = IndexedBatch(exact)
-            self._counts.update(folded.indices(self._log_gamma))
+            _count_elements(self._counts, folded.indices(self._log_gamma))
             self.zeros += folded.zeros
 
     def _bucket(self, value: float) -> None:
