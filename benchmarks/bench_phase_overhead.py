@@ -13,7 +13,8 @@ with nothing inside, so the figure is pure overhead.
 * traintel "all": every iteration exported as four real SDK spans, same processor and exporter.
 * nv-one-logger: its ``training_iteration`` alone (nothing nested), at the start of a run and
   later, in a separate virtualenv (``.venv-bench-nv``, created on first use) because it pins its
-  own dependencies.
+  own dependencies; rounds timed with the garbage collector off, as ``timeit`` does (see
+  ``_nv_one_logger_iteration.py``); ``--nv-throughput`` has both compute throughput.
 * flatness: traintel at iteration ~1,000 and again after ``--long`` iterations.
 * memory: RSS growth over ``--long`` iterations.
 
@@ -102,7 +103,9 @@ def rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def nv_one_logger(iterations: int, rounds: int, later: int) -> dict[str, float] | str:
+def nv_one_logger(
+    iterations: int, rounds: int, later: int, throughput: bool = False
+) -> dict[str, float] | str:
     """Run the nv-one-logger half in its own virtualenv; a string says why it could not."""
     python = NV_VENV / "bin" / "python"
     probe = [str(python), "-c", "import nv_one_logger, traintel"]
@@ -123,7 +126,7 @@ def nv_one_logger(iterations: int, rounds: int, later: int) -> dict[str, float] 
     result = subprocess.run(
         [
             str(python), str(HERE / "_nv_one_logger_iteration.py"), "--iterations", str(iterations),
-            "--rounds", str(rounds), "--later", str(later),
+            "--rounds", str(rounds), "--later", str(later), *(["--throughput"] if throughput else []),
         ],
         capture_output=True, text=True, timeout=1800, check=False,
         env=dict(os.environ, PYTHONPATH=str(HERE.parent / "src")),  # this checkout's traintel
@@ -161,6 +164,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--long", type=int, default=1_000_000, help="iterations for flatness and memory")
     parser.add_argument("--skip-nv", action="store_true", help="do not run nv-one-logger")
+    parser.add_argument(
+        "--nv-throughput", action="store_true", help="both libraries compute throughput and TFLOP/s"
+    )
     args = parser.parse_args()
 
     # The same batch processor settings for the bare SDK and traintel's pipeline (a queue large
@@ -214,7 +220,7 @@ def main() -> None:
         rss_after = rss_bytes()
     traintel.shutdown(5)
 
-    nv = None if args.skip_nv else nv_one_logger(1000, args.rounds, 20_000)
+    nv = None if args.skip_nv else nv_one_logger(1000, args.rounds, 20_000, args.nv_throughput)
 
     quiet, default, everything, sdk = (
         "traintel, not exported",
