@@ -61,6 +61,7 @@ _new_tuple = tuple.__new__
 _PLAIN = (str, bool, int, float)
 _getrandbits = random.getrandbits
 _new_record = object.__new__
+_get_ident = threading.get_ident
 _TRAINING_METRICS_UPDATE = Event.TRAINING_METRICS_UPDATE.value
 
 
@@ -475,7 +476,7 @@ class TrainingEngine:
         if inherit and (not parent[5] or parent[3] & 1):  # a sampled parent (is_valid, trace_flags)
             record.sampled = True
         self.active = record
-        self.active_thread = threading.get_ident()
+        self.active_thread = _get_ident()
         return record
 
     def _eval_sampler(self, phase: str) -> IterationSampler:

@@ -48,6 +48,9 @@ _attach = _fast.attach
 _detach = _fast.detach
 _get_current = _fast.get_current
 _with_span = _fast.with_span
+_new_context = Context
+_dict_setitem = dict.__setitem__
+_SPAN_KEY = _fast.SPAN_KEY
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 _LOOP_OF = {iteration.value: loop.value for iteration, loop in semconv.LOOP_OF_ITERATION.items()}
 _set_span_in_context = trace_api.set_span_in_context
@@ -341,7 +344,6 @@ class _Iteration(PhaseSpan):
         self._record = record
         if engine.device is not None:
             engine.device.started(self._name, number)
-        handle: Span = record
         if engine.export_all and (self._phase == _TRAINING_ITERATION or engine.trace_has_room()):
             # Every iteration exported: a real span from the start; step phases become real
             # spans under it (record.context stays None, so they do not take the fast path).
@@ -350,10 +352,12 @@ class _Iteration(PhaseSpan):
             handle = engine.start_real_iteration(record, context)
             body = record.real_context = _with_span(handle, context)
         else:
-            body = record.context = _with_span(record, context)
+            handle = record
+            body = record.context = _new_context(context)  # _with_span(record, context), inlined
+            _dict_setitem(body, _SPAN_KEY, record)
         self._span = handle
         self._token = _attach(body)
-        self._thread = _get_ident()
+        self._thread = engine.active_thread  # begin_iteration's thread: this one
         return handle
 
     def __exit__(
