@@ -179,3 +179,31 @@ def test_one_success_event_when_the_callback_reports_it_too(pipeline: Pipeline) 
     successes = [e for e in first.events if e.name == "save_checkpoint_success"]
     assert len(successes) == 1 and successes[0].attributes["note"] == "user"  # type: ignore[index]
     assert [e.name for e in second.events].count("save_checkpoint_success") == 1
+
+
+def test_iteration_ids_are_drawn_when_first_asked_and_kept(pipeline: Pipeline) -> None:
+    """The fast path draws an iteration's span id only when something needs it; whatever asked
+    first (a user span, get_span_context, the export) fixes the ids the exported span carries."""
+    tracer = pipeline.tracer_provider.get_tracer("user-code")
+    handed_out = []
+    with traintel.training_loop() as loop:
+        for i in range(3):  # the first 10 are exported: each iteration ends as an SDK span
+            with traintel.training_iteration() as span:
+                assert span.span_id == 0  # type: ignore[attr-defined]  # not drawn yet
+                if i == 0:
+                    with tracer.start_as_current_span("my_kernel"):
+                        pass
+                elif i == 1:
+                    handed_out.append(span.get_span_context())
+                    assert span.get_span_context() is handed_out[-1]  # built once
+    loop_context = loop.get_span_context()
+    iterations = sorted(pipeline.by_name("training_iteration"), key=lambda s: s.start_time or 0)
+    assert len(iterations) == 3
+    kernel = pipeline.one("my_kernel")
+    assert kernel.parent is not None and kernel.parent.span_id == iterations[0].context.span_id
+    assert iterations[1].context.span_id == handed_out[0].span_id
+    assert iterations[1].context.trace_id == handed_out[0].trace_id == loop_context.trace_id
+    for iteration in iterations:  # drawn at export for the one nobody asked about
+        assert iteration.context.span_id != 0 and iteration.context.trace_id == loop_context.trace_id
+        assert iteration.parent is not None and iteration.parent.span_id == loop_context.span_id
+    assert len({s.context.span_id for s in iterations}) == 3

@@ -2,7 +2,7 @@
 
 Why a fast path: a real SDK span costs ~30-60 µs here, four per step would dwarf a small
 model's step, and a million-step run must not send four million spans. An iteration on the
-fast path is a small record with ``time.time_ns`` timestamps and a pre-generated span id; the
+fast path is a small record with ``time.time_ns`` timestamps and a span id drawn on first need; the
 context of its body is a non-recording span with that id, so user spans nest under it. When the
 iteration ends it is aggregated, then exported as real SDK spans (same ids, exact timestamps,
 children included) only if the sampling policy keeps it; otherwise it is counted and dropped,
