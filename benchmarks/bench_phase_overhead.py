@@ -29,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -123,14 +124,15 @@ def nv_one_logger(
             )  # fmt: skip
         except (subprocess.SubprocessError, OSError) as exc:
             return f"unavailable ({exc})"
-    result = subprocess.run(
-        [
-            str(python), str(HERE / "_nv_one_logger_iteration.py"), "--iterations", str(iterations),
-            "--rounds", str(rounds), "--later", str(later), *(["--throughput"] if throughput else []),
-        ],
-        capture_output=True, text=True, timeout=1800, check=False,
-        env=dict(os.environ, PYTHONPATH=str(HERE.parent / "src")),  # this checkout's traintel
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as scratch:  # nv-one-logger writes its logs to the cwd
+        result = subprocess.run(
+            [
+                str(python), str(HERE / "_nv_one_logger_iteration.py"), "--iterations", str(iterations),
+                "--rounds", str(rounds), "--later", str(later), *(["--throughput"] if throughput else []),
+            ],
+            capture_output=True, text=True, timeout=1800, check=False, cwd=scratch,
+            env=dict(os.environ, PYTHONPATH=str(HERE.parent / "src")),  # this checkout's traintel
+        )  # fmt: skip
     if result.returncode != 0:
         return f"failed: {result.stderr.strip().splitlines()[-1:]}"
     parsed: dict[str, float] = json.loads(result.stdout)
