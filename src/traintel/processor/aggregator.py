@@ -168,7 +168,9 @@ class _Counts:
     def rates(self, inputs: RateInputs, prefix: str, out: dict[str, float | int | str]) -> list[str]:
         """Throughput, FLOP/s, MFU/HFU into ``out``; returns MFU/HFU range errors."""
         errors: list[str] = []
-        keys = _KEYS.get(prefix) or _KEYS.setdefault(prefix, _Prefixed(prefix))
+        keys = _KEYS.get(prefix)
+        if keys is None:
+            keys = _KEYS.setdefault(prefix, _Prefixed(prefix))
         world = inputs.world_size
         if self.samples_time > 0:
             per_device = self.samples / self.samples_time
@@ -361,9 +363,10 @@ class TrainingAggregator:
         }
         errors = counts.rates(inputs, _W, attributes)
         for name, metric in self._window_metrics.items():
-            attributes[_WK["metric." + name + ".last"]] = metric.last
+            # not through _WK: user metric names are the user's, and that cache never shrinks
+            attributes[_W + "metric." + name + ".last"] = metric.last
             if metric.count:
-                attributes[_WK["metric." + name + ".mean"]] = metric.sum / metric.count
+                attributes[_W + "metric." + name + ".mean"] = metric.sum / metric.count
         self._describe_inputs(inputs, attributes)
         self._totals(inputs, attributes)
         report = WindowReport(
