@@ -72,6 +72,7 @@ def _sdk_layout_matches() -> bool:
         )
         public, fast = span.events
         span.set_attributes(attributes)
+        locked = hasattr(span, "_lock") and hasattr(span, "_end_time")
         same_event = (
             dict(public.attributes or {}) == dict(fast.attributes or {})
             and public.timestamp == fast.timestamp
@@ -80,6 +81,7 @@ def _sdk_layout_matches() -> bool:
         )
         return (
             same_event
+            and locked
             and isinstance(span._attributes, BoundedAttributes)
             and hasattr(span._attributes, "_dict")
         )
@@ -105,17 +107,19 @@ def add_clean_event(
 
 def set_clean_attributes(span: Span, attributes: Mapping[str, AttributeValue]) -> None:
     """``span.set_attributes(attributes)`` without re-cleaning clean values (new keys only
-    take the fast path when they all fit under the span's attribute count limit)."""
+    take the fast path when they all fit under the span's attribute count limit). Under the
+    span's lock, as the SDK's own setter: an ended span is left as it is either way."""
     if FAST and isinstance(span, SdkSpan):
         limits = span._limits
         own: Any = span._attributes
         maxlen = own.maxlen
-        if (
-            span.end_time is None
-            and not own._immutable
-            and _clean_enough(attributes, None, limits.max_attribute_length)
-            and (maxlen is None or len(own) + len(attributes) <= maxlen)
-        ):
-            own._dict.update(attributes)
-            return
+        if _clean_enough(attributes, None, limits.max_attribute_length):
+            with span._lock:
+                if (
+                    span._end_time is None
+                    and not own._immutable
+                    and (maxlen is None or len(own) + len(attributes) <= maxlen)
+                ):
+                    own._dict.update(attributes)
+                    return
     span.set_attributes(attributes)
