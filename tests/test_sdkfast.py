@@ -64,6 +64,7 @@ def test_clean_attributes_and_events_equal_the_public_api() -> None:
     [
         SpanLimits(max_event_attributes=10, max_span_attributes=12),  # fewer than the window has
         SpanLimits(max_attribute_length=5),  # the aggregation string is longer
+        SpanLimits(max_span_attribute_length=5),  # span values only: events keep theirs whole
     ],
 )
 def test_over_the_span_limits_the_public_api_applies_them(limits: SpanLimits) -> None:
@@ -105,3 +106,12 @@ def test_an_ended_span_is_not_changed() -> None:
     _sdkfast.set_clean_attributes(span, {"a": 1})
     (finished,) = exporter.get_finished_spans()
     assert not finished.events and not finished.attributes
+
+
+def test_the_layout_check_ignores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job run with OTEL_TRACES_SAMPLER=always_off or tight OTEL_*_LIMIT settings still gets
+    the fast path (which applies the limits of each span it writes to)."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    monkeypatch.setenv("OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", "1")
+    monkeypatch.setenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "0")
+    assert _sdkfast._sdk_layout_matches()

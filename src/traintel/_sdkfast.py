@@ -20,8 +20,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import Event, TracerProvider
+from opentelemetry.sdk.trace import Event, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
@@ -54,15 +55,23 @@ def _bounded(
 
 
 def _sdk_layout_matches() -> bool:
-    """The fast paths build what the public API builds, on this SDK release."""
+    """The fast paths build what the public API builds, on this SDK release. Checked with a
+    sampler and limits of its own: the environment's (OTEL_TRACES_SAMPLER, OTEL_*_LIMIT) say
+    nothing about the layout and must not turn the fast path off."""
     try:
-        provider = TracerProvider()
+        limits = SpanLimits(
+            max_span_attributes=128,
+            max_event_attributes=128,
+            max_events=128,
+            max_attribute_length=SpanLimits.UNSET,
+            max_span_attribute_length=SpanLimits.UNSET,
+        )
+        provider = TracerProvider(sampler=ALWAYS_ON, span_limits=limits, shutdown_on_exit=False)
         span = provider.get_tracer("traintel.check").start_span("check")
         if not isinstance(span, SdkSpan):
             return False
         attributes: dict[str, AttributeValue] = {"a": 1.5, "b": "x", "c": True, "d": 2}
         span.add_event("public", attributes, 7)
-        limits = span._limits
         span._add_event(
             Event(
                 "fast",
@@ -110,10 +119,9 @@ def set_clean_attributes(span: Span, attributes: Mapping[str, AttributeValue]) -
     take the fast path when they all fit under the span's attribute count limit). Under the
     span's lock, as the SDK's own setter: an ended span is left as it is either way."""
     if FAST and isinstance(span, SdkSpan):
-        limits = span._limits
         own: Any = span._attributes
         maxlen = own.maxlen
-        if _clean_enough(attributes, None, limits.max_attribute_length):
+        if _clean_enough(attributes, None, own.max_value_len):  # the span's value-length limit
             with span._lock:
                 if (
                     span._end_time is None
