@@ -425,6 +425,42 @@ def test_state_stays_bounded(owned: Any) -> None:
     assert len(engine.sampler.recent) <= 101
 
 
+def test_a_window_whose_report_fails_is_still_emptied(
+    owned: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in the window statistics costs that window's report, not the run: the window is
+    emptied anyway, so memory stays bounded and later windows are reported again."""
+    from traintel.processor import aggregator
+
+    real_percentile = aggregator.percentile
+    failing = {"on": True}
+
+    def percentile(values: list[float], q: float) -> float:
+        if failing["on"]:
+            raise ZeroDivisionError("injected")
+        return real_percentile(values, q)
+
+    monkeypatch.setattr(aggregator, "percentile", percentile)
+    owned(log_every_n_iterations=10)
+    engine = traintel.get_telemetry().engine
+    assert engine is not None
+    with caplog.at_level(logging.WARNING, logger="traintel"), traintel.training_loop():
+        for _ in range(95):  # nine windows fail
+            with traintel.training_iteration():
+                pass
+        assert engine.aggregator.window_fill == 5  # emptied at each boundary, failed or not
+        assert engine.aggregator.iterations_seen == 95 and engine.aggregator.windows_closed == 0
+        failing["on"] = False
+        for _ in range(5):
+            with traintel.training_iteration():
+                pass
+    assert engine.aggregator.windows_closed == 1  # the tenth: nothing was left for the loop end
+    assert engine.aggregator.iterations_seen == 100
+    assert engine.aggregator.last_window is not None
+    assert engine.aggregator.last_window.first_iteration == 90
+    assert any("could not end phase" in r.getMessage() for r in caplog.records)
+
+
 def test_values_no_reader_collected_in_time_are_counted(owned: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from traintel.processor import instruments
 

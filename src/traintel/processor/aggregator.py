@@ -321,12 +321,23 @@ class TrainingAggregator:
 
     # --- window boundary ------------------------------------------------------------------------
     def close_window(self, inputs: RateInputs) -> WindowReport | None:
-        """Close the current window (full, or partial at loop end); None if it is empty."""
+        """Close the current window (full, or partial at loop end); None if it is empty. The
+        window is emptied even if its report fails: otherwise every later iteration would try
+        again over a window that only grows."""
         rows = self.rows
         if not rows:
             return None
-        first, last = rows[0], rows[-1]
         seen_before = self._seen_closed
+        try:
+            return self._report(rows, seen_before, inputs)
+        finally:
+            self._seen_closed = seen_before + len(rows)
+            rows.clear()
+            self._window_metrics = {}
+            self._window_flags = [0, 0, 0]
+
+    def _report(self, rows: list[_Row], seen_before: int, inputs: RateInputs) -> WindowReport:
+        first, last = rows[0], rows[-1]
         if self._first_iteration_s is None and not seen_before:
             self._first_iteration_s = first[0] / 1e9
         warm = min(max(self.warmup_iterations - seen_before, 0), len(rows))  # the job's first rows
@@ -388,10 +399,6 @@ class TrainingAggregator:
         )
         self.windows_closed += 1
         self.last_window = report
-        self._seen_closed = seen_before + n
-        rows.clear()
-        self._window_metrics = {}
-        self._window_flags = [0, 0, 0]
         return report
 
     def _fold_into_totals(

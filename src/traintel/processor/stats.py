@@ -134,7 +134,7 @@ class IndexedBatch:
         bytecode per value); ``zeros`` counts the others."""
         if self._indices is None or log_gamma != self._log_gamma:
             values = self.values
-            positive = values if not values or min(values) > 0.0 else list(filter(_POSITIVE, values))
+            positive = list(filter(_POSITIVE, values))  # zeros (and NaN, never a bucket) left out
             self.zeros = len(values) - len(positive)
             inverse = 1.0 / log_gamma  # as in QuantileSketch._bucket (multiplication commutes exactly)
             self._indices = list(map(math.ceil, map(inverse.__mul__, map(math.log, positive))))
