@@ -94,7 +94,7 @@ def main() -> None:
             log_every_n_train_iterations=50,
             is_log_throughput_enabled_or_fn=args.throughput,
             flops_per_sample_or_fn=100 if args.throughput else None,
-            train_iterations_target_or_fn=10**7,
+            train_iterations_target_or_fn=10**7,  # required with throughput logging
             train_samples_target_or_fn=32 * 10**7,
         )
         provider = TrainingTelemetryProvider.instance()
@@ -102,11 +102,7 @@ def main() -> None:
         provider.with_base_config(base).with_exporter(exporter).configure_provider()
         with application():
             provider.set_training_telemetry_config(training)
-            target = 10_000_000  # nv-one-logger requires it with throughput logging
-            with (
-                training_loop(train_iterations_start=0, train_iterations_target_or_fn=target),
-                traintel.training_loop(),
-            ):
+            with training_loop(train_iterations_start=0), traintel.training_loop():
                 nv_steps(200)
                 traintel_steps(200)
                 nv_start, ours_start, ratio_start = interleaved(args.iterations, args.rounds)

@@ -524,7 +524,7 @@ class TrainingEngine:
                 self.samples_total += samples
             if tokens is not None:
                 self.tokens_total += tokens
-        rows = self._rows  # TrainingAggregator.add_iteration, inlined
+        rows = self._rows  # the window's rows (TrainingAggregator.rows): one row per iteration
         rows.append(
             (
                 duration_ns,

@@ -47,10 +47,11 @@ class _Prefixed(dict[str, str]):
 
 
 _KEYS = {prefix: _Prefixed(prefix) for prefix in (_W, _T)}
-_WK, _TK = _KEYS[_W], _KEYS[_T]
+#: ``WINDOW_PREFIX + name`` and ``TOTAL_PREFIX + name``, built once per name (goodput too).
+WINDOW_KEYS, TOTAL_KEYS = _KEYS[_W], _KEYS[_T]
 #: The rates the totals carry (of all ``rates`` computes).
 _TOTAL_RATES = tuple(
-    _TK[name]
+    TOTAL_KEYS[name]
     for name in (
         "samples_per_second",
         "tokens_per_second",
@@ -263,9 +264,9 @@ class TrainingAggregator:
         self.window_size = window_size
         self.warmup_iterations = warmup_iterations
         self.windows_closed = 0
-        #: The open window's iterations, one row each (see ``_Row``). The engine appends to it
-        #: directly (the per-step path: one append, no call); it is emptied in place, never
-        #: replaced. Everything else about the window is derived from it when it closes.
+        #: The open window's iterations, one ``_Row`` each, appended by the engine as each ends;
+        #: the window is full at ``window_size`` rows. Emptied in place, never replaced: sums,
+        #: totals, warm-up and bounds are derived from the rows when the window closes.
         self.rows: list[_Row] = []
         self._seen_closed = 0  # iterations in closed windows
         self._first_iteration_s: float | None = None
@@ -277,24 +278,7 @@ class TrainingAggregator:
         self.last_window: WindowReport | None = None
         self.checkpoints = CheckpointStats()
 
-    # --- per iteration (the hot path: one append) ------------------------------------------------
-    def add_iteration(
-        self,
-        iteration: int,
-        duration_ns: int,
-        samples: float | None = None,
-        tokens: float | None = None,
-        padding: float | None = None,
-        flops: float | None = None,
-        phases: list[int] | None = None,
-        end_ns: int = 0,
-    ) -> bool:
-        """Record one iteration; returns True when it completes a window (call :meth:`close_window`).
-        Sums, totals, warm-up and bounds are taken once per window, not per iteration."""
-        rows = self.rows
-        rows.append((duration_ns, samples, tokens, padding, flops, phases, iteration, end_ns))
-        return len(rows) >= self.window_size
-
+    # --- per iteration: the engine appends to ``rows`` (the hot path: one append, no call) ----
     @property
     def iterations_seen(self) -> int:
         return self._seen_closed + len(self.rows)
@@ -354,27 +338,27 @@ class TrainingAggregator:
             rows, warm, counts, batch, (n, counts.duration_s, mean, m2, ordered[0], ordered[-1])
         )
         attributes: dict[str, float | int | str] = {
-            _WK["index"]: self.windows_closed,
-            _WK["iterations"]: n,
-            _WK["first_iteration"]: first[6],
-            _WK["last_iteration"]: last[6],
-            _WK["iteration_time.min"]: ordered[0],
-            _WK["iteration_time.mean"]: mean,
-            _WK["iteration_time.max"]: ordered[-1],
-            _WK["iteration_time.p50"]: percentile(ordered, 50),
-            _WK["iteration_time.p90"]: percentile(ordered, 90),
-            _WK["iteration_time.p99"]: percentile(ordered, 99),
-            _WK["iteration_time.stddev"]: math.sqrt(variance),
-            _WK["samples"]: counts.samples,
-            _WK["tokens"]: counts.tokens,
-            _WK["padding_tokens"]: counts.padding,
-            _WK["nonfinite_iterations"]: self._window_flags[0],
-            _WK["slow_iterations"]: self._window_flags[1],
-            _WK["exported_iterations"]: self._window_flags[2],
+            WINDOW_KEYS["index"]: self.windows_closed,
+            WINDOW_KEYS["iterations"]: n,
+            WINDOW_KEYS["first_iteration"]: first[6],
+            WINDOW_KEYS["last_iteration"]: last[6],
+            WINDOW_KEYS["iteration_time.min"]: ordered[0],
+            WINDOW_KEYS["iteration_time.mean"]: mean,
+            WINDOW_KEYS["iteration_time.max"]: ordered[-1],
+            WINDOW_KEYS["iteration_time.p50"]: percentile(ordered, 50),
+            WINDOW_KEYS["iteration_time.p90"]: percentile(ordered, 90),
+            WINDOW_KEYS["iteration_time.p99"]: percentile(ordered, 99),
+            WINDOW_KEYS["iteration_time.stddev"]: math.sqrt(variance),
+            WINDOW_KEYS["samples"]: counts.samples,
+            WINDOW_KEYS["tokens"]: counts.tokens,
+            WINDOW_KEYS["padding_tokens"]: counts.padding,
+            WINDOW_KEYS["nonfinite_iterations"]: self._window_flags[0],
+            WINDOW_KEYS["slow_iterations"]: self._window_flags[1],
+            WINDOW_KEYS["exported_iterations"]: self._window_flags[2],
         }
         errors = counts.rates(inputs, _W, attributes)
         for name, metric in self._window_metrics.items():
-            # not through _WK: user metric names are the user's, and that cache never shrinks
+            # not through WINDOW_KEYS: user metric names are the user's, and that cache never shrinks
             attributes[_W + "metric." + name + ".last"] = metric.last
             if metric.count:
                 attributes[_W + "metric." + name + ".mean"] = metric.sum / metric.count
@@ -382,7 +366,7 @@ class TrainingAggregator:
         self._totals(inputs, attributes)
         report = WindowReport(
             index=self.windows_closed,
-            first_iteration=int(attributes[_WK["first_iteration"]]),
+            first_iteration=first[6],
             last_iteration=last[6],
             attributes=attributes,
             errors=errors,
@@ -425,15 +409,15 @@ class TrainingAggregator:
         self._total_sketch.add_many(post)
 
     def _totals(self, inputs: RateInputs, out: dict[str, float | int | str]) -> None:
-        out[_TK["iterations"]] = self.iterations_seen
+        out[TOTAL_KEYS["iterations"]] = self.iterations_seen
         stats = self._total_stats
         if stats.count:
-            out[_TK["iteration_time.mean"]] = stats.mean
-            out[_TK["iteration_time.stddev"]] = stats.stddev
+            out[TOTAL_KEYS["iteration_time.mean"]] = stats.mean
+            out[TOTAL_KEYS["iteration_time.stddev"]] = stats.stddev
             p50, p90, p99 = self._total_sketch.quantiles((0.50, 0.90, 0.99))
-            out[_TK["iteration_time.p50"]] = p50
-            out[_TK["iteration_time.p90"]] = p90
-            out[_TK["iteration_time.p99"]] = p99
+            out[TOTAL_KEYS["iteration_time.p50"]] = p50
+            out[TOTAL_KEYS["iteration_time.p90"]] = p90
+            out[TOTAL_KEYS["iteration_time.p99"]] = p99
             scratch: dict[str, float | int | str] = {}
             self.total.rates(inputs, _T, scratch)
             for key in _TOTAL_RATES:
@@ -443,11 +427,11 @@ class TrainingAggregator:
     @staticmethod
     def _describe_inputs(inputs: RateInputs, out: dict[str, float | int | str]) -> None:
         out[semconv.THROUGHPUT_AGGREGATION] = f"rank x world_size ({inputs.world_size})"
-        if _WK["flops_per_second_per_device"] in out:
+        if WINDOW_KEYS["flops_per_second_per_device"] in out:
             out[semconv.MFU_TIMING_MODE] = inputs.timing_mode
             out[semconv.MFU_FLOPS_METHOD] = inputs.flops_method or "config"
             if inputs.peak_flops:
-                out[semconv.MFU_NUMERATOR] = out[_WK["flops_per_second_per_device"]]
+                out[semconv.MFU_NUMERATOR] = out[WINDOW_KEYS["flops_per_second_per_device"]]
                 out[semconv.MFU_DENOMINATOR] = inputs.peak_flops
                 out[semconv.MFU_PEAK_SOURCE] = inputs.peak_source or "config"
 

@@ -217,12 +217,10 @@ class IterationExportFilter(SpanProcessor):
                     if root in self._dropped:
                         self.dropped_spans += 1
                         return
-        self._budget.add(span, context)
-        for processor in self._processors:
-            processor.on_end(span)
+        self._forward(span, context)
 
-    def _forward(self, span: ReadableSpan) -> None:
-        self._budget.add(span)
+    def _forward(self, span: ReadableSpan, context: SpanContext | None = None) -> None:
+        self._budget.add(span, context)
         for processor in self._processors:
             processor.on_end(span)
 

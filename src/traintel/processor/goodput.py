@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 
 from traintel import semconv
-from traintel.processor.aggregator import WindowReport
+from traintel.processor.aggregator import WINDOW_KEYS, WindowReport
 from traintel.processor.stats import QuantileSketch, percentile
 
 #: The categories the live ledger can see (wasted progress and recovery need later jobs).
@@ -29,20 +29,10 @@ LIVE_CATEGORIES = tuple(
 )
 
 
-#: The record's attribute names, built once (a window closes every few seconds, for weeks).
-_KEYS = {
-    name: semconv.WINDOW_PREFIX + name
-    for name in (
-        "index", "first_iteration", "last_iteration", "iterations", "iteration_time.total",
-        "productive_time", "data_loading_time", "nested_badput_time", "program_startup_time",
-        "iteration_time.p50", "iteration_time.p90", "iteration_time.p99", "iteration_time.max",
-        "slowest_iteration", "flops",
-    )
-}  # fmt: skip
+_P50, _P90, _P99, _MAX = (WINDOW_KEYS["iteration_time." + q] for q in ("p50", "p90", "p99", "max"))
 _DEVIATION_P50, _DEVIATION_P90, _DEVIATION_P99 = (
     semconv.STEP_TIME_DEVIATION_PREFIX + q for q in ("p50", "p90", "p99")
 )
-_P50, _P90, _P99, _MAX = (semconv.WINDOW_PREFIX + "iteration_time." + q for q in ("p50", "p90", "p99", "max"))
 
 #: Once the step sketch has left its exact range, the ideal step time is recomputed every this
 #: many windows (its bucket walk costs more than the rest of a window close).
@@ -80,7 +70,7 @@ class WindowGoodput:
         )
 
     def attributes(self) -> dict[str, float | int | str]:
-        k = _KEYS
+        k = WINDOW_KEYS
         out: dict[str, float | int | str] = {
             k["index"]: self.index,
             k["first_iteration"]: self.first_iteration,

@@ -12,6 +12,7 @@ import math
 import operator
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
+from itertools import accumulate, repeat
 
 try:  # Counter.update's own C helper: update() itself first asks isinstance(x, Mapping), an ABC check
     from collections import _count_elements  # type: ignore[attr-defined]
@@ -21,8 +22,6 @@ except ImportError:  # pragma: no cover - another Python's collections
         for element in iterable:
             mapping[element] = mapping.get(element, 0) + 1
 
-
-from itertools import accumulate, repeat
 
 #: ``0.0 < v``: a C-level predicate for ``filter``.
 _POSITIVE = (0.0).__lt__
