@@ -117,6 +117,11 @@ class IterationSpan(NonRecordingSpan):
     attributes, events and status set on it are kept here and appear on the SDK span if the
     iteration is exported. Defaults live on the class, so creating a record sets only what
     every iteration has: this runs once per step and every attribute store counts.
+
+    Two flags keep the end of a plain iteration to two tests: ``counted`` (work counts were
+    reported on it) and ``notable`` (anything that may export or flag it: a head reason, an
+    error, a non-finite metric, user spans held for it, a real span). Whatever sets one of
+    those fields sets the flag too.
     """
 
     end_ns = 0
@@ -137,6 +142,8 @@ class IterationSpan(NonRecordingSpan):
     status: Status | None = None
     context: object = None  # the Context object attached for the body
     step_spans = False
+    counted = False  # samples / tokens / padding / FLOPs were reported (instance value, always set)
+    notable = False  # see the class docstring (instance value, always set)
     materializing = False
     real_span: Span | None = None  # "all" mode: the SDK span the iteration is while it runs
     real_context: object = None  # "all" mode: the Context attached for the body
@@ -188,6 +195,7 @@ class IterationSpan(NonRecordingSpan):
         count = _COUNT_ATTRIBUTES.get(key)
         if count is not None:  # the step's work set as an attribute counts, as on a plain OTel span
             setattr(self, count, _num(value))
+            self.counted = True
 
     def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
         for key, value in attributes.items():
@@ -210,6 +218,7 @@ class IterationSpan(NonRecordingSpan):
         escaped: bool = False,
     ) -> None:
         self.error = exception
+        self.notable = True
 
     def __repr__(self) -> str:
         return f"IterationSpan({self.phase!r}, iteration={self.iteration})"
@@ -226,6 +235,7 @@ class IterationSpan(NonRecordingSpan):
     ) -> None:
         """Micro-batch counts are summed into the step (never counted per micro-batch)."""
         self.micro_batches += 1
+        self.counted = True
         if samples is not None:
             self.samples = (self.samples or 0) + samples
         if tokens is not None:
@@ -246,9 +256,8 @@ def iteration_record(phase: str, iteration: int, start_ns: int, parent: SpanCont
     record.children = []
     record.phase_ns = [0, 0, 0, 0]
     # Read on every iteration's end: instance values are read faster than class defaults.
-    record.real_span = record.samples = record.tokens = record.flops = record.padding = None
-    record.metrics = record.error = record.head_reason = None
-    record.nonfinite = record.filtered = record.step_spans = False
+    record.metrics = None
+    record.counted = record.notable = False
     return record
 
 
@@ -321,7 +330,7 @@ class TrainingEngine:
         self.rank_export: RankExportPolicy | None = None
         # The parent SpanContext of the last iteration and the Context it was read from (a
         # Context is immutable; only a segment rotation changes what its span answers).
-        self._parent_cache: tuple[object, SpanContext] = (None, trace_api.INVALID_SPAN_CONTEXT)
+        self._parent_cache: tuple[object, SpanContext, bool] = (None, trace_api.INVALID_SPAN_CONTEXT, True)
         self._window_parent: tuple[Span | None, Context] = (None, Context())
         HEALTH.report_zeros = True  # until a scale-mode decision says otherwise
         self.window_events = True  # training_metrics_update: read once per window
@@ -434,13 +443,23 @@ class TrainingEngine:
             # Rotated at the start of the next iteration, never after the last one.
             self.rotate_pending = False
             self.rotate(start_ns)
-        cached = self._parent_cache  # one tuple: two threads never pair a context with another's parent
-        if context is cached[0]:  # the loop's context, iteration after iteration
-            parent = cached[1]
-        else:
+        # The parent and whether it is sampled (or none: a root), cached with the Context they
+        # were read from (immutable; only a segment rotation changes what its span answers).
+        # One tuple: two threads never pair a context with another's parent.
+        cached = self._parent_cache
+        if context is not cached[0]:  # not the loop's context of the previous iteration
             parent = _current_span(context).get_span_context()
-            self._parent_cache = (context, parent)
-        record = iteration_record(phase, iteration, start_ns, parent)
+            cached = self._parent_cache = (context, parent, not parent.is_valid or parent.trace_flags.sampled)
+        parent = cached[1]
+        record: IterationSpan = _new_record(IterationSpan)  # iteration_record, inlined (one per step)
+        record.phase = phase
+        record.iteration = iteration
+        record.start_ns = start_ns
+        record.parent = parent
+        record.children = []
+        record.phase_ns = [0, 0, 0, 0]
+        record.metrics = None
+        record.counted = record.notable = False
         if attributes:
             record.attributes = dict(attributes)
             samples = attributes.get(semconv.SAMPLES)
@@ -448,33 +467,35 @@ class TrainingEngine:
             if samples is not None or tokens is not None:
                 record.add_work(_num(samples), _num(tokens), None, None)
                 record.micro_batches = 0
+        sampler = self.sampler
         if phase == _TRAINING_ITERATION:
-            sampler = self.sampler
             index = sampler.seen
             sampler.seen = index + 1
             if (
-                index >= sampler.first
-                and sampler.policy == "sampled"
-                and (not sampler.every_n or iteration % sampler.every_n)
-            ):
-                pass  # the common case, decided inline: no head reason
-            else:
+                index < sampler.first
+                or sampler.policy != "sampled"
+                or (sampler.every_n and not iteration % sampler.every_n)
+            ):  # a head reason, maybe (the common case is decided inline: none)
                 sampler.seen = index
-                record.head_reason = sampler.head(iteration)
+                reason = record.head_reason = sampler.head(iteration)
+                if reason is not None:
+                    record.notable = True
             if self._dtype_seen is None:
                 self._dtype_seen = autocast_dtype() or "fp32"
         else:
-            record.head_reason = self._eval_sampler(phase).head(iteration)
+            reason = record.head_reason = self._eval_sampler(phase).head(iteration)
+            if reason is not None:
+                record.notable = True
         # Ids are drawn on first need (IterationSpan.assign_ids). The trace flag user spans
-        # inside inherit: with traintel's providers, sampled (the filter holds them until the
-        # decision; it registers the iteration on the first one) unless the policy is "none";
-        # with the user's own pipeline, the head decision (ParentBased samplers follow it).
-        if self.export_filter is not None:
-            inherit = self.sampler.policy != "none"
-        else:
-            inherit = record.head_reason is not None
-        if inherit and (not parent[5] or parent[3] & 1):  # a sampled parent (is_valid, trace_flags)
-            record.sampled = True
+        # inside inherit, under a sampled parent (or none): with traintel's providers, sampled
+        # (the filter holds them until the decision; it registers the iteration on the first
+        # one) unless the policy is "none"; with the user's own pipeline, the head decision
+        # (ParentBased samplers follow it).
+        if cached[2]:
+            if self.export_filter is not None:
+                record.sampled = sampler.policy != "none"
+            else:
+                record.sampled = record.head_reason is not None
         self.active = record
         self.active_thread = _get_ident()
         return record
@@ -507,36 +528,27 @@ class TrainingEngine:
             self.active = None
         if error is not None:
             record.error = error
+            record.notable = True
         duration_ns = end_ns - record.start_ns
-        real = record.real_span
-        if real is not None:  # "all" mode: the body saw the SDK span, not the record
-            _take_counts(record, real)
+        if record.notable and record.real_span is not None:
+            _take_counts(record, record.real_span)  # "all" mode: the body saw the SDK span, not the record
         if record.phase != _TRAINING_ITERATION:
             self._end_eval_iteration(record, duration_ns)
             return
         iteration = record.iteration
         self.last_iteration_end_ns = end_ns
         self.last_iteration = iteration
-        samples, tokens, flops = record.samples, record.tokens, record.flops
-        if self._derives_counts or samples is not None or tokens is not None or flops is not None:
+        phases = record.phase_ns if record.children or record.step_spans else None
+        rows = self._rows  # the window's rows (TrainingAggregator.rows): one row per iteration
+        if record.counted or self._derives_counts:
             samples, tokens, flops = self._counts(record)
             if samples is not None:
                 self.samples_total += samples
             if tokens is not None:
                 self.tokens_total += tokens
-        rows = self._rows  # the window's rows (TrainingAggregator.rows): one row per iteration
-        rows.append(
-            (
-                duration_ns,
-                samples,
-                tokens,
-                record.padding,
-                flops,
-                record.phase_ns if record.children or record.step_spans else None,
-                iteration,
-                end_ns,
-            )
-        )
+            rows.append((duration_ns, samples, tokens, record.padding, flops, phases, iteration, end_ns))
+        else:  # no work reported or derived
+            rows.append((duration_ns, None, None, None, None, phases, iteration, end_ns))
         if record.metrics:
             for name, value in record.metrics.items():
                 self.aggregator.add_model_metric(name, value)
@@ -547,15 +559,7 @@ class TrainingEngine:
         if sampler.median == 0.0 and len(recent) == MEDIAN_MIN_SAMPLES:
             sampler.refresh()
         slow = seconds > sampler.threshold
-        if (
-            slow
-            or exported_as is not None
-            or record.head_reason is not None
-            or record.error is not None
-            or record.nonfinite
-            or record.filtered
-            or real is not None
-        ):
+        if slow or record.notable or exported_as is not None:
             exported = self._export_decision(record, exported_as, slow, seconds)
         else:  # the common case: counted, not exported
             exported = self.last_exported = None
@@ -668,6 +672,7 @@ class TrainingEngine:
             record.phase, context=context, attributes=attributes, start_time=record.start_ns
         )
         record.real_span = span
+        record.notable = True
         record.materializing = True  # not a deferred iteration: the filter holds nothing for it
         record.span_id = span.get_span_context().span_id
         return span
@@ -804,7 +809,7 @@ class TrainingEngine:
             metrics = record.metrics = {}
         metrics[name] = value
         if not math.isfinite(value):
-            record.nonfinite = True
+            record.nonfinite = record.notable = True
 
     # --- windows --------------------------------------------------------------------------------
     def close_window(self, final: bool = False, ended_loop: Span | None = None) -> WindowReport | None:
@@ -868,13 +873,19 @@ class TrainingEngine:
                 trace_api.set_span_in_context(parent) if parent is not None else Context(),
             )
         context = cached[1]
-        for window in windows:
-            # Started without attributes, then given them uncleaned: they are traintel's numbers.
-            span = self.tracer.start_span(
-                semconv.TRAINING_WINDOW_SPAN, context=context, start_time=window.start_ns
-            )
-            set_clean_attributes(span, window.attributes())
-            span.end(end_time=max(window.end_ns, window.start_ns))
+        # The metrics processor skips these, as it skips materialised iterations: they are
+        # traintel's own records, with nothing in them to count (the trace budget still is).
+        materializing, self.materializing = self.materializing, _get_ident()
+        try:
+            for window in windows:
+                # Started without attributes, then given them uncleaned: they are traintel's numbers.
+                span = self.tracer.start_span(
+                    semconv.TRAINING_WINDOW_SPAN, context=context, start_time=window.start_ns
+                )
+                set_clean_attributes(span, window.attributes())
+                span.end(end_time=max(window.end_ns, window.start_ns))
+        finally:
+            self.materializing = materializing
 
     # --- segments -------------------------------------------------------------------------------
     def _check_budget(self, now_ns: int) -> None:
@@ -912,7 +923,7 @@ class TrainingEngine:
         else:
             root_links = [previous_loop] + ([app.first_context] if app is not None else [])
         loop.start_next(self.tracer, now_ns, new_parent, root_links)
-        self._parent_cache = (None, trace_api.INVALID_SPAN_CONTEXT)  # the loop answers anew now
+        self._parent_cache = (None, trace_api.INVALID_SPAN_CONTEXT, True)  # the loop answers anew now
         self.segments_closed += 1
         self.events = _EventBudget()
 
@@ -972,6 +983,7 @@ class TrainingEngine:
         if record is not None and record.real_span is None and record.phase == _TRAINING_ITERATION:
             if record.head_reason is None:
                 record.head_reason = "checkpoint"
+                record.notable = True
             if not record.span_id:
                 record.assign_ids()
             return _span_context(record.trace_id, record.span_id, _SAMPLED)
@@ -1095,6 +1107,7 @@ def _take_counts(record: IterationSpan, span: Span) -> None:
             value = attributes.get(key)
             if value is not None:
                 setattr(record, field_name, _num(value))
+                record.counted = True
 
 
 def _num(value: object) -> float | None:

@@ -52,6 +52,7 @@ _new_context = Context
 _dict_setitem = dict.__setitem__
 _SPAN_KEY = _fast.SPAN_KEY
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
+_TRAINING_LOOP = Phase.TRAINING_LOOP.value
 _LOOP_OF = {iteration.value: loop.value for iteration, loop in semconv.LOOP_OF_ITERATION.items()}
 _set_span_in_context = trace_api.set_span_in_context
 
@@ -308,15 +309,37 @@ class _Iteration(PhaseSpan):
 
     def __enter__(self) -> Span:
         telemetry = _runtime._telemetry or _runtime.current()
-        if telemetry.engine is None:
+        engine = telemetry.engine
+        if engine is None:
             return trace_api.INVALID_SPAN
         try:
+            if (
+                self._phase is _TRAINING_ITERATION
+                and not engine.export_all
+                and engine.device is None
+                and not telemetry.closed
+                and telemetry.open_loops.get(_TRAINING_LOOP)
+            ):  # the per-step case, _open inlined: one Python call (begin_iteration) fewer
+                start = _time_ns()
+                context = _get_current()
+                number = telemetry.next_train_iteration if self._iteration is None else self._iteration
+                telemetry.next_train_iteration = number + 1
+                record = self._record = engine.begin_iteration(
+                    _TRAINING_ITERATION, number, start, self._attributes, context
+                )
+                body = record.context = _new_context(context)  # _with_span(record, context), inlined
+                _dict_setitem(body, _SPAN_KEY, record)
+                self._span = record
+                self._token = _attach(body)
+                self._thread = engine.active_thread  # begin_iteration's thread: this one
+                return record
             return self._open(telemetry)
         except Exception:
             telemetry.warn_once("enter:" + self._name, "could not start phase %r", self._name)
             return trace_api.INVALID_SPAN
 
     def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
+        """Every case (``__enter__`` inlines the common one; callbacks give ``start_ns``)."""
         engine = telemetry.engine
         if engine is None or telemetry.closed:
             return trace_api.INVALID_SPAN
@@ -385,8 +408,8 @@ class _Iteration(PhaseSpan):
             if engine is not None:
                 if engine.device is not None:
                     engine.device.ended(self._name)
-                error = record.error if exc is None else (_clean_exit(exc) or record.error)
-                engine.end_iteration(record, error, end)
+                # None keeps what the body recorded (record_exception on the handle)
+                engine.end_iteration(record, None if exc is None else _clean_exit(exc), end)
         except Exception:
             telemetry.warn_once("exit:" + self._name, "could not end phase %r", self._name)
         return False

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import repeat
 
 from traintel import semconv
@@ -93,9 +92,6 @@ class RateInputs:
 _Row = tuple[int, float | None, float | None, float | None, float | None, list[int] | None, int, int]
 
 
-_NOT_NONE = partial(operator.is_not, None)
-
-
 def _seconds(nanoseconds: object) -> list[float]:
     """``[v / 1e9 for v in nanoseconds]`` with C-level iterators (exactly the same divisions)."""
     return list(map(operator.truediv, nanoseconds, repeat(1e9)))  # type: ignore[call-overload]
@@ -147,7 +143,7 @@ class _Counts:
         counts.tokens, counts.tokens_time = _column(tokens, durations, total_ns)
         counts.padding = _column(padding, durations, total_ns)[0]
         counts.flops, counts.flops_time = _column(flops, durations, total_ns)
-        reported = list(filter(_NOT_NONE, phases))
+        reported = list(filter(None, phases))  # the timings (4-element lists) or None
         if reported:
             counts.phase_s = [sum(column) / 1e9 for column in zip(*reported, strict=True)]
         return counts
@@ -378,7 +374,7 @@ class TrainingAggregator:
             data_loading_s=counts.phase_s[DATA],
             flops=counts.flops,
             data_loading_durations=_seconds(
-                map(operator.itemgetter(DATA), filter(_NOT_NONE, map(operator.itemgetter(5), rows)))
+                map(operator.itemgetter(DATA), filter(None, map(operator.itemgetter(5), rows)))
             ),
         )
         self.windows_closed += 1

@@ -184,7 +184,7 @@ class IterationExportFilter(SpanProcessor):
             if active is not None and active.span_id == parent_id and not active.materializing:
                 root = parent_id
                 if not active.filtered:
-                    active.filtered = True
+                    active.filtered = active.notable = True
                     with self._lock:
                         self._pending[root] = []
         if root is not None:

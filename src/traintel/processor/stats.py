@@ -23,10 +23,6 @@ except ImportError:  # pragma: no cover - another Python's collections
             mapping[element] = mapping.get(element, 0) + 1
 
 
-#: ``0.0 < v``: a C-level predicate for ``filter``.
-_POSITIVE = (0.0).__lt__
-
-
 def percentile(sorted_values: list[float], q: float) -> float:
     """Linearly interpolated percentile (``q`` in 0..100) of an ascending list; NaN if empty.
 
@@ -129,14 +125,16 @@ class IndexedBatch:
         self.zeros = 0
 
     def indices(self, log_gamma: float) -> list[int]:
-        """``ceil(log(v) / log(gamma))`` of each positive value, with C-level iterators (no
-        bytecode per value); ``zeros`` counts the others."""
+        """``ceil(log(v) / log(gamma))`` of each positive value; ``zeros`` counts the others
+        (a comprehension: bound methods such as ``inverse.__mul__`` in C-level ``map`` chains
+        pack an argument tuple per call, and cost more than the bytecode they save)."""
         if self._indices is None or log_gamma != self._log_gamma:
             values = self.values
-            positive = list(filter(_POSITIVE, values))  # zeros (and NaN, never a bucket) left out
-            self.zeros = len(values) - len(positive)
             inverse = 1.0 / log_gamma  # as in QuantileSketch._bucket (multiplication commutes exactly)
-            self._indices = list(map(math.ceil, map(inverse.__mul__, map(math.log, positive))))
+            ceil, log = math.ceil, math.log
+            # zeros (and NaN, never a bucket) left out
+            indices = self._indices = [ceil(inverse * log(v)) for v in values if v > 0.0]
+            self.zeros = len(values) - len(indices)
             self._log_gamma = log_gamma
         return self._indices
 

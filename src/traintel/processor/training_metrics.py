@@ -173,6 +173,7 @@ class TrainingMetricsProcessor(SpanProcessor):
             and record.head_reason is None
         ):
             record.head_reason = "checkpoint" if phase.startswith("checkpoint") else "nested_phase"
+            record.notable = True
 
     def _goodput_parent(self, engine: TrainingEngine, span: ReadableSpan) -> tuple[str | None, int]:
         """The nearest enclosing categorised phase ("phase", its id) or training iteration
