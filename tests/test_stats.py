@@ -48,7 +48,7 @@ def test_sketched_quantiles_in_one_walk_are_the_bucket_of_the_ranked_value(zeros
         value = ordered[math.floor(q * (len(ordered) - 1))]
         if value <= 0:
             return 0.0
-        return 2 * gamma ** math.ceil(math.log(value) / math.log(gamma)) / (gamma + 1)
+        return 2 * gamma ** math.ceil(math.log2(value) / math.log2(gamma)) / (gamma + 1)
 
     assert sketch.quantiles(qs) == [expected(q) for q in qs]
     assert [sketch.quantile(q) for q in qs] == [expected(q) for q in qs]
@@ -115,7 +115,7 @@ def _reference_robust_mean(sketch: QuantileSketch, k: float = 3.0) -> float:
     """The bucket sketch's robust mean written out plainly (pairs, loops): the definition the
     C-level passes of QuantileSketch.robust_mean must reproduce to the last bit."""
     gamma = (1 + sketch.relative_accuracy) / (1 - sketch.relative_accuracy)
-    points = [(2 * gamma**index / (gamma + 1), n) for index, n in sorted(sketch._counts.items())]
+    points = [(2 * gamma**index / (gamma + 1), n) for index, n in sketch.bucket_counts()]
     if sketch.zeros:
         points.insert(0, (0.0, sketch.zeros))
 

@@ -63,6 +63,7 @@ _getrandbits = random.getrandbits
 _new_record = object.__new__
 _get_ident = threading.get_ident
 _TRAINING_METRICS_UPDATE = Event.TRAINING_METRICS_UPDATE.value
+_WINDOW_FLOPS_PER_DEVICE = semconv.WINDOW_PREFIX + "flops_per_second_per_device"
 
 
 def _span_context(trace_id: int, span_id: int, flags: TraceFlags) -> SpanContext:
@@ -342,6 +343,7 @@ class TrainingEngine:
     def apply_config(self, config: TrainingConfig) -> None:
         """(Re)read the knobs; called at start, on set_training_config, and at window ends."""
         self.config = config
+        self._lazy_config = config.has_lazy  # callables re-read at every window close
         self._rate_inputs: RateInputs | None = None
         self.export_all = config.get("export_iterations") == "all"
         self.window_size = int(config.get("log_every_n_iterations"))
@@ -814,7 +816,7 @@ class TrainingEngine:
     # --- windows --------------------------------------------------------------------------------
     def close_window(self, final: bool = False, ended_loop: Span | None = None) -> WindowReport | None:
         inputs = self._rate_inputs
-        if inputs is None or self.config.has_lazy:
+        if inputs is None or self._lazy_config:
             inputs = self._rate_inputs = self.rate_inputs()
         report = self.aggregator.close_window(inputs)
         if report is not None and self.instruments is not None:
@@ -828,9 +830,9 @@ class TrainingEngine:
             return None
         annotate_window(report.attributes, self.device)
         self._export_windows(self.goodput.close_window(report, inputs.peak_flops, final), ended_loop)
-        if self.config.has_lazy:
+        if self._lazy_config:
             self.apply_config(self.config)  # lazy values are re-resolved once per window
-        if inputs.peak_flops is None and report.get(semconv.WINDOW_PREFIX + "flops_per_second_per_device"):
+        if inputs.peak_flops is None and report.attributes.get(_WINDOW_FLOPS_PER_DEVICE):
             self.warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
         loop = self._loop_span_for()
         if loop is not None and self.window_events:
@@ -843,9 +845,7 @@ class TrainingEngine:
                     Event.METRIC_OUT_OF_RANGE.value,
                     {
                         semconv.ERROR_REASON: error,
-                        semconv.MFU_NUMERATOR: report.attributes.get(
-                            semconv.WINDOW_PREFIX + "flops_per_second_per_device", 0.0
-                        ),
+                        semconv.MFU_NUMERATOR: report.attributes.get(_WINDOW_FLOPS_PER_DEVICE, 0.0),
                         semconv.MFU_DENOMINATOR: inputs.peak_flops or 0.0,
                         semconv.MFU_PEAK_SOURCE: inputs.peak_source or "",
                     },

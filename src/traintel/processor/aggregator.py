@@ -48,23 +48,21 @@ class _Prefixed(dict[str, str]):
 _KEYS = {prefix: _Prefixed(prefix) for prefix in (_W, _T)}
 #: ``WINDOW_PREFIX + name`` and ``TOTAL_PREFIX + name``, built once per name (goodput too).
 WINDOW_KEYS, TOTAL_KEYS = _KEYS[_W], _KEYS[_T]
-#: The rates the totals carry (of all ``rates`` computes).
-_TOTAL_RATES = tuple(
-    TOTAL_KEYS[name]
-    for name in (
-        "samples_per_second",
-        "tokens_per_second",
-        "flops_per_second_per_device",  # the total MFU's numerator
-        "tflops_per_device",
-        "mfu",
-        "hfu",
-    )
-)
-
 #: Indices of the step-phase timings carried with each iteration.
 DATA, FORWARD, BACKWARD, OPTIMIZER = range(4)
 STEP_PHASE_NAMES = ("data_loading", "forward", "backward", "optimizer")
 _TIME_NAMES = tuple("time." + name for name in STEP_PHASE_NAMES)
+_DATA_TIME = operator.itemgetter(DATA)
+#: The window attributes every window has, in the order ``_report`` gives their values.
+_WINDOW_HEAD = tuple(
+    WINDOW_KEYS[name]
+    for name in (
+        "index", "iterations", "first_iteration", "last_iteration", "iteration_time.min",
+        "iteration_time.mean", "iteration_time.max", "iteration_time.p50", "iteration_time.p90",
+        "iteration_time.p99", "iteration_time.stddev", "samples", "tokens", "padding_tokens",
+        "nonfinite_iterations", "slow_iterations", "exported_iterations",
+    )
+)  # fmt: skip
 #: Where each step phase's time goes in those timings, by phase (span) name.
 STEP_INDEX = {
     semconv.Phase.DATA_LOADING.value: DATA,
@@ -129,23 +127,36 @@ class _Counts:
 
     @classmethod
     def of_rows(cls, rows: list[_Row]) -> _Counts:
-        """Sums of a window's rows, taken column by column with C-level ``sum`` (the per-step
-        path only appends a row; folding each step into running sums cost more than the step).
-        Durations are summed in integer nanoseconds, so the sums are exact before conversion."""
-        counts = cls()
+        """Sums of a window's rows (see :meth:`of_columns`)."""
         if not rows:
-            return counts
+            return cls()
         durations, samples, tokens, padding, flops, phases, _numbers, _ends = zip(*rows, strict=True)
+        return cls.of_columns(durations, samples, tokens, padding, flops, list(filter(None, phases)))
+
+    @classmethod
+    def of_columns(
+        cls,
+        durations: tuple[int, ...],
+        samples: tuple[float | None, ...],
+        tokens: tuple[float | None, ...],
+        padding: tuple[float | None, ...],
+        flops: tuple[float | None, ...],
+        timed: list[list[int]],
+    ) -> _Counts:
+        """Sums of a window's columns, taken with C-level ``sum`` (the per-step path only
+        appends a row; folding each step into running sums cost more than the step).
+        Durations are summed in integer nanoseconds, so the sums are exact before conversion.
+        ``timed``: the step-phase timings of the iterations that have them."""
+        counts = cls()
         total_ns = sum(durations)
-        counts.iterations = len(rows)
+        counts.iterations = len(durations)
         counts.duration_s = total_ns / 1e9
         counts.samples, counts.samples_time = _column(samples, durations, total_ns)
         counts.tokens, counts.tokens_time = _column(tokens, durations, total_ns)
         counts.padding = _column(padding, durations, total_ns)[0]
         counts.flops, counts.flops_time = _column(flops, durations, total_ns)
-        reported = list(filter(None, phases))  # the timings (4-element lists) or None
-        if reported:
-            counts.phase_s = [sum(column) / 1e9 for column in zip(*reported, strict=True)]
+        if timed:
+            counts.phase_s = [sum(column) / 1e9 for column in zip(*timed, strict=True)]
         return counts
 
     def merge(self, other: _Counts, sign: int = 1) -> None:
@@ -162,44 +173,83 @@ class _Counts:
         for i in range(4):
             self.phase_s[i] += sign * other.phase_s[i]
 
-    def rates(self, inputs: RateInputs, prefix: str, out: dict[str, float | int | str]) -> list[str]:
-        """Throughput, FLOP/s, MFU/HFU into ``out``; returns MFU/HFU range errors."""
+    def rates(
+        self, inputs: RateInputs, prefix: str, out: dict[str, float | int | str], split: bool = True
+    ) -> list[str]:
+        """Throughput, FLOP/s, MFU/HFU into ``out`` (and, with ``split``, the per-device rates,
+        padding and the step-phase time split); returns MFU/HFU range errors."""
         errors: list[str] = []
-        keys = _KEYS.get(prefix)
+        keys = _RATE_KEYS.get(prefix)
         if keys is None:
-            keys = _KEYS.setdefault(prefix, _Prefixed(prefix))
+            keys = _RATE_KEYS.setdefault(prefix, _RateKeys(prefix))
         world = inputs.world_size
         if self.samples_time > 0:
             per_device = self.samples / self.samples_time
-            out[keys["samples_per_second_per_device"]] = per_device
-            out[keys["samples_per_second"]] = per_device * world
+            if split:
+                out[keys.samples_per_device] = per_device
+            out[keys.samples] = per_device * world
         if self.tokens_time > 0:
             per_device = self.tokens / self.tokens_time
-            out[keys["tokens_per_second_per_device"]] = per_device
-            out[keys["tokens_per_second"]] = per_device * world
-        if self.tokens + self.padding > 0 and self.padding > 0:
-            out[keys["padding_fraction"]] = self.padding / (self.tokens + self.padding)
+            if split:
+                out[keys.tokens_per_device] = per_device
+            out[keys.tokens] = per_device * world
+        if split and self.padding > 0 and self.tokens + self.padding > 0:
+            out[keys.padding_fraction] = self.padding / (self.tokens + self.padding)
         if self.flops_time > 0:
             flops_per_second = self.flops / self.flops_time
-            out[keys["flops_per_second_per_device"]] = flops_per_second
-            out[keys["tflops_per_device"]] = flops_per_second / 1e12
+            out[keys.flops_per_device] = flops_per_second
+            out[keys.tflops_per_device] = flops_per_second / 1e12
             if inputs.peak_flops:
                 mfu = flops_per_second / inputs.peak_flops
                 if mfu <= 1:
-                    out[keys["mfu"]] = mfu
+                    out[keys.mfu] = mfu
                 else:
                     errors.append(f"mfu {mfu:.3f} > 1")
                 if inputs.executed_flops_ratio is not None:
                     hfu = mfu * inputs.executed_flops_ratio
                     if hfu <= 1:
-                        out[keys["hfu"]] = hfu
+                        out[keys.hfu] = hfu
                     else:
                         errors.append(f"hfu {hfu:.3f} > 1")
-        if self.duration_s > 0:
-            for name, seconds in zip(_TIME_NAMES, self.phase_s, strict=True):
-                out[keys[name]] = seconds
-            out[keys["data_loading_fraction"]] = self.phase_s[DATA] / self.duration_s
+        if split and self.duration_s > 0:
+            out.update(zip(keys.times, self.phase_s, strict=True))
+            out[keys.data_loading_fraction] = self.phase_s[DATA] / self.duration_s
         return errors
+
+
+class _RateKeys:
+    """The attribute names :meth:`_Counts.rates` writes under one prefix, built once."""
+
+    __slots__ = (
+        "data_loading_fraction",
+        "flops_per_device",
+        "hfu",
+        "mfu",
+        "padding_fraction",
+        "samples",
+        "samples_per_device",
+        "tflops_per_device",
+        "times",
+        "tokens",
+        "tokens_per_device",
+    )
+
+    def __init__(self, prefix: str) -> None:
+        keys = _KEYS.get(prefix) or _Prefixed(prefix)
+        self.samples = keys["samples_per_second"]
+        self.samples_per_device = keys["samples_per_second_per_device"]
+        self.tokens = keys["tokens_per_second"]
+        self.tokens_per_device = keys["tokens_per_second_per_device"]
+        self.padding_fraction = keys["padding_fraction"]
+        self.flops_per_device = keys["flops_per_second_per_device"]
+        self.tflops_per_device = keys["tflops_per_device"]
+        self.mfu = keys["mfu"]
+        self.hfu = keys["hfu"]
+        self.times = tuple(keys[name] for name in _TIME_NAMES)
+        self.data_loading_fraction = keys["data_loading_fraction"]
+
+
+_RATE_KEYS = {prefix: _RateKeys(prefix) for prefix in (_W, _T)}
 
 
 @dataclass
@@ -214,7 +264,7 @@ class WindowReport:
     #: The window's raw material for goodput: durations in arrival order (seconds), its time
     #: span (first iteration's start to last iteration's end) and its sums.
     durations: list[float] = field(default_factory=list)
-    #: The same durations with their sketch bucket indices (computed once, shared).
+    #: The same durations (ascending) with their sketch bucket counts (computed once, shared).
     batch: IndexedBatch | None = None
     start_ns: int = 0
     end_ns: int = 0
@@ -223,6 +273,8 @@ class WindowReport:
     flops: float = 0.0
     #: Data-loading wait (s) of each iteration that timed its step phases, in arrival order.
     data_loading_durations: list[float] = field(default_factory=list)
+    #: p50, p90, p99 and max of ``durations`` (s), as in ``attributes``.
+    quantiles: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
     def get(self, key: str) -> float | None:
         value = self.attributes.get(key)
@@ -321,37 +373,32 @@ class TrainingAggregator:
         if self._first_iteration_s is None and not seen_before:
             self._first_iteration_s = first[0] / 1e9
         warm = min(max(self.warmup_iterations - seen_before, 0), len(rows))  # the job's first rows
-        counts = _Counts.of_rows(rows)
-        durations = _seconds(map(operator.itemgetter(0), rows))
-        batch = IndexedBatch(durations)
+        durations_ns, samples, tokens, padding, flops, phases, _numbers, _ends = zip(*rows, strict=True)
+        timed = list(filter(None, phases))  # the step-phase timings of the iterations that have them
+        counts = _Counts.of_columns(durations_ns, samples, tokens, padding, flops, timed)
+        durations = _seconds(durations_ns)
         ordered = sorted(durations)
+        batch = IndexedBatch(ordered)  # bucket counts do not depend on the order
         n = len(ordered)
         mean = counts.duration_s / n
         deviations = list(map(operator.sub, ordered, repeat(mean)))
         m2 = math.fsum(map(operator.mul, deviations, deviations))
-        variance = m2 / n
-        self._fold_into_totals(
-            rows, warm, counts, batch, (n, counts.duration_s, mean, m2, ordered[0], ordered[-1])
-        )
-        attributes: dict[str, float | int | str] = {
-            WINDOW_KEYS["index"]: self.windows_closed,
-            WINDOW_KEYS["iterations"]: n,
-            WINDOW_KEYS["first_iteration"]: first[6],
-            WINDOW_KEYS["last_iteration"]: last[6],
-            WINDOW_KEYS["iteration_time.min"]: ordered[0],
-            WINDOW_KEYS["iteration_time.mean"]: mean,
-            WINDOW_KEYS["iteration_time.max"]: ordered[-1],
-            WINDOW_KEYS["iteration_time.p50"]: percentile(ordered, 50),
-            WINDOW_KEYS["iteration_time.p90"]: percentile(ordered, 90),
-            WINDOW_KEYS["iteration_time.p99"]: percentile(ordered, 99),
-            WINDOW_KEYS["iteration_time.stddev"]: math.sqrt(variance),
-            WINDOW_KEYS["samples"]: counts.samples,
-            WINDOW_KEYS["tokens"]: counts.tokens,
-            WINDOW_KEYS["padding_tokens"]: counts.padding,
-            WINDOW_KEYS["nonfinite_iterations"]: self._window_flags[0],
-            WINDOW_KEYS["slow_iterations"]: self._window_flags[1],
-            WINDOW_KEYS["exported_iterations"]: self._window_flags[2],
-        }
+        low, high = ordered[0], ordered[-1]
+        moments = (n, counts.duration_s, mean, m2, low, high)
+        self._fold_into_totals(rows, durations, warm, counts, batch, moments)
+        p50, p90, p99 = percentile(ordered, 50), percentile(ordered, 90), percentile(ordered, 99)
+        flags = self._window_flags
+        attributes: dict[str, float | int | str] = dict(
+            zip(
+                _WINDOW_HEAD,
+                (
+                    self.windows_closed, n, first[6], last[6], low, mean, high, p50, p90, p99,
+                    math.sqrt(m2 / n), counts.samples, counts.tokens, counts.padding,
+                    flags[0], flags[1], flags[2],
+                ),
+                strict=True,
+            )
+        )  # fmt: skip
         errors = counts.rates(inputs, _W, attributes)
         for name, metric in self._window_metrics.items():
             # not through WINDOW_KEYS: user metric names are the user's, and that cache never shrinks
@@ -361,21 +408,20 @@ class TrainingAggregator:
         self._describe_inputs(inputs, attributes)
         self._totals(inputs, attributes)
         report = WindowReport(
-            index=self.windows_closed,
-            first_iteration=first[6],
-            last_iteration=last[6],
-            attributes=attributes,
-            errors=errors,
-            durations=durations,
-            batch=batch,
-            start_ns=first[7] - first[0],
-            end_ns=last[7],
-            duration_s=counts.duration_s,
-            data_loading_s=counts.phase_s[DATA],
-            flops=counts.flops,
-            data_loading_durations=_seconds(
-                map(operator.itemgetter(DATA), filter(None, map(operator.itemgetter(5), rows)))
-            ),
+            self.windows_closed,
+            first[6],
+            last[6],
+            attributes,
+            errors,
+            durations,
+            batch,
+            first[7] - first[0],
+            last[7],
+            counts.duration_s,
+            counts.phase_s[DATA],
+            counts.flops,
+            _seconds(map(_DATA_TIME, timed)),
+            (p50, p90, p99, high),
         )
         self.windows_closed += 1
         self.last_window = report
@@ -384,6 +430,7 @@ class TrainingAggregator:
     def _fold_into_totals(
         self,
         rows: list[_Row],
+        durations: list[float],
         warm: int,
         counts: _Counts,
         batch: IndexedBatch,
@@ -397,7 +444,7 @@ class TrainingAggregator:
             self._total_stats.merge_moments(*moments)
             self._total_sketch.add_many(batch)
             return
-        post = batch.values[warm:]
+        post = durations[warm:]  # in arrival order: the warm-up rows are the first ones
         if not post:
             return
         self.total.merge(_Counts.of_rows(rows[warm:]))
@@ -414,11 +461,7 @@ class TrainingAggregator:
             out[TOTAL_KEYS["iteration_time.p50"]] = p50
             out[TOTAL_KEYS["iteration_time.p90"]] = p90
             out[TOTAL_KEYS["iteration_time.p99"]] = p99
-            scratch: dict[str, float | int | str] = {}
-            self.total.rates(inputs, _T, scratch)
-            for key in _TOTAL_RATES:
-                if key in scratch:
-                    out[key] = scratch[key]
+            self.total.rates(inputs, _T, out, split=False)  # the totals carry no time split
 
     @staticmethod
     def _describe_inputs(inputs: RateInputs, out: dict[str, float | int | str]) -> None:

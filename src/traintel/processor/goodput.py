@@ -29,7 +29,6 @@ LIVE_CATEGORIES = tuple(
 )
 
 
-_P50, _P90, _P99, _MAX = (WINDOW_KEYS["iteration_time." + q] for q in ("p50", "p90", "p99", "max"))
 _DEVIATION_P50, _DEVIATION_P90, _DEVIATION_P99 = (
     semconv.STEP_TIME_DEVIATION_PREFIX + q for q in ("p50", "p90", "p99")
 )
@@ -180,8 +179,7 @@ class GoodputLedger:
         """Account a closed window; returns the records ready to export (the first window is
         held until the typical iteration is known, i.e. until a second iteration exists)."""
         durations = report.durations
-        p50, p90, p99 = report.get(_P50) or 0.0, report.get(_P90) or 0.0, report.get(_P99) or 0.0
-        max_s = report.get(_MAX) or 0.0  # the aggregator sorted the window already
+        p50, p90, p99, max_s = report.quantiles  # the aggregator sorted the window already
         with self.lock:
             nested, self.window_nested_s = self.window_nested_s, 0.0
         slowest = None

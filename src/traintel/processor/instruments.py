@@ -229,9 +229,11 @@ class TrainingInstruments:
             (data_loading_s, self.data_loading_durations),
         ):
             room = max(DEFERRED_CAPACITY - len(buffer), 0)
+            kept = values
             if room < len(values):
                 self.dropped += len(values) - room  # no reader collected in time
-            buffer.extend(values[:room])
+                kept = values[:room]
+            buffer.fromlist(kept)  # a list's floats straight in: extend() iterates it generically
 
     def _drain(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:  # two readers may collect at once

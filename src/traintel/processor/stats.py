@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import operator
 from bisect import bisect_left, bisect_right, insort
-from collections import Counter
 from itertools import accumulate, repeat
 
 try:  # Counter.update's own C helper: update() itself first asks isinstance(x, Mapping), an ABC check
@@ -112,31 +111,36 @@ class RunningStats:
 
 
 class IndexedBatch:
-    """A batch of values (a window's step times) and their sketch bucket indices, computed at
-    most once: the run's totals and the goodput ledger sketch the same values at the same
-    accuracy, and bucketing is most of what adding a batch costs."""
+    """A batch of values (a window's step times) counted per sketch bucket, at most once: the
+    run's totals and the goodput ledger sketch the same values at the same accuracy, and
+    bucketing is most of what adding a batch costs."""
 
-    __slots__ = ("_indices", "_log_gamma", "values", "zeros")
+    __slots__ = ("_log_gamma", "_tally", "values", "zeros")
 
     def __init__(self, values: list[float]) -> None:
         self.values = values
-        self._indices: list[int] | None = None
+        self._tally: dict[int, int] | None = None
         self._log_gamma = 0.0
         self.zeros = 0
 
-    def indices(self, log_gamma: float) -> list[int]:
-        """``ceil(log(v) / log(gamma))`` of each positive value; ``zeros`` counts the others
-        (a comprehension: bound methods such as ``inverse.__mul__`` in C-level ``map`` chains
-        pack an argument tuple per call, and cost more than the bytecode they save)."""
-        if self._indices is None or log_gamma != self._log_gamma:
+    def tally(self, log_gamma: float) -> dict[int, int]:
+        """How many positive values fall in each bucket ``ceil(log2(v) / log2(gamma))``
+        (``log_gamma`` is ``log2(gamma)``); ``zeros`` counts the others. A window's step times
+        fill a handful of buckets, so the sketches merge a few counts instead of a value each.
+        Base 2 because ``math.log2`` takes its argument directly, where ``math.log`` (which
+        also takes a base) parses an argument tuple: half the cost per value."""
+        if self._tally is None or log_gamma != self._log_gamma:
             values = self.values
-            inverse = 1.0 / log_gamma  # as in QuantileSketch._bucket (multiplication commutes exactly)
-            ceil, log = math.ceil, math.log
+            inverse = 1.0 / log_gamma  # as in QuantileSketch.add (multiplication commutes exactly)
+            ceil, log2 = math.ceil, math.log2
             # zeros (and NaN, never a bucket) left out
-            indices = self._indices = [ceil(inverse * log(v)) for v in values if v > 0.0]
+            indices = [ceil(inverse * log2(v)) for v in values if v > 0.0]
+            tally: dict[int, int] = {}
+            _count_elements(tally, indices)
+            self._tally = tally
             self.zeros = len(values) - len(indices)
             self._log_gamma = log_gamma
-        return self._indices
+        return self._tally
 
 
 class QuantileSketch:
@@ -146,13 +150,15 @@ class QuantileSketch:
     values fold into logarithmic buckets (the DDSketch idea): a quantile is answered with its
     bucket's representative value, within ``relative_accuracy`` of the true sample quantile.
     Memory is one counter per occupied bucket: with 1 % accuracy, values from 1 µs to 1 day
-    occupy at most ~1,300 buckets, whatever the number of iterations.
+    occupy at most ~1,300 buckets, whatever the number of iterations. The buckets are kept as
+    two aligned lists, ascending: the quantiles at every window close are one C-level running
+    sum over the counts, with no lookup per bucket.
     """
 
     __slots__ = (
-        "_counts",
         "_exact",
         "_gamma",
+        "_key_counts",
         "_keys",
         "_log_gamma",
         "count",
@@ -167,9 +173,9 @@ class QuantileSketch:
         self.relative_accuracy = relative_accuracy
         self.exact_limit = exact_limit
         self._gamma = (1 + relative_accuracy) / (1 - relative_accuracy)
-        self._log_gamma = math.log(self._gamma)
-        self._counts: Counter[int] = Counter()
-        self._keys: list[int] = []  # the sorted bucket keys, while no bucket is added
+        self._log_gamma = math.log2(self._gamma)  # bucket indices in base 2 (see IndexedBatch)
+        self._keys: list[int] = []  # occupied bucket indices, ascending
+        self._key_counts: list[int] = []  # values in each, aligned with _keys
         self._exact: list[float] | None = []
         self.count = 0
         self.zeros = 0
@@ -186,18 +192,22 @@ class QuantileSketch:
             if len(exact) <= self.exact_limit:
                 return
             self._exact = None
-            for folded in exact:
-                self._bucket(folded)
+            folded = IndexedBatch(exact)
+            self._merge(folded.tally(self._log_gamma))
+            self.zeros += folded.zeros
             return
-        self._bucket(value)
+        if value <= 0:  # zeros (and NaN) are no bucket
+            self.zeros += 1
+            return
+        self._merge({math.ceil(math.log2(value) * (1.0 / self._log_gamma)): 1})  # as in IndexedBatch
 
     def add_many(self, values: list[float] | IndexedBatch) -> None:
         """Add a batch (a window's values): one C-level sort instead of an insort per value;
-        an :class:`IndexedBatch` shares its bucket indices with other sketches."""
+        an :class:`IndexedBatch` shares its bucket counts with other sketches."""
         batch = values if isinstance(values, IndexedBatch) else IndexedBatch(values)
         exact = self._exact
         if exact is None:
-            _count_elements(self._counts, batch.indices(self._log_gamma))
+            self._merge(batch.tally(self._log_gamma))
             self.zeros += batch.zeros
             self.count += len(batch.values)
             return
@@ -207,22 +217,24 @@ class QuantileSketch:
         if len(exact) > self.exact_limit:
             self._exact = None
             folded = IndexedBatch(exact)
-            _count_elements(self._counts, folded.indices(self._log_gamma))
+            self._merge(folded.tally(self._log_gamma))
             self.zeros += folded.zeros
 
-    def _bucket(self, value: float) -> None:
-        if value <= 0:
-            self.zeros += 1
-            return
-        index = math.ceil(math.log(value) * (1.0 / self._log_gamma))  # as in IndexedBatch.indices
-        counts = self._counts
-        counts[index] = counts.get(index, 0) + 1
+    def _merge(self, tally: dict[int, int]) -> None:
+        """Add bucket counts: found by bisection, a new bucket inserted in order (rare once
+        the step time has settled)."""
+        keys, counts = self._keys, self._key_counts
+        for index, n in tally.items():
+            j = bisect_left(keys, index)
+            if j < len(keys) and keys[j] == index:
+                counts[j] += n
+            else:
+                keys.insert(j, index)
+                counts.insert(j, n)
 
-    def _sorted_keys(self) -> list[int]:
-        keys = self._keys
-        if len(keys) != len(self._counts):  # buckets are only ever added: same length, same keys
-            keys = self._keys = sorted(self._counts)
-        return keys
+    def bucket_counts(self) -> list[tuple[int, int]]:
+        """``(bucket index, count)`` of every occupied bucket, ascending."""
+        return list(zip(self._keys, self._key_counts, strict=True))
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0..1): the value of rank ``q * (count - 1)``."""
@@ -235,10 +247,9 @@ class QuantileSketch:
             return [math.nan] * len(qs)
         if self._exact is not None:
             return [percentile(self._exact, q * 100) for q in qs]
-        counts, gamma = self._counts, self._gamma
-        keys = self._sorted_keys()
+        keys, gamma = self._keys, self._gamma
         # seen[j]: values at or below bucket keys[j - 1] (seen[0]: the zeros); C-level sums.
-        seen = list(accumulate(map(counts.__getitem__, keys), initial=self.zeros))
+        seen = list(accumulate(self._key_counts, initial=self.zeros))
         out: list[float] = []
         for q in qs:
             # the first j with seen[j] > rank: rank below the zeros' count is 0, past the end the top
@@ -258,8 +269,8 @@ class QuantileSketch:
         if self._exact is not None:
             return robust_mean(self._exact, k)
         gamma = self._gamma
-        keys = self._sorted_keys()
-        counts = list(map(self._counts.__getitem__, keys))
+        keys = self._keys
+        counts = list(self._key_counts)
         # each bucket's representative, 2 * gamma**index / (gamma + 1), as in quantiles()
         doubled = map(operator.mul, repeat(2), map(gamma.__pow__, keys))
         values: list[float] = list(map(operator.truediv, doubled, repeat(gamma + 1)))
@@ -278,4 +289,4 @@ class QuantileSketch:
 
     @property
     def buckets(self) -> int:
-        return len(self._counts)
+        return len(self._keys)
