@@ -335,6 +335,7 @@ class TrainingEngine:
         self._window_parent: tuple[Span | None, Context] = (None, Context())
         HEALTH.report_zeros = True  # until a scale-mode decision says otherwise
         self.window_events = True  # training_metrics_update: read once per window
+        self._median_rows = 0  # rows of the open window already in sampler.recent
         self.apply_config(config)
         # CUDA-event timing / NVTX at phase boundaries: None (one `is None` test) unless asked for.
         self.device: DeviceHooks | None = device_hooks(config, warn_once)
@@ -357,6 +358,7 @@ class TrainingEngine:
                 float(config.get("slow_iteration_factor")),
             )
         self.aggregator.window_size = self.window_size
+        self._set_rows_mark()
         sampler = self.sampler  # the export policy can change mid-run (set_training_config)
         sampler.policy = str(config.get("export_iterations"))
         sampler.first = int(config.get("export_first_iterations"))
@@ -502,6 +504,24 @@ class TrainingEngine:
         self.active_thread = _get_ident()
         return record
 
+    def _set_rows_mark(self) -> None:
+        """Where end_iteration next looks up from appending rows: the window's end, or sooner
+        while the slow threshold still waits for its first MEDIAN_MIN_SAMPLES durations."""
+        missing = MEDIAN_MIN_SAMPLES - len(self.sampler.recent)
+        mark = self.window_size
+        if missing > 0:
+            mark = min(mark, self._median_rows + missing)
+        self._rows_mark = mark
+
+    def _start_median(self) -> None:
+        """Enough iterations for the slow threshold ended inside the open window: it starts
+        from them now (the window close adds the rest of the window's)."""
+        rows = self._rows
+        self.sampler.recent.extend(row[0] / 1e9 for row in rows[self._median_rows :])
+        self._median_rows = len(rows)
+        self.sampler.refresh()
+        self._set_rows_mark()
+
     def _eval_sampler(self, phase: str) -> IterationSampler:
         sampler = self.eval_samplers.get(phase)
         if sampler is None:
@@ -554,15 +574,9 @@ class TrainingEngine:
         if record.metrics:
             for name, value in record.metrics.items():
                 self.aggregator.add_model_metric(name, value)
-        seconds = duration_ns / 1e9
-        sampler = self.sampler
-        recent = sampler.recent  # IterationSampler.is_slow, inlined
-        recent.append(seconds)
-        if sampler.median == 0.0 and len(recent) == MEDIAN_MIN_SAMPLES:
-            sampler.refresh()
-        slow = seconds > sampler.threshold
+        slow = duration_ns > self.sampler.threshold_ns
         if slow or record.notable or exported_as is not None:
-            exported = self._export_decision(record, exported_as, slow, seconds)
+            exported = self._export_decision(record, exported_as, slow, duration_ns / 1e9)
         else:  # the common case: counted, not exported
             exported = self.last_exported = None
         loop = self.loop
@@ -571,8 +585,11 @@ class TrainingEngine:
             if loop.segment_first_iteration is None:
                 loop.segment_first_iteration = iteration
             loop.segment_last_iteration = iteration
-        if len(rows) >= self.window_size:
-            self.close_window()
+        if len(rows) >= self._rows_mark:
+            if len(rows) >= self.window_size:
+                self.close_window()
+            else:
+                self._start_median()
         if loop is not None:
             if exported is not None and exported_as is None:  # exports fill the trace: check now
                 self._check_budget(end_ns)
@@ -819,8 +836,12 @@ class TrainingEngine:
         if inputs is None or self._lazy_config:
             inputs = self._rate_inputs = self.rate_inputs()
         report = self.aggregator.close_window(inputs)
-        if report is not None and self.instruments is not None:
-            self.instruments.defer_window(report.durations, report.data_loading_durations)
+        if report is not None:
+            if self.instruments is not None:
+                self.instruments.defer_window(report.durations, report.data_loading_durations)
+            self.sampler.recent.extend(report.durations[self._median_rows :])  # the rest of them
+        self._median_rows = 0
+        self._set_rows_mark()
         self.sampler.refresh()
         if self.window_hook is not None:
             self.window_hook(report, final)

@@ -446,12 +446,19 @@ class _StepPhase(PhaseSpan):
     iteration they are real spans (so they nest under it) whose time still counts; outside
     any iteration, plain spans."""
 
-    # Built by _step_phase (no type call into a Python __init__: three per step).
+    # Built by the factories with three stores (no type call into a Python __init__: three
+    # per step); the fast path sets what it reads, every other path starts with _init_slow.
     __slots__ = ("_device", "_index", "_real", "_record")
     _index: int
     _record: IterationSpan | None
     _real: IterationSpan | None  # "all" mode: the running iteration, if direct
-    _device: DeviceHooks | None  # set on the fast path when device hooks are on
+    _device: DeviceHooks | None  # the device hooks, if on, while open on the fast path
+
+    def _init_slow(self) -> None:
+        """The state a path other than the fast one reads (the factories leave it unset)."""
+        self._record = self._real = self._device = self._token = None
+        self._span = _INVALID_SPAN
+        self._thread = self._start_ns = 0
 
     def _before_end(
         self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
@@ -461,6 +468,7 @@ class _StepPhase(PhaseSpan):
             engine.active.add_step_time(self._name, end_ns - self._start_ns)
 
     def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
+        self._init_slow()
         engine = telemetry.engine
         if engine is not None:
             record = engine.active
@@ -516,20 +524,22 @@ class _StepPhase(PhaseSpan):
                         self._record = record
                         self._start_ns = _time_ns()
                         record.open_step = self  # _started_in, inlined on the per-step path
-                        if engine.device is not None:
-                            self._device = engine.device
-                            engine.device.started(self._name, record.iteration)
+                        device = self._device = engine.device
+                        if device is not None:
+                            device.started(self._name, record.iteration)
                         return record
                     if current is record.real_context and not telemetry.closed:
+                        self._init_slow()
                         return self._enter_real(engine, record, current)
+        self._init_slow()
         return super().__enter__()
 
     def _started_in(self, record: IterationSpan, engine: TrainingEngine) -> None:
         """Open in ``record``: what a terminating signal cuts, and the device hooks' start."""
         record.open_step = self
-        if engine.device is not None:
-            self._device = engine.device
-            engine.device.started(self._name, record.iteration)
+        device = self._device = engine.device
+        if device is not None:
+            device.started(self._name, record.iteration)
 
     def _enter_real(self, engine: TrainingEngine, record: IterationSpan, current: Context) -> Span:
         """ "all" mode, directly in the running iteration: an SDK span with nothing around it
@@ -572,12 +582,13 @@ class _StepPhase(PhaseSpan):
         fast path, the SDK span otherwise). Nothing is detached: the process is about to die,
         and this runs on the preemption thread, not the one that entered the step. A step
         closed meanwhile (its record or token cleared) is left alone."""
-        if record is not None and self._record is record:  # fast path: the iteration's child
-            self._record = None
+        mine: IterationSpan | None = getattr(self, "_record", None)  # unset until entered
+        if record is not None and mine is record:  # fast path: the iteration's child
+            self._record = self._real = self._token = None  # its __exit__, if it comes, does nothing
             record.children.append((self._name, self._start_ns, end_ns, error))
             record.phase_ns[self._index] += end_ns - self._start_ns
             return
-        if self._token is None:  # closed (a fast-path step never sets its token or span)
+        if getattr(self, "_token", None) is None:  # closed, or a fast-path step (no token or span)
             return
         span = self._span
         self._real, self._token, self._span = None, None, trace_api.INVALID_SPAN
@@ -861,16 +872,12 @@ _INVALID_SPAN = trace_api.INVALID_SPAN
 
 
 def _step_phase(name: str, attributes: Mapping[str, AttributeValue], index: int) -> _StepPhase:
-    """A step phase, built without a type call into a Python ``__init__``: three of these per
-    step, and that call costs more than the stores."""
+    """A step phase, built without a type call into a Python ``__init__`` (which costs more
+    than the stores); the per-step factories below repeat these lines to save this call."""
     phase = _new_step(_StepPhase)
     phase._name = name
     phase._attributes = attributes
     phase._index = index
-    phase._record = None
-    phase._real = None
-    phase._token = None
-    phase._device = None
     return phase
 
 
@@ -887,7 +894,8 @@ _OPTIMIZER_UPDATE_INDEX = STEP_INDEX[_OPTIMIZER_UPDATE]
 def _iteration_phase(
     phase: str, iteration: int | None, attributes: Mapping[str, AttributeValue]
 ) -> _Iteration:
-    """An iteration phase, built without a type call into a Python ``__init__`` (one per step)."""
+    """An iteration phase, built without a type call into a Python ``__init__`` (one per step;
+    ``training_iteration`` repeats these lines to save this call)."""
     it = _new_iteration(_Iteration)
     it._name = it._phase = phase
     it._attributes = attributes
@@ -989,34 +997,58 @@ def training_iteration(
     """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
     micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
     loop's running count."""
-    if samples is None and tokens is None and not attributes:  # the per-step case
-        return _iteration_phase(_TRAINING_ITERATION, iteration, _EMPTY)
+    if samples is None and tokens is None and not attributes:  # the per-step case: _iteration_phase, inlined
+        it = _new_iteration(_Iteration)
+        it._name = it._phase = _TRAINING_ITERATION
+        it._attributes = _EMPTY
+        it._span = _INVALID_SPAN
+        it._token = it._record = None
+        it._thread = it._start_ns = 0
+        it._loop = _TRAINING_LOOP
+        it._iteration = iteration
+        return it
     extra = _iteration_attributes(samples, tokens, attributes)
     return _iteration_phase(_TRAINING_ITERATION, iteration, extra)
 
 
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """Waiting for the next batch (the time the loop was blocked on data)."""
-    if not attributes:  # the per-step case: no factory call
-        return _step_phase(_DATA_LOADING, _DATA_LOADING_ATTRIBUTES, _DATA_LOADING_INDEX)
+    if not attributes:  # the per-step case: _step_phase, inlined
+        phase = _new_step(_StepPhase)
+        phase._name = _DATA_LOADING
+        phase._attributes = _DATA_LOADING_ATTRIBUTES
+        phase._index = _DATA_LOADING_INDEX
+        return phase
     return _step(_DATA_LOADING, attributes)
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    if not attributes:  # the per-step case: no factory call
-        return _step_phase(_MODEL_FORWARD, _MODEL_FORWARD_ATTRIBUTES, _MODEL_FORWARD_INDEX)
+    if not attributes:  # the per-step case: _step_phase, inlined
+        phase = _new_step(_StepPhase)
+        phase._name = _MODEL_FORWARD
+        phase._attributes = _MODEL_FORWARD_ATTRIBUTES
+        phase._index = _MODEL_FORWARD_INDEX
+        return phase
     return _step(_MODEL_FORWARD, attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    if not attributes:  # the per-step case: no factory call
-        return _step_phase(_MODEL_BACKWARD, _MODEL_BACKWARD_ATTRIBUTES, _MODEL_BACKWARD_INDEX)
+    if not attributes:  # the per-step case: _step_phase, inlined
+        phase = _new_step(_StepPhase)
+        phase._name = _MODEL_BACKWARD
+        phase._attributes = _MODEL_BACKWARD_ATTRIBUTES
+        phase._index = _MODEL_BACKWARD_INDEX
+        return phase
     return _step(_MODEL_BACKWARD, attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    if not attributes:  # the per-step case: no factory call
-        return _step_phase(_OPTIMIZER_UPDATE, _OPTIMIZER_UPDATE_ATTRIBUTES, _OPTIMIZER_UPDATE_INDEX)
+    if not attributes:  # the per-step case: _step_phase, inlined
+        phase = _new_step(_StepPhase)
+        phase._name = _OPTIMIZER_UPDATE
+        phase._attributes = _OPTIMIZER_UPDATE_ATTRIBUTES
+        phase._index = _OPTIMIZER_UPDATE_INDEX
+        return phase
     return _step(_OPTIMIZER_UPDATE, attributes)
 
 

@@ -24,10 +24,21 @@ MEDIAN_MIN_SAMPLES = 10
 
 class IterationSampler:
     """Head and tail decisions. The slow threshold is k x the median of the last 101 durations
-    (``recent``), recomputed at each window boundary and once the first 10 exist, so the engine's
-    per-iteration cost is one append and one comparison with ``threshold``."""
+    (``recent``, filled by the engine with each window's durations, and with the first 10 as
+    soon as they exist), recomputed then, so the engine's per-iteration cost is one comparison
+    with ``threshold_ns``."""
 
-    __slots__ = ("every_n", "first", "median", "policy", "recent", "seen", "slow_factor", "threshold")
+    __slots__ = (
+        "every_n",
+        "first",
+        "median",
+        "policy",
+        "recent",
+        "seen",
+        "slow_factor",
+        "threshold",
+        "threshold_ns",
+    )
 
     def __init__(
         self, policy: str = "sampled", first: int = 10, every_n: int = 100, slow_factor: float = 3.0
@@ -39,7 +50,8 @@ class IterationSampler:
         self.seen = 0
         self.recent: deque[float] = deque(maxlen=MEDIAN_WINDOW)
         self.median = 0.0
-        self.threshold = float("inf")
+        self.threshold = float("inf")  # seconds
+        self.threshold_ns = float("inf")  # the same in nanoseconds: the per-iteration test
 
     def head(self, iteration: int) -> str | None:
         """The export reason known at the start of an iteration, if any; counts it."""
@@ -61,6 +73,7 @@ class IterationSampler:
         if len(self.recent) >= MEDIAN_MIN_SAMPLES:
             self.median = percentile(sorted(self.recent), 50)
             self.threshold = self.slow_factor * self.median if self.median > 0 else float("inf")
+            self.threshold_ns = self.threshold * 1e9
 
     def tail(self, head_reason: str | None, slow: bool, error: bool, nonfinite: bool) -> str | None:
         """The final export reason: head reason, else error / non-finite / slow, else None."""
