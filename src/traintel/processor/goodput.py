@@ -33,6 +33,17 @@ _DEVIATION_P50, _DEVIATION_P90, _DEVIATION_P99 = (
     semconv.STEP_TIME_DEVIATION_PREFIX + q for q in ("p50", "p90", "p99")
 )
 
+#: The attributes every goodput record has, in the order ``WindowGoodput.attributes`` gives them.
+_RECORD_KEYS = tuple(
+    WINDOW_KEYS[name]
+    for name in (
+        "index", "first_iteration", "last_iteration", "iterations", "iteration_time.total",
+        "productive_time", "data_loading_time", "nested_badput_time", "program_startup_time",
+        "iteration_time.p50", "iteration_time.p90", "iteration_time.p99", "iteration_time.max",
+    )
+)  # fmt: skip
+_SLOWEST, _FLOPS = WINDOW_KEYS["slowest_iteration"], WINDOW_KEYS["flops"]
+
 #: Once the step sketch has left its exact range, the ideal step time is recomputed every this
 #: many windows (its bucket walk costs more than the rest of a window close).
 IDEAL_REFRESH_WINDOWS = 16
@@ -69,26 +80,22 @@ class WindowGoodput:
         )
 
     def attributes(self) -> dict[str, float | int | str]:
-        k = WINDOW_KEYS
-        out: dict[str, float | int | str] = {
-            k["index"]: self.index,
-            k["first_iteration"]: self.first_iteration,
-            k["last_iteration"]: self.last_iteration,
-            k["iterations"]: self.iterations,
-            k["iteration_time.total"]: self.iteration_time_s,
-            k["productive_time"]: self.productive_s,
-            k["data_loading_time"]: self.data_loading_s,
-            k["nested_badput_time"]: self.nested_badput_s,
-            k["program_startup_time"]: self.program_startup_s,
-            k["iteration_time.p50"]: self.p50_s,
-            k["iteration_time.p90"]: self.p90_s,
-            k["iteration_time.p99"]: self.p99_s,
-            k["iteration_time.max"]: self.max_s,
-        }
+        out: dict[str, float | int | str] = dict(
+            zip(
+                _RECORD_KEYS,
+                (
+                    self.index, self.first_iteration, self.last_iteration, self.iterations,
+                    self.iteration_time_s, self.productive_s, self.data_loading_s,
+                    self.nested_badput_s, self.program_startup_s, self.p50_s, self.p90_s,
+                    self.p99_s, self.max_s,
+                ),
+                strict=True,
+            )
+        )  # fmt: skip
         if self.slowest_iteration is not None:
-            out[k["slowest_iteration"]] = self.slowest_iteration
+            out[_SLOWEST] = self.slowest_iteration
         if self.flops:
-            out[k["flops"]] = self.flops
+            out[_FLOPS] = self.flops
         if self.peak_flops:
             out[semconv.MFU_DENOMINATOR] = self.peak_flops
         if self.ideal_step_time_s is not None:
@@ -185,23 +192,24 @@ class GoodputLedger:
         slowest = None
         if durations and report.last_iteration - report.first_iteration + 1 == len(durations):
             slowest = report.first_iteration + durations.index(max_s)
-        window = WindowGoodput(
-            index=report.index,
-            first_iteration=report.first_iteration,
-            last_iteration=report.last_iteration,
-            iterations=len(durations),
-            start_ns=report.start_ns,
-            end_ns=report.end_ns,
-            iteration_time_s=report.duration_s,
-            data_loading_s=report.data_loading_s,
-            nested_badput_s=nested,
-            flops=report.flops,
-            peak_flops=peak_flops,
-            p50_s=p50,
-            p90_s=p90,
-            p99_s=p99,
-            max_s=max_s,
-            slowest_iteration=slowest,
+        window = WindowGoodput(  # positional: a type call with keywords builds a dict first
+            report.index,
+            report.first_iteration,
+            report.last_iteration,
+            len(durations),
+            report.start_ns,
+            report.end_ns,
+            report.duration_s,
+            report.data_loading_s,
+            nested,
+            0.0,  # program_startup_s: decided below for the job's first window
+            report.flops,
+            peak_flops,
+            p50,
+            p90,
+            p99,
+            max_s,
+            slowest,
         )
         self.steps.add_many(report.batch if report.batch is not None else durations)
         self._windows_seen += 1

@@ -161,6 +161,7 @@ class QuantileSketch:
         "_key_counts",
         "_keys",
         "_log_gamma",
+        "_position",
         "count",
         "exact_limit",
         "relative_accuracy",
@@ -176,6 +177,7 @@ class QuantileSketch:
         self._log_gamma = math.log2(self._gamma)  # bucket indices in base 2 (see IndexedBatch)
         self._keys: list[int] = []  # occupied bucket indices, ascending
         self._key_counts: list[int] = []  # values in each, aligned with _keys
+        self._position: dict[int, int] = {}  # bucket index -> its place in _keys
         self._exact: list[float] | None = []
         self.count = 0
         self.zeros = 0
@@ -221,9 +223,14 @@ class QuantileSketch:
             self.zeros += folded.zeros
 
     def _merge(self, tally: dict[int, int]) -> None:
-        """Add bucket counts: found by bisection, a new bucket inserted in order (rare once
-        the step time has settled)."""
-        keys, counts = self._keys, self._key_counts
+        """Add bucket counts. Once the step time has settled every bucket is a known one: its
+        place is looked up. A new bucket is inserted in order and the places are rebuilt."""
+        counts, position = self._key_counts, self._position
+        if tally.keys() <= position.keys():  # all known: one C-level test
+            for index, n in tally.items():
+                counts[position[index]] += n
+            return
+        keys = self._keys
         for index, n in tally.items():
             j = bisect_left(keys, index)
             if j < len(keys) and keys[j] == index:
@@ -231,6 +238,7 @@ class QuantileSketch:
             else:
                 keys.insert(j, index)
                 counts.insert(j, n)
+        self._position = dict(zip(keys, range(len(keys)), strict=True))
 
     def bucket_counts(self) -> list[tuple[int, int]]:
         """``(bucket index, count)`` of every occupied bucket, ascending."""
