@@ -150,18 +150,17 @@ class QuantileSketch:
     values fold into logarithmic buckets (the DDSketch idea): a quantile is answered with its
     bucket's representative value, within ``relative_accuracy`` of the true sample quantile.
     Memory is one counter per occupied bucket: with 1 % accuracy, values from 1 µs to 1 day
-    occupy at most ~1,300 buckets, whatever the number of iterations. The buckets are kept as
-    two aligned lists, ascending: the quantiles at every window close are one C-level running
-    sum over the counts, with no lookup per bucket.
+    occupy at most ~1,300 buckets, whatever the number of iterations. The counts are a dict
+    (a window's tally merges in a few dict updates), with the sorted keys kept until a new bucket
+    appears (the quantiles at every window close are one C-level running sum in key order).
     """
 
     __slots__ = (
+        "_counts",
         "_exact",
         "_gamma",
-        "_key_counts",
         "_keys",
         "_log_gamma",
-        "_position",
         "count",
         "exact_limit",
         "relative_accuracy",
@@ -175,9 +174,8 @@ class QuantileSketch:
         self.exact_limit = exact_limit
         self._gamma = (1 + relative_accuracy) / (1 - relative_accuracy)
         self._log_gamma = math.log2(self._gamma)  # bucket indices in base 2 (see IndexedBatch)
-        self._keys: list[int] = []  # occupied bucket indices, ascending
-        self._key_counts: list[int] = []  # values in each, aligned with _keys
-        self._position: dict[int, int] = {}  # bucket index -> its place in _keys
+        self._counts: dict[int, int] = {}  # occupied bucket index -> values in it
+        self._keys: list[int] = []  # the sorted bucket indices, while no bucket is added
         self._exact: list[float] | None = []
         self.count = 0
         self.zeros = 0
@@ -223,26 +221,21 @@ class QuantileSketch:
             self.zeros += folded.zeros
 
     def _merge(self, tally: dict[int, int]) -> None:
-        """Add bucket counts. Once the step time has settled every bucket is a known one: its
-        place is looked up. A new bucket is inserted in order and the places are rebuilt."""
-        counts, position = self._key_counts, self._position
-        if tally.keys() <= position.keys():  # all known: one C-level test
-            for index, n in tally.items():
-                counts[position[index]] += n
-            return
-        keys = self._keys
+        """Add bucket counts (a window's step times fill a handful of buckets)."""
+        counts = self._counts
+        get = counts.get
         for index, n in tally.items():
-            j = bisect_left(keys, index)
-            if j < len(keys) and keys[j] == index:
-                counts[j] += n
-            else:
-                keys.insert(j, index)
-                counts.insert(j, n)
-        self._position = dict(zip(keys, range(len(keys)), strict=True))
+            counts[index] = get(index, 0) + n
+
+    def _sorted_keys(self) -> list[int]:
+        keys = self._keys
+        if len(keys) != len(self._counts):  # buckets are only ever added: same length, same keys
+            keys = self._keys = sorted(self._counts)
+        return keys
 
     def bucket_counts(self) -> list[tuple[int, int]]:
         """``(bucket index, count)`` of every occupied bucket, ascending."""
-        return list(zip(self._keys, self._key_counts, strict=True))
+        return sorted(self._counts.items())
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0..1): the value of rank ``q * (count - 1)``."""
@@ -255,9 +248,10 @@ class QuantileSketch:
             return [math.nan] * len(qs)
         if self._exact is not None:
             return [percentile(self._exact, q * 100) for q in qs]
-        keys, gamma = self._keys, self._gamma
+        counts, gamma = self._counts, self._gamma
+        keys = self._sorted_keys()
         # seen[j]: values at or below bucket keys[j - 1] (seen[0]: the zeros); C-level sums.
-        seen = list(accumulate(self._key_counts, initial=self.zeros))
+        seen = list(accumulate(map(counts.__getitem__, keys), initial=self.zeros))
         out: list[float] = []
         for q in qs:
             # the first j with seen[j] > rank: rank below the zeros' count is 0, past the end the top
@@ -277,8 +271,8 @@ class QuantileSketch:
         if self._exact is not None:
             return robust_mean(self._exact, k)
         gamma = self._gamma
-        keys = self._keys
-        counts = list(self._key_counts)
+        keys = self._sorted_keys()
+        counts = list(map(self._counts.__getitem__, keys))
         # each bucket's representative, 2 * gamma**index / (gamma + 1), as in quantiles()
         doubled = map(operator.mul, repeat(2), map(gamma.__pow__, keys))
         values: list[float] = list(map(operator.truediv, doubled, repeat(gamma + 1)))
@@ -297,4 +291,4 @@ class QuantileSketch:
 
     @property
     def buckets(self) -> int:
-        return len(self._keys)
+        return len(self._counts)
