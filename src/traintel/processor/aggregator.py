@@ -235,7 +235,7 @@ class _RateKeys:
     )
 
     def __init__(self, prefix: str) -> None:
-        keys = _KEYS.get(prefix) or _Prefixed(prefix)
+        keys = _KEYS[prefix] if prefix in _KEYS else _Prefixed(prefix)  # (an empty cache is falsy)
         self.samples = keys["samples_per_second"]
         self.samples_per_device = keys["samples_per_second_per_device"]
         self.tokens = keys["tokens_per_second"]
