@@ -450,6 +450,7 @@ def test_a_window_whose_report_fails_is_still_emptied(
                 pass
         assert engine.aggregator.window_fill == 5  # emptied at each boundary, failed or not
         assert engine.aggregator.iterations_seen == 95 and engine.aggregator.windows_closed == 0
+        assert len(engine.sampler.recent) == 90  # the failed windows' durations still set the slow threshold
         failing["on"] = False
         for _ in range(5):
             with traintel.training_iteration():

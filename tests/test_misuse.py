@@ -8,6 +8,7 @@ import sys
 import threading
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 import traintel
@@ -179,3 +180,21 @@ def test_record_metrics_converts_tensors(pipeline: Pipeline) -> None:
     attributes = pipeline.one("training_iteration").attributes
     assert attributes[semconv.METRIC_PREFIX + "loss"] == 0.25  # type: ignore[index]
     assert attributes[semconv.METRIC_PREFIX + "grad_norm"] == 3  # type: ignore[index]
+
+
+def test_a_step_phase_object_exited_twice_or_nested_in_itself_raises_nothing() -> None:
+    """A step object entered on the fast path and exited again, or nested in itself, never
+    raises into the training loop."""
+    traintel.configure(span_exporters=[InMemorySpanExporter()], metric_readers=[])
+    try:
+        forward = traintel.model_forward()
+        with traintel.training_loop(), traintel.training_iteration():
+            with forward:
+                with forward:
+                    pass
+            backward = traintel.model_backward()
+            backward.__enter__()
+            backward.__exit__(None, None, None)
+            backward.__exit__(None, None, None)
+    finally:
+        traintel.shutdown(2)

@@ -265,3 +265,70 @@ def test_step_phases_as_decorators_clone_their_state(exporter: InMemorySpanExpor
     assert len(steps) == 2 and all(s.attributes["optimizer"] == "sgd" for s in steps)  # type: ignore[index]
     iterations = {s.context.span_id for s in spans if s.name == "training_iteration"}
     assert {s.parent.span_id for s in steps} == iterations  # type: ignore[union-attr]
+
+
+def _slow_iterations_with_callbacks(durations: list[float], window: int, after: Any = None) -> list[int]:
+    """Iterations at explicit times through the callbacks; returns those flagged slow."""
+    traintel.configure(
+        span_exporters=[InMemorySpanExporter()], metric_readers=[], export_first_iterations=0,
+        export_every_n_iterations=0, log_every_n_iterations=window, slow_iteration_factor=3,
+    )  # fmt: skip
+    engine = traintel.get_telemetry().engine
+    assert engine is not None
+    flagged: list[int] = []
+    slow_event = engine._slow_event
+
+    def spy(record: Any, *args: Any) -> None:
+        flagged.append(record.iteration)
+        slow_event(record, *args)
+
+    engine._slow_event = spy  # type: ignore[method-assign]
+    traintel.on_app_start(start_time_msec=ms(0))
+    traintel.on_train_start(start_time_msec=ms(0))
+    t = 0.0
+    for i, duration in enumerate(durations):
+        if after is not None:
+            after(i)
+        traintel.on_training_single_iteration_start(start_time_msec=ms(t))
+        traintel.on_training_single_iteration_end(finish_time_msec=ms(t + duration))
+        t += duration
+    traintel.on_train_end(finish_time_msec=ms(t + 1))
+    traintel.on_app_end(finish_time_msec=ms(t + 2))
+    traintel.shutdown(2)
+    return flagged
+
+
+@pytest.mark.parametrize("window", [50, 4, 5, 7, 10])
+def test_the_tenth_iteration_is_tested_against_the_first_median(window: int) -> None:
+    """The threshold starts from the first 10 durations, the 10th included, before the 10th is
+    tested; whatever the window size (windows refresh it only after their last iteration)."""
+    assert _slow_iterations_with_callbacks([1.0] * 9 + [10.0, 1.0, 1.0], window) == [9]
+
+
+def test_a_new_slow_factor_mid_window_uses_the_median_of_the_last_durations() -> None:
+    """Changing slow_iteration_factor mid-window recomputes the threshold from the last 101
+    durations, the open window's included (median 2 s here, so 2 s is not slow at 1.2x)."""
+
+    def change(i: int) -> None:
+        if i == 30:
+            traintel.set_training_config(slow_iteration_factor=1.2)
+
+    assert _slow_iterations_with_callbacks([1.0] * 10 + [2.0] * 25, 50, change) == []
+
+
+def test_the_slow_test_in_nanoseconds_says_what_the_test_in_seconds_says() -> None:
+    """duration_ns >= threshold_ns is duration_ns / 1e9 > threshold, to the nanosecond,
+    including at the boundary (where seconds * 1e9 rounds differently)."""
+    import random
+
+    from traintel.processor.sampling import IterationSampler
+
+    rng = random.Random(2)
+    sampler = IterationSampler(slow_factor=3.0)
+    for _ in range(2000):
+        median_ns = rng.randrange(10**6, 5 * 10**9)
+        sampler.recent.clear()
+        sampler.recent.extend([median_ns / 1e9] * 11)
+        sampler.refresh()
+        for duration_ns in range(3 * median_ns - 3, 3 * median_ns + 4):
+            assert (duration_ns >= sampler.threshold_ns) == (duration_ns / 1e9 > sampler.threshold)

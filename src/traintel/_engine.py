@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import random
 import threading
 import time
@@ -45,6 +46,7 @@ from traintel.processor.aggregator import (
     RateInputs,
     TrainingAggregator,
     WindowReport,
+    seconds_of,
 )
 from traintel.processor.export_filter import IterationExportFilter, TraceBudget
 from traintel.processor.goodput import GoodputLedger, WindowGoodput
@@ -64,6 +66,7 @@ _new_record = object.__new__
 _get_ident = threading.get_ident
 _TRAINING_METRICS_UPDATE = Event.TRAINING_METRICS_UPDATE.value
 _WINDOW_FLOPS_PER_DEVICE = semconv.WINDOW_PREFIX + "flops_per_second_per_device"
+_DURATION_NS = operator.itemgetter(0)  # of a window row
 
 
 def _span_context(trace_id: int, span_id: int, flags: TraceFlags) -> SpanContext:
@@ -366,6 +369,7 @@ class TrainingEngine:
         factor = float(config.get("slow_iteration_factor"))
         if factor != sampler.slow_factor:
             sampler.slow_factor = factor
+            self._catch_up_median()  # the median of the last 101 durations, as at a window close
             sampler.refresh()
         if self.rank_export is not None and not self.rank_export.routine_iterations:
             self._stop_routine_sampling()
@@ -513,12 +517,17 @@ class TrainingEngine:
             mark = min(mark, self._median_rows + missing)
         self._rows_mark = mark
 
-    def _start_median(self) -> None:
-        """Enough iterations for the slow threshold ended inside the open window: it starts
-        from them now (the window close adds the rest of the window's)."""
+    def _catch_up_median(self) -> None:
+        """Add the open window's durations not yet in the slow threshold's recent ones."""
         rows = self._rows
-        self.sampler.recent.extend(row[0] / 1e9 for row in rows[self._median_rows :])
-        self._median_rows = len(rows)
+        if len(rows) > self._median_rows:
+            self.sampler.recent.extend(seconds_of(map(_DURATION_NS, rows[self._median_rows :])))
+            self._median_rows = len(rows)
+
+    def _start_median(self) -> None:
+        """The job's first durations for the slow threshold ended inside the open window: it
+        starts from them now (the window close adds the rest of the window's)."""
+        self._catch_up_median()
         self.sampler.refresh()
         self._set_rows_mark()
 
@@ -574,7 +583,12 @@ class TrainingEngine:
         if record.metrics:
             for name, value in record.metrics.items():
                 self.aggregator.add_model_metric(name, value)
-        slow = duration_ns > self.sampler.threshold_ns
+        at_mark = len(rows) >= self._rows_mark
+        if at_mark and len(self.sampler.recent) < MEDIAN_MIN_SAMPLES:
+            # The job's first MEDIAN_MIN_SAMPLES durations: the threshold starts before this one
+            # is tested (each later window's refresh comes after its last iteration's test).
+            self._start_median()
+        slow = duration_ns >= self.sampler.threshold_ns
         if slow or record.notable or exported_as is not None:
             exported = self._export_decision(record, exported_as, slow, duration_ns / 1e9)
         else:  # the common case: counted, not exported
@@ -585,11 +599,8 @@ class TrainingEngine:
             if loop.segment_first_iteration is None:
                 loop.segment_first_iteration = iteration
             loop.segment_last_iteration = iteration
-        if len(rows) >= self._rows_mark:
-            if len(rows) >= self.window_size:
-                self.close_window()
-            else:
-                self._start_median()
+        if at_mark and len(rows) >= self.window_size:
+            self.close_window()
         if loop is not None:
             if exported is not None and exported_as is None:  # exports fill the trace: check now
                 self._check_budget(end_ns)
@@ -835,13 +846,22 @@ class TrainingEngine:
         inputs = self._rate_inputs
         if inputs is None or self._lazy_config:
             inputs = self._rate_inputs = self.rate_inputs()
-        report = self.aggregator.close_window(inputs)
-        if report is not None:
-            if self.instruments is not None:
-                self.instruments.defer_window(report.durations, report.data_loading_durations)
-            self.sampler.recent.extend(report.durations[self._median_rows :])  # the rest of them
-        self._median_rows = 0
-        self._set_rows_mark()
+        # The window's durations not yet in the slow threshold's recent ones: from the report, or
+        # from the rows if the report fails (the aggregator empties the window either way).
+        added = self._median_rows
+        pending = self._rows[added:]
+        report = None
+        try:
+            report = self.aggregator.close_window(inputs)
+        finally:
+            if report is not None:
+                self.sampler.recent.extend(report.durations[added:])
+            else:
+                self.sampler.recent.extend(seconds_of(map(_DURATION_NS, pending)))
+            self._median_rows = 0
+            self._set_rows_mark()
+        if report is not None and self.instruments is not None:
+            self.instruments.defer_window(report.durations, report.data_loading_durations)
         self.sampler.refresh()
         if self.window_hook is not None:
             self.window_hook(report, final)

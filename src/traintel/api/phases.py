@@ -615,12 +615,15 @@ class _StepPhase(PhaseSpan):
             record.children.append((self._name, start, end, None if exc is None else _clean_exit(exc)))
             record.phase_ns[self._index] += end - start
             return False
-        real = self._real
+        # Unset after a fast-path exit: the same object exited twice, or nested in itself.
+        real: IterationSpan | None = getattr(self, "_real", None)
         if real is not None:
             try:
                 self._exit_real(real, exc)
             except Exception:
                 _runtime.current().warn_once("exit:" + self._name, "could not end phase %r", self._name)
+            return False
+        if getattr(self, "_token", None) is None:
             return False
         return super().__exit__(exc_type, exc, traceback)
 

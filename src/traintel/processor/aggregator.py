@@ -90,7 +90,7 @@ class RateInputs:
 _Row = tuple[int, float | None, float | None, float | None, float | None, list[int] | None, int, int]
 
 
-def _seconds(nanoseconds: object) -> list[float]:
+def seconds_of(nanoseconds: object) -> list[float]:
     """``[v / 1e9 for v in nanoseconds]`` with C-level iterators (exactly the same divisions)."""
     return list(map(operator.truediv, nanoseconds, repeat(1e9)))  # type: ignore[call-overload]
 
@@ -376,7 +376,7 @@ class TrainingAggregator:
         durations_ns, samples, tokens, padding, flops, phases, _numbers, _ends = zip(*rows, strict=True)
         timed = list(filter(None, phases))  # the step-phase timings of the iterations that have them
         counts = _Counts.of_columns(durations_ns, samples, tokens, padding, flops, timed)
-        durations = _seconds(durations_ns)
+        durations = seconds_of(durations_ns)
         ordered = sorted(durations)
         batch = IndexedBatch(ordered)  # bucket counts do not depend on the order
         n = len(ordered)
@@ -420,7 +420,7 @@ class TrainingAggregator:
             counts.duration_s,
             counts.phase_s[DATA],
             counts.flops,
-            _seconds(map(_DATA_TIME, timed)),
+            seconds_of(map(_DATA_TIME, timed)),
             (p50, p90, p99, high),
         )
         self.windows_closed += 1

@@ -13,6 +13,7 @@ job export the same iterations and can be compared side by side.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from traintel.processor.stats import percentile
@@ -20,6 +21,19 @@ from traintel.processor.stats import percentile
 #: Recent iterations the slow-iteration median is taken over; and how many it needs first.
 MEDIAN_WINDOW = 101
 MEDIAN_MIN_SAMPLES = 10
+
+
+def _first_ns_above(seconds: float) -> float:
+    """The smallest integer ``d`` with ``d / 1e9 > seconds`` (inf for an infinite threshold):
+    ``seconds * 1e9`` rounds differently from the division at a boundary."""
+    if not math.isfinite(seconds):
+        return float("inf")
+    d = math.floor(seconds * 1e9)
+    while d / 1e9 <= seconds:
+        d += 1
+    while (d - 1) / 1e9 > seconds:
+        d -= 1
+    return d
 
 
 class IterationSampler:
@@ -51,7 +65,9 @@ class IterationSampler:
         self.recent: deque[float] = deque(maxlen=MEDIAN_WINDOW)
         self.median = 0.0
         self.threshold = float("inf")  # seconds
-        self.threshold_ns = float("inf")  # the same in nanoseconds: the per-iteration test
+        # The smallest whole number of nanoseconds above ``threshold``: the per-iteration test
+        # ``duration_ns >= threshold_ns`` says exactly what ``duration_ns / 1e9 > threshold`` says.
+        self.threshold_ns: float = float("inf")
 
     def head(self, iteration: int) -> str | None:
         """The export reason known at the start of an iteration, if any; counts it."""
@@ -73,7 +89,7 @@ class IterationSampler:
         if len(self.recent) >= MEDIAN_MIN_SAMPLES:
             self.median = percentile(sorted(self.recent), 50)
             self.threshold = self.slow_factor * self.median if self.median > 0 else float("inf")
-            self.threshold_ns = self.threshold * 1e9
+            self.threshold_ns = _first_ns_above(self.threshold)
 
     def tail(self, head_reason: str | None, slow: bool, error: bool, nonfinite: bool) -> str | None:
         """The final export reason: head reason, else error / non-finite / slow, else None."""
