@@ -251,7 +251,9 @@ class IterationSpan(NonRecordingSpan):
 
 
 def iteration_record(phase: str, iteration: int, start_ns: int, parent: SpanContext) -> IterationSpan:
-    """A new iteration record: what every iteration has; the rest are class defaults."""
+    """A new iteration record: what every iteration has; the rest are class defaults.
+    ``begin_iteration`` repeats these stores to save a call per step; a test
+    (``tests/test_fast_path_twins.py``) keeps the two alike."""
     record: IterationSpan = _new_record(IterationSpan)
     record.phase = phase
     record.iteration = iteration

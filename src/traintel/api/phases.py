@@ -339,7 +339,8 @@ class _Iteration(PhaseSpan):
             return trace_api.INVALID_SPAN
 
     def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
-        """Every case (``__enter__`` inlines the common one; callbacks give ``start_ns``)."""
+        """Every case (``__enter__`` inlines the common one, kept alike by
+        ``tests/test_fast_path_twins.py``; callbacks give ``start_ns``)."""
         engine = telemetry.engine
         if engine is None or telemetry.closed:
             return trace_api.INVALID_SPAN
@@ -876,7 +877,8 @@ _INVALID_SPAN = trace_api.INVALID_SPAN
 
 def _step_phase(name: str, attributes: Mapping[str, AttributeValue], index: int) -> _StepPhase:
     """A step phase, built without a type call into a Python ``__init__`` (which costs more
-    than the stores); the per-step factories below repeat these lines to save this call."""
+    than the stores); the per-step factories below repeat these lines to save this call
+    (``tests/test_fast_path_twins.py`` keeps them alike)."""
     phase = _new_step(_StepPhase)
     phase._name = name
     phase._attributes = attributes
@@ -898,7 +900,7 @@ def _iteration_phase(
     phase: str, iteration: int | None, attributes: Mapping[str, AttributeValue]
 ) -> _Iteration:
     """An iteration phase, built without a type call into a Python ``__init__`` (one per step;
-    ``training_iteration`` repeats these lines to save this call)."""
+    ``training_iteration`` repeats these lines to save this call; a test keeps them alike)."""
     it = _new_iteration(_Iteration)
     it._name = it._phase = phase
     it._attributes = attributes
