@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import traintel
 from tests.subprocess_helpers import run_python
 from traintel import semconv
 from traintel.exporters.reader import iter_spans
+from traintel.processor.export_filter import TraceBudget, estimate_span_bytes
 
 T0 = 1_700_000_000_000  # ms since the epoch
 
@@ -105,6 +107,30 @@ def test_the_byte_budget_holds_for_the_real_otlp_size(exporter: InMemorySpanExpo
     by_trace = run_all_mode(exporter, max_bytes=30_000)
     sizes = [len(encode_spans(spans).SerializeToString()) for spans in by_trace.values()]
     assert max(sizes) <= 30_000, sizes
+
+
+def test_the_budget_sizes_every_kind_of_span_in_a_periodic_trace() -> None:
+    """20 small spans then one large one, over and over: a cycle of 21 spans. Sizing every 7th
+    span whatever its kind never sized the large one (it once let a 30 kB trace reach 31.5 kB)."""
+    collected = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(collected))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("root"):
+        for _ in range(30):
+            for i in range(20):
+                tracer.start_span("training_iteration", attributes={"ml.training.iteration": i}).end()
+            window = {f"ml.training.window.value_{k}": float(k) / 3 for k in range(60)}
+            tracer.start_span("training_window", attributes=window).end()
+    spans = [s for s in collected.get_finished_spans() if s.name != "root"]
+    budget = TraceBudget()
+    for span in spans:
+        budget.add(span)
+    count, estimated = budget.usage(spans[0].context.trace_id)
+    assert count == len(spans) == 630
+    real = len(encode_spans(spans).SerializeToString())
+    assert estimated == sum(map(estimate_span_bytes, spans))  # each kind's size repeats exactly here
+    assert real <= estimated <= 1.3 * real, (real, estimated)
 
 
 CRASHING_JOB = """

@@ -386,6 +386,9 @@ class TrainingEngine:
         self.segment_ns = int(float(config.get("segment_seconds")) * 1e9)
         self.max_spans = int(config.get("max_spans_per_trace"))
         self.max_bytes = int(config.get("max_bytes_per_trace"))
+        # Room kept for one more exported iteration: 4 kB, or less under a small budget, so that
+        # the segment is due to rotate (at BUDGET_ROTATE of the budget) before it has no room.
+        self.room_bytes = min(4096, int(self.max_bytes * (1 - BUDGET_ROTATE)) // 2)
 
     def set_rank_export(self, policy: RankExportPolicy) -> None:
         """Apply what this rank exports; the first decision stands (scale mode is decided once
@@ -687,7 +690,8 @@ class TrainingEngine:
         if loop is None:
             return True
         spans, size = self.budget.usage(loop.get_span_context().trace_id)
-        return spans + 8 <= self.max_spans and size + self._open_bytes(loop) + 4096 <= self.max_bytes
+        size += self._open_bytes(loop) + self.room_bytes
+        return spans + 8 <= self.max_spans and size <= self.max_bytes
 
     # --- "all" mode: every iteration is a real span from the start --------------------------------
     def start_real_iteration(self, record: IterationSpan, context: Context) -> Span:

@@ -79,6 +79,13 @@ def _is_no_op(method: object) -> bool:
     return code is not None and code.co_code == _no_op.__code__.co_code and not code.co_names
 
 
+#: Span kinds whose size is remembered; past this many the memory starts afresh (span names
+#: are the user's, so their number is not ours to bound).
+_MAX_KINDS = 512
+#: A kind is sized again on every this-many-th span of it (the estimate walks attributes).
+_RESIZE_EVERY = 8
+
+
 class TraceBudget:
     """Spans and estimated bytes sent per trace, for the last few traces."""
 
@@ -86,7 +93,9 @@ class TraceBudget:
         self._usage: OrderedDict[int, list[int]] = OrderedDict()
         self._keep = keep
         self._lock = threading.Lock()
-        self._last: tuple[int, list[int]] = (0, [0, 0, 0])  # consecutive spans share a trace
+        self._last: tuple[int, list[int]] = (0, [0, 0])  # consecutive spans share a trace
+        # Per span kind (name and attribute, event and link counts): [spans seen, last size].
+        self._kinds: dict[tuple[str, int, int, int], list[int]] = {}
 
     def add(self, span: ReadableSpan, context: SpanContext | None = None) -> None:
         """Count a span that is being exported (unsampled spans are not: they never leave).
@@ -103,19 +112,28 @@ class TraceBudget:
                 with self._lock:
                     found = self._usage.get(trace_id)
                     if found is None:
-                        found = self._usage[trace_id] = [0, 0, 0]
+                        found = self._usage[trace_id] = [0, 0]
                         if len(self._usage) > self._keep:
                             self._usage.popitem(last=False)
             usage = found
             self._last = (trace_id, usage)
-        # Unlocked: an estimate; concurrent ends of one trace may lose an increment, not a span.
-        # Sizing a span walks its attributes; every 7th span is sized and stands for its 7 (7, not 8:
-        # an exported iteration is 4 or 5 spans ending in a fixed order, and a period sharing a
-        # factor with that would size the same kind of span every time).
-        count = usage[0] = usage[0] + 1
-        if count % 7 == 1:
-            usage[2] = estimate_span_bytes(span)
-        usage[1] += usage[2]
+        # Sizing a span walks its attributes, so a span stands for the spans of its kind until the
+        # kind is sized again. Per kind, not one size for every 7th span of any kind: a trace's
+        # spans come in fixed cycles (an iteration's phases, a window record every N iterations),
+        # and one sample period for all of them can miss a large kind every time (a segment sized
+        # at 16 kB was 23 kB). Unlocked: an estimate; concurrent ends of one trace may lose an
+        # increment, not a span.
+        kind = (span.name, len(span.attributes or ()), len(span.events), len(span.links))
+        sized = self._kinds.get(kind)
+        if sized is None:
+            if len(self._kinds) >= _MAX_KINDS:
+                self._kinds.clear()
+            sized = self._kinds[kind] = [0, 0]
+        if sized[0] % _RESIZE_EVERY == 0:
+            sized[1] = estimate_span_bytes(span)
+        sized[0] += 1
+        usage[0] += 1
+        usage[1] += sized[1]
 
     def usage(self, trace_id: int) -> tuple[int, int]:
         usage = self._usage.get(trace_id)
