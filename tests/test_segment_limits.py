@@ -13,6 +13,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 import traintel
 from tests.subprocess_helpers import run_python
@@ -131,6 +132,27 @@ def test_the_budget_sizes_every_kind_of_span_in_a_periodic_trace() -> None:
     real = len(encode_spans(spans).SerializeToString())
     assert estimated == sum(map(estimate_span_bytes, spans))  # each kind's size repeats exactly here
     assert real <= estimated <= 1.3 * real, (real, estimated)
+
+
+def test_a_failed_span_is_sized_apart_from_its_kind() -> None:
+    """A failed iteration carries its exception (a stack trace): it must not stand in for, or be
+    stood in for by, the ordinary iterations of the same name."""
+    collected = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(collected))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("root"):
+        tracer.start_span("training_iteration").end()
+        failed = tracer.start_span("training_iteration")
+        failed.record_exception(RuntimeError("x" * 3000))
+        failed.set_status(StatusCode.ERROR)
+        failed.end()
+    spans = [s for s in collected.get_finished_spans() if s.name != "root"]
+    budget = TraceBudget()
+    for span in spans:
+        budget.add(span)
+    _count, estimated = budget.usage(spans[0].context.trace_id)
+    assert estimated == sum(map(estimate_span_bytes, spans)) > 3000
 
 
 CRASHING_JOB = """
