@@ -32,12 +32,24 @@ def new_trace_id() -> int:
     return trace_id
 
 
+class _Forced(threading.local):
+    """The ids queued for this thread's next span. Class-level defaults: reading an id never
+    set on a thread finds ``None`` here instead of raising (and catching) an AttributeError,
+    which cost ~0.6 µs on every span of a thread that never forced one ("all" mode)."""
+
+    span_id: int | None = None
+    trace_id: int | None = None
+
+
 class ForcingIdGenerator(IdGenerator):
     """Delegates to ``inner`` unless :meth:`force` queued ids for this thread's next span."""
 
     def __init__(self, inner: IdGenerator | None = None) -> None:
         self.inner = inner or RandomIdGenerator()
-        self._local = threading.local()
+        self._local = _Forced()
+        # bound once: the SDK asks for a span id on every span
+        self._inner_span_id = self.inner.generate_span_id
+        self._inner_trace_id = self.inner.generate_trace_id
 
     def force(self, span_id: int, trace_id: int | None = None) -> None:
         """The next span started on this thread gets ``span_id`` (and ``trace_id`` if a root)."""
@@ -49,15 +61,17 @@ class ForcingIdGenerator(IdGenerator):
         self._local.trace_id = None
 
     def generate_span_id(self) -> int:
-        forced: int | None = getattr(self._local, "span_id", None)
+        local = self._local
+        forced = local.span_id
         if forced is not None:
-            self._local.span_id = None
+            local.span_id = None
             return forced
-        return self.inner.generate_span_id()
+        return self._inner_span_id()
 
     def generate_trace_id(self) -> int:
-        forced: int | None = getattr(self._local, "trace_id", None)
+        local = self._local
+        forced = local.trace_id
         if forced is not None:
-            self._local.trace_id = None
+            local.trace_id = None
             return forced
-        return self.inner.generate_trace_id()
+        return self._inner_trace_id()

@@ -82,6 +82,7 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
     def __init__(self, exporter: SpanExporter, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
         super().__init__(exporter, **kwargs)
         self._health = health
+        self._emit = super().on_end  # bound once (the SDK's: it queues sampled spans)
         batch = getattr(self, "_batch_processor", None)
         queue = getattr(batch, "_queue", None)
         self._queue: deque[ReadableSpan] | None = queue if isinstance(queue, deque) else None
@@ -97,15 +98,20 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         return len(self._queue) if self._queue is not None else 0
 
     def on_end(self, span: ReadableSpan) -> None:
-        if not span.context or not span.context.trace_flags.sampled:
-            return
-        dropped_events = span.dropped_events
-        if dropped_events:
-            self._health.drop_events(dropped_events)
+        # Called for every exported span: the common case (no dropped events, room in the
+        # queue) reads two things and hands over; only the rare one asks whether it is sampled
+        # (the SDK's on_end asks too, and leaves unsampled spans out of the queue).
         queue = self._queue
-        if queue is not None and self._max_queue and len(queue) >= self._max_queue:
-            self._health.drop_spans(health_module.QUEUE_FULL, 1)
-        super().on_end(span)
+        dropped_events = span.dropped_events
+        if dropped_events or (queue is not None and self._max_queue and len(queue) >= self._max_queue):
+            context = span.context
+            if not context or not context.trace_flags.sampled:
+                return
+            if dropped_events:
+                self._health.drop_events(dropped_events)
+            if queue is not None and self._max_queue and len(queue) >= self._max_queue:
+                self._health.drop_spans(health_module.QUEUE_FULL, 1)
+        self._emit(span)
 
     def take_queued(self) -> list[ReadableSpan]:
         """Everything still queued, oldest first, taken out (for the spill at a stuck exit)."""

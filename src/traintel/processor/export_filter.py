@@ -20,7 +20,7 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import SpanContext, StatusCode
 
 _logger = logging.getLogger(__name__)
 
