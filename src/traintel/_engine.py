@@ -156,6 +156,10 @@ class IterationSpan(NonRecordingSpan):
     # The step phase entered last (one store per step; open while its own record is still
     # set): what a terminating signal ends with the iteration.
     open_step: OpenStep | None = None
+    # The shared step-phase object open in this iteration on the per-step path, and its start
+    # (phases._SharedStep keeps its per-use state here: the object itself is shared).
+    shared_open: object = None
+    shared_start = 0
 
     # Built by iteration_record (no type call into a Python __init__: one per step).
     phase: str

@@ -153,7 +153,7 @@ def on_data_loading_end(finish_time_msec: float | None = None) -> None:
 
 
 def on_model_forward_start(start_time_msec: float | None = None) -> Span:
-    return _start(phases.model_forward(), Phase.MODEL_FORWARD.value, start_time_msec)
+    return _start(phases.fresh_step(phases._MODEL_FORWARD), Phase.MODEL_FORWARD.value, start_time_msec)
 
 
 def on_model_forward_end(finish_time_msec: float | None = None) -> None:
@@ -161,7 +161,7 @@ def on_model_forward_end(finish_time_msec: float | None = None) -> None:
 
 
 def on_model_backward_start(start_time_msec: float | None = None) -> Span:
-    return _start(phases.model_backward(), Phase.MODEL_BACKWARD.value, start_time_msec)
+    return _start(phases.fresh_step(phases._MODEL_BACKWARD), Phase.MODEL_BACKWARD.value, start_time_msec)
 
 
 def on_model_backward_end(finish_time_msec: float | None = None) -> None:
@@ -169,7 +169,7 @@ def on_model_backward_end(finish_time_msec: float | None = None) -> None:
 
 
 def on_optimizer_update_start(start_time_msec: float | None = None) -> Span:
-    return _start(phases.optimizer_update(), Phase.OPTIMIZER_UPDATE.value, start_time_msec)
+    return _start(phases.fresh_step(phases._OPTIMIZER_UPDATE), Phase.OPTIMIZER_UPDATE.value, start_time_msec)
 
 
 def on_optimizer_update_end(finish_time_msec: float | None = None) -> None:

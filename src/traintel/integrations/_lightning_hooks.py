@@ -175,14 +175,14 @@ class LightningHooks:
             phases.record_batch(samples=samples, tokens=tokens)
         except Exception:
             _runtime.current().warn_once("lightning:batch", "lightning: could not count the batch")
-        driver.open(_FORWARD, phases.model_forward(), start)
+        driver.open(_FORWARD, phases.fresh_step(phases._MODEL_FORWARD), start)
         if not self._flops.decided and self._flops.start():
             self._flops_samples = samples
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self._flops.forward_done()
         self._driver.close(_FORWARD)
-        self._driver.open(_BACKWARD, phases.model_backward())
+        self._driver.open(_BACKWARD, phases.fresh_step(phases._MODEL_BACKWARD))
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         if self._flops.counting:
@@ -191,7 +191,7 @@ class LightningHooks:
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._stepped = True
-        self._driver.open(_OPTIMIZER, phases.optimizer_update())
+        self._driver.open(_OPTIMIZER, phases.fresh_step(phases._OPTIMIZER_UPDATE))
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int

@@ -218,7 +218,7 @@ class TorchPatcher:
         try:
             start = now_ns()
             if self._ensure_iteration(start):
-                self._driver.open(_OPTIMIZER, phases.optimizer_update(), start)
+                self._driver.open(_OPTIMIZER, phases.fresh_step(phases._OPTIMIZER_UPDATE), start)
         except Exception:
             _runtime.current().warn_once("instrumentor:step_pre", "instrumentor: optimizer pre-hook failed")
 

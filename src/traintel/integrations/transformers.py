@@ -109,7 +109,7 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
         self.open_iteration()  # without the wrappers, the iteration starts here
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.driver.open(_OPTIMIZER, phases.optimizer_update())
+        self.driver.open(_OPTIMIZER, phases.fresh_step(phases._OPTIMIZER_UPDATE))
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.driver.close(_OPTIMIZER)
@@ -224,11 +224,11 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not driver.is_open(_ITERATION):  # evaluation also computes losses
                 return original(*args, **kwargs)
-            driver.open(_FORWARD, phases.model_forward())
+            driver.open(_FORWARD, phases.fresh_step(phases._MODEL_FORWARD))
             result = original(*args, **kwargs)
             cb.flops.forward_done()
             driver.close(_FORWARD)
-            driver.open(_BACKWARD, phases.model_backward())  # ends with training_step
+            driver.open(_BACKWARD, phases.fresh_step(phases._MODEL_BACKWARD))  # ends with training_step
             return result
 
         return wrapper

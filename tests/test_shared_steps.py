@@ -1,0 +1,188 @@
+"""``model_forward()``, ``model_backward()`` and ``optimizer_update()`` return one shared object
+per phase on the per-step path; these tests check it records exactly what a per-use object
+did, and hands everything off the common path to per-use objects."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import traintel
+from traintel import semconv
+from traintel.api import phases
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    traintel.configure(span_exporters=[exporter], metric_readers=[], slow_iteration_factor=1e9)
+    yield exporter
+    traintel.shutdown(2)
+
+
+def finished(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    traintel.get_telemetry().flush(10)
+    return list(exporter.get_finished_spans())
+
+
+def children_of(span: ReadableSpan, spans: list[ReadableSpan]) -> list[ReadableSpan]:
+    kids = [s for s in spans if s.parent is not None and s.parent.span_id == span.context.span_id]
+    return sorted(kids, key=lambda s: s.start_time or 0)
+
+
+def iterations(spans: list[ReadableSpan]) -> list[ReadableSpan]:
+    found = [s for s in spans if s.name == "training_iteration"]
+    return sorted(found, key=lambda s: s.attributes[semconv.ITERATION])  # type: ignore[index]
+
+
+def test_each_step_is_recorded_with_its_own_times_in_its_own_iteration(
+    exporter: InMemorySpanExporter,
+) -> None:
+    assert traintel.model_forward() is traintel.model_forward() is phases._SHARED_MODEL_FORWARD
+    with traintel.training_loop():
+        for _ in range(3):
+            with traintel.training_iteration():
+                with traintel.model_forward():
+                    pass
+                with traintel.model_backward():
+                    pass
+                with traintel.optimizer_update():
+                    pass
+    spans = finished(exporter)
+    for iteration in iterations(spans):  # the first 10 are exported
+        kids = children_of(iteration, spans)
+        assert [s.name for s in kids] == ["model_forward", "model_backward", "optimizer_update"]
+        assert all(s.context.trace_id == iteration.context.trace_id for s in kids)
+        bounds = [iteration.start_time] + [t for s in kids for t in (s.start_time, s.end_time)]
+        assert bounds == sorted(bounds) and (kids[-1].end_time or 0) <= (iteration.end_time or 0)
+    assert len(iterations(spans)) == 3
+    assert phases._SHARED_MODEL_FORWARD._delegates == 0
+
+
+def test_a_step_nested_in_a_step_is_recorded_too(exporter: InMemorySpanExporter) -> None:
+    forward = traintel.model_forward()
+    with traintel.training_loop(), traintel.training_iteration():
+        with forward:
+            with forward:  # the same shared object, nested: handed to a per-use object
+                pass
+            with traintel.model_backward():  # another shared one, inside: per-use too
+                pass
+        with traintel.optimizer_update():  # nothing open any more: the common path again
+            pass
+    spans = finished(exporter)
+    (iteration,) = iterations(spans)
+    kids = children_of(iteration, spans)
+    names = sorted(s.name for s in kids)
+    assert names == ["model_backward", "model_forward", "model_forward", "optimizer_update"]
+    inner, outer = sorted((s for s in kids if s.name == "model_forward"), key=lambda s: s.end_time or 0)
+    assert (outer.start_time or 0) <= (inner.start_time or 0)
+    assert (inner.start_time or 0) <= (inner.end_time or 0) <= (outer.end_time or 0)
+    assert forward._delegates == 0
+
+
+def test_a_step_under_a_user_span_nests_under_it_and_its_time_counts(exporter: InMemorySpanExporter) -> None:
+    pipeline = traintel.get_telemetry().pipeline
+    assert pipeline is not None
+    tracer = trace.get_tracer("user", tracer_provider=pipeline.tracer_provider)
+    with traintel.training_loop(), traintel.training_iteration():
+        with tracer.start_as_current_span("user_work"):
+            with traintel.model_forward():
+                pass
+    spans = finished(exporter)
+    (user,) = [s for s in spans if s.name == "user_work"]
+    (forward,) = [s for s in spans if s.name == "model_forward"]
+    assert forward.parent is not None and forward.parent.span_id == user.context.span_id
+    (loop,) = [s for s in spans if s.name == "training_loop"]
+    (window,) = [e for e in loop.events if e.name == "training_metrics_update"]
+    assert window.attributes[semconv.WINDOW_PREFIX + "time.forward"] > 0  # type: ignore[index,operator]
+
+
+def test_the_shared_object_on_another_thread_meanwhile_is_a_span_of_its_own(
+    exporter: InMemorySpanExporter,
+) -> None:
+    forward = traintel.model_forward()
+    errors: list[BaseException] = []
+
+    def elsewhere() -> None:
+        try:
+            with forward:
+                pass
+        except BaseException as exc:  # pragma: no cover - the assertion below says what
+            errors.append(exc)
+
+    with traintel.training_loop(), traintel.training_iteration():
+        with forward:  # open on the common path while the other thread uses the same object
+            thread = threading.Thread(target=elsewhere)
+            thread.start()
+            thread.join()
+    assert not errors and forward._delegates == 0
+    spans = finished(exporter)
+    (iteration,) = iterations(spans)
+    assert [s.name for s in children_of(iteration, spans)] == ["model_forward"]
+    others = [s for s in spans if s.name == "model_forward" and s.parent is None]
+    assert len(others) == 1  # the thread's own, outside any iteration
+
+
+def test_all_mode_decorators_and_attributes_get_per_use_objects(exporter: InMemorySpanExporter) -> None:
+    assert isinstance(traintel.model_backward(), phases._SharedStep)
+    assert not isinstance(traintel.model_backward({"k": "v"}), phases._SharedStep)
+
+    @traintel.model_forward()
+    def forward(depth: int) -> int:
+        return forward(depth - 1) + 1 if depth else 0
+
+    with traintel.training_loop():
+        with traintel.training_iteration():
+            assert forward(2) == 2  # each call its own object: recursion nests
+        traintel.set_training_config(export_iterations="all")
+        assert not isinstance(traintel.optimizer_update(), phases._SharedStep)
+        with traintel.training_iteration():
+            with traintel.optimizer_update():
+                pass
+    spans = finished(exporter)
+    first, second = iterations(spans)
+    assert len([s for s in spans if s.name == "model_forward"]) == 3
+    assert [s.name for s in children_of(second, spans)] == ["optimizer_update"]
+    assert [s.name for s in children_of(first, spans)] == ["model_forward"] * 3  # the body's children
+
+
+def test_an_exit_after_the_iteration_ended_or_a_second_exit_does_nothing(
+    exporter: InMemorySpanExporter,
+) -> None:
+    backward = traintel.model_backward()
+    with traintel.training_loop():
+        iteration = traintel.training_iteration()
+        iteration.__enter__()
+        backward.__enter__()
+        iteration.__exit__(None, None, None)  # the step is still open: misuse
+        assert backward.__exit__(None, None, None) is False
+        assert backward.__exit__(None, None, None) is False
+        with traintel.training_iteration(), backward:
+            pass
+    spans = finished(exporter)
+    first, second = iterations(spans)
+    assert children_of(first, spans) == []  # never closed inside it
+    assert [s.name for s in children_of(second, spans)] == ["model_backward"]
+
+
+def test_the_shared_objects_carry_what_a_per_use_step_carries() -> None:
+    for shared, name in (
+        (phases._SHARED_MODEL_FORWARD, phases._MODEL_FORWARD),
+        (phases._SHARED_MODEL_BACKWARD, phases._MODEL_BACKWARD),
+        (phases._SHARED_OPTIMIZER_UPDATE, phases._OPTIMIZER_UPDATE),
+    ):
+        per_use = phases._step_phase(name, phases._STEP_ATTRIBUTES[name], phases.STEP_INDEX[name])
+        assert (shared._name, shared._attributes, shared._index) == (
+            per_use._name,
+            per_use._attributes,
+            per_use._index,
+        )
+        fresh = phases.fresh_step(name)  # what callbacks and integrations drive
+        assert type(fresh) is phases._StepPhase and fresh._name == name
+        with pytest.raises(TypeError):
+            shared._open(traintel.get_telemetry())
