@@ -704,17 +704,20 @@ class _SharedStep(_StepPhase):
                     self._delegates -= 1
                 return phase.__exit__(exc_type, exc, traceback)
         telemetry = _runtime._telemetry
-        engine = telemetry.engine if telemetry is not None else None
-        record = engine.active if engine is not None else None
-        if record is None or record.shared_open is not self or engine.active_thread != _get_ident():  # type: ignore[union-attr]
-            return False  # exited twice, after its iteration ended, or cut by a signal
-        end = _time_ns()
-        start = record.shared_start
-        record.shared_open = None
-        if record.open_step is self:
-            record.open_step = None
-        record.children.append((self._name, start, end, None if exc is None else _clean_exit(exc)))
-        record.phase_ns[self._index] += end - start
+        if telemetry is not None:
+            engine = telemetry.engine
+            if engine is not None:
+                record = engine.active
+                # Open here on the common path (entered on the record's thread, in its body);
+                # else exited twice, after its iteration ended, or cut by a signal: nothing.
+                # ``open_step`` may keep pointing here: ``cut`` checks ``shared_open`` too.
+                if record is not None and record.shared_open is self:
+                    end = _time_ns()
+                    start = record.shared_start
+                    record.shared_open = None
+                    error = None if exc is None else _clean_exit(exc)
+                    record.children.append((self._name, start, end, error))
+                    record.phase_ns[self._index] += end - start
         return False
 
     def cut(self, record: IterationSpan | None, error: Terminated, end_ns: int) -> None:
