@@ -4,6 +4,7 @@ did, and hands everything off the common path to per-use objects."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 
@@ -186,3 +187,42 @@ def test_the_shared_objects_carry_what_a_per_use_step_carries() -> None:
         assert type(fresh) is phases._StepPhase and fresh._name == name
         with pytest.raises(TypeError):
             shared._open(traintel.get_telemetry())
+
+
+def test_asyncio_tasks_interleaving_in_one_iteration_each_close_their_own_step(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Two tasks on one thread enter the same shared object and leave it in the other order:
+    the first is on the common path, the second handed to a per-use object; each exit closes
+    its own (delegated exits are paired per task, not per thread)."""
+    forward = traintel.model_forward()
+    order: list[str] = []
+
+    async def step(name: str, entered: asyncio.Event, release: asyncio.Event) -> None:
+        with forward:
+            order.append(name + " in")
+            entered.set()
+            await release.wait()
+            order.append(name + " out")
+
+    async def main() -> None:
+        a_in, b_in, a_go, b_go = (asyncio.Event() for _ in range(4))
+        a = asyncio.ensure_future(step("a", a_in, a_go))
+        await a_in.wait()
+        b = asyncio.ensure_future(step("b", b_in, b_go))
+        await b_in.wait()
+        a_go.set()  # a leaves first, while b is still inside
+        await a
+        b_go.set()
+        await b
+
+    with traintel.training_loop(), traintel.training_iteration():
+        asyncio.run(main())
+    assert order == ["a in", "b in", "a out", "b out"]
+    assert forward._delegates == 0
+    spans = finished(exporter)
+    (iteration,) = iterations(spans)
+    a_span, b_span = children_of(iteration, spans)  # by start time: a, then b
+    assert a_span.name == b_span.name == "model_forward"
+    times = [a_span.start_time, b_span.start_time, a_span.end_time, b_span.end_time]
+    assert times == sorted(times, key=lambda t: t or 0)  # a closed when a left

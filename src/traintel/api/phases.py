@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar, cast
@@ -629,12 +630,12 @@ class _StepPhase(PhaseSpan):
         return super().__exit__(exc_type, exc, traceback)
 
 
-class _DelegateStack(threading.local):
-    """Per thread: the per-use step objects a shared step handed its ``with`` to, innermost last."""
-
-    items: list[_StepPhase] | None = None
-
-
+#: Per context (each thread, each asyncio task): the ``with`` blocks shared steps handed to
+#: per-use objects, innermost last, as (shared step, per-use step) pairs. A context variable,
+#: not a thread-local: tasks interleaving on one thread each pair their own exits.
+_DELEGATED: ContextVar[tuple[tuple[_SharedStep, _StepPhase], ...]] = ContextVar(
+    "traintel_delegated_steps", default=()
+)
 _DELEGATES_LOCK = threading.Lock()
 
 
@@ -648,18 +649,19 @@ class _SharedStep(_StepPhase):
     Only the common case stays here: inside a fast-path iteration, on its thread, directly in
     its body, with no other shared step open in it and no device hooks. Anything else (nested
     steps, a step under a user span, outside any iteration, on another thread, "all" mode)
-    hands the ``with`` to a fresh per-use :class:`_StepPhase`, kept on a per-thread stack for
-    the exit; ``_delegates`` counts those in flight, so an exit on the common path looks at
-    nothing else. Decorators and callbacks get per-use objects too (``_clone``, ``_step_phase``).
+    hands the ``with`` to a fresh per-use :class:`_StepPhase`, kept in ``_DELEGATED`` (per
+    thread and asyncio task) for the exit; ``_delegates`` counts those in flight, so an exit on
+    the common path looks at nothing else. Decorators and callbacks get per-use objects too
+    (``_clone``, ``fresh_step``). One limit: generators that suspend inside such a ``with`` and
+    interleave on one thread share a context, so their delegated exits pair last-in first-out.
     """
 
-    __slots__ = ("_delegates", "_stack")
+    __slots__ = ("_delegates",)
 
     def __init__(self, name: str) -> None:
         super().__init__(name, _STEP_ATTRIBUTES[name])
         self._index = STEP_INDEX[name]
         self._delegates = 0
-        self._stack = _DelegateStack()
 
     def __enter__(self) -> Span:
         telemetry = _runtime._telemetry
@@ -681,13 +683,9 @@ class _SharedStep(_StepPhase):
 
     def _delegate(self) -> Span:
         phase = _step_phase(self._name, _STEP_ATTRIBUTES[self._name], self._index)
-        local = self._stack
-        stack = local.items
-        if stack is None:
-            stack = local.items = []
         with _DELEGATES_LOCK:
             self._delegates += 1
-        stack.append(phase)
+        _DELEGATED.set((*_DELEGATED.get(), (self, phase)))
         return phase.__enter__()
 
     def __exit__(
@@ -697,12 +695,14 @@ class _SharedStep(_StepPhase):
         traceback: TracebackType | None,
     ) -> Literal[False]:
         if self._delegates:
-            stack = self._stack.items
-            if stack:  # this thread's innermost delegated with
-                phase = stack.pop()
-                with _DELEGATES_LOCK:
-                    self._delegates -= 1
-                return phase.__exit__(exc_type, exc, traceback)
+            stack = _DELEGATED.get()
+            for i in range(len(stack) - 1, -1, -1):  # this context's innermost delegated with
+                owner, phase = stack[i]
+                if owner is self:
+                    _DELEGATED.set(stack[:i] + stack[i + 1 :])
+                    with _DELEGATES_LOCK:
+                        self._delegates -= 1
+                    return phase.__exit__(exc_type, exc, traceback)
         telemetry = _runtime._telemetry
         if telemetry is not None:
             engine = telemetry.engine
