@@ -5,7 +5,9 @@ did, and hands everything off the common path to per-use objects."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -226,3 +228,58 @@ def test_asyncio_tasks_interleaving_in_one_iteration_each_close_their_own_step(
     assert a_span.name == b_span.name == "model_forward"
     times = [a_span.start_time, b_span.start_time, a_span.end_time, b_span.end_time]
     assert times == sorted(times, key=lambda t: t or 0)  # a closed when a left
+
+
+def test_a_step_holding_an_evaluation_iteration_keeps_its_time(exporter: InMemorySpanExporter) -> None:
+    """The step closes in the iteration it was entered in, not whichever is active at its exit."""
+    with traintel.training_loop(), traintel.training_iteration():
+        with traintel.optimizer_update():
+            with traintel.validation_loop(), traintel.validation_iteration():
+                with traintel.optimizer_update():  # open already: a per-use object
+                    pass
+    spans = finished(exporter)
+    (iteration,) = iterations(spans)
+    assert [s.name for s in children_of(iteration, spans)] == ["optimizer_update", "validation_loop"]
+    (validation,) = [s for s in spans if s.name == "validation_iteration"]
+    assert [s.name for s in children_of(validation, spans)] == ["optimizer_update"]
+
+
+def test_generators_interleaving_on_one_thread_each_close_their_own_step(
+    exporter: InMemorySpanExporter,
+) -> None:
+    ends: dict[str, int] = {}
+
+    def work(name: str) -> Iterator[None]:
+        with traintel.model_forward():
+            yield
+            ends[name] = time.time_ns()
+
+    with traintel.training_loop(), traintel.training_iteration():
+        first, second = work("first"), work("second")
+        next(first)  # on the common path
+        next(second)  # the object is open: handed to a per-use one
+        for generator in (first, second):  # the first leaves first
+            next(generator, None)
+            time.sleep(0.002)
+    spans = finished(exporter)
+    (iteration,) = iterations(spans)
+    a, b = children_of(iteration, spans)
+    assert (a.end_time or 0) - ends["first"] < 1_000_000  # closed at its own exit, not 2 ms later
+    assert (b.end_time or 0) - ends["second"] < 1_000_000
+    assert phases._SHARED_MODEL_FORWARD._delegates == 0
+
+
+def test_an_exit_stack_entering_and_leaving_from_other_frames_closes_the_step(
+    exporter: InMemorySpanExporter,
+) -> None:
+    pipeline = traintel.get_telemetry().pipeline
+    assert pipeline is not None
+    tracer = trace.get_tracer("user", tracer_provider=pipeline.tracer_provider)
+    with traintel.training_loop(), traintel.training_iteration():
+        with tracer.start_as_current_span("user_work") as user, contextlib.ExitStack() as stack:
+            stack.enter_context(traintel.model_backward())  # under a user span: per-use
+        assert trace.get_current_span() is not user  # every context entered was left
+    spans = finished(exporter)
+    (backward,) = [s for s in spans if s.name == "model_backward"]
+    assert backward.parent is not None and backward.parent.span_id == user.get_span_context().span_id
+    assert phases._SHARED_MODEL_BACKWARD._delegates == 0

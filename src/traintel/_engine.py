@@ -153,13 +153,10 @@ class IterationSpan(NonRecordingSpan):
     real_context: object = None  # "all" mode: the Context attached for the body
     sampled = False  # the trace flag user spans inside inherit
     _span_context: SpanContext | None = None
-    # The step phase entered last (one store per step; open while its own record is still
-    # set): what a terminating signal ends with the iteration.
+    # The step phase entered last (one store per step; a per-use one is open while its own
+    # record is still set, a shared one while it is open in this record): what a terminating
+    # signal ends with the iteration.
     open_step: OpenStep | None = None
-    # The shared step-phase object open in this iteration on the per-step path, and its start
-    # (phases._SharedStep keeps its per-use state here: the object itself is shared).
-    shared_open: object = None
-    shared_start = 0
 
     # Built by iteration_record (no type call into a Python __init__: one per step).
     phase: str
@@ -390,9 +387,12 @@ class TrainingEngine:
         self.segment_ns = int(float(config.get("segment_seconds")) * 1e9)
         self.max_spans = int(config.get("max_spans_per_trace"))
         self.max_bytes = int(config.get("max_bytes_per_trace"))
-        # Room kept for one more exported iteration: 4 kB, or less under a small budget, so that
-        # the segment is due to rotate (at BUDGET_ROTATE of the budget) before it has no room.
-        self.room_bytes = min(4096, int(self.max_bytes * (1 - BUDGET_ROTATE)) // 2)
+        # Room kept for one more exported iteration (an evaluation loop, which cannot rotate the
+        # segment, stops exporting when it runs out), and where a segment is due to rotate: at
+        # BUDGET_ROTATE of the budget, or sooner under a small budget, so that a training loop
+        # rotates before its room runs out.
+        self.room_bytes = 4096
+        self.rotate_bytes = min(BUDGET_ROTATE * self.max_bytes, self.max_bytes - 2 * self.room_bytes)
 
     def set_rank_export(self, policy: RankExportPolicy) -> None:
         """Apply what this rank exports; the first decision stands (scale mode is decided once
@@ -945,15 +945,16 @@ class TrainingEngine:
             return
         spans, size = self.budget.usage(loop.get_span_context().trace_id)
         size += self._open_bytes(loop)
-        if spans >= BUDGET_ROTATE * self.max_spans or size >= BUDGET_ROTATE * self.max_bytes:
+        if spans >= BUDGET_ROTATE * self.max_spans or size >= self.rotate_bytes:
             self.rotate_pending = True
 
     def _open_bytes(self, loop: SegmentedSpan) -> int:
         """What the open loop (and application) segment will add to the trace when it ends: its
-        events so far, and a margin for the two spans with their summaries (~2 kB)."""
+        events so far, and a margin for the two spans with their summaries (~6 kB: the last loop
+        segment with its summary is ~4.5 kB)."""
         app = self.app
         same_trace = app is not None and app.get_span_context().trace_id == loop.get_span_context().trace_id
-        return loop.open_bytes + (app.open_bytes if same_trace and app is not None else 0) + 2048
+        return loop.open_bytes + (app.open_bytes if same_trace and app is not None else 0) + 6144
 
     def rotate(self, now_ns: int) -> None:
         """Close the current segment (loop, and application if ours) and continue in a new trace."""
