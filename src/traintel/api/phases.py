@@ -645,12 +645,12 @@ _caller_frame = sys._getframe
 
 class _SharedStep(_StepPhase):
     """What ``model_forward()``, ``model_backward()`` and ``optimizer_update()`` return on the
-    per-step path: one object per phase, shared by every step, so a step builds no object (7.5 %
+    per-step path: one object per phase, shared by every step, so a step builds no object (~5 %
     fewer instructions per not-exported iteration).
 
     The object serves one ``with`` at a time itself: inside a fast-path iteration, on its
     thread, directly in its body, with no device hooks, and while the object is not already
-    open (``_open_in``, the record it is open in, and ``_start``). Every other ``with`` (this
+    open (``_open_in``, the record it is open in, and ``_start_ns``). Every other ``with`` (this
     phase nested in itself, a step under a user span, outside any iteration, on another thread,
     in another task or generator while it is open, "all" mode) is handed to a fresh per-use
     :class:`_StepPhase`, remembered in ``_DELEGATED`` with the frame of its ``with`` for the
