@@ -155,6 +155,28 @@ def test_a_failed_span_is_sized_apart_from_its_kind() -> None:
     assert estimated == sum(map(estimate_span_bytes, spans)) > 3000
 
 
+@pytest.mark.parametrize("max_bytes", [8_000, 15_000])
+def test_the_byte_budget_holds_with_long_evaluation_loops_under_small_budgets(
+    exporter: InMemorySpanExporter, max_bytes: int
+) -> None:
+    """An evaluation loop cannot rotate the segment: the room kept for one more iteration is
+    what stops it exporting before the trace is full (a 2 kB room let 8 kB traces reach 12 kB)."""
+    traintel.configure(
+        span_exporters=[exporter], metric_readers=[], export_iterations="all", max_bytes_per_trace=max_bytes,
+        log_every_n_iterations=10,
+    )  # fmt: skip
+    with traintel.application(), traintel.training_loop():
+        for _ in range(6):
+            with traintel.training_iteration(samples=4), traintel.model_forward():
+                traintel.record_metrics(loss=1.0, lr=0.1, grad_norm=2.0)
+            with traintel.validation_loop():
+                for _ in range(200):
+                    with traintel.validation_iteration(), traintel.model_forward():
+                        traintel.record_metrics(val_loss=1.0, acc=0.5)
+    sizes = [len(encode_spans(spans).SerializeToString()) for spans in traces(exporter).values()]
+    assert max(sizes) <= max_bytes, sorted(sizes)[-3:]
+
+
 CRASHING_JOB = """
 import os, signal, time
 import traintel
