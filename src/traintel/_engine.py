@@ -111,6 +111,9 @@ _COUNT_ATTRIBUTES: Final = {
 MAX_EVENTS_PER_SEGMENT = 20
 #: Fraction of the trace budget at which a segment is closed early, and at which we warn.
 BUDGET_ROTATE = 0.9
+#: Estimated bytes kept free in a trace for one more exported iteration: an evaluation loop,
+#: which cannot rotate the segment, stops exporting when they run out.
+ROOM_BYTES = 4096
 
 
 class IterationSpan(NonRecordingSpan):
@@ -387,12 +390,9 @@ class TrainingEngine:
         self.segment_ns = int(float(config.get("segment_seconds")) * 1e9)
         self.max_spans = int(config.get("max_spans_per_trace"))
         self.max_bytes = int(config.get("max_bytes_per_trace"))
-        # Room kept for one more exported iteration (an evaluation loop, which cannot rotate the
-        # segment, stops exporting when it runs out), and where a segment is due to rotate: at
-        # BUDGET_ROTATE of the budget, or sooner under a small budget, so that a training loop
-        # rotates before its room runs out.
-        self.room_bytes = 4096
-        self.rotate_bytes = min(BUDGET_ROTATE * self.max_bytes, self.max_bytes - 2 * self.room_bytes)
+        # Where a segment is due to rotate: at BUDGET_ROTATE of the budget, or sooner under a
+        # small budget, so that a training loop rotates before its ROOM_BYTES run out.
+        self.rotate_bytes = min(BUDGET_ROTATE * self.max_bytes, self.max_bytes - 2 * ROOM_BYTES)
 
     def set_rank_export(self, policy: RankExportPolicy) -> None:
         """Apply what this rank exports; the first decision stands (scale mode is decided once
@@ -694,7 +694,7 @@ class TrainingEngine:
         if loop is None:
             return True
         spans, size = self.budget.usage(loop.get_span_context().trace_id)
-        size += self._open_bytes(loop) + self.room_bytes
+        size += self._open_bytes(loop) + ROOM_BYTES
         return spans + 8 <= self.max_spans and size <= self.max_bytes
 
     # --- "all" mode: every iteration is a real span from the start --------------------------------

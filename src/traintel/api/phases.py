@@ -685,7 +685,7 @@ class _SharedStep(_StepPhase):
         return self._delegate()
 
     def _delegate(self) -> Span:
-        phase = _step_phase(self._name, _STEP_ATTRIBUTES[self._name], self._index)
+        phase = self._clone()
         with _DELEGATES_LOCK:
             self._delegates += 1
         _DELEGATED.set((*_DELEGATED.get(), (self, phase, _caller_frame(2))))
@@ -743,7 +743,8 @@ class _SharedStep(_StepPhase):
             record.children.append((self._name, start, end_ns, error))
             record.phase_ns[self._index] += end_ns - start
 
-    def _clone(self) -> PhaseSpan:
+    def _clone(self) -> _StepPhase:
+        """A per-use object for this phase: what a decorated call or a delegated ``with`` uses."""
         return _step_phase(self._name, _STEP_ATTRIBUTES[self._name], self._index)
 
     def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
@@ -998,7 +999,7 @@ _INVALID_SPAN = trace_api.INVALID_SPAN
 
 def _step_phase(name: str, attributes: Mapping[str, AttributeValue], index: int) -> _StepPhase:
     """A step phase, built without a type call into a Python ``__init__`` (which costs more
-    than the stores); the per-step factories below repeat these lines to save this call
+    than the stores); ``data_loading()`` repeats these lines to save this call per step
     (``tests/test_fast_path_twins.py`` keeps them alike)."""
     phase = _new_step(_StepPhase)
     phase._name = name
@@ -1159,47 +1160,35 @@ def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> Phas
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    if not attributes:  # the per-step case: the shared object, or _step_phase inlined
+    if not attributes:  # the per-step case: the shared object (per-use unconfigured or in "all" mode)
         telemetry = _runtime._telemetry
         if telemetry is not None:
             engine = telemetry.engine
             if engine is not None and not engine.export_all:
                 return _SHARED_MODEL_FORWARD
-        phase = _new_step(_StepPhase)
-        phase._name = _MODEL_FORWARD
-        phase._attributes = _MODEL_FORWARD_ATTRIBUTES
-        phase._index = _MODEL_FORWARD_INDEX
-        return phase
+        return _step_phase(_MODEL_FORWARD, _MODEL_FORWARD_ATTRIBUTES, _MODEL_FORWARD_INDEX)
     return _step(_MODEL_FORWARD, attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    if not attributes:  # the per-step case: the shared object, or _step_phase inlined
+    if not attributes:  # the per-step case: the shared object (per-use unconfigured or in "all" mode)
         telemetry = _runtime._telemetry
         if telemetry is not None:
             engine = telemetry.engine
             if engine is not None and not engine.export_all:
                 return _SHARED_MODEL_BACKWARD
-        phase = _new_step(_StepPhase)
-        phase._name = _MODEL_BACKWARD
-        phase._attributes = _MODEL_BACKWARD_ATTRIBUTES
-        phase._index = _MODEL_BACKWARD_INDEX
-        return phase
+        return _step_phase(_MODEL_BACKWARD, _MODEL_BACKWARD_ATTRIBUTES, _MODEL_BACKWARD_INDEX)
     return _step(_MODEL_BACKWARD, attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
-    if not attributes:  # the per-step case: the shared object, or _step_phase inlined
+    if not attributes:  # the per-step case: the shared object (per-use unconfigured or in "all" mode)
         telemetry = _runtime._telemetry
         if telemetry is not None:
             engine = telemetry.engine
             if engine is not None and not engine.export_all:
                 return _SHARED_OPTIMIZER_UPDATE
-        phase = _new_step(_StepPhase)
-        phase._name = _OPTIMIZER_UPDATE
-        phase._attributes = _OPTIMIZER_UPDATE_ATTRIBUTES
-        phase._index = _OPTIMIZER_UPDATE_INDEX
-        return phase
+        return _step_phase(_OPTIMIZER_UPDATE, _OPTIMIZER_UPDATE_ATTRIBUTES, _OPTIMIZER_UPDATE_INDEX)
     return _step(_OPTIMIZER_UPDATE, attributes)
 
 

@@ -103,13 +103,14 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         # (the SDK's on_end asks too, and leaves unsampled spans out of the queue).
         queue = self._queue
         dropped_events = span.dropped_events
-        if dropped_events or (queue is not None and self._max_queue and len(queue) >= self._max_queue):
+        full = queue is not None and 0 < self._max_queue <= len(queue)
+        if dropped_events or full:
             context = span.context
             if not context or not context.trace_flags.sampled:
                 return
             if dropped_events:
                 self._health.drop_events(dropped_events)
-            if queue is not None and self._max_queue and len(queue) >= self._max_queue:
+            if full:
                 self._health.drop_spans(health_module.QUEUE_FULL, 1)
         self._emit(span)
 
