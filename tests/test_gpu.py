@@ -173,6 +173,14 @@ def test_visible_entries() -> None:
     assert visible_entries({"CUDA_VISIBLE_DEVICES": " 3, GPU-x ,MIG-1,2"}) == ["3", "GPU-x"]
 
 
+def no_cuda_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that has not initialised CUDA (yet), on any machine: only the environment and
+    NVML can tell which GPU it will use."""
+    monkeypatch.setitem(
+        sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: False))
+    )
+
+
 @pytest.mark.parametrize(
     ("environ", "expected"),
     [
@@ -185,13 +193,17 @@ def test_visible_entries() -> None:
         ({"CUDA_VISIBLE_DEVICES": ""}, None),
     ],
 )
-def test_gpu_identity_on_the_resource(environ: dict[str, str], expected: str | None) -> None:
+def test_gpu_identity_on_the_resource(
+    environ: dict[str, str], expected: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_cuda_yet(monkeypatch)
     assert gpu_in_use(environ, FakeNvml()) == expected
     attributes = GpuDetector(environ, FakeNvml()).detect().attributes
     assert attributes.get(semconv.HW_ID) == expected
 
 
-def test_gpu_identity_without_nvml() -> None:
+def test_gpu_identity_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_cuda_yet(monkeypatch)
     assert gpu_in_use({"CUDA_VISIBLE_DEVICES": UUIDS[0]}, FakeNvml(fail_init=True)) == UUIDS[0]
     assert gpu_in_use({"CUDA_VISIBLE_DEVICES": "0"}, FakeNvml(fail_init=True)) is None
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import traintel
-from traintel import semconv
+from traintel import _engine, semconv
 
 T0 = 1_700_000_000_000  # ms since the epoch
 W = semconv.WINDOW_PREFIX
@@ -173,7 +173,10 @@ def test_mfu_above_one_is_an_error_event_not_a_metric(owned: Any, caplog: pytest
     assert caplog.text.count("mfu 5.000 > 1") == 1
 
 
-def test_no_peak_on_cpu_means_no_mfu_and_one_warning(owned: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_no_peak_on_cpu_means_no_mfu_and_one_warning(
+    owned: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_engine, "current_device_name", lambda: None)  # no GPU in use, on any machine
     job = owned(log_every_n_iterations=1, global_batch_size=1, flops_per_sample=10)
     with caplog.at_level(logging.WARNING):
         run_loop([1, 1, 1], phases=False)

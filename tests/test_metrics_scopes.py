@@ -11,6 +11,8 @@ exactly; checkpoint stages have no explicit-time API and are compared with their
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -216,6 +218,123 @@ def test_mfu_from_the_device_table_for_the_configured_dtype(
     assert all(W + "mfu" not in w and w[W + "flops_per_second_per_device"] == 10 for w in windows)
     warning = "no MFU: device 'AMD Instinct MI300X' is not in the peak FLOP/s table: set TRAINTEL_PEAK_FLOPS"
     assert caplog.text.count(warning) == 1
+
+
+@contextmanager
+def cuda_autocast_flag(dtype: Any) -> Iterator[None]:
+    """What ``torch.autocast("cuda", dtype)`` sets for the calling thread; set directly, as a
+    CPU build refuses the context manager itself."""
+    import torch
+
+    torch.set_autocast_enabled("cuda", True)
+    previous = torch.get_autocast_dtype("cuda")
+    torch.set_autocast_dtype("cuda", dtype)
+    try:
+        yield
+    finally:
+        torch.set_autocast_dtype("cuda", previous)
+        torch.set_autocast_enabled("cuda", False)
+
+
+@pytest.mark.parametrize("api", ["context managers", "callbacks"])
+def test_the_peak_dtype_is_autocasts_when_it_wraps_only_the_forward_phase(
+    job: Any, monkeypatch: pytest.MonkeyPatch, api: str
+) -> None:
+    """Autocast entered inside the iteration, around the forward phase (where most loops put
+    it), is what picks the peak column, not fp32 from the iteration's start; once seen, phase
+    starts stop looking (no device hook is left on the step)."""
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")  # a CUDA build of torch
+    monkeypatch.setattr(_engine, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    run = job(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=1e9)
+    engine = traintel.get_telemetry().engine
+    assert engine is not None and engine.device is not None  # looking, until the dtype is known
+    with traintel.training_loop():
+        for _ in range(4):
+            with traintel.training_iteration():
+                assert engine.device is not None or _ > 0
+                with cuda_autocast_flag(torch.float16):
+                    if api == "callbacks":
+                        traintel.on_model_forward_start()
+                        traintel.on_model_forward_end()
+                    else:
+                        with traintel.model_forward():
+                            pass
+                assert engine.device is None  # seen at the forward's start
+    windows = run.events("training_metrics_update")
+    assert [w[semconv.MFU_PEAK_SOURCE] for w in windows] == ["table: NVIDIA H100 SXM fp16 dense"] * 2
+    assert windows[0][semconv.MFU_DENOMINATOR] == 989.5e12
+
+
+def test_autocast_inside_a_phase_is_not_seen_and_the_mfu_warning_says_so(
+    job: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Entered inside the forward phase, autocast is active while no traintel code runs: the
+    peak stays fp32's, and an MFU above 1 says what to set."""
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(_engine, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    run = job(log_every_n_iterations=2, global_batch_size=1, flops_per_sample=1e12)
+    traintel.on_train_start(start_time_msec=ms(0))
+    with caplog.at_level(logging.WARNING):
+        for i in range(2):  # 1e12 FLOPs in 10 ms: 100 TFLOP/s, above fp32's 67
+            traintel.on_training_single_iteration_start(start_time_msec=ms(i * 0.01))
+            with traintel.model_forward(), cuda_autocast_flag(torch.bfloat16):
+                pass
+            traintel.on_training_single_iteration_end(finish_time_msec=ms((i + 1) * 0.01))
+        traintel.on_train_end(finish_time_msec=ms(0.02))
+    (window,) = run.events("training_metrics_update")
+    assert window[semconv.MFU_PEAK_SOURCE] == "table: NVIDIA H100 SXM fp32 dense"
+    assert "mfu" not in {k.removeprefix(W) for k in window}
+    assert "set TRAINTEL_DTYPE, e.g. bf16" in caplog.text
+
+
+def test_no_autocast_in_the_first_window_means_fp32_and_the_look_stops(
+    job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(_engine, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    run = job(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=1e9)
+    engine = traintel.get_telemetry().engine
+    assert engine is not None
+    with traintel.training_loop():
+        for i in range(4):
+            with traintel.training_iteration(), traintel.model_forward():
+                if i == 3:  # too late: the peak was looked up when the first window closed
+                    assert engine.device is None
+    windows = run.events("training_metrics_update")
+    assert [w[semconv.MFU_PEAK_SOURCE] for w in windows] == ["table: NVIDIA H100 SXM fp32 dense"] * 2
+
+
+def test_the_device_name_waits_for_the_job_to_initialise_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asking torch for the device name initialises CUDA: never before the job has done so."""
+    import torch
+
+    from traintel.flops import current_device_name
+
+    class Cuda:
+        initialised = False
+
+        def is_initialized(self) -> bool:
+            return self.initialised
+
+        def current_device(self) -> int:
+            assert self.initialised, "current_device() would initialise CUDA"
+            return 0
+
+        def get_device_name(self, index: int) -> str:
+            assert self.initialised, "get_device_name() would initialise CUDA"
+            return "NVIDIA H200"
+
+    cuda = Cuda()
+    monkeypatch.setattr(torch, "cuda", cuda)
+    assert current_device_name() is None
+    cuda.initialised = True
+    assert current_device_name() == "NVIDIA H200"
 
 
 def test_a_step_phase_split_with_an_optimizer(job: Any) -> None:

@@ -17,6 +17,7 @@ import logging
 import math
 import operator
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +37,7 @@ from traintel._ids import ForcingIdGenerator, new_span_id, new_trace_id
 from traintel._sdkfast import add_clean_event, set_clean_attributes
 from traintel._segments import SegmentedSpan
 from traintel.config import TrainingConfig
-from traintel.device import DeviceHooks, annotate_window, device_hooks
+from traintel.device import AutocastProbe, DeviceHooks, annotate_window, device_hooks
 from traintel.distributed.export_policy import RankExportPolicy
 from traintel.exporters.health import HEALTH
 from traintel.flops import autocast_dtype, current_device_name, peak_flops_for
@@ -66,6 +67,10 @@ _new_record = object.__new__
 _get_ident = threading.get_ident
 _TRAINING_METRICS_UPDATE = Event.TRAINING_METRICS_UPDATE.value
 _WINDOW_FLOPS_PER_DEVICE = semconv.WINDOW_PREFIX + "flops_per_second_per_device"
+_FP32_ASSUMED = (
+    " (the peak is fp32's: no autocast was active at the start of an iteration or step phase in"
+    " the first window; set TRAINTEL_DTYPE, e.g. bf16, when the model computes in another dtype)"
+)
 _DURATION_NS = operator.itemgetter(0)  # of a window row
 
 
@@ -333,6 +338,7 @@ class TrainingEngine:
         self.segments_closed = 0
         self.goodput = GoodputLedger()
         self._dtype_seen: str | None = None
+        self._dtype_assumed = False  # the table's peak is fp32's for want of a dtype
         self._device_lookup: tuple[float | None, str | None, str | None] | None = None
         # Called with every closed window (None: nothing to close) and whether the loop ends.
         self.window_hook: Callable[[WindowReport | None, bool], None] | None = None
@@ -348,6 +354,26 @@ class TrainingEngine:
         self.apply_config(config)
         # CUDA-event timing / NVTX at phase boundaries: None (one `is None` test) unless asked for.
         self.device: DeviceHooks | None = device_hooks(config, warn_once)
+        # Until the compute dtype is known, phase starts look at autocast (a CUDA build of torch
+        # imported, no dtype or peak configured): see AutocastProbe.
+        self._dtype_probing = (
+            getattr(getattr(sys.modules.get("torch"), "version", None), "cuda", None) is not None
+            and config.get("dtype") is None
+            and config.get("peak_flops") is None
+        )
+        if self._dtype_probing:
+            self.device = AutocastProbe(self.device, self._dtype_found)
+
+    def _dtype_found(self, dtype: str) -> None:
+        self._dtype_seen = dtype
+        self._end_dtype_probe()
+
+    def _end_dtype_probe(self) -> None:
+        """Back to the plain device hooks: the per-step cost of probing ends here."""
+        self._dtype_probing = False
+        device = self.device
+        if isinstance(device, AutocastProbe):
+            self.device = device.hooks
 
     # --- configuration --------------------------------------------------------------------------
     def apply_config(self, config: TrainingConfig) -> None:
@@ -432,18 +458,19 @@ class TrainingEngine:
         return RateInputs(self.world_size, peak, source, reason, method, ratio)
 
     def _device_peak(self) -> tuple[float | None, str | None, str | None]:
-        if self._device_lookup is None:
-            device = current_device_name()
-            dtype = self.config.get("dtype") or self._dtype_seen or "fp32"
-            if device is None:
-                self._device_lookup = (
-                    None,
-                    None,
-                    "no GPU: set TRAINTEL_PEAK_FLOPS to compute MFU on this device",
-                )
-            else:
-                found = peak_flops_for(device, dtype)
-                self._device_lookup = (found.peak_flops, found.source, found.reason)
+        """The table's peak for the device and dtype, looked up at the first window close
+        where the device is known (the job initialised CUDA) and kept from then on; the
+        dtype is the configured one, else autocast's as seen so far, else fp32."""
+        if self._device_lookup is not None:
+            return self._device_lookup
+        self._end_dtype_probe()
+        device = current_device_name()
+        if device is None:
+            return (None, None, "no GPU: set TRAINTEL_PEAK_FLOPS to compute MFU on this device")
+        dtype = self.config.get("dtype") or self._dtype_seen
+        self._dtype_assumed = dtype is None
+        found = peak_flops_for(device, dtype or "fp32")
+        self._device_lookup = (found.peak_flops, found.source, found.reason)
         return self._device_lookup
 
     # --- iterations: the fast path --------------------------------------------------------------
@@ -497,8 +524,10 @@ class TrainingEngine:
                 reason = record.head_reason = sampler.head(iteration)
                 if reason is not None:
                     record.notable = True
-            if self._dtype_seen is None:
-                self._dtype_seen = autocast_dtype() or "fp32"
+            if self._dtype_probing:  # plain-OpenTelemetry iterations pass no device hook
+                dtype = autocast_dtype()
+                if dtype is not None:
+                    self._dtype_found(dtype)
         else:
             reason = record.head_reason = self._eval_sampler(phase).head(iteration)
             if reason is not None:
@@ -854,8 +883,8 @@ class TrainingEngine:
     # --- windows --------------------------------------------------------------------------------
     def close_window(self, final: bool = False, ended_loop: Span | None = None) -> WindowReport | None:
         inputs = self._rate_inputs
-        if inputs is None or self._lazy_config:
-            inputs = self._rate_inputs = self.rate_inputs()
+        if inputs is None or self._lazy_config or (inputs.peak_flops is None and self._device_lookup is None):
+            inputs = self._rate_inputs = self.rate_inputs()  # the device may be known now
         # The window's durations not yet in the slow threshold's recent ones: from the report, or
         # from the rows if the report fails (the aggregator empties the window either way).
         added = self._median_rows
@@ -903,7 +932,10 @@ class TrainingEngine:
                 )
         for error in report.errors:
             self.warn_once(
-                "out_of_range", "%s: check flops_per_* and the peak FLOP/s (not reported as a metric)", error
+                "out_of_range",
+                "%s: check flops_per_* and the peak FLOP/s%s (not reported as a metric)",
+                error,
+                _FP32_ASSUMED if self._dtype_assumed else "",
             )
         return report
 

@@ -11,19 +11,26 @@ import sys
 
 from traintel import environment_variables as ev
 from traintel.config import TrainingConfig
+from traintel.flops import current_device_name, peak_flops_for
 
 
 def device_description() -> str:
-    """The accelerator this process trains on, as far as can be told without importing torch."""
+    """The accelerator this process trains on, as far as can be told without importing torch
+    or initialising CUDA (the job does that, when it uses a GPU)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return "unknown (torch not imported yet)"
-    try:
-        if torch.cuda.is_available():
-            return f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
-    except Exception:  # a broken driver must not stop the report
-        return "cuda (unavailable: driver error)"
+    name = current_device_name()
+    if name is not None:
+        return name
+    if getattr(getattr(torch, "version", None), "cuda", None) is not None:
+        return "unknown (CUDA not initialised yet)"
     return "cpu"
+
+
+def _table_peak_known(config: TrainingConfig) -> bool:
+    name = current_device_name()
+    return name is not None and peak_flops_for(name, config.get("dtype") or "fp32").peak_flops is not None
 
 
 def capability_report(config: TrainingConfig) -> tuple[list[str], list[str]]:
@@ -54,12 +61,13 @@ def capability_report(config: TrainingConfig) -> tuple[list[str], list[str]]:
             "flops_throughput: no model FLOPs "
             f"(set {ev.TRAINTEL_FLOPS_PER_SAMPLE} or {ev.TRAINTEL_FLOPS_PER_TOKEN})"
         )
-    peak = config.get("peak_flops")
-    if has_flops and peak is not None:
+    peak_known = config.get("peak_flops") is not None or _table_peak_known(config)
+    if has_flops and peak_known:
         enabled.append("mfu")
-    elif peak is None:
+    elif not peak_known:
         disabled.append(
-            f"mfu: no dense peak FLOP/s for device {device_description()!r} (set {ev.TRAINTEL_PEAK_FLOPS})"
+            f"mfu: no dense peak FLOP/s for device {device_description()!r} (set {ev.TRAINTEL_PEAK_FLOPS}; "
+            "a GPU in the peak table is looked up at each window once the job has initialised CUDA)"
         )
     else:
         disabled.append("mfu: no model FLOPs (see flops_throughput)")

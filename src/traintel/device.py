@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from traintel import semconv
 from traintel.config import TrainingConfig
+from traintel.flops import autocast_dtype
 
 _logger = logging.getLogger(__name__)
 
@@ -182,6 +183,27 @@ class DeviceHooks:
                 self.nvtx.ended()
         except Exception as exc:
             _logger.debug("traintel: device hook failed at the end of %s: %s", phase, exc)
+
+
+class AutocastProbe(DeviceHooks):
+    """The device hooks (if any) plus a look at autocast at every phase start, until the
+    compute dtype is known; then the engine puts the plain hooks back.
+
+    Why at phase starts: the dtype picks the peak FLOP/s column, and autocast is usually
+    entered inside the iteration, around the forward pass, where nothing else of traintel
+    runs. Riding on the device hooks costs nothing on the step once the dtype is known (or the
+    first window closed without autocast: fp32)."""
+
+    def __init__(self, hooks: DeviceHooks | None, found: Callable[[str], None]) -> None:
+        super().__init__(hooks.timer if hooks else None, hooks.nvtx if hooks else None)
+        self.hooks = hooks
+        self._found = found
+
+    def started(self, phase: str, iteration: int | None = None) -> None:
+        super().started(phase, iteration)
+        dtype = autocast_dtype()
+        if dtype is not None:
+            self._found(dtype)
 
 
 def device_hooks(config: TrainingConfig, warn_once: Callable[..., Any]) -> DeviceHooks | None:

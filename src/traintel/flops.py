@@ -97,13 +97,15 @@ def peak_flops_for(device_name: str, dtype: str) -> PeakLookup:
 
 
 def current_device_name() -> str | None:
-    """The CUDA device this process uses, or None on CPU (never imports torch)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
+    """The CUDA device this process trains on, or None while that is not known.
+
+    Known once the job itself has initialised CUDA: asking earlier (``get_device_name`` or
+    ``current_device``) would initialise it here, creating a context of several hundred MB on
+    the GPU of a job that may never use one. Never imports torch either."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
     try:
-        if torch.cuda.is_available():
-            return str(torch.cuda.get_device_name())
+        if cuda is not None and cuda.is_initialized():
+            return str(cuda.get_device_name(cuda.current_device()))
     except Exception:
         return None
     return None
