@@ -123,8 +123,10 @@ TRAINTEL_DTYPE: Final = "TRAINTEL_DTYPE"
 .. envvar:: TRAINTEL_DTYPE
 
 The compute dtype that selects the peak FLOP/s column: ``bf16``, ``fp16``, ``fp32``, ``tf32``
-or ``fp8``. Default: the autocast dtype when autocast is on at the first iteration, else
-``fp32``.
+or ``fp8``. Default: the CUDA autocast dtype when autocast is active at the start of an iteration
+or step phase in the first window (``with torch.autocast(...)`` around the iteration or around
+``model_forward()``; entered inside the phase, traintel cannot see it), else ``fp32``. Set it for
+a model cast to bf16 without autocast.
 """
 
 TRAINTEL_FLOPS_METHOD: Final = "TRAINTEL_FLOPS_METHOD"
