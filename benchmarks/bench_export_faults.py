@@ -46,7 +46,7 @@ from tests.otlp_receiver import GrpcReceiver, Received  # noqa: E402
 from tests.subprocess_helpers import BlackHole, clean_env  # noqa: E402
 
 from traintel.exporters.reader import iter_spans  # noqa: E402
-from traintel.replay import otlp_span_exporter, replay  # noqa: E402
+from traintel.exporters.replay import otlp_span_exporter, replay  # noqa: E402
 
 JOB = """
 import json, sys, time

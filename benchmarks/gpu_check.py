@@ -311,7 +311,7 @@ def instrumented_training(
     traintel_s = {p: sum(float(w.get(DT + p, 0.0)) for w in windows) for p in PHASES}
     traintel_n = {p: sum(int(w.get(DT + p + ".count", 0)) for w in windows) for p in PHASES}
     own_s = {p: sum(a.elapsed_time(b) for a, b in own[p]) / 1000.0 for p in PHASES}
-    from traintel.gpu import torch_uuid
+    from traintel._host.gpu import torch_uuid
 
     name = torch.cuda.get_device_name()
     peak = traintel.peak_flops_for(name, "bf16")

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import traintel
-from traintel import _runtime
+from traintel._runtime import state as _state
 
 
 @pytest.fixture(autouse=True)
@@ -24,9 +24,9 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in list(os.environ):
         if name.startswith(("OTEL_", "TRAINTEL_")):
             monkeypatch.delenv(name)
-    _runtime.shutdown(0.5)
+    _state.shutdown(0.5)
     yield
-    _runtime.shutdown(0.5)
+    _state.shutdown(0.5)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from opentelemetry import trace as trace_api
 
 import traintel
 from tests.conftest import Pipeline
-from traintel import _runtime
+from traintel._runtime import state as _state
 from traintel.config import ConfigurationError, TrainingConfig
 
 
@@ -88,7 +88,7 @@ def test_explicit_configure_fails_before_anything_is_built(monkeypatch: pytest.M
         traintel.configure()
     assert str(caught.value).startswith("OTEL_EXPORTER_OTLP_PROTOCOL='carrier-pigeon': unknown OTLP protocol")
     assert trace_api.get_tracer_provider() is provider_before
-    assert _runtime.configured() is None
+    assert _state.configured() is None
 
 
 def test_unknown_exporter_name_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,8 +16,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import traintel
-from traintel import _runtime, semconv
-from traintel.device import (
+from traintel import semconv
+from traintel._host.device import (
     PEAK_RSS_REFRESH_NS,
     DeviceHooks,
     EventTimer,
@@ -28,6 +28,7 @@ from traintel.device import (
     peak_rss_bytes,
     recent_peak_rss_bytes,
 )
+from traintel._runtime import state as _state
 
 DT = semconv.WINDOW_DEVICE_TIME_PREFIX
 
@@ -137,7 +138,7 @@ def job() -> Iterator[InMemorySpanExporter]:
 
 
 def engine() -> Any:
-    current = _runtime.current().engine
+    current = _state.current().engine
     assert current is not None
     return current
 
@@ -289,7 +290,7 @@ def test_off_by_default_and_bad_values_name_the_variable(monkeypatch: pytest.Mon
 def test_window_memory_on_cpu_is_the_process_peak_rss(
     job: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from traintel import device
+    from traintel._host import device
 
     monkeypatch.setattr(device, "_initialised_cuda", lambda: None)  # a job without CUDA, on any machine
     train_with_context_managers(FakeGpu(lag=0), 2)
@@ -300,7 +301,7 @@ def test_window_memory_on_cpu_is_the_process_peak_rss(
 
 
 def test_peak_rss_is_read_at_most_once_per_interval() -> None:
-    from traintel import device
+    from traintel._host import device
 
     now = time.monotonic_ns() + 10 * PEAK_RSS_REFRESH_NS  # past any earlier read
     reads = device._peak_rss[2]
@@ -330,7 +331,7 @@ class FakeCudaMemory:
 
 
 def test_window_memory_on_cuda_is_the_peak_since_the_last_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    from traintel import device
+    from traintel._host import device
 
     cuda = FakeCudaMemory()
     monkeypatch.setattr(device, "_initialised_cuda", lambda: cuda)

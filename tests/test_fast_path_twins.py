@@ -9,9 +9,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import INVALID_SPAN_CONTEXT
 
 import traintel
-from traintel import _runtime
-from traintel._engine import iteration_record
-from traintel.api import phases
+from traintel._recorder import phases
+from traintel._recorder.engine import iteration_record
+from traintel._runtime import state as _state
 
 _UNSET = object()
 
@@ -44,7 +44,7 @@ def test_the_inlined_enter_and_record_match_the_general_path() -> None:
         export_every_n_iterations=0,
     )  # fmt: skip
     try:
-        telemetry = _runtime.current()
+        telemetry = _state.current()
         with traintel.training_loop():
             fast = traintel.training_iteration()
             with fast as fast_record:

@@ -7,8 +7,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext, TraceFlags
 
-from traintel import _fastctx as fast
-from traintel._engine import _span_context
+from traintel._recorder.engine import _span_context
+from traintel._sdk import fastctx as fast
 
 
 def test_with_span_and_current_span_match_the_api() -> None:

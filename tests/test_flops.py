@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import traintel
-from traintel.flops import FlopCount, measure_flops, peak_flops_for, transformer_flops_per_token
+from traintel._host.flops import FlopCount, measure_flops, peak_flops_for, transformer_flops_per_token
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

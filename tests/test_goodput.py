@@ -25,9 +25,9 @@ from opentelemetry.trace import Span
 import traintel
 from tests.conftest import Pipeline, parent_name
 from traintel import cli, semconv
+from traintel._aggregation.goodput import GoodputLedger
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.exporters.file import OtlpJsonFileSpanExporter
-from traintel.processor.goodput import GoodputLedger
 from traintel.semconv import BADPUT_CATEGORIES
 
 T0 = 1_700_000_000 * 10**9

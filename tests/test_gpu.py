@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader
 
 from tests.test_deploy import PENDING_INSTRUMENTS
 from traintel import semconv
-from traintel.gpu import GpuInstruments, gpu_in_use, visible_entries
+from traintel._host.gpu import GpuInstruments, gpu_in_use, visible_entries
 from traintel.resource_detectors import GpuDetector
 
 UUIDS = ["GPU-aaaaaaaa-0000", "GPU-bbbbbbbb-1111", "GPU-cccccccc-2222"]
@@ -159,7 +159,7 @@ def test_only_the_gpus_visible_to_the_process(visible: str, expected: list[str])
 def test_no_driver_no_module_no_gpu_mean_no_instruments(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level("DEBUG", logger="traintel.gpu")
+    caplog.set_level("DEBUG", logger="traintel._host.gpu")
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
     for nvml in (None, FakeNvml(fail_init=True), FakeNvml(count=0)):
         caplog.clear()
@@ -211,7 +211,7 @@ def test_gpu_identity_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_allocator_stats_become_device_series(monkeypatch: pytest.MonkeyPatch) -> None:
     """The torch.cuda.memory_stats keys map to the pinned instruments, keyed by hw.id (a
     stand-in for torch.cuda: this machine has no CUDA)."""
-    from traintel import system_metrics
+    from traintel._host import system_metrics
 
     stats = {
         "allocated_bytes.all.current": 1000,

@@ -27,7 +27,7 @@ from benchmarks.gpu_check import (
 )
 
 from traintel import semconv
-from traintel.flops import peak_flops_for
+from traintel._host.flops import peak_flops_for
 
 pytestmark = [
     pytest.mark.gpu,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from traintel._ids import ForcingIdGenerator
+from traintel._sdk.ids import ForcingIdGenerator
 
 
 def test_a_forced_id_goes_to_the_next_span_of_its_thread_only() -> None:

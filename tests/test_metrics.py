@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 import traintel
-from traintel import _engine, semconv
+from traintel import semconv
+from traintel._recorder import engine as _engine
 
 T0 = 1_700_000_000_000  # ms since the epoch
 W = semconv.WINDOW_PREFIX
@@ -433,7 +434,7 @@ def test_a_window_whose_report_fails_is_still_emptied(
 ) -> None:
     """A bug in the window statistics costs that window's report, not the run: the window is
     emptied anyway, so memory stays bounded and later windows are reported again."""
-    from traintel.processor import aggregator
+    from traintel._aggregation import aggregator
 
     real_percentile = aggregator.percentile
     failing = {"on": True}
@@ -466,7 +467,7 @@ def test_a_window_whose_report_fails_is_still_emptied(
 
 
 def test_values_no_reader_collected_in_time_are_counted(owned: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from traintel.processor import instruments
+    from traintel._sdk import instruments
 
     monkeypatch.setattr(instruments, "DEFERRED_CAPACITY", 5)
     job = owned(log_every_n_iterations=100)

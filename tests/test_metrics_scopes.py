@@ -19,7 +19,8 @@ import pytest
 
 import traintel
 from tests.test_metrics import ms, run_loop
-from traintel import _engine, semconv
+from traintel import semconv
+from traintel._recorder import engine as _engine
 
 W = semconv.WINDOW_PREFIX
 TOT = semconv.TOTAL_PREFIX
@@ -314,7 +315,7 @@ def test_the_device_name_waits_for_the_job_to_initialise_cuda(monkeypatch: pytes
     """Asking torch for the device name initialises CUDA: never before the job has done so."""
     import torch
 
-    from traintel.flops import current_device_name
+    from traintel._host.flops import current_device_name
 
     class Cuda:
         initialised = False

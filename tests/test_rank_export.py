@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import traintel
 from traintel import semconv
-from traintel.distributed.export_policy import RankExportPolicy
+from traintel._aggregation.export_policy import RankExportPolicy
 
 T0 = 1_700_000_000_000  # ms
 

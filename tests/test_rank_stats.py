@@ -11,9 +11,9 @@ import traintel
 from tests.conftest import Pipeline
 from tests.test_heartbeat import points
 from traintel import semconv
-from traintel.distributed.export_policy import RankExportPolicy
+from traintel._aggregation.aggregator import WindowReport
+from traintel._aggregation.export_policy import RankExportPolicy
 from traintel.distributed.stats import EWMA_ALPHA, RankTracker, RankWindow
-from traintel.processor.aggregator import WindowReport
 
 R = semconv.RANKS_PREFIX
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from traintel import semconv
+from traintel._sdk.providers import build_resource
 from traintel.config import TrainingConfig
-from traintel.providers import build_resource
 from traintel.resource_detectors import (
     DistributedDetector,
     KubernetesDetector,

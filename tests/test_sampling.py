@@ -321,7 +321,7 @@ def test_the_slow_test_in_nanoseconds_says_what_the_test_in_seconds_says() -> No
     including at the boundary (where seconds * 1e9 rounds differently)."""
     import random
 
-    from traintel.processor.sampling import IterationSampler
+    from traintel._aggregation.sampling import IterationSampler
 
     rng = random.Random(2)
     sampler = IterationSampler(slow_factor=3.0)

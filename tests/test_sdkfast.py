@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
-from traintel import _sdkfast
+from traintel._sdk import sdkfast as _sdkfast
 
 WINDOW: dict[str, AttributeValue] = {
     **{f"ml.training.window.value{i}": i / 7 for i in range(50)},

@@ -22,8 +22,8 @@ import pytest
 
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Received
 from tests.subprocess_helpers import clean_env, run_python
-from traintel import _redaction
-from traintel._redaction import REDACTED
+from traintel.exporters import redaction as _redaction
+from traintel.exporters.redaction import REDACTED
 
 JOB = """
 import logging

@@ -18,8 +18,8 @@ from opentelemetry.trace import StatusCode
 import traintel
 from tests.subprocess_helpers import run_python
 from traintel import semconv
+from traintel._sdk.export_filter import TraceBudget, estimate_span_bytes
 from traintel.exporters.reader import iter_spans
-from traintel.processor.export_filter import TraceBudget, estimate_span_bytes
 
 T0 = 1_700_000_000_000  # ms since the epoch
 

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import traintel
 from traintel import semconv
-from traintel.api import phases
+from traintel._recorder import phases
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from traintel.processor.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
+from traintel._aggregation.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
 
 
 def test_sketch_is_exact_for_short_runs_then_within_one_percent() -> None:

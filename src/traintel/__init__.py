@@ -5,10 +5,38 @@ them into training metrics; everything leaves through the standard OTLP exporter
 embedded OTLP/JSON-lines file when nothing else is configured.
 """
 
-from traintel._engine import IterationSpan
-from traintel._runtime import Telemetry
+from traintel._api.configuration import configure, get_telemetry, set_training_config, shutdown
+from traintel._api.model_metrics import record_metrics
+from traintel._api.threads import ContextThreadPoolExecutor, submit_with_context, wrap_with_context
+from traintel._host.flops import FlopCount, apply_flops, measure_flops, peak_flops_for
+from traintel._recorder.engine import IterationSpan
+from traintel._recorder.phases import (
+    AsyncCheckpointCompletion,
+    PhaseSpan,
+    application,
+    checkpoint_load,
+    checkpoint_save,
+    checkpoint_stage,
+    data_loader_init,
+    data_loading,
+    dist_init,
+    model_backward,
+    model_forward,
+    model_init,
+    optimizer_init,
+    optimizer_update,
+    record_batch,
+    testing_iteration,
+    testing_loop,
+    timed_span,
+    training_iteration,
+    training_loop,
+    validation_iteration,
+    validation_loop,
+)
+from traintel._runtime.state import Telemetry
 from traintel.analysis.goodput import SessionGoodput, session_goodput
-from traintel.api.callbacks import (
+from traintel.callbacks import (
     on_app_end,
     on_app_start,
     on_data_loading_end,
@@ -45,36 +73,8 @@ from traintel.api.callbacks import (
     on_validation_single_iteration_start,
     on_validation_start,
 )
-from traintel.api.configuration import configure, get_telemetry, set_training_config, shutdown
-from traintel.api.model_metrics import record_metrics
-from traintel.api.phases import (
-    AsyncCheckpointCompletion,
-    PhaseSpan,
-    application,
-    checkpoint_load,
-    checkpoint_save,
-    checkpoint_stage,
-    data_loader_init,
-    data_loading,
-    dist_init,
-    model_backward,
-    model_forward,
-    model_init,
-    optimizer_init,
-    optimizer_update,
-    record_batch,
-    testing_iteration,
-    testing_loop,
-    timed_span,
-    training_iteration,
-    training_loop,
-    validation_iteration,
-    validation_loop,
-)
-from traintel.api.threads import ContextThreadPoolExecutor, submit_with_context, wrap_with_context
 from traintel.config import ConfigurationError, TrainingConfig
 from traintel.distributed import mark_sync_point, watch_ddp
-from traintel.flops import FlopCount, apply_flops, measure_flops, peak_flops_for
 from traintel.semconv import Event, Phase
 from traintel.version import __version__
 

@@ -169,7 +169,7 @@ def _goodput(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from traintel.config import ConfigurationError
-    from traintel.replay import otlp_span_exporter, render, replay, replay_files
+    from traintel.exporters.replay import otlp_span_exporter, render, replay, replay_files
 
     files = replay_files(args.paths)
     if not files:

@@ -15,7 +15,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
-from traintel import _runtime
+from traintel._runtime import state as _state
 
 
 class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -28,8 +28,8 @@ class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
-        if _runtime.configured() is None:
-            _runtime.current()  # lenient: a bad TRAINTEL_* value is logged, never fatal here
+        if _state.configured() is None:
+            _state.current()  # lenient: a bad TRAINTEL_* value is logged, never fatal here
         if kwargs.get("torch", True) and importlib.util.find_spec("torch") is not None:
             from traintel.integrations.torch_patches import TorchPatcher
 
@@ -37,10 +37,10 @@ class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 patcher = type(self)._patcher = TorchPatcher()
                 patcher.arm()  # patches when the script imports torch
             except Exception:
-                _runtime.current().warn_once("instrumentor", "could not patch torch; phases are not traced")
+                _state.current().warn_once("instrumentor", "could not patch torch; phases are not traced")
 
     def _uninstrument(self, **kwargs: Any) -> None:
         patcher, type(self)._patcher = type(self)._patcher, None
         if patcher is not None:
             patcher.uninstall()
-        _runtime.shutdown()
+        _state.shutdown()

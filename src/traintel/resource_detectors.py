@@ -22,8 +22,8 @@ from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel._host.gpu import gpu_in_use
 from traintel.config import TrainingConfig
-from traintel.gpu import gpu_in_use
 
 _logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traintel import semconv
-from traintel.processor.stats import percentile
+from traintel._aggregation.stats import percentile
 
 MAX_WINDOWS = 512
 _W = semconv.WINDOW_PREFIX

@@ -23,8 +23,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from traintel import semconv
+from traintel._aggregation.stats import percentile
 from traintel.exporters.reader import ReadStats, SpanRecord, attributes_dict, read_requests, spans_in
-from traintel.processor.stats import percentile
 from traintel.semconv import Phase
 
 _PHASE_ORDER = {phase.value: i for i, phase in enumerate(Phase)}

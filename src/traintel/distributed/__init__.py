@@ -24,9 +24,9 @@ def mark_sync_point() -> None:
     configured, it does nothing. Never raises.
     """
     try:
-        from traintel import _runtime
+        from traintel._runtime import state as _state
 
-        telemetry = _runtime.configured()
+        telemetry = _state.configured()
         cross_rank = telemetry.cross_rank if telemetry is not None else None
         if cross_rank is not None:
             cross_rank.mark_sync_point(time.time_ns())

@@ -29,7 +29,8 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
-from traintel.distributed.export_policy import RankExportPolicy
+from traintel._aggregation.aggregator import DATA, WindowReport
+from traintel._aggregation.export_policy import RankExportPolicy
 from traintel.distributed.stats import (
     FIELDS,
     MAX_PENDING_WINDOWS,
@@ -37,12 +38,11 @@ from traintel.distributed.stats import (
     RankTracker,
     RankWindow,
 )
-from traintel.processor.aggregator import DATA, WindowReport
 from traintel.semconv import Event, Phase
 from traintel.version import __version__
 
 if TYPE_CHECKING:
-    from traintel._engine import IterationSpan, TrainingEngine
+    from traintel._recorder.engine import IterationSpan, TrainingEngine
     from traintel.distributed.exchange import Exchange
 
 _logger = logging.getLogger("traintel")

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from traintel import semconv
-from traintel.processor.stats import percentile
+from traintel._aggregation.stats import percentile
 
 #: Smoothing of the per-rank compute EWMA (weight of the newest window): one window three times
 #: slower than the others moves it by a fifth of the gap, below the default straggler factor,

@@ -38,11 +38,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from traintel._sdk.export_filter import estimate_span_bytes
 from traintel.exporters import health as health_module
 from traintel.exporters.health import HEALTH, ExportHealth
 from traintel.exporters.proto_spans import readable_spans
 from traintel.exporters.spool import Spool, SpoolEntry
-from traintel.processor.export_filter import estimate_span_bytes
 
 _logger = logging.getLogger(__name__)
 

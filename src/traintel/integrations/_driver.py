@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from traintel import _runtime, semconv
-from traintel.api import phases
-from traintel.flops import _first_dim
+from traintel import semconv
+from traintel._host.flops import _first_dim
+from traintel._recorder import phases
+from traintel._runtime import state as _state
 
 #: Phases that run every step are driven directly, not through the callback registry: their
 #: handle is the iteration's record (or, for the iteration, the record itself).
@@ -48,7 +49,7 @@ class PhaseDriver:
         if key in self._open:
             return
         try:
-            telemetry = _runtime._telemetry or _runtime.current()
+            telemetry = _state._telemetry or _state.current()
             if not telemetry.enabled or telemetry.closed:
                 return
             if key in _DIRECT_KEYS:
@@ -73,7 +74,7 @@ class PhaseDriver:
         if template is not None and next(reversed(opened)) == key:  # every step: direct, innermost
             del opened[key]
             try:
-                telemetry = _runtime._telemetry or _runtime.current()
+                telemetry = _state._telemetry or _state.current()
                 if not telemetry.closed:
                     template._close(telemetry, exc, end_ns)
             except Exception:
@@ -81,7 +82,7 @@ class PhaseDriver:
             return
         entries = self._pop_from(key)
         try:
-            telemetry = _runtime._telemetry or _runtime.current()
+            telemetry = _state._telemetry or _state.current()
             if telemetry.closed:
                 return
             for inner, template in reversed(entries):
@@ -94,7 +95,7 @@ class PhaseDriver:
             self._failed("close", key)
 
     def _failed(self, action: str, key: str) -> None:
-        _runtime.current().warn_once(
+        _state.current().warn_once(
             f"{self._integration}:{action}:{key}", "%s: could not %s %r", self._integration, action, key
         )
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from traintel import _runtime
-from traintel.flops import FlopCount, apply_flops
+from traintel._host.flops import FlopCount, apply_flops
+from traintel._runtime import state as _state
 
 
 class FirstStepFlops:
@@ -36,7 +36,7 @@ class FirstStepFlops:
         if self.decided or not self._enabled:
             return False
         self.decided = True
-        config = _runtime.current().config
+        config = _state.current().config
         if config.get("flops_per_sample") is not None or config.get("flops_per_token") is not None:
             return False
         try:
@@ -51,7 +51,7 @@ class FirstStepFlops:
             return True
         except Exception:
             self.abort()
-            _runtime.current().warn_once("flops:start", "could not count the first step's FLOPs")
+            _state.current().warn_once("flops:start", "could not count the first step's FLOPs")
             return False
 
     @property
@@ -73,7 +73,7 @@ class FirstStepFlops:
             forward = int(self._forward.get_total_flops())
             executed = int(self._total.get_total_flops())
         except Exception:
-            _runtime.current().warn_once("flops:finish", "could not count the first step's FLOPs")
+            _state.current().warn_once("flops:finish", "could not count the first step's FLOPs")
             return False
         finally:
             self._total = self._forward = None

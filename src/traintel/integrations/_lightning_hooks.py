@@ -33,9 +33,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from traintel import _runtime, semconv
-from traintel.api import phases
-from traintel.api.model_metrics import record_metrics
+from traintel import semconv
+from traintel._api.model_metrics import record_metrics
+from traintel._recorder import phases
+from traintel._runtime import state as _state
 from traintel.integrations._driver import PhaseDriver, batch_size, loss_value, now_ns
 from traintel.integrations._flops import FirstStepFlops
 from traintel.semconv import Phase
@@ -86,14 +87,14 @@ class LightningHooks:
     # --- application and checkpoints -----------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         try:
-            telemetry = _runtime.current()
+            telemetry = _state.current()
             if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
                 self._driver.open(_APP, phases.application())
             self._wrap(trainer, "save_checkpoint", self._traced_save)
             self._wrap(trainer.strategy, "load_checkpoint", self._traced_load)
             self._wrap(pl_module, "log", lambda original: _LogTap(original, self))
         except Exception:
-            _runtime.current().warn_once("lightning:setup", "lightning: could not set up tracing")
+            _state.current().warn_once("lightning:setup", "lightning: could not set up tracing")
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         for owner, name in reversed(self._restore):
@@ -137,7 +138,7 @@ class LightningHooks:
             if scalar or (hasattr(value, "numel") and hasattr(value, "item") and value.numel() == 1):
                 record_metrics({name: value})
         except Exception:
-            _runtime.current().warn_once("lightning:log", "lightning: could not record a logged metric")
+            _state.current().warn_once("lightning:log", "lightning: could not record a logged metric")
 
     def record_if_evaluating(self, name: str, value: Any) -> None:
         if self._driver.is_open(_VALIDATION_LOOP) or self._driver.is_open(_TESTING_LOOP):
@@ -174,7 +175,7 @@ class LightningHooks:
             tokens = self._tokens_fn(batch) if self._tokens_fn is not None else None
             phases.record_batch(samples=samples, tokens=tokens)
         except Exception:
-            _runtime.current().warn_once("lightning:batch", "lightning: could not count the batch")
+            _state.current().warn_once("lightning:batch", "lightning: could not count the batch")
         driver.open(_FORWARD, phases.fresh_step(phases._MODEL_FORWARD), start)
         if not self._flops.decided and self._flops.start():
             self._flops_samples = samples
@@ -228,7 +229,7 @@ class LightningHooks:
         try:
             samples = self._samples_fn(batch)
         except Exception:
-            _runtime.current().warn_once("lightning:eval_batch", "lightning: could not count an eval batch")
+            _state.current().warn_once("lightning:eval_batch", "lightning: could not count an eval batch")
         self._driver.open(key + ":iteration", iteration(samples=samples))
 
     def _eval_batch_end(self, kind: str) -> None:

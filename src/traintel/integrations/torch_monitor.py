@@ -22,7 +22,8 @@ from typing import Any
 from opentelemetry import trace as trace_api
 from opentelemetry.util.types import AttributeValue
 
-from traintel import _runtime, semconv
+from traintel import semconv
+from traintel._runtime import state as _state
 from traintel.version import __version__
 
 
@@ -44,7 +45,7 @@ class TorchMonitorBridge:
         import torch.monitor
 
         if self._handle is None:
-            meter_provider = _runtime.current().meter_provider
+            meter_provider = _state.current().meter_provider
             if meter_provider is not None:
                 meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
                 self._gauge = meter.create_gauge(
@@ -84,7 +85,7 @@ class TorchMonitorBridge:
                     if isinstance(value, int | float) and not isinstance(value, bool):
                         self._gauge.set(value, {semconv.TORCH_MONITOR_STAT: key})
         except Exception:
-            _runtime.current().warn_once("torch_monitor", "torch.monitor bridge: could not forward an event")
+            _state.current().warn_once("torch_monitor", "torch.monitor bridge: could not forward an event")
 
 
 def bridge_torch_monitor() -> TorchMonitorBridge:

@@ -46,8 +46,9 @@ from typing import Any
 
 from opentelemetry.util.types import AttributeValue
 
-from traintel import _runtime, semconv
-from traintel.api import phases
+from traintel import semconv
+from traintel._recorder import phases
+from traintel._runtime import state as _state
 from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
 from traintel.integrations.torch_monitor import TorchMonitorBridge
 from traintel.semconv import Phase
@@ -96,7 +97,7 @@ class TorchPatcher:
         try:
             self.install()
         except Exception:
-            _runtime.current().warn_once("instrumentor", "could not patch torch; phases are not traced")
+            _state.current().warn_once("instrumentor", "could not patch torch; phases are not traced")
 
     def install(self) -> None:
         import torch
@@ -172,7 +173,7 @@ class TorchPatcher:
         self._patched.append((owner, name, original, own))
 
     # --- the phase model -------------------------------------------------------------------------
-    def _drives_iterations(self, telemetry: _runtime.Telemetry) -> bool:
+    def _drives_iterations(self, telemetry: _state.Telemetry) -> bool:
         """False when the script runs its own training loop through traintel's API."""
         if self._driver.is_open(_LOOP):
             return True
@@ -181,12 +182,12 @@ class TorchPatcher:
     def _ensure_application(self) -> None:
         if self._driver.is_open(_APP):
             return
-        telemetry = _runtime.current()
+        telemetry = _state.current()
         if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
             self._driver.open(_APP, phases.application(), self._installed_ns)
 
     def _ensure_iteration(self, start_ns: int) -> bool:
-        telemetry = _runtime.current()
+        telemetry = _state.current()
         if not telemetry.enabled or not self._drives_iterations(telemetry):
             return False
         if self._driver.is_open(_ITERATION):
@@ -220,7 +221,7 @@ class TorchPatcher:
             if self._ensure_iteration(start):
                 self._driver.open(_OPTIMIZER, phases.fresh_step(phases._OPTIMIZER_UPDATE), start)
         except Exception:
-            _runtime.current().warn_once("instrumentor:step_pre", "instrumentor: optimizer pre-hook failed")
+            _state.current().warn_once("instrumentor:step_pre", "instrumentor: optimizer pre-hook failed")
 
     def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if threading.get_ident() != self._thread:
@@ -232,7 +233,7 @@ class TorchPatcher:
                 self._driver.close(_ITERATION, end)
                 self._last_step_end = end
         except Exception:
-            _runtime.current().warn_once("instrumentor:step_post", "instrumentor: optimizer post-hook failed")
+            _state.current().warn_once("instrumentor:step_post", "instrumentor: optimizer post-hook failed")
 
     # --- wrappers --------------------------------------------------------------------------------
     def _next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -247,7 +248,7 @@ class TorchPatcher:
             try:
                 patcher._batch_loaded(batch, start, now_ns())
             except Exception:
-                _runtime.current().warn_once("instrumentor:next", "instrumentor: batch accounting failed")
+                _state.current().warn_once("instrumentor:next", "instrumentor: batch accounting failed")
             return batch
 
         return __next__
@@ -291,7 +292,7 @@ class TorchPatcher:
         path_of: Callable[[tuple[Any, ...], dict[str, Any]], str | None],
     ) -> phases.PhaseSpan | None:
         try:
-            telemetry = _runtime.current()
+            telemetry = _state.current()
             if not telemetry.enabled:
                 return None
             self._ensure_application()
@@ -308,7 +309,7 @@ class TorchPatcher:
                 return phases.checkpoint_save(strategy=kind, attributes=attributes)
             return phases.checkpoint_save(strategy=kind, path=path, attributes=attributes)
         except Exception:
-            _runtime.current().warn_once("instrumentor:" + call, "instrumentor: could not trace %s", call)
+            _state.current().warn_once("instrumentor:" + call, "instrumentor: could not trace %s", call)
             return None
 
     @staticmethod
@@ -322,7 +323,7 @@ class TorchPatcher:
 
             future.add_done_callback(done)
         except Exception:
-            _runtime.current().warn_once("instrumentor:async", "instrumentor: cannot follow the async save")
+            _state.current().warn_once("instrumentor:async", "instrumentor: cannot follow the async save")
 
     @staticmethod
     def _save_path(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

@@ -45,10 +45,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         f"traintel.integrations.transformers needs transformers: pip install 'traintel[transformers]' ({exc})"
     ) from exc
 
-from traintel import _runtime, semconv
-from traintel.api import phases
-from traintel.api.model_metrics import record_metrics
-from traintel.flops import _unwrap
+from traintel import semconv
+from traintel._api.model_metrics import record_metrics
+from traintel._host.flops import _unwrap
+from traintel._recorder import phases
+from traintel._runtime import state as _state
 from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
 from traintel.integrations._flops import FirstStepFlops
 from traintel.semconv import Phase
@@ -125,7 +126,7 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
                     # Trainer adds them (so it equals the loss the Trainer logs for the step)
                     record_metrics(loss=float(functools.reduce(operator.add, self.pending_losses)))
             except Exception:
-                _runtime.current().warn_once("transformers:step_end", "transformers: could not read the step")
+                _state.current().warn_once("transformers:step_end", "transformers: could not read the step")
             self.pending_tokens.clear()
             self.pending_losses.clear()
         self.driver.close(_ITERATION)
@@ -154,7 +155,7 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
     # --- FLOPs ---------------------------------------------------------------------------------
     def formula_flops(self, model: Any, inputs: Any) -> None:
         """6 x non-embedding parameters per token, when nothing was counted."""
-        telemetry = _runtime.current()
+        telemetry = _state.current()
         try:
             tokens, samples = _tokens(inputs), batch_size(inputs)
             tokens = int(tokens) if tokens is not None else None
@@ -186,7 +187,7 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
 
     def open_application() -> bool:
         """Open an ``application`` unless one is open already; whether this opened it."""
-        telemetry = _runtime.current()
+        telemetry = _state.current()
         if not telemetry.enabled or telemetry.find_open_phase(_APP) is not None:
             return False
         driver.open(_APP, phases.application())
@@ -244,7 +245,7 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
                 if tokens is not None:
                     cb.pending_tokens.append(tokens)
             except Exception:
-                _runtime.current().warn_once("transformers:batch", "transformers: could not count a batch")
+                _state.current().warn_once("transformers:batch", "transformers: could not count a batch")
             if not cb.flops.start():
                 loss = original(model, inputs, *args, **kwargs)
             else:

@@ -27,12 +27,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from traintel._sdk.providers import otlp_protocol
 from traintel.config import ConfigurationError
 from traintel.exporters.proto_spans import readable_spans
 from traintel.exporters.reader import ReadStats, expand_paths, read_requests
 from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
 from traintel.exporters.spooling import DEFAULT_MAX_BATCH_BYTES, split_by_bytes
-from traintel.providers import otlp_protocol
 
 _logger = logging.getLogger(__name__)
 

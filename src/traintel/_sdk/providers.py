@@ -37,9 +37,11 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from traintel import _redaction, semconv
-from traintel._ids import ForcingIdGenerator
+from traintel import semconv
+from traintel._sdk.export_filter import IterationExportFilter, TraceBudget
+from traintel._sdk.ids import ForcingIdGenerator
 from traintel.config import ConfigurationError, TrainingConfig
+from traintel.exporters import redaction as _redaction
 from traintel.exporters import tls_errors
 from traintel.exporters.file import (
     FILE_SUFFIX,
@@ -54,7 +56,6 @@ from traintel.exporters.metric_counting import CountingMetricExporter
 from traintel.exporters.process_bound import ProcessBoundMetricExporter, ProcessBoundSpanExporter
 from traintel.exporters.spool import Spool
 from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter
-from traintel.processor.export_filter import IterationExportFilter, TraceBudget
 from traintel.resource_detectors import TrainingResourceDetector
 
 _logger = logging.getLogger(__name__)

@@ -27,20 +27,20 @@ from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._engine import TrainingEngine
-from traintel._ids import ForcingIdGenerator
-from traintel.capabilities import capability_report
+from traintel._aggregation.export_policy import RankExportPolicy
+from traintel._host.capabilities import capability_report
+from traintel._host.gpu import GpuInstruments
+from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
+from traintel._host.system_metrics import SystemInstruments
+from traintel._recorder.engine import TrainingEngine
+from traintel._sdk.export_filter import TraceBudget
+from traintel._sdk.ids import ForcingIdGenerator
+from traintel._sdk.instruments import TrainingInstruments
+from traintel._sdk.processor import TrainingMetricsProcessor
+from traintel._sdk.providers import Pipeline, build_pipeline
 from traintel.config import TrainingConfig
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
-from traintel.distributed.export_policy import RankExportPolicy
 from traintel.exporters.health import register_instruments
-from traintel.gpu import GpuInstruments
-from traintel.heartbeat import Heartbeat, HeartbeatInstruments
-from traintel.processor.export_filter import TraceBudget
-from traintel.processor.instruments import TrainingInstruments
-from traintel.processor.training_metrics import TrainingMetricsProcessor
-from traintel.providers import Pipeline, build_pipeline
-from traintel.system_metrics import SystemInstruments
 from traintel.version import __version__
 
 _logger = logging.getLogger("traintel")
@@ -501,7 +501,7 @@ def _install(
     telemetry.processor = processor
     telemetry.engine = engine
     _set(telemetry)
-    from traintel import preemption  # imports this module
+    from traintel._runtime import preemption
 
     preemption.install()
     return telemetry

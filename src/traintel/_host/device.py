@@ -25,8 +25,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from traintel import semconv
+from traintel._host.flops import autocast_dtype
 from traintel.config import TrainingConfig
-from traintel.flops import autocast_dtype
 
 _logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from traintel import _runtime
-from traintel._runtime import Telemetry
+from traintel._runtime import state as _state
+from traintel._runtime.state import Telemetry
 
 
 def configure(
@@ -32,7 +32,7 @@ def configure(
     Every value is validated before anything is built: a bad one raises
     :class:`~traintel.ConfigurationError` naming the variable or argument and the value.
     """
-    return _runtime.configure(
+    return _state.configure(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         service_name=service_name,
@@ -46,15 +46,15 @@ def set_training_config(**changes: object) -> None:
     """Supply or change training facts after start (e.g. the batch size once the data loader
     exists); they apply from now on. Raises :class:`~traintel.ConfigurationError` on a bad
     value, leaving the previous configuration in force."""
-    _runtime.current().update_config(**changes)
+    _state.current().update_config(**changes)
 
 
 def get_telemetry() -> Telemetry:
     """The current telemetry handle (configuring from the environment if needed)."""
-    return _runtime.current()
+    return _state.current()
 
 
 def shutdown(timeout_s: float | None = None) -> bool:
     """End open callback spans and flush within ``timeout_s`` (default ``TRAINTEL_SHUTDOWN_TIMEOUT``).
     Returns whether everything was flushed in time. Called automatically at exit."""
-    return _runtime.shutdown(timeout_s)
+    return _state.shutdown(timeout_s)

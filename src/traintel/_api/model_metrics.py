@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span
 
-from traintel import _runtime, semconv
+from traintel import semconv
+from traintel._runtime import state as _state
 
 
 def _as_number(value: object) -> float | int | bool | None:
@@ -35,7 +36,7 @@ def _as_number(value: object) -> float | int | bool | None:
     return None
 
 
-def _numbers(values: Mapping[str, object], telemetry: _runtime.Telemetry) -> dict[str, float | int | bool]:
+def _numbers(values: Mapping[str, object], telemetry: _state.Telemetry) -> dict[str, float | int | bool]:
     """The values that are numbers; each other one is dropped with one warning per name."""
     numbers: dict[str, float | int | bool] = {}
     for name, raw in values.items():
@@ -58,7 +59,7 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
     Non-numeric values are dropped with one warning; non-finite ones are kept (a NaN loss
     is exactly what a user needs to find).
     """
-    telemetry = _runtime.current()
+    telemetry = _state.current()
     if not telemetry.enabled or telemetry.processor is None:
         return
     try:

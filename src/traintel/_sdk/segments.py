@@ -24,8 +24,8 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from opentelemetry.util import types
 
 from traintel import semconv
-from traintel._sdkfast import add_clean_event
-from traintel.processor.export_filter import estimate_attributes_bytes
+from traintel._sdk.export_filter import estimate_attributes_bytes
+from traintel._sdk.sdkfast import add_clean_event
 
 
 class SegmentedSpan(Span):

@@ -20,8 +20,9 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
-from traintel import _runtime, semconv
-from traintel.api import phases
+from traintel import semconv
+from traintel._recorder import phases
+from traintel._runtime import state as _state
 from traintel.semconv import Phase
 
 _CHECKPOINT_SAVE = "checkpoint_save"
@@ -40,23 +41,23 @@ def _ns(time_msec: float | None) -> int | None:
 def _start(template: phases.PhaseSpan, key: str, start_time_msec: float | None) -> Span:
     """Open the phase ``template`` describes, under the key that pairs it with its end."""
     try:
-        telemetry = _runtime.current()
+        telemetry = _state.current()
         if not telemetry.enabled:
             return trace_api.INVALID_SPAN
         return telemetry.callback_start(key, template, _ns(start_time_msec))
     except Exception:
-        _runtime.current().warn_once("callback_start:" + key, "start callback for %r failed", key)
+        _state.current().warn_once("callback_start:" + key, "start callback for %r failed", key)
         return trace_api.INVALID_SPAN
 
 
 def _end(key: str, finish_time_msec: float | None) -> None:
     try:
-        telemetry = _runtime.current()
+        telemetry = _state.current()
         if not telemetry.enabled:
             return
         telemetry.callback_end(key, _ns(finish_time_msec))
     except Exception:
-        _runtime.current().warn_once("callback_end:" + key, "end callback for %r failed", key)
+        _state.current().warn_once("callback_end:" + key, "end callback for %r failed", key)
 
 
 def on_app_start(start_time_msec: float | None = None) -> Span:
@@ -230,7 +231,7 @@ def on_save_checkpoint_success(
 ) -> None:
     """A ``save_checkpoint_success`` event on the open checkpoint span."""
     try:
-        telemetry = _runtime.current()
+        telemetry = _state.current()
         span = telemetry.callback_span(_CHECKPOINT_SAVE) if telemetry.enabled else None
         if span is None:
             if telemetry.enabled:
@@ -246,7 +247,7 @@ def on_save_checkpoint_success(
             span.set_attribute(semconv.CHECKPOINT_SIZE, size_bytes)
         span.add_event(semconv.Event.SAVE_CHECKPOINT_SUCCESS.value, event, timestamp=_ns(time_msec))
     except Exception:
-        _runtime.current().warn_once("ckpt_success", "on_save_checkpoint_success failed")
+        _state.current().warn_once("ckpt_success", "on_save_checkpoint_success failed")
 
 
 def on_save_checkpoint_end(finish_time_msec: float | None = None) -> None:

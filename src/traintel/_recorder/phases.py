@@ -33,13 +33,15 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext
 from opentelemetry.util.types import AttributeValue
 
-from traintel import _fastctx as _fast
-from traintel import _runtime, preemption, semconv
-from traintel._attributes import as_number, clean_attributes, clean_value
-from traintel._engine import IterationSpan, Terminated, TrainingEngine, mark_error
-from traintel._segments import SegmentedSpan
-from traintel.device import DeviceHooks
-from traintel.processor.aggregator import STEP_INDEX
+from traintel import semconv
+from traintel._aggregation.aggregator import STEP_INDEX
+from traintel._host.device import DeviceHooks
+from traintel._recorder.engine import IterationSpan, Terminated, TrainingEngine, mark_error
+from traintel._runtime import preemption
+from traintel._runtime import state as _state
+from traintel._sdk import fastctx as _fast
+from traintel._sdk.attributes import as_number, clean_attributes, clean_value
+from traintel._sdk.segments import SegmentedSpan
 from traintel.semconv import Phase
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -86,19 +88,19 @@ class PhaseSpan:
         self._start_ns = 0
 
     # --- hooks for phases with behaviour ---------------------------------------------------------
-    def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
+    def _start_attributes(self, telemetry: _state.Telemetry) -> Mapping[str, AttributeValue] | None:
         return self._attributes
 
-    def _wrap(self, telemetry: _runtime.Telemetry, span: Span) -> Span:
+    def _wrap(self, telemetry: _state.Telemetry, span: Span) -> Span:
         return span
 
     def _before_end(
-        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+        self, telemetry: _state.Telemetry, span: Span, exc: BaseException | None, end_ns: int
     ) -> None:
         return None
 
     # --- the protocol shared by context managers and callbacks -----------------------------------
-    def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
+    def _open(self, telemetry: _state.Telemetry, start_ns: int | None = None) -> Span:
         start = start_ns if start_ns is not None else _time_ns()
         self._start_ns = start
         span = telemetry.start_span(self._name, self._start_attributes(telemetry), start)
@@ -114,7 +116,7 @@ class PhaseSpan:
 
     def _close(
         self,
-        telemetry: _runtime.Telemetry,
+        telemetry: _state.Telemetry,
         exc: BaseException | None,
         end_ns: int | None = None,
         reason: str | None = None,
@@ -135,7 +137,7 @@ class PhaseSpan:
         self._detach(telemetry, token)
         telemetry.end_span(span, error, end, reason)
 
-    def _detach(self, telemetry: _runtime.Telemetry, token: object) -> None:
+    def _detach(self, telemetry: _state.Telemetry, token: object) -> None:
         if self._thread == _get_ident():
             try:
                 _detach(token)  # type: ignore[arg-type]
@@ -150,7 +152,7 @@ class PhaseSpan:
             )
 
     def __enter__(self) -> Span:
-        telemetry = _runtime.current()
+        telemetry = _state.current()
         if not telemetry.enabled:
             return trace_api.INVALID_SPAN
         try:
@@ -166,7 +168,7 @@ class PhaseSpan:
         traceback: TracebackType | None,
     ) -> Literal[False]:
         if self._token is not None:
-            telemetry = _runtime.current()
+            telemetry = _state.current()
             try:
                 self._close(telemetry, exc)
             except Exception:
@@ -214,7 +216,7 @@ def _phase_attributes(
 class _Application(PhaseSpan):
     __slots__ = ()
 
-    def _wrap(self, telemetry: _runtime.Telemetry, span: Span) -> Span:
+    def _wrap(self, telemetry: _state.Telemetry, span: Span) -> Span:
         if not span.is_recording():
             return span
         telemetry.initialization_event(span)
@@ -225,7 +227,7 @@ class _Application(PhaseSpan):
         return proxy
 
     def _before_end(
-        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+        self, telemetry: _state.Telemetry, span: Span, exc: BaseException | None, end_ns: int
     ) -> None:
         engine = telemetry.engine
         if engine is not None and engine.app is span:
@@ -243,12 +245,12 @@ class _Loop(PhaseSpan):
 
     __slots__ = ()
 
-    def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
+    def _start_attributes(self, telemetry: _state.Telemetry) -> Mapping[str, AttributeValue] | None:
         telemetry.open_loops[self._name] = telemetry.open_loops.get(self._name, 0) + 1
         return self._attributes
 
     def _before_end(
-        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+        self, telemetry: _state.Telemetry, span: Span, exc: BaseException | None, end_ns: int
     ) -> None:
         telemetry.open_loops[self._name] = max(0, telemetry.open_loops.get(self._name, 0) - 1)
 
@@ -260,11 +262,11 @@ class _TrainingLoop(_Loop):
         super().__init__(Phase.TRAINING_LOOP.value, attributes)
         self._iterations_start = iterations_start
 
-    def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
+    def _start_attributes(self, telemetry: _state.Telemetry) -> Mapping[str, AttributeValue] | None:
         telemetry.next_train_iteration = self._iterations_start
         return super()._start_attributes(telemetry)
 
-    def _wrap(self, telemetry: _runtime.Telemetry, span: Span) -> Span:
+    def _wrap(self, telemetry: _state.Telemetry, span: Span) -> Span:
         engine = telemetry.engine
         if engine is None or not span.is_recording() or engine.loop is not None:
             return span
@@ -274,7 +276,7 @@ class _TrainingLoop(_Loop):
         return proxy
 
     def _before_end(
-        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+        self, telemetry: _state.Telemetry, span: Span, exc: BaseException | None, end_ns: int
     ) -> None:
         super()._before_end(telemetry, span, exc, end_ns)
         engine = telemetry.engine
@@ -285,14 +287,14 @@ class _TrainingLoop(_Loop):
 class _EvalLoop(_Loop):
     __slots__ = ()
 
-    def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
+    def _start_attributes(self, telemetry: _state.Telemetry) -> Mapping[str, AttributeValue] | None:
         telemetry.next_eval_iteration[self._name] = 0
         if telemetry.engine is not None:
             telemetry.engine.eval_loop_opened(self._name)
         return super()._start_attributes(telemetry)
 
     def _before_end(
-        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+        self, telemetry: _state.Telemetry, span: Span, exc: BaseException | None, end_ns: int
     ) -> None:
         super()._before_end(telemetry, span, exc, end_ns)
         if telemetry.engine is not None and span.is_recording():
@@ -311,7 +313,7 @@ class _Iteration(PhaseSpan):
     _record: IterationSpan | None
 
     def __enter__(self) -> Span:
-        telemetry = _runtime._telemetry or _runtime.current()
+        telemetry = _state._telemetry or _state.current()
         engine = telemetry.engine
         if engine is None:
             return trace_api.INVALID_SPAN
@@ -341,7 +343,7 @@ class _Iteration(PhaseSpan):
             telemetry.warn_once("enter:" + self._name, "could not start phase %r", self._name)
             return trace_api.INVALID_SPAN
 
-    def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
+    def _open(self, telemetry: _state.Telemetry, start_ns: int | None = None) -> Span:
         """Every case (``__enter__`` inlines the common one, kept alike by
         ``tests/test_fast_path_twins.py``; callbacks give ``start_ns``)."""
         engine = telemetry.engine
@@ -399,7 +401,7 @@ class _Iteration(PhaseSpan):
             return False
         end = _time_ns()
         self._record = self._token = None
-        telemetry = _runtime._telemetry or _runtime.current()
+        telemetry = _state._telemetry or _state.current()
         try:
             if self._thread == _get_ident():
                 try:
@@ -420,7 +422,7 @@ class _Iteration(PhaseSpan):
 
     def _close(
         self,
-        telemetry: _runtime.Telemetry,
+        telemetry: _state.Telemetry,
         exc: BaseException | None,
         end_ns: int | None = None,
         reason: str | None = None,
@@ -465,13 +467,13 @@ class _StepPhase(PhaseSpan):
         self._thread = self._start_ns = 0
 
     def _before_end(
-        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+        self, telemetry: _state.Telemetry, span: Span, exc: BaseException | None, end_ns: int
     ) -> None:
         engine = telemetry.engine
         if engine is not None and engine.active is not None and engine.active_thread == _get_ident():
             engine.active.add_step_time(self._name, end_ns - self._start_ns)
 
-    def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
+    def _open(self, telemetry: _state.Telemetry, start_ns: int | None = None) -> Span:
         self._init_slow()
         engine = telemetry.engine
         if engine is not None:
@@ -497,7 +499,7 @@ class _StepPhase(PhaseSpan):
 
     def _close(
         self,
-        telemetry: _runtime.Telemetry,
+        telemetry: _state.Telemetry,
         exc: BaseException | None,
         end_ns: int | None = None,
         reason: str | None = None,
@@ -517,7 +519,7 @@ class _StepPhase(PhaseSpan):
 
     def __enter__(self) -> Span:
         # Inlined fast path: the common case is an enclosing fast-path iteration on this thread.
-        telemetry = _runtime._telemetry
+        telemetry = _state._telemetry
         if telemetry is not None:
             engine = telemetry.engine
             if engine is not None:
@@ -625,7 +627,7 @@ class _StepPhase(PhaseSpan):
             try:
                 self._exit_real(real, exc)
             except Exception:
-                _runtime.current().warn_once("exit:" + self._name, "could not end phase %r", self._name)
+                _state.current().warn_once("exit:" + self._name, "could not end phase %r", self._name)
             return False
         if getattr(self, "_token", None) is None:
             return False
@@ -667,7 +669,7 @@ class _SharedStep(_StepPhase):
         self._open_in: IterationSpan | None = None
 
     def __enter__(self) -> Span:
-        telemetry = _runtime._telemetry
+        telemetry = _state._telemetry
         if telemetry is not None and self._open_in is None:
             engine = telemetry.engine
             if engine is not None:
@@ -747,7 +749,7 @@ class _SharedStep(_StepPhase):
         """A per-use object for this phase: what a decorated call or a delegated ``with`` uses."""
         return _step_phase(self._name, _STEP_ATTRIBUTES[self._name], self._index)
 
-    def _open(self, telemetry: _runtime.Telemetry, start_ns: int | None = None) -> Span:
+    def _open(self, telemetry: _state.Telemetry, start_ns: int | None = None) -> Span:
         raise TypeError("a shared step phase has no per-use state: drive a _step_phase() object")
 
 
@@ -812,7 +814,7 @@ class AsyncCheckpointCompletion:
             if self._done:
                 return
             self._done = True
-        telemetry = _runtime.current()
+        telemetry = _state.current()
         try:
             end = _time_ns()
             start = self._start_ns or end
@@ -885,7 +887,7 @@ class _CheckpointSave(PhaseSpan):
         self._path = path
         self._completion: AsyncCheckpointCompletion | None = None
 
-    def _start_attributes(self, telemetry: _runtime.Telemetry) -> Mapping[str, AttributeValue] | None:
+    def _start_attributes(self, telemetry: _state.Telemetry) -> Mapping[str, AttributeValue] | None:
         attributes = dict(self._attributes or {})
         if self._iteration is None:
             self._iteration = telemetry.next_train_iteration
@@ -896,7 +898,7 @@ class _CheckpointSave(PhaseSpan):
         """The handle the background writer finishes (async saves); call inside the ``with``."""
         if self._completion is None:
             span = self._span
-            engine = _runtime.current().engine
+            engine = _state.current().engine
             parent = engine.loop if engine is not None else None
             started_by = engine.iteration_starting_checkpoint() if engine is not None else None
             self._completion = AsyncCheckpointCompletion(
@@ -908,7 +910,7 @@ class _CheckpointSave(PhaseSpan):
         return self._completion
 
     def _before_end(
-        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+        self, telemetry: _state.Telemetry, span: Span, exc: BaseException | None, end_ns: int
     ) -> None:
         if self._completion is not None:
             self._completion._started(end_ns)
@@ -940,7 +942,7 @@ class _CheckpointLoad(PhaseSpan):
     __slots__ = ()
 
     def _before_end(
-        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+        self, telemetry: _state.Telemetry, span: Span, exc: BaseException | None, end_ns: int
     ) -> None:
         if telemetry.engine is not None and span.is_recording():
             telemetry.engine.checkpoint_loaded((end_ns - self._start_ns) / 1e9)
@@ -957,7 +959,7 @@ class _CheckpointStage(PhaseSpan):
         self._stage = stage
 
     def _before_end(
-        self, telemetry: _runtime.Telemetry, span: Span, exc: BaseException | None, end_ns: int
+        self, telemetry: _state.Telemetry, span: Span, exc: BaseException | None, end_ns: int
     ) -> None:
         if telemetry.engine is not None and span.is_recording():
             telemetry.engine.checkpoint_stage_done(self._stage, (end_ns - self._start_ns) / 1e9)
@@ -966,7 +968,7 @@ class _CheckpointStage(PhaseSpan):
 def _checked_strategy(strategy: object) -> str:
     if strategy in ("sync", "async"):
         return str(strategy)
-    _runtime.current().warn_once(
+    _state.current().warn_once(
         "bad_strategy",
         "checkpoint_save(strategy=%r): expected 'sync' or 'async'; recording it as 'sync'",
         strategy,
@@ -1161,7 +1163,7 @@ def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> Phas
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: the shared object (per-use unconfigured or in "all" mode)
-        telemetry = _runtime._telemetry
+        telemetry = _state._telemetry
         if telemetry is not None:
             engine = telemetry.engine
             if engine is not None and not engine.export_all:
@@ -1172,7 +1174,7 @@ def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> Pha
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: the shared object (per-use unconfigured or in "all" mode)
-        telemetry = _runtime._telemetry
+        telemetry = _state._telemetry
         if telemetry is not None:
             engine = telemetry.engine
             if engine is not None and not engine.export_all:
@@ -1183,7 +1185,7 @@ def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> Ph
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     if not attributes:  # the per-step case: the shared object (per-use unconfigured or in "all" mode)
-        telemetry = _runtime._telemetry
+        telemetry = _state._telemetry
         if telemetry is not None:
             engine = telemetry.engine
             if engine is not None and not engine.export_all:
@@ -1214,7 +1216,7 @@ def checkpoint_stage(stage: str, attributes: Mapping[str, AttributeValue] | None
     """A marked part of a checkpoint save: ``staging``, ``write``, ``upload``, ``finalize`` or
     ``barrier``; each stage's total time is reported in ``checkpoint_metrics_update``."""
     if stage not in semconv.CHECKPOINT_STAGES:
-        _runtime.current().warn_once(
+        _state.current().warn_once(
             "bad_stage", "checkpoint_stage(%r): expected one of %s", stage, sorted(semconv.CHECKPOINT_STAGES)
         )
         return PhaseSpan("checkpoint_" + str(stage), attributes)
@@ -1272,7 +1274,7 @@ def record_batch(
     Call it once per micro-batch under gradient accumulation, or once per step. Never raises;
     outside an iteration it is ignored with one warning.
     """
-    telemetry = _runtime.current()
+    telemetry = _state.current()
     engine = telemetry.engine
     if engine is None:
         return

@@ -20,8 +20,8 @@ import threading
 from dataclasses import dataclass, field
 
 from traintel import semconv
-from traintel.processor.aggregator import WINDOW_KEYS, WindowReport
-from traintel.processor.stats import QuantileSketch, percentile
+from traintel._aggregation.aggregator import WINDOW_KEYS, WindowReport
+from traintel._aggregation.stats import QuantileSketch, percentile
 
 #: The categories the live ledger can see (wasted progress and recovery need later jobs).
 LIVE_CATEGORIES = tuple(

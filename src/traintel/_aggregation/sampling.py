@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from traintel.processor.stats import percentile
+from traintel._aggregation.stats import percentile
 
 #: Recent iterations the slow-iteration median is taken over; and how many it needs first.
 MEDIAN_WINDOW = 101

@@ -31,17 +31,7 @@ from opentelemetry.util import types
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._attributes import as_number, clean_value
-from traintel._fastctx import current_span as _current_span
-from traintel._ids import ForcingIdGenerator, new_span_id, new_trace_id
-from traintel._sdkfast import add_clean_event, set_clean_attributes
-from traintel._segments import SegmentedSpan
-from traintel.config import TrainingConfig
-from traintel.device import AutocastProbe, DeviceHooks, annotate_window, device_hooks
-from traintel.distributed.export_policy import RankExportPolicy
-from traintel.exporters.health import HEALTH
-from traintel.flops import autocast_dtype, current_device_name, peak_flops_for
-from traintel.processor.aggregator import (
+from traintel._aggregation.aggregator import (
     STEP_INDEX,
     EvalStats,
     RateInputs,
@@ -49,10 +39,20 @@ from traintel.processor.aggregator import (
     WindowReport,
     seconds_of,
 )
-from traintel.processor.export_filter import IterationExportFilter, TraceBudget
-from traintel.processor.goodput import GoodputLedger, WindowGoodput
-from traintel.processor.instruments import TrainingInstruments
-from traintel.processor.sampling import MEDIAN_MIN_SAMPLES, IterationSampler
+from traintel._aggregation.export_policy import RankExportPolicy
+from traintel._aggregation.goodput import GoodputLedger, WindowGoodput
+from traintel._aggregation.sampling import MEDIAN_MIN_SAMPLES, IterationSampler
+from traintel._host.device import AutocastProbe, DeviceHooks, annotate_window, device_hooks
+from traintel._host.flops import autocast_dtype, current_device_name, peak_flops_for
+from traintel._sdk.attributes import as_number, clean_value
+from traintel._sdk.export_filter import IterationExportFilter, TraceBudget
+from traintel._sdk.fastctx import current_span as _current_span
+from traintel._sdk.ids import ForcingIdGenerator, new_span_id, new_trace_id
+from traintel._sdk.instruments import TrainingInstruments
+from traintel._sdk.sdkfast import add_clean_event, set_clean_attributes
+from traintel._sdk.segments import SegmentedSpan
+from traintel.config import TrainingConfig
+from traintel.exporters.health import HEALTH
 from traintel.semconv import Event, Phase
 
 _logger = logging.getLogger("traintel")

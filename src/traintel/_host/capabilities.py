@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 
 from traintel import environment_variables as ev
+from traintel._host.flops import current_device_name, peak_flops_for
 from traintel.config import TrainingConfig
-from traintel.flops import current_device_name, peak_flops_for
 
 
 def device_description() -> str:

@@ -26,7 +26,7 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
-from traintel.gpu import torch_uuid
+from traintel._host.gpu import torch_uuid
 from traintel.version import __version__
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 
 from traintel import semconv
-from traintel.processor.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
+from traintel._aggregation.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
 
 _W = semconv.WINDOW_PREFIX
 _T = semconv.TOTAL_PREFIX

@@ -21,8 +21,8 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, NoOpCounter, NoOpHistogram, Observation
 
 from traintel import semconv
-from traintel.processor.aggregator import WindowReport
-from traintel.processor.goodput import GoodputSnapshot, WindowGoodput
+from traintel._aggregation.aggregator import WindowReport
+from traintel._aggregation.goodput import GoodputSnapshot, WindowGoodput
 from traintel.version import __version__
 
 #: Bucket boundaries in seconds: the SDK's defaults are for milliseconds and would put every

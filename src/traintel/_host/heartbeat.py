@@ -23,8 +23,8 @@ from traintel import semconv
 from traintel.version import __version__
 
 if TYPE_CHECKING:
-    from traintel._engine import TrainingEngine
-    from traintel.processor.training_metrics import TrainingMetricsProcessor
+    from traintel._recorder.engine import TrainingEngine
+    from traintel._sdk.processor import TrainingMetricsProcessor
 
 IDLE = "idle"
 

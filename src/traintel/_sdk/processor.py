@@ -24,13 +24,13 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from traintel import semconv
-from traintel.processor.aggregator import STEP_INDEX
+from traintel._aggregation.aggregator import STEP_INDEX
 from traintel.semconv import Phase
 
 if TYPE_CHECKING:
-    from traintel._engine import TrainingEngine
-    from traintel.processor.export_filter import TraceBudget
-    from traintel.processor.instruments import TrainingInstruments
+    from traintel._recorder.engine import TrainingEngine
+    from traintel._sdk.export_filter import TraceBudget
+    from traintel._sdk.instruments import TrainingInstruments
 
 _logger = logging.getLogger(__name__)
 _get_ident = threading.get_ident

@@ -271,9 +271,9 @@ def transformer_flops_per_token(
 def apply_flops(count: FlopCount) -> None:
     """Use a :func:`measure_flops` result for MFU (and HFU) from now on: sets
     ``flops_per_sample``, ``executed_flops_per_sample`` and ``flops_method="counter"``."""
-    from traintel import _runtime
+    from traintel._runtime import state as _state
 
-    _runtime.current().update_config(
+    _state.current().update_config(
         flops_per_sample=count.model_flops_per_sample,
         executed_flops_per_sample=count.executed_flops_per_sample,
         flops_method="counter",

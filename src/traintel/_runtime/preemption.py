@@ -37,8 +37,9 @@ from opentelemetry.sdk.trace import Span
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from traintel import _runtime, semconv
-from traintel._engine import IterationSpan, OpenStep, Terminated
+from traintel import semconv
+from traintel._recorder.engine import IterationSpan, OpenStep, Terminated
+from traintel._runtime import state as _state
 
 _logger = logging.getLogger("traintel")
 
@@ -108,7 +109,7 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     received_ns = time.time_ns()
     previous = _previous.get(signum, signal.SIG_DFL)
     try:
-        telemetry = _runtime.configured()
+        telemetry = _state.configured()
         engine = telemetry.engine if telemetry is not None else None
         if not _default_action_ends_process(previous) and engine is not None and engine.app is not None:
             # the job goes on: report when its application ends
@@ -121,7 +122,7 @@ def _handle(signum: int, frame: FrameType | None) -> None:
 
 
 def report_pending(
-    telemetry: _runtime.Telemetry, span: trace_api.Span, exc: BaseException | None = None
+    telemetry: _state.Telemetry, span: trace_api.Span, exc: BaseException | None = None
 ) -> None:
     """Called just before traintel's application span ends: the deferred ``preemption`` event.
 
@@ -150,7 +151,7 @@ def _hand_over(signum: int, frame: FrameType | None, previous: _Handler) -> None
 
 def _report(signum: int, received_ns: int, end_spans: bool) -> None:
     """Event, span ends and flush on a helper thread, waited for up to the shutdown timeout."""
-    telemetry = _runtime.configured()
+    telemetry = _state.configured()
     if telemetry is None or telemetry.closed or telemetry.pipeline is None:
         return
     timeout = float(telemetry.config.get("shutdown_timeout"))
@@ -176,7 +177,7 @@ _NOW = -2  # preemption_attributes' default: the engine's last completed iterati
 
 
 def preemption_attributes(
-    telemetry: _runtime.Telemetry, signum: int, received_ns: int, completed: int | None = _NOW
+    telemetry: _state.Telemetry, signum: int, received_ns: int, completed: int | None = _NOW
 ) -> dict[str, AttributeValue]:
     """The event's attributes; ``completed`` is the last iteration done when the signal came
     (default: the engine's now)."""
@@ -209,7 +210,7 @@ def preemption_attributes(
     return attributes
 
 
-def _finish(telemetry: _runtime.Telemetry, signum: int, received_ns: int, end_spans: bool) -> None:
+def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_spans: bool) -> None:
     try:
         name = signal.Signals(signum).name
         processor, engine = telemetry.processor, telemetry.engine

@@ -1,1 +1,0 @@
-"""The instrumentation API: phase context managers, callbacks, model metrics, thread helpers."""
