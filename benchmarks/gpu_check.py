@@ -46,6 +46,7 @@ from torch import nn
 
 import traintel
 from traintel import semconv
+from traintel.flops import peak_flops_for
 
 W = semconv.WINDOW_PREFIX
 DT = semconv.WINDOW_DEVICE_TIME_PREFIX
@@ -314,7 +315,7 @@ def instrumented_training(
     from traintel._host.gpu import torch_uuid
 
     name = torch.cuda.get_device_name()
-    peak = traintel.peak_flops_for(name, "bf16")
+    peak = peak_flops_for(name, "bf16")
     return TrainingCheck(
         autocast_scope=autocast_scope,
         steps=steps,
@@ -456,12 +457,13 @@ RANK_JOB = """
 import os, time, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 import traintel
+from traintel.distributed import watch_ddp
 rank = int(os.environ["RANK"])
 torch.cuda.set_device(rank)
 dist.init_process_group("nccl")
 torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)]).cuda(), device_ids=[rank])
-traintel.watch_ddp(model)
+watch_ddp(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(64, 1024, device="cuda")
 with traintel.training_loop():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from opentelemetry import trace
 
 import traintel
+from traintel import callbacks
 from traintel.semconv import PHASE
 
 ITERATIONS = 3
@@ -85,45 +86,45 @@ def with_context_managers() -> None:
 
 
 def with_callbacks() -> None:
-    traintel.on_app_start()
-    traintel.on_distributed_init_start()
-    traintel.on_distributed_init_end()
-    traintel.on_dataloader_init_start()
-    traintel.on_dataloader_init_end()
-    traintel.on_load_checkpoint_start()
-    traintel.on_load_checkpoint_end()
-    traintel.on_model_init_start()
-    traintel.on_model_init_end()
-    traintel.on_optimizer_init_start()
-    traintel.on_optimizer_init_end()
-    traintel.on_train_start(train_iterations_start=0)
+    callbacks.on_app_start()
+    callbacks.on_distributed_init_start()
+    callbacks.on_distributed_init_end()
+    callbacks.on_dataloader_init_start()
+    callbacks.on_dataloader_init_end()
+    callbacks.on_load_checkpoint_start()
+    callbacks.on_load_checkpoint_end()
+    callbacks.on_model_init_start()
+    callbacks.on_model_init_end()
+    callbacks.on_optimizer_init_start()
+    callbacks.on_optimizer_init_end()
+    callbacks.on_train_start(train_iterations_start=0)
     for _ in range(ITERATIONS):
-        traintel.on_training_single_iteration_start()
-        traintel.on_data_loading_start()
-        traintel.on_data_loading_end()
-        traintel.on_model_forward_start()
-        traintel.on_model_forward_end()
-        traintel.on_model_backward_start()
-        traintel.on_model_backward_end()
-        traintel.on_optimizer_update_start()
-        traintel.on_optimizer_update_end()
+        callbacks.on_training_single_iteration_start()
+        callbacks.on_data_loading_start()
+        callbacks.on_data_loading_end()
+        callbacks.on_model_forward_start()
+        callbacks.on_model_forward_end()
+        callbacks.on_model_backward_start()
+        callbacks.on_model_backward_end()
+        callbacks.on_optimizer_update_start()
+        callbacks.on_optimizer_update_end()
         traintel.record_metrics(loss=1.5)
-        traintel.on_training_single_iteration_end()
-    traintel.on_save_checkpoint_start(global_step=ITERATIONS)
-    traintel.on_save_checkpoint_success(global_step=ITERATIONS)
-    traintel.on_save_checkpoint_end()
-    traintel.on_validation_start()
+        callbacks.on_training_single_iteration_end()
+    callbacks.on_save_checkpoint_start(global_step=ITERATIONS)
+    callbacks.on_save_checkpoint_success(global_step=ITERATIONS)
+    callbacks.on_save_checkpoint_end()
+    callbacks.on_validation_start()
     for _ in range(2):
-        traintel.on_validation_single_iteration_start()
-        traintel.on_validation_single_iteration_end()
-    traintel.on_validation_end()
-    traintel.on_train_end()
-    traintel.on_testing_start()
+        callbacks.on_validation_single_iteration_start()
+        callbacks.on_validation_single_iteration_end()
+    callbacks.on_validation_end()
+    callbacks.on_train_end()
+    callbacks.on_testing_start()
     for _ in range(2):
-        traintel.on_testing_single_iteration_start()
-        traintel.on_testing_single_iteration_end()
-    traintel.on_testing_end()
-    traintel.on_app_end()
+        callbacks.on_testing_single_iteration_start()
+        callbacks.on_testing_single_iteration_end()
+    callbacks.on_testing_end()
+    callbacks.on_app_end()
 
 
 def with_plain_otel(tracer: trace.Tracer) -> None:

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import traintel
 from tests import reference_job
 from tests.test_metrics import ms, run_loop
-from traintel import semconv
+from traintel import callbacks, semconv
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLECTOR_DIR = ROOT / "collector-config"
@@ -157,17 +157,17 @@ def emitted() -> Iterator[dict[str, Any]]:
         global_batch_size=4, seq_len=8, flops_per_sample=1e3, peak_flops=1e5,
         session_tag="deploy-test", perf_tag="p",
     )  # fmt: skip
-    traintel.on_load_checkpoint_start(start_time_msec=ms(-2))
-    traintel.on_load_checkpoint_end(finish_time_msec=ms(-1))
+    callbacks.on_load_checkpoint_start(start_time_msec=ms(-2))
+    callbacks.on_load_checkpoint_end(finish_time_msec=ms(-1))
     end = run_loop([1.0, 1.0, 1.0, 2.0, 1.0, 1.0])
-    traintel.on_save_checkpoint_start(global_step=6, start_time_msec=ms(end + 1), size_bytes=1000)
+    callbacks.on_save_checkpoint_start(global_step=6, start_time_msec=ms(end + 1), size_bytes=1000)
     with traintel.checkpoint_stage("write"):
         pass
-    traintel.on_save_checkpoint_end(finish_time_msec=ms(end + 2))
-    traintel.on_validation_start()
-    traintel.on_validation_single_iteration_start()
-    traintel.on_validation_single_iteration_end()
-    traintel.on_validation_end()
+    callbacks.on_save_checkpoint_end(finish_time_msec=ms(end + 2))
+    callbacks.on_validation_start()
+    callbacks.on_validation_single_iteration_start()
+    callbacks.on_validation_single_iteration_end()
+    callbacks.on_validation_end()
     # Cross-rank statistics as rank 0 reports them after a gather (the gather itself needs two
     # processes: tests/test_ranks.py), with rank 1 lagging.
     cross_rank = traintel.get_telemetry().cross_rank

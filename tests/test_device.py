@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import traintel
-from traintel import semconv
+from traintel import callbacks, semconv
 from traintel._host.device import (
     PEAK_RSS_REFRESH_NS,
     DeviceHooks,
@@ -172,19 +172,19 @@ def train_with_context_managers(gpu: FakeGpu, iterations: int) -> None:
 
 
 def train_with_callbacks(gpu: FakeGpu, iterations: int) -> None:
-    traintel.on_train_start(train_iterations_start=0)
+    callbacks.on_train_start(train_iterations_start=0)
     for _ in range(iterations):
-        traintel.on_training_single_iteration_start()
+        callbacks.on_training_single_iteration_start()
         for phase, start, end in (
-            ("model_forward", traintel.on_model_forward_start, traintel.on_model_forward_end),
-            ("model_backward", traintel.on_model_backward_start, traintel.on_model_backward_end),
-            ("optimizer_update", traintel.on_optimizer_update_start, traintel.on_optimizer_update_end),
+            ("model_forward", callbacks.on_model_forward_start, callbacks.on_model_forward_end),
+            ("model_backward", callbacks.on_model_backward_start, callbacks.on_model_backward_end),
+            ("optimizer_update", callbacks.on_optimizer_update_start, callbacks.on_optimizer_update_end),
         ):
             start()
             gpu.run(GPU_MS[phase])
             end()
-        traintel.on_training_single_iteration_end()
-    traintel.on_train_end()
+        callbacks.on_training_single_iteration_end()
+    callbacks.on_train_end()
 
 
 @pytest.mark.parametrize("train", [train_with_context_managers, train_with_callbacks])
@@ -236,8 +236,8 @@ def test_nvtx_ranges_follow_the_phase_spans(export: str) -> None:
                 with traintel.training_iteration():
                     with traintel.model_forward():
                         pass
-                    traintel.on_model_backward_start()
-                    traintel.on_model_backward_end()
+                    callbacks.on_model_backward_start()
+                    callbacks.on_model_backward_end()
             with traintel.checkpoint_save(iteration=2):
                 pass
     assert nvtx.depth == 0

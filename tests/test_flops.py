@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import traintel
+from traintel import callbacks
 from traintel._host.flops import FlopCount, measure_flops, peak_flops_for, transformer_flops_per_token
 
 torch = pytest.importorskip("torch")
@@ -162,13 +163,13 @@ def test_mfu_from_the_counter_on_a_real_model(pipeline: object) -> None:
     )  # fmt: skip
     traintel.apply_flops(count)
     t0 = 1_700_000_000_000
-    traintel.on_train_start(start_time_msec=t0)
+    callbacks.on_train_start(start_time_msec=t0)
     for i in range(2):
-        traintel.on_training_single_iteration_start(start_time_msec=t0 + 1000 * i)
+        callbacks.on_training_single_iteration_start(start_time_msec=t0 + 1000 * i)
         loss = model(batch).float().mean()  # a real step in between, timed by the callbacks' clock
         loss.backward()
-        traintel.on_training_single_iteration_end(finish_time_msec=t0 + 1000 * (i + 1))
-    traintel.on_train_end(finish_time_msec=t0 + 2000)
+        callbacks.on_training_single_iteration_end(finish_time_msec=t0 + 1000 * (i + 1))
+    callbacks.on_train_end(finish_time_msec=t0 + 2000)
     (update,) = [e for e in pipeline.one("training_loop").events if e.name == "training_metrics_update"]
     attributes = update.attributes or {}
     per_second = count.model_flops_per_sample * 4  # 4 samples per 1 s step

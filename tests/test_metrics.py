@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import traintel
-from traintel import semconv
-from traintel._recorder import engine as _engine
+from traintel import callbacks, semconv
+from traintel._recorder import windows as recorder_windows
 
 T0 = 1_700_000_000_000  # ms since the epoch
 W = semconv.WINDOW_PREFIX
@@ -29,29 +29,29 @@ def ms(seconds: float) -> float:
 def step(start: float, duration: float, *, phases: bool = True, loss: float | None = None) -> None:
     """One training iteration [start, start + duration) s with data 1/16, forward 1/4 and
     backward 1/8 of its length (binary fractions: the sums are exact)."""
-    traintel.on_training_single_iteration_start(start_time_msec=ms(start))
+    callbacks.on_training_single_iteration_start(start_time_msec=ms(start))
     if phases:
         t = start
         for start_cb, end_cb, share in (
-            (traintel.on_data_loading_start, traintel.on_data_loading_end, 1 / 16),
-            (traintel.on_model_forward_start, traintel.on_model_forward_end, 1 / 4),
-            (traintel.on_model_backward_start, traintel.on_model_backward_end, 1 / 8),
+            (callbacks.on_data_loading_start, callbacks.on_data_loading_end, 1 / 16),
+            (callbacks.on_model_forward_start, callbacks.on_model_forward_end, 1 / 4),
+            (callbacks.on_model_backward_start, callbacks.on_model_backward_end, 1 / 8),
         ):
             start_cb(start_time_msec=ms(t))
             t += duration * share
             end_cb(finish_time_msec=ms(t))
     if loss is not None:
         traintel.record_metrics(loss=loss)
-    traintel.on_training_single_iteration_end(finish_time_msec=ms(start + duration))
+    callbacks.on_training_single_iteration_end(finish_time_msec=ms(start + duration))
 
 
 def run_loop(durations: list[float], **kwargs: Any) -> float:
-    traintel.on_train_start(train_iterations_start=0, start_time_msec=ms(0))
+    callbacks.on_train_start(train_iterations_start=0, start_time_msec=ms(0))
     t = 0.0
     for i, duration in enumerate(durations):
         step(t, duration, loss=float(i), **kwargs)
         t += duration
-    traintel.on_train_end(finish_time_msec=ms(t))
+    callbacks.on_train_end(finish_time_msec=ms(t))
     return t
 
 
@@ -128,13 +128,13 @@ def test_window_boundaries(owned: Any, iterations: int, events: list[int]) -> No
 
 def test_lazy_batch_size_arriving_mid_run(owned: Any) -> None:
     job = owned(log_every_n_iterations=4, export_iterations="none")
-    traintel.on_train_start(start_time_msec=ms(0))
+    callbacks.on_train_start(start_time_msec=ms(0))
     step(0, 1, phases=False)
     step(1, 1, phases=False)
     traintel.set_training_config(global_batch_size=lambda: 16)
     step(2, 2, phases=False)
     step(4, 2, phases=False)
-    traintel.on_train_end(finish_time_msec=ms(6))
+    callbacks.on_train_end(finish_time_msec=ms(6))
     (window,) = job.events("training_metrics_update")
     assert window[W + "samples"] == 32.0  # only the two steps after the batch size was known
     assert window[W + "samples_per_second"] == 32 / 4  # over those steps' time
@@ -142,13 +142,13 @@ def test_lazy_batch_size_arriving_mid_run(owned: Any) -> None:
 
 def test_micro_batches_are_summed_per_step(owned: Any) -> None:
     job = owned(log_every_n_iterations=2, export_iterations="all", global_batch_size=999)
-    traintel.on_train_start(start_time_msec=ms(0))
+    callbacks.on_train_start(start_time_msec=ms(0))
     for i in range(2):
-        traintel.on_training_single_iteration_start(start_time_msec=ms(i))
+        callbacks.on_training_single_iteration_start(start_time_msec=ms(i))
         for _ in range(4):  # gradient accumulation: 4 micro-batches, one optimizer step
             traintel.record_batch(samples=2, tokens=20, padding_tokens=4)
-        traintel.on_training_single_iteration_end(finish_time_msec=ms(i + 1))
-    traintel.on_train_end(finish_time_msec=ms(2))
+        callbacks.on_training_single_iteration_end(finish_time_msec=ms(i + 1))
+    callbacks.on_train_end(finish_time_msec=ms(2))
     (window,) = job.events("training_metrics_update")
     assert window[W + "samples"] == 16.0  # 2 steps x 8, not 8 x per-micro-batch time
     assert window[W + "tokens"] == 160.0
@@ -177,7 +177,9 @@ def test_mfu_above_one_is_an_error_event_not_a_metric(owned: Any, caplog: pytest
 def test_no_peak_on_cpu_means_no_mfu_and_one_warning(
     owned: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_engine, "current_device_name", lambda: None)  # no GPU in use, on any machine
+    monkeypatch.setattr(
+        recorder_windows, "current_device_name", lambda: None
+    )  # no GPU in use, on any machine
     job = owned(log_every_n_iterations=1, global_batch_size=1, flops_per_sample=10)
     with caplog.at_level(logging.WARNING):
         run_loop([1, 1, 1], phases=False)
@@ -191,10 +193,10 @@ def test_checkpoint_metrics(owned: Any) -> None:
     pipeline = traintel.get_telemetry().pipeline
     assert pipeline is not None
     tracer = pipeline.tracer_provider.get_tracer("user-checkpointer")
-    traintel.on_train_start(start_time_msec=ms(0))
-    traintel.on_save_checkpoint_start(global_step=10, start_time_msec=ms(1), size_bytes=100)
-    traintel.on_save_checkpoint_end(finish_time_msec=ms(3))
-    save = traintel.on_save_checkpoint_start(global_step=20, start_time_msec=ms(5), size_bytes=300)
+    callbacks.on_train_start(start_time_msec=ms(0))
+    callbacks.on_save_checkpoint_start(global_step=10, start_time_msec=ms(1), size_bytes=100)
+    callbacks.on_save_checkpoint_end(finish_time_msec=ms(3))
+    save = callbacks.on_save_checkpoint_start(global_step=20, start_time_msec=ms(5), size_bytes=300)
     # plain OTel stage spans inside our save, at exact times
     from opentelemetry import trace
 
@@ -204,8 +206,8 @@ def test_checkpoint_metrics(owned: Any) -> None:
             attributes={semconv.PHASE: "checkpoint_" + stage}, start_time=int(ms(begin) * 1e6),
         )  # fmt: skip
         span.end(end_time=int(ms(end) * 1e6))
-    traintel.on_save_checkpoint_end(finish_time_msec=ms(9))
-    traintel.on_train_end(finish_time_msec=ms(10))
+    callbacks.on_save_checkpoint_end(finish_time_msec=ms(9))
+    callbacks.on_train_end(finish_time_msec=ms(10))
     first, second = job.named("checkpoint_save_sync")
     assert first.attributes[semconv.CHECKPOINT_ITERATION] == 10
     assert second.attributes[semconv.CHECKPOINT_BYTES_PER_SECOND] == 75.0
@@ -291,14 +293,14 @@ def test_async_checkpoint_inside_an_iteration_exports_and_links_it(owned: Any) -
 
 def test_validation_metrics_update(owned: Any) -> None:
     job = owned(export_iterations="none")
-    traintel.on_train_start(start_time_msec=ms(0))
-    traintel.on_validation_start(start_time_msec=ms(10))
+    callbacks.on_train_start(start_time_msec=ms(0))
+    callbacks.on_validation_start(start_time_msec=ms(10))
     for i, loss in enumerate((0.5, 0.7, 0.9)):
-        traintel.on_validation_single_iteration_start(start_time_msec=ms(10 + i))
+        callbacks.on_validation_single_iteration_start(start_time_msec=ms(10 + i))
         traintel.record_metrics(val_loss=loss)
-        traintel.on_validation_single_iteration_end(finish_time_msec=ms(11 + i))
-    traintel.on_validation_end(finish_time_msec=ms(13.5))
-    traintel.on_train_end(finish_time_msec=ms(14))
+        callbacks.on_validation_single_iteration_end(finish_time_msec=ms(11 + i))
+    callbacks.on_validation_end(finish_time_msec=ms(13.5))
+    callbacks.on_train_end(finish_time_msec=ms(14))
     (update,) = job.events("validation_metrics_update")
     E = semconv.EVAL_PREFIX
     assert update[E + "iterations"] == 3
@@ -314,15 +316,15 @@ def test_metrics_recorded_on_an_eval_loop_count_toward_its_update(owned: Any) ->
     framework's eval_loss) is one more value of the update's last and mean; the next loop
     starts afresh."""
     job = owned(export_iterations="none")
-    traintel.on_testing_start(start_time_msec=ms(0))
+    callbacks.on_testing_start(start_time_msec=ms(0))
     for i, loss in enumerate((0.5, 1.5)):
-        traintel.on_testing_single_iteration_start(start_time_msec=ms(i))
+        callbacks.on_testing_single_iteration_start(start_time_msec=ms(i))
         traintel.record_metrics(loss=loss)
-        traintel.on_testing_single_iteration_end(finish_time_msec=ms(i + 1))
+        callbacks.on_testing_single_iteration_end(finish_time_msec=ms(i + 1))
     traintel.record_metrics(loss=4.0, accuracy=0.75)
-    traintel.on_testing_end(finish_time_msec=ms(3))
-    traintel.on_testing_start(start_time_msec=ms(4))
-    traintel.on_testing_end(finish_time_msec=ms(5))
+    callbacks.on_testing_end(finish_time_msec=ms(3))
+    callbacks.on_testing_start(start_time_msec=ms(4))
+    callbacks.on_testing_end(finish_time_msec=ms(5))
     first, second = job.events("testing_metrics_update")
     E = semconv.EVAL_PREFIX
     assert first[E + "iterations"] == 2
@@ -335,12 +337,12 @@ def test_metrics_recorded_on_an_eval_loop_count_toward_its_update(owned: Any) ->
 
 def test_nonfinite_metric_event_and_export(owned: Any) -> None:
     job = owned(export_first_iterations=0, export_every_n_iterations=0)
-    traintel.on_train_start(start_time_msec=ms(0))
+    callbacks.on_train_start(start_time_msec=ms(0))
     for i in range(6):
-        traintel.on_training_single_iteration_start(start_time_msec=ms(i))
+        callbacks.on_training_single_iteration_start(start_time_msec=ms(i))
         traintel.record_metrics(loss=math.nan if i == 4 else 1.0)
-        traintel.on_training_single_iteration_end(finish_time_msec=ms(i + 1))
-    traintel.on_train_end(finish_time_msec=ms(6))
+        callbacks.on_training_single_iteration_end(finish_time_msec=ms(i + 1))
+    callbacks.on_train_end(finish_time_msec=ms(6))
     (exported,) = job.named("training_iteration")
     assert exported.attributes[semconv.ITERATION] == 4
     assert exported.attributes[semconv.SAMPLING_REASON] == "nonfinite"
@@ -421,7 +423,7 @@ def test_state_stays_bounded(owned: Any) -> None:
                     pass
     engine = telemetry.engine
     assert engine is not None and telemetry.processor is not None and telemetry.pipeline is not None
-    assert telemetry.processor.open_count() == 0
+    assert telemetry.open_spans is not None and telemetry.open_spans.count() == 0
     assert telemetry.pipeline.export_filter is not None
     assert telemetry.pipeline.export_filter.pending_iterations == 0
     assert engine.aggregator.window_fill < 50

@@ -19,8 +19,9 @@ import pytest
 
 import traintel
 from tests.test_metrics import ms, run_loop
-from traintel import semconv
+from traintel import callbacks, semconv
 from traintel._recorder import engine as _engine
+from traintel._recorder import windows as recorder_windows
 
 W = semconv.WINDOW_PREFIX
 TOT = semconv.TOTAL_PREFIX
@@ -73,21 +74,21 @@ def test_variable_batches_and_packed_sequences(job: Any) -> None:
     """Each step reports its own work (no fixed batch size, tokens not samples x seq_len);
     rates are work over the time of the steps that did it."""
     run = job(log_every_n_iterations=3, warmup_iterations=0, export_iterations="none")
-    traintel.on_train_start(start_time_msec=ms(0))
+    callbacks.on_train_start(start_time_msec=ms(0))
     # step 0: 3 samples packed into 100 tokens, given on the iteration
-    traintel.on_training_single_iteration_start(start_time_msec=ms(0))
+    callbacks.on_training_single_iteration_start(start_time_msec=ms(0))
     traintel.record_batch(samples=3, tokens=100)
-    traintel.on_training_single_iteration_end(finish_time_msec=ms(1))
+    callbacks.on_training_single_iteration_end(finish_time_msec=ms(1))
     # step 1: two micro-batches of different sizes, with padding
-    traintel.on_training_single_iteration_start(start_time_msec=ms(1))
+    callbacks.on_training_single_iteration_start(start_time_msec=ms(1))
     traintel.record_batch(samples=5, tokens=70, padding_tokens=10)
     traintel.record_batch(samples=2, tokens=30, padding_tokens=30)
-    traintel.on_training_single_iteration_end(finish_time_msec=ms(3))
+    callbacks.on_training_single_iteration_end(finish_time_msec=ms(3))
     # step 2: a last, short batch
-    traintel.on_training_single_iteration_start(start_time_msec=ms(3))
+    callbacks.on_training_single_iteration_start(start_time_msec=ms(3))
     traintel.record_batch(samples=1, tokens=16)
-    traintel.on_training_single_iteration_end(finish_time_msec=ms(4))
-    traintel.on_train_end(finish_time_msec=ms(4))
+    callbacks.on_training_single_iteration_end(finish_time_msec=ms(4))
+    callbacks.on_train_end(finish_time_msec=ms(4))
     (window,) = run.events("training_metrics_update")
     assert window[W + "samples"] == 11.0
     assert window[W + "tokens"] == 216.0
@@ -111,18 +112,18 @@ def test_window_p99_and_total_stddev(job: Any) -> None:
 
 def test_checkpoint_load_and_size_instruments_and_totals(job: Any) -> None:
     run = job(export_iterations="none")
-    traintel.on_app_start(start_time_msec=ms(0))
-    traintel.on_load_checkpoint_start(start_time_msec=ms(0))
-    traintel.on_load_checkpoint_end(finish_time_msec=ms(2))
-    traintel.on_train_start(start_time_msec=ms(2))
-    traintel.on_load_checkpoint_start(start_time_msec=ms(2))  # e.g. reloading the best weights
-    traintel.on_load_checkpoint_end(finish_time_msec=ms(2.5))
-    traintel.on_save_checkpoint_start(global_step=1, start_time_msec=ms(3), size_bytes=100)
-    traintel.on_save_checkpoint_end(finish_time_msec=ms(4))
-    traintel.on_save_checkpoint_start(global_step=2, start_time_msec=ms(4), size_bytes=300)
-    traintel.on_save_checkpoint_end(finish_time_msec=ms(6))
-    traintel.on_train_end(finish_time_msec=ms(7))
-    traintel.on_app_end(finish_time_msec=ms(7))
+    callbacks.on_app_start(start_time_msec=ms(0))
+    callbacks.on_load_checkpoint_start(start_time_msec=ms(0))
+    callbacks.on_load_checkpoint_end(finish_time_msec=ms(2))
+    callbacks.on_train_start(start_time_msec=ms(2))
+    callbacks.on_load_checkpoint_start(start_time_msec=ms(2))  # e.g. reloading the best weights
+    callbacks.on_load_checkpoint_end(finish_time_msec=ms(2.5))
+    callbacks.on_save_checkpoint_start(global_step=1, start_time_msec=ms(3), size_bytes=100)
+    callbacks.on_save_checkpoint_end(finish_time_msec=ms(4))
+    callbacks.on_save_checkpoint_start(global_step=2, start_time_msec=ms(4), size_bytes=300)
+    callbacks.on_save_checkpoint_end(finish_time_msec=ms(6))
+    callbacks.on_train_end(finish_time_msec=ms(7))
+    callbacks.on_app_end(finish_time_msec=ms(7))
     (loads,) = run.metric_points(semconv.METRIC_CHECKPOINT_LOAD_DURATION)
     assert (loads.count, loads.sum, loads.min, loads.max) == (2, 2.5, 0.5, 2.0)
     (sizes,) = run.metric_points(semconv.METRIC_CHECKPOINT_SIZE)
@@ -144,13 +145,13 @@ def test_testing_and_validation_loop_numbers(job: Any) -> None:
     E = semconv.EVAL_PREFIX
     for start_loop, end_loop, start_it, end_it, name in (
         (
-            traintel.on_validation_start, traintel.on_validation_end,
-            traintel.on_validation_single_iteration_start, traintel.on_validation_single_iteration_end,
+            callbacks.on_validation_start, callbacks.on_validation_end,
+            callbacks.on_validation_single_iteration_start, callbacks.on_validation_single_iteration_end,
             "validation",
         ),
         (
-            traintel.on_testing_start, traintel.on_testing_end,
-            traintel.on_testing_single_iteration_start, traintel.on_testing_single_iteration_end,
+            callbacks.on_testing_start, callbacks.on_testing_end,
+            callbacks.on_testing_single_iteration_start, callbacks.on_testing_single_iteration_end,
             "testing",
         ),
     ):  # fmt: skip
@@ -197,7 +198,7 @@ def test_mfu_from_the_device_table_for_the_configured_dtype(
     job: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No override: the dense peak of the device's name and the configured dtype."""
-    monkeypatch.setattr(_engine, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
     run = job(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=989.5e12 / 8, dtype="bf16")
     run_loop([1, 1], phases=False)
     (window,) = run.events("training_metrics_update")
@@ -211,7 +212,7 @@ def test_mfu_from_the_device_table_for_the_configured_dtype(
     assert window[W + "mfu"] == 0.25  # no dtype configured, no autocast: fp32's 67 TFLOP/s
     assert window[semconv.MFU_PEAK_SOURCE] == "table: NVIDIA H100 SXM fp32 dense"
     traintel.shutdown(2)
-    monkeypatch.setattr(_engine, "current_device_name", lambda: "AMD Instinct MI300X")
+    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "AMD Instinct MI300X")
     run = job(log_every_n_iterations=1, global_batch_size=1, flops_per_sample=10)
     with caplog.at_level(logging.WARNING):
         run_loop([1, 1, 1], phases=False)
@@ -247,7 +248,7 @@ def test_the_peak_dtype_is_autocasts_when_it_wraps_only_the_forward_phase(
     import torch
 
     monkeypatch.setattr(torch.version, "cuda", "13.0")  # a CUDA build of torch
-    monkeypatch.setattr(_engine, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
     run = job(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=1e9)
     engine = traintel.get_telemetry().engine
     assert engine is not None and engine.device is not None  # looking, until the dtype is known
@@ -257,8 +258,8 @@ def test_the_peak_dtype_is_autocasts_when_it_wraps_only_the_forward_phase(
                 assert engine.device is not None or _ > 0
                 with cuda_autocast_flag(torch.float16):
                     if api == "callbacks":
-                        traintel.on_model_forward_start()
-                        traintel.on_model_forward_end()
+                        callbacks.on_model_forward_start()
+                        callbacks.on_model_forward_end()
                     else:
                         with traintel.model_forward():
                             pass
@@ -276,16 +277,16 @@ def test_autocast_inside_a_phase_is_not_seen_and_the_mfu_warning_says_so(
     import torch
 
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(_engine, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
     run = job(log_every_n_iterations=2, global_batch_size=1, flops_per_sample=1e12)
-    traintel.on_train_start(start_time_msec=ms(0))
+    callbacks.on_train_start(start_time_msec=ms(0))
     with caplog.at_level(logging.WARNING):
         for i in range(2):  # 1e12 FLOPs in 10 ms: 100 TFLOP/s, above fp32's 67
-            traintel.on_training_single_iteration_start(start_time_msec=ms(i * 0.01))
+            callbacks.on_training_single_iteration_start(start_time_msec=ms(i * 0.01))
             with traintel.model_forward(), cuda_autocast_flag(torch.bfloat16):
                 pass
-            traintel.on_training_single_iteration_end(finish_time_msec=ms((i + 1) * 0.01))
-        traintel.on_train_end(finish_time_msec=ms(0.02))
+            callbacks.on_training_single_iteration_end(finish_time_msec=ms((i + 1) * 0.01))
+        callbacks.on_train_end(finish_time_msec=ms(0.02))
     (window,) = run.events("training_metrics_update")
     assert window[semconv.MFU_PEAK_SOURCE] == "table: NVIDIA H100 SXM fp32 dense"
     assert "mfu" not in {k.removeprefix(W) for k in window}
@@ -298,7 +299,7 @@ def test_no_autocast_in_the_first_window_means_fp32_and_the_look_stops(
     import torch
 
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(_engine, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
     run = job(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=1e9)
     engine = traintel.get_telemetry().engine
     assert engine is not None
@@ -341,13 +342,13 @@ def test_the_device_name_waits_for_the_job_to_initialise_cuda(monkeypatch: pytes
 def test_a_step_phase_split_with_an_optimizer(job: Any) -> None:
     """The optimizer share of the step split, which the other exact tests leave at zero."""
     run = job(log_every_n_iterations=2, export_iterations="none")
-    traintel.on_train_start(start_time_msec=ms(0))
+    callbacks.on_train_start(start_time_msec=ms(0))
     for start in (0, 2):
-        traintel.on_training_single_iteration_start(start_time_msec=ms(start))
-        traintel.on_optimizer_update_start(start_time_msec=ms(start + 1.5))
-        traintel.on_optimizer_update_end(finish_time_msec=ms(start + 2))
-        traintel.on_training_single_iteration_end(finish_time_msec=ms(start + 2))
-    traintel.on_train_end(finish_time_msec=ms(4))
+        callbacks.on_training_single_iteration_start(start_time_msec=ms(start))
+        callbacks.on_optimizer_update_start(start_time_msec=ms(start + 1.5))
+        callbacks.on_optimizer_update_end(finish_time_msec=ms(start + 2))
+        callbacks.on_training_single_iteration_end(finish_time_msec=ms(start + 2))
+    callbacks.on_train_end(finish_time_msec=ms(4))
     (window,) = run.events("training_metrics_update")
     assert window[W + "time.optimizer"] == 1.0
     assert window[W + "data_loading_fraction"] == 0.0

@@ -13,7 +13,7 @@ from opentelemetry.trace import StatusCode
 
 import traintel
 from tests.conftest import Pipeline, parent_name
-from traintel import semconv
+from traintel import callbacks, semconv
 
 
 class Boom(RuntimeError):
@@ -71,10 +71,10 @@ def test_iteration_outside_loop_warns_once_and_still_records(
 
 def test_callback_double_start_is_idempotent(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="traintel"):
-        first = traintel.on_train_start()
-        second = traintel.on_train_start()
-        traintel.on_train_start()
-        traintel.on_train_end()
+        first = callbacks.on_train_start()
+        second = callbacks.on_train_start()
+        callbacks.on_train_start()
+        callbacks.on_train_end()
     assert first is second
     assert len(pipeline.by_name("training_loop")) == 1
     assert sum("fired twice" in r.getMessage() for r in caplog.records) == 1
@@ -82,12 +82,12 @@ def test_callback_double_start_is_idempotent(pipeline: Pipeline, caplog: pytest.
 
 def test_end_without_start_and_double_end(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="traintel"):
-        traintel.on_validation_end()
-        traintel.on_app_start()
-        traintel.on_app_end()
-        traintel.on_app_end()
-        traintel.on_app_end()
-        traintel.on_save_checkpoint_success(global_step=3)
+        callbacks.on_validation_end()
+        callbacks.on_app_start()
+        callbacks.on_app_end()
+        callbacks.on_app_end()
+        callbacks.on_app_end()
+        callbacks.on_save_checkpoint_success(global_step=3)
     assert len(pipeline.by_name("application")) == 1
     messages = [r.getMessage() for r in caplog.records]
     assert sum("'validation_loop' without a matching start" in m for m in messages) == 1
@@ -97,11 +97,11 @@ def test_end_without_start_and_double_end(pipeline: Pipeline, caplog: pytest.Log
 
 def test_wrong_nesting_closes_children_in_order(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="traintel"):
-        traintel.on_app_start()
-        traintel.on_train_start()
-        traintel.on_training_single_iteration_start()
-        traintel.on_model_forward_start()
-        traintel.on_app_end()  # everything else still open
+        callbacks.on_app_start()
+        callbacks.on_train_start()
+        callbacks.on_training_single_iteration_start()
+        callbacks.on_model_forward_start()
+        callbacks.on_app_end()  # everything else still open
     spans = [s for s in pipeline.spans() if s.name != "training_window"]
     assert [s.name for s in spans] == ["model_forward", "training_iteration", "training_loop", "application"]
     for span in spans[1:-1]:
@@ -110,23 +110,23 @@ def test_wrong_nesting_closes_children_in_order(pipeline: Pipeline, caplog: pyte
     assert parent_name(pipeline.one("training_iteration"), spans) == "training_loop"
     assert sum("still open" in r.getMessage() for r in caplog.records) == 1
     # the context is back to empty: a new span is a root
-    traintel.on_app_start()
-    traintel.on_app_end()
+    callbacks.on_app_start()
+    callbacks.on_app_end()
     assert pipeline.by_name("application")[1].parent is None
 
 
 def test_callbacks_from_another_thread(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
-    traintel.on_app_start()
-    traintel.on_train_start()
+    callbacks.on_app_start()
+    callbacks.on_train_start()
 
     def end_elsewhere() -> None:
-        traintel.on_train_end()
+        callbacks.on_train_end()
 
     with caplog.at_level(logging.WARNING, logger="traintel"):
         thread = threading.Thread(target=end_elsewhere)
         thread.start()
         thread.join()
-    traintel.on_app_end()
+    callbacks.on_app_end()
     spans = pipeline.spans()
     assert [s.name for s in spans] == ["training_loop", "application"]
     assert parent_name(spans[0], spans) == "application"
@@ -134,10 +134,10 @@ def test_callbacks_from_another_thread(pipeline: Pipeline, caplog: pytest.LogCap
 
 
 def test_callbacks_explicit_times_are_exact(pipeline: Pipeline) -> None:
-    traintel.on_app_start(start_time_msec=1_700_000_000_000.0)
-    traintel.on_model_init_start(start_time_msec=1_700_000_000_250.5)
-    traintel.on_model_init_end(finish_time_msec=1_700_000_001_000.0)
-    traintel.on_app_end(finish_time_msec=1_700_000_002_000.0)
+    callbacks.on_app_start(start_time_msec=1_700_000_000_000.0)
+    callbacks.on_model_init_start(start_time_msec=1_700_000_000_250.5)
+    callbacks.on_model_init_end(finish_time_msec=1_700_000_001_000.0)
+    callbacks.on_app_end(finish_time_msec=1_700_000_002_000.0)
     model_init = pipeline.one("model_init")
     assert model_init.start_time == 1_700_000_000_250_500_000
     assert model_init.end_time == 1_700_000_001_000_000_000

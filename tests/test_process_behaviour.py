@@ -15,6 +15,7 @@ from traintel.exporters.reader import iter_spans
 
 USER_JOB = """
 import traintel
+from traintel import callbacks
 
 @traintel.application()
 def main():
@@ -47,7 +48,7 @@ def test_sdk_disabled_records_nothing_and_user_code_runs_unchanged(tmp_path: Pat
     assert not (tmp_path / "traintel-runs").exists()
     enabled = run_python(USER_JOB, tmp_path)
     assert enabled.returncode == 0, enabled.stderr
-    assert enabled.stdout == "result 10 IterationSpan\n"
+    assert enabled.stdout == "result 10 IterationRecord\n"
     assert len(list((tmp_path / "traintel-runs").iterdir())) == 1
 
 
@@ -124,7 +125,7 @@ def test_exit_is_bounded_when_collector_is_blackholed(tmp_path: Path) -> None:
         )
         elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "result 10 IterationSpan\n"
+    assert result.stdout == "result 10 IterationRecord\n"
     # The exporter stops waiting at the bound (0.8 of it); what it held is kept in the spool.
     assert "not delivered, kept in" in result.stderr
     # The exporter alone would wait 30 s per attempt; our bound is 1 s plus interpreter start/exit.
@@ -178,7 +179,7 @@ def test_implicit_configuration_survives_bad_env(tmp_path: Path) -> None:
         TRAINTEL_OUTPUT_DIR=str(tmp_path / "out"),
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["result 10 IterationSpan", "128"]
+    assert result.stdout.splitlines() == ["result 10 IterationRecord", "128"]
     assert "TRAINTEL_GLOBAL_BATCH_SIZE='lots': expected a positive integer" in result.stderr
     assert result.stderr.count("TRAINTEL_GLOBAL_BATCH_SIZE") == 1
     files = list((tmp_path / "out").iterdir())
@@ -188,10 +189,10 @@ def test_implicit_configuration_survives_bad_env(tmp_path: Path) -> None:
 
 def test_callbacks_left_open_are_ended_at_exit(tmp_path: Path) -> None:
     code = """
-    import traintel
-    traintel.on_app_start()
-    traintel.on_train_start()
-    traintel.on_training_single_iteration_start()
+    from traintel import callbacks
+    callbacks.on_app_start()
+    callbacks.on_train_start()
+    callbacks.on_training_single_iteration_start()
     print("exiting without end callbacks")
     """
     result = run_python(code, tmp_path)
@@ -243,7 +244,7 @@ def test_opentelemetry_instrument_picks_traintel_up(tmp_path: Path) -> None:
 def test_sampler_from_env_drops_spans_without_false_warnings(tmp_path: Path) -> None:
     result = run_python(USER_JOB, tmp_path, OTEL_TRACES_SAMPLER="always_off")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "result 10 IterationSpan\n"  # iterations are still counted in metrics
+    assert result.stdout == "result 10 IterationRecord\n"  # iterations are still counted in metrics
     assert result.stderr == "", "a sampled-out loop is not misuse"
     assert [s.name for s in iter_spans([tmp_path / "traintel-runs"])] == []
 

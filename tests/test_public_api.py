@@ -9,25 +9,22 @@ from pathlib import Path
 import traintel
 
 EXPECTED = {
-    "AsyncCheckpointCompletion", "FlopCount", "IterationSpan", "apply_flops", "checkpoint_stage",
-    "measure_flops", "peak_flops_for", "record_batch", "SessionGoodput", "session_goodput",
-    "ConfigurationError", "ContextThreadPoolExecutor", "Event", "Phase", "PhaseSpan", "Telemetry",
-    "TrainingConfig", "__version__", "application", "checkpoint_load", "checkpoint_save", "configure",
-    "data_loader_init", "data_loading", "dist_init", "get_telemetry", "model_backward", "model_forward",
-    "model_init", "on_app_end", "on_app_start", "on_data_loading_end", "on_data_loading_start",
-    "on_dataloader_init_end", "on_dataloader_init_start", "on_distributed_init_end",
-    "on_distributed_init_start", "on_load_checkpoint_end", "on_load_checkpoint_start",
-    "on_model_backward_end", "on_model_backward_start", "on_model_forward_end", "on_model_forward_start",
-    "on_model_init_end", "on_model_init_start", "on_optimizer_init_end", "on_optimizer_init_start",
-    "on_optimizer_update_end", "on_optimizer_update_start", "on_save_checkpoint_end",
-    "on_save_checkpoint_start", "on_save_checkpoint_success", "on_testing_end",
-    "on_testing_single_iteration_end", "on_testing_single_iteration_start", "on_testing_start",
-    "on_train_end", "on_train_start", "on_training_single_iteration_end",
-    "on_training_single_iteration_start", "on_validation_end", "on_validation_single_iteration_end",
-    "on_validation_single_iteration_start", "on_validation_start", "optimizer_init", "optimizer_update",
-    "record_metrics", "set_training_config", "shutdown", "submit_with_context", "testing_iteration",
-    "testing_loop", "timed_span", "training_iteration", "training_loop", "validation_iteration",
-    "validation_loop", "wrap_with_context", "mark_sync_point", "watch_ddp",
+    "AsyncCheckpointCompletion", "ConfigurationError", "Telemetry", "__version__",
+    "configure", "get_telemetry", "set_training_config", "shutdown",
+    "application", "dist_init", "data_loader_init", "model_init", "optimizer_init", "checkpoint_load",
+    "training_loop", "training_iteration", "data_loading", "model_forward", "model_backward",
+    "optimizer_update", "checkpoint_save", "checkpoint_stage", "validation_loop", "validation_iteration",
+    "testing_loop", "testing_iteration", "timed_span", "record_batch", "record_metrics",
+    "measure_flops", "apply_flops",
+}  # fmt: skip
+#: Public modules and what each offers (the rest of the surface).
+MODULES = {
+    "traintel.callbacks": None,  # the one-logger callbacks: every on_* name
+    "traintel.flops": {"FlopCount", "PeakLookup", "apply_flops", "measure_flops", "peak_flops_for",
+                       "transformer_flops_per_token"},
+    "traintel.threads": {"ContextThreadPoolExecutor", "submit_with_context", "wrap_with_context"},
+    "traintel.distributed": {"mark_sync_point", "watch_ddp"},
+    "traintel.analysis": {"SessionGoodput", "render", "session_goodput", "summarize"},
 }  # fmt: skip
 
 
@@ -36,6 +33,44 @@ def test_all_is_pinned() -> None:
     assert len(traintel.__all__) == len(EXPECTED), "no duplicates in __all__"
     for name in traintel.__all__:
         assert hasattr(traintel, name), name
+
+
+def test_every_public_name_is_documented() -> None:
+    for name in traintel.__all__:
+        obj = getattr(traintel, name)
+        if name != "__version__":
+            assert (obj.__doc__ or "").strip(), f"traintel.{name} has no docstring"
+    for module_name, names in MODULES.items():
+        module = importlib.import_module(module_name)
+        assert (module.__doc__ or "").strip(), module_name
+        exported = set(module.__all__)
+        if names is not None:
+            assert exported == names, module_name
+        for name in exported:
+            assert (getattr(module, name).__doc__ or "").strip(), f"{module_name}.{name} has no docstring"
+
+
+def test_names_that_moved_still_resolve_with_a_warning_naming_their_module() -> None:
+    import pytest
+
+    from traintel import callbacks, semconv, threads
+
+    for name, module in (("on_train_start", callbacks), ("Phase", semconv), ("wrap_with_context", threads)):
+        with pytest.warns(DeprecationWarning, match=f"traintel.{name} moved to {module.__name__}.{name}"):
+            assert getattr(traintel, name) is getattr(module, name)
+    with pytest.raises(AttributeError, match="no attribute 'on_nothing'"):
+        _ = traintel.on_nothing
+    with pytest.raises(AttributeError, match="no attribute 'IterationSpan'"):
+        _ = traintel.IterationSpan
+
+
+def test_importing_traintel_imports_no_torch_rich_or_grpc() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, traintel; print(sorted(m for m in ('torch', 'rich', 'grpc') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_typed_package_and_version() -> None:
@@ -69,4 +104,7 @@ def test_callback_names_match_the_reference_library() -> None:
         "on_validation_single_iteration_start", "on_validation_single_iteration_end", "on_testing_start",
         "on_testing_end", "on_save_checkpoint_start", "on_save_checkpoint_success", "on_save_checkpoint_end",
     ]  # fmt: skip
-    assert set(reference) <= set(traintel.__all__)
+    from traintel import callbacks
+
+    assert set(reference) <= set(callbacks.__all__)
+    assert all(name.startswith("on_") for name in callbacks.__all__)

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import traintel
-from traintel import semconv
+from traintel import callbacks, semconv
 from traintel._aggregation.export_policy import RankExportPolicy
 
 T0 = 1_700_000_000_000  # ms
@@ -93,31 +93,31 @@ def run_job(monkeypatch: pytest.MonkeyPatch, rank: int, threshold: int, policy: 
         export_first_iterations=2, export_every_n_iterations=5, log_every_n_iterations=4,
         slow_iteration_factor=3, cross_rank_scale_world_size=threshold, global_batch_size=8,
     )  # fmt: skip
-    traintel.on_app_start(start_time_msec=T0)
-    traintel.on_train_start(start_time_msec=T0)
+    callbacks.on_app_start(start_time_msec=T0)
+    callbacks.on_train_start(start_time_msec=T0)
     t = T0
     for i in range(20):
         duration = 5000 if i == 12 else 1000
-        traintel.on_training_single_iteration_start(start_time_msec=t)
-        traintel.on_model_forward_start(start_time_msec=t)
-        traintel.on_model_forward_end(finish_time_msec=t + duration / 2)
+        callbacks.on_training_single_iteration_start(start_time_msec=t)
+        callbacks.on_model_forward_start(start_time_msec=t)
+        callbacks.on_model_forward_end(finish_time_msec=t + duration / 2)
         if i == 14:
             traintel.record_metrics(loss=float("nan"))
-        traintel.on_training_single_iteration_end(finish_time_msec=t + duration)
+        callbacks.on_training_single_iteration_end(finish_time_msec=t + duration)
         t += duration
         if i == 7:
-            traintel.on_save_checkpoint_start(start_time_msec=t, size_bytes=1000)
-            traintel.on_save_checkpoint_end(finish_time_msec=t + 200)
+            callbacks.on_save_checkpoint_start(start_time_msec=t, size_bytes=1000)
+            callbacks.on_save_checkpoint_end(finish_time_msec=t + 200)
             t += 200
         if i == 9:
-            traintel.on_validation_start(start_time_msec=t)
+            callbacks.on_validation_start(start_time_msec=t)
             for _ in range(3):
-                traintel.on_validation_single_iteration_start(start_time_msec=t)
-                traintel.on_validation_single_iteration_end(finish_time_msec=t + 100)
+                callbacks.on_validation_single_iteration_start(start_time_msec=t)
+                callbacks.on_validation_single_iteration_end(finish_time_msec=t + 100)
                 t += 100
-            traintel.on_validation_end(finish_time_msec=t)
-    traintel.on_train_end(finish_time_msec=t + 1)
-    traintel.on_app_end(finish_time_msec=t + 2)
+            callbacks.on_validation_end(finish_time_msec=t)
+    callbacks.on_train_end(finish_time_msec=t + 1)
+    callbacks.on_app_end(finish_time_msec=t + 2)
     telemetry = traintel.get_telemetry()
     telemetry.flush(5)
     data = reader.get_metrics_data()

@@ -10,7 +10,7 @@ import pytest
 import traintel
 from tests.conftest import Pipeline
 from tests.test_heartbeat import points
-from traintel import semconv
+from traintel import distributed, semconv
 from traintel._aggregation.aggregator import WindowReport
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel.distributed.stats import EWMA_ALPHA, RankTracker, RankWindow
@@ -107,7 +107,7 @@ def test_sync_point_marks_compute_once_per_iteration(pipeline: Pipeline) -> None
             cross_rank.mark_sync_point(record.start_ns + 30_000_000)
             cross_rank.mark_sync_point(record.start_ns + 90_000_000)  # a later bucket: ignored
             assert (cross_rank._compute_ns, cross_rank._marked_iterations) == (20_000_000, 1)
-        traintel.mark_sync_point()  # outside an iteration: nothing
+        distributed.mark_sync_point()  # outside an iteration: nothing
         assert cross_rank._marked_iterations == 1
     assert cross_rank.exchange is None  # not distributed: no exchange
 

@@ -18,7 +18,8 @@ DDP_JOB = """
 from torch.nn.parallel import DistributedDataParallel as DDP
 torch.manual_seed(0)
 model = DDP(torch.nn.Linear(16, 4))
-traintel.watch_ddp(model)
+from traintel.distributed import watch_ddp
+watch_ddp(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(8, 16)
 with traintel.training_loop():
@@ -225,6 +226,7 @@ def test_a_blocked_rank_is_named_by_its_heartbeat_within_the_reader_interval(tmp
 
 
 SCALE_JOB = """
+from traintel.distributed import mark_sync_point
 traintel.configure()
 x = torch.randn(64, 64)
 with traintel.training_loop():
@@ -236,7 +238,7 @@ with traintel.training_loop():
                 (x @ x).sum()
                 if RANK == 1:
                     time.sleep(DELAY)
-            traintel.mark_sync_point()  # no DDP: the user's own collective follows
+            mark_sync_point()  # no DDP: the user's own collective follows
             dist.all_reduce(torch.ones(4))
             if RANK == 1 and i == 9:
                 traintel.record_metrics(loss=float("nan"))

@@ -13,7 +13,7 @@ from opentelemetry.trace import StatusCode
 
 import traintel
 from tests.conftest import Pipeline
-from traintel import semconv
+from traintel import callbacks, semconv
 
 T0 = 1_700_000_000_000
 
@@ -44,20 +44,20 @@ def assert_no_orphans(spans: list[ReadableSpan]) -> None:
 def run_job(durations: list[float]) -> None:
     """Iterations at explicit times, each with a user span inside."""
     tracer = trace.get_tracer("user-code", tracer_provider=_provider())
-    traintel.on_app_start(start_time_msec=ms(0))
-    traintel.on_train_start(start_time_msec=ms(0))
+    callbacks.on_app_start(start_time_msec=ms(0))
+    callbacks.on_train_start(start_time_msec=ms(0))
     t = 0.0
     for duration in durations:
-        traintel.on_training_single_iteration_start(start_time_msec=ms(t))
+        callbacks.on_training_single_iteration_start(start_time_msec=ms(t))
         with tracer.start_as_current_span("user_work"):
             with tracer.start_as_current_span("user_inner"):
                 pass
-        traintel.on_model_forward_start(start_time_msec=ms(t))
-        traintel.on_model_forward_end(finish_time_msec=ms(t + duration / 2))
-        traintel.on_training_single_iteration_end(finish_time_msec=ms(t + duration))
+        callbacks.on_model_forward_start(start_time_msec=ms(t))
+        callbacks.on_model_forward_end(finish_time_msec=ms(t + duration / 2))
+        callbacks.on_training_single_iteration_end(finish_time_msec=ms(t + duration))
         t += duration
-    traintel.on_train_end(finish_time_msec=ms(t + 1))
-    traintel.on_app_end(finish_time_msec=ms(t + 2))
+    callbacks.on_train_end(finish_time_msec=ms(t + 1))
+    callbacks.on_app_end(finish_time_msec=ms(t + 2))
 
 
 def _provider() -> Any:
@@ -174,13 +174,13 @@ def test_user_provider_without_filter_leaves_no_orphans(pipeline: Pipeline) -> N
         export_first_iterations=1, export_every_n_iterations=0,
     )  # fmt: skip
     tracer = pipeline.tracer_provider.get_tracer("user-code")
-    traintel.on_train_start(start_time_msec=ms(0))
+    callbacks.on_train_start(start_time_msec=ms(0))
     for i, duration in enumerate([1.0] * 15 + [9.0]):
-        traintel.on_training_single_iteration_start(start_time_msec=ms(i))
+        callbacks.on_training_single_iteration_start(start_time_msec=ms(i))
         with tracer.start_as_current_span("user_work"):
             pass
-        traintel.on_training_single_iteration_end(finish_time_msec=ms(i + duration))
-    traintel.on_train_end(finish_time_msec=ms(30))
+        callbacks.on_training_single_iteration_end(finish_time_msec=ms(i + duration))
+    callbacks.on_train_end(finish_time_msec=ms(30))
     spans = pipeline.spans()
     assert_no_orphans(spans)
     by_iteration = exported_by_iteration(spans)
@@ -283,17 +283,17 @@ def _slow_iterations_with_callbacks(durations: list[float], window: int, after: 
         slow_event(record, *args)
 
     engine._slow_event = spy  # type: ignore[method-assign]
-    traintel.on_app_start(start_time_msec=ms(0))
-    traintel.on_train_start(start_time_msec=ms(0))
+    callbacks.on_app_start(start_time_msec=ms(0))
+    callbacks.on_train_start(start_time_msec=ms(0))
     t = 0.0
     for i, duration in enumerate(durations):
         if after is not None:
             after(i)
-        traintel.on_training_single_iteration_start(start_time_msec=ms(t))
-        traintel.on_training_single_iteration_end(finish_time_msec=ms(t + duration))
+        callbacks.on_training_single_iteration_start(start_time_msec=ms(t))
+        callbacks.on_training_single_iteration_end(finish_time_msec=ms(t + duration))
         t += duration
-    traintel.on_train_end(finish_time_msec=ms(t + 1))
-    traintel.on_app_end(finish_time_msec=ms(t + 2))
+    callbacks.on_train_end(finish_time_msec=ms(t + 1))
+    callbacks.on_app_end(finish_time_msec=ms(t + 2))
     traintel.shutdown(2)
     return flagged
 

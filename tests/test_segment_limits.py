@@ -17,7 +17,7 @@ from opentelemetry.trace import StatusCode
 
 import traintel
 from tests.subprocess_helpers import run_python
-from traintel import semconv
+from traintel import callbacks, semconv
 from traintel._sdk.export_filter import TraceBudget, estimate_span_bytes
 from traintel.exporters.reader import iter_spans
 
@@ -48,13 +48,13 @@ def test_segments_by_time_close_on_the_period_and_count_their_spans(exporter: In
     traintel.configure(
         span_exporters=[exporter], metric_readers=[], segment_seconds=10, log_every_n_iterations=4
     )
-    traintel.on_app_start(start_time_msec=T0)
-    traintel.on_train_start(start_time_msec=T0)
+    callbacks.on_app_start(start_time_msec=T0)
+    callbacks.on_train_start(start_time_msec=T0)
     for i in range(25):  # 1 s iterations: a segment every 10
-        traintel.on_training_single_iteration_start(start_time_msec=T0 + 1000 * i)
-        traintel.on_training_single_iteration_end(finish_time_msec=T0 + 1000 * (i + 1))
-    traintel.on_train_end(finish_time_msec=T0 + 25_000)
-    traintel.on_app_end(finish_time_msec=T0 + 26_000)
+        callbacks.on_training_single_iteration_start(start_time_msec=T0 + 1000 * i)
+        callbacks.on_training_single_iteration_end(finish_time_msec=T0 + 1000 * (i + 1))
+    callbacks.on_train_end(finish_time_msec=T0 + 25_000)
+    callbacks.on_app_end(finish_time_msec=T0 + 26_000)
     by_trace = traces(exporter)
     assert len(by_trace) == 3
     loops = loop_segments(by_trace)

@@ -11,7 +11,7 @@ from opentelemetry.trace import SpanKind
 import traintel
 from tests import reference_job
 from tests.conftest import Pipeline, parent_name
-from traintel import semconv
+from traintel import callbacks, semconv
 
 
 def _assert_reference_tree(pipeline: Pipeline) -> None:
@@ -168,13 +168,13 @@ def test_phase_duration_metric_in_seconds(pipeline: Pipeline) -> None:
 
 
 def test_one_success_event_when_the_callback_reports_it_too(pipeline: Pipeline) -> None:
-    traintel.on_train_start()
-    traintel.on_save_checkpoint_start(global_step=12)
-    traintel.on_save_checkpoint_success(global_step=12, attributes={"note": "user"})
-    traintel.on_save_checkpoint_end()
-    traintel.on_save_checkpoint_start(global_step=13)
-    traintel.on_save_checkpoint_end()  # no callback: traintel reports the success itself
-    traintel.on_train_end()
+    callbacks.on_train_start()
+    callbacks.on_save_checkpoint_start(global_step=12)
+    callbacks.on_save_checkpoint_success(global_step=12, attributes={"note": "user"})
+    callbacks.on_save_checkpoint_end()
+    callbacks.on_save_checkpoint_start(global_step=13)
+    callbacks.on_save_checkpoint_end()  # no callback: traintel reports the success itself
+    callbacks.on_train_end()
     first, second = pipeline.by_name("checkpoint_save_sync")
     successes = [e for e in first.events if e.name == "save_checkpoint_success"]
     assert len(successes) == 1 and successes[0].attributes["note"] == "user"  # type: ignore[index]

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import traintel
-from traintel import semconv
+from traintel import callbacks, semconv
 from traintel.analysis.summary import percentile, render, summarize
 from traintel.cli import main
 from traintel.exporters.file import OtlpJsonFileSpanExporter, OtlpJsonLinesFile
@@ -29,19 +29,19 @@ def _write_run(directory: Path) -> Path:
     traintel.configure(
         tracer_provider=provider, log_every_n_iterations=2, global_batch_size=10, warmup_iterations=1
     )
-    traintel.on_app_start(start_time_msec=T0)
-    traintel.on_model_init_start(start_time_msec=T0)
-    traintel.on_model_init_end(finish_time_msec=T0 + 2000)
-    traintel.on_train_start(train_iterations_start=0, start_time_msec=T0 + 2000)
+    callbacks.on_app_start(start_time_msec=T0)
+    callbacks.on_model_init_start(start_time_msec=T0)
+    callbacks.on_model_init_end(finish_time_msec=T0 + 2000)
+    callbacks.on_train_start(train_iterations_start=0, start_time_msec=T0 + 2000)
     for start, duration in ((2, 4), (6, 1), (7, 1), (8, 2)):
-        traintel.on_training_single_iteration_start(start_time_msec=T0 + start * 1000)
+        callbacks.on_training_single_iteration_start(start_time_msec=T0 + start * 1000)
         if start == 8:
             traintel.record_metrics(loss=0.5)
-        traintel.on_training_single_iteration_end(finish_time_msec=T0 + (start + duration) * 1000)
-    traintel.on_save_checkpoint_start(global_step=4, start_time_msec=T0 + 10_000, size_bytes=3_000_000)
-    traintel.on_save_checkpoint_end(finish_time_msec=T0 + 12_000)
-    traintel.on_train_end(finish_time_msec=T0 + 12_000)
-    traintel.on_app_end(finish_time_msec=T0 + 20_000)
+        callbacks.on_training_single_iteration_end(finish_time_msec=T0 + (start + duration) * 1000)
+    callbacks.on_save_checkpoint_start(global_step=4, start_time_msec=T0 + 10_000, size_bytes=3_000_000)
+    callbacks.on_save_checkpoint_end(finish_time_msec=T0 + 12_000)
+    callbacks.on_train_end(finish_time_msec=T0 + 12_000)
+    callbacks.on_app_end(finish_time_msec=T0 + 20_000)
     traintel.shutdown(1)
     provider.shutdown()
     assert file.path is not None

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import traintel
 from tests.conftest import Pipeline, parent_name
+from traintel import threads
 
 
 def _write_shard(index: int) -> int:
@@ -18,7 +19,7 @@ def test_context_thread_pool_executor_keeps_parent(pipeline: Pipeline) -> None:
     with (
         traintel.training_loop(),
         traintel.checkpoint_save(strategy="async"),
-        traintel.ContextThreadPoolExecutor(max_workers=2) as pool,
+        threads.ContextThreadPoolExecutor(max_workers=2) as pool,
     ):
         results = list(pool.map(_write_shard, range(4)))  # map goes through submit
     assert results == [0, 1, 2, 3]
@@ -30,7 +31,7 @@ def test_context_thread_pool_executor_keeps_parent(pipeline: Pipeline) -> None:
 
 def test_submit_with_context_on_a_foreign_executor(pipeline: Pipeline) -> None:
     with ThreadPoolExecutor(max_workers=1) as pool, traintel.validation_loop():
-        traintel.submit_with_context(pool, _write_shard, 7).result()
+        threads.submit_with_context(pool, _write_shard, 7).result()
         pool.submit(_write_shard, 8).result()  # a plain submit loses the context: a root span
     spans = pipeline.spans()
     by_shard = {s.attributes["shard"]: s for s in pipeline.by_name("write_shard")}  # type: ignore[index]
@@ -40,7 +41,7 @@ def test_submit_with_context_on_a_foreign_executor(pipeline: Pipeline) -> None:
 
 def test_wrap_with_context_for_threads(pipeline: Pipeline) -> None:
     with traintel.training_loop(), traintel.checkpoint_save(strategy="async"):
-        thread = threading.Thread(target=traintel.wrap_with_context(_write_shard), args=(1,))
+        thread = threading.Thread(target=threads.wrap_with_context(_write_shard), args=(1,))
         thread.start()
     thread.join()
     spans = pipeline.spans()

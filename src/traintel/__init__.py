@@ -3,16 +3,20 @@
 Training phases become real OpenTelemetry spans in the current context; a span processor turns
 them into training metrics; everything leaves through the standard OTLP exporters, or the
 embedded OTLP/JSON-lines file when nothing else is configured.
+
+The phases and the few functions a training loop calls are here; the rest lives in modules:
+``traintel.callbacks`` (the one-logger callbacks), ``traintel.flops`` (FLOPs and peaks),
+``traintel.threads`` (context across threads), ``traintel.distributed`` (ranks and
+stragglers), ``traintel.analysis`` (reading exported files), ``traintel.semconv`` (every span,
+attribute and metric name), ``traintel.config`` (the configuration), ``traintel.integrations``
+(Lightning, Hugging Face, torch).
 """
 
+from typing import Any
+
 from traintel._api.configuration import configure, get_telemetry, set_training_config, shutdown
-from traintel._api.model_metrics import record_metrics
-from traintel._api.threads import ContextThreadPoolExecutor, submit_with_context, wrap_with_context
-from traintel._host.flops import FlopCount, apply_flops, measure_flops, peak_flops_for
-from traintel._recorder.engine import IterationSpan
-from traintel._recorder.phases import (
-    AsyncCheckpointCompletion,
-    PhaseSpan,
+from traintel._api.model_metrics import record_batch, record_metrics
+from traintel._api.phases import (
     application,
     checkpoint_load,
     checkpoint_save,
@@ -25,7 +29,6 @@ from traintel._recorder.phases import (
     model_init,
     optimizer_init,
     optimizer_update,
-    record_batch,
     testing_iteration,
     testing_loop,
     timed_span,
@@ -34,62 +37,17 @@ from traintel._recorder.phases import (
     validation_iteration,
     validation_loop,
 )
+from traintel._recorder.checkpoints import AsyncCheckpointCompletion
+from traintel._runtime import bootstrap as _bootstrap  # registers configuration on first use
 from traintel._runtime.state import Telemetry
-from traintel.analysis.goodput import SessionGoodput, session_goodput
-from traintel.callbacks import (
-    on_app_end,
-    on_app_start,
-    on_data_loading_end,
-    on_data_loading_start,
-    on_dataloader_init_end,
-    on_dataloader_init_start,
-    on_distributed_init_end,
-    on_distributed_init_start,
-    on_load_checkpoint_end,
-    on_load_checkpoint_start,
-    on_model_backward_end,
-    on_model_backward_start,
-    on_model_forward_end,
-    on_model_forward_start,
-    on_model_init_end,
-    on_model_init_start,
-    on_optimizer_init_end,
-    on_optimizer_init_start,
-    on_optimizer_update_end,
-    on_optimizer_update_start,
-    on_save_checkpoint_end,
-    on_save_checkpoint_start,
-    on_save_checkpoint_success,
-    on_testing_end,
-    on_testing_single_iteration_end,
-    on_testing_single_iteration_start,
-    on_testing_start,
-    on_train_end,
-    on_train_start,
-    on_training_single_iteration_end,
-    on_training_single_iteration_start,
-    on_validation_end,
-    on_validation_single_iteration_end,
-    on_validation_single_iteration_start,
-    on_validation_start,
-)
-from traintel.config import ConfigurationError, TrainingConfig
-from traintel.distributed import mark_sync_point, watch_ddp
-from traintel.semconv import Event, Phase
+from traintel.config import ConfigurationError
+from traintel.flops import apply_flops, measure_flops
 from traintel.version import __version__
 
 __all__ = [
     "AsyncCheckpointCompletion",
     "ConfigurationError",
-    "ContextThreadPoolExecutor",
-    "Event",
-    "FlopCount",
-    "IterationSpan",
-    "Phase",
-    "PhaseSpan",
-    "SessionGoodput",
     "Telemetry",
-    "TrainingConfig",
     "__version__",
     "application",
     "apply_flops",
@@ -101,55 +59,16 @@ __all__ = [
     "data_loading",
     "dist_init",
     "get_telemetry",
-    "mark_sync_point",
     "measure_flops",
     "model_backward",
     "model_forward",
     "model_init",
-    "on_app_end",
-    "on_app_start",
-    "on_data_loading_end",
-    "on_data_loading_start",
-    "on_dataloader_init_end",
-    "on_dataloader_init_start",
-    "on_distributed_init_end",
-    "on_distributed_init_start",
-    "on_load_checkpoint_end",
-    "on_load_checkpoint_start",
-    "on_model_backward_end",
-    "on_model_backward_start",
-    "on_model_forward_end",
-    "on_model_forward_start",
-    "on_model_init_end",
-    "on_model_init_start",
-    "on_optimizer_init_end",
-    "on_optimizer_init_start",
-    "on_optimizer_update_end",
-    "on_optimizer_update_start",
-    "on_save_checkpoint_end",
-    "on_save_checkpoint_start",
-    "on_save_checkpoint_success",
-    "on_testing_end",
-    "on_testing_single_iteration_end",
-    "on_testing_single_iteration_start",
-    "on_testing_start",
-    "on_train_end",
-    "on_train_start",
-    "on_training_single_iteration_end",
-    "on_training_single_iteration_start",
-    "on_validation_end",
-    "on_validation_single_iteration_end",
-    "on_validation_single_iteration_start",
-    "on_validation_start",
     "optimizer_init",
     "optimizer_update",
-    "peak_flops_for",
     "record_batch",
     "record_metrics",
-    "session_goodput",
     "set_training_config",
     "shutdown",
-    "submit_with_context",
     "testing_iteration",
     "testing_loop",
     "timed_span",
@@ -157,6 +76,35 @@ __all__ = [
     "training_loop",
     "validation_iteration",
     "validation_loop",
-    "watch_ddp",
-    "wrap_with_context",
 ]
+
+del _bootstrap
+
+#: Names that were at ``traintel.*`` before they moved to their modules: still found there,
+#: with a DeprecationWarning naming the new place.
+_MOVED = {
+    "Event": "traintel.semconv",
+    "Phase": "traintel.semconv",
+    "TrainingConfig": "traintel.config",
+    "FlopCount": "traintel.flops",
+    "peak_flops_for": "traintel.flops",
+    "ContextThreadPoolExecutor": "traintel.threads",
+    "submit_with_context": "traintel.threads",
+    "wrap_with_context": "traintel.threads",
+    "mark_sync_point": "traintel.distributed",
+    "watch_ddp": "traintel.distributed",
+    "SessionGoodput": "traintel.analysis",
+    "session_goodput": "traintel.analysis",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+    import warnings
+
+    module = _MOVED.get(name) or ("traintel.callbacks" if name.startswith("on_") else None)
+    if module is None:
+        raise AttributeError(f"module 'traintel' has no attribute {name!r}")
+    found = getattr(importlib.import_module(module), name)  # AttributeError for an unknown on_*
+    warnings.warn(f"traintel.{name} moved to {module}.{name}", DeprecationWarning, stacklevel=2)
+    return found

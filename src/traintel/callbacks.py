@@ -21,7 +21,8 @@ from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._recorder import phases
+from traintel._api import phases
+from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 from traintel.semconv import Phase
 
@@ -38,7 +39,7 @@ def _ns(time_msec: float | None) -> int | None:
     return int(Decimal(repr(float(time_msec))) * 1_000_000)
 
 
-def _start(template: phases.PhaseSpan, key: str, start_time_msec: float | None) -> Span:
+def _start(template: PhaseSpan, key: str, start_time_msec: float | None) -> Span:
     """Open the phase ``template`` describes, under the key that pairs it with its end."""
     try:
         telemetry = _state.current()
@@ -61,26 +62,33 @@ def _end(key: str, finish_time_msec: float | None) -> None:
 
 
 def on_app_start(start_time_msec: float | None = None) -> Span:
+    """The job starts: opens the ``application`` span (its ``telemetry_initialization`` event
+    says what is measured)."""
     return _start(phases.application(), Phase.APPLICATION.value, start_time_msec)
 
 
 def on_app_end(finish_time_msec: float | None = None) -> None:
+    """The job ends: closes the ``application`` span with the job's goodput."""
     _end(Phase.APPLICATION.value, finish_time_msec)
 
 
 def on_distributed_init_start(start_time_msec: float | None = None) -> Span:
+    """Process-group initialisation starts (``dist_init``)."""
     return _start(phases.dist_init(), Phase.DIST_INIT.value, start_time_msec)
 
 
 def on_distributed_init_end(finish_time_msec: float | None = None) -> None:
+    """Process-group initialisation ends."""
     _end(Phase.DIST_INIT.value, finish_time_msec)
 
 
 def on_dataloader_init_start(start_time_msec: float | None = None) -> Span:
+    """Building the data loaders starts (``data_loader_init``)."""
     return _start(phases.data_loader_init(), Phase.DATA_LOADER_INIT.value, start_time_msec)
 
 
 def on_dataloader_init_end(finish_time_msec: float | None = None) -> None:
+    """Building the data loaders ends."""
     _end(Phase.DATA_LOADER_INIT.value, finish_time_msec)
 
 
@@ -89,28 +97,34 @@ def on_load_checkpoint_start(
     path: str | os.PathLike[str] | None = None,
     iteration: int | None = None,
 ) -> Span:
+    """Loading a checkpoint starts (``checkpoint_load``); ``iteration`` is the one it resumes from."""
     return _start(
         phases.checkpoint_load(path=path, iteration=iteration), Phase.CHECKPOINT_LOAD.value, start_time_msec
     )
 
 
 def on_load_checkpoint_end(finish_time_msec: float | None = None) -> None:
+    """Loading the checkpoint ends."""
     _end(Phase.CHECKPOINT_LOAD.value, finish_time_msec)
 
 
 def on_model_init_start(start_time_msec: float | None = None) -> Span:
+    """Building the model starts (``model_init``)."""
     return _start(phases.model_init(), Phase.MODEL_INIT.value, start_time_msec)
 
 
 def on_model_init_end(finish_time_msec: float | None = None) -> None:
+    """Building the model ends."""
     _end(Phase.MODEL_INIT.value, finish_time_msec)
 
 
 def on_optimizer_init_start(start_time_msec: float | None = None) -> Span:
+    """Building the optimizer starts (``optimizer_init``)."""
     return _start(phases.optimizer_init(), Phase.OPTIMIZER_INIT.value, start_time_msec)
 
 
 def on_optimizer_init_end(finish_time_msec: float | None = None) -> None:
+    """Building the optimizer ends."""
     _end(Phase.OPTIMIZER_INIT.value, finish_time_msec)
 
 
@@ -121,6 +135,8 @@ def on_train_start(
     train_samples_target: int | None = None,
     start_time_msec: float | None = None,
 ) -> Span:
+    """The training loop starts (``training_loop``); ``train_iterations_start`` numbers its
+    first iteration."""
     template = phases.training_loop(
         train_iterations_start, train_samples_start, train_iterations_target, train_samples_target
     )
@@ -128,6 +144,7 @@ def on_train_start(
 
 
 def on_train_end(finish_time_msec: float | None = None) -> None:
+    """The training loop ends: its last window and its summary."""
     _end(Phase.TRAINING_LOOP.value, finish_time_msec)
 
 
@@ -137,75 +154,93 @@ def on_training_single_iteration_start(
     samples: int | None = None,
     tokens: int | None = None,
 ) -> Span:
+    """A training iteration (one optimizer step) starts; ``samples`` / ``tokens`` are its work."""
     template = phases.training_iteration(iteration=iteration, samples=samples, tokens=tokens)
     return _start(template, Phase.TRAINING_ITERATION.value, start_time_msec)
 
 
 def on_training_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    """The training iteration ends: counted, and exported if the sampling policy keeps it."""
     _end(Phase.TRAINING_ITERATION.value, finish_time_msec)
 
 
 def on_data_loading_start(start_time_msec: float | None = None) -> Span:
+    """Waiting for the next batch starts (``data_loading``)."""
     return _start(phases.data_loading(), Phase.DATA_LOADING.value, start_time_msec)
 
 
 def on_data_loading_end(finish_time_msec: float | None = None) -> None:
+    """The batch is there."""
     _end(Phase.DATA_LOADING.value, finish_time_msec)
 
 
 def on_model_forward_start(start_time_msec: float | None = None) -> Span:
-    return _start(phases.fresh_step(phases._MODEL_FORWARD), Phase.MODEL_FORWARD.value, start_time_msec)
+    """The forward pass starts (``model_forward``)."""
+    return _start(phases.model_forward(), Phase.MODEL_FORWARD.value, start_time_msec)
 
 
 def on_model_forward_end(finish_time_msec: float | None = None) -> None:
+    """The forward pass ends."""
     _end(Phase.MODEL_FORWARD.value, finish_time_msec)
 
 
 def on_model_backward_start(start_time_msec: float | None = None) -> Span:
-    return _start(phases.fresh_step(phases._MODEL_BACKWARD), Phase.MODEL_BACKWARD.value, start_time_msec)
+    """The backward pass starts (``model_backward``)."""
+    return _start(phases.model_backward(), Phase.MODEL_BACKWARD.value, start_time_msec)
 
 
 def on_model_backward_end(finish_time_msec: float | None = None) -> None:
+    """The backward pass ends."""
     _end(Phase.MODEL_BACKWARD.value, finish_time_msec)
 
 
 def on_optimizer_update_start(start_time_msec: float | None = None) -> Span:
-    return _start(phases.fresh_step(phases._OPTIMIZER_UPDATE), Phase.OPTIMIZER_UPDATE.value, start_time_msec)
+    """The optimizer step starts (``optimizer_update``)."""
+    return _start(phases.optimizer_update(), Phase.OPTIMIZER_UPDATE.value, start_time_msec)
 
 
 def on_optimizer_update_end(finish_time_msec: float | None = None) -> None:
+    """The optimizer step ends."""
     _end(Phase.OPTIMIZER_UPDATE.value, finish_time_msec)
 
 
 def on_validation_start(start_time_msec: float | None = None) -> Span:
+    """A validation loop starts (``validation_loop``)."""
     return _start(phases.validation_loop(), Phase.VALIDATION_LOOP.value, start_time_msec)
 
 
 def on_validation_end(finish_time_msec: float | None = None) -> None:
+    """The validation loop ends with its ``validation_metrics_update`` event."""
     _end(Phase.VALIDATION_LOOP.value, finish_time_msec)
 
 
 def on_validation_single_iteration_start(start_time_msec: float | None = None) -> Span:
+    """A validation batch starts (``validation_iteration``)."""
     return _start(phases.validation_iteration(), Phase.VALIDATION_ITERATION.value, start_time_msec)
 
 
 def on_validation_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    """The validation batch ends."""
     _end(Phase.VALIDATION_ITERATION.value, finish_time_msec)
 
 
 def on_testing_start(start_time_msec: float | None = None) -> Span:
+    """A test loop starts (``testing_loop``)."""
     return _start(phases.testing_loop(), Phase.TESTING_LOOP.value, start_time_msec)
 
 
 def on_testing_end(finish_time_msec: float | None = None) -> None:
+    """The test loop ends with its ``testing_metrics_update`` event."""
     _end(Phase.TESTING_LOOP.value, finish_time_msec)
 
 
 def on_testing_single_iteration_start(start_time_msec: float | None = None) -> Span:
+    """A test batch starts (``testing_iteration``)."""
     return _start(phases.testing_iteration(), Phase.TESTING_ITERATION.value, start_time_msec)
 
 
 def on_testing_single_iteration_end(finish_time_msec: float | None = None) -> None:
+    """The test batch ends."""
     _end(Phase.TESTING_ITERATION.value, finish_time_msec)
 
 
@@ -251,6 +286,7 @@ def on_save_checkpoint_success(
 
 
 def on_save_checkpoint_end(finish_time_msec: float | None = None) -> None:
+    """The blocking part of the checkpoint save ends (control returns to training)."""
     _end(_CHECKPOINT_SAVE, finish_time_msec)
 
 

@@ -9,6 +9,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from traintel._runtime import bootstrap
 from traintel._runtime import state as _state
 from traintel._runtime.state import Telemetry
 
@@ -32,7 +33,7 @@ def configure(
     Every value is validated before anything is built: a bad one raises
     :class:`~traintel.ConfigurationError` naming the variable or argument and the value.
     """
-    return _state.configure(
+    return bootstrap.configure(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         service_name=service_name,

@@ -1,4 +1,5 @@
-"""``record_metrics``: the user's model metrics (loss, lr, grad norm...) on the current step.
+"""``record_metrics`` and ``record_batch``: the user's model metrics (loss, lr, grad norm...) and
+work counts (samples, tokens, FLOPs) on the current step.
 
 Why on the span and not straight into OTel metrics: a loss belongs to an iteration, and the
 span is what a user opens in Jaeger when a step looks wrong. The metric goes on the innermost
@@ -16,6 +17,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span
 
 from traintel import semconv
+from traintel._recorder import active
 from traintel._runtime import state as _state
 
 
@@ -60,7 +62,7 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
     is exactly what a user needs to find).
     """
     telemetry = _state.current()
-    if not telemetry.enabled or telemetry.processor is None:
+    if not telemetry.enabled or telemetry.open_spans is None:
         return
     try:
         values = dict(metrics or {})
@@ -70,11 +72,11 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
         record = engine.active if engine is not None else None
         if record is not None and engine is not None and engine.active_thread == threading.get_ident():
             for name, number in numbers.items():
-                engine.record_metric(record, name, float(number))
+                record.record_metric(name, float(number))
             return
         current = trace_api.get_current_span().get_span_context().span_id
-        processor = telemetry.processor
-        target: Span | None = processor.enclosing(current, semconv.ITERATION_PHASES) or processor.enclosing(
+        open_spans = telemetry.open_spans
+        target: Span | None = open_spans.enclosing(current, semconv.ITERATION_PHASES) or open_spans.enclosing(
             current, semconv.LOOP_PHASES
         )
         if target is None:
@@ -83,7 +85,7 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
                 if target is not None:
                     break
         if target is None:
-            if any(telemetry.open_loops.values()):
+            if engine is not None and any(engine.open_loops.values()):
                 return  # inside a loop whose spans the sampler dropped: nothing to attach to
             telemetry.warn_once(
                 "metrics_outside_loop", "record_metrics called outside any iteration or loop; ignored"
@@ -99,3 +101,38 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
                 stats.add_metric(name, float(number))
     except Exception:
         telemetry.warn_once("record_metrics", "record_metrics failed")
+
+
+def record_batch(
+    samples: float | None = None,
+    tokens: float | None = None,
+    padding_tokens: float | None = None,
+    flops: float | None = None,
+) -> None:
+    """Add one micro-batch's work to the running iteration (summed per optimizer step).
+
+    Call it once per micro-batch under gradient accumulation, or once per step. Never raises;
+    outside an iteration it is ignored with one warning.
+    """
+    engine = active.current()
+    if engine is None:
+        return
+    record = engine.active
+    if record is None or engine.active_thread != threading.get_ident():
+        engine.warn_once("batch_outside", "record_batch called outside a training iteration; ignored")
+        return
+    for name, value in (
+        ("samples", samples),
+        ("tokens", tokens),
+        ("padding_tokens", padding_tokens),
+        ("flops", flops),
+    ):
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):
+            engine.warn_once(
+                "batch_value:" + name,
+                "record_batch(%s=%r): expected a non-negative number; ignored",
+                name,
+                value,
+            )
+            return
+    record.add_work(samples, tokens, padding_tokens, flops)

@@ -167,25 +167,25 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
-def _first_dim(value: Any) -> int | None:
+def first_dim(value: Any) -> int | None:
     import torch
 
     if isinstance(value, torch.Tensor):
         return int(value.shape[0]) if value.dim() > 0 else None
     if isinstance(value, tuple | list):
         for item in value:
-            found = _first_dim(item)
+            found = first_dim(item)
             if found is not None:
                 return found
     if isinstance(value, dict):
         for item in value.values():
-            found = _first_dim(item)
+            found = first_dim(item)
             if found is not None:
                 return found
     return None
 
 
-def _unwrap(model: Any) -> Any:
+def unwrap(model: Any) -> Any:
     """The user's module behind DDP / FSDP / DataParallel / torch.compile wrappers."""
     seen = 0
     while seen < 8:
@@ -215,7 +215,7 @@ def measure_flops(
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    module = _unwrap(model)
+    module = unwrap(model)
     # A structural copy whose parameters and buffers are meta stand-ins: pre-seeding deepcopy's
     # memo means the real weights are never copied (no second copy of a large model in memory),
     # and code that runs later (activation-checkpoint recomputation in backward) sees them too.
@@ -229,7 +229,7 @@ def measure_flops(
     meta_model = copy.deepcopy(module, memo)
     meta_model.train()
     batch = _to_meta(example_batch)
-    count = samples if samples is not None else _first_dim(example_batch)
+    count = samples if samples is not None else first_dim(example_batch)
     if not count:
         raise ValueError("measure_flops: cannot tell the batch size; pass samples=")
 
@@ -266,15 +266,3 @@ def transformer_flops_per_token(
     the attention term halves for causal attention when the kernel skips masked blocks."""
     attention = 12 * layers * hidden * seq_len
     return 6 * parameters + (attention / 2 if causal else attention)
-
-
-def apply_flops(count: FlopCount) -> None:
-    """Use a :func:`measure_flops` result for MFU (and HFU) from now on: sets
-    ``flops_per_sample``, ``executed_flops_per_sample`` and ``flops_method="counter"``."""
-    from traintel._runtime import state as _state
-
-    _state.current().update_config(
-        flops_per_sample=count.model_flops_per_sample,
-        executed_flops_per_sample=count.executed_flops_per_sample,
-        flops_method="counter",
-    )

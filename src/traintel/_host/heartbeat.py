@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -23,8 +23,26 @@ from traintel import semconv
 from traintel.version import __version__
 
 if TYPE_CHECKING:
-    from traintel._recorder.engine import TrainingEngine
-    from traintel._sdk.processor import TrainingMetricsProcessor
+    from traintel._sdk.open_spans import OpenSpans
+
+
+class RunningIteration(Protocol):
+    """What the heartbeat reads of the engine's running iteration."""
+
+    phase: str
+    start_ns: int
+    children: list[tuple[str, int, int, Any, Any]]
+
+
+class Progress(Protocol):
+    """What the heartbeat reads of the engine (it never writes to it)."""
+
+    last_iteration_end_ns: int
+    last_iteration: int
+
+    @property
+    def active(self) -> RunningIteration | None: ...
+
 
 IDLE = "idle"
 
@@ -38,17 +56,17 @@ class HeartbeatSample:
 
 
 class Heartbeat:
-    """Reads the engine and processor; never writes to them."""
+    """Reads the engine and the open-span registry; never writes to them."""
 
-    def __init__(self, engine: TrainingEngine, processor: TrainingMetricsProcessor) -> None:
+    def __init__(self, engine: Progress, open_spans: OpenSpans) -> None:
         self._engine = engine
-        self._processor = processor
+        self._open_spans = open_spans
         self._started_ns = time.time_ns()
 
     def sample(self, now_ns: int | None = None) -> HeartbeatSample:
         now = time.time_ns() if now_ns is None else now_ns
         engine = self._engine
-        progress = max(self._started_ns, engine.last_iteration_end_ns, self._processor.last_end_ns)
+        progress = max(self._started_ns, engine.last_iteration_end_ns, self._open_spans.last_end_ns)
         phase, after = IDLE, None
         record = engine.active  # read once: the training thread may replace it meanwhile
         if record is not None:
@@ -56,7 +74,7 @@ class Heartbeat:
             progress = max(progress, record.start_ns)
             children = record.children
             if children:
-                name, _start, end, _error = children[-1]
+                name, _start, end, _error, _extras = children[-1]
                 after = name
                 progress = max(progress, end)
         else:
@@ -70,7 +88,7 @@ class Heartbeat:
     def _innermost_open_phase(self) -> tuple[str, int] | None:
         """The open phase span started last (spans nest, so it is the innermost one)."""
         try:
-            spans = list(self._processor.open_spans())
+            spans = self._open_spans.spans()
         except RuntimeError:  # the registry changed size while copied: no phase this time
             return None
         best: tuple[str, int] | None = None

@@ -38,7 +38,7 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._recorder.engine import IterationSpan, OpenStep, Terminated
+from traintel._recorder.record import IterationRecord, OpenStep, Terminated
 from traintel._runtime import state as _state
 
 _logger = logging.getLogger("traintel")
@@ -213,12 +213,12 @@ def preemption_attributes(
 def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_spans: bool) -> None:
     try:
         name = signal.Signals(signum).name
-        processor, engine = telemetry.processor, telemetry.engine
+        registry, engine = telemetry.open_spans, telemetry.engine
         open_spans: list[Span] = []
-        if processor is not None:
+        if registry is not None:
             for _ in range(3):  # the registry may change while copied; it settles at once
                 try:
-                    open_spans = processor.open_spans()
+                    open_spans = registry.spans()
                     break
                 except RuntimeError:
                     continue
@@ -234,7 +234,7 @@ def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_span
             record = engine.active if engine is not None else None
             if engine is not None and record is not None:  # its open step ends, then itself
                 _cut_open_step(record.open_step, record, error, received_ns)
-                record.attributes = {**(record.attributes or {}), semconv.END_REASON: reason}
+                record.set_end_reason(reason)
                 engine.end_iteration(record, error, now)
             elif engine is not None:  # between iterations: loading data for the next one, say
                 _cut_open_step(engine.open_step, None, error, received_ns)
@@ -252,7 +252,7 @@ def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_span
 
 
 def _cut_open_step(
-    step: OpenStep | None, record: IterationSpan | None, error: Terminated, received_ns: int
+    step: OpenStep | None, record: IterationRecord | None, error: Terminated, received_ns: int
 ) -> None:
     """The step phase the signal landed in (backward, say) ends at the signal, before its
     iteration; a failure here must not stop the rest of the report."""

@@ -1,7 +1,9 @@
-"""The process-wide telemetry state: configuration, providers, tracer, engine, open callbacks.
+"""The process-wide telemetry state: the running job's configuration, pipeline, engine and the
+phases callbacks keep open.
 
 Why one object: the API is module-level functions and context managers (as in the reference
-library), so something must hold the tracer and the training config they use. Everything
+library), so something must hold what they record into. It is built by ``bootstrap.py``; this
+module holds it and hands it out (configuring from the environment on first use). Everything
 that can fail here is caught and reported once; nothing escapes into the training loop.
 """
 
@@ -12,55 +14,44 @@ import logging
 import os
 import sys
 import threading
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
-from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import SpanExporter
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._host.capabilities import capability_report
-from traintel._host.gpu import GpuInstruments
-from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
-from traintel._host.system_metrics import SystemInstruments
+from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
-from traintel._sdk.export_filter import TraceBudget
-from traintel._sdk.ids import ForcingIdGenerator
-from traintel._sdk.instruments import TrainingInstruments
+from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
-from traintel._sdk.providers import Pipeline, build_pipeline
 from traintel.config import TrainingConfig
-from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
-from traintel.exporters.health import register_instruments
 from traintel.version import __version__
+
+if TYPE_CHECKING:
+    from traintel._host.heartbeat import Heartbeat
+    from traintel._sdk.providers import Pipeline
+    from traintel.distributed.cross_rank import CrossRank
 
 _logger = logging.getLogger("traintel")
 
 
-def sdk_disabled(environ: Mapping[str, str] | None = None) -> bool:
-    environ = os.environ if environ is None else environ
-    return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-
-
 class PhaseTemplate(Protocol):
-    """What the callbacks drive: a phase context manager's open/close protocol."""
+    """What the callbacks drive: a phase's open/close protocol."""
 
     _name: str
 
-    def _open(self, telemetry: Telemetry, start_ns: int | None = None) -> Span: ...
+    def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span: ...
 
     def _close(
         self,
-        telemetry: Telemetry,
+        engine: TrainingEngine,
         exc: BaseException | None,
         end_ns: int | None = None,
         reason: str | None = None,
@@ -74,39 +65,15 @@ class _OpenCallback:
     template: PhaseTemplate
 
 
-class Telemetry:
-    """traintel's live state for this process. Get it from :func:`traintel.configure`."""
+class Warnings:
+    """One warning per kind of misuse: a loop that misuses an API a million times must not
+    produce a million log lines."""
 
-    def __init__(
-        self,
-        config: TrainingConfig,
-        pipeline: Pipeline | None,
-        processor: TrainingMetricsProcessor | None,
-        engine: TrainingEngine | None = None,
-        tracer: trace_api.Tracer | None = None,
-    ) -> None:
-        self.config = config
-        self.pipeline = pipeline
-        self.processor = processor
-        self.engine = engine
-        self.enabled = pipeline is not None
-        self.tracer: trace_api.Tracer = tracer if tracer is not None else trace_api.NoOpTracer()
+    def __init__(self) -> None:
         self._warned: set[str] = set()
-        self._lock = threading.RLock()
-        self._callbacks: list[_OpenCallback] = []
-        # Iteration numbering: the training loop sets the start, each iteration takes the next.
-        self.next_train_iteration = 0
-        self.next_eval_iteration: dict[str, int] = {}
-        # Loops opened through traintel's API and not yet closed, by phase name.
-        self.open_loops: dict[str, int] = {}
-        self.closed = False
-        self.heartbeat: Heartbeat | None = None
-        self.cross_rank: CrossRank | None = None
+        self._lock = threading.Lock()
 
-    # --- reporting ---------------------------------------------------------------------------
     def warn_once(self, kind: str, message: str, *args: object) -> None:
-        """One warning per kind of misuse: a loop that misuses an API a million times must
-        not produce a million log lines."""
         if kind in self._warned:
             return
         with self._lock:
@@ -114,6 +81,48 @@ class Telemetry:
                 return
             self._warned.add(kind)
         _logger.warning("traintel: " + message + " (reported once)", *args)
+
+
+class Telemetry:
+    """traintel's live state for this process: what :func:`traintel.configure` returns."""
+
+    def __init__(
+        self,
+        config: TrainingConfig,
+        pipeline: Pipeline | None = None,
+        engine: TrainingEngine | None = None,
+        processor: TrainingMetricsProcessor | None = None,
+        open_spans: OpenSpans | None = None,
+        warnings: Warnings | None = None,
+    ) -> None:
+        self.config = config
+        self.pipeline = pipeline
+        self.engine = engine
+        self.processor = processor
+        self.open_spans = open_spans
+        self.enabled = pipeline is not None and engine is not None
+        self.tracer: trace_api.Tracer = engine.tracer if engine is not None else trace_api.NoOpTracer()
+        self.heartbeat: Heartbeat | None = None
+        self.cross_rank: CrossRank | None = None
+        self.warnings = warnings or Warnings()
+        self._lock = threading.RLock()
+        self._callbacks: list[_OpenCallback] = []
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Shut down, or a forked copy: the phase API records nothing more."""
+        return self._closed
+
+    @closed.setter
+    def closed(self, value: bool) -> None:
+        self._closed = value
+        if self.engine is not None:
+            self.engine.closed = value
+
+    # --- reporting ---------------------------------------------------------------------------
+    def warn_once(self, kind: str, message: str, *args: object) -> None:
+        self.warnings.warn_once(kind, message, *args)
 
     # --- identity ----------------------------------------------------------------------------
     @property
@@ -129,38 +138,7 @@ class Telemetry:
     def meter_provider(self) -> metrics_api.MeterProvider | None:
         return self.pipeline.meter_provider if self.pipeline is not None else None
 
-    # --- spans -------------------------------------------------------------------------------
-    def start_span(
-        self,
-        name: str,
-        attributes: Mapping[str, AttributeValue] | None,
-        start_time: int | None = None,
-    ) -> Span:
-        if not self.enabled or self.closed:
-            return trace_api.INVALID_SPAN
-        try:
-            return self.tracer.start_span(name, attributes=attributes, start_time=start_time)
-        except Exception:
-            self.warn_once("start_span", "could not start span %r", name)
-            return trace_api.INVALID_SPAN
-
-    def end_span(
-        self,
-        span: Span,
-        exc: BaseException | None = None,
-        end_time: int | None = None,
-        end_reason: str | None = None,
-    ) -> None:
-        try:
-            if exc is not None:
-                span.record_exception(exc, timestamp=end_time, escaped=True)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            if end_reason is not None:
-                span.set_attribute(semconv.END_REASON, end_reason)
-            span.end(end_time=end_time)
-        except Exception:
-            self.warn_once("end_span", "could not end a span")
-
+    # --- configuration events ------------------------------------------------------------------
     def initialization_event(self, span: Span) -> None:
         """``telemetry_initialization`` on the application span: configuration and what it allows."""
         try:
@@ -202,16 +180,19 @@ class Telemetry:
 
     def find_open_phase(self, phase: str) -> Span | None:
         """The open span of ``phase`` enclosing the current context, if any."""
-        if self.processor is None:
+        if self.open_spans is None:
             return None
         current = trace_api.get_current_span()
-        found = self.processor.enclosing(current.get_span_context().span_id, (phase,))
+        found = self.open_spans.enclosing(current.get_span_context().span_id, (phase,))
         if found is not None:
             return found
         return self.callback_span(phase)
 
     # --- callbacks: pair by identity, idempotent, closed in order -----------------------------
     def callback_start(self, key: str, template: PhaseTemplate, start_time: int | None = None) -> Span:
+        engine = self.engine
+        if engine is None or engine.closed:
+            return trace_api.INVALID_SPAN
         with self._lock:
             for entry in self._callbacks:
                 if entry.key == key:
@@ -219,7 +200,7 @@ class Telemetry:
                         f"double_start:{key}", "start callback for %r fired twice; ignoring the second", key
                     )
                     return entry.span
-            span = template._open(self, start_time)
+            span = template._open(engine, start_time)
             self._callbacks.append(_OpenCallback(key, span, template))
             return span
 
@@ -231,6 +212,9 @@ class Telemetry:
         return None
 
     def callback_end(self, key: str, end_time: int | None = None, exc: BaseException | None = None) -> None:
+        engine = self.engine
+        if engine is None:
+            return
         with self._lock:
             index = next(
                 (i for i in range(len(self._callbacks) - 1, -1, -1) if self._callbacks[i].key == key), None
@@ -249,17 +233,20 @@ class Telemetry:
                     [e.key for e in above],
                 )
             for entry in reversed(above):
-                entry.template._close(self, None, None, f"parent {key} ended first")
-            self._callbacks[index].template._close(self, exc, end_time)
+                entry.template._close(engine, None, None, f"parent {key} ended first")
+            self._callbacks[index].template._close(engine, exc, end_time)
             del self._callbacks[index:]
 
     def close_open_callbacks(self, reason: str) -> None:
         """End every callback-opened span, innermost first (at exit or reconfiguration)."""
         with self._lock:
             entries, self._callbacks = self._callbacks, []
+        engine = self.engine
+        if engine is None:
+            return
         for entry in reversed(entries):
             try:
-                entry.template._close(self, None, None, reason)
+                entry.template._close(engine, None, None, reason)
             except Exception:
                 self.warn_once("close_callback", "could not close %r", entry.key)
 
@@ -287,8 +274,18 @@ class Telemetry:
 
 # --- the process-wide instance ----------------------------------------------------------------
 _telemetry: Telemetry | None = None
-_state_lock = threading.RLock()
+#: The job an explicit shutdown() is closing: no longer current, still reported until it is shut.
+_closing: Telemetry | None = None
+_lock = threading.RLock()
 _atexit_registered = False
+#: How to configure from the environment on first use (registered by ``bootstrap``).
+_auto_configure: Callable[[], Telemetry] | None = None
+
+
+def set_auto_configure(configure: Callable[[], Telemetry]) -> None:
+    global _auto_configure
+    _auto_configure = configure
+    active.on_first_use(lambda: current().engine)
 
 
 def current() -> Telemetry:
@@ -296,16 +293,36 @@ def current() -> Telemetry:
     telemetry = _telemetry
     if telemetry is not None:
         return telemetry
-    with _state_lock:
+    with _lock:
         if _telemetry is not None:
             return _telemetry
-        if in_dataloader_worker():  # spawn/forkserver workers import traintel afresh
-            return _install_disabled(TrainingConfig())
+        if in_dataloader_worker() or _auto_configure is None:  # workers import traintel afresh
+            return set_current(Telemetry(TrainingConfig()))
         try:
-            return _install(TrainingConfig.from_env(strict=False), strict=False)
+            return _auto_configure()
         except Exception:
             _logger.exception("traintel: auto-configuration failed; telemetry is off for this process")
-            return _install_disabled(TrainingConfig())
+            return set_current(Telemetry(TrainingConfig()))
+
+
+def configured() -> Telemetry | None:
+    return _telemetry
+
+
+def running() -> Telemetry | None:
+    """The job being reported: the current one, or the one an explicit shutdown is closing (its
+    final metric export still reports it)."""
+    return _telemetry or _closing
+
+
+def set_current(telemetry: Telemetry) -> Telemetry:
+    global _telemetry, _atexit_registered
+    _telemetry = telemetry
+    active.set_engine(telemetry.engine)
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(_at_exit)
+    return telemetry
 
 
 def in_dataloader_worker() -> bool:
@@ -328,8 +345,8 @@ def _after_fork_in_child() -> None:
     Its exporters are process-bound (``traintel.exporters.process_bound``), so nothing it holds
     is sent twice; closing it also makes the API a no-op there and skips any flush at exit.
     """
-    global _state_lock
-    _state_lock = threading.RLock()  # another thread may have held it at the fork
+    global _lock
+    _lock = threading.RLock()  # another thread may have held it at the fork
     telemetry = _telemetry
     if telemetry is not None:
         telemetry.closed = True
@@ -337,207 +354,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def configured() -> Telemetry | None:
-    return _telemetry
-
-
-def configure(
-    *,
-    tracer_provider: trace_api.TracerProvider | None = None,
-    meter_provider: metrics_api.MeterProvider | None = None,
-    service_name: str | None = None,
-    training: Mapping[str, object] | None = None,
-    span_exporters: Sequence[SpanExporter] | None = None,
-    metric_readers: Sequence[MetricReader] | None = None,
-) -> Telemetry:
-    """Explicit configuration: validates everything first and raises ConfigurationError."""
-    config = TrainingConfig.from_env(overrides=training, strict=True)
-    with _state_lock:
-        previous = _telemetry
-        if previous is not None:
-            reuse = (
-                tracer_provider is None
-                and meter_provider is None
-                and span_exporters is None
-                and metric_readers is None
-                and previous.pipeline is not None
-            )
-            if reuse:
-                previous.close_open_callbacks("traintel reconfigured")
-                previous.update_config(**{k: v for k, v in (training or {}).items()})
-                return previous
-            previous.shutdown()
-        return _install(
-            config,
-            strict=True,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-            service_name=service_name,
-            span_exporters=span_exporters,
-            metric_readers=metric_readers,
-        )
-
-
-def _tracer_for(pipeline: Pipeline) -> tuple[trace_api.Tracer, ForcingIdGenerator | None]:
-    """Our tracer, with an id generator we can steer (see ``traintel._ids``).
-
-    Only our own tracer's generator is wrapped (delegating to the provider's): other tracers of
-    a user's provider are untouched. The wrapper is reused if the provider handed out the same
-    tracer before (it caches tracers by scope).
-    """
-    provider = pipeline.tracer_provider
-    tracer = provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__)
-    generator = getattr(tracer, "id_generator", None)
-    if isinstance(generator, ForcingIdGenerator):
-        return tracer, generator
-    if generator is None:
-        return tracer, None
-    ids = ForcingIdGenerator(generator)
-    tracer.id_generator = ids  # type: ignore[attr-defined]
-    return tracer, ids
-
-
-def _world_size(resource: Resource) -> int:
-    value = resource.attributes.get(semconv.WORLD_SIZE)
-    if isinstance(value, int):
-        return value
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        from traintel.resource_detectors import distributed_identity
-
-        return distributed_identity()[2]
-
-
-def _rank(resource: Resource) -> int:
-    """The Resource's rank; a user's provider without one: the launcher's (as _world_size)."""
-    value = resource.attributes.get(semconv.RANK)
-    if value is None:
-        from traintel.resource_detectors import distributed_identity
-
-        return distributed_identity()[0]
-    try:
-        return int(str(value))
-    except ValueError:
-        return -1
-
-
-def _decide_rank_export(engine: TrainingEngine, config: TrainingConfig, resource: Resource) -> None:
-    """Scale mode from the Resource's rank and world size when the launcher gave them (torchrun,
-    Slurm): decided before the first iteration, so a reduced rank exports none of its routine
-    telemetry. Otherwise the first window boundary decides (CrossRank)."""
-    world = _world_size(resource)
-    rank = _rank(resource)
-    if world > 1 and 0 <= rank < world:
-        threshold = int(config.get("cross_rank_scale_world_size"))
-        engine.set_rank_export(RankExportPolicy.decide(rank, world, threshold))
-
-
-def _install(
-    config: TrainingConfig,
-    *,
-    strict: bool,
-    tracer_provider: trace_api.TracerProvider | None = None,
-    meter_provider: metrics_api.MeterProvider | None = None,
-    service_name: str | None = None,
-    span_exporters: Sequence[SpanExporter] | None = None,
-    metric_readers: Sequence[MetricReader] | None = None,
-) -> Telemetry:
-    if sdk_disabled():
-        return _install_disabled(config)
-    pipeline = build_pipeline(
-        config,
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-        service_name=service_name,
-        strict=strict,
-        span_exporters=span_exporters,
-        metric_readers=metric_readers,
-    )
-    # In the user's pipeline there is no export filter: count the trace budget at on_end.
-    budget = pipeline.export_filter._budget if pipeline.export_filter is not None else TraceBudget()
-    tracer, ids = _tracer_for(pipeline)
-    telemetry = Telemetry(config, pipeline, None, tracer=tracer)
-    engine = TrainingEngine(
-        config,
-        tracer,
-        ids,
-        pipeline.export_filter,
-        budget,
-        None,
-        _world_size(pipeline.resource),
-        telemetry.warn_once,
-    )
-    # The instruments read the engine's last window and totals when a reader collects.
-    engine.instruments = instruments = TrainingInstruments(
-        pipeline.meter_provider,
-        last_window=lambda: engine.aggregator.last_window,
-        totals=lambda: (engine.samples_total, engine.tokens_total),
-        goodput=lambda: engine.goodput.snapshot(time.time_ns()),
-        step_time=lambda: (engine.goodput.ideal_step_time_s, engine.goodput.last_window),
-        iterations=lambda: engine.aggregator.iterations_seen,
-    )
-    processor = TrainingMetricsProcessor(
-        instruments, budget=None if pipeline.export_filter is not None else budget
-    )
-    processor.engine = engine
-    processor.on_error = lambda kind: telemetry.warn_once(kind, "could not aggregate a %s", kind)
-    pipeline.add_span_processor(processor)
-    # Sampled by the metric reader's thread only: hang localisation and process/device gauges.
-    telemetry.heartbeat = Heartbeat(engine, processor)
-    HeartbeatInstruments(pipeline.meter_provider, _current_heartbeat)
-    # Cross-rank statistics: the exchange starts at a window end once torch.distributed is up.
-    global _last_cross_rank
-    telemetry.cross_rank = _last_cross_rank = cross_rank = CrossRank(engine)
-    engine.window_hook = cross_rank.window_closed
-    cross_rank.count_straggler = CrossRankInstruments(pipeline.meter_provider, _current_cross_rank).count
-    _decide_rank_export(engine, config, pipeline.resource)
-    SystemInstruments(pipeline.meter_provider)
-    GpuInstruments(pipeline.meter_provider)
-    if pipeline.owns_tracer_provider:  # traintel's own export path: its losses and health
-        register_instruments(pipeline.meter_provider)
-    telemetry.processor = processor
-    telemetry.engine = engine
-    _set(telemetry)
-    from traintel._runtime import preemption
-
-    preemption.install()
-    return telemetry
-
-
-#: The job an explicit shutdown() is closing: no longer current, still reported until it is shut.
-_closing: Telemetry | None = None
-
-
-def _current_heartbeat() -> Heartbeat | None:
-    """The running job's heartbeat (the gauges outlive a reconfiguration; see HeartbeatInstruments)."""
-    # closed, or being shut down, it still reports its last state in the final export
-    telemetry = _telemetry or _closing
-    return None if telemetry is None else telemetry.heartbeat
-
-
-_last_cross_rank: CrossRank | None = None
-
-
-def _current_cross_rank() -> CrossRank | None:
-    """The job installed last: after an explicit shutdown() its final export still reports it."""
-    return _last_cross_rank
-
-
-def _install_disabled(config: TrainingConfig) -> Telemetry:
-    telemetry = Telemetry(config, None, None)
-    _set(telemetry)
-    return telemetry
-
-
-def _set(telemetry: Telemetry) -> None:
-    global _telemetry, _atexit_registered
-    _telemetry = telemetry
-    if not _atexit_registered:
-        _atexit_registered = True
-        atexit.register(_at_exit)
 
 
 def _at_exit() -> None:
@@ -552,11 +368,12 @@ def _at_exit() -> None:
 def shutdown(timeout_s: float | None = None) -> bool:
     """Flush and stop telemetry now (bounded); the next API call auto-configures afresh."""
     global _telemetry, _closing
-    with _state_lock:
+    with _lock:
         telemetry, _telemetry = _telemetry, None
+        active.reset()
     if telemetry is None:
         return True
-    _closing = telemetry  # its final metric export still reports the job (_current_heartbeat)
+    _closing = telemetry
     try:
         return telemetry.shutdown(timeout_s)
     finally:

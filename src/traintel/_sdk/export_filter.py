@@ -22,6 +22,8 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode
 
+from traintel._sdk.otel_private import forward_on_ending
+
 _logger = logging.getLogger(__name__)
 
 #: Spans held for one iteration at most; more are dropped and counted.
@@ -102,9 +104,9 @@ class TraceBudget:
         ``context``: the span's, when the caller has read it already."""
         if context is None:
             context = span.get_span_context()
-        if context is None or not context[3] & 1:  # trace_flags, read from the tuple
+        if context is None or not context.trace_flags.sampled:
             return
-        trace_id = context[0]
+        trace_id = context.trace_id
         last_id, usage = self._last
         if trace_id != last_id:
             found = self._usage.get(trace_id)
@@ -146,7 +148,7 @@ class IterationExportFilter(SpanProcessor):
 
     def __init__(self, processors: list[SpanProcessor], budget: TraceBudget) -> None:
         self._processors = processors
-        self._budget = budget
+        self.budget = budget
         self._pending: dict[int, list[ReadableSpan]] = {}
         self._owner: dict[int, int] = {}
         self._dropped: OrderedDict[int, None] = OrderedDict()
@@ -155,7 +157,7 @@ class IterationExportFilter(SpanProcessor):
         # Only processors whose hooks do something are called for every span (the SDK's batch
         # and simple processors do nothing at start, and nothing while a span is ending).
         self._starting = [p for p in processors if not _is_no_op(getattr(type(p), "on_start", None))]
-        self._ending = [p for p in processors if not _is_no_op(getattr(type(p), "_on_ending", None))]
+        forward_on_ending(self, processors)
         self.buffer_overflow = 0
         self.dropped_spans = 0
         #: Returns the running fast-path iteration (set by the engine): its span id is the parent
@@ -184,10 +186,8 @@ class IterationExportFilter(SpanProcessor):
         owner = self._owner
         if owner:
             self._track(span, owner)
-        else:  # nothing held: only a span started directly in a deferred iteration is news
-            active = self.active_iteration()
-            if active is not None and not active.materializing:
-                self._track(span, owner)
+        elif self.active_iteration() is not None:  # nothing held: only a span started
+            self._track(span, owner)  # directly in a running iteration is news
         for processor in self._starting:
             processor.on_start(span, parent_context=parent_context)
 
@@ -200,20 +200,16 @@ class IterationExportFilter(SpanProcessor):
         root = owner.get(parent_id)
         if root is None:
             active = self.active_iteration()
-            if active is not None and active.span_id == parent_id and not active.materializing:
-                root = parent_id
-                if not active.filtered:
-                    active.filtered = active.notable = True
+            if active is not None and active.owns(parent_id):
+                root = active.span_id
+                if not active.holds_user_spans:
+                    active.hold_user_spans()
                     with self._lock:
                         self._pending[root] = []
         if root is not None:
             with self._lock:
                 owner[span.get_span_context().span_id] = root
                 self._open_children[root] = self._open_children.get(root, 0) + 1
-
-    def _on_ending(self, span: Span) -> None:
-        for processor in self._ending:
-            processor._on_ending(span)
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.get_span_context()
@@ -239,7 +235,7 @@ class IterationExportFilter(SpanProcessor):
         self._forward(span, context)
 
     def _forward(self, span: ReadableSpan, context: SpanContext | None = None) -> None:
-        self._budget.add(span, context)
+        self.budget.add(span, context)
         for processor in self._processors:
             processor.on_end(span)
 

@@ -1,16 +1,18 @@
-"""Span ids chosen in advance, so a span can be materialised after the fact with its real id.
+"""Span ids chosen in advance, so a span can be exported after the fact under its real id.
 
 Why: an iteration on the fast path is not an SDK span while it runs, but spans the user starts
-inside it need a parent id. The iteration gets a pre-generated id at its start; if the
-iteration is exported, its SDK span is created later with exactly that id, so those children
-are not orphans. The SDK picks ids through the provider's ``IdGenerator``; this wrapper
-returns a forced id when one is pending on the calling thread and delegates otherwise.
+inside it need a parent id. The iteration draws an id when first asked; if it is exported, its
+SDK span is created later with exactly that id, so those children are not orphans. The SDK
+picks ids through the tracer's ``IdGenerator``; this wrapper returns a forced id when one is
+pending on the calling thread and asks the generator it wraps otherwise, for every part of the
+interface (``is_trace_id_random`` included: the SDK sets the W3C random-trace-id flag from it).
 """
 
 from __future__ import annotations
 
 import random
 import threading
+from typing import Any
 
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 
@@ -33,9 +35,8 @@ def new_trace_id() -> int:
 
 
 class _Forced(threading.local):
-    """The ids queued for this thread's next span. Class-level defaults: reading an id never
-    set on a thread finds ``None`` here instead of raising (and catching) an AttributeError,
-    which cost ~0.6 µs on every span of a thread that never forced one ("all" mode)."""
+    """The ids queued for this thread's next span (class-level defaults: a thread that never
+    forced one reads ``None`` here instead of raising and catching an AttributeError)."""
 
     span_id: int | None = None
     trace_id: int | None = None
@@ -75,3 +76,14 @@ class ForcingIdGenerator(IdGenerator):
             local.trace_id = None
             return forced
         return self._inner_trace_id()
+
+    def is_trace_id_random(self) -> bool:
+        """The wrapped generator's answer (forced ids were drawn from it too)."""
+        method = getattr(self.inner, "is_trace_id_random", None)
+        return bool(method()) if method is not None else False
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything a later SDK adds to the interface, or the user's generator offers."""
+        if name in ("inner", "_local"):  # not set yet: never forward these
+            raise AttributeError(name)
+        return getattr(self.inner, name)

@@ -14,15 +14,17 @@ drop is a bug.
 from __future__ import annotations
 
 import threading
+import time
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from typing import Protocol
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, NoOpCounter, NoOpHistogram, Observation
 
 from traintel import semconv
-from traintel._aggregation.aggregator import WindowReport
-from traintel._aggregation.goodput import GoodputSnapshot, WindowGoodput
+from traintel._aggregation.aggregator import TrainingAggregator, WindowReport
+from traintel._aggregation.goodput import GoodputLedger, GoodputSnapshot, WindowGoodput
 from traintel.version import __version__
 
 #: Bucket boundaries in seconds: the SDK's defaults are for milliseconds and would put every
@@ -41,25 +43,21 @@ DEFERRED_CAPACITY = 100_000
 _W = semconv.WINDOW_PREFIX
 
 
+class MetricSource(Protocol):
+    """What the instruments read when a reader collects: the training engine's totals."""
+
+    samples_total: float
+    tokens_total: float
+    aggregator: TrainingAggregator
+    goodput: GoodputLedger
+
+
 class TrainingInstruments:
     """Creates the instruments on ``meter_provider`` and records into them off the hot path."""
 
-    def __init__(
-        self,
-        meter_provider: metrics_api.MeterProvider,
-        last_window: Callable[[], WindowReport | None],
-        totals: Callable[[], tuple[float, float]],
-        goodput: Callable[[], GoodputSnapshot | None] = lambda: None,
-        step_time: Callable[[], tuple[float | None, WindowGoodput | None]] = lambda: (None, None),
-        iterations: Callable[[], int] = lambda: 0,
-    ) -> None:
+    def __init__(self, meter_provider: metrics_api.MeterProvider, source: MetricSource) -> None:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
-        self._last_window = last_window
-        self._totals = totals
-        self._goodput = goodput
-        self._step_time = step_time
-        #: Training iterations ended so far (those not exported: this minus exported_iterations).
-        self._iterations = iterations
+        self._source = source
         self._lock = threading.Lock()
         # Compact buffers (8 bytes a value), appended by the training thread, drained by readers.
         self.iteration_durations = array("d")
@@ -151,13 +149,22 @@ class TrainingInstruments:
         at collection. traintel's own counters (dropped measurements, exported iterations)
         stay: they are how a loss or the reduction itself shows."""
         self.window_series = False
-        self._last_window = lambda: None
-        self._goodput = lambda: None
-        self._step_time = lambda: (None, None)
         self.iteration_duration = self.data_loading_duration = NoOpHistogram("")
         self.phase_duration = self.checkpoint_save_duration = NoOpHistogram("")
         self.checkpoint_load_duration = self.checkpoint_size = NoOpHistogram("")
         self.samples = self.tokens = NoOpCounter("")
+
+    def _last_window(self) -> WindowReport | None:
+        return self._source.aggregator.last_window if self.window_series else None
+
+    def _goodput(self) -> GoodputSnapshot | None:
+        return self._source.goodput.snapshot(time.time_ns()) if self.window_series else None
+
+    def _step_time(self) -> tuple[float | None, WindowGoodput | None]:
+        if not self.window_series:
+            return None, None
+        ledger = self._source.goodput
+        return ledger.ideal_step_time_s, ledger.last_window
 
     def _gauge(
         self, meter: metrics_api.Meter, name: str, unit: str, key: str, per_device: bool = False
@@ -256,7 +263,7 @@ class TrainingInstruments:
             record = self.data_loading_duration.record
             for value in waits:
                 record(value)
-            samples, tokens = self._totals()
+            samples, tokens = self._source.samples_total, self._source.tokens_total
             if samples > self._reported_samples:
                 self.samples.add(samples - self._reported_samples)
                 self._reported_samples = samples
@@ -268,5 +275,8 @@ class TrainingInstruments:
     def _exported(self, options: CallbackOptions) -> Iterable[Observation]:
         return [
             Observation(self.exported_iterations, {"traintel.exported": True}),
-            Observation(self._iterations() - self.exported_iterations, {"traintel.exported": False}),
+            Observation(
+                self._source.aggregator.iterations_seen - self.exported_iterations,
+                {"traintel.exported": False},
+            ),
         ]

@@ -25,7 +25,7 @@ from opentelemetry.util import types
 
 from traintel import semconv
 from traintel._sdk.export_filter import estimate_attributes_bytes
-from traintel._sdk.sdkfast import add_clean_event
+from traintel._sdk.otel_private import add_clean_event
 
 
 class SegmentedSpan(Span):
@@ -66,7 +66,7 @@ class SegmentedSpan(Span):
         self, name: str, attributes: Mapping[str, types.AttributeValue], timestamp: int | None = None
     ) -> None:
         """``add_event`` for attributes traintel computed (plain numbers and strings): stored
-        without the SDK's per-value cleaning (see ``traintel._sdkfast``)."""
+        without the SDK's per-value cleaning (see ``traintel._sdk.otel_private``)."""
         self.open_bytes += 24 + len(name) + estimate_attributes_bytes(attributes)
         add_clean_event(self.current, name, attributes, timestamp)
 

@@ -201,6 +201,8 @@ class RunSummary:
 
 
 def summarize(paths: Iterable[str | os.PathLike[str]]) -> RunSummary:
+    """The run's numbers from exported OTLP/JSON-lines files or folders of them: phases,
+    iterations, throughput, MFU, checkpoints, self-telemetry (what ``traintel summary`` prints)."""
     summary = RunSummary()
     for request in read_requests(paths, summary.stats):
         if isinstance(request, ExportTraceServiceRequest):

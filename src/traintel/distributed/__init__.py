@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
+from traintel._recorder import active
 
-__all__ = ["CrossRank", "CrossRankInstruments", "mark_sync_point", "watch_ddp"]
+__all__ = ["mark_sync_point", "watch_ddp"]
 
 
 def mark_sync_point() -> None:
@@ -24,12 +24,9 @@ def mark_sync_point() -> None:
     configured, it does nothing. Never raises.
     """
     try:
-        from traintel._runtime import state as _state
-
-        telemetry = _state.configured()
-        cross_rank = telemetry.cross_rank if telemetry is not None else None
-        if cross_rank is not None:
-            cross_rank.mark_sync_point(time.time_ns())
+        engine = active.engine
+        if engine is not None and engine.on_sync_point is not None:
+            engine.on_sync_point(time.time_ns())
     except Exception:  # telemetry never breaks training
         pass
 

@@ -42,7 +42,8 @@ from traintel.semconv import Event, Phase
 from traintel.version import __version__
 
 if TYPE_CHECKING:
-    from traintel._recorder.engine import IterationSpan, TrainingEngine
+    from traintel._recorder.engine import TrainingEngine
+    from traintel._recorder.record import IterationRecord
     from traintel.distributed.exchange import Exchange
 
 _logger = logging.getLogger("traintel")
@@ -63,7 +64,7 @@ class CrossRank:
         self.latest: CrossRankWindow | None = None
         self.count_straggler: Callable[[int], None] | None = None
         # The synchronisation-point stamps of the open window (training or autograd thread).
-        self._marked: IterationSpan | None = None
+        self._marked: IterationRecord | None = None
         self._compute_ns = 0
         self._marked_iterations = 0
         self._lock = threading.Lock()  # the tracker and latest window, read by the metric reader
@@ -179,7 +180,7 @@ class CrossRank:
             return
         end_ns = self._window_ends.pop(window.window_index, None)
         job_level = self.job_level
-        loop = self.engine._loop_span_for()
+        loop = self.engine.loop_span()
         if loop is not None and job_level and self.engine.events.allow("ranks"):
             loop.add_event(Event.RANKS_METRICS_UPDATE.value, window.attributes(), timestamp=end_ns)
         straggler = window.straggler

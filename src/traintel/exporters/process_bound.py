@@ -19,6 +19,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from traintel._sdk.otel_private import metric_exporter_preferences
+
 
 class ProcessBoundSpanExporter(SpanExporter):
     def __init__(self, inner: SpanExporter) -> None:
@@ -45,10 +47,7 @@ class ProcessBoundSpanExporter(SpanExporter):
 
 class ProcessBoundMetricExporter(MetricExporter):
     def __init__(self, inner: MetricExporter) -> None:
-        super().__init__(
-            preferred_temporality=inner._preferred_temporality,
-            preferred_aggregation=inner._preferred_aggregation,
-        )
+        super().__init__(**metric_exporter_preferences(inner))
         self.inner = inner
         self._pid = os.getpid()
 

@@ -39,6 +39,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from traintel._sdk.export_filter import estimate_span_bytes
+from traintel._sdk.otel_private import batch_queue
 from traintel.exporters import health as health_module
 from traintel.exporters.health import HEALTH, ExportHealth
 from traintel.exporters.proto_spans import readable_spans
@@ -83,10 +84,8 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         super().__init__(exporter, **kwargs)
         self._health = health
         self._emit = super().on_end  # bound once (the SDK's: it queues sampled spans)
-        batch = getattr(self, "_batch_processor", None)
-        queue = getattr(batch, "_queue", None)
-        self._queue: deque[ReadableSpan] | None = queue if isinstance(queue, deque) else None
-        self._max_queue: int = getattr(batch, "_max_queue_size", 0) or 0
+        self._queue: deque[ReadableSpan] | None
+        self._queue, self._max_queue = batch_queue(self)
         if self._queue is None:
             _logger.warning(
                 "traintel: this opentelemetry-sdk's BatchSpanProcessor keeps its queue elsewhere; "

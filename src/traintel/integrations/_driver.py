@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from traintel import semconv
-from traintel._host.flops import _first_dim
-from traintel._recorder import phases
+from traintel._host.flops import first_dim
+from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 
 #: Phases that run every step are driven directly, not through the callback registry: their
@@ -40,20 +40,21 @@ class PhaseDriver:
         self._integration = integration
         #: key -> the template driven directly, or None for a registry entry; insertion order
         #: is opening order, so the last key is the innermost phase.
-        self._open: dict[str, phases.PhaseSpan | None] = {}
+        self._open: dict[str, PhaseSpan | None] = {}
 
     def is_open(self, key: str) -> bool:
         return key in self._open
 
-    def open(self, key: str, template: phases.PhaseSpan, start_ns: int | None = None) -> None:
+    def open(self, key: str, template: PhaseSpan, start_ns: int | None = None) -> None:
         if key in self._open:
             return
         try:
-            telemetry = _state._telemetry or _state.current()
-            if not telemetry.enabled or telemetry.closed:
+            telemetry = _state.current()
+            engine = telemetry.engine
+            if engine is None or engine.closed:
                 return
             if key in _DIRECT_KEYS:
-                span = template._open(telemetry, start_ns)
+                span = template._open(engine, start_ns)
                 self._open[key] = template
                 if key in _STEP_KEYS:  # their handle is the iteration: already marked
                     return
@@ -74,21 +75,22 @@ class PhaseDriver:
         if template is not None and next(reversed(opened)) == key:  # every step: direct, innermost
             del opened[key]
             try:
-                telemetry = _state._telemetry or _state.current()
-                if not telemetry.closed:
-                    template._close(telemetry, exc, end_ns)
+                engine = _state.current().engine
+                if engine is not None and not engine.closed:
+                    template._close(engine, exc, end_ns)
             except Exception:
                 self._failed("close", key)
             return
         entries = self._pop_from(key)
         try:
-            telemetry = _state._telemetry or _state.current()
-            if telemetry.closed:
+            telemetry = _state.current()
+            engine = telemetry.engine
+            if engine is None or engine.closed:
                 return
             for inner, template in reversed(entries):
                 error, reason = (exc, None) if inner == key else (None, f"parent {key} ended first")
                 if template is not None:
-                    template._close(telemetry, error, end_ns, reason)
+                    template._close(engine, error, end_ns, reason)
                 else:
                     telemetry.callback_end(inner, end_ns, error)
         except Exception:
@@ -99,7 +101,7 @@ class PhaseDriver:
             f"{self._integration}:{action}:{key}", "%s: could not %s %r", self._integration, action, key
         )
 
-    def _pop_from(self, key: str) -> list[tuple[str, phases.PhaseSpan | None]]:
+    def _pop_from(self, key: str) -> list[tuple[str, PhaseSpan | None]]:
         """``key`` and everything opened after it, in opening order, taken off the open set."""
         keys = list(self._open)
         return [(inner, self._open.pop(inner)) for inner in keys[keys.index(key) :]]
@@ -121,7 +123,7 @@ def now_ns() -> int:
 def batch_size(batch: Any) -> int | None:
     """The leading dimension of the first tensor in a batch (tensor, sequence or mapping)."""
     try:
-        return _first_dim(batch)
+        return first_dim(batch)
     except Exception:
         return None
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from traintel._host.flops import FlopCount, apply_flops
 from traintel._runtime import state as _state
+from traintel.flops import FlopCount, apply_flops
 
 
 class FirstStepFlops:

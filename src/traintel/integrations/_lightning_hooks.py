@@ -34,8 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 from traintel import semconv
-from traintel._api.model_metrics import record_metrics
-from traintel._recorder import phases
+from traintel._api import phases
+from traintel._api.model_metrics import record_batch, record_metrics
 from traintel._runtime import state as _state
 from traintel.integrations._driver import PhaseDriver, batch_size, loss_value, now_ns
 from traintel.integrations._flops import FirstStepFlops
@@ -173,17 +173,17 @@ class LightningHooks:
         try:
             samples = self._samples_fn(batch)
             tokens = self._tokens_fn(batch) if self._tokens_fn is not None else None
-            phases.record_batch(samples=samples, tokens=tokens)
+            record_batch(samples=samples, tokens=tokens)
         except Exception:
             _state.current().warn_once("lightning:batch", "lightning: could not count the batch")
-        driver.open(_FORWARD, phases.fresh_step(phases._MODEL_FORWARD), start)
+        driver.open(_FORWARD, phases.model_forward(), start)
         if not self._flops.decided and self._flops.start():
             self._flops_samples = samples
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self._flops.forward_done()
         self._driver.close(_FORWARD)
-        self._driver.open(_BACKWARD, phases.fresh_step(phases._MODEL_BACKWARD))
+        self._driver.open(_BACKWARD, phases.model_backward())
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         if self._flops.counting:
@@ -192,7 +192,7 @@ class LightningHooks:
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._stepped = True
-        self._driver.open(_OPTIMIZER, phases.fresh_step(phases._OPTIMIZER_UPDATE))
+        self._driver.open(_OPTIMIZER, phases.optimizer_update())
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int

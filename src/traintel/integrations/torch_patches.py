@@ -47,7 +47,10 @@ from typing import Any
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._recorder import phases
+from traintel._api import phases
+from traintel._api.model_metrics import record_batch
+from traintel._recorder.checkpoints import CheckpointSavePhase
+from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
 from traintel.integrations.torch_monitor import TorchMonitorBridge
@@ -177,7 +180,7 @@ class TorchPatcher:
         """False when the script runs its own training loop through traintel's API."""
         if self._driver.is_open(_LOOP):
             return True
-        return not telemetry.open_loops.get(_LOOP)
+        return telemetry.engine is not None and not telemetry.engine.open_loops.get(_LOOP)
 
     def _ensure_application(self) -> None:
         if self._driver.is_open(_APP):
@@ -211,7 +214,7 @@ class TorchPatcher:
         self._driver.close(_DATA, end_ns)
         samples = batch_size(batch)
         if samples:
-            phases.record_batch(samples=samples)
+            record_batch(samples=samples)
 
     def _step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if threading.get_ident() != self._thread:
@@ -219,7 +222,7 @@ class TorchPatcher:
         try:
             start = now_ns()
             if self._ensure_iteration(start):
-                self._driver.open(_OPTIMIZER, phases.fresh_step(phases._OPTIMIZER_UPDATE), start)
+                self._driver.open(_OPTIMIZER, phases.optimizer_update(), start)
         except Exception:
             _state.current().warn_once("instrumentor:step_pre", "instrumentor: optimizer pre-hook failed")
 
@@ -274,7 +277,7 @@ class TorchPatcher:
                     return original(*args, **kwargs)
                 with template:
                     result = original(*args, **kwargs)
-                    if kind == "async" and isinstance(template, phases._CheckpointSave):
+                    if kind == "async" and isinstance(template, CheckpointSavePhase):
                         patcher._finish_async(template, result, path_of(args, kwargs))
                 return result
             finally:
@@ -290,7 +293,7 @@ class TorchPatcher:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         path_of: Callable[[tuple[Any, ...], dict[str, Any]], str | None],
-    ) -> phases.PhaseSpan | None:
+    ) -> PhaseSpan | None:
         try:
             telemetry = _state.current()
             if not telemetry.enabled:
@@ -313,7 +316,7 @@ class TorchPatcher:
             return None
 
     @staticmethod
-    def _finish_async(template: phases._CheckpointSave, result: Any, path: str | None) -> None:
+    def _finish_async(template: CheckpointSavePhase, result: Any, path: str | None) -> None:
         try:
             completion = template.completion()
             future = getattr(result, "upload_completion", result)

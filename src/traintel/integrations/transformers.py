@@ -46,9 +46,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from traintel import semconv
-from traintel._api.model_metrics import record_metrics
-from traintel._host.flops import _unwrap
-from traintel._recorder import phases
+from traintel._api import phases
+from traintel._api.model_metrics import record_batch, record_metrics
+from traintel._host.flops import unwrap
+from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
 from traintel.integrations._flops import FirstStepFlops
@@ -110,7 +111,7 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
         self.open_iteration()  # without the wrappers, the iteration starts here
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.driver.open(_OPTIMIZER, phases.fresh_step(phases._OPTIMIZER_UPDATE))
+        self.driver.open(_OPTIMIZER, phases.optimizer_update())
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.driver.close(_OPTIMIZER)
@@ -119,7 +120,7 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
         if self.driver.is_open(_ITERATION):
             try:
                 if self.pending_tokens:
-                    phases.record_batch(tokens=sum(int(t) for t in self.pending_tokens))
+                    record_batch(tokens=sum(int(t) for t in self.pending_tokens))
                 if self.record_loss and self.pending_losses:
                     # training_step returns each micro-batch's loss scaled for accumulation:
                     # their sum is the step's loss, added in the losses' own dtype as the
@@ -159,7 +160,7 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
         try:
             tokens, samples = _tokens(inputs), batch_size(inputs)
             tokens = int(tokens) if tokens is not None else None
-            parameters = int(_unwrap(model).num_parameters(exclude_embeddings=True))
+            parameters = int(unwrap(model).num_parameters(exclude_embeddings=True))
             if tokens and samples:
                 telemetry.update_config(
                     flops_per_sample=6.0 * parameters * tokens / samples, flops_method="formula"
@@ -225,11 +226,11 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not driver.is_open(_ITERATION):  # evaluation also computes losses
                 return original(*args, **kwargs)
-            driver.open(_FORWARD, phases.fresh_step(phases._MODEL_FORWARD))
+            driver.open(_FORWARD, phases.model_forward())
             result = original(*args, **kwargs)
             cb.flops.forward_done()
             driver.close(_FORWARD)
-            driver.open(_BACKWARD, phases.fresh_step(phases._MODEL_BACKWARD))  # ends with training_step
+            driver.open(_BACKWARD, phases.model_backward())  # ends with training_step
             return result
 
         return wrapper
@@ -240,7 +241,7 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
             if not driver.is_open(_ITERATION):
                 return original(model, inputs, *args, **kwargs)
             try:
-                phases.record_batch(samples=batch_size(inputs))
+                record_batch(samples=batch_size(inputs))
                 tokens = _tokens(inputs)
                 if tokens is not None:
                     cb.pending_tokens.append(tokens)
@@ -263,7 +264,7 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
 
         return wrapper
 
-    def eval_loop(key: str, template: Callable[[], phases.PhaseSpan]) -> Callable[..., Any]:
+    def eval_loop(key: str, template: Callable[[], PhaseSpan]) -> Callable[..., Any]:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -14,6 +14,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from opentelemetry import context as context_api
 
+__all__ = ["ContextThreadPoolExecutor", "submit_with_context", "wrap_with_context"]
+
 P = ParamSpec("P")
 R = TypeVar("R")
 

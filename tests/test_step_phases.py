@@ -1,6 +1,7 @@
-"""``model_forward()``, ``model_backward()`` and ``optimizer_update()`` return one shared object
-per phase on the per-step path; these tests check it records exactly what a per-use object
-did, and hands everything off the common path to per-use objects."""
+"""Step phases (``data_loading``, ``model_forward``, ``model_backward``, ``optimizer_update``):
+each factory call is one phase object; inside a fast-path iteration it is timed into the
+iteration, anywhere else it is a span of its own, and ``with`` and the callbacks take the same
+path."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -16,8 +18,17 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import traintel
-from traintel import semconv
-from traintel._recorder import phases
+from traintel import callbacks, semconv
+from traintel._aggregation.aggregator import STEP_INDEX
+from traintel._api.phases import step_phase
+from traintel._recorder.phases import IterationPhase, PhaseSpan, StepPhase
+
+STEP_FACTORIES = {
+    "data_loading": traintel.data_loading,
+    "model_forward": traintel.model_forward,
+    "model_backward": traintel.model_backward,
+    "optimizer_update": traintel.optimizer_update,
+}
 
 
 @pytest.fixture
@@ -46,7 +57,6 @@ def iterations(spans: list[ReadableSpan]) -> list[ReadableSpan]:
 def test_each_step_is_recorded_with_its_own_times_in_its_own_iteration(
     exporter: InMemorySpanExporter,
 ) -> None:
-    assert traintel.model_forward() is traintel.model_forward() is phases._SHARED_MODEL_FORWARD
     with traintel.training_loop():
         for _ in range(3):
             with traintel.training_iteration():
@@ -64,18 +74,16 @@ def test_each_step_is_recorded_with_its_own_times_in_its_own_iteration(
         bounds = [iteration.start_time] + [t for s in kids for t in (s.start_time, s.end_time)]
         assert bounds == sorted(bounds) and (kids[-1].end_time or 0) <= (iteration.end_time or 0)
     assert len(iterations(spans)) == 3
-    assert phases._SHARED_MODEL_FORWARD._delegates == 0
 
 
 def test_a_step_nested_in_a_step_is_recorded_too(exporter: InMemorySpanExporter) -> None:
-    forward = traintel.model_forward()
     with traintel.training_loop(), traintel.training_iteration():
-        with forward:
-            with forward:  # the same shared object, nested: handed to a per-use object
+        with traintel.model_forward():
+            with traintel.model_forward():
                 pass
-            with traintel.model_backward():  # another shared one, inside: per-use too
+            with traintel.model_backward():
                 pass
-        with traintel.optimizer_update():  # nothing open any more: the common path again
+        with traintel.optimizer_update():
             pass
     spans = finished(exporter)
     (iteration,) = iterations(spans)
@@ -85,7 +93,6 @@ def test_a_step_nested_in_a_step_is_recorded_too(exporter: InMemorySpanExporter)
     inner, outer = sorted((s for s in kids if s.name == "model_forward"), key=lambda s: s.end_time or 0)
     assert (outer.start_time or 0) <= (inner.start_time or 0)
     assert (inner.start_time or 0) <= (inner.end_time or 0) <= (outer.end_time or 0)
-    assert forward._delegates == 0
 
 
 def test_a_step_under_a_user_span_nests_under_it_and_its_time_counts(exporter: InMemorySpanExporter) -> None:
@@ -105,25 +112,22 @@ def test_a_step_under_a_user_span_nests_under_it_and_its_time_counts(exporter: I
     assert window.attributes[semconv.WINDOW_PREFIX + "time.forward"] > 0  # type: ignore[index,operator]
 
 
-def test_the_shared_object_on_another_thread_meanwhile_is_a_span_of_its_own(
-    exporter: InMemorySpanExporter,
-) -> None:
-    forward = traintel.model_forward()
+def test_a_step_on_another_thread_meanwhile_is_a_span_of_its_own(exporter: InMemorySpanExporter) -> None:
     errors: list[BaseException] = []
 
     def elsewhere() -> None:
         try:
-            with forward:
+            with traintel.model_forward():
                 pass
         except BaseException as exc:  # pragma: no cover - the assertion below says what
             errors.append(exc)
 
     with traintel.training_loop(), traintel.training_iteration():
-        with forward:  # open on the common path while the other thread uses the same object
+        with traintel.model_forward():  # open on the fast path while the other thread runs one
             thread = threading.Thread(target=elsewhere)
             thread.start()
             thread.join()
-    assert not errors and forward._delegates == 0
+    assert not errors
     spans = finished(exporter)
     (iteration,) = iterations(spans)
     assert [s.name for s in children_of(iteration, spans)] == ["model_forward"]
@@ -131,10 +135,7 @@ def test_the_shared_object_on_another_thread_meanwhile_is_a_span_of_its_own(
     assert len(others) == 1  # the thread's own, outside any iteration
 
 
-def test_all_mode_decorators_and_attributes_get_per_use_objects(exporter: InMemorySpanExporter) -> None:
-    assert isinstance(traintel.model_backward(), phases._SharedStep)
-    assert not isinstance(traintel.model_backward({"k": "v"}), phases._SharedStep)
-
+def test_decorators_attributes_and_all_mode(exporter: InMemorySpanExporter) -> None:
     @traintel.model_forward()
     def forward(depth: int) -> int:
         return forward(depth - 1) + 1 if depth else 0
@@ -142,8 +143,9 @@ def test_all_mode_decorators_and_attributes_get_per_use_objects(exporter: InMemo
     with traintel.training_loop():
         with traintel.training_iteration():
             assert forward(2) == 2  # each call its own object: recursion nests
+            with traintel.model_backward({"k": "v"}):
+                pass
         traintel.set_training_config(export_iterations="all")
-        assert not isinstance(traintel.optimizer_update(), phases._SharedStep)
         with traintel.training_iteration():
             with traintel.optimizer_update():
                 pass
@@ -151,7 +153,10 @@ def test_all_mode_decorators_and_attributes_get_per_use_objects(exporter: InMemo
     first, second = iterations(spans)
     assert len([s for s in spans if s.name == "model_forward"]) == 3
     assert [s.name for s in children_of(second, spans)] == ["optimizer_update"]
-    assert [s.name for s in children_of(first, spans)] == ["model_forward"] * 3  # the body's children
+    first_children = [s.name for s in children_of(first, spans)]
+    assert first_children == ["model_forward"] * 3 + ["model_backward"]  # the body's children
+    (backward,) = [s for s in spans if s.name == "model_backward"]
+    assert backward.attributes == {semconv.PHASE: "model_backward", "k": "v"}  # given at construction
 
 
 def test_an_exit_after_the_iteration_ended_or_a_second_exit_does_nothing(
@@ -163,9 +168,9 @@ def test_an_exit_after_the_iteration_ended_or_a_second_exit_does_nothing(
         iteration.__enter__()
         backward.__enter__()
         iteration.__exit__(None, None, None)  # the step is still open: misuse
-        assert backward.__exit__(None, None, None) is False
-        assert backward.__exit__(None, None, None) is False
-        with traintel.training_iteration(), backward:
+        assert backward.__exit__(None, None, None) is None  # never suppresses an exception
+        assert backward.__exit__(None, None, None) is None
+        with traintel.training_iteration(), traintel.model_backward():
             pass
     spans = finished(exporter)
     first, second = iterations(spans)
@@ -173,35 +178,66 @@ def test_an_exit_after_the_iteration_ended_or_a_second_exit_does_nothing(
     assert [s.name for s in children_of(second, spans)] == ["model_backward"]
 
 
-def test_the_shared_objects_carry_what_a_per_use_step_carries() -> None:
-    for shared, name in (
-        (phases._SHARED_MODEL_FORWARD, phases._MODEL_FORWARD),
-        (phases._SHARED_MODEL_BACKWARD, phases._MODEL_BACKWARD),
-        (phases._SHARED_OPTIMIZER_UPDATE, phases._OPTIMIZER_UPDATE),
-    ):
-        per_use = phases._step_phase(name, phases._STEP_ATTRIBUTES[name], phases.STEP_INDEX[name])
-        assert (shared._name, shared._attributes, shared._index) == (
-            per_use._name,
-            per_use._attributes,
-            per_use._index,
+@pytest.mark.parametrize("name", list(STEP_FACTORIES))
+def test_every_factory_builds_the_step_callbacks_and_integrations_drive(name: str) -> None:
+    """One class, one constructor: what ``with`` uses is what the callbacks use."""
+    for phase in (STEP_FACTORIES[name](), step_phase(name)):
+        assert type(phase) is StepPhase
+        assert (phase._name, dict(phase._attributes or {}), phase._index) == (
+            name,
+            {semconv.PHASE: name},
+            STEP_INDEX[name],
         )
-        fresh = phases.fresh_step(name)  # what callbacks and integrations drive
-        assert type(fresh) is phases._StepPhase and fresh._name == name
-        with pytest.raises(TypeError):
-            shared._open(traintel.get_telemetry())
+    assert type(traintel.training_iteration()) is IterationPhase
+    for cls in (StepPhase, IterationPhase):  # with and callbacks share _open / _close
+        assert cls.__enter__ is PhaseSpan.__enter__ and cls.__exit__ is PhaseSpan.__exit__
+
+
+def test_with_and_callbacks_record_the_same_spans(exporter: InMemorySpanExporter) -> None:
+    """The same job through both styles: the same exported tree and attributes."""
+    with traintel.training_loop():
+        with traintel.training_iteration(samples=4):
+            with traintel.data_loading():
+                pass
+            with traintel.model_forward():
+                pass
+    callbacks.on_train_start()
+    callbacks.on_training_single_iteration_start(samples=4)
+    callbacks.on_data_loading_start()
+    callbacks.on_data_loading_end()
+    callbacks.on_model_forward_start()
+    callbacks.on_model_forward_end()
+    callbacks.on_training_single_iteration_end()
+    callbacks.on_train_end()
+    spans = finished(exporter)
+    managed, called = iterations(spans)[0], iterations(spans)[1]
+
+    def tree(iteration: ReadableSpan) -> list[tuple[str, dict[str, Any]]]:
+        return [(s.name, dict(s.attributes or {})) for s in children_of(iteration, spans)]
+
+    assert (
+        tree(managed)
+        == tree(called)
+        == [
+            ("data_loading", {semconv.PHASE: "data_loading"}),
+            ("model_forward", {semconv.PHASE: "model_forward"}),
+        ]
+    )
+    ignore = {semconv.ITERATION}
+    assert {k: v for k, v in (managed.attributes or {}).items() if k not in ignore} == {
+        k: v for k, v in (called.attributes or {}).items() if k not in ignore
+    }
 
 
 def test_asyncio_tasks_interleaving_in_one_iteration_each_close_their_own_step(
     exporter: InMemorySpanExporter,
 ) -> None:
-    """Two tasks on one thread enter the same shared object and leave it in the other order:
-    the first is on the common path, the second handed to a per-use object; each exit closes
-    its own (delegated exits are paired per task, not per thread)."""
-    forward = traintel.model_forward()
+    """Two tasks on one thread each enter a step and leave in the other order: each exit closes
+    its own step at its own time."""
     order: list[str] = []
 
     async def step(name: str, entered: asyncio.Event, release: asyncio.Event) -> None:
-        with forward:
+        with traintel.model_forward():
             order.append(name + " in")
             entered.set()
             await release.wait()
@@ -221,7 +257,6 @@ def test_asyncio_tasks_interleaving_in_one_iteration_each_close_their_own_step(
     with traintel.training_loop(), traintel.training_iteration():
         asyncio.run(main())
     assert order == ["a in", "b in", "a out", "b out"]
-    assert forward._delegates == 0
     spans = finished(exporter)
     (iteration,) = iterations(spans)
     a_span, b_span = children_of(iteration, spans)  # by start time: a, then b
@@ -235,7 +270,7 @@ def test_a_step_holding_an_evaluation_iteration_keeps_its_time(exporter: InMemor
     with traintel.training_loop(), traintel.training_iteration():
         with traintel.optimizer_update():
             with traintel.validation_loop(), traintel.validation_iteration():
-                with traintel.optimizer_update():  # open already: a per-use object
+                with traintel.optimizer_update():
                     pass
     spans = finished(exporter)
     (iteration,) = iterations(spans)
@@ -256,8 +291,8 @@ def test_generators_interleaving_on_one_thread_each_close_their_own_step(
 
     with traintel.training_loop(), traintel.training_iteration():
         first, second = work("first"), work("second")
-        next(first)  # on the common path
-        next(second)  # the object is open: handed to a per-use one
+        next(first)
+        next(second)
         for generator in (first, second):  # the first leaves first
             next(generator, None)
             time.sleep(0.002)
@@ -266,7 +301,6 @@ def test_generators_interleaving_on_one_thread_each_close_their_own_step(
     a, b = children_of(iteration, spans)
     assert (a.end_time or 0) - ends["first"] < 1_000_000  # closed at its own exit, not 2 ms later
     assert (b.end_time or 0) - ends["second"] < 1_000_000
-    assert phases._SHARED_MODEL_FORWARD._delegates == 0
 
 
 def test_an_exit_stack_entering_and_leaving_from_other_frames_closes_the_step(
@@ -277,9 +311,12 @@ def test_an_exit_stack_entering_and_leaving_from_other_frames_closes_the_step(
     tracer = trace.get_tracer("user", tracer_provider=pipeline.tracer_provider)
     with traintel.training_loop(), traintel.training_iteration():
         with tracer.start_as_current_span("user_work") as user, contextlib.ExitStack() as stack:
-            stack.enter_context(traintel.model_backward())  # under a user span: per-use
+            stack.enter_context(traintel.model_backward())  # under a user span: a real span
         assert trace.get_current_span() is not user  # every context entered was left
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(traintel.model_forward())  # directly in the iteration: its record
     spans = finished(exporter)
     (backward,) = [s for s in spans if s.name == "model_backward"]
     assert backward.parent is not None and backward.parent.span_id == user.get_span_context().span_id
-    assert phases._SHARED_MODEL_BACKWARD._delegates == 0
+    (iteration,) = iterations(spans)
+    assert [s.name for s in children_of(iteration, spans)] == ["user_work", "model_forward"]

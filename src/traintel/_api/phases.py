@@ -1,0 +1,241 @@
+"""The public phase factories: one call, one new phase object, usable as ``with`` or decorator."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from opentelemetry.util.types import AttributeValue
+
+from traintel import semconv
+from traintel._aggregation.aggregator import STEP_INDEX
+from traintel._recorder import active
+from traintel._recorder.checkpoints import (
+    CheckpointLoadPhase,
+    CheckpointSavePhase,
+    CheckpointStagePhase,
+    checked_strategy,
+)
+from traintel._recorder.phases import (
+    ApplicationPhase,
+    EvalLoopPhase,
+    IterationPhase,
+    PhaseSpan,
+    StepPhase,
+    TrainingLoopPhase,
+    phase_attributes,
+)
+from traintel._sdk.attributes import as_number, clean_attributes, clean_value
+from traintel.semconv import Phase
+
+_TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
+_NONE: Final[Mapping[str, AttributeValue]] = MappingProxyType({})
+#: Each step phase's start attributes, built once (never mutated: a span copies its attributes).
+_STEP_ATTRIBUTES: Final = {
+    phase.value: MappingProxyType({semconv.PHASE: phase.value}) for phase in semconv.STEP_PHASES
+}
+
+
+def step_phase(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> StepPhase:
+    """A step phase by span name: ``data_loading``, ``model_forward``, ``model_backward`` or
+    ``optimizer_update`` (what callbacks and framework integrations drive)."""
+    merged = (
+        {**_STEP_ATTRIBUTES[name], **clean_attributes(attributes)} if attributes else _STEP_ATTRIBUTES[name]
+    )
+    return StepPhase(name, merged, STEP_INDEX[name])
+
+
+def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    return PhaseSpan(phase.value, phase_attributes(phase, attributes))
+
+
+def _iteration_attributes(
+    samples: float | None, tokens: float | None, attributes: Mapping[str, AttributeValue] | None
+) -> Mapping[str, AttributeValue]:
+    if samples is None and tokens is None and not attributes:
+        return _NONE
+    extra: dict[str, AttributeValue] = clean_attributes(attributes) if attributes else {}
+    for key, value in ((semconv.SAMPLES, samples), (semconv.TOKENS, tokens)):
+        if value is not None:
+            number = as_number(value)  # a numpy count or a tensor: its number, not its str()
+            if number is not None:
+                extra[key] = number
+            else:
+                clean_value(key, value)  # says once why it was dropped
+    return extra
+
+
+def _iteration(
+    phase: Phase, iteration: int | None, attributes: Mapping[str, AttributeValue]
+) -> IterationPhase:
+    return IterationPhase(phase.value, iteration, attributes, semconv.LOOP_OF_ITERATION[phase].value)
+
+
+# --- the job and its set-up ----------------------------------------------------------------------
+def application(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """The whole job: its start carries the ``telemetry_initialization`` event (the configuration
+    and which metrics it allows), its end the job's goodput."""
+    return ApplicationPhase(Phase.APPLICATION.value, phase_attributes(Phase.APPLICATION, attributes))
+
+
+def dist_init(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """Process-group initialisation (``torch.distributed.init_process_group``)."""
+    return _simple(Phase.DIST_INIT, attributes)
+
+
+def data_loader_init(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """Building the data loaders (initialisation badput)."""
+    return _simple(Phase.DATA_LOADER_INIT, attributes)
+
+
+def model_init(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """Building the model (initialisation badput)."""
+    return _simple(Phase.MODEL_INIT, attributes)
+
+
+def optimizer_init(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """Building the optimizer (initialisation badput)."""
+    return _simple(Phase.OPTIMIZER_INIT, attributes)
+
+
+def checkpoint_load(
+    path: str | os.PathLike[str] | None = None,
+    iteration: int | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> PhaseSpan:
+    """Loading a checkpoint; ``iteration`` is the iteration it resumes from."""
+    extra: dict[str, AttributeValue | None] = {
+        semconv.CHECKPOINT_PATH: os.fspath(path) if path is not None else None,
+        semconv.CHECKPOINT_ITERATION: iteration,
+    }
+    extra.update(attributes or {})
+    return CheckpointLoadPhase(Phase.CHECKPOINT_LOAD.value, phase_attributes(Phase.CHECKPOINT_LOAD, extra))
+
+
+# --- training --------------------------------------------------------------------------------------
+def training_loop(
+    train_iterations_start: int = 0,
+    train_samples_start: int | None = None,
+    train_iterations_target: int | None = None,
+    train_samples_target: int | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> PhaseSpan:
+    """The training loop. ``train_iterations_start`` is the number of iterations already done
+    (non-zero when resuming): the first iteration of this loop is numbered with it."""
+    extra: dict[str, AttributeValue | None] = {
+        semconv.TRAIN_ITERATIONS_START: train_iterations_start,
+        semconv.TRAIN_SAMPLES_START: train_samples_start,
+        semconv.TRAIN_ITERATIONS_TARGET: train_iterations_target,
+        semconv.TRAIN_SAMPLES_TARGET: train_samples_target,
+    }
+    extra.update(attributes or {})
+    return TrainingLoopPhase(phase_attributes(Phase.TRAINING_LOOP, extra), int(train_iterations_start))
+
+
+def training_iteration(
+    iteration: int | None = None,
+    samples: float | None = None,
+    tokens: float | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> PhaseSpan:
+    """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
+    micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
+    loop's running count. Its handle (``as span``) is the iteration's span."""
+    return _iteration(Phase.TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
+
+
+def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """Waiting for the next batch (the time the loop was blocked on data)."""
+    return step_phase(Phase.DATA_LOADING.value, attributes)
+
+
+def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """The forward pass (and the loss), inside a training iteration."""
+    return step_phase(Phase.MODEL_FORWARD.value, attributes)
+
+
+def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """The backward pass, inside a training iteration."""
+    return step_phase(Phase.MODEL_BACKWARD.value, attributes)
+
+
+def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """The optimizer step (and zeroing the gradients), inside a training iteration."""
+    return step_phase(Phase.OPTIMIZER_UPDATE.value, attributes)
+
+
+def checkpoint_save(
+    strategy: str = "sync",
+    iteration: int | None = None,
+    size_bytes: int | None = None,
+    path: str | os.PathLike[str] | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> CheckpointSavePhase:
+    """Saving a checkpoint: span ``checkpoint_save_sync`` or ``checkpoint_save_async``.
+
+    The span covers the blocking part (until control returns to training); for an async save
+    call ``.completion()`` on the object inside the ``with`` and ``finish()`` it from the writer.
+    ``iteration`` defaults to the number of training iterations completed so far (the value
+    a job resuming from this checkpoint passes as ``train_iterations_start``). Given a
+    ``path`` and no ``size_bytes``, the size is measured when the span ends.
+    """
+    return CheckpointSavePhase(checked_strategy(strategy), iteration, size_bytes, path, attributes)
+
+
+def checkpoint_stage(stage: str, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """A marked part of a checkpoint save: ``staging``, ``write``, ``upload``, ``finalize`` or
+    ``barrier``; each stage's total time is reported in ``checkpoint_metrics_update``."""
+    if stage not in semconv.CHECKPOINT_STAGES:
+        engine = active.current()
+        if engine is not None:
+            engine.warn_once(
+                "bad_stage",
+                "checkpoint_stage(%r): expected one of %s",
+                stage,
+                sorted(semconv.CHECKPOINT_STAGES),
+            )
+        return PhaseSpan("checkpoint_" + str(stage), attributes)
+    return CheckpointStagePhase(stage, attributes)
+
+
+# --- evaluation ------------------------------------------------------------------------------------
+def validation_loop(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """A validation pass; its ``validation_metrics_update`` event sums its iterations."""
+    return EvalLoopPhase(Phase.VALIDATION_LOOP.value, phase_attributes(Phase.VALIDATION_LOOP, attributes))
+
+
+def validation_iteration(
+    iteration: int | None = None,
+    samples: float | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> PhaseSpan:
+    """One validation batch, numbered from 0 in its loop."""
+    return _iteration(Phase.VALIDATION_ITERATION, iteration, _iteration_attributes(samples, None, attributes))
+
+
+def testing_loop(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
+    """A test pass; its ``testing_metrics_update`` event sums its iterations."""
+    return EvalLoopPhase(Phase.TESTING_LOOP.value, phase_attributes(Phase.TESTING_LOOP, attributes))
+
+
+def testing_iteration(
+    iteration: int | None = None,
+    samples: float | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> PhaseSpan:
+    """One test batch, numbered from 0 in its loop."""
+    return _iteration(Phase.TESTING_ITERATION, iteration, _iteration_attributes(samples, None, attributes))
+
+
+def timed_span(
+    name: str,
+    phase: str | Phase | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> PhaseSpan:
+    """Any span of your own; give it a ``phase`` and the processor treats it like ours."""
+    merged: dict[str, AttributeValue] = dict(attributes or {})
+    if phase is not None:
+        merged[semconv.PHASE] = phase.value if isinstance(phase, Phase) else str(phase)
+    return PhaseSpan(name, merged)

@@ -1,0 +1,236 @@
+"""Checkpoint phases: saves (their blocking part, and an async save's background half),
+loads and marked stages, with the sizes and times the checkpoint metrics are made of."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from opentelemetry.trace import Link, Span, SpanContext, set_span_in_context
+from opentelemetry.util.types import AttributeValue
+
+from traintel import semconv
+from traintel._recorder import active
+from traintel._recorder.engine import TrainingEngine
+from traintel._recorder.phases import PhaseSpan, phase_attributes
+from traintel.semconv import Phase
+
+_time_ns = time.time_ns
+
+
+def directory_size(path: str | os.PathLike[str]) -> int:
+    """Bytes in a file, or in all files under a directory (checkpoints are often directories)."""
+    root = Path(path)
+    if root.is_file():
+        return root.stat().st_size
+    if not root.exists():
+        raise FileNotFoundError(os.fspath(path))
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(dirpath, name), follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
+
+
+class AsyncCheckpointCompletion:
+    """The background half of an async save: call :meth:`finish` from the writer thread.
+
+    It records a ``checkpoint_finalize`` span from the moment control returned to training
+    until ``finish()``, parented to the training loop's current segment and linked to the
+    ``checkpoint_save_async`` span (which carries the iteration it captured) and to the
+    iteration that started the save: the enclosing iteration when the save ran inside one (that
+    iteration is then exported), else the iteration just completed if it was exported. Its time
+    is background time, not training time. Idempotent and thread-safe; never raises.
+    """
+
+    def __init__(
+        self,
+        save_context: SpanContext,
+        iteration: int,
+        parent: Span | None,
+        iteration_context: SpanContext | None = None,
+    ) -> None:
+        self._save_context = save_context
+        self._iteration_context = iteration_context
+        self._iteration = iteration
+        self._parent = parent
+        self._start_ns = 0
+        self._done = False
+        self._lock = threading.Lock()
+
+    def _started(self, start_ns: int) -> None:
+        self._start_ns = start_ns
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def finish(
+        self,
+        size_bytes: int | None = None,
+        path: str | os.PathLike[str] | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        engine = active.current()
+        if engine is None or engine.closed:
+            return
+        try:
+            end = _time_ns()
+            start = self._start_ns or end
+            if size_bytes is None and path is not None:
+                try:
+                    size_bytes = directory_size(path)
+                except OSError:
+                    engine.warn_once("ckpt_size", "could not measure checkpoint size at %s", os.fspath(path))
+            attributes: dict[str, AttributeValue] = {
+                semconv.PHASE: Phase.CHECKPOINT_FINALIZE.value,
+                semconv.CHECKPOINT_STRATEGY: "async",
+                semconv.CHECKPOINT_ITERATION: self._iteration,
+            }
+            if size_bytes is not None:
+                attributes[semconv.CHECKPOINT_SIZE] = size_bytes
+            parent = engine.loop if engine.loop is not None else self._parent
+            context = set_span_in_context(parent) if parent is not None else None
+            span = engine.tracer.start_span(
+                Phase.CHECKPOINT_FINALIZE.value,
+                context=context,
+                attributes=attributes,
+                links=[
+                    Link(c)
+                    for c in (self._save_context, self._iteration_context)
+                    if c is not None and c.is_valid
+                ],
+                start_time=start,
+            )
+            totals = engine.checkpoint_background_done((end - start) / 1e9, size_bytes)
+            if size_bytes is not None and end > start:
+                totals[semconv.CHECKPOINT_BYTES_PER_SECOND] = size_bytes / ((end - start) / 1e9)
+            if error is None:
+                span.add_event(
+                    semconv.Event.SAVE_CHECKPOINT_SUCCESS.value,
+                    {semconv.CHECKPOINT_ITERATION: self._iteration},
+                )
+            span.add_event(semconv.Event.CHECKPOINT_METRICS_UPDATE.value, totals)
+            engine.end_span(span, error, end)
+        except Exception:
+            engine.warn_once("ckpt_finish", "could not record the async checkpoint completion")
+
+
+class CheckpointSavePhase(PhaseSpan):
+    __slots__ = ("_completion", "_iteration", "_path", "_size_bytes", "_strategy")
+
+    def __init__(
+        self,
+        strategy: str,
+        iteration: int | None,
+        size_bytes: int | None,
+        path: str | os.PathLike[str] | None,
+        attributes: Mapping[str, AttributeValue] | None,
+    ) -> None:
+        phase = Phase.CHECKPOINT_SAVE_ASYNC if strategy == "async" else Phase.CHECKPOINT_SAVE_SYNC
+        extra: dict[str, AttributeValue | None] = {
+            semconv.CHECKPOINT_STRATEGY: strategy,
+            semconv.CHECKPOINT_SIZE: size_bytes,
+            semconv.CHECKPOINT_PATH: os.fspath(path) if path is not None else None,
+        }
+        extra.update(attributes or {})
+        super().__init__(phase.value, phase_attributes(phase, extra))
+        self._strategy = strategy
+        self._iteration = iteration
+        self._size_bytes = size_bytes
+        self._path = path
+        self._completion: AsyncCheckpointCompletion | None = None
+
+    def _start_attributes(self, engine: TrainingEngine) -> Mapping[str, AttributeValue] | None:
+        attributes = dict(self._attributes or {})
+        if self._iteration is None:
+            self._iteration = engine.next_train_iteration
+        attributes[semconv.CHECKPOINT_ITERATION] = self._iteration
+        return attributes
+
+    def completion(self) -> AsyncCheckpointCompletion:
+        """The handle the background writer finishes (async saves); call inside the ``with``."""
+        if self._completion is None:
+            span = self._span
+            engine = active.current()
+            parent = engine.loop if engine is not None else None
+            started_by = engine.iteration_starting_checkpoint() if engine is not None else None
+            self._completion = AsyncCheckpointCompletion(
+                span.get_span_context(),
+                self._iteration if self._iteration is not None else 0,
+                parent,
+                started_by,
+            )
+        return self._completion
+
+    def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
+        if self._completion is not None:
+            self._completion._started(end_ns)
+        size = self._size_bytes
+        if size is None and self._path is not None and exc is None:
+            try:
+                size = directory_size(self._path)
+            except OSError:
+                engine.warn_once(
+                    "ckpt_size", "could not measure checkpoint size at %s", os.fspath(self._path)
+                )
+        if size is not None and span.is_recording():
+            span.set_attribute(semconv.CHECKPOINT_SIZE, size)
+        if not span.is_recording():
+            return
+        success = semconv.Event.SAVE_CHECKPOINT_SUCCESS.value
+        # once: on_save_checkpoint_success() may have added it already (with its own attributes)
+        if exc is None and not any(e.name == success for e in getattr(span, "events", ())):
+            span.add_event(success, {semconv.CHECKPOINT_ITERATION: self._iteration or 0})
+        duration = (end_ns - self._start_ns) / 1e9
+        attributes = engine.checkpoint_saved(duration, size, self._strategy, span, None, self._iteration)
+        rate = attributes.get(semconv.CHECKPOINT_BYTES_PER_SECOND)
+        if rate is not None:
+            span.set_attribute(semconv.CHECKPOINT_BYTES_PER_SECOND, rate)
+
+
+class CheckpointLoadPhase(PhaseSpan):
+    __slots__ = ()
+
+    def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
+        if span.is_recording():
+            engine.checkpoint_loaded((end_ns - self._start_ns) / 1e9)
+
+
+class CheckpointStagePhase(PhaseSpan):
+    __slots__ = ("_stage",)
+
+    def __init__(self, stage: str, attributes: Mapping[str, AttributeValue] | None) -> None:
+        phase = semconv.CHECKPOINT_STAGES[stage]
+        super().__init__(
+            phase.value, phase_attributes(phase, {semconv.CHECKPOINT_STAGE: stage, **(attributes or {})})
+        )
+        self._stage = stage
+
+    def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
+        if span.is_recording():
+            engine.checkpoint_stage_done(self._stage, (end_ns - self._start_ns) / 1e9)
+
+
+def checked_strategy(strategy: object) -> str:
+    """``strategy`` if it is one traintel knows; else "sync", said once."""
+    if strategy in ("sync", "async"):
+        return str(strategy)
+    engine = active.current()
+    if engine is not None:
+        engine.warn_once(
+            "bad_strategy",
+            "checkpoint_save(strategy=%r): expected 'sync' or 'async'; recording it as 'sync'",
+            strategy,
+        )
+    return "sync"

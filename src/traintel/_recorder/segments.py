@@ -1,0 +1,120 @@
+"""When the running trace is closed and the run goes on in a new one (segmented traces).
+
+Why: backends assume a trace finishes in minutes and hold a bounded number of spans and bytes
+per trace. Every ``segment_iterations`` training iterations or ``segment_seconds``, or before
+the span / byte budget is reached, the open ``application`` and ``training_loop`` spans end and
+continue in a fresh trace (see ``traintel._sdk.segments``). The rotation happens at the start of
+the next iteration, never after the last one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from traintel._sdk.export_filter import TraceBudget
+from traintel._sdk.segments import SegmentedSpan
+from traintel.config import TrainingConfig
+
+if TYPE_CHECKING:
+    from traintel._recorder.engine import TrainingEngine
+
+#: Fraction of the trace budget at which a segment is closed early.
+BUDGET_ROTATE: Final = 0.9
+#: Estimated bytes kept free in a trace for one more exported iteration: an evaluation loop,
+#: which cannot rotate the segment, stops exporting when they run out.
+ROOM_BYTES: Final = 4096
+#: What the open loop and application spans add when they end, on top of their events: the
+#: last loop segment with its summary is ~4.5 kB.
+OPEN_SPANS_MARGIN: Final = 6144
+
+
+class Segments:
+    """The running segment's budget and the rotation to the next one."""
+
+    def __init__(self, engine: TrainingEngine, budget: TraceBudget) -> None:
+        self._engine = engine
+        self.budget = budget
+        self.rotate_pending = False
+        self.closed = 0  # segments closed so far in this job
+
+    def configure(self, config: TrainingConfig) -> None:
+        self.segment_iterations = int(config.get("segment_iterations"))
+        self.segment_ns = int(float(config.get("segment_seconds")) * 1e9)
+        self.max_spans = int(config.get("max_spans_per_trace"))
+        self.max_bytes = int(config.get("max_bytes_per_trace"))
+        # Due at BUDGET_ROTATE of the budget, or sooner under a small budget, so that a
+        # training loop rotates before its ROOM_BYTES run out.
+        self.rotate_bytes = min(BUDGET_ROTATE * self.max_bytes, self.max_bytes - 2 * ROOM_BYTES)
+
+    def loop_opened(self, loop: SegmentedSpan, start_ns: int) -> None:
+        self.rotate_pending = False
+        loop.segment_start_ns = start_ns
+
+    def count(self, loop: SegmentedSpan, iteration: int) -> None:
+        """A training iteration ended in the loop's current segment."""
+        loop.segment_iterations += 1
+        if loop.segment_first_iteration is None:
+            loop.segment_first_iteration = iteration
+        loop.segment_last_iteration = iteration
+
+    def check(self, loop: SegmentedSpan, end_ns: int, exported_now: bool) -> None:
+        """After an iteration: is the segment due (iterations, time), or its budget near?"""
+        if exported_now:  # exports fill the trace: check now
+            self._check_budget(loop)
+        in_segment = loop.segment_iterations
+        if in_segment >= self.segment_iterations or end_ns - loop.segment_start_ns >= self.segment_ns:
+            self.rotate_pending = True
+        elif in_segment % 16 == 0:  # the budget, every 16 iterations too
+            self._check_budget(loop)
+
+    def _check_budget(self, loop: SegmentedSpan) -> None:
+        spans, size = self.budget.usage(loop.get_span_context().trace_id)
+        size += self._open_bytes(loop)
+        if spans >= BUDGET_ROTATE * self.max_spans or size >= self.rotate_bytes:
+            self.rotate_pending = True
+
+    def _open_bytes(self, loop: SegmentedSpan) -> int:
+        """What the open loop (and application) segment will add to the trace when it ends."""
+        app = self._engine.app
+        same_trace = app is not None and app.get_span_context().trace_id == loop.get_span_context().trace_id
+        return loop.open_bytes + (app.open_bytes if same_trace and app is not None else 0) + OPEN_SPANS_MARGIN
+
+    def has_room(self) -> bool:
+        """Room in the current segment's trace for one more exported iteration."""
+        loop = self._engine.loop
+        if loop is None:
+            return True
+        spans, size = self.budget.usage(loop.get_span_context().trace_id)
+        size += self._open_bytes(loop) + ROOM_BYTES
+        return spans + 8 <= self.max_spans and size <= self.max_bytes
+
+    def rotate(self, now_ns: int) -> None:
+        """Close the current segment (loop, and application if in its trace) and continue in a
+        new trace, linked to the previous segment and to the run's first application span."""
+        self.rotate_pending = False
+        engine = self._engine
+        loop = engine.loop
+        if loop is None:
+            return
+        app = engine.app
+        spans, size = self.budget.usage(loop.get_span_context().trace_id)
+        previous_loop = loop.get_span_context()
+        loop.close_segment(now_ns, continues=True, spans=spans, estimated_bytes=size)
+        new_parent = None
+        if app is not None and app.get_span_context().trace_id == previous_loop.trace_id:
+            previous_app = app.get_span_context()
+            app.close_segment(now_ns, continues=True)
+            app.start_next(engine.tracer, now_ns, None, [previous_app, app.first_context])
+            new_parent = app.current
+            root_links = [previous_loop]
+        else:
+            root_links = [previous_loop] + ([app.first_context] if app is not None else [])
+        loop.start_next(engine.tracer, now_ns, new_parent, root_links)
+        engine.segment_started()
+        self.closed += 1
+
+    def loop_closing(self, loop: SegmentedSpan, end_ns: int) -> None:
+        """The loop ends: if it was ever rotated, its last segment is marked as the last."""
+        if self.closed:
+            spans, size = self.budget.usage(loop.get_span_context().trace_id)
+            loop.close_segment(end_ns, continues=False, spans=spans, estimated_bytes=size)

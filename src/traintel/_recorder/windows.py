@@ -1,0 +1,250 @@
+"""Closing a window: the ``training_metrics_update`` event, the goodput record, the gauges.
+
+A window is ``log_every_n_iterations`` training iterations. The engine appends one row per
+iteration; when the window is full (or the loop ends) it is closed here: the aggregator turns
+the rows into the window's numbers, which go on the training loop span as an event, into the
+metric instruments, and out as a ``training_window`` span (the goodput record, exported at once
+so a killed job loses at most its open window). The slow-iteration threshold is refreshed from
+the window's durations, and the device's peak FLOP/s for MFU is looked up once it is known.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import TYPE_CHECKING, Final
+
+from opentelemetry import trace as trace_api
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
+
+from traintel import semconv
+from traintel._aggregation.aggregator import RateInputs, WindowReport, seconds_of
+from traintel._aggregation.goodput import WindowGoodput
+from traintel._aggregation.sampling import MEDIAN_MIN_SAMPLES
+from traintel._host.device import AutocastProbe, DeviceHooks, annotate_window, device_hooks
+from traintel._host.flops import autocast_dtype, current_device_name, peak_flops_for
+from traintel._sdk.otel_private import add_clean_event, set_clean_attributes
+from traintel._sdk.segments import SegmentedSpan
+from traintel.config import TrainingConfig
+from traintel.semconv import Event
+
+if TYPE_CHECKING:
+    from traintel._recorder.engine import TrainingEngine
+
+_TRAINING_METRICS_UPDATE: Final = Event.TRAINING_METRICS_UPDATE.value
+_FLOPS_PER_DEVICE: Final = semconv.WINDOW_PREFIX + "flops_per_second_per_device"
+_FP32_ASSUMED: Final = (
+    " (the peak is fp32's: no autocast was active at the start of an iteration or step phase in"
+    " the first window; set TRAINTEL_DTYPE, e.g. bf16, when the model computes in another dtype)"
+)
+
+
+class Windows:
+    """The open window's bookkeeping and its close."""
+
+    def __init__(self, engine: TrainingEngine) -> None:
+        self._engine = engine
+        self._median_rows = 0  # rows of the open window already in the slow threshold's sample
+        self.rows_mark = 0  # where end_iteration next looks up from appending rows
+        self._rate_inputs: RateInputs | None = None
+        self._dtype_seen: str | None = None
+        self._dtype_assumed = False  # the table's peak is fp32's for want of a dtype
+        self._device_lookup: tuple[float | None, str | None, str | None] | None = None
+        self._window_parent: tuple[Span | None, Context] = (None, Context())
+        self.hooks: DeviceHooks | None = None
+        self.dtype_probing = False
+
+    def configure(self, config: TrainingConfig) -> None:
+        engine = self._engine
+        self._lazy_config = config.has_lazy  # callables re-read at every window close
+        self._rate_inputs = None
+        if not hasattr(self, "_configured"):  # once: the device features are fixed at start
+            self._configured = True
+            self.hooks = device_hooks(config, engine.warn_once)
+            # Until the compute dtype is known, phase starts look at autocast (a CUDA build of
+            # torch imported, no dtype or peak configured): see AutocastProbe.
+            cuda_build = getattr(getattr(sys.modules.get("torch"), "version", None), "cuda", None)
+            self.dtype_probing = (
+                cuda_build is not None and config.get("dtype") is None and config.get("peak_flops") is None
+            )
+            engine.device = AutocastProbe(self.hooks, self._dtype_found) if self.dtype_probing else self.hooks
+        self._set_rows_mark()
+
+    # --- the slow threshold's first durations -------------------------------------------------------
+    def _set_rows_mark(self) -> None:
+        """The window's end, or sooner while the slow threshold still waits for its first
+        MEDIAN_MIN_SAMPLES durations."""
+        missing = MEDIAN_MIN_SAMPLES - len(self._engine.sampler.recent)
+        mark = self._engine.window_size
+        if missing > 0:
+            mark = min(mark, self._median_rows + missing)
+        self.rows_mark = mark
+
+    def catch_up_median(self) -> None:
+        """Add the open window's durations not yet in the slow threshold's recent ones."""
+        engine = self._engine
+        rows = engine.rows
+        if len(rows) > self._median_rows:
+            engine.sampler.recent.extend(seconds_of(row[0] for row in rows[self._median_rows :]))
+            self._median_rows = len(rows)
+
+    def start_threshold_if_due(self) -> None:
+        """The job's first durations for the slow threshold ended inside the open window: it
+        starts from them now (the window close adds the rest of the window's)."""
+        sampler = self._engine.sampler
+        if len(sampler.recent) < MEDIAN_MIN_SAMPLES:
+            self.catch_up_median()
+            sampler.refresh()
+            self._set_rows_mark()
+
+    def close_if_full(self) -> None:
+        if len(self._engine.rows) >= self._engine.window_size:
+            self.close()
+
+    # --- the compute dtype and the device's peak ------------------------------------------------------
+    def _dtype_found(self, dtype: str) -> None:
+        self._dtype_seen = dtype
+        self._end_dtype_probe()
+
+    def _end_dtype_probe(self) -> None:
+        """Back to the plain device hooks: the per-step cost of looking ends here."""
+        if self.dtype_probing:
+            self.dtype_probing = False
+            self._engine.device = self.hooks
+
+    def look_at_autocast(self) -> None:
+        dtype = autocast_dtype()
+        if dtype is not None:
+            self._dtype_found(dtype)
+
+    def rate_inputs(self) -> RateInputs:
+        engine = self._engine
+        config = engine.config
+        method = config.get("flops_method")
+        if method is None:
+            lazy = config.is_lazy("flops_per_sample") or config.is_lazy("flops_per_token")
+            method = "callable" if lazy else "config"
+        executed = config.get("executed_flops_per_sample")
+        model = config.get("flops_per_sample")
+        ratio = executed / model if executed and model else None
+        peak = config.get("peak_flops")
+        if peak is not None:
+            return RateInputs(engine.world_size, peak, "config (TRAINTEL_PEAK_FLOPS)", None, method, ratio)
+        peak, source, reason = self._device_peak()
+        return RateInputs(engine.world_size, peak, source, reason, method, ratio)
+
+    def _device_peak(self) -> tuple[float | None, str | None, str | None]:
+        """The table's peak for the device and dtype, looked up at the first window close
+        where the device is known (the job initialised CUDA) and kept from then on; the dtype
+        is the configured one, else autocast's as seen so far, else fp32."""
+        if self._device_lookup is not None:
+            return self._device_lookup
+        self._end_dtype_probe()
+        device = current_device_name()
+        if device is None:
+            return (None, None, "no GPU: set TRAINTEL_PEAK_FLOPS to compute MFU on this device")
+        dtype = self._engine.config.get("dtype") or self._dtype_seen
+        self._dtype_assumed = dtype is None
+        found = peak_flops_for(device, dtype or "fp32")
+        self._device_lookup = (found.peak_flops, found.source, found.reason)
+        return self._device_lookup
+
+    # --- the close ----------------------------------------------------------------------------------
+    def close(self, final: bool = False, ended_loop: Span | None = None) -> WindowReport | None:
+        engine = self._engine
+        inputs = self._rate_inputs
+        if inputs is None or self._lazy_config or (inputs.peak_flops is None and self._device_lookup is None):
+            inputs = self._rate_inputs = self.rate_inputs()  # the device may be known now
+        report = self._report(inputs)
+        if report is not None and engine.instruments is not None:
+            engine.instruments.defer_window(report.durations, report.data_loading_durations)
+        engine.sampler.refresh()
+        if engine.window_hook is not None:
+            engine.window_hook(report, final)
+        if report is None:
+            if final:
+                self._export_goodput(engine.goodput.flush_held(), ended_loop)
+            return None
+        annotate_window(report.attributes, engine.device)
+        self._export_goodput(engine.goodput.close_window(report, inputs.peak_flops, final), ended_loop)
+        if self._lazy_config:
+            engine.apply_config(engine.config)  # lazy values are re-resolved once per window
+        if inputs.peak_flops is None and report.attributes.get(_FLOPS_PER_DEVICE):
+            engine.warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
+        self._window_events(report, inputs)
+        return report
+
+    def _report(self, inputs: RateInputs) -> WindowReport | None:
+        """The aggregator's report; the window's durations join the slow threshold's sample
+        whether or not the report succeeds (the aggregator empties the window either way)."""
+        engine = self._engine
+        added = self._median_rows
+        pending = engine.rows[added:]
+        report = None
+        try:
+            report = engine.aggregator.close_window(inputs)
+        finally:
+            recent = engine.sampler.recent
+            if report is not None:
+                recent.extend(report.durations[added:])
+            else:
+                recent.extend(seconds_of(row[0] for row in pending))
+            self._median_rows = 0
+            self._set_rows_mark()
+        return report
+
+    def _window_events(self, report: WindowReport, inputs: RateInputs) -> None:
+        engine = self._engine
+        loop = engine.loop_span()
+        if loop is not None and engine.window_events:
+            if isinstance(loop, SegmentedSpan):
+                loop.add_clean_event(_TRAINING_METRICS_UPDATE, report.attributes)
+            else:
+                add_clean_event(loop, _TRAINING_METRICS_UPDATE, report.attributes)
+            for error in report.errors:
+                loop.add_event(
+                    Event.METRIC_OUT_OF_RANGE.value,
+                    {
+                        semconv.ERROR_REASON: error,
+                        semconv.MFU_NUMERATOR: report.attributes.get(_FLOPS_PER_DEVICE, 0.0),
+                        semconv.MFU_DENOMINATOR: inputs.peak_flops or 0.0,
+                        semconv.MFU_PEAK_SOURCE: inputs.peak_source or "",
+                    },
+                )
+        for error in report.errors:
+            engine.warn_once(
+                "out_of_range",
+                "%s: check flops_per_* and the peak FLOP/s%s (not reported as a metric)",
+                error,
+                _FP32_ASSUMED if self._dtype_assumed else "",
+            )
+
+    def _export_goodput(self, windows: list[WindowGoodput], ended_loop: Span | None) -> None:
+        """Each window's goodput record as a ``training_window`` span, exported at once (not
+        with the segment). Its parent is the loop segment holding it (``ended_loop``: a foreign
+        loop that just ended)."""
+        if not windows:
+            return
+        engine = self._engine
+        loop = engine.loop_span()
+        parent = loop.current if isinstance(loop, SegmentedSpan) else loop
+        if parent is None:
+            parent = ended_loop
+        cached = self._window_parent  # the segment's context, built once per segment
+        if cached[0] is not parent or parent is None:
+            context = trace_api.set_span_in_context(parent) if parent is not None else Context()
+            cached = self._window_parent = (parent, context)
+        # The metrics processor skips these, as it skips exported iterations: they are
+        # traintel's own records, with nothing in them to count (the trace budget still is).
+        materializing, engine.materializing = engine.materializing, threading.get_ident()
+        try:
+            for window in windows:
+                # Started without attributes, then given them uncleaned: they are traintel's numbers.
+                span = engine.tracer.start_span(
+                    semconv.TRAINING_WINDOW_SPAN, context=cached[1], start_time=window.start_ns
+                )
+                set_clean_attributes(span, window.attributes())
+                span.end(end_time=max(window.end_ns, window.start_ns))
+        finally:
+            engine.materializing = materializing

@@ -1,0 +1,241 @@
+"""Configuration: the one place where a job's telemetry is built and wired.
+
+``install`` builds the pipeline (providers, export filter, exporters) from ``OTEL_*`` and the
+arguments, then the engine, the span processor, the instruments, the heartbeat and the
+cross-rank exchange, each given what it uses in its constructor, and makes the result current.
+Explicit ``configure()`` validates everything first and raises ``ConfigurationError``; the
+automatic configuration on first use reports a problem and records what it can.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.trace import Span
+
+from traintel import semconv
+from traintel._aggregation.aggregator import WindowReport
+from traintel._aggregation.export_policy import RankExportPolicy
+from traintel._host.gpu import GpuInstruments
+from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
+from traintel._host.system_metrics import SystemInstruments
+from traintel._recorder.engine import TrainingEngine
+from traintel._runtime import preemption, state
+from traintel._runtime.state import Telemetry, Warnings
+from traintel._sdk.export_filter import TraceBudget
+from traintel._sdk.ids import ForcingIdGenerator
+from traintel._sdk.open_spans import OpenSpans
+from traintel._sdk.otel_private import set_tracer_id_generator, tracer_id_generator
+from traintel._sdk.processor import TrainingMetricsProcessor
+from traintel._sdk.providers import Pipeline, build_pipeline
+from traintel.config import TrainingConfig
+from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
+from traintel.exporters.health import register_instruments
+from traintel.resource_detectors import distributed_identity
+from traintel.version import __version__
+
+
+def sdk_disabled(environ: Mapping[str, str] | None = None) -> bool:
+    environ = os.environ if environ is None else environ
+    return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
+def configure(
+    *,
+    tracer_provider: trace_api.TracerProvider | None = None,
+    meter_provider: metrics_api.MeterProvider | None = None,
+    service_name: str | None = None,
+    training: Mapping[str, object] | None = None,
+    span_exporters: Sequence[SpanExporter] | None = None,
+    metric_readers: Sequence[MetricReader] | None = None,
+) -> Telemetry:
+    """Explicit configuration: validates everything first and raises ConfigurationError."""
+    config = TrainingConfig.from_env(overrides=training, strict=True)
+    with state._lock:
+        previous = state.configured()
+        if previous is not None:
+            reuse = (
+                tracer_provider is None
+                and meter_provider is None
+                and span_exporters is None
+                and metric_readers is None
+                and previous.pipeline is not None
+            )
+            if reuse:
+                previous.close_open_callbacks("traintel reconfigured")
+                previous.update_config(**dict(training or {}))
+                return previous
+            previous.shutdown()
+        return install(
+            config,
+            strict=True,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            service_name=service_name,
+            span_exporters=span_exporters,
+            metric_readers=metric_readers,
+        )
+
+
+def _auto_configure() -> Telemetry:
+    return install(TrainingConfig.from_env(strict=False), strict=False)
+
+
+def install(
+    config: TrainingConfig,
+    *,
+    strict: bool,
+    tracer_provider: trace_api.TracerProvider | None = None,
+    meter_provider: metrics_api.MeterProvider | None = None,
+    service_name: str | None = None,
+    span_exporters: Sequence[SpanExporter] | None = None,
+    metric_readers: Sequence[MetricReader] | None = None,
+) -> Telemetry:
+    if sdk_disabled():
+        return state.set_current(Telemetry(config))
+    pipeline = build_pipeline(
+        config,
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        service_name=service_name,
+        strict=strict,
+        span_exporters=span_exporters,
+        metric_readers=metric_readers,
+    )
+    telemetry = state.set_current(_build(config, pipeline))
+    preemption.install()
+    return telemetry
+
+
+def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
+    """Everything a job records with, around its pipeline."""
+    # In the user's own pipeline there is no export filter: the processor counts the trace budget.
+    budget = pipeline.export_filter.budget if pipeline.export_filter is not None else TraceBudget()
+    tracer, ids = _tracer_for(pipeline)
+    meters = pipeline.meter_provider
+    warned = Warnings()
+    open_spans = OpenSpans()
+    cross_rank: CrossRank | None = None
+
+    def window_closed(report: WindowReport | None, final: bool) -> None:
+        if cross_rank is not None:
+            cross_rank.window_closed(report, final)
+
+    def sync_point(now_ns: int) -> None:
+        if cross_rank is not None:
+            cross_rank.mark_sync_point(now_ns)
+
+    engine = TrainingEngine(
+        config,
+        tracer,
+        ids,
+        pipeline.export_filter,
+        budget,
+        meters,
+        open_spans,
+        _world_size(pipeline.resource),
+        warned.warn_once,
+        on_application_start=lambda span: _application_started(telemetry, span),
+        on_application_end=lambda span, exc: preemption.report_pending(telemetry, span, exc),
+        window_hook=window_closed,
+        on_sync_point=sync_point,
+    )
+    processor = TrainingMetricsProcessor(
+        engine,
+        open_spans,
+        engine.instruments,
+        budget=None if pipeline.export_filter is not None else budget,
+        on_error=lambda kind: warned.warn_once(kind, "could not aggregate a %s", kind),
+    )
+    pipeline.add_span_processor(processor)
+    global _last_cross_rank
+    cross_rank = _last_cross_rank = CrossRank(engine)
+    cross_rank.count_straggler = CrossRankInstruments(meters, _current_cross_rank).count
+    telemetry = Telemetry(config, pipeline, engine, processor, open_spans, warned)
+    telemetry.heartbeat = Heartbeat(engine, open_spans)
+    telemetry.cross_rank = cross_rank
+    # Sampled by the metric reader's thread only: hang localisation and process/device gauges.
+    HeartbeatInstruments(meters, _current_heartbeat)
+    SystemInstruments(meters)
+    GpuInstruments(meters)
+    if pipeline.owns_tracer_provider:  # traintel's own export path: its losses and health
+        register_instruments(meters)
+    _decide_rank_export(engine, config, pipeline.resource)
+    return telemetry
+
+
+def _application_started(telemetry: Telemetry, span: Span) -> None:
+    telemetry.initialization_event(span)
+    preemption.chain_later_handlers()
+
+
+def _tracer_for(pipeline: Pipeline) -> tuple[trace_api.Tracer, ForcingIdGenerator | None]:
+    """Our tracer, with an id generator we can steer (see ``traintel._sdk.ids``).
+
+    Only our own tracer's generator is wrapped (delegating to the provider's): other tracers of
+    a user's provider are untouched. The wrapper is reused if the provider handed out the same
+    tracer before (it caches tracers by scope)."""
+    tracer = pipeline.tracer_provider.get_tracer(semconv.INSTRUMENTATION_SCOPE, __version__)
+    generator = tracer_id_generator(tracer)
+    if generator is None or isinstance(generator, ForcingIdGenerator):
+        return tracer, generator
+    ids = ForcingIdGenerator(generator)
+    set_tracer_id_generator(tracer, ids)
+    return tracer, ids
+
+
+def _world_size(resource: Resource) -> int:
+    value = resource.attributes.get(semconv.WORLD_SIZE)
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return distributed_identity()[2]
+
+
+def _rank(resource: Resource) -> int:
+    """The Resource's rank; a user's provider without one: the launcher's (as _world_size)."""
+    value = resource.attributes.get(semconv.RANK)
+    if value is None:
+        return distributed_identity()[0]
+    try:
+        return int(str(value))
+    except ValueError:
+        return -1
+
+
+def _decide_rank_export(engine: TrainingEngine, config: TrainingConfig, resource: Resource) -> None:
+    """Scale mode from the Resource's rank and world size when the launcher gave them (torchrun,
+    Slurm): decided before the first iteration, so a reduced rank exports none of its routine
+    telemetry. Otherwise the first window boundary decides (CrossRank)."""
+    world = _world_size(resource)
+    rank = _rank(resource)
+    if world > 1 and 0 <= rank < world:
+        threshold = int(config.get("cross_rank_scale_world_size"))
+        engine.set_rank_export(RankExportPolicy.decide(rank, world, threshold))
+
+
+def _current_heartbeat() -> Heartbeat | None:
+    """The running job's heartbeat: the gauges outlive a reconfiguration (the SDK keeps the
+    first registration of each), and after an explicit shutdown() its final export still
+    reports the job."""
+    telemetry = state.running()
+    return None if telemetry is None else telemetry.heartbeat
+
+
+#: The job installed last: after an explicit shutdown() its final export still reports it.
+_last_cross_rank: CrossRank | None = None
+
+
+def _current_cross_rank() -> CrossRank | None:
+    return _last_cross_rank
+
+
+state.set_auto_configure(_auto_configure)

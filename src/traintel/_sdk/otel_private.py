@@ -1,0 +1,291 @@
+"""Every use of OpenTelemetry's private internals, in one module.
+
+Why any at all: a training step is a few microseconds of Python, and the public API costs a
+few microseconds per call in the places listed below. Why here: each use is checked once, at
+import, against what the public API does on this installed release (same context seen by the
+API, same stored span); where the check fails or the internal is missing, the public API is
+used instead, with the same results and its own cost. ``tests/test_otel_private.py`` compares
+every fast path with the public one on behaviour: context propagation and exported OTLP bytes.
+
+What is used, and why:
+
+* **Context** (``opentelemetry.context._RUNTIME_CONTEXT``): with the default ContextVar runtime
+  context, ``attach`` / ``detach`` / ``get_current`` act on that variable directly, and a span
+  is put into a Context with one dict copy under the API's own key (found by asking the API,
+  not imported). The iteration and its step phases need these on every step.
+* **SDK span storage** (``Span._attributes``, ``Span._add_event``, ``BoundedAttributes._dict``,
+  ``Span._lock``, ``Span._end_time``, ``Span._limits``): traintel's window events carry ~60
+  numbers it computed itself; the SDK's per-value cleaning of them was most of a window close.
+  Values that are not plain ``str`` / ``bool`` / ``int`` / ``float``, or that a limit would
+  cut, go through the public API.
+* **``SpanProcessor._on_ending``**: the SDK's hook between a span's end and its freezing; the
+  export filter wraps the batch processors and must pass the hook on to them.
+* **The batch processor's queue** (``BatchSpanProcessor._batch_processor._queue``): the SDK drops
+  a span when its queue is full with one log line; reading the queue's length lets traintel
+  count every drop (and spill what is queued at a stuck exit).
+* **A metric exporter's preferences** (``_preferred_temporality``, ``_preferred_aggregation``):
+  a wrapper must declare the same ones as the exporter it wraps.
+* **A tracer's id generator** (``Tracer.id_generator``): traintel's own tracer gets a generator
+  that can hand out an id chosen in advance, so an iteration recorded without a span can be
+  exported later under the id its children already point to.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+from opentelemetry import context as context_api
+from opentelemetry import trace as trace_api
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Event, SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, Span
+from opentelemetry.util.types import AttributeValue
+
+_logger = logging.getLogger("traintel")
+
+# --- context -------------------------------------------------------------------------------------
+
+
+def _find_span_key() -> str:
+    """The key under which the API stores the current span (asked of the API, not imported)."""
+    marker = NonRecordingSpan(trace_api.INVALID_SPAN_CONTEXT)
+    keys = [key for key, value in trace_api.set_span_in_context(marker, Context()).items() if value is marker]
+    if len(keys) != 1:
+        raise RuntimeError("cannot find the span key of the OpenTelemetry context")
+    return keys[0]
+
+
+SPAN_KEY = _find_span_key()
+_dict_setitem = dict.__setitem__
+
+
+def _runtime_variable() -> ContextVar[Context] | None:
+    runtime = getattr(context_api, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if isinstance(variable, ContextVar) and isinstance(variable.get(), Context):
+        return variable
+    return None
+
+
+def _public_with_span(span: Span, context: Context) -> Context:
+    return trace_api.set_span_in_context(span, context)
+
+
+def _fast_with_span(span: Span, context: Context) -> Context:
+    new = Context(context)  # a fresh copy is not shared yet: storing into it is safe
+    _dict_setitem(new, SPAN_KEY, span)
+    return new
+
+
+def _fast_current_span(context: Context) -> Span:
+    span: Span | None = context.get(SPAN_KEY)  # type: ignore[assignment]
+    return INVALID_SPAN if span is None else span
+
+
+def _context_path_agrees(variable: ContextVar[Context]) -> bool:
+    """Attaching through the variable is what the API sees, and the fast Context equals the
+    API's; on any difference the public API is used."""
+    try:
+        span = NonRecordingSpan(trace_api.SpanContext(1, 2, False))
+        base = context_api.set_value("traintel.check", 1, Context())
+        ours, theirs = _fast_with_span(span, base), trace_api.set_span_in_context(span, base)
+        if ours != theirs or type(ours) is not type(theirs) or base != {"traintel.check": 1}:
+            return False
+        token = variable.set(ours)
+        try:
+            seen = context_api.get_current() is ours and trace_api.get_current_span() is span
+        finally:
+            variable.reset(token)
+        return seen and _fast_current_span(ours) is trace_api.get_current_span(theirs) is span
+    except Exception:
+        return False
+
+
+_VARIABLE = _runtime_variable()
+#: True when the context operations below act on the runtime ContextVar directly.
+CONTEXT_FAST = _VARIABLE is not None and _context_path_agrees(_VARIABLE)
+
+get_current: Callable[[], Context]
+attach: Callable[[Context], Any]
+detach: Callable[[Any], None]
+with_span: Callable[[Span, Context], Context]
+current_span: Callable[[Context], Span]
+if CONTEXT_FAST and _VARIABLE is not None:
+    get_current, attach, detach = _VARIABLE.get, _VARIABLE.set, _VARIABLE.reset
+    with_span, current_span = _fast_with_span, _fast_current_span
+else:  # another OTEL_PYTHON_CONTEXT, or an API release that stores context elsewhere
+    get_current, attach = context_api.get_current, context_api.attach
+    detach = context_api.detach  # type: ignore[assignment]
+    with_span, current_span = _public_with_span, trace_api.get_current_span
+
+
+# --- SDK span storage ----------------------------------------------------------------------------
+_PLAIN = frozenset((str, bool, int, float))
+_IS_STR = str.__instancecheck__
+
+
+def _clean_enough(
+    attributes: Mapping[str, AttributeValue], maxlen: int | None, max_value_len: int | None
+) -> bool:
+    """True when the SDK's cleaning would keep ``attributes`` exactly as they are."""
+    if maxlen is not None and len(attributes) > maxlen:
+        return False
+    values = attributes.values()
+    if not set(map(type, values)) <= _PLAIN:
+        return False
+    if max_value_len is not None:
+        strings: list[str] = list(filter(_IS_STR, values))  # type: ignore[arg-type]
+        return all(len(v) <= max_value_len for v in strings)
+    return True
+
+
+def _bounded(
+    attributes: Mapping[str, AttributeValue], maxlen: int | None, max_value_len: int | None, immutable: bool
+) -> BoundedAttributes:
+    """A ``BoundedAttributes`` holding ``attributes`` as given (as the SDK's own copy does)."""
+    bounded = BoundedAttributes(maxlen, None, immutable=immutable, max_value_len=max_value_len)
+    bounded._dict = dict(attributes)
+    return bounded
+
+
+def _fast_add_event(
+    span: SdkSpan, name: str, attributes: Mapping[str, AttributeValue], timestamp: int | None
+) -> None:
+    limits = span._limits
+    bounded = _bounded(attributes, limits.max_event_attributes, limits.max_attribute_length, True)
+    span._add_event(Event(name, bounded, timestamp))
+
+
+def _storage_agrees() -> bool:
+    """An event and attributes stored directly equal what the public API stores, on this SDK
+    release. Checked with a sampler and limits of its own: the environment's say nothing about
+    the layout."""
+    try:
+        limits = SpanLimits(
+            max_span_attributes=128,
+            max_event_attributes=128,
+            max_events=128,
+            max_attribute_length=SpanLimits.UNSET,
+            max_span_attribute_length=SpanLimits.UNSET,
+        )
+        provider = TracerProvider(sampler=ALWAYS_ON, span_limits=limits, shutdown_on_exit=False)
+        span = provider.get_tracer("traintel.check").start_span("check")
+        if not isinstance(span, SdkSpan):
+            return False
+        attributes: dict[str, AttributeValue] = {"a": 1.5, "b": "x", "c": True, "d": 2}
+        span.add_event("public", attributes, 7)
+        _fast_add_event(span, "fast", attributes, 7)
+        public, fast = span.events
+        same_event = (
+            dict(public.attributes or {}) == dict(fast.attributes or {})
+            and public.timestamp == fast.timestamp
+            and type(public.attributes) is type(fast.attributes)
+            and public.dropped_attributes == fast.dropped_attributes
+        )
+        own = span._attributes
+        return (
+            same_event
+            and hasattr(span, "_lock")
+            and hasattr(span, "_end_time")
+            and isinstance(own, BoundedAttributes)
+            and isinstance(getattr(own, "_dict", None), dict)
+            and hasattr(own, "_immutable")
+        )
+    except Exception:
+        return False
+
+
+#: True when traintel's own numbers are stored without the SDK's per-value cleaning.
+STORAGE_FAST = _storage_agrees()
+
+
+def add_clean_event(
+    span: Span, name: str, attributes: Mapping[str, AttributeValue], timestamp: int | None = None
+) -> None:
+    """``span.add_event(name, attributes, timestamp)`` without re-cleaning clean values."""
+    if STORAGE_FAST and isinstance(span, SdkSpan):
+        limits = span._limits
+        if _clean_enough(attributes, limits.max_event_attributes, limits.max_attribute_length):
+            _fast_add_event(span, name, attributes, timestamp)
+            return
+    span.add_event(name, attributes, timestamp)
+
+
+def set_clean_attributes(span: Span, attributes: Mapping[str, AttributeValue]) -> None:
+    """``span.set_attributes(attributes)`` without re-cleaning clean values (new keys only when
+    they all fit under the span's attribute count limit). Under the span's lock, as the SDK's
+    own setter: an ended span is left as it is either way."""
+    if STORAGE_FAST and isinstance(span, SdkSpan):
+        own: Any = span._attributes
+        maxlen = own.maxlen
+        if _clean_enough(attributes, None, own.max_value_len):
+            with span._lock:
+                if (
+                    span._end_time is None
+                    and not own._immutable
+                    and (maxlen is None or len(own) + len(attributes) <= maxlen)
+                ):
+                    own._dict.update(attributes)
+                    return
+    span.set_attributes(attributes)
+
+
+# --- span processors -----------------------------------------------------------------------------
+def _has_on_ending(processor: SpanProcessor) -> bool:
+    method = getattr(type(processor), "_on_ending", None)
+    base = getattr(SpanProcessor, "_on_ending", None)
+    return method is not None and method is not base
+
+
+def forward_on_ending(wrapper: SpanProcessor, processors: Sequence[SpanProcessor]) -> None:
+    """Let ``wrapper`` pass the SDK's ``_on_ending`` hook on to the processors it wraps that
+    implement it (none of the SDK's own do); on an SDK without the hook, nothing to do."""
+    if getattr(SpanProcessor, "_on_ending", None) is None:
+        return
+    ending = [p for p in processors if _has_on_ending(p)]
+    if not ending:
+        return
+
+    def on_ending(span: SdkSpan) -> None:
+        for processor in ending:
+            processor._on_ending(span)
+
+    wrapper._on_ending = on_ending  # type: ignore[method-assign]
+
+
+def batch_queue(processor: Any) -> tuple[deque[Any] | None, int]:
+    """The SDK batch processor's span queue and its bound, or (None, 0) where this release
+    keeps it elsewhere (drops are then not counted: the caller says so once)."""
+    batch = getattr(processor, "_batch_processor", None)
+    queue = getattr(batch, "_queue", None)
+    if not isinstance(queue, deque):
+        return None, 0
+    return queue, int(getattr(batch, "_max_queue_size", 0) or 0)
+
+
+def metric_exporter_preferences(exporter: Any) -> dict[str, Any]:
+    """The temporality and aggregation an exporter asked for, to declare on a wrapper."""
+    return {
+        "preferred_temporality": getattr(exporter, "_preferred_temporality", None),
+        "preferred_aggregation": getattr(exporter, "_preferred_aggregation", None),
+    }
+
+
+# --- ids -----------------------------------------------------------------------------------------
+def tracer_id_generator(tracer: trace_api.Tracer) -> IdGenerator | None:
+    """The id generator an SDK tracer draws its span ids from (None: not an SDK tracer)."""
+    generator = getattr(tracer, "id_generator", None)
+    return generator if isinstance(generator, IdGenerator) else None
+
+
+def set_tracer_id_generator(tracer: trace_api.Tracer, generator: IdGenerator) -> None:
+    """Only this tracer's generator is replaced: the provider's other tracers keep theirs."""
+    tracer.id_generator = generator  # type: ignore[attr-defined]
