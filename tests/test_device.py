@@ -193,7 +193,7 @@ def test_device_times_land_in_the_window_events(job: InMemorySpanExporter, train
     holds its own forward and backward times and the previous window's last optimizer time;
     the last optimizer pair is still in flight when the window closes."""
     gpu = FakeGpu(lag=2)
-    engine().device = DeviceHooks(EventTimer(gpu.event), None)
+    engine().set_device(DeviceHooks(EventTimer(gpu.event), None))
     train(gpu, 4)
     first, second = window_events(job)
     forward, backward, optimizer = 0.002, 0.004, 0.0005
@@ -227,7 +227,7 @@ class NvtxRecorder:
 def test_nvtx_ranges_follow_the_phase_spans(export: str) -> None:
     traintel.configure(span_exporters=[InMemorySpanExporter()], export_iterations=export)
     nvtx = NvtxRecorder()
-    engine().device = DeviceHooks(None, NvtxRanges(nvtx.push, nvtx.pop))
+    engine().set_device(DeviceHooks(None, NvtxRanges(nvtx.push, nvtx.pop)))
     with traintel.application():
         with traintel.model_init():
             pass

@@ -69,10 +69,10 @@ class IterationSampler:
         # ``duration_ns >= threshold_ns`` says exactly what ``duration_ns / 1e9 > threshold`` says.
         self.threshold_ns: float = float("inf")
 
-    def head(self, iteration: int) -> str | None:
-        """The export reason known at the start of an iteration, if any; counts it."""
-        index = self.seen
-        self.seen = index + 1
+    def head_reason(self, index: int, iteration: int) -> str | None:
+        """The export reason known at the start of the ``index``-th iteration of the job,
+        numbered ``iteration``, if any. The engine asks only when one may apply: a policy other
+        than "sampled", one of the first K, or a multiple of M."""
         policy = self.policy
         if policy == "all":
             return "all"

@@ -10,7 +10,6 @@ from typing import Final
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._aggregation.aggregator import STEP_INDEX
 from traintel._recorder import active
 from traintel._recorder.checkpoints import (
     CheckpointLoadPhase,
@@ -19,32 +18,32 @@ from traintel._recorder.checkpoints import (
     checked_strategy,
 )
 from traintel._recorder.phases import (
+    STEP_CLASSES,
     ApplicationPhase,
+    DataLoading,
     EvalLoopPhase,
-    IterationPhase,
+    ModelBackward,
+    ModelForward,
+    OptimizerUpdate,
     PhaseSpan,
     StepPhase,
+    TestingIteration,
+    TrainingIteration,
     TrainingLoopPhase,
+    ValidationIteration,
     phase_attributes,
 )
 from traintel._sdk.attributes import as_number, clean_attributes, clean_value
 from traintel.semconv import Phase
 
-_TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
 _NONE: Final[Mapping[str, AttributeValue]] = MappingProxyType({})
-#: Each step phase's start attributes, built once (never mutated: a span copies its attributes).
-_STEP_ATTRIBUTES: Final = {
-    phase.value: MappingProxyType({semconv.PHASE: phase.value}) for phase in semconv.STEP_PHASES
-}
+_new = object.__new__  # a phase object whose settings are all its class's: no __init__ to run
 
 
 def step_phase(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> StepPhase:
     """A step phase by span name: ``data_loading``, ``model_forward``, ``model_backward`` or
     ``optimizer_update`` (what callbacks and framework integrations drive)."""
-    merged = (
-        {**_STEP_ATTRIBUTES[name], **clean_attributes(attributes)} if attributes else _STEP_ATTRIBUTES[name]
-    )
-    return StepPhase(name, merged, STEP_INDEX[name])
+    return STEP_CLASSES[name].new(attributes)
 
 
 def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -53,9 +52,9 @@ def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None
 
 def _iteration_attributes(
     samples: float | None, tokens: float | None, attributes: Mapping[str, AttributeValue] | None
-) -> Mapping[str, AttributeValue]:
+) -> Mapping[str, AttributeValue] | None:
     if samples is None and tokens is None and not attributes:
-        return _NONE
+        return None
     extra: dict[str, AttributeValue] = clean_attributes(attributes) if attributes else {}
     for key, value in ((semconv.SAMPLES, samples), (semconv.TOKENS, tokens)):
         if value is not None:
@@ -65,12 +64,6 @@ def _iteration_attributes(
             else:
                 clean_value(key, value)  # says once why it was dropped
     return extra
-
-
-def _iteration(
-    phase: Phase, iteration: int | None, attributes: Mapping[str, AttributeValue]
-) -> IterationPhase:
-    return IterationPhase(phase.value, iteration, attributes, semconv.LOOP_OF_ITERATION[phase].value)
 
 
 # --- the job and its set-up ----------------------------------------------------------------------
@@ -143,27 +136,29 @@ def training_iteration(
     """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
     micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
     loop's running count. Its handle (``as span``) is the iteration's span."""
-    return _iteration(Phase.TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
+    if iteration is None and samples is None and tokens is None and attributes is None:
+        return _new(TrainingIteration)  # the per-step case: every setting is the class's
+    return TrainingIteration.new(iteration, _iteration_attributes(samples, tokens, attributes))
 
 
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """Waiting for the next batch (the time the loop was blocked on data)."""
-    return step_phase(Phase.DATA_LOADING.value, attributes)
+    return _new(DataLoading) if attributes is None else DataLoading.new(attributes)
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """The forward pass (and the loss), inside a training iteration."""
-    return step_phase(Phase.MODEL_FORWARD.value, attributes)
+    return _new(ModelForward) if attributes is None else ModelForward.new(attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """The backward pass, inside a training iteration."""
-    return step_phase(Phase.MODEL_BACKWARD.value, attributes)
+    return _new(ModelBackward) if attributes is None else ModelBackward.new(attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """The optimizer step (and zeroing the gradients), inside a training iteration."""
-    return step_phase(Phase.OPTIMIZER_UPDATE.value, attributes)
+    return _new(OptimizerUpdate) if attributes is None else OptimizerUpdate.new(attributes)
 
 
 def checkpoint_save(
@@ -212,7 +207,7 @@ def validation_iteration(
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
     """One validation batch, numbered from 0 in its loop."""
-    return _iteration(Phase.VALIDATION_ITERATION, iteration, _iteration_attributes(samples, None, attributes))
+    return ValidationIteration.new(iteration, _iteration_attributes(samples, None, attributes))
 
 
 def testing_loop(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -226,7 +221,7 @@ def testing_iteration(
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
     """One test batch, numbered from 0 in its loop."""
-    return _iteration(Phase.TESTING_ITERATION, iteration, _iteration_attributes(samples, None, attributes))
+    return TestingIteration.new(iteration, _iteration_attributes(samples, None, attributes))
 
 
 def timed_span(

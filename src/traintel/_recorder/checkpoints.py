@@ -127,8 +127,6 @@ class AsyncCheckpointCompletion:
 
 
 class CheckpointSavePhase(PhaseSpan):
-    __slots__ = ("_completion", "_iteration", "_path", "_size_bytes", "_strategy")
-
     def __init__(
         self,
         strategy: str,
@@ -200,16 +198,12 @@ class CheckpointSavePhase(PhaseSpan):
 
 
 class CheckpointLoadPhase(PhaseSpan):
-    __slots__ = ()
-
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         if span.is_recording():
             engine.checkpoint_loaded((end_ns - self._start_ns) / 1e9)
 
 
 class CheckpointStagePhase(PhaseSpan):
-    __slots__ = ("_stage",)
-
     def __init__(self, stage: str, attributes: Mapping[str, AttributeValue] | None) -> None:
         phase = semconv.CHECKPOINT_STAGES[stage]
         super().__init__(

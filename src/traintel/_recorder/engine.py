@@ -39,10 +39,11 @@ from traintel._recorder.record import (
 from traintel._recorder.segments import Segments
 from traintel._recorder.windows import Windows
 from traintel._sdk.export_filter import IterationExportFilter, TraceBudget
-from traintel._sdk.ids import ForcingIdGenerator
+from traintel._sdk.ids import ForcingIdGenerator, new_span_id
 from traintel._sdk.instruments import TrainingInstruments
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.otel_private import current_span
+from traintel._sdk.providers import DirectSpans
 from traintel._sdk.segments import SegmentedSpan
 from traintel.config import TrainingConfig
 from traintel.exporters.health import HEALTH
@@ -89,8 +90,11 @@ class TrainingEngine:
         on_application_end: Callable[[Span, BaseException | None], None] = lambda span, exc: None,
         window_hook: Callable[[WindowReport | None, bool], None] | None = None,
         on_sync_point: Callable[[int], None] | None = None,
+        direct: DirectSpans | None = None,
     ) -> None:
         self.tracer = tracer
+        #: Where traintel's own finished spans are written directly, if they can be.
+        self.direct = direct
         #: Called as traintel's application span starts (the telemetry_initialization event, the
         #: signal handlers) and just before it ends (a deferred preemption event).
         self.on_application_start = on_application_start
@@ -140,6 +144,9 @@ class TrainingEngine:
         #: Called at each step phase's start and end when a device feature is on (None: one
         #: test per phase); set by the window bookkeeping, which owns the device features.
         self.device: DeviceHooks | None = None
+        #: A step phase has more to do than time itself: "all" mode or device hooks (one test).
+        self.step_hooks = False
+        self.export_all = False
         #: Called with every closed window (None: nothing to close) and whether the loop ends.
         self.window_hook = window_hook
         #: Called by ``mark_sync_point()`` with the time this rank reached the collective.
@@ -152,6 +159,14 @@ class TrainingEngine:
         if export_filter is not None:
             export_filter.active_iteration = lambda: self.active
         HEALTH.report_zeros = True  # until a scale-mode decision says otherwise
+
+    def set_export_all(self, export_all: bool) -> None:
+        self.export_all = export_all
+        self.step_hooks = export_all or self.device is not None
+
+    def set_device(self, device: DeviceHooks | None) -> None:
+        self.device = device
+        self.step_hooks = self.export_all or device is not None
 
     # --- spans ------------------------------------------------------------------------------------
     def start_span(
@@ -187,7 +202,7 @@ class TrainingEngine:
     def apply_config(self, config: TrainingConfig) -> None:
         """(Re)read the knobs; called at start, on set_training_config, and at window ends."""
         self.config = config
-        self.export_all = config.get("export_iterations") == "all"
+        self.set_export_all(config.get("export_iterations") == "all")
         self.window_size = int(config.get("log_every_n_iterations"))
         if not hasattr(self, "aggregator"):
             self.aggregator = TrainingAggregator(self.window_size, int(config.get("warmup_iterations")))
@@ -239,31 +254,30 @@ class TrainingEngine:
             sampler.first = sampler.every_n = 0
             if sampler.policy == "all":
                 sampler.policy = "sampled"
-        self.export_all = False
+        self.set_export_all(False)
 
     # --- iterations -----------------------------------------------------------------------------
-    def next_number(self, phase: str, given: int | None) -> int:
-        """The iteration's number: ``given``, else its loop's running count; the count goes on."""
-        if phase == _TRAINING_ITERATION:
-            found = self.next_train_iteration if given is None else given
-            self.next_train_iteration = found + 1
-            return found
-        loop = _LOOP_OF_ITERATION[phase]
-        found = self.next_eval_iteration.get(loop, 0) if given is None else given
-        self.next_eval_iteration[loop] = found + 1
-        return found
-
     def begin_iteration(
         self,
         phase: str,
-        iteration: int,
+        given_number: int | None,
         start_ns: int,
         attributes: Mapping[str, AttributeValue] | None,
         context: Context,
     ) -> IterationRecord:
-        """The record (and span handle) of an iteration whose body starts now in ``context``."""
-        if self.segments.rotate_pending and phase == _TRAINING_ITERATION:
-            self.segments.rotate(start_ns)  # at the start of the next iteration, never after the last
+        """The record (and span handle) of an iteration whose body starts now in ``context``;
+        numbered ``given_number``, else its loop's running count."""
+        if phase == _TRAINING_ITERATION:
+            iteration = self.next_train_iteration if given_number is None else given_number
+            self.next_train_iteration = iteration + 1
+            sampler = self.sampler
+            if self.segments.rotate_pending:
+                self.segments.rotate(start_ns)  # at the start of the next iteration, never after the last
+        else:
+            loop = _LOOP_OF_ITERATION[phase]
+            iteration = self.next_eval_iteration.get(loop, 0) if given_number is None else given_number
+            self.next_eval_iteration[loop] = iteration + 1
+            sampler = self._eval_sampler(phase)
         cached = self._parent_cache
         if context is not cached[0]:  # not the loop's context of the previous iteration
             parent = current_span(context).get_span_context()
@@ -273,11 +287,18 @@ class TrainingEngine:
             record.set_attributes(attributes)
             if record.counted:  # samples= / tokens= given when it began: the step's own counts
                 record.set_start_work(None, None)
-        sampler = self.sampler if phase == _TRAINING_ITERATION else self._eval_sampler(phase)
-        reason = sampler.head(iteration)
-        if reason is not None:
-            record.start_reason(reason)
-        if phase == _TRAINING_ITERATION and self.windows.dtype_probing:
+        index = sampler.seen
+        sampler.seen = index + 1
+        reason = None
+        if (
+            index < sampler.first
+            or sampler.policy != "sampled"
+            or (sampler.every_n and not iteration % sampler.every_n)
+        ):  # a reason known at its start, maybe: the sampler names it
+            reason = sampler.head_reason(index, iteration)
+            if reason is not None:
+                record.start_reason(reason)
+        if self.windows.dtype_probing and phase == _TRAINING_ITERATION:
             self.windows.look_at_autocast()  # plain-OpenTelemetry iterations pass no device hook
         # The trace flag spans started inside inherit, under a sampled parent (or none): with
         # traintel's providers, sampled (the filter holds them until the decision) unless the
@@ -288,8 +309,8 @@ class TrainingEngine:
                 record.sampled = sampler.policy != "none"
             else:
                 record.sampled = reason is not None
-        if not cached[1].is_valid:
-            record.root_flags = self._root_flags
+            if not cached[1].is_valid:
+                record.root_flags = self._root_flags
         self.active = record
         self.active_thread = _get_ident()
         return record
@@ -315,7 +336,10 @@ class TrainingEngine:
         by the processor): aggregated the same way, with no decision to take. The common case
         (not notable, not slow) appends one row; anything else goes to :meth:`_export_decision`.
         """
-        record.finish(end_ns, error)
+        record.end_ns = end_ns
+        record.context = None  # the body's Context holds the record: break the cycle for refcounting
+        if error is not None:
+            record.fail(error)
         if self.active is record:
             self.active = None
         duration_ns = end_ns - record.start_ns
@@ -325,7 +349,20 @@ class TrainingEngine:
         iteration = record.iteration
         self.last_iteration_end_ns = end_ns
         self.last_iteration = iteration
-        self._add_row(record, duration_ns, end_ns)
+        # The iteration's row in the open window: its time, work and step phases.
+        phases = record.phase_ns if record.children or record.step_spans else None
+        if record.counted or self._derives_counts:
+            samples, tokens, flops = self._counts(record)
+            if samples is not None:
+                self.samples_total += samples
+            if tokens is not None:
+                self.tokens_total += tokens
+            self.rows.append((duration_ns, samples, tokens, record.padding, flops, phases, iteration, end_ns))
+        else:  # no work reported or derived
+            self.rows.append((duration_ns, None, None, None, None, phases, iteration, end_ns))
+        if record.metrics:
+            for name, value in record.metrics.items():
+                self.aggregator.add_model_metric(name, value)
         windows = self.windows
         at_mark = len(self.rows) >= windows.rows_mark
         if at_mark:  # the slow threshold may start with this iteration, before it is tested
@@ -336,29 +373,18 @@ class TrainingEngine:
         else:  # the common case: counted, not exported
             exported = self.last_exported = None
         loop = self.loop
-        if loop is not None:
-            self.segments.count(loop, iteration)
+        if loop is not None:  # the segment's iteration range
+            in_segment = loop.segment_iterations = loop.segment_iterations + 1
+            if loop.segment_first_iteration is None:
+                loop.segment_first_iteration = iteration
+            loop.segment_last_iteration = iteration
         if at_mark:
             windows.close_if_full()
         if loop is not None:
-            self.segments.check(loop, end_ns, exported is not None and exported_as is None)
-
-    def _add_row(self, record: IterationRecord, duration_ns: int, end_ns: int) -> None:
-        """The iteration's row in the open window: its time, work, step phases."""
-        phases = record.phase_ns if record.children or record.step_spans else None
-        if record.counted or self._derives_counts:
-            samples, tokens, flops = self._counts(record)
-            if samples is not None:
-                self.samples_total += samples
-            if tokens is not None:
-                self.tokens_total += tokens
-            row = (duration_ns, samples, tokens, record.padding, flops, phases, record.iteration, end_ns)
-        else:  # no work reported or derived
-            row = (duration_ns, None, None, None, None, phases, record.iteration, end_ns)
-        self.rows.append(row)
-        if record.metrics:
-            for name, value in record.metrics.items():
-                self.aggregator.add_model_metric(name, value)
+            exported_now = exported is not None and exported_as is None
+            segments = self.segments
+            if exported_now or in_segment >= segments.next_check or end_ns >= segments.due_ns:
+                segments.check(loop, end_ns, exported_now)
 
     def _counts(self, record: IterationRecord) -> tuple[float | None, float | None, float | None]:
         """This step's samples, tokens and FLOPs: reported, else derived from the config."""
@@ -434,7 +460,30 @@ class TrainingEngine:
 
     # --- exported iterations ----------------------------------------------------------------------
     def _materialize(self, record: IterationRecord, reason: str) -> tuple[int, int]:
-        """The iteration's SDK spans, created now with its ids and timestamps."""
+        """The iteration's spans, created now with its ids and timestamps: written directly
+        when nothing but the exporters would see them (see ``SpanWriter``), else through the
+        tracer."""
+        direct = self.direct
+        if direct is not None and direct.usable() and _plain(record):
+            return self._write(record, reason, direct)
+        return self._trace(record, reason)
+
+    def _write(self, record: IterationRecord, reason: str, direct: DirectSpans) -> tuple[int, int]:
+        context = record.exported_context()
+        trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
+        writer, forward = direct.writer, direct.forward
+        for name, start_ns, end_ns, _error, extras in record.children:
+            span_id = extras.span_id if extras is not None and extras.span_id else new_span_id()
+            attributes = extras.attributes if extras is not None else {semconv.PHASE: name}
+            step = SpanContext(trace_id, span_id, False, flags, state)
+            forward(writer.span(name, step, context, attributes, start_ns, end_ns))
+        parent = record.parent if record.parent.is_valid else None
+        attributes = _span_attributes(record, reason)
+        forward(writer.span(record.phase, context, parent, attributes, record.start_ns, record.end_ns))
+        return (trace_id, context.span_id)
+
+    def _trace(self, record: IterationRecord, reason: str) -> tuple[int, int]:
+        """Through the tracer: what every processor on the provider sees."""
         parent = record.parent
         context = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
         if not record.span_id:
@@ -689,6 +738,16 @@ class TrainingEngine:
                 record.record_metric(key[len(semconv.METRIC_PREFIX) :], float(value))
         context = span.get_span_context()
         self.end_iteration(record, None, span.start_time + duration_ns, (context.trace_id, context.span_id))
+
+
+def _plain(record: IterationRecord) -> bool:
+    """Nothing on the iteration or its steps but attributes: what SpanWriter writes."""
+    if record.events or record.status is not None or record.error is not None:
+        return False
+    for _name, _start, _end, error, extras in record.children:
+        if error is not None or (extras is not None and (extras.events or extras.status is not None)):
+            return False
+    return True
 
 
 def _span_attributes(record: IterationRecord, reason: str) -> dict[str, AttributeValue]:

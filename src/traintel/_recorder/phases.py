@@ -23,7 +23,7 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Mapping
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar, cast
 
 from opentelemetry import trace as trace_api
@@ -32,6 +32,7 @@ from opentelemetry.util import types
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel._aggregation.aggregator import BACKWARD, DATA, FORWARD, OPTIMIZER
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine, mark_error
 from traintel._recorder.record import MAX_EVENTS, IterationRecord, StepExtras, Terminated
@@ -45,8 +46,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _time_ns = time.time_ns
 _get_ident = threading.get_ident
+_new = object.__new__
 _INVALID_SPAN = trace_api.INVALID_SPAN
 _TRAINING_LOOP = Phase.TRAINING_LOOP.value
+_NO_ATTRIBUTES: Mapping[str, AttributeValue] = MappingProxyType({})
 
 
 def phase_attributes(
@@ -72,15 +75,18 @@ class PhaseSpan:
     As a decorator every call gets its own span (the object is only a template), so a decorated
     function may recurse or run in several threads at once."""
 
-    __slots__ = ("_attributes", "_name", "_span", "_start_ns", "_thread", "_token")
+    # Defaults on the class: a phase object stores only what its use changes (the step and
+    # iteration classes are built with no __init__ at all: four per step).
+    _name: str
+    _attributes: Mapping[str, AttributeValue] | None = None
+    _span: Span = _INVALID_SPAN
+    _token: object | None = None  # the context attached for the body
+    _thread = 0
+    _start_ns = 0
 
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         self._name = name
         self._attributes = attributes
-        self._span: Span = _INVALID_SPAN
-        self._token: object | None = None
-        self._thread = 0
-        self._start_ns = 0
 
     # --- hooks for phases with behaviour ---------------------------------------------------------
     def _start_attributes(self, engine: TrainingEngine) -> Mapping[str, AttributeValue] | None:
@@ -92,8 +98,8 @@ class PhaseSpan:
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         return None
 
-    # --- the protocol shared by context managers and callbacks -----------------------------------
-    def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
+    # --- a real span: every phase's general case ---------------------------------------------------
+    def _start(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
         start = _time_ns() if start_ns is None else start_ns
         self._start_ns = start
         span = self._wrap(engine, engine.start_span(self._name, self._start_attributes(engine), start))
@@ -106,7 +112,7 @@ class PhaseSpan:
             device.started(self._name, record.iteration if record is not None else None)
         return span
 
-    def _close(
+    def _end(
         self,
         engine: TrainingEngine,
         exc: BaseException | None,
@@ -142,12 +148,13 @@ class PhaseSpan:
                 self._name,
             )
 
+    # --- with: how a ``with`` runs the phase ---------------------------------------------------------
     def __enter__(self) -> Span:
         engine = active.engine or active.current()
         if engine is None or engine.closed:
             return _INVALID_SPAN
         try:
-            return self._open(engine)
+            return self._start(engine)
         except Exception:
             engine.warn_once("enter:" + self._name, "could not start phase %r", self._name)
             return _INVALID_SPAN
@@ -161,17 +168,27 @@ class PhaseSpan:
         engine = active.engine
         if engine is not None:
             try:
-                self._close(engine, exc)
+                self._end(engine, exc)
             except Exception:
                 engine.warn_once("exit:" + self._name, "could not end phase %r", self._name)
 
+    # --- callbacks: the same phase, opened and closed at given times ----------------------------------
+    def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
+        return self._start(engine, start_ns)
+
+    def _close(
+        self,
+        engine: TrainingEngine,
+        exc: BaseException | None,
+        end_ns: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self._end(engine, exc, end_ns, reason)
+
     def _clone(self) -> PhaseSpan:
         """A fresh object with this one's settings (what each decorated call uses)."""
-        clone = object.__new__(type(self))
-        for cls in type(self).__mro__:
-            for slot in getattr(cls, "__slots__", ()):
-                if hasattr(self, slot):
-                    object.__setattr__(clone, slot, getattr(self, slot))
+        clone = _new(type(self))
+        clone.__dict__.update(self.__dict__)
         clone._reset()
         return clone
 
@@ -202,8 +219,6 @@ class ApplicationPhase(PhaseSpan):
     """The whole job: its start carries the ``telemetry_initialization`` event; its end the
     job's goodput."""
 
-    __slots__ = ()
-
     def _wrap(self, engine: TrainingEngine, span: Span) -> Span:
         if not span.is_recording():
             return span
@@ -227,8 +242,6 @@ class LoopPhase(PhaseSpan):
     """A loop: counted open, so an iteration can tell it is inside its loop even when the
     sampler dropped the loop span (the processor never sees unsampled spans)."""
 
-    __slots__ = ()
-
     def _start_attributes(self, engine: TrainingEngine) -> Mapping[str, AttributeValue] | None:
         engine.loop_opened(self._name)
         return self._attributes
@@ -238,8 +251,6 @@ class LoopPhase(PhaseSpan):
 
 
 class TrainingLoopPhase(LoopPhase):
-    __slots__ = ("_iterations_start",)
-
     def __init__(self, attributes: Mapping[str, AttributeValue], iterations_start: int) -> None:
         super().__init__(_TRAINING_LOOP, attributes)
         self._iterations_start = iterations_start
@@ -262,8 +273,6 @@ class TrainingLoopPhase(LoopPhase):
 
 
 class EvalLoopPhase(LoopPhase):
-    __slots__ = ()
-
     def _start_attributes(self, engine: TrainingEngine) -> Mapping[str, AttributeValue] | None:
         engine.eval_loop_opened(self._name)
         return super()._start_attributes(engine)
@@ -277,35 +286,22 @@ class EvalLoopPhase(LoopPhase):
 # --- iterations: the fast path -----------------------------------------------------------------
 class IterationPhase(PhaseSpan):
     """A training, validation or testing iteration, numbered automatically: a record while it
-    runs (see ``record.py``), exported as spans at its end if the policy keeps it."""
+    runs (see ``record.py``), exported as spans at its end if the policy keeps it. One subclass
+    per kind holds its names; an object stores only its given number and work, if any."""
 
-    __slots__ = ("_iteration", "_loop", "_record")
+    _loop: str
+    _iteration: int | None = None  # the number given; None: the loop's running count
+    _attributes: Mapping[str, AttributeValue] | None = _NO_ATTRIBUTES
+    _record: IterationRecord | None = None
 
-    def __init__(
-        self, phase: str, iteration: int | None, attributes: Mapping[str, AttributeValue], loop: str
-    ) -> None:
-        super().__init__(phase, attributes)
-        self._iteration = iteration
-        self._loop = loop
-        self._record: IterationRecord | None = None
+    # The callbacks' times (see _open / _close); a ``with`` takes them from the clock.
+    _given_start = 0
+    _given_end = 0
+    _given_reason: str | None = None
 
     def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
-        if engine.closed:
-            return _INVALID_SPAN
-        start = _time_ns() if start_ns is None else start_ns
-        if not engine.open_loops.get(self._loop):
-            engine.outside_loop(self._name, self._loop)
-        number = engine.next_number(self._name, self._iteration)
-        context = get_current()
-        record = self._record = engine.begin_iteration(self._name, number, start, self._attributes, context)
-        device = engine.device
-        if device is not None:
-            device.started(self._name, number)
-        body = record.context = with_span(record, context)
-        self._span = record
-        self._token = attach(body)
-        self._thread = engine.active_thread  # begin_iteration's thread: this one
-        return record
+        self._given_start = start_ns or 0
+        return self.__enter__()
 
     def _close(
         self,
@@ -314,22 +310,85 @@ class IterationPhase(PhaseSpan):
         end_ns: int | None = None,
         reason: str | None = None,
     ) -> None:
-        record, token = self._record, self._token
-        if token is None or record is None:
+        self._given_end, self._given_reason = end_ns or 0, reason
+        self.__exit__(None if exc is None else type(exc), exc, None)
+
+    @classmethod
+    def new(
+        cls, iteration: int | None = None, attributes: Mapping[str, AttributeValue] | None = None
+    ) -> IterationPhase:
+        phase = _new(cls)
+        if iteration is not None:
+            phase._iteration = iteration
+        if attributes:
+            phase._attributes = attributes
+        return phase
+
+    def __enter__(self) -> Span:
+        engine = active.engine or active.current()
+        if engine is None or engine.closed:
+            return _INVALID_SPAN
+        try:
+            start = self._given_start or _time_ns()
+            if not engine.open_loops.get(self._loop):
+                engine.outside_loop(self._name, self._loop)
+            context = get_current()
+            record = self._record = engine.begin_iteration(
+                self._name, self._iteration, start, self._attributes, context
+            )
+            device = engine.device
+            if device is not None:
+                device.started(self._name, record.iteration)
+            body = record.context = with_span(record, context)
+            self._span = record
+            self._token = attach(body)
+            self._thread = engine.active_thread  # begin_iteration's thread: this one
+            return record
+        except Exception:
+            engine.warn_once("enter:" + self._name, "could not start phase %r", self._name)
+            return _INVALID_SPAN
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        record, token, engine = self._record, self._token, active.engine
+        if token is None or record is None or engine is None:
             return
-        end = _time_ns() if end_ns is None else end_ns
-        self._record = self._token = None
-        self._span = _INVALID_SPAN
-        self._detach(engine, token)
-        if engine.device is not None:
-            engine.device.ended(self._name)
-        if reason is not None:
-            record.set_end_reason(reason)
-        engine.end_iteration(record, clean_exit(exc), end)  # None keeps a failure set on the handle
+        try:
+            end = self._given_end or _time_ns()
+            self._record = self._token = None
+            self._span = _INVALID_SPAN
+            self._detach(engine, token)
+            if engine.device is not None:
+                engine.device.ended(self._name)
+            if self._given_reason is not None:
+                record.set_end_reason(self._given_reason)
+            # None keeps a failure set on the handle (record_exception)
+            engine.end_iteration(record, None if exc is None else clean_exit(exc), end)
+        except Exception:
+            engine.warn_once("exit:" + self._name, "could not end phase %r", self._name)
 
     def _reset(self) -> None:
         super()._reset()
         self._record = None
+
+
+class TrainingIteration(IterationPhase):
+    _name = Phase.TRAINING_ITERATION.value
+    _loop = Phase.TRAINING_LOOP.value
+
+
+class ValidationIteration(IterationPhase):
+    _name = Phase.VALIDATION_ITERATION.value
+    _loop = Phase.VALIDATION_LOOP.value
+
+
+class TestingIteration(IterationPhase):
+    _name = Phase.TESTING_ITERATION.value
+    _loop = Phase.TESTING_LOOP.value
 
 
 class StepPhase(PhaseSpan, NonRecordingSpan):
@@ -343,34 +402,21 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
     user span inside the iteration, outside any iteration, on another thread) it is a real
     span, whose time still counts."""
 
-    __slots__ = ("_custom", "_extras", "_index", "_record")
+    _index: int  # where its time goes in the iteration's step split
+    _attributes: Mapping[str, AttributeValue]
+    _custom = False  # given attributes beyond its phase: they go on its exported span
+    _record: IterationRecord | None = None
+    _extras: StepExtras | None = None
+    _hooked: TrainingEngine | None = None  # the engine, while open with step hooks on
 
-    def __init__(self, name: str, attributes: Mapping[str, AttributeValue], index: int) -> None:
-        PhaseSpan.__init__(self, name, attributes)
-        self._index = index
-        self._custom = len(attributes) > 1  # more than its phase: they go on its exported span
-        self._record: IterationRecord | None = None
-        self._extras: StepExtras | None = None
+    # The callbacks' times (see _open / _close); a ``with`` takes them from the clock.
+    _given_start = 0
+    _given_end = 0
+    _given_reason: str | None = None
 
     def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
-        record = engine.active
-        if record is not None and engine.active_thread == _get_ident() and get_current() is record.context:
-            self._record = record
-            self._extras = None
-            self._start_ns = _time_ns() if start_ns is None else start_ns
-            record.open_step = self
-            if engine.export_all:  # spans started inside are this step's children
-                self._token = attach(with_span(self, record.context))  # type: ignore[arg-type]
-            device = engine.device
-            if device is not None:
-                device.started(self._name, record.iteration)
-            return self
-        span = PhaseSpan._open(self, engine, start_ns)
-        if record is None:
-            engine.open_step = self  # outside any iteration (data loading before it opens)
-        elif engine.active_thread == _get_ident():
-            record.open_step = self  # a real span inside the iteration (under a user span)
-        return span
+        self._given_start = start_ns or 0
+        return self.__enter__()
 
     def _close(
         self,
@@ -379,20 +425,93 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
         end_ns: int | None = None,
         reason: str | None = None,
     ) -> None:
+        self._given_end, self._given_reason = end_ns or 0, reason
+        self.__exit__(None if exc is None else type(exc), exc, None)
+
+    @classmethod
+    def new(cls, attributes: Mapping[str, AttributeValue] | None = None) -> StepPhase:
+        """A step of this kind; ``attributes`` (cleaned) join its phase attribute."""
+        step = _new(cls)
+        if attributes:
+            step._attributes = {**cls._attributes, **clean_attributes(attributes)}
+            step._custom = True
+        return step
+
+    def __enter__(self) -> Span:
+        engine = active.engine or active.current()
+        if engine is None:
+            return _INVALID_SPAN
+        record = engine.active
+        if record is None or engine.active_thread != _get_ident() or get_current() is not record.context:
+            return self._enter_elsewhere(engine, record)
+        self._record = record
+        self._start_ns = self._given_start or _time_ns()
+        record.open_step = self
+        if self._custom:  # its own attributes go on its exported span
+            self._extras = StepExtras(self._attributes)
+        if engine.step_hooks:  # "all" mode or a device feature: more to do at both ends
+            self._hooked = engine
+            self._hooks_started(engine, record)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         record = self._record
         if record is None:  # a real span (or exited twice, or cut by a signal: nothing open)
-            PhaseSpan._close(self, engine, exc, end_ns, reason)
+            self._exit_elsewhere(exc)
             return
         self._record = None
-        end = _time_ns() if end_ns is None else end_ns
+        end = self._given_end or _time_ns()
+        if self._hooked is not None:
+            self._hooks_ended(self._hooked)
+        error = None if exc is None else clean_exit(exc)
+        record.children.append((self._name, self._start_ns, end, error, self._extras))
+        record.phase_ns[self._index] += end - self._start_ns
+        if self._extras is not None:
+            self._extras = None
+
+    def _hooks_started(self, engine: TrainingEngine, record: IterationRecord) -> None:
+        if engine.export_all:  # spans started inside are this step's children
+            self._token = attach(with_span(self, record.context))  # type: ignore[arg-type]
+        if engine.device is not None:
+            engine.device.started(self._name, record.iteration)
+
+    def _hooks_ended(self, engine: TrainingEngine) -> None:
+        self._hooked = None
         token = self._token
         if token is not None:  # "all" mode's step context, attached on this thread
             self._token = None
             detach(token)
         if engine.device is not None:
             engine.device.ended(self._name)
-        extras = self._extras if self._extras is not None or not self._custom else self._keep()
-        record.add_child(self._name, self._index, self._start_ns, end, clean_exit(exc), extras)
+
+    def _enter_elsewhere(self, engine: TrainingEngine, record: IterationRecord | None) -> Span:
+        """Anywhere but directly in the iteration's body, on its thread: a real span."""
+        if engine.closed:
+            return _INVALID_SPAN
+        try:
+            span = self._start(engine, self._given_start or None)
+            if record is None:
+                engine.open_step = self  # outside any iteration (data loading before it opens)
+            elif engine.active_thread == _get_ident():
+                record.open_step = self  # a real span inside the iteration (under a user span)
+            return span
+        except Exception:
+            engine.warn_once("enter:" + self._name, "could not start phase %r", self._name)
+            return _INVALID_SPAN
+
+    def _exit_elsewhere(self, exc: BaseException | None) -> None:
+        engine = active.engine
+        if engine is None:
+            return
+        try:
+            self._end(engine, exc, self._given_end or None, self._given_reason)
+        except Exception:
+            engine.warn_once("exit:" + self._name, "could not end phase %r", self._name)
 
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         record = engine.active
@@ -404,10 +523,11 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
         iteration: ``None``): end it at ``end_ns``, ERROR with the reason. Nothing is detached:
         the process is about to die, and this runs on the preemption thread. A step closed
         meanwhile is left alone."""
-        if record is not None and self._record is record:  # on the fast path
-            self._record = self._token = None  # its __exit__, if it comes, does nothing
-            extras = self._extras if self._extras is not None or not self._custom else self._keep()
-            record.add_child(self._name, self._index, self._start_ns, end_ns, error, extras)
+        if record is not None and self._record is record:  # on the fast path: closed here
+            self._token = None  # its context is the training thread's: left as it is
+            self._hooked = None
+            self._given_end = end_ns
+            self.__exit__(Terminated, error, None)  # a later __exit__ finds nothing open
             return
         if self._token is None:  # closed
             return
@@ -485,3 +605,33 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
 
     def __repr__(self) -> str:
         return f"StepPhase({self._name!r})"
+
+
+class DataLoading(StepPhase):
+    _name = Phase.DATA_LOADING.value
+    _attributes = MappingProxyType({semconv.PHASE: _name})
+    _index = DATA
+
+
+class ModelForward(StepPhase):
+    _name = Phase.MODEL_FORWARD.value
+    _attributes = MappingProxyType({semconv.PHASE: _name})
+    _index = FORWARD
+
+
+class ModelBackward(StepPhase):
+    _name = Phase.MODEL_BACKWARD.value
+    _attributes = MappingProxyType({semconv.PHASE: _name})
+    _index = BACKWARD
+
+
+class OptimizerUpdate(StepPhase):
+    _name = Phase.OPTIMIZER_UPDATE.value
+    _attributes = MappingProxyType({semconv.PHASE: _name})
+    _index = OPTIMIZER
+
+
+#: The step phase classes by span name (what callbacks and integrations look up).
+STEP_CLASSES: dict[str, type[StepPhase]] = {
+    cls._name: cls for cls in (DataLoading, ModelForward, ModelBackward, OptimizerUpdate)
+}

@@ -35,7 +35,9 @@ from traintel._sdk.ids import new_span_id, new_trace_id
 
 _PLAIN = (str, bool, int, float)
 _SAMPLED: Final = 0x01
-_RANDOM_TRACE_ID: Final = 0x02  # W3C trace context level 2 (the SDK sets it from 1.42)
+#: The W3C random-trace-id flag, where this OpenTelemetry release knows it (from 1.42): a span
+#: keeps its parent's, as the SDK's spans do; any other parent flag is not carried.
+RANDOM_TRACE_ID: Final = 0x02 if hasattr(TraceFlags, "RANDOM_TRACE_ID") else 0
 #: Iteration attributes that are the step's work counts (record fields).
 _COUNT_ATTRIBUTES: Final = {
     semconv.SAMPLES: "samples",
@@ -142,22 +144,25 @@ class IterationRecord(NonRecordingSpan):
     # --- the Span API a user sees inside the iteration ---------------------------------------------
     def get_span_context(self) -> SpanContext:
         """The iteration's context as the SDK would give it: the parent's trace, tracestate and
-        flags (the random-trace-id flag included), sampled as decided when it began."""
+        random-trace-id flag, sampled as decided when it began."""
         context = self._span_context
         if context is None:
-            if not self.span_id:
-                self.assign_ids()
-            parent = self.parent
-            if parent.is_valid:
-                flags, state = (parent.trace_flags & ~_SAMPLED), parent.trace_state
-            else:
-                flags, state = self.root_flags, TraceState()
-            if self.sampled:
-                flags |= _SAMPLED
-            context = self._span_context = SpanContext(
-                self.trace_id, self.span_id, False, TraceFlags(flags), state
-            )
+            context = self._span_context = self._build_context(self.sampled)
         return context
+
+    def exported_context(self) -> SpanContext:
+        """The context of its exported span (sampled, whatever the policy said at its start)."""
+        return self.get_span_context() if self.sampled else self._build_context(True)
+
+    def _build_context(self, sampled: bool) -> SpanContext:
+        if not self.span_id:
+            self.assign_ids()
+        parent = self.parent
+        if parent.is_valid:
+            flags, state = parent.trace_flags & RANDOM_TRACE_ID, parent.trace_state
+        else:
+            flags, state = self.root_flags, TraceState()
+        return SpanContext(self.trace_id, self.span_id, False, TraceFlags(flags | sampled), state)
 
     def assign_ids(self) -> None:
         """Draw the span id (and, for a root, the trace id) on first need: most iterations are
@@ -219,19 +224,6 @@ class IterationRecord(NonRecordingSpan):
             self.step_ids = set()
         self.step_ids.add(span_id)
 
-    def add_child(
-        self,
-        name: str,
-        index: int,
-        start_ns: int,
-        end_ns: int,
-        error: BaseException | None,
-        extras: StepExtras | None,
-    ) -> None:
-        """A step phase that ran on the fast path, timed into this iteration."""
-        self.children.append((name, start_ns, end_ns, error, extras))
-        self.phase_ns[index] += end_ns - start_ns
-
     def add_step_time(self, index: int, duration_ns: int) -> None:
         """A step phase that ran as a real span (nested under a user span): its time only."""
         self.phase_ns[index] += duration_ns
@@ -286,14 +278,6 @@ class IterationRecord(NonRecordingSpan):
 
     def end(self, end_time: int | None = None) -> None:
         """A no-op: the iteration ends with its phase (``with`` or the end callback)."""
-
-    def finish(self, end_ns: int, error: BaseException | None) -> None:
-        """The iteration ends: its time, its failure if any (None keeps one recorded on the
-        handle), and its body's Context let go (it holds the record: no cycle to collect)."""
-        self.end_ns = end_ns
-        self.context = None
-        if error is not None:
-            self.fail(error)
 
     def set_end_reason(self, reason: str) -> None:
         self.attributes = {**(self.attributes or {}), semconv.END_REASON: reason}

@@ -23,6 +23,8 @@ BUDGET_ROTATE: Final = 0.9
 #: Estimated bytes kept free in a trace for one more exported iteration: an evaluation loop,
 #: which cannot rotate the segment, stops exporting when they run out.
 ROOM_BYTES: Final = 4096
+#: The segment's budget is checked every this many iterations (and after every export).
+BUDGET_CHECK_EVERY: Final = 16
 #: What the open loop and application spans add when they end, on top of their events: the
 #: last loop segment with its summary is ~4.5 kB.
 OPEN_SPANS_MARGIN: Final = 6144
@@ -36,6 +38,8 @@ class Segments:
         self.budget = budget
         self.rotate_pending = False
         self.closed = 0  # segments closed so far in this job
+        self.next_check = BUDGET_CHECK_EVERY
+        self.due_ns = 1 << 62
 
     def configure(self, config: TrainingConfig) -> None:
         self.segment_iterations = int(config.get("segment_iterations"))
@@ -45,27 +49,34 @@ class Segments:
         # Due at BUDGET_ROTATE of the budget, or sooner under a small budget, so that a
         # training loop rotates before its ROOM_BYTES run out.
         self.rotate_bytes = min(BUDGET_ROTATE * self.max_bytes, self.max_bytes - 2 * ROOM_BYTES)
+        loop = self._engine.loop
+        if loop is not None:  # changed mid-segment: checked again from the next iteration
+            self._segment_started(loop, loop.segment_start_ns)
 
     def loop_opened(self, loop: SegmentedSpan, start_ns: int) -> None:
         self.rotate_pending = False
-        loop.segment_start_ns = start_ns
+        self._segment_started(loop, start_ns)
 
-    def count(self, loop: SegmentedSpan, iteration: int) -> None:
-        """A training iteration ended in the loop's current segment."""
-        loop.segment_iterations += 1
-        if loop.segment_first_iteration is None:
-            loop.segment_first_iteration = iteration
-        loop.segment_last_iteration = iteration
+    def _segment_started(self, loop: SegmentedSpan, start_ns: int) -> None:
+        loop.segment_start_ns = start_ns
+        #: When ``check`` is next due: at this many iterations in the segment, or at this time
+        #: (the engine tests the two per iteration; an exported iteration calls it at once).
+        self.next_check = min(BUDGET_CHECK_EVERY, self.segment_iterations)
+        self.due_ns = start_ns + self.segment_ns
 
     def check(self, loop: SegmentedSpan, end_ns: int, exported_now: bool) -> None:
-        """After an iteration: is the segment due (iterations, time), or its budget near?"""
+        """After an iteration: is the segment due (iterations, time), or its budget near? Called
+        when ``next_check`` or ``due_ns`` is reached, and after an exported iteration."""
         if exported_now:  # exports fill the trace: check now
             self._check_budget(loop)
         in_segment = loop.segment_iterations
-        if in_segment >= self.segment_iterations or end_ns - loop.segment_start_ns >= self.segment_ns:
+        if in_segment >= self.segment_iterations or end_ns >= self.due_ns:
             self.rotate_pending = True
-        elif in_segment % 16 == 0:  # the budget, every 16 iterations too
+        elif in_segment >= self.next_check:  # the budget, every BUDGET_CHECK_EVERY iterations too
             self._check_budget(loop)
+        if in_segment >= self.next_check:
+            next_multiple = (in_segment // BUDGET_CHECK_EVERY + 1) * BUDGET_CHECK_EVERY
+            self.next_check = min(next_multiple, max(self.segment_iterations, in_segment + 1))
 
     def _check_budget(self, loop: SegmentedSpan) -> None:
         spans, size = self.budget.usage(loop.get_span_context().trace_id)
@@ -110,6 +121,7 @@ class Segments:
         else:
             root_links = [previous_loop] + ([app.first_context] if app is not None else [])
         loop.start_next(engine.tracer, now_ns, new_parent, root_links)
+        self._segment_started(loop, now_ns)
         engine.segment_started()
         self.closed += 1
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
-from opentelemetry.trace import Span
+from opentelemetry.trace import Span, SpanContext, TraceFlags
 
 from traintel import semconv
 from traintel._aggregation.aggregator import RateInputs, WindowReport, seconds_of
@@ -24,7 +24,10 @@ from traintel._aggregation.goodput import WindowGoodput
 from traintel._aggregation.sampling import MEDIAN_MIN_SAMPLES
 from traintel._host.device import AutocastProbe, DeviceHooks, annotate_window, device_hooks
 from traintel._host.flops import autocast_dtype, current_device_name, peak_flops_for
+from traintel._recorder.record import RANDOM_TRACE_ID
+from traintel._sdk.ids import new_span_id
 from traintel._sdk.otel_private import add_clean_event, set_clean_attributes
+from traintel._sdk.providers import DirectSpans
 from traintel._sdk.segments import SegmentedSpan
 from traintel.config import TrainingConfig
 from traintel.semconv import Event
@@ -68,7 +71,9 @@ class Windows:
             self.dtype_probing = (
                 cuda_build is not None and config.get("dtype") is None and config.get("peak_flops") is None
             )
-            engine.device = AutocastProbe(self.hooks, self._dtype_found) if self.dtype_probing else self.hooks
+            engine.set_device(
+                AutocastProbe(self.hooks, self._dtype_found) if self.dtype_probing else self.hooks
+            )
         self._set_rows_mark()
 
     # --- the slow threshold's first durations -------------------------------------------------------
@@ -111,7 +116,7 @@ class Windows:
         """Back to the plain device hooks: the per-step cost of looking ends here."""
         if self.dtype_probing:
             self.dtype_probing = False
-            self._engine.device = self.hooks
+            self._engine.set_device(self.hooks)
 
     def look_at_autocast(self) -> None:
         dtype = autocast_dtype()
@@ -235,6 +240,10 @@ class Windows:
         if cached[0] is not parent or parent is None:
             context = trace_api.set_span_in_context(parent) if parent is not None else Context()
             cached = self._window_parent = (parent, context)
+        direct = engine.direct
+        if direct is not None and direct.usable() and parent is not None:
+            self._write_goodput(windows, parent.get_span_context(), direct)
+            return
         # The metrics processor skips these, as it skips exported iterations: they are
         # traintel's own records, with nothing in them to count (the trace budget still is).
         materializing, engine.materializing = engine.materializing, threading.get_ident()
@@ -248,3 +257,18 @@ class Windows:
                 span.end(end_time=max(window.end_ns, window.start_ns))
         finally:
             engine.materializing = materializing
+
+    @staticmethod
+    def _write_goodput(windows: list[WindowGoodput], parent: SpanContext, direct: DirectSpans) -> None:
+        """The records as the tracer would make them under ``parent``: sampled with it, or not
+        exported at all."""
+        if not parent.trace_flags.sampled:
+            return
+        flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & RANDOM_TRACE_ID))
+        for window in windows:
+            context = SpanContext(parent.trace_id, new_span_id(), False, flags, parent.trace_state)
+            span = direct.writer.span(
+                semconv.TRAINING_WINDOW_SPAN, context, parent, window.attributes(), window.start_ns,
+                max(window.end_ns, window.start_ns),
+            )  # fmt: skip
+            direct.forward(span)

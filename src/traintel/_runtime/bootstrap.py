@@ -145,6 +145,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
         on_application_end=lambda span, exc: preemption.report_pending(telemetry, span, exc),
         window_hook=window_closed,
         on_sync_point=sync_point,
+        direct=pipeline.direct_spans(tracer),
     )
     processor = TrainingMetricsProcessor(
         engine,

@@ -179,7 +179,7 @@ class IterationExportFilter(SpanProcessor):
                         self._dropped.popitem(last=False)
         if export:
             for span in held:
-                self._forward(span)
+                self.forward(span)
 
     # --- SpanProcessor ---------------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
@@ -232,9 +232,10 @@ class IterationExportFilter(SpanProcessor):
                     if root in self._dropped:
                         self.dropped_spans += 1
                         return
-        self._forward(span, context)
+        self.forward(span, context)
 
-    def _forward(self, span: ReadableSpan, context: SpanContext | None = None) -> None:
+    def forward(self, span: ReadableSpan, context: SpanContext | None = None) -> None:
+        """Count ``span`` in its trace's budget and hand it to the exporting processors."""
         self.budget.add(span, context)
         for processor in self._processors:
             processor.on_end(span)

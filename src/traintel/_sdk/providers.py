@@ -34,12 +34,13 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from traintel import semconv
 from traintel._sdk.export_filter import IterationExportFilter, TraceBudget
 from traintel._sdk.ids import ForcingIdGenerator
+from traintel._sdk.otel_private import SpanWriter, span_writer
 from traintel.config import ConfigurationError, TrainingConfig
 from traintel.exporters import redaction as _redaction
 from traintel.exporters import tls_errors
@@ -204,6 +205,42 @@ def _is_unset_meter_provider(provider: object) -> bool:
     return type(provider).__name__ == "_ProxyMeterProvider"
 
 
+class OwnedTracerProvider(TracerProvider):
+    """traintel's own tracer provider: it knows whether a span processor was added beside
+    traintel's (one the user added to the global provider, say), so traintel writes its own
+    finished spans straight to the export path only while nobody else would see them."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.others = 0  # processors added by anyone but traintel
+        self._adding_ours = False
+
+    def add_traintel_processor(self, processor: SpanProcessor) -> None:
+        self._adding_ours = True
+        try:
+            self.add_span_processor(processor)
+        finally:
+            self._adding_ours = False
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        super().add_span_processor(span_processor)
+        if not self._adding_ours:
+            self.others += 1
+
+
+@dataclass
+class DirectSpans:
+    """Where traintel's own finished spans go when it writes them itself: the export filter's
+    path (trace budget, exporting processors), while the provider has no processor but ours."""
+
+    writer: SpanWriter
+    forward: Callable[[ReadableSpan], None]
+    provider: OwnedTracerProvider
+
+    def usable(self) -> bool:
+        return self.provider.others == 0
+
+
 @dataclass
 class Pipeline:
     """The providers traintel records into, and whether it owns (and so shuts down) them."""
@@ -236,8 +273,20 @@ class Pipeline:
         return self.file.path or self.file.planned_path(service)
 
     def add_span_processor(self, processor: SpanProcessor) -> None:
-        self.tracer_provider.add_span_processor(processor)  # type: ignore[attr-defined]
+        provider = self.tracer_provider
+        if isinstance(provider, OwnedTracerProvider):
+            provider.add_traintel_processor(processor)
+        else:
+            provider.add_span_processor(processor)  # type: ignore[attr-defined]
         self.processors.append(processor)
+
+    def direct_spans(self, tracer: trace_api.Tracer) -> DirectSpans | None:
+        """How traintel's own finished spans can skip the tracer, if they can (see SpanWriter)."""
+        provider, export_filter = self.tracer_provider, self.export_filter
+        if not isinstance(provider, OwnedTracerProvider) or export_filter is None:
+            return None
+        writer = span_writer(tracer)
+        return DirectSpans(writer, export_filter.forward, provider) if writer is not None else None
 
     def flush(self, timeout_s: float) -> bool:
         """Export what is buffered, waiting at most ``timeout_s``; never raises."""
@@ -392,7 +441,7 @@ def build_pipeline(
                 type(tp).__name__,
             )
         ids = ForcingIdGenerator()
-        sdk_tp = TracerProvider(resource=resource, shutdown_on_exit=False, id_generator=ids)
+        sdk_tp = OwnedTracerProvider(resource=resource, shutdown_on_exit=False, id_generator=ids)
         exporting: list[SpanProcessor] = []
         for plan in trace_plans:
             try:
@@ -407,7 +456,7 @@ def build_pipeline(
             export_paths.append((batcher, spooler))
             exporting.append(batcher)
         export_filter = IterationExportFilter(exporting, TraceBudget())
-        sdk_tp.add_span_processor(export_filter)
+        sdk_tp.add_traintel_processor(export_filter)
         if set_global_tp:
             trace_api.set_tracer_provider(sdk_tp)
         tp = sdk_tp
