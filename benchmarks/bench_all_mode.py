@@ -38,14 +38,16 @@ if variant == "bare":
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Drop()))
     tracer = provider.get_tracer("bench")
+    P = "ml.training.phase"
     def run(count):
         for i in range(count):
-            with tracer.start_as_current_span("training_iteration", attributes={"ml.training.phase": "training_iteration", "ml.training.iteration": i}):
-                with tracer.start_as_current_span("model_forward", attributes={"ml.training.phase": "model_forward"}):
+            attributes = {P: "training_iteration", "ml.training.iteration": i}
+            with tracer.start_as_current_span("training_iteration", attributes=attributes):
+                with tracer.start_as_current_span("model_forward", attributes={P: "model_forward"}):
                     pass
-                with tracer.start_as_current_span("model_backward", attributes={"ml.training.phase": "model_backward"}):
+                with tracer.start_as_current_span("model_backward", attributes={P: "model_backward"}):
                     pass
-                with tracer.start_as_current_span("optimizer_update", attributes={"ml.training.phase": "optimizer_update"}):
+                with tracer.start_as_current_span("optimizer_update", attributes={P: "optimizer_update"}):
                     pass
     flush = provider.force_flush
 else:
