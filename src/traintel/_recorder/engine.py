@@ -138,7 +138,9 @@ class TrainingEngine:
         self.window_events = True  # training_metrics_update, read once per window
         # The parent SpanContext of the last iteration, the Context it was read from (immutable;
         # only a segment rotation changes what its span answers) and whether it is sampled.
-        self._parent_cache: tuple[object, SpanContext, bool] = (None, trace_api.INVALID_SPAN_CONTEXT, True)
+        self._parent_cache: tuple[object, SpanContext, bool, bool] = (
+            None, trace_api.INVALID_SPAN_CONTEXT, True, True
+        )  # fmt: skip
         random_roots = ids is not None and ids.is_trace_id_random()
         self._root_flags = 0x02 if random_roots else 0  # the W3C random-trace-id flag
         #: Called at each step phase's start and end when a device feature is on (None: one
@@ -281,7 +283,8 @@ class TrainingEngine:
         cached = self._parent_cache
         if context is not cached[0]:  # not the loop's context of the previous iteration
             parent = current_span(context).get_span_context()
-            cached = self._parent_cache = (context, parent, not parent.is_valid or parent.trace_flags.sampled)
+            root = not parent.is_valid
+            cached = self._parent_cache = (context, parent, root or parent.trace_flags.sampled, root)
         record = new_record(phase, iteration, start_ns, cached[1])
         if attributes:
             record.set_attributes(attributes)
@@ -309,7 +312,7 @@ class TrainingEngine:
                 record.sampled = sampler.policy != "none"
             else:
                 record.sampled = reason is not None
-            if not cached[1].is_valid:
+            if cached[3]:
                 record.root_flags = self._root_flags
         self.active = record
         self.active_thread = _get_ident()
@@ -574,7 +577,7 @@ class TrainingEngine:
 
     def segment_started(self) -> None:
         """A new trace began: the loop's context answers anew, the event caps start over."""
-        self._parent_cache = (None, trace_api.INVALID_SPAN_CONTEXT, True)
+        self._parent_cache = (None, trace_api.INVALID_SPAN_CONTEXT, True, True)
         self.events = EventBudget()
 
     # --- loops ----------------------------------------------------------------------------------

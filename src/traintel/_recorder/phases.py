@@ -361,7 +361,10 @@ class IterationPhase(PhaseSpan):
             end = self._given_end or _time_ns()
             self._record = self._token = None
             self._span = _INVALID_SPAN
-            self._detach(engine, token)
+            if self._thread == _get_ident():
+                detach(token)
+            else:
+                self._detach(engine, token)  # says so once
             if engine.device is not None:
                 engine.device.ended(self._name)
             if self._given_reason is not None:

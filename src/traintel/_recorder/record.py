@@ -97,8 +97,6 @@ def new_record(phase: str, iteration: int, start_ns: int, parent: SpanContext) -
     record.parent = parent
     record.children = []
     record.phase_ns = [0, 0, 0, 0]
-    record.metrics = None
-    record.counted = record.notable = False
     return record
 
 
@@ -113,11 +111,11 @@ class IterationRecord(NonRecordingSpan):
     parent: SpanContext
     children: list[Child]
     phase_ns: list[int]  # data loading, forward, backward, optimizer
-    metrics: dict[str, float] | None
-    counted: bool
-    notable: bool
 
     # --- defaults --------------------------------------------------------------------------------
+    counted = False
+    notable = False
+    metrics: dict[str, float] | None = None
     end_ns = 0
     span_id = 0
     trace_id = 0

@@ -159,8 +159,16 @@ class Windows:
     def close(self, final: bool = False, ended_loop: Span | None = None) -> WindowReport | None:
         engine = self._engine
         inputs = self._rate_inputs
-        if inputs is None or self._lazy_config or (inputs.peak_flops is None and self._device_lookup is None):
-            inputs = self._rate_inputs = self.rate_inputs()  # the device may be known now
+        if (
+            inputs is None
+            or self._lazy_config
+            or (
+                inputs.peak_flops is None
+                and self._device_lookup is None
+                and current_device_name() is not None
+            )
+        ):
+            inputs = self._rate_inputs = self.rate_inputs()  # the device is known now
         report = self._report(inputs)
         if report is not None and engine.instruments is not None:
             engine.instruments.defer_window(report.durations, report.data_loading_durations)

@@ -327,12 +327,11 @@ class SpanWriter:
         end_ns: int,
     ) -> ReadableSpan:
         limits = self._limits
-        bounded = BoundedAttributes(
-            limits.max_span_attributes,
-            attributes,
-            immutable=True,
-            max_value_len=limits.max_span_attribute_length,
-        )
+        maxlen, max_value_len = limits.max_span_attributes, limits.max_span_attribute_length
+        if STORAGE_FAST and _clean_enough(attributes, maxlen, max_value_len):  # traintel's own numbers
+            bounded = _bounded(attributes, maxlen, max_value_len, True)
+        else:
+            bounded = BoundedAttributes(maxlen, attributes, immutable=True, max_value_len=max_value_len)
         return ReadableSpan(
             name=name,
             context=context,
