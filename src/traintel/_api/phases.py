@@ -18,32 +18,30 @@ from traintel._recorder.checkpoints import (
     checked_strategy,
 )
 from traintel._recorder.phases import (
-    STEP_CLASSES,
+    DATA_LOADING,
+    MODEL_BACKWARD,
+    MODEL_FORWARD,
+    OPTIMIZER_UPDATE,
+    STEP_KINDS,
     ApplicationPhase,
-    DataLoading,
     EvalLoopPhase,
-    ModelBackward,
-    ModelForward,
-    OptimizerUpdate,
+    IterationPhase,
     PhaseSpan,
     StepPhase,
-    TestingIteration,
-    TrainingIteration,
     TrainingLoopPhase,
-    ValidationIteration,
     phase_attributes,
 )
 from traintel._sdk.attributes import as_number, clean_attributes, clean_value
 from traintel.semconv import Phase
 
 _NONE: Final[Mapping[str, AttributeValue]] = MappingProxyType({})
-_new = object.__new__  # a phase object whose settings are all its class's: no __init__ to run
+_TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
 
 
 def step_phase(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> StepPhase:
     """A step phase by span name: ``data_loading``, ``model_forward``, ``model_backward`` or
     ``optimizer_update`` (what callbacks and framework integrations drive)."""
-    return STEP_CLASSES[name].new(attributes)
+    return StepPhase(STEP_KINDS[name], attributes)
 
 
 def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -136,29 +134,29 @@ def training_iteration(
     """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
     micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
     loop's running count. Its handle (``as span``) is the iteration's span."""
-    if iteration is None and samples is None and tokens is None and attributes is None:
-        return _new(TrainingIteration)  # the per-step case: every setting is the class's
-    return TrainingIteration.new(iteration, _iteration_attributes(samples, tokens, attributes))
+    if samples is None and tokens is None and attributes is None:
+        return IterationPhase(_TRAINING_ITERATION, iteration)  # the per-step case
+    return IterationPhase(_TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
 
 
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """Waiting for the next batch (the time the loop was blocked on data)."""
-    return _new(DataLoading) if attributes is None else DataLoading.new(attributes)
+    return StepPhase(DATA_LOADING, attributes)
 
 
 def model_forward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """The forward pass (and the loss), inside a training iteration."""
-    return _new(ModelForward) if attributes is None else ModelForward.new(attributes)
+    return StepPhase(MODEL_FORWARD, attributes)
 
 
 def model_backward(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """The backward pass, inside a training iteration."""
-    return _new(ModelBackward) if attributes is None else ModelBackward.new(attributes)
+    return StepPhase(MODEL_BACKWARD, attributes)
 
 
 def optimizer_update(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """The optimizer step (and zeroing the gradients), inside a training iteration."""
-    return _new(OptimizerUpdate) if attributes is None else OptimizerUpdate.new(attributes)
+    return StepPhase(OPTIMIZER_UPDATE, attributes)
 
 
 def checkpoint_save(
@@ -207,7 +205,9 @@ def validation_iteration(
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
     """One validation batch, numbered from 0 in its loop."""
-    return ValidationIteration.new(iteration, _iteration_attributes(samples, None, attributes))
+    return IterationPhase(
+        Phase.VALIDATION_ITERATION.value, iteration, _iteration_attributes(samples, None, attributes)
+    )
 
 
 def testing_loop(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -221,7 +221,9 @@ def testing_iteration(
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
     """One test batch, numbered from 0 in its loop."""
-    return TestingIteration.new(iteration, _iteration_attributes(samples, None, attributes))
+    return IterationPhase(
+        Phase.TESTING_ITERATION.value, iteration, _iteration_attributes(samples, None, attributes)
+    )
 
 
 def timed_span(

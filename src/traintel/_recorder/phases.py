@@ -7,8 +7,8 @@ and a step phase inside it (data loading, forward, backward, optimizer) is timed
 record. Everything else, and a step phase anywhere but directly in its iteration's body on the
 iteration's thread, is a real SDK span.
 
-Why classes with ``__slots__`` instead of ``@contextlib.contextmanager``: a generator-based
-context manager costs several microseconds, and iteration phases run millions of times. Why
+Why classes instead of ``@contextlib.contextmanager``: a generator-based context manager
+costs several microseconds, and iteration phases run millions of times. Why
 not swallow exceptions: a user exception marks the span ERROR and propagates as the same
 object with the same traceback; only telemetry's own failures are contained.
 
@@ -49,7 +49,7 @@ _get_ident = threading.get_ident
 _new = object.__new__
 _INVALID_SPAN = trace_api.INVALID_SPAN
 _TRAINING_LOOP = Phase.TRAINING_LOOP.value
-_NO_ATTRIBUTES: Mapping[str, AttributeValue] = MappingProxyType({})
+_LOOP_OF_ITERATION = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
 
 
 def phase_attributes(
@@ -286,22 +286,24 @@ class EvalLoopPhase(LoopPhase):
 # --- iterations: the fast path -----------------------------------------------------------------
 class IterationPhase(PhaseSpan):
     """A training, validation or testing iteration, numbered automatically: a record while it
-    runs (see ``record.py``), exported as spans at its end if the policy keeps it. One subclass
-    per kind holds its names; an object stores only its given number and work, if any."""
+    runs (see ``record.py``), exported as spans at its end if the policy keeps it. Everything
+    its fast path reads is set in ``__init__`` (as for :class:`StepPhase`)."""
 
-    _loop: str
-    _iteration: int | None = None  # the number given; None: the loop's running count
-    _attributes: Mapping[str, AttributeValue] | None = _NO_ATTRIBUTES
-    _record: IterationRecord | None = None
+    _record: IterationRecord | None = None  # while open
 
-    # The callbacks' times (see _open / _close); a ``with`` takes them from the clock.
-    _given_start = 0
-    _given_end = 0
-    _given_reason: str | None = None
+    def __init__(
+        self,
+        name: str,
+        iteration: int | None = None,
+        attributes: Mapping[str, AttributeValue] | None = None,
+    ) -> None:
+        self._name = name
+        self._loop = _LOOP_OF_ITERATION[name]
+        self._iteration = iteration  # the number given; None: the loop's running count
+        self._attributes = attributes
 
     def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
-        self._given_start = start_ns or 0
-        return self.__enter__()
+        return self.__enter__(start_ns or 0)
 
     def _close(
         self,
@@ -310,26 +312,15 @@ class IterationPhase(PhaseSpan):
         end_ns: int | None = None,
         reason: str | None = None,
     ) -> None:
-        self._given_end, self._given_reason = end_ns or 0, reason
-        self.__exit__(None if exc is None else type(exc), exc, None)
+        self.__exit__(None if exc is None else type(exc), exc, None, end_ns or 0, reason)
 
-    @classmethod
-    def new(
-        cls, iteration: int | None = None, attributes: Mapping[str, AttributeValue] | None = None
-    ) -> IterationPhase:
-        phase = _new(cls)
-        if iteration is not None:
-            phase._iteration = iteration
-        if attributes:
-            phase._attributes = attributes
-        return phase
-
-    def __enter__(self) -> Span:
+    def __enter__(self, start_ns: int = 0) -> Span:
+        """``with`` passes no time (the clock's); callbacks pass theirs."""
         engine = active.engine or active.current()
         if engine is None or engine.closed:
             return _INVALID_SPAN
         try:
-            start = self._given_start or _time_ns()
+            start = start_ns or _time_ns()
             if not engine.open_loops.get(self._loop):
                 engine.outside_loop(self._name, self._loop)
             context = get_current()
@@ -353,12 +344,15 @@ class IterationPhase(PhaseSpan):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
+        end_ns: int = 0,
+        reason: str | None = None,
     ) -> None:
+        """``with`` passes no time (the clock's); callbacks pass theirs, and a reason."""
         record, token, engine = self._record, self._token, active.engine
         if token is None or record is None or engine is None:
             return
         try:
-            end = self._given_end or _time_ns()
+            end = end_ns or _time_ns()
             self._record = self._token = None
             self._span = _INVALID_SPAN
             if self._thread == _get_ident():
@@ -367,8 +361,8 @@ class IterationPhase(PhaseSpan):
                 self._detach(engine, token)  # says so once
             if engine.device is not None:
                 engine.device.ended(self._name)
-            if self._given_reason is not None:
-                record.set_end_reason(self._given_reason)
+            if reason is not None:
+                record.set_end_reason(reason)
             # None keeps a failure set on the handle (record_exception)
             engine.end_iteration(record, None if exc is None else clean_exit(exc), end)
         except Exception:
@@ -379,19 +373,16 @@ class IterationPhase(PhaseSpan):
         self._record = None
 
 
-class TrainingIteration(IterationPhase):
-    _name = Phase.TRAINING_ITERATION.value
-    _loop = Phase.TRAINING_LOOP.value
+class StepKind:
+    """A kind of step phase: its span name, where its time goes in the iteration's step split,
+    and its start attributes."""
 
+    __slots__ = ("attributes", "index", "name")
 
-class ValidationIteration(IterationPhase):
-    _name = Phase.VALIDATION_ITERATION.value
-    _loop = Phase.VALIDATION_LOOP.value
-
-
-class TestingIteration(IterationPhase):
-    _name = Phase.TESTING_ITERATION.value
-    _loop = Phase.TESTING_LOOP.value
+    def __init__(self, name: str, index: int) -> None:
+        self.name = name
+        self.index = index
+        self.attributes: Mapping[str, AttributeValue] = MappingProxyType({semconv.PHASE: name})
 
 
 class StepPhase(PhaseSpan, NonRecordingSpan):
@@ -403,23 +394,27 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
     of the iteration, except in "all" mode, where every iteration is exported and the step's
     context is its own (an id is drawn for it when a span starts inside). Anywhere else (under a
     user span inside the iteration, outside any iteration, on another thread) it is a real
-    span, whose time still counts."""
+    span, whose time still counts.
 
-    _index: int  # where its time goes in the iteration's step split
+    Everything the fast path reads is set in ``__init__``: an attribute read that falls through
+    to a class default costs several times an instance one on the per-step path."""
+
     _attributes: Mapping[str, AttributeValue]
-    _custom = False  # given attributes beyond its phase: they go on its exported span
-    _record: IterationRecord | None = None
-    _extras: StepExtras | None = None
-    _hooked: TrainingEngine | None = None  # the engine, while open with step hooks on
+    _record: IterationRecord | None = None  # while open on the fast path
 
-    # The callbacks' times (see _open / _close); a ``with`` takes them from the clock.
-    _given_start = 0
-    _given_end = 0
-    _given_reason: str | None = None
+    def __init__(self, kind: StepKind, attributes: Mapping[str, AttributeValue] | None = None) -> None:
+        self._name = kind.name
+        self._index = kind.index
+        # given attributes beyond its phase go on its exported span
+        self._custom = bool(attributes)
+        self._attributes = (
+            {**kind.attributes, **clean_attributes(attributes)} if attributes else kind.attributes
+        )
+        self._extras: StepExtras | None = None
+        self._hooked: TrainingEngine | None = None  # the engine, while open with step hooks on
 
     def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
-        self._given_start = start_ns or 0
-        return self.__enter__()
+        return self.__enter__(start_ns or 0)
 
     def _close(
         self,
@@ -428,27 +423,18 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
         end_ns: int | None = None,
         reason: str | None = None,
     ) -> None:
-        self._given_end, self._given_reason = end_ns or 0, reason
-        self.__exit__(None if exc is None else type(exc), exc, None)
+        self.__exit__(None if exc is None else type(exc), exc, None, end_ns or 0, reason)
 
-    @classmethod
-    def new(cls, attributes: Mapping[str, AttributeValue] | None = None) -> StepPhase:
-        """A step of this kind; ``attributes`` (cleaned) join its phase attribute."""
-        step = _new(cls)
-        if attributes:
-            step._attributes = {**cls._attributes, **clean_attributes(attributes)}
-            step._custom = True
-        return step
-
-    def __enter__(self) -> Span:
+    def __enter__(self, start_ns: int = 0) -> Span:
+        """``with`` passes no time (the clock's); callbacks pass theirs."""
         engine = active.engine or active.current()
         if engine is None:
             return _INVALID_SPAN
         record = engine.active
         if record is None or engine.active_thread != _get_ident() or get_current() is not record.context:
-            return self._enter_elsewhere(engine, record)
+            return self._enter_elsewhere(engine, record, start_ns)
         self._record = record
-        self._start_ns = self._given_start or _time_ns()
+        self._start_ns = start_ns or _time_ns()
         record.open_step = self
         if self._custom:  # its own attributes go on its exported span
             self._extras = StepExtras(self._attributes)
@@ -462,19 +448,24 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
+        end_ns: int = 0,
+        reason: str | None = None,
     ) -> None:
+        """``with`` passes no time (the clock's); callbacks and a terminating signal pass
+        theirs, and a reason."""
         record = self._record
         if record is None:  # a real span (or exited twice, or cut by a signal: nothing open)
-            self._exit_elsewhere(exc)
+            self._exit_elsewhere(exc, end_ns, reason)
             return
         self._record = None
-        end = self._given_end or _time_ns()
+        end = end_ns or _time_ns()
         if self._hooked is not None:
             self._hooks_ended(self._hooked)
         error = None if exc is None else clean_exit(exc)
-        record.children.append((self._name, self._start_ns, end, error, self._extras))
+        extras = self._extras
+        record.children.append((self._name, self._start_ns, end, error, extras))
         record.phase_ns[self._index] += end - self._start_ns
-        if self._extras is not None:
+        if extras is not None:
             self._extras = None
 
     def _hooks_started(self, engine: TrainingEngine, record: IterationRecord) -> None:
@@ -492,12 +483,12 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
         if engine.device is not None:
             engine.device.ended(self._name)
 
-    def _enter_elsewhere(self, engine: TrainingEngine, record: IterationRecord | None) -> Span:
+    def _enter_elsewhere(self, engine: TrainingEngine, record: IterationRecord | None, start_ns: int) -> Span:
         """Anywhere but directly in the iteration's body, on its thread: a real span."""
         if engine.closed:
             return _INVALID_SPAN
         try:
-            span = self._start(engine, self._given_start or None)
+            span = self._start(engine, start_ns or None)
             if record is None:
                 engine.open_step = self  # outside any iteration (data loading before it opens)
             elif engine.active_thread == _get_ident():
@@ -507,12 +498,12 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
             engine.warn_once("enter:" + self._name, "could not start phase %r", self._name)
             return _INVALID_SPAN
 
-    def _exit_elsewhere(self, exc: BaseException | None) -> None:
+    def _exit_elsewhere(self, exc: BaseException | None, end_ns: int, reason: str | None) -> None:
         engine = active.engine
         if engine is None:
             return
         try:
-            self._end(engine, exc, self._given_end or None, self._given_reason)
+            self._end(engine, exc, end_ns or None, reason)
         except Exception:
             engine.warn_once("exit:" + self._name, "could not end phase %r", self._name)
 
@@ -529,8 +520,7 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
         if record is not None and self._record is record:  # on the fast path: closed here
             self._token = None  # its context is the training thread's: left as it is
             self._hooked = None
-            self._given_end = end_ns
-            self.__exit__(Terminated, error, None)  # a later __exit__ finds nothing open
+            self.__exit__(Terminated, error, None, end_ns)  # a later __exit__ finds nothing open
             return
         if self._token is None:  # closed
             return
@@ -610,31 +600,13 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
         return f"StepPhase({self._name!r})"
 
 
-class DataLoading(StepPhase):
-    _name = Phase.DATA_LOADING.value
-    _attributes = MappingProxyType({semconv.PHASE: _name})
-    _index = DATA
+DATA_LOADING = StepKind(Phase.DATA_LOADING.value, DATA)
+MODEL_FORWARD = StepKind(Phase.MODEL_FORWARD.value, FORWARD)
+MODEL_BACKWARD = StepKind(Phase.MODEL_BACKWARD.value, BACKWARD)
+OPTIMIZER_UPDATE = StepKind(Phase.OPTIMIZER_UPDATE.value, OPTIMIZER)
 
 
-class ModelForward(StepPhase):
-    _name = Phase.MODEL_FORWARD.value
-    _attributes = MappingProxyType({semconv.PHASE: _name})
-    _index = FORWARD
-
-
-class ModelBackward(StepPhase):
-    _name = Phase.MODEL_BACKWARD.value
-    _attributes = MappingProxyType({semconv.PHASE: _name})
-    _index = BACKWARD
-
-
-class OptimizerUpdate(StepPhase):
-    _name = Phase.OPTIMIZER_UPDATE.value
-    _attributes = MappingProxyType({semconv.PHASE: _name})
-    _index = OPTIMIZER
-
-
-#: The step phase classes by span name (what callbacks and integrations look up).
-STEP_CLASSES: dict[str, type[StepPhase]] = {
-    cls._name: cls for cls in (DataLoading, ModelForward, ModelBackward, OptimizerUpdate)
+#: The step kinds by span name (what callbacks and integrations look up).
+STEP_KINDS: dict[str, StepKind] = {
+    kind.name: kind for kind in (DATA_LOADING, MODEL_FORWARD, MODEL_BACKWARD, OPTIMIZER_UPDATE)
 }
