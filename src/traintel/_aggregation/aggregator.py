@@ -338,8 +338,10 @@ class TrainingAggregator:
             return self.rows[0][0] / 1e9
         return self._first_iteration_s
 
-    def add_model_metric(self, name: str, value: float) -> None:
-        _add_metric(self._window_metrics, name, value)
+    def add_model_metrics(self, metrics: dict[str, float]) -> None:
+        """One iteration's model metrics (name to value)."""
+        for name, value in metrics.items():
+            _add_metric(self._window_metrics, name, value)
 
     def flag(self, nonfinite: bool = False, slow: bool = False, exported: bool = False) -> None:
         flags = self._window_flags

@@ -286,10 +286,8 @@ class TrainingEngine:
             root = not parent.is_valid
             cached = self._parent_cache = (context, parent, root or parent.trace_flags.sampled, root)
         record = new_record(phase, iteration, start_ns, cached[1])
-        if attributes:
+        if attributes:  # samples= / tokens= among them count as the step's work
             record.set_attributes(attributes)
-            if record.counted:  # samples= / tokens= given when it began: the step's own counts
-                record.set_start_work(None, None)
         index = sampler.seen
         sampler.seen = index + 1
         reason = None
@@ -308,10 +306,8 @@ class TrainingEngine:
         # policy is "none"; with the user's own pipeline, the head decision (ParentBased
         # samplers follow it).
         if cached[2]:
-            if self.export_filter is not None:
-                record.sampled = sampler.policy != "none"
-            else:
-                record.sampled = reason is not None
+            ours = self.export_filter is not None
+            record.sampled = sampler.policy != "none" if ours else reason is not None
             if cached[3]:
                 record.root_flags = self._root_flags
         self.active = record
@@ -327,11 +323,7 @@ class TrainingEngine:
         return sampler
 
     def end_iteration(
-        self,
-        record: IterationRecord,
-        error: BaseException | None,
-        end_ns: int,
-        exported_as: tuple[int, int] | None = None,
+        self, record: IterationRecord, end_ns: int, exported_as: tuple[int, int] | None = None
     ) -> None:
         """Aggregate an ended iteration and decide whether it is exported.
 
@@ -341,8 +333,6 @@ class TrainingEngine:
         """
         record.end_ns = end_ns
         record.context = None  # the body's Context holds the record: break the cycle for refcounting
-        if error is not None:
-            record.fail(error)
         if self.active is record:
             self.active = None
         duration_ns = end_ns - record.start_ns
@@ -355,39 +345,42 @@ class TrainingEngine:
         # The iteration's row in the open window: its time, work and step phases.
         phases = record.phase_ns if record.children or record.step_spans else None
         if record.counted or self._derives_counts:
-            samples, tokens, flops = self._counts(record)
-            if samples is not None:
-                self.samples_total += samples
-            if tokens is not None:
-                self.tokens_total += tokens
-            self.rows.append((duration_ns, samples, tokens, record.padding, flops, phases, iteration, end_ns))
+            self._add_counted_row(record, duration_ns, phases, end_ns)
         else:  # no work reported or derived
             self.rows.append((duration_ns, None, None, None, None, phases, iteration, end_ns))
         if record.metrics:
-            for name, value in record.metrics.items():
-                self.aggregator.add_model_metric(name, value)
+            self.aggregator.add_model_metrics(record.metrics)
         windows = self.windows
         at_mark = len(self.rows) >= windows.rows_mark
         if at_mark:  # the slow threshold may start with this iteration, before it is tested
             windows.start_threshold_if_due()
         slow = duration_ns >= self.sampler.threshold_ns
+        exported = self.last_exported = None  # the common case: counted, not exported
         if slow or record.notable or exported_as is not None:
             exported = self._export_decision(record, exported_as, slow, duration_ns / 1e9)
-        else:  # the common case: counted, not exported
-            exported = self.last_exported = None
-        loop = self.loop
-        if loop is not None:  # the segment's iteration range
-            in_segment = loop.segment_iterations = loop.segment_iterations + 1
-            if loop.segment_first_iteration is None:
-                loop.segment_first_iteration = iteration
-            loop.segment_last_iteration = iteration
         if at_mark:
             windows.close_if_full()
-        if loop is not None:
+        loop = self.loop
+        if loop is not None:  # the segment's iteration range, and whether its budget is checked now
+            in_segment = loop.segment_iterations = loop.segment_iterations + 1
+            if in_segment == 1:
+                loop.segment_first_iteration = iteration
+            loop.segment_last_iteration = iteration
             exported_now = exported is not None and exported_as is None
             segments = self.segments
             if exported_now or in_segment >= segments.next_check or end_ns >= segments.due_ns:
                 segments.check(loop, end_ns, exported_now)
+
+    def _add_counted_row(
+        self, record: IterationRecord, duration_ns: int, phases: list[int] | None, end_ns: int
+    ) -> None:
+        samples, tokens, flops = self._counts(record)
+        if samples is not None:
+            self.samples_total += samples
+        if tokens is not None:
+            self.tokens_total += tokens
+        iteration = record.iteration
+        self.rows.append((duration_ns, samples, tokens, record.padding, flops, phases, iteration, end_ns))
 
     def _counts(self, record: IterationRecord) -> tuple[float | None, float | None, float | None]:
         """This step's samples, tokens and FLOPs: reported, else derived from the config."""
@@ -740,7 +733,7 @@ class TrainingEngine:
             if key.startswith(semconv.METRIC_PREFIX) and isinstance(value, int | float):
                 record.record_metric(key[len(semconv.METRIC_PREFIX) :], float(value))
         context = span.get_span_context()
-        self.end_iteration(record, None, span.start_time + duration_ns, (context.trace_id, context.span_id))
+        self.end_iteration(record, span.start_time + duration_ns, (context.trace_id, context.span_id))
 
 
 def _plain(record: IterationRecord) -> bool:

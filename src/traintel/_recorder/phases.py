@@ -363,8 +363,10 @@ class IterationPhase(PhaseSpan):
                 engine.device.ended(self._name)
             if reason is not None:
                 record.set_end_reason(reason)
-            # None keeps a failure set on the handle (record_exception)
-            engine.end_iteration(record, None if exc is None else clean_exit(exc), end)
+            error = None if exc is None else clean_exit(exc)
+            if error is not None:  # else a failure set on the handle (record_exception) stays
+                record.fail(error)
+            engine.end_iteration(record, end)
         except Exception:
             engine.warn_once("exit:" + self._name, "could not end phase %r", self._name)
 

@@ -246,12 +246,6 @@ class IterationRecord(NonRecordingSpan):
         if flops is not None:
             self.flops = (self.flops or 0) + flops
 
-    def set_start_work(self, samples: float | None, tokens: float | None) -> None:
-        """The work given when the iteration began (``samples=``): the step's own, not a
-        micro-batch."""
-        self.add_work(samples, tokens, None, None)
-        self.micro_batches = 0
-
     def record_metric(self, name: str, value: float) -> None:
         metrics = self.metrics
         if metrics is None:

@@ -235,7 +235,8 @@ def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_span
             if engine is not None and record is not None:  # its open step ends, then itself
                 _cut_open_step(record.open_step, record, error, received_ns)
                 record.set_end_reason(reason)
-                engine.end_iteration(record, error, now)
+                record.fail(error)
+                engine.end_iteration(record, now)
             elif engine is not None:  # between iterations: loading data for the next one, say
                 _cut_open_step(engine.open_step, None, error, received_ns)
             for span in reversed(phase_spans):  # innermost first
