@@ -200,21 +200,31 @@ class _Counts:
             out[keys.flops_per_device] = flops_per_second
             out[keys.tflops_per_device] = flops_per_second / 1e12
             if inputs.peak_flops:
-                mfu = flops_per_second / inputs.peak_flops
-                if mfu <= 1:
-                    out[keys.mfu] = mfu
-                else:
-                    errors.append(f"mfu {mfu:.3f} > 1")
-                if inputs.executed_flops_ratio is not None:
-                    hfu = mfu * inputs.executed_flops_ratio
-                    if hfu <= 1:
-                        out[keys.hfu] = hfu
-                    else:
-                        errors.append(f"hfu {hfu:.3f} > 1")
+                errors = _utilization(flops_per_second, inputs, keys, out)
         if split and self.duration_s > 0:
             out.update(zip(keys.times, self.phase_s, strict=True))
             out[keys.data_loading_fraction] = self.phase_s[DATA] / self.duration_s
         return errors
+
+
+def _utilization(
+    flops_per_second: float, inputs: RateInputs, keys: _RateKeys, out: dict[str, float | int | str]
+) -> list[str]:
+    """MFU (and HFU, given the executed FLOPs ratio) into ``out``; a value above 1 is not a
+    metric but an error, returned."""
+    errors: list[str] = []
+    mfu = flops_per_second / (inputs.peak_flops or math.inf)
+    if mfu <= 1:
+        out[keys.mfu] = mfu
+    else:
+        errors.append(f"mfu {mfu:.3f} > 1")
+    if inputs.executed_flops_ratio is not None:
+        hfu = mfu * inputs.executed_flops_ratio
+        if hfu <= 1:
+            out[keys.hfu] = hfu
+        else:
+            errors.append(f"hfu {hfu:.3f} > 1")
+    return errors
 
 
 class _RateKeys:

@@ -91,6 +91,14 @@ def nvml_devices(nvml: Any, environ: Mapping[str, str]) -> list[tuple[str, Any]]
     return devices
 
 
+def _pinned_entry(environ: Mapping[str, str]) -> str | None:
+    """This local rank's ``CUDA_VISIBLE_DEVICES`` entry: the only one, or the LOCAL_RANK-th."""
+    entries = visible_entries(environ) or []
+    local = environ.get("LOCAL_RANK", "0").strip()
+    index = int(local) if local.isdigit() and len(entries) > 1 else 0
+    return entries[index] if index < len(entries) else None
+
+
 def gpu_in_use(environ: Mapping[str, str], nvml: Any | None = None) -> str | None:
     """``hw.id`` of the GPU this process trains on, or None when that is not known.
 
@@ -105,17 +113,8 @@ def gpu_in_use(environ: Mapping[str, str], nvml: Any | None = None) -> str | Non
             return torch_uuid(cuda, cuda.current_device())
     except Exception:
         pass
-    entries = visible_entries(environ)
-    if not entries:
-        return None
-    local = environ.get("LOCAL_RANK", "0").strip()
-    index = int(local) if local.isdigit() else 0
-    if len(entries) == 1:
-        index = 0
-    if index >= len(entries):
-        return None
-    entry = entries[index]
-    if entry.startswith("GPU-"):
+    entry = _pinned_entry(environ)
+    if entry is None or entry.startswith("GPU-"):
         return entry
     nvml = load_nvml() if nvml is None else nvml
     if nvml is None:

@@ -15,6 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from opentelemetry import trace as trace_api
@@ -72,38 +73,61 @@ class EventBudget:
         return count < MAX_EVENTS_PER_SEGMENT
 
 
+@dataclass(frozen=True)
+class SpanOutlet:
+    """Where the engine's spans go: its tracer, the trace budget, and with traintel's own
+    providers the id generator that lets an exported iteration keep its id, the export filter
+    holding spans started inside an undecided iteration, and the direct span writer."""
+
+    tracer: trace_api.Tracer
+    budget: TraceBudget
+    ids: ForcingIdGenerator | None = None
+    export_filter: IterationExportFilter | None = None
+    direct: DirectSpans | None = None
+
+
+def _nothing(*args: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class EngineHooks:
+    """What the runtime around the engine is told, and how it says things once."""
+
+    warn_once: Callable[..., None]
+    #: As traintel's application span starts, and just before it ends (with the exception).
+    on_application_start: Callable[[Span], None] = _nothing
+    on_application_end: Callable[[Span, BaseException | None], None] = _nothing
+    #: Every closed window (None: nothing to close) and whether the loop ends.
+    window_hook: Callable[[WindowReport | None, bool], None] | None = None
+    #: ``mark_sync_point()``: the time this rank reached the collective.
+    on_sync_point: Callable[[int], None] | None = None
+
+
 class TrainingEngine:
     """State of the running job's training loop(s); one per configured job."""
 
     def __init__(
         self,
         config: TrainingConfig,
-        tracer: trace_api.Tracer,
-        ids: ForcingIdGenerator | None,
-        export_filter: IterationExportFilter | None,
-        budget: TraceBudget,
+        outlet: SpanOutlet,
+        hooks: EngineHooks,
         meter_provider: MeterProvider | None,
         open_spans: OpenSpans,
         world_size: int,
-        warn_once: Callable[..., None],
-        on_application_start: Callable[[Span], None] = lambda span: None,
-        on_application_end: Callable[[Span, BaseException | None], None] = lambda span, exc: None,
-        window_hook: Callable[[WindowReport | None, bool], None] | None = None,
-        on_sync_point: Callable[[int], None] | None = None,
-        direct: DirectSpans | None = None,
     ) -> None:
-        self.tracer = tracer
+        self.tracer = outlet.tracer
         #: Where traintel's own finished spans are written directly, if they can be.
-        self.direct = direct
+        self.direct = outlet.direct
         #: Called as traintel's application span starts (the telemetry_initialization event, the
         #: signal handlers) and just before it ends (a deferred preemption event).
-        self.on_application_start = on_application_start
-        self.on_application_end = on_application_end
-        self.ids = ids
-        self.export_filter = export_filter
+        self.on_application_start = hooks.on_application_start
+        self.on_application_end = hooks.on_application_end
+        self.ids = ids = outlet.ids
+        self.export_filter = export_filter = outlet.export_filter
         self.open_spans = open_spans
         self.world_size = max(1, world_size)
-        self.warn_once = warn_once
+        self.warn_once = hooks.warn_once
         self.lock = threading.RLock()
         #: Set when the job is shut down or the process forked: the phase API records nothing.
         self.closed = False
@@ -150,10 +174,10 @@ class TrainingEngine:
         self.step_hooks = False
         self.export_all = False
         #: Called with every closed window (None: nothing to close) and whether the loop ends.
-        self.window_hook = window_hook
+        self.window_hook = hooks.window_hook
         #: Called by ``mark_sync_point()`` with the time this rank reached the collective.
-        self.on_sync_point = on_sync_point
-        self.segments = Segments(self, budget)
+        self.on_sync_point = hooks.on_sync_point
+        self.segments = Segments(self, outlet.budget)
         self.windows = Windows(self)
         self.apply_config(config)
         #: The metric instruments, read from this engine when a reader collects.

@@ -25,7 +25,7 @@ from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._host.gpu import GpuInstruments
 from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel._host.system_metrics import SystemInstruments
-from traintel._recorder.engine import TrainingEngine
+from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
 from traintel._runtime import preemption, state
 from traintel._runtime.state import Telemetry, Warnings
 from traintel._sdk.export_filter import TraceBudget
@@ -133,19 +133,17 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
 
     engine = TrainingEngine(
         config,
-        tracer,
-        ids,
-        pipeline.export_filter,
-        budget,
+        SpanOutlet(tracer, budget, ids, pipeline.export_filter, pipeline.direct_spans(tracer)),
+        EngineHooks(
+            warned.warn_once,
+            on_application_start=lambda span: _application_started(telemetry, span),
+            on_application_end=lambda span, exc: preemption.report_pending(telemetry, span, exc),
+            window_hook=window_closed,
+            on_sync_point=sync_point,
+        ),
         meters,
         open_spans,
         _world_size(pipeline.resource),
-        warned.warn_once,
-        on_application_start=lambda span: _application_started(telemetry, span),
-        on_application_end=lambda span, exc: preemption.report_pending(telemetry, span, exc),
-        window_hook=window_closed,
-        on_sync_point=sync_point,
-        direct=pipeline.direct_spans(tracer),
     )
     processor = TrainingMetricsProcessor(
         engine,

@@ -73,15 +73,20 @@ def clean_value(key: str, value: Any) -> AttributeValue | None:
         _warn_once(key, value, "converted to a Python number")
         return number
     if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
-        items = [clean_value(key, v) for v in value]
-        if all(isinstance(i, str) for i in items) or all(isinstance(i, int | float) for i in items):
-            return items  # type: ignore[return-value]
-        _warn_once(key, value, "dropped (a sequence must hold values of one primitive type)")
-        return None
+        return _clean_sequence(key, value)
     if isinstance(value, Mapping):  # every backend can show JSON; not all show nested maps
         _warn_once(key, value, "converted to a JSON string")
         return json.dumps({str(k): v for k, v in value.items()}, default=str, sort_keys=True)
     _warn_once(key, value, "dropped")
+    return None
+
+
+def _clean_sequence(key: str, value: Sequence[Any]) -> AttributeValue | None:
+    """A list of one primitive type, or None (warned once)."""
+    items = [clean_value(key, v) for v in value]
+    if all(isinstance(i, str) for i in items) or all(isinstance(i, int | float) for i in items):
+        return items  # type: ignore[return-value]
+    _warn_once(key, value, "dropped (a sequence must hold values of one primitive type)")
     return None
 
 

@@ -381,6 +381,44 @@ def _bounded(tasks: list[Callable[[], None]], timeout_s: float, what: str) -> bo
     return True
 
 
+def _export_paths(
+    plans: list[_ExporterPlan], config: TrainingConfig, resource: Resource | None, spool: bool
+) -> list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]]:
+    """A batch processor per span exporter that starts, each behind a spool (network exporters
+    built from ``OTEL_*``, when ``spool``); one that cannot start is said and left out."""
+    paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
+    for plan in plans:
+        try:
+            exporter: SpanExporter = plan.factory()
+        except Exception as exc:
+            _logger.error("traintel: traces exporter %r could not start: %s", plan.name, exc)
+            continue
+        spooler = None
+        if spool and plan.name != FILE_EXPORTER:
+            exporter = spooler = _spooling(exporter, plan.name, config, resource)
+        paths.append((CountingBatchSpanProcessor(ProcessBoundSpanExporter(exporter)), spooler))
+    return paths
+
+
+def _periodic_readers(plans: list[_ExporterPlan]) -> list[MetricReader]:
+    """A periodic reader per metric exporter that starts; network exporters' failures are
+    counted (and said at exit)."""
+    readers: list[MetricReader] = []
+    for plan in plans:
+        try:
+            exporter: MetricExporter = plan.factory()
+        except Exception as exc:
+            _logger.error("traintel: metrics exporter %r could not start: %s", plan.name, exc)
+            continue
+        bound = (
+            ProcessBoundMetricExporter(exporter)
+            if plan.name == FILE_EXPORTER
+            else CountingMetricExporter(exporter)
+        )
+        readers.append(PeriodicExportingMetricReader(bound))
+    return readers
+
+
 def build_pipeline(
     config: TrainingConfig,
     *,
@@ -442,40 +480,20 @@ def build_pipeline(
             )
         ids = ForcingIdGenerator()
         sdk_tp = OwnedTracerProvider(resource=resource, shutdown_on_exit=False, id_generator=ids)
-        exporting: list[SpanProcessor] = []
-        for plan in trace_plans:
-            try:
-                exporter: SpanExporter = plan.factory()
-            except Exception as exc:
-                _logger.error("traintel: traces exporter %r could not start: %s", plan.name, exc)
-                continue
-            spooler = None
-            if plan.name != FILE_EXPORTER and span_exporters is None:
-                exporter = spooler = _spooling(exporter, plan.name, config, resource)
-            batcher = CountingBatchSpanProcessor(ProcessBoundSpanExporter(exporter))
-            export_paths.append((batcher, spooler))
-            exporting.append(batcher)
-        export_filter = IterationExportFilter(exporting, TraceBudget())
+        spool = span_exporters is None  # exporters given by the caller are used as they are
+        export_paths = _export_paths(trace_plans, config, resource, spool)
+        export_filter = IterationExportFilter([batcher for batcher, _ in export_paths], TraceBudget())
         sdk_tp.add_traintel_processor(export_filter)
         if set_global_tp:
             trace_api.set_tracer_provider(sdk_tp)
         tp = sdk_tp
 
     if build_mp:
-        readers: list[MetricReader] = list(metric_readers or [])
-        for plan in metric_plans:
-            try:
-                metric_exporter: MetricExporter = plan.factory()
-            except Exception as exc:
-                _logger.error("traintel: metrics exporter %r could not start: %s", plan.name, exc)
-                continue
-            bound = (
-                ProcessBoundMetricExporter(metric_exporter)
-                if plan.name == FILE_EXPORTER
-                else CountingMetricExporter(metric_exporter)  # failures counted, said at exit
-            )
-            readers.append(PeriodicExportingMetricReader(bound))
-        sdk_mp = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+        sdk_mp = MeterProvider(
+            metric_readers=[*(metric_readers or []), *_periodic_readers(metric_plans)],
+            resource=resource,
+            shutdown_on_exit=False,
+        )
         if set_global_mp:
             metrics_api.set_meter_provider(sdk_mp)
         mp = sdk_mp

@@ -34,7 +34,7 @@ import itertools
 import math
 import os
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,24 +292,33 @@ def load_jobs(paths: Iterable[str | os.PathLike[str]], stats: ReadStats | None =
         return found
 
     for request in read_requests(paths, stats):
-        if isinstance(request, ExportTraceServiceRequest):
-            for resource_spans in request.resource_spans:
-                process = process_of(attributes_dict(resource_spans.resource.attributes))
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        _add_span(process, span)
-        elif isinstance(request, ExportMetricsServiceRequest):
-            for resource_metrics in request.resource_metrics:
-                process = process_of(attributes_dict(resource_metrics.resource.attributes))
-                for scope_metrics in resource_metrics.scope_metrics:
-                    for metric in scope_metrics.metrics:
-                        kind = metric.WhichOneof("data")
-                        if kind is None:
-                            continue
+        _add_request(request, process_of)
+    return _group_jobs(processes.values())
+
+
+def _add_request(request: Any, process_of: Callable[[dict[str, Any]], _Process]) -> None:
+    """One export request's spans (and its metric points' times) into their processes."""
+    if isinstance(request, ExportTraceServiceRequest):
+        for resource_spans in request.resource_spans:
+            process = process_of(attributes_dict(resource_spans.resource.attributes))
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    _add_span(process, span)
+    elif isinstance(request, ExportMetricsServiceRequest):
+        for resource_metrics in request.resource_metrics:
+            process = process_of(attributes_dict(resource_metrics.resource.attributes))
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    kind = metric.WhichOneof("data")
+                    if kind is not None:
                         for point in getattr(metric, kind).data_points:
                             process.see(0, point.time_unix_nano)
+
+
+def _group_jobs(processes: Iterable[_Process]) -> list[Job]:
+    """Processes with a timeline, grouped into jobs by session, run id and restart count."""
     jobs: dict[tuple[str, str, int], Job] = {}
-    for process in processes.values():
+    for process in processes:
         if process.start_ns == 2**63:
             continue  # metrics only: no timeline
         _resolve_data_loading(process)
@@ -398,16 +407,9 @@ def _job_timeline(
     ``badput``; returns the productive seconds and the window-prorated seconds by category."""
     windows = [w for w in process.windows if w.end_ns > job_start and w.start_ns < job_end]
     phases = sorted(p for p in process.phases if p[1] > job_start and p[0] < job_end)
-    points = {job_start, job_end}
-    for start, end, _ in phases:
-        points.update((max(start, job_start), min(end, job_end)))
     for w in windows:
         w.free_total = w.free_in = 0
-        points.update((max(w.start_ns, job_start), min(w.end_ns, job_end)))
-    for edge in (a, b):
-        if job_start < edge < job_end:
-            points.add(edge)
-    ordered = sorted(points)
+    ordered = _edges(job_start, job_end, (a, b), [(s, e) for s, e, _ in phases], windows)
     # open phases, the innermost (latest start; then shortest) first: (-start, end, order, category)
     active: list[tuple[int, int, int, str]] = []
     next_phase = 0
@@ -435,6 +437,30 @@ def _job_timeline(
                 window.free_in += length
         elif inside:
             badput["other"] = badput.get("other", 0) + length
+    return _prorate(windows)
+
+
+def _edges(
+    job_start: int,
+    job_end: int,
+    cuts: tuple[int, int],
+    phases: list[tuple[int, int]],
+    windows: list[_Window],
+) -> list[int]:
+    """Every time in [job_start, job_end] where what covers the timeline may change: the job's
+    ends, the interval's ends inside it, each phase's and window's ends (clipped), ascending."""
+    points = {job_start, job_end}
+    points.update(edge for edge in cuts if job_start < edge < job_end)
+    for start, end in phases:
+        points.update((max(start, job_start), min(end, job_end)))
+    for w in windows:
+        points.update((max(w.start_ns, job_start), min(w.end_ns, job_end)))
+    return sorted(points)
+
+
+def _prorate(windows: list[_Window]) -> tuple[float, dict[str, float]]:
+    """Each window's productive time and badput in the share of its free time that lay inside
+    the interval (set by the sweep): the productive seconds and the seconds by category."""
     productive = 0.0
     prorated: dict[str, float] = defaultdict(float)
     for w in windows:

@@ -24,6 +24,7 @@ from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.analysis.ranks import CrossRankTable
 from traintel.analysis.summary import RunSummary, phase_rows, self_telemetry_points
 from traintel.exporters.reader import (
+    EventRecord,
     ReadStats,
     SpanRecord,
     expand_paths,
@@ -279,6 +280,21 @@ class Report:
             process = self.processes[key] = Process(key, label, rank)
         return process
 
+    def _add_event(self, process: Process, event: EventRecord) -> None:
+        """A span event: the rank tables see them all; window metrics join the process's
+        series; warnings are counted, the first ones kept with their details."""
+        self.ranks.add_event(process.key.rsplit("/", 1)[0], process.rank, event.name, event.attributes)
+        if event.name == semconv.Event.TRAINING_METRICS_UPDATE.value:
+            point = window_point(event.time_ns, event.attributes)
+            if point is not None:
+                process.series.add(point)
+        elif event.name in WARNING_EVENTS:
+            self.warnings[event.name] = self.warnings.get(event.name, 0) + 1
+            if len(self.warning_details) < WARNING_DETAILS:
+                detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
+                detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
+                self.warning_details.append(detail)
+
     def add_span(self, span: SpanRecord) -> None:
         self.summary.add(span)
         process = self.process_of(span.resource)
@@ -286,19 +302,8 @@ class Report:
             self.perf_tags.add(str(span.resource[semconv.PERF_TAG]))
         process.first_ns = min(process.first_ns or span.start_ns, span.start_ns)
         process.last_ns = max(process.last_ns, span.end_ns)
-        job = process.key.rsplit("/", 1)[0]
         for event in span.events:
-            self.ranks.add_event(job, process.rank, event.name, event.attributes)
-            if event.name == semconv.Event.TRAINING_METRICS_UPDATE.value:
-                point = window_point(event.time_ns, event.attributes)
-                if point is not None:
-                    process.series.add(point)
-            elif event.name in WARNING_EVENTS:
-                self.warnings[event.name] = self.warnings.get(event.name, 0) + 1
-                if len(self.warning_details) < WARNING_DETAILS:
-                    detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
-                    detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
-                    self.warning_details.append(detail)
+            self._add_event(process, event)
         if span.name == semconv.TRAINING_WINDOW_SPAN:
             point = window_span_point(span)
             if point is not None:

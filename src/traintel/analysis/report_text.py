@@ -64,10 +64,22 @@ def _table(title: str, *columns: str) -> Table:
 
 
 def renderables(report: Report) -> list[RenderableType]:
-    s = report.summary
-    value = s.summary_value
-    out: list[RenderableType] = []
+    """The report's tables, in reading order; sections with nothing to show are left out."""
+    sections = (
+        _run_table(report),
+        _phase_table(report),
+        _throughput_table(report),
+        _checkpoint_table(report),
+        *_goodput_tables(report),
+        _slowest_table(report),
+        _ranks_table(report),
+        _warnings_table(report),
+    )
+    return [section for section in sections if section is not None]
 
+
+def _run_table(report: Report) -> Table:
+    s = report.summary
     ident = _table("Run", "", "")
     ident.add_row("service", ", ".join(sorted(s.services)) or "-")
     ident.add_row("run id", ", ".join(sorted(s.run_ids)) or "-")
@@ -81,10 +93,12 @@ def renderables(report: Report) -> list[RenderableType]:
             Text("skipped", style="yellow"),
             Text(f"{report.stats.skipped} line(s): {'; '.join(report.stats.reasons[:3])}", style="yellow"),
         )
-    out.append(ident)
+    return ident
 
+
+def _phase_table(report: Report) -> Table:
     phases = _table("Wall time by phase", "phase", "count", "total", "mean", "max", "share", "", "errors")
-    for row in phase_rows(s):
+    for row in phase_rows(report.summary):
         phases.add_row(
             row.phase,
             fmt_num(row.count),
@@ -95,8 +109,12 @@ def renderables(report: Report) -> list[RenderableType]:
             bar(row.share or 0.0, 16),
             Text(str(row.errors), style="red") if row.errors else "",
         )
-    out.append(phases)
+    return phases
 
+
+def _throughput_table(report: Report) -> Table:
+    s = report.summary
+    value = s.summary_value
     perf = _table("Iterations and throughput (after warm-up)", "", "")
     count = value("iterations") if value("iterations") is not None else s.window_iterations
     perf.add_row("iterations", fmt_num(count))
@@ -110,22 +128,28 @@ def renderables(report: Report) -> list[RenderableType]:
     perf.add_row("MFU", fmt_pct(mfu) if mfu is not None else "- (no peak FLOPs for this device)")
     if hfu is not None:
         perf.add_row("HFU", fmt_pct(hfu))
-    out.append(perf)
+    return perf
 
-    if report.saves or report.stage_s:
-        data = report.as_dict()["checkpoints"]
-        ckpt = _table("Checkpoints (blocking time)", "", "")
-        ckpt.add_row("saves", fmt_num(data["saves"]))
-        ckpt.add_row("total", fmt_s(data["save_time_total_s"]))
-        ckpt.add_row("mean", fmt_s(data["save_time_mean_s"]))
-        ckpt.add_row("max", fmt_s(data["save_time_max_s"]))
-        if data["bytes_total"]:
-            ckpt.add_row("bytes written", f"{data['bytes_total'] / 1e6:,.2f} MB")
-        ckpt.add_row("loads", fmt_num(data["loads"]))
-        for stage, seconds in sorted(report.stage_s.items()):
-            ckpt.add_row(f"stage {stage}", fmt_s(seconds))
-        out.append(ckpt)
 
+def _checkpoint_table(report: Report) -> Table | None:
+    if not (report.saves or report.stage_s):
+        return None
+    data = report.as_dict()["checkpoints"]
+    ckpt = _table("Checkpoints (blocking time)", "", "")
+    ckpt.add_row("saves", fmt_num(data["saves"]))
+    ckpt.add_row("total", fmt_s(data["save_time_total_s"]))
+    ckpt.add_row("mean", fmt_s(data["save_time_mean_s"]))
+    ckpt.add_row("max", fmt_s(data["save_time_max_s"]))
+    if data["bytes_total"]:
+        ckpt.add_row("bytes written", f"{data['bytes_total'] / 1e6:,.2f} MB")
+    ckpt.add_row("loads", fmt_num(data["loads"]))
+    for stage, seconds in sorted(report.stage_s.items()):
+        ckpt.add_row(f"stage {stage}", fmt_s(seconds))
+    return ckpt
+
+
+def _goodput_tables(report: Report) -> list[Table]:
+    tables = []
     for session in report.goodput:
         tags = ", ".join(t for t in session.perf_tags if t)
         title = f"Goodput · session {session.session or '-'}" + (f" · perf tag {tags}" if tags else "")
@@ -142,44 +166,53 @@ def renderables(report: Report) -> list[RenderableType]:
                 share = session.badput(category)
                 table.add_row(category, fmt_s(seconds), fmt_pct(share), Text(bar(share), style="red"))
         table.add_row("total", fmt_s(session.total_s), "100.0%", "")
-        out.append(table)
+        tables.append(table)
+    return tables
 
-    if s.slowest:
-        slow = _table(
-            "Slowest exported iterations (open in Jaeger/Tempo by id)",
-            "iteration",
-            "time",
-            "trace id",
-            "span id",
-        )
-        for seconds, trace_id, span_id, iteration in sorted(s.slowest, reverse=True):
-            slow.add_row(str(iteration), fmt_s(seconds), trace_id, span_id)
-        out.append(slow)
 
+def _slowest_table(report: Report) -> Table | None:
+    if not report.summary.slowest:
+        return None
+    slow = _table(
+        "Slowest exported iterations (open in Jaeger/Tempo by id)",
+        "iteration",
+        "time",
+        "trace id",
+        "span id",
+    )
+    for seconds, trace_id, span_id, iteration in sorted(report.summary.slowest, reverse=True):
+        slow.add_row(str(iteration), fmt_s(seconds), trace_id, span_id)
+    return slow
+
+
+def _ranks_table(report: Report) -> Table | None:
     cross = report.ranks.rows()
-    if cross:
-        ranks = _table(
-            "Across ranks, per window (p99 and top-k: --json)",
-            "window",
-            "ranks",
-            "iteration min · median · max",
-            "compute before sync min · median · max",
-            "straggler",
+    if not cross:
+        return None
+    ranks = _table(
+        "Across ranks, per window (p99 and top-k: --json)",
+        "window",
+        "ranks",
+        "iteration min · median · max",
+        "compute before sync min · median · max",
+        "straggler",
+    )
+    for window in cross[-20:]:
+        spans = [
+            " · ".join(fmt_s(stats.get(k)) for k in ("min", "median", "max")) if stats else "-"
+            for stats in (window["iteration_time"], window["compute_time"])
+        ]
+        straggler = window["straggler_rank"]
+        ranks.add_row(
+            f"{window['window']} (it. {window['first_iteration']}-{window['last_iteration']})",
+            str(window["ranks"]),
+            *spans,
+            Text(f"rank {straggler}", style="yellow") if straggler is not None else "",
         )
-        for window in cross[-20:]:
-            spans = [
-                " · ".join(fmt_s(stats.get(k)) for k in ("min", "median", "max")) if stats else "-"
-                for stats in (window["iteration_time"], window["compute_time"])
-            ]
-            straggler = window["straggler_rank"]
-            ranks.add_row(
-                f"{window['window']} (it. {window['first_iteration']}-{window['last_iteration']})",
-                str(window["ranks"]),
-                *spans,
-                Text(f"rank {straggler}", style="yellow") if straggler is not None else "",
-            )
-        out.append(ranks)
+    return ranks
 
+
+def _warnings_table(report: Report) -> Table:
     notes = _table("Warnings", "", "")
     for name, n in sorted(report.warnings.items()):
         notes.add_row(Text(name, style="yellow"), fmt_num(n))
@@ -190,8 +223,7 @@ def renderables(report: Report) -> list[RenderableType]:
         notes.add_row(Text("unreadable lines skipped", style="yellow"), fmt_num(report.stats.skipped))
     if notes.row_count == 0:
         notes.add_row("none", "")
-    out.append(notes)
-    return out
+    return notes
 
 
 def render_text(report: Report, width: int = 110, color: bool = False) -> str:

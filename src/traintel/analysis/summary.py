@@ -286,39 +286,64 @@ def phase_rows(summary: RunSummary) -> list[PhaseRow]:
 
 def render(summary: RunSummary) -> str:
     """The summary as plain text for a terminal."""
-    lines: list[str] = []
+    return "\n".join(
+        [
+            *_run_lines(summary),
+            *_phase_lines(summary),
+            *_iteration_lines(summary),
+            *_rate_lines(summary),
+            *_model_metric_lines(summary),
+            *_export_lines(summary),
+            *_telemetry_lines(summary),
+        ]
+    )
+
+
+def _run_lines(summary: RunSummary) -> list[str]:
     ident = [
         f"service {', '.join(sorted(summary.services)) or '-'}",
         f"run {', '.join(sorted(summary.run_ids)) or '-'}",
         f"ranks {sorted(summary.ranks) or '-'}",
         f"host {', '.join(sorted(summary.hosts)) or '-'}",
     ]
-    lines.append("Run: " + " | ".join(ident))
-    lines.append(f"Spans read: {summary.spans} from {summary.stats.files} file(s)")
+    lines = ["Run: " + " | ".join(ident), f"Spans read: {summary.spans} from {summary.stats.files} file(s)"]
     if summary.stats.skipped:
         lines.append(f"Skipped lines: {summary.stats.skipped} ({'; '.join(summary.stats.reasons[:3])})")
-    lines.append("")
+    return lines
+
+
+def _phase_lines(summary: RunSummary) -> list[str]:
     header = f"{'phase':<22}{'count':>8}{'total':>12}{'mean':>12}{'max':>12}{'share':>8}{'errors':>8}"
-    lines.append(header)
-    lines.append("-" * len(header))
+    lines = ["", header, "-" * len(header)]
     for row in phase_rows(summary):
         share = f"{100 * row.share:.1f}%" if row.share is not None else ""
         lines.append(_row(row.phase, row.count, row.total_s, row.mean_s, row.max_s, share, row.errors))
-    n = summary.window_iterations
+    return lines
 
+
+def _iteration_lines(summary: RunSummary) -> list[str]:
     value = summary.summary_value
     iterations = value("iterations")
-    if iterations is not None or n:
-        lines.append("")
-        lines.append(
-            f"Iterations: {iterations if iterations is not None else n}  "
-            f"mean {_fmt_s(value('iteration_time.mean'))}  p50 {_fmt_s(value('iteration_time.p50'))}  "
-            f"p90 {_fmt_s(value('iteration_time.p90'))}  p99 {_fmt_s(value('iteration_time.p99'))}"
-            "  (after warm-up)"
-        )
-        first = value("first_iteration_time")
-        if first is not None:
-            lines.append(f"First iteration: {_fmt_s(first)}")
+    n = summary.window_iterations
+    if iterations is None and not n:
+        return []
+    lines = [
+        "",
+        f"Iterations: {iterations if iterations is not None else n}  "
+        f"mean {_fmt_s(value('iteration_time.mean'))}  p50 {_fmt_s(value('iteration_time.p50'))}  "
+        f"p90 {_fmt_s(value('iteration_time.p90'))}  p99 {_fmt_s(value('iteration_time.p99'))}"
+        "  (after warm-up)",
+    ]
+    first = value("first_iteration_time")
+    if first is not None:
+        lines.append(f"First iteration: {_fmt_s(first)}")
+    return lines
+
+
+def _rate_lines(summary: RunSummary) -> list[str]:
+    """Throughput, compute and checkpoint cost, where the run has them."""
+    value = summary.summary_value
+    lines = []
     samples_per_second = value("samples_per_second")
     if samples_per_second is not None:
         lines.append(f"Throughput: {samples_per_second:,.1f} samples/s (job)")
@@ -334,28 +359,34 @@ def render(summary: RunSummary) -> str:
         )
     saves = value("checkpoint.saves")
     if saves:
+        megabytes = value("checkpoint.bytes.total")
         lines.append(
             f"Checkpoints: {saves} saves, {_fmt_s(value('checkpoint.save_time.total'))} blocking in total, "
             f"mean {_fmt_s(value('checkpoint.save_time.mean'))}, "
             f"max {_fmt_s(value('checkpoint.save_time.max'))}"
-            + (
-                f", {value('checkpoint.bytes.total') / 1e6:,.2f} MB"
-                if value("checkpoint.bytes.total")
-                else ""
-            )
+            + (f", {megabytes / 1e6:,.2f} MB" if megabytes else "")
         )
+    return lines
+
+
+def _model_metric_lines(summary: RunSummary) -> list[str]:
     metrics: dict[str, dict[str, Any]] = {}
     for key, metric_value in summary.last_window.items():
         if key.startswith(_W + "metric."):
             name, _, statistic = key[len(_W + "metric.") :].rpartition(".")
             metrics.setdefault(name, {})[statistic] = metric_value
-    if metrics:
-        shown = "; ".join(
-            f"{name} "
-            + ", ".join(f"{stat} {_fmt_number(v)}" for stat, v in sorted(stats.items(), reverse=True))
-            for name, stats in sorted(metrics.items())
-        )
-        lines.append(f"Last window's model metrics: {shown}")
+    if not metrics:
+        return []
+    shown = "; ".join(
+        f"{name} " + ", ".join(f"{stat} {_fmt_number(v)}" for stat, v in sorted(stats.items(), reverse=True))
+        for name, stats in sorted(metrics.items())
+    )
+    return [f"Last window's model metrics: {shown}"]
+
+
+def _export_lines(summary: RunSummary) -> list[str]:
+    """Which iterations were exported as spans, the slowest of them, and the notable events."""
+    lines = []
     if summary.exported_iterations:
         reasons = ", ".join(
             f"{reason} {count}" for reason, count in sorted(summary.exported_iterations.items())
@@ -374,6 +405,12 @@ def render(summary: RunSummary) -> str:
     }
     if notable:
         lines.append("Events: " + ", ".join(f"{k} x{v}" for k, v in sorted(notable.items())))
+    return lines
+
+
+def _telemetry_lines(summary: RunSummary) -> list[str]:
+    """What the telemetry itself lost or has not delivered yet."""
+    lines = []
     losses = {name: value for name, value in summary.self_telemetry.items() if value and is_loss(name)}
     if losses:
         lines.append(
@@ -382,4 +419,4 @@ def render(summary: RunSummary) -> str:
     spooled = summary.self_telemetry.get(semconv.METRIC_SPOOL_SIZE)
     if spooled:
         lines.append(f"Telemetry not yet delivered: {spooled:,.0f} bytes in the spool (traintel replay DIR)")
-    return "\n".join(lines)
+    return lines

@@ -175,125 +175,123 @@ def _wrap(trainer: Any, name: str, make: Callable[[Callable[..., Any]], Callable
         setattr(trainer, name, make(original))
 
 
-def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -> TraintelCallback:
-    """Add a :class:`TraintelCallback` to ``trainer`` and wrap its methods (instance only).
-    Returns the callback. Calling it twice on one trainer does nothing the second time."""
-    existing = getattr(trainer, "_traintel_callback", None)
-    if isinstance(existing, TraintelCallback):
-        return existing
-    cb = callback or TraintelCallback()
-    trainer.add_callback(cb)
-    trainer._traintel_callback = cb
-    driver = cb.driver
+class _TrainerWrappers:
+    """What ``instrument_trainer`` wraps a trainer's methods with: each method takes the
+    original and returns its wrapper."""
 
-    def open_application() -> bool:
+    def __init__(self, trainer: Any, cb: TraintelCallback) -> None:
+        self.trainer = trainer
+        self.cb = cb
+        self.driver = cb.driver
+
+    def open_application(self) -> bool:
         """Open an ``application`` unless one is open already; whether this opened it."""
         telemetry = _state.current()
         if not telemetry.enabled or telemetry.find_open_phase(_APP) is not None:
             return False
-        driver.open(_APP, phases.application())
-        return driver.is_open(_APP)
+        self.driver.open(_APP, phases.application())
+        return self.driver.is_open(_APP)
 
-    def train(original: Callable[..., Any]) -> Callable[..., Any]:
+    def train(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            open_application()
+            self.open_application()
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
-                driver.fail(exc)
+                self.driver.fail(exc)
                 raise
-            driver.close_all()
+            self.driver.close_all()
             return result
 
         return wrapper
 
-    def get_batch_samples(original: Callable[..., Any]) -> Callable[..., Any]:
+    def get_batch_samples(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             start = now_ns()
             result = original(*args, **kwargs)
-            if driver.is_open(_LOOP):
-                cb.open_iteration(start)
-                driver.open(_DATA, phases.data_loading(), start)
-                driver.close(_DATA)
+            if self.driver.is_open(_LOOP):
+                self.cb.open_iteration(start)
+                self.driver.open(_DATA, phases.data_loading(), start)
+                self.driver.close(_DATA)
             return result
 
         return wrapper
 
-    def compute_loss(original: Callable[..., Any]) -> Callable[..., Any]:
+    def compute_loss(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not driver.is_open(_ITERATION):  # evaluation also computes losses
+            if not self.driver.is_open(_ITERATION):  # evaluation also computes losses
                 return original(*args, **kwargs)
-            driver.open(_FORWARD, phases.model_forward())
+            self.driver.open(_FORWARD, phases.model_forward())
             result = original(*args, **kwargs)
-            cb.flops.forward_done()
-            driver.close(_FORWARD)
-            driver.open(_BACKWARD, phases.model_backward())  # ends with training_step
+            self.cb.flops.forward_done()
+            self.driver.close(_FORWARD)
+            self.driver.open(_BACKWARD, phases.model_backward())  # ends with training_step
             return result
 
         return wrapper
 
-    def training_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    def training_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-            if not driver.is_open(_ITERATION):
+            if not self.driver.is_open(_ITERATION):
                 return original(model, inputs, *args, **kwargs)
             try:
                 record_batch(samples=batch_size(inputs))
                 tokens = _tokens(inputs)
                 if tokens is not None:
-                    cb.pending_tokens.append(tokens)
+                    self.cb.pending_tokens.append(tokens)
             except Exception:
                 _state.current().warn_once("transformers:batch", "transformers: could not count a batch")
-            if not cb.flops.start():
+            if not self.cb.flops.start():
                 loss = original(model, inputs, *args, **kwargs)
             else:
                 try:
                     loss = original(model, inputs, *args, **kwargs)
                 except BaseException:
-                    cb.flops.abort()
+                    self.cb.flops.abort()
                     raise
-                if not cb.flops.finish(batch_size(inputs)):
-                    cb.formula_flops(model, inputs)
-            driver.close(_BACKWARD)
-            if cb.record_loss and loss is not None:
-                cb.pending_losses.append(loss.detach() if hasattr(loss, "detach") else loss)
+                if not self.cb.flops.finish(batch_size(inputs)):
+                    self.cb.formula_flops(model, inputs)
+            self.driver.close(_BACKWARD)
+            if self.cb.record_loss and loss is not None:
+                self.cb.pending_losses.append(loss.detach() if hasattr(loss, "detach") else loss)
             return loss
 
         return wrapper
 
-    def eval_loop(key: str, template: Callable[[], PhaseSpan]) -> Callable[..., Any]:
+    def eval_loop(self, key: str, template: Callable[[], PhaseSpan]) -> Callable[..., Any]:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                if driver.is_open(_VALIDATION) or driver.is_open(_TESTING):
+                if self.driver.is_open(_VALIDATION) or self.driver.is_open(_TESTING):
                     return original(*args, **kwargs)
                 # a standalone evaluate/predict is an application of its own, as Lightning's
-                # trainer.validate/test are; inside train() it is part of train's
-                own_application = open_application()
-                driver.open(key, template())
+                # self.trainer.validate/test are; inside train() it is part of train's
+                own_application = self.open_application()
+                self.driver.open(key, template())
                 try:
                     result = original(*args, **kwargs)
                 except BaseException as exc:
-                    driver.close(key, None, exc)
+                    self.driver.close(key, None, exc)
                     if own_application:
-                        driver.close(_APP, None, exc)
+                        self.driver.close(_APP, None, exc)
                     raise
-                driver.close(key)
+                self.driver.close(key)
                 if own_application:
-                    driver.close(_APP)
+                    self.driver.close(_APP)
                 return result
 
             return wrapper
 
         return make
 
-    def prediction_step(original: Callable[..., Any]) -> Callable[..., Any]:
+    def prediction_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-            if driver.is_open(_TESTING):
+            if self.driver.is_open(_TESTING):
                 iteration = phases.testing_iteration(samples=batch_size(inputs))
             else:
                 iteration = phases.validation_iteration(samples=batch_size(inputs))
@@ -302,13 +300,13 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
 
         return wrapper
 
-    def save_checkpoint(original: Callable[..., Any]) -> Callable[..., Any]:
+    def save_checkpoint(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(model: Any, trial: Any = None, *args: Any, **kwargs: Any) -> Any:
             path: str | None = None
             try:
                 path = os.path.join(
-                    trainer._get_output_dir(trial=trial), f"checkpoint-{trainer.state.global_step}"
+                    self.trainer._get_output_dir(trial=trial), f"checkpoint-{self.trainer.state.global_step}"
                 )
             except Exception:
                 path = None
@@ -318,7 +316,7 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
 
         return wrapper
 
-    def load_checkpoint(original: Callable[..., Any]) -> Callable[..., Any]:
+    def load_checkpoint(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(resume_from_checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
             attributes = {semconv.INTEGRATION: semconv.INTEGRATION_TRANSFORMERS}
@@ -327,15 +325,26 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
 
         return wrapper
 
-    _wrap(trainer, "train", train)
-    _wrap(trainer, "get_batch_samples", get_batch_samples)
-    _wrap(trainer, "compute_loss", compute_loss)
-    _wrap(trainer, "training_step", training_step)
-    _wrap(trainer, "prediction_step", prediction_step)
-    _wrap(trainer, "evaluate", eval_loop(_VALIDATION, phases.validation_loop))
-    _wrap(trainer, "predict", eval_loop(_TESTING, phases.testing_loop))
-    _wrap(trainer, "_save_checkpoint", save_checkpoint)
-    _wrap(trainer, "_load_from_checkpoint", load_checkpoint)
+
+def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -> TraintelCallback:
+    """Add a :class:`TraintelCallback` to ``trainer`` and wrap its methods (instance only).
+    Returns the callback. Calling it twice on one trainer does nothing the second time."""
+    existing = getattr(trainer, "_traintel_callback", None)
+    if isinstance(existing, TraintelCallback):
+        return existing
+    cb = callback or TraintelCallback()
+    trainer.add_callback(cb)
+    trainer._traintel_callback = cb
+    wrap = _TrainerWrappers(trainer, cb)
+    _wrap(trainer, "train", wrap.train)
+    _wrap(trainer, "get_batch_samples", wrap.get_batch_samples)
+    _wrap(trainer, "compute_loss", wrap.compute_loss)
+    _wrap(trainer, "training_step", wrap.training_step)
+    _wrap(trainer, "prediction_step", wrap.prediction_step)
+    _wrap(trainer, "evaluate", wrap.eval_loop(_VALIDATION, phases.validation_loop))
+    _wrap(trainer, "predict", wrap.eval_loop(_TESTING, phases.testing_loop))
+    _wrap(trainer, "_save_checkpoint", wrap.save_checkpoint)
+    _wrap(trainer, "_load_from_checkpoint", wrap.load_checkpoint)
     return cb
 
 
