@@ -13,10 +13,10 @@ import torch
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, visible to mypy
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+from traintel.distributed.sync import mark_sync_point
+
 
 def register(model: Any, hook: Any = None, state: Any = None) -> Any:
-    from traintel.distributed import mark_sync_point
-
     inner = allreduce_hook if hook is None else hook
 
     def stamped(hook_state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
