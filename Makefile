@@ -8,7 +8,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.traintel-installed
 CODE := src tests examples benchmarks
 
-.PHONY: demo test lint typecheck pytest bench venv clean
+# The lowest OpenTelemetry release pyproject.toml allows, with the contrib packages of the same
+# release: `make test-sdk-floor` runs the suite against it in a virtualenv of its own (CI runs
+# both ends of the range: `make test` resolves the newest).
+OTEL_FLOOR ?= 1.40.0
+OTEL_FLOOR_CONTRIB ?= 0.61b0
+FLOOR_VENV ?= .venv-sdk-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.traintel-installed
+OTEL_FLOOR_PINS := $(foreach p,api sdk proto exporter-otlp exporter-otlp-proto-common \
+	exporter-otlp-proto-grpc exporter-otlp-proto-http,opentelemetry-$(p)==$(OTEL_FLOOR)) \
+	$(foreach p,semantic-conventions instrumentation distro,opentelemetry-$(p)==$(OTEL_FLOOR_CONTRIB))
+
+.PHONY: demo test test-sdk-floor lint typecheck pytest bench venv clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,8 +45,19 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+$(FLOOR_STAMP): pyproject.toml Makefile
+	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test]" $(OTEL_FLOOR_PINS)
+	$(FLOOR_VENV)/bin/python -c "import opentelemetry.sdk.version as v; assert v.__version__ == '$(OTEL_FLOOR)', v.__version__"
+	touch $@
+
+test-sdk-floor: $(FLOOR_STAMP)
+	$(FLOOR_VENV)/bin/python -m pytest -q
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_phase_overhead.py
 
 clean:
-	rm -rf $(VENV) traintel-runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLOOR_VENV) traintel-runs .pytest_cache .mypy_cache .ruff_cache
