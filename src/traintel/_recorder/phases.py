@@ -331,7 +331,6 @@ class IterationPhase(PhaseSpan):
             if device is not None:
                 device.started(self._name, record.iteration)
             body = record.context = with_span(record, context)
-            self._span = record
             self._token = attach(body)
             self._thread = engine.active_thread  # begin_iteration's thread: this one
             return record
@@ -354,7 +353,6 @@ class IterationPhase(PhaseSpan):
         try:
             end = end_ns or _time_ns()
             self._record = self._token = None
-            self._span = _INVALID_SPAN
             if self._thread == _get_ident():
                 detach(token)
             else:

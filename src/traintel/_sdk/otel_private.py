@@ -50,7 +50,6 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcess
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
-from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
@@ -337,9 +336,7 @@ class SpanWriter:
             context=context,
             parent=parent,
             resource=self._resource,
-            attributes=bounded,
-            events=BoundedList(limits.max_events),
-            links=BoundedList(limits.max_links),
+            attributes=bounded,  # events and links: the defaults, none (as the SDK's span without any)
             kind=trace_api.SpanKind.INTERNAL,
             status=_UNSET_STATUS,
             start_time=start_ns,
