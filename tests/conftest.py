@@ -20,10 +20,15 @@ from traintel._runtime import state as _state
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No test sees the developer's OTEL_* / TRAINTEL_* settings or another test's runtime."""
+    """No test sees the developer's OTEL_* / TRAINTEL_* settings or another test's runtime.
+
+    The suite's loops last milliseconds, so windows close every N iterations without the
+    default floor in time (its tests set their own); child processes inherit that too.
+    """
     for name in list(os.environ):
         if name.startswith(("OTEL_", "TRAINTEL_")):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("TRAINTEL_WINDOW_MIN_SECONDS", "0")
     _state.shutdown(0.5)
     yield
     _state.shutdown(0.5)

@@ -140,6 +140,8 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     ),
     _Field("peak_flops", ev.TRAINTEL_PEAK_FLOPS, _positive_number, None, "dense peak FLOP/s per device"),
     _Field("log_every_n_iterations", ev.TRAINTEL_LOG_EVERY_N_ITERATIONS, _positive_int, 50, "window size"),
+    _Field("window_min_seconds", ev.TRAINTEL_WINDOW_MIN_SECONDS, _non_negative_number, 10.0, "min window s"),
+    _Field("log_every_n_seconds", ev.TRAINTEL_LOG_EVERY_N_SECONDS, _positive_number, 60.0, "max window s"),
     _Field("output_dir", ev.TRAINTEL_OUTPUT_DIR, _non_empty_str, "traintel-runs", "embedded file dir"),
     _Field("shutdown_timeout", ev.TRAINTEL_SHUTDOWN_TIMEOUT, _non_negative_number, 5.0, "exit bound, s"),
     _Field("warmup_iterations", ev.TRAINTEL_WARMUP_ITERATIONS, _non_negative_int, 1, "left out of totals"),
@@ -194,7 +196,8 @@ _EAGER: Final = frozenset(
         "export_first_iterations", "export_every_n_iterations", "slow_iteration_factor",
         "segment_iterations", "segment_seconds", "max_spans_per_trace", "max_bytes_per_trace",
         "spool_dir", "spool_max_bytes", "spool_retry_interval",
-        "log_every_n_iterations", "warmup_iterations", "cuda_event_timing", "nvtx",
+        "log_every_n_iterations", "window_min_seconds", "log_every_n_seconds", "warmup_iterations",
+        "cuda_event_timing", "nvtx",
     }
 )  # fmt: skip
 

@@ -90,8 +90,34 @@ TRAINTEL_LOG_EVERY_N_ITERATIONS: Final = "TRAINTEL_LOG_EVERY_N_ITERATIONS"
 """
 .. envvar:: TRAINTEL_LOG_EVERY_N_ITERATIONS
 
-Size of the tumbling window (in training iterations) after which a
-``training_metrics_update`` event is emitted (positive integer). Default: 50.
+The fewest training iterations in a window (positive integer): a window closes, with its
+``training_metrics_update`` event and its goodput record, after this many iterations once it
+also spans :envvar:`TRAINTEL_WINDOW_MIN_SECONDS`, or after
+:envvar:`TRAINTEL_LOG_EVERY_N_SECONDS` whatever its count. Default: 50.
+"""
+
+TRAINTEL_WINDOW_MIN_SECONDS: Final = "TRAINTEL_WINDOW_MIN_SECONDS"
+"""
+.. envvar:: TRAINTEL_WINDOW_MIN_SECONDS
+
+The shortest window in seconds (non-negative number; at most
+:envvar:`TRAINTEL_LOG_EVERY_N_SECONDS`): a fast loop's windows grow past
+:envvar:`TRAINTEL_LOG_EVERY_N_ITERATIONS` until they span this long, which bounds the records
+exported per hour and the time spent closing windows. ``0`` closes every N iterations. In a job
+of several ranks the ranks agree on each window's iterations from the slowest rank's pace two
+windows earlier (needs the cross-rank exchange; with ``TRAINTEL_CROSS_RANK=off`` windows are N
+iterations). Default: 10.
+"""
+
+TRAINTEL_LOG_EVERY_N_SECONDS: Final = "TRAINTEL_LOG_EVERY_N_SECONDS"
+"""
+.. envvar:: TRAINTEL_LOG_EVERY_N_SECONDS
+
+The longest window in seconds (positive number): a window closes once its iterations span this
+long, even before :envvar:`TRAINTEL_LOG_EVERY_N_ITERATIONS` of them. A killed job's accounting
+loses at most this much training time plus the export delay of its last window record (on one
+process; in a job of several ranks the agreed size is predicted from the pace two windows
+earlier). Default: 60.
 """
 
 TRAINTEL_OUTPUT_DIR: Final = "TRAINTEL_OUTPUT_DIR"
@@ -305,6 +331,8 @@ ALL: Final = (
     TRAINTEL_EXECUTED_FLOPS_PER_SAMPLE,
     TRAINTEL_PEAK_FLOPS,
     TRAINTEL_LOG_EVERY_N_ITERATIONS,
+    TRAINTEL_WINDOW_MIN_SECONDS,
+    TRAINTEL_LOG_EVERY_N_SECONDS,
     TRAINTEL_OUTPUT_DIR,
     TRAINTEL_SHUTDOWN_TIMEOUT,
     TRAINTEL_WARMUP_ITERATIONS,

@@ -7,7 +7,8 @@ Definitions (the README repeats them):
 
 * An iteration is one optimizer step. Its samples, tokens, padding tokens and FLOPs are this
   rank's work in that step (micro-batches summed), never cumulative counters.
-* Window = ``log_every_n_iterations`` consecutive iterations (tumbling). Totals = every
+* Window = consecutive iterations (tumbling; when one closes is the recorder's choice, at most
+  MAX_WINDOW_ITERATIONS unless ``log_every_n_iterations`` asks for more). Totals = every
   iteration after the first ``warmup_iterations`` of the job.
 * per-device samples/s = Σ samples / Σ duration of the iterations that reported samples;
   job samples/s = per-device × world size (assumes balanced ranks; stated in
@@ -27,6 +28,11 @@ from itertools import repeat
 
 from traintel import semconv
 from traintel._aggregation.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
+
+#: The most iterations a window holds (unless ``log_every_n_iterations`` is larger), whatever its
+#: floor in time: a loop of 100,000 iterations/s would otherwise keep a million rows (~300 MB)
+#: to its 10 s floor. 10,000 rows are ~1.5 MB.
+MAX_WINDOW_ITERATIONS = 10_000
 
 _W = semconv.WINDOW_PREFIX
 _T = semconv.TOTAL_PREFIX

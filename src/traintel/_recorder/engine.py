@@ -102,6 +102,9 @@ class EngineHooks:
     window_hook: Callable[[WindowReport | None, bool], None] | None = None
     #: ``mark_sync_point()``: the time this rank reached the collective.
     on_sync_point: Callable[[int], None] | None = None
+    #: The iterations of window N as the ranks of a multi-rank job agreed (None: one process,
+    #: whose windows close on its own clock).
+    window_size_for: Callable[[int], int | None] | None = None
 
 
 class TrainingEngine:
@@ -177,6 +180,7 @@ class TrainingEngine:
         self.window_hook = hooks.window_hook
         #: Called by ``mark_sync_point()`` with the time this rank reached the collective.
         self.on_sync_point = hooks.on_sync_point
+        self.window_size_for = hooks.window_size_for
         self.segments = Segments(self, outlet.budget)
         self.windows = Windows(self)
         self.apply_config(config)
@@ -375,7 +379,7 @@ class TrainingEngine:
         if record.metrics:
             self.aggregator.add_model_metrics(record.metrics)
         windows = self.windows
-        at_mark = len(self.rows) >= windows.rows_mark
+        at_mark = len(self.rows) >= windows.rows_mark or end_ns >= windows.due_ns
         if at_mark:  # the slow threshold may start with this iteration, before it is tested
             windows.start_threshold_if_due()
         slow = duration_ns >= self.sampler.threshold_ns
@@ -383,7 +387,7 @@ class TrainingEngine:
         if slow or record.notable or exported_as is not None:
             exported = self._export_decision(record, exported_as, slow, duration_ns / 1e9)
         if at_mark:
-            windows.close_if_full()
+            windows.close_if_due(end_ns)
         loop = self.loop
         if loop is not None:  # the segment's iteration range, and whether its budget is checked now
             in_segment = loop.segment_iterations = loop.segment_iterations + 1

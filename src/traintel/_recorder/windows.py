@@ -1,11 +1,19 @@
 """Closing a window: the ``training_metrics_update`` event, the goodput record, the gauges.
 
-A window is ``log_every_n_iterations`` training iterations. The engine appends one row per
-iteration; when the window is full (or the loop ends) it is closed here: the aggregator turns
-the rows into the window's numbers, which go on the training loop span as an event, into the
-metric instruments, and out as a ``training_window`` span (the goodput record, exported at once
-so a killed job loses at most its open window). The slow-iteration threshold is refreshed from
-the window's durations, and the device's peak FLOP/s for MFU is looked up once it is known.
+The engine appends one row per iteration. A window closes after ``log_every_n_iterations``
+iterations once it also spans ``window_min_seconds`` (the floor bounds what a fast loop
+exports and spends on closes) or holds MAX_WINDOW_ITERATIONS (memory), and after
+``log_every_n_seconds`` whatever its count (the ceiling bounds what a killed job's accounting
+can lose), or when the loop ends. In a job of
+several ranks the windows must stay the same iterations on every rank (their statistics are
+gathered per window), so there the size in iterations is agreed through the cross-rank
+exchange from the slowest rank's pace, instead of read from each rank's own clock.
+
+Closed here: the aggregator turns the rows into the window's numbers, which go on the training
+loop span as an event, into the metric instruments, and out as a ``training_window`` span (the
+goodput record, exported at once so a killed job loses at most its open window). The
+slow-iteration threshold is refreshed from the window's durations, and the device's peak
+FLOP/s for MFU is looked up once it is known.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanContext, TraceFlags
 
 from traintel import semconv
-from traintel._aggregation.aggregator import RateInputs, WindowReport, seconds_of
+from traintel._aggregation.aggregator import MAX_WINDOW_ITERATIONS, RateInputs, WindowReport, seconds_of
 from traintel._aggregation.goodput import WindowGoodput
 from traintel._aggregation.sampling import MEDIAN_MIN_SAMPLES
 from traintel._host.device import AutocastProbe, DeviceHooks, annotate_window, device_hooks
@@ -36,6 +44,8 @@ if TYPE_CHECKING:
     from traintel._recorder.engine import TrainingEngine
 
 _TRAINING_METRICS_UPDATE: Final = Event.TRAINING_METRICS_UPDATE.value
+#: A mark that is never reached: no row count (or time) to look again at.
+NEVER: Final = sys.maxsize
 _FLOPS_PER_DEVICE: Final = semconv.WINDOW_PREFIX + "flops_per_second_per_device"
 _FP32_ASSUMED: Final = (
     " (the peak is fp32's: no autocast was active at the start of an iteration or step phase in"
@@ -49,7 +59,14 @@ class Windows:
     def __init__(self, engine: TrainingEngine) -> None:
         self._engine = engine
         self._median_rows = 0  # rows of the open window already in the slow threshold's sample
-        self.rows_mark = 0  # where end_iteration next looks up from appending rows
+        #: end_iteration calls close_if_due once the window has this many rows or an
+        #: iteration ends at due_ns (the first row of a window, to learn its start, at the latest).
+        self.rows_mark = 1
+        self.due_ns = NEVER
+        self._size = 0  # the window's iterations (the fewest, on this process's own clock)
+        self._floor_ns = self._ceiling_ns = 0
+        self._agreed = False  # ranks agreed on the size: no clock involved
+        self._opened = False  # the open window's size is decided (at its first row)
         self._rate_inputs: RateInputs | None = None
         self._dtype_seen: str | None = None
         self._dtype_assumed = False  # the table's peak is fp32's for want of a dtype
@@ -74,18 +91,67 @@ class Windows:
             engine.set_device(
                 AutocastProbe(self.hooks, self._dtype_found) if self.dtype_probing else self.hooks
             )
-        self._set_rows_mark()
+        ceiling = float(config.get("log_every_n_seconds"))
+        self._ceiling_ns = int(ceiling * 1e9)
+        self._floor_ns = int(min(float(config.get("window_min_seconds")), ceiling) * 1e9)
+        if not self._agreed:
+            self._size = engine.window_size
+        self._set_marks()
 
-    # --- the slow threshold's first durations -------------------------------------------------------
-    def _set_rows_mark(self) -> None:
-        """The window's end, or sooner while the slow threshold still waits for its first
-        MEDIAN_MIN_SAMPLES durations."""
+    # --- when the window closes -----------------------------------------------------------------------
+    def _set_marks(self) -> None:
+        """When end_iteration next calls in: at the window's first row (its start is that row's),
+        at its size, at its floor or ceiling in time; sooner while the slow threshold still waits
+        for its first MEDIAN_MIN_SAMPLES durations."""
+        rows = self._engine.rows
+        if not rows or not self._opened:
+            mark, due = 1, NEVER
+        elif self._agreed:
+            mark, due = self._size, NEVER
+        else:
+            start = rows[0][7] - rows[0][0]
+            if len(rows) < self._size:
+                mark, due = self._size, start + self._ceiling_ns
+            else:  # bounded in rows too: the floor may be a million iterations away
+                mark, due = max(self._size, MAX_WINDOW_ITERATIONS), start + self._floor_ns
         missing = MEDIAN_MIN_SAMPLES - len(self._engine.sampler.recent)
-        mark = self._engine.window_size
         if missing > 0:
             mark = min(mark, self._median_rows + missing)
-        self.rows_mark = mark
+        self.rows_mark, self.due_ns = mark, due
 
+    def close_if_due(self, end_ns: int) -> None:
+        """Close the window if it is complete at ``end_ns`` (its last row's end), else say when
+        to look again."""
+        rows = self._engine.rows
+        if not rows:
+            return
+        if not self._opened:
+            self._open_window()
+        if self._agreed:
+            due = len(rows) >= self._size
+        else:
+            elapsed = end_ns - (rows[0][7] - rows[0][0])
+            count = len(rows)
+            due = (
+                elapsed >= self._ceiling_ns
+                or (count >= self._size and elapsed >= self._floor_ns)
+                or count >= max(self._size, MAX_WINDOW_ITERATIONS)
+            )
+        if due:
+            self.close()
+        else:
+            self._set_marks()
+
+    def _open_window(self) -> None:
+        """The open window's size: agreed by the ranks of a multi-rank job, else this process's
+        own count and clock."""
+        engine = self._engine
+        self._opened = True
+        agreed = engine.window_size_for(engine.aggregator.windows_closed) if engine.window_size_for else None
+        self._agreed = agreed is not None
+        self._size = agreed if agreed is not None else engine.window_size
+
+    # --- the slow threshold's first durations -------------------------------------------------------
     def catch_up_median(self) -> None:
         """Add the open window's durations not yet in the slow threshold's recent ones."""
         engine = self._engine
@@ -101,11 +167,7 @@ class Windows:
         if len(sampler.recent) < MEDIAN_MIN_SAMPLES:
             self.catch_up_median()
             sampler.refresh()
-            self._set_rows_mark()
-
-    def close_if_full(self) -> None:
-        if len(self._engine.rows) >= self._engine.window_size:
-            self.close()
+            self._set_marks()
 
     # --- the compute dtype and the device's peak ------------------------------------------------------
     def _dtype_found(self, dtype: str) -> None:
@@ -204,7 +266,8 @@ class Windows:
             else:
                 recent.extend(seconds_of(row[0] for row in pending))
             self._median_rows = 0
-            self._set_rows_mark()
+            self._opened = False
+            self._set_marks()
         return report
 
     def _window_events(self, report: WindowReport, inputs: RateInputs) -> None:

@@ -131,6 +131,9 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
         if cross_rank is not None:
             cross_rank.mark_sync_point(now_ns)
 
+    def window_size_for(index: int) -> int | None:
+        return cross_rank.window_size_for(index) if cross_rank is not None else None
+
     engine = TrainingEngine(
         config,
         SpanOutlet(tracer, budget, ids, pipeline.export_filter, pipeline.direct_spans(tracer)),
@@ -140,6 +143,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
             on_application_end=lambda span, exc: preemption.report_pending(telemetry, span, exc),
             window_hook=window_closed,
             on_sync_point=sync_point,
+            window_size_for=window_size_for,
         ),
         meters,
         open_spans,

@@ -32,11 +32,13 @@ from traintel import semconv
 from traintel._aggregation.aggregator import DATA, WindowReport
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel.distributed.stats import (
+    AGREEMENT_LAG,
     FIELDS,
     MAX_PENDING_WINDOWS,
     CrossRankWindow,
     RankTracker,
     RankWindow,
+    agreed_window_size,
 )
 from traintel.semconv import Event, Phase
 from traintel.version import __version__
@@ -48,6 +50,9 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("traintel")
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
+#: The longest a window's start waits for the gather that sizes it; past it, the ranks stop
+#: exchanging (the cross-rank timeout, if shorter).
+AGREEMENT_WAIT_S = 2.0
 
 
 class CrossRank:
@@ -69,6 +74,8 @@ class CrossRank:
         self._marked_iterations = 0
         self._lock = threading.Lock()  # the tracker and latest window, read by the metric reader
         self._window_ends: dict[int, int] = {}  # window index -> end (ns), for the events' times
+        self._agreed: dict[int, int] = {}  # window index -> its iterations, as the ranks agreed
+        self._first_exchanged: int | None = None  # the index of the first window exchanged
         self._mismatch_warned = False
 
     @property
@@ -107,6 +114,8 @@ class CrossRank:
                 if len(ends) > 2 * MAX_PENDING_WINDOWS:  # windows the exchange never answered
                     ends.clear()
                 ends[report.index] = report.end_ns
+                if self._first_exchanged is None:
+                    self._first_exchanged = report.index
                 exchange.submit(self._row(report).vector())
             if final:
                 # The loop span ends right after: its events must be in first. Bounded.
@@ -114,6 +123,37 @@ class CrossRank:
         except Exception:
             self.failed = True
             _logger.exception("traintel: cross-rank statistics disabled after an error")
+
+    def window_size_for(self, index: int) -> int | None:
+        """Iterations of window ``index`` in a job of several ranks (None: one process, whose
+        windows close on its own clock).
+
+        The ranks' windows must cover the same iterations, so no rank reads its own clock: the
+        first windows are ``log_every_n_iterations`` long, and each later one takes the size
+        every rank computed from the rows gathered AGREEMENT_LAG windows earlier (waiting for
+        that gather if it is late: at most AGREEMENT_WAIT_S, which only a rank two windows
+        ahead of another waits in full, as ranks in step gather within milliseconds). Without an
+        exchange, every window is N long.
+        """
+        fewest = int(self.engine.config.get("log_every_n_iterations"))
+        exchange = self.exchange
+        if exchange is None:
+            if self.world > 1:
+                return fewest
+            if "torch" not in sys.modules:
+                return None
+            from traintel.distributed.exchange import distributed_world
+
+            return None if distributed_world() is None else fewest
+        first = self._first_exchanged
+        if self.failed or exchange.failed is not None or first is None or index - AGREEMENT_LAG < first:
+            return fewest
+        wait_s = min(self.timeout_s, AGREEMENT_WAIT_S)
+        if index not in self._agreed and not exchange.wait_done(index - AGREEMENT_LAG - first + 1, wait_s):
+            # the ranks can no longer be sure to agree: the exchange stops, windows are N long
+            exchange.abandon(f"window {index - AGREEMENT_LAG} not gathered in {wait_s:g} s")
+        size = self._agreed.pop(index, None)
+        return fewest if size is None else size
 
     def _row(self, report: WindowReport) -> RankWindow:
         n = len(report.durations) or 1
@@ -167,10 +207,21 @@ class CrossRank:
 
     # --- results (exchange thread) --------------------------------------------------------------
     def _gathered(self, rows: list[list[float]]) -> None:
+        windows = [RankWindow.from_vector(rank, row) for rank, row in enumerate(rows)]
         with self._lock:
-            window = self.tracker.update([RankWindow.from_vector(rank, row) for rank, row in enumerate(rows)])
+            window = self.tracker.update(windows)
             if window is not None:
                 self.latest = window
+        if window is not None:
+            config = self.engine.config
+            if len(self._agreed) > 2 * MAX_PENDING_WINDOWS:  # sizes no window asked for
+                self._agreed.clear()
+            self._agreed[window.window_index + AGREEMENT_LAG] = agreed_window_size(
+                windows,
+                int(config.get("log_every_n_iterations")),
+                min(float(config.get("window_min_seconds")), float(config.get("log_every_n_seconds"))),
+                float(config.get("log_every_n_seconds")),
+            )
         if window is None:
             if not self._mismatch_warned:
                 self._mismatch_warned = True

@@ -56,6 +56,7 @@ class Exchange:
         self._on_rows = on_rows
         self._queue: queue.Queue[list[float] | None] = queue.Queue(MAX_PENDING)
         self._pending = 0
+        self._done = 0  # gathers whose rows were handed over
         self._idle = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="traintel-cross-rank", daemon=True)
         self._thread.start()
@@ -71,7 +72,7 @@ class Exchange:
         except queue.Full:
             with self._idle:
                 self._pending -= 1
-            self._abandon(f"{MAX_PENDING} windows waiting for the other ranks")
+            self.abandon(f"{MAX_PENDING} windows waiting for the other ranks")
             return False
         return True
 
@@ -86,6 +87,18 @@ class Exchange:
                 self._idle.wait(remaining)
         return True
 
+    def wait_done(self, count: int, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` until ``count`` gathers have been handed over (or the
+        exchange failed)."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self._done < count and self.failed is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return self._done >= count
+
     def close(self) -> None:
         """Stop the thread after the queued rows (it is a daemon: a hung gather never blocks exit)."""
         try:
@@ -93,7 +106,8 @@ class Exchange:
         except queue.Full:
             pass
 
-    def _abandon(self, reason: str) -> None:
+    def abandon(self, reason: str) -> None:
+        """Stop exchanging for good (every later submit is refused), saying why once."""
         if self.failed is None:
             self.failed = reason
             _logger.warning(
@@ -115,7 +129,7 @@ class Exchange:
             except Exception as exc:  # timeout, dead peer, destroyed group: stop for good
                 with self._idle:
                     self._pending = 0
-                self._abandon(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                self.abandon(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 return
             try:
                 self._on_rows(rows)
@@ -123,6 +137,7 @@ class Exchange:
                 _logger.exception("traintel: could not report cross-rank statistics")
             with self._idle:
                 self._pending -= 1
+                self._done += 1
                 self._idle.notify_all()
 
     def _gather(self, row: list[float]) -> list[list[float]]:

@@ -14,10 +14,12 @@ No torch and no OpenTelemetry here, so every number can be tested exactly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from traintel import semconv
+from traintel._aggregation.aggregator import MAX_WINDOW_ITERATIONS
 from traintel._aggregation.stats import percentile
 
 #: Smoothing of the per-rank compute EWMA (weight of the newest window): one window three times
@@ -32,6 +34,23 @@ FIELDS = ("window_index", "iterations", "iteration_s", "data_loading_s", "comput
 #: Windows that may wait for the exchange thread. More pending means the exchange cannot keep
 #: up (a rank is stuck): this rank stops exchanging rather than fall out of step.
 MAX_PENDING_WINDOWS = 8
+#: Window k's gathered rows size window k + AGREEMENT_LAG: window k + 1 gives the gather time
+#: to finish before anyone needs its answer.
+AGREEMENT_LAG = 2
+
+
+def agreed_window_size(rows: Sequence[RankWindow], fewest: int, floor_s: float, ceiling_s: float) -> int:
+    """The iterations every rank gives a later window, from one window's gathered rows: at least
+    ``fewest`` and ``floor_s`` long, at most ``ceiling_s`` long, at the slowest rank's pace (and
+    at most MAX_WINDOW_ITERATIONS, unless ``fewest`` is more).
+    Every rank computes it from the same gathered numbers, so every rank gets the same size."""
+    pace = max((row.iteration_s for row in rows), default=0.0)
+    if not pace > 0 or not math.isfinite(pace):
+        return fewest
+    size = max(fewest, min(math.ceil(floor_s / pace), MAX_WINDOW_ITERATIONS))
+    if size * pace > ceiling_s:
+        size = max(1, math.floor(ceiling_s / pace))
+    return size
 
 
 @dataclass(frozen=True)

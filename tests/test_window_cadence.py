@@ -1,0 +1,170 @@
+"""When windows close: N iterations, a floor and a ceiling in time, and ranks that agree.
+
+Single-process cases use plain OpenTelemetry iterations at exact timestamps, so each window's
+iterations are known to the one; the multi-rank case runs 2 real gloo processes whose paces
+differ and checks that both ranks' windows cover the same iterations, sized by the formula.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import traintel
+from tests.rank_helpers import RankResult, run_ranks
+from traintel import semconv
+from traintel._aggregation.aggregator import MAX_WINDOW_ITERATIONS
+from traintel.config import ConfigurationError
+from traintel.distributed.stats import RankWindow, agreed_window_size
+
+T0 = 1_700_000_000 * 10**9
+S = 10**9
+W = semconv.WINDOW_PREFIX
+
+
+def windows_of(
+    durations: list[float], gaps: dict[int, float] | None = None, **config: object
+) -> list[tuple[int, int]]:
+    """(first, last) iteration of every ``training_window`` record of a loop whose iterations
+    last ``durations`` seconds, back to back but for ``gaps`` (seconds before iteration i)."""
+    exporter = InMemorySpanExporter()
+    telemetry = traintel.configure(
+        span_exporters=[exporter], metric_readers=[], warmup_iterations=0, **config
+    )
+    assert telemetry.pipeline is not None
+    tracer = telemetry.pipeline.tracer_provider.get_tracer("user-code")
+    now = 0.0
+    loop = tracer.start_span("training_loop", attributes={semconv.PHASE: "training_loop"}, start_time=T0)
+    context = trace.set_span_in_context(loop)
+    for number, duration in enumerate(durations):
+        now += (gaps or {}).get(number, 0.0)
+        span = tracer.start_span(
+            "training_iteration",
+            context=context,
+            attributes={semconv.PHASE: "training_iteration", semconv.ITERATION: number},
+            start_time=T0 + round(now * S),
+        )
+        now += duration
+        span.end(end_time=T0 + round(now * S))
+    loop.end(end_time=T0 + round(now * S))
+    traintel.shutdown(5)
+    records = [s for s in exporter.get_finished_spans() if s.name == semconv.TRAINING_WINDOW_SPAN]
+    assert records, "no window record"
+    attributes = [r.attributes or {} for r in records]
+    assert [a[W + "index"] for a in attributes] == list(range(len(records)))
+    return [(int(a[W + "first_iteration"]), int(a[W + "last_iteration"])) for a in attributes]
+
+
+def test_a_fast_loop_s_windows_grow_to_the_floor_in_time() -> None:
+    # 3 s iterations, N = 2, floor 10 s: 2 iterations are 6 s, 4 are 12 s, so windows of 4.
+    assert windows_of([3.0] * 10, log_every_n_iterations=2, window_min_seconds=10) == [(0, 3), (4, 7), (8, 9)]
+
+
+def test_without_a_floor_windows_are_n_iterations() -> None:
+    assert windows_of([3.0] * 5, log_every_n_iterations=2, window_min_seconds=0) == [(0, 1), (2, 3), (4, 4)]
+
+
+def test_a_slow_loop_s_window_closes_at_the_ceiling_before_n_iterations() -> None:
+    # 25 s iterations, N = 50, ceiling 60 s: the third iteration ends at 75 s.
+    windows = windows_of([25.0] * 7, log_every_n_iterations=50, log_every_n_seconds=60)
+    assert windows == [(0, 2), (3, 5), (6, 6)]
+
+
+def test_time_between_iterations_counts_toward_the_ceiling() -> None:
+    # A 70 s pause (validation, say) before iteration 2: the window spans 72 s at its end.
+    windows = windows_of([1.0] * 5, gaps={2: 70.0}, log_every_n_iterations=50, log_every_n_seconds=60)
+    assert windows == [(0, 2), (3, 4)]
+
+
+def test_the_ceiling_wins_over_a_longer_floor() -> None:
+    windows = windows_of([10.0] * 8, log_every_n_iterations=2, window_min_seconds=100, log_every_n_seconds=30)
+    assert windows == [(0, 2), (3, 5), (6, 7)]
+
+
+def test_a_window_holds_at_most_ten_thousand_iterations_whatever_its_floor() -> None:
+    # 1 ms iterations under a 1,000 s floor: memory, not the clock, closes these windows.
+    windows = windows_of([0.001] * 20_001, log_every_n_iterations=2, window_min_seconds=1000)
+    assert windows == [(0, 9_999), (10_000, 19_999), (20_000, 20_000)]
+    # ... unless N itself asks for more.
+    windows = windows_of([0.001] * 12_001, log_every_n_iterations=12_000, window_min_seconds=1000)
+    assert windows == [(0, 11_999), (12_000, 12_000)]
+
+
+def test_the_defaults_and_bad_values_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRAINTEL_WINDOW_MIN_SECONDS")
+    telemetry = traintel.configure(span_exporters=[InMemorySpanExporter()], metric_readers=[])
+    assert telemetry.config.get("window_min_seconds") == 10.0
+    assert telemetry.config.get("log_every_n_seconds") == 60.0
+    traintel.shutdown(1)
+    with pytest.raises(ConfigurationError, match=r"log_every_n_seconds=0"):
+        traintel.configure(span_exporters=[InMemorySpanExporter()], log_every_n_seconds=0)
+    monkeypatch.setenv("TRAINTEL_WINDOW_MIN_SECONDS", "-1")
+    with pytest.raises(ConfigurationError, match=r"TRAINTEL_WINDOW_MIN_SECONDS='-1'"):
+        traintel.configure(span_exporters=[InMemorySpanExporter()])
+
+
+def rows(*paces: float) -> list[RankWindow]:
+    return [RankWindow(rank, 0, 50, pace, 0.0, pace, False) for rank, pace in enumerate(paces)]
+
+
+def test_the_agreed_size_follows_the_slowest_rank() -> None:
+    assert agreed_window_size(rows(0.01, 0.04), 50, 10.0, 60.0) == 250  # 10 s at 40 ms
+    assert agreed_window_size(rows(0.5, 0.1), 50, 10.0, 60.0) == 50  # N already spans 25 s
+    assert agreed_window_size(rows(2.0, 2.0), 50, 10.0, 60.0) == 30  # 100 s > 60 s: the ceiling
+    assert agreed_window_size(rows(90.0), 50, 10.0, 60.0) == 1  # never less than one iteration
+    assert agreed_window_size(rows(0.0, 0.0), 50, 10.0, 60.0) == 50  # no pace: N
+    assert agreed_window_size(rows(0.003), 7, 0.0, 60.0) == 7
+    assert agreed_window_size(rows(0.003), 7, 1.0, 60.0) == math.ceil(1.0 / 0.003)
+    assert agreed_window_size(rows(1e-6), 50, 10.0, 60.0) == MAX_WINDOW_ITERATIONS  # memory
+    assert agreed_window_size(rows(1e-6), 20_000, 10.0, 60.0) == 20_000
+
+
+#: Rank 1 is slower; no DDP, so the ranks drift apart in time: only agreement keeps their
+#: windows on the same iterations. Pace: ~20 ms (rank 1) against ~5 ms, floor 0.2 s, N = 4.
+AGREEING_JOB = """
+with traintel.training_loop():
+    for i in range(60):
+        with traintel.training_iteration():
+            time.sleep(0.02 if RANK == 1 else 0.005)
+traintel.shutdown()
+dist.destroy_process_group()
+"""
+
+
+def window_ranges(result: RankResult) -> list[tuple[int, int]]:
+    spans = sorted(
+        (s for s in result.spans() if s.name == semconv.TRAINING_WINDOW_SPAN),
+        key=lambda s: int(s.attributes[W + "index"]),
+    )
+    return [
+        (int(s.attributes[W + "first_iteration"]), int(s.attributes[W + "last_iteration"])) for s in spans
+    ]
+
+
+def test_ranks_agree_on_window_sizes_from_the_slowest_pace(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    results = run_ranks(
+        AGREEING_JOB,
+        tmp_path,
+        TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
+        TRAINTEL_WINDOW_MIN_SECONDS="0.2",
+        TRAINTEL_WARMUP_ITERATIONS="0",
+    )
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "different windows" not in result.stderr
+        assert "exchange stopped" not in result.stderr
+    rank0, rank1 = (window_ranges(result) for result in results)
+    assert rank0 == rank1
+    sizes = [last - first + 1 for first, last in rank0]
+    # The first two windows are N; from the third on, at rank 1's ~20 ms, 0.2 s is ~10 iterations
+    # (never fewer than N), until the loop's end cuts the last one.
+    assert sizes[:2] == [4, 4]
+    assert all(8 <= size <= 14 for size in sizes[2:-1]), sizes
+    assert sum(sizes) == 60
+    updates = results[0].events(semconv.Event.RANKS_METRICS_UPDATE.value)
+    assert [e[semconv.RANKS_PREFIX + "window.index"] for e in updates] == list(range(len(sizes)))
