@@ -16,8 +16,15 @@ The rules, applied to each job's reference rank (the lowest, unless asked):
   window's data-loading wait). Time inside a window not covered by a phase holds the window's
   productive time, data-loading wait and program startup; the rest of it (between iterations)
   and of the job is ``other``.
+* Jobs are clipped where the next job of the session starts (a late exit flush can carry a
+  later time); the session ends at the latest clipped end, so its total is the sum of its jobs
+  and the gaps between them, and of its buckets.
 * Between jobs: ``infrastructure_recovery`` after a job that did not end cleanly (error status,
   or no exported end), ``other`` (a scheduling gap) after one that did.
+* A job's iterations after its last window record (the window open when it was killed) are
+  counted from its exported iteration spans, as one inferred window: exact when every iteration
+  was exported (plain-OpenTelemetry loops, "all" mode, or the first ones of a run), the exported
+  ones only when they were sampled; the job's ``inferred_tail`` says which and how many.
 * ``wasted_progress``: the productive time of a job's iterations that a later job of the
   session ran again (it resumed from an older checkpoint). Windows are the granularity: a window
   partly redone contributes its productive time in proportion to the iterations redone.
@@ -29,6 +36,7 @@ Every category is a share of the same total and the shares sum to 1 (``other`` i
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -42,6 +50,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from traintel import semconv
+from traintel._aggregation.stats import percentile
 from traintel.exporters.reader import ReadStats, attributes_dict, read_requests
 from traintel.semconv import BADPUT_CATEGORIES, BADPUT_CATEGORY_OF_PHASE, Phase
 
@@ -84,6 +93,28 @@ class _Window:
     wasted_fraction: float = 0.0
     free_total: int = 0
     free_in: int = 0
+    inferred: bool = False  # built from exported iteration spans, not a window record
+
+
+@dataclass(frozen=True)
+class InferredTail:
+    """The iterations after a job's last window record, counted from its exported spans."""
+
+    first_iteration: int
+    last_iteration: int
+    exported_iterations: int  # the spans counted
+    missing_iterations: int  # numbered in the range but not exported: not counted
+    productive_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "first_iteration": self.first_iteration,
+            "last_iteration": self.last_iteration,
+            "exported_iterations": self.exported_iterations,
+            "missing_iterations": self.missing_iterations,
+            "productive_seconds": self.productive_s,
+            "source": "exported training_iteration spans after the last window record",
+        }
 
 
 @dataclass
@@ -104,6 +135,12 @@ class _Process:
     windows: list[_Window] = field(default_factory=list)
     resume: int | None = None
     exported: dict[int, tuple[str, str]] = field(default_factory=dict)
+    #: Exported iterations no window record has covered yet: number -> (start, end). Pruned as
+    #: window records arrive, so it holds about one window's worth.
+    uncovered: dict[int, tuple[int, int]] = field(default_factory=dict)
+    covered_upto: int = -1  # the highest iteration a window record covers
+    inner_data: list[tuple[int, int]] = field(default_factory=list)  # data loading inside iterations
+    tail: InferredTail | None = None
 
     @property
     def rank(self) -> int:
@@ -122,6 +159,18 @@ class _Process:
         if start_ns and start_ns < self.start_ns:
             self.start_ns = start_ns
         self.last_ns = max(self.last_ns, end_ns)
+
+    def add_window(self, window: _Window) -> None:
+        self.windows.append(window)
+        if window.last > self.covered_upto:
+            self.covered_upto = window.last
+            for number in [n for n in self.uncovered if n <= window.last]:
+                del self.uncovered[number]
+
+    def add_iteration(self, number: int, ids: tuple[str, str], start_ns: int, end_ns: int) -> None:
+        self.exported[number] = ids
+        if number > self.covered_upto:
+            self.uncovered[number] = (start_ns, end_ns)
 
 
 @dataclass
@@ -166,6 +215,8 @@ class JobGoodput(_Share):
     last_iteration: int | None
     resumed_from: int | None
     goodput_by_rank: dict[int, float]
+    #: The reference rank's iterations after its last window record, counted from spans.
+    inferred_tail: InferredTail | None = None
 
 
 @dataclass
@@ -244,6 +295,7 @@ class SessionGoodput(_Share):
                     "last_iteration": j.last_iteration,
                     "resumed_from": j.resumed_from,
                     "goodput_by_rank": {str(k): v for k, v in j.goodput_by_rank.items()},
+                    "inferred_tail": j.inferred_tail.as_dict() if j.inferred_tail is not None else None,
                 }
                 for j in self.jobs
             ],
@@ -322,6 +374,7 @@ def _group_jobs(processes: Iterable[_Process]) -> list[Job]:
         if process.start_ns == 2**63:
             continue  # metrics only: no timeline
         _resolve_data_loading(process)
+        _infer_tail(process)
         process.windows.sort(key=lambda w: w.start_ns)
         r = process.resource
         session = str(r.get(semconv.SESSION_TAG) or r.get(semconv.RUN_ID) or process.instance)
@@ -351,12 +404,12 @@ def _add_span(process: _Process, span: Any) -> None:
     phase = attributes.get(semconv.PHASE)
     process.parents[span_id] = (parent, phase == _ITERATION)
     if name == semconv.TRAINING_WINDOW_SPAN:
-        process.windows.append(_window(start, end, attributes))
+        process.add_window(_window(start, end, attributes))
         return
     if phase == _ITERATION:
         iteration = _int(attributes.get(semconv.ITERATION))
         if iteration is not None:
-            process.exported[iteration] = (span.trace_id.hex(), span_id)
+            process.add_iteration(iteration, (span.trace_id.hex(), span_id), start, end)
         return
     if phase in (_APPLICATION, _LOOP):
         if phase == _LOOP and attributes.get(semconv.SEGMENT_INDEX, 0) == 0:
@@ -393,10 +446,72 @@ def _resolve_data_loading(process: _Process) -> None:
                 break
             parent = entry[0]
             seen += 1
-        if not inside:
+        if inside:
+            process.inner_data.append((start, end))
+        else:
             process.phases.append((start, end, "data_loading"))
     process.data_loading.clear()
     process.parents.clear()
+
+
+def _union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The intervals merged into disjoint ones, ascending."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _covered_ns(union: list[tuple[int, int]], start: int, end: int) -> int:
+    """How much of [start, end] the disjoint ascending intervals ``union`` cover."""
+    total = 0
+    at = bisect.bisect_right(union, (start, start)) - 1
+    for s, e in union[max(at, 0) :]:
+        if s >= end:
+            break
+        if e > start:
+            total += min(e, end) - max(s, start)
+    return total
+
+
+def _infer_tail(process: _Process) -> None:
+    """The exported iterations after the last window record, each as an inferred window of one
+    iteration (so a later job redoing some of them wastes exactly theirs), accounted by the live
+    rules: an iteration's time is productive but for its data-loading wait and the categorised
+    phases inside it; if the job has no window record at all, its first iteration's excess over
+    the median of the others is program startup."""
+    tail = sorted(item for item in process.uncovered.items() if item[0] > process.covered_upto)
+    process.uncovered.clear()
+    if not tail:
+        return
+    begin = tail[0][1][0]
+    inner_data = _union(d for d in process.inner_data if d[1] > begin)
+    process.inner_data.clear()
+    phases = _union((start, end) for start, end, _ in process.phases if end > begin)
+    durations = [(end - start) / 1e9 for _, (start, end) in tail]
+    typical = percentile(sorted(durations[1:]), 50) if len(durations) >= 2 and not process.windows else None
+    productive_total = 0.0
+    for position, (number, (start, end)) in enumerate(tail):
+        duration = durations[position]
+        data = _covered_ns(inner_data, start, end) / 1e9
+        room = duration - data - _covered_ns(phases, start, end) / 1e9
+        startup = max(0.0, min(duration - typical, room)) if typical is not None and position == 0 else 0.0
+        productive = max(0.0, room - startup)
+        productive_total += productive
+        process.windows.append(
+            _Window(
+                start_ns=start, end_ns=end, first=number, last=number, iterations=1,
+                productive_s=productive, data_s=data, startup_s=startup, flops=0.0, peak=None,
+                p50=duration, p90=duration, p99=duration, max_s=duration, slowest=number,
+                ideal=None, inferred=True,
+            )
+        )  # fmt: skip
+    first, last = tail[0][0], tail[-1][0]
+    process.tail = InferredTail(first, last, len(tail), last - first + 1 - len(tail), productive_total)
 
 
 # --- the timeline ------------------------------------------------------------------------------
@@ -544,7 +659,12 @@ def _session(
 ) -> SessionGoodput | None:
     jobs = sorted(jobs, key=lambda j: _reference(j, rank).start_ns)
     refs = [_reference(j, rank) for j in jobs]
-    session_start, session_end = refs[0].start_ns, max(p.stop_ns for p in refs)
+    # Each job clipped where the next starts: the session ends at the latest clipped end.
+    clipped = [
+        min(p.stop_ns, refs[i + 1].start_ns) if i + 1 < len(refs) else p.stop_ns for i, p in enumerate(refs)
+    ]
+    session_start = refs[0].start_ns
+    session_end = max(max(end, p.start_ns) for end, p in zip(clipped, refs, strict=True))
     a = session_start if start is None else max(start, session_start)
     b = session_end if end is None else min(end, session_end)
     if b <= a:
@@ -588,7 +708,9 @@ def _session(
     total_s = (b - a) / 1e9
     named = sum(v for k, v in seconds.items() if k != "other")
     seconds["other"] = total_s - productive - named  # the residual, so the shares sum to 1
-    windows = sorted((w for p in refs for w in p.windows), key=lambda w: w.end_ns)
+    # Step-time and model statistics come from window records; inferred iterations count above.
+    windows = sorted((w for p in refs for w in p.windows if not w.inferred), key=lambda w: w.end_ns)
+    last_iteration = max((w.last for p in refs for w in p.windows), default=None)
     result = SessionGoodput(
         session=session,
         perf_tags=sorted({j.perf_tag for j in jobs if j.perf_tag}),
@@ -597,7 +719,7 @@ def _session(
         productive_s=productive,
         badput_s=seconds,
         disruptions=disruptions,
-        last_iteration=max((w.last for w in windows), default=None),
+        last_iteration=last_iteration,
         jobs=job_results,
         scheduling_gap_s=scheduling_gap_ns / 1e9,
     )
@@ -645,6 +767,7 @@ def _job_result(job: Job, process: _Process, limit: int | None) -> JobGoodput:
         last_iteration=ranged[1] if ranged else None,
         resumed_from=process.resume,
         goodput_by_rank=by_rank,
+        inferred_tail=process.tail,
     )
 
 
@@ -753,14 +876,27 @@ def render_goodput(results: list[SessionGoodput]) -> str:
             f"{'iterations':<15}status"
         )
         for j in r.jobs:
-            iterations = f"{j.first_iteration}-{j.last_iteration}" if j.first_iteration is not None else "-"
-            name = f"{j.run_id[:32]}, {j.restart}"
-            lines.append(
-                f"  {name:<40}{len(j.ranks):>6}{_clock(j.start_ns):>21}{j.total_s:>11.1f}{j.goodput:>9.2%}  "
-                f"{iterations:<15}{j.status}"
-            )
+            lines.extend(_job_lines(j))
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _job_lines(j: JobGoodput) -> list[str]:
+    """A job's row of the table, and what of it was inferred."""
+    iterations = f"{j.first_iteration}-{j.last_iteration}" if j.first_iteration is not None else "-"
+    name = f"{j.run_id[:32]}, {j.restart}"
+    lines = [
+        f"  {name:<40}{len(j.ranks):>6}{_clock(j.start_ns):>21}{j.total_s:>11.1f}{j.goodput:>9.2%}  "
+        f"{iterations:<15}{j.status}"
+    ]
+    tail = j.inferred_tail
+    if tail is not None:
+        missing = f", {tail.missing_iterations} not exported (not counted)" if tail.missing_iterations else ""
+        lines.append(
+            f"    iterations {tail.first_iteration}-{tail.last_iteration} after the last window "
+            f"record: counted from {tail.exported_iterations} exported iteration spans{missing}"
+        )
+    return lines
 
 
 def parse_time(text: str) -> int:
