@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace as trace_api
 
 import traintel
 from tests.conftest import Pipeline
+from tests.subprocess_helpers import run_python
 from traintel._runtime import state as _state
 from traintel.config import ConfigurationError, TrainingConfig
+from traintel.exporters.reader import iter_spans
 
 
 def test_env_values_are_parsed() -> None:
@@ -48,6 +51,16 @@ def test_env_values_are_parsed() -> None:
         ("TRAINTEL_PEAK_FLOPS", "0", "TRAINTEL_PEAK_FLOPS='0': expected a positive number"),
         ("TRAINTEL_PEAK_FLOPS", "inf", "TRAINTEL_PEAK_FLOPS='inf': expected a positive number"),
         ("TRAINTEL_SHUTDOWN_TIMEOUT", "-1", "TRAINTEL_SHUTDOWN_TIMEOUT='-1': expected a non-negative number"),
+        (
+            "TRAINTEL_SHUTDOWN_TIMEOUT",
+            "1e10",
+            "TRAINTEL_SHUTDOWN_TIMEOUT='1e10': expected seconds from 0 to 86,400",
+        ),
+        (
+            "TRAINTEL_CROSS_RANK_TIMEOUT",
+            "9.3e9",
+            "TRAINTEL_CROSS_RANK_TIMEOUT='9.3e9': expected seconds from above 0 to 86,400",
+        ),
         (
             "TRAINTEL_LOG_EVERY_N_ITERATIONS",
             "0",
@@ -132,3 +145,24 @@ def test_set_training_config_after_start(pipeline: Pipeline) -> None:
     assert telemetry.config.get("flops_per_sample") is None  # the failed call changed nothing
     events = pipeline.one("application").events
     assert [e.name for e in events] == ["telemetry_initialization", "training_config_update"]
+
+
+def test_a_huge_shutdown_timeout_is_refused_and_nothing_recorded_is_lost(tmp_path: Path) -> None:
+    """Auto-configuration logs the bad value and keeps the default bound: the exit flushes
+    every span instead of overflowing on the way out."""
+    code = """
+import traintel
+with traintel.training_loop():
+    for _ in range(600):
+        with traintel.training_iteration():
+            pass
+"""
+    result = run_python(
+        code, tmp_path, TRAINTEL_SHUTDOWN_TIMEOUT="1e10", TRAINTEL_EXPORT_ITERATIONS="all",
+        TRAINTEL_OUTPUT_DIR="runs",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TRAINTEL_SHUTDOWN_TIMEOUT='1e10': expected seconds from 0 to 86,400" in result.stderr
+    assert "OverflowError" not in result.stderr
+    spans = list(iter_spans(sorted((tmp_path / "runs").glob("*.jsonl"))))
+    assert sum(s.name == "training_iteration" for s in spans) == 600

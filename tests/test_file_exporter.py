@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import Link, StatusCode
 
+from tests.subprocess_helpers import run_python
 from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
 from traintel.exporters.reader import ReadStats, iter_metric_requests, iter_spans, read_requests
 
@@ -193,3 +194,27 @@ def test_files_are_owner_only(tmp_path: Path) -> None:
     assert stat.S_IMODE(written.stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "runs" / "deeper").stat().st_mode) == 0o700
     file.close()
+
+
+def test_everything_traintel_creates_is_owner_only_under_umask_000(tmp_path: Path) -> None:
+    """Directories it makes for TRAINTEL_OUTPUT_DIR (parents included), its files, and what the
+    CLI writes (--html, export-trace): 0700 / 0600 even when the job runs under umask 000."""
+    code = """
+import os, subprocess, sys
+os.umask(0)
+import traintel
+traintel.configure()
+with traintel.training_loop():
+    with traintel.training_iteration():
+        pass
+traintel.shutdown()
+for args in (["report", "a/b/c", "--html", "report.html"], ["export-trace", "a/b/c", "-o", "trace.json"]):
+    done = subprocess.run([sys.executable, "-m", "traintel.cli", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+"""
+    result = run_python(code, tmp_path, TRAINTEL_OUTPUT_DIR="a/b/c")
+    assert result.returncode == 0, result.stderr[-3000:]
+    made = [tmp_path / "a", *(tmp_path / "a").rglob("*"), tmp_path / "report.html", tmp_path / "trace.json"]
+    assert any(p.suffix == ".jsonl" for p in made)
+    for path in made:
+        assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from traintel.analysis.goodput import compute_goodput, load_jobs, parse_time, render_goodput
 from traintel.analysis.summary import render, summarize
+from traintel.exporters.private_files import open_private
 from traintel.exporters.reader import ReadStats, expand_paths
 
 T = TypeVar("T")
@@ -57,7 +58,7 @@ def _report(args: argparse.Namespace) -> int:
         from traintel.analysis.report_html import render_html
 
         try:
-            with open(args.html, "w", encoding="utf-8") as out:
+            with open_private(args.html) as out:
                 out.write(render_html(report))
         except OSError as exc:
             print(f"traintel: cannot write --html {args.html}: {exc.strerror or exc}", file=sys.stderr)
@@ -84,7 +85,7 @@ def _export_trace(args: argparse.Namespace) -> int:
         return 2
     stats = ReadStats()
     try:
-        with open(args.output, "w", encoding="utf-8") as out:
+        with open_private(args.output) as out:
             events = _with_progress(files, lambda progress: export_chrome_trace(files, out, stats, progress))
     except OSError as exc:
         print(f"traintel: cannot write -o {args.output}: {exc.strerror or exc}", file=sys.stderr)

@@ -108,6 +108,26 @@ def _non_negative_number(raw: object) -> float:
     return _number(raw, allow_zero=True)
 
 
+#: The longest wait a setting in seconds may ask for: a day. Far above any sane exit or exchange
+#: bound, and far below what clocks and thread waits overflow at (~9.2e9 s).
+MAX_WAIT_SECONDS: Final = 86_400.0
+
+
+def _wait_bound(*, allow_zero: bool) -> Callable[[object], float]:
+    def parse(raw: object) -> float:
+        value = _number(raw, allow_zero=allow_zero)
+        if value > MAX_WAIT_SECONDS:
+            low = "0" if allow_zero else "above 0"
+            raise ValueError(f"expected seconds from {low} to {MAX_WAIT_SECONDS:,.0f}")
+        return value
+
+    return parse
+
+
+_exit_seconds = _wait_bound(allow_zero=True)
+_exchange_seconds = _wait_bound(allow_zero=False)
+
+
 def _non_empty_str(raw: object) -> str:
     if not isinstance(raw, str) or not raw.strip():
         raise ValueError("expected a non-empty string")
@@ -143,7 +163,9 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     _Field("window_min_seconds", ev.TRAINTEL_WINDOW_MIN_SECONDS, _non_negative_number, 10.0, "min window s"),
     _Field("log_every_n_seconds", ev.TRAINTEL_LOG_EVERY_N_SECONDS, _positive_number, 60.0, "max window s"),
     _Field("output_dir", ev.TRAINTEL_OUTPUT_DIR, _non_empty_str, "traintel-runs", "embedded file dir"),
-    _Field("shutdown_timeout", ev.TRAINTEL_SHUTDOWN_TIMEOUT, _non_negative_number, 5.0, "exit bound, s"),
+    _Field(
+        "shutdown_timeout", ev.TRAINTEL_SHUTDOWN_TIMEOUT, _wait_bound(allow_zero=True), 5.0, "exit bound, s"
+    ),
     _Field("warmup_iterations", ev.TRAINTEL_WARMUP_ITERATIONS, _non_negative_int, 1, "left out of totals"),
     _Field("dtype", ev.TRAINTEL_DTYPE, _choice(*DTYPES), None, "training compute dtype, for peak FLOPs"),
     _Field(
@@ -170,7 +192,13 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     _Field("max_spans_per_trace", ev.TRAINTEL_MAX_SPANS_PER_TRACE, _positive_int, 2000, "span budget"),
     _Field("max_bytes_per_trace", ev.TRAINTEL_MAX_BYTES_PER_TRACE, _positive_int, 4_000_000, "byte budget"),
     _Field("cross_rank", ev.TRAINTEL_CROSS_RANK, _choice("auto", "off"), "auto", "cross-rank statistics"),
-    _Field("cross_rank_timeout", ev.TRAINTEL_CROSS_RANK_TIMEOUT, _positive_number, 30.0, "exchange bound, s"),
+    _Field(
+        "cross_rank_timeout",
+        ev.TRAINTEL_CROSS_RANK_TIMEOUT,
+        _wait_bound(allow_zero=False),
+        30.0,
+        "exchange bound, s",
+    ),
     _Field(
         "cross_rank_scale_world_size",
         ev.TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE,

@@ -132,8 +132,8 @@ TRAINTEL_SHUTDOWN_TIMEOUT: Final = "TRAINTEL_SHUTDOWN_TIMEOUT"
 """
 .. envvar:: TRAINTEL_SHUTDOWN_TIMEOUT
 
-Seconds the process may spend flushing telemetry at exit (non-negative number). Bounds exit
-even when the collector is down or black-holed. Default: 5.
+Seconds the process may spend flushing telemetry at exit (0 to 86400). Bounds exit even when
+the collector is down or black-holed. Default: 5.
 """
 
 TRAINTEL_WARMUP_ITERATIONS: Final = "TRAINTEL_WARMUP_ITERATIONS"
@@ -239,7 +239,7 @@ TRAINTEL_CROSS_RANK_TIMEOUT: Final = "TRAINTEL_CROSS_RANK_TIMEOUT"
 """
 .. envvar:: TRAINTEL_CROSS_RANK_TIMEOUT
 
-Seconds (positive number) an exchange may wait for the other ranks (the gloo group's timeout,
+Seconds (above 0, at most 86400) an exchange may wait for the other ranks (the gloo group's timeout,
 and the bound on the wait at the end of the training loop). A rank that is dead or hung makes
 the exchange time out and stop; training goes on. Default: 30.
 """

@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from traintel import environment_variables as ev
 from traintel.exporters.otlp_json import metrics_to_json_line, spans_to_json_line
+from traintel.exporters.private_files import make_private_dirs, open_private
 
 _logger = logging.getLogger(__name__)
 
@@ -105,9 +106,8 @@ class OtlpJsonLinesFile:
             self._started = time.time()
         if self._fh is None:
             path = self.planned_path(service_name)
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            self._fh = os.fdopen(fd, "a", encoding="utf-8")
+            make_private_dirs(path.parent)
+            self._fh = open_private(path, append=True)
             self._path = path
         return self._fh
 

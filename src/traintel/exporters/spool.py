@@ -28,6 +28,8 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from traintel.exporters.private_files import make_private_dirs
+
 _logger = logging.getLogger(__name__)
 
 #: A spooled batch: one serialised ``ExportTraceServiceRequest``.
@@ -116,7 +118,7 @@ class Spool:
             return entry
 
     def _write(self, path: Path, data: bytes) -> None:
-        _private_dirs(self.directory)
+        make_private_dirs(self.directory)
         temporary = path.with_name("." + path.name + ".tmp")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -159,13 +161,6 @@ class Spool:
             self.directory.rmdir()
         except OSError:
             pass
-
-
-def _private_dirs(directory: Path) -> None:
-    """``mkdir -p`` where every directory created is 0700 (``parents=True`` would use 0777)."""
-    missing = [d for d in (directory, *directory.parents) if not d.exists()]
-    for path in reversed(missing):
-        path.mkdir(mode=0o700, exist_ok=True)
 
 
 def read_batch(path: Path) -> ExportTraceServiceRequest:
