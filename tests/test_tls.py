@@ -13,6 +13,7 @@ import inspect
 import logging
 import re
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 from tests.subprocess_helpers import run_python
 from tests.tls_certs import TlsFiles, make_tls_files
 from traintel.exporters import tls_errors
+from traintel.exporters.redaction import REDACTED, url_secrets
 from traintel.exporters.spool import read_batch
 
 JOB = """
@@ -182,3 +184,34 @@ class _ListHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.into.append(record.getMessage())
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_password_in_the_endpoint_url_is_never_printed(
+    tmp_path: Path, certs: tuple[TlsFiles, TlsFiles], protocol: str
+) -> None:
+    """``https://user:PASS@host``: the certificate error and the exporters' own lines name the
+    endpoint with the password redacted; neither stderr nor any file holds it."""
+    good, other = certs
+    password = "pw" + uuid.uuid4().hex
+    with _receiver(protocol, good) as receiver:
+        endpoint = receiver.endpoint.replace("https://", f"https://trainer:{password}@")
+        code, out, err, _ = _run(
+            tmp_path, endpoint, protocol, other.ca_cert, OTEL_EXPORTER_OTLP_TIMEOUT="2",
+            TRAINTEL_SHUTDOWN_TIMEOUT="3", TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+        )  # fmt: skip
+    assert code == 0 and "trained" in out, err
+    assert password not in err and password not in out, err
+    for path in tmp_path.rglob("*"):
+        assert not path.is_file() or password.encode() not in path.read_bytes(), path
+    if protocol == "http/protobuf":
+        redacted = receiver.endpoint.replace("https://", f"https://trainer:{REDACTED}@")
+        assert f"OTEL_EXPORTER_OTLP_ENDPOINT={redacted} failed TLS certificate verification" in err, err
+
+
+def test_url_secrets_are_the_password_and_the_query_values() -> None:
+    assert url_secrets("https://user:s3cr%40t@host:4318/v1/traces?token=abcd1234&x=1") == {
+        "s3cr%40t", "s3cr@t", "abcd1234"
+    }  # fmt: skip
+    assert url_secrets("https://host:4318") == set()
+    assert url_secrets("http://[::1") == set()  # not a URL: nothing, and no error

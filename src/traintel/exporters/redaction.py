@@ -1,8 +1,10 @@
-"""Keep OTLP header values (API keys, bearer tokens) out of every log line.
+"""Keep OTLP credentials (header values, passwords and tokens in endpoint URLs) out of every log line.
 
 Why this exists: the values of ``OTEL_EXPORTER_OTLP_HEADERS`` and its per-signal variants are
 credentials, yet the SDK logs a malformed entry verbatim ("Header format invalid! ...: <entry>")
-and exporters log exceptions whose text may quote the request metadata. Job logs end up in
+and exporters log exceptions whose text may quote the request metadata. An endpoint such as
+``https://user:PASS@host:4318/?token=...`` carries them in its userinfo and query, and both the
+exporters' retry lines and traintel's own errors name the endpoint. Job logs end up in
 shared places (Slurm output, CI artefacts), so every record from the loggers that can see a
 header - the OpenTelemetry SDK and exporters, grpc, urllib3/requests and traintel - passes a
 filter that replaces each header value (and each malformed entry) with ``[REDACTED]``.
@@ -18,13 +20,19 @@ import logging
 import os
 import traceback
 from collections.abc import Iterable, Mapping
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 HEADER_VARIABLES = (
     "OTEL_EXPORTER_OTLP_HEADERS",
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
     "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
     "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+)
+ENDPOINT_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
 )
 _LOGGER_FAMILIES = ("opentelemetry", "grpc", "urllib3", "requests", "traintel")
 REDACTED = "[REDACTED]"
@@ -33,9 +41,12 @@ _MIN_SECRET_LENGTH = 4
 
 
 def header_secrets(environ: Mapping[str, str] | None = None) -> frozenset[str]:
-    """Every value (raw and URL-decoded) and every malformed entry of the header variables."""
+    """Every value (raw and URL-decoded) and every malformed entry of the header variables, and
+    the password and query values of the endpoint variables."""
     environ = os.environ if environ is None else environ
     found: set[str] = set()
+    for variable in ENDPOINT_VARIABLES:
+        found.update(url_secrets(environ.get(variable, "")))
     for variable in HEADER_VARIABLES:
         raw = environ.get(variable, "")
         for raw_entry in raw.split(","):
@@ -44,6 +55,25 @@ def header_secrets(environ: Mapping[str, str] | None = None) -> frozenset[str]:
             candidates = [value.strip(), unquote(value).strip()] if has_value else [entry]
             found.update(c for c in candidates if len(c) >= _MIN_SECRET_LENGTH)
     return frozenset(found)
+
+
+def url_secrets(url: str) -> set[str]:
+    """A URL's password (raw and decoded) and query values: what must not be printed of it."""
+    try:
+        parts = urlsplit(url.strip())
+        password = parts.password
+        query = parse_qsl(parts.query, keep_blank_values=False)
+    except ValueError:  # not a URL (a port out of range, a bad IPv6 literal): nothing to parse
+        return set()
+    candidates: set[str] = set()
+    if password:
+        raw = parts.netloc.rpartition("@")[0].partition(":")[2]
+        candidates.update((raw, unquote(raw), password))
+    for _, value in query:
+        candidates.update((value, unquote(value)))
+    raw_query = parts.query
+    candidates.update(part.partition("=")[2] for part in raw_query.split("&") if "=" in part)
+    return {c for c in candidates if len(c) >= _MIN_SECRET_LENGTH}
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
