@@ -242,6 +242,12 @@ def _check(field: _Field[Any], value: object, source: str) -> object:
         raise ConfigurationError(f"{source}={value!r}: {exc}") from None
 
 
+def window_seconds(config: TrainingConfig) -> tuple[float, float]:
+    """A window's floor and ceiling in seconds; the floor is at most the ceiling (it wins)."""
+    ceiling = float(config.get("log_every_n_seconds"))
+    return min(float(config.get("window_min_seconds")), ceiling), ceiling
+
+
 class TrainingConfig:
     """An immutable set of training facts; each value is concrete, lazy (callable) or unset.
 

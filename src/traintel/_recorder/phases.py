@@ -284,7 +284,30 @@ class EvalLoopPhase(LoopPhase):
 
 
 # --- iterations: the fast path -----------------------------------------------------------------
-class IterationPhase(PhaseSpan):
+class _TimedPhase(PhaseSpan):
+    """A phase whose ``__enter__``/``__exit__`` take the times themselves (0: the clock's), so a
+    callback opens and closes it through them rather than through ``_start``/``_end``."""
+
+    def __enter__(self, start_ns: int = 0) -> Span:
+        raise NotImplementedError
+
+    def __exit__(self, *exc_info: Any) -> None:
+        raise NotImplementedError
+
+    def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
+        return self.__enter__(start_ns or 0)
+
+    def _close(
+        self,
+        engine: TrainingEngine,
+        exc: BaseException | None,
+        end_ns: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.__exit__(None if exc is None else type(exc), exc, None, end_ns or 0, reason)
+
+
+class IterationPhase(_TimedPhase):
     """A training, validation or testing iteration, numbered automatically: a record while it
     runs (see ``record.py``), exported as spans at its end if the policy keeps it. Everything
     its fast path reads is set in ``__init__`` (as for :class:`StepPhase`)."""
@@ -301,18 +324,6 @@ class IterationPhase(PhaseSpan):
         self._loop = _LOOP_OF_ITERATION[name]
         self._iteration = iteration  # the number given; None: the loop's running count
         self._attributes = attributes
-
-    def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
-        return self.__enter__(start_ns or 0)
-
-    def _close(
-        self,
-        engine: TrainingEngine,
-        exc: BaseException | None,
-        end_ns: int | None = None,
-        reason: str | None = None,
-    ) -> None:
-        self.__exit__(None if exc is None else type(exc), exc, None, end_ns or 0, reason)
 
     def __enter__(self, start_ns: int = 0) -> Span:
         """``with`` passes no time (the clock's); callbacks pass theirs."""
@@ -385,7 +396,7 @@ class StepKind:
         self.attributes: Mapping[str, AttributeValue] = MappingProxyType({semconv.PHASE: name})
 
 
-class StepPhase(PhaseSpan, NonRecordingSpan):
+class StepPhase(_TimedPhase, NonRecordingSpan):
     """Data loading, forward, backward, optimizer.
 
     Directly in a fast-path iteration's body, on its thread, the step is timed into the
@@ -412,18 +423,6 @@ class StepPhase(PhaseSpan, NonRecordingSpan):
         )
         self._extras: StepExtras | None = None
         self._hooked: TrainingEngine | None = None  # the engine, while open with step hooks on
-
-    def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
-        return self.__enter__(start_ns or 0)
-
-    def _close(
-        self,
-        engine: TrainingEngine,
-        exc: BaseException | None,
-        end_ns: int | None = None,
-        reason: str | None = None,
-    ) -> None:
-        self.__exit__(None if exc is None else type(exc), exc, None, end_ns or 0, reason)
 
     def __enter__(self, start_ns: int = 0) -> Span:
         """``with`` passes no time (the clock's); callbacks pass theirs."""

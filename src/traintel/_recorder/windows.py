@@ -37,7 +37,7 @@ from traintel._sdk.ids import new_span_id
 from traintel._sdk.otel_private import add_clean_event, set_clean_attributes
 from traintel._sdk.providers import DirectSpans
 from traintel._sdk.segments import SegmentedSpan
-from traintel.config import TrainingConfig
+from traintel.config import TrainingConfig, window_seconds
 from traintel.semconv import Event
 
 if TYPE_CHECKING:
@@ -91,9 +91,8 @@ class Windows:
             engine.set_device(
                 AutocastProbe(self.hooks, self._dtype_found) if self.dtype_probing else self.hooks
             )
-        ceiling = float(config.get("log_every_n_seconds"))
-        self._ceiling_ns = int(ceiling * 1e9)
-        self._floor_ns = int(min(float(config.get("window_min_seconds")), ceiling) * 1e9)
+        floor, ceiling = window_seconds(config)
+        self._floor_ns, self._ceiling_ns = int(floor * 1e9), int(ceiling * 1e9)
         if not self._agreed:
             self._size = engine.window_size
         self._set_marks()

@@ -484,7 +484,7 @@ def _infer_tail(process: _Process) -> None:
     rules: an iteration's time is productive but for its data-loading wait and the categorised
     phases inside it; if the job has no window record at all, its first iteration's excess over
     the median of the others is program startup."""
-    tail = sorted(item for item in process.uncovered.items() if item[0] > process.covered_upto)
+    tail = sorted(process.uncovered.items())  # all after the last window record (add_window prunes)
     process.uncovered.clear()
     if not tail:
         return

@@ -31,6 +31,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from traintel import semconv
 from traintel._aggregation.aggregator import DATA, WindowReport
 from traintel._aggregation.export_policy import RankExportPolicy
+from traintel.config import window_seconds
 from traintel.distributed.stats import (
     AGREEMENT_LAG,
     FIELDS,
@@ -216,11 +217,10 @@ class CrossRank:
             config = self.engine.config
             if len(self._agreed) > 2 * MAX_PENDING_WINDOWS:  # sizes no window asked for
                 self._agreed.clear()
+            floor, ceiling = window_seconds(config)
+            fewest = int(config.get("log_every_n_iterations"))
             self._agreed[window.window_index + AGREEMENT_LAG] = agreed_window_size(
-                windows,
-                int(config.get("log_every_n_iterations")),
-                min(float(config.get("window_min_seconds")), float(config.get("log_every_n_seconds"))),
-                float(config.get("log_every_n_seconds")),
+                windows, fewest, floor, ceiling
             )
         if window is None:
             if not self._mismatch_warned:

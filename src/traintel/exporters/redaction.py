@@ -69,10 +69,8 @@ def url_secrets(url: str) -> set[str]:
     if password:
         raw = parts.netloc.rpartition("@")[0].partition(":")[2]
         candidates.update((raw, unquote(raw), password))
-    for _, value in query:
-        candidates.update((value, unquote(value)))
-    raw_query = parts.query
-    candidates.update(part.partition("=")[2] for part in raw_query.split("&") if "=" in part)
+    candidates.update(value for _, value in query)  # decoded
+    candidates.update(part.partition("=")[2] for part in parts.query.split("&") if "=" in part)  # raw
     return {c for c in candidates if len(c) >= _MIN_SECRET_LENGTH}
 
 
