@@ -10,6 +10,7 @@ resends are reported.
 from __future__ import annotations
 
 import collections
+import signal
 import stat
 import subprocess
 import sys
@@ -237,3 +238,59 @@ def test_slow_collector_gets_everything_once(tmp_path: Path, protocol: str, rece
     # Batches that came while a send was under way waited on disk; all were delivered.
     spool = tmp_path / "runs" / "spool"
     assert not spool.exists() or not list(spool.iterdir())
+
+
+#: Iterations go on until the test sends SIGTERM; one exported span batch is already in flight
+#: to the collector (announced by ``ready``) when the signal comes.
+PREEMPTED_JOB = """
+import pathlib, time
+import traintel
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(100000):
+            with traintel.training_iteration():
+                with traintel.model_forward():
+                    time.sleep(0.01)
+            if i == 20:
+                pathlib.Path("ready").touch()
+"""
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_sigterm_with_a_batch_in_flight_to_an_unresponsive_collector_spools_it(
+    tmp_path: Path, protocol: str
+) -> None:
+    """The preemption path releases the export path as an exit does: the batch stuck in a send
+    and everything queued go to the spool, and a replay delivers every span the job wrote."""
+    with BlackHole() as hole:
+        job = subprocess.Popen(
+            [sys.executable, "-c", PREEMPTED_JOB],
+            cwd=tmp_path,
+            env=_env(
+                f"http://127.0.0.1:{hole.port}",
+                protocol,
+                tmp_path,
+                OTEL_EXPORTER_OTLP_TIMEOUT="30",
+                TRAINTEL_SHUTDOWN_TIMEOUT="2",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert wait_for(lambda: (tmp_path / "ready").exists() or job.poll() is not None, 60)
+            time.sleep(0.5)  # a batch has left for the black hole and waits for its answer
+            job.send_signal(signal.SIGTERM)
+            _, stderr = job.communicate(timeout=30)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.communicate()
+    assert job.returncode == -signal.SIGTERM, stderr
+    produced = produced_spans(tmp_path / "runs")
+    assert len(produced) > 40
+    [spool] = (tmp_path / "runs" / "spool").iterdir()
+    receiver_class = GrpcReceiver if protocol == "grpc" else HttpReceiver
+    with receiver_class() as receiver:
+        assert main(["replay", str(spool), "--endpoint", receiver.endpoint, "--protocol", protocol]) == 0
+    assert sorted(received_spans(receiver.received)) == sorted(produced), "nothing lost at SIGTERM"

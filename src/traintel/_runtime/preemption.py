@@ -173,6 +173,10 @@ def _last_completed(engine: Any) -> int | None:
     return engine.last_iteration  # type: ignore[no-any-return]
 
 
+#: The pipeline's share of ``TRAINTEL_SHUTDOWN_TIMEOUT`` when the process dies by the signal:
+#: the rest is for the spill to disk that follows when the collector did not answer in time.
+_PIPELINE_SHARE = 0.8
+
 _NOW = -2  # preemption_attributes' default: the engine's last completed iteration now
 
 
@@ -245,7 +249,11 @@ def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_span
                 span.end(end_time=now)
             telemetry.closed = True  # the process is about to die: nothing more to record
             if telemetry.pipeline is not None:
-                telemetry.pipeline.flush(float(telemetry.config.get("shutdown_timeout")))
+                # Released as at a normal exit, so a batch stuck in a send to an unresponsive
+                # collector and whatever is queued go to the spool (or are counted), not away.
+                # Its share of the bound leaves time for that spill before _report stops waiting.
+                timeout = float(telemetry.config.get("shutdown_timeout"))
+                telemetry.pipeline.shutdown(_PIPELINE_SHARE * timeout)
         else:
             telemetry.flush(float(telemetry.config.get("shutdown_timeout")))
     except Exception:
