@@ -8,6 +8,7 @@ import re
 import socket
 import stat
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,46 @@ def test_queue_overflow_drops_are_counted_exactly() -> None:
     dropped = dict((a[semconv.DROP_REASON], v) for a, v in _metrics(reader)[semconv.METRIC_SPANS_DROPPED])
     assert dropped["queue_full"] == 16
     assert describe(health.snapshot())[0] == "16 span(s) dropped (queue_full 16)"
+
+
+class CountingExporter(SpanExporter):
+    """Slow enough that four producers overflow the queue, and counts what it got."""
+
+    def __init__(self) -> None:
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.exported += len(spans)  # one export thread: no race
+        time.sleep(0.0005)
+        return SpanExportResult.SUCCESS
+
+
+def test_queue_overflow_count_is_exact_with_four_producing_threads() -> None:
+    """Producers race each other and the export thread for the queue's last places: every span
+    is exported or counted as dropped, none twice (produced = exported + dropped)."""
+    health = ExportHealth()
+    exporter = CountingExporter()
+    processor = CountingBatchSpanProcessor(
+        exporter, health=health, max_queue_size=64, max_export_batch_size=16, schedule_delay_millis=1
+    )
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    per_thread = 20_000
+
+    def produce() -> None:
+        for _ in range(per_thread):
+            tracer.start_span("s").end()
+
+    threads = [threading.Thread(target=produce) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    provider.shutdown()
+    dropped = health.spans_dropped.get("queue_full", 0)
+    assert dropped > 1000, "the queue overflowed"
+    assert exporter.exported + dropped == 4 * per_thread
 
 
 def test_events_over_the_cap_are_counted() -> None:

@@ -73,11 +73,16 @@ def split_by_bytes(
 
 
 class CountingBatchSpanProcessor(BatchSpanProcessor):
-    """The SDK's batch processor, with its queue-full drops and event-cap drops counted.
+    """The SDK's batch processor, with its queue-full drops and event-cap drops counted exactly.
 
     Why a subclass: the SDK drops a span when its queue is full with one log line and (only
-    on recent versions, opt-in) an internal metric; we count every one, on any version that
-    keeps its queue where 1.40+ does. If it moved, drops go uncounted and we say so once.
+    on recent versions, opt-in) an internal metric. Why a lock: the SDK's queue silently
+    pushes out its oldest span when a span is added to a full queue, so a check made before
+    handing over races the other producing threads and the export thread, and miscounts. Here
+    producers hand over one at a time, a span that finds the queue full is the one dropped
+    (not handed over) and counted, and the SDK's queue never overflows: produced = exported +
+    dropped. The export thread only takes from the queue, so it never turns a check into a
+    drop. If a future SDK keeps its queue elsewhere, drops go uncounted and we say so once.
     """
 
     def __init__(self, exporter: SpanExporter, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
@@ -86,6 +91,7 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         self._emit = super().on_end  # bound once (the SDK's: it queues sampled spans)
         self._queue: deque[ReadableSpan] | None
         self._queue, self._max_queue = batch_queue(self)
+        self._handover = threading.Lock()
         if self._queue is None:
             _logger.warning(
                 "traintel: this opentelemetry-sdk's BatchSpanProcessor keeps its queue elsewhere; "
@@ -97,21 +103,25 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         return len(self._queue) if self._queue is not None else 0
 
     def on_end(self, span: ReadableSpan) -> None:
-        # Called for every exported span: the common case (no dropped events, room in the
-        # queue) reads two things and hands over; only the rare one asks whether it is sampled
-        # (the SDK's on_end asks too, and leaves unsampled spans out of the queue).
-        queue = self._queue
+        # Called for every exported span; only the rare case (dropped events, a full queue)
+        # asks whether it is sampled (the SDK's on_end leaves unsampled spans out of the queue).
         dropped_events = span.dropped_events
-        full = queue is not None and 0 < self._max_queue <= len(queue)
-        if dropped_events or full:
+        if dropped_events:
             context = span.context
             if not context or not context.trace_flags.sampled:
                 return
-            if dropped_events:
-                self._health.drop_events(dropped_events)
-            if full:
-                self._health.drop_spans(health_module.QUEUE_FULL, 1)
-        self._emit(span)
+            self._health.drop_events(dropped_events)
+        queue = self._queue
+        if queue is None or self._max_queue <= 0:
+            self._emit(span)
+            return
+        with self._handover:
+            if len(queue) < self._max_queue:
+                self._emit(span)
+                return
+        context = span.context
+        if context and context.trace_flags.sampled:
+            self._health.drop_spans(health_module.QUEUE_FULL, 1)
 
     def take_queued(self) -> list[ReadableSpan]:
         """Everything still queued, oldest first, taken out (for the spill at a stuck exit)."""
