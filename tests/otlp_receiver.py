@@ -10,7 +10,7 @@ import gzip
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +29,8 @@ class Received:
     traces: list[trace_service_pb2.ExportTraceServiceRequest] = field(default_factory=list)
     metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    #: Trace requests refused by the receiver's ``reject``.
+    rejected: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def spans(self) -> Iterator[tuple[dict[str, Any], Span]]:
@@ -53,14 +55,33 @@ class Received:
         }
 
 
+#: Decides whether a receiver refuses a trace request for what it holds (HTTP 400, gRPC
+#: INVALID_ARGUMENT), as a collector does with a batch it cannot accept.
+Reject = Callable[[trace_service_pb2.ExportTraceServiceRequest], bool]
+
+
+def has_span_named(name: str) -> Reject:
+    def reject(request: trace_service_pb2.ExportTraceServiceRequest) -> bool:
+        return any(
+            span.name == name for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+        )
+
+    return reject
+
+
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
-    def __init__(self, received: Received, delay_s: float = 0.0) -> None:
+    def __init__(self, received: Received, delay_s: float = 0.0, reject: Reject | None = None) -> None:
         self.received = received
         self.delay_s = delay_s
+        self.reject = reject
 
     def Export(self, request: Any, context: Any) -> Any:
         if self.delay_s:
             time.sleep(self.delay_s)  # a slow collector: it answers, late
+        if self.reject is not None and self.reject(request):
+            with self.received.lock:
+                self.received.rejected += 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "this batch is refused")
         with self.received.lock:
             self.received.traces.append(request)
             self.received.headers.append(dict(context.invocation_metadata()))
@@ -81,7 +102,8 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):  # type:
 class GrpcReceiver:
     """``port`` and ``received`` let a test stop a receiver and start another in its place
     (a collector restart); ``delay_s`` makes trace exports slow; ``tls=(key_pem, cert_pem)``
-    serves TLS (an ``https://`` endpoint) instead of plaintext."""
+    serves TLS (an ``https://`` endpoint) instead of plaintext; ``reject`` refuses the trace
+    requests it selects with INVALID_ARGUMENT."""
 
     def __init__(
         self,
@@ -89,12 +111,13 @@ class GrpcReceiver:
         received: Received | None = None,
         delay_s: float = 0.0,
         tls: tuple[bytes, bytes] | None = None,
+        reject: Reject | None = None,
     ) -> None:
         self.received = received if received is not None else Received()
         self.scheme = "https" if tls is not None else "http"
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
-            _TraceService(self.received, delay_s), self.server
+            _TraceService(self.received, delay_s, reject), self.server
         )
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _MetricsService(self.received), self.server
@@ -118,8 +141,8 @@ class GrpcReceiver:
 
 
 class HttpReceiver:
-    """See :class:`GrpcReceiver` for ``port``, ``received`` and ``delay_s``.
-    ``tls=(cert_file, key_file)`` serves HTTPS; failed handshakes are counted, not served."""
+    """See :class:`GrpcReceiver` for ``port``, ``received``, ``delay_s`` and ``reject`` (HTTP
+    400 here). ``tls=(cert_file, key_file)`` serves HTTPS; failed handshakes are counted."""
 
     def __init__(
         self,
@@ -127,6 +150,7 @@ class HttpReceiver:
         received: Received | None = None,
         delay_s: float = 0.0,
         tls: tuple[str, str] | None = None,
+        reject: Reject | None = None,
     ) -> None:
         self.received = received = received if received is not None else Received()
         self.scheme = "https" if tls is not None else "http"
@@ -140,6 +164,15 @@ class HttpReceiver:
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 headers = {k.lower(): v for k, v in self.headers.items()}
+                if self.path == "/v1/traces" and reject is not None:
+                    request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+                    if reject(request):
+                        with received.lock:
+                            received.rejected += 1
+                        self.send_response(400)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                 with received.lock:
                     received.headers.append(headers)
                     if self.path == "/v1/traces":

@@ -17,13 +17,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Received
+from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Received, has_span_named
 from tests.subprocess_helpers import BlackHole, clean_env, wait_for
 from traintel.cli import main
 from traintel.exporters.reader import iter_spans
+from traintel.exporters.spool import read_batch
 
 SECRET = "planted-s3cr3t-token"
 
@@ -294,3 +296,57 @@ def test_sigterm_with_a_batch_in_flight_to_an_unresponsive_collector_spools_it(
     with receiver_class() as receiver:
         assert main(["replay", str(spool), "--endpoint", receiver.endpoint, "--protocol", protocol]) == 0
     assert sorted(received_spans(receiver.received)) == sorted(produced), "nothing lost at SIGTERM"
+
+
+#: A span the collector refuses (the receiver rejects any request holding it), in the middle
+#: of a run whose batches leave every 100 ms.
+POISONED_JOB = """
+import time
+import traintel
+from opentelemetry import trace
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(30):
+            with traintel.training_iteration():
+                with traintel.model_forward():
+                    time.sleep(0.02)
+                if i == 10:
+                    trace.get_tracer("user").start_span("poison").end()
+print("trained", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("protocol", "receiver_class"), [("grpc", GrpcReceiver), ("http/protobuf", HttpReceiver)]
+)
+def test_a_batch_the_collector_rejects_is_set_aside_and_the_rest_delivered(
+    tmp_path: Path, protocol: str, receiver_class: Receiver
+) -> None:
+    with receiver_class(reject=has_span_named("poison")) as receiver:
+        result = subprocess.run(
+            [sys.executable, "-c", POISONED_JOB],
+            cwd=tmp_path,
+            env=_env(receiver.endpoint, protocol, tmp_path, TRAINTEL_SHUTDOWN_TIMEOUT="10"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    produced = produced_spans(tmp_path / "runs")
+    arrived = received_spans(receiver.received)
+    [quarantined] = (tmp_path / "runs" / "spool").glob("*/quarantine/*.otlp.pb")
+    set_aside = [
+        (s.span_id.hex(), [(e.name, e.time_unix_nano) for e in s.events]) for s in _spans(quarantined)
+    ]
+    assert "poison" in {s.name for s in _spans(quarantined)}
+    assert receiver.received.rejected >= 2, "refused, and refused again before it was set aside"
+    assert len(arrived) == len({span_id for span_id, _ in arrived}), "nothing twice"
+    assert sorted(arrived + set_aside) == sorted(produced), "everything else was delivered"
+    assert f"{len(set_aside)} span(s) set aside" in result.stderr
+    assert str(quarantined.parent) in result.stderr
+
+
+def _spans(path: Path) -> list[Any]:
+    request = read_batch(path)
+    return [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]

@@ -35,7 +35,7 @@ from traintel.analysis.summary import render, summarize
 from traintel.exporters.health import ExportHealth, describe, register_instruments
 from traintel.exporters.metric_counting import CountingMetricExporter
 from traintel.exporters.reader import attributes_dict, iter_metric_requests, spans_in
-from traintel.exporters.spool import Spool, spooled_requests
+from traintel.exporters.spool import Spool, read_batch, spooled_requests
 from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter, split_by_bytes
 
 
@@ -230,6 +230,37 @@ def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
     exporter.shutdown()
     assert not spool.directory.exists()  # delivered: nothing left behind
     assert health.export_failures >= 1
+
+
+def test_a_spooled_batch_that_decodes_but_is_invalid_is_set_aside_and_the_rest_sent(tmp_path: Path) -> None:
+    """One flipped bit can leave a batch that parses with a status code outside 0-2: it cannot
+    become spans again. It is moved to the quarantine directory, counted and named, and every
+    batch behind it is delivered."""
+    health = ExportHealth()
+    spool = Spool(tmp_path / "spool", max_bytes=10_000_000)
+    failing = FailingExporter()
+    exporter = SpoolingSpanExporter(failing, spool, retry_interval_s=0.05, health=health)
+    batches = [_big_spans(1, 100) for _ in range(3)]
+    for batch in batches:
+        exporter.export(batch)
+        assert exporter.force_flush(5000)
+    first = spool.entries()[0]
+    request = read_batch(first.path)
+    request.resource_spans[0].scope_spans[0].spans[0].status.code = 7  # type: ignore[assignment]
+    first.path.write_bytes(request.SerializeToString())
+    failing.fail = False
+    assert exporter.drain(5)
+    assert [s.context.span_id for s in failing.spans] == [b[0].context.span_id for b in batches[1:]]
+    moved = spool.quarantine_directory / first.path.name
+    assert moved.is_file() and stat.S_IMODE(moved.stat().st_mode) == 0o600
+    assert (health.snapshot().spans_quarantined, health.snapshot().spans_resent) == (1, 2)
+    assert _metrics(_instruments(health))[semconv.METRIC_SPOOL_QUARANTINED] == [({}, 1)]
+    assert describe(health.snapshot())[-1] == (
+        "1 span(s) set aside, rejected by the collector or unreadable (the collector's log says why), "
+        f"kept in {spool.quarantine_directory}"
+    )
+    exporter.shutdown()
+    assert moved.is_file(), "kept for the user to inspect or replay"
 
 
 def test_losses_reach_the_exit_line_the_summary_and_the_report(tmp_path: Path) -> None:

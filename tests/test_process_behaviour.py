@@ -168,6 +168,7 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
         "traintel.queue.depth",
         "traintel.spool.size",
         "traintel.spool.dropped",
+        "traintel.spool.quarantined",
     }
 
 

@@ -311,6 +311,7 @@ METRIC_EXPORT_BATCHES_SPLIT: Final = "traintel.export.batches.split"
 METRIC_QUEUE_DEPTH: Final = "traintel.queue.depth"
 METRIC_SPOOL_SIZE: Final = "traintel.spool.size"
 METRIC_SPOOL_DROPPED: Final = "traintel.spool.dropped"
+METRIC_SPOOL_QUARANTINED: Final = "traintel.spool.quarantined"
 DROP_REASON: Final = "traintel.drop.reason"
 #: On ``traintel.export.failures``: the signal whose export failed, ``traces`` or ``metrics``.
 EXPORT_SIGNAL: Final = "traintel.export.signal"

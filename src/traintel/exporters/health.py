@@ -52,6 +52,9 @@ class HealthSnapshot:
     metric_exports_delivered: int = 0
     #: The last metric export failed, or had not finished when the snapshot was taken.
     metrics_undelivered: bool = False
+    #: Spooled spans set aside (rejected by the collector, or unreadable), and where.
+    spans_quarantined: int = 0
+    quarantine_dirs: tuple[str, ...] = ()
 
 
 class ExportHealth:
@@ -151,6 +154,10 @@ class ExportHealth:
                 spans_spooled=self.spans_spooled,
                 spans_resent=self.spans_resent,
                 spool_dirs=tuple(sorted(str(s.directory) for s in spools if len(s))),
+                spans_quarantined=sum(s.quarantined_spans for s in spools),
+                quarantine_dirs=tuple(
+                    sorted(str(s.quarantine_directory) for s in spools if s.quarantined_spans)
+                ),
                 metric_export_failures=self.metric_export_failures,
                 metric_exports_delivered=self.metric_exports_delivered,
                 metrics_undelivered=self.metric_export_failures > 0
@@ -169,9 +176,12 @@ class _SpoolLike(Protocol):  # the parts of exporters.spool.Spool read here
     def pending_spans(self) -> int: ...
     @property
     def directory(self) -> Path: ...
+    @property
+    def quarantine_directory(self) -> Path: ...
 
     dropped_batches: int
     dropped_spans: int
+    quarantined_spans: int
 
     def __len__(self) -> int: ...
 
@@ -214,6 +224,9 @@ _INSTRUMENTS: tuple[tuple[str, str, str, str, Callable[[HealthSnapshot], Any]], 
     (semconv.METRIC_SPOOL_DROPPED, "counter", "{batch}",
      "Spooled batches deleted, oldest first, to stay within TRAINTEL_SPOOL_MAX_BYTES",
      lambda s: s.spool_dropped_batches),
+    (semconv.METRIC_SPOOL_QUARANTINED, "counter", "{span}",
+     "Spooled spans set aside in the spool's quarantine directory: rejected by the collector "
+     "while it accepted other requests, or unreadable", lambda s: s.spans_quarantined),
 )  # fmt: skip
 
 
@@ -266,7 +279,13 @@ def describe(snapshot: HealthSnapshot) -> list[str]:
             f"{snapshot.spool_spans} span(s) in {snapshot.spool_batches} batch(es) "
             f"({snapshot.spool_bytes} bytes) not delivered, kept in "
             + ", ".join(snapshot.spool_dirs)
-            + "; send them with: traintel replay DIR"
+            + "; send them with: "
+            + "; ".join(f"traintel replay {d}" for d in snapshot.spool_dirs)
+        )
+    if snapshot.spans_quarantined:
+        lines.append(
+            f"{snapshot.spans_quarantined} span(s) set aside, rejected by the collector or unreadable "
+            "(the collector's log says why), kept in " + ", ".join(snapshot.quarantine_dirs)
         )
     return lines
 

@@ -54,7 +54,19 @@ def _trace_state(raw: str) -> TraceState:
     return TraceState.from_header([raw]) if raw else TraceState()
 
 
+class InvalidSpanError(ValueError):
+    """A span that decodes but holds a value no span can have (a status code outside 0-2,
+    say: one flipped bit in a spooled file). Its batch cannot be sent as it is."""
+
+
 def _span(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
+    try:
+        return _convert(span, resource, scope)
+    except Exception as exc:
+        raise InvalidSpanError(f"span {span.name!r} ({span.span_id.hex() or 'no id'}): {exc}") from exc
+
+
+def _convert(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
     trace_id = int.from_bytes(span.trace_id, "big")
     flags = _flags(span.flags)
     context = SpanContext(
@@ -102,7 +114,9 @@ def _span(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> R
 
 
 def readable_spans(request: ExportTraceServiceRequest) -> Iterator[ReadableSpan]:
-    """Every span of one OTLP trace export request as an SDK span, with its resource and scope."""
+    """Every span of one OTLP trace export request as an SDK span, with its resource and scope.
+
+    Raises :class:`InvalidSpanError` at the first span that cannot be one."""
     for resource_spans in request.resource_spans:
         resource = Resource(_attributes(resource_spans.resource.attributes), resource_spans.schema_url)
         for scope_spans in resource_spans.scope_spans:
@@ -116,4 +130,4 @@ def readable_spans(request: ExportTraceServiceRequest) -> Iterator[ReadableSpan]
                 yield _span(span, resource, scope)
 
 
-__all__ = ["readable_spans"]
+__all__ = ["InvalidSpanError", "readable_spans"]

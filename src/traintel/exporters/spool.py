@@ -10,6 +10,10 @@ not the embedded default's JSON lines: spooling happens exactly while the collec
 for every batch, and JSON encoding costs about twice the protobuf encoding the exporter does
 anyway; serialising the encoded request is nearly free. ``traintel replay`` reads both.
 
+A batch that can never be delivered as it is (the collector rejects it while it takes
+others, or it cannot be read back) is moved to a ``quarantine`` directory inside the spool,
+where it is kept, named in the log and counted, instead of blocking every batch behind it.
+
 Files are written to a temporary name and renamed, so a crash never leaves half a batch
 under a name a reader picks up. Directories are 0700 and files 0600: spans may carry data
 the job owner did not mean to share. Only span data is written, never exporter settings
@@ -34,6 +38,8 @@ _logger = logging.getLogger(__name__)
 
 #: A spooled batch: one serialised ``ExportTraceServiceRequest``.
 SPOOL_SUFFIX = ".otlp.pb"
+#: Where a spool keeps the batches it set aside (a subdirectory of the spool).
+QUARANTINE_DIR = "quarantine"
 _NAME = re.compile(r"^batch-(\d{12})-(\d+)spans" + re.escape(SPOOL_SUFFIX) + "$")
 
 
@@ -62,9 +68,18 @@ class Spool:
         self._next_seq = 0
         self._bytes = 0
         self._write_failed_once = False
+        #: Batches set aside in the quarantine directory, oldest first (they share the bound).
+        self._quarantined: list[SpoolEntry] = []
         #: Batches and spans deleted to respect the bound (oldest first), since start.
         self.dropped_batches = 0
         self.dropped_spans = 0
+        #: Batches and spans moved to the quarantine directory, since start.
+        self.quarantined_batches = 0
+        self.quarantined_spans = 0
+
+    @property
+    def quarantine_directory(self) -> Path:
+        return self.directory / QUARANTINE_DIR
 
     # --- state -------------------------------------------------------------------------------
     @property
@@ -113,7 +128,7 @@ class Spool:
             entry = SpoolEntry(seq, spans, path, len(data))
             self._entries.append(entry)
             self._bytes += entry.size
-            while self._bytes > self.max_bytes and len(self._entries) > 1:
+            while self._bytes > self.max_bytes and (self._quarantined or len(self._entries) > 1):
                 self._drop_oldest()
             return entry
 
@@ -130,7 +145,8 @@ class Spool:
             raise
 
     def _drop_oldest(self) -> None:
-        entry = self._entries.pop(0)
+        """The bound: a quarantined batch goes first (it is the least likely to be delivered)."""
+        entry = (self._quarantined or self._entries).pop(0)
         self._bytes -= entry.size
         self.dropped_batches += 1
         self.dropped_spans += entry.spans
@@ -144,6 +160,32 @@ class Spool:
                 self._bytes -= entry.size
         entry.path.unlink(missing_ok=True)
 
+    def quarantine(self, entry: SpoolEntry) -> Path | None:
+        """Move a batch that cannot be delivered as it is out of the way of the rest.
+
+        Returns where it now is, or ``None`` if it was already gone. If it cannot be moved it
+        is deleted and counted as dropped: a batch left in place would block the spool.
+        """
+        with self._lock:
+            if entry not in self._entries:
+                return None
+            self._entries.remove(entry)
+            target = self.quarantine_directory / entry.path.name
+            try:
+                make_private_dirs(target.parent)
+                os.replace(entry.path, target)
+            except OSError as exc:
+                _logger.error("traintel: cannot move %s to %s (%s); deleted", entry.path, target.parent, exc)
+                entry.path.unlink(missing_ok=True)
+                self._bytes -= entry.size
+                self.dropped_batches += 1
+                self.dropped_spans += entry.spans
+                return None
+            self._quarantined.append(SpoolEntry(entry.seq, entry.spans, target, entry.size))
+            self.quarantined_batches += 1
+            self.quarantined_spans += entry.spans
+            return target
+
     def read(self, entry: SpoolEntry) -> ExportTraceServiceRequest | None:
         """The batch, or ``None`` if it is gone (dropped, or removed by someone else)."""
         try:
@@ -155,7 +197,7 @@ class Spool:
     def remove_if_empty(self) -> None:
         """At exit: a spool that was fully delivered leaves no directory behind."""
         with self._lock:
-            if self._entries:
+            if self._entries or self._quarantined:
                 return
         try:
             self.directory.rmdir()
@@ -164,7 +206,8 @@ class Spool:
 
 
 def read_batch(path: Path) -> ExportTraceServiceRequest:
-    """One spooled batch (raises ``OSError``, or ``DecodeError`` for a corrupt file)."""
+    """One spooled batch (raises ``OSError``, or ``DecodeError`` for a corrupt file; a batch
+    that decodes may still hold values no span can have, see ``proto_spans``)."""
     request = ExportTraceServiceRequest()
     request.ParseFromString(path.read_bytes())
     return request

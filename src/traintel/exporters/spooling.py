@@ -42,7 +42,7 @@ from traintel._sdk.export_filter import estimate_span_bytes
 from traintel._sdk.otel_private import batch_queue
 from traintel.exporters import health as health_module
 from traintel.exporters.health import HEALTH, ExportHealth
-from traintel.exporters.proto_spans import readable_spans
+from traintel.exporters.proto_spans import InvalidSpanError, readable_spans
 from traintel.exporters.spool import Spool, SpoolEntry
 
 _logger = logging.getLogger(__name__)
@@ -352,27 +352,48 @@ class SpoolingSpanExporter(SpanExporter):
         return False
 
     def _resend(self, entry: SpoolEntry) -> bool:
+        """The oldest spooled batch; True when it left the queue (delivered or set aside)."""
         spool = self.spool
         assert spool is not None
         try:
             request = spool.read(entry)
-        except DecodeError as exc:
-            _logger.error("traintel: spool file %s is unreadable (%s); dropped", entry.path, exc)
-            spool.remove(entry)
-            self._health.drop_spans(health_module.NOT_SPOOLED, entry.spans)
+            spans = list(readable_spans(request)) if request is not None else []
+        except (DecodeError, InvalidSpanError) as exc:
+            self._quarantine(entry, f"cannot be read back: {exc}")
             return True
         if request is None:
             return True  # gone (dropped by the bound meanwhile): nothing to send
-        spans = list(readable_spans(request))
         if self._stopped:
             return False
         if not self._send(spans):
-            if not self._stopped:
-                self._health.export_failed()
-            return False
+            self._health.export_failed()
+            if self._stopped or not self._collector_accepts():
+                return False  # down, black-holed or refusing everything: retry later
+            if not self._send(spans):  # once more: the failure may have been a moment's outage
+                self._quarantine(entry, "rejected by the collector, which accepts other requests")
+                return True
         spool.remove(entry)
         self._health.resent(len(spans))
         return True
+
+    def _collector_accepts(self) -> bool:
+        """Is the collector up? Asked with an empty request, which the standard exporters send
+        and a collector that is up accepts. Exporters report every failure the same way, so this
+        is how a batch the collector refuses for what it holds (HTTP 400, gRPC INVALID_ARGUMENT)
+        is told from an outage; otherwise it would be retried forever at the head of the
+        spool, holding back every batch behind it."""
+        return self._send(())
+
+    def _quarantine(self, entry: SpoolEntry, why: str) -> None:
+        assert self.spool is not None
+        moved = self.spool.quarantine(entry)
+        if moved is not None:
+            _logger.error(
+                "traintel: spooled batch of %d span(s) %s; set aside as %s and the rest sent on",
+                entry.spans,
+                why,
+                moved,
+            )
 
     # --- lifecycle ---------------------------------------------------------------------------
     def force_flush(self, timeout_millis: int = 30000) -> bool:
