@@ -74,6 +74,8 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignor
         self.received = received
         self.delay_s = delay_s
         self.reject = reject
+        #: After this many accepted trace requests, the receiver answers UNAVAILABLE (an outage).
+        self.fail_after: int | None = None
 
     def Export(self, request: Any, context: Any) -> Any:
         if self.delay_s:
@@ -82,6 +84,8 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignor
             with self.received.lock:
                 self.received.rejected += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "this batch is refused")
+        if self.fail_after is not None and len(self.received.traces) >= self.fail_after:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "down for maintenance")
         with self.received.lock:
             self.received.traces.append(request)
             self.received.headers.append(dict(context.invocation_metadata()))
@@ -116,9 +120,8 @@ class GrpcReceiver:
         self.received = received if received is not None else Received()
         self.scheme = "https" if tls is not None else "http"
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
-            _TraceService(self.received, delay_s, reject), self.server
-        )
+        self._traces = _TraceService(self.received, delay_s, reject)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self._traces, self.server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _MetricsService(self.received), self.server
         )
@@ -131,6 +134,13 @@ class GrpcReceiver:
     @property
     def endpoint(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def fail_after(self, requests: int | None) -> None:
+        """From the ``requests``-th accepted trace request on, answer UNAVAILABLE (None: heal)."""
+        self._traces.fail_after = requests
+
+    def set_delay(self, seconds: float) -> None:
+        self._traces.delay_s = seconds
 
     def __enter__(self) -> GrpcReceiver:
         self.server.start()
@@ -155,15 +165,24 @@ class HttpReceiver:
         self.received = received = received if received is not None else Received()
         self.scheme = "https" if tls is not None else "http"
         self.failed_handshakes = 0
+        self._fail_after: int | None = None
+        self.delay_s = delay_s
+        receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                if delay_s and self.path == "/v1/traces":
-                    time.sleep(delay_s)
+                if receiver.delay_s and self.path == "/v1/traces":
+                    time.sleep(receiver.delay_s)
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 headers = {k.lower(): v for k, v in self.headers.items()}
+                limit = receiver._fail_after
+                if self.path == "/v1/traces" and limit is not None and len(received.traces) >= limit:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if self.path == "/v1/traces" and reject is not None:
                     request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
                     if reject(request):
@@ -196,8 +215,6 @@ class HttpReceiver:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        receiver = self
-
         class Server(ThreadingHTTPServer):
             def handle_error(self, request: Any, client_address: Any) -> None:
                 receiver.failed_handshakes += 1  # a client that refused our certificate
@@ -221,6 +238,13 @@ class HttpReceiver:
     @property
     def endpoint(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def fail_after(self, requests: int | None) -> None:
+        """From the ``requests``-th accepted trace request on, answer 503 (None: heal)."""
+        self._fail_after = requests
+
+    def set_delay(self, seconds: float) -> None:
+        self.delay_s = seconds
 
     def __enter__(self) -> HttpReceiver:
         self.thread.start()

@@ -350,3 +350,45 @@ def test_a_batch_the_collector_rejects_is_set_aside_and_the_rest_delivered(
 def _spans(path: Path) -> list[Any]:
     request = read_batch(path)
     return [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+
+
+@pytest.mark.parametrize(
+    ("protocol", "receiver_class"), [("grpc", GrpcReceiver), ("http/protobuf", HttpReceiver)]
+)
+def test_a_collector_slower_than_the_exit_bound_gets_each_span_once_with_the_replay(
+    tmp_path: Path, protocol: str, receiver_class: Receiver
+) -> None:
+    """2 s a request, 3 s to exit: the send under way at the exit is waited for (its outcome
+    known), and no send is started that the exit would cut off with its outcome unknown; what
+    is left waits in the spool, and live delivery plus the replay gives every span once."""
+    with receiver_class(delay_s=2.0) as receiver:
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-c", PLAIN_JOB],
+            cwd=tmp_path,
+            env=_env(
+                receiver.endpoint,
+                protocol,
+                tmp_path,
+                TRAINTEL_SHUTDOWN_TIMEOUT="3",
+                OTEL_EXPORTER_OTLP_TIMEOUT="10",  # slow, not failed: it answers within this
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        elapsed = time.monotonic() - started
+        assert result.returncode == 0, result.stderr
+        live = len(received_spans(receiver.received))
+        time.sleep(2.5)  # a request the exit cut off would still land now
+        assert len(received_spans(receiver.received)) == live, "no send was cut off by the exit"
+        receiver.set_delay(0.0)
+        [spool] = (tmp_path / "runs" / "spool").iterdir()
+        assert main(["replay", str(spool), "--endpoint", receiver.endpoint, "--protocol", protocol]) == 0
+    produced = produced_spans(tmp_path / "runs")
+    arrived = received_spans(receiver.received)
+    assert 0 < live < len(produced)
+    assert len(arrived) == len({span_id for span_id, _ in arrived}), "nothing twice"
+    assert sorted(arrived) == sorted(produced)
+    assert elapsed < 10, f"exit took {elapsed:.1f}s"

@@ -99,7 +99,7 @@ def test_replay_of_the_embedded_default_file_and_a_failed_replay(
     # Nothing listening: the replay says where it stopped and fails, deleting nothing.
     assert main(["replay", str(runs), "--endpoint", f"http://127.0.0.1:{_free_port()}",
                  "--protocol", "http/protobuf", "--delete-sent"]) == 1  # fmt: skip
-    assert "export failed at" in capsys.readouterr().out
+    assert "stopped at" in capsys.readouterr().out
     assert sorted(s.span_id for s in iter_spans([runs])) == produced
     with HttpReceiver() as receiver:
         assert (

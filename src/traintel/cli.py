@@ -170,7 +170,7 @@ def _goodput(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     from traintel.config import ConfigurationError
-    from traintel.exporters.replay import otlp_span_exporter, render, replay, replay_files
+    from traintel.exporters.replay import endpoint_key, otlp_span_exporter, render, replay, replay_files
 
     files = replay_files(args.paths)
     if not files:
@@ -178,15 +178,15 @@ def _replay(args: argparse.Namespace) -> int:
         return 2
     try:
         exporter = otlp_span_exporter(args.endpoint, args.protocol)
+        key = endpoint_key(args.endpoint, args.protocol)
     except ConfigurationError as exc:
         print(f"traintel: {exc}", file=sys.stderr)
         return 2
     try:
-        result = replay(files, exporter, delete_sent=args.delete_sent)
+        result = replay(files, exporter, delete_sent=args.delete_sent, target=key)
     finally:
         exporter.shutdown()
-    target = args.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint"
-    print(render(result, target))
+    print(render(result, key.split(" ", 1)[1]))
     return 0 if result.ok else 1
 
 
@@ -242,7 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL, else grpc",
     )
     rep.add_argument(
-        "--delete-sent", action="store_true", help="remove each file once all its spans were delivered"
+        "--delete-sent",
+        action="store_true",
+        help="remove the files all of whose spans were delivered (not when the replay stopped)",
     )
     rep.set_defaults(func=_replay)
     return parser

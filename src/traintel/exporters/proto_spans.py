@@ -113,10 +113,11 @@ def _convert(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -
     )
 
 
-def readable_spans(request: ExportTraceServiceRequest) -> Iterator[ReadableSpan]:
-    """Every span of one OTLP trace export request as an SDK span, with its resource and scope.
-
-    Raises :class:`InvalidSpanError` at the first span that cannot be one."""
+def proto_spans(
+    request: ExportTraceServiceRequest,
+) -> Iterator[tuple[ProtoSpan, Resource, InstrumentationScope]]:
+    """Every span of one OTLP trace export request, with its resource and scope as the SDK's
+    (each built once per group, not per span)."""
     for resource_spans in request.resource_spans:
         resource = Resource(_attributes(resource_spans.resource.attributes), resource_spans.schema_url)
         for scope_spans in resource_spans.scope_spans:
@@ -127,7 +128,20 @@ def readable_spans(request: ExportTraceServiceRequest) -> Iterator[ReadableSpan]
                 _attributes(scope_spans.scope.attributes) or None,
             )
             for span in scope_spans.spans:
-                yield _span(span, resource, scope)
+                yield span, resource, scope
 
 
-__all__ = ["InvalidSpanError", "readable_spans"]
+def readable_span(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
+    """One span as an SDK span; raises :class:`InvalidSpanError` if it cannot be one."""
+    return _span(span, resource, scope)
+
+
+def readable_spans(request: ExportTraceServiceRequest) -> Iterator[ReadableSpan]:
+    """Every span of one OTLP trace export request as an SDK span, with its resource and scope.
+
+    Raises :class:`InvalidSpanError` at the first span that cannot be one."""
+    for span, resource, scope in proto_spans(request):
+        yield _span(span, resource, scope)
+
+
+__all__ = ["InvalidSpanError", "proto_spans", "readable_span", "readable_spans"]

@@ -6,15 +6,31 @@ everything else (headers, certificate, compression, timeout) comes from the same
 from the spooled OTLP requests or the OTLP/JSON lines (:mod:`traintel.exporters.proto_spans`),
 batched, and split by bytes like live export.
 
-In order, file by file; on the first failed send it stops (the collector is down: carrying on
-would only reorder), reports what was sent and exits non-zero, so running it again resumes.
-With ``delete_sent`` a file whose spans were all delivered is removed, so a spool is drained
-and a second run sends nothing twice. Metric lines are counted, not sent: replayed cumulative
-points would arrive out of order at most backends.
+What a user can count on:
+
+- **Nothing twice.** Spooled batches are sent first, then the files; a span already sent from
+  a spooled batch is not sent again from a file (a job with both a collector and the embedded
+  default has the spool's spans in its file too). What was delivered is remembered per
+  directory and endpoint (:mod:`traintel.exporters.replay_ledger`), so a replay that stopped
+  resumes where it stopped and a second replay of the same files sends nothing.
+- **A rejected batch does not stop the rest.** A batch that fails while the collector accepts
+  an empty request is refused for what it holds (HTTP 400, gRPC INVALID_ARGUMENT): after one
+  more try it is set aside in a ``quarantine`` directory next to its file, and the replay
+  goes on. A batch that cannot be read back (corrupt, or holding a value no span can have)
+  is moved there too.
+- **Stops when the collector is down.** When even the empty request fails, carrying on would
+  only fail again: the replay says where it stopped and that running it again resumes.
+- **Exit status.** Zero only when every span was delivered (now or by an earlier replay);
+  otherwise non-zero, saying what was not. ``--delete-sent`` removes only files whose spans
+  were all delivered, and only when the replay did not stop.
+
+Metric lines are counted, not sent: replayed cumulative points would arrive out of order at
+most backends.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -23,15 +39,26 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from google.protobuf.message import DecodeError
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from traintel._sdk.providers import otlp_protocol
 from traintel.config import ConfigurationError
-from traintel.exporters.proto_spans import readable_spans
+from traintel.exporters.private_files import make_private_dirs
+from traintel.exporters.proto_spans import InvalidSpanError, proto_spans, readable_span
 from traintel.exporters.reader import ReadStats, expand_paths, read_requests
-from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
+from traintel.exporters.replay_ledger import Ledger, Progress, target_key
+from traintel.exporters.spool import (
+    QUARANTINE_DIR,
+    SPOOL_SUFFIX,
+    batch_name,
+    batch_seq,
+    read_batch,
+    spool_files,
+    write_batch,
+)
 from traintel.exporters.spooling import DEFAULT_MAX_BATCH_BYTES, split_by_bytes
 
 _logger = logging.getLogger(__name__)
@@ -47,12 +74,28 @@ class ReplayResult:
     files_done: list[Path] = field(default_factory=list)
     files_deleted: int = 0
     metric_requests_skipped: int = 0
+    #: Spans an earlier replay to the same endpoint delivered (skipped).
+    spans_sent_before: int = 0
+    #: Spans in a file that were already sent from a spooled batch (skipped).
+    spans_in_spool_and_file: int = 0
+    #: Spans the collector rejected, and where they are kept.
+    spans_rejected: int = 0
+    quarantined: list[Path] = field(default_factory=list)
+    #: Spooled batches that cannot be read back, and spans no span can be (not sent).
+    unreadable: list[str] = field(default_factory=list)
+    #: Where the replay stopped because the collector took nothing, not even an empty request.
     failed_file: Path | None = None
     stats: ReadStats = field(default_factory=ReadStats)
 
     @property
     def ok(self) -> bool:
-        return self.failed_file is None
+        """Everything was delivered, now or before."""
+        return (
+            self.failed_file is None
+            and not self.spans_rejected
+            and not self.unreadable
+            and not self.stats.skipped
+        )
 
 
 def otlp_span_exporter(endpoint: str | None = None, protocol: str | None = None) -> SpanExporter:
@@ -75,57 +118,218 @@ def otlp_span_exporter(endpoint: str | None = None, protocol: str | None = None)
     raise ConfigurationError(f"--protocol={protocol!r}: expected grpc or http/protobuf")
 
 
-def _batches(spans: Iterable[ReadableSpan], size: int) -> Iterable[list[ReadableSpan]]:
-    batch: list[ReadableSpan] = []
-    for span in spans:
-        batch.append(span)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _send(exporter: SpanExporter, spans: Sequence[ReadableSpan], result: ReplayResult) -> bool:
-    for part, _request in split_by_bytes(spans, DEFAULT_MAX_BATCH_BYTES):
-        try:
-            ok = exporter.export(part) == SpanExportResult.SUCCESS
-        except Exception as exc:
-            _logger.error("traintel replay: export raised %s", exc)
-            ok = False
-        if not ok:
-            return False
-        result.spans_sent += len(part)
-        result.requests_sent += 1
-    return True
+def endpoint_key(endpoint: str | None = None, protocol: str | None = None) -> str:
+    """What the ledger calls the endpoint ``otlp_span_exporter`` sends to (without secrets)."""
+    protocol = protocol or otlp_protocol("traces", os.environ, strict=True)
+    endpoint = endpoint or (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+        or ("http://localhost:4317" if protocol == "grpc" else "http://localhost:4318")
+    )
+    return target_key(protocol, endpoint)
 
 
 def replay_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Embedded-default files and spooled batches in ``paths``, each directory in name order
-    (a spool's names sort in write order)."""
-    found: list[Path] = []
+    """Spooled batches (each directory's in write order), then embedded-default files."""
+    batches: list[Path] = []
+    files: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted({*expand_paths([path]), *spool_files([path])}))
+            batches.extend(spool_files([path]))
+            files.extend(expand_paths([path]))
+        elif path.name.endswith(SPOOL_SUFFIX):
+            batches.append(path)
         else:
-            found.append(path)
-    return found
+            files.append(path)
+    return list(dict.fromkeys(batches)) + list(dict.fromkeys(files))
 
 
-def _spans_of(path: Path, result: ReplayResult) -> Iterator[ReadableSpan]:
-    """Streaming: a long run's file is never held in memory whole."""
-    if path.name.endswith(SPOOL_SUFFIX):
+class _Sent(enum.Enum):
+    DELIVERED = "delivered"
+    REJECTED = "rejected"
+    STOPPED = "stopped"
+
+
+_SpanKey = tuple[bytes, bytes]
+
+
+class _Replay:
+    def __init__(self, exporter: SpanExporter, target: str | None, batch_spans: int) -> None:
+        self.exporter = exporter
+        self.target = target
+        self.batch_spans = batch_spans
+        self.result = ReplayResult()
+        #: Every span id seen in a spooled batch: not sent again from a file.
+        self.spooled: set[_SpanKey] = set()
+        self._ledgers: dict[Path, Ledger] = {}
+        #: Files all of whose spans were delivered (``--delete-sent`` may remove them).
+        self.delivered: list[Path] = []
+
+    def ledger(self, path: Path) -> Ledger | None:
+        if self.target is None:
+            return None
+        directory = path.parent.absolute()
+        if directory not in self._ledgers:
+            self._ledgers[directory] = Ledger(directory, self.target)
+        return self._ledgers[directory]
+
+    # --- one file ----------------------------------------------------------------------------
+    def file(self, path: Path) -> bool:
+        """Send what is left of ``path``; False when the collector took nothing (stop)."""
+        spooled = path.name.endswith(SPOOL_SUFFIX)
+        ledger = self.ledger(path)
+        progress = ledger.progress(path) if ledger is not None else Progress()
+        result = self.result
+        skipped_before, undelivered_before = result.stats.skipped, self._undelivered()
+        spans = self._batch_of(path) if spooled else self._lines_of(path)
+        if spans is None:  # a spooled batch that cannot be read back: set aside
+            return True
+        position = 0
+        batch: list[ReadableSpan] = []
+        for key, span in spans:
+            position += 1
+            if spooled:
+                self.spooled.add(key)
+            if position <= progress.done:
+                result.spans_sent_before += 1
+                continue
+            if not spooled and key in self.spooled:
+                result.spans_in_spool_and_file += 1
+            elif span is not None:
+                batch.append(span)
+            if len(batch) >= self.batch_spans:
+                if not self._deliver(path, batch, ledger, progress, position):
+                    return False
+                batch = []
+        if batch and not self._deliver(path, batch, ledger, progress, position):
+            return False
+        progress.done, progress.complete = position, True
+        if ledger is not None:
+            ledger.record(path, progress)
+        result.files_done.append(path)
+        if result.stats.skipped == skipped_before and self._undelivered() == undelivered_before:
+            self.delivered.append(path)
+        return True
+
+    def _undelivered(self) -> int:
+        return self.result.spans_rejected + len(self.result.unreadable)
+
+    def _batch_of(self, path: Path) -> list[tuple[_SpanKey, ReadableSpan | None]] | None:
+        """A spooled batch whole, or ``None`` (set aside) if any of it cannot be read back:
+        it is sent as it was spooled or not at all."""
         try:
-            yield from readable_spans(read_batch(path))
-        except (OSError, DecodeError) as exc:
-            result.stats.skip(str(path), f"unreadable spooled batch ({exc})")
-        return
-    for request in read_requests([path], result.stats):
-        if isinstance(request, ExportTraceServiceRequest):
-            yield from readable_spans(request)
-        else:
-            result.metric_requests_skipped += 1
+            request = read_batch(path)
+            return [((s.trace_id, s.span_id), readable_span(s, r, c)) for s, r, c in proto_spans(request)]
+        except (OSError, DecodeError, InvalidSpanError) as exc:
+            where = self._set_aside_file(path)
+            self.result.unreadable.append(f"{path}: cannot be read back ({exc})" + where)
+            return None
+
+    def _lines_of(self, path: Path) -> Iterator[tuple[_SpanKey, ReadableSpan | None]]:
+        """Streaming: a long run's file is never held in memory whole. A span that cannot be
+        one is counted and skipped (``None``), the rest of its line sent."""
+        for request in read_requests([path], self.result.stats):
+            if not isinstance(request, ExportTraceServiceRequest):
+                self.result.metric_requests_skipped += 1
+                continue
+            for span, resource, scope in proto_spans(request):
+                try:
+                    converted: ReadableSpan | None = readable_span(span, resource, scope)
+                except InvalidSpanError as exc:
+                    self.result.unreadable.append(f"{path}: {exc}")
+                    converted = None
+                yield (span.trace_id, span.span_id), converted
+
+    # --- sending -----------------------------------------------------------------------------
+    def _deliver(
+        self, path: Path, batch: list[ReadableSpan], ledger: Ledger | None, progress: Progress, position: int
+    ) -> bool:
+        outcome = self._send_or_set_aside(path, batch)
+        if outcome is _Sent.STOPPED:
+            self.result.failed_file = path
+            return False
+        in_quarantine = path.parent.name == QUARANTINE_DIR
+        if outcome is _Sent.DELIVERED or not in_quarantine:
+            # Rejected from a quarantined file: not recorded, so the next replay tries again.
+            progress.done = position
+            if ledger is not None:
+                ledger.record(path, progress)
+        return True
+
+    def _send_or_set_aside(self, path: Path, batch: Sequence[ReadableSpan]) -> _Sent:
+        left = batch[self._send(batch) :]
+        if not left:
+            return _Sent.DELIVERED
+        if not self._export(()):  # the collector takes nothing: down, unreachable or refusing all
+            return _Sent.STOPPED
+        left = left[self._send(left) :]  # once more: the failure may have been a moment's outage
+        if not left:
+            return _Sent.DELIVERED
+        self.result.spans_rejected += len(left)
+        if path.parent.name != QUARANTINE_DIR:
+            self._write_aside(path.parent, left)
+        elif path not in self.result.quarantined:
+            self.result.quarantined.append(path)
+        return _Sent.REJECTED
+
+    def _send(self, spans: Sequence[ReadableSpan]) -> int:
+        """Send ``spans`` split by bytes; how many were delivered (parts before a failure)."""
+        sent = 0
+        for part, _request in split_by_bytes(spans, DEFAULT_MAX_BATCH_BYTES):
+            if not self._export(part):
+                break
+            sent += len(part)
+            self.result.spans_sent += len(part)
+            self.result.requests_sent += 1
+        return sent
+
+    def _export(self, spans: Sequence[ReadableSpan]) -> bool:
+        try:
+            return self.exporter.export(spans) == SpanExportResult.SUCCESS
+        except Exception as exc:
+            _logger.error("traintel replay: export raised %s", exc)
+            return False
+
+    # --- setting aside -----------------------------------------------------------------------
+    def _write_aside(self, directory: Path, spans: Sequence[ReadableSpan]) -> None:
+        quarantine = directory / QUARANTINE_DIR
+        try:
+            make_private_dirs(quarantine)
+            seq = 1 + max(
+                (batch_seq(p) or 0 for p in (*directory.iterdir(), *quarantine.iterdir())), default=0
+            )
+            target = quarantine / batch_name(seq, len(spans))
+            write_batch(target, encode_spans(spans).SerializeToString())
+        except OSError as exc:
+            self.result.unreadable.append(f"{directory}: cannot keep {len(spans)} rejected span(s) ({exc})")
+            return
+        self.result.quarantined.append(target)
+
+    def _set_aside_file(self, path: Path) -> str:
+        """Move an unreadable spooled batch into its directory's quarantine (if not there yet)."""
+        if path.parent.name == QUARANTINE_DIR:
+            return ""
+        target = path.parent / QUARANTINE_DIR / path.name
+        try:
+            make_private_dirs(target.parent)
+            os.replace(path, target)
+        except OSError:
+            return ""
+        return f"; moved to {target}"
+
+    # --- after the run -----------------------------------------------------------------------
+    def delete_delivered(self) -> None:
+        for path in self.delivered:
+            try:
+                path.unlink()
+            except OSError as exc:
+                _logger.warning("traintel replay: cannot delete %s (%s)", path, exc)
+                continue
+            self.result.files_deleted += 1
+            ledger = self.ledger(path)
+            if ledger is not None:
+                ledger.forget(path)
 
 
 def replay(
@@ -134,18 +338,18 @@ def replay(
     *,
     delete_sent: bool = False,
     batch_spans: int = BATCH_SPANS,
+    target: str | None = None,
 ) -> ReplayResult:
-    """Send every span in ``paths`` (files or directories) through ``exporter``, in order."""
-    result = ReplayResult()
+    """Send every span in ``paths`` (files or directories) through ``exporter``, spooled
+    batches first. ``target`` names the endpoint in each directory's ledger (see
+    :func:`endpoint_key`); without it nothing is remembered between replays."""
+    run = _Replay(exporter, target, batch_spans)
     for path in replay_files(paths):
-        if not all(_send(exporter, b, result) for b in _batches(_spans_of(path, result), batch_spans)):
-            result.failed_file = path
-            return result
-        result.files_done.append(path)
-        if delete_sent and path.is_file():
-            path.unlink()
-            result.files_deleted += 1
-    return result
+        if not run.file(path):
+            break
+    if delete_sent and run.result.failed_file is None:
+        run.delete_delivered()
+    return run.result
 
 
 def render(result: ReplayResult, target: str) -> str:
@@ -153,6 +357,10 @@ def render(result: ReplayResult, target: str) -> str:
         f"replayed {result.spans_sent} span(s) in {result.requests_sent} request(s) "
         f"from {len(result.files_done)} file(s) to {target}"
     ]
+    if result.spans_sent_before:
+        lines.append(f"{result.spans_sent_before} span(s) delivered by an earlier replay: not sent again")
+    if result.spans_in_spool_and_file:
+        lines.append(f"{result.spans_in_spool_and_file} span(s) both spooled and in a file: sent once")
     if result.files_deleted:
         lines.append(f"deleted {result.files_deleted} delivered file(s)")
     if result.metric_requests_skipped:
@@ -161,10 +369,30 @@ def render(result: ReplayResult, target: str) -> str:
         )
     if result.stats.skipped:
         lines.append(
-            f"skipped {result.stats.skipped} unreadable line(s): {'; '.join(result.stats.reasons[:3])}"
+            f"not sent: {result.stats.skipped} unreadable line(s): {'; '.join(result.stats.reasons[:3])}"
+        )
+    if result.unreadable:
+        lines.append(f"not sent: {len(result.unreadable)} unreadable: {'; '.join(result.unreadable[:3])}")
+    if result.spans_rejected:
+        lines.append(
+            f"not delivered: {result.spans_rejected} span(s) rejected by the collector, which accepted "
+            "other requests (its log says why); kept in " + ", ".join(str(p) for p in result.quarantined)
         )
     if result.failed_file is not None:
         lines.append(
-            f"export failed at {result.failed_file}; stopped there (run again when the collector is up)"
+            f"stopped at {result.failed_file}: the collector took no request, not even an empty one "
+            "(down, unreachable, or refusing everything); run the same command again to resume "
+            "(what was delivered is not sent again)"
         )
     return "\n".join(lines)
+
+
+__all__ = [
+    "BATCH_SPANS",
+    "ReplayResult",
+    "endpoint_key",
+    "otlp_span_exporter",
+    "render",
+    "replay",
+    "replay_files",
+]

@@ -112,7 +112,7 @@ class Spool:
         with self._lock:
             seq = self._next_seq
             self._next_seq += 1
-            path = self.directory / f"batch-{seq:012d}-{spans}spans{SPOOL_SUFFIX}"
+            path = self.directory / batch_name(seq, spans)
             try:
                 self._write(path, data)
             except OSError as exc:
@@ -134,15 +134,7 @@ class Spool:
 
     def _write(self, path: Path, data: bytes) -> None:
         make_private_dirs(self.directory)
-        temporary = path.with_name("." + path.name + ".tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(temporary, path)
-        except OSError:
-            temporary.unlink(missing_ok=True)
-            raise
+        write_batch(path, data)
 
     def _drop_oldest(self) -> None:
         """The bound: a quarantined batch goes first (it is the least likely to be delivered)."""
@@ -203,6 +195,30 @@ class Spool:
             self.directory.rmdir()
         except OSError:
             pass
+
+
+def write_batch(path: Path, data: bytes) -> None:
+    """Write a serialised request under a temporary name, then rename it (0600): a crash never
+    leaves half a batch under a name a reader picks up."""
+    temporary = path.with_name("." + path.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def batch_name(seq: int, spans: int) -> str:
+    return f"batch-{seq:012d}-{spans}spans{SPOOL_SUFFIX}"
+
+
+def batch_seq(path: Path) -> int | None:
+    """The sequence number in a spooled batch's name (``None`` if it is not one)."""
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else None
 
 
 def read_batch(path: Path) -> ExportTraceServiceRequest:

@@ -13,12 +13,17 @@ lack for a training job that must lose nothing:
 - **Spool on failure, resend.** A failed send is spooled too; the sender then retries the
   oldest spooled batch every ``retry_interval_s`` and sends the rest as soon as one goes
   through, after which batches go direct again.
+- **Set aside what the collector refuses.** A spooled batch that fails while the collector
+  accepts an empty request is refused for what it holds: after one more try it goes to the
+  spool's ``quarantine`` directory, so it does not hold back every batch behind it.
 - **Spill at exit.** If the spool cannot be drained within the bound at shutdown, the batch
-  in flight and whatever is still queued are written to the spool instead of vanishing.
+  in flight and whatever is still queued are written to the spool instead of vanishing. A
+  send is not started that would outlast the bound (judged by how long the last one took),
+  and the send under way is waited for, so a batch delivered late is not also left spooled.
 
-Delivery is at least once: a batch spilled while its send is under way may still arrive, and
-a collector that took a batch but whose answer timed out gets it again (deduplicate by span
-id if it matters).
+Delivery is at least once: a batch whose send is still under way when the process ends stays
+spooled and may arrive twice, and a collector that took a batch but whose answer timed out
+gets it again (deduplicate by span id if it matters).
 """
 
 from __future__ import annotations
@@ -49,9 +54,10 @@ _logger = logging.getLogger(__name__)
 
 #: gRPC's default maximum message size is 4 MiB; stay clear of it with headroom for framing.
 DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
-#: How long the exit waits for the sender to finish writing a failed batch it already took
-#: (a local disk write; without the wait the process could end in the middle of it).
-_OWNED_WRITE_TIMEOUT_S = 2.0
+#: The share of the exit's drain time it then waits, after the spill, for the send under way:
+#: if it succeeds, its copy is taken out of the spool again (a replay would send it twice), and
+#: if it fails, the sender is writing it to disk and the process must not end mid-write.
+_LATE_SEND_SHARE = 0.25
 
 
 def split_by_bytes(
@@ -179,12 +185,18 @@ class SpoolingSpanExporter(SpanExporter):
         #: Spooled batches wait: new batches queue behind them until the sender drains them.
         self._backlog = False
         self._retry_at = 0.0
+        #: The exit's drain: when it ends, and whether the next send could still end before it.
+        self._drain_deadline: float | None = None
+        self._drain_hopeless = False
+        #: How long the last send took: a send that cannot end before the drain does is not
+        #: started (cut off by the exit, its outcome unknown, a replay could send it twice).
+        self._last_send_s = 0.0
         self._stopped = False
         self._thread: threading.Thread | None = None
         #: The handed-off batch the sender is sending (spilled to disk if the exit comes first).
         self._in_flight: Sequence[ReadableSpan] | None = None
-        #: The sender owns a failed batch and is writing it to the spool.
-        self._writing = False
+        #: The in-flight batch the exit spilled, and its spool entry: removed if the send succeeds.
+        self._spilled: tuple[Sequence[ReadableSpan], SpoolEntry] | None = None
 
     def _reinit_in_child(self) -> None:
         """A forked child has no sender thread and must not write into its parent's spool."""
@@ -233,12 +245,13 @@ class SpoolingSpanExporter(SpanExporter):
                 self._start_sender()
                 self._cond.notify_all()
                 return True
-        return self._to_spool(spans, request)
+        return self._to_spool(spans, request) is not None
 
     def _idle(self) -> bool:
         return not self._busy and self._handoff is None and not self._backlog
 
     def _send(self, spans: Sequence[ReadableSpan]) -> bool:
+        started = time.monotonic()
         try:
             return self.exporter.export(spans) == SpanExportResult.SUCCESS
         except Exception as exc:
@@ -246,24 +259,28 @@ class SpoolingSpanExporter(SpanExporter):
                 self._failed_once = True
                 _logger.error("traintel: span exporter %s raised: %s", type(self.exporter).__name__, exc)
             return False
+        finally:
+            self._last_send_s = time.monotonic() - started
 
-    def _to_spool(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
+    def _to_spool(
+        self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None
+    ) -> SpoolEntry | None:
         count = len(spans)
         if self.spool is None:
             self._health.drop_spans(health_module.NOT_SPOOLED, count)
-            return False
+            return None
         if request is None:
             request = encode_spans(spans)
         with self._cond:
             entry = self.spool.put(request, count)
             if entry is None:
                 self._health.drop_spans(health_module.NOT_SPOOLED, count)
-                return False
+                return None
             self._health.spooled(count)
             self._backlog = True
             self._start_sender()
             self._cond.notify_all()
-            return True
+            return entry
 
     def _send_direct(self, spans: Sequence[ReadableSpan]) -> bool:
         """Without a spool (``TRAINTEL_SPOOL_MAX_BYTES=0``): the SDK's own behaviour, send on
@@ -297,8 +314,11 @@ class SpoolingSpanExporter(SpanExporter):
                     self._backlog = False
                     _logger.warning("traintel: spooled spans delivered; exporting directly again")
                     continue
-                wait = self._retry_at - time.monotonic()
-                if wait <= 0:
+                now = time.monotonic()
+                if self._drain_deadline is not None and now + self._last_send_s > self._drain_deadline:
+                    self._drain_hopeless = True  # the rest stays on disk for a replay
+                    wait = max(0.05, self._drain_deadline - now)
+                elif (wait := self._retry_at - now) <= 0:
                     self._busy = True
                     return entries[0]
             else:
@@ -328,20 +348,16 @@ class SpoolingSpanExporter(SpanExporter):
         delivered = self._send(spans)
         with self._cond:  # whoever clears _in_flight owns the batch: here, or spill() at exit
             mine, self._in_flight = self._in_flight is spans, None
-            # Owned and failed: shutdown() waits for the write (the exit must not cut it short).
-            self._writing = mine and not delivered
+            spilled, self._spilled = self._spilled, None
         if delivered:
+            if not mine and spilled is not None and spilled[0] is spans and self.spool is not None:
+                self.spool.remove(spilled[1])  # delivered late: the exit's copy must not be sent again
+                self._health.resent(len(spans))
             return True
         self._health.export_failed()
         if not mine:  # the exit already wrote it to the spool
             return False
-        try:
-            spooled = self._to_spool(spans, request)
-        finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
-        if spooled and self._backlog:
+        if self._to_spool(spans, request) is not None and self._backlog:
             assert self.spool is not None
             _logger.warning(
                 "traintel: span export failed; spooling batches to %s and retrying every %gs "
@@ -404,11 +420,22 @@ class SpoolingSpanExporter(SpanExporter):
             )
 
     def drain(self, timeout_s: float) -> bool:
-        """Retry the spool now and wait up to ``timeout_s`` for everything to be delivered."""
+        """Retry the spool now and wait up to ``timeout_s`` for everything to be delivered.
+
+        Returns early (False) when the next send would take longer than the time left, as the
+        last one did: what is left stays in the spool, its delivery not in doubt."""
         with self._cond:
             self._retry_at = 0.0
+            self._drain_deadline = time.monotonic() + timeout_s
+            self._drain_hopeless = False
             self._cond.notify_all()
-            return self._cond.wait_for(lambda: self._idle() or self._stopped, timeout_s)
+            try:
+                done = self._cond.wait_for(
+                    lambda: self._idle() or self._stopped or self._drain_hopeless, timeout_s
+                )
+                return done and self._idle()
+            finally:
+                self._drain_deadline = None
 
     def shutdown(self) -> None:
         drained = self.drain(self._drain_timeout_s)
@@ -417,8 +444,8 @@ class SpoolingSpanExporter(SpanExporter):
             self._cond.notify_all()
         if not drained:
             self.spill(())  # what is still in memory goes to disk before the process ends
-            with self._cond:  # a failed batch the sender took before the spill: let it land
-                self._cond.wait_for(lambda: not self._writing, _OWNED_WRITE_TIMEOUT_S)
+            with self._cond:  # the send under way: its success removes the copy, its failure writes
+                self._cond.wait_for(lambda: not self._busy, _LATE_SEND_SHARE * self._drain_timeout_s)
         try:
             self.exporter.shutdown()
         except Exception:
@@ -428,20 +455,23 @@ class SpoolingSpanExporter(SpanExporter):
 
     def spill(self, queued: Sequence[ReadableSpan]) -> int:
         """At a stuck exit: the batch in flight or handed over, and ``queued`` spans, go to the
-        spool (no network). Returns the number of spans written. The in-flight batch may still
-        arrive if its send completes before the process ends; it is then delivered twice
-        rather than lost."""
+        spool (no network). Returns the number of spans written. If the in-flight send then
+        succeeds before the process ends, its copy is removed again; if the process ends
+        first, the batch may arrive twice (at least once, never lost)."""
         written = 0
-        with self._cond:
+        with self._cond:  # held while the copy is written: a send finishing now waits for it
             handoff, self._handoff = self._handoff, None
             in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None and self._to_spool(in_flight, None):
-            written += len(in_flight)
-        if handoff is not None and self._to_spool(*handoff):
+            if in_flight is not None:
+                entry = self._to_spool(in_flight, None)
+                if entry is not None:
+                    written += len(in_flight)
+                    self._spilled = (in_flight, entry)
+        if handoff is not None and self._to_spool(*handoff) is not None:
             written += len(handoff[0])
         if queued:
             for part, request in split_by_bytes(list(queued), self._max_batch_bytes):
-                if self._to_spool(part, request):
+                if self._to_spool(part, request) is not None:
                     written += len(part)
         return written
 
