@@ -15,6 +15,7 @@ from traintel.analysis.goodput import compute_goodput, load_jobs, parse_time, re
 from traintel.analysis.summary import render, summarize
 from traintel.exporters.private_files import open_private
 from traintel.exporters.reader import ReadStats, expand_paths
+from traintel.version import __version__
 
 T = TypeVar("T")
 
@@ -46,6 +47,13 @@ def _with_progress(files: list[str], work: Callable[[Callable[[int], None] | Non
         return work(lambda n: bar.advance(task, n))
 
 
+def _no_spans(paths: Sequence[str], stats: ReadStats) -> int:
+    """Files found but no span in them: say why (a report of nothing would look like success)."""
+    why = f": {stats.skipped} unreadable line(s), e.g. {stats.reasons[0]}" if stats.skipped else ""
+    print(f"traintel: no readable spans in {', '.join(paths)}{why}", file=sys.stderr)
+    return 1
+
+
 def _report(args: argparse.Namespace) -> int:
     from traintel.analysis.report import build_report
 
@@ -54,6 +62,8 @@ def _report(args: argparse.Namespace) -> int:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2
     report = _with_progress(files, lambda progress: build_report(files, progress))
+    if not report.summary.spans:
+        return _no_spans(args.paths, report.stats)
     if args.html:
         from traintel.analysis.report_html import render_html
 
@@ -134,7 +144,10 @@ def _summary(args: argparse.Namespace) -> int:
     if not files:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2
-    print(render(summarize(files)))
+    summary = summarize(files)
+    if not summary.spans:
+        return _no_spans(args.paths, summary.stats)
+    print(render(summary))
     return 0
 
 
@@ -154,7 +167,10 @@ def _goodput(args: argparse.Namespace) -> int:
         print(f"traintel: --end must be after --start (got {args.start} and {args.end} ns)", file=sys.stderr)
         return 2
     stats = ReadStats()
-    results = compute_goodput(load_jobs(files, stats), args.start, args.end, args.rank, args.by_perf_tag)
+    jobs = load_jobs(files, stats)
+    if not jobs:
+        return _no_spans(args.paths, stats)
+    results = compute_goodput(jobs, args.start, args.end, args.rank, args.by_perf_tag)
     if args.session is not None:
         results = [r for r in results if r.session == args.session]
     if args.json:
@@ -192,6 +208,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="traintel", description="OpenTelemetry-native training telemetry.")
+    parser.add_argument("--version", action="version", version=f"traintel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     summary = sub.add_parser("summary", help="a short summary of a run from its OTLP/JSON-lines files")
     summary.add_argument("paths", nargs="+", help="files or directories (e.g. ./traintel-runs)")
@@ -252,7 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``| head``): the rest of the output is not wanted. Point stdout
+        # at /dev/null so the interpreter's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return code
 
 
