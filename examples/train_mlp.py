@@ -25,12 +25,17 @@ import traintel
 from traintel.analysis.summary import render, summarize
 
 
-def make_data(samples: int, features: int, classes: int, seed: int) -> TensorDataset:
-    generator = torch.Generator().manual_seed(seed)
-    centers = torch.randn(classes, features, generator=generator) * 0.25
+def make_data(
+    train: int, validation: int, features: int, classes: int
+) -> tuple[TensorDataset, TensorDataset]:
+    """Noisy points around one centre per class; both splits are drawn around the same centres,
+    so what the model learns on one carries over to the other."""
+    generator = torch.Generator().manual_seed(1)
+    centers = torch.randn(classes, features, generator=generator) * 0.5
+    samples = train + validation
     labels = torch.randint(0, classes, (samples,), generator=generator)
     inputs = centers[labels] + torch.randn(samples, features, generator=generator)
-    return TensorDataset(inputs, labels)
+    return TensorDataset(inputs[:train], labels[:train]), TensorDataset(inputs[train:], labels[train:])
 
 
 def progress(done: int, total: int, loss: float, started: float) -> None:
@@ -55,8 +60,9 @@ def forever(loader: DataLoader[tuple[torch.Tensor, ...]]):  # type: ignore[no-un
 def main(iterations: int, batch_size: int, workdir: Path) -> None:
     torch.manual_seed(0)
     with traintel.data_loader_init():
-        train_loader = DataLoader(make_data(8192, 32, 4, seed=1), batch_size=batch_size, shuffle=True)
-        val_loader = DataLoader(make_data(1024, 32, 4, seed=2), batch_size=256)
+        train_data, val_data = make_data(8192, 1024, features=32, classes=4)
+        train_loader = DataLoader(train_data, batch_size=batch_size, shuffle=True)
+        val_loader = DataLoader(val_data, batch_size=256)
     # The batch size is known only now: lazy configuration, as in the reference library.
     traintel.set_training_config(global_batch_size=batch_size)
     with traintel.model_init():

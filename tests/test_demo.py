@@ -28,7 +28,9 @@ def test_demo_runs_and_summarises(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "restored model accuracy:" in out
+    # The demo shows a model that learns: 4 classes, so chance is 0.25.
+    accuracy = float(out.split("restored model accuracy:")[1].split()[0])
+    assert accuracy > 0.8, out
     assert "\ntraining_iteration          40 " in out  # from the window events, not the sampled spans
     assert "Throughput:" in out and "samples/s" in out
     files = list((tmp_path / "traintel-runs").glob("*.otlp.jsonl"))
