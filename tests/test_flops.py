@@ -182,3 +182,19 @@ def test_mfu_from_the_counter_on_a_real_model(pipeline: object) -> None:
     )
     assert attributes["ml.training.mfu.flops_method"] == "counter"
     assert attributes["ml.training.mfu.denominator_peak_flops"] == 1e9
+
+
+def test_a_loss_with_real_targets_is_told_to_pass_them_and_targets_work() -> None:
+    """A loss that captures CPU labels cannot run against the meta output: the error blames the
+    loss and says what to do; ``targets=`` moves the labels to meta with the rest."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    batch, labels = torch.randn(5, 8), torch.randint(0, 4, (5,))
+    with pytest.raises(RuntimeError, match=r"loss_fn failed .* pass them as targets=") as error:
+        measure_flops(model, batch, lambda out: torch.nn.functional.cross_entropy(out, labels))
+    assert "the model does not run" not in str(error.value)
+    count = measure_flops(model, batch, torch.nn.functional.cross_entropy, targets=labels)
+    plain = measure_flops(model, batch)
+    # Forward: 2·5·8·16 + 2·5·16·4 = 1,920 FLOPs; backward twice that (input and weight grads,
+    # less the first layer's input grad: 2·5·16·4·2 + 2·5·8·16 = 2,560).
+    assert (count.forward, count.backward) == (plain.forward, plain.backward) == (1920, 2560)
+    assert count.samples == 5

@@ -200,17 +200,20 @@ def unwrap(model: Any) -> Any:
 def measure_flops(
     model: Any,
     example_batch: Any,
-    loss_fn: Callable[[Any], Any] | None = None,
+    loss_fn: Callable[..., Any] | None = None,
     *,
+    targets: Any = None,
     samples: int | None = None,
 ) -> FlopCount:
     """Count one training step's FLOPs with ``torch.utils.flop_counter.FlopCounterMode``.
 
     ``example_batch`` is what ``model(...)`` takes (a tensor, or a tuple/list of positional
     arguments, or a dict of keyword arguments); ``loss_fn`` maps the output to a scalar (default:
-    ``output.sum()``). The model is copied to the meta device, so nothing runs and the real
-    model is untouched. Wrappers (DDP, FSDP, ``torch.compile``) are unwrapped first.
-    ``samples`` defaults to the batch's first dimension.
+    ``output.sum()``), called as ``loss_fn(output, targets)`` when ``targets`` is given. The
+    model, the batch and the targets are copied to the meta device, so nothing runs and the
+    real model is untouched; for that reason a loss must take its targets as ``targets=``
+    rather than capture real tensors. Wrappers (DDP, FSDP, ``torch.compile``) are unwrapped
+    first. ``samples`` defaults to the batch's first dimension.
     """
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -229,6 +232,7 @@ def measure_flops(
     meta_model = copy.deepcopy(module, memo)
     meta_model.train()
     batch = _to_meta(example_batch)
+    meta_targets = _to_meta(targets)
     count = samples if samples is not None else first_dim(example_batch)
     if not count:
         raise ValueError("measure_flops: cannot tell the batch size; pass samples=")
@@ -240,23 +244,43 @@ def measure_flops(
             return meta_model(*batch)
         return meta_model(batch)
 
+    def run_loss(output: Any) -> Any:
+        if loss_fn is None:
+            return output.sum()
+        return loss_fn(output) if targets is None else loss_fn(output, meta_targets)
+
     try:
         counter = FlopCounterMode(display=False)
         with counter:
             output = run_forward()
         forward = int(counter.get_total_flops())
-        loss = loss_fn(output) if loss_fn is not None else output.sum()
+    except RuntimeError as exc:
+        raise RuntimeError(_MODEL_NOT_ON_META.format(exc)) from exc
+    try:
+        loss = run_loss(output)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise RuntimeError(_LOSS_NOT_ON_META.format(exc)) from exc
+    try:
         counter = FlopCounterMode(display=False)
         with counter:
             loss.backward()
         backward = int(counter.get_total_flops())
     except RuntimeError as exc:
-        raise RuntimeError(
-            f"measure_flops: the model does not run on the meta device ({exc}). A common cause is a "
-            "tensor created on a fixed device inside forward; use transformer_flops_per_token() and "
-            "flops_per_token= instead."
-        ) from exc
+        raise RuntimeError(_MODEL_NOT_ON_META.format(exc)) from exc
     return FlopCount(forward=forward, backward=backward, samples=int(count))
+
+
+_MODEL_NOT_ON_META = (
+    "measure_flops: the model does not run on the meta device ({}). A common cause is a tensor "
+    "created on a fixed device inside forward; use transformer_flops_per_token() and "
+    "flops_per_token= instead."
+)
+_LOSS_NOT_ON_META = (
+    "measure_flops: loss_fn failed on the model's output, which is on the meta device ({}). A loss "
+    "that uses tensors of its own (the labels, say) cannot mix them with meta tensors: pass them "
+    "as targets= (loss_fn is then called as loss_fn(output, targets), on the meta device), or "
+    "leave loss_fn out (output.sum() is used; the model's backward FLOPs are the same)."
+)
 
 
 def transformer_flops_per_token(
