@@ -4,13 +4,16 @@
 arguments, then the engine, the span processor, the instruments, the heartbeat and the
 cross-rank exchange, each given what it uses in its constructor, and makes the result current.
 Explicit ``configure()`` validates everything first and raises ``ConfigurationError``; the
-automatic configuration on first use reports a problem and records what it can.
+automatic configuration on first use reports a problem and records what it can. Either way a
+configuration that fails is atomic: the new pipeline is built in full before the previous job
+is shut down and before any global provider is set, so a failure leaves the process as it was.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
@@ -34,11 +37,16 @@ from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.otel_private import set_tracer_id_generator, tracer_id_generator
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel._sdk.providers import Pipeline, build_pipeline
-from traintel.config import TrainingConfig
+from traintel.config import ConfigurationError, TrainingConfig
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
 from traintel.exporters.health import register_instruments
 from traintel.resource_detectors import distributed_identity
 from traintel.version import __version__
+
+_logger = logging.getLogger(__name__)
+
+#: A pipeline built and not yet published (``None``: OTEL_SDK_DISABLED), and how to publish it.
+_Prepared = tuple[Pipeline, Callable[[], None]] | None
 
 
 def sdk_disabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -71,8 +79,8 @@ def configure(
                 previous.close_open_callbacks("traintel reconfigured")
                 previous.update_config(**dict(training or {}))
                 return previous
-            previous.shutdown()
-        return install(
+        # Built while the previous job still runs: if this raises, that job goes on untouched.
+        prepared = _prepare(
             config,
             strict=True,
             tracer_provider=tracer_provider,
@@ -81,10 +89,18 @@ def configure(
             span_exporters=span_exporters,
             metric_readers=metric_readers,
         )
+        if previous is not None:
+            previous.shutdown()
+        return _install(config, prepared)
 
 
 def _auto_configure() -> Telemetry:
-    return install(TrainingConfig.from_env(strict=False), strict=False)
+    config = TrainingConfig.from_env(strict=False)
+    try:
+        return install(config, strict=False)
+    except ConfigurationError as exc:  # never into user code; nothing half-built is left
+        _logger.error("traintel: %s (telemetry is off for this process)", exc)
+        return state.set_current(Telemetry(config))
 
 
 def install(
@@ -97,9 +113,31 @@ def install(
     span_exporters: Sequence[SpanExporter] | None = None,
     metric_readers: Sequence[MetricReader] | None = None,
 ) -> Telemetry:
+    prepared = _prepare(
+        config,
+        strict=strict,
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        service_name=service_name,
+        span_exporters=span_exporters,
+        metric_readers=metric_readers,
+    )
+    return _install(config, prepared)
+
+
+def _prepare(
+    config: TrainingConfig,
+    *,
+    strict: bool,
+    tracer_provider: trace_api.TracerProvider | None,
+    meter_provider: metrics_api.MeterProvider | None,
+    service_name: str | None,
+    span_exporters: Sequence[SpanExporter] | None,
+    metric_readers: Sequence[MetricReader] | None,
+) -> _Prepared:
     if sdk_disabled():
-        return state.set_current(Telemetry(config))
-    pipeline = build_pipeline(
+        return None
+    return build_pipeline(
         config,
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
@@ -108,7 +146,20 @@ def install(
         span_exporters=span_exporters,
         metric_readers=metric_readers,
     )
-    telemetry = state.set_current(_build(config, pipeline))
+
+
+def _install(config: TrainingConfig, prepared: _Prepared) -> Telemetry:
+    """Build the job around its pipeline, then publish both: the global providers last."""
+    if prepared is None:
+        return state.set_current(Telemetry(config))
+    pipeline, publish = prepared
+    try:
+        built = _build(config, pipeline)
+    except BaseException:
+        pipeline.shutdown(float(config.get("shutdown_timeout")))  # its threads must not outlive it
+        raise
+    publish()
+    telemetry = state.set_current(built)
     preemption.install()
     return telemetry
 

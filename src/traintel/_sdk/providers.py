@@ -27,7 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
@@ -77,6 +78,116 @@ _SIGNAL_VARS = {
 }
 
 
+#: What a build step reads from the environment, with the words its errors use for each
+#: variable: the SDK's errors rarely name the variable, and do not always quote the value.
+_Settings = Mapping[str, tuple[str, ...]]
+_OTLP_SETTINGS: _Settings = {
+    "ENDPOINT": ("url", "endpoint", "port", "host"),
+    "TIMEOUT": ("timeout",),
+    "COMPRESSION": ("compression",),
+    "HEADERS": ("header",),
+    "CERTIFICATE": ("certificate",),
+    "CLIENT_KEY": ("private key", "client key"),
+    "CLIENT_CERTIFICATE": ("client certificate",),
+    "INSECURE": ("insecure",),
+}
+_BSP_SETTINGS: _Settings = {
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": ("max_export_batch_size",),  # first: its error names the queue too
+    "OTEL_BSP_MAX_QUEUE_SIZE": ("max_queue_size",),
+    "OTEL_BSP_SCHEDULE_DELAY": ("schedule_delay",),
+    "OTEL_BSP_EXPORT_TIMEOUT": ("export_timeout",),
+}
+_READER_SETTINGS: _Settings = {
+    "OTEL_METRIC_EXPORT_INTERVAL": ("interval",),
+    "OTEL_METRIC_EXPORT_TIMEOUT": ("timeout",),
+}
+#: The span limits' errors name their variable themselves.
+_TRACER_PROVIDER_SETTINGS: _Settings = {
+    "OTEL_TRACES_SAMPLER_ARG": ("ratio", "probability"),
+    "OTEL_TRACES_SAMPLER": ("sampler",),
+}
+_METER_PROVIDER_SETTINGS: _Settings = {"OTEL_METRICS_EXEMPLAR_FILTER": ("exemplar",)}
+
+
+def _otlp_settings(signal: str) -> _Settings:
+    """The OTLP exporters' variables for ``signal``, the per-signal ones first (they win)."""
+    per_signal = {f"OTEL_EXPORTER_OTLP_{signal.upper()}_{s}": w for s, w in _OTLP_SETTINGS.items()}
+    return per_signal | {f"OTEL_EXPORTER_OTLP_{s}": w for s, w in _OTLP_SETTINGS.items()}
+
+
+def _bad_variable(detail: str, settings: _Settings, environ: Mapping[str, str]) -> str | None:
+    """The variable an SDK error is about: a set ``OTEL_*`` variable it names, else one of the
+    step's ``settings`` whose value it quotes, else one whose words it uses."""
+    present = {k: v for k, v in environ.items() if k.startswith("OTEL_") and v.strip()}
+    for name in present:
+        if re.search(rf"\b{re.escape(name)}\b", detail):
+            return name
+    candidates = [name for name in settings if name in present]
+    for name in candidates:
+        if repr(present[name]) in detail or f'"{present[name]}"' in detail:
+            return name
+    lowered = detail.lower()
+    return next((name for name in candidates if any(w in lowered for w in settings[name])), None)
+
+
+def _sdk_error(
+    what: str, exc: Exception, settings: _Settings, environ: Mapping[str, str]
+) -> ConfigurationError:
+    """``exc``, raised while ``what``, as one error naming the variable and its value where they
+    can be found; credentials are named, never shown."""
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    variable = _bad_variable(detail, settings, environ)
+    if variable is None:
+        message = f"{what}: {type(exc).__name__}: {detail}"
+    elif _not_shown(variable, environ[variable]):
+        message = f"{variable} (value not shown): {what}: {detail}"
+    else:
+        message = f"{variable}={environ[variable]!r}: {what}: {detail}"
+    return ConfigurationError(_redaction.redact(message, _redaction.header_secrets(environ)))
+
+
+def _not_shown(variable: str, value: str) -> bool:
+    """Header values are credentials; so may be an endpoint's userinfo and query, which are
+    redacted only where the URL parses: an endpoint with either that does not is not shown."""
+    if variable in _redaction.HEADER_VARIABLES:
+        return True
+    if variable not in _redaction.ENDPOINT_VARIABLES or not ("@" in value or "?" in value):
+        return False
+    try:
+        urlsplit(value.strip())
+    except ValueError:
+        return True
+    return False
+
+
+def _raise(what: str, exc: Exception, settings: _Settings, environ: Mapping[str, str]) -> NoReturn:
+    error = _sdk_error(what, exc, settings, environ)
+    # A cause that quotes a credential would print it with the traceback: then it is left out.
+    leaks = _redaction.redact(str(exc), _redaction.header_secrets(environ)) != str(exc)
+    raise error from (None if leaks else exc)
+
+
+def _exporter_failed(
+    signal: str, name: str, exc: Exception, environ: Mapping[str, str], strict: bool
+) -> None:
+    """Explicit configuration fails; the automatic one says so and goes on without that exporter."""
+    what = f"{signal} exporter {name!r} could not start"
+    if strict:
+        _raise(what, exc, _otlp_settings(signal), environ)
+    _logger.error(
+        "traintel: %s (going on without it)", _sdk_error(what, exc, _otlp_settings(signal), environ)
+    )
+
+
+def _undo(steps: list[Callable[[], None]]) -> None:
+    """Stop, newest first, what a failed build started: its threads must not outlive it."""
+    for step in reversed(steps):
+        try:
+            step()
+        except Exception:
+            _logger.debug("traintel: stopping a half-built pipeline", exc_info=True)
+
+
 def _report(error: ConfigurationError, strict: bool) -> None:
     if strict:
         raise error
@@ -121,6 +232,8 @@ def exporter_names(signal: str, environ: Mapping[str, str]) -> list[str]:
 class _ExporterPlan:
     name: str
     factory: Callable[[], Any]
+    #: The caller's own exporter (``span_exporters=``): a failed build hands it back open.
+    lent: bool = False
 
 
 def _plan_exporters(
@@ -382,41 +495,122 @@ def _bounded(tasks: list[Callable[[], None]], timeout_s: float, what: str) -> bo
 
 
 def _export_paths(
-    plans: list[_ExporterPlan], config: TrainingConfig, resource: Resource | None, spool: bool
+    plans: list[_ExporterPlan],
+    config: TrainingConfig,
+    resource: Resource | None,
+    spool: bool,
+    *,
+    strict: bool,
+    environ: Mapping[str, str],
+    undo: list[Callable[[], None]],
 ) -> list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]]:
-    """A batch processor per span exporter that starts, each behind a spool (network exporters
-    built from ``OTEL_*``, when ``spool``); one that cannot start is said and left out."""
+    """A batch processor per span exporter, each behind a spool (network exporters built from
+    ``OTEL_*``, when ``spool``); how to stop each goes on ``undo``. An exporter that cannot
+    start fails explicit configuration; the automatic one says so and leaves it out."""
     paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
     for plan in plans:
         try:
             exporter: SpanExporter = plan.factory()
         except Exception as exc:
-            _logger.error("traintel: traces exporter %r could not start: %s", plan.name, exc)
+            _exporter_failed("traces", plan.name, exc, environ, strict)
             continue
         spooler = None
         if spool and plan.name != FILE_EXPORTER:
             exporter = spooler = _spooling(exporter, plan.name, config, resource)
-        paths.append((CountingBatchSpanProcessor(ProcessBoundSpanExporter(exporter)), spooler))
+        bound = ProcessBoundSpanExporter(exporter)
+        try:
+            processor = CountingBatchSpanProcessor(bound)
+        except Exception as exc:
+            if not plan.lent:
+                undo.append(exporter.shutdown)
+            _raise("the batch span processor could not start", exc, _BSP_SETTINGS, environ)
+        undo.append(lambda p=processor, b=bound, lent=plan.lent: _stop(p, b, lent))  # type: ignore[misc]
+        paths.append((processor, spooler))
     return paths
 
 
-def _periodic_readers(plans: list[_ExporterPlan]) -> list[MetricReader]:
-    """A periodic reader per metric exporter that starts; network exporters' failures are
-    counted (and said at exit)."""
+def _stop(processor: CountingBatchSpanProcessor, bound: ProcessBoundSpanExporter, lent: bool) -> None:
+    """Stop a processor of a failed build; the caller's exporter goes back open, as it was
+    given, so that the corrected call can use it."""
+    if lent:
+        bound.inner = SpanExporter()  # the processor's shutdown reaches this stand-in, not theirs
+    _call(processor, "shutdown")
+
+
+def _periodic_readers(
+    plans: list[_ExporterPlan], *, strict: bool, environ: Mapping[str, str], undo: list[Callable[[], None]]
+) -> list[MetricReader]:
+    """A periodic reader per metric exporter, how to stop each on ``undo``; network exporters'
+    failures are counted (and said at exit). An exporter that cannot start is as in
+    :func:`_export_paths`."""
     readers: list[MetricReader] = []
     for plan in plans:
         try:
             exporter: MetricExporter = plan.factory()
         except Exception as exc:
-            _logger.error("traintel: metrics exporter %r could not start: %s", plan.name, exc)
+            _exporter_failed("metrics", plan.name, exc, environ, strict)
             continue
         bound = (
             ProcessBoundMetricExporter(exporter)
             if plan.name == FILE_EXPORTER
             else CountingMetricExporter(exporter)
         )
-        readers.append(PeriodicExportingMetricReader(bound))
+        try:
+            reader = PeriodicExportingMetricReader(bound)
+        except Exception as exc:
+            undo.append(bound.shutdown)
+            _raise("the periodic metric reader could not start", exc, _READER_SETTINGS, environ)
+        undo.append(reader.shutdown)
+        readers.append(reader)
     return readers
+
+
+def _owned_tracer_provider(
+    plans: list[_ExporterPlan],
+    config: TrainingConfig,
+    resource: Resource | None,
+    *,
+    spool: bool,
+    strict: bool,
+    environ: Mapping[str, str],
+    undo: list[Callable[[], None]],
+) -> tuple[
+    OwnedTracerProvider,
+    ForcingIdGenerator,
+    IterationExportFilter,
+    list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]],
+]:
+    """traintel's tracer provider: export filter, batching and spooling in front of ``plans``."""
+    ids = ForcingIdGenerator()
+    try:
+        provider = OwnedTracerProvider(resource=resource, shutdown_on_exit=False, id_generator=ids)
+    except Exception as exc:
+        _raise("the tracer provider could not be built", exc, _TRACER_PROVIDER_SETTINGS, environ)
+    export_paths = _export_paths(plans, config, resource, spool, strict=strict, environ=environ, undo=undo)
+    export_filter = IterationExportFilter([batcher for batcher, _ in export_paths], TraceBudget())
+    provider.add_traintel_processor(export_filter)
+    return provider, ids, export_filter, export_paths
+
+
+def _owned_meter_provider(
+    plans: list[_ExporterPlan],
+    callers_readers: Sequence[MetricReader],
+    resource: Resource | None,
+    *,
+    strict: bool,
+    environ: Mapping[str, str],
+    undo: list[Callable[[], None]],
+) -> MeterProvider:
+    """traintel's meter provider: a periodic reader per planned exporter, and the caller's own.
+
+    Built last: once the caller's readers are registered on it, undoing would shut them down."""
+    readers = _periodic_readers(plans, strict=strict, environ=environ, undo=undo)
+    try:
+        return MeterProvider(
+            metric_readers=[*callers_readers, *readers], resource=resource, shutdown_on_exit=False
+        )
+    except Exception as exc:
+        _raise("the meter provider could not be built", exc, _METER_PROVIDER_SETTINGS, environ)
 
 
 def build_pipeline(
@@ -429,14 +623,17 @@ def build_pipeline(
     environ: Mapping[str, str] | None = None,
     span_exporters: Sequence[SpanExporter] | None = None,
     metric_readers: Sequence[MetricReader] | None = None,
-) -> Pipeline:
-    """The providers to record into: the user's where set, else built from ``OTEL_*``.
+) -> tuple[Pipeline, Callable[[], None]]:
+    """The providers to record into: the user's where set, else built from ``OTEL_*``; and how
+    to publish them (set the global providers), to be called once everything is built.
 
     ``span_exporters`` / ``metric_readers`` ask for private providers that traintel builds
     (with its export filter and batching) around exactly those, never set globally.
 
-    Everything is validated before anything is built or registered, so a strict call that
-    raises leaves the process exactly as it was.
+    What can be is validated before anything is built; what only the SDK can judge (its
+    constructors read ``OTEL_*`` themselves) raises a ``ConfigurationError`` naming the
+    variable, after stopping whatever was started. Nothing is registered until ``publish``,
+    so a strict call that raises leaves the process exactly as it was.
     """
     environ = os.environ if environ is None else environ
     _redaction.install(environ)  # the SDK logs malformed header entries while exporters are built
@@ -458,7 +655,7 @@ def build_pipeline(
 
     file = OtlpJsonLinesFile(output_dir=config.get("output_dir"))
     if span_exporters is not None:
-        trace_plans = [_ExporterPlan(type(e).__name__, lambda e=e: e) for e in span_exporters]  # type: ignore[misc]
+        trace_plans = [_ExporterPlan(type(e).__name__, lambda e=e: e, lent=True) for e in span_exporters]  # type: ignore[misc]
     else:
         trace_plans = _plan_exporters("traces", environ, file, strict) if build_tp else []
     metric_plans = (
@@ -467,40 +664,48 @@ def build_pipeline(
     resource = build_resource(config, service_name) if (build_tp or build_mp) else None
     uses_file = any(p.name == FILE_EXPORTER for p in trace_plans + metric_plans)
 
-    # --- nothing below raises on bad configuration -------------------------------------------
+    # --- building: a failure stops what was started and publishes nothing --------------------
     ids: ForcingIdGenerator | None = None
     export_filter: IterationExportFilter | None = None
     export_paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
-    if build_tp:
-        if span_exporters is None and not isinstance(tp, trace_api.ProxyTracerProvider):
-            _logger.warning(
-                "traintel: the global tracer provider is %s, not an SDK TracerProvider; traintel "
-                "records into a private provider and leaves the global one alone",
-                type(tp).__name__,
-            )
-        ids = ForcingIdGenerator()
-        sdk_tp = OwnedTracerProvider(resource=resource, shutdown_on_exit=False, id_generator=ids)
-        spool = span_exporters is None  # exporters given by the caller are used as they are
-        export_paths = _export_paths(trace_plans, config, resource, spool)
-        export_filter = IterationExportFilter([batcher for batcher, _ in export_paths], TraceBudget())
-        sdk_tp.add_traintel_processor(export_filter)
-        if set_global_tp:
-            trace_api.set_tracer_provider(sdk_tp)
-        tp = sdk_tp
-
-    if build_mp:
-        sdk_mp = MeterProvider(
-            metric_readers=[*(metric_readers or []), *_periodic_readers(metric_plans)],
-            resource=resource,
-            shutdown_on_exit=False,
+    if build_tp and span_exporters is None and not isinstance(tp, trace_api.ProxyTracerProvider):
+        _logger.warning(
+            "traintel: the global tracer provider is %s, not an SDK TracerProvider; traintel "
+            "records into a private provider and leaves the global one alone",
+            type(tp).__name__,
         )
-        if set_global_mp:
-            metrics_api.set_meter_provider(sdk_mp)
-        mp = sdk_mp
+    undo: list[Callable[[], None]] = []
+    try:
+        if build_tp:
+            # Exporters given by the caller are used as they are: no spool.
+            tp, ids, export_filter, export_paths = _owned_tracer_provider(
+                trace_plans,
+                config,
+                resource,
+                spool=span_exporters is None,
+                strict=strict,
+                environ=environ,
+                undo=undo,
+            )
+        if build_mp:
+            mp = _owned_meter_provider(
+                metric_plans, metric_readers or [], resource, strict=strict, environ=environ, undo=undo
+            )
+    except BaseException as exc:
+        _undo(undo)
+        if isinstance(exc, ConfigurationError) or not isinstance(exc, Exception):
+            raise
+        _raise("the telemetry pipeline could not be built", exc, {}, environ)
+
+    def publish() -> None:
+        if set_global_tp:
+            trace_api.set_tracer_provider(tp)
+        if build_mp and set_global_mp:
+            metrics_api.set_meter_provider(mp)
 
     _redaction.install(environ)  # the exporters' loggers exist now
     tls_errors.install(environ)
-    return Pipeline(
+    pipeline = Pipeline(
         export_paths=export_paths,
         export_filter=export_filter,
         ids=ids,
@@ -512,3 +717,4 @@ def build_pipeline(
         metric_exporters=[p.name for p in metric_plans],
         file=file if uses_file else None,
     )
+    return pipeline, publish
