@@ -15,6 +15,14 @@ signal arrives whose action would end the process:
 4. the signal is handed to the handler installed before traintel's, or re-raised with the
    default action, so the job exits exactly as it would have (same status, same signal).
 
+While traintel reports, the process's other Python-level signal handlers are held (see
+:class:`_Held`). A stop sent to the whole process group (Slurm, Kubernetes, ``kill -TERM -PGID``)
+also kills the DataLoader workers, and torch's SIGCHLD handler then raises "DataLoader worker
+... killed by signal" in the main thread wherever it stands: raised inside this handler, it
+would cut the flush wait short and lose the spans. Without traintel the default action would
+have ended the process before any other handler ran, so a held signal is delivered only if the
+process lives on after the hand-over.
+
 A handler the user installed first (a graceful-shutdown flag, say) is called as is: the job is
 not ending now, so nothing is ended early; the event is still recorded and its checkpoint
 fields say whether the save that follows has happened (see :func:`note_checkpoint`). A signal
@@ -107,18 +115,32 @@ _pending: tuple[int, int, int | None] | None = None
 def _handle(signum: int, frame: FrameType | None) -> None:
     global _pending
     received_ns = time.time_ns()
-    previous = _previous.get(signum, signal.SIG_DFL)
+    held = _Held.hold()  # first: another handler may be due at any bytecode from here on
     try:
-        telemetry = _state.configured()
-        engine = telemetry.engine if telemetry is not None else None
-        if not _default_action_ends_process(previous) and engine is not None and engine.app is not None:
-            # the job goes on: report when its application ends
-            _pending = (signum, received_ns, _last_completed(engine))
-        else:
-            _report(signum, received_ns, end_spans=previous is signal.SIG_DFL)
-    except Exception:  # never let telemetry change how the job stops
-        _logger.exception("traintel: could not report the preemption")
-    _hand_over(signum, frame, previous)
+        previous = _previous.get(signum, signal.SIG_DFL)
+        try:
+            telemetry = _state.configured()
+            engine = telemetry.engine if telemetry is not None else None
+            if not _default_action_ends_process(previous) and engine is not None and engine.app is not None:
+                # the job goes on: report when its application ends
+                _pending = (signum, received_ns, _last_completed(engine))
+            else:
+                _report(signum, received_ns, end_spans=previous is signal.SIG_DFL)
+        except Exception:  # never let telemetry change how the job stops
+            _logger.exception("traintel: could not report the preemption")
+        if not callable(previous):
+            # Dies here, with the others still held: without traintel the default action would
+            # have ended the process before any of them ran (torch's SIGCHLD handler, say).
+            _die(signum)
+    finally:
+        held.release()
+    # The job goes on: the user's handler (or SIGINT's, raising KeyboardInterrupt) runs first,
+    # its signal came first; then what the held handlers would have done, even if it raised.
+    try:
+        if callable(previous):
+            previous(signum, frame)
+    finally:
+        held.deliver()
 
 
 def report_pending(
@@ -140,13 +162,87 @@ def report_pending(
         span.add_event(semconv.Event.PREEMPTION.value, attributes, received_ns)
 
 
-def _hand_over(signum: int, frame: FrameType | None, previous: _Handler) -> None:
-    if callable(previous):  # the user's handler, or SIGINT's default (raises KeyboardInterrupt)
-        previous(signum, frame)
-        return
-    # SIG_DFL: die by the same signal, as without traintel
+def _die(signum: int) -> None:
+    """By the same signal, as without traintel."""
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+class _Held:
+    """The process's other Python-level signal handlers, held while traintel reports.
+
+    Each is swapped for this object, which notes its signal; :meth:`release` puts them back and
+    :meth:`deliver` raises each noted signal again, where the job goes on. Every signal, not only
+    SIGCHLD: any handler that raises (a SIGALRM watchdog, say) would cut the report short the
+    same way. traintel's own handler is not held: a second SIGTERM or Ctrl-C is the job's call.
+    Swapped, not blocked with ``pthread_sigmask``: a mask is per thread, and a signal the main
+    thread blocks goes to another one (an exporter's), whose trampoline still has the main
+    thread run the handler. Only handlers set from Python are swapped: C-level ones (torch's in a
+    worker, faulthandler's) are left alone. Main thread only, as signal handlers are.
+
+    ``signal.signal()`` first runs the handlers already due, and an exception may come up at any
+    bytecode: each pass is retried whole, a handler is recorded before it is swapped (so never
+    lost), and what was raised is kept for :meth:`deliver`.
+    """
+
+    def __init__(self) -> None:
+        self.handlers: dict[int, _Handler] = {}
+        self.noted: set[int] = set()
+        self.raised: BaseException | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.noted.add(signum)
+
+    @classmethod
+    def hold(cls) -> _Held:
+        held = cls()
+        for _ in range(3):
+            try:
+                held._swap_all()
+                break
+            except BaseException as exc:  # a handler due before its signal was held
+                held.raised = held.raised or exc
+        return held
+
+    def _swap_all(self) -> None:
+        for signum in sorted(signal.valid_signals()):
+            handler = signal.getsignal(signum)
+            if callable(handler) and handler is not _handle and not isinstance(handler, _Held):
+                self.handlers[signum] = handler
+                try:
+                    signal.signal(signum, self)
+                except (ValueError, OSError):  # not settable here: left as it is
+                    del self.handlers[signum]
+
+    def release(self) -> None:
+        for _ in range(3):
+            try:
+                for signum, handler in list(self.handlers.items()):
+                    if signal.getsignal(signum) is self:  # not replaced meanwhile
+                        signal.signal(signum, handler)
+                    del self.handlers[signum]
+                return
+            except BaseException as exc:  # traintel's own handler, nested: a second Ctrl-C
+                self.raised = self.raised or exc
+
+    def deliver(self) -> None:
+        """What the held handlers would have done, now that the job goes on: one that raises
+        does not keep the others from running (Python itself runs them in the unwinding)."""
+        try:
+            if self.raised is not None:
+                raised, self.raised = self.raised, None
+                raise raised
+        finally:
+            noted, self.noted = sorted(self.noted), set()
+            _raise_signals(noted)
+
+
+def _raise_signals(signums: list[int]) -> None:
+    if signums:
+        try:
+            signal.raise_signal(signums[0])
+        finally:
+            _raise_signals(signums[1:])
 
 
 def _report(signum: int, received_ns: int, end_spans: bool) -> None:
