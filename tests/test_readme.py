@@ -25,3 +25,25 @@ def test_every_variable_constant_has_a_docstring() -> None:
     source = Path(environment_variables.__file__).read_text()
     for name in environment_variables.ALL:
         assert re.search(rf'^{name}: Final = "{name}"\n"""\n\.\. envvar:: {name}\n', source, re.M), name
+
+
+def test_every_test_reliability_md_cites_exists() -> None:
+    """RELIABILITY.md backs each guarantee with a test: a renamed or removed test must not
+    leave a guarantee pointing at nothing."""
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "RELIABILITY.md").read_text()
+    cited: list[tuple[str, str]] = []
+    for cell in re.findall(r"`(tests/[^`]+)`", text):
+        path, _, name = cell.partition("::")
+        if name:  # a whole file cited stands for all of its tests
+            cited.append((path, name))
+        else:
+            assert (root / path).is_file(), path
+    # "`::other_test`" after a full reference names another test of the same file
+    for path, rest in re.findall(r"`(tests/[\w/]+\.py)::[^`]+`((?:, `::[^`]+`)+)", text):
+        cited.extend((path, name) for name in re.findall(r"`::([^`]+)`", rest))
+    assert len(cited) > 40
+    for path, name in cited:
+        source = (root / path).read_text()
+        function = re.sub(r"\[.*", "", name)
+        assert re.search(rf"^(async )?def {re.escape(function)}\(", source, re.M), f"{path}::{function}"
