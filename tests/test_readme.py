@@ -33,15 +33,16 @@ def test_every_test_reliability_md_cites_exists() -> None:
     root = Path(__file__).resolve().parent.parent
     text = (root / "RELIABILITY.md").read_text()
     cited: list[tuple[str, str]] = []
-    for cell in re.findall(r"`(tests/[^`]+)`", text):
-        path, _, name = cell.partition("::")
-        if name:  # a whole file cited stands for all of its tests
+    path = ""
+    for token in re.findall(r"`((?:tests/[\w/]+\.py)?::[^`]+|tests/[\w/]+\.py)`", text):
+        if token.startswith("tests/"):
+            path, _, name = token.partition("::")
+        else:  # "`::other_test`" after a full reference: another test of the same file
+            name = token.removeprefix("::")
+        if name:
             cited.append((path, name))
-        else:
+        else:  # a whole file cited stands for all of its tests
             assert (root / path).is_file(), path
-    # "`::other_test`" after a full reference names another test of the same file
-    for path, rest in re.findall(r"`(tests/[\w/]+\.py)::[^`]+`((?:, `::[^`]+`)+)", text):
-        cited.extend((path, name) for name in re.findall(r"`::([^`]+)`", rest))
     assert len(cited) > 40
     for path, name in cited:
         source = (root / path).read_text()
