@@ -6,6 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.traintel-installed
+DEMO_STAMP := $(VENV)/.traintel-demo-installed
 CODE := src tests examples benchmarks
 
 # The lowest OpenTelemetry release pyproject.toml allows, with the contrib packages of the same
@@ -17,20 +18,25 @@ FLOOR_VENV ?= .venv-sdk-floor
 FLOOR_STAMP := $(FLOOR_VENV)/.traintel-installed
 OTEL_FLOOR_PINS := $(foreach p,api sdk proto exporter-otlp exporter-otlp-proto-common \
 	exporter-otlp-proto-grpc exporter-otlp-proto-http,opentelemetry-$(p)==$(OTEL_FLOOR)) \
-	$(foreach p,semantic-conventions instrumentation distro,opentelemetry-$(p)==$(OTEL_FLOOR_CONTRIB))
+	$(foreach p,semantic-conventions instrumentation distro exporter-prometheus,opentelemetry-$(p)==$(OTEL_FLOOR_CONTRIB))
 
 .PHONY: demo test test-sdk-floor lint typecheck pytest bench venv clean
 
-$(STAMP): pyproject.toml Makefile
+# The demo needs traintel and torch only; the tests add their extra on top (same venv).
+$(DEMO_STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+$(STAMP): $(DEMO_STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
 	touch $@
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/train_mlp.py
 
 test: lint typecheck pytest

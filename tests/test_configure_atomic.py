@@ -103,22 +103,23 @@ def _report(stdout: str) -> dict[str, object]:
             "OTEL_BSP_SCHEDULE_DELAY",
             "-5",
             (FILE, FILE),
-            "OTEL_BSP_SCHEDULE_DELAY='-5': the batch span processor could not start: "
-            "schedule_delay_millis must be positive.",
+            "OTEL_BSP_SCHEDULE_DELAY='-5': the batch span processor of exporter 'traintel_file' "
+            "could not start: schedule_delay_millis must be positive.",
         ),
         (
             "OTEL_BSP_MAX_QUEUE_SIZE",
             "0",
             (FILE, FILE),
-            "OTEL_BSP_MAX_QUEUE_SIZE='0': the batch span processor could not start: ",
+            "OTEL_BSP_MAX_QUEUE_SIZE='0': the batch span processor of exporter 'traintel_file' "
+            "could not start: ",
         ),
         # The periodic reader and the meter provider, after the whole trace side was built.
         (
             "OTEL_METRIC_EXPORT_INTERVAL",
             "0",
             (FILE, FILE),
-            "OTEL_METRIC_EXPORT_INTERVAL='0': the periodic metric reader could not start: "
-            "interval value 0.0 is invalid and needs to be larger than zero.",
+            "OTEL_METRIC_EXPORT_INTERVAL='0': the periodic metric reader of exporter 'traintel_file' "
+            "could not start: interval value 0.0 is invalid and needs to be larger than zero.",
         ),
         (
             "OTEL_METRICS_EXEMPLAR_FILTER",
@@ -189,11 +190,6 @@ print("REPORT" + json.dumps({
     ("variable", "value", "logged"),
     [
         (
-            "OTEL_METRIC_EXPORT_INTERVAL",
-            "0",
-            "OTEL_METRIC_EXPORT_INTERVAL='0': the periodic metric reader could not start",
-        ),
-        (
             "OTEL_METRICS_EXEMPLAR_FILTER",
             "bogus",
             "OTEL_METRICS_EXEMPLAR_FILTER='bogus': the meter provider could not be built",
@@ -215,6 +211,23 @@ def test_automatic_configuration_says_which_value_and_leaves_nothing_half_built(
         "meter_provider": "_ProxyMeterProvider",
         "threads": [],
     }
+
+
+def test_automatic_configuration_leaves_out_only_the_metrics_a_bad_interval_stops(tmp_path: Path) -> None:
+    """Every periodic reader refuses the interval: metrics are left out, one line each saying
+    why, and the traces go on (one bad setting never turns everything off)."""
+    result = run_python(AUTO_JOB, tmp_path, BAD_VARIABLE="OTEL_METRIC_EXPORT_INTERVAL", BAD_VALUE="0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (
+        "traintel: OTEL_METRIC_EXPORT_INTERVAL='0': the periodic metric reader of exporter "
+        "'traintel_file' could not start: interval value 0.0 is invalid and needs to be larger than "
+        "zero. (going on without it)"
+    ) in result.stderr
+    assert "telemetry is off" not in result.stderr and "Traceback" not in result.stderr
+    report = _report(result.stdout)
+    assert report["enabled"] is True and report["tracer_provider"] == "OwnedTracerProvider"
+    [file] = (tmp_path / "traintel-runs").glob("*.otlp.jsonl")
+    assert '"training_iteration"' in file.read_text() or '"training_loop"' in file.read_text()
 
 
 def test_automatic_configuration_names_the_value_an_exporter_rejected(tmp_path: Path) -> None:

@@ -168,15 +168,21 @@ def _raise(what: str, exc: Exception, settings: _Settings, environ: Mapping[str,
 
 
 def _exporter_failed(
-    signal: str, name: str, exc: Exception, environ: Mapping[str, str], strict: bool
+    signal: str,
+    name: str,
+    exc: Exception,
+    environ: Mapping[str, str],
+    strict: bool,
+    settings: _Settings | None = None,
+    what: str = "",
 ) -> None:
-    """Explicit configuration fails; the automatic one says so and goes on without that exporter."""
-    what = f"{signal} exporter {name!r} could not start"
+    """Explicit configuration fails; the automatic one says so and goes on without that exporter
+    (one bad exporter never turns the others, or the other signal, off)."""
+    what = what or f"{signal} exporter {name!r} could not start"
+    settings = _otlp_settings(signal) if settings is None else settings
     if strict:
-        _raise(what, exc, _otlp_settings(signal), environ)
-    _logger.error(
-        "traintel: %s (going on without it)", _sdk_error(what, exc, _otlp_settings(signal), environ)
-    )
+        _raise(what, exc, settings, environ)
+    _logger.error("traintel: %s (going on without it)", _sdk_error(what, exc, settings, environ))
 
 
 def _undo(steps: list[Callable[[], None]]) -> None:
@@ -523,7 +529,9 @@ def _export_paths(
         except Exception as exc:
             if not plan.lent:
                 undo.append(exporter.shutdown)
-            _raise("the batch span processor could not start", exc, _BSP_SETTINGS, environ)
+            what = f"the batch span processor of exporter {plan.name!r} could not start"
+            _exporter_failed("traces", plan.name, exc, environ, strict, _BSP_SETTINGS, what)
+            continue
         undo.append(lambda p=processor, b=bound, lent=plan.lent: _stop(p, b, lent))  # type: ignore[misc]
         paths.append((processor, spooler))
     return paths
@@ -546,20 +554,24 @@ def _periodic_readers(
     readers: list[MetricReader] = []
     for plan in plans:
         try:
-            exporter: MetricExporter = plan.factory()
+            built: MetricExporter | MetricReader = plan.factory()
         except Exception as exc:
             _exporter_failed("metrics", plan.name, exc, environ, strict)
             continue
+        if isinstance(built, MetricReader):  # a pull endpoint (prometheus): its own reader
+            undo.append(built.shutdown)
+            readers.append(built)
+            continue
         bound = (
-            ProcessBoundMetricExporter(exporter)
-            if plan.name == FILE_EXPORTER
-            else CountingMetricExporter(exporter)
+            ProcessBoundMetricExporter(built) if plan.name == FILE_EXPORTER else CountingMetricExporter(built)
         )
         try:
             reader = PeriodicExportingMetricReader(bound)
         except Exception as exc:
             undo.append(bound.shutdown)
-            _raise("the periodic metric reader could not start", exc, _READER_SETTINGS, environ)
+            what = f"the periodic metric reader of exporter {plan.name!r} could not start"
+            _exporter_failed("metrics", plan.name, exc, environ, strict, _READER_SETTINGS, what)
+            continue
         undo.append(reader.shutdown)
         readers.append(reader)
     return readers
