@@ -3,20 +3,37 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
+from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.trace import Link, StatusCode
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
 from tests.subprocess_helpers import run_python
 from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
+from traintel.exporters.otlp_json import json_line_to_request, proto_spans_to_json_line, spans_to_json_line
+from traintel.exporters.otlp_json_spans import FastPathUnsupported, spans_to_json_bytes
 from traintel.exporters.reader import ReadStats, iter_metric_requests, iter_spans, read_requests
 
 
@@ -218,3 +235,221 @@ for args in (["report", "a/b/c", "--html", "report.html"], ["export-trace", "a/b
     assert any(p.suffix == ".jsonl" for p in made)
     for path in made:
         assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
+
+
+# --- the direct span encoder against the reference (SDK proto request + json_format) -----------
+
+
+class _Float64(float):
+    """What numpy.float64 is to the SDK: a float subclass, kept as it is in attributes."""
+
+
+_EVERY_VALUE: dict[str, Any] = {
+    "str": "plain",
+    "str.empty": "",
+    "str.non_ascii": "日本語 ✓ é ß 🚀",
+    "str.escapes": 'quote" backslash\\ newline\n tab\t bell\x07 nul\x00 \u2028',
+    "bool.true": True,
+    "bool.false": False,
+    "int.zero": 0,
+    "int.negative": -17,
+    "int.max": 2**63 - 1,
+    "int.min": -(2**63),
+    "int.beyond_double": 2**53 + 1,
+    "int.enum": HTTPStatus.OK,
+    "float.zero": 0.0,
+    "float.negative_zero": -0.0,
+    "float.plain": 1.5,
+    "float.tiny": 5e-324,
+    "float.small": 1e-7,
+    "float.huge": 1.7976931348623157e308,
+    "float.third": 1 / 3,
+    "float.nan": math.nan,
+    "float.inf": math.inf,
+    "float.neg_inf": -math.inf,
+    "float.subclass": _Float64(0.125),
+    "array.str": ("a", "", "ü"),
+    "array.bool": (True, False),
+    "array.int": (0, 2**63 - 1, -(2**63)),
+    "array.float": (0.5, math.nan, -math.inf, 1e300),
+    "array.empty": (),
+}
+
+
+def _tracer_provider(
+    exporter: InMemorySpanExporter, resource: Resource, limits: SpanLimits | None = None
+) -> TracerProvider:
+    provider = TracerProvider(resource=resource, span_limits=limits, shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+def _rich_spans() -> list[ReadableSpan]:
+    """Real SDK spans with everything an OTLP span can carry, over several resources and
+    scopes (two equal resources in distinct objects among them), in interleaved order."""
+    exporter = InMemorySpanExporter()
+    main_resource = Resource(
+        {"service.name": "svc-ä", "ml.training.rank": 3, "tags": ("x", "y"), "ratio": 0.25},
+        "https://opentelemetry.io/schemas/1.21.0",
+    )
+    main = _tracer_provider(exporter, main_resource)
+    other = _tracer_provider(exporter, Resource({"service.name": "other"}))
+    other_twin = _tracer_provider(exporter, Resource({"service.name": "other"}))
+    bare = _tracer_provider(exporter, Resource({}))
+    limited = _tracer_provider(
+        exporter,
+        Resource({"service.name": "limited"}),
+        SpanLimits(
+            max_span_attributes=2, max_events=1, max_links=1, max_event_attributes=1, max_link_attributes=1
+        ),
+    )
+    versioned = main.get_tracer(
+        "scope.versioned",
+        "1.2.3",
+        schema_url="https://example.com/schema/2",
+        attributes={"scope.attr": "s", "n": 4},
+    )
+    plain = main.get_tracer("scope.plain")
+    nameless = bare.get_tracer("")
+
+    remote_parent = SpanContext(
+        trace_id=2**128 - 1,
+        span_id=2**64 - 1,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_state=TraceState([("vendor", "v1"), ("other", "x.y-z")]),
+    )
+    linked_to = SpanContext(
+        1, 2, is_remote=True, trace_flags=TraceFlags(0), trace_state=TraceState([("k", "v")])
+    )
+
+    with versioned.start_as_current_span(
+        "root ✓", kind=SpanKind.SERVER, attributes=_EVERY_VALUE, start_time=1_000
+    ) as root:
+        root.add_event("started", {"attempt": 1, "who": "ü", "ok": True}, timestamp=1_100)
+        root.add_event("bare event", timestamp=1_200)
+        root.add_event("", {"e.float": math.nan})
+        root.set_status(StatusCode.ERROR, "broken: ✗")
+        for kind in SpanKind:
+            plain.start_span(f"kind {kind.name}", kind=kind, start_time=1_300).end(end_time=1_400)
+        other.get_tracer("other.scope").start_span("other 1").end()
+        child = versioned.start_span(
+            "child", links=[Link(root.get_span_context(), {"link.attr": 7}), Link(linked_to)]
+        )
+        child.set_status(StatusCode.OK)
+        child.end()
+    other_twin.get_tracer("other.scope").start_span("other twin, same group").end()
+    under_remote = plain.start_span(
+        "under a remote parent", context=trace.set_span_in_context(NonRecordingSpan(remote_parent))
+    )
+    under_remote.set_status(StatusCode.ERROR)
+    under_remote.end()
+    nameless.start_span("", start_time=0).end(end_time=0)
+    dropping = limited.get_tracer("limited").start_span(
+        "over the limits",
+        attributes={"a": 1, "b": 2, "c": 3, "d": 4},
+        links=[Link(remote_parent), Link(linked_to, {"l1": 1, "l2": 2})],  # the oldest goes
+    )
+    dropping.add_event("e1")
+    dropping.add_event("e2", {"x": 1, "y": 2})
+    dropping.end()
+    spans = list(exporter.get_finished_spans())
+    # A span with no instrumentation scope at all (constructed, as a replay or a bridge may).
+    spans.append(
+        ReadableSpan(
+            "scopeless",
+            context=SpanContext(3, 4, is_remote=False),
+            parent=SpanContext(3, 0, is_remote=False),
+            resource=main_resource,
+            instrumentation_scope=None,
+            start_time=10,
+            end_time=20,
+        )
+    )
+    spans.append(
+        ReadableSpan(
+            "scoped twin",
+            context=SpanContext(5, 6, is_remote=False),
+            resource=Resource({"service.name": "other"}),
+            instrumentation_scope=InstrumentationScope("other.scope"),
+            start_time=30,
+            end_time=40,
+        )
+    )
+    for provider in (main, other, other_twin, bare, limited):
+        provider.shutdown()
+    return spans
+
+
+def test_rich_spans_cover_what_the_comparison_needs() -> None:
+    """Guards the fixture: a comparison over spans that lack a feature proves nothing about it."""
+    spans = _rich_spans()
+    tree = json.loads(proto_spans_to_json_line(spans))
+    text = json.dumps(tree)
+    for needle in (
+        '"droppedAttributesCount": 2',
+        '"droppedEventsCount": 1',
+        '"droppedLinksCount": 1',
+        '"traceState": "vendor=v1,other=x.y-z"',
+        '"flags": 768',
+        '"schemaUrl"',
+        '"scope": {}',
+        '"resource": {}',
+        '"arrayValue": {}',
+        '"NaN"',
+        '"-Infinity"',
+        '"intValue": "-9223372036854775808"',
+        '"code": 2',
+        '"message": "broken: \\u2717"',
+    ):
+        assert needle in text, needle
+    assert len(tree["resourceSpans"]) == 4  # main, other (+ its twins), bare, limited
+    (limited,) = (
+        span
+        for rs in tree["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+        if span.get("name") == "over the limits"
+    )
+    assert limited["events"][0]["droppedAttributesCount"] == 1
+    assert limited["links"][0]["droppedAttributesCount"] == 1
+    assert {span.kind for span in spans} == set(SpanKind)
+
+
+def test_direct_span_encoding_matches_the_proto_encoding() -> None:
+    spans = _rich_spans()
+    new_line = spans_to_json_line(spans)
+    assert new_line == spans_to_json_bytes(spans).decode()  # the fast path, not its fallback
+    assert "\n" not in new_line  # one request, one line
+    assert "日本語 ✓" in new_line  # UTF-8 as before (ensure_ascii=False), not escaped
+    assert json.loads(new_line) == json.loads(proto_spans_to_json_line(spans))
+    assert json_line_to_request(new_line) == encode_spans(spans)
+
+
+def test_direct_span_encoding_matches_field_order_too() -> None:
+    """Not needed by any reader, but it keeps old and new lines diffable by eye: once parsed
+    and printed again (which evens out float spellings, 1e-7 against 1e-07), they are the same
+    text."""
+    spans = _rich_spans()
+    new, old = json.loads(spans_to_json_line(spans)), json.loads(proto_spans_to_json_line(spans))
+    assert json.dumps(new) == json.dumps(old)
+
+
+@pytest.mark.parametrize(
+    ("attributes", "why"),
+    [
+        ({"ok": 1, "too_big": 2**63}, "int beyond int64"),
+        ({"ok": 1, "with_none": (1, None, 3)}, "None inside an array"),
+        ({"ok": 1, "surrogate": "\ud800"}, "not valid Unicode"),
+    ],
+)
+def test_values_the_fast_path_leaves_to_the_sdk_encode_as_before(
+    attributes: dict[str, Any], why: str
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = _tracer_provider(exporter, Resource({"service.name": "edge"}))
+    provider.get_tracer("t").start_span("edge", attributes=attributes).end()
+    spans = exporter.get_finished_spans()
+    with pytest.raises(FastPathUnsupported):
+        spans_to_json_bytes(spans)
+    assert spans_to_json_line(spans) == proto_spans_to_json_line(spans), why

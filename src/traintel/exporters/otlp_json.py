@@ -7,6 +7,11 @@ OTLP/JSON spec makes is that trace and span ids are lowercase hex, not base64; w
 those keys on the way out and back on the way in, so a file line is a valid OTLP/JSON
 ``Export*ServiceRequest`` that a collector's ``otlpjsonfile`` receiver or ``traintel replay``
 can send on.
+
+Spans, the bulk of a file, are the exception: that path costs the export thread tens of
+microseconds of GIL per span, so they are written directly from the SDK's span objects
+(:mod:`traintel.exporters.otlp_json_spans`), with the same content. Metrics stay on the proto
+path: one request per collection interval, not a stream.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.metrics.export import MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
+
+from traintel.exporters.otlp_json_spans import FastPathUnsupported, spans_to_json_bytes
 
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
 
@@ -59,6 +66,17 @@ def request_to_json_line(request: ExportRequest) -> str:
 
 
 def spans_to_json_line(spans: Sequence[ReadableSpan]) -> str:
+    """One OTLP/JSON trace line, written straight from the spans (:mod:`.otlp_json_spans`);
+    a batch holding a value that path leaves to the SDK goes the proto way instead."""
+    try:
+        return spans_to_json_bytes(spans).decode("utf-8")
+    except FastPathUnsupported:
+        return proto_spans_to_json_line(spans)
+
+
+def proto_spans_to_json_line(spans: Sequence[ReadableSpan]) -> str:
+    """The reference encoding (the SDK's proto request, printed by ``json_format``): the
+    fallback of :func:`spans_to_json_line`, and what tests compare it with."""
     return request_to_json_line(encode_spans(spans))
 
 
