@@ -5,17 +5,27 @@ the OTel distro from ``OTEL_*``; this instrumentor makes traintel attach to them
 processor) with no configuration code in the script, and, when the script imports torch,
 patches it for zero-code phase spans (see :mod:`traintel.integrations.torch_patches`). ``instrument(torch=
 False)`` attaches without patching.
+
+Launched by ``opentelemetry-instrument``, the providers are the distro's, built from ``OTEL_*``
+alone: traintel then gives their exporters its spool, loss counting and bounded exit, as its own
+providers have (see :func:`~traintel._sdk.providers.adopt_instrumented_providers`). Providers a
+script built itself are left as they are.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Collection
 from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from traintel._runtime import state as _state
+
+#: Imported by ``opentelemetry-instrument`` (and by ``auto_instrumentation.initialize()``)
+#: before it configures the providers and loads the instrumentors.
+_AUTO_INSTRUMENTATION = "opentelemetry.instrumentation.auto_instrumentation"
 
 
 class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -30,6 +40,14 @@ class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     def _instrument(self, **kwargs: Any) -> None:
         if _state.configured() is None:
             _state.current()  # lenient: a bad TRAINTEL_* value is logged, never fatal here
+        telemetry = _state.current()
+        if _AUTO_INSTRUMENTATION in sys.modules and telemetry.pipeline is not None:
+            from traintel._sdk.providers import adopt_instrumented_providers
+
+            try:
+                adopt_instrumented_providers(telemetry.pipeline, telemetry.config)
+            except Exception:
+                telemetry.warn_once("adopt", "could not put the distro's exporters behind the spool")
         if kwargs.get("torch", True) and importlib.util.find_spec("torch") is not None:
             from traintel.integrations.torch_patches import TorchPatcher
 

@@ -25,6 +25,12 @@ What is used, and why:
   count every drop (and spill what is queued at a stuck exit).
 * **A metric exporter's preferences** (``_preferred_temporality``, ``_preferred_aggregation``):
   a wrapper must declare the same ones as the exporter it wraps.
+* **Exporters inside providers someone else built** (``TracerProvider._active_span_processor.
+  _span_processors``, ``BatchSpanProcessor._batch_processor._exporter``,
+  ``MeterProvider._sdk_config.metric_readers``, ``PeriodicExportingMetricReader._exporter``):
+  under ``opentelemetry-instrument`` the distro builds the providers before traintel runs, and
+  the public API cannot reach their exporters; traintel puts its spool and loss counting in
+  front of them. Where a release keeps them elsewhere, they are left as they are (and said).
 * **A tracer's id generator** (``Tracer.id_generator``): traintel's own tracer gets a generator
   that can hand out an id chosen in advance, so an iteration recorded without a span can be
   exported later under the id its children already point to.
@@ -273,6 +279,41 @@ def batch_queue(processor: Any) -> tuple[deque[Any] | None, int]:
     if not isinstance(queue, deque):
         return None, 0
     return queue, int(getattr(batch, "_max_queue_size", 0) or 0)
+
+
+def span_processors(provider: Any) -> tuple[SpanProcessor, ...]:
+    """The span processors added to an SDK tracer provider (empty where not found)."""
+    processors = getattr(getattr(provider, "_active_span_processor", None), "_span_processors", None)
+    return tuple(processors) if isinstance(processors, tuple) else ()
+
+
+def batch_exporter(processor: Any) -> Any:
+    """The exporter inside an SDK batch span processor, or None where it is kept elsewhere."""
+    return getattr(getattr(processor, "_batch_processor", None), "_exporter", None)
+
+
+def replace_batch_exporter(processor: Any, exporter: Any) -> bool:
+    """Put ``exporter`` in place of the batch processor's own (False: not found, untouched)."""
+    batch: Any = getattr(processor, "_batch_processor", None)
+    if getattr(batch, "_exporter", None) is None:
+        return False
+    batch._exporter = exporter
+    return True
+
+
+def periodic_readers(provider: Any) -> list[Any]:
+    """The metric readers of an SDK meter provider (empty where not found)."""
+    readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", None)
+    return list(readers) if isinstance(readers, list | tuple) else []
+
+
+def replace_reader_exporter(reader: Any, wrap: Callable[[Any], Any]) -> bool:
+    """Wrap a periodic reader's exporter in place (False: not one, or not found)."""
+    exporter = getattr(reader, "_exporter", None)
+    if exporter is None:
+        return False
+    reader._exporter = wrap(exporter)
+    return True
 
 
 def metric_exporter_preferences(exporter: Any) -> dict[str, Any]:

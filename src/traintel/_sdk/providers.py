@@ -17,6 +17,7 @@ so a dead collector can hold a finished job for minutes.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -36,9 +37,10 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from traintel import semconv
+from traintel._sdk import otel_private
 from traintel._sdk.export_filter import IterationExportFilter, TraceBudget
 from traintel._sdk.ids import ForcingIdGenerator
 from traintel._sdk.otel_private import SpanWriter, span_writer
@@ -57,7 +59,12 @@ from traintel.exporters.http_session import CertificateSession, needs_certificat
 from traintel.exporters.metric_counting import CountingMetricExporter
 from traintel.exporters.process_bound import ProcessBoundMetricExporter, ProcessBoundSpanExporter
 from traintel.exporters.spool import Spool
-from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter
+from traintel.exporters.spooling import (
+    CountingBatchSpanProcessor,
+    QueueGuard,
+    SpoolingSpanExporter,
+    guard_queue,
+)
 from traintel.resource_detectors import TrainingResourceDetector
 
 _logger = logging.getLogger(__name__)
@@ -282,7 +289,7 @@ def _with_certificate_session(cls: Any) -> Callable[[], Any]:
 
 
 def _spooling(
-    exporter: SpanExporter, name: str, config: TrainingConfig, resource: Resource | None
+    exporter: SpanExporter, name: str, config: TrainingConfig, resource: Resource | None, hint: str = ""
 ) -> SpoolingSpanExporter:
     """``exporter`` behind the spool: one directory per process and exporter (ranks never share)."""
     max_bytes = int(config.get("spool_max_bytes"))
@@ -299,6 +306,7 @@ def _spooling(
         spool,
         retry_interval_s=float(config.get("spool_retry_interval")),
         drain_timeout_s=0.8 * timeout,
+        hint=hint,
     )
 
 
@@ -360,6 +368,10 @@ class DirectSpans:
         return self.provider.others == 0
 
 
+#: A batch processor (traintel's, or the guard on one the distro built) and its spool, if any.
+ExportPath = tuple[CountingBatchSpanProcessor | QueueGuard, SpoolingSpanExporter | None]
+
+
 @dataclass
 class Pipeline:
     """The providers traintel records into, and whether it owns (and so shuts down) them."""
@@ -376,9 +388,7 @@ class Pipeline:
     export_filter: IterationExportFilter | None = None
     ids: ForcingIdGenerator | None = None
     #: Owned providers: each exporting batch processor with its spooling wrapper (if any).
-    export_paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = field(
-        default_factory=list
-    )
+    export_paths: list[ExportPath] = field(default_factory=list)
     _shut_down: bool = False
 
     @property
@@ -464,6 +474,61 @@ class Pipeline:
                     HEALTH.drop_spans(EXIT_TIMEOUT, len(queued))
             except Exception:
                 _logger.exception("traintel: could not spool the spans left at exit")
+
+
+#: Said once with the first failed export of providers the distro built with no endpoint set.
+_DISTRO_DEFAULT_HINT = (
+    "No OTLP endpoint is set, so opentelemetry-instrument exports to localhost (4317 gRPC, 4318 "
+    "HTTP): point OTEL_EXPORTER_OTLP_ENDPOINT at your collector, or keep telemetry in a local file "
+    "with OTEL_TRACES_EXPORTER=traintel_file OTEL_METRICS_EXPORTER=traintel_file"
+)
+
+
+def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> int:
+    """Under ``opentelemetry-instrument``: give the providers the distro built what traintel's
+    own have. Their span exporters go behind the spool, their queues' drops and their metric
+    exports are counted, and their exit is bounded by ``TRAINTEL_SHUTDOWN_TIMEOUT`` (traintel
+    shuts them down; the SDK's own unbounded exit hooks are removed). Returns how many span
+    exporters were put behind the spool.
+
+    Why only here: providers a user's own code built are theirs to run; the distro's are built
+    from ``OTEL_*`` alone, as traintel's would be, and without this a job whose collector is
+    not there retries at exit for the exporters' whole timeout and loses what it held, uncounted.
+    """
+    tracer_provider, meter_provider = pipeline.tracer_provider, pipeline.meter_provider
+    if pipeline.owns_tracer_provider or not isinstance(tracer_provider, TracerProvider):
+        return 0
+    environ = os.environ
+    endpoint_set = any(
+        environ.get(variable, "").strip()
+        for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+    adopted = 0
+    for processor in otel_private.span_processors(tracer_provider):
+        if not isinstance(processor, BatchSpanProcessor) or isinstance(processor, CountingBatchSpanProcessor):
+            continue
+        exporter = otel_private.batch_exporter(processor)
+        if exporter is None or isinstance(
+            exporter, SpoolingSpanExporter | OtlpJsonFileSpanExporter | ProcessBoundSpanExporter
+        ):
+            continue
+        hint = "" if endpoint_set or adopted else _DISTRO_DEFAULT_HINT
+        spooler = _spooling(exporter, type(exporter).__name__, config, pipeline.resource, hint)
+        if not otel_private.replace_batch_exporter(processor, spooler):
+            continue
+        pipeline.export_paths.append((guard_queue(processor), spooler))
+        adopted += 1
+    for reader in otel_private.periodic_readers(meter_provider):
+        otel_private.replace_reader_exporter(reader, CountingMetricExporter)
+    for provider in (tracer_provider, meter_provider):
+        atexit.unregister(getattr(provider, "shutdown", _no_shutdown))
+    pipeline.owns_tracer_provider = True
+    pipeline.owns_meter_provider = isinstance(meter_provider, MeterProvider)
+    return adopted
+
+
+def _no_shutdown() -> None:
+    """Stands for a provider without ``shutdown`` (nothing to unregister)."""
 
 
 def _call(target: object, method: str, *args: Any) -> None:
@@ -718,7 +783,7 @@ def build_pipeline(
     _redaction.install(environ)  # the exporters' loggers exist now
     tls_errors.install(environ)
     pipeline = Pipeline(
-        export_paths=export_paths,
+        export_paths=list[ExportPath](export_paths),
         export_filter=export_filter,
         ids=ids,
         tracer_provider=tp,

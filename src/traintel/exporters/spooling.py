@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -55,9 +55,11 @@ _logger = logging.getLogger(__name__)
 #: gRPC's default maximum message size is 4 MiB; stay clear of it with headroom for framing.
 DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
 #: The share of the exit's drain time it then waits, after the spill, for the send under way:
-#: if it succeeds, its copy is taken out of the spool again (a replay would send it twice), and
-#: if it fails, the sender is writing it to disk and the process must not end mid-write.
+#: if it succeeds, its copy is taken out of the spool again (a replay would send it twice).
 _LATE_SEND_SHARE = 0.25
+#: How long the exit waits for the sender to finish writing a failed batch it already took
+#: (a local disk write; without the wait the process could end in the middle of it).
+_OWNED_WRITE_TIMEOUT_S = 2.0
 
 
 def split_by_bytes(
@@ -78,25 +80,26 @@ def split_by_bytes(
     return split_by_bytes(spans[:middle], max_bytes) + split_by_bytes(spans[middle:], max_bytes)
 
 
-class CountingBatchSpanProcessor(BatchSpanProcessor):
-    """The SDK's batch processor, with its queue-full drops and event-cap drops counted exactly.
+class QueueGuard:
+    """An SDK batch span processor's queue with its queue-full and event-cap drops counted
+    exactly; its depth, and what it holds at a stuck exit.
 
-    Why a subclass: the SDK drops a span when its queue is full with one log line and (only
-    on recent versions, opt-in) an internal metric. Why a lock: the SDK's queue silently
-    pushes out its oldest span when a span is added to a full queue, so a check made before
-    handing over races the other producing threads and the export thread, and miscounts. Here
-    producers hand over one at a time, a span that finds the queue full is the one dropped
-    (not handed over) and counted, and the SDK's queue never overflows: produced = exported +
-    dropped. The export thread only takes from the queue, so it never turns a check into a
-    drop. If a future SDK keeps its queue elsewhere, drops go uncounted and we say so once.
+    Why a lock: the SDK's queue silently pushes out its oldest span when a span is added to a
+    full queue, so a check made before handing over races the other producing threads and the
+    export thread, and miscounts. Here producers hand over one at a time, a span that finds the
+    queue full is the one dropped (not handed over) and counted, and the SDK's queue never
+    overflows: produced = exported + dropped. The export thread only takes from the queue, so
+    it never turns a check into a drop. If a future SDK keeps its queue elsewhere, drops go
+    uncounted and we say so once.
     """
 
-    def __init__(self, exporter: SpanExporter, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
-        super().__init__(exporter, **kwargs)
+    def __init__(
+        self, processor: BatchSpanProcessor, emit: Callable[[ReadableSpan], None], health: ExportHealth
+    ) -> None:
         self._health = health
-        self._emit = super().on_end  # bound once (the SDK's: it queues sampled spans)
+        self._emit = emit  # the SDK's on_end: it queues sampled spans
         self._queue: deque[ReadableSpan] | None
-        self._queue, self._max_queue = batch_queue(self)
+        self._queue, self._max_queue = batch_queue(processor)
         self._handover = threading.Lock()
         if self._queue is None:
             _logger.warning(
@@ -141,6 +144,29 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         return taken
 
 
+class CountingBatchSpanProcessor(BatchSpanProcessor):
+    """The SDK's batch processor behind a :class:`QueueGuard`: its drops counted exactly."""
+
+    def __init__(self, exporter: SpanExporter, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
+        super().__init__(exporter, **kwargs)
+        self.guard = QueueGuard(self, super().on_end, health)
+        self.on_end = self.guard.on_end  # type: ignore[method-assign]  # no extra call per span
+
+    def depth(self) -> int:
+        return self.guard.depth()
+
+    def take_queued(self) -> list[ReadableSpan]:
+        return self.guard.take_queued()
+
+
+def guard_queue(processor: BatchSpanProcessor, health: ExportHealth = HEALTH) -> QueueGuard:
+    """Count the drops of a batch processor someone else built (the distro's): its ``on_end``
+    is replaced on the instance by the guard's, which hands spans on to the original."""
+    guard = QueueGuard(processor, processor.on_end, health)
+    processor.on_end = guard.on_end  # type: ignore[method-assign]
+    return guard
+
+
 _Batch = tuple[Sequence[ReadableSpan], ExportTraceServiceRequest | None]
 
 
@@ -162,8 +188,11 @@ class SpoolingSpanExporter(SpanExporter):
         drain_timeout_s: float = 5.0,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         health: ExportHealth = HEALTH,
+        hint: str = "",
     ) -> None:
         self.exporter = exporter
+        #: Said with the first failure only: what to set (the distro's default endpoint, say).
+        self._hint = hint
         self.spool = spool
         self._retry_interval_s = retry_interval_s
         self._drain_timeout_s = drain_timeout_s
@@ -197,6 +226,8 @@ class SpoolingSpanExporter(SpanExporter):
         self._in_flight: Sequence[ReadableSpan] | None = None
         #: The in-flight batch the exit spilled, and its spool entry: removed if the send succeeds.
         self._spilled: tuple[Sequence[ReadableSpan], SpoolEntry] | None = None
+        #: The sender owns a failed batch and is writing it to the spool.
+        self._writing = False
 
     def _reinit_in_child(self) -> None:
         """A forked child has no sender thread and must not write into its parent's spool."""
@@ -349,6 +380,8 @@ class SpoolingSpanExporter(SpanExporter):
         with self._cond:  # whoever clears _in_flight owns the batch: here, or spill() at exit
             mine, self._in_flight = self._in_flight is spans, None
             spilled, self._spilled = self._spilled, None
+            # Owned and failed: shutdown() waits for the write (the exit must not cut it short).
+            self._writing = mine and not delivered
         if delivered:
             if not mine and spilled is not None and spilled[0] is spans and self.spool is not None:
                 self.spool.remove(spilled[1])  # delivered late: the exit's copy must not be sent again
@@ -357,13 +390,21 @@ class SpoolingSpanExporter(SpanExporter):
         self._health.export_failed()
         if not mine:  # the exit already wrote it to the spool
             return False
-        if self._to_spool(spans, request) is not None and self._backlog:
+        try:
+            spooled = self._to_spool(spans, request) is not None
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+        if spooled and self._backlog:
             assert self.spool is not None
+            hint, self._hint = self._hint, ""
             _logger.warning(
                 "traintel: span export failed; spooling batches to %s and retrying every %gs "
-                "(training continues)",
+                "(training continues)%s",
                 self.spool.directory,
                 self._retry_interval_s,
+                f". {hint}" if hint else "",
             )
         return False
 
@@ -443,9 +484,15 @@ class SpoolingSpanExporter(SpanExporter):
             self._stopped = True
             self._cond.notify_all()
         if not drained:
+            if self._hint:
+                hint, self._hint = self._hint, ""
+                _logger.warning("traintel: span export did not complete before exit. %s", hint)
             self.spill(())  # what is still in memory goes to disk before the process ends
-            with self._cond:  # the send under way: its success removes the copy, its failure writes
+            with self._cond:
+                # The send under way: if it succeeds, its spilled copy is removed.
                 self._cond.wait_for(lambda: not self._busy, _LATE_SEND_SHARE * self._drain_timeout_s)
+                # A failed batch the sender took before the spill: let it land on disk.
+                self._cond.wait_for(lambda: not self._writing, _OWNED_WRITE_TIMEOUT_S)
         try:
             self.exporter.shutdown()
         except Exception:
@@ -485,6 +532,8 @@ def _after_fork_in_child(reference: weakref.ref[SpoolingSpanExporter]) -> None:
 __all__ = [
     "DEFAULT_MAX_BATCH_BYTES",
     "CountingBatchSpanProcessor",
+    "QueueGuard",
     "SpoolingSpanExporter",
+    "guard_queue",
     "split_by_bytes",
 ]

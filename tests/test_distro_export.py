@@ -1,0 +1,87 @@
+"""``opentelemetry-instrument python train.py`` with opentelemetry-distro and no collector: the
+distro builds its providers from ``OTEL_*`` (default: OTLP to localhost), and traintel gives
+their exporters the spool, the loss counting and the bounded exit its own have. Real launcher,
+real exporters, real sockets; what the spool kept is replayed to a real receiver."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.otlp_receiver import GrpcReceiver
+from tests.subprocess_helpers import REPO, BlackHole, clean_env
+from traintel.cli import main
+from traintel.exporters.reader import iter_spans
+
+SCRIPT = REPO / "examples" / "zero_code_train.py"
+INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
+HINT = "OTEL_TRACES_EXPORTER=traintel_file OTEL_METRICS_EXPORTER=traintel_file"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _instrumented(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    result = subprocess.run(
+        [INSTRUMENT, sys.executable, str(SCRIPT), "--checkpoint-dir", str(tmp_path)],
+        cwd=tmp_path,
+        env=clean_env(
+            OTEL_LOGS_EXPORTER="none",
+            TRAINTEL_OUTPUT_DIR=str(tmp_path / "out"),
+            TRAINTEL_SHUTDOWN_TIMEOUT="3",
+            TRAINTEL_EXPORT_ITERATIONS="all",
+            **env,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return result, time.monotonic() - started
+
+
+def _replayed(spool_root: Path) -> list[str]:
+    [spool] = spool_root.iterdir()
+    with GrpcReceiver() as receiver:
+        assert main(["replay", str(spool), "--endpoint", receiver.endpoint, "--protocol", "grpc"]) == 0
+    return sorted(span.span_id.hex() for _, span in receiver.received.spans())
+
+
+@pytest.mark.skipif(not _port_free(4317), reason="something listens on localhost:4317 here")
+def test_the_distros_default_endpoint_with_nothing_listening(tmp_path: Path) -> None:
+    """OTLP by default (the distro's), traintel_file beside it to know what was produced."""
+    result, elapsed = _instrumented(tmp_path, OTEL_TRACES_EXPORTER="otlp,traintel_file")
+    assert result.returncode == 0, result.stderr
+    assert "reloaded step 16" in result.stdout
+    # Bounded: 3 s to exit plus start-up, not the exporters' retries (~14 s before).
+    assert elapsed < 12, f"took {elapsed:.1f}s"
+    assert result.stderr.count(HINT) == 1, result.stderr  # what to set, said once
+    assert "not delivered, kept in" in result.stderr and "traintel replay" in result.stderr
+    produced = sorted(s.span_id for s in iter_spans(sorted((tmp_path / "out").glob("*.otlp.jsonl"))))
+    assert len(produced) > 30
+    assert _replayed(tmp_path / "out" / "spool") == produced, "the spool kept every span"
+
+
+def test_a_blackholed_endpoint_is_bounded_spooled_and_counted(tmp_path: Path) -> None:
+    with BlackHole() as hole:
+        result, elapsed = _instrumented(
+            tmp_path,
+            OTEL_TRACES_EXPORTER="otlp,traintel_file",
+            OTEL_METRICS_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{hole.port}",
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+            OTEL_EXPORTER_OTLP_TIMEOUT="30",
+        )
+    assert result.returncode == 0, result.stderr
+    assert elapsed < 12, f"took {elapsed:.1f}s although the exporter's timeout is 30 s"
+    assert HINT not in result.stderr  # an endpoint was set: nothing to suggest
+    produced = sorted(s.span_id for s in iter_spans(sorted((tmp_path / "out").glob("*.otlp.jsonl"))))
+    assert _replayed(tmp_path / "out" / "spool") == produced
