@@ -71,12 +71,13 @@ def test_summary_numbers_are_exact(tmp_path: Path) -> None:
     assert value("checkpoint.bytes.total") == 3_000_000
     assert summary.exported_iterations == {"first": 4}
     text = render(summary)
-    assert "training_iteration           4      8.00 s      2.00 s      4.00 s   40.0%" in text
-    assert "model_init                   1      2.00 s      2.00 s      2.00 s   10.0%" in text
+    assert "\ntraining_iteration           4     8.00 s     2.00 s     4.00 s   40.0%\n" in text
+    assert "\nmodel_init                   1     2.00 s     2.00 s     2.00 s   10.0%\n" in text
+    assert max(len(line) for line in text.splitlines()[:10]) <= 80  # the phase table fits 80 columns
     assert "First iteration: 4.00 s" in text
     assert "Throughput: 7.5 samples/s (job)" in text
     assert "Checkpoints: 1 saves, 2.00 s blocking in total, mean 2.00 s, max 2.00 s, 3.00 MB" in text
-    assert "Last window's model metrics: loss mean 0.5, last 0.5" in text
+    assert "Model metrics, last window (iterations 2-3): loss 0.5\n" in text  # its mean reads the same
     assert "Iterations: 4  mean 1.33 s  p50 1.00 s  p90 1.80 s  p99 1.98 s  (after warm-up)" in text
     assert "Iterations exported as spans: 4 (first 4)" in text
 

@@ -7,20 +7,39 @@ import functools
 import json
 import math
 import os
+import re
+import shlex
 import sys
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from traintel.analysis.goodput import compute_goodput, load_jobs, parse_time, render_goodput
+from traintel.analysis.runs import (
+    RunInfo,
+    RunNotFound,
+    find_run,
+    note_on_others,
+    render_runs,
+    scan_runs,
+    section_title,
+    short_ids,
+)
 from traintel.analysis.summary import render, summarize
 from traintel.exporters.private_files import open_private
 from traintel.exporters.reader import ReadStats, expand_paths
 from traintel.version import __version__
 
+if TYPE_CHECKING:
+    from traintel.analysis.report import Report
+
 T = TypeVar("T")
 
 #: Inputs at least this large get a progress bar (when stderr is a terminal).
 PROGRESS_BYTES = 16 * 1024 * 1024
+#: Characters of a run id not kept in the name of its HTML page (a session tag is free text).
+_UNSAFE_IN_NAME = re.compile(r"[^\w.-]")
 
 
 def _files(paths: Sequence[str]) -> list[str]:
@@ -54,6 +73,56 @@ def _no_spans(paths: Sequence[str], stats: ReadStats) -> int:
     return 1
 
 
+def _where(paths: Sequence[str]) -> str:
+    """The inputs as the user would type them again (quoted where needed)."""
+    return " ".join(shlex.quote(path) for path in paths)
+
+
+@dataclass
+class _Choice:
+    """The runs a command shows, out of those in its files."""
+
+    shown: list[RunInfo]  # empty: the files name no run; everything is read as one
+    found: list[RunInfo]
+    note: str | None = None  # said with the output when runs were left out
+
+    def others(self) -> list[str]:
+        return [run.id for run in self.found if run not in self.shown]
+
+
+def _choose(args: argparse.Namespace, files: list[str]) -> _Choice | int:
+    """``--run ID``, ``--all``, or by default the newest run with a note naming the others: two
+    runs added together would read as one that never happened. An exit code on a bad ``--run``."""
+    found = _with_progress(files, functools.partial(scan_runs, files))
+    if not found:
+        return _Choice([], [])
+    if args.all:
+        return _Choice(found, found)
+    if args.run is not None:
+        try:
+            return _Choice([find_run(found, args.run)], found)
+        except RunNotFound as exc:
+            print(f"traintel: {exc}", file=sys.stderr)
+            return 2
+    note = note_on_others(found[0], found, _where(args.paths)) if len(found) > 1 else None
+    return _Choice([found[0]], found, note)
+
+
+def _run_files(choice: _Choice, files: list[str]) -> list[tuple[RunInfo | None, list[str]]]:
+    """(run, its files) to read; (None, every file) where the files name no run."""
+    return [(run, run.files) for run in choice.shown] or [(None, files)]
+
+
+def _add_run_choice(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--run",
+        metavar="ID",
+        help="the run to show: its id or a unique prefix (traintel runs lists them); default: the newest",
+    )
+    group.add_argument("--all", action="store_true", help="every run, one after the other, newest first")
+
+
 def _report(args: argparse.Namespace) -> int:
     from traintel.analysis.report import build_report
 
@@ -61,28 +130,98 @@ def _report(args: argparse.Namespace) -> int:
     if not files:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2
-    report = _with_progress(files, lambda progress: build_report(files, progress))
-    if not report.summary.spans:
-        return _no_spans(args.paths, report.stats)
-    if args.html:
-        from traintel.analysis.report_html import render_html
+    choice = _choose(args, files)
+    if isinstance(choice, int):
+        return choice
+    reports: list[tuple[RunInfo | None, Report]] = []
+    for run, run_files in _run_files(choice, files):
+        work = functools.partial(build_report, run_files, run=run.id if run else None)
+        report = _with_progress(run_files, work)
+        if not report.summary.spans:
+            return _no_spans(args.paths, report.stats)
+        reports.append((run, report))
+    pages = _write_html(args.html, reports, choice)
+    if pages is None:
+        return 2
+    if args.json:
+        _print_report_json(reports, choice, args.all)
+    else:
+        _print_report_text(reports, choice, pages)
+    return 0
 
+
+def _write_html(
+    target: str | None, reports: list[tuple[RunInfo | None, Report]], choice: _Choice
+) -> list[str] | None:
+    """One self-contained page per run shown (``OUT-<run>.html`` for several); None on failure."""
+    if not target:
+        return []
+    from traintel.analysis.report_html import render_html
+
+    ids = short_ids(choice.found)
+    pages = []
+    for run, report in reports:
+        page = target
+        if len(reports) > 1 and run is not None:
+            name, tag = Path(target), _UNSAFE_IN_NAME.sub("_", ids[run.id])
+            page = str(name.with_name(f"{name.stem}-{tag}{name.suffix}"))
         try:
-            with open_private(args.html) as out:
+            with open_private(page) as out:
                 out.write(render_html(report))
         except OSError as exc:
-            print(f"traintel: cannot write --html {args.html}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
+            print(f"traintel: cannot write --html {page}: {exc.strerror or exc}", file=sys.stderr)
+            return None
+        pages.append(page)
+    return pages
+
+
+def _print_report_json(reports: list[tuple[RunInfo | None, Report]], choice: _Choice, every: bool) -> None:
+    """One report object; ``{"runs": [...]}`` with ``--all``. A note goes to stderr, so that
+    stdout stays one JSON document."""
+    if every:
+        print(json.dumps({"runs": [report.as_dict() for _, report in reports]}, indent=2, default=str))
+        return
+    data = reports[0][1].as_dict()
+    data["other_runs"] = choice.others()
+    print(json.dumps(data, indent=2, default=str))
+    if choice.note:
+        print(choice.note, file=sys.stderr)
+
+
+def _print_report_text(
+    reports: list[tuple[RunInfo | None, Report]], choice: _Choice, pages: list[str]
+) -> None:
+    from rich.console import Console, Group
+
+    from traintel.analysis.report_text import renderables
+
+    console = Console()
+    if choice.note:
+        console.print(choice.note + "\n", markup=False, highlight=False)
+    for n, (run, report) in enumerate(reports, 1):
+        if len(reports) > 1 and run is not None:  # a rule, then the title: a rule would cut it
+            console.rule()
+            console.print(
+                section_title(run, n, len(reports)) + "\n", style="bold", markup=False, highlight=False
+            )
+        console.print(Group(*renderables(report, console.width)))
+    for page in pages:
+        print(f"HTML report: {page}")
+
+
+def _runs(args: argparse.Namespace) -> int:
+    files = _files(args.paths)
+    if not files:
+        print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
+        return 2
+    found = _with_progress(files, functools.partial(scan_runs, files))
+    if not found:
+        print(f"traintel: no runs in {', '.join(args.paths)}: no readable spans", file=sys.stderr)
+        return 1
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2, default=str))
+        print(json.dumps({"runs": [run.as_dict() for run in found]}, indent=2))
     else:
-        from rich.console import Console, Group
-
-        from traintel.analysis.report_text import renderables
-
-        Console().print(Group(*renderables(report)))
-        if args.html:
-            print(f"HTML report: {args.html}")
+        print(render_runs(found, _where(args.paths)))
     return 0
 
 
@@ -112,21 +251,54 @@ def _compare(args: argparse.Namespace) -> int:
     from traintel.analysis.compare import compare, render_comparison
     from traintel.analysis.report import build_report
 
+    picked = _compare_runs(args)
+    if isinstance(picked, int):
+        return picked
     reports = []
+    for run, files in picked:
+        work = functools.partial(build_report, files, run=run.id if run else None)
+        reports.append(_with_progress(files, work))
+    result = compare(reports[0], reports[1], args.threshold)
+    names = [
+        path + (f" (run {run.id})" if run is not None else "")
+        for path, (run, _) in zip((args.run_a, args.run_b), picked, strict=True)
+    ]
+    if args.json:
+        data = result.as_dict()
+        data["runs"] = {side: run.id if run else None for side, (run, _) in zip("ab", picked, strict=True)}
+        print(json.dumps(data, indent=2))
+    else:
+        from rich.console import Console, Group
+
+        Console().print(Group(*render_comparison(result, names[0], names[1])))
+    return 1 if args.fail_on_regression and result.regressions else 0
+
+
+def _compare_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[str]]] | int:
+    """The run of each side: ``--run-a``/``--run-b``, else the newest in its path; the same
+    path twice with neither compares its previous run (A) with its newest (B)."""
+    sides = []
     for path in (args.run_a, args.run_b):
         files = _files([path])
         if not files:
             print(f"traintel: no telemetry files found in {path}", file=sys.stderr)
             return 2
-        reports.append(_with_progress(files, functools.partial(build_report, files)))
-    result = compare(reports[0], reports[1], args.threshold)
-    if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
-    else:
-        from rich.console import Console, Group
-
-        Console().print(Group(*render_comparison(result, args.run_a, args.run_b)))
-    return 1 if args.fail_on_regression and result.regressions else 0
+        sides.append((files, _with_progress(files, functools.partial(scan_runs, files))))
+    same = sorted(sides[0][0]) == sorted(sides[1][0])
+    picked: list[tuple[RunInfo | None, list[str]]] = []
+    for n, ((files, found), wanted) in enumerate(zip(sides, (args.run_a_id, args.run_b_id), strict=True)):
+        if not found:
+            picked.append((None, files))
+            continue
+        try:
+            run = find_run(found, wanted) if wanted is not None else found[0]
+        except RunNotFound as exc:
+            print(f"traintel: {'AB'[n]}: {exc}", file=sys.stderr)
+            return 2
+        if same and n == 0 and len(found) > 1 and args.run_a_id is None and args.run_b_id is None:
+            run = found[1]
+        picked.append((run, run.files))
+    return picked
 
 
 def _threshold(text: str) -> float:
@@ -140,14 +312,23 @@ def _threshold(text: str) -> float:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    files = [path for path in expand_paths(args.paths) if path.is_file()]
+    files = _files(args.paths)
     if not files:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2
-    summary = summarize(files)
-    if not summary.spans:
-        return _no_spans(args.paths, summary.stats)
-    print(render(summary))
+    choice = _choose(args, files)
+    if isinstance(choice, int):
+        return choice
+    if choice.note:
+        print(choice.note + "\n")
+    targets = _run_files(choice, files)
+    for n, (run, run_files) in enumerate(targets, 1):
+        summary = summarize(run_files, run=run.id if run else None)
+        if not summary.spans:
+            return _no_spans(args.paths, summary.stats)
+        if len(targets) > 1 and run is not None:
+            print(("\n" if n > 1 else "") + f"=== {section_title(run, n, len(targets))} ===")
+        print(render(summary))
     return 0
 
 
@@ -210,8 +391,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="traintel", description="OpenTelemetry-native training telemetry.")
     parser.add_argument("--version", action="version", version=f"traintel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    runs = sub.add_parser("runs", help="the runs in the files, newest first (ids for --run)")
+    runs.add_argument("paths", nargs="+", help="files or directories (e.g. ./traintel-runs)")
+    runs.add_argument("--json", action="store_true", help="machine-readable output")
+    runs.set_defaults(func=_runs)
     summary = sub.add_parser("summary", help="a short summary of a run from its OTLP/JSON-lines files")
     summary.add_argument("paths", nargs="+", help="files or directories (e.g. ./traintel-runs)")
+    _add_run_choice(summary)
     summary.set_defaults(func=_summary)
     goodput = sub.add_parser(
         "goodput", help="goodput and badput of each training session (across restarts and ranks)"
@@ -231,7 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("paths", nargs="+", help="files or directories of the embedded default")
     report.add_argument("--json", action="store_true", help="machine-readable output")
-    report.add_argument("--html", metavar="OUT.html", help="also write a self-contained HTML report")
+    report.add_argument(
+        "--html", metavar="OUT.html", help="also write a self-contained HTML report (with --all: one per run)"
+    )
+    _add_run_choice(report)
     report.set_defaults(func=_report)
     trace = sub.add_parser(
         "export-trace", help="a Chrome trace event file (Perfetto, chrome://tracing), one track per rank"
@@ -240,8 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("-o", "--output", required=True, help="the trace file to write (e.g. trace.json)")
     trace.set_defaults(func=_export_trace)
     comp = sub.add_parser("compare", help="two runs side by side, significant differences flagged")
-    comp.add_argument("run_a", help="the baseline run (file or directory)")
-    comp.add_argument("run_b", help="the run compared with it")
+    comp.add_argument("run_a", help="the baseline run (file or directory; its newest run unless --run-a)")
+    comp.add_argument("run_b", help="the run compared with it (the same directory twice: previous vs newest)")
+    comp.add_argument("--run-a", dest="run_a_id", metavar="ID", help="the baseline's run id (or a prefix)")
+    comp.add_argument("--run-b", dest="run_b_id", metavar="ID", help="the compared run's id (or a prefix)")
     comp.add_argument(
         "--threshold", type=_threshold, default=0.05, help="relative change to flag (default 0.05 = 5%%)"
     )

@@ -111,14 +111,17 @@ def render_comparison(comparison: Comparison, name_a: str, name_b: str) -> list[
     def fmt(value: float | None, unit: str) -> str:
         return fmt_s(value) if unit == "s" else fmt_pct(value) if unit == "%" else fmt_num(value)
 
-    table = Table(title=f"A = {name_a}\nB = {name_b}", title_justify="left", box=box.SIMPLE_HEAD)
+    # A and B above the table, not as its title: a title wraps to the table's width, which would
+    # break a long path or run id at 80 columns.
+    names = Text(f"A = {name_a}\nB = {name_b}", style="bold")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for column in ("metric", "A", "B", "change", ""):
-        table.add_column(column, justify="left" if column == "metric" else "right")
+        table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)
     for d in comparison.differences:
         change = "-" if d.change is None else f"{100 * d.change:+.1f}%"
         style = {"worse": "red", "better": "green"}.get(d.verdict, "")
         table.add_row(d.metric, fmt(d.a, d.unit), fmt(d.b, d.unit), change, Text(d.verdict, style=style))
-    out: list[Any] = [table]
+    out: list[Any] = [names, table]
     a_tags, b_tags = comparison.perf_tags
     if not comparison.perf_tags_match:
         out.append(

@@ -10,11 +10,12 @@ always agree.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -22,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from traintel import semconv
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.analysis.ranks import CrossRankTable
-from traintel.analysis.summary import RunSummary, phase_rows, self_telemetry_points
+from traintel.analysis.summary import RunSummary, phase_rows, run_key, self_telemetry_points
 from traintel.exporters.reader import (
     EventRecord,
     ReadStats,
@@ -34,10 +35,13 @@ from traintel.exporters.reader import (
 from traintel.semconv import Phase
 
 _W = semconv.WINDOW_PREFIX
+_METRIC = _W + "metric."
 #: Points kept per series (per process); beyond it adjacent windows merge.
 SERIES_POINTS = 256
 #: Phase intervals kept for the timeline; the rest are counted.
 TIMELINE_INTERVALS = 4000
+#: Model metrics (``record_metrics`` names) charted per process; further names are counted.
+MODEL_METRICS = 32
 #: Checkpoint saves kept individually (totals count all of them).
 CHECKPOINT_RECORDS = 500
 #: Warning events kept with their details (counts cover all of them).
@@ -184,18 +188,98 @@ def window_span_point(span: SpanRecord) -> WindowPoint | None:
     )
 
 
-class Series:
+@dataclass(frozen=True)
+class MetricPoint:
+    """A model metric over one window (or several merged): its mean and its last value.
+
+    The window records each metric's mean over its finite values and its last value (finite
+    or not: a loss that went NaN must show). Merged windows weigh their means by iterations,
+    the closest the records allow (they do not say how many values each mean is over).
+    """
+
+    first_iteration: int
+    last_iteration: int
+    iterations: int
+    last: float
+    mean: float | None  # None: no finite value in the window(s)
+    mean_iterations: int = 0  # the iterations behind ``mean`` (its weight in a merge)
+    windows: int = 1
+
+    def merged(self, other: MetricPoint) -> MetricPoint:
+        later = other if other.last_iteration >= self.last_iteration else self
+        weight = self.mean_iterations + other.mean_iterations
+        if self.mean is None or other.mean is None or weight == 0:
+            mean = self.mean if other.mean is None else other.mean
+        else:
+            mean = (self.mean * self.mean_iterations + other.mean * other.mean_iterations) / weight
+        return MetricPoint(
+            min(self.first_iteration, other.first_iteration),
+            max(self.last_iteration, other.last_iteration),
+            self.iterations + other.iterations,
+            later.last,
+            mean,
+            weight,
+            self.windows + other.windows,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "first_iteration": self.first_iteration,
+            "last_iteration": self.last_iteration,
+            "iterations": self.iterations,
+            "windows": self.windows,
+            "mean": _json_number(self.mean),
+            "last": _json_number(self.last),
+        }
+
+
+def _json_number(value: float | None) -> float | str | None:
+    """Non-finite values as text (``"nan"``): JSON has no NaN, and a diverged loss must show."""
+    return value if value is None or math.isfinite(value) else str(value)
+
+
+def metric_points(point: WindowPoint, attributes: dict[str, Any]) -> dict[str, MetricPoint]:
+    """The model metrics of a ``training_metrics_update`` event, one point per metric name."""
+    values: dict[str, dict[str, float]] = {}
+    for key, value in attributes.items():
+        if key.startswith(_METRIC) and isinstance(value, int | float) and not isinstance(value, bool):
+            name, _, statistic = key[len(_METRIC) :].rpartition(".")
+            values.setdefault(name, {})[statistic] = float(value)
+    points = {}
+    for name, stats in values.items():
+        mean = stats.get("mean")
+        if mean is not None and not math.isfinite(mean):
+            mean = None
+        points[name] = MetricPoint(
+            point.first_iteration,
+            point.last_iteration,
+            point.iterations,
+            stats.get("last", math.nan),
+            mean,
+            point.iterations if mean is not None else 0,
+        )
+    return points
+
+
+class _Mergeable(Protocol):
+    def merged(self: _P, other: _P) -> _P: ...
+
+
+_P = TypeVar("_P", bound=_Mergeable)
+
+
+class Series(Generic[_P]):
     """Window points in bounded memory: when full, adjacent pairs merge and later points are
     pre-merged at the new stride, so the resolution halves instead of memory growing."""
 
     def __init__(self, capacity: int = SERIES_POINTS) -> None:
         self.capacity = max(2, capacity)
-        self.points: list[WindowPoint] = []
+        self.points: list[_P] = []
         self.stride = 1
-        self._pending: WindowPoint | None = None
+        self._pending: _P | None = None
         self._pending_count = 0
 
-    def add(self, point: WindowPoint) -> None:
+    def add(self, point: _P) -> None:
         self._pending = point if self._pending is None else self._pending.merged(point)
         self._pending_count += 1
         if self._pending_count < self.stride:
@@ -209,7 +293,7 @@ class Series:
             self.points = pairs
             self.stride *= 2
 
-    def all(self) -> list[WindowPoint]:
+    def all(self) -> list[_P]:
         return self.points + ([self._pending] if self._pending is not None else [])
 
 
@@ -220,8 +304,14 @@ class Process:
     key: str
     label: str
     rank: int
-    series: Series = field(default_factory=Series)  # from training_metrics_update events
-    windows: Series = field(default_factory=Series)  # from training_window spans
+    # from training_metrics_update events
+    series: Series[WindowPoint] = field(default_factory=Series[WindowPoint])
+    # from training_window spans
+    windows: Series[WindowPoint] = field(default_factory=Series[WindowPoint])
+    #: The user's model metrics per window, by name (from the same events).
+    metrics: dict[str, Series[MetricPoint]] = field(default_factory=dict)
+    #: Metric names beyond ``MODEL_METRICS``: counted, not charted.
+    metrics_dropped: set[str] = field(default_factory=set)
     first_ns: int = 0
 
     def timing(self) -> list[WindowPoint]:
@@ -267,6 +357,8 @@ class Report:
     goodput: list[SessionGoodput] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     ranks: CrossRankTable = field(default_factory=CrossRankTable)  # merged across the ranks' files
+    #: The one run reported (a ``run_key``) when the files hold several; None: all of them.
+    run: str | None = None
     _latest: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
 
     @property
@@ -288,6 +380,7 @@ class Report:
             point = window_point(event.time_ns, event.attributes)
             if point is not None:
                 process.series.add(point)
+                self._add_metric_points(process, metric_points(point, event.attributes))
         elif event.name in WARNING_EVENTS:
             self.warnings[event.name] = self.warnings.get(event.name, 0) + 1
             if len(self.warning_details) < WARNING_DETAILS:
@@ -295,7 +388,20 @@ class Report:
                 detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
                 self.warning_details.append(detail)
 
+    @staticmethod
+    def _add_metric_points(process: Process, points: dict[str, MetricPoint]) -> None:
+        for name, point in points.items():
+            series = process.metrics.get(name)
+            if series is None:
+                if len(process.metrics) >= MODEL_METRICS:
+                    process.metrics_dropped.add(name)
+                    continue
+                series = process.metrics[name] = Series[MetricPoint]()
+            series.add(point)
+
     def add_span(self, span: SpanRecord) -> None:
+        if self.run is not None and run_key(span.resource) != self.run:
+            return
         self.summary.add(span)
         process = self.process_of(span.resource)
         if semconv.PERF_TAG in span.resource:
@@ -337,7 +443,8 @@ class Report:
         """traintel's own counters (dropped measurements, spans, export failures...): the last
         cumulative value of each series, summed over processes at the end."""
         for resource, name, value in self_telemetry_points(request):
-            self._latest[(self.process_of(resource).key, name)] = value
+            if self.run is None or run_key(resource) == self.run:
+                self._latest[(self.process_of(resource).key, name)] = value
 
     def finish(self) -> None:
         totals: dict[str, float] = {}
@@ -359,8 +466,23 @@ class Report:
             data["iterations"]["mean_s"] = data["windows_mean_s"]
         return data
 
+    def model_metric_names(self) -> list[str]:
+        """Every model metric name any process recorded in a window, sorted."""
+        return sorted({name for process in self.processes.values() for name in process.metrics})
+
+    def _model_metrics(self) -> dict[str, dict[str, list[dict[str, Any]]]]:
+        return {
+            name: {
+                label: [p.as_dict() for p in self.processes[key].metrics[name].all()]
+                for key, label in self.rank_labels()
+                if name in self.processes[key].metrics
+            }
+            for name in self.model_metric_names()
+        }
+
     def _as_dict(self, s: RunSummary, value: Callable[[str], Any]) -> dict[str, Any]:
         return {
+            "run": self.run,
             "files": self.files,
             "identity": {
                 "services": sorted(s.services),
@@ -420,6 +542,15 @@ class Report:
                 label: [p.as_dict() for p in self.processes[key].series.all()]
                 for key, label in self.rank_labels()
             },
+            "model_metrics": self._model_metrics(),
+            "model_metrics_last_window": {
+                name: {stat: _json_number(v) for stat, v in stats.items()}
+                for name, stats in s.window_metrics().items()
+            },
+            "model_metrics_evaluation": {
+                phase: {name: _json_number(v) for name, v in metrics.items()}
+                for phase, metrics in s.evaluation_metrics().items()
+            },
             "timeline_intervals_dropped": self.timeline_dropped,
             "cross_rank": self.ranks.as_dict(),
         }
@@ -429,10 +560,12 @@ def build_report(
     paths: Iterable[str | os.PathLike[str]],
     progress: Callable[[int], None] | None = None,
     with_goodput: bool = True,
+    run: str | None = None,
 ) -> Report:
-    """Read the files once (plus once for goodput) and gather the report."""
+    """Read the files once (plus once for goodput) and gather the report: of the one run
+    ``run`` (a :func:`~traintel.analysis.summary.run_key`) when given, else of everything."""
     files = [p for p in expand_paths(paths) if p.is_file()]
-    report = Report(files=[str(f) for f in files])
+    report = Report(files=[str(f) for f in files], run=run)
     for request in read_requests(files, report.stats, progress):
         if isinstance(request, ExportTraceServiceRequest):
             for span in spans_in(request):
@@ -441,7 +574,8 @@ def build_report(
             report.add_metrics(request)
     report.finish()
     if with_goodput and files:
-        report.goodput = compute_goodput(load_jobs(files, ReadStats()))
+        jobs = [job for job in load_jobs(files, ReadStats()) if run is None or job.session == run]
+        report.goodput = compute_goodput(jobs)
     return report
 
 

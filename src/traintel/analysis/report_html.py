@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from traintel.analysis.report import Report, WindowPoint
+from traintel.analysis.report import MetricPoint, Report, WindowPoint
 from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
-from traintel.analysis.summary import is_loss, phase_rows
+from traintel.analysis.summary import is_loss, phase_rows, plain_number
 from traintel.semconv import BADPUT_CATEGORIES, Phase
 
 _PALETTE = (
@@ -42,6 +43,9 @@ _PHASE_COLOUR = {
 _INIT = {p.value for p in (Phase.DIST_INIT, Phase.DATA_LOADER_INIT, Phase.MODEL_INIT, Phase.OPTIMIZER_INIT)}
 _LANES = ("application", "init", "training_loop", "checkpoint", "evaluation", "other")
 _W, _H, _PAD = 760, 240, 64
+#: A chart with more points than this draws its lines without a marker (and tooltip) per point:
+#: a page must stay light with many ranks.
+MARKERS = 3000
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:880px;
@@ -80,23 +84,65 @@ def _nice_max(value: float) -> float:
 
 
 def _compact(value: float) -> str:
+    """An axis label: ``12.5k``, ``3M``, ``0.003`` (suffixes for thousands up, never ``1e-05``)."""
     for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
-            return f"{value / scale:.3g}{suffix}"
-    return f"{value:.3g}"
+            return f"{plain_number(value / scale, 3)}{suffix}"
+    return plain_number(value, 3)
+
+
+def _nice_range(low: float, high: float) -> tuple[list[float], int]:
+    """Ticks at a round step spanning ``[low, high]`` (not forced through zero: a loss going
+    from 2.31 to 2.18 must show its slope), and the decimals the step needs."""
+    if high <= low:
+        pad = abs(low) * 0.1 or 1.0
+        low, high = low - pad, high + pad
+    step = _nice_max((high - low) / 4)
+    first = math.floor(low / step) * step
+    count = math.ceil(round((high - first) / step, 9))
+    return [first + i * step for i in range(count + 1)], _step_decimals(step)
+
+
+def _step_decimals(step: float) -> int:
+    """Decimals that tell ticks ``step`` apart: 0.05 -> 2, 0.025 -> 3, 20 -> 0."""
+    exponent = math.floor(math.log10(step))
+    mantissa = round(step / 10.0**exponent, 6)
+    return max(0, -exponent + (0 if mantissa.is_integer() else 1))
 
 
 def _axes(
     y_max: float, y_fmt: str, x_min: float, x_max: float, x_label: str, x_ticks: bool = True
 ) -> list[str]:
+    """Axes from zero to ``y_max``, five gridlines."""
+    ticks = [(y_max * i / 4, _label(y_max * i / 4, y_fmt)) for i in range(5)]
+    return _grid(ticks, 0.0, y_max, x_min, x_max, x_label, x_ticks)
+
+
+def _label(value: float, y_fmt: str) -> str:
+    return fmt_s(value) if y_fmt == "s" else fmt_pct(value) if y_fmt == "%" else _compact(value)
+
+
+def _y(value: float, low: float, high: float) -> float:
+    """The SVG y of a value on an axis from ``low`` (bottom) to ``high`` (top), clamped."""
+    share = (min(max(value, low), high) - low) / (high - low) if high > low else 0.0
+    return _H - 30 - (_H - 40) * share
+
+
+def _grid(
+    ticks: list[tuple[float, str]],
+    low: float,
+    high: float,
+    x_min: float,
+    x_max: float,
+    x_label: str,
+    x_ticks: bool = True,
+) -> list[str]:
     parts = [
         f'<line x1="{_PAD}" y1="{_H - 30}" x2="{_W - 10}" y2="{_H - 30}" stroke="#999"/>',
         f'<line x1="{_PAD}" y1="10" x2="{_PAD}" y2="{_H - 30}" stroke="#999"/>',
     ]
-    for i in range(5):
-        value = y_max * i / 4
-        y = _H - 30 - (_H - 40) * i / 4
-        label = fmt_s(value) if y_fmt == "s" else fmt_pct(value) if y_fmt == "%" else _compact(value)
+    for value, label in ticks:
+        y = _y(value, low, high)
         parts.append(f'<line x1="{_PAD}" y1="{y:.1f}" x2="{_W - 10}" y2="{y:.1f}" stroke="#eee"/>')
         parts.append(_text(_PAD - 4, y + 4, label, anchor="end"))
     for i in range(5 if x_ticks else 0):
@@ -107,39 +153,80 @@ def _axes(
     return parts
 
 
+@dataclass(frozen=True)
+class ChartLine:
+    """One line of a chart: its points, and the tooltip of each point's marker."""
+
+    label: str
+    colour: str
+    points: list[tuple[float, float]]
+    dashed: bool = False
+    tips: list[str] | None = None  # one per point; default "label: x: y"
+
+
 def line_chart(
-    lines: Sequence[tuple[str, str, list[tuple[float, float]], bool]], y_fmt: str, x_label: str, chart_id: str
+    lines: Sequence[ChartLine], y_fmt: str, x_label: str, chart_id: str, zero_based: bool = True
 ) -> str:
-    """Lines of (label, colour, points, dashed) in one SVG."""
-    points = [p for _, _, pts, _ in lines for p in pts]
+    """Lines in one SVG, each point a marker whose tooltip holds its numbers. Non-finite
+    values are left out of the drawing (their tooltips elsewhere say so)."""
+    shown = [_finite(line) for line in lines]
+    points = [p for line in shown for p in line.points]
     if not points:
         return '<p class="none">no data</p>'
     x_min = min(x for x, _ in points)
     x_max = max(*(x for x, _ in points), x_min + 1)
-    y_max = _nice_max(max(y for _, y in points))
+    if zero_based:
+        low, high = 0.0, _nice_max(max(y for _, y in points))
+        grid = _axes(high, y_fmt, x_min, x_max, x_label)
+    else:
+        values, decimals = _nice_range(min(y for _, y in points), max(y for _, y in points))
+        low, high = values[0], values[-1]
+        grid = _grid([(v, f"{v:,.{decimals}f}") for v in values], low, high, x_min, x_max, x_label)
     parts = [
         f'<svg id="{chart_id}" class="chart" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
-        'xmlns="http://www.w3.org/2000/svg" role="img">'
+        'xmlns="http://www.w3.org/2000/svg" role="img">',
+        *grid,
     ]
-    parts += _axes(y_max, y_fmt, x_min, x_max, x_label)
     legend = []
-    for label, colour, pts, dashed in lines:
-        if not pts:
+    markers = len(points) <= MARKERS
+    for line in shown:
+        if not line.points:
             continue
-        coords = " ".join(
-            f"{_PAD + (_W - _PAD - 10) * (x - x_min) / (x_max - x_min):.1f},"
-            f"{_H - 30 - (_H - 40) * min(y, y_max) / y_max:.1f}"
-            for x, y in pts
-        )
-        dash = ' stroke-dasharray="5,3"' if dashed else ""
-        parts.append(
-            f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="1.8"{dash} '
-            f'points="{coords}">'
-            f"<title>{_e(label)}</title></polyline>"
-        )
-        legend.append(f'<span><i style="background:{colour}"></i>{_e(label)}</span>')
+        width = (_W - _PAD - 10) / (x_max - x_min)
+        xy = [(_PAD + width * (x - x_min), _y(y, low, high)) for x, y in line.points]
+        parts.append(_polyline(line, xy))
+        if markers:
+            parts += _markers(line, xy, y_fmt)
+        legend.append(f'<span><i style="background:{line.colour}"></i>{_e(line.label)}</span>')
     parts.append("</svg>")
     return "".join(parts) + f'<div class="legend">{"".join(legend)}</div>'
+
+
+def _finite(line: ChartLine) -> ChartLine:
+    kept = [i for i, (_, y) in enumerate(line.points) if math.isfinite(y)]
+    if len(kept) == len(line.points):
+        return line
+    tips = [line.tips[i] for i in kept] if line.tips is not None else None
+    return ChartLine(line.label, line.colour, [line.points[i] for i in kept], line.dashed, tips)
+
+
+def _polyline(line: ChartLine, xy: list[tuple[float, float]]) -> str:
+    coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+    dash = ' stroke-dasharray="5,3"' if line.dashed else ""
+    return (
+        f'<polyline class="series" fill="none" stroke="{line.colour}" stroke-width="1.8"{dash} '
+        f'points="{coords}"><title>{_e(line.label)}</title></polyline>'
+    )
+
+
+def _markers(line: ChartLine, xy: list[tuple[float, float]], y_fmt: str) -> list[str]:
+    """A dot per point with its numbers as the tooltip (what the README promises of every mark)."""
+    tips = line.tips or [f"{line.label}: {x:,.0f}: {_label(y, y_fmt)}" for x, y in line.points]
+    return [
+        f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{line.colour}">'
+        f"<title>{_e(tip)}</title></circle>"
+        for (x, y), tip in zip(xy, tips, strict=True)
+    ]
 
 
 def _lane(phase: str) -> str:
@@ -328,25 +415,109 @@ def heatmap(report: Report) -> str:
     return "".join(parts)
 
 
-_Line = tuple[str, str, list[tuple[float, float]], bool]
-
-
-def _series_lines(report: Report, value: str) -> list[_Line]:
-    lines: list[_Line] = []
+def _series_lines(report: Report, value: str) -> list[ChartLine]:
+    """Per process: iteration time (mean, and p99 dashed), or a rate, per window."""
+    lines: list[ChartLine] = []
+    fmt: Callable[[float], str] = fmt_s if value == "time" else fmt_pct if value == "mfu" else fmt_num
     for n, (key, label) in enumerate(report.rank_labels()):
         process = report.processes[key]
         throughput = value in ("samples_per_second", "tokens_per_second")
         pts: list[WindowPoint] = process.series.all() if throughput else process.timing()
         colour = _PALETTE[n % len(_PALETTE)]
         if value == "time":
-            lines.append((f"{label} mean", colour, [(float(p.last_iteration), p.mean_s) for p in pts], False))
-            lines.append((f"{label} p99", colour, [(float(p.last_iteration), p.p99_s) for p in pts], True))
+            lines.append(_window_line(f"{label} mean", colour, pts, lambda p: p.mean_s, fmt))
+            lines.append(_window_line(f"{label} p99", colour, pts, lambda p: p.p99_s, fmt, dashed=True))
         else:
-            got = [(float(p.last_iteration), getattr(p, value)) for p in pts]
-            kept = [(x, float(y)) for x, y in got if y is not None]
-            if kept:
-                lines.append((label, colour, kept, False))
+            line = _window_line(label, colour, pts, lambda p: getattr(p, value), fmt)
+            if line.points:
+                lines.append(line)
     return lines
+
+
+def _window_line(
+    label: str,
+    colour: str,
+    points: list[WindowPoint],
+    value: Callable[[WindowPoint], float | None],
+    fmt: Callable[[float], str],
+    dashed: bool = False,
+) -> ChartLine:
+    kept = [(p, y) for p in points if (y := value(p)) is not None]
+    return ChartLine(
+        label,
+        colour,
+        [(float(p.last_iteration), float(y)) for p, y in kept],
+        dashed,
+        [f"{label}: {_iterations(p.first_iteration, p.last_iteration)}: {fmt(y)}" for p, y in kept],
+    )
+
+
+def _iterations(first: int, last: int) -> str:
+    return f"iteration {first:,}" if first == last else f"iterations {first:,}-{last:,}"
+
+
+def _metric_lines(report: Report, name: str) -> list[ChartLine]:
+    """One line per process: the metric's mean over each window (its last value where a window
+    has no finite mean), every point's tooltip with the window's iterations, mean and last."""
+    lines = []
+    for n, (key, label) in enumerate(report.rank_labels()):
+        series = report.processes[key].metrics.get(name)
+        if series is None:
+            continue
+        points = series.all()
+        lines.append(
+            ChartLine(
+                label,
+                _PALETTE[n % len(_PALETTE)],
+                [(float(p.last_iteration), p.mean if p.mean is not None else p.last) for p in points],
+                tips=[_metric_tip(label, name, p) for p in points],
+            )
+        )
+    return lines
+
+
+def _metric_tip(label: str, name: str, point: MetricPoint) -> str:
+    windows = f" ({point.windows} windows)" if point.windows > 1 else ""
+    where = _iterations(point.first_iteration, point.last_iteration)
+    return f"{label} · {name}, {where}{windows}: mean {fmt_num(point.mean)}, last {fmt_num(point.last)}"
+
+
+def model_metrics(report: Report) -> str:
+    """A chart per model metric (``record_metrics``), then the last values as in the terminal."""
+    names = report.model_metric_names()
+    if not names:
+        return (
+            '<p class="none">no model metrics recorded (traintel.record_metrics(loss=..., lr=...) '
+            "inside the training loop records them per window)</p>"
+        )
+    parts = []
+    for i, name in enumerate(names):
+        lines = _metric_lines(report, name)
+        nonfinite = sum(1 for line in lines for _, y in line.points if not math.isfinite(y))
+        parts.append(f"<h3>{_e(name)}</h3>")
+        parts.append(line_chart(lines, "n", "iteration", f"model-metric-{i}", zero_based=False))
+        if nonfinite:
+            parts.append(f'<p class="warn">{nonfinite:,} window(s) with a non-finite value, not drawn</p>')
+    dropped = {name for process in report.processes.values() for name in process.metrics_dropped}
+    if dropped:
+        names_left = _e(", ".join(sorted(dropped)))
+        parts.append(f'<p class="warn">{len(dropped):,} more metric(s) not drawn: {names_left}</p>')
+    return "".join(parts) + _last_metrics_table(report)
+
+
+def _last_metrics_table(report: Report) -> str:
+    s = report.summary
+    rows = [
+        (name, fmt_num(stats.get("last")), fmt_num(stats.get("mean")), "last window")
+        for name, stats in s.window_metrics().items()
+    ] + [
+        (name, fmt_num(value), "", f"last {phase.replace('_', ' ')}")
+        for phase, metrics in s.evaluation_metrics().items()
+        for name, value in metrics.items()
+    ]
+    body = "".join("<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    head = "<tr><th>metric</th><th>last</th><th>mean</th><th>from</th></tr>"
+    return f"<table>{head}{body}</table>" if rows else ""
 
 
 def render_html(report: Report) -> str:
@@ -409,6 +580,8 @@ def render_html(report: Report) -> str:
         line_chart(mfu_lines, "%", "iteration", "mfu")
         if mfu_lines
         else '<p class="none">no MFU (no peak FLOPs for this device)</p>',
+        "<h2>Model metrics per window (mean over the window; hover a point for its last value)</h2>",
+        model_metrics(report),
         "<h2>Goodput</h2>",
         waterfall(report),
         "<h2>Checkpoints (blocking time of each save)</h2>",

@@ -2,12 +2,17 @@
 
 Rendering is separate from gathering (:mod:`traintel.analysis.report`) so the JSON and HTML
 views show exactly the same numbers.
+
+Why the layout depends on the width: reports are read in 80-column terminals, pipes and CI logs
+as much as in wide terminals, and a table wider than its console gets its names cut
+(``trainin…``) and its numbers wrapped. Every table fits 80 columns for the usual names and
+numbers; the decorative bars are added only where there is room. Numbers are plain (grouped
+integers, fixed decimals with units), never scientific notation.
 """
 
 from __future__ import annotations
 
 import io
-import math
 from typing import Any
 
 from rich import box
@@ -16,28 +21,21 @@ from rich.table import Table
 from rich.text import Text
 
 from traintel.analysis.report import Report
-from traintel.analysis.summary import is_loss, phase_rows
-from traintel.semconv import BADPUT_CATEGORIES
+from traintel.analysis.summary import fmt_seconds, is_loss, phase_rows, plain_number
+from traintel.semconv import BADPUT_CATEGORIES, WINDOW_PREFIX
 
+_W = WINDOW_PREFIX
 
-def fmt_s(seconds: float | None) -> str:
-    if seconds is None or not isinstance(seconds, int | float) or math.isnan(seconds) or math.isinf(seconds):
-        return "-"
-    if abs(seconds) < 1e-3:
-        return f"{seconds * 1e6:.1f} µs"
-    if abs(seconds) < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    if abs(seconds) < 120:
-        return f"{seconds:.2f} s"
-    return f"{seconds / 60:.1f} min"
+#: Consoles at least this wide get the phase table's share bars.
+WIDE = 100
+
+#: Durations: µs, ms, s, min, h with fixed decimals (shared with the summary).
+fmt_s = fmt_seconds
 
 
 def fmt_num(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}g}" if abs(value) < 1e6 else f"{value:,.0f}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
+    """A count or a rate for a table: ``21,323``, ``0.1234``; ``-`` where there is none."""
+    return plain_number(value, digits)
 
 
 def fmt_pct(ratio: float | None) -> str:
@@ -50,29 +48,37 @@ def bar(share: float, width: int = 24) -> str:
     return "█" * full + ("▌" if filled - full >= 0.5 else "")
 
 
-def _table(title: str, *columns: str) -> Table:
+def _table(title: str, *columns: str, values_left: bool = False) -> Table:
+    """A table of the report: the first column (names) left, the others right unless
+    ``values_left``. Compact padding, so a table of names and numbers fits 80 columns."""
     table = Table(
         title=title,
         title_justify="left",
         box=box.SIMPLE_HEAD,
         title_style="bold",
         show_header=any(columns),
+        pad_edge=False,
+        collapse_padding=True,
+        min_width=len(title),  # a title is not wrapped to a narrow table's width
     )
     for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i == 0 else "right")
+        left = i == 0 or values_left
+        table.add_column(column, justify="left" if left else "right", no_wrap=True)
     return table
 
 
-def renderables(report: Report) -> list[RenderableType]:
-    """The report's tables, in reading order; sections with nothing to show are left out."""
+def renderables(report: Report, width: int = 110) -> list[RenderableType]:
+    """The report's tables for a console ``width`` columns wide, in reading order; sections with
+    nothing to show are left out."""
     sections = (
         _run_table(report),
-        _phase_table(report),
+        _phase_table(report, width),
         _throughput_table(report),
+        _model_metrics_table(report),
         _checkpoint_table(report),
         *_goodput_tables(report),
         _slowest_table(report),
-        _ranks_table(report),
+        *_ranks_tables(report),
         _warnings_table(report),
     )
     return [section for section in sections if section is not None]
@@ -80,14 +86,15 @@ def renderables(report: Report) -> list[RenderableType]:
 
 def _run_table(report: Report) -> Table:
     s = report.summary
-    ident = _table("Run", "", "")
+    ident = _table("Run", "", "", values_left=True)
+    ident.columns[1].no_wrap = False  # several run ids or hosts may wrap, between them
     ident.add_row("service", ", ".join(sorted(s.services)) or "-")
     ident.add_row("run id", ", ".join(sorted(s.run_ids)) or "-")
     ident.add_row("session tag", ", ".join(sorted(s.session_tags)) or "-")
     ident.add_row("perf tag", ", ".join(sorted(report.perf_tags)) or "-")
     ident.add_row("ranks", ", ".join(str(r) for r in sorted(s.ranks)) or "-")
     ident.add_row("hosts", ", ".join(sorted(s.hosts)) or "-")
-    ident.add_row("input", f"{len(report.files)} file(s), {s.spans:,} spans")
+    ident.add_row("input", f"{len(report.files):,} file(s), {s.spans:,} spans")
     if report.stats.skipped:
         ident.add_row(
             Text("skipped", style="yellow"),
@@ -96,19 +103,29 @@ def _run_table(report: Report) -> Table:
     return ident
 
 
-def _phase_table(report: Report) -> Table:
-    phases = _table("Wall time by phase", "phase", "count", "total", "mean", "max", "share", "", "errors")
-    for row in phase_rows(report.summary):
-        phases.add_row(
+def _phase_table(report: Report, width: int) -> Table:
+    """Wall time by phase; the share bars and the errors column only where they add something
+    (a wide console; a run with errors), so the names and numbers keep their room."""
+    rows = phase_rows(report.summary)
+    bars, errors = width >= WIDE, any(row.errors for row in rows)
+    ranks = len(report.summary.ranks)
+    title = "Wall time by phase" + (f", summed over the {ranks} ranks" if ranks > 1 else "")
+    columns = ["phase", "count", "total", "mean", "max", "share"]
+    phases = _table(title, *columns, *([""] if bars else []), *(["errors"] if errors else []))
+    for row in rows:
+        cells: list[str | Text] = [
             row.phase,
             fmt_num(row.count),
             fmt_s(row.total_s),
             fmt_s(row.mean_s),
             fmt_s(row.max_s),
             fmt_pct(row.share),
-            bar(row.share or 0.0, 16),
-            Text(str(row.errors), style="red") if row.errors else "",
-        )
+        ]
+        if bars:
+            cells.append(bar(row.share or 0.0, 16))
+        if errors:
+            cells.append(Text(fmt_num(row.errors), style="red") if row.errors else "")
+        phases.add_row(*cells)
     return phases
 
 
@@ -185,31 +202,56 @@ def _slowest_table(report: Report) -> Table | None:
     return slow
 
 
-def _ranks_table(report: Report) -> Table | None:
-    cross = report.ranks.rows()
+def _ranks_tables(report: Report) -> list[Table]:
+    """The ranks' mean iteration time per window (and the live exchange's compute time before
+    the synchronisation point, where recorded): one statistic per column, so it fits 80."""
+    cross = report.ranks.rows()[-20:]
     if not cross:
-        return None
+        return []
     ranks = _table(
-        "Across ranks, per window (p99 and top-k: --json)",
-        "window",
-        "ranks",
-        "iteration min · median · max",
-        "compute before sync min · median · max",
-        "straggler",
-    )
-    for window in cross[-20:]:
-        spans = [
-            " · ".join(fmt_s(stats.get(k)) for k in ("min", "median", "max")) if stats else "-"
-            for stats in (window["iteration_time"], window["compute_time"])
-        ]
+        "Across ranks, per window: mean iteration time (p99, top-k: --json)",
+        "window", "iterations", "ranks", "min", "median", "max", "straggler",
+    )  # fmt: skip
+    compute = _table(
+        "Across ranks, per window: compute time before the sync point",
+        "window", "iterations", "min", "median", "max",
+    )  # fmt: skip
+    for window in cross:
+        iterations = f"{fmt_num(window['first_iteration'])}-{fmt_num(window['last_iteration'])}"
         straggler = window["straggler_rank"]
         ranks.add_row(
-            f"{window['window']} (it. {window['first_iteration']}-{window['last_iteration']})",
-            str(window["ranks"]),
-            *spans,
+            fmt_num(window["window"]),
+            iterations,
+            fmt_num(window["ranks"]),
+            *_min_median_max(window["iteration_time"]),
             Text(f"rank {straggler}", style="yellow") if straggler is not None else "",
         )
-    return ranks
+        if window["compute_time"]:
+            compute.add_row(fmt_num(window["window"]), iterations, *_min_median_max(window["compute_time"]))
+    return [ranks, compute] if compute.row_count else [ranks]
+
+
+def _min_median_max(stats: dict[str, float] | None) -> list[str]:
+    return [fmt_s(stats.get(k)) if stats else "-" for k in ("min", "median", "max")]
+
+
+def _model_metrics_table(report: Report) -> Table | None:
+    """The user's model metrics as the run left them: the last window's last value and mean,
+    and each evaluation loop's last values (curves per window: ``--html``)."""
+    s = report.summary
+    window, evaluation = s.window_metrics(), s.evaluation_metrics()
+    if not (window or evaluation):
+        return None
+    first, last = s.last_window.get(_W + "first_iteration"), s.last_window.get(_W + "last_iteration")
+    where = "last window" + (f", iterations {fmt_num(first)}-{fmt_num(last)}" if first is not None else "")
+    table = _table("Model metrics (per window: --html)", "metric", "last", "mean", "from")
+    for name, stats in window.items():
+        table.add_row(name, fmt_num(stats.get("last")), fmt_num(stats.get("mean")), where)
+    for phase, metrics in evaluation.items():
+        for name, value in metrics.items():
+            table.add_row(name, fmt_num(value), "", f"last {phase.replace('_', ' ')}")
+    table.columns[3].justify = "left"
+    return table
 
 
 def _warnings_table(report: Report) -> Table:
@@ -232,5 +274,5 @@ def render_text(report: Report, width: int = 110, color: bool = False) -> str:
     console = Console(
         file=buffer, width=width, color_system="standard" if color else None, force_terminal=color
     )
-    console.print(Group(*renderables(report)))
+    console.print(Group(*renderables(report, width)))
     return buffer.getvalue()

@@ -12,10 +12,11 @@ sampled ones (first, every M-th, slow, failed), with their trace and span ids.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,18 +38,28 @@ _STEP_PHASES = (
     ("optimizer", Phase.OPTIMIZER_UPDATE.value),
 )
 _PER_STEP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES}
+_EVALUATION_LOOPS = {Phase.VALIDATION_LOOP.value, Phase.TESTING_LOOP.value}
+_EVAL_METRIC = semconv.EVAL_PREFIX + "metric."
 
 __all__ = [
     "PhaseRow",
     "PhaseStats",
     "RunSummary",
+    "fmt_seconds",
     "is_loss",
     "percentile",
     "phase_rows",
+    "plain_number",
     "render",
+    "run_key",
     "self_telemetry_points",
     "summarize",
 ]
+
+#: Runs with no identity at all (foreign OpenTelemetry data) share this key.
+UNKNOWN_RUN = "unknown"
+#: Decimals of the smallest fraction ``plain_number`` spells out (``0.000…01``); below it, 0.
+_MAX_DECIMALS = 24
 
 #: Self-telemetry series that mean something was lost, refused or failed.
 _LOSS_WORDS = ("dropped", "failures", "split")
@@ -77,6 +88,80 @@ def self_telemetry_points(
 def is_loss(name: str) -> bool:
     """Whether a ``traintel.*`` series counts something lost, refused or failed."""
     return any(word in name for word in _LOSS_WORDS)
+
+
+def run_key(resource: Mapping[str, Any]) -> str:
+    """The run a process belongs to, the unit the commands report on one at a time.
+
+    The session tag, because the ranks of a job share its run id and the jobs of a restarted
+    one share its session tag (which defaults to the run id): neither is split apart. Foreign
+    data without them falls back to the run id, then to the process itself. The same rule as
+    the goodput sessions, so a run's report and its goodput are about the same processes.
+    """
+    for key in (semconv.SESSION_TAG, semconv.RUN_ID, semconv.SERVICE_INSTANCE_ID):
+        value = resource.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return UNKNOWN_RUN
+
+
+def _precedence(resource: Mapping[str, Any], time_ns: int) -> tuple[int, int, int]:
+    """Which of several records of one run speaks for it: the latest restart, its lowest rank
+    (every rank carries the job's numbers), then the latest in time. File order must not
+    decide: it is alphabetical, not chronological."""
+    restart = resource.get(semconv.RESTART_COUNT, 0)
+    rank = resource.get(semconv.RANK, 0)
+    return (
+        restart if isinstance(restart, int) else 0,
+        -(rank if isinstance(rank, int) else 0),
+        time_ns,
+    )
+
+
+def plain_number(value: Any, significant: int = 4) -> str:
+    """A number as people write it: ``21,323``, ``6,342``, ``0.2583``, ``0.00003``.
+
+    Never scientific notation (``2.132e+04`` reads as noise in a table or a CI log): grouped
+    integers at ``10 ** (significant - 1)`` and above, else fixed decimals keeping about
+    ``significant`` digits, trailing zeros dropped. Non-finite values say so (``nan``): a
+    diverged loss must show, not read as missing.
+    """
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 10 ** (significant - 1):
+        return f"{value:,.0f}"
+    return _fraction(value, significant)
+
+
+def _fraction(value: float, significant: int) -> str:
+    """Fixed decimals enough for ``significant`` digits, trailing zeros dropped."""
+    if value == 0:
+        return "0"
+    decimals = min(_MAX_DECIMALS, significant - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:,.{decimals}f}".rstrip("0").rstrip(".")
+    return "0" if text in ("", "-0") else text
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """A duration in the unit that keeps it short: µs, ms, s, min, h (fixed decimals)."""
+    if seconds is None or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        return "-"
+    magnitude = abs(seconds)
+    if magnitude < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if magnitude < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    if magnitude < 120:
+        return f"{seconds:.2f} s"
+    if magnitude < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:,.1f} h"
 
 
 @dataclass
@@ -114,8 +199,14 @@ class RunSummary:
     window_iteration_s: float = 0.0
     window_iteration_max_s: float = 0.0
     step_phase_s: dict[str, float] = field(default_factory=dict)
-    loop_summaries: list[dict[str, Any]] = field(default_factory=list)
+    #: The loops' ``ml.training.summary.*`` attributes, ordered by precedence (the last speaks).
+    loop_summaries: list[tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=list)
     last_window: dict[str, Any] = field(default_factory=dict)
+    #: The precedence of ``last_window`` (latest restart, lowest rank, latest time).
+    last_window_at: tuple[int, int, int] | None = None
+    #: Per evaluation phase (validation_loop, testing_loop): the precedence and the model
+    #: metrics (``name -> last value``) of its latest loop that recorded any.
+    last_evaluation: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=dict)
     exported_iterations: dict[str, int] = field(default_factory=dict)
     slowest: list[tuple[float, str, str, int]] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=dict)
@@ -125,9 +216,7 @@ class RunSummary:
     #: How many of the slowest exported iterations are kept (a bounded heap).
     keep_slowest: int = 5
 
-    def add(self, span: SpanRecord) -> None:
-        self.spans += 1
-        resource = span.resource
+    def _identity(self, resource: dict[str, Any]) -> None:
         for key, target in (
             (semconv.SERVICE_NAME, self.services),
             (semconv.RUN_ID, self.run_ids),
@@ -138,10 +227,15 @@ class RunSummary:
                 target.add(str(resource[key]))
         if semconv.RANK in resource:
             self.ranks.add(int(resource[semconv.RANK]))
+
+    def add(self, span: SpanRecord) -> None:
+        self.spans += 1
+        resource = span.resource
+        self._identity(resource)
         for event in span.events:
             self.events[event.name] = self.events.get(event.name, 0) + 1
             if event.name == semconv.Event.TRAINING_METRICS_UPDATE:
-                self._window(event.attributes)
+                self._window(event.attributes, _precedence(resource, event.time_ns))
         phase = span.attributes.get(semconv.PHASE)
         if phase is None:
             return
@@ -161,9 +255,22 @@ class RunSummary:
         if phase == Phase.APPLICATION:
             self.application_s += seconds
         elif phase == Phase.TRAINING_LOOP and _S + "iterations" in span.attributes:
-            self.loop_summaries.append({k: v for k, v in span.attributes.items() if k.startswith(_S)})
+            loop = {k: v for k, v in span.attributes.items() if k.startswith(_S)}
+            at = _precedence(resource, span.end_ns)
+            bisect.insort(self.loop_summaries, (at, loop), key=lambda item: item[0])
+        elif phase in _EVALUATION_LOOPS:
+            self._evaluation(phase, span.attributes, _precedence(resource, span.end_ns))
 
-    def _window(self, attributes: dict[str, Any]) -> None:
+    def _evaluation(self, phase: str, attributes: dict[str, Any], at: tuple[int, int, int]) -> None:
+        metrics = {
+            key[len(_EVAL_METRIC) : -len(".last")]: value
+            for key, value in attributes.items()
+            if key.startswith(_EVAL_METRIC) and key.endswith(".last")
+        }
+        if metrics and (phase not in self.last_evaluation or self.last_evaluation[phase][0] <= at):
+            self.last_evaluation[phase] = (at, metrics)
+
+    def _window(self, attributes: dict[str, Any], at: tuple[int, int, int]) -> None:
         n = int(attributes.get(_W + "iterations", 0))
         if not n:
             return
@@ -177,10 +284,13 @@ class RunSummary:
             value = attributes.get(_W + "time." + short)
             if value is not None:
                 self.step_phase_s[short] = self.step_phase_s.get(short, 0.0) + float(value)
-        self.last_window = attributes
+        if self.last_window_at is None or self.last_window_at <= at:
+            self.last_window, self.last_window_at = attributes, at
 
-    def add_metrics(self, request: ExportMetricsServiceRequest) -> None:
+    def add_metrics(self, request: ExportMetricsServiceRequest, run: str | None = None) -> None:
         for resource, name, value in self_telemetry_points(request):
+            if run is not None and run_key(resource) != run:
+                continue
             process = str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
             self.self_telemetry_latest[(process, name)] = value
 
@@ -194,46 +304,50 @@ class RunSummary:
 
     def summary_value(self, key: str) -> Any:
         """A ``ml.training.summary.<key>`` value of the last training loop that has it."""
-        for summary in reversed(self.loop_summaries):
+        for _at, summary in reversed(self.loop_summaries):
             if _S + key in summary:
                 return summary[_S + key]
         return None
 
+    def window_metrics(self) -> dict[str, dict[str, Any]]:
+        """The model metrics of the run's last window: ``name -> {"last": v, "mean": v}``."""
+        metrics: dict[str, dict[str, Any]] = {}
+        for key, value in self.last_window.items():
+            if key.startswith(_W + "metric."):
+                name, _, statistic = key[len(_W + "metric.") :].rpartition(".")
+                metrics.setdefault(name, {})[statistic] = value
+        return dict(sorted(metrics.items()))
 
-def summarize(paths: Iterable[str | os.PathLike[str]]) -> RunSummary:
+    def evaluation_metrics(self) -> dict[str, dict[str, Any]]:
+        """The model metrics of the last loop of each evaluation phase: ``phase -> {name: last}``."""
+        return {
+            phase: dict(sorted(self.last_evaluation[phase][1].items()))
+            for phase in sorted(self.last_evaluation, key=lambda p: _PHASE_ORDER.get(p, 99))
+        }
+
+
+def summarize(paths: Iterable[str | os.PathLike[str]], run: str | None = None) -> RunSummary:
     """The run's numbers from exported OTLP/JSON-lines files or folders of them: phases,
-    iterations, throughput, MFU, checkpoints, self-telemetry (what ``traintel summary`` prints)."""
+    iterations, throughput, MFU, checkpoints, self-telemetry (what ``traintel summary`` prints).
+
+    ``run`` (a :func:`run_key`) keeps one run of files that hold several: added together, two
+    runs' phase times would sum while their iteration lines showed one of them.
+    """
     summary = RunSummary()
     for request in read_requests(paths, summary.stats):
         if isinstance(request, ExportTraceServiceRequest):
             for span in spans_in(request):
-                summary.add(span)
+                if run is None or run_key(span.resource) == run:
+                    summary.add(span)
         else:
-            summary.add_metrics(request)
+            summary.add_metrics(request, run)
     return summary
 
 
-def _fmt_s(seconds: float | None) -> str:
-    if seconds is None or math.isnan(seconds) or math.isinf(seconds):
-        return "-"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f} µs"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
-
-
-def _fmt_number(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _row(
-    name: str, count: int, total: float, mean: float, maximum: float | None, share: str, errors: int
-) -> str:
-    return (
-        f"{name:<22}{count:>8}{_fmt_s(total):>12}{_fmt_s(mean):>12}"
-        f"{_fmt_s(maximum):>12}{share:>8}{errors or '':>8}"
-    )
+#: The phase table's columns after the name: count, total, mean, max, share, errors.
+_COLUMNS = (("count", 8), ("total", 11), ("mean", 11), ("max", 11), ("share", 8), ("errors", 8))
+#: The name column's least width: with it the table is 79 columns wide.
+_NAME_WIDTH = 22
 
 
 @dataclass(frozen=True)
@@ -306,18 +420,41 @@ def _run_lines(summary: RunSummary) -> list[str]:
         f"ranks {sorted(summary.ranks) or '-'}",
         f"host {', '.join(sorted(summary.hosts)) or '-'}",
     ]
-    lines = ["Run: " + " | ".join(ident), f"Spans read: {summary.spans} from {summary.stats.files} file(s)"]
+    if summary.session_tags and summary.session_tags != summary.run_ids:
+        ident.insert(2, f"session {', '.join(sorted(summary.session_tags))}")
+    lines = [
+        "Run: " + " | ".join(ident),
+        f"Spans read: {summary.spans:,} from {summary.stats.files:,} file(s)",
+    ]
     if summary.stats.skipped:
         lines.append(f"Skipped lines: {summary.stats.skipped} ({'; '.join(summary.stats.reasons[:3])})")
     return lines
 
 
 def _phase_lines(summary: RunSummary) -> list[str]:
-    header = f"{'phase':<22}{'count':>8}{'total':>12}{'mean':>12}{'max':>12}{'share':>8}{'errors':>8}"
-    lines = ["", header, "-" * len(header)]
-    for row in phase_rows(summary):
+    """The table fits 80 columns for traintel's phase names; a longer name of the user's own
+    widens its column rather than being cut."""
+    rows = phase_rows(summary)
+    name_width = max([_NAME_WIDTH - 2, *(len(row.phase) for row in rows)]) + 2
+    header = f"{'phase':<{name_width}}" + "".join(f"{title:>{width}}" for title, width in _COLUMNS)
+    lines = [""]
+    if len(summary.ranks) > 1:
+        lines.append(f"Wall time by phase, summed over the {len(summary.ranks)} ranks:")
+    lines += [header, "-" * len(header)]
+    for row in rows:
         share = f"{100 * row.share:.1f}%" if row.share is not None else ""
-        lines.append(_row(row.phase, row.count, row.total_s, row.mean_s, row.max_s, share, row.errors))
+        cells = (
+            plain_number(row.count),
+            fmt_seconds(row.total_s),
+            fmt_seconds(row.mean_s),
+            fmt_seconds(row.max_s),
+            share,
+            plain_number(row.errors) if row.errors else "",
+        )
+        line = f"{row.phase:<{name_width}}" + "".join(
+            f"{cell:>{width}}" for cell, (_title, width) in zip(cells, _COLUMNS, strict=True)
+        )
+        lines.append(line.rstrip())
     return lines
 
 
@@ -329,14 +466,14 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
         return []
     lines = [
         "",
-        f"Iterations: {iterations if iterations is not None else n}  "
-        f"mean {_fmt_s(value('iteration_time.mean'))}  p50 {_fmt_s(value('iteration_time.p50'))}  "
-        f"p90 {_fmt_s(value('iteration_time.p90'))}  p99 {_fmt_s(value('iteration_time.p99'))}"
+        f"Iterations: {plain_number(iterations if iterations is not None else n)}  "
+        f"mean {fmt_seconds(value('iteration_time.mean'))}  p50 {fmt_seconds(value('iteration_time.p50'))}  "
+        f"p90 {fmt_seconds(value('iteration_time.p90'))}  p99 {fmt_seconds(value('iteration_time.p99'))}"
         "  (after warm-up)",
     ]
     first = value("first_iteration_time")
     if first is not None:
-        lines.append(f"First iteration: {_fmt_s(first)}")
+        lines.append(f"First iteration: {fmt_seconds(first)}")
     return lines
 
 
@@ -361,27 +498,36 @@ def _rate_lines(summary: RunSummary) -> list[str]:
     if saves:
         megabytes = value("checkpoint.bytes.total")
         lines.append(
-            f"Checkpoints: {saves} saves, {_fmt_s(value('checkpoint.save_time.total'))} blocking in total, "
-            f"mean {_fmt_s(value('checkpoint.save_time.mean'))}, "
-            f"max {_fmt_s(value('checkpoint.save_time.max'))}"
+            f"Checkpoints: {plain_number(saves)} saves, "
+            f"{fmt_seconds(value('checkpoint.save_time.total'))} blocking in total, "
+            f"mean {fmt_seconds(value('checkpoint.save_time.mean'))}, "
+            f"max {fmt_seconds(value('checkpoint.save_time.max'))}"
             + (f", {megabytes / 1e6:,.2f} MB" if megabytes else "")
         )
     return lines
 
 
 def _model_metric_lines(summary: RunSummary) -> list[str]:
-    metrics: dict[str, dict[str, Any]] = {}
-    for key, metric_value in summary.last_window.items():
-        if key.startswith(_W + "metric."):
-            name, _, statistic = key[len(_W + "metric.") :].rpartition(".")
-            metrics.setdefault(name, {})[statistic] = metric_value
-    if not metrics:
-        return []
-    shown = "; ".join(
-        f"{name} " + ", ".join(f"{stat} {_fmt_number(v)}" for stat, v in sorted(stats.items(), reverse=True))
-        for name, stats in sorted(metrics.items())
-    )
-    return [f"Last window's model metrics: {shown}"]
+    """The user's model metrics as the run left them: the last window's last value (its mean
+    next to it, the window's iterations named), and each evaluation loop's last values."""
+    lines = []
+    metrics = summary.window_metrics()
+    if metrics:
+        first = summary.last_window.get(_W + "first_iteration")
+        last = summary.last_window.get(_W + "last_iteration")
+        where = f" (iterations {plain_number(first)}-{plain_number(last)})" if first is not None else ""
+        shown = ", ".join(_metric_text(name, stats) for name, stats in metrics.items())
+        lines.append(f"Model metrics, last window{where}: {shown}")
+    for phase, values in summary.evaluation_metrics().items():
+        shown = ", ".join(f"{name} {plain_number(value)}" for name, value in values.items())
+        lines.append(f"Model metrics, last {phase.replace('_', ' ')}: {shown}")
+    return lines
+
+
+def _metric_text(name: str, stats: dict[str, Any]) -> str:
+    """``loss 0.1047 (mean 0.2583)``; the mean is left out where it reads the same as the last."""
+    last, mean = plain_number(stats.get("last")), plain_number(stats.get("mean"))
+    return f"{name} {last}" + (f" (mean {mean})" if "mean" in stats and mean != last else "")
 
 
 def _export_lines(summary: RunSummary) -> list[str]:
@@ -395,7 +541,7 @@ def _export_lines(summary: RunSummary) -> list[str]:
         lines.append(f"Iterations exported as spans: {exported} ({reasons})")
         for seconds, trace_id, span_id, iteration in sorted(summary.slowest, reverse=True)[:3]:
             lines.append(
-                f"  slowest exported: iteration {iteration} {_fmt_s(seconds)}  "
+                f"  slowest exported: iteration {iteration} {fmt_seconds(seconds)}  "
                 f"trace {trace_id} span {span_id}"
             )
     notable = {
@@ -413,9 +559,8 @@ def _telemetry_lines(summary: RunSummary) -> list[str]:
     lines = []
     losses = {name: value for name, value in summary.self_telemetry.items() if value and is_loss(name)}
     if losses:
-        lines.append(
-            "Telemetry losses: " + ", ".join(f"{name} {_fmt_number(value)}" for name, value in losses.items())
-        )
+        shown = ", ".join(f"{name} {plain_number(value)}" for name, value in losses.items())
+        lines.append(f"Telemetry losses: {shown}")
     spooled = summary.self_telemetry.get(semconv.METRIC_SPOOL_SIZE)
     if spooled:
         lines.append(f"Telemetry not yet delivered: {spooled:,.0f} bytes in the spool (traintel replay DIR)")
