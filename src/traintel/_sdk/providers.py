@@ -201,10 +201,37 @@ def _undo(steps: list[Callable[[], None]]) -> None:
             _logger.debug("traintel: stopping a half-built pipeline", exc_info=True)
 
 
+#: Bad settings already said by the automatic configuration: each once per process, however
+#: many signals or rebuilds read it.
+_said: set[str] = set()
+
+
 def _report(error: ConfigurationError, strict: bool) -> None:
     if strict:
         raise error
-    _logger.error("traintel: ignoring bad setting: %s", error)
+    if str(error) not in _said:
+        _said.add(str(error))
+        _logger.error("traintel: ignoring bad setting: %s", error)
+
+
+def _check_endpoint_scheme(signal: str, protocol: str, environ: Mapping[str, str], strict: bool) -> None:
+    """An endpoint written ``collector:4317`` has no scheme: HTTP cannot send to it at all, and
+    the gRPC exporter then speaks TLS unless ``OTEL_EXPORTER_OTLP_INSECURE`` says otherwise, so
+    a plaintext collector never answers. Either way the fix is one word; say it up front."""
+    for variable in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        value = environ.get(variable, "").strip()
+        if not value:
+            continue
+        if "://" not in value:
+            fix = f"write http://{value} (plaintext) or https://{value} (TLS)"
+            if protocol == "http/protobuf":
+                _report(ConfigurationError(f"{variable}={value!r} has no scheme: {fix}"), strict)
+            elif not environ.get("OTEL_EXPORTER_OTLP_INSECURE", "").strip():
+                message = f"{variable}={value!r} has no scheme, so gRPC uses TLS to reach it: {fix}"
+                if message not in _said:
+                    _said.add(message)
+                    _logger.warning("traintel: %s", message)
+        return  # the signal's own variable wins: the general one is not read
 
 
 def otlp_protocol(signal: str, environ: Mapping[str, str], strict: bool) -> str:
@@ -260,7 +287,12 @@ def _plan_exporters(
             cls = OtlpJsonFileSpanExporter if signal == "traces" else OtlpJsonFileMetricExporter
             plans.append(_ExporterPlan(name, lambda cls=cls: cls(file=file)))  # type: ignore[misc]
             continue
-        ep_name = _PROTOCOLS[otlp_protocol(signal, environ, strict)] if name == "otlp" else name
+        if name == "otlp":
+            protocol = otlp_protocol(signal, environ, strict)
+            _check_endpoint_scheme(signal, protocol, environ, strict)
+            ep_name = _PROTOCOLS[protocol]
+        else:
+            ep_name = name
         found = list(entry_points(group=f"opentelemetry_{signal}_exporter", name=ep_name))
         if not found:
             known = sorted({ep.name for ep in entry_points(group=f"opentelemetry_{signal}_exporter")})
