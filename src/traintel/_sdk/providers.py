@@ -46,7 +46,7 @@ from traintel._sdk.ids import ForcingIdGenerator
 from traintel._sdk.otel_private import SpanWriter, span_writer
 from traintel.config import ConfigurationError, TrainingConfig
 from traintel.exporters import redaction as _redaction
-from traintel.exporters import tls_errors
+from traintel.exporters import retry_lines, tls_errors
 from traintel.exporters.file import (
     FILE_SUFFIX,
     OtlpJsonFileMetricExporter,
@@ -552,6 +552,7 @@ def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> 
         adopted += 1
     for reader in otel_private.periodic_readers(meter_provider):
         otel_private.replace_reader_exporter(reader, CountingMetricExporter)
+    retry_lines.install()
     for provider in (tracer_provider, meter_provider):
         atexit.unregister(getattr(provider, "shutdown", _no_shutdown))
     pipeline.owns_tracer_provider = True
@@ -814,6 +815,7 @@ def build_pipeline(
 
     _redaction.install(environ)  # the exporters' loggers exist now
     tls_errors.install(environ)
+    retry_lines.install()
     pipeline = Pipeline(
         export_paths=list[ExportPath](export_paths),
         export_filter=export_filter,

@@ -46,6 +46,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from traintel._sdk.export_filter import estimate_span_bytes
 from traintel._sdk.otel_private import batch_queue
 from traintel.exporters import health as health_module
+from traintel.exporters import retry_lines
 from traintel.exporters.health import HEALTH, ExportHealth
 from traintel.exporters.proto_spans import InvalidSpanError, readable_spans
 from traintel.exporters.spool import Spool, SpoolEntry
@@ -344,6 +345,7 @@ class SpoolingSpanExporter(SpanExporter):
                 if not entries:
                     self._backlog = False
                     _logger.warning("traintel: spooled spans delivered; exporting directly again")
+                    retry_lines.delivered()
                     continue
                 now = time.monotonic()
                 if self._drain_deadline is not None and now + self._last_send_s > self._drain_deadline:

@@ -29,13 +29,13 @@ _REASON = re.compile(
     re.IGNORECASE,
 )
 #: The exporters' lines about a failed attempt (gRPC and HTTP), repeated for every batch.
-_ATTEMPT_LINE = re.compile(r"^(?:Transient error|Failed to export|Shutdown in progress, aborting retry)")
+ATTEMPT_LINE = re.compile(r"^(?:Transient error|Failed to export|Shutdown in progress, aborting retry)")
 #: How each exporter names its signal: gRPC "exporting traces to", HTTP "exporting spans batch"
 #: (the URL in the quoted error may name another signal's path).
 _SIGNAL_PHRASE = re.compile(r"\bexport(?:ing)? (traces|spans|metrics|logs)\b")
 _SIGNAL_OF_WORD = {"traces": "traces", "spans": "traces", "metrics": "metrics", "logs": "logs"}
 _SIGNALS = ("traces", "metrics", "logs")
-_LOGGER_FAMILY = "opentelemetry.exporter"
+LOGGER_FAMILY = "opentelemetry.exporter"
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def _first(environ: Mapping[str, str], *variables: str) -> tuple[str, str]:
     return variables[-1], ""
 
 
-def _signal_of(message: str) -> str | None:
+def signal_of(message: str) -> str | None:
     found = _SIGNAL_PHRASE.search(message)
     return _SIGNAL_OF_WORD[found.group(1)] if found else None
 
@@ -119,11 +119,11 @@ class CertificateFailureFilter(logging.Filter):
             message = record.getMessage()
             if record.exc_info and record.exc_info[1] is not None:
                 message += f" {record.exc_info[1]}"
-            signal = _signal_of(message)
+            signal = signal_of(message)
             if _CERTIFICATE_FAILURE.search(message):
                 self._explain(signal, message)
                 return False
-            if self._failed_signals and _ATTEMPT_LINE.match(message):
+            if self._failed_signals and ATTEMPT_LINE.match(message):
                 return signal is not None and signal not in self._failed_signals
         except Exception:  # a filter must never break the exporter that logs
             return True
@@ -151,7 +151,7 @@ def install(environ: Mapping[str, str]) -> CertificateFailureFilter:
     modules are imported)."""
     _filter.targets = tls_targets(environ)
     manager = logging.Logger.manager
-    for name in [n for n in list(manager.loggerDict) if n.startswith(_LOGGER_FAMILY)]:
+    for name in [n for n in list(manager.loggerDict) if n.startswith(LOGGER_FAMILY)]:
         logger = logging.getLogger(name)
         if _filter not in logger.filters:
             logger.addFilter(_filter)
