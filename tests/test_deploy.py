@@ -37,6 +37,8 @@ GRAFANA_PROVISIONING = DEPLOY / "grafana" / "provisioning"
 RULE_FILES = sorted((DEPLOY / "prometheus" / "rules").glob("*.yml"))
 PROMETHEUS_CONFIG = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
 README = (ROOT / "README.md").read_text()
+#: The deployment kit's page in the docs site.
+DEPLOY_DOC = (ROOT / "docs" / "operations" / "deployment.md").read_text()
 
 #: Kinds and units of metrics whose names are pinned in semconv.py but whose instruments other
 #: issues are still implementing (cross-rank, self-telemetry), or that this CPU-only run cannot
@@ -528,7 +530,7 @@ def test_only_otlp_ingest_is_published_beyond_localhost() -> None:
 def test_every_published_port_is_documented() -> None:
     compose_text = (ROOT / "docker-compose.yml").read_text()
     header = compose_text.split("\nname:")[0]
-    section = README.split("## Deployment kit")[1].split("\n## ")[0]
+    section = DEPLOY_DOC
     for service, host, _, _ in published():
         assert re.search(rf"\b{host}\b", header), (service, host)
         assert re.search(rf"\b{host}\b", section), (service, host)
@@ -590,7 +592,7 @@ def test_every_image_is_pinned_to_an_exact_release() -> None:
 
 def test_images_named_elsewhere_match_the_compose_file() -> None:
     pinned = {IMAGE.match(s["image"]).group("repo"): s["image"] for s in SERVICES.values()}  # type: ignore[union-attr]
-    texts = [README, *(p.read_text() for p in COLLECTOR_CONFIGS)]
+    texts = [README, DEPLOY_DOC, *(p.read_text() for p in COLLECTOR_CONFIGS)]
     for repo, image in pinned.items():
         for text in texts:
             for mention in re.findall(rf"(?<![\w/.-]){re.escape(repo)}:[\w.-]+", text):
