@@ -420,3 +420,23 @@ def test_a_job_whose_collector_is_down_counts_its_metric_failures_and_says_so(tm
                             last[attributes_dict(point.attributes)[semconv.EXPORT_SIGNAL]] = point.as_int
     assert last["traces"] == 0
     assert 1 <= last["metrics"] <= int(match.group(1))
+
+
+def test_per_iteration_values_the_reader_did_not_collect_are_said_at_exit(tmp_path: Path) -> None:
+    """150,000 iterations, no collection for 10 minutes: the buffer holds 100,000 values, the
+    other 50,000 are counted and the exit says how many (windows and spans stay complete)."""
+    job = """
+import traintel
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(150_000):
+            with traintel.training_iteration():
+                pass
+print("trained")
+"""
+    result = run_python(
+        job, tmp_path, OTEL_METRIC_EXPORT_INTERVAL="600000", TRAINTEL_EXPORT_ITERATIONS="none", timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if "were not recorded" in line]
+    assert line.startswith("traintel: 50000 per-iteration measurement(s) were not recorded"), line

@@ -29,6 +29,7 @@ from traintel import semconv
 from traintel._host.capabilities import capability_report
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
+from traintel._sdk.instruments import DEFERRED_CAPACITY
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel.config import TrainingConfig
@@ -269,7 +270,23 @@ class Telemetry:
         ok = self.pipeline.shutdown(timeout)
         if self.processor is not None:
             self.processor.disable()
+        self._say_unrecorded_measurements()
         return ok
+
+    def _say_unrecorded_measurements(self) -> None:
+        """Per-iteration values the metric reader did not collect in time are counted
+        (``traintel.measurements.dropped``); the exit says so too: a silent loss is a bug."""
+        instruments = self.engine.instruments if self.engine is not None else None
+        dropped = instruments.dropped if instruments is not None else 0
+        if dropped:
+            _logger.warning(
+                "traintel: %d per-iteration measurement(s) were not recorded into the iteration-"
+                "time histograms (the metric reader collected less often than %d values "
+                "accumulated; set OTEL_METRIC_EXPORT_INTERVAL lower); window statistics, spans "
+                "and the report are complete",
+                dropped,
+                DEFERRED_CAPACITY,
+            )
 
 
 # --- the process-wide instance ----------------------------------------------------------------
