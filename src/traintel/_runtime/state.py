@@ -281,9 +281,10 @@ class Telemetry:
         if dropped:
             _logger.warning(
                 "traintel: %d per-iteration measurement(s) were not recorded into the iteration-"
-                "time histograms (the metric reader collected less often than %d values "
-                "accumulated; set OTEL_METRIC_EXPORT_INTERVAL lower); window statistics, spans "
-                "and the report are complete",
+                "time histograms: the metric reader collected less often than %d values "
+                "accumulated, and no exporter traintel built was there to add the rest (a "
+                "reader of your own: collect more often); window statistics, spans and the "
+                "report are complete",
                 dropped,
                 DEFERRED_CAPACITY,
             )

@@ -7,8 +7,10 @@ observable instrument's callback, which the SDK runs on the metric reader's thre
 it collects (synchronous measurements made there are consumed by every reader's storage).
 Counters are added as deltas at the same moment. Gauges report the last closed window.
 
-A full buffer drops new values and counts them (``traintel.measurements.dropped``): a silent
-drop is a bug.
+A full buffer's further values are counted into the histograms' buckets and added to them at
+export by every exporter traintel builds (:mod:`~traintel._sdk.histogram_overflow`); where no
+such exporter exists they are dropped and counted (``traintel.measurements.dropped``) and the
+exit says so: a silent drop is a bug.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from opentelemetry.metrics import CallbackOptions, NoOpCounter, NoOpHistogram, O
 from traintel import semconv
 from traintel._aggregation.aggregator import TrainingAggregator, WindowReport
 from traintel._aggregation.goodput import GoodputLedger, GoodputSnapshot, WindowGoodput
+from traintel._sdk.histogram_overflow import OVERFLOW
 from traintel.version import __version__
 
 #: Bucket boundaries in seconds: the SDK's defaults are for milliseconds and would put every
@@ -231,15 +234,20 @@ class TrainingInstruments:
     def defer_window(self, iteration_s: list[float], data_loading_s: list[float]) -> None:
         """Queue a closed window's values for the reader (training thread: C-level extends, no
         lock — see _drain; no per-iteration call). Values beyond the capacity are counted."""
-        for values, buffer in (
-            (iteration_s, self.iteration_durations),
-            (data_loading_s, self.data_loading_durations),
+        for values, buffer, name in (
+            (iteration_s, self.iteration_durations, semconv.METRIC_ITERATION_DURATION),
+            (data_loading_s, self.data_loading_durations, semconv.METRIC_DATA_LOADING_DURATION),
         ):
             room = max(DEFERRED_CAPACITY - len(buffer), 0)
             kept = values
-            if room < len(values):
-                self.dropped += len(values) - room  # no reader collected in time
+            if room < len(values):  # no reader collected in time
                 kept = values[:room]
+                if not self.window_series:
+                    pass  # a reduced rank reports no window series: nothing is lost
+                elif OVERFLOW.merged_at_export:  # counted into buckets, added at export
+                    OVERFLOW.overflow(name, DURATION_BUCKETS_S).add_many(values[room:])
+                else:
+                    self.dropped += len(values) - room
             buffer.fromlist(kept)  # a list's floats straight in: extend() iterates it generically
 
     def _drain(self, options: CallbackOptions) -> Iterable[Observation]:
