@@ -7,6 +7,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.traintel-installed
 DEMO_STAMP := $(VENV)/.traintel-demo-installed
+DOCS_STAMP := $(VENV)/.traintel-docs-installed
 CODE := src tests examples benchmarks
 
 # The lowest OpenTelemetry release pyproject.toml allows, with the contrib packages of the same
@@ -20,7 +21,7 @@ OTEL_FLOOR_PINS := $(foreach p,api sdk proto exporter-otlp exporter-otlp-proto-c
 	exporter-otlp-proto-grpc exporter-otlp-proto-http,opentelemetry-$(p)==$(OTEL_FLOOR)) \
 	$(foreach p,semantic-conventions instrumentation distro exporter-prometheus,opentelemetry-$(p)==$(OTEL_FLOOR_CONTRIB))
 
-.PHONY: demo test test-sdk-floor lint typecheck pytest bench venv clean
+.PHONY: demo test test-sdk-floor lint typecheck pytest bench venv clean docs
 
 # The demo needs traintel and torch only; the tests add their extra on top (same venv).
 $(DEMO_STAMP): pyproject.toml Makefile
@@ -61,6 +62,17 @@ $(FLOOR_STAMP): pyproject.toml Makefile
 
 test-sdk-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -m pytest -q
+
+# The documentation site, built strict (a broken link or anchor, a cross-reference with no target,
+# a docstring that does not render fails). Needs neither torch nor a GPU; the site goes to site/.
+$(DOCS_STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[docs]"
+	touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_phase_overhead.py
