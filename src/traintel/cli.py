@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from traintel.analysis.goodput import compute_goodput, load_jobs, parse_time, render_goodput
+from traintel.analysis.parallel import auto_workers
 from traintel.analysis.runs import (
     RunInfo,
     RunNotFound,
@@ -26,7 +27,7 @@ from traintel.analysis.runs import (
     section_title,
     short_ids,
 )
-from traintel.analysis.summary import render, summarize
+from traintel.analysis.summary import RunSummary, render, summarize
 from traintel.exporters.private_files import open_private
 from traintel.exporters.reader import ReadStats, expand_paths
 from traintel.version import __version__
@@ -64,6 +65,13 @@ def _with_progress(files: list[str], work: Callable[[Callable[[int], None] | Non
     ) as bar:
         task = bar.add_task("read", total=total)
         return work(lambda n: bar.advance(task, n))
+
+
+def _workers(args: argparse.Namespace, files: Sequence[str]) -> int:
+    """``--workers``, else one process per CPU up to one per file for a large input."""
+    if args.workers is not None:
+        return max(1, int(args.workers))
+    return auto_workers(list(files))
 
 
 def _no_spans(paths: Sequence[str], stats: ReadStats) -> int:
@@ -135,7 +143,8 @@ def _report(args: argparse.Namespace) -> int:
         return choice
     reports: list[tuple[RunInfo | None, Report]] = []
     for run, run_files in _run_files(choice, files):
-        work = functools.partial(build_report, run_files, run=run.id if run else None)
+        workers = _workers(args, run_files)
+        work = functools.partial(build_report, run_files, run=run.id if run else None, workers=workers)
         report = _with_progress(run_files, work)
         if not report.summary.spans:
             return _no_spans(args.paths, report.stats)
@@ -323,13 +332,22 @@ def _summary(args: argparse.Namespace) -> int:
         print(choice.note + "\n")
     targets = _run_files(choice, files)
     for n, (run, run_files) in enumerate(targets, 1):
-        summary = summarize(run_files, run=run.id if run else None)
+        summary = _with_progress(
+            run_files,
+            functools.partial(_summarize, run_files, run.id if run else None, _workers(args, run_files)),
+        )
         if not summary.spans:
             return _no_spans(args.paths, summary.stats)
         if len(targets) > 1 and run is not None:
             print(("\n" if n > 1 else "") + f"=== {section_title(run, n, len(targets))} ===")
         print(render(summary))
     return 0
+
+
+def _summarize(
+    files: list[str], run: str | None, workers: int, progress: Callable[[int], None] | None
+) -> RunSummary:
+    return summarize(files, run, workers, progress)
 
 
 def _time(text: str) -> int:
@@ -348,7 +366,9 @@ def _goodput(args: argparse.Namespace) -> int:
         print(f"traintel: --end must be after --start (got {args.start} and {args.end} ns)", file=sys.stderr)
         return 2
     stats = ReadStats()
-    jobs = load_jobs(files, stats)
+    names = [str(path) for path in files]
+    work = functools.partial(load_jobs, names, stats, _workers(args, names))
+    jobs = _with_progress(names, lambda progress: work(progress=progress))
     if not jobs:
         return _no_spans(args.paths, stats)
     results = compute_goodput(jobs, args.start, args.end, args.rank, args.by_perf_tag)
@@ -387,6 +407,15 @@ def _replay(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _add_workers(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes reading the files (default: one per CPU, up to one per file, for inputs over 64 MiB)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="traintel", description="OpenTelemetry-native training telemetry.")
     parser.add_argument("--version", action="version", version=f"traintel {__version__}")
@@ -398,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     summary = sub.add_parser("summary", help="a short summary of a run from its OTLP/JSON-lines files")
     summary.add_argument("paths", nargs="+", help="files or directories (e.g. ./traintel-runs)")
     _add_run_choice(summary)
+    _add_workers(summary)
     summary.set_defaults(func=_summary)
     goodput = sub.add_parser(
         "goodput", help="goodput and badput of each training session (across restarts and ranks)"
@@ -411,6 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     goodput.add_argument("--session", help="only this session_tag")
     goodput.add_argument("--by-perf-tag", action="store_true", help="split sessions by perf_tag too")
     goodput.add_argument("--rank", type=int, help="the rank whose timeline counts (default: the lowest)")
+    _add_workers(goodput)
     goodput.set_defaults(func=_goodput)
     report = sub.add_parser(
         "report", help="the full report of one or more jobs/ranks: tables, --json, or an --html page"
@@ -421,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--html", metavar="OUT.html", help="also write a self-contained HTML report (with --all: one per run)"
     )
     _add_run_choice(report)
+    _add_workers(report)
     report.set_defaults(func=_report)
     trace = sub.add_parser(
         "export-trace", help="a Chrome trace event file (Perfetto, chrome://tracing), one track per rank"

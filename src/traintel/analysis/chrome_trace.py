@@ -14,11 +14,9 @@ import os
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 from traintel import semconv
 from traintel.analysis.report import process_identity
-from traintel.exporters.reader import ReadStats, SpanRecord, expand_paths, read_requests, spans_in
+from traintel.exporters.reader import ReadStats, SpanRecord, expand_paths, gc_paused, iter_records
 from traintel.semconv import Phase
 
 _MAIN_THREAD = 1
@@ -106,9 +104,9 @@ def export_chrome_trace(
     """Write every exported span of the files as a Chrome trace; returns the event count."""
     writer = ChromeTraceWriter(out)
     files = [p for p in expand_paths(paths) if p.is_file()]
-    for request in read_requests(files, stats, progress):
-        if isinstance(request, ExportTraceServiceRequest):
-            for span in spans_in(request):
-                writer.add(span)
+    with gc_paused():
+        for record in iter_records(files, stats, progress):
+            if isinstance(record, SpanRecord):
+                writer.add(record)
     writer.close()
     return writer.events

@@ -37,6 +37,7 @@ Every category is a share of the same total and the shares sum to 1 (``other`` i
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import itertools
 import math
@@ -46,12 +47,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 from traintel import semconv
 from traintel._aggregation.stats import percentile
-from traintel.exporters.reader import ReadStats, attributes_dict, read_requests
+from traintel.analysis.columns import Table
+from traintel.analysis.parallel import map_files
+from traintel.exporters.reader import ReadStats, Record, SpanRecord, expand_paths, gc_paused, iter_records
 from traintel.semconv import BADPUT_CATEGORIES, BADPUT_CATEGORY_OF_PHASE, Phase
 
 __all__ = [
@@ -68,6 +68,7 @@ _ITERATION = Phase.TRAINING_ITERATION.value
 _DATA_LOADING = Phase.DATA_LOADING.value
 _APPLICATION = Phase.APPLICATION.value
 _LOOP = Phase.TRAINING_LOOP.value
+_PREEMPTION = semconv.Event.PREEMPTION.value
 _FRAMEWORK = ("initialization", "checkpoint_load", "checkpoint_save", "data_loading", "evaluation",
               "program_startup")  # fmt: skip
 
@@ -117,9 +118,47 @@ class InferredTail:
         }
 
 
+#: Typecodes of a window record's row: start, end, first, last, iterations, productive, data,
+#: startup, flops, peak (0: none), p50, p90, p99, max, slowest, ideal (0: none), has a slowest.
+_WINDOW_ROW = "QQqqqdddddddddqdB"
+#: An exported iteration: number, start, end, trace id (two halves), span id.
+_ITERATION_ROW = "qQQQQQ"
+#: A span's link to its parent: span id, parent id, flags (1: an iteration, 2: has a parent).
+_LINK_ROW = "QQB"
+#: A data-loading span: start, end, parent id, has a parent.
+_DATA_ROW = "QQQB"
+_IS_ITERATION, _HAS_PARENT = 1, 2
+
+
+def _span_key(span_id: str) -> int | str:
+    """A span id as one 64-bit number (an id of another length stays text, kept aside)."""
+    return int(span_id, 16) if len(span_id) == 16 else span_id
+
+
+def _trace_key(trace_id: str) -> tuple[int, int] | tuple[str, str]:
+    if len(trace_id) == 32:
+        return int(trace_id[:16], 16), int(trace_id[16:], 16)
+    return trace_id, ""
+
+
+def _trace_hex(high: int | str, low: int | str) -> str:
+    return high if isinstance(high, str) else f"{high:016x}{low:016x}"
+
+
+def _span_hex(key: int | str) -> str:
+    return key if isinstance(key, str) else f"{key:016x}"
+
+
 @dataclass
 class _Process:
-    """What one process (one rank of one job) exported, reduced to what goodput needs."""
+    """What one process (one rank of one job) exported, reduced to what goodput needs.
+
+    Per-window and per-span state is kept in :class:`~traintel.analysis.columns.Table` rows in
+    arrival order, and read back only when the process is computed: memory grows with the
+    windows and exported spans, at a few dozen bytes each. Nothing here depends on the order
+    rows arrive in beyond "the later of two equal keys wins", so the states of two files merge
+    exactly (:meth:`merge`).
+    """
 
     instance: str
     resource: dict[str, Any]
@@ -130,15 +169,17 @@ class _Process:
     preempted: bool = False  # a terminating signal's ``preemption`` event was exported
     outermost: str | None = None
     phases: list[tuple[int, int, str]] = field(default_factory=list)
-    data_loading: list[tuple[int, int, str | None]] = field(default_factory=list)
-    parents: dict[str, tuple[str | None, bool]] = field(default_factory=dict)
-    windows: list[_Window] = field(default_factory=list)
+    #: Data-loading spans, resolved (inside an iteration or not) once every span is read.
+    data_loading: Table = field(default_factory=lambda: Table(_DATA_ROW))
+    #: Every span's parent, for that resolution.
+    links: Table = field(default_factory=lambda: Table(_LINK_ROW))
+    #: The window records, in arrival order.
+    window_rows: Table = field(default_factory=lambda: Table(_WINDOW_ROW))
     resume: int | None = None
-    exported: dict[int, tuple[str, str]] = field(default_factory=dict)
-    #: Exported iterations no window record has covered yet: number -> (start, end). Pruned as
-    #: window records arrive, so it holds about one window's worth.
-    uncovered: dict[int, tuple[int, int]] = field(default_factory=dict)
-    covered_upto: int = -1  # the highest iteration a window record covers
+    #: Exported iterations: their number, times and ids, in arrival order.
+    iterations: Table = field(default_factory=lambda: Table(_ITERATION_ROW))
+    #: Windows inferred from the exported iterations after the last window record.
+    inferred: list[_Window] = field(default_factory=list)
     inner_data: list[tuple[int, int]] = field(default_factory=list)  # data loading inside iterations
     tail: InferredTail | None = None
 
@@ -160,17 +201,55 @@ class _Process:
             self.start_ns = start_ns
         self.last_ns = max(self.last_ns, end_ns)
 
-    def add_window(self, window: _Window) -> None:
-        self.windows.append(window)
-        if window.last > self.covered_upto:
-            self.covered_upto = window.last
-            for number in [n for n in self.uncovered if n <= window.last]:
-                del self.uncovered[number]
+    def merge(self, later: _Process) -> None:
+        """Add what ``later`` read (from the files after this one's) as if read after it."""
+        self.see(later.start_ns if later.start_ns != 2**63 else 0, later.last_ns)
+        if later.outermost is not None and (
+            self.outermost is None or (later.outermost == _APPLICATION and self.outermost == _LOOP)
+        ):
+            self.outermost, self.end_ns, self.end_error = later.outermost, later.end_ns, later.end_error
+        self.preempted = self.preempted or later.preempted
+        self.phases.extend(later.phases)
+        if later.resume is not None and (self.resume is None or later.resume < self.resume):
+            self.resume = later.resume
+        for mine, theirs in (
+            (self.data_loading, later.data_loading),
+            (self.links, later.links),
+            (self.window_rows, later.window_rows),
+            (self.iterations, later.iterations),
+        ):
+            mine.extend(theirs)
 
-    def add_iteration(self, number: int, ids: tuple[str, str], start_ns: int, end_ns: int) -> None:
-        self.exported[number] = ids
-        if number > self.covered_upto:
-            self.uncovered[number] = (start_ns, end_ns)
+    def windows(self, later: list[tuple[int, int]]) -> list[_Window]:
+        """The process's windows, records then inferred ones, ordered by start, each with the
+        share of its iterations that a later job ran again (``later``: their ranges)."""
+        out = [
+            _Window(
+                start_ns=row[0],
+                end_ns=row[1],
+                first=row[2],
+                last=row[3],
+                iterations=row[4],
+                productive_s=row[5],
+                data_s=row[6],
+                startup_s=row[7],
+                flops=row[8],
+                peak=row[9] or None,
+                p50=row[10],
+                p90=row[11],
+                p99=row[12],
+                max_s=row[13],
+                slowest=row[14] if row[16] else None,
+                ideal=row[15] or None,
+            )
+            for row in self.window_rows
+        ]
+        out.extend(dataclasses.replace(w) for w in self.inferred)
+        out.sort(key=lambda w: w.start_ns)
+        for w in out:
+            span = w.last - w.first + 1
+            w.wasted_fraction = _redone(later, w.first, w.last) / span if later and span > 0 else 0.0
+        return out
 
 
 @dataclass
@@ -311,60 +390,109 @@ def _int(value: object) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _window(start_ns: int, end_ns: int, a: dict[str, Any]) -> _Window:
-    return _Window(
-        start_ns=start_ns,
-        end_ns=end_ns,
-        first=_int(a.get(_W + "first_iteration")) or 0,
-        last=_int(a.get(_W + "last_iteration")) or 0,
-        iterations=_int(a.get(_W + "iterations")) or 0,
-        productive_s=_float(a.get(_W + "productive_time")),
-        data_s=_float(a.get(_W + "data_loading_time")),
-        startup_s=_float(a.get(_W + "program_startup_time")),
-        flops=_float(a.get(_W + "flops")),
-        peak=_float(a.get(semconv.MFU_DENOMINATOR)) or None,
-        p50=_float(a.get(_W + "iteration_time.p50")),
-        p90=_float(a.get(_W + "iteration_time.p90")),
-        p99=_float(a.get(_W + "iteration_time.p99")),
-        max_s=_float(a.get(_W + "iteration_time.max")),
-        slowest=_int(a.get(_W + "slowest_iteration")),
-        ideal=_float(a.get(semconv.STEP_TIME_IDEAL)) or None,
+def _window_row(start_ns: int, end_ns: int, a: dict[str, Any]) -> tuple[Any, ...]:
+    """A window record's row (:data:`_WINDOW_ROW`), as ``_Process.windows`` reads it back."""
+    slowest = _int(a.get(_W + "slowest_iteration"))
+    return (
+        start_ns,
+        end_ns,
+        _int(a.get(_W + "first_iteration")) or 0,
+        _int(a.get(_W + "last_iteration")) or 0,
+        _int(a.get(_W + "iterations")) or 0,
+        _float(a.get(_W + "productive_time")),
+        _float(a.get(_W + "data_loading_time")),
+        _float(a.get(_W + "program_startup_time")),
+        _float(a.get(_W + "flops")),
+        _float(a.get(semconv.MFU_DENOMINATOR)),
+        _float(a.get(_W + "iteration_time.p50")),
+        _float(a.get(_W + "iteration_time.p90")),
+        _float(a.get(_W + "iteration_time.p99")),
+        _float(a.get(_W + "iteration_time.max")),
+        slowest if slowest is not None else 0,  # (the ranks' records have none in scale mode)
+        _float(a.get(semconv.STEP_TIME_IDEAL)),
+        slowest is not None,
     )
 
 
-def load_jobs(paths: Iterable[str | os.PathLike[str]], stats: ReadStats | None = None) -> list[Job]:
-    """Read the files (streaming) into jobs: grouped by session, run id and restart count."""
-    processes: dict[str, _Process] = {}
+class GoodputReader:
+    """The processes of the records read so far, keyed by instance (service instance id, else
+    run id): fed one file's records in order, merged with the reader of the files after it
+    (:meth:`merge`, exact: see :class:`_Process`), grouped into jobs at the end."""
 
-    def process_of(resource: dict[str, Any]) -> _Process:
+    def __init__(self) -> None:
+        self.processes: dict[str, _Process] = {}
+        self._resource: dict[str, Any] | None = None  # the last resource seen, and its process
+        self._process: _Process | None = None
+
+    def process_of(self, resource: dict[str, Any]) -> _Process:
+        if resource is self._resource and self._process is not None:
+            return self._process  # the spans of one request share their resource's dict
         key = str(resource.get(semconv.SERVICE_INSTANCE_ID) or resource.get(semconv.RUN_ID) or "unknown")
-        found = processes.get(key)
+        found = self.processes.get(key)
         if found is None:
-            found = processes[key] = _Process(key, resource)
+            found = self.processes[key] = _Process(key, resource)
+        self._resource, self._process = resource, found
         return found
 
-    for request in read_requests(paths, stats):
-        _add_request(request, process_of)
-    return _group_jobs(processes.values())
+    def add(self, record: Record) -> None:
+        """A span into its process; a resource's metrics: their points' times (a job killed
+        before its spans were exported still shows how long it lived)."""
+        process = self.process_of(record.resource)
+        if isinstance(record, SpanRecord):
+            _add_span(process, record)
+        else:
+            for series in record.metrics:
+                if series.kind is not None:
+                    process.see(0, series.last_time_ns)
+
+    def merge(self, later: GoodputReader) -> None:
+        for key, process in later.processes.items():
+            mine = self.processes.get(key)
+            if mine is None:
+                self.processes[key] = process
+            else:
+                mine.merge(process)
+        self._resource = self._process = None
+
+    def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
+        return {"processes": self.processes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.processes = state["processes"]
+        self._resource = self._process = None
+
+    def jobs(self) -> list[Job]:
+        return _group_jobs(self.processes.values())
 
 
-def _add_request(request: Any, process_of: Callable[[dict[str, Any]], _Process]) -> None:
-    """One export request's spans (and its metric points' times) into their processes."""
-    if isinstance(request, ExportTraceServiceRequest):
-        for resource_spans in request.resource_spans:
-            process = process_of(attributes_dict(resource_spans.resource.attributes))
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    _add_span(process, span)
-    elif isinstance(request, ExportMetricsServiceRequest):
-        for resource_metrics in request.resource_metrics:
-            process = process_of(attributes_dict(resource_metrics.resource.attributes))
-            for scope_metrics in resource_metrics.scope_metrics:
-                for metric in scope_metrics.metrics:
-                    kind = metric.WhichOneof("data")
-                    if kind is not None:
-                        for point in getattr(metric, kind).data_points:
-                            process.see(0, point.time_unix_nano)
+def load_jobs(
+    paths: Iterable[str | os.PathLike[str]],
+    stats: ReadStats | None = None,
+    workers: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> list[Job]:
+    """Read the files (streaming) into jobs: grouped by session, run id and restart count.
+
+    Each file is read on its own and the states merged in file order (exactly: see
+    :class:`_Process`); with ``workers`` > 1 in that many processes. ``progress`` is told the
+    bytes read.
+    """
+    stats = stats if stats is not None else ReadStats()
+    reader = GoodputReader()
+    files = [str(path) for path in expand_paths(paths)]
+    for part, part_stats in map_files(read_file, files, workers, progress):
+        reader.merge(part)
+        stats.merge(part_stats)
+    return reader.jobs()
+
+
+def read_file(path: str, progress: Callable[[int], None] | None = None) -> tuple[GoodputReader, ReadStats]:
+    """One file's goodput state and read counts (a part of :func:`load_jobs`)."""
+    reader, stats = GoodputReader(), ReadStats()
+    with gc_paused():
+        for record in iter_records([path], stats, progress):
+            reader.add(record)
+    return reader, stats
 
 
 def _group_jobs(processes: Iterable[_Process]) -> list[Job]:
@@ -375,7 +503,6 @@ def _group_jobs(processes: Iterable[_Process]) -> list[Job]:
             continue  # metrics only: no timeline
         _resolve_data_loading(process)
         _infer_tail(process)
-        process.windows.sort(key=lambda w: w.start_ns)
         r = process.resource
         session = str(r.get(semconv.SESSION_TAG) or r.get(semconv.RUN_ID) or process.instance)
         run_id = str(r.get(semconv.RUN_ID) or process.instance)
@@ -390,68 +517,83 @@ def _group_jobs(processes: Iterable[_Process]) -> list[Job]:
     return list(jobs.values())
 
 
-def _add_span(process: _Process, span: Any) -> None:
-    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+def _add_span(process: _Process, span: SpanRecord) -> None:
+    start, end = span.start_ns, span.end_ns
     process.see(start, end)
     for event in span.events:
-        process.see(0, event.time_unix_nano)
-        if event.name == semconv.Event.PREEMPTION.value:
+        process.see(0, event.time_ns)
+        if event.name == _PREEMPTION:
             process.preempted = True
-    attributes = attributes_dict(span.attributes)
-    span_id = span.span_id.hex()
-    parent = span.parent_span_id.hex() or None
-    name = span.name
+    attributes = span.attributes
+    parent = span.parent_span_id
     phase = attributes.get(semconv.PHASE)
-    process.parents[span_id] = (parent, phase == _ITERATION)
-    if name == semconv.TRAINING_WINDOW_SPAN:
-        process.add_window(_window(start, end, attributes))
+    is_iteration = phase == _ITERATION
+    if is_iteration or parent is not None:  # a root that is no iteration: as good as unknown
+        flags = (_IS_ITERATION if is_iteration else 0) | (_HAS_PARENT if parent is not None else 0)
+        process.links.append((_span_key(span.span_id), _span_key(parent) if parent is not None else 0, flags))
+    if span.name == semconv.TRAINING_WINDOW_SPAN:
+        process.window_rows.append(_window_row(start, end, attributes))
         return
-    if phase == _ITERATION:
+    if is_iteration:
         iteration = _int(attributes.get(semconv.ITERATION))
         if iteration is not None:
-            process.add_iteration(iteration, (span.trace_id.hex(), span_id), start, end)
+            process.iterations.append(
+                (iteration, start, end, *_trace_key(span.trace_id), _span_key(span.span_id))
+            )
         return
     if phase in (_APPLICATION, _LOOP):
-        if phase == _LOOP and attributes.get(semconv.SEGMENT_INDEX, 0) == 0:
-            resume = _int(attributes.get(semconv.TRAIN_ITERATIONS_START))
-            if resume is not None and (process.resume is None or resume < process.resume):
-                process.resume = resume
-        final = not attributes.get(semconv.SEGMENT_CONTINUES, False)
-        if final and (process.outermost is None or (phase == _APPLICATION and process.outermost == _LOOP)):
-            process.outermost = str(phase)
-            process.end_ns = end
-            process.end_error = span.status.code == 2  # STATUS_CODE_ERROR
+        _add_outer(process, span, str(phase))
         return
     category = BADPUT_CATEGORY_OF_PHASE.get(str(phase)) if phase is not None else None
     if category is None:
         return
     if phase == _DATA_LOADING:
-        process.data_loading.append((start, end, parent))
+        has_parent = parent is not None
+        process.data_loading.append((start, end, _span_key(parent) if parent is not None else 0, has_parent))
     else:
         process.phases.append((start, end, category))
 
 
+def _add_outer(process: _Process, span: SpanRecord, phase: str) -> None:
+    """An application or training-loop span (segment): the resume point and the job's end."""
+    attributes = span.attributes
+    if phase == _LOOP and attributes.get(semconv.SEGMENT_INDEX, 0) == 0:
+        resume = _int(attributes.get(semconv.TRAIN_ITERATIONS_START))
+        if resume is not None and (process.resume is None or resume < process.resume):
+            process.resume = resume
+    final = not attributes.get(semconv.SEGMENT_CONTINUES, False)
+    if final and (process.outermost is None or (phase == _APPLICATION and process.outermost == _LOOP)):
+        process.outermost = phase
+        process.end_ns = span.end_ns
+        process.end_error = span.status_code == 2  # STATUS_CODE_ERROR
+
+
 def _resolve_data_loading(process: _Process) -> None:
     """Data loading outside iterations is badput of its own; inside, the window has it."""
-    for start, end, parent_id in process.data_loading:
-        parent = parent_id
-        inside = False
-        seen = 0
-        while parent is not None and seen < 256:
-            entry = process.parents.get(parent)
-            if entry is None:
-                break
-            if entry[1]:
-                inside = True
-                break
-            parent = entry[0]
-            seen += 1
-        if inside:
-            process.inner_data.append((start, end))
-        else:
-            process.phases.append((start, end, "data_loading"))
+    if process.data_loading:
+        parents = {
+            span: (parent if flags & _HAS_PARENT else None, bool(flags & _IS_ITERATION))
+            for span, parent, flags in process.links
+        }
+        for start, end, parent_key, has_parent in process.data_loading:
+            parent = parent_key if has_parent else None
+            inside = False
+            seen = 0
+            while parent is not None and seen < 256:
+                entry = parents.get(parent)
+                if entry is None:
+                    break
+                if entry[1]:
+                    inside = True
+                    break
+                parent = entry[0]
+                seen += 1
+            if inside:
+                process.inner_data.append((start, end))
+            else:
+                process.phases.append((start, end, "data_loading"))
     process.data_loading.clear()
-    process.parents.clear()
+    process.links.clear()
 
 
 def _union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -484,16 +626,22 @@ def _infer_tail(process: _Process) -> None:
     rules: an iteration's time is productive but for its data-loading wait and the categorised
     phases inside it; if the job has no window record at all, its first iteration's excess over
     the median of the others is program startup."""
-    tail = sorted(process.uncovered.items())  # all after the last window record (add_window prunes)
-    process.uncovered.clear()
+    covered = max((row[3] for row in process.window_rows), default=-1)  # the last iteration recorded
+    after: dict[int, tuple[int, int]] = {}
+    for number, start, end, *_ids in process.iterations:
+        if number > covered:
+            after[number] = (start, end)  # exported twice: the later one, as when read in order
+    tail = sorted(after.items())
+    inner = process.inner_data
+    process.inner_data = []
     if not tail:
         return
     begin = tail[0][1][0]
-    inner_data = _union(d for d in process.inner_data if d[1] > begin)
-    process.inner_data.clear()
+    inner_data = _union(d for d in inner if d[1] > begin)
     phases = _union((start, end) for start, end, _ in process.phases if end > begin)
     durations = [(end - start) / 1e9 for _, (start, end) in tail]
-    typical = percentile(sorted(durations[1:]), 50) if len(durations) >= 2 and not process.windows else None
+    no_records = not process.window_rows
+    typical = percentile(sorted(durations[1:]), 50) if len(durations) >= 2 and no_records else None
     productive_total = 0.0
     for position, (number, (start, end)) in enumerate(tail):
         duration = durations[position]
@@ -502,7 +650,7 @@ def _infer_tail(process: _Process) -> None:
         startup = max(0.0, min(duration - typical, room)) if typical is not None and position == 0 else 0.0
         productive = max(0.0, room - startup)
         productive_total += productive
-        process.windows.append(
+        process.inferred.append(
             _Window(
                 start_ns=start, end_ns=end, first=number, last=number, iterations=1,
                 productive_s=productive, data_s=data, startup_s=startup, flops=0.0, peak=None,
@@ -516,11 +664,17 @@ def _infer_tail(process: _Process) -> None:
 
 # --- the timeline ------------------------------------------------------------------------------
 def _job_timeline(
-    process: _Process, job_start: int, job_end: int, a: int, b: int, badput: dict[str, int]
+    process: _Process,
+    all_windows: list[_Window],
+    job_start: int,
+    job_end: int,
+    a: int,
+    b: int,
+    badput: dict[str, int],
 ) -> tuple[float, dict[str, float]]:
     """Sweep one job's [job_start, job_end]: nanoseconds by category inside [a, b] into
     ``badput``; returns the productive seconds and the window-prorated seconds by category."""
-    windows = [w for w in process.windows if w.end_ns > job_start and w.start_ns < job_end]
+    windows = [w for w in all_windows if w.end_ns > job_start and w.start_ns < job_end]
     phases = sorted(p for p in process.phases if p[1] > job_start and p[0] < job_end)
     for w in windows:
         w.free_total = w.free_in = 0
@@ -607,12 +761,13 @@ def _redone(later: list[tuple[int, int]], first: int, last: int) -> int:
 
 def _ran(process: _Process) -> tuple[int, int] | None:
     """The iteration range a job ran: from its resume point (or first window) to its last."""
-    if not process.windows:
+    firsts = [row[2] for row in process.window_rows] + [w.first for w in process.inferred]
+    if not firsts:
         return None
-    first = min(w.first for w in process.windows)
+    first = min(firsts)
     if process.resume is not None:
         first = min(first, process.resume)
-    return first, max(w.last for w in process.windows)
+    return first, max([row[3] for row in process.window_rows] + [w.last for w in process.inferred])
 
 
 def _reference(job: Job, rank: int | None) -> _Process:
@@ -670,13 +825,10 @@ def _session(
     if b <= a:
         return None
     # wasted progress: the share of each window that a later job ran again
+    # (each rank's windows are read back from their rows when its job is computed)
     ranges = [_ran(p) for p in refs]
-    for i, job in enumerate(jobs):
-        later = [r for r in ranges[i + 1 :] if r is not None]
-        for member in job.ranks.values():
-            for w in member.windows:
-                span = w.last - w.first + 1
-                w.wasted_fraction = _redone(later, w.first, w.last) / span if later and span > 0 else 0.0
+    later_of = [[r for r in ranges[i + 1 :] if r is not None] for i in range(len(refs))]
+    ref_windows = [p.windows(later) for p, later in zip(refs, later_of, strict=True)]
     totals_ns: dict[str, int] = {}
     seconds: dict[str, float] = dict.fromkeys(BADPUT_CATEGORIES, 0.0)
     productive = 0.0
@@ -698,19 +850,22 @@ def _session(
                     key = "infrastructure_recovery"
                     totals_ns[key] = totals_ns.get(key, 0) + gap[1] - gap[0]
         job_end = max(job_end, process.start_ns)
-        job_productive, prorated = _job_timeline(process, process.start_ns, job_end, a, b, totals_ns)
+        job_productive, prorated = _job_timeline(
+            process, ref_windows[i], process.start_ns, job_end, a, b, totals_ns
+        )
         productive += job_productive
         for category, value in prorated.items():
             seconds[category] += value
-        job_results.append(_job_result(job, process, refs[i + 1].start_ns if i + 1 < len(refs) else None))
+        limit = refs[i + 1].start_ns if i + 1 < len(refs) else None
+        job_results.append(_job_result(job, process, ref_windows[i], later_of[i], limit))
     for category, value in totals_ns.items():
         seconds[category] += value / 1e9
     total_s = (b - a) / 1e9
     named = sum(v for k, v in seconds.items() if k != "other")
     seconds["other"] = total_s - productive - named  # the residual, so the shares sum to 1
     # Step-time and model statistics come from window records; inferred iterations count above.
-    windows = sorted((w for p in refs for w in p.windows if not w.inferred), key=lambda w: w.end_ns)
-    last_iteration = max((w.last for p in refs for w in p.windows), default=None)
+    windows = sorted((w for ws in ref_windows for w in ws if not w.inferred), key=lambda w: w.end_ns)
+    last_iteration = max((w.last for ws in ref_windows for w in ws), default=None)
     result = SessionGoodput(
         session=session,
         perf_tags=sorted({j.perf_tag for j in jobs if j.perf_tag}),
@@ -728,9 +883,16 @@ def _session(
     return result
 
 
-def _job_result(job: Job, process: _Process, limit: int | None) -> JobGoodput:
+def _job_result(
+    job: Job,
+    process: _Process,
+    windows: list[_Window],
+    later: list[tuple[int, int]],
+    limit: int | None,
+) -> JobGoodput:
     """A job on its own, over its own time (ending where the next job starts, if it overlaps
-    it): the reference rank's breakdown and each rank's goodput."""
+    it): the reference rank's breakdown (``windows``: its windows) and each rank's goodput
+    (``later``: the ranges of the later jobs, which decide its wasted progress)."""
     by_rank: dict[int, float] = {}
     productive, badput = 0.0, {}
     job_end = process.start_ns
@@ -738,7 +900,10 @@ def _job_result(job: Job, process: _Process, limit: int | None) -> JobGoodput:
         end = member.stop_ns if limit is None else min(member.stop_ns, limit)
         end = max(end, member.start_ns)
         counted: dict[str, int] = {}
-        kept, prorated = _job_timeline(member, member.start_ns, end, member.start_ns, end, counted)
+        member_windows = windows if member is process else member.windows(later)
+        kept, prorated = _job_timeline(
+            member, member_windows, member.start_ns, end, member.start_ns, end, counted
+        )
         total = (end - member.start_ns) / 1e9
         by_rank[number] = kept / total if total > 0 else 0.0
         if member is process:
@@ -799,10 +964,13 @@ def _step_time(
         }
         for w in windows[-recent:]
     ]
-    exported: dict[int, tuple[str, str]] = {}
-    for process in refs:
-        exported.update(process.exported)
     worst = heapq.nlargest(5, (w for w in windows if w.slowest is not None), key=lambda w: w.max_s)
+    wanted = {w.slowest for w in worst}
+    exported: dict[int, tuple[str, str]] = {}  # exported twice: the later one, as read in order
+    for process in refs:
+        for number, _start, _end, high, low, span_id in process.iterations:
+            if number in wanted:
+                exported[number] = (_trace_hex(high, low), _span_hex(span_id))
     for w in worst:
         entry: dict[str, Any] = {
             "iteration": w.slowest,

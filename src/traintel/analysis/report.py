@@ -10,6 +10,7 @@ always agree.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable
@@ -18,19 +19,26 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from traintel import semconv
-from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
-from traintel.analysis.ranks import CrossRankTable
-from traintel.analysis.summary import RunSummary, phase_rows, run_key, self_telemetry_points
+from traintel.analysis.goodput import GoodputReader, SessionGoodput, compute_goodput
+from traintel.analysis.parallel import map_files
+from traintel.analysis.ranks import MAX_WINDOWS, CrossRankTable
+from traintel.analysis.summary import (
+    RunSummary,
+    phase_rows,
+    run_key,
+    self_telemetry_of,
+    self_telemetry_points,
+)
+from traintel.exporters.json_records import MetricsRecord
 from traintel.exporters.reader import (
     EventRecord,
     ReadStats,
     SpanRecord,
     expand_paths,
-    read_requests,
-    spans_in,
+    gc_paused,
+    iter_records,
 )
 from traintel.semconv import Phase
 
@@ -296,6 +304,26 @@ class Series(Generic[_P]):
     def all(self) -> list[_P]:
         return self.points + ([self._pending] if self._pending is not None else [])
 
+    def merge(self, later: Series[_P]) -> None:
+        """Append ``later``'s points (a later file's of the same process). Where both have
+        points, adjacent ones merge pairwise until the budget holds, as :meth:`add` does, so the
+        points are those of the same windows, grouped by file first."""
+        if not later.points and later._pending is None:
+            return
+        if not self.points and self._pending is None:
+            self.points, self.stride = list(later.points), later.stride
+            self._pending, self._pending_count = later._pending, later._pending_count
+            return
+        points = self.all() + later.all()
+        stride = max(self.stride, later.stride)
+        while len(points) >= self.capacity:
+            pairs = [points[i].merged(points[i + 1]) for i in range(0, len(points) - 1, 2)]
+            if len(points) % 2:
+                pairs.append(points[-1])
+            points = pairs
+            stride *= 2
+        self.points, self.stride, self._pending, self._pending_count = points, stride, None, 0
+
 
 @dataclass
 class Process:
@@ -319,6 +347,22 @@ class Process:
         return self.windows.all() or self.series.all()
 
     last_ns: int = 0
+
+    def merge(self, later: Process) -> None:
+        """The same process as read from a later file."""
+        self.series.merge(later.series)
+        self.windows.merge(later.windows)
+        for name, series in later.metrics.items():
+            if name in self.metrics:
+                self.metrics[name].merge(series)
+            elif len(self.metrics) >= MODEL_METRICS:
+                self.metrics_dropped.add(name)
+            else:
+                self.metrics[name] = series
+        self.metrics_dropped |= later.metrics_dropped - set(self.metrics)
+        if later.first_ns:
+            self.first_ns = min(self.first_ns or later.first_ns, later.first_ns)
+        self.last_ns = max(self.last_ns, later.last_ns)
 
 
 @dataclass(frozen=True)
@@ -360,22 +404,34 @@ class Report:
     #: The one run reported (a ``run_key``) when the files hold several; None: all of them.
     run: str | None = None
     _latest: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
+    #: Events the cross-rank table took per window (what it counts as dropped if a merge
+    #: finds no room for the window).
+    _rank_events: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+    _resource: dict[str, Any] | None = field(default=None, repr=False)  # the last one seen
+    _process: Process | None = field(default=None, repr=False)  # and its process
 
     @property
     def stats(self) -> ReadStats:
         return self.summary.stats
 
     def process_of(self, resource: dict[str, Any]) -> Process:
+        if resource is self._resource and self._process is not None:
+            return self._process  # the spans of one request share their resource's dict
         key, rank, label = process_identity(resource)
         process = self.processes.get(key)
         if process is None:
             process = self.processes[key] = Process(key, label, rank)
+        self._resource, self._process = resource, process
         return process
 
     def _add_event(self, process: Process, event: EventRecord) -> None:
         """A span event: the rank tables see them all; window metrics join the process's
         series; warnings are counted, the first ones kept with their details."""
-        self.ranks.add_event(process.key.rsplit("/", 1)[0], process.rank, event.name, event.attributes)
+        job = process.key.rsplit("/", 1)[0]
+        dropped = self.ranks.dropped
+        self.ranks.add_event(job, process.rank, event.name, event.attributes)
+        if self.ranks.dropped == dropped:
+            self._count_rank_event(job, event)
         if event.name == semconv.Event.TRAINING_METRICS_UPDATE.value:
             point = window_point(event.time_ns, event.attributes)
             if point is not None:
@@ -445,6 +501,88 @@ class Report:
         for resource, name, value in self_telemetry_points(request):
             if self.run is None or run_key(resource) == self.run:
                 self._latest[(self.process_of(resource).key, name)] = value
+
+    def add_metrics_record(self, record: MetricsRecord) -> None:
+        """:meth:`add_metrics` for one resource's flat metrics record."""
+        if self.run is not None and run_key(record.resource) != self.run:
+            return
+        for name, value in self_telemetry_of(record):
+            self._latest[(self.process_of(record.resource).key, name)] = value
+
+    def _count_rank_event(self, job: str, event: EventRecord) -> None:
+        """Count an event the cross-rank table took into one of its windows (one that would
+        have counted as dropped where the table had no room)."""
+        a = event.attributes
+        if event.name == semconv.Event.TRAINING_METRICS_UPDATE.value:
+            index = a.get(_W + "index")
+            if not isinstance(a.get(_W + "iteration_time.mean"), int | float):
+                return
+        elif event.name == semconv.Event.RANKS_METRICS_UPDATE.value:
+            index = a.get(semconv.RANKS_PREFIX + "window.index")
+        else:
+            return
+        key = (job, index)
+        if isinstance(index, int) and key in self.ranks.windows:
+            self._rank_events[key] = self._rank_events.get(key, 0) + 1
+
+    def merge(self, later: Report) -> None:
+        """Add what ``later`` read from the files after this one's, as if read after it.
+
+        Exact but for the cross-rank table when files disagree on which windows come first:
+        each file's table keeps its first :data:`~traintel.analysis.ranks.MAX_WINDOWS` windows,
+        and a window an earlier file holds but this one had no room for misses this file's
+        ranks (in the collector's and the embedded default's layouts every file sees the
+        windows in the same order). Each process's series merge as :meth:`Series.merge` says.
+        """
+        self.summary.merge(later.summary)
+        for key, process in later.processes.items():
+            if key in self.processes:
+                self.processes[key].merge(process)
+            else:
+                self.processes[key] = process
+        self.perf_tags |= later.perf_tags
+        room = TIMELINE_INTERVALS - len(self.timeline)
+        self.timeline.extend(later.timeline[:room])
+        self.timeline_dropped += later.timeline_dropped + max(0, len(later.timeline) - room)
+        self.saves.extend(later.saves[: max(0, CHECKPOINT_RECORDS - len(self.saves))])
+        for stage, seconds in later.stage_s.items():
+            self.stage_s[stage] = self.stage_s.get(stage, 0.0) + seconds
+        for name, count in later.warnings.items():
+            self.warnings[name] = self.warnings.get(name, 0) + count
+        self.warning_details.extend(
+            later.warning_details[: max(0, WARNING_DETAILS - len(self.warning_details))]
+        )
+        self._latest.update(later._latest)
+        self._merge_ranks(later)
+        self._resource = self._process = None
+
+    def _merge_ranks(self, later: Report) -> None:
+        table, theirs = self.ranks, later.ranks
+        for key, window in theirs.windows.items():
+            count = later._rank_events.get(key, 0)
+            mine = table.windows.get(key)
+            if mine is None:
+                if len(table.windows) >= MAX_WINDOWS:
+                    table.dropped += count
+                    continue
+                table.windows[key] = window
+                self._rank_events[key] = count
+                continue
+            mine.iteration_s.update(window.iteration_s)
+            if mine.first_iteration < 0 and window.first_iteration >= 0:
+                mine.first_iteration, mine.last_iteration = window.first_iteration, window.last_iteration
+            if mine.live is None:
+                mine.live = window.live
+            self._rank_events[key] = self._rank_events.get(key, 0) + count
+        table.dropped += theirs.dropped
+        for key, attributes in theirs.stragglers.items():
+            if len(table.stragglers) < MAX_WINDOWS:
+                table.stragglers.setdefault(key, attributes)
+
+    def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
+        state = dict(self.__dict__)
+        state["_resource"] = state["_process"] = None
+        return state
 
     def finish(self) -> None:
         totals: dict[str, float] = {}
@@ -561,22 +699,46 @@ def build_report(
     progress: Callable[[int], None] | None = None,
     with_goodput: bool = True,
     run: str | None = None,
+    workers: int = 1,
 ) -> Report:
-    """Read the files once (plus once for goodput) and gather the report: of the one run
-    ``run`` (a :func:`~traintel.analysis.summary.run_key`) when given, else of everything."""
+    """Read the files once and gather the report, goodput included: of the one run ``run``
+    (a :func:`~traintel.analysis.summary.run_key`) when given, else of everything.
+
+    Each file is read on its own into a partial report and goodput state, merged in file order
+    (:meth:`Report.merge`, :meth:`~traintel.analysis.goodput.GoodputReader.merge`): with
+    ``workers`` > 1 the files are read in that many processes, with the same result.
+    """
     files = [p for p in expand_paths(paths) if p.is_file()]
     report = Report(files=[str(f) for f in files], run=run)
-    for request in read_requests(files, report.stats, progress):
-        if isinstance(request, ExportTraceServiceRequest):
-            for span in spans_in(request):
-                report.add_span(span)
-        elif isinstance(request, ExportMetricsServiceRequest):
-            report.add_metrics(request)
+    goodput = GoodputReader()
+    task = functools.partial(report_file, run, with_goodput)
+    for part, part_goodput in map_files(task, report.files, workers, progress):
+        report.merge(part)
+        if part_goodput is not None:
+            goodput.merge(part_goodput)
     report.finish()
     if with_goodput and files:
-        jobs = [job for job in load_jobs(files, ReadStats()) if run is None or job.session == run]
+        jobs = [job for job in goodput.jobs() if run is None or job.session == run]
         report.goodput = compute_goodput(jobs)
     return report
+
+
+def report_file(
+    run: str | None, with_goodput: bool, path: str, progress: Callable[[int], None] | None = None
+) -> tuple[Report, GoodputReader | None]:
+    """One file's partial report and goodput state, from one pass (a part of :func:`build_report`;
+    goodput reads every run's records, the report only ``run``'s)."""
+    report = Report(run=run)
+    goodput = GoodputReader() if with_goodput else None
+    with gc_paused():
+        for record in iter_records([path], report.stats, progress):
+            if goodput is not None:
+                goodput.add(record)
+            if isinstance(record, SpanRecord):
+                report.add_span(record)
+            else:
+                report.add_metrics_record(record)
+    return report, goodput
 
 
 def total_bytes(paths: Iterable[str | os.PathLike[str]]) -> int:

@@ -6,10 +6,10 @@ lines of one of them). A run is what :func:`~traintel.analysis.summary.run_key` 
 of a job share a run id and the jobs of a restarted session share a session tag, so neither is
 split apart.
 
-Why a scan of its own, on plain JSON: finding the runs means reading every file before the
-chosen run is read in full, and decoding the lines into protobuf messages costs about ten times
-more than the JSON parse that finds a run's identity, times, iterations and files. Lines the scan
-cannot read are left to the full read, which counts and names them.
+Why a scan of its own, on plain JSON (orjson, the standard parser for what orjson refuses):
+finding the runs means reading every file before the chosen run is read in full, and the scan
+reads only a run's identity, times, iterations and files. Lines the scan cannot read are left to
+the full read, which counts and names them.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from traintel import semconv
 from traintel.analysis.summary import fmt_seconds, plain_number, run_key
-from traintel.exporters.reader import MAX_LINE_BYTES, expand_paths
+from traintel.exporters.reader import MAX_LINE_BYTES, expand_paths, gc_paused
 
 __all__ = [
     "RunInfo",
@@ -162,9 +164,10 @@ def scan_runs(
 ) -> list[RunInfo]:
     """The runs with spans in the files or directories, newest (latest start) first."""
     runs: dict[str, RunInfo] = {}
-    for path in expand_paths(paths):
-        for request in _json_lines(path, progress):
-            _scan_request(request, str(path), runs)
+    with gc_paused():  # no cycles among parsed lines: see gc_paused
+        for path in expand_paths(paths):
+            for request in _json_lines(path, progress):
+                _scan_request(request, str(path), runs)
     found = [run for run in runs.values() if run.spans]
     return sorted(found, key=lambda run: (run.start_ns, run.id), reverse=True)
 
@@ -183,9 +186,12 @@ def _json_lines(path: Path, progress: Callable[[int], None] | None) -> Iterator[
                     raw = fh.readline(MAX_LINE_BYTES + 1)
                 continue
             try:
-                tree = json.loads(raw)
-            except (ValueError, RecursionError):
-                continue
+                tree = orjson.loads(raw)
+            except orjson.JSONDecodeError:  # what orjson refuses, the standard parser may take
+                try:
+                    tree = json.loads(raw)
+                except (ValueError, RecursionError):
+                    continue
             if isinstance(tree, dict):
                 yield tree
 

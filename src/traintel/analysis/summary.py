@@ -13,19 +13,28 @@ sampled ones (first, every M-th, slow, failed), with their trace and span ids.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from traintel import semconv
 from traintel._aggregation.stats import percentile
-from traintel.exporters.reader import ReadStats, SpanRecord, attributes_dict, read_requests, spans_in
+from traintel.analysis.parallel import map_files
+from traintel.exporters.json_records import MetricsRecord
+from traintel.exporters.reader import (
+    ReadStats,
+    SpanRecord,
+    attributes_dict,
+    expand_paths,
+    gc_paused,
+    iter_records,
+)
 from traintel.semconv import Phase
 
 _PHASE_ORDER = {phase.value: i for i, phase in enumerate(Phase)}
@@ -83,6 +92,14 @@ def self_telemetry_points(
                 for point in getattr(metric, kind).data_points:
                     total += point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
                 yield resource, metric.name, total
+
+
+def self_telemetry_of(record: MetricsRecord) -> Iterator[tuple[str, float]]:
+    """``(name, value)`` of every ``traintel.*`` sum or gauge of a resource's metrics, summed
+    over its points: :func:`self_telemetry_points` for the flat records."""
+    for series in record.metrics:
+        if series.kind in ("sum", "gauge") and series.name.startswith("traintel."):
+            yield series.name, series.total
 
 
 def is_loss(name: str) -> bool:
@@ -181,6 +198,12 @@ class PhaseStats:
     def mean_s(self) -> float:
         return self.total_s / self.count if self.count else 0.0
 
+    def merge(self, later: PhaseStats) -> None:
+        self.count += later.count
+        self.total_s += later.total_s
+        self.max_s = max(self.max_s, later.max_s)
+        self.errors += later.errors
+
 
 @dataclass
 class RunSummary:
@@ -215,6 +238,12 @@ class RunSummary:
     self_telemetry_latest: dict[tuple[str, str], float] = field(default_factory=dict)
     #: How many of the slowest exported iterations are kept (a bounded heap).
     keep_slowest: int = 5
+    _last_resource: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
+        state = dict(self.__dict__)
+        state["_last_resource"] = None
+        return state
 
     def _identity(self, resource: dict[str, Any]) -> None:
         for key, target in (
@@ -231,7 +260,9 @@ class RunSummary:
     def add(self, span: SpanRecord) -> None:
         self.spans += 1
         resource = span.resource
-        self._identity(resource)
+        if resource is not self._last_resource:  # the spans of a request share their resource
+            self._identity(resource)
+            self._last_resource = resource
         for event in span.events:
             self.events[event.name] = self.events.get(event.name, 0) + 1
             if event.name == semconv.Event.TRAINING_METRICS_UPDATE:
@@ -294,6 +325,62 @@ class RunSummary:
             process = str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
             self.self_telemetry_latest[(process, name)] = value
 
+    def add_metrics_record(self, record: MetricsRecord, run: str | None = None) -> None:
+        """:meth:`add_metrics` for one resource's flat metrics record."""
+        resource = record.resource
+        if run is not None and run_key(resource) != run:
+            return
+        process = str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
+        for name, value in self_telemetry_of(record):
+            self.self_telemetry_latest[(process, name)] = value
+
+    def merge(self, later: RunSummary) -> None:
+        """Add what ``later`` read from the files after this one's, as if read after it: counts
+        and sets add up, the ordered and the "latest" choices follow the same rules as
+        :meth:`add` (sums of seconds are added per file, then across files)."""
+        self.services |= later.services
+        self.run_ids |= later.run_ids
+        self.session_tags |= later.session_tags
+        self.hosts |= later.hosts
+        self.ranks |= later.ranks
+        self._merge_choices(later)
+        for phase, stats in later.phases.items():
+            if phase in self.phases:
+                self.phases[phase].merge(stats)
+            else:
+                self.phases[phase] = stats
+        self.application_s += later.application_s
+        self.spans += later.spans
+        self.windows += later.windows
+        self.window_iterations += later.window_iterations
+        self.window_iteration_s += later.window_iteration_s
+        self.window_iteration_max_s = max(self.window_iteration_max_s, later.window_iteration_max_s)
+        for short, seconds in later.step_phase_s.items():
+            self.step_phase_s[short] = self.step_phase_s.get(short, 0.0) + seconds
+        for reason, count in later.exported_iterations.items():
+            self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + count
+        for item in later.slowest:
+            if len(self.slowest) < self.keep_slowest:
+                heapq.heappush(self.slowest, item)
+            else:
+                heapq.heappushpop(self.slowest, item)
+        for name, count in later.events.items():
+            self.events[name] = self.events.get(name, 0) + count
+        self.stats.merge(later.stats)
+        self.self_telemetry_latest.update(later.self_telemetry_latest)
+
+    def _merge_choices(self, later: RunSummary) -> None:
+        """The ordered loop summaries and the "latest record speaks" choices of a merge."""
+        for item in later.loop_summaries:  # stable: equal precedence keeps file order
+            bisect.insort(self.loop_summaries, item, key=lambda entry: entry[0])
+        if later.last_window_at is not None and (
+            self.last_window_at is None or self.last_window_at <= later.last_window_at
+        ):
+            self.last_window, self.last_window_at = later.last_window, later.last_window_at
+        for phase, (at, metrics) in later.last_evaluation.items():
+            if phase not in self.last_evaluation or self.last_evaluation[phase][0] <= at:
+                self.last_evaluation[phase] = (at, metrics)
+
     @property
     def self_telemetry(self) -> dict[str, float]:
         """Each ``traintel.*`` series' last value, summed over processes."""
@@ -326,21 +413,44 @@ class RunSummary:
         }
 
 
-def summarize(paths: Iterable[str | os.PathLike[str]], run: str | None = None) -> RunSummary:
+def summarize(
+    paths: Iterable[str | os.PathLike[str]],
+    run: str | None = None,
+    workers: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> RunSummary:
     """The run's numbers from exported OTLP/JSON-lines files or folders of them: phases,
     iterations, throughput, MFU, checkpoints, self-telemetry (what ``traintel summary`` prints).
 
     ``run`` (a :func:`run_key`) keeps one run of files that hold several: added together, two
     runs' phase times would sum while their iteration lines showed one of them.
+
+    Each file is summarised on its own, then the summaries are merged in file order
+    (:meth:`RunSummary.merge`): with ``workers`` > 1 the files are read in that many processes,
+    with the same result. ``progress`` is told the bytes read.
     """
+    files = [str(path) for path in expand_paths(paths)]
     summary = RunSummary()
-    for request in read_requests(paths, summary.stats):
-        if isinstance(request, ExportTraceServiceRequest):
-            for span in spans_in(request):
-                if run is None or run_key(span.resource) == run:
-                    summary.add(span)
-        else:
-            summary.add_metrics(request, run)
+    for part in map_files(functools.partial(summarize_file, run), files, workers, progress):
+        summary.merge(part)
+    return summary
+
+
+def summarize_file(run: str | None, path: str, progress: Callable[[int], None] | None = None) -> RunSummary:
+    """One file's :class:`RunSummary` (a part of :func:`summarize`)."""
+    summary = RunSummary()
+    resource: dict[str, Any] | None = None
+    kept = True
+    with gc_paused():
+        for record in iter_records([path], summary.stats, progress):
+            if isinstance(record, SpanRecord):
+                if record.resource is not resource:  # the spans of a request share their resource
+                    resource = record.resource
+                    kept = run is None or run_key(resource) == run
+                if kept:
+                    summary.add(record)
+            else:
+                summary.add_metrics_record(record, run)
     return summary
 
 

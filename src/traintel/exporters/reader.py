@@ -1,8 +1,10 @@
 """Read OTLP/JSON-lines files back, streaming, with bad lines counted instead of fatal.
 
-Why proto classes and not a hand parser: the lines are standard OTLP requests, so the same
-``opentelemetry-proto`` messages the collector uses decode them; :class:`SpanRecord` is only a
-flat, typed view for analysis code that should not care about the OTLP nesting.
+Two ways in. :func:`read_requests` gives the ``opentelemetry-proto`` messages the collector uses
+(what ``traintel replay`` sends on). :func:`iter_records` gives the flat records the analysis
+reads (:class:`SpanRecord`, :class:`~traintel.exporters.json_records.MetricsRecord`), decoded
+with orjson straight from the canonical OTLP/JSON spelling and through the proto messages for
+any other (:func:`decode_line`): the same records either way, about ten times faster.
 
 A file written by a job that crashed may end in a truncated line, and a file may have been
 edited or corrupted: such lines are skipped and counted in :class:`ReadStats`, never raised.
@@ -10,6 +12,8 @@ edited or corrupted: such lines are skipped and counted in :class:`ReadStats`, n
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +26,15 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
 from traintel.exporters.file import FILE_SUFFIX
+from traintel.exporters.json_records import (
+    MetricSeries,
+    MetricsRecord,
+    NotCanonical,
+    decode_metrics,
+    decode_spans,
+    decode_tree,
+    loads,
+)
 from traintel.exporters.otlp_json import DecodeError, ExportRequest, json_line_to_request
 
 _STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
@@ -44,6 +57,13 @@ class ReadStats:
         if len(self.reasons) < 20:
             self.reasons.append(f"{where}: {reason}")
 
+    def merge(self, later: ReadStats) -> None:
+        """Add a later read's counts (another file's): its reasons after these, up to 20."""
+        self.files += later.files
+        self.lines += later.lines
+        self.skipped += later.skipped
+        self.reasons.extend(later.reasons[: max(0, 20 - len(self.reasons))])
+
 
 def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """Files as given, directories expanded to their ``*.otlp.jsonl`` files (recursively)."""
@@ -57,16 +77,13 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return found
 
 
-def read_requests(
+def _lines(
     paths: Iterable[str | os.PathLike[str]],
-    stats: ReadStats | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> Iterator[ExportRequest]:
-    """Every export request in the files, in file order, one line at a time.
-
-    ``progress`` is told the byte count of every line read (a progress bar for large inputs).
-    """
-    stats = stats if stats is not None else ReadStats()
+    stats: ReadStats,
+    progress: Callable[[int], None] | None,
+) -> Iterator[tuple[str, bytes, bool]]:
+    """``(where, line, ended)`` for every non-blank line of the files, in file order; lines
+    that cannot be read at all (a file that does not open, an over-long line) are counted."""
     for path in expand_paths(paths):
         try:
             fh = open(path, "rb")  # noqa: SIM115 - closed below, generator-friendly
@@ -83,26 +100,41 @@ def read_requests(
                 lineno += 1
                 if progress is not None:
                     progress(len(raw))
-                where = f"{path}:{lineno}"
                 if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                    stats.skip(where, f"line longer than {MAX_LINE_BYTES} bytes")
+                    stats.skip(f"{path}:{lineno}", f"line longer than {MAX_LINE_BYTES} bytes")
                     while raw and not raw.endswith(b"\n"):  # discard the rest of the line
                         raw = fh.readline(MAX_LINE_BYTES + 1)
                     continue
                 text = raw.strip()
-                if not text:
-                    continue
-                try:
-                    request = json_line_to_request(text.decode("utf-8"))
-                except UnicodeDecodeError:
-                    stats.skip(where, "not UTF-8")
-                    continue
-                except DecodeError as exc:
-                    truncated = not raw.endswith(b"\n")
-                    stats.skip(where, "truncated last line" if truncated else str(exc))
-                    continue
-                stats.lines += 1
-                yield request
+                if text:
+                    yield f"{path}:{lineno}", text, raw.endswith(b"\n")
+
+
+def _skip_reason(exc: Exception, ended: bool) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8"
+    return str(exc) if ended else "truncated last line"
+
+
+def read_requests(
+    paths: Iterable[str | os.PathLike[str]],
+    stats: ReadStats | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[ExportRequest]:
+    """Every export request in the files, in file order, one line at a time, as protobuf
+    messages (what ``traintel replay`` sends on). The analysis reads :func:`iter_records`.
+
+    ``progress`` is told the byte count of every line read (a progress bar for large inputs).
+    """
+    stats = stats if stats is not None else ReadStats()
+    for where, text, ended in _lines(paths, stats, progress):
+        try:
+            request = json_line_to_request(text.decode("utf-8"))
+        except (UnicodeDecodeError, DecodeError) as exc:
+            stats.skip(where, _skip_reason(exc, ended))
+            continue
+        stats.lines += 1
+        yield request
 
 
 def any_value(value: AnyValue) -> Any:
@@ -121,14 +153,14 @@ def attributes_dict(attributes: Iterable[KeyValue]) -> dict[str, Any]:
     return {kv.key: any_value(kv.value) for kv in attributes}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EventRecord:
     name: str
     time_ns: int
     attributes: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SpanRecord:
     """A flat view of one exported span with its resource, for analysis code."""
 
@@ -184,13 +216,91 @@ def spans_in(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
                 yield _span_record(span, resource, scope_spans.scope.name)
 
 
+def metrics_records(request: ExportMetricsServiceRequest) -> list[MetricsRecord]:
+    """The flat records of a metrics request decoded the proto way (what
+    :func:`~traintel.exporters.json_records.decode_metrics` gives for a canonical line)."""
+    out = []
+    for resource_metrics in request.resource_metrics:
+        series = []
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                kind = metric.WhichOneof("data")
+                total = 0.0
+                last = 0
+                if kind is not None:
+                    for point in getattr(metric, kind).data_points:
+                        last = max(last, point.time_unix_nano)
+                        if kind in ("gauge", "sum"):
+                            is_double = point.WhichOneof("value") == "as_double"
+                            total += point.as_double if is_double else point.as_int
+                series.append(MetricSeries(metric.name, kind, total, last))
+        out.append(MetricsRecord(attributes_dict(resource_metrics.resource.attributes), tuple(series)))
+    return out
+
+
+Record = SpanRecord | MetricsRecord
+
+
+def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord]:
+    """The records of one line: orjson and plain dicts for the canonical spelling
+    (:mod:`traintel.exporters.json_records`), else the proto path, which decides. Raises
+    :class:`DecodeError` or :class:`UnicodeDecodeError` for a line that is not a request."""
+    try:
+        kind, tree = decode_tree(loads(text))
+        if kind == "spans":
+            return decode_spans(tree, SpanRecord, EventRecord)  # type: ignore[no-any-return]
+        return decode_metrics(tree)
+    except (NotCanonical, RecursionError):
+        pass
+    request = json_line_to_request(text.decode("utf-8"))
+    if isinstance(request, ExportTraceServiceRequest):
+        return list(spans_in(request))
+    return metrics_records(request)
+
+
+def iter_records(
+    paths: Iterable[str | os.PathLike[str]],
+    stats: ReadStats | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[Record]:
+    """Every span (:class:`SpanRecord`) and every resource's metrics (:class:`MetricsRecord`)
+    in the files, in file order, streaming; unreadable lines are counted in ``stats``."""
+    stats = stats if stats is not None else ReadStats()
+    for where, text, ended in _lines(paths, stats, progress):
+        try:
+            records = decode_line(text)
+        except (UnicodeDecodeError, DecodeError) as exc:
+            stats.skip(where, _skip_reason(exc, ended))
+            continue
+        stats.lines += 1
+        yield from records
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a file's records are read and reduced.
+
+    Why: decoding allocates millions of dicts and lists, and every few hundred allocations the
+    collector walks the young ones, about a third of the read time (a 13 MB file summarised in
+    0.18 s with it, 0.13 s without). Records hold no reference cycles, so nothing is left for it;
+    reference counting still frees everything, and the collector resumes afterwards.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def iter_spans(
     paths: Iterable[str | os.PathLike[str]], stats: ReadStats | None = None
 ) -> Iterator[SpanRecord]:
     """Every span in the files, flattened, streaming."""
-    for request in read_requests(paths, stats):
-        if isinstance(request, ExportTraceServiceRequest):
-            yield from spans_in(request)
+    for record in iter_records(paths, stats):
+        if isinstance(record, SpanRecord):
+            yield record
 
 
 def iter_metric_requests(

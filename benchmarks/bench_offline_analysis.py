@@ -1,0 +1,205 @@
+"""``traintel summary``, ``goodput`` and ``report`` over a many-rank job in the collector's layout.
+
+The job: real fake-clock training jobs (traintel's API and embedded file exporter, 0.1 s
+iterations with four step phases, a loss, 16 samples each, a checkpoint every 10,000
+iterations, windows of 100 iterations), one process for rank 0 and seven more for the other
+ranks (in a job this large only rank 0 exports per-window events and sampled iterations, the
+others their window records and phases). Each real job's lines are copied to its ranks with the
+resource's rank, instance id and host rewritten, and the ranks' lines are interleaved into one
+file per node, as a collector's file exporter gathering every node writes them.
+
+Each command runs in a fresh process (``python -m traintel.cli``), as a user runs it, with the
+default worker count (one process per CPU up to one per file); the numbers are its input
+bytes over its CPU seconds (user + system, workers included: MB/s per core), over its wall
+time, and the peak RSS of the largest process (``getrusage(RUSAGE_CHILDREN)``). ``--old``
+also runs the committed version (``git archive HEAD``, read-only) on the smallest size.
+
+Run: ``python benchmarks/bench_offline_analysis.py [--ranks 64] [--iterations 1000000 ...]
+[--nodes 8] [--dir DIR] [--old]`` (several ``--iterations`` show how the figures scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+REAL_JOBS = 8
+JOB = """
+import sys, time
+S = 10**9
+NOW = [1_700_000_000 * S]
+time.time_ns = lambda: NOW[0]
+def tick(seconds):
+    NOW[0] += round(seconds * S)
+import traintel
+traintel.configure(warmup_iterations=0)
+with traintel.application():
+    with traintel.model_init():
+        tick(5)
+    with traintel.training_loop(train_iterations_start=0):
+        for i in range(int(sys.argv[1])):
+            with traintel.training_iteration(samples=16):
+                with traintel.data_loading():
+                    tick(0.001)
+                with traintel.model_forward():
+                    tick(0.04)
+                with traintel.model_backward():
+                    tick(0.05)
+                with traintel.optimizer_update():
+                    tick(0.009)
+                traintel.record_metrics(loss=1.0 / (i + 1))
+            if (i + 1) % 10000 == 0:
+                with traintel.checkpoint_save(iteration=i + 1):
+                    tick(3)
+traintel.shutdown()
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRAINTEL_"))}
+    env["PYTHONPATH"] = str(REPO / "src")
+    env.update(extra)
+    return env
+
+
+def real_job(work: Path, rank: int, ranks: int, iterations: int) -> Path:
+    out = work / f"real-{rank}"
+    env = _env(
+        TRAINTEL_OUTPUT_DIR=str(out), TRAINTEL_RUN_ID="bench-job", TRAINTEL_WINDOW_MIN_SECONDS="10",
+        TRAINTEL_CROSS_RANK="off", RANK=str(rank), LOCAL_RANK=str(rank % 8), WORLD_SIZE=str(ranks),
+    )  # fmt: skip
+    subprocess.run([sys.executable, "-c", JOB, str(iterations)], env=env, check=True)
+    (path,) = out.iterdir()
+    return path
+
+
+def _resource_swaps(lines: list[bytes], rank: int, nodes: int, ranks: int) -> dict[bytes, bytes]:
+    """Each resource's JSON as written, and the same resource as ``rank``'s."""
+    swaps: dict[bytes, bytes] = {}
+    for line in lines[:4]:
+        tree = orjson.loads(line)
+        for group in tree.get("resourceSpans", []) + tree.get("resourceMetrics", []):
+            attributes = group["resource"]["attributes"]
+            old = orjson.dumps(attributes)
+            for kv in attributes:
+                key, value = kv["key"], kv["value"]
+                if key == "ml.training.rank":
+                    value["intValue"] = str(rank)
+                elif key == "service.instance.id":
+                    value["stringValue"] = f"instance-{rank:03d}"
+                elif key == "host.name":
+                    value["stringValue"] = f"node-{rank * nodes // ranks}"
+            swaps[old] = orjson.dumps(attributes)
+    return swaps
+
+
+def as_rank(lines: list[bytes], rank: int, nodes: int, ranks: int) -> list[bytes]:
+    swaps = _resource_swaps(lines, rank, nodes, ranks)
+    out = []
+    for line in lines:
+        swapped = line
+        for old, new in swaps.items():
+            swapped = swapped.replace(old, new)
+        out.append(swapped)
+    return out
+
+
+def generate(directory: Path, ranks: int, nodes: int, iterations: int) -> list[Path]:
+    """The job's node files under ``directory`` (reused when there)."""
+    layout = directory / f"r{ranks}-n{nodes}-i{iterations}"
+    done = layout / "DONE"
+    if done.exists():
+        return sorted(layout.glob("*.otlp.jsonl"))
+    layout.mkdir(parents=True, exist_ok=True)
+    with (
+        tempfile.TemporaryDirectory(dir=directory) as scratch,
+        ThreadPoolExecutor(os.cpu_count() or 2) as pool,
+    ):
+        real = list(pool.map(lambda r: real_job(Path(scratch), r, ranks, iterations), range(REAL_JOBS)))
+        lines = [[line for line in path.read_bytes().splitlines() if line.strip()] for path in real]
+        per_node = ranks // nodes
+        files = []
+        for node in range(nodes):
+            members = range(node * per_node, (node + 1) * per_node)
+            copies = [
+                as_rank(lines[0 if r == 0 else 1 + (r - 1) % (REAL_JOBS - 1)], r, nodes, ranks)
+                for r in members
+            ]
+            path = layout / f"node-{node}.otlp.jsonl"
+            with open(path, "wb") as out:
+                for group in itertools.zip_longest(*copies):
+                    out.writelines(line + b"\n" for line in group if line is not None)
+            files.append(path)
+    done.touch()
+    return files
+
+
+#: Runs one command and prints its CPU seconds and peak RSS: RUSAGE_CHILDREN of a fresh parent
+#: covers the command and its workers, and its maxrss is the largest of them.
+WRAPPER = """
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True)
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(r.ru_utime + r.ru_stime, r.ru_maxrss * 1024)
+"""
+
+
+def measure(command: str, target: Path, src: Path) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, peak RSS bytes) of one command in a fresh process."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", WRAPPER, sys.executable, "-m", "traintel.cli", command, str(target)],
+        env=_env(PYTHONPATH=str(src)), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    cpu, rss = done.stdout.split()
+    return wall, float(cpu), int(rss)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--iterations", type=int, action="append", help="per rank (repeatable)")
+    parser.add_argument("--dir", type=Path, help="where the generated job is kept (reused)")
+    parser.add_argument("--old", action="store_true", help="also the committed version, smallest size")
+    args = parser.parse_args()
+    sizes = sorted(args.iterations or [1_000_000])
+    directory = args.dir or Path(tempfile.gettempdir()) / "traintel-bench-offline"
+    directory.mkdir(parents=True, exist_ok=True)
+    old_src = None
+    if args.old:
+        old_src = Path(tempfile.mkdtemp(dir=directory)) / "old"
+        old_src.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", "HEAD", "src"], check=True, capture_output=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(old_src)], input=archive.stdout, check=True)
+    print(f"{'ranks':>5} {'iters/rank':>11} {'MB':>8} {'command':<8} {'wall s':>8} {'MB/s':>7} "
+          f"{'MB/s/core':>9} {'peak RSS MB':>11}  version")  # fmt: skip
+    for n, iterations in enumerate(sizes):
+        files = generate(directory, args.ranks, args.nodes, iterations)
+        megabytes = sum(path.stat().st_size for path in files) / 1e6
+        versions = [("new", REPO / "src")] + ([("old", old_src / "src")] if old_src and n == 0 else [])
+        for command in ("summary", "goodput", "report"):
+            for version, src in versions:
+                wall, cpu, rss = measure(command, files[0].parent, src)
+                print(
+                    f"{args.ranks:>5} {iterations:>11,} {megabytes:>8,.0f} {command:<8} {wall:>8.1f} "
+                    f"{megabytes / wall:>7.1f} {megabytes / cpu:>9.1f} {rss / 1e6:>11.0f}  {version}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""One task per file, in worker processes, results in file order: the offline tools' parallelism.
+
+Why per file and merged: a multi-node job's telemetry is many files (one per rank from the
+embedded default, one per node from a collector's file exporter), and each command's state
+reduces a file to a small partial result (by process, window and rank, never a list of all
+iterations) that merges exactly with the next file's. So the files are read in parallel and the
+parent only merges; with one worker the very same partial results are computed in-process and
+merged the same way, so the answer does not depend on the number of workers.
+
+Why processes started with ``spawn``: decoding is CPU-bound Python (the GIL rules threads out),
+and a forked child of a parent with threads (the progress bar's) can inherit a held lock.
+Workers report bytes read through a queue, so a progress bar moves while big files are read.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import queue
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
+
+__all__ = ["PARALLEL_BYTES", "auto_workers", "map_files"]
+
+R = TypeVar("R")
+#: Below this much input one process reads it faster than workers can start (about 0.3 s each).
+PARALLEL_BYTES = 64 * 1024 * 1024
+#: Bytes a worker reads between two progress reports.
+_REPORT_BYTES = 4 * 1024 * 1024
+
+Progress = Callable[[int], None]
+
+
+class FileTask(Protocol[R]):  # type: ignore[misc]
+    def __call__(self, path: str, progress: Progress | None = None) -> R: ...
+
+
+def auto_workers(files: list[str]) -> int:
+    """Workers for the CLI: one per CPU up to one per file, when the input is large enough."""
+    try:
+        total = sum(os.path.getsize(path) for path in files)
+    except OSError:
+        return 1
+    if len(files) < 2 or total < PARALLEL_BYTES:
+        return 1
+    return max(1, min(len(files), os.cpu_count() or 1))
+
+
+_progress_queue: Any = None  # set in each worker by _init_worker
+
+
+def _init_worker(progress_queue: Any) -> None:
+    global _progress_queue
+    _progress_queue = progress_queue
+
+
+class _QueueProgress:
+    """A worker's progress callback: byte counts batched into few queue messages."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+
+    def __call__(self, count: int) -> None:
+        self.pending += count
+        if self.pending >= _REPORT_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending and _progress_queue is not None:
+            _progress_queue.put(self.pending)
+        self.pending = 0
+
+
+def _run(task: FileTask[R], path: str, with_progress: bool) -> R:
+    report = _QueueProgress() if with_progress else None
+    try:
+        return task(path, report)
+    finally:
+        if report is not None:
+            report.flush()
+
+
+def map_files(
+    task: FileTask[R], files: list[str], workers: int, progress: Progress | None = None
+) -> Iterator[R]:
+    """``task(path, progress)`` for every file, yielded in file order; in ``workers``
+    processes when more than one (``task`` must then be picklable: a module-level function,
+    or a :func:`functools.partial` of one)."""
+    workers = min(workers, len(files))
+    if workers <= 1:
+        for path in files:
+            yield task(path, progress)
+        return
+    context = multiprocessing.get_context("spawn")
+    progress_queue = context.Queue() if progress is not None else None
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(progress_queue,)
+    ) as pool:
+        futures = [pool.submit(_run, task, path, progress is not None) for path in files]
+        try:
+            for future in futures:
+                while True:
+                    try:
+                        result = future.result(timeout=0.1)
+                        break
+                    except concurrent.futures.TimeoutError:
+                        _drain(progress_queue, progress)
+                _drain(progress_queue, progress)
+                yield result
+        finally:
+            for future in futures:
+                future.cancel()
+    _drain(progress_queue, progress)
+
+
+def _drain(progress_queue: Any, progress: Progress | None) -> None:
+    if progress_queue is None or progress is None:
+        return
+    while True:
+        try:
+            progress(progress_queue.get_nowait())
+        except queue.Empty:
+            return
