@@ -49,8 +49,14 @@ def test_failure_lines_are_said_once_per_outage(protocol: str, caplog: pytest.Lo
     def failed_lines() -> int:
         return sum(r.getMessage().startswith("Failed to export") for r in caplog.records)
 
+    def attempt() -> None:
+        try:
+            exporter.export(spans)
+        except ValueError:  # SDK 1.40's HTTP exporter can compute a negative timeout near its deadline
+            pass
+
     for _ in range(4):
-        exporter.export(spans)
+        attempt()
     assert failed_lines() == 1
     notes = [r for r in caplog.records if "further retry lines are left out" in r.getMessage()]
     # gRPC may fail the later attempts in its connection backoff without a line; HTTP logs each
@@ -58,7 +64,10 @@ def test_failure_lines_are_said_once_per_outage(protocol: str, caplog: pytest.Lo
     assert dropped > 0 or protocol == "grpc"
     assert [r.name for r in notes] == (["traintel"] if dropped else [])
     retry_lines.delivered()  # the collector took a batch: a new outage is shown again
-    exporter.export(spans)
+    for _ in range(3):  # an attempt cut short by the SDK 1.40 error above logs nothing
+        attempt()
+        if failed_lines() == 2:
+            break
     if protocol == "http":  # gRPC may fail it in its connection backoff, without a line
         assert failed_lines() == 2
     exporter.shutdown()

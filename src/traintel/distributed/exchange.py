@@ -27,6 +27,9 @@ from traintel.distributed.stats import MAX_PENDING_WINDOWS as MAX_PENDING
 
 _logger = logging.getLogger("traintel")
 
+#: How long closing waits for the last gathers (the other ranks reach them within moments).
+CLOSE_WAIT_S = 5.0
+
 
 def distributed_world() -> tuple[int, int] | None:
     """(rank, world size) when torch.distributed is initialised with more than one rank."""
@@ -100,11 +103,21 @@ class Exchange:
         return self._done >= count
 
     def close(self) -> None:
-        """Stop the thread after the queued rows (it is a daemon: a hung gather never blocks exit)."""
+        """Stop the thread after the queued rows, waiting for them a bounded while.
+
+        Why wait: the last window's gather is usually still waiting for a slower rank when this
+        rank shuts down, and a process that exits (or destroys its groups) while a thread is
+        inside a gloo collective is aborted by the C++ runtime ("terminate called without an
+        active exception"). The other ranks reach the same gather within moments; a dead or hung
+        one costs at most ``CLOSE_WAIT_S`` (the thread is a daemon: it never blocks exit)."""
+        deadline = time.monotonic() + min(self.timeout_s, CLOSE_WAIT_S)
+        self.wait_idle(deadline - time.monotonic())
         try:
             self._queue.put_nowait(None)
         except queue.Full:
-            pass
+            return
+        if self.failed is None:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
 
     def abandon(self, reason: str) -> None:
         """Stop exchanging for good (every later submit is refused), saying why once."""
