@@ -109,8 +109,13 @@ def nv_one_logger(
 ) -> dict[str, float] | str:
     """Run the nv-one-logger half in its own virtualenv; a string says why it could not."""
     python = NV_VENV / "bin" / "python"
+    # Probed with this checkout's traintel, as it runs: a dependency it gained since the
+    # virtualenv was made (orjson, say) triggers the install below instead of a failed run.
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"))
     probe = [str(python), "-c", "import nv_one_logger, traintel"]
-    ready = python.exists() and subprocess.run(probe, capture_output=True, check=False).returncode == 0
+    ready = python.exists()
+    if ready:
+        ready = subprocess.run(probe, capture_output=True, check=False, env=env).returncode == 0
     if not ready:  # both libraries in one virtualenv: nv-one-logger's pins, traintel's base deps
         try:
             if not python.exists():
@@ -131,7 +136,7 @@ def nv_one_logger(
                 "--rounds", str(rounds), "--later", str(later), *(["--throughput"] if throughput else []),
             ],
             capture_output=True, text=True, timeout=1800, check=False, cwd=scratch,
-            env=dict(os.environ, PYTHONPATH=str(HERE.parent / "src")),  # this checkout's traintel
+            env=env,  # this checkout's traintel
         )  # fmt: skip
     if result.returncode != 0:
         return f"failed: {result.stderr.strip().splitlines()[-1:]}"
