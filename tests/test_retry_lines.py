@@ -3,74 +3,96 @@ rest are left out, then again after a delivery (real OTLP exporters, a port noth
 
 from __future__ import annotations
 
-import logging
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.subprocess_helpers import run_python
-from traintel.exporters import retry_lines
-
-
-def _spans() -> list[ReadableSpan]:
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    provider.get_tracer("t").start_span("s").end()
-    return list(memory.get_finished_spans())
+from tests.subprocess_helpers import clean_env, run_python
 
 
 def _closed_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
+#: Runs in a fresh interpreter: the exporters' loggers carry process-wide filters (this one and
+#: the TLS one), whose state an earlier test in the same process would change.
+OUTAGE = """
+import json, logging, sys
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from traintel.exporters import retry_lines
+
+protocol, port = sys.argv[1], int(sys.argv[2])
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append((record.name, record.getMessage()))
+logging.getLogger().addHandler(Keep())
+logging.getLogger().setLevel(logging.INFO)
+exporter = (
+    GrpcExporter(endpoint=f"http://127.0.0.1:{port}", insecure=True, timeout=1)
+    if protocol == "grpc"
+    else HttpExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=1)
+)
+line_filter = retry_lines.install()
+memory = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(memory))
+provider.get_tracer("t").start_span("s").end()
+spans = list(memory.get_finished_spans())
+
+def attempt():
+    try:
+        exporter.export(spans)
+    except ValueError:  # SDK 1.40's HTTP exporter can compute a negative timeout near its deadline
+        pass
+
+def failed():
+    return sum(message.startswith("Failed to export") for _, message in records)
+
+for _ in range(4):
+    attempt()
+first = failed()
+notes = [name for name, message in records if "further retry lines are left out" in message]
+dropped = line_filter.dropped
+retry_lines.delivered()  # the collector took a batch: a new outage is shown again
+for _ in range(3):  # an attempt cut short by the SDK 1.40 error above logs nothing
+    attempt()
+    if failed() == 2:
+        break
+print(json.dumps({"first": first, "notes": notes, "dropped": dropped, "after": failed()}))
+"""
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_failure_lines_are_said_once_per_outage(protocol: str, caplog: pytest.LogCaptureFixture) -> None:
-    port = _closed_port()
-    exporter = (
-        GrpcExporter(endpoint=f"http://127.0.0.1:{port}", insecure=True, timeout=1)
-        if protocol == "grpc"
-        else HttpExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=1)
+def test_failure_lines_are_said_once_per_outage(protocol: str, tmp_path: Path) -> None:
+    script = tmp_path / "outage.py"
+    script.write_text(OUTAGE)
+    done = subprocess.run(
+        [sys.executable, str(script), protocol, str(_closed_port())],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
-    line_filter = retry_lines.install()
-    retry_lines.delivered()  # whatever an earlier test left
-    dropped_before = line_filter.dropped
-    spans = _spans()
-    caplog.set_level(logging.INFO)
-
-    def failed_lines() -> int:
-        return sum(r.getMessage().startswith("Failed to export") for r in caplog.records)
-
-    def attempt() -> None:
-        try:
-            exporter.export(spans)
-        except ValueError:  # SDK 1.40's HTTP exporter can compute a negative timeout near its deadline
-            pass
-
-    for _ in range(4):
-        attempt()
-    assert failed_lines() == 1
-    notes = [r for r in caplog.records if "further retry lines are left out" in r.getMessage()]
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["first"] == 1, done.stderr
     # gRPC may fail the later attempts in its connection backoff without a line; HTTP logs each
-    dropped = line_filter.dropped - dropped_before
-    assert dropped > 0 or protocol == "grpc"
-    assert [r.name for r in notes] == (["traintel"] if dropped else [])
-    retry_lines.delivered()  # the collector took a batch: a new outage is shown again
-    for _ in range(3):  # an attempt cut short by the SDK 1.40 error above logs nothing
-        attempt()
-        if failed_lines() == 2:
-            break
-    if protocol == "http":  # gRPC may fail it in its connection backoff, without a line
-        assert failed_lines() == 2
-    exporter.shutdown()
+    assert report["dropped"] > 0 or protocol == "grpc"
+    assert report["notes"] == (["traintel"] if report["dropped"] else [])
+    if protocol == "http":
+        assert report["after"] == 2
 
 
 def test_a_job_with_its_collector_down_logs_a_bounded_number_of_lines(tmp_path) -> None:  # type: ignore[no-untyped-def]
