@@ -55,6 +55,7 @@ from traintel.exporters.spool import (
     SPOOL_SUFFIX,
     batch_name,
     batch_seq,
+    move_to_quarantine,
     read_batch,
     spool_files,
     write_batch,
@@ -310,13 +311,10 @@ class _Replay:
         """Move an unreadable spooled batch into its directory's quarantine (if not there yet)."""
         if path.parent.name == QUARANTINE_DIR:
             return ""
-        target = path.parent / QUARANTINE_DIR / path.name
         try:
-            make_private_dirs(target.parent)
-            os.replace(path, target)
+            return f"; moved to {move_to_quarantine(path)}"
         except OSError:
             return ""
-        return f"; moved to {target}"
 
     # --- after the run -----------------------------------------------------------------------
     def delete_delivered(self) -> None:

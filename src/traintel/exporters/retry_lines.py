@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from traintel.exporters.tls_errors import ATTEMPT_LINE, LOGGER_FAMILY, signal_of
+from traintel.exporters.tls_errors import ATTEMPT_LINE, attach_to_exporter_loggers, signal_of
 
 _logger = logging.getLogger("traintel")
 
@@ -68,11 +68,7 @@ _filter = RepeatedFailureFilter()
 
 def install() -> RepeatedFailureFilter:
     """Attach the filter to the exporters' loggers (call after their modules are imported)."""
-    manager = logging.Logger.manager
-    for name in [n for n in list(manager.loggerDict) if n.startswith(LOGGER_FAMILY)]:
-        logger = logging.getLogger(name)
-        if _filter not in logger.filters:
-            logger.addFilter(_filter)
+    attach_to_exporter_loggers(_filter)
     return _filter
 
 

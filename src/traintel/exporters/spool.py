@@ -162,12 +162,10 @@ class Spool:
             if entry not in self._entries:
                 return None
             self._entries.remove(entry)
-            target = self.quarantine_directory / entry.path.name
             try:
-                make_private_dirs(target.parent)
-                os.replace(entry.path, target)
+                target = move_to_quarantine(entry.path)
             except OSError as exc:
-                _logger.error("traintel: cannot move %s to %s (%s); deleted", entry.path, target.parent, exc)
+                _logger.error("traintel: cannot move %s to %s (%s); deleted", entry.path, QUARANTINE_DIR, exc)
                 entry.path.unlink(missing_ok=True)
                 self._bytes -= entry.size
                 self.dropped_batches += 1
@@ -195,6 +193,15 @@ class Spool:
             self.directory.rmdir()
         except OSError:
             pass
+
+
+def move_to_quarantine(path: Path) -> Path:
+    """Move a spooled batch into the ``quarantine`` directory beside it (created 0700); where
+    it now is. Raises ``OSError`` if it cannot be moved."""
+    target = path.parent / QUARANTINE_DIR / path.name
+    make_private_dirs(target.parent)
+    os.replace(path, target)
+    return target
 
 
 def write_batch(path: Path, data: bytes) -> None:

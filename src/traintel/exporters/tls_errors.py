@@ -150,9 +150,15 @@ def install(environ: Mapping[str, str]) -> CertificateFailureFilter:
     loggers (a logger filter only sees records made on that logger: call after the exporters'
     modules are imported)."""
     _filter.targets = tls_targets(environ)
+    attach_to_exporter_loggers(_filter)
+    return _filter
+
+
+def attach_to_exporter_loggers(log_filter: logging.Filter) -> None:
+    """Add ``log_filter`` once to every OTLP exporter logger that exists now (a logger filter
+    only sees records made on that logger: call after the exporters' modules are imported)."""
     manager = logging.Logger.manager
     for name in [n for n in list(manager.loggerDict) if n.startswith(LOGGER_FAMILY)]:
         logger = logging.getLogger(name)
-        if _filter not in logger.filters:
-            logger.addFilter(_filter)
-    return _filter
+        if log_filter not in logger.filters:
+            logger.addFilter(log_filter)
