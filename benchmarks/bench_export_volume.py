@@ -1,0 +1,135 @@
+"""Bytes one rank exports per hour under the default policy, and where they go.
+
+A training job of one simulated hour runs in a fresh process on a counter clock
+(``time.time_ns`` advanced by the loop itself, so an hour takes seconds to minutes), through
+the embedded default (the OTLP/JSON-lines file) with nothing configured. Each iteration has
+the four step phases, reports samples and tokens and records a loss and a learning rate. One
+iteration in 200 (drawn from a fixed seed) takes 5x the others, as garbage collection, a
+data-loader hiccup or a noisy neighbour make a real loop's slow steps. The metric reader is
+flushed every simulated ``OTEL_METRIC_EXPORT_INTERVAL`` (60 s), so the file holds the metric
+lines a real hour holds.
+
+Prints, per step rate, the file's bytes per hour against the budget and the bytes of each kind
+of record (iteration trees, window records, loop/application segments, metric lines).
+Bar: <= 1 MB per hour at 10 steps/s and <= 2 MB per hour at 1,000 steps/s.
+
+Run: ``python benchmarks/bench_export_volume.py [--rates 10 1000] [--minutes 60]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+CHILD = """
+import random, sys, time
+S = 10**9
+NOW = [1_700_000_000 * S]
+time.time_ns = lambda: NOW[0]
+def tick(seconds):
+    NOW[0] += round(seconds * S)
+import traintel
+rate, minutes = float(sys.argv[1]), float(sys.argv[2])
+step, n = 1.0 / rate, int(60 * minutes * rate)
+jitter = random.Random(7)
+telemetry = traintel.configure()
+meters = telemetry.pipeline.meter_provider
+next_collect = NOW[0] + 60 * S
+with traintel.application():
+    with traintel.model_init():
+        tick(5)
+    with traintel.training_loop(train_iterations_start=0):
+        for i in range(n):
+            slow = 5.0 if jitter.random() < 0.005 else 1.0
+            with traintel.training_iteration(samples=32, tokens=4096):
+                with traintel.data_loading():
+                    tick(step * 0.05 * slow)
+                with traintel.model_forward():
+                    tick(step * 0.3 * slow)
+                with traintel.model_backward():
+                    tick(step * 0.5 * slow)
+                with traintel.optimizer_update():
+                    tick(step * 0.15 * slow)
+                traintel.record_metrics(loss=1.0 / (i + 1), lr=1e-3)
+            if NOW[0] >= next_collect:
+                meters.force_flush()
+                next_collect += 60 * S
+traintel.shutdown()
+"""
+
+_STEP_PHASES = {"data_loading", "model_forward", "model_backward", "optimizer_update", "training_iteration"}
+
+
+def _kind(span: dict[str, object]) -> str:
+    name = str(span["name"])
+    if name in _STEP_PHASES:
+        return "iteration trees (5 spans each)"
+    if name == "training_window":
+        return "window records"
+    if name in ("training_loop", "application"):
+        return "loop/application segments"
+    return "other spans"
+
+
+def measure(rate: float, minutes: float) -> tuple[int, collections.Counter[str], collections.Counter[str]]:
+    """Run one job; return the file's bytes and the bytes and count of each kind of record."""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "job.py"
+        script.write_text(textwrap.dedent(CHILD))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRAINTEL_"))}
+        env["TRAINTEL_OUTPUT_DIR"] = str(Path(tmp) / "runs")
+        subprocess.run([sys.executable, str(script), str(rate), str(minutes)], env=env, check=True, cwd=tmp)
+        sizes: collections.Counter[str] = collections.Counter()
+        counts: collections.Counter[str] = collections.Counter()
+        total = 0
+        for path in Path(tmp, "runs").rglob("*.jsonl"):
+            total += path.stat().st_size
+            for line in path.open("rb"):
+                record = json.loads(line)
+                if "resourceMetrics" in record:
+                    sizes["metric lines"] += len(line)
+                    counts["metric lines"] += 1
+                    continue
+                overhead = len(line)
+                for resource in record.get("resourceSpans", []):
+                    for scope in resource["scopeSpans"]:
+                        for span in scope["spans"]:
+                            size = len(json.dumps(span, separators=(",", ":")))
+                            overhead -= size
+                            sizes[_kind(span)] += size
+                            counts[_kind(span)] += 1
+                sizes["line overhead (resource, scope)"] += overhead
+        return total, sizes, counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", type=float, nargs="+", default=[10.0, 1000.0], help="steps per second")
+    parser.add_argument("--minutes", type=float, default=60.0, help="simulated minutes per job")
+    args = parser.parse_args(argv)
+    failed = False
+    for rate in args.rates:
+        total, sizes, counts = measure(rate, args.minutes)
+        per_hour = total * 60 / args.minutes / 1e6
+        budget = 1.0 if rate <= 10 else 2.0
+        verdict = "within" if per_hour <= budget else "OVER"
+        failed |= per_hour > budget
+        print(f"\n{rate:g} steps/s, {args.minutes:g} simulated minutes: {per_hour:.3f} MB per hour "
+              f"({verdict} the {budget:g} MB budget)")  # fmt: skip
+        trees = counts["iteration trees (5 spans each)"] // 5
+        counts["iteration trees (5 spans each)"] = trees
+        for kind, size in sorted(sizes.items(), key=lambda item: -item[1]):
+            shown = f"{counts[kind]:7d}" if kind in counts else "       "
+            print(f"  {kind:34s} {shown} {size * 60 / args.minutes / 1e6:8.3f} MB/h")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
