@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import traintel
+from tests.subprocess_helpers import SUITE_ENV
 from traintel._runtime import state as _state
 
 
@@ -22,13 +23,19 @@ from traintel._runtime import state as _state
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No test sees the developer's OTEL_* / TRAINTEL_* settings or another test's runtime.
 
-    The suite's loops last milliseconds, so windows close every N iterations without the
-    default floor in time (its tests set their own); child processes inherit that too.
+    The suite's loops last milliseconds, so windows close every N iterations and iterations
+    are sampled by count, without the defaults' floors in time (their tests set their own);
+    child processes inherit that too (``subprocess_helpers.clean_env``). The
+    in-process tests read each window's numbers from the full ``training_metrics_update`` event;
+    child processes (files read back by the report commands) get the default compact record.
     """
     for name in list(os.environ):
         if name.startswith(("OTEL_", "TRAINTEL_")):
             monkeypatch.delenv(name)
-    monkeypatch.setenv("TRAINTEL_WINDOW_MIN_SECONDS", "0")
+    for name, value in SUITE_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "on")
+    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "on")
     _state.shutdown(0.5)
     yield
     _state.shutdown(0.5)

@@ -14,10 +14,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+#: What every test's environment holds (conftest) and every child process gets: the suite's
+#: loops last milliseconds, so windows close every N iterations (no floor in time) and the
+#: export rates count iterations (no stride or tail allowance tied to time).
+SUITE_ENV = {
+    "TRAINTEL_WINDOW_MIN_SECONDS": "0",
+    "TRAINTEL_EXPORT_EVERY_N_SECONDS": "0",
+    "TRAINTEL_EXPORT_TAIL_PER_MINUTE": "1e9",
+}
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRAINTEL_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env["TRAINTEL_WINDOW_MIN_SECONDS"] = "0"  # the suite's loops are short: windows of N (conftest)
+    env.update(SUITE_ENV)
     env.update(extra)
     return env
 

@@ -154,7 +154,7 @@ def test_collector_stopped_mid_run_nothing_lost_nothing_twice(
     arrived = received_spans(received)
     counts = collections.Counter(span_id for span_id, _ in arrived)
     assert len(produced) == 27  # application, loop, window record, 12 x (iteration, forward)
-    assert sum(len(events) for _, events in produced) >= 2
+    assert sum(len(events) for _, events in produced) >= 1  # telemetry_initialization, at least
     assert not [span_id for span_id, n in counts.items() if n > 1], "a span arrived twice"
     assert sorted(produced) == sorted(arrived), "every span and event arrived, exactly once"
     assert "export attempt(s) failed" in stderr and "re-sent" in stderr

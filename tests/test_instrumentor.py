@@ -20,6 +20,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from tests.conftest import Pipeline, parent_name
 from tests.subprocess_helpers import REPO, clean_env, run_python
 from traintel import semconv
+from traintel._aggregation.window_record import expand
 from traintel.exporters.reader import SpanRecord, iter_spans
 from traintel.instrumentation import TraintelInstrumentor
 
@@ -98,13 +99,10 @@ def test_unmodified_script_gets_iterations_data_loading_and_checkpoints(tmp_path
     load = next(s for s in spans if s.name == "checkpoint_load")
     assert load.attributes[semconv.INSTRUMENTED_CALL] == "torch.load"
     # the processor's throughput comes from the DataLoader's batch sizes, exactly
-    loop = next(s for s in spans if s.name == "training_loop")
-    update = next(e for e in loop.events if e.name == "training_metrics_update")
+    window = expand(next(s for s in spans if s.name == "training_window").attributes)
     total_time = sum(s.end_ns - s.start_ns for s in iterations) / 1e9
-    assert update.attributes[semconv.WINDOW_PREFIX + "samples"] == 256
-    assert update.attributes[semconv.WINDOW_PREFIX + "samples_per_second"] == pytest.approx(
-        256 / total_time, rel=1e-9
-    )
+    assert window[semconv.WINDOW_PREFIX + "samples"] == 256
+    assert window[semconv.WINDOW_PREFIX + "samples_per_second"] == pytest.approx(256 / total_time, rel=1e-9)
 
 
 def test_an_exception_in_a_step_marks_the_open_spans_and_exits_unchanged(tmp_path: Path) -> None:

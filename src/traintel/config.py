@@ -160,7 +160,7 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     ),
     _Field("peak_flops", ev.TRAINTEL_PEAK_FLOPS, _positive_number, None, "dense peak FLOP/s per device"),
     _Field("log_every_n_iterations", ev.TRAINTEL_LOG_EVERY_N_ITERATIONS, _positive_int, 50, "window size"),
-    _Field("window_min_seconds", ev.TRAINTEL_WINDOW_MIN_SECONDS, _non_negative_number, 10.0, "min window s"),
+    _Field("window_min_seconds", ev.TRAINTEL_WINDOW_MIN_SECONDS, _non_negative_number, 30.0, "min window s"),
     _Field("log_every_n_seconds", ev.TRAINTEL_LOG_EVERY_N_SECONDS, _positive_number, 60.0, "max window s"),
     _Field("output_dir", ev.TRAINTEL_OUTPUT_DIR, _non_empty_str, "traintel-runs", "embedded file dir"),
     _Field(
@@ -186,8 +186,31 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     _Field(
         "export_every_n_iterations", ev.TRAINTEL_EXPORT_EVERY_N_ITERATIONS, _non_negative_int, 100, "every M"
     ),
+    _Field(
+        "export_every_n_seconds",
+        ev.TRAINTEL_EXPORT_EVERY_N_SECONDS,
+        _non_negative_number,
+        60.0,
+        "every M-th at least this many s apart",
+    ),
+    _Field(
+        "export_tail_per_minute",
+        ev.TRAINTEL_EXPORT_TAIL_PER_MINUTE,
+        _non_negative_number,
+        1.0,
+        "slow / non-finite exports per minute",
+    ),
+    _Field(
+        "window_events",
+        ev.TRAINTEL_WINDOW_EVENTS,
+        _choice("off", "on"),
+        "off",
+        "full training_metrics_update event per window",
+    ),
     _Field("slow_iteration_factor", ev.TRAINTEL_SLOW_ITERATION_FACTOR, _factor, 3.0, "k x rolling median"),
-    _Field("segment_iterations", ev.TRAINTEL_SEGMENT_ITERATIONS, _positive_int, 1000, "iterations per trace"),
+    _Field(
+        "segment_iterations", ev.TRAINTEL_SEGMENT_ITERATIONS, _positive_int, 1_000_000, "iterations per trace"
+    ),
     _Field("segment_seconds", ev.TRAINTEL_SEGMENT_SECONDS, _positive_number, 600.0, "seconds per trace"),
     _Field("max_spans_per_trace", ev.TRAINTEL_MAX_SPANS_PER_TRACE, _positive_int, 2000, "span budget"),
     _Field("max_bytes_per_trace", ev.TRAINTEL_MAX_BYTES_PER_TRACE, _positive_int, 4_000_000, "byte budget"),
@@ -221,7 +244,8 @@ FIELD_NAMES: Final = tuple(_BY_NAME)
 _EAGER: Final = frozenset(
     {
         "output_dir", "shutdown_timeout", "run_id", "session_tag", "export_iterations",
-        "export_first_iterations", "export_every_n_iterations", "slow_iteration_factor",
+        "export_first_iterations", "export_every_n_iterations", "export_every_n_seconds",
+        "export_tail_per_minute", "slow_iteration_factor", "window_events",
         "segment_iterations", "segment_seconds", "max_spans_per_trace", "max_bytes_per_trace",
         "spool_dir", "spool_max_bytes", "spool_retry_interval",
         "log_every_n_iterations", "window_min_seconds", "log_every_n_seconds", "warmup_iterations",

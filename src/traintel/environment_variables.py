@@ -187,6 +187,39 @@ TRAINTEL_EXPORT_EVERY_N_ITERATIONS: Final = "TRAINTEL_EXPORT_EVERY_N_ITERATIONS"
 M: every M-th iteration is exported (non-negative integer; 0 turns it off). Default: 100.
 """
 
+TRAINTEL_EXPORT_EVERY_N_SECONDS: Final = "TRAINTEL_EXPORT_EVERY_N_SECONDS"
+"""
+.. envvar:: TRAINTEL_EXPORT_EVERY_N_SECONDS
+
+Ties every-M-th to time (non-negative number of seconds): the stride doubles (M, 2M, 4M ...)
+until the sampled iterations are at least this far apart at the loop's pace (in a job of
+several ranks, the slowest rank's pace, agreed through the cross-rank exchange, so every rank
+samples the same iteration numbers). A loop of any speed then exports about one routine
+iteration per this many seconds. ``0`` samples every M-th whatever the pace. Default: 60.
+"""
+
+TRAINTEL_EXPORT_TAIL_PER_MINUTE: Final = "TRAINTEL_EXPORT_TAIL_PER_MINUTE"
+"""
+.. envvar:: TRAINTEL_EXPORT_TAIL_PER_MINUTE
+
+How many iterations per minute, on average, are exported for being slow or non-finite
+(non-negative number): a noisy or diverging loop can be slow or NaN at every step. Bursts of up
+to two minutes' allowance go out whole; beyond it such iterations are counted (the window
+record's ``slow_iterations`` / ``nonfinite_iterations``, ``traintel.iterations.exported``) but
+not exported. Iterations that raised are always exported. Default: 1.
+"""
+
+TRAINTEL_WINDOW_EVENTS: Final = "TRAINTEL_WINDOW_EVENTS"
+"""
+.. envvar:: TRAINTEL_WINDOW_EVENTS
+
+``on`` also puts each window's full ``training_metrics_update`` event (about 40 attributes, the
+shape NVIDIA one-logger users know) on the training loop span; the ``training_window`` span then
+carries the goodput record alone. ``off`` exports each window once, as its compact
+``training_window`` span: the same numbers without those another one gives exactly, which the
+report commands restore. Default: ``off``.
+"""
+
 TRAINTEL_SLOW_ITERATION_FACTOR: Final = "TRAINTEL_SLOW_ITERATION_FACTOR"
 """
 .. envvar:: TRAINTEL_SLOW_ITERATION_FACTOR
@@ -341,6 +374,9 @@ ALL: Final = (
     TRAINTEL_EXPORT_ITERATIONS,
     TRAINTEL_EXPORT_FIRST_ITERATIONS,
     TRAINTEL_EXPORT_EVERY_N_ITERATIONS,
+    TRAINTEL_EXPORT_EVERY_N_SECONDS,
+    TRAINTEL_EXPORT_TAIL_PER_MINUTE,
+    TRAINTEL_WINDOW_EVENTS,
     TRAINTEL_SLOW_ITERATION_FACTOR,
     TRAINTEL_SEGMENT_ITERATIONS,
     TRAINTEL_SEGMENT_SECONDS,

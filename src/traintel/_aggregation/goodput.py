@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from traintel import semconv
 from traintel._aggregation.aggregator import WINDOW_KEYS, WindowReport
 from traintel._aggregation.stats import QuantileSketch, percentile
+from traintel._aggregation.window_record import compact
 
 #: The categories the live ledger can see (wasted progress and recovery need later jobs).
 LIVE_CATEGORIES = tuple(
@@ -71,6 +72,9 @@ class WindowGoodput:
     max_s: float = 0.0
     slowest_iteration: int | None = None
     ideal_step_time_s: float | None = None
+    #: The window's metrics (``training_metrics_update``'s attributes) when the record carries
+    #: them: see ``window_record``.
+    metrics: dict[str, float | int | str] | None = None
 
     @property
     def productive_s(self) -> float:
@@ -104,7 +108,7 @@ class WindowGoodput:
             out[_DEVIATION_P50] = self.p50_s / ideal - 1
             out[_DEVIATION_P90] = self.p90_s / ideal - 1
             out[_DEVIATION_P99] = self.p99_s / ideal - 1
-        return out
+        return out if self.metrics is None else compact(out, self.metrics)
 
 
 @dataclass
@@ -181,10 +185,15 @@ class GoodputLedger:
 
     # --- windows -------------------------------------------------------------------------------
     def close_window(
-        self, report: WindowReport, peak_flops: float | None, final: bool
+        self,
+        report: WindowReport,
+        peak_flops: float | None,
+        final: bool,
+        metrics: dict[str, float | int | str] | None = None,
     ) -> list[WindowGoodput]:
         """Account a closed window; returns the records ready to export (the first window is
-        held until the typical iteration is known, i.e. until a second iteration exists)."""
+        held until the typical iteration is known, i.e. until a second iteration exists).
+        ``metrics``: the window's numbers, for the compact record to carry too."""
         durations = report.durations
         p50, p90, p99, max_s = report.quantiles  # the aggregator sorted the window already
         with self.lock:
@@ -217,6 +226,8 @@ class GoodputLedger:
             # exact (and cheap) for the first steps; then from the sketch, every few windows
             self.ideal_step_time_s = self.steps.robust_mean()
         window.ideal_step_time_s = self.ideal_step_time_s
+        if metrics is not None:
+            window.metrics = metrics
         ready: list[WindowGoodput] = [window]
         if not self._startup_decided:
             if self._held is None:  # the job's first window

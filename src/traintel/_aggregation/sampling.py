@@ -9,6 +9,14 @@ Head reasons (known when the iteration starts): first K, every M-th iteration nu
 Tail reasons (known when it ends): slower than k x the rolling median of recent iterations,
 an error, a non-finite model metric. "Every M-th" uses the iteration number, so all ranks of a
 job export the same iterations and can be compared side by side.
+
+Why the rates are tied to time: what a rank exports per hour must not grow with its step rate
+(a backend holds bytes per hour, not per step). The every-M-th stride doubles (M, 2M, 4M ...)
+until the sampled iterations are at least ``every_s`` apart at the loop's pace, so a faster
+loop samples bigger multiples of M: every rank keeps exporting iteration numbers that are
+multiples of M, and ranks that agree on the pace agree on the stride. Slow and non-finite
+iterations (which a noisy or diverging loop can produce at every step) draw on a token bucket
+refilled at ``tail_per_minute``; errors always go out.
 """
 
 from __future__ import annotations
@@ -21,6 +29,25 @@ from traintel._aggregation.stats import percentile
 #: Recent iterations the slow-iteration median is taken over; and how many it needs first.
 MEDIAN_WINDOW = 101
 MEDIAN_MIN_SAMPLES = 10
+#: The largest stride, as a power of two times M: beyond any loop's pace.
+MAX_STRIDE_DOUBLINGS = 40
+#: The tail bucket holds this many minutes' allowance: a burst at the start, or after a quiet
+#: spell, is exported whole up to it.
+TAIL_BURST_MINUTES = 2.0
+_NS_PER_MINUTE = 60e9
+
+
+def stride_for(every_n: int, every_s: float, seconds_per_iteration: float) -> int:
+    """Every-M-th tied to time: the smallest ``M * 2**k`` whose iterations span ``every_s`` at
+    this pace (M itself without a time floor or a pace)."""
+    stride = every_n
+    if every_n <= 0 or every_s <= 0 or not seconds_per_iteration > 0:
+        return stride
+    doublings = 0
+    while stride * seconds_per_iteration < every_s and doublings < MAX_STRIDE_DOUBLINGS:
+        stride *= 2
+        doublings += 1
+    return stride
 
 
 def _first_ns_above(seconds: float) -> float:
@@ -44,22 +71,40 @@ class IterationSampler:
 
     __slots__ = (
         "every_n",
+        "every_n_configured",
+        "every_s",
         "first",
         "median",
+        "pace_s",
         "policy",
         "recent",
         "seen",
         "slow_factor",
+        "tail_checked_ns",
+        "tail_per_minute",
+        "tail_tokens",
         "threshold",
         "threshold_ns",
     )
 
     def __init__(
-        self, policy: str = "sampled", first: int = 10, every_n: int = 100, slow_factor: float = 3.0
+        self,
+        policy: str = "sampled",
+        first: int = 10,
+        every_n: int = 100,
+        slow_factor: float = 3.0,
+        every_s: float = 0.0,
+        tail_per_minute: float = math.inf,
     ):
         self.policy = policy
         self.first = first
-        self.every_n = every_n
+        #: M as configured; ``every_n`` is the stride in use (M times a power of two).
+        self.every_n_configured = self.every_n = every_n
+        self.every_s = every_s
+        self.pace_s = 0.0
+        self.tail_per_minute = tail_per_minute
+        self.tail_tokens = self._tail_capacity()
+        self.tail_checked_ns = 0
         self.slow_factor = slow_factor
         self.seen = 0
         self.recent: deque[float] = deque(maxlen=MEDIAN_WINDOW)
@@ -84,6 +129,37 @@ class IterationSampler:
             return "every_n"
         return None
 
+    def set_rates(self, every_n: int, every_s: float, tail_per_minute: float) -> None:
+        """The configured M, time floor and tail rate (the stride follows at once)."""
+        self.every_n_configured = every_n
+        self.every_s = every_s
+        if tail_per_minute != self.tail_per_minute:
+            self.tail_per_minute = tail_per_minute
+            self.tail_tokens = min(self.tail_tokens, self._tail_capacity())
+        self.every_n = stride_for(every_n, every_s, self.pace_s)
+
+    def set_pace(self, seconds_per_iteration: float) -> None:
+        """The loop's pace (window boundaries): the stride for the iterations that follow."""
+        self.pace_s = seconds_per_iteration
+        if self.every_n:  # 0: routine sampling is off (or stopped on this rank)
+            self.every_n = stride_for(self.every_n_configured, self.every_s, seconds_per_iteration)
+
+    def _tail_capacity(self) -> float:
+        return max(1.0, self.tail_per_minute * TAIL_BURST_MINUTES)
+
+    def _tail_token(self, end_ns: int) -> bool:
+        """One slow or non-finite export, if the bucket (refilled by time) holds one."""
+        if self.tail_per_minute == math.inf:
+            return True
+        if self.tail_checked_ns:
+            refill = (end_ns - self.tail_checked_ns) * self.tail_per_minute / _NS_PER_MINUTE
+            self.tail_tokens = min(self._tail_capacity(), self.tail_tokens + max(0.0, refill))
+        self.tail_checked_ns = end_ns
+        if self.tail_tokens >= 1.0:
+            self.tail_tokens -= 1.0
+            return True
+        return False
+
     def refresh(self) -> None:
         """Recompute the median of the recent durations (window boundaries)."""
         if len(self.recent) >= MEDIAN_MIN_SAMPLES:
@@ -91,16 +167,17 @@ class IterationSampler:
             self.threshold = self.slow_factor * self.median if self.median > 0 else float("inf")
             self.threshold_ns = _first_ns_above(self.threshold)
 
-    def tail(self, head_reason: str | None, slow: bool, error: bool, nonfinite: bool) -> str | None:
-        """The final export reason: head reason, else error / non-finite / slow, else None."""
+    def tail(
+        self, head_reason: str | None, slow: bool, error: bool, nonfinite: bool, end_ns: int = 0
+    ) -> str | None:
+        """The final export reason: head reason, else error / non-finite / slow (these two while
+        the tail bucket holds a token), else None."""
         if head_reason is not None:
             return head_reason
         if self.policy == "none":
             return None
         if error:
             return "error"
-        if nonfinite:
-            return "nonfinite"
-        if slow:
-            return "slow"
-        return None
+        if not (nonfinite or slow) or not self._tail_token(end_ns):
+            return None
+        return "nonfinite" if nonfinite else "slow"

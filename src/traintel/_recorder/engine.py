@@ -102,9 +102,9 @@ class EngineHooks:
     window_hook: Callable[[WindowReport | None, bool], None] | None = None
     #: ``mark_sync_point()``: the time this rank reached the collective.
     on_sync_point: Callable[[int], None] | None = None
-    #: The iterations of window N as the ranks of a multi-rank job agreed (None: one process,
-    #: whose windows close on its own clock).
-    window_size_for: Callable[[int], int | None] | None = None
+    #: The iterations of window N and the pace (s per iteration, 0.0 if none yet) the ranks of
+    #: a multi-rank job agreed on (None: one process, whose windows close on its own clock).
+    window_size_for: Callable[[int], tuple[int, float] | None] | None = None
 
 
 class TrainingEngine:
@@ -247,7 +247,11 @@ class TrainingEngine:
         sampler = self.sampler  # the export policy can change mid-run (set_training_config)
         sampler.policy = str(config.get("export_iterations"))
         sampler.first = int(config.get("export_first_iterations"))
-        sampler.every_n = int(config.get("export_every_n_iterations"))
+        sampler.set_rates(
+            int(config.get("export_every_n_iterations")),
+            float(config.get("export_every_n_seconds")),
+            float(config.get("export_tail_per_minute")),
+        )
         factor = float(config.get("slow_iteration_factor"))
         if factor != sampler.slow_factor:
             sampler.slow_factor = factor
@@ -281,7 +285,7 @@ class TrainingEngine:
     def _stop_routine_sampling(self) -> None:
         """No head reasons (first K, every M-th, "all"): only tail reasons export an iteration."""
         for sampler in (self.sampler, *self.eval_samplers.values()):
-            sampler.first = sampler.every_n = 0
+            sampler.first = sampler.every_n = sampler.every_n_configured = 0
             if sampler.policy == "all":
                 sampler.policy = "sampled"
         self.set_export_all(False)
@@ -346,7 +350,10 @@ class TrainingEngine:
         sampler = self.eval_samplers.get(phase)
         if sampler is None:
             sampler = self.eval_samplers[phase] = IterationSampler(
-                self.sampler.policy, self.sampler.first, self.sampler.every_n, self.sampler.slow_factor
+                self.sampler.policy,
+                self.sampler.first,
+                self.sampler.every_n_configured,
+                self.sampler.slow_factor,
             )
         return sampler
 
@@ -431,7 +438,9 @@ class TrainingEngine:
         user spans or was exported by someone else: decide, flag, and emit its events."""
         exported = exported_as
         if exported_as is None:
-            reason = self.sampler.tail(record.head_reason, slow, record.error is not None, record.nonfinite)
+            reason = self.sampler.tail(
+                record.head_reason, slow, record.error is not None, record.nonfinite, record.end_ns
+            )
             exported = self._decide(record, self._within_budget(reason))
         if record.nonfinite or slow or exported is not None:
             self.aggregator.flag(record.nonfinite, slow, exported is not None)

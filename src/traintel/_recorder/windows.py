@@ -30,6 +30,7 @@ from traintel import semconv
 from traintel._aggregation.aggregator import MAX_WINDOW_ITERATIONS, RateInputs, WindowReport, seconds_of
 from traintel._aggregation.goodput import WindowGoodput
 from traintel._aggregation.sampling import MEDIAN_MIN_SAMPLES
+from traintel._aggregation.window_record import loop_attributes
 from traintel._host.device import AutocastProbe, DeviceHooks, annotate_window, device_hooks
 from traintel._host.flops import autocast_dtype, current_device_name, peak_flops_for
 from traintel._recorder.record import RANDOM_TRACE_ID
@@ -148,7 +149,12 @@ class Windows:
         self._opened = True
         agreed = engine.window_size_for(engine.aggregator.windows_closed) if engine.window_size_for else None
         self._agreed = agreed is not None
-        self._size = agreed if agreed is not None else engine.window_size
+        if agreed is None:
+            self._size = engine.window_size
+        else:  # every rank samples the same iteration numbers: the stride follows the agreed pace
+            self._size, pace = agreed
+            if pace:
+                engine.sampler.set_pace(pace)
 
     # --- the slow threshold's first durations -------------------------------------------------------
     def catch_up_median(self) -> None:
@@ -166,6 +172,8 @@ class Windows:
         if len(sampler.recent) < MEDIAN_MIN_SAMPLES:
             self.catch_up_median()
             sampler.refresh()
+            if sampler.median and not self._agreed:  # the stride, without waiting for a window
+                sampler.set_pace(sampler.median)
             self._set_marks()
 
     # --- the compute dtype and the device's peak ------------------------------------------------------
@@ -231,6 +239,8 @@ class Windows:
         ):
             inputs = self._rate_inputs = self.rate_inputs()  # the device is known now
         report = self._report(inputs)
+        if report is not None and not self._agreed and report.durations:
+            engine.sampler.set_pace(report.duration_s / len(report.durations))  # this process's own
         if report is not None and engine.instruments is not None:
             engine.instruments.defer_window(report.durations, report.data_loading_durations)
         engine.sampler.refresh()
@@ -241,12 +251,17 @@ class Windows:
                 self._export_goodput(engine.goodput.flush_held(), ended_loop)
             return None
         annotate_window(report.attributes, engine.device)
-        self._export_goodput(engine.goodput.close_window(report, inputs.peak_flops, final), ended_loop)
+        # The window's numbers ride on its record (the default), or on a full event on the loop.
+        compact = engine.window_events and engine.config.get("window_events") == "off"
+        metrics = report.attributes if compact else None
+        self._export_goodput(
+            engine.goodput.close_window(report, inputs.peak_flops, final, metrics), ended_loop
+        )
         if self._lazy_config:
             engine.apply_config(engine.config)  # lazy values are re-resolved once per window
         if inputs.peak_flops is None and report.attributes.get(_FLOPS_PER_DEVICE):
             engine.warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
-        self._window_events(report, inputs)
+        self._window_events(report, inputs, compact)
         return report
 
     def _report(self, inputs: RateInputs) -> WindowReport | None:
@@ -269,11 +284,15 @@ class Windows:
             self._set_marks()
         return report
 
-    def _window_events(self, report: WindowReport, inputs: RateInputs) -> None:
+    def _window_events(self, report: WindowReport, inputs: RateInputs, compact: bool) -> None:
+        """The loop's part: the window's constants and totals (overwritten each window), or the
+        full ``training_metrics_update`` event; and any out-of-range value."""
         engine = self._engine
         loop = engine.loop_span()
         if loop is not None and engine.window_events:
-            if isinstance(loop, SegmentedSpan):
+            if compact:
+                loop.set_attributes(loop_attributes(report.attributes))
+            elif isinstance(loop, SegmentedSpan):
                 loop.add_clean_event(_TRAINING_METRICS_UPDATE, report.attributes)
             else:
                 add_clean_event(loop, _TRAINING_METRICS_UPDATE, report.attributes)

@@ -182,7 +182,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
         if cross_rank is not None:
             cross_rank.mark_sync_point(now_ns)
 
-    def window_size_for(index: int) -> int | None:
+    def window_size_for(index: int) -> tuple[int, float] | None:
         return cross_rank.window_size_for(index) if cross_rank is not None else None
 
     engine = TrainingEngine(

@@ -490,7 +490,7 @@ def read_file(path: str, progress: Callable[[int], None] | None = None) -> tuple
     """One file's goodput state and read counts (a part of :func:`load_jobs`)."""
     reader, stats = GoodputReader(), ReadStats()
     with gc_paused():
-        for record in iter_records([path], stats, progress):
+        for record in iter_records([path], stats, progress, windows_expanded=True):
             reader.add(record)
     return reader, stats
 

@@ -731,7 +731,7 @@ def report_file(
     report = Report(run=run)
     goodput = GoodputReader() if with_goodput else None
     with gc_paused():
-        for record in iter_records([path], report.stats, progress):
+        for record in iter_records([path], report.stats, progress, windows_expanded=True):
             if goodput is not None:
                 goodput.add(record)
             if isinstance(record, SpanRecord):

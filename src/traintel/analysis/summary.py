@@ -442,7 +442,7 @@ def summarize_file(run: str | None, path: str, progress: Callable[[int], None] |
     resource: dict[str, Any] | None = None
     kept = True
     with gc_paused():
-        for record in iter_records([path], summary.stats, progress):
+        for record in iter_records([path], summary.stats, progress, windows_expanded=True):
             if isinstance(record, SpanRecord):
                 if record.resource is not resource:  # the spans of a request share their resource
                     resource = record.resource

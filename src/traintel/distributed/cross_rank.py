@@ -39,6 +39,7 @@ from traintel.distributed.stats import (
     CrossRankWindow,
     RankTracker,
     RankWindow,
+    agreed_pace,
     agreed_window_size,
 )
 from traintel.semconv import Event, Phase
@@ -75,7 +76,8 @@ class CrossRank:
         self._marked_iterations = 0
         self._lock = threading.Lock()  # the tracker and latest window, read by the metric reader
         self._window_ends: dict[int, int] = {}  # window index -> end (ns), for the events' times
-        self._agreed: dict[int, int] = {}  # window index -> its iterations, as the ranks agreed
+        #: window index -> its iterations and the pace (s per iteration) the ranks agreed on
+        self._agreed: dict[int, tuple[int, float]] = {}
         self._first_exchanged: int | None = None  # the index of the first window exchanged
         self._mismatch_warned = False
 
@@ -125,9 +127,10 @@ class CrossRank:
             self.failed = True
             _logger.exception("traintel: cross-rank statistics disabled after an error")
 
-    def window_size_for(self, index: int) -> int | None:
-        """Iterations of window ``index`` in a job of several ranks (None: one process, whose
-        windows close on its own clock).
+    def window_size_for(self, index: int) -> tuple[int, float] | None:
+        """Iterations of window ``index`` in a job of several ranks and the pace the ranks
+        agreed on (0.0 when none is agreed yet); None: one process, whose windows close on its
+        own clock.
 
         The ranks' windows must cover the same iterations, so no rank reads its own clock: the
         first windows are ``log_every_n_iterations`` long, and each later one takes the size
@@ -140,21 +143,21 @@ class CrossRank:
         exchange = self.exchange
         if exchange is None:
             if self.world > 1:
-                return fewest
+                return fewest, 0.0
             if "torch" not in sys.modules:
                 return None
             from traintel.distributed.exchange import distributed_world
 
-            return None if distributed_world() is None else fewest
+            return None if distributed_world() is None else (fewest, 0.0)
         first = self._first_exchanged
         if self.failed or exchange.failed is not None or first is None or index - AGREEMENT_LAG < first:
-            return fewest
+            return fewest, 0.0
         wait_s = min(self.timeout_s, AGREEMENT_WAIT_S)
         if index not in self._agreed and not exchange.wait_done(index - AGREEMENT_LAG - first + 1, wait_s):
             # the ranks can no longer be sure to agree: the exchange stops, windows are N long
             exchange.abandon(f"window {index - AGREEMENT_LAG} not gathered in {wait_s:g} s")
-        size = self._agreed.pop(index, None)
-        return fewest if size is None else size
+        agreed = self._agreed.pop(index, None)
+        return (fewest, 0.0) if agreed is None else agreed
 
     def _row(self, report: WindowReport) -> RankWindow:
         n = len(report.durations) or 1
@@ -219,8 +222,9 @@ class CrossRank:
                 self._agreed.clear()
             floor, ceiling = window_seconds(config)
             fewest = int(config.get("log_every_n_iterations"))
-            self._agreed[window.window_index + AGREEMENT_LAG] = agreed_window_size(
-                windows, fewest, floor, ceiling
+            self._agreed[window.window_index + AGREEMENT_LAG] = (
+                agreed_window_size(windows, fewest, floor, ceiling),
+                agreed_pace(windows),
             )
         if window is None:
             if not self._mismatch_warned:

@@ -39,6 +39,13 @@ MAX_PENDING_WINDOWS = 8
 AGREEMENT_LAG = 2
 
 
+def agreed_pace(rows: Sequence[RankWindow]) -> float:
+    """The slowest rank's seconds per iteration in one window's gathered rows (0.0: none):
+    every rank reads the same rows, so every rank gets the same float."""
+    pace = max((row.iteration_s for row in rows), default=0.0)
+    return pace if pace > 0 and math.isfinite(pace) else 0.0
+
+
 def agreed_window_size(rows: Sequence[RankWindow], fewest: int, floor_s: float, ceiling_s: float) -> int:
     """The iterations every rank gives a later window, from one window's gathered rows: at least
     ``fewest`` and ``floor_s`` long, at most ``ceiling_s`` long, at the slowest rank's pace (and

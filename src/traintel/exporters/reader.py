@@ -13,6 +13,7 @@ edited or corrupted: such lines are skipped and counted in :class:`ReadStats`, n
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +26,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
+from traintel import semconv
+from traintel._aggregation import window_record
 from traintel.exporters.file import FILE_SUFFIX
 from traintel.exporters.json_records import (
     MetricSeries,
@@ -258,13 +261,33 @@ def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord]:
     return metrics_records(request)
 
 
+TRAINING_WINDOW_SPAN = semconv.TRAINING_WINDOW_SPAN
+_WINDOW_EVENT = semconv.Event.TRAINING_METRICS_UPDATE.value
+
+
+def expand_windows(spans: list[SpanRecord]) -> list[SpanRecord]:
+    """Compact window records read as the full ones: every derived number back on the span,
+    and the ``training_metrics_update`` event it stands for (see ``window_record``), so every
+    reader sees one shape whichever the job exported."""
+    for i, span in enumerate(spans):
+        if span.name == TRAINING_WINDOW_SPAN and window_record.MARKER in span.attributes:
+            world = span.resource.get(semconv.WORLD_SIZE, 1)
+            full = window_record.expand(span.attributes, world if isinstance(world, int) else 1)
+            event = EventRecord(_WINDOW_EVENT, span.end_ns, full)
+            spans[i] = dataclasses.replace(span, attributes=full, events=(*span.events, event))
+    return spans
+
+
 def iter_records(
     paths: Iterable[str | os.PathLike[str]],
     stats: ReadStats | None = None,
     progress: Callable[[int], None] | None = None,
+    *,
+    windows_expanded: bool = False,
 ) -> Iterator[Record]:
     """Every span (:class:`SpanRecord`) and every resource's metrics (:class:`MetricsRecord`)
-    in the files, in file order, streaming; unreadable lines are counted in ``stats``."""
+    in the files, in file order, streaming; unreadable lines are counted in ``stats``.
+    ``windows_expanded``: compact window records read as the full ones (the analysis)."""
     stats = stats if stats is not None else ReadStats()
     for where, text, ended in _lines(paths, stats, progress):
         try:
@@ -273,6 +296,8 @@ def iter_records(
             stats.skip(where, _skip_reason(exc, ended))
             continue
         stats.lines += 1
+        if windows_expanded and records and isinstance(records[0], SpanRecord):
+            records = expand_windows(records)  # type: ignore[arg-type]
         yield from records
 
 

@@ -1,0 +1,229 @@
+"""The volume budget: what one rank exports per hour, and that nothing the readers use is lost.
+
+* The compact window record gives back, to the digit, every number of the full
+  ``training_metrics_update`` event and of the goodput record (the same job run both ways).
+* The every-M-th stride follows the pace; slow and non-finite exports draw on a time bucket.
+* A simulated stretch of a job on a counter clock (a real interpreter, the embedded default)
+  stays inside the per-hour budget at 10 and 1,000 steps/s, and ``traintel summary`` /
+  ``traintel goodput`` read exact totals back from those files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import traintel
+from tests.subprocess_helpers import run_python
+from traintel import callbacks, cli, semconv
+from traintel._aggregation.sampling import IterationSampler, stride_for
+from traintel._aggregation.window_record import MARKER, expand, loop_attributes
+from traintel.analysis.summary import render, summarize
+from traintel.exporters.reader import iter_spans
+
+W = semconv.WINDOW_PREFIX
+RSS = W + "process.memory.peak_rss_since_start"
+T0 = 1_700_000_000_000  # ms
+
+
+def _job(monkeypatch: pytest.MonkeyPatch, window_events: str) -> InMemorySpanExporter:
+    """12 iterations at exact times (data loading, forward, backward, optimizer; a NaN loss at
+    7; 10 is slow), 2 ranks' worth of throughput, a known peak: windows of 4."""
+    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", window_events)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    exporter = InMemorySpanExporter()
+    traintel.configure(
+        span_exporters=[exporter], metric_readers=[], log_every_n_iterations=4, warmup_iterations=1,
+        peak_flops=1e15, flops_per_sample=3e11, executed_flops_per_sample=4e11,
+        cross_rank="off", export_first_iterations=1, export_every_n_iterations=5,
+    )  # fmt: skip
+    callbacks.on_app_start(start_time_msec=T0)
+    callbacks.on_train_start(start_time_msec=T0)
+    t = T0
+    for i in range(12):
+        step = 700 if i == 10 else 100 + (i % 3) * 7
+        callbacks.on_training_single_iteration_start(start_time_msec=t)
+        traintel.record_batch(samples=8, tokens=1000 + i, padding_tokens=24)
+        phase_start = t
+        for start, end, length in (
+            (callbacks.on_data_loading_start, callbacks.on_data_loading_end, 5 + i),
+            (callbacks.on_model_forward_start, callbacks.on_model_forward_end, 30),
+            (callbacks.on_model_backward_start, callbacks.on_model_backward_end, 50),
+            (callbacks.on_optimizer_update_start, callbacks.on_optimizer_update_end, 10),
+        ):
+            start(start_time_msec=phase_start)
+            end(finish_time_msec=phase_start + length)
+            phase_start += length
+        traintel.record_metrics(loss=float("nan") if i == 7 else 2.0 / (i + 1), lr=0.1)
+        callbacks.on_training_single_iteration_end(finish_time_msec=t + step)
+        t += step + 3
+    callbacks.on_train_end(finish_time_msec=t)
+    callbacks.on_app_end(finish_time_msec=t + 10)
+    traintel.shutdown(2)
+    return exporter
+
+
+def test_the_compact_record_gives_back_every_number_of_the_full_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    full = _job(monkeypatch, "on").get_finished_spans()
+    compact = _job(monkeypatch, "off").get_finished_spans()
+    (full_loop,) = [s for s in full if s.name == "training_loop"]
+    events = [dict(e.attributes or {}) for e in full_loop.events if e.name == "training_metrics_update"]
+    goodput = [dict(s.attributes or {}) for s in full if s.name == "training_window"]
+    records = [dict(s.attributes or {}) for s in compact if s.name == "training_window"]
+    assert len(events) == len(goodput) == len(records) == 3
+    (compact_loop,) = [s for s in compact if s.name == "training_loop"]
+    assert not [e for e in compact_loop.events if e.name == "training_metrics_update"]
+    for event, goodput_record, record in zip(events, goodput, records, strict=True):
+        assert MARKER in record and MARKER not in goodput_record
+        assert len(record) < len(event) + len(goodput_record) - 25  # the point of it
+        restored = expand(record, world_size=3)
+        on_the_loop = loop_attributes(event)
+        assert on_the_loop  # the MFU provenance and the totals
+        for key, value in {**event, **goodput_record}.items():
+            if key in on_the_loop or key == RSS:  # (the only number not from the clock)
+                continue
+            assert key in restored, key
+            assert restored[key] == value or (math.isnan(value) and math.isnan(restored[key])), key
+    # The loop segment holds what is the same for every window, as of the last one.
+    loop = dict(compact_loop.attributes or {})
+    for key, value in loop_attributes(events[-1]).items():
+        assert loop[key] == value, key
+    # Nothing the readers need was left out: non-zero counts and the HFU are in the record.
+    assert records[1][W + "nonfinite_iterations"] == 1
+    assert records[2][W + "slow_iterations"] == 1
+    assert W + "hfu" in records[0] and W + "padding_tokens" in records[0]
+
+
+def test_the_every_m_th_stride_doubles_with_the_pace() -> None:
+    assert stride_for(100, 60.0, 0.1) == 800  # 100 x 2^3 iterations span >= 60 s at 10 steps/s
+    assert stride_for(100, 60.0, 0.001) == 102_400
+    assert stride_for(100, 60.0, 1.0) == 100  # already 100 s apart
+    assert stride_for(100, 0.0, 0.001) == 100  # no floor in time: by count
+    assert stride_for(0, 60.0, 0.001) == 0  # every-M-th off stays off
+    sampler = IterationSampler(every_n=100, every_s=60.0)
+    sampler.set_pace(0.01)
+    assert sampler.every_n == 6400 and sampler.every_n % sampler.every_n_configured == 0
+
+
+def test_slow_and_non_finite_exports_draw_on_a_bucket_refilled_by_time() -> None:
+    sampler = IterationSampler(tail_per_minute=1.0)
+    minute = 60 * 10**9
+    # a burst of two minutes' allowance, then one per minute; errors always go out
+    decisions = [sampler.tail(None, True, False, False, end_ns=minute + i) for i in range(5)]
+    assert decisions == ["slow", "slow", None, None, None]
+    assert sampler.tail(None, False, True, False, end_ns=minute + 5) == "error"
+    assert sampler.tail(None, False, False, True, end_ns=minute + minute // 2) is None
+    assert sampler.tail(None, False, False, True, end_ns=2 * minute + 10) == "nonfinite"
+    assert sampler.tail("every_n", True, False, False, end_ns=2 * minute + 11) == "every_n"
+    assert IterationSampler().tail(None, True, False, False) == "slow"  # no bucket by default
+
+
+#: A job on a counter clock at ``RATE`` steps/s for ``MINUTES``: every step exactly 1/RATE s
+#: (5 % of it waiting for data), one in 200 five times longer; a metric collection every
+#: simulated minute from a thread of its own (the periodic reader's).
+VOLUME_JOB = """
+import random, threading, time
+S = 10**9
+NOW = [1_700_000_000 * S]
+time.time_ns = lambda: NOW[0]
+def tick(seconds):
+    NOW[0] += round(seconds * S)
+import traintel
+step, n = 1 / RATE, int(60 * MINUTES * RATE)
+jitter = random.Random(7)
+telemetry = traintel.configure(warmup_iterations=0)
+meters = telemetry.pipeline.meter_provider
+next_collect = NOW[0] + 60 * S
+with traintel.application():
+    with traintel.model_init():
+        tick(5)
+    with traintel.training_loop(train_iterations_start=0):
+        for i in range(n):
+            slow = 5 if jitter.random() < 0.005 else 1
+            with traintel.training_iteration(samples=32, tokens=4096):
+                with traintel.data_loading():
+                    tick(step * 0.05 * slow)
+                with traintel.model_forward():
+                    tick(step * 0.3 * slow)
+                with traintel.model_backward():
+                    tick(step * 0.5 * slow)
+                with traintel.optimizer_update():
+                    tick(step * 0.15 * slow)
+                traintel.record_metrics(loss=1.0 / (i + 1))
+            if NOW[0] >= next_collect:
+                collect = threading.Thread(target=meters.force_flush)
+                collect.start()
+                collect.join()
+                next_collect += 60 * S
+traintel.shutdown()
+"""
+
+
+def _span_bytes(runs: Path) -> tuple[int, int]:
+    """Bytes of the span lines and of the metric lines in the job's files."""
+    spans = metrics = 0
+    for path in runs.rglob("*.jsonl"):
+        for line in path.open("rb"):
+            if b'"resourceMetrics"' in line[:40]:
+                metrics += len(line)
+            else:
+                spans += len(line)
+    return spans, metrics
+
+
+@pytest.mark.parametrize(("rate", "minutes", "budget_mb"), [(10, 12, 1.0), (1000, 6, 2.0)])
+def test_a_job_stays_within_the_hourly_budget_and_reads_back_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rate: int, minutes: float, budget_mb: float
+) -> None:
+    runs = tmp_path / "runs"
+    result = run_python(
+        f"RATE = {rate}\nMINUTES = {minutes}\n" + VOLUME_JOB,
+        tmp_path,
+        timeout=300,
+        TRAINTEL_OUTPUT_DIR=str(runs),
+        # the defaults in time, as a job gets them (the suite's own environment turns them off)
+        TRAINTEL_WINDOW_MIN_SECONDS="30",
+        TRAINTEL_EXPORT_EVERY_N_SECONDS="60",
+        TRAINTEL_EXPORT_TAIL_PER_MINUTE="1",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    spans, metric_lines = _span_bytes(runs)
+    per_hour = spans * 60 / minutes / 1e6  # the start's fixed costs make this an over-estimate
+    assert per_hour <= budget_mb, f"{per_hour:.3f} MB of spans per hour"
+    # one metric line per collection: a fixed cost per OTEL_METRIC_EXPORT_INTERVAL
+    assert metric_lines / (minutes + 1) < 16_000
+    iterations = int(60 * minutes * rate)
+    records = [s for s in iter_spans([runs]) if s.name == "training_window"]
+    assert sum(int(s.attributes[W + "iterations"]) for s in records) == iterations
+    assert all(MARKER in s.attributes for s in records)
+    exported = [s for s in iter_spans([runs]) if s.name == "training_iteration"]
+    every_n = sorted(
+        int(s.attributes[semconv.ITERATION])
+        for s in exported
+        if s.attributes[semconv.SAMPLING_REASON] == "every_n"
+    )
+    assert len(every_n) >= 2 and all(i % 100 == 0 for i in every_n)
+    assert all((b - a) / rate >= 60 for a, b in itertools.pairwise(every_n))
+
+    training = sum(float(s.attributes[W + "iteration_time.total"]) for s in records)
+    summary = summarize([runs])
+    assert summary.window_iterations == iterations  # from the records, read as window events
+    assert summary.summary_value("iterations") == iterations
+    assert summary.summary_value("samples_per_second") == pytest.approx(32 * iterations / training, rel=1e-9)
+    assert summary.window_metrics()["loss"]["last"] == pytest.approx(1.0 / iterations)
+    assert "training_loop" in render(summary)
+    assert cli.main(["goodput", str(runs), "--json"]) == 0
+    (session,) = json.loads(capsys.readouterr().out)["sessions"]
+    # every iteration's time is productive but its 5 % data wait (the slow ones alike)
+    assert session["badput_seconds"]["data_loading"] == pytest.approx(0.05 * training, rel=1e-6)
+    assert session["productive_seconds"] == pytest.approx(0.95 * training, rel=1e-6)
+    assert session["badput_seconds"]["initialization"] == 5.0
+    assert session["last_iteration"] == iterations - 1
