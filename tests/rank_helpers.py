@@ -103,9 +103,10 @@ def run_ranks(
         launcher = {"SPAWN_RANK": str(rank)} if spawn else {
             "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)
         }  # fmt: skip
+        # the rank tests read each window's numbers from the full event, as the in-process tests
         rank_env = clean_env(
             MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TRAINTEL_OUTPUT_DIR=str(out_dir), OMP_NUM_THREADS="1",
-            TORCHELASTIC_RUN_ID=run_id, **launcher, **env,
+            TORCHELASTIC_RUN_ID=run_id, TRAINTEL_WINDOW_EVENTS="on", **launcher, **env,
         )  # fmt: skip
         if spawn:  # not even the parent's
             for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
