@@ -36,6 +36,23 @@ def test_short_run_is_one_trace(exporter: InMemorySpanExporter) -> None:
     assert not any(semconv.SEGMENT_INDEX in (s.attributes or {}) for s in spans)
 
 
+def test_a_segment_rotates_before_its_window_events_reach_the_span_event_limit(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Windows of 5 iterations, their full events on the loop (the suite's default), and no
+    iteration or time limit near: 300 events would pass the SDK's 128 on one span."""
+    traintel.configure(span_exporters=[exporter], metric_readers=[], log_every_n_iterations=5)
+    with traintel.training_loop():
+        for _ in range(1500):
+            with traintel.training_iteration():
+                pass
+    loops = [s for s in spans_of(exporter) if s.name == "training_loop"]
+    assert len(loops) > 2
+    assert all(s.dropped_events == 0 and len(s.events) <= 128 for s in loops)
+    updates = [e for s in loops for e in s.events if e.name == "training_metrics_update"]
+    assert sum(e.attributes[semconv.WINDOW_PREFIX + "iterations"] for e in updates) == 1500  # type: ignore[index,misc]
+
+
 def test_hundred_thousand_iterations(exporter: InMemorySpanExporter) -> None:
     traintel.configure(
         span_exporters=[exporter], metric_readers=[], segment_iterations=1000, log_every_n_iterations=100,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from traintel._sdk.export_filter import TraceBudget
-from traintel._sdk.segments import SegmentedSpan
+from traintel._sdk.segments import SegmentedSpan, span_event_limit
 from traintel.config import TrainingConfig
 
 if TYPE_CHECKING:
@@ -46,6 +46,10 @@ class Segments:
         self.segment_ns = int(float(config.get("segment_seconds")) * 1e9)
         self.max_spans = int(config.get("max_spans_per_trace"))
         self.max_bytes = int(config.get("max_bytes_per_trace"))
+        # Due before the loop span's events reach the SDK's limit: a window event can come with
+        # each of the BUDGET_CHECK_EVERY iterations between two checks, and capped others.
+        limit = span_event_limit()
+        self.rotate_events = (1 << 62) if limit is None else max(1, limit - 2 * BUDGET_CHECK_EVERY)
         # Due at BUDGET_ROTATE of the budget, or sooner under a small budget, so that a
         # training loop rotates before its ROOM_BYTES run out.
         self.rotate_bytes = min(BUDGET_ROTATE * self.max_bytes, self.max_bytes - 2 * ROOM_BYTES)
@@ -81,7 +85,11 @@ class Segments:
     def _check_budget(self, loop: SegmentedSpan) -> None:
         spans, size = self.budget.usage(loop.get_span_context().trace_id)
         size += self._open_bytes(loop)
-        if spans >= BUDGET_ROTATE * self.max_spans or size >= self.rotate_bytes:
+        if (
+            spans >= BUDGET_ROTATE * self.max_spans
+            or size >= self.rotate_bytes
+            or loop.open_events >= self.rotate_events
+        ):
             self.rotate_pending = True
 
     def _open_bytes(self, loop: SegmentedSpan) -> int:

@@ -20,12 +20,19 @@ from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
+from opentelemetry.sdk.trace import SpanLimits
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
 from opentelemetry.util import types
 
 from traintel import semconv
 from traintel._sdk.export_filter import estimate_attributes_bytes
 from traintel._sdk.otel_private import add_clean_event
+
+
+def span_event_limit() -> int | None:
+    """The events an SDK span keeps (``OTEL_SPAN_EVENT_COUNT_LIMIT``, 128 by default); None:
+    no limit."""
+    return SpanLimits().max_events
 
 
 class SegmentedSpan(Span):
@@ -44,6 +51,8 @@ class SegmentedSpan(Span):
         #: Estimated OTLP bytes of the events on the open segment: they reach the trace only
         #: when the segment ends, but count against its budget now.
         self.open_bytes = 0
+        #: Events on the open segment: the SDK drops those beyond the span's event limit.
+        self.open_events = 0
 
     # --- Span API: forward to the current segment -------------------------------------------------
     def end(self, end_time: int | None = None) -> None:
@@ -59,6 +68,7 @@ class SegmentedSpan(Span):
         self.current.set_attribute(key, value)
 
     def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+        self.open_events += 1
         self.open_bytes += 24 + len(name) + estimate_attributes_bytes(attributes)
         self.current.add_event(name, attributes, timestamp)
 
@@ -67,6 +77,7 @@ class SegmentedSpan(Span):
     ) -> None:
         """``add_event`` for attributes traintel computed (plain numbers and strings): stored
         without the SDK's per-value cleaning (see ``traintel._sdk.otel_private``)."""
+        self.open_events += 1
         self.open_bytes += 24 + len(name) + estimate_attributes_bytes(attributes)
         add_clean_event(self.current, name, attributes, timestamp)
 
@@ -140,3 +151,4 @@ class SegmentedSpan(Span):
         self.segment_last_iteration = None
         self.segment_iterations = 0
         self.open_bytes = 0
+        self.open_events = 0
