@@ -26,46 +26,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
-CHILD = """
-import random, sys, threading, time
-S = 10**9
-NOW = [1_700_000_000 * S]
-time.time_ns = lambda: NOW[0]
-def tick(seconds):
-    NOW[0] += round(seconds * S)
-import traintel
-rate, minutes = float(sys.argv[1]), float(sys.argv[2])
-step, n = 1.0 / rate, int(60 * minutes * rate)
-jitter = random.Random(7)
-telemetry = traintel.configure()
-meters = telemetry.pipeline.meter_provider
-next_collect = NOW[0] + 60 * S
-with traintel.application():
-    with traintel.model_init():
-        tick(5)
-    with traintel.training_loop(train_iterations_start=0):
-        for i in range(n):
-            slow = 5.0 if jitter.random() < 0.005 else 1.0
-            with traintel.training_iteration(samples=32, tokens=4096):
-                with traintel.data_loading():
-                    tick(step * 0.05 * slow)
-                with traintel.model_forward():
-                    tick(step * 0.3 * slow)
-                with traintel.model_backward():
-                    tick(step * 0.5 * slow)
-                with traintel.optimizer_update():
-                    tick(step * 0.15 * slow)
-                traintel.record_metrics(loss=1.0 / (i + 1), lr=1e-3)
-            if NOW[0] >= next_collect:  # on a thread of its own, as the periodic reader's
-                collect = threading.Thread(target=meters.force_flush)
-                collect.start()
-                collect.join()
-                next_collect += 60 * S
-traintel.shutdown()
-"""
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.volume_job import VOLUME_JOB  # noqa: E402
 
 _STEP_PHASES = {"data_loading", "model_forward", "model_backward", "optimizer_update", "training_iteration"}
 
@@ -85,10 +51,10 @@ def measure(rate: float, minutes: float) -> tuple[int, collections.Counter[str],
     """Run one job; return the file's bytes and the bytes and count of each kind of record."""
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "job.py"
-        script.write_text(textwrap.dedent(CHILD))
+        script.write_text(f"RATE = {rate}\nMINUTES = {minutes}\n" + VOLUME_JOB)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRAINTEL_"))}
         env["TRAINTEL_OUTPUT_DIR"] = str(Path(tmp) / "runs")
-        subprocess.run([sys.executable, str(script), str(rate), str(minutes)], env=env, check=True, cwd=tmp)
+        subprocess.run([sys.executable, str(script)], env=env, check=True, cwd=tmp)
         sizes: collections.Counter[str] = collections.Counter()
         counts: collections.Counter[str] = collections.Counter()
         total = 0

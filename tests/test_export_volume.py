@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import traintel
 from tests.subprocess_helpers import run_python
+from tests.volume_job import VOLUME_JOB
 from traintel import callbacks, cli, semconv
 from traintel._aggregation.sampling import IterationSampler, stride_for
 from traintel._aggregation.window_record import MARKER, expand, loop_attributes
@@ -124,47 +125,6 @@ def test_slow_and_non_finite_exports_draw_on_a_bucket_refilled_by_time() -> None
     assert sampler.tail(None, False, False, True, end_ns=2 * minute + 10) == "nonfinite"
     assert sampler.tail("every_n", True, False, False, end_ns=2 * minute + 11) == "every_n"
     assert IterationSampler().tail(None, True, False, False) == "slow"  # no bucket by default
-
-
-#: A job on a counter clock at ``RATE`` steps/s for ``MINUTES``: every step exactly 1/RATE s
-#: (5 % of it waiting for data), one in 200 five times longer; a metric collection every
-#: simulated minute from a thread of its own (the periodic reader's).
-VOLUME_JOB = """
-import random, threading, time
-S = 10**9
-NOW = [1_700_000_000 * S]
-time.time_ns = lambda: NOW[0]
-def tick(seconds):
-    NOW[0] += round(seconds * S)
-import traintel
-step, n = 1 / RATE, int(60 * MINUTES * RATE)
-jitter = random.Random(7)
-telemetry = traintel.configure(warmup_iterations=0)
-meters = telemetry.pipeline.meter_provider
-next_collect = NOW[0] + 60 * S
-with traintel.application():
-    with traintel.model_init():
-        tick(5)
-    with traintel.training_loop(train_iterations_start=0):
-        for i in range(n):
-            slow = 5 if jitter.random() < 0.005 else 1
-            with traintel.training_iteration(samples=32, tokens=4096):
-                with traintel.data_loading():
-                    tick(step * 0.05 * slow)
-                with traintel.model_forward():
-                    tick(step * 0.3 * slow)
-                with traintel.model_backward():
-                    tick(step * 0.5 * slow)
-                with traintel.optimizer_update():
-                    tick(step * 0.15 * slow)
-                traintel.record_metrics(loss=1.0 / (i + 1))
-            if NOW[0] >= next_collect:
-                collect = threading.Thread(target=meters.force_flush)
-                collect.start()
-                collect.join()
-                next_collect += 60 * S
-traintel.shutdown()
-"""
 
 
 def _span_bytes(runs: Path) -> tuple[int, int]:
