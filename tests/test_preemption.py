@@ -236,3 +236,76 @@ def test_a_signal_while_loading_data_before_the_iteration_cuts_that_span(tmp_pat
     assert loading.is_error and loading.attributes[semconv.END_REASON] == "preempted: SIGTERM"
     assert loading.end_ns == event[semconv.PREEMPTION_RECEIVED]
     assert not [s for s in found if s.name == "training_iteration" and s.attributes[semconv.ITERATION] == 6]
+
+
+# The signal lands inside traintel's own bookkeeping of iteration 3's end, after the iteration
+# stopped being the open one and before its export was decided: raised from the method that adds
+# its row to the window, the handler runs before that method returns.
+IN_ITERATION_END = textwrap.dedent(
+    """
+    import signal, sys
+    import traintel
+    from traintel._runtime import state
+
+    traintel.configure(warmup_iterations=0)
+    engine = state.configured().engine
+    add_row = engine._add_row
+
+    def add_row_then_signal(record, duration_ns, end_ns):
+        add_row(record, duration_ns, end_ns)
+        if record.iteration == 3:
+            signal.raise_signal(getattr(signal, sys.argv[1]))
+            # printed only if the handler waited for the bookkeeping to finish
+            print("handled after the iteration's end", record.iteration, flush=True)
+
+    engine._add_row = add_row_then_signal
+    with traintel.application(), traintel.training_loop():
+        for n in range(6):
+            with traintel.training_iteration(n, samples=8):
+                with traintel.model_forward():
+                    pass
+                with traintel.optimizer_update():
+                    pass
+    print("clean exit", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_an_iterations_end_is_recorded_waits_for_it(tmp_path: Path, signum: int) -> None:
+    """Handled where it landed, the iteration was neither open (for the report to cut) nor
+    exported, yet counted as the last completed: it went missing from the file. It is handled
+    as traintel's bookkeeping returns: the iteration is exported whole, and the job stops there
+    as it would have (SIGTERM's death, SIGINT's KeyboardInterrupt out of the ``with``)."""
+    script = tmp_path / "train.py"
+    script.write_text(IN_ITERATION_END)
+    child = subprocess.run(
+        [sys.executable, str(script), signal.Signals(signum).name],
+        check=False,
+        cwd=tmp_path,
+        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_EXPORT_ITERATIONS="all"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == -signum, child.stderr  # Python re-raises an uncaught Ctrl-C's signal
+    if signum == signal.SIGTERM:
+        assert "Traceback" not in child.stderr, child.stderr
+    else:
+        assert child.stderr.count("Traceback") == 1 and "KeyboardInterrupt" in child.stderr, child.stderr
+    assert "could not" not in child.stderr, child.stderr
+    found = spans(tmp_path)
+    event = the_event(found)
+    assert event[semconv.PREEMPTION_LAST_ITERATION] == 3
+    iterations = sorted(
+        (s for s in found if s.name == "training_iteration"), key=lambda s: s.attributes[semconv.ITERATION]
+    )
+    assert [s.attributes[semconv.ITERATION] for s in iterations] == [0, 1, 2, 3]
+    for iteration in iterations:
+        assert not iteration.is_error, iteration.attributes
+        children = sorted(
+            (s for s in found if s.parent_span_id == iteration.span_id), key=lambda s: s.start_ns
+        )
+        assert [s.name for s in children] == ["model_forward", "optimizer_update"]
+    # the handler ran after the bookkeeping's rest, not inside it; the job went no further
+    assert child.stdout == "handled after the iteration's end 3\n", child.stdout

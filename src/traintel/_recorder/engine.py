@@ -155,9 +155,12 @@ class TrainingEngine:
         self.samples_total = 0.0
         self.tokens_total = 0.0
         # The heartbeat's progress stamp (read on the metric reader's thread).
-        self.last_iteration_end_ns = 0
-        self.last_iteration = -1
+        self.last_iteration_end_ns, self.last_iteration = 0, -1
         self.last_checkpoint: tuple[int, int, float] | None = None  # (iteration, end ns, seconds)
+        #: A terminating signal that landed while :meth:`end_iteration` ran on the main thread,
+        #: delivered when it returns: cut there, the iteration would be neither open (for the
+        #: preemption report to end) nor exported. Set by the signal handler.
+        self.deferred_signal: Callable[[], None] | None = None
         self.events = EventBudget()
         self.goodput = GoodputLedger()
         # What this rank exports (None: not decided yet, everything); see set_rank_export.
@@ -366,49 +369,52 @@ class TrainingEngine:
         by the processor): aggregated the same way, with no decision to take. The common case
         (not notable, not slow) appends one row; anything else goes to :meth:`_export_decision`.
         """
-        record.end_ns = end_ns
-        record.context = None  # the body's Context holds the record: break the cycle for refcounting
-        if self.active is record:
-            self.active = None
-        duration_ns = end_ns - record.start_ns
-        if record.phase != _TRAINING_ITERATION:
-            self._end_eval_iteration(record, duration_ns)
-            return
-        iteration = record.iteration
-        self.last_iteration_end_ns = end_ns
-        self.last_iteration = iteration
-        # The iteration's row in the open window: its time, work and step phases.
-        phases = record.phase_ns if record.children or record.step_spans else None
-        if record.counted or self._derives_counts:
-            self._add_counted_row(record, duration_ns, phases, end_ns)
-        else:  # no work reported or derived
-            self.rows.append((duration_ns, None, None, None, None, phases, iteration, end_ns))
-        if record.metrics:
-            self.aggregator.add_model_metrics(record.metrics)
-        windows = self.windows
-        at_mark = len(self.rows) >= windows.rows_mark or end_ns >= windows.due_ns
-        if at_mark:  # the slow threshold may start with this iteration, before it is tested
-            windows.start_threshold_if_due()
-        slow = duration_ns >= self.sampler.threshold_ns
-        exported = self.last_exported = None  # the common case: counted, not exported
-        if slow or record.notable or exported_as is not None:
-            exported = self._export_decision(record, exported_as, slow, duration_ns / 1e9)
-        if at_mark:
-            windows.close_if_due(end_ns)
-        loop = self.loop
-        if loop is not None:  # the segment's iteration range, and whether its budget is checked now
-            in_segment = loop.segment_iterations = loop.segment_iterations + 1
-            if in_segment == 1:
-                loop.segment_first_iteration = iteration
-            loop.segment_last_iteration = iteration
-            exported_now = exported is not None and exported_as is None
-            segments = self.segments
-            if exported_now or in_segment >= segments.next_check or end_ns >= segments.due_ns:
-                segments.check(loop, end_ns, exported_now)
+        try:
+            record.end_ns = end_ns
+            record.context = None  # the body's Context holds the record: break the cycle for refcounting
+            if self.active is record:
+                self.active = None
+            duration_ns = end_ns - record.start_ns
+            if record.phase != _TRAINING_ITERATION:
+                self._end_eval_iteration(record, duration_ns)
+                return
+            iteration = record.iteration
+            self.last_iteration_end_ns = end_ns
+            self.last_iteration = iteration
+            self._add_row(record, duration_ns, end_ns)
+            if record.metrics:
+                self.aggregator.add_model_metrics(record.metrics)
+            windows = self.windows
+            at_mark = len(self.rows) >= windows.rows_mark or end_ns >= windows.due_ns
+            if at_mark:  # the slow threshold may start with this iteration, before it is tested
+                windows.start_threshold_if_due()
+            slow = duration_ns >= self.sampler.threshold_ns
+            exported = self.last_exported = None  # the common case: counted, not exported
+            if slow or record.notable or exported_as is not None:
+                exported = self._export_decision(record, exported_as, slow, duration_ns / 1e9)
+            if at_mark:
+                windows.close_if_due(end_ns)
+            loop = self.loop
+            if loop is not None:  # the segment's iteration range, and whether its budget is checked now
+                in_segment = loop.segment_iterations = loop.segment_iterations + 1
+                if in_segment == 1:
+                    loop.segment_first_iteration = iteration
+                loop.segment_last_iteration = iteration
+                exported_now = exported is not None and exported_as is None
+                segments = self.segments
+                if exported_now or in_segment >= segments.next_check or end_ns >= segments.due_ns:
+                    segments.check(loop, end_ns, exported_now)
+        finally:  # a terminating signal that landed in the lines above is handled now
+            if self.deferred_signal is not None:
+                deliver, self.deferred_signal = self.deferred_signal, None
+                deliver()
 
-    def _add_counted_row(
-        self, record: IterationRecord, duration_ns: int, phases: list[int] | None, end_ns: int
-    ) -> None:
+    def _add_row(self, record: IterationRecord, duration_ns: int, end_ns: int) -> None:
+        """The iteration's row in the open window: its time, work and step phases."""
+        phases = record.phase_ns if record.children or record.step_spans else None
+        if not record.counted and not self._derives_counts:  # no work reported or derived
+            self.rows.append((duration_ns, None, None, None, None, phases, record.iteration, end_ns))
+            return
         samples, tokens, flops = self._counts(record)
         if samples is not None:
             self.samples_total += samples

@@ -23,6 +23,10 @@ would cut the flush wait short and lose the spans. Without traintel the default 
 have ended the process before any other handler ran, so a held signal is delivered only if the
 process lives on after the hand-over.
 
+A signal that lands while traintel records an iteration's end waits for that to return, a
+few microseconds: handled midway, the iteration would be neither open (for step 2 to end) nor
+exported, while the event counts it as completed.
+
 A handler the user installed first (a graceful-shutdown flag, say) is called as is: the job is
 not ending now, so nothing is ended early; the event is still recorded and its checkpoint
 fields say whether the save that follows has happened (see :func:`note_checkpoint`). A signal
@@ -31,6 +35,7 @@ set to be ignored stays ignored. Handlers are installed once per process, from t
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -46,6 +51,7 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel._recorder.engine import TrainingEngine
 from traintel._recorder.record import IterationRecord, OpenStep, Terminated
 from traintel._runtime import state as _state
 
@@ -113,6 +119,29 @@ _pending: tuple[int, int, int | None] | None = None
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
+    telemetry = _state.configured()
+    engine = telemetry.engine if telemetry is not None else None
+    if engine is not None and engine.deferred_signal is None and _ending_an_iteration(frame):
+        # Landed while traintel records an iteration's end: handled as that returns, which
+        # takes microseconds. Cut midway, the iteration would be neither open (for the report
+        # to end) nor exported, while the report counts it as completed.
+        engine.deferred_signal = functools.partial(_handle_now, signum, frame)
+        return
+    _handle_now(signum, frame)
+
+
+def _ending_an_iteration(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code is _END_ITERATION:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_END_ITERATION = TrainingEngine.end_iteration.__code__
+
+
+def _handle_now(signum: int, frame: FrameType | None) -> None:
     global _pending
     received_ns = time.time_ns()
     held = _Held.hold()  # first: another handler may be due at any bytecode from here on
