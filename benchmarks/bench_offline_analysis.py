@@ -1,12 +1,14 @@
 """``traintel summary``, ``goodput`` and ``report`` over a many-rank job in the collector's layout.
 
-The job: real fake-clock training jobs (traintel's API and embedded file exporter, 0.1 s
-iterations with four step phases, a loss, 16 samples each, a checkpoint every 10,000
-iterations, windows of 100 iterations), one process for rank 0 and seven more for the other
-ranks (in a job this large only rank 0 exports per-window events and sampled iterations, the
-others their window records and phases). Each real job's lines are copied to its ranks with the
-resource's rank, instance id and host rewritten, and the ranks' lines are interleaved into one
-file per node, as a collector's file exporter gathering every node writes them.
+The job: real fake-clock training jobs (traintel's API and embedded file exporter with its
+default settings, 0.1 s iterations with four step phases, a loss, 16 samples each, a 3 s
+checkpoint every 10,000 iterations, a metric collection every simulated minute as the periodic
+reader makes), one process for rank 0 and seven more for the other ranks (in a job this large
+only rank 0 exports sampled iterations, the others their window records and phases). Each real
+job's lines are copied to its ranks with the resource's rank, instance id and host rewritten,
+and the ranks' lines are interleaved into one file per node, as a collector's file exporter
+gathering every node writes them. Before timing, ``report --json`` must give the generated
+totals exactly (iterations, samples, checkpoint saves, productive time), or the run stops.
 
 Each command runs in a fresh process (``python -m traintel.cli``), as a user runs it, with the
 default worker count (one process per CPU up to one per file); the numbers are its input
@@ -34,33 +36,40 @@ import orjson
 
 REPO = Path(__file__).resolve().parent.parent
 REAL_JOBS = 8
+SAMPLES, STEP_S, CHECKPOINT_EVERY, CHECKPOINT_S = 16, 0.1, 10_000, 3
 JOB = """
-import sys, time
+import sys, threading, time
 S = 10**9
 NOW = [1_700_000_000 * S]
 time.time_ns = lambda: NOW[0]
 def tick(seconds):
     NOW[0] += round(seconds * S)
 import traintel
-traintel.configure(warmup_iterations=0)
+meters = traintel.configure(warmup_iterations=0).pipeline.meter_provider
+next_collect = NOW[0] + 60 * S
 with traintel.application():
     with traintel.model_init():
         tick(5)
     with traintel.training_loop(train_iterations_start=0):
         for i in range(int(sys.argv[1])):
-            with traintel.training_iteration(samples=16):
+            with traintel.training_iteration(samples=SAMPLES):
                 with traintel.data_loading():
-                    tick(0.001)
+                    tick(STEP_S * 0.01)
                 with traintel.model_forward():
-                    tick(0.04)
+                    tick(STEP_S * 0.4)
                 with traintel.model_backward():
-                    tick(0.05)
+                    tick(STEP_S * 0.5)
                 with traintel.optimizer_update():
-                    tick(0.009)
+                    tick(STEP_S * 0.09)
                 traintel.record_metrics(loss=1.0 / (i + 1))
-            if (i + 1) % 10000 == 0:
+            if (i + 1) % CHECKPOINT_EVERY == 0:
                 with traintel.checkpoint_save(iteration=i + 1):
-                    tick(3)
+                    tick(CHECKPOINT_S)
+            if NOW[0] >= next_collect:  # the periodic reader's collection, on its own thread
+                collect = threading.Thread(target=meters.force_flush)
+                collect.start()
+                collect.join()
+                next_collect += 60 * S
 traintel.shutdown()
 """
 
@@ -75,10 +84,10 @@ def _env(**extra: str) -> dict[str, str]:
 def real_job(work: Path, rank: int, ranks: int, iterations: int) -> Path:
     out = work / f"real-{rank}"
     env = _env(
-        TRAINTEL_OUTPUT_DIR=str(out), TRAINTEL_RUN_ID="bench-job", TRAINTEL_WINDOW_MIN_SECONDS="10",
-        TRAINTEL_CROSS_RANK="off", RANK=str(rank), LOCAL_RANK=str(rank % 8), WORLD_SIZE=str(ranks),
+        TRAINTEL_OUTPUT_DIR=str(out), TRAINTEL_RUN_ID="bench-job", TRAINTEL_CROSS_RANK="off", RANK=str(rank), LOCAL_RANK=str(rank % 8), WORLD_SIZE=str(ranks),
     )  # fmt: skip
-    subprocess.run([sys.executable, "-c", JOB, str(iterations)], env=env, check=True)
+    constants = f"SAMPLES, STEP_S, CHECKPOINT_EVERY, CHECKPOINT_S = {SAMPLES}, {STEP_S}, {CHECKPOINT_EVERY}, {CHECKPOINT_S}\n"
+    subprocess.run([sys.executable, "-c", constants + JOB, str(iterations)], env=env, check=True)
     (path,) = out.iterdir()
     return path
 

@@ -7,17 +7,22 @@ dicts and one pass turns each span into the :class:`~traintel.exporters.reader.S
 analysis reads (ids are already lowercase hex in OTLP/JSON, 64-bit integers are decimal strings,
 attribute values are tagged ``stringValue`` / ``intValue`` / ``doubleValue`` / ...).
 
-The records must be exactly those of the proto path, and a line the proto path refuses must
-stay refused with the same reason. So this path accepts only the canonical spelling of each
+The records must be exactly those of the proto path, and a span line the proto path refuses
+must stay refused with the same reason. So this path accepts only the canonical spelling of each
 field (what traintel's writer and the collector's file exporter print: camelCase keys, int64 as
 decimal strings, enums as numbers, lowercase hex ids, one member per ``AnyValue``) and checks
-the type of every field, read or not. Any other spelling raises :class:`NotCanonical` and the
-caller decodes that line the proto way (:func:`traintel.exporters.otlp_json.json_line_to_request`),
+the type of every span field, read or not. Any other spelling raises :class:`NotCanonical` and
+the caller decodes that line the proto way (:func:`traintel.exporters.otlp_json.json_line_to_request`),
 whose answer, records or a skip reason, is the reference. Damaged lines therefore cost a second
 decode; good ones never do.
 
-Metric lines are checked against the proto descriptors (a table built once), since their shapes
-are many and their lines few; spans, the bulk of a file, have hand-written checks.
+Metric lines are read for what the analysis takes from them: each metric's name and kind, its
+points' times and number values. Those are checked, and every key on the way must be a
+canonical field of its message (so a ``data_points`` alias is never read as "no points"); the
+values nothing reads (histogram buckets, exemplars, point attributes, descriptions) are not
+parsed further. Under the default volume budget metric lines are half of a file, and checking
+each bucket count cost more than everything the analysis does with the line; a line damaged
+only there is read where the proto path would skip it, with the same records.
 """
 
 from __future__ import annotations
@@ -27,8 +32,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
+from google.protobuf.descriptor import Descriptor
+from opentelemetry.proto.metrics.v1.metrics_pb2 import (
+    ExponentialHistogram,
+    ExponentialHistogramDataPoint,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    NumberDataPoint,
+    Sum,
+    Summary,
+    SummaryDataPoint,
+)
 
 __all__ = [
     "MetricSeries",
@@ -228,118 +244,24 @@ def attributes(value: object) -> dict[str, Any]:
     return out
 
 
-# --- metrics, checked against the proto descriptors --------------------------------------------
-_Check = Callable[[object], object]
+# --- metrics ----------------------------------------------------------------------------------
+def _json_keys(descriptor: Descriptor) -> frozenset[str]:
+    return frozenset(field.json_name for field in descriptor.fields)
 
 
-def _enum_check(field: FieldDescriptor) -> _Check:
-    numbers = frozenset(v.number for v in field.enum_type.values)
-
-    def check(value: object) -> object:
-        if type(value) is not int or value not in numbers:
-            raise NotCanonical
-        return value
-
-    return check
-
-
-_SCALAR_CHECKS: dict[int, _Check] = {
-    FieldDescriptor.TYPE_DOUBLE: _double,
-    FieldDescriptor.TYPE_FIXED64: _uint64,
-    FieldDescriptor.TYPE_UINT64: _uint64,
-    FieldDescriptor.TYPE_INT64: _int64,
-    FieldDescriptor.TYPE_SFIXED64: _int64,
-    FieldDescriptor.TYPE_SINT64: _int64,
-    FieldDescriptor.TYPE_FIXED32: _uint32,
-    FieldDescriptor.TYPE_UINT32: _uint32,
-    FieldDescriptor.TYPE_STRING: _string,
-    FieldDescriptor.TYPE_BOOL: _bool,
-}
-
-
-def _int32(value: object) -> object:
-    if type(value) is not int or not _INT32_MIN <= value <= _INT32_MAX:
-        raise NotCanonical
-    return value
-
-
-for _kind in (FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SFIXED32):
-    _SCALAR_CHECKS[_kind] = _int32
-
-#: Message full name -> {json key: check of the value}; oneof groups per message.
-_SCHEMA: dict[str, dict[str, _Check]] = {}
-_ONEOFS: dict[str, list[frozenset[str]]] = {}
-_ID_FIELDS = frozenset({"trace_id", "span_id", "parent_span_id"})
-
-
-def _field_check(field: FieldDescriptor) -> _Check:
-    if field.type == FieldDescriptor.TYPE_MESSAGE:
-        name = field.message_type.full_name
-        _build(field.message_type)
-
-        def check_message(value: object) -> object:
-            _check_message(name, value)
-            return value
-
-        single: _Check = check_message
-    elif field.type == FieldDescriptor.TYPE_ENUM:
-        single = _enum_check(field)
-    elif field.type == FieldDescriptor.TYPE_BYTES:
-        if field.name not in _ID_FIELDS:  # other bytes are base64: the proto path decodes them
-
-            def refuse(value: object) -> object:
-                raise NotCanonical
-
-            single = refuse
-        else:
-            single = _hex_id
-    else:
-        single = _SCALAR_CHECKS[field.type]
-    if not field.is_repeated:
-        return single
-
-    def check_list(value: object) -> object:
-        for item in _list(value):
-            single(item)
-        return value
-
-    return check_list
-
-
-def _build(descriptor: Descriptor) -> None:
-    if descriptor.full_name in _SCHEMA:
-        return
-    table: dict[str, _Check] = {}
-    _SCHEMA[descriptor.full_name] = table  # before the fields: messages may recurse
-    _ONEOFS[descriptor.full_name] = [
-        frozenset(f.json_name for f in oneof.fields) for oneof in descriptor.oneofs if len(oneof.fields) > 1
-    ]
-    for field in descriptor.fields:
-        table[field.json_name] = _field_check(field)
-
-
-def _check_message(name: str, value: object) -> None:
-    """Every key a known camelCase field with a canonical value, at most one member per oneof."""
-    body = _dict(value)
-    table = _SCHEMA[name]
-    for key, member in body.items():
-        check = table.get(key)
-        if check is None:
-            raise NotCanonical  # unknown, or a snake_case alias: the proto path knows
-        check(member)
-    for group in _ONEOFS[name]:
-        if len(group.intersection(body)) > 1:
-            raise NotCanonical
-
-
-_METRIC = Metric.DESCRIPTOR.full_name
-#: The ``Metric.data`` oneof: JSON key -> the proto member name the analysis code uses.
+_METRIC_KEYS = _json_keys(Metric.DESCRIPTOR)
+#: The ``Metric.data`` oneof: JSON key -> (the proto member name the analysis code uses, the
+#: keys of that message, the keys of its points).
 _DATA_KINDS = {
-    "gauge": "gauge",
-    "sum": "sum",
-    "histogram": "histogram",
-    "exponentialHistogram": "exponential_histogram",
-    "summary": "summary",
+    "gauge": ("gauge", _json_keys(Gauge.DESCRIPTOR), _json_keys(NumberDataPoint.DESCRIPTOR)),
+    "sum": ("sum", _json_keys(Sum.DESCRIPTOR), _json_keys(NumberDataPoint.DESCRIPTOR)),
+    "histogram": ("histogram", _json_keys(Histogram.DESCRIPTOR), _json_keys(HistogramDataPoint.DESCRIPTOR)),
+    "exponentialHistogram": (
+        "exponential_histogram",
+        _json_keys(ExponentialHistogram.DESCRIPTOR),
+        _json_keys(ExponentialHistogramDataPoint.DESCRIPTOR),
+    ),
+    "summary": ("summary", _json_keys(Summary.DESCRIPTOR), _json_keys(SummaryDataPoint.DESCRIPTOR)),
 }
 
 
@@ -364,27 +286,40 @@ class MetricsRecord:
     metrics: tuple[MetricSeries, ...]
 
 
+def _number(point: dict[str, Any]) -> float:
+    """A number point's ``asDouble`` / ``asInt`` oneof (0 when unset)."""
+    if "asDouble" in point:
+        if "asInt" in point:
+            raise NotCanonical
+        return _double(point["asDouble"])
+    return _int64(point.get("asInt", "0"))
+
+
 def _series(metric: dict[str, Any]) -> MetricSeries:
-    if _METRIC not in _SCHEMA:  # built on first use: importing traintel must not pay for it
-        _build(Metric.DESCRIPTOR)
-    _check_message(_METRIC, metric)
-    kind = None
-    points: list[dict[str, Any]] = []
-    for key, proto_name in _DATA_KINDS.items():
-        if key in metric:
-            kind = proto_name
-            points = metric[key].get("dataPoints", [])
-            break
-    total = 0.0
-    last = 0
-    for point in points:
+    """What the analysis reads of a metric: its name, kind, points' times and number values,
+    each checked, under keys that are all canonical fields of their message."""
+    if not metric.keys() <= _METRIC_KEYS:
+        raise NotCanonical
+    name = _string(metric.get("name", ""))
+    kinds = [key for key in _DATA_KINDS if key in metric]
+    if not kinds:
+        return MetricSeries(name, None, 0.0, 0)
+    if len(kinds) > 1:
+        raise NotCanonical
+    kind, data_keys, point_keys = _DATA_KINDS[kinds[0]]
+    data = _dict(metric[kinds[0]])
+    if not data.keys() <= data_keys:
+        raise NotCanonical
+    numbers = kind in ("gauge", "sum")
+    total, last = 0.0, 0
+    for value in _list(data.get("dataPoints", [])):
+        point = _dict(value)
+        if not point.keys() <= point_keys:
+            raise NotCanonical
         last = max(last, _uint64(point.get("timeUnixNano", "0")))
-        if kind in ("gauge", "sum"):
-            if "asDouble" in point:
-                total += _double(point["asDouble"])
-            else:
-                total += _int64(point.get("asInt", "0"))
-    return MetricSeries(_string(metric.get("name", "")), kind, total, last)
+        if numbers:
+            total += _number(point)
+    return MetricSeries(name, kind, total, last)
 
 
 def decode_metrics(tree: dict[str, Any]) -> list[MetricsRecord]:

@@ -1,0 +1,155 @@
+"""Metric lines read by the offline tools' fast decoder: the same records as the proto path for
+every metric kind the SDK writes, the reference path for any other spelling, and what it reads
+checked (see ``traintel.exporters.json_records``).
+
+The lines are real: a MeterProvider with an InMemoryMetricReader records a counter, an
+up-down counter, a gauge, an explicit-bucket histogram (with exemplars from a recording span)
+and an exponential histogram, and traintel's writer prints them as the file exporter does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+
+from traintel.exporters import reader
+from traintel.exporters.json_records import MetricSeries, decode_metrics
+from traintel.exporters.otlp_json import DecodeError, json_line_to_request, metrics_to_json_line
+
+
+@pytest.fixture(scope="module")
+def line() -> bytes:
+    metrics = InMemoryMetricReader()
+    provider = MeterProvider(
+        resource=Resource.create({"service.name": "lines", "ml.training.rank": 3}),
+        metric_readers=[metrics],
+        views=[View(instrument_name="exp.*", aggregation=ExponentialBucketHistogramAggregation())],
+    )
+    meter = provider.get_meter("traintel")
+    meter.create_counter("traintel.spans.dropped").add(7, {"reason": "queue_full"})
+    meter.create_counter("traintel.spans.dropped").add(2, {"reason": "budget"})
+    meter.create_up_down_counter("traintel.queue.depth").add(-3)
+    meter.create_gauge("ml.training.goodput").set(0.875)
+    tracer = TracerProvider().get_tracer("t")
+    with tracer.start_as_current_span("iteration"):  # exemplars: a trace and span id each
+        for value in (0.02, 0.2, 2.0):
+            meter.create_histogram("ml.training.iteration.duration", unit="s").record(value)
+    for value in (0.5, 1.5, 4.0):
+        meter.create_histogram("exp.duration").record(value)
+    data = metrics.get_metrics_data()
+    assert data is not None
+    provider.shutdown()
+    return metrics_to_json_line(data).encode()
+
+
+def _proto_records(text: bytes) -> list[Any]:
+    return reader.metrics_records(json_line_to_request(text.decode()))  # type: ignore[arg-type]
+
+
+def _series(text: bytes) -> dict[str, MetricSeries]:
+    (record,) = decode_metrics(orjson.loads(text))
+    return {series.name: series for series in record.metrics}
+
+
+def test_every_kind_reads_as_the_proto_path_reads_it(line: bytes) -> None:
+    tree = orjson.loads(line)
+    kinds = {
+        next(key for key in metric if key in ("sum", "gauge", "histogram", "exponentialHistogram"))
+        for scope in tree["resourceMetrics"][0]["scopeMetrics"]
+        for metric in scope["metrics"]
+    }
+    assert kinds == {"sum", "gauge", "histogram", "exponentialHistogram"}
+    assert "exemplars" in line.decode() and "bucketCounts" in line.decode()
+    assert decode_metrics(tree) == _proto_records(line)
+    series = _series(line)
+    assert series["traintel.spans.dropped"].total == 9.0 and series["traintel.spans.dropped"].kind == "sum"
+    assert series["traintel.queue.depth"].total == -3.0
+    assert series["ml.training.goodput"].total == 0.875 and series["ml.training.goodput"].kind == "gauge"
+    assert series["ml.training.iteration.duration"].kind == "histogram"
+    assert series["exp.duration"].kind == "exponential_histogram"
+    times = {s.last_time_ns for s in series.values()}
+    assert len(times) == 1 and times.pop() > 0  # one collection: every point at its time
+
+
+def _edited(line: bytes, edit: Any) -> bytes:
+    tree = orjson.loads(line)
+    for scope in tree["resourceMetrics"][0]["scopeMetrics"]:
+        for metric in scope["metrics"]:
+            edit(metric)
+    return orjson.dumps(tree)
+
+
+def _first_point(metric: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    if kind not in metric:
+        return None
+    return metric[kind]["dataPoints"][0]  # type: ignore[no-any-return]
+
+
+def _rename(metric: dict[str, Any]) -> None:
+    for kind in ("sum", "gauge"):
+        if kind in metric:
+            metric[kind]["data_points"] = metric[kind].pop("dataPoints")
+
+
+def _both_values(metric: dict[str, Any]) -> None:
+    point = _first_point(metric, "sum")
+    if point is not None:
+        point["asInt"] = "1"
+        point["asDouble"] = 1.0
+
+
+def _bad_time(metric: dict[str, Any]) -> None:
+    point = _first_point(metric, "gauge")
+    if point is not None:
+        point["timeUnixNano"] = "soon"
+
+
+def _unknown_field(metric: dict[str, Any]) -> None:
+    metric["colour"] = "blue"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [_rename, _both_values, _bad_time, _unknown_field],
+    ids=["snake_case alias", "two value members", "time not a number", "unknown field"],
+)
+def test_any_other_spelling_gets_the_proto_paths_answer(line: bytes, edit: Any) -> None:
+    """An alias must not read as "no points", nor two members as one: the fast path declines,
+    and the line gets what the proto path gives (records, or a skip with its reason)."""
+    edited = _edited(line, edit)
+    try:
+        expected: object = _proto_records(edited)
+    except DecodeError as exc:
+        expected = type(exc)
+    try:
+        got: object = reader.decode_line(edited)
+    except DecodeError as exc:
+        got = type(exc)
+    assert got == expected
+    if edit is _rename:  # the alias is valid OTLP/JSON: read, points and all
+        assert _series(line)["traintel.spans.dropped"].total == 9.0
+        assert got == _proto_records(line)
+
+
+def test_values_no_analysis_reads_are_not_checked(line: bytes) -> None:
+    """Damage in a bucket count, an exemplar or a point attribute is not read: the records are
+    those of the undamaged line (the proto path would skip the whole line)."""
+
+    def damage(metric: dict[str, Any]) -> None:
+        point = _first_point(metric, "histogram")
+        if point is not None:
+            point["bucketCounts"][0] = "many"
+            point["exemplars"][0]["spanId"] = "NOT-HEX"
+            point["attributes"] = [{"key": "x", "value": {"intValue": "one"}}]
+
+    damaged = _edited(line, damage)
+    with pytest.raises(DecodeError):
+        json_line_to_request(damaged.decode())
+    assert reader.decode_line(damaged) == _proto_records(line)
