@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import os
 import subprocess
 import sys
@@ -84,9 +85,11 @@ def _env(**extra: str) -> dict[str, str]:
 def real_job(work: Path, rank: int, ranks: int, iterations: int) -> Path:
     out = work / f"real-{rank}"
     env = _env(
-        TRAINTEL_OUTPUT_DIR=str(out), TRAINTEL_RUN_ID="bench-job", TRAINTEL_CROSS_RANK="off", RANK=str(rank), LOCAL_RANK=str(rank % 8), WORLD_SIZE=str(ranks),
+        TRAINTEL_OUTPUT_DIR=str(out), TRAINTEL_RUN_ID="bench-job", TRAINTEL_CROSS_RANK="off",
+        RANK=str(rank), LOCAL_RANK=str(rank % 8), WORLD_SIZE=str(ranks),
     )  # fmt: skip
-    constants = f"SAMPLES, STEP_S, CHECKPOINT_EVERY, CHECKPOINT_S = {SAMPLES}, {STEP_S}, {CHECKPOINT_EVERY}, {CHECKPOINT_S}\n"
+    constants = f"SAMPLES, STEP_S, CHECKPOINT_EVERY = {SAMPLES}, {STEP_S}, {CHECKPOINT_EVERY}\n"
+    constants += f"CHECKPOINT_S = {CHECKPOINT_S}\n"
     subprocess.run([sys.executable, "-c", constants + JOB, str(iterations)], env=env, check=True)
     (path,) = out.iterdir()
     return path
@@ -175,6 +178,35 @@ def measure(command: str, target: Path, src: Path) -> tuple[float, float, int]:
     return wall, float(cpu), int(rss)
 
 
+def check_totals(target: Path, ranks: int, iterations: int) -> None:
+    """``report --json`` against what was generated: stops the run on any difference."""
+    done = subprocess.run(
+        [sys.executable, "-m", "traintel.cli", "report", "--json", str(target)],
+        env=_env(), capture_output=True, check=True,
+    )  # fmt: skip
+    data = orjson.loads(done.stdout)
+    saves = iterations // CHECKPOINT_EVERY
+    (goodput,) = data["goodput"]
+    badput = goodput["badput_seconds"]
+    expected = {
+        "iterations": (data["iterations"]["count"], iterations),
+        "samples/s (job)": (data["throughput"]["samples_per_second"], SAMPLES / STEP_S * ranks),
+        "checkpoint saves": (data["checkpoints"]["saves"], ranks * saves),
+        "checkpoint seconds": (data["checkpoints"]["save_time_total_s"], ranks * saves * CHECKPOINT_S),
+        "ranks": (len(data["identity"]["ranks"]), ranks),
+        "job seconds": (goodput["total_seconds"], 5 + iterations * STEP_S + saves * CHECKPOINT_S),
+        "productive seconds": (goodput["productive_seconds"], iterations * STEP_S * 0.99),
+        "data loading seconds": (badput["data_loading"], iterations * STEP_S * 0.01),
+        "checkpoint badput seconds": (badput["checkpoint_save"], saves * CHECKPOINT_S),
+        "init seconds": (badput["initialization"], 5),
+        "last iteration": (goodput["last_iteration"], iterations - 1),
+    }
+    wrong = {k: v for k, v in expected.items() if not math.isclose(v[0], v[1], rel_tol=1e-9)}
+    if wrong or data["skipped_lines"]:
+        raise SystemExit(f"totals differ (read, generated): {wrong}; skipped lines {data['skipped_lines']}")
+    print(f"totals exact: {', '.join(f'{k} {v[0]:,.6g}' for k, v in expected.items())}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=64)
@@ -199,6 +231,7 @@ def main() -> None:
     for n, iterations in enumerate(sizes):
         files = generate(directory, args.ranks, args.nodes, iterations)
         megabytes = sum(path.stat().st_size for path in files) / 1e6
+        check_totals(files[0].parent, args.ranks, iterations)
         versions = [("new", REPO / "src")] + ([("old", old_src / "src")] if old_src and n == 0 else [])
         for command in ("summary", "goodput", "report"):
             for version, src in versions:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.test_goodput import Job, at, run_job
 from traintel import cli, semconv
+from traintel.analysis import report as report_module
 from traintel.analysis.report import Series, WindowPoint, build_report
 from traintel.analysis.report_html import render_html
 from traintel.analysis.report_text import render_text
@@ -285,6 +286,46 @@ def test_report_memory_does_not_grow_with_the_input(tmp_path: Path, monkeypatch:
     small, large = peak_rss_kb(tmp_path / "small"), peak_rss_kb(tmp_path / "large")
     # holding the input would cost several times its 10 x ~0.8 MB of JSON in Python objects
     assert large - small < 8 * 1024, (small, large, len(lines))
+
+
+def saving(saves: int) -> Callable[[Job], None]:
+    """One 1 s iteration then one save after another: save n lasts 0.5 s x (n % 4 + 1) and
+    writes 1,000 x (n + 1) bytes."""
+
+    def build(job: Job) -> None:
+        app = job.open("application", 0)
+        loop = job.open("training_loop", 0, app)
+        job.iteration(loop, 0, 0, 1).end(end_time=at(1))
+        t = 1.0
+        for n in range(saves):
+            seconds = 0.5 * (n % 4 + 1)
+            attributes = {semconv.CHECKPOINT_ITERATION: n, semconv.CHECKPOINT_SIZE: 1_000 * (n + 1)}
+            job.span("checkpoint_save_sync", t, t + seconds, loop, **attributes)
+            t += seconds
+        loop.end(end_time=at(t))
+        app.end(end_time=at(t))
+
+    return build
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_checkpoint_totals_count_every_save_past_the_kept_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """Two ranks of 260 saves each: 520, more than the 500 save records the chart keeps; the
+    totals count them all, read in one process or two (merged)."""
+    for rank in (0, 1):
+        run_job(tmp_path, monkeypatch, saving(260), rank=rank)
+    report = build_report([tmp_path], workers=workers)
+    assert len(report.saves) == report_module.CHECKPOINT_RECORDS == 500
+    checkpoints = report.as_dict()["checkpoints"]
+    per_rank_seconds = sum(0.5 * (n % 4 + 1) for n in range(260))
+    assert checkpoints["saves"] == 520
+    assert checkpoints["save_time_total_s"] == pytest.approx(2 * per_rank_seconds, rel=1e-12)
+    assert checkpoints["save_time_mean_s"] == pytest.approx(per_rank_seconds / 260, rel=1e-12)
+    assert checkpoints["save_time_max_s"] == 2.0
+    assert checkpoints["bytes_total"] == 2 * 1_000 * sum(range(1, 261))
+    assert "the first 60 of 520 saves" in render_html(report)
 
 
 if __name__ == "__main__":  # pragma: no cover

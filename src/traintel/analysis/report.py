@@ -385,6 +385,30 @@ class CheckpointSave:
 
 
 @dataclass
+class CheckpointTotals:
+    """Every checkpoint save, counted: the records kept for the chart stop at
+    :data:`CHECKPOINT_RECORDS`, the totals never do."""
+
+    count: int = 0
+    seconds: float = 0.0
+    max_s: float | None = None
+    bytes: float = 0.0
+
+    def add(self, seconds: float, size: float | None) -> None:
+        self.count += 1
+        self.seconds += seconds
+        self.max_s = seconds if self.max_s is None else max(self.max_s, seconds)
+        self.bytes += size or 0.0
+
+    def merge(self, later: CheckpointTotals) -> None:
+        self.count += later.count
+        self.seconds += later.seconds
+        if later.max_s is not None:
+            self.max_s = later.max_s if self.max_s is None else max(self.max_s, later.max_s)
+        self.bytes += later.bytes
+
+
+@dataclass
 class Report:
     """What ``traintel report`` renders (terminal, JSON, HTML)."""
 
@@ -393,7 +417,8 @@ class Report:
     perf_tags: set[str] = field(default_factory=set)
     timeline: list[Interval] = field(default_factory=list)
     timeline_dropped: int = 0
-    saves: list[CheckpointSave] = field(default_factory=list)
+    saves: list[CheckpointSave] = field(default_factory=list)  # the first CHECKPOINT_RECORDS
+    save_totals: CheckpointTotals = field(default_factory=CheckpointTotals)
     stage_s: dict[str, float] = field(default_factory=dict)
     warnings: dict[str, int] = field(default_factory=dict)
     warning_details: list[dict[str, Any]] = field(default_factory=list)
@@ -481,8 +506,14 @@ class Report:
         if phase in _STAGE_PHASES:
             stage = _STAGE_PHASES[phase]
             self.stage_s[stage] = self.stage_s.get(stage, 0.0) + span.duration_s
-        elif phase in semconv.CHECKPOINT_SAVE_PHASES and len(self.saves) < CHECKPOINT_RECORDS:
-            size = span.attributes.get(semconv.CHECKPOINT_SIZE)
+        elif phase in semconv.CHECKPOINT_SAVE_PHASES:
+            self._add_save(process, phase, span)
+
+    def _add_save(self, process: Process, phase: str, span: SpanRecord) -> None:
+        size = span.attributes.get(semconv.CHECKPOINT_SIZE)
+        size_bytes = float(size) if isinstance(size, int | float) else None
+        self.save_totals.add(span.duration_s, size_bytes)
+        if len(self.saves) < CHECKPOINT_RECORDS:
             iteration = span.attributes.get(semconv.CHECKPOINT_ITERATION)
             self.saves.append(
                 CheckpointSave(
@@ -490,7 +521,7 @@ class Report:
                     phase,
                     span.start_ns,
                     span.duration_s,
-                    float(size) if isinstance(size, int | float) else None,
+                    size_bytes,
                     int(iteration) if isinstance(iteration, int) else None,
                 )
             )
@@ -545,6 +576,7 @@ class Report:
         self.timeline.extend(later.timeline[:room])
         self.timeline_dropped += later.timeline_dropped + max(0, len(later.timeline) - room)
         self.saves.extend(later.saves[: max(0, CHECKPOINT_RECORDS - len(self.saves))])
+        self.save_totals.merge(later.save_totals)
         for stage, seconds in later.stage_s.items():
             self.stage_s[stage] = self.stage_s.get(stage, 0.0) + seconds
         for name, count in later.warnings.items():
@@ -619,6 +651,7 @@ class Report:
         }
 
     def _as_dict(self, s: RunSummary, value: Callable[[str], Any]) -> dict[str, Any]:
+        saves = self.save_totals
         return {
             "run": self.run,
             "files": self.files,
@@ -651,13 +684,11 @@ class Report:
                 "hfu": value("hfu"),
             },
             "checkpoints": {
-                "saves": len(self.saves),
-                "save_time_total_s": sum(c.duration_s for c in self.saves),
-                "save_time_mean_s": (sum(c.duration_s for c in self.saves) / len(self.saves))
-                if self.saves
-                else None,
-                "save_time_max_s": max((c.duration_s for c in self.saves), default=None),
-                "bytes_total": sum(c.size_bytes or 0.0 for c in self.saves),
+                "saves": saves.count,
+                "save_time_total_s": saves.seconds,
+                "save_time_mean_s": saves.seconds / saves.count if saves.count else None,
+                "save_time_max_s": saves.max_s,
+                "bytes_total": saves.bytes,
                 "stages_s": self.stage_s,
                 "loads": s.phases[Phase.CHECKPOINT_LOAD.value].count
                 if Phase.CHECKPOINT_LOAD.value in s.phases

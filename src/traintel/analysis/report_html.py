@@ -346,7 +346,9 @@ def checkpoint_chart(report: Report) -> str:
         f'<svg id="checkpoints" class="chart" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
         'xmlns="http://www.w3.org/2000/svg" role="img">'
     ]
-    parts += _axes(longest, "s", 1, len(shown), "saves in order (hover for iteration and size)", False)
+    total = report.save_totals.count
+    which = f"the first {len(shown):,} of {total:,} saves" if total > len(shown) else "saves in order"
+    parts += _axes(longest, "s", 1, len(shown), f"{which} (hover for iteration and size)", False)
     for i, save in enumerate(shown):
         h = (_H - 40) * save.duration_s / longest
         x = _PAD + 2 + i * (bar_w + 2)
