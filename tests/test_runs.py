@@ -28,6 +28,7 @@ from tests.test_goodput import run_job
 from tests.test_report import stepping
 from traintel import cli
 from traintel.analysis.report import MetricPoint, Series, build_report
+from traintel.analysis.runs import scan_runs, single_run
 from traintel.analysis.summary import phase_rows, plain_number, render, summarize
 from traintel.exporters.reader import iter_spans
 
@@ -165,6 +166,72 @@ def test_summary_shows_the_newest_run_alone_and_names_the_others(
     losses = [1.0 / (i + 1) for i in range(15, 20)]
     mean = plain_number(sum(losses) / len(losses))
     assert f"Model metrics, last window (iterations 15-19): loss 0.05 (mean {mean}), lr 0.001" in out
+
+
+def test_the_full_read_names_the_runs_as_the_scan_does(runs: Runs) -> None:
+    """``summary`` and ``report`` note every run they read through: the same runs, files,
+    ranks, times and iterations as ``traintel runs`` lists, serially and in two processes."""
+    listed = [run.as_dict() for run in scan_runs([runs.shared])]
+    assert len(listed) == 3
+    assert [run.as_dict() for run in scan_runs([runs.shared], workers=2)] == listed
+    for workers in (1, 2):
+        assert [
+            run.as_dict() for run in summarize([runs.shared], workers=workers).runs.newest_first()
+        ] == listed
+        report = build_report([runs.shared], workers=workers)
+        assert [run.as_dict() for run in report.summary.runs.newest_first()] == listed
+
+
+def test_single_run_is_told_from_the_first_lines(runs: Runs, tmp_path: Path) -> None:
+    def files(*directories: Path) -> list[str]:
+        return sorted(str(p) for d in directories for p in d.rglob("*.otlp.jsonl"))
+
+    assert single_run(files(runs.own["new"])) == runs.ids["new"]
+    assert single_run(files(runs.own["ddp"])) == runs.ids["ddp"]  # both ranks: one run
+    assert single_run(files(runs.shared)) is None
+    (tmp_path / "empty.otlp.jsonl").write_bytes(b"\n\n")  # holds no run: left out
+    assert single_run([str(tmp_path / "empty.otlp.jsonl"), *files(runs.own["new"])]) == runs.ids["new"]
+    (tmp_path / "bad.otlp.jsonl").write_bytes(b"{not json\n")
+    assert single_run([str(tmp_path / "bad.otlp.jsonl"), *files(runs.own["new"])]) is None
+
+
+def test_one_run_is_read_once(
+    runs: Runs, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Files that start with one run and hold only it are read once: no scan first."""
+
+    def no_scan(*args: object, **kwargs: object) -> None:
+        raise AssertionError("scanned before reading")
+
+    monkeypatch.setattr(cli, "scan_runs", no_scan)
+    for command in ("summary", "report"):
+        code, out, err = _cli(command, str(runs.own["ddp"]), capsys=capsys)
+        assert code == 0 and "Showing the newest" not in out + err, err
+    code, out, _ = _cli("summary", str(runs.own["new"]), capsys=capsys)
+    assert out == render(summarize([runs.own["new"]])) + "\n"
+
+
+def test_a_newer_run_met_later_in_a_file_is_the_one_shown(
+    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A collector's file that starts with the old run and holds the new one after it: the one
+    read finds both, and the newest is shown, alone, with the note naming the other."""
+    mixed = tmp_path / "collector"
+    mixed.mkdir()
+    lines = b"".join(
+        p.read_bytes() for name in ("old", "new") for p in sorted(runs.own[name].rglob("*.otlp.jsonl"))
+    )
+    (mixed / "node-0.otlp.jsonl").write_bytes(lines)
+    assert single_run([str(mixed / "node-0.otlp.jsonl")]) == runs.ids["old"]
+    code, out, _ = _cli("summary", str(mixed), capsys=capsys)
+    assert code == 0
+    note = " ".join(out[: out.index("Run: ")].split())
+    assert note.startswith(f"Showing the newest of 2 runs in {mixed}: {runs.ids['new'][:12]}, started ")
+    assert _body(out) == render(summarize([runs.own["new"]])) + "\n"
+    code, out, err = _cli("report", str(mixed), "--json", capsys=capsys)
+    data = json.loads(out)
+    assert data["iterations"]["count"] == 20 and data["other_runs"] == [runs.ids["old"]]
+    assert "Showing the newest of 2 runs" in err
 
 
 def test_summary_run_selects_by_prefix_and_keeps_the_ranks_together(

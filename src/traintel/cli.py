@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from traintel.analysis.goodput import compute_goodput, load_jobs, parse_time, render_goodput
 from traintel.analysis.parallel import auto_workers
+from traintel.analysis.run_info import RunsSeen
 from traintel.analysis.runs import (
     RunInfo,
     RunNotFound,
@@ -26,6 +27,7 @@ from traintel.analysis.runs import (
     scan_runs,
     section_title,
     short_ids,
+    single_run,
 )
 from traintel.analysis.summary import RunSummary, render, summarize
 from traintel.exporters.private_files import open_private
@@ -101,7 +103,11 @@ class _Choice:
 def _choose(args: argparse.Namespace, files: list[str]) -> _Choice | int:
     """``--run ID``, ``--all``, or by default the newest run with a note naming the others: two
     runs added together would read as one that never happened. An exit code on a bad ``--run``."""
-    found = _with_progress(files, functools.partial(scan_runs, files))
+    scan = functools.partial(scan_runs, files, workers=_workers(args, files))
+    return _choice_of(args, _with_progress(files, scan))
+
+
+def _choice_of(args: argparse.Namespace, found: list[RunInfo]) -> _Choice | int:
     if not found:
         return _Choice([], [])
     if args.all:
@@ -121,6 +127,36 @@ def _run_files(choice: _Choice, files: list[str]) -> list[tuple[RunInfo | None, 
     return [(run, run.files) for run in choice.shown] or [(None, files)]
 
 
+def _read_runs(
+    args: argparse.Namespace,
+    files: list[str],
+    read: Callable[[list[str], str | None], T],
+    runs_of: Callable[[T], RunsSeen],
+) -> tuple[_Choice, list[tuple[RunInfo | None, T]]] | int:
+    """Each run shown, read: ``read(its files, its run key)``.
+
+    When every file starts with the same run (one job's files, a collector's node files), its
+    files are read once, and what that read saw of the runs settles the choice; another run met
+    on the way that is newer is read after it. Otherwise (several runs, ``--run``, ``--all``)
+    the runs are found first, then each shown is read from its own files.
+    """
+    hint = None if args.all or args.run is not None else single_run(files)
+    if hint is not None:
+        result = read(files, hint)
+        found = runs_of(result).newest_first()
+        if not found or found[0].id == hint:
+            choice = _choice_of(args, found)
+            assert not isinstance(choice, int)  # neither --run nor --all: always a choice
+            return choice, [(choice.shown[0] if choice.shown else None, result)]
+        choice = _choice_of(args, found)
+    else:
+        choice = _choose(args, files)
+    if isinstance(choice, int):
+        return choice
+    targets = _run_files(choice, files)
+    return choice, [(run, read(run_files, run.id if run else None)) for run, run_files in targets]
+
+
 def _add_run_choice(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
@@ -138,17 +174,18 @@ def _report(args: argparse.Namespace) -> int:
     if not files:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2
-    choice = _choose(args, files)
-    if isinstance(choice, int):
-        return choice
-    reports: list[tuple[RunInfo | None, Report]] = []
-    for run, run_files in _run_files(choice, files):
-        workers = _workers(args, run_files)
-        work = functools.partial(build_report, run_files, run=run.id if run else None, workers=workers)
-        report = _with_progress(run_files, work)
+
+    def read(run_files: list[str], run: str | None) -> Report:
+        work = functools.partial(build_report, run_files, run=run, workers=_workers(args, run_files))
+        return _with_progress(run_files, lambda progress: work(progress=progress))
+
+    done = _read_runs(args, files, read, lambda report: report.summary.runs)
+    if isinstance(done, int):
+        return done
+    choice, reports = done
+    for _run, report in reports:
         if not report.summary.spans:
             return _no_spans(args.paths, report.stats)
-        reports.append((run, report))
     pages = _write_html(args.html, reports, choice)
     if pages is None:
         return 2
@@ -325,29 +362,24 @@ def _summary(args: argparse.Namespace) -> int:
     if not files:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2
-    choice = _choose(args, files)
-    if isinstance(choice, int):
-        return choice
+
+    def read(run_files: list[str], run: str | None) -> RunSummary:
+        workers = _workers(args, run_files)
+        return _with_progress(run_files, lambda progress: summarize(run_files, run, workers, progress))
+
+    done = _read_runs(args, files, read, lambda summary: summary.runs)
+    if isinstance(done, int):
+        return done
+    choice, summaries = done
     if choice.note:
         print(choice.note + "\n")
-    targets = _run_files(choice, files)
-    for n, (run, run_files) in enumerate(targets, 1):
-        summary = _with_progress(
-            run_files,
-            functools.partial(_summarize, run_files, run.id if run else None, _workers(args, run_files)),
-        )
+    for n, (run, summary) in enumerate(summaries, 1):
         if not summary.spans:
             return _no_spans(args.paths, summary.stats)
-        if len(targets) > 1 and run is not None:
-            print(("\n" if n > 1 else "") + f"=== {section_title(run, n, len(targets))} ===")
+        if len(summaries) > 1 and run is not None:
+            print(("\n" if n > 1 else "") + f"=== {section_title(run, n, len(summaries))} ===")
         print(render(summary))
     return 0
-
-
-def _summarize(
-    files: list[str], run: str | None, workers: int, progress: Callable[[int], None] | None
-) -> RunSummary:
-    return summarize(files, run, workers, progress)
 
 
 def _time(text: str) -> int:

@@ -481,6 +481,7 @@ class Report:
             series.add(point)
 
     def add_span(self, span: SpanRecord) -> None:
+        self.summary.runs.add(span)
         if self.run is not None and run_key(span.resource) != self.run:
             return
         self.summary.add(span)
@@ -535,6 +536,7 @@ class Report:
 
     def add_metrics_record(self, record: MetricsRecord) -> None:
         """:meth:`add_metrics` for one resource's flat metrics record."""
+        self.summary.runs.add(record)
         if self.run is not None and run_key(record.resource) != self.run:
             return
         for name, value in self_telemetry_of(record):
@@ -769,6 +771,7 @@ def report_file(
                 report.add_span(record)
             else:
                 report.add_metrics_record(record)
+    report.summary.runs.in_file(path)
     return report, goodput
 
 

@@ -2,32 +2,27 @@
 
 Why: a directory such as ``./traintel-runs`` collects every run started from it, and added
 together two runs read as one that never happened (their phase times summed, the iteration
-lines of one of them). A run is what :func:`~traintel.analysis.summary.run_key` says: the ranks
+lines of one of them). A run is what :func:`~traintel.analysis.run_info.run_key` says: the ranks
 of a job share a run id and the jobs of a restarted session share a session tag, so neither is
 split apart.
 
-Why a scan of its own, on plain JSON (orjson, the standard parser for what orjson refuses):
-finding the runs means reading every file before the chosen run is read in full, and the scan
-reads only a run's identity, times, iterations and files. Lines the scan cannot read are left to
-the full read, which counts and names them.
+Finding the runs means reading every file. ``summary`` and ``report`` note the runs in the same
+read as everything else (:class:`~traintel.analysis.run_info.RunsSeen`), and read twice only
+when the files hold several runs: first to find them (:func:`scan_runs`), then the one shown.
+:func:`single_run` tells the usual case from the first line of each file.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import textwrap
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Iterable
 
-import orjson
-
-from traintel import semconv
-from traintel.analysis.summary import fmt_seconds, plain_number, run_key
-from traintel.exporters.reader import MAX_LINE_BYTES, expand_paths, gc_paused
+from traintel.analysis.parallel import map_files
+from traintel.analysis.run_info import RunInfo, RunsSeen, run_key, runs_in_file
+from traintel.analysis.summary import fmt_seconds, plain_number
+from traintel.exporters.otlp_json import DecodeError
+from traintel.exporters.reader import MAX_LINE_BYTES, decode_line, expand_paths
 
 __all__ = [
     "RunInfo",
@@ -38,22 +33,9 @@ __all__ = [
     "scan_runs",
     "section_title",
     "short_ids",
+    "single_run",
 ]
 
-_W = semconv.WINDOW_PREFIX
-_WINDOW_EVENT = semconv.Event.TRAINING_METRICS_UPDATE.value
-#: Identity attributes the scan keeps from a resource (the rest is not needed to list runs).
-_IDENTITY = frozenset(
-    {
-        semconv.SESSION_TAG,
-        semconv.RUN_ID,
-        semconv.SERVICE_INSTANCE_ID,
-        semconv.SERVICE_NAME,
-        semconv.HOST_NAME,
-        semconv.RANK,
-        semconv.RESTART_COUNT,
-    }
-)
 #: Ids up to this long are shown whole; longer ones (uuids) by a unique prefix of at least
 #: ``_SHORT_ID`` characters, which ``--run`` accepts.
 _WHOLE_ID = 16
@@ -61,203 +43,50 @@ _SHORT_ID = 12
 #: Other runs named in the note under a report; the rest are counted.
 _NAMED_OTHERS = 5
 
-#: A process of a run: (run id, restart count, rank).
-_Process = tuple[str, int, int]
-
 
 class RunNotFound(ValueError):
     """``--run`` matched no run, or more than one."""
 
 
-@dataclass
-class RunInfo:
-    """One run in the files: who it was, when, how big, and which files hold it."""
-
-    id: str
-    run_ids: set[str] = field(default_factory=set)
-    services: set[str] = field(default_factory=set)
-    hosts: set[str] = field(default_factory=set)
-    ranks: set[int] = field(default_factory=set)
-    #: Launches of the run (a restarted job has several): (run id, restart count).
-    jobs: set[tuple[str, int]] = field(default_factory=set)
-    start_ns: int = 0
-    end_ns: int = 0
-    spans: int = 0
-    #: The files holding the run, in the order read (a dict keeps order and drops repeats).
-    file_set: dict[str, None] = field(default_factory=dict)
-    #: Per process, iterations counted from its window spans and from its window events.
-    window_iterations: dict[_Process, list[int]] = field(default_factory=dict)
-
-    @property
-    def files(self) -> list[str]:
-        return list(self.file_set)
-
-    @property
-    def duration_s(self) -> float:
-        return max(0, self.end_ns - self.start_ns) / 1e9
-
-    @property
-    def started(self) -> str:
-        """The start in UTC, to the second (the file names' clock, whatever the local zone)."""
-        moment = datetime.fromtimestamp(self.start_ns / 1e9, tz=timezone.utc)
-        return moment.strftime("%Y-%m-%d %H:%M:%S")
-
-    @property
-    def iterations(self) -> int:
-        """Training iterations run: per launch the most any of its ranks ran (every rank runs
-        them all), summed over launches (iterations a restart ran again count again). Window
-        spans are preferred: every window is exported as one, whereas a plain OpenTelemetry
-        loop span keeps only its newest window events."""
-        per_job: dict[tuple[str, int], int] = {}
-        for (run_id, restart, _rank), (from_spans, from_events) in self.window_iterations.items():
-            counted = from_spans or from_events
-            per_job[(run_id, restart)] = max(per_job.get((run_id, restart), 0), counted)
-        return sum(per_job.values())
-
-    def see(self, resource: dict[str, Any], path: str) -> _Process:
-        """A resource of this run in ``path``; returns its process."""
-        self.file_set.setdefault(path, None)
-        run_id = str(resource.get(semconv.RUN_ID) or resource.get(semconv.SERVICE_INSTANCE_ID) or self.id)
-        restart = _int(resource.get(semconv.RESTART_COUNT))
-        rank = _int(resource.get(semconv.RANK))
-        self.run_ids.add(run_id)
-        self.jobs.add((run_id, restart))
-        self.ranks.add(rank)
-        for key, target in ((semconv.SERVICE_NAME, self.services), (semconv.HOST_NAME, self.hosts)):
-            if resource.get(key):
-                target.add(str(resource[key]))
-        return (run_id, restart, rank)
-
-    def add_span(self, process: _Process, span: dict[str, Any]) -> None:
-        start = _int(_get(span, "startTimeUnixNano", "start_time_unix_nano"))
-        end = _int(_get(span, "endTimeUnixNano", "end_time_unix_nano"))
-        self.spans += 1
-        if start and (not self.start_ns or start < self.start_ns):
-            self.start_ns = start
-        self.end_ns = max(self.end_ns, end, start)
-        counts = self.window_iterations.setdefault(process, [0, 0])
-        if span.get("name") == semconv.TRAINING_WINDOW_SPAN:
-            counts[0] += _window_size(span)
-        for event in _list(span, "events"):
-            if isinstance(event, dict) and event.get("name") == _WINDOW_EVENT:
-                counts[1] += _window_size(event)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "run_ids": sorted(self.run_ids),
-            "services": sorted(self.services),
-            "hosts": sorted(self.hosts),
-            "ranks": sorted(self.ranks),
-            "restarts": len(self.jobs) - 1,
-            "start_unix_nano": self.start_ns,
-            "start_utc": self.started,
-            "duration_s": self.duration_s,
-            "iterations": self.iterations,
-            "spans": self.spans,
-            "files": self.files,
-        }
-
-
 def scan_runs(
-    paths: Iterable[str | os.PathLike[str]], progress: Callable[[int], None] | None = None
+    paths: Iterable[str | os.PathLike[str]],
+    progress: Callable[[int], None] | None = None,
+    workers: int = 1,
 ) -> list[RunInfo]:
-    """The runs with spans in the files or directories, newest (latest start) first."""
-    runs: dict[str, RunInfo] = {}
-    with gc_paused():  # no cycles among parsed lines: see gc_paused
-        for path in expand_paths(paths):
-            for request in _json_lines(path, progress):
-                _scan_request(request, str(path), runs)
-    found = [run for run in runs.values() if run.spans]
-    return sorted(found, key=lambda run: (run.start_ns, run.id), reverse=True)
+    """The runs with spans in the files or directories, newest (latest start) first; the
+    files are read in ``workers`` processes when more than one. Lines that cannot be read are
+    left to the full read, which counts and names them."""
+    files = [str(path) for path in expand_paths(paths) if path.is_file()]
+    seen = RunsSeen()
+    for part in map_files(runs_in_file, files, workers, progress):
+        seen.merge(part)
+    return seen.newest_first()
 
 
-def _json_lines(path: Path, progress: Callable[[int], None] | None) -> Iterator[dict[str, Any]]:
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below, generator-friendly
-    except OSError:
-        return  # the full read names it
-    with fh:
-        while raw := fh.readline(MAX_LINE_BYTES + 1):
-            if progress is not None:
-                progress(len(raw))
-            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                while raw and not raw.endswith(b"\n"):  # skip the rest of an oversized line
-                    raw = fh.readline(MAX_LINE_BYTES + 1)
-                continue
-            try:
-                tree = orjson.loads(raw)
-            except orjson.JSONDecodeError:  # what orjson refuses, the standard parser may take
-                try:
-                    tree = json.loads(raw)
-                except (ValueError, RecursionError):
-                    continue
-            if isinstance(tree, dict):
-                yield tree
-
-
-def _scan_request(tree: dict[str, Any], path: str, runs: dict[str, RunInfo]) -> None:
-    """One OTLP/JSON request: its spans into their runs; a metrics request only names its file
-    (a run's metrics may sit in a file of their own)."""
-    for resource_spans in _list(tree, "resourceSpans", "resource_spans"):
-        resource = _resource(resource_spans)
-        run = runs.setdefault(run_key(resource), RunInfo(run_key(resource)))
-        process = run.see(resource, path)
-        for scope_spans in _list(resource_spans, "scopeSpans", "scope_spans"):
-            for span in _list(scope_spans, "spans"):
-                if isinstance(span, dict):
-                    run.add_span(process, span)
-    for resource_metrics in _list(tree, "resourceMetrics", "resource_metrics"):
-        resource = _resource(resource_metrics)
-        runs.setdefault(run_key(resource), RunInfo(run_key(resource))).see(resource, path)
-
-
-def _get(tree: dict[str, Any], *names: str) -> Any:
-    """A field by its OTLP/JSON name or its proto name (both are valid OTLP/JSON)."""
-    for name in names:
-        if name in tree:
-            return tree[name]
-    return None
-
-
-def _list(tree: Any, *names: str) -> list[Any]:
-    value = _get(tree, *names) if isinstance(tree, dict) else None
-    return value if isinstance(value, list) else []
-
-
-def _value(value: Any) -> Any:
-    """A scalar OTLP/JSON ``AnyValue`` (64-bit integers arrive as strings)."""
-    if not isinstance(value, dict):
-        return None
-    for name in ("stringValue", "string_value", "boolValue", "bool_value", "doubleValue", "double_value"):
-        if name in value:
-            return value[name]
-    raw = _get(value, "intValue", "int_value")
-    return _int(raw) if raw is not None else None
-
-
-def _resource(tree: dict[str, Any]) -> dict[str, Any]:
-    resource = tree.get("resource")
-    attributes = _list(resource, "attributes")
-    return {
-        kv["key"]: _value(kv.get("value"))
-        for kv in attributes
-        if isinstance(kv, dict) and kv.get("key") in _IDENTITY
-    }
-
-
-def _window_size(record: dict[str, Any]) -> int:
-    for kv in _list(record, "attributes"):
-        if isinstance(kv, dict) and kv.get("key") == _W + "iterations":
-            return max(0, _int(_value(kv.get("value"))))
-    return 0
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value) if value is not None and not isinstance(value, bool) else 0
-    except (TypeError, ValueError):
-        return 0
+def single_run(files: Iterable[str]) -> str | None:
+    """The run every file's first line belongs to, if they all name the same one and only it:
+    then one read of every file is very likely all a command needs (it still notes every run
+    it meets, and the command reads again if another turns up). None when they differ, or a
+    first line cannot be read."""
+    found: set[str] = set()
+    for path in files:
+        try:
+            with open(path, "rb") as fh:
+                line = fh.readline(MAX_LINE_BYTES + 1)
+                while line and not line.strip():
+                    line = fh.readline(MAX_LINE_BYTES + 1)
+        except OSError:
+            return None
+        if not line.strip():
+            continue  # an empty file holds no run
+        try:
+            records = decode_line(line.strip())
+        except (UnicodeDecodeError, DecodeError):
+            return None
+        found.update(run_key(record.resource) for record in records)
+        if len(found) > 1:
+            return None
+    return found.pop() if len(found) == 1 else None
 
 
 # --- choosing a run ------------------------------------------------------------------------------

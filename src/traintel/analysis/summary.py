@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from traintel import semconv
 from traintel._aggregation.stats import percentile
 from traintel.analysis.parallel import map_files
+from traintel.analysis.run_info import RunsSeen, run_key
 from traintel.exporters.json_records import MetricsRecord
 from traintel.exporters.reader import (
     ReadStats,
@@ -65,8 +66,6 @@ __all__ = [
     "summarize",
 ]
 
-#: Runs with no identity at all (foreign OpenTelemetry data) share this key.
-UNKNOWN_RUN = "unknown"
 #: Decimals of the smallest fraction ``plain_number`` spells out (``0.000…01``); below it, 0.
 _MAX_DECIMALS = 24
 
@@ -105,21 +104,6 @@ def self_telemetry_of(record: MetricsRecord) -> Iterator[tuple[str, float]]:
 def is_loss(name: str) -> bool:
     """Whether a ``traintel.*`` series counts something lost, refused or failed."""
     return any(word in name for word in _LOSS_WORDS)
-
-
-def run_key(resource: Mapping[str, Any]) -> str:
-    """The run a process belongs to, the unit the commands report on one at a time.
-
-    The session tag, because the ranks of a job share its run id and the jobs of a restarted
-    one share its session tag (which defaults to the run id): neither is split apart. Foreign
-    data without them falls back to the run id, then to the process itself. The same rule as
-    the goodput sessions, so a run's report and its goodput are about the same processes.
-    """
-    for key in (semconv.SESSION_TAG, semconv.RUN_ID, semconv.SERVICE_INSTANCE_ID):
-        value = resource.get(key)
-        if value is not None and value != "":
-            return str(value)
-    return UNKNOWN_RUN
 
 
 def _precedence(resource: Mapping[str, Any], time_ns: int) -> tuple[int, int, int]:
@@ -238,6 +222,8 @@ class RunSummary:
     self_telemetry_latest: dict[tuple[str, str], float] = field(default_factory=dict)
     #: How many of the slowest exported iterations are kept (a bounded heap).
     keep_slowest: int = 5
+    #: Every run the read met, the one summarised or not (see ``run_info``).
+    runs: RunsSeen = field(default_factory=RunsSeen, repr=False, compare=False)
     _last_resource: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
@@ -343,6 +329,7 @@ class RunSummary:
         self.session_tags |= later.session_tags
         self.hosts |= later.hosts
         self.ranks |= later.ranks
+        self.runs.merge(later.runs)
         self._merge_choices(later)
         for phase, stats in later.phases.items():
             if phase in self.phases:
@@ -441,8 +428,10 @@ def summarize_file(run: str | None, path: str, progress: Callable[[int], None] |
     summary = RunSummary()
     resource: dict[str, Any] | None = None
     kept = True
+    runs = summary.runs
     with gc_paused():
         for record in iter_records([path], summary.stats, progress, windows_expanded=True):
+            runs.add(record)
             if isinstance(record, SpanRecord):
                 if record.resource is not resource:  # the spans of a request share their resource
                     resource = record.resource
@@ -451,6 +440,7 @@ def summarize_file(run: str | None, path: str, progress: Callable[[int], None] |
                     summary.add(record)
             else:
                 summary.add_metrics_record(record, run)
+    runs.in_file(path)
     return summary
 
 

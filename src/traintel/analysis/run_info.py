@@ -1,0 +1,212 @@
+"""Which runs a read went through: who each was, when, how big, and which files hold it.
+
+Why here, apart from the listing and the choosing (``runs.py``): every command that reads the
+files fully (``summary``, ``report``) notes the runs as it goes, so that when the files turn out
+to hold one run, the one read is enough to name it and nothing is read twice. ``traintel runs``
+reads the same records through the same class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from traintel import semconv
+from traintel.exporters.reader import Record, SpanRecord, gc_paused, iter_records
+
+__all__ = ["UNKNOWN_RUN", "RunInfo", "RunsSeen", "run_key", "runs_in_file"]
+
+_W = semconv.WINDOW_PREFIX
+_WINDOW_SPAN = semconv.TRAINING_WINDOW_SPAN
+_WINDOW_EVENT = semconv.Event.TRAINING_METRICS_UPDATE.value
+UNKNOWN_RUN = "unknown"
+
+#: A process of a run: (run id, restart count, rank).
+_Process = tuple[str, int, int]
+
+
+def run_key(resource: Mapping[str, Any]) -> str:
+    """The run a process belongs to, the unit the commands report on one at a time.
+
+    The session tag, because the ranks of a job share its run id and the jobs of a restarted
+    one share its session tag (which defaults to the run id): neither is split apart. Foreign
+    data without them falls back to the run id, then to the process itself. The same rule as
+    the goodput sessions, so a run's report and its goodput are about the same processes.
+    """
+    for key in (semconv.SESSION_TAG, semconv.RUN_ID, semconv.SERVICE_INSTANCE_ID):
+        value = resource.get(key)
+        if value is not None and value != "":
+            return str(value)
+    return UNKNOWN_RUN
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+@dataclass
+class RunInfo:
+    """One run in the files: who it was, when, how big, and which files hold it."""
+
+    id: str
+    run_ids: set[str] = field(default_factory=set)
+    services: set[str] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+    ranks: set[int] = field(default_factory=set)
+    #: Launches of the run (a restarted job has several): (run id, restart count).
+    jobs: set[tuple[str, int]] = field(default_factory=set)
+    start_ns: int = 0
+    end_ns: int = 0
+    spans: int = 0
+    #: The files holding the run, in the order read (a dict keeps order and drops repeats).
+    file_set: dict[str, None] = field(default_factory=dict)
+    #: Per process, iterations counted from its window spans and from its window events.
+    window_iterations: dict[_Process, list[int]] = field(default_factory=dict)
+
+    @property
+    def files(self) -> list[str]:
+        return list(self.file_set)
+
+    @property
+    def duration_s(self) -> float:
+        return max(0, self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def started(self) -> str:
+        """The start in UTC, to the second (the file names' clock, whatever the local zone)."""
+        moment = datetime.fromtimestamp(self.start_ns / 1e9, tz=timezone.utc)
+        return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+    @property
+    def iterations(self) -> int:
+        """Training iterations run: per launch the most any of its ranks ran (every rank runs
+        them all), summed over launches (iterations a restart ran again count again). Window
+        spans are preferred: every window is exported as one, whereas a plain OpenTelemetry
+        loop span keeps only its newest window events."""
+        per_job: dict[tuple[str, int], int] = {}
+        for (run_id, restart, _rank), (from_spans, from_events) in self.window_iterations.items():
+            counted = from_spans or from_events
+            per_job[(run_id, restart)] = max(per_job.get((run_id, restart), 0), counted)
+        return sum(per_job.values())
+
+    def see(self, resource: Mapping[str, Any]) -> _Process:
+        """A resource of this run; returns its process."""
+        run_id = str(resource.get(semconv.RUN_ID) or resource.get(semconv.SERVICE_INSTANCE_ID) or self.id)
+        restart = _int(resource.get(semconv.RESTART_COUNT))
+        rank = _int(resource.get(semconv.RANK))
+        self.run_ids.add(run_id)
+        self.jobs.add((run_id, restart))
+        self.ranks.add(rank)
+        for key, target in ((semconv.SERVICE_NAME, self.services), (semconv.HOST_NAME, self.hosts)):
+            if resource.get(key):
+                target.add(str(resource[key]))
+        return (run_id, restart, rank)
+
+    def add_span(self, process: _Process, span: SpanRecord) -> None:
+        self.spans += 1
+        start = span.start_ns
+        if start and (not self.start_ns or start < self.start_ns):
+            self.start_ns = start
+        self.end_ns = max(self.end_ns, span.end_ns, start)
+        counts = self.window_iterations.get(process)
+        if counts is None:
+            counts = self.window_iterations[process] = [0, 0]
+        if span.name == _WINDOW_SPAN:
+            counts[0] += max(0, _int(span.attributes.get(_W + "iterations")))
+        for event in span.events:
+            if event.name == _WINDOW_EVENT:
+                counts[1] += max(0, _int(event.attributes.get(_W + "iterations")))
+
+    def merge(self, later: RunInfo) -> None:
+        """Add what a later read (another file) saw of the same run."""
+        self.run_ids |= later.run_ids
+        self.services |= later.services
+        self.hosts |= later.hosts
+        self.ranks |= later.ranks
+        self.jobs |= later.jobs
+        if later.start_ns and (not self.start_ns or later.start_ns < self.start_ns):
+            self.start_ns = later.start_ns
+        self.end_ns = max(self.end_ns, later.end_ns)
+        self.spans += later.spans
+        self.file_set.update(later.file_set)
+        for process, (spans, events) in later.window_iterations.items():
+            counts = self.window_iterations.setdefault(process, [0, 0])
+            counts[0] += spans
+            counts[1] += events
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "run_ids": sorted(self.run_ids),
+            "services": sorted(self.services),
+            "hosts": sorted(self.hosts),
+            "ranks": sorted(self.ranks),
+            "restarts": len(self.jobs) - 1,
+            "start_unix_nano": self.start_ns,
+            "start_utc": self.started,
+            "duration_s": self.duration_s,
+            "iterations": self.iterations,
+            "spans": self.spans,
+            "files": self.files,
+        }
+
+
+class RunsSeen:
+    """The runs of the records added, by :func:`run_key`; merged file after file."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, RunInfo] = {}
+        # The records of one request share their resource's dict: identified once per request.
+        self._resource: object = None
+        self._run: RunInfo | None = None
+        self._process: _Process = ("", 0, 0)
+
+    def add(self, record: Record) -> None:
+        resource = record.resource
+        run = self._run
+        if resource is not self._resource or run is None:
+            key = run_key(resource)
+            run = self.runs.get(key)
+            if run is None:
+                run = self.runs[key] = RunInfo(key)
+            self._resource, self._run, self._process = resource, run, run.see(resource)
+        if isinstance(record, SpanRecord):
+            run.add_span(self._process, record)
+
+    def in_file(self, path: str) -> None:
+        """Every run added so far is in ``path`` (a per-file collector says so at its end)."""
+        for run in self.runs.values():
+            run.file_set.setdefault(path, None)
+
+    def merge(self, later: RunsSeen) -> None:
+        for key, run in later.runs.items():
+            mine = self.runs.get(key)
+            if mine is None:
+                self.runs[key] = run
+            else:
+                mine.merge(run)
+        self._resource = self._run = None
+
+    def newest_first(self) -> list[RunInfo]:
+        """The runs with spans, newest (latest start) first."""
+        found = [run for run in self.runs.values() if run.spans]
+        return sorted(found, key=lambda run: (run.start_ns, run.id), reverse=True)
+
+    def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
+        return {"runs": self.runs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self.runs = state["runs"]
+
+
+def runs_in_file(path: str, progress: Callable[[int], None] | None = None) -> RunsSeen:
+    """The runs in one file (a task for :func:`~traintel.analysis.parallel.map_files`)."""
+    seen = RunsSeen()
+    with gc_paused():
+        for record in iter_records([path], progress=progress):
+            seen.add(record)
+    seen.in_file(path)
+    return seen
