@@ -13,11 +13,13 @@ totals exactly (iterations, samples, checkpoint saves, productive time), or the 
 Each command runs in a fresh process (``python -m traintel.cli``), as a user runs it, with the
 default worker count (one process per CPU up to one per file); the numbers are its input
 bytes over its CPU seconds (user + system, workers included: MB/s per core), over its wall
-time, and the peak RSS of the largest process (``getrusage(RUSAGE_CHILDREN)``). ``--old``
-also runs the committed version (``git archive HEAD``, read-only) on the smallest size.
+time, and the peak RSS of the largest process (``getrusage(RUSAGE_CHILDREN)``): the medians of
+``--rounds`` interleaved rounds, with the range of MB/s per core. ``--old`` also runs the
+committed version (``git archive HEAD``, read-only) on the smallest size.
 
 Run: ``python benchmarks/bench_offline_analysis.py [--ranks 64] [--iterations 1000000 ...]
-[--nodes 8] [--dir DIR] [--old]`` (several ``--iterations`` show how the figures scale).
+[--nodes 8] [--dir DIR] [--rounds 3] [--old]`` (several ``--iterations`` show how the figures
+scale).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import argparse
 import itertools
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -214,6 +217,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, action="append", help="per rank (repeatable)")
     parser.add_argument("--dir", type=Path, help="where the generated job is kept (reused)")
     parser.add_argument("--old", action="store_true", help="also the committed version, smallest size")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are printed")
     args = parser.parse_args()
     sizes = sorted(args.iterations or [1_000_000])
     directory = args.dir or Path(tempfile.gettempdir()) / "traintel-bench-offline"
@@ -227,20 +231,28 @@ def main() -> None:
         )
         subprocess.run(["tar", "-x", "-C", str(old_src)], input=archive.stdout, check=True)
     print(f"{'ranks':>5} {'iters/rank':>11} {'MB':>8} {'command':<8} {'wall s':>8} {'MB/s':>7} "
-          f"{'MB/s/core':>9} {'peak RSS MB':>11}  version")  # fmt: skip
+          f"{'MB/s/core':>9} {'(rounds)':>11} {'peak RSS MB':>11}  version")  # fmt: skip
     for n, iterations in enumerate(sizes):
         files = generate(directory, args.ranks, args.nodes, iterations)
         megabytes = sum(path.stat().st_size for path in files) / 1e6
         check_totals(files[0].parent, args.ranks, iterations)
         versions = [("new", REPO / "src")] + ([("old", old_src / "src")] if old_src and n == 0 else [])
-        for command in ("summary", "goodput", "report"):
-            for version, src in versions:
-                wall, cpu, rss = measure(command, files[0].parent, src)
-                print(
-                    f"{args.ranks:>5} {iterations:>11,} {megabytes:>8,.0f} {command:<8} {wall:>8.1f} "
-                    f"{megabytes / wall:>7.1f} {megabytes / cpu:>9.1f} {rss / 1e6:>11.0f}  {version}",
-                    flush=True,
-                )
+        runs: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+        for _round in range(args.rounds):  # interleaved: a slow spell of the machine hits all alike
+            for command in ("summary", "goodput", "report"):
+                for version, src in versions:
+                    runs.setdefault((command, version), []).append(measure(command, files[0].parent, src))
+        for (command, version), measured in runs.items():
+            wall = statistics.median(m[0] for m in measured)
+            cpus = sorted(m[1] for m in measured)
+            rss = max(m[2] for m in measured)
+            spread = f"{megabytes / cpus[-1]:.1f}-{megabytes / cpus[0]:.1f}"
+            print(
+                f"{args.ranks:>5} {iterations:>11,} {megabytes:>8,.0f} {command:<8} {wall:>8.1f} "
+                f"{megabytes / wall:>7.1f} {megabytes / statistics.median(cpus):>9.1f} {spread:>11} "
+                f"{rss / 1e6:>11.0f}  {version}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

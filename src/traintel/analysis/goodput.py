@@ -525,15 +525,15 @@ def _add_span(process: _Process, span: SpanRecord) -> None:
         if event.name == _PREEMPTION:
             process.preempted = True
     attributes = span.attributes
+    if span.name == semconv.TRAINING_WINDOW_SPAN:  # a leaf: no ancestor of any data loading
+        process.window_rows.append(_window_row(start, end, attributes))
+        return
     parent = span.parent_span_id
     phase = attributes.get(semconv.PHASE)
     is_iteration = phase == _ITERATION
     if is_iteration or parent is not None:  # a root that is no iteration: as good as unknown
         flags = (_IS_ITERATION if is_iteration else 0) | (_HAS_PARENT if parent is not None else 0)
         process.links.append((_span_key(span.span_id), _span_key(parent) if parent is not None else 0, flags))
-    if span.name == semconv.TRAINING_WINDOW_SPAN:
-        process.window_rows.append(_window_row(start, end, attributes))
-        return
     if is_iteration:
         iteration = _int(attributes.get(semconv.ITERATION))
         if iteration is not None:
