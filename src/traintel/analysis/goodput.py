@@ -383,6 +383,8 @@ class SessionGoodput(_Share):
 
 # --- reading -------------------------------------------------------------------------------------
 def _float(value: object, default: float = 0.0) -> float:
+    if type(value) is float:  # the common case, before the general checks
+        return value
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
 
 
@@ -390,26 +392,27 @@ def _int(value: object) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+#: A window record's attributes in the order of its row's columns (:data:`_WINDOW_ROW`).
+_ROW_INTS = (_W + "first_iteration", _W + "last_iteration", _W + "iterations")
+_ROW_FLOATS = (
+    _W + "productive_time", _W + "data_loading_time", _W + "program_startup_time", _W + "flops",
+    semconv.MFU_DENOMINATOR, _W + "iteration_time.p50", _W + "iteration_time.p90",
+    _W + "iteration_time.p99", _W + "iteration_time.max",
+)  # fmt: skip
+_ROW_SLOWEST = _W + "slowest_iteration"
+
+
 def _window_row(start_ns: int, end_ns: int, a: dict[str, Any]) -> tuple[Any, ...]:
     """A window record's row (:data:`_WINDOW_ROW`), as ``_Process.windows`` reads it back."""
-    slowest = _int(a.get(_W + "slowest_iteration"))
+    get = a.get
+    slowest = _int(get(_ROW_SLOWEST))
     return (
         start_ns,
         end_ns,
-        _int(a.get(_W + "first_iteration")) or 0,
-        _int(a.get(_W + "last_iteration")) or 0,
-        _int(a.get(_W + "iterations")) or 0,
-        _float(a.get(_W + "productive_time")),
-        _float(a.get(_W + "data_loading_time")),
-        _float(a.get(_W + "program_startup_time")),
-        _float(a.get(_W + "flops")),
-        _float(a.get(semconv.MFU_DENOMINATOR)),
-        _float(a.get(_W + "iteration_time.p50")),
-        _float(a.get(_W + "iteration_time.p90")),
-        _float(a.get(_W + "iteration_time.p99")),
-        _float(a.get(_W + "iteration_time.max")),
+        *[_int(get(key)) or 0 for key in _ROW_INTS],
+        *[_float(get(key)) for key in _ROW_FLOATS],
         slowest if slowest is not None else 0,  # (the ranks' records have none in scale mode)
-        _float(a.get(semconv.STEP_TIME_IDEAL)),
+        _float(get(semconv.STEP_TIME_IDEAL)),
         slowest is not None,
     )
 
