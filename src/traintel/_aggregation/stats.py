@@ -148,7 +148,9 @@ class QuantileSketch:
 
     Short runs get the same linear-interpolated percentiles as the windows. Past the limit the
     values fold into logarithmic buckets (the DDSketch idea): a quantile is answered with its
-    bucket's representative value, within ``relative_accuracy`` of the true sample quantile.
+    bucket's representative value, within ``relative_accuracy`` of the true sample quantile, and
+    never outside the smallest and largest value seen (which the true quantile cannot be): steps
+    that all take the same time get that time back, not their bucket's representative.
     Memory is one counter per occupied bucket: with 1 % accuracy, values from 1 µs to 1 day
     occupy at most ~1,300 buckets, whatever the number of iterations. The counts are a dict
     (a window's tally merges in a few dict updates), with the sorted keys kept until a new bucket
@@ -163,6 +165,8 @@ class QuantileSketch:
         "_log_gamma",
         "count",
         "exact_limit",
+        "high",
+        "low",
         "relative_accuracy",
         "zeros",
     )
@@ -179,6 +183,7 @@ class QuantileSketch:
         self._exact: list[float] | None = []
         self.count = 0
         self.zeros = 0
+        self.low, self.high = math.inf, -math.inf  # the smallest and largest value seen
 
     @property
     def is_exact(self) -> bool:
@@ -186,6 +191,7 @@ class QuantileSketch:
 
     def add(self, value: float) -> None:
         self.count += 1
+        self.low, self.high = min(self.low, value), max(self.high, value)
         exact = self._exact
         if exact is not None:
             insort(exact, value)  # kept sorted: quantiles need no sort
@@ -205,6 +211,9 @@ class QuantileSketch:
         """Add a batch (a window's values): one C-level sort instead of an insort per value;
         an :class:`IndexedBatch` shares its bucket counts with other sketches."""
         batch = values if isinstance(values, IndexedBatch) else IndexedBatch(values)
+        if batch.values:
+            low, high = min(batch.values), max(batch.values)
+            self.low, self.high = min(self.low, low), max(self.high, high)
         exact = self._exact
         if exact is None:
             self._merge(batch.tally(self._log_gamma))
@@ -260,7 +269,7 @@ class QuantileSketch:
                 out.append(0.0)
             else:
                 index = keys[j - 1] if j <= len(keys) else keys[-1]
-                out.append(2 * gamma**index / (gamma + 1))
+                out.append(min(max(2 * gamma**index / (gamma + 1), self.low), self.high))
         return out
 
     def robust_mean(self, k: float = 3.0) -> float:
@@ -287,7 +296,7 @@ class QuantileSketch:
         )
         kept = bisect_right(values, limit)  # values ascend: the kept ones are a prefix
         weighted: float = sum(map(operator.mul, values[:kept], counts[:kept]))
-        return weighted / sum(counts[:kept])
+        return min(max(weighted / sum(counts[:kept]), self.low), self.high)
 
     @property
     def buckets(self) -> int:
