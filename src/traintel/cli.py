@@ -144,11 +144,12 @@ def _read_runs(
     if hint is not None:
         result = read(files, hint)
         found = runs_of(result).newest_first()
-        if not found or found[0].id == hint:
-            choice = _choice_of(args, found)
-            assert not isinstance(choice, int)  # neither --run nor --all: always a choice
-            return choice, [(choice.shown[0] if choice.shown else None, result)]
         choice = _choice_of(args, found)
+        if isinstance(choice, int):
+            return choice
+        if not found or found[0].id == hint:  # the run read is the one shown
+            return choice, [(choice.shown[0] if choice.shown else None, result)]
+        # else a newer run, met on the way: read below, from its own files
     else:
         choice = _choose(args, files)
     if isinstance(choice, int):

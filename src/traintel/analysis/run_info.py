@@ -198,8 +198,9 @@ class RunsSeen:
         return {"runs": self.runs}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
         self.runs = state["runs"]
+        self._resource = self._run = None
+        self._process = ("", 0, 0)
 
 
 def runs_in_file(path: str, progress: Callable[[int], None] | None = None) -> RunsSeen:
