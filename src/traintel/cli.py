@@ -261,7 +261,7 @@ def _runs(args: argparse.Namespace) -> int:
     if not files:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2
-    found = _with_progress(files, functools.partial(scan_runs, files))
+    found = _with_progress(files, functools.partial(scan_runs, files, workers=auto_workers(files)))
     if not found:
         print(f"traintel: no runs in {', '.join(args.paths)}: no readable spans", file=sys.stderr)
         return 1
