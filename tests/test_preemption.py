@@ -309,3 +309,59 @@ def test_a_signal_while_an_iterations_end_is_recorded_waits_for_it(tmp_path: Pat
         assert [s.name for s in children] == ["model_forward", "optimizer_update"]
     # the handler ran after the bookkeeping's rest, not inside it; the job went no further
     assert child.stdout == "handled after the iteration's end 3\n", child.stdout
+
+
+# A user's own SIGTERM handler (installed first, so the job goes on) that raises a second SIGTERM
+# while it handles the first, which waited for iteration 3's end.
+SECOND_SIGNAL = textwrap.dedent(
+    """
+    import signal
+    calls = []
+
+    def on_term(signum, frame):
+        calls.append(signum)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    import traintel
+    from traintel._runtime import state
+
+    traintel.configure(warmup_iterations=0)
+    engine = state.configured().engine
+    add_row = engine._add_row
+
+    def add_row_then_signal(record, duration_ns, end_ns):
+        add_row(record, duration_ns, end_ns)
+        if record.iteration == 3:
+            signal.raise_signal(signal.SIGTERM)
+
+    engine._add_row = add_row_then_signal
+    with traintel.application(), traintel.training_loop():
+        for n in range(6):
+            with traintel.training_iteration(n, samples=8):
+                pass
+            if n == 3:
+                print("handled by iteration 3's end:", len(calls), flush=True)
+    print("clean exit", len(calls), flush=True)
+    """
+)
+
+
+def test_a_signal_during_a_waiting_signals_handling_is_not_deferred_again(tmp_path: Path) -> None:
+    """The waiting signal is handled as the bookkeeping returns; one that arrives while that
+    handling runs is handled at once, not left for an iteration end that may never come."""
+    script = tmp_path / "train.py"
+    script.write_text(SECOND_SIGNAL)
+    child = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        cwd=tmp_path,
+        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.splitlines() == ["handled by iteration 3's end: 2", "clean exit 2"], child.stdout
+    assert "Traceback" not in child.stderr and "could not" not in child.stderr, child.stderr

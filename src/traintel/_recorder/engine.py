@@ -405,9 +405,12 @@ class TrainingEngine:
                 if exported_now or in_segment >= segments.next_check or end_ns >= segments.due_ns:
                     segments.check(loop, end_ns, exported_now)
         finally:  # a terminating signal that landed in the lines above is handled now
-            if self.deferred_signal is not None:
-                deliver, self.deferred_signal = self.deferred_signal, None
-                deliver()
+            deliver = self.deferred_signal
+            if deliver is not None:
+                try:
+                    deliver()  # still set meanwhile: a signal that lands in it is not deferred
+                finally:
+                    self.deferred_signal = None
 
     def _add_row(self, record: IterationRecord, duration_ns: int, end_ns: int) -> None:
         """The iteration's row in the open window: its time, work and step phases."""
