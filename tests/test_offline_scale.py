@@ -142,6 +142,8 @@ def test_summary_totals_are_exact_serial_and_parallel(node_files: list[Path]) ->
     assert serial.summary_value("samples_per_second") == pytest.approx(SAMPLES * RANKS / 0.1)
     # sampled iterations, from rank 0 alone at this size: the first 10 and every 100th
     assert serial.exported_iterations == {"first": 10, "every_n": ITERATIONS // 100 - 1}
+    # the loop summary's checkpoint line is one rank's, and says which
+    assert "Checkpoints of rank 0: 2 saves, 6.00 s blocking in total" in render(serial)
     assert render(parallel) == render(serial)
     serial.stats = parallel.stats = reader.ReadStats()  # equal; the rest compared field by field
     assert parallel == serial

@@ -383,6 +383,13 @@ class RunSummary:
                 return summary[_S + key]
         return None
 
+    def summary_rank(self, key: str) -> int | None:
+        """The rank whose loop gives :meth:`summary_value` for ``key``."""
+        for (_restart, negated_rank, _time), summary in reversed(self.loop_summaries):
+            if _S + key in summary:
+                return int(-negated_rank)
+        return None
+
     def window_metrics(self) -> dict[str, dict[str, Any]]:
         """The model metrics of the run's last window: ``name -> {"last": v, "mean": v}``."""
         metrics: dict[str, dict[str, Any]] = {}
@@ -597,8 +604,10 @@ def _rate_lines(summary: RunSummary) -> list[str]:
     saves = value("checkpoint.saves")
     if saves:
         megabytes = value("checkpoint.bytes.total")
+        # a loop's own saves: with several ranks, one rank's (often the only one that saves)
+        rank = summary.summary_rank("checkpoint.saves") if len(summary.ranks) > 1 else None
         lines.append(
-            f"Checkpoints: {plain_number(saves)} saves, "
+            f"Checkpoints{f' of rank {rank}' if rank is not None else ''}: {plain_number(saves)} saves, "
             f"{fmt_seconds(value('checkpoint.save_time.total'))} blocking in total, "
             f"mean {fmt_seconds(value('checkpoint.save_time.mean'))}, "
             f"max {fmt_seconds(value('checkpoint.save_time.max'))}"
