@@ -238,12 +238,12 @@ def test_a_signal_while_loading_data_before_the_iteration_cuts_that_span(tmp_pat
     assert not [s for s in found if s.name == "training_iteration" and s.attributes[semconv.ITERATION] == 6]
 
 
-# The signal lands inside traintel's own bookkeeping of iteration 3's end, after the iteration
-# stopped being the open one and before its export was decided: raised from the method that adds
-# its row to the window, the handler runs before that method returns.
-IN_ITERATION_END = textwrap.dedent(
+# Configures traintel and has the signal SIGNAL land inside its own bookkeeping of iteration 3's
+# end, after the iteration stopped being the open one and before its export was decided: raised
+# from the method that adds its row to the window, the handler runs before that method returns;
+# then after_signal() runs there. The script defines SIGNAL and after_signal() first.
+SIGNAL_IN_ITERATION_3_END = textwrap.dedent(
     """
-    import signal, sys
     import traintel
     from traintel._runtime import state
 
@@ -254,20 +254,36 @@ IN_ITERATION_END = textwrap.dedent(
     def add_row_then_signal(record, duration_ns, end_ns):
         add_row(record, duration_ns, end_ns)
         if record.iteration == 3:
-            signal.raise_signal(getattr(signal, sys.argv[1]))
-            # printed only if the handler waited for the bookkeeping to finish
-            print("handled after the iteration's end", record.iteration, flush=True)
+            signal.raise_signal(SIGNAL)
+            after_signal()
 
     engine._add_row = add_row_then_signal
-    with traintel.application(), traintel.training_loop():
-        for n in range(6):
-            with traintel.training_iteration(n, samples=8):
-                with traintel.model_forward():
-                    pass
-                with traintel.optimizer_update():
-                    pass
-    print("clean exit", flush=True)
     """
+)
+
+IN_ITERATION_END = (
+    textwrap.dedent(
+        """
+        import signal, sys
+        SIGNAL = getattr(signal, sys.argv[1])
+
+        def after_signal():  # printed only if the handler waited for the bookkeeping to finish
+            print("handled after the iteration's end", 3, flush=True)
+        """
+    )
+    + SIGNAL_IN_ITERATION_3_END
+    + textwrap.dedent(
+        """
+        with traintel.application(), traintel.training_loop():
+            for n in range(6):
+                with traintel.training_iteration(n, samples=8):
+                    with traintel.model_forward():
+                        pass
+                    with traintel.optimizer_update():
+                        pass
+        print("clean exit", flush=True)
+        """
+    )
 )
 
 
@@ -313,38 +329,36 @@ def test_a_signal_while_an_iterations_end_is_recorded_waits_for_it(tmp_path: Pat
 
 # A user's own SIGTERM handler (installed first, so the job goes on) that raises a second SIGTERM
 # while it handles the first, which waited for iteration 3's end.
-SECOND_SIGNAL = textwrap.dedent(
-    """
-    import signal
-    calls = []
+SECOND_SIGNAL = (
+    textwrap.dedent(
+        """
+        import signal
+        SIGNAL = signal.SIGTERM
+        calls = []
 
-    def on_term(signum, frame):
-        calls.append(signum)
-        if len(calls) == 1:
-            signal.raise_signal(signal.SIGTERM)
+        def on_term(signum, frame):
+            calls.append(signum)
+            if len(calls) == 1:
+                signal.raise_signal(signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, on_term)
-    import traintel
-    from traintel._runtime import state
+        def after_signal():
+            pass
 
-    traintel.configure(warmup_iterations=0)
-    engine = state.configured().engine
-    add_row = engine._add_row
-
-    def add_row_then_signal(record, duration_ns, end_ns):
-        add_row(record, duration_ns, end_ns)
-        if record.iteration == 3:
-            signal.raise_signal(signal.SIGTERM)
-
-    engine._add_row = add_row_then_signal
-    with traintel.application(), traintel.training_loop():
-        for n in range(6):
-            with traintel.training_iteration(n, samples=8):
-                pass
-            if n == 3:
-                print("handled by iteration 3's end:", len(calls), flush=True)
-    print("clean exit", len(calls), flush=True)
-    """
+        signal.signal(signal.SIGTERM, on_term)
+        """
+    )
+    + SIGNAL_IN_ITERATION_3_END
+    + textwrap.dedent(
+        """
+        with traintel.application(), traintel.training_loop():
+            for n in range(6):
+                with traintel.training_iteration(n, samples=8):
+                    pass
+                if n == 3:
+                    print("handled by iteration 3's end:", len(calls), flush=True)
+        print("clean exit", len(calls), flush=True)
+        """
+    )
 )
 
 
