@@ -376,19 +376,22 @@ class RunSummary:
             totals[name] = totals.get(name, 0.0) + value
         return dict(sorted(totals.items()))
 
+    def _speaking_loop(self, key: str) -> tuple[tuple[int, int, int], dict[str, Any]] | None:
+        """The last training loop summary (by precedence) that has ``key``."""
+        for at, loop in reversed(self.loop_summaries):
+            if _S + key in loop:
+                return at, loop
+        return None
+
     def summary_value(self, key: str) -> Any:
         """A ``ml.training.summary.<key>`` value of the last training loop that has it."""
-        for _at, summary in reversed(self.loop_summaries):
-            if _S + key in summary:
-                return summary[_S + key]
-        return None
+        entry = self._speaking_loop(key)
+        return entry[1][_S + key] if entry is not None else None
 
     def summary_rank(self, key: str) -> int | None:
         """The rank whose loop gives :meth:`summary_value` for ``key``."""
-        for (_restart, negated_rank, _time), summary in reversed(self.loop_summaries):
-            if _S + key in summary:
-                return int(-negated_rank)
-        return None
+        entry = self._speaking_loop(key)
+        return -entry[0][1] if entry is not None else None  # precedence holds the rank negated
 
     def window_metrics(self) -> dict[str, dict[str, Any]]:
         """The model metrics of the run's last window: ``name -> {"last": v, "mean": v}``."""
