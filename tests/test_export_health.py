@@ -377,6 +377,59 @@ def test_failed_metric_exports_are_counted_by_signal_and_the_exit_line_says_what
     ]
 
 
+def test_a_metric_export_still_waiting_at_exit_is_said_as_undelivered() -> None:
+    """A collector that accepts and never answers: the exit's bounded shutdown gives up on the
+    final export, which neither failed nor was delivered; the exit line must still say it."""
+    health = ExportHealth()
+    inner = SwitchableMetricExporter()
+    inner.up = True
+    release = threading.Event()
+    original = inner.export
+
+    def hanging(
+        metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        if inner.delivered:  # the first export goes through, the next waits
+            release.wait(10)
+        return original(metrics_data, timeout_millis, **kwargs)
+
+    inner.export = hanging  # type: ignore[method-assign]
+    reader = PeriodicExportingMetricReader(
+        CountingMetricExporter(inner, health), export_interval_millis=10**9
+    )
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    provider.get_meter("job").create_counter("samples").add(8)
+    provider.force_flush()
+    waiting = threading.Thread(target=provider.force_flush)
+    waiting.start()
+    try:
+        while not health.snapshot().metric_export_unfinished:
+            time.sleep(0.01)
+        assert describe(health.snapshot()) == [
+            "the last metric export had not finished at exit: the metrics since the last delivered "
+            "export were not delivered (metrics are not spooled)"
+        ]
+    finally:
+        release.set()
+        waiting.join()
+        provider.shutdown()
+    assert describe(health.snapshot()) == []  # it finished, delivered: nothing was lost
+
+
+def test_a_metric_export_waiting_at_exit_with_none_delivered_says_so() -> None:
+    health = ExportHealth()
+    health.metric_export_started()
+    assert describe(health.snapshot()) == [
+        "the last metric export had not finished at exit, none delivered: this run's metrics were "
+        "not delivered (metrics are not spooled)"
+    ]
+    health.metric_export_done(False)
+    assert describe(health.snapshot()) == [
+        "1 metric export(s) failed, none delivered: this run's metrics were not delivered "
+        "(metrics are not spooled)"
+    ]
+
+
 def test_a_job_whose_collector_is_down_counts_its_metric_failures_and_says_so(tmp_path: Path) -> None:
     """Real OTLP/gRPC metric export to a port where nothing listens, next to the embedded file."""
     code = """

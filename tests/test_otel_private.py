@@ -223,6 +223,31 @@ def test_the_batch_queue_is_the_sdks() -> None:
     assert private.batch_queue(object()) == (None, 0)
 
 
+def test_a_meter_providers_readers_are_found_and_their_exporters_wrapped() -> None:
+    """The readers of a provider someone else built (the distro's), on this release: found
+    (1.45 no longer lists them in the provider's configuration) and their exporters wrapped."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+
+    periodic = PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=10**9)
+    in_memory = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[periodic, in_memory], shutdown_on_exit=False)
+    try:
+        expected = [periodic, in_memory]
+        if hasattr(provider, "add_metric_reader"):
+            added = InMemoryMetricReader()
+            provider.add_metric_reader(added)
+            expected.append(added)
+        assert private.periodic_readers(provider) == expected
+        wrapped: list[object] = []
+        assert private.replace_reader_exporter(periodic, lambda inner: wrapped.append(inner) or inner)
+        assert len(wrapped) == 1 and isinstance(wrapped[0], ConsoleMetricExporter)
+        assert not private.replace_reader_exporter(in_memory, lambda inner: inner)  # no exporter
+    finally:
+        provider.shutdown()
+    assert private.periodic_readers(object()) == []
+
+
 def test_a_metric_exporters_preferences_are_what_it_declared() -> None:
     from opentelemetry.sdk.metrics import Histogram
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter

@@ -27,7 +27,7 @@ What is used, and why:
   a wrapper must declare the same ones as the exporter it wraps.
 * **Exporters inside providers someone else built** (``TracerProvider._active_span_processor.
   _span_processors``, ``BatchSpanProcessor._batch_processor._exporter``,
-  ``MeterProvider._sdk_config.metric_readers``, ``PeriodicExportingMetricReader._exporter``):
+  ``MeterProvider._measurement_consumer._reader_storages``, ``PeriodicExportingMetricReader._exporter``):
   under ``opentelemetry-instrument`` the distro builds the providers before traintel runs, and
   the public API cannot reach their exporters; traintel puts its spool and loss counting in
   front of them. Where a release keeps them elsewhere, they are left as they are (and said).
@@ -302,7 +302,12 @@ def replace_batch_exporter(processor: Any, exporter: Any) -> bool:
 
 
 def periodic_readers(provider: Any) -> list[Any]:
-    """The metric readers of an SDK meter provider (empty where not found)."""
+    """The metric readers of an SDK meter provider (empty where not found): those its
+    measurement consumer collects for, which include any added after it was built (where
+    ``add_metric_reader`` exists); 1.40's configuration also lists them, 1.45's does not."""
+    storages = getattr(getattr(provider, "_measurement_consumer", None), "_reader_storages", None)
+    if isinstance(storages, Mapping):
+        return list(storages)
     readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", None)
     return list(readers) if isinstance(readers, list | tuple) else []
 

@@ -52,6 +52,9 @@ class HealthSnapshot:
     metric_exports_delivered: int = 0
     #: The last metric export failed, or had not finished when the snapshot was taken.
     metrics_undelivered: bool = False
+    #: A metric export had not finished when the snapshot was taken (at exit: one the bounded
+    #: shutdown gave up on, whose totals the collector never confirmed).
+    metric_export_unfinished: bool = False
     #: Spooled spans set aside (rejected by the collector, or unreadable), and where.
     spans_quarantined: int = 0
     quarantine_dirs: tuple[str, ...] = ()
@@ -160,8 +163,9 @@ class ExportHealth:
                 ),
                 metric_export_failures=self.metric_export_failures,
                 metric_exports_delivered=self.metric_exports_delivered,
-                metrics_undelivered=self.metric_export_failures > 0
-                and (self._last_metric_export_failed or self._metric_export_running > 0),
+                metrics_undelivered=self._metric_export_running > 0
+                or (self.metric_export_failures > 0 and self._last_metric_export_failed),
+                metric_export_unfinished=self._metric_export_running > 0,
             )
 
 
@@ -270,7 +274,7 @@ def describe(snapshot: HealthSnapshot) -> list[str]:
             f"{snapshot.export_failures} span export attempt(s) failed; {snapshot.spans_spooled} span(s) "
             f"spooled, {snapshot.spans_resent} re-sent"
         )
-    if snapshot.metric_export_failures:
+    if snapshot.metric_export_failures or snapshot.metric_export_unfinished:
         lines.append(_metrics_line(snapshot))
     if snapshot.batches_split:
         lines.append(f"{snapshot.batches_split} extra batch(es) from splitting over the size limit")
@@ -291,13 +295,24 @@ def describe(snapshot: HealthSnapshot) -> list[str]:
 
 
 def _metrics_line(snapshot: HealthSnapshot) -> str:
-    """Metrics are cumulative and not spooled: what a failure cost depends on the last export."""
-    failed = f"{snapshot.metric_export_failures} metric export(s) failed"
+    """Metrics are cumulative and not spooled: what a failure cost depends on the last export,
+    and an export still waiting for the collector at exit is as good as failed."""
+    said = []
+    if snapshot.metric_export_failures:
+        said.append(f"{snapshot.metric_export_failures} metric export(s) failed")
+    if snapshot.metric_export_unfinished:
+        said.append("the last metric export had not finished at exit")
+    head = ", ".join(said)
     if not snapshot.metrics_undelivered:
-        return failed + "; a later export delivered the cumulative totals"
+        return head + "; a later export delivered the cumulative totals"
     if not snapshot.metric_exports_delivered:
-        return failed + ", none delivered: this run's metrics were not delivered (metrics are not spooled)"
+        return head + ", none delivered: this run's metrics were not delivered (metrics are not spooled)"
+    if snapshot.metric_export_unfinished:
+        return (
+            head + ": the metrics since the last delivered export were not delivered (metrics are not "
+            "spooled)"
+        )
     return (
-        failed + ", the last one too: the metrics since the last delivered export were not delivered "
+        head + ", the last one too: the metrics since the last delivered export were not delivered "
         "(metrics are not spooled)"
     )
