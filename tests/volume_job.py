@@ -3,8 +3,8 @@ each runs it in a fresh interpreter, prefixed with ``RATE = ...`` and ``MINUTES 
 
 #: ``RATE`` steps/s for ``MINUTES`` on a counter clock (``time.time_ns`` advanced by the loop
 #: itself): every step exactly 1/RATE s (5 % of it waiting for data), one in 200 five times
-#: longer, a loss and a learning rate recorded; a metric collection every simulated minute from
-#: a thread of its own (the periodic reader's).
+#: longer, a loss and a learning rate recorded; a metric collection every simulated interval of
+#: the periodic reader the job got (read from it, not assumed), from a thread of its own.
 VOLUME_JOB = """
 import random, threading, time
 S = 10**9
@@ -13,11 +13,14 @@ time.time_ns = lambda: NOW[0]
 def tick(seconds):
     NOW[0] += round(seconds * S)
 import traintel
+from traintel._sdk import otel_private
 step, n = 1 / RATE, int(60 * MINUTES * RATE)
 jitter = random.Random(7)
 telemetry = traintel.configure(warmup_iterations=0)
 meters = telemetry.pipeline.meter_provider
-next_collect = NOW[0] + 60 * S
+(reader,) = otel_private.periodic_readers(meters)
+interval = round(reader._export_interval_millis * 10**6)
+next_collect = NOW[0] + interval
 with traintel.application():
     with traintel.model_init():
         tick(5)
@@ -38,6 +41,6 @@ with traintel.application():
                 collect = threading.Thread(target=meters.force_flush)
                 collect.start()
                 collect.join()
-                next_collect += 60 * S
+                next_collect += interval
 traintel.shutdown()
 """

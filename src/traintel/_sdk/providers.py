@@ -48,6 +48,7 @@ from traintel.config import ConfigurationError, TrainingConfig
 from traintel.exporters import redaction as _redaction
 from traintel.exporters import retry_lines, tls_errors
 from traintel.exporters.file import (
+    FILE_METRIC_EXPORT_INTERVAL_MILLIS,
     FILE_SUFFIX,
     OtlpJsonFileMetricExporter,
     OtlpJsonFileSpanExporter,
@@ -660,11 +661,15 @@ def _periodic_readers(
             undo.append(built.shutdown)
             readers.append(built)
             continue
-        bound = (
-            ProcessBoundMetricExporter(built) if plan.name == FILE_EXPORTER else CountingMetricExporter(built)
-        )
+        interval: float | None = None  # the SDK's: OTEL_METRIC_EXPORT_INTERVAL, else 60 s
+        if plan.name == FILE_EXPORTER:
+            bound: MetricExporter = ProcessBoundMetricExporter(built)
+            if not environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip():
+                interval = FILE_METRIC_EXPORT_INTERVAL_MILLIS
+        else:
+            bound = CountingMetricExporter(built)
         try:
-            reader = PeriodicExportingMetricReader(bound)
+            reader = PeriodicExportingMetricReader(bound, export_interval_millis=interval)
         except Exception as exc:
             undo.append(bound.shutdown)
             what = f"the periodic metric reader of exporter {plan.name!r} could not start"
