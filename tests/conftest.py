@@ -35,7 +35,6 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name, value in SUITE_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "on")
-    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "on")
     _state.shutdown(0.5)
     yield
     _state.shutdown(0.5)

@@ -84,6 +84,7 @@ def test_a_blackholed_endpoint_is_bounded_spooled_and_counted(tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
     assert elapsed < 12, f"took {elapsed:.1f}s although the exporter's timeout is 30 s"
     assert HINT not in result.stderr  # an endpoint was set: nothing to suggest
+    assert "where traintel does not find them" not in result.stderr  # this SDK's layout is known
     # the distro's metric exporter is counted too: its only export, at exit, never got an answer
     # (cut by the bounded exit: cancelled, or still waiting when the exit line is written)
     assert re.search(
@@ -93,3 +94,41 @@ def test_a_blackholed_endpoint_is_bounded_spooled_and_counted(tmp_path: Path) ->
     ), result.stderr
     produced = sorted(s.span_id for s in iter_spans(sorted((tmp_path / "out").glob("*.otlp.jsonl"))))
     assert _replayed(tmp_path / "out" / "spool") == produced
+
+
+def test_an_sdk_that_keeps_its_exporters_elsewhere_is_said_and_left_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A later SDK release may move what traintel reaches into (1.45 moved the meter provider's
+    readers): the distro's providers then run as they are, and the job's log says so once."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    from traintel._sdk.providers import Pipeline, adopt_instrumented_providers
+    from traintel.config import TrainingConfig
+
+    tracer_provider = TracerProvider(shutdown_on_exit=False)
+    tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    reader = PeriodicExportingMetricReader(ConsoleMetricExporter(), export_interval_millis=10**9)
+    meter_provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    monkeypatch.delattr(tracer_provider, "_active_span_processor")
+    monkeypatch.delattr(meter_provider, "_measurement_consumer")
+    monkeypatch.delattr(meter_provider._sdk_config, "metric_readers", raising=False)
+    pipeline = Pipeline(
+        tracer_provider, meter_provider, owns_tracer_provider=False, owns_meter_provider=False
+    )
+    try:
+        assert adopt_instrumented_providers(pipeline, TrainingConfig.from_env(strict=False)) == 0
+    finally:
+        monkeypatch.undo()
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    assert (
+        caplog.text.count(
+            "traintel: this OpenTelemetry SDK release keeps its span processors and metric "
+            "readers where traintel does not find them"
+        )
+        == 1
+    ), caplog.text

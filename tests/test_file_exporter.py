@@ -204,6 +204,42 @@ def test_a_file_removed_mid_run_is_recreated_and_said_once(
     assert file.lines_written == 3
 
 
+_READER_INTERVALS = """
+import traintel
+from traintel._sdk import otel_private
+telemetry = traintel.configure()
+for reader in otel_private.periodic_readers(telemetry.pipeline.meter_provider):
+    print(type(reader._exporter.inner).__name__, reader._export_interval_millis)
+traintel.shutdown(1)
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, {"OtlpJsonFileMetricExporter": 300_000.0}),
+        ({"OTEL_METRIC_EXPORT_INTERVAL": "60000"}, {"OtlpJsonFileMetricExporter": 60_000.0}),
+        (
+            {
+                "OTEL_METRICS_EXPORTER": "otlp,traintel_file",
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://127.0.0.1:9",
+            },
+            {"OTLPMetricExporter": 60_000.0, "OtlpJsonFileMetricExporter": 300_000.0},
+        ),
+    ],
+)
+def test_the_file_collects_every_five_minutes_unless_the_interval_is_set(
+    tmp_path: Path, env: dict[str, str], expected: dict[str, float]
+) -> None:
+    """The file's metric lines are read for their last values: one every 5 minutes keeps the
+    file within its volume budget; a set OTEL_METRIC_EXPORT_INTERVAL and other exporters are
+    the SDK's."""
+    result = run_python(_READER_INTERVALS, tmp_path, OTEL_TRACES_EXPORTER="none", **env)
+    assert result.returncode == 0, result.stderr
+    readers = {line.split()[0]: float(line.split()[1]) for line in result.stdout.splitlines()}
+    assert readers == expected
+
+
 def test_files_are_owner_only(tmp_path: Path) -> None:
     file = OtlpJsonLinesFile(output_dir=tmp_path / "runs" / "deeper")
     assert file.write_line('{"resourceSpans":[]}', "svc")

@@ -245,7 +245,8 @@ def test_a_meter_providers_readers_are_found_and_their_exporters_wrapped() -> No
         assert not private.replace_reader_exporter(in_memory, lambda inner: inner)  # no exporter
     finally:
         provider.shutdown()
-    assert private.periodic_readers(object()) == []
+    assert private.periodic_readers(object()) is None  # not found: said by the caller
+    assert private.span_processors(object()) is None
 
 
 def test_a_metric_exporters_preferences_are_what_it_declared() -> None:

@@ -281,10 +281,10 @@ def batch_queue(processor: Any) -> tuple[deque[Any] | None, int]:
     return queue, int(getattr(batch, "_max_queue_size", 0) or 0)
 
 
-def span_processors(provider: Any) -> tuple[SpanProcessor, ...]:
-    """The span processors added to an SDK tracer provider (empty where not found)."""
+def span_processors(provider: Any) -> tuple[SpanProcessor, ...] | None:
+    """The span processors added to an SDK tracer provider (None where not found)."""
     processors = getattr(getattr(provider, "_active_span_processor", None), "_span_processors", None)
-    return tuple(processors) if isinstance(processors, tuple) else ()
+    return tuple(processors) if isinstance(processors, tuple) else None
 
 
 def batch_exporter(processor: Any) -> Any:
@@ -301,15 +301,15 @@ def replace_batch_exporter(processor: Any, exporter: Any) -> bool:
     return True
 
 
-def periodic_readers(provider: Any) -> list[Any]:
-    """The metric readers of an SDK meter provider (empty where not found): those its
+def periodic_readers(provider: Any) -> list[Any] | None:
+    """The metric readers of an SDK meter provider (None where not found): those its
     measurement consumer collects for, which include any added after it was built (where
     ``add_metric_reader`` exists); 1.40's configuration also lists them, 1.45's does not."""
     storages = getattr(getattr(provider, "_measurement_consumer", None), "_reader_storages", None)
     if isinstance(storages, Mapping):
         return list(storages)
     readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", None)
-    return list(readers) if isinstance(readers, list | tuple) else []
+    return list(readers) if isinstance(readers, list | tuple) else None
 
 
 def replace_reader_exporter(reader: Any, wrap: Callable[[Any], Any]) -> bool:

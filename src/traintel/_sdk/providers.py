@@ -537,13 +537,19 @@ def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> 
         for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     )
     adopted = 0
-    for processor in otel_private.span_processors(tracer_provider):
+    processors = otel_private.span_processors(tracer_provider)
+    readers = otel_private.periodic_readers(meter_provider)
+    unreached = [] if processors is not None else ["span processors"]
+    if readers is None and isinstance(meter_provider, MeterProvider):
+        unreached.append("metric readers")
+    for processor in processors or ():
         if not isinstance(processor, BatchSpanProcessor) or isinstance(processor, CountingBatchSpanProcessor):
             continue
         exporter = otel_private.batch_exporter(processor)
-        if exporter is None or isinstance(
-            exporter, SpoolingSpanExporter | OtlpJsonFileSpanExporter | ProcessBoundSpanExporter
-        ):
+        if exporter is None:
+            unreached.append("batch span processors' exporters")
+            continue
+        if isinstance(exporter, SpoolingSpanExporter | OtlpJsonFileSpanExporter | ProcessBoundSpanExporter):
             continue
         hint = "" if endpoint_set or adopted else _DISTRO_DEFAULT_HINT
         spooler = _spooling(exporter, type(exporter).__name__, config, pipeline.resource, hint)
@@ -551,8 +557,15 @@ def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> 
             continue
         pipeline.export_paths.append((guard_queue(processor), spooler))
         adopted += 1
-    for reader in otel_private.periodic_readers(meter_provider):
+    for reader in readers or ():
         otel_private.replace_reader_exporter(reader, CountingMetricExporter)
+    if unreached:
+        _logger.warning(
+            "traintel: this OpenTelemetry SDK release keeps its %s where traintel does not find "
+            "them: the exporters opentelemetry-instrument built are used as they are, without "
+            "traintel's spool and loss counting",
+            " and ".join(dict.fromkeys(unreached)),
+        )
     retry_lines.install()
     for provider in (tracer_provider, meter_provider):
         atexit.unregister(getattr(provider, "shutdown", _no_shutdown))
