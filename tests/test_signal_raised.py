@@ -1,0 +1,113 @@
+"""An exception a signal handler raises while traintel's own code runs is the job's, not a
+telemetry failure: traintel's guards raise it on instead of containing it.
+
+The case that matters: ``kill -TERM`` to a job's process group kills its DataLoader workers,
+and torch's SIGCHLD handler raises "DataLoader worker ... killed by signal" wherever the main
+thread stands, often inside a phase's exit. Contained there, the job went on as if nothing had
+happened and exited 0 where it exits 1 without traintel. Here a real handler for SIGUSR1
+raises from inside the iteration's end bookkeeping, deterministically.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+import traintel
+from tests.conftest import Pipeline
+from traintel import semconv
+from traintel._runtime import state
+from traintel._runtime.signal_raised import raised_by_signal_handler
+
+
+class WorkerKilled(RuntimeError):
+    pass
+
+
+def _raising_handler(signum: int, frame: object) -> None:
+    raise WorkerKilled("DataLoader worker (pid 1234) is killed by signal: Terminated.")
+
+
+@pytest.fixture
+def usr1_raises() -> Iterator[None]:
+    previous = signal.signal(signal.SIGUSR1, _raising_handler)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def _inside_iteration_end(at: int, action: Callable[[], None]) -> None:
+    """Run ``action`` inside traintel's bookkeeping of iteration ``at``'s end."""
+    telemetry = state.configured()
+    assert telemetry is not None and telemetry.engine is not None
+    engine: Any = telemetry.engine
+    add_row = engine._add_row
+
+    def add_row_then(record: Any, duration_ns: int, end_ns: int) -> None:
+        add_row(record, duration_ns, end_ns)
+        if record.iteration == at:
+            action()
+
+    engine._add_row = add_row_then
+
+
+def _train(iterations: range, done: list[int]) -> None:
+    with traintel.training_loop():
+        for n in iterations:
+            with traintel.training_iteration(n, samples=8):
+                with traintel.model_forward():
+                    pass
+            done.append(n)
+
+
+def test_a_signal_handlers_exception_inside_traintels_code_reaches_the_job(
+    pipeline: Pipeline, usr1_raises: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    _inside_iteration_end(3, lambda: signal.raise_signal(signal.SIGUSR1))
+    done: list[int] = []
+    with caplog.at_level(logging.WARNING), traintel.application():
+        with pytest.raises(WorkerKilled, match="DataLoader worker"):
+            _train(range(6), done)
+        assert done == [0, 1, 2]  # raised out of iteration 3, as without traintel
+        _train(range(10, 13), done)  # a job that catches it and goes on is recorded as before
+    assert "could not end phase" not in caplog.text  # not contained as a telemetry failure
+    failed, resumed = sorted(pipeline.by_name("training_loop"), key=lambda span: span.start_time or 0)
+    assert failed.status.status_code is StatusCode.ERROR
+    assert "DataLoader worker" in (failed.status.description or "")
+    assert resumed.status.status_code is StatusCode.UNSET
+    iterations = {
+        (span.attributes or {})[semconv.ITERATION] for span in pipeline.by_name("training_iteration")
+    }
+    assert {0, 1, 2, 10, 11, 12} <= iterations
+
+
+def test_a_failure_of_traintels_own_code_is_still_contained(
+    pipeline: Pipeline, usr1_raises: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    def fail() -> None:
+        raise RuntimeError("a bug in telemetry")
+
+    _inside_iteration_end(3, fail)
+    done: list[int] = []
+    with caplog.at_level(logging.WARNING), traintel.application():
+        _train(range(6), done)
+    assert done == list(range(6))
+    assert caplog.text.count("could not end phase 'training_iteration' (reported once)") == 1
+    (loop,) = pipeline.by_name("training_loop")
+    assert loop.status.status_code is StatusCode.UNSET
+
+
+def test_what_the_users_own_code_caught_is_left_to_it(usr1_raises: None) -> None:
+    """Handled in the user's ``except`` block (which may call traintel), the handler's
+    exception is theirs: a warning traintel says there does not raise it again."""
+    try:
+        signal.raise_signal(signal.SIGUSR1)
+    except WorkerKilled as caught:
+        assert not raised_by_signal_handler(caught)
+        state.Warnings().warn_once("test", "said inside the user's handler")
+    else:
+        raise AssertionError("the handler did not raise")
