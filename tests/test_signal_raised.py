@@ -101,6 +101,27 @@ def test_a_failure_of_traintels_own_code_is_still_contained(
     assert loop.status.status_code is StatusCode.UNSET
 
 
+class DeviceLoss:
+    """A tensor whose ``.item()`` waits for the device, as a CUDA loss does: the workers die
+    meanwhile."""
+
+    def item(self) -> float:
+        signal.raise_signal(signal.SIGUSR1)
+        return 0.5
+
+
+def test_a_signal_handlers_exception_while_record_metrics_reads_a_tensor_reaches_the_job(
+    pipeline: Pipeline, usr1_raises: None
+) -> None:
+    with traintel.application(), traintel.training_loop():
+        with traintel.training_iteration(0):
+            traintel.record_metrics(loss=0.25)
+            with pytest.raises(WorkerKilled):
+                traintel.record_metrics(loss=DeviceLoss())
+    (iteration,) = pipeline.by_name("training_iteration")
+    assert (iteration.attributes or {})[semconv.METRIC_PREFIX + "loss"] == 0.25
+
+
 def test_what_the_users_own_code_caught_is_left_to_it(usr1_raises: None) -> None:
     """Handled in the user's ``except`` block (which may call traintel), the handler's
     exception is theirs: a warning traintel says there does not raise it again."""

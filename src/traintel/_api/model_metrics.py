@@ -19,6 +19,7 @@ from opentelemetry.trace import Span
 from traintel import semconv
 from traintel._recorder import active
 from traintel._runtime import state as _state
+from traintel._runtime.signal_raised import raised_by_signal_handler
 
 
 def _as_number(value: object) -> float | int | bool | None:
@@ -30,8 +31,10 @@ def _as_number(value: object) -> float | int | bool | None:
     item = getattr(value, "item", None)
     if callable(item):
         try:
-            result = item()
-        except Exception:
+            result = item()  # a CUDA tensor's waits for the device: a signal may well land here
+        except Exception as exc:
+            if raised_by_signal_handler(exc):
+                raise
             return None
         if isinstance(result, bool | int | float):
             return result
@@ -56,7 +59,8 @@ def _numbers(values: Mapping[str, object], telemetry: _state.Telemetry) -> dict[
 
 
 def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: object) -> None:
-    """Attach model metrics to the current iteration (or loop). Never raises.
+    """Attach model metrics to the current iteration (or loop). Never raises for a failure of
+    its own (an exception a signal handler raises meanwhile is the job's, and goes on up).
 
     Non-numeric values are dropped with one warning; non-finite ones are kept (a NaN loss
     is exactly what a user needs to find).
