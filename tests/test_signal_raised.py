@@ -21,8 +21,9 @@ from opentelemetry.trace import StatusCode
 import traintel
 from tests.conftest import Pipeline
 from traintel import semconv
+from traintel._host.device import DeviceHooks
+from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._runtime import state
-from traintel._runtime.signal_raised import raised_by_signal_handler
 
 
 class WorkerKilled(RuntimeError):
@@ -120,6 +121,35 @@ def test_a_signal_handlers_exception_while_record_metrics_reads_a_tensor_reaches
                 traintel.record_metrics(loss=DeviceLoss())
     (iteration,) = pipeline.by_name("training_iteration")
     assert (iteration.attributes or {})[semconv.METRIC_PREFIX + "loss"] == 0.25
+
+
+class SyncingTimer:
+    """A device timer whose event records wait on the device: a signal lands in them."""
+
+    def __init__(self, fails: Callable[[], None]) -> None:
+        self.fails = fails
+
+    def started(self, phase: str) -> None:
+        self.fails()
+
+    def ended(self, phase: str) -> None:
+        self.fails()
+
+
+@pytest.mark.parametrize("where", ["started", "ended"])
+def test_device_hooks_raise_a_signal_handlers_exception_and_contain_their_own(
+    usr1_raises: None, where: str
+) -> None:
+    hooks = DeviceHooks(SyncingTimer(lambda: signal.raise_signal(signal.SIGUSR1)), None)  # type: ignore[arg-type]
+    call = hooks.started if where == "started" else hooks.ended
+    with pytest.raises(WorkerKilled):
+        call("model_forward")
+
+    def bug() -> None:
+        raise RuntimeError("a bug in telemetry")
+
+    failing = DeviceHooks(SyncingTimer(bug), None)  # type: ignore[arg-type]
+    (failing.started if where == "started" else failing.ended)("model_forward")  # contained
 
 
 def test_what_the_users_own_code_caught_is_left_to_it(usr1_raises: None) -> None:

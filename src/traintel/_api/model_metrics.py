@@ -17,9 +17,9 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span
 
 from traintel import semconv
+from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._runtime import state as _state
-from traintel._runtime.signal_raised import raised_by_signal_handler
 
 
 def _as_number(value: object) -> float | int | bool | None:

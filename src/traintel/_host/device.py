@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from traintel import semconv
 from traintel._host.flops import autocast_dtype
+from traintel._host.signal_raised import raised_by_signal_handler
 from traintel.config import TrainingConfig
 
 _logger = logging.getLogger(__name__)
@@ -172,7 +173,9 @@ class DeviceHooks:
                 self.nvtx.started(phase, iteration)
             if self.timer is not None:
                 self.timer.started(phase)
-        except Exception as exc:  # never into training
+        except Exception as exc:  # never into training, but what a signal handler raised is the job's
+            if raised_by_signal_handler(exc):
+                raise
             _logger.debug("traintel: device hook failed at the start of %s: %s", phase, exc)
 
     def ended(self, phase: str) -> None:
@@ -182,6 +185,8 @@ class DeviceHooks:
             if self.nvtx is not None:
                 self.nvtx.ended()
         except Exception as exc:
+            if raised_by_signal_handler(exc):
+                raise
             _logger.debug("traintel: device hook failed at the end of %s: %s", phase, exc)
 
 

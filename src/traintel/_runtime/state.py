@@ -27,9 +27,9 @@ from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
 from traintel._host.capabilities import capability_report
+from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
-from traintel._runtime.signal_raised import raised_by_signal_handler
 from traintel._sdk.instruments import DEFERRED_CAPACITY
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
@@ -78,7 +78,7 @@ class Warnings:
     def warn_once(self, kind: str, message: str, *args: object) -> None:
         """Say ``message`` once per ``kind``. Called from a guard's ``except`` block (where
         traintel contains its own failures), an exception a signal handler raised inside
-        traintel's code is raised on instead: it is the job's (see :mod:`.signal_raised`)."""
+        traintel's code is raised on instead: it is the job's (see ``traintel._host.signal_raised``)."""
         handling = sys.exc_info()[1]
         if handling is not None and raised_by_signal_handler(handling):
             raise handling
