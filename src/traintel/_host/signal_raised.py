@@ -16,23 +16,36 @@ import signal
 from pathlib import Path
 from types import CodeType, TracebackType
 
-_PACKAGE = str(Path(__file__).resolve().parent.parent)
+import opentelemetry
+
+#: As the import system named them, as code objects' file names are (not resolved).
+_PACKAGE = str(Path(__file__).parent.parent)
+#: Code that is never a signal handler here: traintel's (its own handler raises nothing but
+#: what it hands over from another) and OpenTelemetry's.
+_NOT_HANDLERS = (_PACKAGE, *opentelemetry.__path__)
 
 
 def raised_by_signal_handler(exc: BaseException) -> bool:
     """Whether ``exc`` was caught by traintel's code and raised by a signal handler installed
-    now (its frames are on the exception's traceback)."""
+    now (its frames are on the exception's traceback).
+
+    A failure of traintel's own code (a guard's usual catch) has only traintel's and
+    OpenTelemetry's frames on its traceback and is answered without looking at the handlers,
+    which costs tens of microseconds: a failure that repeats every step stays cheap."""
     traceback = exc.__traceback__
     if traceback is None or not traceback.tb_frame.f_code.co_filename.startswith(_PACKAGE):
         return False  # caught by the user's code: theirs to handle, not a guard's
-    handlers = _handler_codes()
-    return bool(handlers) and any(code in handlers for code in _codes(traceback))
+    candidates = _foreign_codes(traceback)
+    return bool(candidates) and not candidates.isdisjoint(_handler_codes())
 
 
-def _codes(traceback: TracebackType | None) -> list[CodeType]:
-    codes = []
+def _foreign_codes(traceback: TracebackType | None) -> set[CodeType]:
+    """The code of each frame on the traceback that is neither traintel's nor OpenTelemetry's."""
+    codes = set()
     while traceback is not None:
-        codes.append(traceback.tb_frame.f_code)
+        code = traceback.tb_frame.f_code
+        if not code.co_filename.startswith(_NOT_HANDLERS):
+            codes.add(code)
         traceback = traceback.tb_next
     return codes
 
