@@ -152,6 +152,29 @@ def test_device_hooks_raise_a_signal_handlers_exception_and_contain_their_own(
     (failing.started if where == "started" else failing.ended)("model_forward")  # contained
 
 
+def test_a_phase_whose_end_a_signal_handlers_exception_interrupts_still_ends(
+    pipeline: Pipeline, usr1_raises: None
+) -> None:
+    """Raised in the device hook at a checkpoint save's end: the save's span is still ended
+    and exported, and the exception reaches the job."""
+    telemetry = state.configured()
+    assert telemetry is not None and telemetry.engine is not None
+
+    class EndRaises(SyncingTimer):
+        def started(self, phase: str) -> None:
+            pass
+
+    telemetry.engine.set_device(DeviceHooks(EndRaises(lambda: signal.raise_signal(signal.SIGUSR1)), None))  # type: ignore[arg-type]
+    with pytest.raises(WorkerKilled), traintel.application(), traintel.checkpoint_save(iteration=7):
+        pass
+    (save,) = pipeline.by_name("checkpoint_save_sync")
+    assert (
+        save.end_time is not None and save.status.status_code is StatusCode.UNSET
+    )  # the save itself went well
+    (app,) = pipeline.by_name("application")
+    assert app.status.status_code is StatusCode.ERROR
+
+
 def test_what_the_users_own_code_caught_is_left_to_it(usr1_raises: None) -> None:
     """Handled in the user's ``except`` block (which may call traintel), the handler's
     exception is theirs: a warning traintel says there does not raise it again."""

@@ -124,15 +124,17 @@ class PhaseSpan:
             return
         self._span, self._token = _INVALID_SPAN, None
         end = _time_ns() if end_ns is None else end_ns
-        if engine.device is not None:
-            engine.device.ended(self._name)
         error = clean_exit(exc)
         try:
-            self._before_end(engine, span, error, end)
-        except Exception:
-            engine.warn_once("before_end:" + self._name, "could not finish attributes of %r", self._name)
-        self._detach(engine, token)
-        engine.end_span(span, error, end, reason)
+            if engine.device is not None:
+                engine.device.ended(self._name)
+            try:
+                self._before_end(engine, span, error, end)
+            except Exception:
+                engine.warn_once("before_end:" + self._name, "could not finish attributes of %r", self._name)
+            self._detach(engine, token)
+        finally:  # what a signal handler raised above goes on up, and the span still ends
+            engine.end_span(span, error, end, reason)
 
     def _detach(self, engine: TrainingEngine, token: object) -> None:
         if self._thread == _get_ident():
