@@ -12,17 +12,18 @@ would have been a few bytecodes later without traintel.
 from __future__ import annotations
 
 import functools
+import os
 import signal
 from pathlib import Path
 from types import CodeType, TracebackType
 
 import opentelemetry
 
-#: As the import system named them, as code objects' file names are (not resolved).
-_PACKAGE = str(Path(__file__).parent.parent)
+#: Directories as the import system named them, as code objects' file names are (not resolved).
+_PACKAGE = os.path.join(str(Path(__file__).parent.parent), "")
 #: Code that is never a signal handler here: traintel's (its own handler raises nothing but
 #: what it hands over from another) and OpenTelemetry's.
-_NOT_HANDLERS = (_PACKAGE, *opentelemetry.__path__)
+_NOT_HANDLERS = (_PACKAGE, *(os.path.join(path, "") for path in opentelemetry.__path__))
 
 
 def raised_by_signal_handler(exc: BaseException) -> bool:
