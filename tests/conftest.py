@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from opentelemetry import context as context_api
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -38,6 +40,10 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     _state.shutdown(0.5)
     yield
     _state.shutdown(0.5)
+    # a test that leaves a span current would parent every later test's spans under it
+    leaked = trace.get_current_span()
+    context_api.attach(context_api.Context())  # the next test starts clean either way
+    assert leaked is trace.INVALID_SPAN, f"the test left span {leaked} current"
 
 
 @dataclass

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 import traintel
@@ -160,13 +161,20 @@ def test_a_phase_whose_end_a_signal_handlers_exception_interrupts_still_ends(
     telemetry = state.configured()
     assert telemetry is not None and telemetry.engine is not None
 
-    class EndRaises(SyncingTimer):
+    class SaveEndRaises(SyncingTimer):
         def started(self, phase: str) -> None:
             pass
 
-    telemetry.engine.set_device(DeviceHooks(EndRaises(lambda: signal.raise_signal(signal.SIGUSR1)), None))  # type: ignore[arg-type]
+        def ended(self, phase: str) -> None:
+            if phase == "checkpoint_save_sync":
+                self.fails()
+
+    hooks = DeviceHooks(SaveEndRaises(lambda: signal.raise_signal(signal.SIGUSR1)), None)  # type: ignore[arg-type]
+    telemetry.engine.set_device(hooks)
+    outside = trace.get_current_span()
     with pytest.raises(WorkerKilled), traintel.application(), traintel.checkpoint_save(iteration=7):
         pass
+    assert trace.get_current_span() is outside  # the context is back where it was
     (save,) = pipeline.by_name("checkpoint_save_sync")
     assert (
         save.end_time is not None and save.status.status_code is StatusCode.UNSET

@@ -132,8 +132,8 @@ class PhaseSpan:
                 self._before_end(engine, span, error, end)
             except Exception:
                 engine.warn_once("before_end:" + self._name, "could not finish attributes of %r", self._name)
+        finally:  # what a signal handler raised above goes on up; the context and span are put right
             self._detach(engine, token)
-        finally:  # what a signal handler raised above goes on up, and the span still ends
             engine.end_span(span, error, end, reason)
 
     def _detach(self, engine: TrainingEngine, token: object) -> None:
