@@ -50,7 +50,7 @@ from typing import Any
 from traintel import semconv
 from traintel._aggregation.stats import percentile
 from traintel.analysis.columns import Table
-from traintel.analysis.parallel import map_files
+from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.exporters.reader import ReadStats, Record, SpanRecord, expand_paths, gc_paused, iter_records
 from traintel.semconv import BADPUT_CATEGORIES, BADPUT_CATEGORY_OF_PHASE, Phase
 
@@ -449,12 +449,7 @@ class GoodputReader:
                     process.see(0, series.last_time_ns)
 
     def merge(self, later: GoodputReader) -> None:
-        for key, process in later.processes.items():
-            mine = self.processes.get(key)
-            if mine is None:
-                self.processes[key] = process
-            else:
-                mine.merge(process)
+        merge_by_key(self.processes, later.processes)
         self._resource = self._process = None
 
     def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache

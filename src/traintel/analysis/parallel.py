@@ -18,12 +18,13 @@ import concurrent.futures
 import multiprocessing
 import os
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["PARALLEL_BYTES", "auto_workers", "map_files"]
+__all__ = ["PARALLEL_BYTES", "auto_workers", "map_files", "merge_by_key"]
 
 R = TypeVar("R")
+K = TypeVar("K")
 #: Below this much input one process reads it faster than workers can start (about 0.3 s each).
 PARALLEL_BYTES = 64 * 1024 * 1024
 #: Bytes a worker reads between two progress reports.
@@ -34,6 +35,24 @@ Progress = Callable[[int], None]
 
 class FileTask(Protocol[R]):  # type: ignore[misc]
     def __call__(self, path: str, progress: Progress | None = None) -> R: ...
+
+
+class _Mergeable(Protocol):
+    def merge(self, later: Any, /) -> None: ...
+
+
+M = TypeVar("M", bound=_Mergeable)
+
+
+def merge_by_key(into: dict[K, M], later: Mapping[K, M]) -> None:
+    """Fold a later file's partial results by key (processes, runs, phases) into ``into``: a
+    key new here is taken as it is, one seen before merges the later part into its own."""
+    for key, part in later.items():
+        mine = into.get(key)
+        if mine is None:
+            into[key] = part
+        else:
+            mine.merge(part)
 
 
 def auto_workers(files: list[str]) -> int:

@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from traintel import semconv
 from traintel.analysis.goodput import GoodputReader, SessionGoodput, compute_goodput
-from traintel.analysis.parallel import map_files
+from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.ranks import MAX_WINDOWS, CrossRankTable
 from traintel.analysis.summary import (
     RunSummary,
@@ -572,11 +572,7 @@ class Report:
         windows in the same order). Each process's series merge as :meth:`Series.merge` says.
         """
         self.summary.merge(later.summary)
-        for key, process in later.processes.items():
-            if key in self.processes:
-                self.processes[key].merge(process)
-            else:
-                self.processes[key] = process
+        merge_by_key(self.processes, later.processes)
         self.perf_tags |= later.perf_tags
         room = TIMELINE_INTERVALS - len(self.timeline)
         self.timeline.extend(later.timeline[:room])

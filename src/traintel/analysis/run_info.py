@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from traintel import semconv
+from traintel.analysis.parallel import merge_by_key
 from traintel.exporters.reader import Record, SpanRecord, gc_paused, iter_records
 
 __all__ = ["UNKNOWN_RUN", "RunInfo", "RunsSeen", "run_key", "runs_in_file"]
@@ -181,12 +182,7 @@ class RunsSeen:
             run.file_set.setdefault(path, None)
 
     def merge(self, later: RunsSeen) -> None:
-        for key, run in later.runs.items():
-            mine = self.runs.get(key)
-            if mine is None:
-                self.runs[key] = run
-            else:
-                mine.merge(run)
+        merge_by_key(self.runs, later.runs)
         self._resource = self._run = None
 
     def newest_first(self) -> list[RunInfo]:

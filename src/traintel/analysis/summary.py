@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from traintel import semconv
 from traintel._aggregation.stats import percentile
-from traintel.analysis.parallel import map_files
+from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.run_info import RunsSeen, run_key
 from traintel.exporters.json_records import MetricsRecord
 from traintel.exporters.reader import (
@@ -331,11 +331,7 @@ class RunSummary:
         self.ranks |= later.ranks
         self.runs.merge(later.runs)
         self._merge_choices(later)
-        for phase, stats in later.phases.items():
-            if phase in self.phases:
-                self.phases[phase].merge(stats)
-            else:
-                self.phases[phase] = stats
+        merge_by_key(self.phases, later.phases)
         self.application_s += later.application_s
         self.spans += later.spans
         self.windows += later.windows
