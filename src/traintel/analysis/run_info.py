@@ -52,7 +52,6 @@ class RunInfo:
     """One run in the files: who it was, when, how big, and which files hold it."""
 
     id: str
-    run_ids: set[str] = field(default_factory=set)
     services: set[str] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
@@ -65,6 +64,10 @@ class RunInfo:
     file_set: dict[str, None] = field(default_factory=dict)
     #: Per process, iterations counted from its window spans and from its window events.
     window_iterations: dict[_Process, list[int]] = field(default_factory=dict)
+
+    @property
+    def run_ids(self) -> set[str]:
+        return {run_id for run_id, _restart in self.jobs}
 
     @property
     def files(self) -> list[str]:
@@ -97,7 +100,6 @@ class RunInfo:
         run_id = str(resource.get(semconv.RUN_ID) or resource.get(semconv.SERVICE_INSTANCE_ID) or self.id)
         restart = _int(resource.get(semconv.RESTART_COUNT))
         rank = _int(resource.get(semconv.RANK))
-        self.run_ids.add(run_id)
         self.jobs.add((run_id, restart))
         self.ranks.add(rank)
         for key, target in ((semconv.SERVICE_NAME, self.services), (semconv.HOST_NAME, self.hosts)):
@@ -122,7 +124,6 @@ class RunInfo:
 
     def merge(self, later: RunInfo) -> None:
         """Add what a later read (another file) saw of the same run."""
-        self.run_ids |= later.run_ids
         self.services |= later.services
         self.hosts |= later.hosts
         self.ranks |= later.ranks
