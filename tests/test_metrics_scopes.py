@@ -212,13 +212,13 @@ def test_mfu_from_the_device_table_for_the_configured_dtype(
     assert window[W + "mfu"] == 0.25  # no dtype configured, no autocast: fp32's 67 TFLOP/s
     assert window[semconv.MFU_PEAK_SOURCE] == "table: NVIDIA H100 SXM fp32 dense"
     traintel.shutdown(2)
-    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "AMD Instinct MI300X")
+    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "Intel(R) Data Center GPU Max 1550")
     run = job(log_every_n_iterations=1, global_batch_size=1, flops_per_sample=10)
     with caplog.at_level(logging.WARNING):
         run_loop([1, 1, 1], phases=False)
     windows = run.events("training_metrics_update")
     assert all(W + "mfu" not in w and w[W + "flops_per_second_per_device"] == 10 for w in windows)
-    warning = "no MFU: device 'AMD Instinct MI300X' is not in the peak FLOP/s table: set TRAINTEL_PEAK_FLOPS"
+    warning = "no MFU: device 'Intel(R) Data Center GPU Max 1550' is not in the peak FLOP/s table: set TRAINTEL_PEAK_FLOPS"
     assert caplog.text.count(warning) == 1
 
 

@@ -149,10 +149,14 @@ TRAINTEL_DTYPE: Final = "TRAINTEL_DTYPE"
 .. envvar:: TRAINTEL_DTYPE
 
 The compute dtype that selects the peak FLOP/s column: ``bf16``, ``fp16``, ``fp32``, ``tf32``
-or ``fp8``. Default: the CUDA autocast dtype when autocast is active at the start of an iteration
-or step phase in the first window (``with torch.autocast(...)`` around the iteration or around
-``model_forward()``; entered inside the phase, traintel cannot see it), else ``fp32``. Set it for
-a model cast to bf16 without autocast.
+or ``fp8``; it overrides what traintel sees. Default, in this order: the CUDA autocast dtype when
+autocast is active at the start of an iteration or step phase in the first window (``with
+torch.autocast(...)`` around the iteration or around ``model_forward()``; entered inside the
+phase, traintel cannot see it); the dtype of most of the model's parameters where traintel saw
+the model (``measure_flops``, the Lightning and Hugging Face integrations); ``tf32`` when fp32
+matmuls may use TF32 (``torch.set_float32_matmul_precision("high")``); else ``fp32``, with a
+warning that it was assumed. The choice and its reason are on every MFU value
+(``ml.training.mfu.dtype``, ``ml.training.mfu.dtype_reason``).
 """
 
 TRAINTEL_FLOPS_METHOD: Final = "TRAINTEL_FLOPS_METHOD"
@@ -161,7 +165,9 @@ TRAINTEL_FLOPS_METHOD: Final = "TRAINTEL_FLOPS_METHOD"
 
 How ``TRAINTEL_FLOPS_PER_*`` was obtained, published next to every MFU value: ``config``
 (a number you worked out), ``formula`` (an analytic formula such as 6N), ``counter``
-(``traintel.measure_flops``) or ``callable``. Default: ``config`` (``callable`` for callables).
+(``traintel.measure_flops``, or the integrations' count of their first step), ``counter+attention``
+(that count plus the attention term torch's counter has no formula for on CPU) or ``callable``.
+Default: ``config`` (``callable`` for callables).
 """
 
 TRAINTEL_EXPORT_ITERATIONS: Final = "TRAINTEL_EXPORT_ITERATIONS"
@@ -325,6 +331,25 @@ phase (and the iteration number), so an Nsight Systems timeline lines up with th
 Needs CUDA: without it the setting is refused with one warning.
 """
 
+TRAINTEL_MEASURE_PEAK: Final = "TRAINTEL_MEASURE_PEAK"
+"""
+.. envvar:: TRAINTEL_MEASURE_PEAK
+
+``on`` or ``off`` (default). On, a dense matmul in the run's compute dtype is timed once on the
+GPU when the first window closes (at most 15 s; training waits), and MFU is also reported
+against that measured peak (``ml.training.mfu.measured``, ``ml.training.window.mfu_measured``,
+``ml.training.mfu.measured_peak_flops``) next to the datasheet's. Needs CUDA.
+"""
+
+TRAINTEL_ENERGY_PRICE_PER_KWH: Final = "TRAINTEL_ENERGY_PRICE_PER_KWH"
+"""
+.. envvar:: TRAINTEL_ENERGY_PRICE_PER_KWH
+
+Price of one kWh of GPU energy (positive number, in any currency). Set, the energy the job's
+GPUs drew (NVML's energy counter) also gives its cost: ``ml.training.energy.cost`` and
+``ml.training.summary.energy.cost``, in that currency. Unset: no cost.
+"""
+
 TRAINTEL_SPOOL_DIR: Final = "TRAINTEL_SPOOL_DIR"
 """
 .. envvar:: TRAINTEL_SPOOL_DIR
@@ -389,6 +414,8 @@ ALL: Final = (
     TRAINTEL_STRAGGLER_FACTOR,
     TRAINTEL_CUDA_EVENT_TIMING,
     TRAINTEL_NVTX,
+    TRAINTEL_MEASURE_PEAK,
+    TRAINTEL_ENERGY_PRICE_PER_KWH,
     TRAINTEL_SPOOL_DIR,
     TRAINTEL_SPOOL_MAX_BYTES,
     TRAINTEL_SPOOL_RETRY_INTERVAL,

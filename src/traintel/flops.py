@@ -27,11 +27,11 @@ __all__ = [
 ]
 
 
-def apply_flops(count: FlopCount) -> None:
+def apply_flops(count: FlopCount, method: str = "counter") -> None:
     """Use a :func:`measure_flops` result for MFU (and HFU) from now on: sets
-    ``flops_per_sample``, ``executed_flops_per_sample`` and ``flops_method="counter"``."""
+    ``flops_per_sample``, ``executed_flops_per_sample`` and ``flops_method`` (``"counter"``)."""
     state.current().update_config(
         flops_per_sample=count.model_flops_per_sample,
         executed_flops_per_sample=count.executed_flops_per_sample,
-        flops_method="counter",
+        flops_method=method,
     )

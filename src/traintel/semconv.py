@@ -166,6 +166,13 @@ MFU_DENOMINATOR: Final = "ml.training.mfu.denominator_peak_flops"
 MFU_FLOPS_METHOD: Final = "ml.training.mfu.flops_method"
 MFU_TIMING_MODE: Final = "ml.training.mfu.timing_mode"
 MFU_PEAK_SOURCE: Final = "ml.training.mfu.peak_source"
+#: The peak table's dtype column (bf16, tf32, ...) and why that one (``TRAINTEL_DTYPE``,
+#: ``autocast``, ``parameters``, ``fp32 matmuls on TF32 (...)``, ``assumed``).
+MFU_DTYPE: Final = "ml.training.mfu.dtype"
+MFU_DTYPE_REASON: Final = "ml.training.mfu.dtype_reason"
+#: The matmul peak measured at start (``TRAINTEL_MEASURE_PEAK=on``) and how.
+MFU_MEASURED_PEAK: Final = "ml.training.mfu.measured_peak_flops"
+MFU_MEASURED_PEAK_METHOD: Final = "ml.training.mfu.measured_peak_method"
 THROUGHPUT_AGGREGATION: Final = "ml.training.throughput.aggregation"
 THROUGHPUT_SCOPE: Final = "ml.training.throughput.scope"
 SLOW_FACTOR: Final = "ml.training.slow_factor"
@@ -246,6 +253,8 @@ METRIC_SAMPLE_THROUGHPUT: Final = "ml.training.sample_throughput"
 METRIC_TOKEN_THROUGHPUT: Final = "ml.training.token_throughput"
 METRIC_FLOPS_THROUGHPUT: Final = "ml.training.flops_throughput"
 METRIC_MFU: Final = "ml.training.mfu"
+#: MFU against the matmul peak measured at start rather than the datasheet's.
+METRIC_MFU_MEASURED: Final = "ml.training.mfu.measured"
 METRIC_GOODPUT: Final = "ml.training.goodput"
 METRIC_BADPUT: Final = "ml.training.badput"
 METRIC_STEP_TIME_IDEAL: Final = "ml.training.step_time.ideal"

@@ -89,6 +89,10 @@ class RateInputs:
     flops_method: str | None = None
     executed_flops_ratio: float | None = None  # executed / model FLOPs, from the counter
     timing_mode: str = "wall_clock"
+    peak_dtype: str | None = None  # the peak table's column, and why (traintel._host.compute_dtype)
+    peak_dtype_reason: str | None = None
+    measured_peak_flops: float | None = None  # the calibrated matmul peak (traintel._host.calibration)
+    measured_peak_method: str | None = None
 
 
 #: One iteration as the window keeps it until it closes: duration (ns), samples, tokens,
@@ -205,7 +209,7 @@ class _Counts:
             flops_per_second = self.flops / self.flops_time
             out[keys.flops_per_device] = flops_per_second
             out[keys.tflops_per_device] = flops_per_second / 1e12
-            if inputs.peak_flops:
+            if inputs.peak_flops or inputs.measured_peak_flops:
                 errors = _utilization(flops_per_second, inputs, keys, out)
         if split and self.duration_s > 0:
             out.update(zip(keys.times, self.phase_s, strict=True))
@@ -219,7 +223,15 @@ def _utilization(
     """MFU (and HFU, given the executed FLOPs ratio) into ``out``; a value above 1 is not a
     metric but an error, returned."""
     errors: list[str] = []
-    mfu = flops_per_second / (inputs.peak_flops or math.inf)
+    if inputs.measured_peak_flops:
+        measured = flops_per_second / inputs.measured_peak_flops
+        if measured <= 1:
+            out[keys.mfu_measured] = measured
+        else:
+            errors.append(f"mfu against the measured peak {measured:.3f} > 1")
+    if not inputs.peak_flops:
+        return errors
+    mfu = flops_per_second / inputs.peak_flops
     if mfu <= 1:
         out[keys.mfu] = mfu
     else:
@@ -241,6 +253,7 @@ class _RateKeys:
         "flops_per_device",
         "hfu",
         "mfu",
+        "mfu_measured",
         "padding_fraction",
         "samples",
         "samples_per_device",
@@ -260,6 +273,7 @@ class _RateKeys:
         self.flops_per_device = keys["flops_per_second_per_device"]
         self.tflops_per_device = keys["tflops_per_device"]
         self.mfu = keys["mfu"]
+        self.mfu_measured = keys["mfu_measured"]
         self.hfu = keys["hfu"]
         self.times = tuple(keys[name] for name in _TIME_NAMES)
         self.data_loading_fraction = keys["data_loading_fraction"]
@@ -487,10 +501,9 @@ class TrainingAggregator:
         if WINDOW_KEYS["flops_per_second_per_device"] in out:
             out[semconv.MFU_TIMING_MODE] = inputs.timing_mode
             out[semconv.MFU_FLOPS_METHOD] = inputs.flops_method or "config"
-            if inputs.peak_flops:
+            if inputs.peak_flops or inputs.measured_peak_flops:
                 out[semconv.MFU_NUMERATOR] = out[WINDOW_KEYS["flops_per_second_per_device"]]
-                out[semconv.MFU_DENOMINATOR] = inputs.peak_flops
-                out[semconv.MFU_PEAK_SOURCE] = inputs.peak_source or "config"
+                out.update(_peak_attributes(inputs))
 
     # --- end of loop ----------------------------------------------------------------------------
     def summary(self, inputs: RateInputs, train_time_s: float | None) -> dict[str, float | int | str]:
@@ -504,17 +517,33 @@ class TrainingAggregator:
         self._totals(inputs, totals)
         for key, value in totals.items():
             out[semconv.SUMMARY_PREFIX + key[len(_T) :]] = value
-        if semconv.SUMMARY_PREFIX + "mfu" in out:  # what the run's MFU was computed from
+        if semconv.SUMMARY_PREFIX + "mfu" in out or semconv.SUMMARY_PREFIX + "mfu_measured" in out:
+            # what the run's MFU was computed from
             for key, value in (
                 (semconv.MFU_NUMERATOR, out[semconv.SUMMARY_PREFIX + "flops_per_second_per_device"]),
-                (semconv.MFU_DENOMINATOR, inputs.peak_flops or 0.0),
                 (semconv.MFU_FLOPS_METHOD, inputs.flops_method or "config"),
                 (semconv.MFU_TIMING_MODE, inputs.timing_mode),
-                (semconv.MFU_PEAK_SOURCE, inputs.peak_source or "config"),
+                *_peak_attributes(inputs).items(),
             ):
                 out[semconv.SUMMARY_PREFIX + key.removeprefix("ml.training.")] = value
         out.update(self.checkpoints.attributes(semconv.SUMMARY_PREFIX + "checkpoint."))
         return out
+
+
+def _peak_attributes(inputs: RateInputs) -> dict[str, float | int | str]:
+    """The denominators behind MFU: the datasheet's (and its source and dtype, with why that
+    dtype) and the measured one, where each exists."""
+    out: dict[str, float | int | str] = {}
+    if inputs.peak_flops:
+        out[semconv.MFU_DENOMINATOR] = inputs.peak_flops
+        out[semconv.MFU_PEAK_SOURCE] = inputs.peak_source or "config"
+    if inputs.peak_dtype is not None:
+        out[semconv.MFU_DTYPE] = inputs.peak_dtype
+        out[semconv.MFU_DTYPE_REASON] = inputs.peak_dtype_reason or ""
+    if inputs.measured_peak_flops:
+        out[semconv.MFU_MEASURED_PEAK] = inputs.measured_peak_flops
+        out[semconv.MFU_MEASURED_PEAK_METHOD] = inputs.measured_peak_method or ""
+    return out
 
 
 class CheckpointStats:

@@ -22,25 +22,54 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from traintel._host.compute_dtype import note_model
+
 # (pattern on the lower-cased device name, display name, {dtype: dense peak FLOP/s}).
-# Order matters: specific names before the families they contain ("h100 nvl" before "h100",
-# "l40s" before "l40"); word boundaries keep "l4" from matching "l40s" and "a10" from "a100".
+# Names are matched as torch reports them (``torch.cuda.get_device_name``: CUDA, and ROCm, where
+# torch.cuda is HIP). Order matters: specific names before the families they contain ("h100 nvl"
+# before "h100", "gb200" before "b200", "l40s" before "l40"); word boundaries keep "l4" from
+# matching "l40s", "a10" from "a100" and "h20" from "h200".
+# Every figure is dense (no 2:4 sparsity). Where a datasheet prints only "with sparsity" figures
+# (marked * there), the entry is half of it. fp32 is the non-tensor (CUDA core / vector) rate.
 _PEAKS: tuple[tuple[str, str, dict[str, float]], ...] = (
-    # H100 NVL, per GPU (NVIDIA H100 datasheet, 2024: 1,671 TF BF16 with sparsity per GPU).
+    # H100 NVL, per GPU (NVIDIA H100 datasheet, 2024: BF16 1,671 TF*, FP8 3,341 TF*, TF32 835 TF*,
+    # FP32 60 TF).
     (r"\bh100\b.*\bnvl\b", "NVIDIA H100 NVL",
      {"bf16": 835.5e12, "fp16": 835.5e12, "fp8": 1670.5e12, "tf32": 417.5e12, "fp32": 60e12}),
-    # H100 PCIe (datasheet: 1,513 TF BF16 with sparsity).
+    # H100 PCIe (datasheet: BF16 1,513 TF*, FP8 3,026 TF*, TF32 756 TF*, FP32 51 TF).
     (r"\bh100\b.*(pcie|hbm2e)", "NVIDIA H100 PCIe",
      {"bf16": 756.5e12, "fp16": 756.5e12, "fp8": 1513e12, "tf32": 378e12, "fp32": 51.2e12}),
-    # H200 and GH200 share H100 SXM's compute (datasheet: 1,979 TF BF16 with sparsity).
+    # H200 NVL, per GPU (NVIDIA H200 datasheet, 2024: BF16 1,671 TF*, FP8 3,341 TF*, TF32 835 TF*,
+    # FP32 60 TF): the H100 NVL's compute, not the SXM's.
+    (r"\bh200\b.*\bnvl\b", "NVIDIA H200 NVL",
+     {"bf16": 835.5e12, "fp16": 835.5e12, "fp8": 1670.5e12, "tf32": 417.5e12, "fp32": 60e12}),
+    # H200 SXM and GH200 share H100 SXM's compute (H200 datasheet: BF16 1,979 TF*, FP8 3,958 TF*,
+    # TF32 989 TF*, FP32 67 TF).
     (r"\bg?h200\b", "NVIDIA H200",
      {"bf16": 989.5e12, "fp16": 989.5e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12}),
-    # H100 SXM5 ("NVIDIA H100 80GB HBM3"): 1,979 TF BF16 with sparsity.
+    # H800 PCIe: H100 PCIe's compute (NVIDIA H800 PCIe product brief: BF16 1,513 TF*, FP32 51 TF).
+    (r"\bh800\b.*pcie", "NVIDIA H800 PCIe",
+     {"bf16": 756.5e12, "fp16": 756.5e12, "fp8": 1513e12, "tf32": 378e12, "fp32": 51.2e12}),
+    # H800 SXM: H100 SXM's compute with fewer NVLink links (H800 datasheet: BF16 1,979 TF*).
+    (r"\bh800\b", "NVIDIA H800",
+     {"bf16": 989.5e12, "fp16": 989.5e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12}),
+    # H20 (NVIDIA H20 datasheet, dense figures: BF16/FP16 148 TF, FP8 296 TF, TF32 74 TF, FP32 44 TF).
+    (r"\bh20\b", "NVIDIA H20",
+     {"bf16": 148e12, "fp16": 148e12, "fp8": 296e12, "tf32": 74e12, "fp32": 44e12}),
+    # H100 SXM5 ("NVIDIA H100 80GB HBM3"): BF16 1,979 TF*, FP8 3,958 TF*, TF32 989 TF*, FP32 67 TF.
     (r"\bh100\b", "NVIDIA H100 SXM",
      {"bf16": 989.5e12, "fp16": 989.5e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12}),
-    # B200 (HGX B200 datasheet, per GPU: 4.5 PF FP16/BF16 and 9 PF FP8 with sparsity).
+    # GB200, per GPU (GB200 NVL72 datasheet, per GPU: FP16/BF16 5 PF*, FP8 10 PF*, TF32 2.5 PF*,
+    # FP32 80 TF).
+    (r"\bgb200\b", "NVIDIA GB200",
+     {"bf16": 2.5e15, "fp16": 2.5e15, "fp8": 5e15, "tf32": 1.25e15, "fp32": 80e12}),
+    # B200 (HGX B200 datasheet, per GPU: FP16/BF16 4.5 PF*, FP8 9 PF*, TF32 2.2 PF*, FP32 75 TF).
     (r"\bb200\b", "NVIDIA B200",
      {"bf16": 2.25e15, "fp16": 2.25e15, "fp8": 4.5e15, "tf32": 1.1e15, "fp32": 75e12}),
+    # B300 / Blackwell Ultra (HGX B300 datasheet, 8 GPUs: FP16/BF16 36 PF*, FP8 72 PF*, TF32 18 PF*,
+    # FP32 600 TF; per GPU the eighth).
+    (r"\bb300\b", "NVIDIA B300",
+     {"bf16": 2.25e15, "fp16": 2.25e15, "fp8": 4.5e15, "tf32": 1.125e15, "fp32": 75e12}),
     # A100 SXM and PCIe, 40 and 80 GB (A100 datasheet: 312 TF BF16 dense, 624 sparse).
     (r"\ba100\b", "NVIDIA A100",
      {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
@@ -58,12 +87,29 @@ _PEAKS: tuple[tuple[str, str, dict[str, float]], ...] = (
     # L4 (datasheet: 242 TF BF16 / 485 TF FP8 with sparsity).
     (r"\bl4\b", "NVIDIA L4",
      {"bf16": 121e12, "fp16": 121e12, "fp8": 242.5e12, "tf32": 60e12, "fp32": 30.3e12}),
-    # V100 SXM2 (datasheet: 125 TF FP16 tensor; no BF16).
-    (r"\bv100\b", "NVIDIA V100",
+    # V100S PCIe (V100 datasheet: 130 TF FP16 tensor, FP32 16.4 TF; no BF16).
+    (r"\bv100s\b", "NVIDIA V100S PCIe",
+     {"fp16": 130e12, "fp32": 16.4e12}),
+    # V100 PCIe ("Tesla V100-PCIE-32GB"; V100 datasheet: 112 TF FP16 tensor, FP32 14 TF).
+    (r"\bv100\b.*pcie", "NVIDIA V100 PCIe",
+     {"fp16": 112e12, "fp32": 14e12}),
+    # V100 SXM2 (V100 datasheet: 125 TF FP16 tensor, FP32 15.7 TF; no BF16).
+    (r"\bv100\b", "NVIDIA V100 SXM2",
      {"fp16": 125e12, "fp32": 15.7e12}),
     # T4 (datasheet: 65 TF FP16 tensor; no BF16).
     (r"\bt4\b", "NVIDIA T4",
      {"fp16": 65e12, "fp32": 8.1e12}),
+    # AMD Instinct (ROCm reports "AMD Instinct MI300X"). MI300X and MI325X have the same compute
+    # (AMD product pages / CDNA 3 white paper, dense: FP16/BF16 1,307.4 TF, FP8 2,614.9 TF,
+    # TF32 653.7 TF, FP32 163.4 TF).
+    (r"\bmi300x\b", "AMD Instinct MI300X",
+     {"bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12, "tf32": 653.7e12, "fp32": 163.4e12}),
+    (r"\bmi325x\b", "AMD Instinct MI325X",
+     {"bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12, "tf32": 653.7e12, "fp32": 163.4e12}),
+    # MI355X (AMD product page / CDNA 4 white paper, dense: FP16/BF16 2,516.6 TF, FP8 5,033.2 TF,
+    # FP32 157.3 TF; CDNA 4 has no TF32 matrix unit, hence no tf32 entry).
+    (r"\bmi355x\b", "AMD Instinct MI355X",
+     {"bf16": 2516.6e12, "fp16": 2516.6e12, "fp8": 5033.2e12, "fp32": 157.3e12}),
 )  # fmt: skip
 
 _COMPILED = tuple((re.compile(pattern), name, peaks) for pattern, name, peaks in _PEAKS)
@@ -219,6 +265,7 @@ def measure_flops(
     from torch.utils.flop_counter import FlopCounterMode
 
     module = unwrap(model)
+    note_model(module)
     # A structural copy whose parameters and buffers are meta stand-ins: pre-seeding deepcopy's
     # memo means the real weights are never copied (no second copy of a large model in memory),
     # and code that runs later (activation-checkpoint recomputation in backward) sees them too.

@@ -18,6 +18,7 @@ FLOP/s for MFU is looked up once it is known.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from typing import TYPE_CHECKING, Final
@@ -31,6 +32,8 @@ from traintel._aggregation.aggregator import MAX_WINDOW_ITERATIONS, RateInputs, 
 from traintel._aggregation.goodput import WindowGoodput
 from traintel._aggregation.sampling import MEDIAN_MIN_SAMPLES
 from traintel._aggregation.window_record import loop_attributes
+from traintel._host.calibration import MeasuredPeak, measure_peak
+from traintel._host.compute_dtype import DtypeChoice, choose_dtype, seen_parameters
 from traintel._host.device import AutocastProbe, DeviceHooks, annotate_window, device_hooks
 from traintel._host.flops import autocast_dtype, current_device_name, peak_flops_for
 from traintel._recorder.record import RANDOM_TRACE_ID
@@ -48,10 +51,6 @@ _TRAINING_METRICS_UPDATE: Final = Event.TRAINING_METRICS_UPDATE.value
 #: A mark that is never reached: no row count (or time) to look again at.
 NEVER: Final = sys.maxsize
 _FLOPS_PER_DEVICE: Final = semconv.WINDOW_PREFIX + "flops_per_second_per_device"
-_FP32_ASSUMED: Final = (
-    " (the peak is fp32's: no autocast was active at the start of an iteration or step phase in"
-    " the first window; set TRAINTEL_DTYPE, e.g. bf16, when the model computes in another dtype)"
-)
 
 
 class Windows:
@@ -70,8 +69,9 @@ class Windows:
         self._opened = False  # the open window's size is decided (at its first row)
         self._rate_inputs: RateInputs | None = None
         self._dtype_seen: str | None = None
-        self._dtype_assumed = False  # the table's peak is fp32's for want of a dtype
+        self._dtype: DtypeChoice | None = None  # the peak column, once the device is known
         self._device_lookup: tuple[float | None, str | None, str | None] | None = None
+        self._measured: MeasuredPeak | None = None
         self._window_parent: tuple[Span | None, Context] = (None, Context())
         self.hooks: DeviceHooks | None = None
         self.dtype_probing = False
@@ -203,30 +203,60 @@ class Windows:
         model = config.get("flops_per_sample")
         ratio = executed / model if executed and model else None
         peak = config.get("peak_flops")
+        measured = self._measured
         if peak is not None:
-            return RateInputs(engine.world_size, peak, "config (TRAINTEL_PEAK_FLOPS)", None, method, ratio)
-        peak, source, reason = self._device_peak()
-        return RateInputs(engine.world_size, peak, source, reason, method, ratio)
+            inputs = RateInputs(engine.world_size, peak, "config (TRAINTEL_PEAK_FLOPS)", None, method, ratio)
+        else:
+            peak, source, reason = self._device_peak()
+            dtype = self._dtype
+            inputs = RateInputs(
+                engine.world_size, peak, source, reason, method, ratio,
+                peak_dtype=dtype.dtype if dtype else None, peak_dtype_reason=dtype.reason if dtype else None,
+            )  # fmt: skip
+        if measured is None or not measured.flops_per_second:
+            return inputs
+        return dataclasses.replace(
+            inputs, measured_peak_flops=measured.flops_per_second, measured_peak_method=measured.method
+        )
 
     def _device_peak(self) -> tuple[float | None, str | None, str | None]:
         """The table's peak for the device and dtype, looked up at the first window close
         where the device is known (the job initialised CUDA) and kept from then on; the dtype
-        is the configured one, else autocast's as seen so far, else fp32."""
+        is what runs (``traintel._host.compute_dtype``), a guess said once."""
         if self._device_lookup is not None:
             return self._device_lookup
         self._end_dtype_probe()
         device = current_device_name()
         if device is None:
             return (None, None, "no GPU: set TRAINTEL_PEAK_FLOPS to compute MFU on this device")
-        dtype = self._engine.config.get("dtype") or self._dtype_seen
-        self._dtype_assumed = dtype is None
-        found = peak_flops_for(device, dtype or "fp32")
+        self._dtype = dtype = choose_dtype(self._engine.config.get("dtype"), self._dtype_seen, seen_parameters())
+        if dtype.guess is not None:
+            self._engine.warn_once("mfu_dtype", "MFU: %s", dtype.guess)
+        found = peak_flops_for(device, dtype.dtype)
         self._device_lookup = (found.peak_flops, found.source, found.reason)
         return self._device_lookup
+
+    def measure_peak_if_asked(self) -> None:
+        """``TRAINTEL_MEASURE_PEAK=on``: time the device's matmul peak in the run's dtype, once,
+        on the calling (training) thread, so that nothing of the job runs beside it."""
+        if self._measured is not None or self._engine.config.get("measure_peak") != "on":
+            return
+        if self._device_lookup is None and current_device_name() is None:
+            return  # no GPU (yet): asked again at the next window
+        self._device_peak()
+        dtype = self._dtype.dtype if self._dtype is not None else "fp32"
+        try:
+            self._measured = measure_peak(dtype)
+        except Exception as exc:
+            self._engine.warn_once("measure_peak", "could not measure the matmul peak: %s", exc)
+        if self._measured is None:  # not again
+            self._measured = MeasuredPeak(0.0, f"no {dtype} matmul calibration", (), 0.0)
+        self._rate_inputs = None
 
     # --- the close ----------------------------------------------------------------------------------
     def close(self, final: bool = False, ended_loop: Span | None = None) -> WindowReport | None:
         engine = self._engine
+        self.measure_peak_if_asked()
         inputs = self._rate_inputs
         if (
             inputs is None
@@ -311,7 +341,7 @@ class Windows:
                 "out_of_range",
                 "%s: check flops_per_* and the peak FLOP/s%s (not reported as a metric)",
                 error,
-                _FP32_ASSUMED if self._dtype_assumed else "",
+                f" ({self._dtype.guess})" if self._dtype is not None and self._dtype.guess else "",
             )
 
     def _export_goodput(self, windows: list[WindowGoodput], ended_loop: Span | None) -> None:

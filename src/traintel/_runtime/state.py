@@ -27,6 +27,7 @@ from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
 from traintel._host.capabilities import capability_report
+from traintel._host.compute_dtype import forget_model
 from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
@@ -396,6 +397,7 @@ def shutdown(timeout_s: float | None = None) -> bool:
     with _lock:
         telemetry, _telemetry = _telemetry, None
         active.reset()
+        forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
     if telemetry is None:
         return True
     _closing = telemetry

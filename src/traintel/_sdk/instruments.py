@@ -123,6 +123,7 @@ class TrainingInstruments:
         self._gauge(meter, semconv.METRIC_TOKEN_THROUGHPUT, "{token}/s", "tokens_per_second", per_device=True)
         self._gauge(meter, semconv.METRIC_FLOPS_THROUGHPUT, "FLOP/s", "flops_per_second_per_device")
         self._gauge(meter, semconv.METRIC_MFU, "1", "mfu")
+        self._gauge(meter, semconv.METRIC_MFU_MEASURED, "1", "mfu_measured")
         self._gauge(meter, semconv.METRIC_HFU, "1", "hfu")
         meter.create_observable_gauge(
             semconv.METRIC_STEP_PHASE_TIME, callbacks=[self._phase_times], unit="s",

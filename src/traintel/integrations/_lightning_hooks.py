@@ -177,7 +177,7 @@ class LightningHooks:
         except Exception:
             _state.current().warn_once("lightning:batch", "lightning: could not count the batch")
         driver.open(_FORWARD, phases.model_forward(), start)
-        if not self._flops.decided and self._flops.start():
+        if not self._flops.decided and self._flops.start(pl_module):
             self._flops_samples = samples
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:

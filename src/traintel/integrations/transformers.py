@@ -245,7 +245,7 @@ class _TrainerWrappers:
                     self.cb.pending_tokens.append(tokens)
             except Exception:
                 _state.current().warn_once("transformers:batch", "transformers: could not count a batch")
-            if not self.cb.flops.start():
+            if not self.cb.flops.start(model):
                 loss = original(model, inputs, *args, **kwargs)
             else:
                 try:

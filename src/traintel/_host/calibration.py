@@ -1,0 +1,117 @@
+"""The device's achieved matmul peak, measured once: a second MFU denominator users can trust.
+
+Why: a datasheet peak assumes boost clocks no card holds under load (an H100 SXM's dense bf16
+matmul reaches ~75-80 % of 989.5 TFLOP/s), so MFU against it mixes "how well does my model use
+the GPU" with "how far is this card from its brochure". A dense matmul in the run's own dtype,
+timed with CUDA events, gives what the card actually does; MFU against both is published.
+
+How: square matrices of random values (zeros draw less power and run faster), a few warm-up
+products, then batches of products between CUDA events (explicit synchronisations, not the
+implicit ones ``torch.cuda.set_sync_debug_mode`` reports), each batch about 0.2 s; the peak is
+the best batch, and the whole takes at most ``budget_s`` (15 s). Opt-in
+(``TRAINTEL_MEASURE_PEAK=on``): it runs once, on the training thread, when the first window
+closes — the device and the dtype are known then — and training waits for it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: The most a calibration may take, all of it included.
+BUDGET_S = 15.0
+#: Target length of one timed batch of products.
+BATCH_S = 0.2
+#: Timed batches after which the best one is taken (fewer if the budget runs out).
+BATCHES = 10
+
+_TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "tf32": "float32", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class MeasuredPeak:
+    """A calibration's outcome: the best batch's FLOP/s and how it was measured."""
+
+    flops_per_second: float
+    method: str
+    batches: tuple[float, ...]
+    seconds: float
+
+
+def matrix_size(free_bytes: int | None, element_bytes: int) -> int:
+    """8192 (the size datasheet-class results are quoted at), smaller where three such
+    matrices would take more than a tenth of the free memory."""
+    size = 8192
+    while size > 1024 and free_bytes is not None and 3 * size * size * element_bytes > free_bytes / 10:
+        size //= 2
+    return size
+
+
+def measure_peak(
+    dtype: str,
+    device: str = "cuda",
+    budget_s: float = BUDGET_S,
+    size: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> MeasuredPeak | None:
+    """Dense ``size``³ matmul FLOP/s in ``dtype`` on ``device`` (None for a dtype it cannot
+    run: fp8 needs scaled matmuls the model's own kernels decide). On "cpu" (the tests), wall
+    time replaces CUDA events."""
+    import torch
+
+    name = _TORCH_DTYPE.get(dtype)
+    if name is None:
+        return None
+    torch_dtype = getattr(torch, name)
+    started = clock()
+    cuda = device != "cpu"
+    if size is None:
+        free = torch.cuda.mem_get_info()[0] if cuda else None
+        size = matrix_size(free, torch.tensor([], dtype=torch_dtype).element_size())
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=torch_dtype, generator=generator)
+    b = torch.randn(size, size, device=device, dtype=torch_dtype, generator=generator)
+    out = torch.empty(size, size, device=device, dtype=torch_dtype)
+    flops = 2.0 * size**3
+    timer = _CudaTimer(torch) if cuda else _WallTimer(clock)
+    for _ in range(3):  # warm-up: kernel choice, clocks up
+        torch.mm(a, b, out=out)
+    per_product = max(timer.time(lambda: torch.mm(a, b, out=out), 1), 1e-9)
+    repeats = max(1, int(BATCH_S / per_product))
+    batches: list[float] = []
+    while len(batches) < BATCHES and clock() - started + repeats * per_product < budget_s:
+        seconds = timer.time(lambda: torch.mm(a, b, out=out), repeats)
+        batches.append(repeats * flops / seconds if seconds > 0 else 0.0)
+    del a, b, out
+    if not batches:
+        return None
+    method = f"{size}x{size}x{size} {dtype} matmul, best of {len(batches)} batches of {repeats}"
+    return MeasuredPeak(max(batches), method, tuple(batches), clock() - started)
+
+
+class _CudaTimer:
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+
+    def time(self, work: Callable[[], Any], repeats: int) -> float:
+        cuda = self._torch.cuda
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            work()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1000.0
+
+
+class _WallTimer:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+
+    def time(self, work: Callable[[], Any], repeats: int) -> float:
+        begin = self._clock()
+        for _ in range(repeats):
+            work()
+        return self._clock() - begin
