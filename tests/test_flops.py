@@ -114,28 +114,62 @@ def test_apply_flops_feeds_mfu_and_hfu(pipeline: object) -> None:
     assert config.get("flops_method") == "counter"
 
 
-@pytest.mark.parametrize(
-    ("name", "dtype", "peak", "source"),
-    [
-        ("NVIDIA H100 80GB HBM3", "bf16", 989.5e12, "NVIDIA H100 SXM"),
-        ("NVIDIA H100 PCIe", "bf16", 756.5e12, "NVIDIA H100 PCIe"),
-        ("NVIDIA H100 NVL", "fp8", 1670.5e12, "NVIDIA H100 NVL"),
-        ("NVIDIA H200", "bf16", 989.5e12, "NVIDIA H200"),
-        ("NVIDIA GH200 480GB", "bf16", 989.5e12, "NVIDIA H200"),
-        ("NVIDIA B200", "bf16", 2.25e15, "NVIDIA B200"),
-        ("NVIDIA A100-SXM4-80GB", "bf16", 312e12, "NVIDIA A100"),
-        ("NVIDIA A100 80GB PCIe", "tf32", 156e12, "NVIDIA A100"),
-        ("NVIDIA A10G", "bf16", 125e12, "NVIDIA A10G"),
-        ("NVIDIA A10", "fp16", 125e12, "NVIDIA A10"),
-        ("NVIDIA L4", "bf16", 121e12, "NVIDIA L4"),
-        ("NVIDIA L40S", "bf16", 362.05e12, "NVIDIA L40S"),
-        ("NVIDIA L40", "bf16", 181.05e12, "NVIDIA L40"),
-    ],
-)
+#: Every row of the peak table, by a device name as torch reports it (CUDA, or ROCm through
+#: torch.cuda): the dense figure of one column, and the row it must land on.
+ROWS = [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.5e12, "NVIDIA H100 SXM"),
+    ("NVIDIA H100 PCIe", "bf16", 756.5e12, "NVIDIA H100 PCIe"),
+    ("NVIDIA H100 NVL", "fp8", 1670.5e12, "NVIDIA H100 NVL"),
+    ("NVIDIA H200", "bf16", 989.5e12, "NVIDIA H200"),
+    ("NVIDIA H200 NVL", "bf16", 835.5e12, "NVIDIA H200 NVL"),
+    ("NVIDIA GH200 480GB", "bf16", 989.5e12, "NVIDIA H200"),
+    ("NVIDIA H800", "bf16", 989.5e12, "NVIDIA H800"),
+    ("NVIDIA H800 PCIe", "bf16", 756.5e12, "NVIDIA H800 PCIe"),
+    ("NVIDIA H20", "bf16", 148e12, "NVIDIA H20"),
+    ("NVIDIA B200", "bf16", 2.25e15, "NVIDIA B200"),
+    ("NVIDIA GB200", "bf16", 2.5e15, "NVIDIA GB200"),
+    ("NVIDIA B300 SXM6 AC", "bf16", 2.25e15, "NVIDIA B300"),
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312e12, "NVIDIA A100"),
+    ("NVIDIA A100 80GB PCIe", "tf32", 156e12, "NVIDIA A100"),
+    ("NVIDIA A10G", "bf16", 125e12, "NVIDIA A10G"),
+    ("NVIDIA A10", "fp16", 125e12, "NVIDIA A10"),
+    ("NVIDIA L4", "bf16", 121e12, "NVIDIA L4"),
+    ("NVIDIA L40S", "bf16", 362.05e12, "NVIDIA L40S"),
+    ("NVIDIA L40", "bf16", 181.05e12, "NVIDIA L40"),
+    ("Tesla V100S-PCIE-32GB", "fp16", 130e12, "NVIDIA V100S PCIe"),
+    ("Tesla V100-PCIE-16GB", "fp16", 112e12, "NVIDIA V100 PCIe"),
+    ("Tesla V100-SXM2-32GB", "fp16", 125e12, "NVIDIA V100 SXM2"),
+    ("Tesla T4", "fp16", 65e12, "NVIDIA T4"),
+    ("AMD Instinct MI300X", "bf16", 1307.4e12, "AMD Instinct MI300X"),
+    ("AMD Instinct MI325X", "fp8", 2614.9e12, "AMD Instinct MI325X"),
+    ("AMD Instinct MI355X", "bf16", 2516.6e12, "AMD Instinct MI355X"),
+]
+
+
+@pytest.mark.parametrize(("name", "dtype", "peak", "source"), ROWS)
 def test_dense_peaks_and_substring_traps(name: str, dtype: str, peak: float, source: str) -> None:
     found = peak_flops_for(name, dtype)
     assert found.peak_flops == peak
     assert found.source == f"table: {source} {dtype} dense"
+
+
+def test_every_row_of_the_table_is_pinned() -> None:
+    from traintel._host.flops import _PEAKS
+
+    assert {row[1] for row in _PEAKS} == {source for *_, source in ROWS}
+
+
+def test_every_row_is_dense_bf16_or_fp16_twice_fp8_and_fp32_below_tf32() -> None:
+    """A sparse figure copied by mistake breaks the ratios dense tensor cores keep."""
+    from traintel._host.flops import _PEAKS
+
+    for _, name, peaks in _PEAKS:
+        half = peaks.get("bf16", peaks["fp16"])
+        if "fp8" in peaks:
+            assert peaks["fp8"] == pytest.approx(2 * half, rel=0.02), name  # L40S: 733 vs 2 x 362.05
+        if "tf32" in peaks:
+            assert peaks["tf32"] == pytest.approx(half / 2, rel=0.03), name
+        assert peaks["fp32"] < half, name
 
 
 def test_unknown_device_or_dtype_has_no_peak() -> None:
