@@ -218,7 +218,10 @@ def test_mfu_from_the_device_table_for_the_configured_dtype(
         run_loop([1, 1, 1], phases=False)
     windows = run.events("training_metrics_update")
     assert all(W + "mfu" not in w and w[W + "flops_per_second_per_device"] == 10 for w in windows)
-    warning = "no MFU: device 'Intel(R) Data Center GPU Max 1550' is not in the peak FLOP/s table: set TRAINTEL_PEAK_FLOPS"
+    warning = (
+        "no MFU: device 'Intel(R) Data Center GPU Max 1550' is not in the peak FLOP/s table: "
+        "set TRAINTEL_PEAK_FLOPS"
+    )
     assert caplog.text.count(warning) == 1
 
 

@@ -234,9 +234,7 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     _Field("cuda_event_timing", ev.TRAINTEL_CUDA_EVENT_TIMING, _choice("off", "on"), "off", "GPU step times"),
     _Field("nvtx", ev.TRAINTEL_NVTX, _choice("off", "on"), "off", "NVTX range per phase span"),
     _Field("measure_peak", ev.TRAINTEL_MEASURE_PEAK, _choice("off", "on"), "off", "matmul peak at start"),
-    _Field(
-        "energy_price_per_kwh", ev.TRAINTEL_ENERGY_PRICE_PER_KWH, _positive_number, None, "energy cost"
-    ),
+    _Field("energy_price_per_kwh", ev.TRAINTEL_ENERGY_PRICE_PER_KWH, _positive_number, None, "energy cost"),
     _Field("spool_dir", ev.TRAINTEL_SPOOL_DIR, _non_empty_str, None, "export spool dir"),
     _Field("spool_max_bytes", ev.TRAINTEL_SPOOL_MAX_BYTES, _non_negative_int, 268_435_456, "spool bound"),
     _Field("spool_retry_interval", ev.TRAINTEL_SPOOL_RETRY_INTERVAL, _positive_number, 5.0, "resend every s"),

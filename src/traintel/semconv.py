@@ -255,6 +255,16 @@ METRIC_FLOPS_THROUGHPUT: Final = "ml.training.flops_throughput"
 METRIC_MFU: Final = "ml.training.mfu"
 #: MFU against the matmul peak measured at start rather than the datasheet's.
 METRIC_MFU_MEASURED: Final = "ml.training.mfu.measured"
+#: GPU energy (NVML's counter, read at window boundaries): the job's joules by goodput category
+#: (``ml.training.energy.category``: productive, a badput category, or other), its cost, and
+#: the last window's joules per token and per sample. The same figures, in J, ride on each
+#: window record (``ml.training.window.energy``, ``ml.training.window.energy.<category>``) and
+#: the loop's summary (``ml.training.summary.energy...``).
+METRIC_ENERGY: Final = "ml.training.energy"
+METRIC_ENERGY_COST: Final = "ml.training.energy.cost"
+METRIC_ENERGY_PER_TOKEN: Final = "ml.training.energy.per_token"
+METRIC_ENERGY_PER_SAMPLE: Final = "ml.training.energy.per_sample"
+ENERGY_CATEGORY: Final = "ml.training.energy.category"
 METRIC_GOODPUT: Final = "ml.training.goodput"
 METRIC_BADPUT: Final = "ml.training.badput"
 METRIC_STEP_TIME_IDEAL: Final = "ml.training.step_time.ideal"
@@ -277,6 +287,16 @@ METRIC_HW_GPU_MEMORY_LIMIT: Final = "hw.gpu.memory.limit"
 METRIC_HW_GPU_UTILIZATION: Final = "hw.gpu.utilization"
 METRIC_HW_TEMPERATURE: Final = "hw.temperature"
 METRIC_HW_POWER: Final = "hw.power"
+#: The GPU's energy counter (J since the driver loaded): the conventions' common ``hw.energy``.
+METRIC_HW_ENERGY: Final = "hw.energy"
+#: Clocks and clock-limiting ("throttle") reasons: the OTel conventions define neither for a
+#: GPU (checked 2026-11-27; ``hw.gpu.*`` has io, memory and utilization), hence traintel's own
+#: names, keyed by ``hw.id`` like the rest. ``traintel.gpu.clock.domain``: sm or memory;
+#: ``traintel.gpu.throttle.reason``: one series per NVML reason, 1 while it holds the clocks.
+METRIC_GPU_CLOCK: Final = "traintel.gpu.clock"
+METRIC_GPU_THROTTLE: Final = "traintel.gpu.throttle"
+GPU_CLOCK_DOMAIN: Final = "traintel.gpu.clock.domain"
+GPU_THROTTLE_REASON: Final = "traintel.gpu.throttle.reason"
 HW_ID: Final = "hw.id"
 HW_TYPE: Final = "hw.type"
 #: The PyTorch caching allocator of this process (``torch.cuda.memory_stats``), per device.

@@ -75,6 +75,8 @@ class WindowGoodput:
     #: The window's metrics (``training_metrics_update``'s attributes) when the record carries
     #: them: see ``window_record``.
     metrics: dict[str, float | int | str] | None = None
+    #: What consumers of the released record add to it (its energy: ``traintel._host.energy``).
+    annotations: dict[str, float | int | str] | None = None
 
     @property
     def productive_s(self) -> float:
@@ -108,6 +110,8 @@ class WindowGoodput:
             out[_DEVIATION_P50] = self.p50_s / ideal - 1
             out[_DEVIATION_P90] = self.p90_s / ideal - 1
             out[_DEVIATION_P99] = self.p99_s / ideal - 1
+        if self.annotations:
+            out.update(self.annotations)
         return out if self.metrics is None else compact(out, self.metrics)
 
 

@@ -57,6 +57,10 @@ _ON_THE_LOOP: Final = frozenset(
         semconv.MFU_TIMING_MODE,
         semconv.MFU_FLOPS_METHOD,
         semconv.MFU_PEAK_SOURCE,
+        semconv.MFU_DTYPE,
+        semconv.MFU_DTYPE_REASON,
+        semconv.MFU_MEASURED_PEAK,
+        semconv.MFU_MEASURED_PEAK_METHOD,
     }
 )
 #: Left out when zero (a reader reads them as zero).

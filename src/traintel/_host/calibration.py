@@ -84,7 +84,6 @@ def measure_peak(
     while len(batches) < BATCHES and clock() - started + repeats * per_product < budget_s:
         seconds = timer.time(lambda: torch.mm(a, b, out=out), repeats)
         batches.append(repeats * flops / seconds if seconds > 0 else 0.0)
-    del a, b, out
     if not batches:
         return None
     method = f"{size}x{size}x{size} {dtype} matmul, best of {len(batches)} batches of {repeats}"

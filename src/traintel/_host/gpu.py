@@ -32,6 +32,14 @@ _logger = logging.getLogger(__name__)
 
 #: nvidia-ml-py's NVML_TEMPERATURE_GPU (the die sensor), should the module lack the constant.
 _TEMPERATURE_GPU = 0
+#: NVML's clock domains (NVML_CLOCK_SM, NVML_CLOCK_MEM) by the name the gauge gives them.
+_CLOCKS = (("sm", "NVML_CLOCK_SM", 1), ("memory", "NVML_CLOCK_MEM", 2))
+#: NVML's clock event ("throttle") reasons, bit by bit (nvmlClocksEventReason*).
+THROTTLE_REASONS = (
+    ("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8), ("sync_boost", 0x10), ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40), ("hw_power_brake_slowdown", 0x80), ("display_clock_setting", 0x100),
+)  # fmt: skip
 
 
 def load_nvml() -> Any | None:
@@ -136,6 +144,39 @@ def _temperature(nvml: Any, handle: Any) -> float:
     return float(nvml.nvmlDeviceGetTemperature(handle, sensor))
 
 
+def _clocks(nvml: Any, handle: Any) -> list[tuple[float, dict[str, str]]]:
+    return [  # NVML: MHz
+        (
+            float(nvml.nvmlDeviceGetClockInfo(handle, getattr(nvml, constant, value))) * 1e6,
+            {semconv.GPU_CLOCK_DOMAIN: name},
+        )
+        for name, constant, value in _CLOCKS
+    ]
+
+
+def _throttle(nvml: Any, handle: Any) -> list[tuple[float, dict[str, str]]]:
+    read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)  # its name since NVML 12.2
+    if read is None:
+        read = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    mask = int(read(handle))
+    return [(float(bool(mask & bit)), {semconv.GPU_THROTTLE_REASON: name}) for name, bit in THROTTLE_REASONS]
+
+
+def _energy(nvml: Any, handle: Any) -> list[tuple[float, dict[str, str]]]:
+    return [(nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0, {})]  # NVML: mJ
+
+
+_Series = Callable[[Any, Any], list[tuple[float, dict[str, str]]]]
+#: Readings of several series per GPU (or a counter): (metric, unit, reading, description, counter).
+_SERIES: tuple[tuple[str, str, _Series, str, bool], ...] = (
+    (semconv.METRIC_GPU_CLOCK, "Hz", _clocks, "GPU clock by domain, sm or memory (NVML)", False),
+    (
+        semconv.METRIC_GPU_THROTTLE, "1", _throttle,
+        "1 for each reason now holding the GPU's clocks below their maximum (NVML)", False,
+    ),
+    (semconv.METRIC_HW_ENERGY, "J", _energy, "GPU energy since the driver loaded (NVML counter)", True),
+)  # fmt: skip
+
 _Reading = Callable[[Any, Any], float]
 #: (metric, unit, reading from (nvml, handle), description). NVML's units converted to UCUM.
 _READINGS: tuple[tuple[str, str, _Reading, str], ...] = (
@@ -188,6 +229,9 @@ class GpuInstruments:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
         for name, unit, read, description in _READINGS:
             meter.create_observable_gauge(name, [self._callback(read)], unit=unit, description=description)
+        for name, unit, series, description, counter in _SERIES:
+            create = meter.create_observable_counter if counter else meter.create_observable_gauge
+            create(name, [self._series_callback(series)], unit=unit, description=description)
 
     def _callback(self, read: _Reading) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
@@ -198,6 +242,20 @@ class GpuInstruments:
                 except Exception:
                     continue
                 observations.append(Observation(value, {semconv.HW_ID: hw_id, semconv.HW_TYPE: "gpu"}))
+            return observations
+
+        return callback
+
+    def _series_callback(self, read: _Series) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            observations: list[Observation] = []
+            for hw_id, handle in self.devices:
+                try:
+                    series = read(self._nvml, handle)
+                except Exception:
+                    continue
+                key = {semconv.HW_ID: hw_id, semconv.HW_TYPE: "gpu"}
+                observations.extend(Observation(value, {**key, **extra}) for value, extra in series)
             return observations
 
         return callback

@@ -27,7 +27,7 @@ from opentelemetry.util.types import AttributeValue
 from traintel import semconv
 from traintel._aggregation.aggregator import EvalStats, TrainingAggregator, WindowReport
 from traintel._aggregation.export_policy import RankExportPolicy
-from traintel._aggregation.goodput import GoodputLedger
+from traintel._aggregation.goodput import GoodputLedger, WindowGoodput
 from traintel._aggregation.sampling import IterationSampler
 from traintel._host.device import DeviceHooks
 from traintel._recorder.record import (
@@ -100,6 +100,9 @@ class EngineHooks:
     on_application_end: Callable[[Span, BaseException | None], None] = _nothing
     #: Every closed window (None: nothing to close) and whether the loop ends.
     window_hook: Callable[[WindowReport | None, bool], None] | None = None
+    #: The goodput records a window close releases, before they are exported (consumers may
+    #: annotate them), and whether the loop ends.
+    goodput_records: Callable[[list[WindowGoodput], bool], None] | None = None
     #: ``mark_sync_point()``: the time this rank reached the collective.
     on_sync_point: Callable[[int], None] | None = None
     #: The iterations of window N and the pace (s per iteration, 0.0 if none yet) the ranks of
@@ -180,7 +183,7 @@ class TrainingEngine:
         self.step_hooks = False
         self.export_all = False
         #: Called with every closed window (None: nothing to close) and whether the loop ends.
-        self.window_hook = hooks.window_hook
+        self.window_hook, self.goodput_records = hooks.window_hook, hooks.goodput_records
         #: Called by ``mark_sync_point()`` with the time this rank reached the collective.
         self.on_sync_point = hooks.on_sync_point
         self.window_size_for = hooks.window_size_for

@@ -229,7 +229,8 @@ class Windows:
         device = current_device_name()
         if device is None:
             return (None, None, "no GPU: set TRAINTEL_PEAK_FLOPS to compute MFU on this device")
-        self._dtype = dtype = choose_dtype(self._engine.config.get("dtype"), self._dtype_seen, seen_parameters())
+        configured = self._engine.config.get("dtype")
+        self._dtype = dtype = choose_dtype(configured, self._dtype_seen, seen_parameters())
         if dtype.guess is not None:
             self._engine.warn_once("mfu_dtype", "MFU: %s", dtype.guess)
         found = peak_flops_for(device, dtype.dtype)
@@ -278,21 +279,27 @@ class Windows:
             engine.window_hook(report, final)
         if report is None:
             if final:
-                self._export_goodput(engine.goodput.flush_held(), ended_loop)
+                self._export_goodput(self._released(engine.goodput.flush_held(), final), ended_loop)
             return None
         annotate_window(report.attributes, engine.device)
         # The window's numbers ride on its record (the default), or on a full event on the loop.
         compact = engine.window_events and engine.config.get("window_events") == "off"
         metrics = report.attributes if compact else None
-        self._export_goodput(
-            engine.goodput.close_window(report, inputs.peak_flops, final, metrics), ended_loop
-        )
+        records = engine.goodput.close_window(report, inputs.peak_flops, final, metrics)
+        self._export_goodput(self._released(records, final), ended_loop)
         if self._lazy_config:
             engine.apply_config(engine.config)  # lazy values are re-resolved once per window
         if inputs.peak_flops is None and report.attributes.get(_FLOPS_PER_DEVICE):
             engine.warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
         self._window_events(report, inputs, compact)
         return report
+
+    def _released(self, records: list[WindowGoodput], final: bool) -> list[WindowGoodput]:
+        """The released records, once their consumers have annotated them."""
+        hook = self._engine.goodput_records
+        if hook is not None and (records or final):
+            hook(records, final)
+        return records
 
     def _report(self, inputs: RateInputs) -> WindowReport | None:
         """The aggregator's report; the window's durations join the slow threshold's sample

@@ -25,6 +25,8 @@ from opentelemetry.trace import Span
 from traintel import semconv
 from traintel._aggregation.aggregator import WindowReport
 from traintel._aggregation.export_policy import RankExportPolicy
+from traintel._aggregation.goodput import WindowGoodput
+from traintel._host.energy import Booked, EnergyAccounting, EnergyInstruments
 from traintel._host.gpu import GpuInstruments
 from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel._host.system_metrics import SystemInstruments
@@ -173,6 +175,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     warned = Warnings()
     open_spans = OpenSpans()
     cross_rank: CrossRank | None = None
+    energy: EnergyAccounting | None = None
 
     def window_closed(report: WindowReport | None, final: bool) -> None:
         if cross_rank is not None:
@@ -185,14 +188,24 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     def window_size_for(index: int) -> tuple[int, float] | None:
         return cross_rank.window_size_for(index) if cross_rank is not None else None
 
+    def goodput_records(records: list[WindowGoodput], final: bool) -> None:
+        if energy is not None:
+            energy.released(records, engine.loop_span() if final else None)
+
+    def application_ended(span: Span, exc: BaseException | None) -> None:
+        if energy is not None:
+            energy.application_ended(span)
+        preemption.report_pending(telemetry, span, exc)
+
     engine = TrainingEngine(
         config,
         SpanOutlet(tracer, budget, ids, pipeline.export_filter, pipeline.direct_spans(tracer)),
         EngineHooks(
             warned.warn_once,
             on_application_start=lambda span: _application_started(telemetry, span),
-            on_application_end=lambda span, exc: preemption.report_pending(telemetry, span, exc),
+            on_application_end=application_ended,
             window_hook=window_closed,
+            goodput_records=goodput_records,
             on_sync_point=sync_point,
             window_size_for=window_size_for,
         ),
@@ -208,7 +221,9 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
         on_error=lambda kind: warned.warn_once(kind, "could not aggregate a %s", kind),
     )
     pipeline.add_span_processor(processor)
-    global _last_cross_rank
+    global _last_cross_rank, _last_energy
+    price = config.get("energy_price_per_kwh")
+    energy = _last_energy = EnergyAccounting(Booked(engine.goodput, engine), price)
     cross_rank = _last_cross_rank = CrossRank(engine)
     cross_rank.count_straggler = CrossRankInstruments(meters, _current_cross_rank).count
     telemetry = Telemetry(config, pipeline, engine, processor, open_spans, warned)
@@ -218,6 +233,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     HeartbeatInstruments(meters, _current_heartbeat)
     SystemInstruments(meters)
     GpuInstruments(meters)
+    EnergyInstruments(meters, _current_energy)
     if pipeline.owns_tracer_provider:  # traintel's own export path: its losses and health
         register_instruments(meters)
     _decide_rank_export(engine, config, pipeline.resource)
@@ -290,6 +306,13 @@ _last_cross_rank: CrossRank | None = None
 
 def _current_cross_rank() -> CrossRank | None:
     return _last_cross_rank
+
+
+_last_energy: EnergyAccounting | None = None
+
+
+def _current_energy() -> EnergyAccounting | None:
+    return _last_energy
 
 
 state.set_auto_configure(_auto_configure)

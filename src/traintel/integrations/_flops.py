@@ -47,9 +47,7 @@ def _attention_mode(counter: Any) -> Any:
             self.calls = 0
             self.in_forward = True
 
-        def __torch_function__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func is not F.scaled_dot_product_attention or not self.in_forward:
                 return func(*args, **(kwargs or {}))
             before = counter.get_total_flops()
