@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
 
 from tests.test_deploy import PENDING_INSTRUMENTS
 from traintel import semconv
@@ -84,6 +84,20 @@ class FakeNvml:
             raise NVMLError("Not Supported")
         return 250_500 + handle  # mW
 
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+
+    def nvmlDeviceGetClockInfo(self, handle: int, domain: int) -> int:
+        self._read()
+        return {self.NVML_CLOCK_SM: 1980, self.NVML_CLOCK_MEM: 2619}[domain] - handle  # MHz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        self._read()
+        return [0x1, 0x4 | 0x20, 0][handle]  # idle; power cap and thermal slowdown; none
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
+        self._read()
+        return 123_456_789 + handle  # mJ
+
 
 def collect(reader: InMemoryMetricReader) -> dict[str, Any]:
     data = reader.get_metrics_data()
@@ -124,6 +138,27 @@ def test_nvml_readings_become_hw_gauges_in_ucum_units() -> None:
     for name in GPU_METRICS:  # the kinds and units the dashboards were written against
         assert isinstance(metrics[name].data, Gauge)
         assert ("gauge", metrics[name].unit) == PENDING_INSTRUMENTS[name], name
+
+
+def test_clocks_throttle_reasons_and_the_energy_counter() -> None:
+    _, reader = gauges(FakeNvml(), {})
+    metrics = collect(reader)
+    clocks = {
+        (p.attributes[semconv.HW_ID], p.attributes[semconv.GPU_CLOCK_DOMAIN]): p.value
+        for p in metrics[semconv.METRIC_GPU_CLOCK].data.data_points
+    }
+    assert clocks[(UUIDS[0], "sm")] == 1980e6 and clocks[(UUIDS[2], "memory")] == 2617e6  # Hz
+    assert metrics[semconv.METRIC_GPU_CLOCK].unit == "Hz"
+    held = {
+        (p.attributes[semconv.HW_ID], p.attributes[semconv.GPU_THROTTLE_REASON])
+        for p in metrics[semconv.METRIC_GPU_THROTTLE].data.data_points
+        if p.value == 1.0
+    }
+    assert held == {(UUIDS[0], "gpu_idle"), (UUIDS[1], "sw_power_cap"), (UUIDS[1], "sw_thermal_slowdown")}
+    assert len(metrics[semconv.METRIC_GPU_THROTTLE].data.data_points) == 3 * 9  # every reason, 0 or 1
+    energy = metrics[semconv.METRIC_HW_ENERGY]
+    assert isinstance(energy.data, Sum) and energy.data.is_monotonic and energy.unit == "J"
+    assert by_gpu(energy) == {UUIDS[0]: 123_456.789, UUIDS[1]: 123_456.79, UUIDS[2]: 123_456.791}
 
 
 def test_readings_happen_on_the_reader_thread_only() -> None:

@@ -49,6 +49,8 @@ from traintel.version import __version__
 _logger = logging.getLogger(__name__)
 
 _JOULES_PER_KWH = 3.6e6
+#: The clock the reads are stamped with (the goodput ledger's: wall time in ns).
+clock_ns: Callable[[], int] = time.time_ns
 OTHER = "other"
 PRODUCTIVE = "productive"
 
@@ -84,9 +86,7 @@ def open_counter(
             handles = [devices[0][1]]
         if not handles:
             return None, ours is None and len(devices) > 1
-        counter = EnergyCounter(nvml, handles)
-        counter.read_mj()  # Volta and later only: older boards raise here
-        return counter, False
+        return EnergyCounter(nvml, handles), False
     except Exception as exc:
         _logger.debug("traintel: no GPU energy counter: %s", exc)
         return None, False
@@ -143,7 +143,7 @@ class EnergyLedger:
     samples: float = 0.0
     by_category: dict[str, float] = field(default_factory=dict)  # J, since the first read
     intervals: int = 0
-    last_interval: EnergyInterval | None = None
+    last_window: EnergyInterval | None = None  # the last interval in which work was done
 
     def read(
         self, now_ns: int, counter_mj: int, booked_s: Mapping[str, float], tokens: float, samples: float
@@ -165,7 +165,8 @@ class EnergyLedger:
         self.tokens += interval.tokens
         self.samples += interval.samples
         self.intervals += 1
-        self.last_interval = interval
+        if interval.tokens > 0 or interval.samples > 0:
+            self.last_window = interval
         self._move(now_ns, self.last_mj + millijoules, booked_s, tokens, samples)
         return interval
 
@@ -241,11 +242,9 @@ class EnergyAccounting:
         booked: Booked,
         price_per_kwh: float | None = None,
         open_counter_fn: Callable[[], tuple[EnergyCounter | None, bool]] = open_counter,
-        clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self._booked = booked
         self._open = open_counter_fn
-        self._clock = clock
         self._counter: EnergyCounter | None = None
         self._look = True  # for the counter: until found, or known to be absent
         self._lock = threading.Lock()
@@ -261,12 +260,14 @@ class EnergyAccounting:
                 return None
         try:
             counter_mj = self._counter.read_mj()
-        except Exception as exc:
+        except Exception as exc:  # a board without the counter (before Volta): never again
             _logger.debug("traintel: GPU energy counter unreadable: %s", exc)
+            if self.ledger.first_ns is None:
+                self._counter, self._look = None, False
             return None
         tokens, samples = self._booked.tokens_samples()
         with self._lock:
-            return self.ledger.read(self._clock(), counter_mj, self._booked.seconds(), tokens, samples)
+            return self.ledger.read(clock_ns(), counter_mj, self._booked.seconds(), tokens, samples)
 
     def started(self) -> None:
         """The job's first read, if this process's GPU is known already."""
@@ -386,7 +387,7 @@ class EnergyInstruments:
     def _per(self, unit: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             ledger = self._ledger()
-            interval = ledger.last_interval if ledger is not None else None
+            interval = ledger.last_window if ledger is not None else None
             count = getattr(interval, unit) if interval is not None else 0
             return [Observation(interval.joules / count)] if interval is not None and count > 0 else []
 
