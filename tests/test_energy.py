@@ -11,8 +11,19 @@ from typing import Any
 
 import pytest
 
+from pathlib import Path
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+import traintel
 from tests.test_metrics import ms, step
 from traintel import callbacks, semconv
+from traintel.analysis.goodput import compute_goodput, load_jobs, render_goodput
+from traintel.analysis.report import build_report
+from traintel.analysis.summary import render, summarize
+from traintel.exporters.file import OtlpJsonFileSpanExporter, OtlpJsonLinesFile
 from traintel._host import energy
 from traintel._host.energy import EnergyLedger, split_energy
 
@@ -108,14 +119,9 @@ def gpu(monkeypatch: pytest.MonkeyPatch) -> tuple[Clock, CounterNvml]:
     return clock, nvml
 
 
-def test_a_job_energy_by_window_category_and_tail(owned: Any, gpu: tuple[Clock, CounterNvml]) -> None:
+def scripted_job(clock: Clock) -> None:
     """250 W for 5 s: iterations 0-1 (window 0), a 0.5 s checkpoint save, iterations 2-3
     (window 1), the loop ends at 4.5 s, the application at 5 s."""
-    clock, nvml = gpu
-    job = owned(
-        log_every_n_iterations=2, global_batch_size=2, seq_len=8, energy_price_per_kwh=0.3,
-        window_events="on",
-    )  # fmt: skip
     callbacks.on_app_start(start_time_msec=ms(0))
     callbacks.on_train_start(train_iterations_start=0, start_time_msec=ms(0))
     for start in (0.0, 1.0):
@@ -131,6 +137,11 @@ def test_a_job_energy_by_window_category_and_tail(owned: Any, gpu: tuple[Clock, 
     clock.t = 5.0
     callbacks.on_app_end(finish_time_msec=ms(5.0))
 
+
+def test_a_job_energy_by_window_category_and_tail(owned: Any, gpu: tuple[Clock, CounterNvml]) -> None:
+    clock, nvml = gpu
+    job = owned(log_every_n_iterations=2, global_batch_size=2, seq_len=8, energy_price_per_kwh=0.3)
+    scripted_job(clock)
     assert nvml.reads == [0.0, 2.0, 4.5, 5.0]  # start, two window boundaries, the end: no sampling
     windows = [s.attributes or {} for s in job.named(semconv.TRAINING_WINDOW_SPAN)]
     assert [w[W + "energy"] for w in windows] == [500.0, 625.0]
@@ -212,3 +223,40 @@ def test_no_nvml_means_no_energy_and_no_error(owned: Any, monkeypatch: pytest.Mo
         k for s in job.named(semconv.TRAINING_WINDOW_SPAN) for k in (s.attributes or {}) if "energy" in k
     ]
     assert job.metric_points(semconv.METRIC_ENERGY) == []
+
+
+def test_summary_report_and_goodput_read_the_energy_back(
+    tmp_path: Path, gpu: tuple[Clock, CounterNvml]
+) -> None:
+    clock, _ = gpu
+    file = OtlpJsonLinesFile(output_dir=tmp_path)
+    provider = TracerProvider(resource=Resource({semconv.RUN_ID: "e1"}), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
+    traintel.configure(
+        tracer_provider=provider, log_every_n_iterations=2, global_batch_size=2, seq_len=8,
+        energy_price_per_kwh=0.3,
+    )  # fmt: skip
+    scripted_job(clock)
+    traintel.shutdown(1)
+    provider.shutdown()
+    assert file.path is not None
+    text = render(summarize([file.path]))
+    # the loop's summary: up to its last window (1125 J over 4.5 s, 64 tokens)
+    assert f"GPU energy: 1.12 kJ ({1125 / 64:,.3g} J/token, {1125 / 8:,.3g} J/sample), cost" in text
+    assert "productive 89%, checkpoint_save 11%" in text
+    energy = build_report([file.path]).as_dict()["energy"]
+    assert energy["joules"] == 1125.0
+    assert energy["by_category"] == {"productive": 1000.0, "checkpoint_save": 125.0}
+    assert energy["cost"] == 1125.0 / 3.6e6 * 0.3
+    (session,) = compute_goodput(load_jobs([file.path]))
+    # the job's own: the tail after the loop included, from the application span
+    assert session.energy_j == {
+        "total": 1250.0,
+        "productive": 1000.0,
+        "checkpoint_save": 125.0,
+        "other": 125.0,
+    }
+    assert session.as_dict()["energy_joules"]["total"] == 1250.0
+    assert "GPU energy 1.2 kJ (all ranks): productive 80.0%, checkpoint_save 10.0%, other 10.0%" in (
+        render_goodput([session])
+    )

@@ -182,6 +182,10 @@ class _Process:
     inferred: list[_Window] = field(default_factory=list)
     inner_data: list[tuple[int, int]] = field(default_factory=list)  # data loading inside iterations
     tail: InferredTail | None = None
+    #: GPU energy (J; "total" and by category) summed over the window records, and the job's own
+    #: (the tail after the last window included) from the application span when it ended.
+    window_energy: dict[str, float] = field(default_factory=dict)
+    job_energy: dict[str, float] | None = None
 
     @property
     def rank(self) -> int:
@@ -219,6 +223,14 @@ class _Process:
             (self.iterations, later.iterations),
         ):
             mine.extend(theirs)
+        for key, joules in later.window_energy.items():
+            self.window_energy[key] = self.window_energy.get(key, 0.0) + joules
+        if later.job_energy is not None:
+            self.job_energy = later.job_energy
+
+    @property
+    def energy(self) -> dict[str, float]:
+        return self.job_energy if self.job_energy is not None else self.window_energy
 
     def windows(self, later: list[tuple[int, int]]) -> list[_Window]:
         """The process's windows, records then inferred ones, ordered by start, each with the
@@ -316,6 +328,8 @@ class SessionGoodput(_Share):
     ideal_step_time_s: float | None = None
     recent_deviation: list[dict[str, float]] = field(default_factory=list)
     most_deviating: list[dict[str, Any]] = field(default_factory=list)
+    #: GPU energy of the session's jobs, every rank, whole jobs (J: "total" and by category).
+    energy_j: dict[str, float] = field(default_factory=dict)
 
     def badput(self, category: str) -> float:
         return self.badput_s.get(category, 0.0) / self.total_s if self.total_s > 0 else 0.0
@@ -352,6 +366,7 @@ class SessionGoodput(_Share):
             "disruptions": self.disruptions,
             "last_iteration": self.last_iteration,
             "layers": self.layers(),
+            "energy_joules": self.energy_j or None,
             "step_time": {
                 "ideal_seconds": self.ideal_step_time_s,
                 "recent_windows": self.recent_deviation,
@@ -525,6 +540,9 @@ def _add_span(process: _Process, span: SpanRecord) -> None:
     attributes = span.attributes
     if span.name == semconv.TRAINING_WINDOW_SPAN:  # a leaf: no ancestor of any data loading
         process.window_rows.append(_window_row(start, end, attributes))
+        if _W + "energy" in attributes:
+            for key, joules in _energy_of(attributes, _W + "energy").items():
+                process.window_energy[key] = process.window_energy.get(key, 0.0) + joules
         return
     parent = span.parent_span_id
     phase = attributes.get(semconv.PHASE)
@@ -564,6 +582,32 @@ def _add_outer(process: _Process, span: SpanRecord, phase: str) -> None:
         process.outermost = phase
         process.end_ns = span.end_ns
         process.end_error = span.status_code == 2  # STATUS_CODE_ERROR
+    if phase == _APPLICATION and _JOB_ENERGY in attributes:
+        process.job_energy = _energy_of(attributes, _JOB_ENERGY)
+
+
+_JOB_ENERGY = "ml.training.energy"
+_ENERGY_PARTS = ("productive", *BADPUT_CATEGORIES)
+
+
+def _energy_of(attributes: dict[str, Any], key: str) -> dict[str, float]:
+    """``{"total": J, category: J}`` from ``<key>`` and ``<key>.<category>`` attributes."""
+    out = {"total": _float(attributes.get(key))}
+    for part in _ENERGY_PARTS:
+        value = attributes.get(key + "." + part)
+        if value is not None:
+            out[part] = _float(value)
+    return out
+
+
+def _session_energy(jobs: list[Job]) -> dict[str, float]:
+    """The GPU energy of every rank of the session's jobs (J, "total" and by category)."""
+    out: dict[str, float] = {}
+    for job in jobs:
+        for member in job.ranks.values():
+            for key, joules in member.energy.items():
+                out[key] = out.get(key, 0.0) + joules
+    return out
 
 
 def _resolve_data_loading(process: _Process) -> None:
@@ -878,6 +922,7 @@ def _session(
     )
     _model_goodput(result, windows)
     _step_time(result, windows, refs)
+    result.energy_j = _session_energy(jobs)
     return result
 
 
@@ -1021,6 +1066,8 @@ def render_goodput(results: list[SessionGoodput]) -> str:
                 else ""
             )
         )
+        if r.energy_j.get("total"):
+            lines.append(_energy_line(r.energy_j))
         if r.ideal_step_time_s:
             lines.append(
                 f"  ideal step time {r.ideal_step_time_s * 1e3:.2f} ms (mean of steps <= median + 3 MAD)"
@@ -1045,6 +1092,12 @@ def render_goodput(results: list[SessionGoodput]) -> str:
             lines.extend(_job_lines(j))
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def _energy_line(energy: dict[str, float]) -> str:
+    total = energy["total"]
+    parts = ", ".join(f"{k} {v / total:.1%}" for k, v in energy.items() if k != "total" and v)
+    return f"  GPU energy {total / 1e3:,.1f} kJ (all ranks)" + (f": {parts}" if parts else "")
 
 
 def _job_lines(j: JobGoodput) -> list[str]:

@@ -26,6 +26,7 @@ from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.ranks import MAX_WINDOWS, CrossRankTable
 from traintel.analysis.summary import (
     RunSummary,
+    energy_figures,
     phase_rows,
     run_key,
     self_telemetry_of,
@@ -683,8 +684,10 @@ class Report:
                 "tokens_per_second": value("tokens_per_second"),
                 "tflops_per_device": value("tflops_per_device"),
                 "mfu": value("mfu"),
+                "mfu_measured_peak": value("mfu_measured"),
                 "hfu": value("hfu"),
             },
+            "energy": energy_figures(value),
             "checkpoints": {
                 "saves": saves.count,
                 "save_time_total_s": saves.seconds,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from traintel.analysis.report import MetricPoint, Report, WindowPoint
 from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
-from traintel.analysis.summary import is_loss, phase_rows, plain_number
+from traintel.analysis.summary import energy_figures, energy_text, is_loss, phase_rows, plain_number
 from traintel.semconv import BADPUT_CATEGORIES, Phase
 
 _PALETTE = (
@@ -550,6 +550,9 @@ def render_html(report: Report) -> str:
         ("TFLOP/s per device", fmt_num(value("tflops_per_device"))),
         ("MFU", fmt_pct(value("mfu"))),
     ]
+    energy = energy_figures(value)
+    if energy is not None:
+        headline.append(("GPU energy", energy_text(energy).removeprefix("GPU energy: ")))
     headline_rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline)
     throughput_key = "tokens_per_second" if s.summary_value("tokens_per_second") else "samples_per_second"
     unit = "tokens" if throughput_key.startswith("tokens") else "samples"

@@ -21,7 +21,14 @@ from rich.table import Table
 from rich.text import Text
 
 from traintel.analysis.report import Report
-from traintel.analysis.summary import fmt_seconds, is_loss, phase_rows, plain_number
+from traintel.analysis.summary import (
+    energy_figures,
+    energy_text,
+    fmt_seconds,
+    is_loss,
+    phase_rows,
+    plain_number,
+)
 from traintel.semconv import BADPUT_CATEGORIES, WINDOW_PREFIX
 
 _W = WINDOW_PREFIX
@@ -145,6 +152,12 @@ def _throughput_table(report: Report) -> Table:
     perf.add_row("MFU", fmt_pct(mfu) if mfu is not None else "- (no peak FLOPs for this device)")
     if hfu is not None:
         perf.add_row("HFU", fmt_pct(hfu))
+    measured = value("mfu_measured")
+    if measured is not None:
+        perf.add_row("MFU (measured matmul peak)", fmt_pct(measured))
+    energy = energy_figures(value)
+    if energy is not None:
+        perf.add_row("GPU energy", energy_text(energy).removeprefix("GPU energy: "))
     return perf
 
 

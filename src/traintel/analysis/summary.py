@@ -595,11 +595,15 @@ def _rate_lines(summary: RunSummary) -> list[str]:
         lines.append(f"Throughput: {tokens_per_second:,.1f} tokens/s (job)")
     tflops = value("tflops_per_device")
     if tflops is not None:
-        mfu = value("mfu")
+        mfu, measured = value("mfu"), value("mfu_measured")
         lines.append(
             f"Compute: {tflops:,.3f} TFLOP/s per device"
             + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
+            + (f" ({100 * measured:.1f}% of the measured matmul peak)" if measured is not None else "")
         )
+    energy = energy_figures(value)
+    if energy is not None:
+        lines.append(energy_text(energy))
     saves = value("checkpoint.saves")
     if saves:
         megabytes = value("checkpoint.bytes.total")
@@ -613,6 +617,39 @@ def _rate_lines(summary: RunSummary) -> list[str]:
             + (f", {megabytes / 1e6:,.2f} MB" if megabytes else "")
         )
     return lines
+
+
+#: Where a loop summary's energy may have gone: productive time, or a badput category.
+ENERGY_PARTS = ("productive", *semconv.BADPUT_CATEGORIES)
+
+
+def energy_figures(value: Callable[[str], Any]) -> dict[str, Any] | None:
+    """The GPU energy of a loop's summary (J, up to its last window), None without one."""
+    joules = value("energy")
+    if joules is None:
+        return None
+    return {
+        "joules": joules,
+        "seconds": value("energy.time"),
+        "per_token": value("energy.per_token"),
+        "per_sample": value("energy.per_sample"),
+        "cost": value("energy.cost"),
+        "by_category": {part: value("energy." + part) for part in ENERGY_PARTS if value("energy." + part)},
+    }
+
+
+def energy_text(energy: dict[str, Any]) -> str:
+    joules = energy["joules"]
+    per = [f"{energy[k]:,.3g} J/{k[4:]}" for k in ("per_token", "per_sample") if energy[k] is not None]
+    shares = (
+        ", ".join(f"{part} {j / joules:.0%}" for part, j in energy["by_category"].items()) if joules else ""
+    )
+    return (
+        f"GPU energy: {joules / 1e3:,.2f} kJ"
+        + (f" ({', '.join(per)})" if per else "")
+        + (f", cost {energy['cost']:,.4g}" if energy["cost"] is not None else "")
+        + (f"; {shares}" if shares else "")
+    )
 
 
 def _model_metric_lines(summary: RunSummary) -> list[str]:
