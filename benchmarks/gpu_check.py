@@ -12,15 +12,24 @@ Each check is a function returning plain numbers, so ``tests/test_gpu_cuda.py`` 
 - **NVML gauges** and ``hw.id`` (on the series and on the Resource);
 - **peak and MFU**: the device's dense peak for the autocast dtype, whether autocast wraps the
   whole iteration or only the forward pass, and the MFU's arithmetic;
-- **overhead** on a launch-bound step, with and without traintel, in interleaved rounds;
+- **overhead** on a launch-bound step and on a real (~20 ms) step, with and without traintel,
+  in interleaved rounds of one process;
+- **energy**: ~30 s of training with every GPU feature on; the windows' energies against the
+  NVML counter's delta over the loop read by the check itself, the job's against the delta over
+  the job, the categories' sum, J per token, the cost of one counter read and how often the
+  counter moves;
+- **measured peak**: the bf16 matmul calibration three times (its spread), against the datasheet;
 - **two NCCL ranks** with a straggler, when the machine has two GPUs.
 
-Run on a machine without CUDA it says so and exits 0.
+Run on a machine without CUDA it says so, checks what it can without one (the calibration on
+CPU, the script's own arithmetic), and exits 0. ``scripts/gpu-device-check.sh`` runs it with
+the ``gpu``-marked tests and keeps everything under ``$OUT``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
@@ -46,6 +55,7 @@ from torch import nn
 
 import traintel
 from traintel import semconv
+from traintel._host.gpu import torch_uuid
 from traintel.flops import peak_flops_for
 
 W = semconv.WINDOW_PREFIX
@@ -57,7 +67,13 @@ GPU_GAUGES = (
     semconv.METRIC_HW_GPU_UTILIZATION,
     semconv.METRIC_HW_TEMPERATURE,
     semconv.METRIC_HW_POWER,
+    semconv.METRIC_HW_ENERGY,
 )
+#: Several series per GPU, told apart by this attribute.
+GPU_SERIES = {
+    semconv.METRIC_GPU_CLOCK: semconv.GPU_CLOCK_DOMAIN,
+    semconv.METRIC_GPU_THROTTLE: semconv.GPU_THROTTLE_REASON,
+}
 ALLOCATOR_GAUGES = (
     semconv.METRIC_DEVICE_MEMORY_ALLOCATED,
     semconv.METRIC_DEVICE_MEMORY_RESERVED,
@@ -65,12 +81,21 @@ ALLOCATOR_GAUGES = (
 )
 
 
-#: Where the models run (a CPU dry run of the script's own logic sets "cpu").
+#: Where the models run (``--cpu-dry-run`` sets "cpu": the script's own logic, small and quick).
 DEVICE = "cuda"
 
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
+
+
+def on_gpu() -> bool:
+    return DEVICE != "cpu"
+
+
+def synchronize() -> None:
+    if on_gpu():
+        torch.cuda.synchronize()
 
 
 # --- the model -----------------------------------------------------------------------------------
@@ -121,6 +146,9 @@ class ModelSize:
 # --- sync debug mode -----------------------------------------------------------------------------
 @contextmanager
 def sync_debug(mode: str) -> Iterator[None]:
+    if not on_gpu():
+        yield
+        return
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode(mode)
     try:
@@ -131,6 +159,8 @@ def sync_debug(mode: str) -> Iterator[None]:
 
 def sync_debug_catches_a_sync() -> bool:
     """The control: under mode "error" an implicit synchronisation does raise in this build."""
+    if not on_gpu():
+        return False
     probe = torch.ones(1, device="cuda")
     try:
         with sync_debug("error"):
@@ -182,11 +212,14 @@ class TrainingCheck:
     dropped: int
     window_memory_peaks: list[int]
     nvml: dict[str, list[tuple[str, float]]]  # metric -> [(hw.id, value)]
+    #: clocks and throttle reasons: metric -> {series (domain / reason): value} of this GPU
+    nvml_series: dict[str, dict[str, float]]
     allocator: dict[str, list[tuple[str, float]]]
     torch_hw_id: str
     resource_hw_id: str | None
     model_flops_per_step: int
     windows: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)  # the training_window spans
     summary: dict[str, Any] = field(default_factory=dict)
     own_step_s: float = 0.0  # mean device time of forward + backward + optimizer, own events
     expected_peak: float | None = None
@@ -205,13 +238,34 @@ def _metric_points(
             for metric in sm.metrics:
                 if metric.name in found:
                     for point in metric.data.data_points:
-                        hw_id = str((point.attributes or {}).get(semconv.HW_ID, ""))
+                        attributes = point.attributes or {}
+                        hw_id = str(attributes.get(semconv.HW_ID, ""))
+                        series = GPU_SERIES.get(metric.name)
+                        if series is not None:  # "<hw.id> <series>", e.g. "GPU-... sm"
+                            hw_id += " " + str(attributes.get(series, ""))
                         found[metric.name].append((hw_id, float(point.value)))
     return found
 
 
 def _autocast() -> Any:
-    return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cuda" if on_gpu() else "cpu", dtype=torch.bfloat16)
+
+
+class _WallEvent:
+    """``torch.cuda.Event`` on CPU (the dry run): a wall-clock stamp."""
+
+    def __init__(self, enable_timing: bool = True) -> None:
+        self.t = 0.0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: _WallEvent) -> float:
+        return (end.t - self.t) * 1000.0
+
+
+def _event() -> Any:
+    return torch.cuda.Event(enable_timing=True) if on_gpu() else _WallEvent()
 
 
 def instrumented_training(
@@ -226,7 +280,7 @@ def instrumented_training(
     torch.manual_seed(0)
     device = torch.device(DEVICE)
     model = TinyGpt(size.vocab, size.width, size.layers, size.heads, size.seq).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_gpu())
     tokens = torch.randint(0, size.vocab, (size.batch, size.seq + 1), device=device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
@@ -241,7 +295,7 @@ def instrumented_training(
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
+    synchronize()
 
     exporter = InMemorySpanExporter()
     reader = InMemoryMetricReader()
@@ -250,6 +304,8 @@ def instrumented_training(
         metric_readers=[reader],
         cuda_event_timing="on",
         nvtx="on",
+        measure_peak="on",  # its one deliberate sync, at the first window close
+        window_events="on",
         log_every_n_iterations=10,
         global_batch_size=size.batch,
         seq_len=size.seq,
@@ -258,11 +314,11 @@ def instrumented_training(
     traintel.apply_flops(count)
     control = sync_debug_catches_a_sync()
 
-    own: dict[str, list[tuple[torch.cuda.Event, torch.cuda.Event]]] = {phase: [] for phase in PHASES}
+    own: dict[str, list[tuple[Any, Any]]] = {phase: [] for phase in PHASES}
 
     @contextmanager
     def own_timing(phase: str) -> Iterator[None]:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = _event(), _event()
         start.record()
         yield
         end.record()
@@ -270,6 +326,7 @@ def instrumented_training(
 
     sync_errors: list[str] = []
     nvml: dict[str, list[tuple[str, float]]] = {}
+    nvml_series: dict[str, dict[str, float]] = {}
     allocator: dict[str, list[tuple[str, float]]] = {}
     iteration_autocast = _autocast if autocast_scope == "iteration" else nullcontext
     forward_autocast = _autocast if autocast_scope == "forward" else nullcontext
@@ -289,15 +346,20 @@ def instrumented_training(
                             with sync_debug("default"):  # the loop's own sync
                                 traintel.record_metrics(loss=loss.item())
                                 if step == steps:
-                                    torch.cuda.synchronize()  # every event done before the loop ends
+                                    synchronize()  # every event done before the loop ends
                     if step == steps // 2:  # a collection while the GPU is busy (the reader's job)
-                        points = _metric_points(reader, GPU_GAUGES + ALLOCATOR_GAUGES)
+                        points = _metric_points(reader, GPU_GAUGES + ALLOCATOR_GAUGES + tuple(GPU_SERIES))
                         nvml = {name: points[name] for name in GPU_GAUGES}
                         allocator = {name: points[name] for name in ALLOCATOR_GAUGES}
+                        ours = torch_uuid(torch.cuda, torch.cuda.current_device()) if on_gpu() else "cpu"
+                        nvml_series = {
+                            name: {key.split(" ", 1)[1]: v for key, v in points[name] if key.startswith(ours)}
+                            for name in GPU_SERIES
+                        }
         except RuntimeError as exc:
             sync_errors.append(str(exc))
         traintel.shutdown(5)
-    torch.cuda.synchronize()
+    synchronize()
 
     windows = [
         dict(event.attributes or {})
@@ -312,9 +374,7 @@ def instrumented_training(
     traintel_s = {p: sum(float(w.get(DT + p, 0.0)) for w in windows) for p in PHASES}
     traintel_n = {p: sum(int(w.get(DT + p + ".count", 0)) for w in windows) for p in PHASES}
     own_s = {p: sum(a.elapsed_time(b) for a, b in own[p]) / 1000.0 for p in PHASES}
-    from traintel._host.gpu import torch_uuid
-
-    name = torch.cuda.get_device_name()
+    name = torch.cuda.get_device_name() if on_gpu() else "cpu"
     peak = peak_flops_for(name, "bf16")
     return TrainingCheck(
         autocast_scope=autocast_scope,
@@ -330,11 +390,17 @@ def instrumented_training(
         dropped=sum(int(w.get(semconv.WINDOW_DEVICE_TIME_DROPPED, 0)) for w in windows),
         window_memory_peaks=[int(w.get(semconv.WINDOW_DEVICE_MEMORY_PEAK_ALLOCATED, -1)) for w in windows],
         nvml=nvml,
+        nvml_series=nvml_series,
         allocator=allocator,
-        torch_hw_id=torch_uuid(torch.cuda, torch.cuda.current_device()),
+        torch_hw_id=torch_uuid(torch.cuda, torch.cuda.current_device()) if on_gpu() else "cpu",
         resource_hw_id=resources.pop() if len(resources) == 1 else ",".join(sorted(resources)),
         model_flops_per_step=count.model_flops,
         windows=windows,
+        records=[
+            dict(s.attributes or {})
+            for s in exporter.get_finished_spans()
+            if s.name == semconv.TRAINING_WINDOW_SPAN
+        ],
         summary=dict(loops[0].attributes or {}) if loops else {},
         own_step_s=sum(own_s.values()) / steps,
         expected_peak=peak.peak_flops,
@@ -378,19 +444,30 @@ class OverheadCheck:
         )
 
 
-#: What each overhead variant turns on besides the defaults.
+#: What each overhead variant turns on besides the defaults (NVML gauges and the energy counter
+#: are on wherever nvidia-ml-py is installed), and its step: "small" is launch-bound (a few ms,
+#: traintel's worst case), "real" a ~20 ms transformer step on an H100.
 OVERHEAD_FEATURES: dict[str, dict[str, object]] = {
     "default": {},
     "gpu": {"cuda_event_timing": "on", "nvtx": "on"},
+    "gpu_real_step": {"cuda_event_timing": "on", "nvtx": "on"},
 }
+OVERHEAD_SIZES = {
+    "small": ModelSize(vocab=1024, width=256, layers=2, heads=4, seq=128, batch=8),
+    "real": ModelSize(),
+}
+#: (rounds, steps per round) of each variant: a few seconds to a minute each on an H100.
+OVERHEAD_PLAN = {"default": (15, 200), "gpu": (15, 200), "gpu_real_step": (6, 30)}
 
 
 def overhead_here(features: str, rounds: int, steps: int) -> OverheadCheck:
-    """Median step time of a small transformer (a launch-bound step of a few ms), bare and
-    instrumented, in alternating rounds of one run: traintel configured once, as a job does,
-    with the embedded default (the file exporter) that a job with no OTEL_* settings gets."""
+    """Median step time of a transformer (``OVERHEAD_SIZES``), bare and instrumented, in
+    alternating rounds of one run: traintel configured once, as a job does, with the embedded
+    default (the file exporter) that a job with no OTEL_* settings gets."""
     torch.manual_seed(0)
-    size = ModelSize(vocab=1024, width=256, layers=2, heads=4, seq=128, batch=8)
+    size = OVERHEAD_SIZES["real" if features.endswith("real_step") else "small"]
+    if not on_gpu():
+        size = ModelSize(vocab=128, width=32, layers=1, heads=2, seq=16, batch=2)
     model = TinyGpt(size.vocab, size.width, size.layers, size.heads, size.seq).to(DEVICE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, size.vocab, (size.batch, size.seq + 1), device=DEVICE)
@@ -414,11 +491,11 @@ def overhead_here(features: str, rounds: int, steps: int) -> OverheadCheck:
                 optimizer.zero_grad(set_to_none=True)
 
     def timed(step: Callable[[], None]) -> tuple[float, float]:
-        torch.cuda.synchronize()
+        synchronize()
         wall, cpu = time.perf_counter(), time.thread_time()
         for _ in range(steps):
             step()
-        torch.cuda.synchronize()
+        synchronize()
         return (time.perf_counter() - wall) / steps * 1000.0, (time.thread_time() - cpu) / steps * 1000.0
 
     check = OverheadCheck(features, steps, [], [], [], [])
@@ -444,12 +521,217 @@ def overhead(features: str = "default", rounds: int = 15, steps: int = 200) -> O
     """:func:`overhead_here` in a fresh process (no state from other checks)."""
     with tempfile.TemporaryDirectory(prefix="traintel-overhead-") as tmp:
         out = Path(tmp) / "overhead.json"
+        dry = [] if on_gpu() else ["--cpu-dry-run"]
         subprocess.run(
             [sys.executable, __file__, "--overhead", features, "--rounds", str(rounds), "--steps", str(steps),
-             "--json", str(out)],
+             "--json", str(out), *dry],
             check=True,
         )  # fmt: skip
         return OverheadCheck(**json.loads(out.read_text()))
+
+
+# --- 5: energy -----------------------------------------------------------------------------------
+@dataclass
+class EnergyCheck:
+    """A ~``seconds`` loop with every GPU feature on, and NVML's counter read by the check itself
+    around it (``own_*``, J): the windows' energies must add up to the loop's delta and the
+    job's (the application span's) to the job's, within the counter's granularity."""
+
+    seconds: float
+    steps: int = 0
+    skipped: str | None = None
+    window_joules: list[float] = field(default_factory=list)
+    own_loop_joules: float = 0.0
+    job_joules: float | None = None
+    own_job_joules: float = 0.0
+    categories: dict[str, float] = field(default_factory=dict)
+    loop_summary: dict[str, Any] = field(default_factory=dict)
+    per_token: float | None = None
+    read_us: float = 0.0  # one counter read, median
+    counter_step_ms: float | None = None  # the smallest interval at which the counter moved
+    mfu: float | None = None
+    mfu_measured: float | None = None
+    measured_peak: float | None = None
+
+    @property
+    def window_error(self) -> float:
+        return _relative(sum(self.window_joules), self.own_loop_joules)
+
+    @property
+    def job_error(self) -> float:
+        return _relative(self.job_joules or 0.0, self.own_job_joules)
+
+    @property
+    def category_sum_error(self) -> float:
+        return _relative(math.fsum(self.categories.values()), self.job_joules or 0.0)
+
+
+class DryRunNvml:
+    """The CPU dry run's stand-in for ``pynvml`` (hardware, not OpenTelemetry): one GPU drawing
+    100 W on the wall clock, so the energy check's own arithmetic runs without a GPU."""
+
+    @staticmethod
+    def nvmlInit() -> None:
+        pass
+
+    @staticmethod
+    def nvmlDeviceGetCount() -> int:
+        return 1
+
+    @staticmethod
+    def nvmlDeviceGetHandleByIndex(index: int) -> int:
+        return index
+
+    @staticmethod
+    def nvmlDeviceGetUUID(handle: int) -> str:
+        return "GPU-dry-run"
+
+    @staticmethod
+    def nvmlDeviceGetTotalEnergyConsumption(handle: int) -> int:
+        return round(time.time() * 100_000)  # mJ at 100 W
+
+
+def _own_counter() -> Callable[[], float] | None:
+    """NVML's energy counter of this process's GPU, in J, read by the check itself."""
+    if not on_gpu():
+        nvml = sys.modules.get("pynvml")
+        return (lambda: nvml.nvmlDeviceGetTotalEnergyConsumption(0) / 1000.0) if nvml is DryRunNvml else None
+    try:
+        import pynvml  # type: ignore[import-not-found,unused-ignore]
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByUUID(torch_uuid(torch.cuda, torch.cuda.current_device()))
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    except Exception:
+        return None
+    return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
+
+
+def _counter_step_ms(read: Callable[[], float], seconds: float = 0.5) -> float | None:
+    """How often the counter moves: the shortest time between two changes, polled each 1 ms."""
+    changes, last, end = [], read(), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        value = read()
+        if value != last:
+            changes.append(time.perf_counter())
+            last = value
+        time.sleep(0.001)
+    gaps = [b - a for a, b in itertools.pairwise(changes)]
+    return min(gaps) * 1000.0 if gaps else None
+
+
+def energy_check(seconds: float = 30.0, size: ModelSize | None = None) -> EnergyCheck:
+    """Train for ``seconds`` (a 0.2 s data wait every 25 steps, a 1 s checkpoint save halfway)
+    with every GPU feature on, windows of at most 3 s."""
+    check = EnergyCheck(seconds)
+    read = _own_counter()
+    if read is None:
+        check.skipped = "no NVML energy counter for this device"
+        return check
+    reads = []
+    for _ in range(50):
+        begin = time.perf_counter_ns()
+        read()
+        reads.append((time.perf_counter_ns() - begin) / 1000.0)
+    check.read_us = statistics.median(reads)
+    check.counter_step_ms = _counter_step_ms(read)
+    size = size or ModelSize()
+    torch.manual_seed(0)
+    model = TinyGpt(size.vocab, size.width, size.layers, size.heads, size.seq).to(DEVICE)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_gpu())
+    tokens = torch.randint(0, size.vocab, (size.batch, size.seq + 1), device=DEVICE)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    synchronize()
+    own_start = read()
+    traintel.configure(
+        span_exporters=[exporter], metric_readers=[reader], cuda_event_timing="on", nvtx="on",
+        measure_peak="on", log_every_n_iterations=100_000, window_min_seconds=0, log_every_n_seconds=3,
+        global_batch_size=size.batch, seq_len=size.seq, energy_price_per_kwh=0.3,
+    )  # fmt: skip
+    traintel.apply_flops(traintel.measure_flops(model, inputs))
+    with traintel.application():
+        with traintel.training_loop():
+            begin = time.perf_counter()
+            saved = False
+            while time.perf_counter() - begin < seconds:
+                check.steps += 1
+                with traintel.training_iteration(samples=size.batch):
+                    if check.steps % 25 == 0:
+                        with traintel.data_loading():
+                            time.sleep(0.2)
+                    with _autocast(), traintel.model_forward():
+                        loss = F.cross_entropy(
+                            model(inputs).float().reshape(-1, size.vocab), targets.reshape(-1)
+                        )
+                    with traintel.model_backward():
+                        loss.backward()
+                    with traintel.optimizer_update():
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                if not saved and time.perf_counter() - begin > seconds / 2:
+                    saved = True
+                    synchronize()
+                    with traintel.checkpoint_save():
+                        time.sleep(1.0)
+            synchronize()
+        check.own_loop_joules = read() - own_start
+    check.own_job_joules = read() - own_start
+    traintel.shutdown(5)
+    spans = exporter.get_finished_spans()
+    check.window_joules = [
+        float((s.attributes or {}).get(W + "energy", 0.0))
+        for s in spans
+        if s.name == semconv.TRAINING_WINDOW_SPAN
+    ]
+    (app,) = [dict(s.attributes or {}) for s in spans if s.name == semconv.Phase.APPLICATION.value]
+    check.job_joules = app.get("ml.training.energy")
+    check.per_token = app.get("ml.training.energy.per_token")
+    check.categories = {
+        k.removeprefix("ml.training.energy."): float(v)
+        for k, v in app.items()
+        if k.startswith("ml.training.energy.")
+        and k.rsplit(".", 1)[-1] not in ("time", "per_token", "per_sample", "cost")
+    }
+    (loop,) = [dict(s.attributes or {}) for s in spans if s.name == semconv.Phase.TRAINING_LOOP.value]
+    check.loop_summary = {k: v for k, v in loop.items() if "energy" in k or "mfu" in k}
+    check.mfu = loop.get(semconv.SUMMARY_PREFIX + "mfu")
+    check.mfu_measured = loop.get(semconv.SUMMARY_PREFIX + "mfu_measured")
+    check.measured_peak = loop.get(semconv.SUMMARY_PREFIX + "mfu.measured_peak_flops")
+    return check
+
+
+# --- 6: the measured peak ------------------------------------------------------------------------
+@dataclass
+class PeakCheck:
+    dtype: str
+    runs: list[float]
+    methods: list[str]
+    seconds: list[float]
+    datasheet: float | None
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the runs: within ±2 % is max/min - 1 <= 4 %, median-centred."""
+        return (max(self.runs) - min(self.runs)) / statistics.median(self.runs) if self.runs else math.inf
+
+
+def peak_check(runs: int = 3, dtype: str = "bf16") -> PeakCheck:
+    from traintel._host.calibration import measure_peak
+
+    name = torch.cuda.get_device_name() if on_gpu() else "cpu"
+    check = PeakCheck(dtype, [], [], [], peak_flops_for(name, dtype).peak_flops)
+    for _ in range(runs):
+        found = (
+            measure_peak(dtype, device=DEVICE, size=None, budget_s=15.0)
+            if on_gpu()
+            else (measure_peak(dtype, device=DEVICE, size=64, budget_s=1.0))
+        )
+        if found is not None:
+            check.runs.append(found.flops_per_second)
+            check.methods.append(found.method)
+            check.seconds.append(found.seconds)
+    return check
 
 
 # --- 5: two NCCL ranks ---------------------------------------------------------------------------
@@ -535,10 +817,11 @@ def environment() -> dict[str, Any]:
     info: dict[str, Any] = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "device": torch.cuda.get_device_name(),
-        "capability": ".".join(map(str, torch.cuda.get_device_capability())),
-        "gpus": torch.cuda.device_count(),
+        "device": torch.cuda.get_device_name() if on_gpu() else "cpu (dry run)",
+        "capability": ".".join(map(str, torch.cuda.get_device_capability())) if on_gpu() else None,
+        "gpus": torch.cuda.device_count() if on_gpu() else 0,
         "traintel": traintel.__version__,
+        "python": sys.version.split()[0],
     }
     try:
         import pynvml  # type: ignore[import-not-found,unused-ignore]
@@ -572,6 +855,8 @@ def report_training(check: TrainingCheck) -> list[str]:
     lines.append(f"  window peak allocated (MB): {[round(v / 2**20) for v in check.window_memory_peaks]}")
     for name, points in {**check.nvml, **check.allocator}.items():
         lines.append(f"  {name}: {[(hw[:12], round(v, 3)) for hw, v in points]}")
+    for name, values in check.nvml_series.items():
+        lines.append(f"  {name}: {values}")
     lines.append(f"  hw.id torch {check.torch_hw_id} resource {check.resource_hw_id}")
     last = check.windows[-1] if check.windows else {}
     mfu = last.get(W + "mfu")
@@ -592,50 +877,149 @@ def report_training(check: TrainingCheck) -> list[str]:
     return lines
 
 
+def report_energy(check: EnergyCheck) -> list[str]:
+    if check.skipped:
+        return [f"energy: skipped ({check.skipped})"]
+    total = check.job_joules or 0.0
+    shares = ", ".join(f"{k} {v / total:.1%}" for k, v in check.categories.items() if total)
+    return [
+        f"energy: {check.steps} steps in {check.seconds:.0f} s, {len(check.window_joules)} windows; "
+        f"one counter read {check.read_us:.1f} us; the counter moved at least every "
+        f"{check.counter_step_ms} ms",
+        f"  windows {sum(check.window_joules):,.1f} J vs NVML delta over the loop "
+        f"{check.own_loop_joules:,.1f} J: {check.window_error:.3%} apart",
+        f"  job {total:,.1f} J vs NVML delta over the job {check.own_job_joules:,.1f} J: "
+        f"{check.job_error:.3%} apart; categories sum to "
+        f"{math.fsum(check.categories.values()):,.3f} J ({shares})",
+        f"  {check.per_token} J/token; MFU {check.mfu} against the datasheet, {check.mfu_measured} against "
+        f"the measured peak {check.measured_peak}",
+    ]
+
+
+def report_peak(check: PeakCheck) -> list[str]:
+    runs = ", ".join(f"{r / 1e12:.1f}" for r in check.runs)
+    ratio = (
+        f"{statistics.median(check.runs) / check.datasheet:.1%} of it"
+        if check.runs and check.datasheet
+        else ""
+    )
+    return [
+        f"measured {check.dtype} matmul peak, {len(check.runs)} runs: {runs} TFLOP/s; spread "
+        f"{check.spread:.2%} of the median; datasheet {check.datasheet} ({ratio}); "
+        f"{[round(s, 1) for s in check.seconds]} s each; {check.methods[:1]}"
+    ]
+
+
+def verdicts(results: dict[str, Any]) -> dict[str, Any]:
+    """The issue's device figures, each with its target and whether it was met."""
+    out: dict[str, Any] = {}
+    energy = results.get("energy")
+    if isinstance(energy, dict) and not energy.get("skipped"):
+        window = _relative(sum(energy["window_joules"]), energy["own_loop_joules"])
+        out["window_energy_vs_nvml_delta"] = {"relative_error": window, "target": 0.01, "met": window <= 0.01}
+        job = _relative(energy["job_joules"] or 0.0, energy["own_job_joules"])
+        out["job_energy_vs_nvml_delta"] = {"relative_error": job, "target": 0.01, "met": job <= 0.01}
+    peak = results.get("peak")
+    if isinstance(peak, dict) and peak["runs"]:
+        runs, middle = peak["runs"], statistics.median(peak["runs"])
+        worst = max(abs(r / middle - 1) for r in runs)
+        out["measured_peak_reproducible"] = {"runs": runs, "worst_from_median": worst, "target": 0.02,
+                                             "met": worst <= 0.02}  # fmt: skip
+    for scope in ("forward", "iteration"):
+        training = results.get(f"training_{scope}")
+        if isinstance(training, dict):
+            out[f"no_hidden_sync_{scope}"] = {
+                "control": training["sync_debug_control"], "errors": training["sync_errors"],
+                "met": training["sync_debug_control"] and not training["sync_errors"],
+            }  # fmt: skip
+    for features in OVERHEAD_FEATURES:
+        cost = results.get(f"overhead_{features}")
+        if isinstance(cost, dict):
+            rounds = [t / b for t, b in zip(cost["wall_traintel"], cost["wall_bare"], strict=True)]
+            out[f"overhead_{features}"] = {"ratio": cost["ratio"], "rounds": rounds}
+    return out
+
+
+def dry_run_setup() -> None:
+    """CPU only: the models run on CPU, and NVML is :class:`DryRunNvml`."""
+    global DEVICE
+    DEVICE = "cpu"
+    sys.modules["pynvml"] = DryRunNvml  # type: ignore[assignment]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", type=Path, help="write every measurement here")
     parser.add_argument("--steps", type=int, help="training steps per check (default 60; overhead 200)")
     parser.add_argument("--rounds", type=int, default=15, help="overhead rounds")
     parser.add_argument("--overhead", choices=list(OVERHEAD_FEATURES), help="only this overhead variant")
+    parser.add_argument("--energy-seconds", type=float, default=30.0, help="length of the energy loop")
+    parser.add_argument("--peak-runs", type=int, default=3, help="matmul peak calibrations")
+    parser.add_argument("--cpu-dry-run", action="store_true", help="the script's own logic on CPU, small")
     args = parser.parse_args()
-    if not cuda_available():
-        print("gpu_check: no CUDA device here; nothing to run")
-        return 0
+    dry = args.cpu_dry_run or not cuda_available()
+    if dry:
+        if not args.cpu_dry_run:
+            print("gpu_check: no CUDA device here: a CPU dry run of the checks' own logic instead")
+        dry_run_setup()
     if args.overhead:
         cost = overhead_here(args.overhead, args.rounds, args.steps or 200)
         if args.json:
             args.json.write_text(json.dumps(asdict(cost)))
         return 0
-    results: dict[str, Any] = {"environment": environment()}
+    small = ModelSize(vocab=128, width=32, layers=1, heads=2, seq=16, batch=2)
+    results: dict[str, Any] = {"environment": environment(), "dry_run": dry}
     print("environment:", json.dumps(results["environment"]))
+
+    def run(key: str, work: Callable[[], Any], report: Callable[[Any], list[str]]) -> None:
+        began = time.perf_counter()
+        try:
+            check = work()
+            results[key] = asdict(check)
+            if isinstance(check, OverheadCheck):
+                results[key]["ratio"] = check.ratio
+            print("\n".join(report(check)))
+        except Exception as exc:
+            results[key] = repr(exc)
+            print(f"{key} failed: {exc!r}")
+        print(f"  ({key}: {time.perf_counter() - began:.1f} s)", flush=True)
+
     for scope in ("forward", "iteration"):
-        try:
-            check = instrumented_training(scope, steps=args.steps or 60)
-            results[f"training_{scope}"] = asdict(check)
-            print("\n".join(report_training(check)))
-        except Exception as exc:
-            results[f"training_{scope}"] = repr(exc)
-            print(f"training ({scope}) failed: {exc!r}")
+        run(
+            f"training_{scope}",
+            lambda scope=scope: instrumented_training(
+                scope, steps=args.steps or (12 if dry else 60), sync_every=5 if dry else 20,
+                size=small if dry else None,
+            ),
+            report_training,
+        )  # fmt: skip
+    run("peak", lambda: peak_check(args.peak_runs, "fp32" if dry else "bf16"), report_peak)
+    run(
+        "energy",
+        lambda: energy_check(3.0 if dry else args.energy_seconds, small if dry else None),
+        report_energy,
+    )
     for features in OVERHEAD_FEATURES:
-        try:
-            cost = overhead(features)
-            results[f"overhead_{features}"] = {**asdict(cost), "ratio": cost.ratio}
+        rounds, steps = (2, 5) if dry else OVERHEAD_PLAN[features]
+
+        def overhead_lines(cost: OverheadCheck, features: str = features) -> list[str]:
             bare, instrumented = statistics.median(cost.wall_bare), statistics.median(cost.wall_traintel)
-            print(
-                f"overhead ({features} features), launch-bound step, {len(cost.ratios)} alternating "
-                f"rounds of {cost.steps_per_round} steps in a fresh process: bare {bare:.3f} ms, "
-                f"traintel {instrumented:.3f} ms; paired ratio median {cost.ratio:.3f} (rounds "
-                f"{min(cost.ratios):.3f}-{max(cost.ratios):.3f}); training thread CPU "
-                f"+{cost.added_cpu_us:.1f} us/step"
-            )
-        except Exception as exc:
-            results[f"overhead_{features}"] = repr(exc)
-            print(f"overhead ({features}) failed: {exc!r}")
-    ranks = two_nccl_ranks()
-    results["ranks"] = asdict(ranks)
-    outcome = ranks.skipped or f"exit {ranks.returncodes}, stragglers named {ranks.stragglers}"
-    print(f"two NCCL ranks: {outcome}")
+            return [
+                f"overhead ({features}), {len(cost.ratios)} alternating rounds of {cost.steps_per_round} "
+                f"steps in a fresh process: bare {bare:.3f} ms, traintel {instrumented:.3f} ms; paired "
+                f"ratio median {cost.ratio:.3f} (rounds {min(cost.ratios):.3f}-{max(cost.ratios):.3f}); "
+                f"training thread CPU +{cost.added_cpu_us:.1f} us/step"
+            ]
+
+        run(f"overhead_{features}", lambda f=features, r=rounds, n=steps: overhead(f, r, n), overhead_lines)
+    if not dry:
+        ranks = two_nccl_ranks()
+        results["ranks"] = asdict(ranks)
+        print(
+            f"two NCCL ranks: {ranks.skipped or f'exit {ranks.returncodes}, stragglers {ranks.stragglers}'}"
+        )
+    results["verdicts"] = verdicts(results)
+    print("issue 38 figures:", json.dumps(results["verdicts"], indent=1, default=str))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     return 0

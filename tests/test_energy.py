@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
-
-from pathlib import Path
-
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -20,12 +18,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 import traintel
 from tests.test_metrics import ms, step
 from traintel import callbacks, semconv
+from traintel._host import energy
+from traintel._host.energy import EnergyLedger, split_energy
 from traintel.analysis.goodput import compute_goodput, load_jobs, render_goodput
 from traintel.analysis.report import build_report
 from traintel.analysis.summary import render, summarize
 from traintel.exporters.file import OtlpJsonFileSpanExporter, OtlpJsonLinesFile
-from traintel._host import energy
-from traintel._host.energy import EnergyLedger, split_energy
 
 T0_NS = int(ms(0) * 1e6)
 W = semconv.WINDOW_PREFIX
