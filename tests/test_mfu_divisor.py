@@ -95,3 +95,13 @@ def test_a_guessed_dtype_is_said_once_and_published(
     assert len(windows) == 3
     assert {(w[semconv.MFU_DTYPE], w[semconv.MFU_DTYPE_REASON]) for w in windows} == {(dtype, reason)}
     assert sum(said in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_rocm_build_looks_at_autocast_too(owned: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ROCm's torch has no CUDA version but runs torch.cuda (HIP): the AMD rows of the peak
+    table need the autocast dtype as much as NVIDIA's."""
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
+    owned(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=1e9)
+    engine = traintel.get_telemetry().engine
+    assert engine is not None and engine.windows.dtype_probing

@@ -83,11 +83,12 @@ class Windows:
         if not hasattr(self, "_configured"):  # once: the device features are fixed at start
             self._configured = True
             self.hooks = device_hooks(config, engine.warn_once)
-            # Until the compute dtype is known, phase starts look at autocast (a CUDA build of
-            # torch imported, no dtype or peak configured): see AutocastProbe.
-            cuda_build = getattr(getattr(sys.modules.get("torch"), "version", None), "cuda", None)
+            # Until the compute dtype is known, phase starts look at autocast (a CUDA or ROCm
+            # build of torch imported, no dtype or peak configured): see AutocastProbe.
+            version = getattr(sys.modules.get("torch"), "version", None)
+            gpu_build = getattr(version, "cuda", None) or getattr(version, "hip", None)
             self.dtype_probing = (
-                cuda_build is not None and config.get("dtype") is None and config.get("peak_flops") is None
+                gpu_build is not None and config.get("dtype") is None and config.get("peak_flops") is None
             )
             engine.set_device(
                 AutocastProbe(self.hooks, self._dtype_found) if self.dtype_probing else self.hooks
