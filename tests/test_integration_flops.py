@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import traintel
 from tests.integration_helpers import Captured, capture
+from tests.test_flops import TinyLM
 
 pl = pytest.importorskip("lightning.pytorch")
 transformers = pytest.importorskip("transformers")
@@ -25,43 +26,17 @@ from traintel.integrations.transformers import instrument_trainer  # noqa: E402
 VOCAB, WIDTH, HEADS, LAYERS, SEQ, BATCH = 64, 32, 4, 2, 16, 2
 
 
-class CausalBlock(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
-        self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
-        self.out = nn.Linear(WIDTH, WIDTH, bias=False)
-        self.up = nn.Linear(WIDTH, 4 * WIDTH, bias=False)
-        self.down = nn.Linear(4 * WIDTH, WIDTH, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q, k, v = (
-            t.view(batch, seq, HEADS, WIDTH // HEADS).transpose(1, 2)
-            for t in self.qkv(self.norm1(x)).split(WIDTH, dim=-1)
-        )
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.out(attention.transpose(1, 2).reshape(batch, seq, WIDTH))
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
-
-
 class TinyGpt(pl.LightningModule):  # type: ignore[misc]
+    """test_flops' transformer (attention by ``scaled_dot_product_attention``) in a module."""
+
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList(CausalBlock() for _ in range(LAYERS))
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+        self.net = TinyLM(vocab=VOCAB, dim=WIDTH, heads=HEADS, layers=LAYERS)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         (ids,) = batch
-        return F.cross_entropy(self(ids).flatten(0, 1), ids.flatten())
+        return F.cross_entropy(self.net(ids).flatten(0, 1), ids.flatten())
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
