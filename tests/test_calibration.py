@@ -30,13 +30,14 @@ class Ticks:
 
 
 def test_the_peak_is_the_best_batch_and_the_budget_holds() -> None:
-    found = measure_peak("fp32", device="cpu", size=32, clock=Ticks(0.01))
-    assert found is not None
-    assert len(found.batches) == calibration.BATCHES
+    found = measure_peak("fp32", device="cpu", size=32)
+    assert found is not None and 1 <= len(found.batches) <= calibration.BATCHES
     assert found.flops_per_second == max(found.batches) > 0
-    assert found.method == f"32x32x32 fp32 matmul, best of {calibration.BATCHES} batches of 20"
-    slow = measure_peak("bf16", device="cpu", size=32, budget_s=2.0, clock=Ticks(0.25))
-    assert slow is not None and len(slow.batches) < calibration.BATCHES  # stopped by the budget
+    assert found.method.startswith(f"32x32x32 fp32 matmul, best of {len(found.batches)} batches of up to ")
+    # a clock that moves 0.25 s at every reading: each batch "takes" 0.75 s
+    slow = measure_peak("bf16", device="cpu", size=32, budget_s=3.0, clock=Ticks(0.25))
+    assert slow is not None and 1 <= len(slow.batches) < calibration.BATCHES
+    assert slow.seconds <= 3.0  # no batch started that would not end within the budget
     assert measure_peak("fp8", device="cpu", size=32) is None  # scaled matmuls: not calibrated
 
 

@@ -93,18 +93,25 @@ def _measure(
     for _ in range(3):  # warm-up: kernel choice, clocks up
         torch.mm(a, b, out=out)
     per_product = max(timer.time(lambda: torch.mm(a, b, out=out), 1), 1e-9)
-    repeats = max(1, int(BATCH_S / per_product))
-    batch_s = repeats * per_product  # a batch's wall time, as far as seen: the budget's unit
+    # A short first batch: one product's time may be optimistic. Each next batch is sized to
+    # BATCH_S from the wall time of the one before, and only starts if it fits the budget.
+    repeats = max(1, int(BATCH_S / per_product) // 8)
+    batch_s = repeats * per_product
     batches: list[float] = []
-    while len(batches) < BATCHES and clock() - started + batch_s < budget_s:
-        begin = clock()
+    sizes: list[int] = []
+    now = clock()
+    while len(batches) < BATCHES and now - started + batch_s <= budget_s:
         seconds = timer.time(lambda: torch.mm(a, b, out=out), repeats)
-        batch_s = max(batch_s, clock() - begin)
+        end = clock()
+        wall, now = max(end - now, 1e-9), end
         batches.append(repeats * flops / seconds if seconds > 0 else 0.0)
+        sizes.append(repeats)
+        repeats = max(1, min(8 * repeats, int(BATCH_S * repeats / wall)))
+        batch_s = wall / sizes[-1] * repeats
     if not batches:
         return None
-    method = f"{size}x{size}x{size} {dtype} matmul, best of {len(batches)} batches of {repeats}"
-    return MeasuredPeak(max(batches), method, tuple(batches), clock() - started)
+    method = f"{size}x{size}x{size} {dtype} matmul, best of {len(batches)} batches of up to {max(sizes)}"
+    return MeasuredPeak(max(batches), method, tuple(batches), now - started)
 
 
 class _CudaTimer:
