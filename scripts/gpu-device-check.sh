@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # traintel's device checks in one command (issue 38), on a machine with one CUDA GPU:
-#   1. the gpu-marked test suite (tests/test_gpu_cuda.py: sync-free step with every GPU feature
+#   1. the gpu-marked tests (today tests/test_gpu_cuda.py: sync-free step with every GPU feature
 #      on, CUDA-event times, NVML gauges, clocks/throttle/energy, MFU against both peaks,
 #      window energies vs NVML's delta, the measured peak's reproducibility);
 #   2. benchmarks/gpu_check.py, which prints the figures: window energies vs the NVML delta over
@@ -38,8 +38,9 @@ export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 'available', torch.cuda.is_available(), '| traintel', traintel.__version__, traintel.__file__)" || exit 1
 
 status=0
-echo "=== 1/2 gpu-marked tests"
-timeout 300 "$PY" -m pytest -m gpu tests/test_gpu_cuda.py -v -rs -p no:cacheprovider \
+gpu_files=$(grep -l 'pytest.mark.gpu' tests/test_*.py)
+echo "=== 1/2 gpu-marked tests:" $gpu_files
+timeout 300 "$PY" -m pytest -m gpu $gpu_files -v -rs -p no:cacheprovider \
   --junitxml="$OUT/gpu-tests.xml" || status=1
 echo "=== 2/2 benchmarks/gpu_check.py"
 timeout 330 "$PY" benchmarks/gpu_check.py --json "$OUT/gpu-check.json" || status=1
