@@ -10,8 +10,12 @@ Which GPUs: those this process can see — ``CUDA_VISIBLE_DEVICES`` (indices or 
 it is set, else every GPU NVML lists. Indices are taken in NVML's (PCI bus) order, which is
 CUDA's too when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and on nodes of identical GPUs.
 
-Not yet run on a GPU: the NVML calls below are those of nvidia-ml-py's documented API; the tests
-substitute a fake NVML module to check the mapping from readings to observations and units.
+Clocks and clock-limiting ("throttle") reasons have no OTel convention for GPUs yet, hence
+``traintel.gpu.clock`` / ``traintel.gpu.throttle``; the energy counter is the conventions'
+``hw.energy``. The memory, utilisation, temperature and power gauges ran on an H100
+(2026-11-24); the clock, throttle and energy readings are nvidia-ml-py's documented calls, not
+yet run on a GPU. The tests substitute a fake NVML module to check the mapping from readings
+to observations and units.
 """
 
 from __future__ import annotations
