@@ -725,7 +725,7 @@ def peak_check(runs: int = 3, dtype: str = "bf16") -> PeakCheck:
         found = (
             measure_peak(dtype, device=DEVICE, size=None, budget_s=15.0)
             if on_gpu()
-            else (measure_peak(dtype, device=DEVICE, size=64, budget_s=1.0))
+            else (measure_peak(dtype, device=DEVICE, size=64, budget_s=1.0, warm_s=0.0))
         )
         if found is not None:
             check.runs.append(found.flops_per_second)

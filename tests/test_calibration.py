@@ -3,6 +3,7 @@ loop on CPU with an injected clock, and the window path with the device name pat
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import pytest
@@ -29,15 +30,28 @@ class Ticks:
         return self.t
 
 
-def test_the_peak_is_the_best_batch_and_the_budget_holds() -> None:
-    found = measure_peak("fp32", device="cpu", size=32)
+def test_the_peak_is_the_settled_batches_median_and_the_budget_holds() -> None:
+    found = measure_peak("fp32", device="cpu", size=32, warm_s=0.0)
     assert found is not None and 1 <= len(found.batches) <= calibration.BATCHES
-    assert found.flops_per_second == max(found.batches) > 0
-    assert found.method.startswith(f"32x32x32 fp32 matmul, best of {len(found.batches)} batches of up to ")
-    # a clock that moves 0.25 s at every reading: each batch "takes" 0.75 s
-    slow = measure_peak("bf16", device="cpu", size=32, budget_s=3.0, clock=Ticks(0.25))
+    assert found.flops_per_second == statistics.median(found.batches) > 0
+    assert found.discarded == 0
+    assert found.method.startswith(f"32x32x32 fp32 matmul, median of {len(found.batches)} batches of up to ")
+    assert found.method.endswith("after 0 s warm-up")
+    # a clock that moves 0.25 s at every reading: each batch "takes" 0.5 s of wall time
+    slow = measure_peak("bf16", device="cpu", size=32, budget_s=3.0, clock=Ticks(0.25), warm_s=0.0)
     assert slow is not None and 1 <= len(slow.batches) < calibration.BATCHES
     assert slow.seconds <= 3.0  # no batch started that would not end within the budget
+
+
+def test_batches_that_end_inside_the_warm_up_are_not_kept() -> None:
+    # A cool card boosts above what it holds once settled: the first seconds' batches are
+    # discarded. With 0.25 s per reading (three readings a batch), the warm-up ends at 3.0 and
+    # batches end at 2.0, 2.75, 3.5, ...: the first two are thrown away, the next ten kept.
+    found = measure_peak("fp32", device="cpu", size=32, budget_s=100.0, clock=Ticks(0.25), warm_s=2.0)
+    assert found is not None
+    assert found.discarded == 2
+    assert len(found.batches) == calibration.BATCHES
+    assert found.method.endswith("after 2 s warm-up")
     assert measure_peak("fp8", device="cpu", size=32) is None  # scaled matmuls: not calibrated
 
 
@@ -53,7 +67,12 @@ def calibrated(owned: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
     def stand_in(dtype: str) -> MeasuredPeak:  # what an H100 measures in bf16 (2026-11-13)
         calls.append(dtype)
-        return MeasuredPeak(798e12, "8192x8192x8192 bf16 matmul, best of 10 batches of 120", (798e12,), 2.5)
+        return MeasuredPeak(
+            798e12,
+            "8192x8192x8192 bf16 matmul, median of 10 batches of up to 120 after 3 s warm-up",
+            (798e12,),
+            2.5,
+        )
 
     monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(recorder_windows, "measure_peak", stand_in)
