@@ -258,17 +258,19 @@ def test_two_sessions_interleaved_in_one_directory(tmp_path: Path, monkeypatch: 
         )  # fmt: skip
 
 
-def test_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def slower_rank(job: Job) -> None:  # the same job; rank 1 loads its checkpoint 5 s longer
-        app = job.open("application", 0)
-        job.span("model_init", 0, 10, app)
-        job.span("checkpoint_load", 10, 20, app)
-        loop = job.open("training_loop", 20, app)
-        for number, (start, end, data) in enumerate([(20, 30, 2), (30, 34, 0), (34, 38, 1), (40, 44, 0)]):
-            job.iteration(loop, number, start, end, data).end(end_time=at(end))
-        loop.end(end_time=at(80))
-        app.end(end_time=at(100))
+def slower_rank(job: Job) -> None:
+    """``clean_job``'s job as another rank sees it: it loads its checkpoint 5 s longer."""
+    app = job.open("application", 0)
+    job.span("model_init", 0, 10, app)
+    job.span("checkpoint_load", 10, 20, app)
+    loop = job.open("training_loop", 20, app)
+    for number, (start, end, data) in enumerate([(20, 30, 2), (30, 34, 0), (34, 38, 1), (40, 44, 0)]):
+        job.iteration(loop, number, start, end, data).end(end_time=at(end))
+    loop.end(end_time=at(80))
+    app.end(end_time=at(100))
 
+
+def test_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_job(tmp_path, monkeypatch, clean_job, rank=0)
     run_job(tmp_path, monkeypatch, slower_rank, rank=1)
     result = one_session(tmp_path)
@@ -283,23 +285,25 @@ def test_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     expect(rank1, 13, initialization=10, checkpoint_load=10, data_loading=3, program_startup=6, other=58)
 
 
+def job_with_async_save(job: Job) -> None:
+    """Four 4 s iterations around an async save that blocks 1 s and finalizes in the background."""
+    app = job.open("application", 0)
+    loop = job.open("training_loop", 0, app)
+    for number in range(2):
+        job.iteration(loop, number, 4 * number, 4 * number + 4).end(end_time=at(4 * number + 4))
+    save = job.span("checkpoint_save_async", 8, 9, loop)  # blocking: 1 s
+    # the background write overlaps the next iterations: not badput
+    job.span("checkpoint_finalize", 9, 17, save)
+    for number in range(2, 4):
+        start = 9 + 4 * (number - 2)
+        job.iteration(loop, number, start, start + 4).end(end_time=at(start + 4))
+    loop.end(end_time=at(17))
+    app.end(end_time=at(17))
+
+
 def test_async_checkpoint_counts_only_its_blocking_part(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def job_with_async_save(job: Job) -> None:
-        app = job.open("application", 0)
-        loop = job.open("training_loop", 0, app)
-        for number in range(2):
-            job.iteration(loop, number, 4 * number, 4 * number + 4).end(end_time=at(4 * number + 4))
-        save = job.span("checkpoint_save_async", 8, 9, loop)  # blocking: 1 s
-        # the background write overlaps the next iterations: not badput
-        job.span("checkpoint_finalize", 9, 17, save)
-        for number in range(2, 4):
-            start = 9 + 4 * (number - 2)
-            job.iteration(loop, number, start, start + 4).end(end_time=at(start + 4))
-        loop.end(end_time=at(17))
-        app.end(end_time=at(17))
-
     run_job(tmp_path, monkeypatch, job_with_async_save)
     result = one_session(tmp_path)
     expect(result, 16, checkpoint_save=1)
@@ -373,22 +377,23 @@ def test_live_goodput_on_the_application_span_and_as_gauges(pipeline: Pipeline) 
     assert goodput.value + sum(badput.values()) == pytest.approx(1.0)
 
 
+def first_step_waits_for_its_batch(job: Job) -> None:
+    """Three iterations (one window of 3): the first 10 s with 9 s of data wait, then 1 s ones."""
+    app = job.open("application", 0)
+    loop = job.open("training_loop", 0, app)
+    for number, (start, end, data) in enumerate([(0, 10, 9), (10, 11, 0.5), (11, 12, 0.5)]):
+        job.iteration(loop, number, start, end, data).end(end_time=at(end))
+    loop.end(end_time=at(12))
+    app.end(end_time=at(12))
+
+
 def test_a_first_step_slow_from_its_batch_is_data_loading_not_startup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first iteration takes 10 s, 9 of them waiting for its batch; the others 1 s (0.5 s
     data). Its excess over the typical step (9 s) is mostly data loading already booked: startup
     gets only the rest of the window's non-data time, and every share sums to exactly 1."""
-
-    def build(job: Job) -> None:
-        app = job.open("application", 0)
-        loop = job.open("training_loop", 0, app)
-        for number, (start, end, data) in enumerate([(0, 10, 9), (10, 11, 0.5), (11, 12, 0.5)]):
-            job.iteration(loop, number, start, end, data).end(end_time=at(end))
-        loop.end(end_time=at(12))
-        app.end(end_time=at(12))
-
-    ledger = run_job(tmp_path, monkeypatch, build, window=3)
+    ledger = run_job(tmp_path, monkeypatch, first_step_waits_for_its_batch, window=3)
     live = ledger.snapshot(at(12))
     assert live.badput_s["data_loading"] == pytest.approx(10.0, abs=1e-9)
     assert live.badput_s["program_startup"] == pytest.approx(2.0, abs=1e-9)  # not 9: 10 - 1

@@ -224,10 +224,8 @@ def test_a_sampled_tail_counts_the_exported_iterations_and_names_the_others(tmp_
     assert job.productive_s == pytest.approx(16 + 44)  # the window, then 8, 9, 11 and 13
 
 
-def test_a_late_exit_flush_does_not_stretch_the_session(tmp_path: Path) -> None:
-    # Job 1 ends cleanly, but its end carries 300 s, after job 2 started at 100 s (its exit flush
-    # ran late); job 2 ends at 150 s. Every total is clipped at job 2's start.
-    late_end = """
+#: Ends cleanly, but its end carries 300 s (its exit flush ran late).
+LATE_END = """
 with phase("application"):
     with loop(0):
         for i in range(4):
@@ -236,8 +234,15 @@ with phase("application"):
     tick(260)
 traintel.shutdown()
 """
-    run_job(tmp_path, late_end, "otel", restart=0, start_s=0)
-    run_job(tmp_path, RESUMED.replace("tick(1)", "tick(26)"), "otel", restart=1, start_s=100)
+#: ``RESUMED`` ending at 150 s when started at 100 s.
+RESUMED_UNTIL_150 = RESUMED.replace("tick(1)", "tick(26)")
+
+
+def test_a_late_exit_flush_does_not_stretch_the_session(tmp_path: Path) -> None:
+    # Job 1 ends cleanly, but its end carries 300 s, after job 2 started at 100 s (its exit flush
+    # ran late); job 2 ends at 150 s. Every total is clipped at job 2's start.
+    run_job(tmp_path, LATE_END, "otel", restart=0, start_s=0)
+    run_job(tmp_path, RESUMED_UNTIL_150, "otel", restart=1, start_s=100)
     result = session_of(tmp_path / "runs")
     assert result.total_s == pytest.approx(150)
     first, second = result.jobs
