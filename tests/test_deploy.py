@@ -2,9 +2,11 @@
 
 The configs must be internally consistent (pipelines, ports, pinned images), and every metric a
 dashboard panel or alert rule queries must be a name Prometheus will really show for what
-traintel emits. Those names are generated here, from a real traintel run's metrics (name, unit,
-instrument kind, resource) passed through Prometheus' OTLP translation rules, so renaming a
-metric or changing its unit breaks this test instead of leaving an empty panel.
+traintel emits, on both roads there: a direct scrape (``OTEL_METRICS_EXPORTER=prometheus``, the
+names read back from the exporter itself) and OTLP through the collector (the names generated
+from a real run's metrics passed through Prometheus' OTLP translation rules). So renaming a
+metric or changing its unit breaks this test instead of leaving an empty panel; the queries
+themselves run on a real Prometheus in tests/test_prometheus_real.py.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from typing import Any
 
 import pytest
 import yaml
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, InMemoryMetricReader, Sum
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 import traintel
 from tests import reference_job
@@ -119,6 +124,37 @@ def series_names(name: str, unit: str, kind: str) -> set[str]:
     return {base}
 
 
+# --- a direct scrape: the OpenTelemetry Python prometheus exporter and prometheus_client ----------
+_DIRECT_UNITS = {**_UNITS, "1": ""}  # no `_ratio`: the exporter maps unit 1 to nothing
+
+
+def scraped_metric_name(name: str, unit: str, kind: str) -> str:
+    """The name a direct scrape shows: the name sanitised, the unit appended unless the name
+    already ends with it (``seconds_since_progress`` gets ``_seconds``), ``_total`` on counters;
+    no ``_ratio``. Checked against the exporter's real output below."""
+    base = re.sub("[^a-zA-Z0-9:]+", "_", name)
+    unit = re.sub(r"\{.*\}", "", unit)
+    top, _, bottom = unit.partition("/")
+    if bottom:
+        top = _DIRECT_UNITS.get(top, top)
+        per = "per_" + _PER_UNITS.get(bottom, bottom)
+        suffix = f"{top}_{per}" if top else per
+    else:
+        suffix = _DIRECT_UNITS.get(unit, re.sub("[^a-zA-Z0-9:]+", "_", unit).strip("_"))
+    if kind == "counter" and base.endswith("_total"):
+        base = base[: -len("_total")]
+    if suffix and not base.endswith("_" + suffix):
+        base += "_" + suffix
+    return base + "_total" if kind == "counter" else base
+
+
+def scraped_series_names(name: str, unit: str, kind: str) -> set[str]:
+    base = scraped_metric_name(name, unit, kind)
+    if kind == "histogram":
+        return {base + "_bucket", base + "_sum", base + "_count"}
+    return {base}
+
+
 @pytest.mark.parametrize(
     ("name", "unit", "kind", "expected"),
     [  # otlptranslator's own documented examples, then the cases traintel's units exercise
@@ -154,8 +190,9 @@ def emitted() -> Iterator[dict[str, Any]]:
     checkpoint save (with stages) and load, validation. Returns instruments, point attributes
     and the resource attributes as the metric reader exported them."""
     reader = InMemoryMetricReader()
+    scraped = PrometheusMetricReader()  # what a direct scrape shows (its registry: prometheus_client's)
     traintel.configure(
-        span_exporters=[InMemorySpanExporter()], metric_readers=[reader], log_every_n_iterations=2,
+        span_exporters=[InMemorySpanExporter()], metric_readers=[reader, scraped], log_every_n_iterations=2,
         global_batch_size=4, seq_len=8, flops_per_sample=1e3, peak_flops=1e5,
         session_tag="deploy-test", perf_tag="p",
     )  # fmt: skip
@@ -188,7 +225,10 @@ def emitted() -> Iterator[dict[str, Any]]:
                 instruments[metric.name] = (_kind(metric.data), metric.unit or "")
                 for point in metric.data.data_points:
                     attributes |= set(point.attributes or {})
-    yield {"instruments": instruments, "attributes": attributes, "resource": resource}
+    exposition = generate_latest(REGISTRY).decode()
+    families = text_string_to_metric_families(exposition)
+    scrape = {sample.name for family in families for sample in family.samples}
+    yield {"instruments": instruments, "attributes": attributes, "resource": resource, "scraped": scrape}
     traintel.shutdown(1.0)
 
 
@@ -210,13 +250,42 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 MAIN_COLLECTOR = load_yaml(COLLECTOR_DIR / "collector.yaml")
 #: Labels Prometheus or the span_metrics connector add besides metric and resource attributes.
-BUILTIN_LABELS = {"le", "job", "instance", "service_name", "span_name", "span_kind", "status_code"}
+BUILTIN_LABELS = {
+    "le", "job", "instance", "service_name", "span_name", "span_kind", "status_code", "__name__",
+}  # fmt: skip
+
+
+#: Series Prometheus makes itself: the resource of every process (its run id, session, rank...).
+TARGET_INFO = "target_info"
+
+
+def roads(emitted: dict[str, Any]) -> list[tuple[set[str], set[str]]]:
+    """Per instrument: (the series a direct scrape shows, the series OTLP through the collector
+    gives). The collector's span metrics and target_info are the same on both."""
+    instruments = {**PENDING_INSTRUMENTS, **emitted["instruments"]}
+    out = [
+        (scraped_series_names(name, unit, kind), series_names(name, unit, kind))
+        for name, (kind, unit) in instruments.items()
+    ]
+    out += [({name}, {name}) for name in span_metrics_series(MAIN_COLLECTOR) | {TARGET_INFO}]
+    return out
 
 
 def expected_series(emitted: dict[str, Any]) -> set[str]:
-    instruments = {**PENDING_INSTRUMENTS, **emitted["instruments"]}
-    names = set().union(*(series_names(name, unit, kind) for name, (kind, unit) in instruments.items()))
-    return names | span_metrics_series(MAIN_COLLECTOR)
+    return set().union(*(direct | otlp for direct, otlp in roads(emitted)))
+
+
+def test_direct_scrape_names_are_what_the_exporter_serves(emitted: dict[str, Any]) -> None:
+    """The replica of the exporter's naming gives the names its real output has (so the pending
+    instruments' names, computed the same way, are right too)."""
+    computed = set().union(
+        *(scraped_series_names(name, unit, kind) for name, (kind, unit) in emitted["instruments"].items())
+    )
+    assert computed <= emitted["scraped"], sorted(computed - emitted["scraped"])
+    assert scraped_metric_name("ml.training.mfu", "1", "gauge") == "ml_training_mfu"
+    assert scraped_metric_name("ml.training.heartbeat.seconds_since_progress", "s", "gauge") == (
+        "ml_training_heartbeat_seconds_since_progress_seconds"
+    )
 
 
 def test_pending_table_does_not_shadow_real_instruments(emitted: dict[str, Any]) -> None:
@@ -245,6 +314,17 @@ def grafana_to_promql(expr: str) -> str:
     """Grafana's variables replaced by values of the right shape."""
     expr = re.sub(r"\$__(rate_interval|interval|range)", "5m", expr)
     return re.sub(r"\$\{?[a-zA-Z_]+(:[a-z]+)?\}?", ".*", expr)
+
+
+_NAME_MATCHER = re.compile(r'__name__\s*=~?\s*"([^"]*)"')
+
+
+def name_alternatives(expr: str) -> list[set[str]]:
+    """Each metric a query selects, as the names that may hold it: a plain name, or the
+    alternatives of a ``{__name__=~"a|b"}`` selector (one metric under its two roads' names)."""
+    expr = grafana_to_promql(expr)
+    out = [set(m.group(1).split("|")) for m in _NAME_MATCHER.finditer(expr)]
+    return out + [{name} for name in metric_names(expr)]
 
 
 def metric_names(expr: str) -> set[str]:
@@ -303,7 +383,9 @@ def all_queries() -> list[tuple[str, str]]:
     ]
     for path in RULE_FILES:
         for group in load_yaml(path)["groups"]:
-            queries += [(f"{path.name}: alert {rule['alert']}", rule["expr"]) for rule in group["rules"]]
+            for rule in group["rules"]:
+                what = f"alert {rule['alert']}" if "alert" in rule else f"record {rule['record']}"
+                queries.append((f"{path.name}: {what}", rule["expr"]))
     return queries
 
 
@@ -333,22 +415,49 @@ def test_metric_name_extraction() -> None:
 
 def test_every_queried_metric_is_a_name_traintel_emits(emitted: dict[str, Any]) -> None:
     expected = expected_series(emitted)
-    unknown = {(where, name) for where, expr in QUERIES for name in metric_names(expr) - expected}
+    unknown = {
+        (where, name)
+        for where, expr in QUERIES
+        for names in name_alternatives(expr)
+        for name in names - expected
+    }
     assert not unknown, f"not a Prometheus name of anything traintel emits: {sorted(unknown)}"
 
 
+def test_every_queried_metric_is_found_on_both_roads(emitted: dict[str, Any]) -> None:
+    """A direct scrape and OTLP name some metrics differently (``ml_training_goodput`` and
+    ``ml_training_goodput_ratio``): a query must select the metric under both names."""
+    one_road = [
+        (where, sorted(names))
+        for where, expr in QUERIES
+        for names in name_alternatives(expr)
+        if not any(names & direct and names & otlp for direct, otlp in roads(emitted))
+    ]
+    assert not one_road, f"found on one road only: {one_road}"
+
+
 def test_every_queried_label_is_an_attribute_traintel_sets(emitted: dict[str, Any]) -> None:
-    """Point attributes become labels; resource attributes only when Prometheus promotes them."""
-    promoted = set(PROMETHEUS_CONFIG["otlp"]["promote_resource_attributes"])
-    assert promoted <= emitted["resource"], "promoting attributes traintel does not set"
+    """Point attributes are labels on their series; resource attributes are labels of
+    ``target_info`` only (a direct scrape, and Prometheus' OTLP translation without promotion),
+    so a query that uses one joins target_info on (job, instance)."""
     point_attributes = emitted["attributes"] | set(PENDING_ATTRIBUTES) | {semconv.PHASE}
-    allowed = {prometheus_label(a) for a in point_attributes | promoted} | BUILTIN_LABELS
+    resource = {prometheus_label(a) for a in emitted["resource"]}
+    allowed = {prometheus_label(a) for a in point_attributes} | resource | BUILTIN_LABELS
     unknown = {
         (where, label) for where, expr in QUERIES for label, _, _ in label_uses(expr) if label not in allowed
     }
     assert not unknown, f"labels Prometheus will not have: {sorted(unknown)}"
+    unjoined = {
+        where
+        for where, expr in QUERIES
+        if {label for label, _, _ in label_uses(expr)} & (resource - BUILTIN_LABELS)
+        and not re.search(r"on \(job, instance\)[^()]*(\([^()]*\))?\s*target_info", expr)
+        and not expr.lstrip().startswith(("count by", "target_info"))
+    }
+    assert not unjoined, f"resource labels used without the target_info join: {sorted(unjoined)}"
+    assert "promote_resource_attributes" not in PROMETHEUS_CONFIG["otlp"], "one way to the run identity"
     # The run identity and the rank are what panels filter and split by.
-    assert {semconv.RUN_ID, semconv.SESSION_TAG, semconv.RANK} <= promoted
+    assert {semconv.RUN_ID, semconv.SESSION_TAG, semconv.RANK} <= emitted["resource"]
 
 
 def test_label_values_in_queries_exist() -> None:
