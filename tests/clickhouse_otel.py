@@ -6,10 +6,7 @@ exporter itself, and a user with files sends them there with ``traintel replay``
 is the tests' need to put exactly those rows into an embedded ClickHouse (chdb) without a
 collector. So this follows the exporter, not a design of ours:
 
-* the DDL is the exporter's default (``exporter/clickhouseexporter/internal/sqltemplates``:
-  ``traces_table.sql`` and the gauge, sum and histogram metric tables, as of collector-contrib
-  v0.160.0, the version docker-compose.yml pins; the trace columns have not changed since
-  ScopeName/ScopeVersion were added in 2023), without the TTL and cluster clauses;
+* the tables are the exporter's default ones (deploy/clickhouse/otel_tables.sql says from where);
 * every attribute value becomes a string as pdata's ``Value.AsString`` makes it: integers in
   decimal, doubles as Go's encoding/json writes them (ES6 number formatting: positional between
   1e-6 and 1e21, else ``1e-7`` style), booleans ``true``/``false``, arrays and maps as JSON;
@@ -25,6 +22,7 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
+import functools
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -33,98 +31,17 @@ from typing import Any
 
 import orjson
 
-_TRACES = """
-CREATE TABLE IF NOT EXISTS otel_traces (
-    Timestamp DateTime64(9) CODEC(Delta, ZSTD(1)),
-    TraceId String CODEC(ZSTD(1)),
-    SpanId String CODEC(ZSTD(1)),
-    ParentSpanId String CODEC(ZSTD(1)),
-    TraceState String CODEC(ZSTD(1)),
-    SpanName LowCardinality(String) CODEC(ZSTD(1)),
-    SpanKind LowCardinality(String) CODEC(ZSTD(1)),
-    ServiceName LowCardinality(String) CODEC(ZSTD(1)),
-    ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
-    ScopeName String CODEC(ZSTD(1)),
-    ScopeVersion String CODEC(ZSTD(1)),
-    SpanAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
-    Duration UInt64 CODEC(ZSTD(1)),
-    StatusCode LowCardinality(String) CODEC(ZSTD(1)),
-    StatusMessage String CODEC(ZSTD(1)),
-    Events Nested (
-        Timestamp DateTime64(9),
-        Name LowCardinality(String),
-        Attributes Map(LowCardinality(String), String)
-    ) CODEC(ZSTD(1)),
-    Links Nested (
-        TraceId String,
-        SpanId String,
-        TraceState String,
-        Attributes Map(LowCardinality(String), String)
-    ) CODEC(ZSTD(1)),
-    INDEX idx_trace_id TraceId TYPE bloom_filter(0.001) GRANULARITY 1,
-    INDEX idx_res_attr_key mapKeys(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
-    INDEX idx_res_attr_value mapValues(ResourceAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
-    INDEX idx_span_attr_key mapKeys(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
-    INDEX idx_span_attr_value mapValues(SpanAttributes) TYPE bloom_filter(0.01) GRANULARITY 1,
-    INDEX idx_duration Duration TYPE minmax GRANULARITY 1
-) ENGINE = MergeTree
-PARTITION BY toDate(Timestamp)
-ORDER BY (ServiceName, SpanName, toDateTime(Timestamp))
-SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1
-"""
+_TABLES = Path(__file__).resolve().parent.parent / "deploy" / "clickhouse" / "otel_tables.sql"
 
-_METRIC_COMMON = """
-    ResourceAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
-    ResourceSchemaUrl String CODEC(ZSTD(1)),
-    ScopeName String CODEC(ZSTD(1)),
-    ScopeVersion String CODEC(ZSTD(1)),
-    ScopeAttributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
-    ScopeDroppedAttrCount UInt32 CODEC(ZSTD(1)),
-    ScopeSchemaUrl String CODEC(ZSTD(1)),
-    ServiceName LowCardinality(String) CODEC(ZSTD(1)),
-    MetricName String CODEC(ZSTD(1)),
-    MetricDescription String CODEC(ZSTD(1)),
-    MetricUnit String CODEC(ZSTD(1)),
-    Attributes Map(LowCardinality(String), String) CODEC(ZSTD(1)),
-    StartTimeUnix DateTime64(9) CODEC(Delta, ZSTD(1)),
-    TimeUnix DateTime64(9) CODEC(Delta, ZSTD(1)),
-"""
-_EXEMPLARS = """
-    Exemplars Nested (
-        FilteredAttributes Map(LowCardinality(String), String),
-        TimeUnix DateTime64(9),
-        Value Float64,
-        SpanId String,
-        TraceId String
-    ) CODEC(ZSTD(1)),
-"""
-_METRIC_TAIL = """
-) ENGINE = MergeTree
-PARTITION BY toDate(TimeUnix)
-ORDER BY (ServiceName, MetricName, Attributes, toUnixTimestamp64Nano(TimeUnix))
-SETTINGS index_granularity = 8192, ttl_only_drop_parts = 1
-"""
-_GAUGE = (
-    "CREATE TABLE IF NOT EXISTS otel_metrics_gauge (" + _METRIC_COMMON
-    + "    Value Float64 CODEC(ZSTD(1)),\n    Flags UInt32 CODEC(ZSTD(1)),\n"
-    + _EXEMPLARS.rstrip().rstrip(",") + _METRIC_TAIL
-)  # fmt: skip
-_SUM = (
-    "CREATE TABLE IF NOT EXISTS otel_metrics_sum (" + _METRIC_COMMON
-    + "    Value Float64 CODEC(ZSTD(1)),\n    Flags UInt32 CODEC(ZSTD(1)),\n" + _EXEMPLARS
-    + "    AggregationTemporality Int32 CODEC(ZSTD(1)),\n    IsMonotonic Boolean CODEC(Delta, ZSTD(1))"
-    + _METRIC_TAIL
-)  # fmt: skip
-_HISTOGRAM = (
-    "CREATE TABLE IF NOT EXISTS otel_metrics_histogram (" + _METRIC_COMMON
-    + "    Count UInt64 CODEC(Delta, ZSTD(1)),\n    Sum Float64 CODEC(ZSTD(1)),\n"
-    + "    BucketCounts Array(UInt64) CODEC(ZSTD(1)),\n    ExplicitBounds Array(Float64) CODEC(ZSTD(1)),\n"
-    + _EXEMPLARS + "    Flags UInt32 CODEC(ZSTD(1)),\n    Min Float64 CODEC(ZSTD(1)),\n"
-    + "    Max Float64 CODEC(ZSTD(1)),\n    AggregationTemporality Int32 CODEC(ZSTD(1))"
-    + _METRIC_TAIL
-)  # fmt: skip
-#: The exporter's default tables (``create_schema: true``).
-DDL = (_TRACES, _GAUGE, _SUM, _HISTOGRAM)
+
+def statements(sql: str) -> list[str]:
+    """A SQL file's statements, comments dropped (each ends with a semicolon at a line's end)."""
+    text = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    return [s for s in text.split(";\n") if s.strip()]
+
+
+#: The exporter's default tables (``create_schema: true``), from deploy/clickhouse/otel_tables.sql.
+DDL = tuple(statements(_TABLES.read_text()))
 
 _SPAN_KINDS = ("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")
 _STATUS_CODES = ("Unset", "Ok", "Error")
@@ -145,7 +62,9 @@ def go_float(value: float) -> str:
         mantissa, _, exponent = text.partition("e")
         sign, digits = exponent[0], exponent[1:]
         return f"{mantissa}e{sign}{digits.lstrip('0') if sign == '-' else digits}"  # e-07 -> e-7
-    text = format(decimal.Decimal(repr(value)), "f")  # positional, shortest round-trip digits
+    text = repr(value)  # shortest round-trip digits
+    if "e" in text:  # Python writes 1e-05 and 1e+16 with an exponent, Go positionally
+        text = format(decimal.Decimal(text), "f")
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return text
@@ -219,11 +138,15 @@ def attributes(key_values: Iterable[dict[str, Any]] | None) -> dict[str, str]:
 _EPOCH = datetime.datetime(1970, 1, 1)
 
 
+@functools.lru_cache(maxsize=4096)
+def _second(seconds: int) -> str:
+    return f"{_EPOCH + datetime.timedelta(seconds=seconds):%Y-%m-%d %H:%M:%S}"
+
+
 def _time(nanos: int | str) -> str:
     """A DateTime64(9) value as text ClickHouse reads exactly (UTC, nanosecond digits)."""
     seconds, fraction = divmod(int(nanos), 10**9)
-    moment = _EPOCH + datetime.timedelta(seconds=seconds)
-    return f"{moment:%Y-%m-%d %H:%M:%S}.{fraction:09d}"
+    return f"{_second(seconds)}.{fraction:09d}"
 
 
 def _hex_id(value: str | None, size: int) -> str:

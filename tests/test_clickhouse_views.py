@@ -32,19 +32,13 @@ TABLES = ("otel_traces", "otel_metrics_gauge", "otel_metrics_sum", "otel_metrics
 TOLERANCE_S = 1e-3
 
 
-def statements(sql: str) -> Iterator[str]:
-    """The file's statements, comments dropped (each ends with a semicolon at a line's end)."""
-    text = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
-    yield from (s for s in text.split(";\n") if s.strip())
-
-
 @pytest.fixture(scope="module")
 def clickhouse() -> Iterator[Any]:
     """One embedded ClickHouse for the module: the exporter's tables and traintel's views."""
     session = chdb_session.Session()
     for ddl in clickhouse_otel.DDL:
         session.query(ddl)
-    for statement in statements(VIEWS.read_text()):
+    for statement in clickhouse_otel.statements(VIEWS.read_text()):
         session.query(statement)
     yield session
     session.close()

@@ -36,6 +36,10 @@ DEPLOY = ROOT / "deploy"
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 JAEGER_CONFIG = DEPLOY / "jaeger" / "config.yaml"
+#: Jaeger with ClickHouse storage instead of memory (JAEGER_CONFIG=config-clickhouse.yaml).
+JAEGER_CLICKHOUSE = DEPLOY / "jaeger" / "config-clickhouse.yaml"
+TEMPO_CONFIG = DEPLOY / "tempo" / "tempo.yaml"
+CLICKHOUSE_DIR = DEPLOY / "clickhouse"
 COLLECTOR_CONFIGS = sorted(COLLECTOR_DIR.glob("*.yaml"))
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
 GRAFANA_PROVISIONING = DEPLOY / "grafana" / "provisioning"
@@ -478,7 +482,7 @@ def test_label_values_in_queries_exist() -> None:
 
 
 # --- collector pipelines ------------------------------------------------------------------------
-ALL_COLLECTOR_CONFIGS = [*COLLECTOR_CONFIGS, JAEGER_CONFIG]
+ALL_COLLECTOR_CONFIGS = [*COLLECTOR_CONFIGS, JAEGER_CONFIG, JAEGER_CLICKHOUSE]
 #: Component types the collector renamed to lower_snake_case; the old names log deprecations.
 DEPRECATED_TYPES = {"exporters": {"otlp", "otlphttp", "loadbalancing"}, "connectors": {"spanmetrics"}}
 
@@ -604,6 +608,8 @@ def listening_ports(service: str) -> set[int]:
     if service == "prometheus":
         (flag,) = [f for f in SERVICES["prometheus"]["command"] if f.startswith("--web.listen-address=")]
         return {port_of(flag)}
+    if service == "clickhouse":
+        return {8123, 9000}  # the server's default HTTP and native ports; the image does not change them
     if service == "grafana":
         return {3000}  # Grafana's default http_port; the compose file does not change it
     return set()
@@ -647,7 +653,11 @@ def test_every_published_port_is_documented() -> None:
 
 def service_urls() -> Iterator[tuple[str, str]]:
     """(where, URL or host:port) of every reference from one service to another."""
-    for path in [*COLLECTOR_CONFIGS, JAEGER_CONFIG]:
+    backends = load_yaml(JAEGER_CLICKHOUSE)["extensions"]["jaeger_storage"]["backends"]
+    for backend in backends.values():
+        for address in backend["clickhouse"]["connection"]["addresses"]:
+            yield JAEGER_CLICKHOUSE.name, address
+    for path in [*COLLECTOR_CONFIGS, JAEGER_CONFIG, JAEGER_CLICKHOUSE]:
         for endpoint in endpoints(load_yaml(path).get("exporters", {})):
             # ${env:NAME:-default} -> default
             yield path.name, re.sub(r"\$\{env:[A-Z_]+:-([^}]*)\}", r"\1", endpoint)
@@ -688,7 +698,7 @@ def test_prometheus_receives_otlp_and_stores_exemplars() -> None:
     assert link == {"name": "trace_id", "datasourceUid": "tempo"}
 
 
-IMAGE = re.compile(r"^(?P<repo>[a-z0-9./-]+):(?P<tag>v?\d+\.\d+\.\d+)$")
+IMAGE = re.compile(r"^(?P<repo>[a-z0-9./-]+):(?P<tag>v?\d+\.\d+\.\d+(\.\d+)?)$")
 
 
 def test_every_image_is_pinned_to_an_exact_release() -> None:
@@ -701,7 +711,9 @@ def test_every_image_is_pinned_to_an_exact_release() -> None:
 
 def test_images_named_elsewhere_match_the_compose_file() -> None:
     pinned = {IMAGE.match(s["image"]).group("repo"): s["image"] for s in SERVICES.values()}  # type: ignore[union-attr]
-    texts = [README, DEPLOY_DOC, *(p.read_text() for p in COLLECTOR_CONFIGS)]
+    texts = [
+        README, DEPLOY_DOC, *(p.read_text() for p in [*COLLECTOR_CONFIGS, JAEGER_CLICKHOUSE, TEMPO_CONFIG]),
+    ]  # fmt: skip
     for repo, image in pinned.items():
         for text in texts:
             for mention in re.findall(rf"(?<![\w/.-]){re.escape(repo)}:[\w.-]+", text):
@@ -728,4 +740,96 @@ def test_grafana_provisions_the_dashboard_it_opens() -> None:
     exemplar_panels = [t for where, t in dashboard_queries(dashboard) if "exemplar" in where.lower()]
     assert exemplar_panels and all(
         "traces_span_metrics_duration_seconds_bucket" in t for t in exemplar_panels
+    )
+
+
+def test_the_docs_name_every_pinned_version() -> None:
+    """One version per component: the compose file's pins are the versions the docs state."""
+    for name, service in SERVICES.items():
+        tag = IMAGE.match(service["image"]).group("tag")  # type: ignore[union-attr]
+        assert re.search(rf"(?<![\w.]){re.escape(tag)}(?![\w.])", DEPLOY_DOC), (name, tag)
+    collector_tag = IMAGE.match(SERVICES["collector"]["image"]).group("tag")  # type: ignore[union-attr]
+    assert f"v{collector_tag}" in (CLICKHOUSE_DIR / "otel_tables.sql").read_text(), (
+        "the exporter schema's version"
+    )
+
+
+# --- Tempo 3, ClickHouse, Jaeger on ClickHouse: checked structurally (no Docker here) -------------
+#: Sections of a Tempo 2 config that Tempo 3 removed (it refuses to start with them).
+TEMPO_2_ONLY = {"ingester", "ingester_client", "compactor", "metrics_generator_client"}
+#: Top-level sections of a Tempo 3 monolithic config.
+TEMPO_3_SECTIONS = {
+    "target", "stream_over_http_enabled", "server", "distributor", "live_store", "backend_scheduler",
+    "backend_worker", "querier", "query_frontend", "metrics_generator", "storage", "overrides",
+    "memberlist", "usage_report", "cache", "ingest", "block_builder",
+}  # fmt: skip
+
+
+def _keys(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield str(key)
+            yield from _keys(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _keys(item)
+
+
+def test_tempo_is_3_with_traceql_metrics_over_whole_runs() -> None:
+    assert IMAGE.match(SERVICES["tempo"]["image"]).group("tag").startswith("3.")  # type: ignore[union-attr]
+    tempo = load_yaml(TEMPO_CONFIG)
+    assert set(tempo) <= TEMPO_3_SECTIONS, set(tempo) - TEMPO_3_SECTIONS
+    assert not set(tempo) & TEMPO_2_ONLY
+    # 3.0 removed the local-blocks processor; TraceQL metrics need none
+    assert not {k for k in _keys(tempo) if k.replace("-", "_") == "local_blocks"}
+    retention = {
+        tempo["backend_worker"]["compaction"]["block_retention"],
+        tempo["backend_scheduler"]["provider"]["compaction"]["compaction"]["block_retention"],
+    }
+    assert len(retention) == 1, retention
+    assert tempo["query_frontend"]["metrics"]["max_duration"] == "168h"
+    assert tempo["storage"]["trace"]["backend"] == "local"
+    # the chown helper cannot be the Tempo image (no shell or chown in it since 2.10)
+    assert "tempo" not in SERVICES["tempo-init"]["image"]
+
+
+def test_gateway_writes_traces_and_metrics_to_clickhouse_next_to_the_other_routes() -> None:
+    gateway = load_yaml(COLLECTOR_DIR / "gateway.yaml")
+    pipelines = gateway["service"]["pipelines"]
+    assert pipelines["traces"]["exporters"] == ["otlp_grpc/jaeger", "otlp_grpc/tempo", "clickhouse"]
+    assert pipelines["metrics"]["exporters"] == ["otlp_http/prometheus", "clickhouse"]
+    exporter = gateway["exporters"]["clickhouse"]
+    assert exporter["database"] == "otel" and exporter["create_schema"] is True
+    # the default table names, which traintel_views.sql reads
+    assert not {k for k in exporter if k.endswith("table_name") or k == "metrics_tables"}
+
+
+def test_clickhouse_runs_as_a_profile_with_the_tables_and_views_created_on_first_start() -> None:
+    clickhouse = SERVICES["clickhouse"]
+    assert clickhouse["profiles"] == ["clickhouse"]
+    mounts = {v.split(":")[1]: ROOT / v.split(":")[0] for v in clickhouse["volumes"] if v.startswith("./")}
+    init = mounts["/docker-entrypoint-initdb.d"]
+    (script,) = init.glob("*.sh")
+    text = script.read_text()
+    for path in re.findall(r"< (/traintel/\S+)", text):
+        assert (mounts["/traintel"] / path.removeprefix("/traintel/")).is_file(), path
+    assert "--database otel" in text
+    jaeger = load_yaml(JAEGER_CLICKHOUSE)["extensions"]["jaeger_storage"]["backends"]
+    databases = {b["clickhouse"]["connection"]["auth"]["database"] for b in jaeger.values()}
+    assert databases == {"jaeger"} and "CREATE DATABASE IF NOT EXISTS jaeger" in text
+
+
+def test_jaeger_on_clickhouse_is_the_in_memory_config_with_another_store() -> None:
+    memory, clickhouse = load_yaml(JAEGER_CONFIG), load_yaml(JAEGER_CLICKHOUSE)
+    store = clickhouse["exporters"]["jaeger_storage_exporter"]["trace_storage"]
+    assert clickhouse["extensions"]["jaeger_query"]["storage"]["traces"] == store
+    assert "clickhouse" in clickhouse["extensions"]["jaeger_storage"]["backends"][store]
+    # same listeners, so the compose file's ports hold whichever config JAEGER_CONFIG selects
+    assert {port_of(e) for e in endpoints([clickhouse["receivers"], clickhouse["extensions"]])} == {
+        port_of(e) for e in endpoints([memory["receivers"], memory["extensions"]])
+    }
+    (argument,) = SERVICES["jaeger"]["command"]
+    assert (
+        "${JAEGER_CONFIG:-config.yaml}" in argument
+        and "./deploy/jaeger:/etc/jaeger:ro" in SERVICES["jaeger"]["volumes"]
     )
