@@ -400,3 +400,17 @@ def test_a_first_step_slow_from_its_batch_is_data_loading_not_startup(
     assert live.productive_s == pytest.approx(0.0, abs=1e-9)
     assert live.goodput + sum(live.badput(c) for c in live.badput_s) == pytest.approx(1.0, abs=1e-12)
     expect(one_session(tmp_path), 0.0, data_loading=10.0, program_startup=2.0)
+
+
+def test_each_window_span_carries_its_productive_time_and_goodput(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a trace backend cannot derive (TraceQL metrics neither subtract nor divide
+    attributes) is on the exported span itself, as the backend receives it."""
+    from traintel.exporters.reader import iter_spans
+
+    run_job(tmp_path, monkeypatch, clean_job)
+    windows = [s.attributes for s in iter_spans([tmp_path]) if s.name == semconv.TRAINING_WINDOW_SPAN]
+    # [20, 34]: 14 s of wall time, 6 productive; [34, 44]: 10 s, 7; [60, 68]: 8 s, 8
+    assert [w[semconv.WINDOW_PRODUCTIVE_TIME] for w in windows] == pytest.approx([6, 7, 8], abs=1e-9)
+    assert [w[semconv.WINDOW_GOODPUT] for w in windows] == pytest.approx([6 / 14, 7 / 10, 1.0], abs=1e-9)

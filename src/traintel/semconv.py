@@ -156,6 +156,12 @@ SEGMENT_BYTES: Final = "ml.training.segment.estimated_bytes"
 #: Prefixes of the window (training_metrics_update), cumulative, end-of-loop summary,
 #: checkpoint (checkpoint_metrics_update) and evaluation (validation/testing) attributes.
 WINDOW_PREFIX: Final = "ml.training.window."
+#: On each ``training_window`` span, seconds and a ratio a backend cannot derive from the others
+#: (TraceQL metrics cannot subtract one attribute from another): the window's productive time
+#: (its iterations' time less data-loading wait, nested badput and program startup) and its
+#: goodput (that over the window's wall time).
+WINDOW_PRODUCTIVE_TIME: Final = WINDOW_PREFIX + "productive_time"
+WINDOW_GOODPUT: Final = WINDOW_PREFIX + "goodput"
 TOTAL_PREFIX: Final = "ml.training.total."
 SUMMARY_PREFIX: Final = "ml.training.summary."
 CHECKPOINT_PREFIX: Final = "ml.training.checkpoint."

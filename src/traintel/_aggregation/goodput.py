@@ -98,6 +98,9 @@ class WindowGoodput:
                 strict=True,
             )
         )  # fmt: skip
+        wall_s = (self.end_ns - self.start_ns) / 1e9
+        if wall_s > 0:
+            out[semconv.WINDOW_GOODPUT] = self.productive_s / wall_s
         if self.slowest_iteration is not None:
             out[_SLOWEST] = self.slowest_iteration
         if self.flops:

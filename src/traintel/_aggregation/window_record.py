@@ -7,7 +7,9 @@ a third of them numbers another one gives exactly (a mean is a total over a coun
 rate is a device's times the world size, a deviation is a quantile over the ideal step) or
 constants that belong once on the loop (the MFU provenance, the cumulative totals). At 10
 steps/s that was 1.8 MB per rank per hour. Now each window leaves once, as one span, exported
-as soon as it closes, holding only what cannot be derived, zero counts left out; the loop
+as soon as it closes, holding only what cannot be derived, zero counts left out (and the
+window's productive time and goodput, which a trace backend cannot derive: TraceQL metrics
+cannot subtract or divide attributes); the loop
 segment carries the constants and totals, overwritten at each window (they cost nothing until
 it ends). :func:`expand` gives a reader the full set back, to the digit.
 
@@ -45,7 +47,6 @@ _DERIVED: Final = frozenset(
         _W + "data_loading_fraction",
         _W + "padding_fraction",
         _W + "time.data_loading",
-        _W + "productive_time",
         semconv.MFU_NUMERATOR,
         *(semconv.STEP_TIME_DEVIATION_PREFIX + q for q in ("p50", "p90", "p99")),
     }
@@ -125,7 +126,7 @@ def expand(record: Mapping[str, object], world_size: int = 1) -> dict[str, objec
     if total is not None:
         nested = _number(record, _W + "nested_badput_time") or 0.0
         startup = _number(record, _W + "program_startup_time") or 0.0
-        out[_W + "productive_time"] = max(0.0, total - loading - nested - startup)
+        out[semconv.WINDOW_PRODUCTIVE_TIME] = max(0.0, total - loading - nested - startup)
     _rates(record, max(1, world_size), out)
     flops = _number(record, _W + "flops_per_second_per_device")
     if flops is not None:
