@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
 from opentelemetry.trace import Span
 
 import traintel
@@ -76,6 +77,7 @@ def run_job(
     restart: int = 0,
     rank: int = 0,
     window: int = 2,
+    metric_readers: list[MetricReader] | None = None,
 ) -> GoodputLedger:
     """Run ``build`` under a traintel pipeline writing ``directory/<run>-<restart>-<rank>``;
     returns the job's live goodput ledger."""
@@ -88,13 +90,15 @@ def run_job(
         path = directory / f"{run_id}-{restart}-{rank}.otlp.jsonl"
         telemetry = traintel.configure(
             span_exporters=[OtlpJsonFileSpanExporter(path)],
-            metric_readers=[],
+            metric_readers=metric_readers or [],
             log_every_n_iterations=window,
             warmup_iterations=0,
         )
         assert telemetry.engine is not None and telemetry.pipeline is not None
         build(Job(telemetry.pipeline.tracer_provider.get_tracer("user-code")))
         ledger = telemetry.engine.goodput
+        for reader in metric_readers or []:
+            reader.collect()  # before shutdown: what the last export before the job's end holds
         traintel.shutdown(5)
     return ledger
 
@@ -414,3 +418,42 @@ def test_each_window_span_carries_its_productive_time_and_goodput(
     # [20, 34]: 14 s of wall time, 6 productive; [34, 44]: 10 s, 7; [60, 68]: 8 s, 8
     assert [w[semconv.WINDOW_PRODUCTIVE_TIME] for w in windows] == pytest.approx([6, 7, 8], abs=1e-9)
     assert [w[semconv.WINDOW_GOODPUT] for w in windows] == pytest.approx([6 / 14, 7 / 10, 1.0], abs=1e-9)
+
+
+def test_seconds_counters_per_goodput_category_equal_the_cli_job_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The monotonic counters a backend adds jobs up with hold the job's buckets as
+    ``traintel goodput`` computes them from the files (``other`` is left to the backend: the job's
+    time less the counted seconds), the job's wall time, its start and its last progress."""
+    reader = InMemoryMetricReader()
+    run_job(tmp_path, monkeypatch, clean_job, metric_readers=[reader])
+    points: dict[str, list[tuple[dict[str, Any], float]]] = {}
+    data = reader.get_metrics_data()
+    assert data is not None
+    for resource_metrics in data.resource_metrics:
+        for scope in resource_metrics.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    if hasattr(point, "value"):  # counters and gauges
+                        points.setdefault(metric.name, []).append((dict(point.attributes or {}), point.value))
+    by_category = {a[semconv.GOODPUT_CATEGORY]: v for a, v in points[semconv.METRIC_GOODPUT_TIME]}
+    (job,) = one_session(tmp_path).jobs
+    assert by_category.pop("productive") == pytest.approx(job.productive_s, abs=1e-9)
+    assert by_category == pytest.approx({c: job.badput_s.get(c, 0.0) for c in by_category}, abs=1e-9)
+    assert set(by_category) == set(BADPUT_CATEGORIES) - {
+        "wasted_progress",
+        "infrastructure_recovery",
+        "other",
+    }
+    ((_, total),) = points[semconv.METRIC_JOB_TIME]
+    assert total == pytest.approx(job.total_s, abs=1e-9) == 100
+    assert total - job.productive_s - sum(by_category.values()) == pytest.approx(
+        job.badput_s["other"], abs=1e-9
+    )
+    ((_, start),) = points[semconv.METRIC_JOB_START_TIME]
+    ((_, progress),) = points[semconv.METRIC_JOB_LAST_PROGRESS_TIME]
+    assert (start, progress) == (
+        pytest.approx(at(0) / 1e9),
+        pytest.approx(at(68) / 1e9),
+    )  # the last window ends at 68 s

@@ -273,6 +273,15 @@ METRIC_ENERGY_PER_SAMPLE: Final = "ml.training.energy.per_sample"
 ENERGY_CATEGORY: Final = "ml.training.energy.category"
 METRIC_GOODPUT: Final = "ml.training.goodput"
 METRIC_BADPUT: Final = "ml.training.badput"
+#: Monotonic seconds of the job by goodput category (``GOODPUT_CATEGORY``: ``productive`` or a
+#: badput category the job itself sees), the job's wall time so far, when it started and when it
+#: last made progress (the end of its last closed window; Unix seconds): what PromQL needs to add
+#: the jobs of a session up (a ratio per job cannot be summed across restarts).
+METRIC_GOODPUT_TIME: Final = "ml.training.goodput.time"
+GOODPUT_CATEGORY: Final = "ml.training.goodput.category"
+METRIC_JOB_TIME: Final = "ml.training.job.time"
+METRIC_JOB_START_TIME: Final = "ml.training.job.start_time"
+METRIC_JOB_LAST_PROGRESS_TIME: Final = "ml.training.job.last_progress_time"
 METRIC_STEP_TIME_IDEAL: Final = "ml.training.step_time.ideal"
 METRIC_STEP_TIME_DEVIATION: Final = "ml.training.step_time.deviation"
 METRIC_CHECKPOINT_SAVE_DURATION: Final = "ml.training.checkpoint.save.duration"

@@ -137,6 +137,22 @@ class TrainingInstruments:
             semconv.METRIC_BADPUT, callbacks=[self._observe_badput], unit="1",
             description="This job's unproductive time / its wall time so far, by badput category.",
         )  # fmt: skip
+        meter.create_observable_counter(
+            semconv.METRIC_GOODPUT_TIME, callbacks=[self._observe_goodput_time], unit="s",
+            description="This job's seconds so far by goodput category (productive, or a badput category).",
+        )  # fmt: skip
+        meter.create_observable_counter(
+            semconv.METRIC_JOB_TIME, callbacks=[self._observe_job_time], unit="s",
+            description="This job's wall time so far: from its first span's start to now, or to its end.",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            semconv.METRIC_JOB_START_TIME, callbacks=[self._observe_job_start], unit="s",
+            description="Unix time this job started (its first span's start).",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            semconv.METRIC_JOB_LAST_PROGRESS_TIME, callbacks=[self._observe_last_progress], unit="s",
+            description="Unix time of the end of this job's last closed window of iterations.",
+        )  # fmt: skip
         meter.create_observable_gauge(
             semconv.METRIC_STEP_TIME_IDEAL, callbacks=[self._observe_ideal], unit="s",
             description="Ideal step time: mean of the steps at most median + 3 MAD.",
@@ -218,6 +234,34 @@ class TrainingInstruments:
             Observation(snapshot.badput(category), {semconv.BADPUT_CATEGORY: category})
             for category in snapshot.badput_s
         ]
+
+    def _observe_goodput_time(self, options: CallbackOptions) -> Iterable[Observation]:
+        """Monotonic: productive and badput seconds only grow (a window's time is booked when it
+        closes); ``other``, the residual that shrinks when a window closes, is left to the
+        backend (the job's time less these)."""
+        snapshot = self._goodput()
+        if snapshot is None or snapshot.total_s <= 0:
+            return []
+        category = semconv.GOODPUT_CATEGORY
+        observations = [Observation(snapshot.productive_s, {category: "productive"})]
+        observations += [
+            Observation(seconds, {category: name})
+            for name, seconds in snapshot.badput_s.items()
+            if name != "other"
+        ]
+        return observations
+
+    def _observe_job_time(self, options: CallbackOptions) -> Iterable[Observation]:
+        snapshot = self._goodput()
+        return [] if snapshot is None or snapshot.total_s <= 0 else [Observation(snapshot.total_s)]
+
+    def _observe_job_start(self, options: CallbackOptions) -> Iterable[Observation]:
+        start = self._source.goodput.job_start_ns if self.window_series else None
+        return [] if start is None else [Observation(start / 1e9)]
+
+    def _observe_last_progress(self, options: CallbackOptions) -> Iterable[Observation]:
+        _, window = self._step_time()
+        return [] if window is None else [Observation(window.end_ns / 1e9)]
 
     def _observe_ideal(self, options: CallbackOptions) -> Iterable[Observation]:
         ideal, _ = self._step_time()

@@ -78,6 +78,8 @@ _STAGE_OF = {phase.value: stage for stage, phase in semconv.CHECKPOINT_STAGES.it
 _CATEGORY_OF = semconv.BADPUT_CATEGORY_OF_PHASE
 _DATA_LOADING = Phase.DATA_LOADING.value
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
+_CONTINUES = semconv.SEGMENT_CONTINUES
+_APPLICATION = Phase.APPLICATION.value
 _CYCLE_GUARD = 256  # a guard against a parent cycle, not a real depth
 
 
@@ -241,6 +243,8 @@ class TrainingMetricsProcessor(SpanProcessor):
             engine.foreign_loop_ended(context)
         elif phase in _STAGE_OF:
             engine.checkpoint_stage_done(_STAGE_OF[phase], duration_ns / 1e9)
+        elif phase == _APPLICATION and span.end_time is not None and not attributes.get(_CONTINUES):
+            engine.goodput.ended(span.end_time)  # the job's time stops, as for traintel's own
 
     def disable(self) -> None:
         """Stop tracking (traintel shut down); the SDK offers no way to remove a processor."""
