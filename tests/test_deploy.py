@@ -261,6 +261,14 @@ BUILTIN_LABELS = {
 
 #: Series Prometheus makes itself: the resource of every process (its run id, session, rank...).
 TARGET_INFO = "target_info"
+#: Series the recording rules make (they carry the identity they joined from target_info).
+RECORDED = {
+    rule["record"]
+    for path in RULE_FILES
+    for g in load_yaml(path)["groups"]
+    for rule in g["rules"]
+    if "record" in rule
+}
 
 
 def roads(emitted: dict[str, Any]) -> list[tuple[set[str], set[str]]]:
@@ -271,7 +279,7 @@ def roads(emitted: dict[str, Any]) -> list[tuple[set[str], set[str]]]:
         (scraped_series_names(name, unit, kind), series_names(name, unit, kind))
         for name, (kind, unit) in instruments.items()
     ]
-    out += [({name}, {name}) for name in span_metrics_series(MAIN_COLLECTOR) | {TARGET_INFO}]
+    out += [({name}, {name}) for name in span_metrics_series(MAIN_COLLECTOR) | {TARGET_INFO} | RECORDED]
     return out
 
 
@@ -397,7 +405,10 @@ QUERIES = all_queries()
 
 
 def test_there_are_panels_and_alerts_to_check() -> None:
-    assert len(DASHBOARDS) == 1 and len(RULE_FILES) == 1
+    assert len(DASHBOARDS) == 1 and [p.name for p in RULE_FILES] == [
+        "traintel-alerts.yml",
+        "traintel-goodput.yml",
+    ]
     alerts = {where.split("alert ")[1] for where, _ in QUERIES if "alert " in where}
     assert {"TraintelRankStalled", "TraintelStraggler", "TraintelGoodputLow", "TraintelMfuDrop"} <= alerts
     assert len(QUERIES) >= 30
@@ -457,6 +468,7 @@ def test_every_queried_label_is_an_attribute_traintel_sets(emitted: dict[str, An
         if {label for label, _, _ in label_uses(expr)} & (resource - BUILTIN_LABELS)
         and not re.search(r"on \(job, instance\)[^()]*(\([^()]*\))?\s*target_info", expr)
         and not expr.lstrip().startswith(("count by", "target_info"))
+        and not metric_names(expr) <= RECORDED  # recorded with the identity joined in the rule
     }
     assert not unjoined, f"resource labels used without the target_info join: {sorted(unjoined)}"
     assert "promote_resource_attributes" not in PROMETHEUS_CONFIG["otlp"], "one way to the run identity"

@@ -1,0 +1,162 @@
+"""The recording rules (deploy/prometheus/rules/traintel-goodput.yml) give `traintel goodput`'s
+session figures, checked by ``promtool test rules`` on a real session.
+
+A job is killed with SIGKILL after a checkpoint and a resumed job redoes four iterations
+(tests/test_goodput_crash.py, on a counter clock, so every time is exact). Each job's metric
+points, as its file exporter wrote them (the last export before the kill, the one at the end),
+become promtool's input series under the names and labels Prometheus gives them through OTLP
+(``target_info`` keyed by job and instance); the expected values come from
+``traintel goodput --json`` on the same files, related as the rules file states: productive
+counts wasted progress too, and the time between jobs is recovery plus scheduling gaps.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from tests import clickhouse_otel
+from tests import test_goodput_crash as killed
+from tests.subprocess_helpers import clean_env
+from tests.test_deploy import RULE_FILES, prometheus_label, prometheus_metric_name
+from traintel import semconv
+
+PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.skipif(
+    PROMTOOL is None, reason="no promtool here (CI installs Debian's prometheus package: .ci/run)"
+)
+GOODPUT_RULES = next(p for p in RULE_FILES if p.name == "traintel-goodput.yml")
+#: The instruments the rules read: (name, unit, kind), named as Prometheus' OTLP translation does.
+INSTRUMENTS = {
+    semconv.METRIC_GOODPUT_TIME: ("s", "counter"),
+    semconv.METRIC_JOB_TIME: ("s", "counter"),
+    semconv.METRIC_JOB_START_TIME: ("s", "gauge"),
+}
+#: Resource attributes on target_info that the rules join.
+IDENTITY = (semconv.SESSION_TAG, semconv.RUN_ID, semconv.RESTART_COUNT, semconv.RANK)
+
+
+def test_every_rule_file_passes_promtool_check() -> None:
+    result = subprocess.run(
+        [str(PROMTOOL), "check", "rules", *map(str, RULE_FILES)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _points(directory: Path, t0_ns: int) -> dict[str, dict[int, float]]:
+    """promtool series selector -> {second after t0: value}, from the files' metric lines."""
+    series: dict[str, dict[int, float]] = defaultdict(dict)
+    for file in sorted(directory.rglob("*.jsonl")):
+        for line in file.read_bytes().splitlines():
+            request = orjson.loads(line)
+            for resource_metrics in request.get("resourceMetrics", []):
+                resource = clickhouse_otel.attributes(resource_metrics["resource"]["attributes"])
+                where = f'job="{resource["service.name"]}", instance="{resource["service.instance.id"]}"'
+                for scope in resource_metrics.get("scopeMetrics", []):
+                    for metric in scope.get("metrics", []):
+                        if metric["name"] not in INSTRUMENTS:
+                            continue
+                        unit, kind = INSTRUMENTS[metric["name"]]
+                        name = prometheus_metric_name(metric["name"], unit, kind)
+                        for point in (metric.get("sum") or metric.get("gauge") or {})["dataPoints"]:
+                            labels = clickhouse_otel.attributes(point.get("attributes"))
+                            matchers = "".join(
+                                f', {prometheus_label(k)}="{v}"' for k, v in sorted(labels.items())
+                            )
+                            second = round((int(point["timeUnixNano"]) - t0_ns) / 1e9)
+                            value = float(point.get("asDouble", point.get("asInt", 0)))
+                            series[f"{name}{{{where}{matchers}}}"][second] = value
+                            identity = "".join(f', {prometheus_label(k)}="{resource[k]}"' for k in IDENTITY)
+                            series[f"target_info{{{where}{identity}}}"][second] = 1.0
+    return series
+
+
+def _values(samples: dict[int, float]) -> str:
+    """promtool's notation: a value at each second that has one, ``_`` (no sample) between."""
+    out, at = [], 0
+    for second in sorted(samples):
+        if second > at:
+            out.append(f"_x{second - at}")
+        out.append(repr(samples[second]))
+        at = second + 1
+    return " ".join(out)
+
+
+def test_session_rules_equal_the_cli_on_a_killed_and_resumed_session(tmp_path: Path) -> None:
+    # windows of 2 iterations: the killed job's last window closed before the kill
+    env = {"TRAINTEL_LOG_EVERY_N_ITERATIONS": "2"}
+    killed.run_job(tmp_path, killed.KILLED_IN_FIRST_WINDOW, "traintel", restart=0, start_s=0, **env)
+    killed.run_job(tmp_path, killed.RESUMED, "traintel", restart=1, start_s=80, **env)
+    runs = tmp_path / "runs"
+    capture = subprocess.run(
+        [sys.executable, "-m", "traintel.cli", "goodput", str(runs), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=clean_env(),
+    )
+    (session,) = json.loads(capture.stdout)["sessions"]
+    assert [j["status"] for j in session["jobs"]] == ["no end exported", "completed"]
+    tails = sum((j["inferred_tail"] or {}).get("productive_seconds", 0.0) for j in session["jobs"])
+    assert tails == 0.0  # every iteration was in a closed window: the relation below is exact
+    badput = session["badput_seconds"]
+
+    series = _points(runs, session["start_unix_nano"])
+    assert len({s for s in series if s.startswith("target_info")}) == 2  # two jobs, rank 0 each
+    end = max(second for samples in series.values() for second in samples) + 10
+    tag = f'ml_training_session_tag="{session["session"]}"'
+
+    def sample(name: str, value: float, **labels: str) -> dict[str, Any]:
+        extra = "".join(f', {k}="{v}"' for k, v in labels.items())
+        return {"expr": f"{name}{{{tag}{extra}}}", "eval_time": f"{end}s",
+                "exp_samples": [{"labels": f"{name}{{{tag}{extra}}}", "value": value}]}  # fmt: skip
+
+    category = prometheus_label(semconv.GOODPUT_CATEGORY)
+    productive = session["productive_seconds"] + badput["wasted_progress"] - tails
+    between = badput["infrastructure_recovery"] + session["scheduling_gap_seconds"]
+    total = session["total_seconds"]
+    counted = ("initialization", "checkpoint_load", "checkpoint_save", "data_loading", "evaluation",
+               "program_startup")  # fmt: skip
+    expected = [
+        sample("traintel:session_time_seconds", total),
+        sample("traintel:session_between_jobs_seconds", between),
+        sample("traintel:session_jobs_time_seconds", total - between),
+        sample("traintel:session_goodput_time_seconds", productive, **{category: "productive"}),
+        *(sample("traintel:session_goodput_time_seconds", badput[c], **{category: c}) for c in counted),
+        sample("traintel:session_goodput:ratio", productive / total),
+        *(sample("traintel:session_badput:ratio", badput[c] / total, **{category: c}) for c in counted),
+        sample("traintel:session_between_jobs:ratio", between / total),
+        sample("traintel:session_other:ratio", badput["other"] / total),
+    ]
+    # the session as the CLI sees it (105 s: 49 productive, 20 wasted, 16 recovery, ...)
+    assert (total, productive, between) == (105.0, 69.0, 16.0)
+    test = {
+        "rule_files": [str(GOODPUT_RULES)],
+        "evaluation_interval": "1s",
+        "tests": [
+            {
+                "interval": "1s",
+                "input_series": [
+                    {"series": name, "values": _values(s)} for name, s in sorted(series.items())
+                ],
+                "promql_expr_test": expected,
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run(
+        [str(PROMTOOL), "test", "rules", str(tmp_path / "test.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
