@@ -101,6 +101,9 @@ def test_existing_global_provider_is_kept(tmp_path: Path) -> None:
             "traintel.iterations.exported",
             "ml.training.goodput",
             "ml.training.badput",
+            "ml.training.goodput.time",
+            "ml.training.job.time",
+            "ml.training.job.start_time",  # no window closed: no job.last_progress_time
             "ml.training.heartbeat.seconds_since_progress",
             "ml.training.heartbeat.phase",  # no iteration ran: no heartbeat.iteration
             "process.cpu.utilization",
@@ -154,6 +157,10 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
         "traintel.iterations.exported",
         "ml.training.goodput",
         "ml.training.badput",
+        "ml.training.goodput.time",
+        "ml.training.job.time",
+        "ml.training.job.start_time",
+        "ml.training.job.last_progress_time",
         "ml.training.step_time.ideal",
         "ml.training.step_time.deviation",
         "ml.training.heartbeat.seconds_since_progress",

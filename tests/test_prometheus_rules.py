@@ -120,6 +120,9 @@ def test_session_rules_equal_the_cli_on_a_killed_and_resumed_session(tmp_path: P
         return {"expr": f"{name}{{{tag}{extra}}}", "eval_time": f"{end}s",
                 "exp_samples": [{"labels": f"{name}{{{tag}{extra}}}", "value": value}]}  # fmt: skip
 
+    def absent(name: str, **labels: str) -> dict[str, Any]:
+        return {**sample(name, 0.0, **labels), "exp_samples": []}
+
     category = prometheus_label(semconv.GOODPUT_CATEGORY)
     productive = session["productive_seconds"] + badput["wasted_progress"] - tails
     between = badput["infrastructure_recovery"] + session["scheduling_gap_seconds"]
@@ -131,14 +134,24 @@ def test_session_rules_equal_the_cli_on_a_killed_and_resumed_session(tmp_path: P
         sample("traintel:session_between_jobs_seconds", between),
         sample("traintel:session_jobs_time_seconds", total - between),
         sample("traintel:session_goodput_time_seconds", productive, **{category: "productive"}),
-        *(sample("traintel:session_goodput_time_seconds", badput[c], **{category: c}) for c in counted),
+        *(
+            sample("traintel:session_goodput_time_seconds", badput[c], **{category: c})
+            for c in counted
+            if badput[c]
+        ),
+        # a category no job had time in has no series (evaluation here)
+        *(absent("traintel:session_goodput_time_seconds", **{category: c}) for c in counted if not badput[c]),
         sample("traintel:session_goodput:ratio", productive / total),
-        *(sample("traintel:session_badput:ratio", badput[c] / total, **{category: c}) for c in counted),
+        *(
+            sample("traintel:session_badput:ratio", badput[c] / total, **{category: c})
+            for c in counted
+            if badput[c]
+        ),
         sample("traintel:session_between_jobs:ratio", between / total),
         sample("traintel:session_other:ratio", badput["other"] / total),
     ]
     # the session as the CLI sees it (105 s: 49 productive, 20 wasted, 16 recovery, ...)
-    assert (total, productive, between) == (105.0, 69.0, 16.0)
+    assert (total, productive, between, badput["evaluation"]) == (105.0, 69.0, 16.0, 0.0)
     test = {
         "rule_files": [str(GOODPUT_RULES)],
         "evaluation_interval": "1s",

@@ -238,18 +238,14 @@ class TrainingInstruments:
     def _observe_goodput_time(self, options: CallbackOptions) -> Iterable[Observation]:
         """Monotonic: productive and badput seconds only grow (a window's time is booked when it
         closes); ``other``, the residual that shrinks when a window closes, is left to the
-        backend (the job's time less these)."""
+        backend (the job's time less these). A category appears once it has time (most jobs
+        never evaluate or load a checkpoint: no series, no bytes)."""
         snapshot = self._goodput()
         if snapshot is None or snapshot.total_s <= 0:
             return []
+        seconds = {"productive": snapshot.productive_s, **snapshot.badput_s}
         category = semconv.GOODPUT_CATEGORY
-        observations = [Observation(snapshot.productive_s, {category: "productive"})]
-        observations += [
-            Observation(seconds, {category: name})
-            for name, seconds in snapshot.badput_s.items()
-            if name != "other"
-        ]
-        return observations
+        return [Observation(v, {category: name}) for name, v in seconds.items() if v > 0 and name != "other"]
 
     def _observe_job_time(self, options: CallbackOptions) -> Iterable[Observation]:
         snapshot = self._goodput()
