@@ -1,0 +1,253 @@
+"""What one process (one rank of one job) exported, reduced to what goodput needs: its window
+records, exported iterations and phases in compact rows, and the jobs they group into.
+
+Why apart from the reading and the maths: this state is what a file's read leaves behind and
+what worker processes send back, so it must merge exactly (:meth:`Process.merge`) whatever
+reads it or computes from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from traintel import semconv
+from traintel.analysis.columns import Table
+from traintel.semconv import Phase
+
+APPLICATION = Phase.APPLICATION.value
+LOOP = Phase.TRAINING_LOOP.value
+
+
+@dataclass
+class Window:
+    start_ns: int
+    end_ns: int
+    first: int
+    last: int
+    iterations: int
+    productive_s: float
+    data_s: float
+    startup_s: float
+    flops: float
+    peak: float | None
+    p50: float
+    p90: float
+    p99: float
+    max_s: float
+    slowest: int | None
+    ideal: float | None
+    wasted_fraction: float = 0.0
+    free_total: int = 0
+    free_in: int = 0
+    inferred: bool = False  # built from exported iteration spans, not a window record
+
+
+@dataclass(frozen=True)
+class InferredTail:
+    """The iterations after a job's last window record, counted from its exported spans."""
+
+    first_iteration: int
+    last_iteration: int
+    exported_iterations: int  # the spans counted
+    missing_iterations: int  # numbered in the range but not exported: not counted
+    productive_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "first_iteration": self.first_iteration,
+            "last_iteration": self.last_iteration,
+            "exported_iterations": self.exported_iterations,
+            "missing_iterations": self.missing_iterations,
+            "productive_seconds": self.productive_s,
+            "source": "exported training_iteration spans after the last window record",
+        }
+
+
+#: Typecodes of a window record's row: start, end, first, last, iterations, productive, data,
+#: startup, flops, peak (0: none), p50, p90, p99, max, slowest, ideal (0: none), has a slowest.
+WINDOW_ROW = "QQqqqdddddddddqdB"
+#: An exported iteration: number, start, end, trace id (two halves), span id.
+ITERATION_ROW = "qQQQQQ"
+#: A span's link to its parent: span id, parent id, flags (1: an iteration, 2: has a parent).
+LINK_ROW = "QQB"
+#: A data-loading span: start, end, parent id, has a parent.
+DATA_ROW = "QQQB"
+IS_ITERATION, HAS_PARENT = 1, 2
+
+
+def span_key(span_id: str) -> int | str:
+    """A span id as one 64-bit number (an id of another length stays text, kept aside)."""
+    return int(span_id, 16) if len(span_id) == 16 else span_id
+
+
+def trace_key(trace_id: str) -> tuple[int, int] | tuple[str, str]:
+    if len(trace_id) == 32:
+        return int(trace_id[:16], 16), int(trace_id[16:], 16)
+    return trace_id, ""
+
+
+def trace_hex(high: int | str, low: int | str) -> str:
+    return high if isinstance(high, str) else f"{high:016x}{low:016x}"
+
+
+def span_hex(key: int | str) -> str:
+    return key if isinstance(key, str) else f"{key:016x}"
+
+
+@dataclass
+class Process:
+    """What one process (one rank of one job) exported, reduced to what goodput needs.
+
+    Per-window and per-span state is kept in :class:`~traintel.analysis.columns.Table` rows in
+    arrival order, and read back only when the process is computed: memory grows with the
+    windows and exported spans, at a few dozen bytes each. Nothing here depends on the order
+    rows arrive in beyond "the later of two equal keys wins", so the states of two files merge
+    exactly (:meth:`merge`).
+    """
+
+    instance: str
+    resource: dict[str, Any]
+    start_ns: int = 2**63
+    last_ns: int = 0
+    end_ns: int | None = None  # the outermost span's final end, if exported
+    end_error: bool = False
+    preempted: bool = False  # a terminating signal's ``preemption`` event was exported
+    outermost: str | None = None
+    phases: list[tuple[int, int, str]] = field(default_factory=list)
+    #: Data-loading spans, resolved (inside an iteration or not) once every span is read.
+    data_loading: Table = field(default_factory=lambda: Table(DATA_ROW))
+    #: Every span's parent, for that resolution.
+    links: Table = field(default_factory=lambda: Table(LINK_ROW))
+    #: The window records, in arrival order.
+    window_rows: Table = field(default_factory=lambda: Table(WINDOW_ROW))
+    resume: int | None = None
+    #: Exported iterations: their number, times and ids, in arrival order.
+    iterations: Table = field(default_factory=lambda: Table(ITERATION_ROW))
+    #: Windows inferred from the exported iterations after the last window record.
+    inferred: list[Window] = field(default_factory=list)
+    inner_data: list[tuple[int, int]] = field(default_factory=list)  # data loading inside iterations
+    tail: InferredTail | None = None
+    #: GPU energy (J; "total" and by category) summed over the window records, and the job's own
+    #: (the tail after the last window included) from the application span when it ended.
+    window_energy: dict[str, float] = field(default_factory=dict)
+    job_energy: dict[str, float] | None = None
+
+    @property
+    def rank(self) -> int:
+        value = self.resource.get(semconv.RANK)
+        return int(value) if isinstance(value, int) else 0
+
+    @property
+    def ended_cleanly(self) -> bool:
+        return self.end_ns is not None and not self.end_error
+
+    @property
+    def stop_ns(self) -> int:
+        return self.end_ns if self.end_ns is not None else max(self.last_ns, self.start_ns)
+
+    def see(self, start_ns: int, end_ns: int) -> None:
+        if start_ns and start_ns < self.start_ns:
+            self.start_ns = start_ns
+        self.last_ns = max(self.last_ns, end_ns)
+
+    def merge(self, later: Process) -> None:
+        """Add what ``later`` read (from the files after this one's) as if read after it."""
+        self.see(later.start_ns if later.start_ns != 2**63 else 0, later.last_ns)
+        if later.outermost is not None and (
+            self.outermost is None or (later.outermost == APPLICATION and self.outermost == LOOP)
+        ):
+            self.outermost, self.end_ns, self.end_error = later.outermost, later.end_ns, later.end_error
+        self.preempted = self.preempted or later.preempted
+        self.phases.extend(later.phases)
+        if later.resume is not None and (self.resume is None or later.resume < self.resume):
+            self.resume = later.resume
+        for mine, theirs in (
+            (self.data_loading, later.data_loading),
+            (self.links, later.links),
+            (self.window_rows, later.window_rows),
+            (self.iterations, later.iterations),
+        ):
+            mine.extend(theirs)
+        for key, joules in later.window_energy.items():
+            self.window_energy[key] = self.window_energy.get(key, 0.0) + joules
+        if later.job_energy is not None:
+            self.job_energy = later.job_energy
+
+    @property
+    def energy(self) -> dict[str, float]:
+        return self.job_energy if self.job_energy is not None else self.window_energy
+
+    def windows(self, later: list[tuple[int, int]]) -> list[Window]:
+        """The process's windows, records then inferred ones, ordered by start, each with the
+        share of its iterations that a later job ran again (``later``: their ranges)."""
+        out = [
+            Window(
+                start_ns=row[0],
+                end_ns=row[1],
+                first=row[2],
+                last=row[3],
+                iterations=row[4],
+                productive_s=row[5],
+                data_s=row[6],
+                startup_s=row[7],
+                flops=row[8],
+                peak=row[9] or None,
+                p50=row[10],
+                p90=row[11],
+                p99=row[12],
+                max_s=row[13],
+                slowest=row[14] if row[16] else None,
+                ideal=row[15] or None,
+            )
+            for row in self.window_rows
+        ]
+        out.extend(dataclasses.replace(w) for w in self.inferred)
+        out.sort(key=lambda w: w.start_ns)
+        for w in out:
+            span = w.last - w.first + 1
+            w.wasted_fraction = redone(later, w.first, w.last) / span if later and span > 0 else 0.0
+        return out
+
+
+@dataclass
+class Job:
+    """One launch of the training program: its ranks (processes) share run id and restart."""
+
+    session: str
+    perf_tag: str | None
+    run_id: str
+    restart: int
+    ranks: dict[int, Process] = field(default_factory=dict)
+
+
+def redone(later: list[tuple[int, int]], first: int, last: int) -> int:
+    """How many of the iterations ``first..last`` the later jobs' ranges cover."""
+    covered: list[tuple[int, int]] = []
+    for low, high in sorted(later):
+        lo, hi = max(low, first), min(high, last)
+        if lo > hi:
+            continue
+        if covered and lo <= covered[-1][1] + 1:
+            covered[-1] = (covered[-1][0], max(covered[-1][1], hi))
+        else:
+            covered.append((lo, hi))
+    return sum(hi - lo + 1 for lo, hi in covered)
+
+
+def ran(process: Process) -> tuple[int, int] | None:
+    """The iteration range a job ran: from its resume point (or first window) to its last."""
+    firsts = [row[2] for row in process.window_rows] + [w.first for w in process.inferred]
+    if not firsts:
+        return None
+    first = min(firsts)
+    if process.resume is not None:
+        first = min(first, process.resume)
+    return first, max([row[3] for row in process.window_rows] + [w.last for w in process.inferred])
+
+
+def reference(job: Job, rank: int | None) -> Process:
+    if rank is not None and rank in job.ranks:
+        return job.ranks[rank]
+    return job.ranks[min(job.ranks)]

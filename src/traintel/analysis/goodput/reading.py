@@ -1,0 +1,331 @@
+"""Reading the files into goodput state: each span and metrics record into its process,
+window records and exported iterations as rows, then per process the data loading resolved
+(inside an iteration or not) and the iterations after the last window record inferred.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from traintel import semconv
+from traintel._aggregation.stats import percentile
+from traintel.analysis.goodput.process import (
+    APPLICATION,
+    HAS_PARENT,
+    IS_ITERATION,
+    LOOP,
+    InferredTail,
+    Job,
+    Process,
+    Window,
+    span_key,
+    trace_key,
+)
+from traintel.analysis.parallel import map_files, merge_by_key
+from traintel.exporters.reader import ReadStats, Record, SpanRecord, expand_paths, gc_paused, iter_records
+from traintel.semconv import BADPUT_CATEGORIES, BADPUT_CATEGORY_OF_PHASE, Phase
+
+_W = semconv.WINDOW_PREFIX
+_ITERATION = Phase.TRAINING_ITERATION.value
+_DATA_LOADING = Phase.DATA_LOADING.value
+_PREEMPTION = semconv.Event.PREEMPTION.value
+
+
+def _float(value: object, default: float = 0.0) -> float:
+    if type(value) is float:  # the common case, before the general checks
+        return value
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+
+def _int(value: object) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+#: A window record's attributes in the order of its row's columns (:data:`WINDOW_ROW`).
+_ROW_INTS = (_W + "first_iteration", _W + "last_iteration", _W + "iterations")
+_ROW_FLOATS = (
+    _W + "productive_time", _W + "data_loading_time", _W + "program_startup_time", _W + "flops",
+    semconv.MFU_DENOMINATOR, _W + "iteration_time.p50", _W + "iteration_time.p90",
+    _W + "iteration_time.p99", _W + "iteration_time.max",
+)  # fmt: skip
+_ROW_SLOWEST = _W + "slowest_iteration"
+
+
+def _window_row(start_ns: int, end_ns: int, a: dict[str, Any]) -> tuple[Any, ...]:
+    """A window record's row (:data:`WINDOW_ROW`), as ``Process.windows`` reads it back."""
+    get = a.get
+    slowest = _int(get(_ROW_SLOWEST))
+    return (
+        start_ns,
+        end_ns,
+        *[_int(get(key)) or 0 for key in _ROW_INTS],
+        *[_float(get(key)) for key in _ROW_FLOATS],
+        slowest if slowest is not None else 0,  # (the ranks' records have none in scale mode)
+        _float(get(semconv.STEP_TIME_IDEAL)),
+        slowest is not None,
+    )
+
+
+class GoodputReader:
+    """The processes of the records read so far, keyed by instance (service instance id, else
+    run id): fed one file's records in order, merged with the reader of the files after it
+    (:meth:`merge`, exact: see :class:`Process`), grouped into jobs at the end."""
+
+    def __init__(self) -> None:
+        self.processes: dict[str, Process] = {}
+        self._resource: dict[str, Any] | None = None  # the last resource seen, and its process
+        self._process: Process | None = None
+
+    def process_of(self, resource: dict[str, Any]) -> Process:
+        if resource is self._resource and self._process is not None:
+            return self._process  # the spans of one request share their resource's dict
+        key = str(resource.get(semconv.SERVICE_INSTANCE_ID) or resource.get(semconv.RUN_ID) or "unknown")
+        found = self.processes.get(key)
+        if found is None:
+            found = self.processes[key] = Process(key, resource)
+        self._resource, self._process = resource, found
+        return found
+
+    def add(self, record: Record) -> None:
+        """A span into its process; a resource's metrics: their points' times (a job killed
+        before its spans were exported still shows how long it lived)."""
+        process = self.process_of(record.resource)
+        if isinstance(record, SpanRecord):
+            _add_span(process, record)
+        else:
+            for series in record.metrics:
+                if series.kind is not None:
+                    process.see(0, series.last_time_ns)
+
+    def merge(self, later: GoodputReader) -> None:
+        merge_by_key(self.processes, later.processes)
+        self._resource = self._process = None
+
+    def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
+        return {"processes": self.processes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.processes = state["processes"]
+        self._resource = self._process = None
+
+    def jobs(self) -> list[Job]:
+        return _group_jobs(self.processes.values())
+
+
+def load_jobs(
+    paths: Iterable[str | os.PathLike[str]],
+    stats: ReadStats | None = None,
+    workers: int = 1,
+    progress: Callable[[int], None] | None = None,
+) -> list[Job]:
+    """Read the files (streaming) into jobs: grouped by session, run id and restart count.
+
+    Each file is read on its own and the states merged in file order (exactly: see
+    :class:`Process`); with ``workers`` > 1 in that many processes. ``progress`` is told the
+    bytes read.
+    """
+    stats = stats if stats is not None else ReadStats()
+    reader = GoodputReader()
+    files = [str(path) for path in expand_paths(paths)]
+    for part, part_stats in map_files(read_file, files, workers, progress):
+        reader.merge(part)
+        stats.merge(part_stats)
+    return reader.jobs()
+
+
+def read_file(path: str, progress: Callable[[int], None] | None = None) -> tuple[GoodputReader, ReadStats]:
+    """One file's goodput state and read counts (a part of :func:`load_jobs`)."""
+    reader, stats = GoodputReader(), ReadStats()
+    with gc_paused():
+        for record in iter_records([path], stats, progress, windows_expanded=True):
+            reader.add(record)
+    return reader, stats
+
+
+def _group_jobs(processes: Iterable[Process]) -> list[Job]:
+    """Processes with a timeline, grouped into jobs by session, run id and restart count."""
+    jobs: dict[tuple[str, str, int], Job] = {}
+    for process in processes:
+        if process.start_ns == 2**63:
+            continue  # metrics only: no timeline
+        _resolve_data_loading(process)
+        _infer_tail(process)
+        r = process.resource
+        session = str(r.get(semconv.SESSION_TAG) or r.get(semconv.RUN_ID) or process.instance)
+        run_id = str(r.get(semconv.RUN_ID) or process.instance)
+        restart = _int(r.get(semconv.RESTART_COUNT)) or 0
+        perf = r.get(semconv.PERF_TAG)
+        job = jobs.get((session, run_id, restart))
+        if job is None:
+            job = jobs[(session, run_id, restart)] = Job(
+                session, str(perf) if perf else None, run_id, restart
+            )
+        job.ranks[process.rank] = process
+    return list(jobs.values())
+
+
+def _add_span(process: Process, span: SpanRecord) -> None:
+    start, end = span.start_ns, span.end_ns
+    process.see(start, end)
+    for event in span.events:
+        process.see(0, event.time_ns)
+        if event.name == _PREEMPTION:
+            process.preempted = True
+    attributes = span.attributes
+    if span.name == semconv.TRAINING_WINDOW_SPAN:  # a leaf: no ancestor of any data loading
+        process.window_rows.append(_window_row(start, end, attributes))
+        if _W + "energy" in attributes:
+            for key, joules in _energy_of(attributes, _W + "energy").items():
+                process.window_energy[key] = process.window_energy.get(key, 0.0) + joules
+        return
+    parent = span.parent_span_id
+    phase = attributes.get(semconv.PHASE)
+    is_iteration = phase == _ITERATION
+    if is_iteration or parent is not None:  # a root that is no iteration: as good as unknown
+        flags = (IS_ITERATION if is_iteration else 0) | (HAS_PARENT if parent is not None else 0)
+        process.links.append((span_key(span.span_id), span_key(parent) if parent is not None else 0, flags))
+    if is_iteration:
+        iteration = _int(attributes.get(semconv.ITERATION))
+        if iteration is not None:
+            process.iterations.append(
+                (iteration, start, end, *trace_key(span.trace_id), span_key(span.span_id))
+            )
+        return
+    if phase in (APPLICATION, LOOP):
+        _add_outer(process, span, str(phase))
+        return
+    category = BADPUT_CATEGORY_OF_PHASE.get(str(phase)) if phase is not None else None
+    if category is None:
+        return
+    if phase == _DATA_LOADING:
+        has_parent = parent is not None
+        process.data_loading.append((start, end, span_key(parent) if parent is not None else 0, has_parent))
+    else:
+        process.phases.append((start, end, category))
+
+
+def _add_outer(process: Process, span: SpanRecord, phase: str) -> None:
+    """An application or training-loop span (segment): the resume point and the job's end."""
+    attributes = span.attributes
+    if phase == LOOP and attributes.get(semconv.SEGMENT_INDEX, 0) == 0:
+        resume = _int(attributes.get(semconv.TRAIN_ITERATIONS_START))
+        if resume is not None and (process.resume is None or resume < process.resume):
+            process.resume = resume
+    final = not attributes.get(semconv.SEGMENT_CONTINUES, False)
+    if final and (process.outermost is None or (phase == APPLICATION and process.outermost == LOOP)):
+        process.outermost = phase
+        process.end_ns = span.end_ns
+        process.end_error = span.status_code == 2  # STATUS_CODE_ERROR
+    if phase == APPLICATION and _JOB_ENERGY in attributes:
+        process.job_energy = _energy_of(attributes, _JOB_ENERGY)
+
+
+_JOB_ENERGY = "ml.training.energy"
+_ENERGY_PARTS = ("productive", *BADPUT_CATEGORIES)
+
+
+def _energy_of(attributes: dict[str, Any], key: str) -> dict[str, float]:
+    """``{"total": J, category: J}`` from ``<key>`` and ``<key>.<category>`` attributes."""
+    out = {"total": _float(attributes.get(key))}
+    for part in _ENERGY_PARTS:
+        value = attributes.get(key + "." + part)
+        if value is not None:
+            out[part] = _float(value)
+    return out
+
+
+def _resolve_data_loading(process: Process) -> None:
+    """Data loading outside iterations is badput of its own; inside, the window has it."""
+    if process.data_loading:
+        parents = {
+            span: (parent if flags & HAS_PARENT else None, bool(flags & IS_ITERATION))
+            for span, parent, flags in process.links
+        }
+        for start, end, parent_key, has_parent in process.data_loading:
+            parent = parent_key if has_parent else None
+            inside = False
+            seen = 0
+            while parent is not None and seen < 256:
+                entry = parents.get(parent)
+                if entry is None:
+                    break
+                if entry[1]:
+                    inside = True
+                    break
+                parent = entry[0]
+                seen += 1
+            if inside:
+                process.inner_data.append((start, end))
+            else:
+                process.phases.append((start, end, "data_loading"))
+    process.data_loading.clear()
+    process.links.clear()
+
+
+def _union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The intervals merged into disjoint ones, ascending."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _covered_ns(union: list[tuple[int, int]], start: int, end: int) -> int:
+    """How much of [start, end] the disjoint ascending intervals ``union`` cover."""
+    total = 0
+    at = bisect.bisect_right(union, (start, start)) - 1
+    for s, e in union[max(at, 0) :]:
+        if s >= end:
+            break
+        if e > start:
+            total += min(e, end) - max(s, start)
+    return total
+
+
+def _infer_tail(process: Process) -> None:
+    """The exported iterations after the last window record, each as an inferred window of one
+    iteration (so a later job redoing some of them wastes exactly theirs), accounted by the live
+    rules: an iteration's time is productive but for its data-loading wait and the categorised
+    phases inside it; if the job has no window record at all, its first iteration's excess over
+    the median of the others is program startup."""
+    covered = max((row[3] for row in process.window_rows), default=-1)  # the last iteration recorded
+    after: dict[int, tuple[int, int]] = {}
+    for number, start, end, *_ids in process.iterations:
+        if number > covered:
+            after[number] = (start, end)  # exported twice: the later one, as when read in order
+    tail = sorted(after.items())
+    inner = process.inner_data
+    process.inner_data = []
+    if not tail:
+        return
+    begin = tail[0][1][0]
+    inner_data = _union(d for d in inner if d[1] > begin)
+    phases = _union((start, end) for start, end, _ in process.phases if end > begin)
+    durations = [(end - start) / 1e9 for _, (start, end) in tail]
+    no_records = not process.window_rows
+    typical = percentile(sorted(durations[1:]), 50) if len(durations) >= 2 and no_records else None
+    productive_total = 0.0
+    for position, (number, (start, end)) in enumerate(tail):
+        duration = durations[position]
+        data = _covered_ns(inner_data, start, end) / 1e9
+        room = duration - data - _covered_ns(phases, start, end) / 1e9
+        startup = max(0.0, min(duration - typical, room)) if typical is not None and position == 0 else 0.0
+        productive = max(0.0, room - startup)
+        productive_total += productive
+        process.inferred.append(
+            Window(
+                start_ns=start, end_ns=end, first=number, last=number, iterations=1,
+                productive_s=productive, data_s=data, startup_s=startup, flops=0.0, peak=None,
+                p50=duration, p90=duration, p99=duration, max_s=duration, slowest=number,
+                ideal=None, inferred=True,
+            )
+        )  # fmt: skip
+    first, last = tail[0][0], tail[-1][0]
+    process.tail = InferredTail(first, last, len(tail), last - first + 1 - len(tail), productive_total)
