@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from traintel.analysis.goodput import compute_goodput, load_jobs, parse_time, render_goodput
+from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import auto_workers
 from traintel.analysis.run_info import RunsSeen
 from traintel.analysis.runs import (
@@ -175,6 +176,9 @@ def _report(args: argparse.Namespace) -> int:
     if not files:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2
+    links = _links()
+    if links is None:
+        return 2
 
     def read(run_files: list[str], run: str | None) -> Report:
         work = functools.partial(build_report, run_files, run=run, workers=_workers(args, run_files))
@@ -187,18 +191,23 @@ def _report(args: argparse.Namespace) -> int:
     for _run, report in reports:
         if not report.summary.spans:
             return _no_spans(args.paths, report.stats)
-    pages = _write_html(args.html, reports, choice)
+    pages = _write_html(args.html, reports, choice, links)
     if pages is None:
         return 2
     if args.json:
         _print_report_json(reports, choice, args.all)
+    elif pages:  # the page is what was asked for: say where it is, not the whole report again
+        if choice.note:
+            print(choice.note + "\n")
+        for page in pages:
+            print(f"HTML report: {page}")
     else:
-        _print_report_text(reports, choice, pages)
+        _print_report_text(reports, choice, links)
     return 0
 
 
 def _write_html(
-    target: str | None, reports: list[tuple[RunInfo | None, Report]], choice: _Choice
+    target: str | None, reports: list[tuple[RunInfo | None, Report]], choice: _Choice, links: TraceLinks
 ) -> list[str] | None:
     """One self-contained page per run shown (``OUT-<run>.html`` for several); None on failure."""
     if not target:
@@ -212,11 +221,7 @@ def _write_html(
         if len(reports) > 1 and run is not None:
             name, tag = Path(target), _UNSAFE_IN_NAME.sub("_", ids[run.id])
             page = str(name.with_name(f"{name.stem}-{tag}{name.suffix}"))
-        try:
-            with open_private(page) as out:
-                out.write(render_html(report))
-        except OSError as exc:
-            print(f"traintel: cannot write --html {page}: {exc.strerror or exc}", file=sys.stderr)
+        if not _write_page(page, render_html(report, links)):
             return None
         pages.append(page)
     return pages
@@ -236,7 +241,7 @@ def _print_report_json(reports: list[tuple[RunInfo | None, Report]], choice: _Ch
 
 
 def _print_report_text(
-    reports: list[tuple[RunInfo | None, Report]], choice: _Choice, pages: list[str]
+    reports: list[tuple[RunInfo | None, Report]], choice: _Choice, links: TraceLinks
 ) -> None:
     from rich.console import Console, Group
 
@@ -251,9 +256,7 @@ def _print_report_text(
             console.print(
                 section_title(run, n, len(reports)) + "\n", style="bold", markup=False, highlight=False
             )
-        console.print(Group(*renderables(report, console.width)))
-    for page in pages:
-        print(f"HTML report: {page}")
+        console.print(Group(*renderables(report, console.width, links)))
 
 
 def _runs(args: argparse.Namespace) -> int:
@@ -295,9 +298,15 @@ def _export_trace(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from traintel.analysis.compare import compare, render_comparison
+    from traintel.analysis.compare import compare_runs, render_comparison
     from traintel.analysis.report import build_report
 
+    links = _links()
+    if links is None:
+        return 2
+    if len(args.runs) < 2:
+        print("traintel: compare needs at least two runs: traintel compare A B [C ...]", file=sys.stderr)
+        return 2
     picked = _compare_runs(args)
     if isinstance(picked, int):
         return picked
@@ -305,45 +314,82 @@ def _compare(args: argparse.Namespace) -> int:
     for run, files in picked:
         work = functools.partial(build_report, files, run=run.id if run else None)
         reports.append(_with_progress(files, work))
-    result = compare(reports[0], reports[1], args.threshold)
+    result = compare_runs(reports, args.threshold)
     names = [
         path + (f" (run {run.id})" if run is not None else "")
-        for path, (run, _) in zip((args.run_a, args.run_b), picked, strict=True)
+        for path, (run, _) in zip(args.runs, picked, strict=True)
     ]
+    if args.html:
+        from traintel.analysis.compare_html import render_compare_html
+
+        if not _write_page(args.html, render_compare_html(reports, names, result, links)):
+            return 2
     if args.json:
         data = result.as_dict()
-        data["runs"] = {side: run.id if run else None for side, (run, _) in zip("ab", picked, strict=True)}
+        ids = [run.id if run else None for run, _ in picked]
+        data["runs"] = {"a": ids[0], "b": ids[1], **({"all": ids} if len(ids) > 2 else {})}
         print(json.dumps(data, indent=2))
+    elif args.html:
+        print(f"HTML comparison: {args.html}")
     else:
         from rich.console import Console, Group
 
-        Console().print(Group(*render_comparison(result, names[0], names[1])))
+        Console().print(Group(*render_comparison(result, names)))
     return 1 if args.fail_on_regression and result.regressions else 0
 
 
+def _write_page(page: str, text: str) -> bool:
+    try:
+        with open_private(page) as out:
+            out.write(text)
+    except OSError as exc:
+        print(f"traintel: cannot write --html {page}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def _links() -> TraceLinks | None:
+    """``TRAINTEL_TRACE_URL`` as trace links; None (said on stderr) when it is malformed."""
+    try:
+        return TraceLinks.from_env()
+    except ValueError as exc:
+        print(f"traintel: {exc}", file=sys.stderr)
+        return None
+
+
 def _compare_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[str]]] | int:
-    """The run of each side: ``--run-a``/``--run-b``, else the newest in its path; the same
-    path twice with neither compares its previous run (A) with its newest (B)."""
-    sides = []
-    for path in (args.run_a, args.run_b):
-        files = _files([path])
-        if not files:
-            print(f"traintel: no telemetry files found in {path}", file=sys.stderr)
-            return 2
-        sides.append((files, _with_progress(files, functools.partial(scan_runs, files))))
-    same = sorted(sides[0][0]) == sorted(sides[1][0])
+    """The run of each path: ``--run-a``/``--run-b`` for the first two, else the newest in its
+    path; a path given k times (and without an id) stands for its k newest runs, oldest first
+    (the same directory twice: its previous run (A) against its newest (B))."""
+    scanned: dict[str, tuple[list[str], list[RunInfo]]] = {}
+    for path in args.runs:
+        if path not in scanned:
+            files = _files([path])
+            if not files:
+                print(f"traintel: no telemetry files found in {path}", file=sys.stderr)
+                return 2
+            scanned[path] = (files, _with_progress(files, functools.partial(scan_runs, files)))
+    wanted = [args.run_a_id, args.run_b_id] + [None] * (len(args.runs) - 2)
+    repeats = {path: sum(1 for p, w in zip(args.runs, wanted, strict=True) if p == path and w is None)
+               for path in scanned}  # fmt: skip
+    used: dict[str, int] = {}
     picked: list[tuple[RunInfo | None, list[str]]] = []
-    for n, ((files, found), wanted) in enumerate(zip(sides, (args.run_a_id, args.run_b_id), strict=True)):
+    for n, (path, run_id) in enumerate(zip(args.runs, wanted, strict=True)):
+        files, found = scanned[path]
         if not found:
             picked.append((None, files))
             continue
         try:
-            run = find_run(found, wanted) if wanted is not None else found[0]
+            if run_id is not None:
+                run = find_run(found, run_id)
+            else:
+                # the k occurrences of a path take its k newest runs, oldest first
+                k, seen = repeats[path], used.get(path, 0)
+                used[path] = seen + 1
+                run = found[min(k - 1 - seen, len(found) - 1)] if k <= len(found) else found[0]
         except RunNotFound as exc:
             print(f"traintel: {'AB'[n]}: {exc}", file=sys.stderr)
             return 2
-        if same and n == 0 and len(found) > 1 and args.run_a_id is None and args.run_b_id is None:
-            run = found[1]
         picked.append((run, run.files))
     return picked
 
@@ -363,6 +409,9 @@ def _summary(args: argparse.Namespace) -> int:
     if not files:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2
+    links = _links()
+    if links is None:
+        return 2
 
     def read(run_files: list[str], run: str | None) -> RunSummary:
         workers = _workers(args, run_files)
@@ -379,7 +428,7 @@ def _summary(args: argparse.Namespace) -> int:
             return _no_spans(args.paths, summary.stats)
         if len(summaries) > 1 and run is not None:
             print(("\n" if n > 1 else "") + f"=== {section_title(run, n, len(summaries))} ===")
-        print(render(summary))
+        print(render(summary, links))
     return 0
 
 
@@ -398,6 +447,9 @@ def _goodput(args: argparse.Namespace) -> int:
     if args.start is not None and args.end is not None and args.end <= args.start:
         print(f"traintel: --end must be after --start (got {args.start} and {args.end} ns)", file=sys.stderr)
         return 2
+    links = _links()
+    if links is None:
+        return 2
     stats = ReadStats()
     names = [str(path) for path in files]
     work = functools.partial(load_jobs, names, stats, _workers(args, names))
@@ -412,7 +464,7 @@ def _goodput(args: argparse.Namespace) -> int:
             json.dumps({"sessions": [r.as_dict() for r in results], "skipped_lines": stats.skipped}, indent=2)
         )
     else:
-        print(render_goodput(results))
+        print(render_goodput(results, links))
         if stats.skipped:
             print(f"skipped {stats.skipped} unreadable line(s): {'; '.join(stats.reasons[:3])}")
     return 0
@@ -493,15 +545,26 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("paths", nargs="+", help="files or directories of the embedded default")
     trace.add_argument("-o", "--output", required=True, help="the trace file to write (e.g. trace.json)")
     trace.set_defaults(func=_export_trace)
-    comp = sub.add_parser("compare", help="two runs side by side, significant differences flagged")
-    comp.add_argument("run_a", help="the baseline run (file or directory; its newest run unless --run-a)")
-    comp.add_argument("run_b", help="the run compared with it (the same directory twice: previous vs newest)")
+    comp = sub.add_parser(
+        "compare",
+        help="runs side by side against the first: differences flagged, --html overlays their curves",
+    )
+    comp.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="two or more runs (files or directories; the newest run of each, the first is the baseline A); "
+        "a directory given k times stands for its k newest runs, oldest first",
+    )
     comp.add_argument("--run-a", dest="run_a_id", metavar="ID", help="the baseline's run id (or a prefix)")
     comp.add_argument("--run-b", dest="run_b_id", metavar="ID", help="the compared run's id (or a prefix)")
     comp.add_argument(
         "--threshold", type=_threshold, default=0.05, help="relative change to flag (default 0.05 = 5%%)"
     )
     comp.add_argument("--json", action="store_true", help="machine-readable output")
+    comp.add_argument(
+        "--html", metavar="OUT.html", help="write a self-contained page: overlaid curves, run table, configs"
+    )
     comp.add_argument("--fail-on-regression", action="store_true", help="exit 1 if anything got worse")
     comp.set_defaults(func=_compare)
     rep = sub.add_parser(

@@ -378,6 +378,27 @@ Seconds between attempts to re-send the oldest spooled batch while the collector
 (positive number). Once one goes through, the rest follow at once. Default: 5.
 """
 
+TRAINTEL_TRACE_URL: Final = "TRAINTEL_TRACE_URL"
+"""
+.. envvar:: TRAINTEL_TRACE_URL
+
+Read by the ``traintel`` command, not by training: a URL template that turns every trace id in
+``summary``, ``goodput``, ``report`` (terminal and HTML) and ``compare`` into a link to your trace
+backend. ``{trace_id}`` is replaced by the 32-hex-digit trace id, ``{span_id}`` (optional) by the
+span's id. Jaeger: ``http://localhost:16686/trace/{trace_id}``. Tempo in Grafana:
+``http://localhost:3000/explore?left={"datasource":"tempo","queries":[{"query":"{trace_id}"}]}``.
+Default: unset (ids are shown as plain text).
+"""
+
+TRAINTEL_QUIET: Final = "TRAINTEL_QUIET"
+"""
+.. envvar:: TRAINTEL_QUIET
+
+``1`` (or ``true``) silences the line traintel writes to standard error when a job's telemetry
+ends, saying where it went (the file and the command that reads it, or the OTLP endpoint).
+Default: ``0``.
+"""
+
 ALL: Final = (
     TRAINTEL_SESSION_TAG,
     TRAINTEL_PERF_TAG,
@@ -419,5 +440,7 @@ ALL: Final = (
     TRAINTEL_SPOOL_DIR,
     TRAINTEL_SPOOL_MAX_BYTES,
     TRAINTEL_SPOOL_RETRY_INTERVAL,
+    TRAINTEL_TRACE_URL,
+    TRAINTEL_QUIET,
 )
 """Every variable above, for documentation checks and the capability report."""

@@ -1,18 +1,20 @@
-"""``traintel compare``: two runs side by side, significant differences flagged.
+"""``traintel compare``: runs side by side against the first (A), significant differences flagged.
 
 The perf_tag use case of the reference library: runs with the same perf_tag should perform the
 same, so a difference beyond the threshold is a regression (or a win) worth a look. Each metric
-knows which direction is better, so a flag says "worse" or "better", not just "changed".
+knows which direction is better, so a flag says "worse" or "better", not just "changed". The
+runs' configurations are compared too: a setting that differs is often the reason.
 """
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from typing import Any
 
 from traintel.analysis.report import Report
 
-#: (label, key in the report's JSON, higher is better, kind)
+#: (label, section of the report's JSON, key, higher is better, unit)
 _METRICS: tuple[tuple[str, str, str, bool, str], ...] = (
     ("iteration time mean", "iterations", "mean_s", False, "s"),
     ("iteration time p50", "iterations", "p50_s", False, "s"),
@@ -27,45 +29,81 @@ _METRICS: tuple[tuple[str, str, str, bool, str], ...] = (
 )
 
 
+def letter(index: int) -> str:
+    """A run's name in tables: A, B, ... Z, then A2, B2, ..."""
+    letters = string.ascii_uppercase
+    return letters[index % 26] + (str(index // 26 + 1) if index >= 26 else "")
+
+
 @dataclass(frozen=True)
 class Difference:
+    """One metric over the runs: each run's value, and each one's change against A's."""
+
     metric: str
-    a: float | None
-    b: float | None
-    change: float | None  # (b - a) / a
-    verdict: str  # "", "better", "worse"
+    values: list[float | None]
+    changes: list[float | None]  # (run - A) / |A|; None for A itself and where undefined
+    verdicts: list[str]  # "", "better", "worse" (A's is always "")
     unit: str
 
+    @property
+    def a(self) -> float | None:
+        return self.values[0]
+
+    @property
+    def b(self) -> float | None:
+        return self.values[1]
+
+    @property
+    def change(self) -> float | None:
+        return self.changes[1]
+
+    @property
+    def verdict(self) -> str:
+        """B against A (the two-run case); see :attr:`verdicts` for every run."""
+        return self.verdicts[1]
+
     def as_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "metric": self.metric,
             "a": self.a,
             "b": self.b,
             "change": self.change,
             "verdict": self.verdict,
         }
+        if len(self.values) > 2:
+            data.update(values=self.values, changes=self.changes, verdicts=self.verdicts)
+        return data
 
 
 @dataclass(frozen=True)
 class Comparison:
-    perf_tags: tuple[list[str], list[str]]
+    perf_tags: list[list[str]]
     differences: list[Difference]
     threshold: float
+    #: Settings whose values differ between the runs: name -> each run's value (None: unset).
+    config_differences: dict[str, list[Any]]
 
     @property
     def perf_tags_match(self) -> bool:
-        return self.perf_tags[0] == self.perf_tags[1]
+        return all(tags == self.perf_tags[0] for tags in self.perf_tags)
 
     @property
     def regressions(self) -> list[Difference]:
-        return [d for d in self.differences if d.verdict == "worse"]
+        return [d for d in self.differences if "worse" in d.verdicts]
+
+    def flagged(self) -> list[Difference]:
+        return [d for d in self.differences if any(d.verdicts)]
 
     def as_dict(self) -> dict[str, Any]:
+        tags: dict[str, Any] = {"a": self.perf_tags[0], "b": self.perf_tags[1], "match": self.perf_tags_match}
+        if len(self.perf_tags) > 2:
+            tags["all"] = self.perf_tags
         return {
-            "perf_tags": {"a": self.perf_tags[0], "b": self.perf_tags[1], "match": self.perf_tags_match},
+            "perf_tags": tags,
             "threshold": self.threshold,
             "differences": [d.as_dict() for d in self.differences],
             "regressions": [d.metric for d in self.regressions],
+            "config_differences": self.config_differences,
         }
 
 
@@ -73,35 +111,61 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _goodput(data: dict[str, Any]) -> float | None:
+def goodput_of(data: dict[str, Any]) -> float | None:
+    """The report's goodput over all its sessions (productive over total time)."""
     sessions = data.get("goodput") or []
     total = sum(s.get("total_seconds", 0.0) for s in sessions)
     productive = sum(s.get("productive_seconds", 0.0) for s in sessions)
     return productive / total if total > 0 else None
 
 
-def compare(a: Report, b: Report, threshold: float = 0.05) -> Comparison:
-    """Differences of B against A; a relative change of at least ``threshold`` is flagged."""
-    if not threshold > 0:
-        raise ValueError(f"compare threshold must be > 0, got {threshold!r}")
-    da, db = a.as_dict(), b.as_dict()
-    rows: list[tuple[str, float | None, float | None, bool, str]] = [
-        (label, _number(da[section].get(key)), _number(db[section].get(key)), higher, unit)
-        for label, section, key, higher, unit in _METRICS
-    ]
-    rows.append(("goodput", _goodput(da), _goodput(db), True, "%"))
-    differences = []
-    for label, va, vb, higher_is_better, unit in rows:
-        change = (vb - va) / abs(va) if va is not None and vb is not None and va != 0 else None
+def _difference(
+    label: str, values: list[float | None], higher: bool, unit: str, threshold: float
+) -> Difference:
+    base = values[0]
+    changes: list[float | None] = [None]
+    verdicts = [""]
+    for value in values[1:]:
+        change = (value - base) / abs(base) if value is not None and base is not None and base != 0 else None
+        changes.append(change)
         verdict = ""
         if change is not None and abs(change) >= threshold:
-            verdict = "better" if (change > 0) == higher_is_better else "worse"
-        differences.append(Difference(label, va, vb, change, verdict, unit))
-    return Comparison((da["identity"]["perf_tags"], db["identity"]["perf_tags"]), differences, threshold)
+            verdict = "better" if (change > 0) == higher else "worse"
+        verdicts.append(verdict)
+    return Difference(label, values, changes, verdicts, unit)
 
 
-def render_comparison(comparison: Comparison, name_a: str, name_b: str) -> list[Any]:
-    """Rich renderables for the terminal."""
+def config_differences(reports: list[Report]) -> dict[str, list[Any]]:
+    """The settings whose values are not the same in every run."""
+    names = sorted({name for report in reports for name in report.config})
+    values = {name: [report.config.get(name) for report in reports] for name in names}
+    return {name: row for name, row in values.items() if any(v != row[0] for v in row)}
+
+
+def compare_runs(reports: list[Report], threshold: float = 0.05) -> Comparison:
+    """Differences of every run against the first; a relative change of at least ``threshold``
+    is flagged."""
+    if not threshold > 0:
+        raise ValueError(f"compare threshold must be > 0, got {threshold!r}")
+    if len(reports) < 2:
+        raise ValueError(f"compare needs at least two runs, got {len(reports)}")
+    data = [report.as_dict() for report in reports]
+    differences = [
+        _difference(label, [_number(d[section].get(key)) for d in data], higher, unit, threshold)
+        for label, section, key, higher, unit in _METRICS
+    ]
+    differences.append(_difference("goodput", [goodput_of(d) for d in data], True, "%", threshold))
+    tags = [d["identity"]["perf_tags"] for d in data]
+    return Comparison(tags, differences, threshold, config_differences(reports))
+
+
+def compare(a: Report, b: Report, threshold: float = 0.05) -> Comparison:
+    """Differences of B against A (:func:`compare_runs` of two)."""
+    return compare_runs([a, b], threshold)
+
+
+def render_comparison(comparison: Comparison, names: list[str]) -> list[Any]:
+    """Rich renderables for the terminal: who A, B, ... are, then one row per metric."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -111,27 +175,42 @@ def render_comparison(comparison: Comparison, name_a: str, name_b: str) -> list[
     def fmt(value: float | None, unit: str) -> str:
         return fmt_s(value) if unit == "s" else fmt_pct(value) if unit == "%" else fmt_num(value)
 
-    # A and B above the table, not as its title: a title wraps to the table's width, which would
+    # The runs above the table, not as its title: a title wraps to the table's width, which would
     # break a long path or run id at 80 columns.
-    names = Text(f"A = {name_a}\nB = {name_b}", style="bold")
+    letters = [letter(i) for i in range(len(names))]
+    out: list[Any] = [
+        Text("\n".join(f"{x} = {name}" for x, name in zip(letters, names, strict=True)), style="bold")
+    ]
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for column in ("metric", "A", "B", "change", ""):
-        table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)
+    table.add_column("metric", justify="left", no_wrap=True)
+    for x in letters:
+        table.add_column(x, justify="right", no_wrap=True)
+    changes = ["change"] if len(names) == 2 else [f"{x} vs A" for x in letters[1:]]
+    for column in changes:
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
     for d in comparison.differences:
-        change = "-" if d.change is None else f"{100 * d.change:+.1f}%"
-        style = {"worse": "red", "better": "green"}.get(d.verdict, "")
-        table.add_row(d.metric, fmt(d.a, d.unit), fmt(d.b, d.unit), change, Text(d.verdict, style=style))
-    out: list[Any] = [names, table]
-    a_tags, b_tags = comparison.perf_tags
+        cells: list[Any] = [d.metric, *(fmt(v, d.unit) for v in d.values)]
+        for change, verdict in zip(d.changes[1:], d.verdicts[1:], strict=True):
+            style = {"worse": "red", "better": "green"}.get(verdict, "")
+            cells.append(Text("-" if change is None else f"{100 * change:+.1f}%", style=style))
+        verdicts = [
+            f"{x} {v}" if len(names) > 2 else v for x, v in zip(letters[1:], d.verdicts[1:], strict=True) if v
+        ]
+        style = "red" if "worse" in d.verdicts else "green" if any(d.verdicts) else ""
+        table.add_row(*cells, Text(", ".join(verdicts), style=style))
+    out.append(table)
     if not comparison.perf_tags_match:
-        out.append(
-            Text(
-                f"perf tags differ (A: {', '.join(a_tags) or '-'}; B: {', '.join(b_tags) or '-'}): "
-                "these runs may not be meant to perform alike",
-                style="yellow",
-            )
+        shown = "; ".join(
+            f"{x}: {', '.join(t) or '-'}" for x, t in zip(letters, comparison.perf_tags, strict=True)
         )
-    flagged = [d.metric for d in comparison.differences if d.verdict]
+        out.append(
+            Text(f"perf tags differ ({shown}): these runs may not be meant to perform alike", style="yellow")
+        )
+    for name, values in comparison.config_differences.items():
+        shown = ", ".join(f"{x} {'-' if v is None else v}" for x, v in zip(letters, values, strict=True))
+        out.append(Text(f"config {name} differs: {shown}", style="yellow"))
+    flagged = [d.metric for d in comparison.flagged()]
     out.append(
         Text(
             f"{len(flagged)} significant difference(s) at ±{100 * comparison.threshold:g}%"

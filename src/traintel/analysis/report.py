@@ -64,6 +64,9 @@ WARNING_EVENTS = frozenset(
         semconv.Event.STRAGGLER.value,
     }
 )
+_CONFIG_EVENTS = frozenset(
+    {semconv.Event.TELEMETRY_INITIALIZATION.value, semconv.Event.TRAINING_CONFIG_UPDATE.value}
+)
 _STAGE_PHASES = {phase.value: stage for stage, phase in semconv.CHECKPOINT_STAGES.items()}
 _TIMELINE_SKIP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES}
 
@@ -433,6 +436,10 @@ class Report:
     ranks: CrossRankTable = field(default_factory=CrossRankTable)  # merged across the ranks' files
     #: The one run reported (a ``run_key``) when the files hold several; None: all of them.
     run: str | None = None
+    #: The training configuration (``set_training_config``, the ``TRAINTEL_*`` settings) as the
+    #: latest ``telemetry_initialization`` / ``training_config_update`` event left it, and its time.
+    config: dict[str, Any] = field(default_factory=dict)
+    config_at: int = -1
     _latest: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
     #: Events the cross-rank table took per window (what it counts as dropped if a merge
     #: finds no room for the window).
@@ -467,12 +474,22 @@ class Report:
             if point is not None:
                 process.series.add(point)
                 self._add_metric_points(process, metric_points(point, event.attributes))
+        elif event.name in _CONFIG_EVENTS:
+            self._config(event.time_ns, event.attributes)
         elif event.name in WARNING_EVENTS:
             self.warnings[event.name] = self.warnings.get(event.name, 0) + 1
             if len(self.warning_details) < WARNING_DETAILS:
                 detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
                 detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
                 self.warning_details.append(detail)
+
+    def _config(self, time_ns: int, attributes: dict[str, Any]) -> None:
+        if time_ns >= self.config_at:
+            prefix = len(semconv.CONFIG_PREFIX)
+            self.config = {
+                k[prefix:]: v for k, v in attributes.items() if k.startswith(semconv.CONFIG_PREFIX)
+            }
+            self.config_at = time_ns
 
     @staticmethod
     def _add_metric_points(process: Process, points: dict[str, MetricPoint]) -> None:
@@ -588,6 +605,7 @@ class Report:
             later.warning_details[: max(0, WARNING_DETAILS - len(self.warning_details))]
         )
         self._latest.update(later._latest)
+        self._config(later.config_at, {semconv.CONFIG_PREFIX + k: v for k, v in later.config.items()})
         self._merge_ranks(later)
         self._resource = self._process = None
 
@@ -638,6 +656,17 @@ class Report:
         if data["iterations"]["mean_s"] is None:  # a loop without traintel's end-of-loop summary
             data["iterations"]["mean_s"] = data["windows_mean_s"]
         return data
+
+    @property
+    def start_ns(self) -> int:
+        """When the run's first process started (0: no span)."""
+        return min((p.first_ns for p in self.processes.values() if p.first_ns), default=0)
+
+    @property
+    def duration_s(self) -> float:
+        """From the first start to the last exported end, over every process."""
+        end = max((p.last_ns for p in self.processes.values()), default=0)
+        return max(0, end - self.start_ns) / 1e9 if self.start_ns else 0.0
 
     def model_metric_names(self) -> list[str]:
         """Every model metric name any process recorded in a window, sorted."""
@@ -725,6 +754,9 @@ class Report:
                 phase: {name: _json_number(v) for name, v in metrics.items()}
                 for phase, metrics in s.evaluation_metrics().items()
             },
+            "config": dict(sorted(self.config.items())),
+            "start_unix_nano": self.start_ns,
+            "duration_s": self.duration_s,
             "timeline_intervals_dropped": self.timeline_dropped,
             "cross_rank": self.ranks.as_dict(),
         }

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from traintel.analysis.links import TraceLinks
 from traintel.analysis.report import MetricPoint, Report, WindowPoint
 from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
 from traintel.analysis.summary import energy_figures, energy_text, is_loss, phase_rows, plain_number
@@ -43,6 +44,11 @@ _PHASE_COLOUR = {
 _INIT = {p.value for p in (Phase.DIST_INIT, Phase.DATA_LOADER_INIT, Phase.MODEL_INIT, Phase.OPTIMIZER_INIT)}
 _LANES = ("application", "init", "training_loop", "checkpoint", "evaluation", "other")
 _W, _H, _PAD = 760, 240, 64
+#: Values this close (relative) are one value: a constant learning rate read back as
+#: ``0.001`` and ``0.0010000000000000000007`` must draw flat, not zoom onto the noise.
+_NOISE = 1e-9
+#: Width of one character of a 10-pixel axis label, generously (labels must never be clipped).
+_CHAR_W = 6.5
 #: A chart with more points than this draws its lines without a marker (and tooltip) per point:
 #: a page must stay light with many ranks.
 MARKERS = 3000
@@ -58,6 +64,10 @@ svg{display:block;margin:8px 0;background:#fcfcfd;border:1px solid #eee}
 .legend span{display:inline-block;margin-right:14px;font-size:.85em}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
 .warn{color:#b35900}.none{color:#888}
+tr.diff td,td.worse,td.better{font-weight:bold}tr.diff td{background:#fff4d6}
+td.worse{color:#c0392b;background:#fdecea}td.better{color:#1e7e34;background:#e8f5e9}
+details{margin:6px 0}summary{cursor:pointer;color:#555}
+td code{font-size:.85em}
 """
 
 
@@ -66,8 +76,16 @@ def _e(text: object) -> str:
 
 
 def _text(
-    x: float, y: float, content: object, size: int = 10, anchor: str = "start", bold: bool = False
+    x: float,
+    y: float,
+    content: object,
+    size: int = 10,
+    anchor: str = "start",
+    bold: bool = False,
+    tick_end: bool = False,
 ) -> str:
+    if tick_end:  # the last x tick sits on the chart's right edge: its text ends there
+        anchor, x = "end", min(x + 8, _W - 2)
     weight = ' font-weight="bold"' if bold else ""
     head = f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"{weight}>'
     return f"{head}{_e(content)}</text>"
@@ -94,9 +112,10 @@ def _compact(value: float) -> str:
 def _nice_range(low: float, high: float) -> tuple[list[float], int]:
     """Ticks at a round step spanning ``[low, high]`` (not forced through zero: a loss going
     from 2.31 to 2.18 must show its slope), and the decimals the step needs."""
-    if high <= low:
-        pad = abs(low) * 0.1 or 1.0
-        low, high = low - pad, high + pad
+    if high - low <= _NOISE * max(abs(low), abs(high)):  # constant, or apart by float noise only
+        middle = (low + high) / 2
+        pad = abs(middle) * 0.1 or 1.0
+        low, high = middle - pad, middle + pad
     step = _nice_max((high - low) / 4)
     first = math.floor(low / step) * step
     count = math.ceil(round((high - first) / step, 9))
@@ -114,8 +133,16 @@ def _axes(
     y_max: float, y_fmt: str, x_min: float, x_max: float, x_label: str, x_ticks: bool = True
 ) -> list[str]:
     """Axes from zero to ``y_max``, five gridlines."""
-    ticks = [(y_max * i / 4, _label(y_max * i / 4, y_fmt)) for i in range(5)]
-    return _grid(ticks, 0.0, y_max, x_min, x_max, x_label, x_ticks)
+    return _grid(_zero_ticks(y_max, y_fmt), 0.0, y_max, x_min, x_max, x_label, x_ticks)
+
+
+def _zero_ticks(y_max: float, y_fmt: str) -> list[tuple[float, str]]:
+    return [(y_max * i / 4, _label(y_max * i / 4, y_fmt)) for i in range(5)]
+
+
+def _pad_for(ticks: list[tuple[float, str]]) -> float:
+    """The left margin that holds the longest tick label whole."""
+    return max(_PAD, 12 + _CHAR_W * max((len(label) for _, label in ticks), default=0))
 
 
 def _label(value: float, y_fmt: str) -> str:
@@ -137,18 +164,19 @@ def _grid(
     x_label: str,
     x_ticks: bool = True,
 ) -> list[str]:
+    pad = _pad_for(ticks)
     parts = [
-        f'<line x1="{_PAD}" y1="{_H - 30}" x2="{_W - 10}" y2="{_H - 30}" stroke="#999"/>',
-        f'<line x1="{_PAD}" y1="10" x2="{_PAD}" y2="{_H - 30}" stroke="#999"/>',
+        f'<line x1="{pad}" y1="{_H - 30}" x2="{_W - 10}" y2="{_H - 30}" stroke="#999"/>',
+        f'<line x1="{pad}" y1="10" x2="{pad}" y2="{_H - 30}" stroke="#999"/>',
     ]
     for value, label in ticks:
         y = _y(value, low, high)
-        parts.append(f'<line x1="{_PAD}" y1="{y:.1f}" x2="{_W - 10}" y2="{y:.1f}" stroke="#eee"/>')
-        parts.append(_text(_PAD - 4, y + 4, label, anchor="end"))
+        parts.append(f'<line x1="{pad}" y1="{y:.1f}" x2="{_W - 10}" y2="{y:.1f}" stroke="#eee"/>')
+        parts.append(_text(pad - 4, y + 4, label, anchor="end"))
     for i in range(5 if x_ticks else 0):
         value = x_min + (x_max - x_min) * i / 4
-        x = _PAD + (_W - _PAD - 10) * i / 4
-        parts.append(_text(x, _H - 16, f"{value:,.0f}", anchor="middle"))
+        x = pad + (_W - pad - 10) * i / 4
+        parts.append(_text(x, _H - 16, f"{value:,.0f}", anchor="middle", tick_end=i == 4))
     parts.append(_text(_W / 2, _H - 2, x_label, 11, "middle"))
     return parts
 
@@ -177,11 +205,13 @@ def line_chart(
     x_max = max(*(x for x, _ in points), x_min + 1)
     if zero_based:
         low, high = 0.0, _nice_max(max(y for _, y in points))
-        grid = _axes(high, y_fmt, x_min, x_max, x_label)
+        ticks = _zero_ticks(high, y_fmt)
     else:
         values, decimals = _nice_range(min(y for _, y in points), max(y for _, y in points))
         low, high = values[0], values[-1]
-        grid = _grid([(v, f"{v:,.{decimals}f}") for v in values], low, high, x_min, x_max, x_label)
+        ticks = [(v, f"{v:,.{decimals}f}") for v in values]
+    grid = _grid(ticks, low, high, x_min, x_max, x_label)
+    pad = _pad_for(ticks)
     parts = [
         f'<svg id="{chart_id}" class="chart" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
         'xmlns="http://www.w3.org/2000/svg" role="img">',
@@ -192,8 +222,8 @@ def line_chart(
     for line in shown:
         if not line.points:
             continue
-        width = (_W - _PAD - 10) / (x_max - x_min)
-        xy = [(_PAD + width * (x - x_min), _y(y, low, high)) for x, y in line.points]
+        width = (_W - pad - 10) / (x_max - x_min)
+        xy = [(pad + width * (x - x_min), _y(y, low, high)) for x, y in line.points]
         parts.append(_polyline(line, xy))
         if markers:
             parts += _markers(line, xy, y_fmt)
@@ -522,7 +552,36 @@ def _last_metrics_table(report: Report) -> str:
     return f"<table>{head}{body}</table>" if rows else ""
 
 
-def render_html(report: Report) -> str:
+def trace_cell(trace_id: str, span_id: str, links: TraceLinks | None) -> str:
+    """A trace id as a table cell: a link into the trace backend where ``TRAINTEL_TRACE_URL`` says."""
+    url = links.url(trace_id, span_id) if links is not None else None
+    code = f"<code>{_e(trace_id)}</code>"
+    return f'<td><a href="{_e(url)}">{code}</a></td>' if url else f"<td>{code}</td>"
+
+
+def config_panel(config: dict[str, object], highlight: frozenset[str] = frozenset()) -> str:
+    """The run's training configuration, as ``set_training_config`` and ``TRAINTEL_*`` left it."""
+    if not config:
+        return '<p class="none">no configuration recorded (the telemetry_initialization event)</p>'
+    rows = "".join(
+        f"<tr{' class=diff' if name in highlight else ''}><td>{_e(name)}</td>"
+        f"<td>{_e(plain_number(value))}</td></tr>"
+        for name, value in sorted(config.items())
+    )
+    return f'<table class="config"><tr><th>setting</th><th>value</th></tr>{rows}</table>'
+
+
+def page(title: str, sections: Sequence[str]) -> str:
+    """A self-contained page: inline style, no script, nothing fetched."""
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        + "\n".join(sections)
+        + "</body></html>\n"
+    )
+
+
+def render_html(report: Report, links: TraceLinks | None = None) -> str:
     s = report.summary
     value = s.summary_value
     title = f"traintel report · {', '.join(sorted(s.services)) or 'run'}"
@@ -567,12 +626,15 @@ def render_html(report: Report) -> str:
     if report.stats.skipped:
         warnings += f'<li class="warn">unreadable lines skipped: {report.stats.skipped:,}</li>'
     slowest = "".join(
-        f"<tr><td>{it}</td><td>{_e(fmt_s(sec))}</td><td><code>{_e(t)}</code></td><td><code>{_e(sp)}</code></td></tr>"
+        f"<tr><td>{it}</td><td>{_e(fmt_s(sec))}</td>{trace_cell(t, sp, links)}"
+        f"<td><code>{_e(sp)}</code></td></tr>"
         for sec, t, sp, it in sorted(s.slowest, reverse=True)
     )
     sections = [
         f"<h1>{_e(title)}</h1><p class='sub'>{_e(identity)}</p>",
         f"<table>{headline_rows}</table>",
+        "<h2>Configuration</h2>",
+        config_panel(report.config),
         "<h2>Timeline</h2>",
         gantt(report),
         "<h2>Wall time by phase</h2>",
@@ -600,9 +662,4 @@ def render_html(report: Report) -> str:
         "<h2>Warnings</h2>",
         f"<ul>{warnings}</ul>" if warnings else '<p class="none">none</p>',
     ]
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
-        + "\n".join(sections)
-        + "</body></html>\n"
-    )
+    return page(title, sections)

@@ -20,6 +20,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from traintel.analysis.links import TraceLinks
 from traintel.analysis.report import Report
 from traintel.analysis.summary import (
     energy_figures,
@@ -74,7 +75,7 @@ def _table(title: str, *columns: str, values_left: bool = False) -> Table:
     return table
 
 
-def renderables(report: Report, width: int = 110) -> list[RenderableType]:
+def renderables(report: Report, width: int = 110, links: TraceLinks | None = None) -> list[RenderableType]:
     """The report's tables for a console ``width`` columns wide, in reading order; sections with
     nothing to show are left out."""
     sections = (
@@ -84,7 +85,7 @@ def renderables(report: Report, width: int = 110) -> list[RenderableType]:
         _model_metrics_table(report),
         _checkpoint_table(report),
         *_goodput_tables(report),
-        _slowest_table(report),
+        *_slowest_tables(report, links),
         *_ranks_tables(report),
         _warnings_table(report),
     )
@@ -200,9 +201,11 @@ def _goodput_tables(report: Report) -> list[Table]:
     return tables
 
 
-def _slowest_table(report: Report) -> Table | None:
+def _slowest_tables(report: Report, links: TraceLinks | None) -> list[RenderableType]:
+    """The slowest exported iterations with their ids, and each one's link into the trace
+    backend below the table where ``TRAINTEL_TRACE_URL`` is set (a URL in a cell would not fit)."""
     if not report.summary.slowest:
-        return None
+        return []
     slow = _table(
         "Slowest exported iterations (open in Jaeger/Tempo by id)",
         "iteration",
@@ -210,9 +213,13 @@ def _slowest_table(report: Report) -> Table | None:
         "trace id",
         "span id",
     )
+    urls = []
     for seconds, trace_id, span_id, iteration in sorted(report.summary.slowest, reverse=True):
         slow.add_row(str(iteration), fmt_s(seconds), trace_id, span_id)
-    return slow
+        url = links.url(trace_id, span_id) if links is not None else None
+        if url:
+            urls.append(f"iteration {iteration}: {url}")
+    return [slow, Text("\n".join(urls), overflow="ignore", no_wrap=True)] if urls else [slow]
 
 
 def _ranks_tables(report: Report) -> list[Table]:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+import itertools
 import math
 import os
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from traintel import semconv
 from traintel._aggregation.stats import percentile
+from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.run_info import RunsSeen, run_key
 from traintel.exporters.json_records import MetricsRecord
@@ -66,6 +69,8 @@ __all__ = [
     "summarize",
 ]
 
+#: The width every line keeps to where it can (an 80-column terminal); ids get lines of their own.
+_COLUMNS_WIDE = 80
 #: Decimals of the smallest fraction ``plain_number`` spells out (``0.000…01``); below it, 0.
 _MAX_DECIMALS = 24
 
@@ -504,19 +509,28 @@ def phase_rows(summary: RunSummary) -> list[PhaseRow]:
     return sorted(rows, key=lambda r: _PHASE_ORDER.get(r.phase, 99))
 
 
-def render(summary: RunSummary) -> str:
-    """The summary as plain text for a terminal."""
-    return "\n".join(
-        [
-            *_run_lines(summary),
-            *_phase_lines(summary),
-            *_iteration_lines(summary),
-            *_rate_lines(summary),
-            *_model_metric_lines(summary),
-            *_export_lines(summary),
-            *_telemetry_lines(summary),
-        ]
+def render(summary: RunSummary, links: TraceLinks | None = None) -> str:
+    """The summary as plain text for a terminal; trace ids with their links where
+    ``TRAINTEL_TRACE_URL`` sets them."""
+    prose = (
+        _run_lines(summary),
+        _iteration_lines(summary),
+        _rate_lines(summary),
+        _model_metric_lines(summary),
+        _export_lines(summary, links),
+        _telemetry_lines(summary),
     )
+    run, *rest = [[wrapped for line in lines for wrapped in _fit(line)] for lines in prose]
+    return "\n".join([*run, *_phase_lines(summary), *itertools.chain.from_iterable(rest)])
+
+
+def _fit(line: str) -> list[str]:
+    """A line in 80 columns, continued indented; never breaking a word (ids, paths, links)."""
+    if len(line) <= _COLUMNS_WIDE:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip()) + 2)
+    return textwrap.wrap(line, _COLUMNS_WIDE, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False)  # fmt: skip
 
 
 def _run_lines(summary: RunSummary) -> list[str]:
@@ -528,10 +542,9 @@ def _run_lines(summary: RunSummary) -> list[str]:
     ]
     if summary.session_tags and summary.session_tags != summary.run_ids:
         ident.insert(2, f"session {', '.join(sorted(summary.session_tags))}")
-    lines = [
-        "Run: " + " | ".join(ident),
-        f"Spans read: {summary.spans:,} from {summary.stats.files:,} file(s)",
-    ]
+    run = "Run: " + " | ".join(ident)
+    lines = [run] if len(run) <= _COLUMNS_WIDE else ["Run:", *(f"  {item}" for item in ident)]
+    lines.append(f"Spans read: {summary.spans:,} from {summary.stats.files:,} file(s)")
     if summary.stats.skipped:
         lines.append(f"Skipped lines: {summary.stats.skipped} ({'; '.join(summary.stats.reasons[:3])})")
     return lines
@@ -572,10 +585,10 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
         return []
     lines = [
         "",
-        f"Iterations: {plain_number(iterations if iterations is not None else n)}  "
-        f"mean {fmt_seconds(value('iteration_time.mean'))}  p50 {fmt_seconds(value('iteration_time.p50'))}  "
-        f"p90 {fmt_seconds(value('iteration_time.p90'))}  p99 {fmt_seconds(value('iteration_time.p99'))}"
-        "  (after warm-up)",
+        f"Iterations: {plain_number(iterations if iterations is not None else n)} (after warm-up)",
+        f"  mean {fmt_seconds(value('iteration_time.mean'))}  "
+        f"p50 {fmt_seconds(value('iteration_time.p50'))}  p90 {fmt_seconds(value('iteration_time.p90'))}  "
+        f"p99 {fmt_seconds(value('iteration_time.p99'))}",
     ]
     first = value("first_iteration_time")
     if first is not None:
@@ -675,7 +688,7 @@ def _metric_text(name: str, stats: dict[str, Any]) -> str:
     return f"{name} {last}" + (f" (mean {mean})" if "mean" in stats and mean != last else "")
 
 
-def _export_lines(summary: RunSummary) -> list[str]:
+def _export_lines(summary: RunSummary, links: TraceLinks | None) -> list[str]:
     """Which iterations were exported as spans, the slowest of them, and the notable events."""
     lines = []
     if summary.exported_iterations:
@@ -685,10 +698,11 @@ def _export_lines(summary: RunSummary) -> list[str]:
         exported = sum(summary.exported_iterations.values())
         lines.append(f"Iterations exported as spans: {exported} ({reasons})")
         for seconds, trace_id, span_id, iteration in sorted(summary.slowest, reverse=True)[:3]:
-            lines.append(
-                f"  slowest exported: iteration {iteration} {fmt_seconds(seconds)}  "
-                f"trace {trace_id} span {span_id}"
-            )
+            lines.append(f"  slowest exported: iteration {iteration} {fmt_seconds(seconds)}")
+            lines.append(f"    trace {trace_id} span {span_id}")
+            url = links.url(trace_id, span_id) if links is not None else None
+            if url:
+                lines.append(f"    {url}")
     notable = {
         k: v
         for k, v in summary.events.items()

@@ -5,10 +5,15 @@ from __future__ import annotations
 import math
 
 from traintel.analysis.goodput.sessions import JobGoodput, SessionGoodput
+from traintel.analysis.links import TraceLinks
 from traintel.semconv import BADPUT_CATEGORIES
 
+#: Every line fits this many columns (terminals, CI logs), whatever the numbers; ids and links
+#: get lines of their own.
+COLUMNS = 80
 
-def _bar(share: float, width: int = 30) -> str:
+
+def _bar(share: float, width: int = 24) -> str:
     share = min(1.0, max(0.0, share))
     return "#" * round(share * width)
 
@@ -19,55 +24,37 @@ def _clock(ns: int) -> str:
     return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def render_goodput(results: list[SessionGoodput]) -> str:
-    """The tables a person reads."""
+def render_goodput(results: list[SessionGoodput], links: TraceLinks | None = None) -> str:
+    """The tables a person reads, in 80 columns; trace ids with their links where
+    ``TRAINTEL_TRACE_URL`` sets them."""
     if not results:
         return "no training sessions found"
     lines: list[str] = []
     for r in results:
         tags = f" (perf_tag {', '.join(r.perf_tags)})" if r.perf_tags else ""
         lines.append(f"session {r.session}{tags}")
+        lines.append(f"  {_clock(r.start_ns)} -> {_clock(r.end_ns)} UTC, {r.total_s:,.1f} s")
         lines.append(
-            f"  {_clock(r.start_ns)} -> {_clock(r.end_ns)} UTC, {r.total_s:,.1f} s, {len(r.jobs)} job(s), "
-            f"{r.disruptions} disruption(s), last iteration {r.last_iteration}"
+            f"  {len(r.jobs)} job(s), {r.disruptions} disruption(s), last iteration {r.last_iteration}"
         )
-        lines.append(f"  {'goodput':<26}{r.goodput:8.2%}  {r.productive_s:12.1f} s  {_bar(r.goodput)}")
+        lines.append(f"  {'goodput':<24}{r.goodput:8.2%}{r.productive_s:12.1f} s  {_bar(r.goodput)}")
         for category in BADPUT_CATEGORIES:
             share = r.badput(category)
             lines.append(
-                f"  {'badput ' + category:<26}{share:8.2%}  {r.badput_s[category]:12.1f} s  {_bar(share)}"
+                f"  {'badput ' + category:<24}{share:8.2%}{r.badput_s[category]:12.1f} s  {_bar(share)}"
             )
         layers = r.layers()
         lines.append(
             f"  layers: infrastructure {layers['infrastructure']['badput']:.2%} badput, "
             f"framework {layers['framework']['badput']:.2%} badput"
-            + (
-                f", model MFU over productive time {r.model_flops_utilization:.2%}"
-                if r.model_flops_utilization is not None
-                else ""
-            )
         )
+        if r.model_flops_utilization is not None:
+            lines.append(f"  model: MFU over productive time {r.model_flops_utilization:.2%}")
         if r.energy_j.get("total"):
             lines.append(_energy_line(r.energy_j))
-        if r.ideal_step_time_s:
-            lines.append(
-                f"  ideal step time {r.ideal_step_time_s * 1e3:.2f} ms (mean of steps <= median + 3 MAD)"
-            )
-            if r.recent_deviation:
-                last = r.recent_deviation[-1]
-                lines.append(
-                    f"  last window deviation: p50 {last['p50']:+.1%}  p90 {last['p90']:+.1%}  "
-                    f"p99 {last['p99']:+.1%}"
-                )
-            for entry in r.most_deviating:
-                ids = f"  trace {entry['trace_id']} span {entry['span_id']}" if "trace_id" in entry else ""
-                lines.append(
-                    f"    iteration {entry['iteration']}: {entry['seconds'] * 1e3:.1f} ms "
-                    f"({entry['deviation']:+.0%}){ids}"
-                )
+        lines.extend(_step_time_lines(r, links))
         lines.append(
-            f"  {'job (run id, restart)':<40}{'ranks':>6}{'start':>21}{'seconds':>11}{'goodput':>9}  "
-            f"{'iterations':<15}status"
+            f"  {'job (run id, restart)':<24}{'ranks':>6}{'start (UTC)':>21}{'seconds':>11}{'goodput':>9}"
         )
         for j in r.jobs:
             lines.extend(_job_lines(j))
@@ -81,21 +68,45 @@ def _energy_line(energy: dict[str, float]) -> str:
     return f"  GPU energy {total / 1e3:,.1f} kJ (all ranks)" + (f": {parts}" if parts else "")
 
 
+def _step_time_lines(r: SessionGoodput, links: TraceLinks | None) -> list[str]:
+    if not r.ideal_step_time_s:
+        return []
+    lines = [f"  ideal step time {r.ideal_step_time_s * 1e3:.2f} ms (mean of steps <= median + 3 MAD)"]
+    if r.recent_deviation:
+        last = r.recent_deviation[-1]
+        lines.append(
+            f"  last window deviation: p50 {last['p50']:+.1%}  p90 {last['p90']:+.1%}  p99 {last['p99']:+.1%}"
+        )
+    for entry in r.most_deviating:
+        lines.append(
+            f"    iteration {entry['iteration']}: {entry['seconds'] * 1e3:.1f} ms ({entry['deviation']:+.0%})"
+        )
+        if "trace_id" in entry:
+            lines.append(f"      trace {entry['trace_id']} span {entry['span_id']}")
+            url = links.url(entry["trace_id"], entry["span_id"]) if links is not None else None
+            if url:
+                lines.append(f"      {url}")
+    return lines
+
+
 def _job_lines(j: JobGoodput) -> list[str]:
-    """A job's row of the table, and what of it was inferred."""
+    """A job's row of the table (its run id cut to fit; whole in ``--json``), its iterations
+    and status, and what of it was inferred."""
     iterations = f"{j.first_iteration}-{j.last_iteration}" if j.first_iteration is not None else "-"
-    name = f"{j.run_id[:32]}, {j.restart}"
+    run_id = j.run_id if len(j.run_id) <= 18 else j.run_id[:17] + "…"
+    name = f"{run_id}, {j.restart}"
     lines = [
-        f"  {name:<40}{len(j.ranks):>6}{_clock(j.start_ns):>21}{j.total_s:>11.1f}{j.goodput:>9.2%}  "
-        f"{iterations:<15}{j.status}"
+        f"  {name:<24}{len(j.ranks):>6}{_clock(j.start_ns):>21}{j.total_s:>11.1f}{j.goodput:>9.2%}",
+        f"    iterations {iterations}, {j.status}",
     ]
     tail = j.inferred_tail
     if tail is not None:
         missing = f", {tail.missing_iterations} not exported (not counted)" if tail.missing_iterations else ""
         lines.append(
             f"    iterations {tail.first_iteration}-{tail.last_iteration} after the last window "
-            f"record: counted from {tail.exported_iterations} exported iteration spans{missing}"
+            f"record: counted from {tail.exported_iterations} exported"
         )
+        lines.append(f"    iteration spans{missing}")
     return lines
 
 

@@ -1,0 +1,245 @@
+"""``traintel compare --html``: several runs on one page, their curves overlaid.
+
+What a W&B or TensorBoard user looks for first: a table of the runs (when, how long, how far,
+with which settings, how well) and each curve of every run on one chart against the iteration
+number. Drawn with the same hand-written SVG as ``report --html`` (see there why: one
+self-contained page, no script, nothing fetched when it is opened): line charts over at most a
+few hundred points per run need no charting library, and the page stays a few dozen kB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from traintel.analysis.compare import Comparison, Difference, goodput_of, letter
+from traintel.analysis.links import TraceLinks
+from traintel.analysis.report import Process, Report, WindowPoint
+from traintel.analysis.report_html import (
+    _PALETTE,
+    ChartLine,
+    _e,
+    _text,
+    config_panel,
+    line_chart,
+    page,
+    trace_cell,
+)
+from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
+from traintel.semconv import BADPUT_CATEGORIES
+
+_W = 760
+
+
+def _reference(report: Report) -> Process | None:
+    """The process whose curves stand for the run: its lowest rank (every rank runs the same
+    iterations; the report's heatmap shows them apart)."""
+    ordered = sorted(report.processes.values(), key=lambda p: (p.rank, p.key))
+    return next((p for p in ordered if p.timing() or p.series.all() or p.metrics), None)
+
+
+def _lines(
+    reports: list[Report],
+    points: Callable[[Process], list[WindowPoint]],
+    value: Callable[[WindowPoint], float | None],
+) -> list[ChartLine]:
+    lines = []
+    for n, report in enumerate(reports):
+        process = _reference(report)
+        if process is None:
+            continue
+        kept = [(p, y) for p in points(process) if (y := value(p)) is not None]
+        if kept:
+            label = letter(n)
+            lines.append(
+                ChartLine(
+                    label,
+                    _PALETTE[n % len(_PALETTE)],
+                    [(float(p.last_iteration), float(y)) for p, y in kept],
+                    tips=[
+                        f"{label}: iterations {p.first_iteration:,}-{p.last_iteration:,}: {y:.6g}"
+                        for p, y in kept
+                    ],
+                )
+            )
+    return lines
+
+
+def _metric_lines(reports: list[Report], name: str) -> list[ChartLine]:
+    lines = []
+    for n, report in enumerate(reports):
+        process = _reference(report)
+        series = process.metrics.get(name) if process is not None else None
+        if series is None:
+            continue
+        points = series.all()
+        label = letter(n)
+        lines.append(
+            ChartLine(
+                label,
+                _PALETTE[n % len(_PALETTE)],
+                [(float(p.last_iteration), p.mean if p.mean is not None else p.last) for p in points],
+                tips=[f"{label} · {name}, iterations {p.first_iteration:,}-{p.last_iteration:,}: "
+                      f"mean {fmt_num(p.mean)}, last {fmt_num(p.last)}" for p in points],
+            )
+        )  # fmt: skip
+    return lines
+
+
+def _clock(ns: int) -> str:
+    if not ns:
+        return "-"
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def run_table(reports: list[Report], names: list[str], comparison: Comparison) -> str:
+    """One row per run: who, when, how long, how far, goodput, MFU, and the settings that differ."""
+    differing = comparison.config_differences
+    head = (
+        "<tr><th>run</th><th>start (UTC)</th><th>duration</th><th>iterations</th><th>goodput</th><th>MFU</th>"
+    )
+    head += "<th>settings that differ</th></tr>"
+    rows = []
+    for n, (report, name) in enumerate(zip(reports, names, strict=True)):
+        data = report.as_dict()
+        settings = (
+            "; ".join(f"{key} = {fmt_num(values[n])}" for key, values in differing.items()) or "same as A"
+        )
+        colour = _PALETTE[n % len(_PALETTE)]
+        rows.append(
+            f'<tr><td><b style="color:{colour}">{letter(n)}</b> {_e(name)}</td>'
+            f"<td>{_clock(report.start_ns)}</td>"
+            f"<td>{_e(fmt_s(report.duration_s))}</td><td>{_e(fmt_num(data['iterations']['count']))}</td>"
+            f"<td>{_e(fmt_pct(goodput_of(data)))}</td><td>{_e(fmt_pct(data['throughput']['mfu']))}</td>"
+            f'<td class="{"diff" if differing else ""}">{_e(settings)}</td></tr>'
+        )
+    return f'<table class="runs">{head}{"".join(rows)}</table>'
+
+
+def _cell(d: Difference, n: int) -> str:
+    value = d.values[n]
+    shown = fmt_s(value) if d.unit == "s" else fmt_pct(value) if d.unit == "%" else fmt_num(value)
+    change = d.changes[n]
+    if n == 0 or change is None:
+        return f"<td>{_e(shown)}</td>"
+    title = f"{100 * change:+.1f}% against A" + (f": {d.verdicts[n]}" if d.verdicts[n] else "")
+    verdict = f' class="{d.verdicts[n]}"' if d.verdicts[n] else ""
+    return f'<td{verdict} title="{_e(title)}">{_e(shown)} <small>({100 * change:+.1f}%)</small></td>'
+
+
+def differences_table(comparison: Comparison, runs: int) -> str:
+    """Every metric, each run's value with its change against A; worse in red, better in green."""
+    head = "<tr><th>metric</th>" + "".join(f"<th>{letter(n)}</th>" for n in range(runs)) + "</tr>"
+    rows = [
+        f"<tr><td>{_e(d.metric)}</td>" + "".join(_cell(d, n) for n in range(runs)) + "</tr>"
+        for d in comparison.differences
+        if any(v is not None for v in d.values)
+    ]
+    flagged = comparison.flagged()
+    summary = f"{len(flagged)} significant difference(s) at ±{100 * comparison.threshold:g}%" + (
+        ": " + ", ".join(d.metric for d in flagged) if flagged else ""
+    )
+    return f"<p>{_e(summary)}</p><table>{head}{''.join(rows)}</table>"
+
+
+def goodput_bars(reports: list[Report]) -> str:
+    """One stacked bar per run: productive time, then each badput category, as shares of its
+    wall time (runs of different lengths compare by share)."""
+    categories = [
+        c for c in BADPUT_CATEGORIES if any(s.badput_s.get(c, 0.0) > 0 for r in reports for s in r.goodput)
+    ]
+    colours = {"productive": "#59a14f"} | {
+        c: _PALETTE[(i + 1) % len(_PALETTE)] for i, c in enumerate(categories)
+    }
+    label_w, bar_h = 60, 22
+    height = 10 + bar_h * len(reports) + 30
+    scale = _W - label_w - 20
+    parts = [f'<svg id="goodput" class="chart" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" '
+             'xmlns="http://www.w3.org/2000/svg" role="img">']  # fmt: skip
+    for n, report in enumerate(reports):
+        y = 10 + n * bar_h
+        total = sum(s.total_s for s in report.goodput)
+        parts.append(_text(label_w - 8, y + 15, letter(n), 11, "end", bold=True))
+        if total <= 0:
+            parts.append(_text(label_w, y + 15, "no goodput data"))
+            continue
+        x = float(label_w)
+        shares = [("productive", sum(s.productive_s for s in report.goodput))]
+        shares += [(c, sum(s.badput_s.get(c, 0.0) for s in report.goodput)) for c in categories]
+        for name, seconds in shares:
+            width = scale * seconds / total
+            if width <= 0:
+                continue
+            tip = f"{letter(n)} {name}: {fmt_s(seconds)} ({fmt_pct(seconds / total)})"
+            parts.append(
+                f'<rect class="bar" x="{x:.1f}" y="{y + 2}" width="{width:.1f}" height="{bar_h - 4}" '
+                f'fill="{colours[name]}"><title>{_e(tip)}</title></rect>'
+            )
+            x += width
+    parts.append("</svg>")
+    legend = "".join(f'<span><i style="background:{colours[c]}"></i>{_e(c)}</span>' for c in colours)
+    return "".join(parts) + f'<div class="legend">{legend}</div>'
+
+
+def _slowest(reports: list[Report], links: TraceLinks | None) -> str:
+    rows = [
+        f"<tr><td>{letter(n)}</td><td>{it:,}</td><td>{_e(fmt_s(sec))}</td>{trace_cell(t, sp, links)}</tr>"
+        for n, report in enumerate(reports)
+        for sec, t, sp, it in sorted(report.summary.slowest, reverse=True)[:3]
+    ]
+    if not rows:
+        return '<p class="none">none exported</p>'
+    return (
+        "<table><tr><th>run</th><th>iteration</th><th>time</th><th>trace id</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def render_compare_html(
+    reports: list[Report], names: list[str], comparison: Comparison, links: TraceLinks | None = None
+) -> str:
+    """The page: the runs, the differences, the curves of every run overlaid, the configurations."""
+    throughput_key = (
+        "tokens_per_second"
+        if any(r.summary.summary_value("tokens_per_second") for r in reports)
+        else "samples_per_second"
+    )
+    unit = "tokens" if throughput_key.startswith("tokens") else "samples"
+    legend = " · ".join(f"{letter(n)} = {name}" for n, name in enumerate(names))
+    curves = [
+        ("Iteration time per window (mean)", "s", _lines(reports, Process.timing, lambda p: p.mean_s), True),
+        (f"Throughput per window ({unit}/s)", "n",
+         _lines(reports, lambda p: p.series.all(), lambda p: getattr(p, throughput_key)), True),
+        ("MFU per window", "%", _lines(reports, Process.timing, lambda p: p.mfu), True),
+    ]  # fmt: skip
+    names_of_metrics = sorted({name for r in reports for name in r.model_metric_names()})
+    curves += [
+        (f"{name} (mean per window)", "n", _metric_lines(reports, name), False) for name in names_of_metrics
+    ]
+    sections = [
+        f"<h1>traintel compare · {len(reports)} runs</h1><p class='sub'>{_e(legend)}</p>",
+        "<h2>Runs</h2>",
+        run_table(reports, names, comparison),
+        "<h2>Differences against A</h2>",
+        differences_table(comparison, len(reports)),
+    ]
+    if not comparison.perf_tags_match:
+        tags = "; ".join(f"{letter(n)}: {', '.join(t) or '-'}" for n, t in enumerate(comparison.perf_tags))
+        sections.append(
+            f'<p class="warn">perf tags differ ({_e(tags)}): these runs may not be meant to perform alike</p>'
+        )
+    for i, (title, fmt, lines, zero_based) in enumerate(curves):
+        if not lines:
+            continue
+        sections.append(f"<h2>{_e(title)}</h2>")
+        sections.append(line_chart(lines, fmt, "iteration", f"curve-{i}", zero_based=zero_based))
+    sections += ["<h2>Goodput (share of wall time)</h2>", goodput_bars(reports)]
+    sections += ["<h2>Slowest exported iterations</h2>", _slowest(reports, links), "<h2>Configurations</h2>"]
+    differing = frozenset(comparison.config_differences)
+    for n, report in enumerate(reports):
+        sections.append(
+            f"<details{' open' if n < 2 else ''}><summary>{letter(n)}: {_e(names[n])}</summary>"
+            f"{config_panel(report.config, differing)}</details>"
+        )
+    return page(f"traintel compare · {len(reports)} runs", sections)
