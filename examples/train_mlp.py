@@ -15,14 +15,18 @@ import argparse
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+# torch built without NumPy says so on import; this job does not use NumPy
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-import traintel
-from traintel.analysis.summary import render, summarize
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import traintel  # noqa: E402
+from traintel.analysis.summary import render, summarize  # noqa: E402
 
 
 def make_data(
@@ -57,7 +61,7 @@ def forever(loader: DataLoader[tuple[torch.Tensor, ...]]):  # type: ignore[no-un
 
 
 @traintel.application()
-def main(iterations: int, batch_size: int, workdir: Path) -> None:
+def main(iterations: int, batch_size: int, workdir: Path, lr: float = 3e-3) -> None:
     torch.manual_seed(0)
     with traintel.data_loader_init():
         train_data, val_data = make_data(8192, 1024, features=32, classes=4)
@@ -70,7 +74,7 @@ def main(iterations: int, batch_size: int, workdir: Path) -> None:
             nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4)
         )
     with traintel.optimizer_init():
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
     checkpoint = workdir / "checkpoint.pt"
 
@@ -133,9 +137,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="traintel-demo-") as tmp:
-        main(args.iterations, args.batch_size, Path(tmp))
+        main(args.iterations, args.batch_size, Path(tmp), args.lr)
     telemetry = traintel.get_telemetry()
     output = telemetry.output_file
     traintel.shutdown()  # flush now so the file is complete before we read it back

@@ -20,7 +20,6 @@ from traintel.analysis.report_html import (
     ChartLine,
     _e,
     _text,
-    config_panel,
     line_chart,
     page,
     trace_cell,
@@ -107,8 +106,8 @@ def run_table(reports: list[Report], names: list[str], comparison: Comparison) -
         )
         colour = _PALETTE[n % len(_PALETTE)]
         rows.append(
-            f'<tr><td><b style="color:{colour}">{letter(n)}</b> {_e(name)}</td>'
-            f"<td>{_clock(report.start_ns)}</td>"
+            f'<tr><td class="name"><b style="color:{colour}">{letter(n)}</b> {_e(name)}</td>'
+            f'<td class="when">{_clock(report.start_ns)}</td>'
             f"<td>{_e(fmt_s(report.duration_s))}</td><td>{_e(fmt_num(data['iterations']['count']))}</td>"
             f"<td>{_e(fmt_pct(goodput_of(data)))}</td><td>{_e(fmt_pct(data['throughput']['mfu']))}</td>"
             f'<td class="{"diff" if differing else ""}">{_e(settings)}</td></tr>'
@@ -181,6 +180,21 @@ def goodput_bars(reports: list[Report]) -> str:
     return "".join(parts) + f'<div class="legend">{legend}</div>'
 
 
+def config_table(reports: list[Report]) -> str:
+    """Every setting of every run side by side, a row highlighted where the runs differ."""
+    names = sorted({name for report in reports for name in report.config})
+    if not names:
+        return '<p class="none">no configuration recorded (the telemetry_initialization event)</p>'
+    head = "<tr><th>setting</th>" + "".join(f"<th>{letter(n)}</th>" for n in range(len(reports))) + "</tr>"
+    rows = []
+    for name in names:
+        values = [report.config.get(name) for report in reports]
+        differs = any(value != values[0] for value in values)
+        cells = "".join(f"<td>{_e('-' if v is None else fmt_num(v))}</td>" for v in values)
+        rows.append(f"<tr{' class=diff' if differs else ''}><td>{_e(name)}</td>{cells}</tr>")
+    return f'<table class="config">{head}{"".join(rows)}</table>'
+
+
 def _slowest(reports: list[Report], links: TraceLinks | None) -> str:
     rows = [
         f"<tr><td>{letter(n)}</td><td>{it:,}</td><td>{_e(fmt_s(sec))}</td>{trace_cell(t, sp, links)}</tr>"
@@ -235,11 +249,6 @@ def render_compare_html(
         sections.append(f"<h2>{_e(title)}</h2>")
         sections.append(line_chart(lines, fmt, "iteration", f"curve-{i}", zero_based=zero_based))
     sections += ["<h2>Goodput (share of wall time)</h2>", goodput_bars(reports)]
-    sections += ["<h2>Slowest exported iterations</h2>", _slowest(reports, links), "<h2>Configurations</h2>"]
-    differing = frozenset(comparison.config_differences)
-    for n, report in enumerate(reports):
-        sections.append(
-            f"<details{' open' if n < 2 else ''}><summary>{letter(n)}: {_e(names[n])}</summary>"
-            f"{config_panel(report.config, differing)}</details>"
-        )
+    sections += ["<h2>Slowest exported iterations</h2>", _slowest(reports, links)]
+    sections += ["<h2>Configuration (settings that differ highlighted)</h2>", config_table(reports)]
     return page(f"traintel compare · {len(reports)} runs", sections)

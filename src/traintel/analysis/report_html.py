@@ -67,7 +67,8 @@ svg{display:block;margin:8px 0;background:#fcfcfd;border:1px solid #eee}
 tr.diff td,td.worse,td.better{font-weight:bold}tr.diff td{background:#fff4d6}
 td.worse{color:#c0392b;background:#fdecea}td.better{color:#1e7e34;background:#e8f5e9}
 details{margin:6px 0}summary{cursor:pointer;color:#555}
-td code{font-size:.85em}
+td code{font-size:.85em}td.name{text-align:left;word-break:break-all;max-width:300px}
+td.when{white-space:nowrap}
 """
 
 
@@ -177,7 +178,7 @@ def _grid(
         value = x_min + (x_max - x_min) * i / 4
         x = pad + (_W - pad - 10) * i / 4
         parts.append(_text(x, _H - 16, f"{value:,.0f}", anchor="middle", tick_end=i == 4))
-    parts.append(_text(_W / 2, _H - 2, x_label, 11, "middle"))
+    parts.append(_text(_W / 2, _H - 5, x_label, 11, "middle"))
     return parts
 
 
