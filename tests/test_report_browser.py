@@ -48,7 +48,8 @@ addEventListener("load", () => {
   const lr = [...document.querySelectorAll("h2,h3")].filter(h => h.textContent.startsWith("lr")).length;
   const out = document.createElement("pre");
   out.id = "probe";
-  out.textContent = JSON.stringify({clipped, sloped, lr, charts: document.querySelectorAll("svg.chart").length});
+  const charts = document.querySelectorAll("svg.chart").length;
+  out.textContent = JSON.stringify({clipped, sloped, lr, charts});
   document.body.appendChild(out);
 });
 </script>"""
