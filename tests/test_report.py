@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -26,9 +27,12 @@ from traintel.analysis.report_html import render_html
 from traintel.analysis.report_text import render_text
 
 
-def stepping(step: float, iterations: int = 6) -> Callable[[Job], None]:
+def stepping(step: float, iterations: int = 6, config: dict[str, Any] | None = None) -> Callable[[Job], None]:
     def build(job: Job) -> None:
         app = job.open("application", 0)
+        if config is not None:  # as traintel's own application span starts
+            attributes = {semconv.CONFIG_PREFIX + key: value for key, value in config.items()}
+            app.add_event(semconv.Event.TELEMETRY_INITIALIZATION.value, attributes, timestamp=at(0))
         job.span("model_init", 0, 10, app)
         loop = job.open("training_loop", 10, app)
         t = 10.0
@@ -330,3 +334,88 @@ def test_checkpoint_totals_count_every_save_past_the_kept_records(
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_compare_html_overlays_the_runs_and_tables_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, step, batch in (("a", 4, 8), ("b", 5, 16), ("c", 4, 8)):
+        config = {"global_batch_size": batch, "log_every_n_iterations": 2}
+        run_job(
+            tmp_path / name,
+            monkeypatch,
+            stepping(step, config=config),
+            run_id=f"run-{name}",
+            session=f"run-{name}",
+        )
+    page = tmp_path / "compare.html"
+    paths = [str(tmp_path / name) for name in "abc"]
+    code, out, _ = run_cli("compare", *paths, "--html", str(page), capsys=capsys)
+    assert code == 0 and out.strip() == f"HTML comparison: {page}"  # the page, not the tables again
+    html = page.read_text()
+    assert "<script" not in html and "http" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    rows = re.findall(r"<tr><td class=\"name\">(.*?)</tr>", html)
+    assert len(rows) == 3 and all(f"run-{name}" in row for name, row in zip("abc", rows, strict=True))
+    # the setting that differs, named in each run's row and highlighted in the configuration
+    assert [
+        re.search(r"global_batch_size = \d+", row)[0]
+        for row in rows  # type: ignore[index]
+    ] == ["global_batch_size = 8", "global_batch_size = 16", "global_batch_size = 8"]
+    assert re.search(r"<tr class=diff><td>global_batch_size</td><td>8</td><td>16</td><td>8</td></tr>", html)
+    assert "<tr><td>log_every_n_iterations</td><td>2</td><td>2</td><td>2</td></tr>" in html
+    # iteration time: one line per run, B slower (worse, in red), C the same as A
+    curve = re.search(r'<svg id="curve-0".*?</svg>', html, re.S)
+    assert curve is not None and curve[0].count('class="series"') == 3
+    mean_row = re.search(r"<tr><td>iteration time mean</td>(.*?)</tr>", html)
+    assert mean_row is not None and 'class="worse"' in mean_row[1] and "+25.0%" in mean_row[1]
+    assert html.count('<rect class="bar"') >= 3  # a goodput bar per run
+    code, out, _ = run_cli("compare", *paths, "--json", capsys=capsys)
+    data = json.loads(out)
+    assert data["runs"]["all"] == ["run-a", "run-b", "run-c"]
+    mean = next(d for d in data["differences"] if d["metric"] == "iteration time mean")
+    assert mean["values"] == [pytest.approx(4), pytest.approx(5), pytest.approx(4)]
+    assert mean["verdicts"] == ["", "worse", ""] and data["regressions"] == ["iteration time mean"]
+    assert data["config_differences"] == {"global_batch_size": [8, 16, 8]}
+
+
+def test_trace_ids_link_into_the_trace_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_job(tmp_path, monkeypatch, stepping(4))
+    monkeypatch.setenv("TRAINTEL_TRACE_URL", "http://localhost:16686/trace/{trace_id}?uiFind={span_id}")
+    trace_id, span_id = build_report([tmp_path]).summary.slowest[0][1:3]
+    url = f"http://localhost:16686/trace/{trace_id}?uiFind={span_id}"
+    page = tmp_path / "report.html"
+    assert run_cli("report", str(tmp_path), "--html", str(page), capsys=capsys)[0] == 0
+    assert f'<a href="{url}"><code>{trace_id}</code></a>' in page.read_text()
+    for command in ("report", "summary", "goodput"):  # (the slowest tie at 4 s: any of their spans)
+        code, out, _ = run_cli(command, str(tmp_path), capsys=capsys)
+        assert code == 0 and re.search(re.escape(url[:-16]) + r"[0-9a-f]{16}\n", out), command
+    monkeypatch.setenv("TRAINTEL_TRACE_URL", "http://localhost:16686/trace/")
+    code, _, err = run_cli("summary", str(tmp_path), capsys=capsys)
+    assert code == 2 and "TRAINTEL_TRACE_URL must contain {trace_id}" in err
+
+
+def test_report_html_has_a_configuration_panel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_job(tmp_path, monkeypatch, stepping(4, config={"global_batch_size": 32, "dtype": "bf16"}))
+    page = tmp_path / "report.html"
+    code, out, _ = run_cli("report", str(tmp_path), "--html", str(page), capsys=capsys)
+    assert code == 0 and out.strip() == f"HTML report: {page}"
+    html = page.read_text()
+    assert "<h2>Configuration</h2>" in html and "<tr><td>global_batch_size</td><td>32</td></tr>" in html
+    assert build_report([tmp_path]).as_dict()["config"]["global_batch_size"] == 32
+
+
+def test_summary_and_goodput_fit_80_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run ids are uuids, trace ids 32 hex digits: each gets a line of its own, never a wrap."""
+    uuid = "0123456789abcdef0123456789abcdef"
+    run_job(tmp_path, monkeypatch, stepping(4, iterations=12), run_id=uuid, session=uuid)
+    for command in ("summary", "goodput"):
+        code, out, _ = run_cli(command, str(tmp_path), capsys=capsys)
+        wide = [line for line in out.splitlines() if len(line) > 80]
+        assert code == 0 and not wide, f"{command}: {wide}"
+        assert "trace " in out, command  # the ids are there, on lines of their own

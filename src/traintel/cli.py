@@ -245,7 +245,7 @@ def _print_report_text(
 ) -> None:
     from rich.console import Console, Group
 
-    from traintel.analysis.report_text import renderables
+    from traintel.analysis.report_text import renderables, trace_links
 
     console = Console()
     if choice.note:
@@ -256,7 +256,9 @@ def _print_report_text(
             console.print(
                 section_title(run, n, len(reports)) + "\n", style="bold", markup=False, highlight=False
             )
-        console.print(Group(*renderables(report, console.width, links)))
+        console.print(Group(*renderables(report, console.width)))
+        for line in trace_links(report, links):
+            print(line)
 
 
 def _runs(args: argparse.Namespace) -> int:

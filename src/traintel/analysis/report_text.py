@@ -75,7 +75,7 @@ def _table(title: str, *columns: str, values_left: bool = False) -> Table:
     return table
 
 
-def renderables(report: Report, width: int = 110, links: TraceLinks | None = None) -> list[RenderableType]:
+def renderables(report: Report, width: int = 110) -> list[RenderableType]:
     """The report's tables for a console ``width`` columns wide, in reading order; sections with
     nothing to show are left out."""
     sections = (
@@ -85,7 +85,7 @@ def renderables(report: Report, width: int = 110, links: TraceLinks | None = Non
         _model_metrics_table(report),
         _checkpoint_table(report),
         *_goodput_tables(report),
-        *_slowest_tables(report, links),
+        _slowest_table(report),
         *_ranks_tables(report),
         _warnings_table(report),
     )
@@ -201,11 +201,20 @@ def _goodput_tables(report: Report) -> list[Table]:
     return tables
 
 
-def _slowest_tables(report: Report, links: TraceLinks | None) -> list[RenderableType]:
-    """The slowest exported iterations with their ids, and each one's link into the trace
-    backend below the table where ``TRAINTEL_TRACE_URL`` is set (a URL in a cell would not fit)."""
+def trace_links(report: Report, links: TraceLinks | None) -> list[str]:
+    """Each slowest exported iteration's link into the trace backend (``TRAINTEL_TRACE_URL``):
+    printed whole after the tables, as a URL in a table cell would be cut at the width."""
+    found = []
+    for _seconds, trace_id, span_id, iteration in sorted(report.summary.slowest, reverse=True):
+        url = links.url(trace_id, span_id) if links is not None else None
+        if url:
+            found.append(f"iteration {iteration} in the trace backend: {url}")
+    return found
+
+
+def _slowest_table(report: Report) -> Table | None:
     if not report.summary.slowest:
-        return []
+        return None
     slow = _table(
         "Slowest exported iterations (open in Jaeger/Tempo by id)",
         "iteration",
@@ -213,13 +222,9 @@ def _slowest_tables(report: Report, links: TraceLinks | None) -> list[Renderable
         "trace id",
         "span id",
     )
-    urls = []
     for seconds, trace_id, span_id, iteration in sorted(report.summary.slowest, reverse=True):
         slow.add_row(str(iteration), fmt_s(seconds), trace_id, span_id)
-        url = links.url(trace_id, span_id) if links is not None else None
-        if url:
-            urls.append(f"iteration {iteration}: {url}")
-    return [slow, Text("\n".join(urls), overflow="ignore", no_wrap=True)] if urls else [slow]
+    return slow
 
 
 def _ranks_tables(report: Report) -> list[Table]:
