@@ -31,6 +31,7 @@ from traintel._host.compute_dtype import forget_model
 from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
+from traintel._runtime.farewell import say_farewell
 from traintel._sdk.instruments import DEFERRED_CAPACITY
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
@@ -279,6 +280,9 @@ class Telemetry:
         if self.processor is not None:
             self.processor.disable()
         self._say_unrecorded_measurements()
+        say_farewell(
+            self.output_file, self.pipeline.trace_exporters, self.resource.attributes.get(semconv.RANK)
+        )
         return ok
 
     def _say_unrecorded_measurements(self) -> None:

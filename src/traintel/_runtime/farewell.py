@@ -1,0 +1,52 @@
+"""The line a job writes to standard error as its telemetry ends: where it went, how to read it.
+
+Why: a user's own ``train.py`` otherwise says nothing about its telemetry (W&B prints a link at
+the start and at the end of a run). One line, from rank 0 only, silenced by ``TRAINTEL_QUIET``:
+the file and the command that reads it, or the OTLP endpoint the spans were sent to.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from traintel.environment_variables import TRAINTEL_QUIET
+
+_OTLP_DEFAULTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318/v1/traces"}
+
+
+def otlp_traces_endpoint(environ: Mapping[str, str]) -> str:
+    """Where the OTLP span exporter sends, as the ``OTEL_*`` variables (or their defaults) say."""
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if endpoint:
+        return endpoint
+    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    return _OTLP_DEFAULTS.get(protocol or "grpc", _OTLP_DEFAULTS["grpc"])
+
+
+def farewell(
+    output: Path | None, trace_exporters: list[str], rank: object, environ: Mapping[str, str] = os.environ
+) -> str | None:
+    """The line to write, or None: another rank's job, ``TRAINTEL_QUIET``, or nothing known."""
+    if environ.get(TRAINTEL_QUIET, "").strip().lower() in ("1", "true", "yes", "on") or rank not in (0, None):
+        return None
+    sent = any(name.startswith("otlp") for name in trace_exporters)
+    where = f"was sent to {otlp_traces_endpoint(environ)} (OTLP)" if sent else ""
+    if output is not None:
+        where = f"{where} and is kept in {output}" if where else f"is in {output}"
+        folder = shlex.quote(str(output.parent))
+        return f"traintel: this run's telemetry {where}; read it with: traintel summary {folder}"
+    return f"traintel: this run's telemetry {where}" if where else None
+
+
+def say_farewell(output: Path | None, trace_exporters: list[str], rank: object) -> None:
+    """Write :func:`farewell`'s line; never raises (stderr may be closed at exit)."""
+    try:
+        line = farewell(output, trace_exporters, rank)
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
+    except Exception:
+        pass

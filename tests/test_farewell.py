@@ -1,0 +1,57 @@
+"""The line a job leaves on stderr as its telemetry ends: where the telemetry is and the command
+that reads it (a real job in a child process, the command then run), or the OTLP endpoint it
+was sent to; silent on other ranks and under ``TRAINTEL_QUIET``."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.subprocess_helpers import run_python
+from traintel import cli
+from traintel._runtime.farewell import farewell
+
+JOB = """
+import traintel
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(3):
+            with traintel.training_iteration():
+                pass
+"""
+
+
+def test_a_job_says_where_its_telemetry_is_and_the_command_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = run_python(JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "my runs"))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("traintel: this run's telemetry")]
+    assert len(lines) == 1, done.stderr
+    (output,) = (tmp_path / "my runs").glob("*.otlp.jsonl")
+    assert f"is in {output};" in lines[0]
+    command = shlex.split(lines[0].split("read it with: ", 1)[1])
+    assert command[:2] == ["traintel", "summary"]
+    assert cli.main(command[1:]) == 0 and "Spans read: " in capsys.readouterr().out
+    quiet = run_python(JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "quiet"), TRAINTEL_QUIET="1")
+    assert quiet.returncode == 0 and "telemetry" not in quiet.stderr, quiet.stderr
+
+
+def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path) -> None:
+    output = tmp_path / "run.otlp.jsonl"
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}
+    assert (
+        farewell(None, ["otlp"], 0, env)
+        == "traintel: this run's telemetry was sent to http://collector:4317 (OTLP)"
+    )
+    assert farewell(
+        output, ["otlp", "traintel_file"], 0, {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+    ) == (
+        "traintel: this run's telemetry was sent to http://localhost:4318/v1/traces (OTLP) "
+        f"and is kept in {output}; read it with: traintel summary {tmp_path}"
+    )
+    assert farewell(output, ["traintel_file"], 1, {}) is None  # one line per job, not per rank
+    assert farewell(output, ["traintel_file"], 0, {"TRAINTEL_QUIET": "true"}) is None
+    assert farewell(None, [], 0, {}) is None  # the user's own providers: nothing known to say
