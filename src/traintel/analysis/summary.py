@@ -195,6 +195,29 @@ class PhaseStats:
 
 
 @dataclass
+class Extent:
+    """One process's exported application time and the span of time its records cover."""
+
+    process: str
+    application_s: float = 0.0
+    first_ns: int = 0
+    last_ns: int = 0
+
+    def see(self, start_ns: int, end_ns: int) -> None:
+        if start_ns and (not self.first_ns or start_ns < self.first_ns):
+            self.first_ns = start_ns
+        self.last_ns = max(self.last_ns, end_ns)
+
+    @property
+    def seen_s(self) -> float:
+        return max(0, self.last_ns - self.first_ns) / 1e9 if self.first_ns else 0.0
+
+    def merge(self, later: Extent) -> None:
+        self.application_s += later.application_s
+        self.see(later.first_ns, later.last_ns)
+
+
+@dataclass
 class RunSummary:
     """What ``traintel summary`` prints; also returned for programmatic use and tests."""
 
@@ -229,11 +252,18 @@ class RunSummary:
     keep_slowest: int = 5
     #: Every run the read met, the one summarised or not (see ``run_info``).
     runs: RunsSeen = field(default_factory=RunsSeen, repr=False, compare=False)
+    #: Per process and phase cut into segments (a long run's application and loop): the whole
+    #: duration so far, so that a segment is counted as part of one span, not as another.
+    segmented: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: Per process: its exported application time and the times of its first and last records,
+    #: the time its shares are of (a run still going has not exported its last segment yet).
+    extents: dict[str, Extent] = field(default_factory=dict)
     _last_resource: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _extent: Extent | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
         state = dict(self.__dict__)
-        state["_last_resource"] = None
+        state["_last_resource"] = state["_extent"] = None
         return state
 
     def _identity(self, resource: dict[str, Any]) -> None:
@@ -251,9 +281,13 @@ class RunSummary:
     def add(self, span: SpanRecord) -> None:
         self.spans += 1
         resource = span.resource
-        if resource is not self._last_resource:  # the spans of a request share their resource
+        extent = self._extent
+        if resource is not self._last_resource or extent is None:  # a request's spans share it
             self._identity(resource)
             self._last_resource = resource
+            process = str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
+            extent = self._extent = self.extents.setdefault(process, Extent(process))
+        extent.see(span.start_ns, span.end_ns)
         for event in span.events:
             self.events[event.name] = self.events.get(event.name, 0) + 1
             if event.name == semconv.Event.TRAINING_METRICS_UPDATE:
@@ -273,15 +307,41 @@ class RunSummary:
                 heapq.heappushpop(self.slowest, item)
         if phase in _PER_STEP:
             return  # counted from the window events, not from the sampled spans
-        self.phases.setdefault(phase, PhaseStats()).add(seconds, span.is_error)
+        self._phase(extent, phase, seconds, span)
         if phase == Phase.APPLICATION:
             self.application_s += seconds
+            extent.application_s += seconds
         elif phase == Phase.TRAINING_LOOP and _S + "iterations" in span.attributes:
             loop = {k: v for k, v in span.attributes.items() if k.startswith(_S)}
             at = _precedence(resource, span.end_ns)
             bisect.insort(self.loop_summaries, (at, loop), key=lambda item: item[0])
         elif phase in _EVALUATION_LOOPS:
             self._evaluation(phase, span.attributes, _precedence(resource, span.end_ns))
+
+    def _phase(self, extent: Extent, phase: str, seconds: float, span: SpanRecord) -> None:
+        """A phase span; a segment of a phase cut into segments counts as part of its span: the
+        first one counts the span, the later ones add their time, its max is the whole."""
+        stats = self.phases.setdefault(phase, PhaseStats())
+        index = span.attributes.get(semconv.SEGMENT_INDEX)
+        if not isinstance(index, int) or isinstance(index, bool):
+            stats.add(seconds, span.is_error)
+            return
+        key = (extent.process, phase)
+        whole = self.segmented[key] = self.segmented.get(key, 0.0) + seconds
+        stats.add(seconds, span.is_error, count=int(index == 0))
+        stats.max_s = max(stats.max_s, whole)
+
+    @property
+    def wall_s(self) -> float:
+        """The time the phase shares are of: per process its application time, or, where the
+        files end before its application does (a run still going, or killed), the time from its
+        first record to its last; summed over the processes that exported application time."""
+        return sum(max(e.application_s, e.seen_s) for e in self.extents.values() if e.application_s > 0)
+
+    @property
+    def open_at_end(self) -> bool:
+        """Whether some process's last records lie past its exported application time."""
+        return any(e.seen_s > e.application_s > 0 for e in self.extents.values())
 
     def _evaluation(self, phase: str, attributes: dict[str, Any], at: tuple[int, int, int]) -> None:
         metrics = {
@@ -337,6 +397,12 @@ class RunSummary:
         self.runs.merge(later.runs)
         self._merge_choices(later)
         merge_by_key(self.phases, later.phases)
+        merge_by_key(self.extents, later.extents)
+        for key, seconds in later.segmented.items():
+            self.segmented[key] = self.segmented.get(key, 0.0) + seconds
+            phase = self.phases.get(key[1])
+            if phase is not None:
+                phase.max_s = max(phase.max_s, self.segmented[key])
         self.application_s += later.application_s
         self.spans += later.spans
         self.windows += later.windows
@@ -476,8 +542,9 @@ class PhaseRow:
 
 def phase_rows(summary: RunSummary) -> list[PhaseRow]:
     """Wall time by phase, in span-tree order. Per-step phases come from the window events
-    (every iteration counted), not from the tail-sampled iteration spans."""
-    total = summary.application_s
+    (every iteration counted), not from the tail-sampled iteration spans. Shares are of
+    :attr:`RunSummary.wall_s`."""
+    total = summary.wall_s
 
     def share(seconds: float) -> float | None:
         return seconds / total if total > 0 else None
@@ -557,6 +624,11 @@ def _phase_lines(summary: RunSummary) -> list[str]:
     name_width = max([_NAME_WIDTH - 2, *(len(row.phase) for row in rows)]) + 2
     header = f"{'phase':<{name_width}}" + "".join(f"{title:>{width}}" for title, width in _COLUMNS)
     lines = [""]
+    if summary.open_at_end:
+        lines += _fit(
+            "The files end before the run's application does (still running, or killed): shares "
+            "are of the time up to its last record."
+        )
     if len(summary.ranks) > 1:
         lines.append(f"Wall time by phase, summed over the {len(summary.ranks)} ranks:")
     lines += [header, "-" * len(header)]
@@ -583,6 +655,14 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
     n = summary.window_iterations
     if iterations is None and not n:
         return []
+    if value("iteration_time.mean") is None and n:  # the loop has not ended: its windows say
+        return [
+            "",
+            f"Iterations: {plain_number(n)} in {plain_number(summary.windows)} window(s) so far (the "
+            "run's percentiles come with the end of its loop)",
+            f"  mean {fmt_seconds(summary.window_iteration_s / n)}  "
+            f"max {fmt_seconds(summary.window_iteration_max_s)}",
+        ]
     lines = [
         "",
         f"Iterations: {plain_number(iterations if iterations is not None else n)} (after warm-up)",

@@ -13,7 +13,7 @@ from traintel.semconv import BADPUT_CATEGORIES
 COLUMNS = 80
 
 
-def _bar(share: float, width: int = 24) -> str:
+def _bar(share: float, width: int = 20) -> str:
     share = min(1.0, max(0.0, share))
     return "#" * round(share * width)
 
@@ -37,7 +37,7 @@ def render_goodput(results: list[SessionGoodput], links: TraceLinks | None = Non
         lines.append(
             f"  {len(r.jobs)} job(s), {r.disruptions} disruption(s), last iteration {r.last_iteration}"
         )
-        lines.append(f"  {'goodput':<24}{r.goodput:8.2%}{r.productive_s:12.1f} s  {_bar(r.goodput)}")
+        lines.append(f"  {'goodput':<32}{r.goodput:8.2%}{r.productive_s:12.1f} s  {_bar(r.goodput)}")
         for category in BADPUT_CATEGORIES:
             share = r.badput(category)
             lines.append(
