@@ -332,3 +332,31 @@ def test_the_slow_test_in_nanoseconds_says_what_the_test_in_seconds_says() -> No
         sampler.refresh()
         for duration_ns in range(3 * median_ns - 3, 3 * median_ns + 4):
             assert (duration_ns >= sampler.threshold_ns) == (duration_ns / 1e9 > sampler.threshold)
+
+
+def test_every_exported_slow_iteration_has_its_event_whatever_the_cap(exporter: InMemorySpanExporter) -> None:
+    """The cap on slow_iteration events (20 per segment) is spent on iterations that are not
+    exported only: an exported slow iteration always gets the event that names its ids."""
+    traintel.configure(
+        span_exporters=[exporter], metric_readers=[], export_first_iterations=0,
+        export_every_n_iterations=10**6, slow_iteration_factor=1.5, log_every_n_iterations=2,
+        window_min_seconds=0,
+    )  # fmt: skip
+    run_job([1.0] * 101 + [1.6] * 50)  # 50 slow in 80 s: a minute's tail budget exports few of them
+    spans = finished(exporter)
+    slow = {
+        i: s
+        for i, s in exported_by_iteration(spans).items()
+        if (s.attributes or {})[semconv.SAMPLING_REASON] == "slow"
+    }
+    events = {
+        (e.attributes or {})[semconv.ITERATION]: e
+        for s in spans
+        for e in s.events
+        if e.name == "slow_iteration"
+    }
+    assert len(slow) >= 3 and len(events) >= 20, (sorted(slow), len(events))
+    for iteration, span in slow.items():
+        assert iteration in events, f"exported slow iteration {iteration} has no event"
+        exported_id = (events[iteration].attributes or {})[semconv.EXPORTED_SPAN_ID]
+        assert exported_id == format(span.context.span_id, "016x")

@@ -54,8 +54,9 @@ _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
 _get_ident = threading.get_ident
-#: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; the rest are
-#: counted in the window events. The SDK keeps only the newest 128 events of a span.
+#: Events of one kind (slow_iteration, nonfinite_metric) per segment at most for iterations that
+#: are not exported (an exported slow one always gets its event); the rest are counted in the
+#: window events. The SDK keeps only the newest 128 events of a span.
 MAX_EVENTS_PER_SEGMENT = 20
 
 
@@ -591,8 +592,9 @@ class TrainingEngine:
         return self.loop if self.loop is not None else self.foreign_loop
 
     def _slow_event(self, record: IterationRecord, seconds: float, exported: tuple[int, int] | None) -> None:
+        # an exported one always gets its event (the tail budget bounds them); the cap is for the rest
         loop = self.loop_span()
-        if loop is None or not self.events.allow("slow"):
+        if loop is None or (exported is None and not self.events.allow("slow")):
             return
         median = self.sampler.median
         attributes: dict[str, AttributeValue] = {
