@@ -5,6 +5,7 @@ why in a ``<!-- not run: reason -->`` line right above it."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,25 @@ def test_the_docs_call_only_what_exists() -> None:
         handle_calls = re.findall(r"get_telemetry\(\)\.(\w+)\(", text)
         missing += [f"{page.name}: get_telemetry().{n}()" for n in handle_calls if not hasattr(Telemetry, n)]
     assert not missing, missing
+
+
+def test_the_environment_page_shows_the_codes_defaults() -> None:
+    """The page once said 10 for ``TRAINTEL_WINDOW_MIN_SECONDS`` (code: 30) and 1000 for
+    ``TRAINTEL_SEGMENT_ITERATIONS`` (code: 1,000,000): its defaults now come from the code."""
+    import importlib.util
+
+    from traintel.config import DEFAULTS
+
+    spec = importlib.util.spec_from_file_location(
+        "reference_pages", REPO / "docs" / "_ext" / "reference_pages.py"
+    )
+    assert spec is not None and spec.loader is not None
+    pages = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = pages  # (its dataclasses look their module up)
+    spec.loader.exec_module(pages)
+    shown = {var.name: var.default for var in pages.environment_variables()}
+    for name, value in DEFAULTS.items():
+        number = int(value) if isinstance(value, float) and value.is_integer() else value
+        assert shown[name] == f"``{number}``", (name, shown[name], value)
+    assert shown["TRAINTEL_WINDOW_MIN_SECONDS"] == "``30``"
+    assert shown["TRAINTEL_SEGMENT_ITERATIONS"] == "``1000000``"

@@ -227,9 +227,18 @@ def environment_variables() -> list[EnvVar]:
         else:
             mark = _DEFAULT_MARK.search(text)
             default = f"``{mark['value']}``" if mark else None
+        if name in config.DEFAULTS:  # from the code, never from prose that may have drifted
+            default = f"``{_plain(config.DEFAULTS[name])}``"
         keyword = name.removeprefix("TRAINTEL_").lower()
         found.append(EnvVar(name, text, default, keyword if keyword in config.FIELD_NAMES else None))
     return found
+
+
+def _plain(value: object) -> str:
+    """A default as a user types it: ``30`` rather than ``30.0``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def _env_markdown(text: str) -> str:
@@ -253,9 +262,9 @@ def environment_page() -> str:
     variables = environment_variables()
     out = [
         "# Environment variables\n",
-        "Every `TRAINTEL_*` variable, generated from `traintel.environment_variables`. Each is "
-        "also a keyword of [`traintel.configure()`][traintel.configure], whose value overrides "
-        "the variable.\n",
+        "Every `TRAINTEL_*` variable, generated from `traintel.environment_variables`, with its "
+        "default from the code. Those with a keyword are also settings of "
+        "[`traintel.configure()`][traintel.configure], whose value overrides the variable.\n",
         "Everything OpenTelemetry owns (service name, resource attributes, exporters, endpoints, "
         "protocols, headers, TLS, sampler, batch-processor and metric-reader settings, "
         "`OTEL_SDK_DISABLED`) is configured with the standard `OTEL_*` variables and read by the "

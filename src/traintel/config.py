@@ -242,6 +242,8 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
 _BY_NAME: Final = {f.name: f for f in _FIELDS}
 #: Names accepted by ``configure()`` / ``set_training_config()`` as training facts.
 FIELD_NAMES: Final = tuple(_BY_NAME)
+#: Each ``TRAINTEL_*`` variable's default, where it has one: what the documentation shows.
+DEFAULTS: Final = {f.env: f.default for f in _FIELDS if f.default is not None}
 #: Fields that must be concrete when telemetry starts (they shape files and exit), not lazy.
 _EAGER: Final = frozenset(
     {

@@ -106,7 +106,7 @@ The shortest window in seconds (non-negative number; at most
 exported per hour and the time spent closing windows. ``0`` closes every N iterations. In a job
 of several ranks the ranks agree on each window's iterations from the slowest rank's pace two
 windows earlier (needs the cross-rank exchange; with ``TRAINTEL_CROSS_RANK=off`` windows are N
-iterations). Default: 10.
+iterations). Default: 30.
 """
 
 TRAINTEL_LOG_EVERY_N_SECONDS: Final = "TRAINTEL_LOG_EVERY_N_SECONDS"
@@ -239,7 +239,7 @@ TRAINTEL_SEGMENT_ITERATIONS: Final = "TRAINTEL_SEGMENT_ITERATIONS"
 .. envvar:: TRAINTEL_SEGMENT_ITERATIONS
 
 A long run is cut into traces ("segments") of at most this many training iterations
-(positive integer). Default: 1000.
+(positive integer). Default: 1000000.
 """
 
 TRAINTEL_SEGMENT_SECONDS: Final = "TRAINTEL_SEGMENT_SECONDS"
