@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +21,24 @@ import traintel
 from tests.subprocess_helpers import SUITE_ENV
 from traintel._runtime import state as _state
 
+#: The embedded default's directory as a test run from the repository would create it.
+_REPO_RUNS = Path(__file__).resolve().parent.parent / "traintel-runs"
+_REPO_RUNS_BEFORE = set(_REPO_RUNS.glob("*")) if _REPO_RUNS.is_dir() else set()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite writes nothing into the repository's ``traintel-runs/`` (a provider traintel
+    builds from the environment defaults to it): every test's default output is its own."""
+    left = (set(_REPO_RUNS.glob("*")) if _REPO_RUNS.is_dir() else set()) - _REPO_RUNS_BEFORE
+    if left:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\nthe suite left telemetry in the repository: {sorted(map(str, left))}")
+
 
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def clean_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
     """No test sees the developer's OTEL_* / TRAINTEL_* settings or another test's runtime.
 
     The suite's loops last milliseconds, so windows close every N iterations and iterations
@@ -37,6 +53,9 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name, value in SUITE_ENV.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "on")
+    # a provider built from the environment (a test that passes only a tracer provider gets
+    # traintel's metrics file) writes here, not into the working directory
+    monkeypatch.setenv("TRAINTEL_OUTPUT_DIR", str(tmp_path_factory.mktemp("default-output")))
     _state.shutdown(0.5)
     yield
     _state.shutdown(0.5)
