@@ -419,3 +419,20 @@ def test_summary_and_goodput_fit_80_columns(
         wide = [line for line in out.splitlines() if len(line) > 80]
         assert code == 0 and not wide, f"{command}: {wide}"
         assert "trace " in out, command  # the ids are there, on lines of their own
+
+
+def test_the_commands_read_the_default_directory_and_trace_goes_to_stdout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_job(tmp_path / "traintel-runs", monkeypatch, stepping(4))
+    monkeypatch.delenv("TRAINTEL_OUTPUT_DIR")
+    monkeypatch.chdir(tmp_path)  # where the job ran: ./traintel-runs is what it wrote
+    for command in ("summary", "goodput", "report", "runs"):
+        code, out, err = run_cli(command, capsys=capsys)
+        assert code == 0 and ("job-a" in out or "1 run in traintel-runs" in out), (command, err)
+    monkeypatch.setenv("TRAINTEL_OUTPUT_DIR", str(tmp_path / "elsewhere"))
+    code, _, err = run_cli("summary", capsys=capsys)
+    assert code == 2 and "elsewhere" in err
+    code, out, err = run_cli("export-trace", str(tmp_path / "traintel-runs"), "-o", "-", capsys=capsys)
+    assert code == 0 and not (tmp_path / "-").exists()
+    assert json.loads(out)["traceEvents"] and "trace events to standard output" in err

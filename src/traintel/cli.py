@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -31,6 +32,7 @@ from traintel.analysis.runs import (
     single_run,
 )
 from traintel.analysis.summary import RunSummary, render, summarize
+from traintel.environment_variables import TRAINTEL_OUTPUT_DIR
 from traintel.exporters.private_files import open_private
 from traintel.exporters.reader import ReadStats, expand_paths
 from traintel.version import __version__
@@ -285,17 +287,21 @@ def _export_trace(args: argparse.Namespace) -> int:
         print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
         return 2
     stats = ReadStats()
+    to_stdout = args.output == "-"  # the trace itself on stdout: what is said about it goes to stderr
     try:
-        with open_private(args.output) as out:
+        with contextlib.nullcontext(sys.stdout) if to_stdout else open_private(args.output) as out:
             events = _with_progress(files, lambda progress: export_chrome_trace(files, out, stats, progress))
     except OSError as exc:
         print(f"traintel: cannot write -o {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    said = sys.stderr if to_stdout else sys.stdout
+    where = "standard output" if to_stdout else args.output
     print(
-        f"wrote {events:,} trace events to {args.output} (open in https://ui.perfetto.dev or chrome://tracing)"
+        f"wrote {events:,} trace events to {where} (open in https://ui.perfetto.dev or chrome://tracing)",
+        file=said,
     )
     if stats.skipped:
-        print(f"skipped {stats.skipped} unreadable line(s): {'; '.join(stats.reasons[:3])}")
+        print(f"skipped {stats.skipped} unreadable line(s): {'; '.join(stats.reasons[:3])}", file=said)
     return 0
 
 
@@ -503,23 +509,29 @@ def _add_workers(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_PATHS_HELP = (
+    "files or directories of one or more jobs (default: $TRAINTEL_OUTPUT_DIR, else ./traintel-runs, "
+    "where a job run from here writes)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="traintel", description="OpenTelemetry-native training telemetry.")
     parser.add_argument("--version", action="version", version=f"traintel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     runs = sub.add_parser("runs", help="the runs in the files, newest first (ids for --run)")
-    runs.add_argument("paths", nargs="+", help="files or directories (e.g. ./traintel-runs)")
+    runs.add_argument("paths", nargs="*", help=_PATHS_HELP)
     runs.add_argument("--json", action="store_true", help="machine-readable output")
     runs.set_defaults(func=_runs)
     summary = sub.add_parser("summary", help="a short summary of a run from its OTLP/JSON-lines files")
-    summary.add_argument("paths", nargs="+", help="files or directories (e.g. ./traintel-runs)")
+    summary.add_argument("paths", nargs="*", help=_PATHS_HELP)
     _add_run_choice(summary)
     _add_workers(summary)
     summary.set_defaults(func=_summary)
     goodput = sub.add_parser(
         "goodput", help="goodput and badput of each training session (across restarts and ranks)"
     )
-    goodput.add_argument("paths", nargs="+", help="files or directories of one or more jobs")
+    goodput.add_argument("paths", nargs="*", help=_PATHS_HELP)
     goodput.add_argument(
         "--start", type=_time, help="interval start: ISO 8601 (UTC by default) or Unix seconds"
     )
@@ -533,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report", help="the full report of one or more jobs/ranks: tables, --json, or an --html page"
     )
-    report.add_argument("paths", nargs="+", help="files or directories of the embedded default")
+    report.add_argument("paths", nargs="*", help=_PATHS_HELP)
     report.add_argument("--json", action="store_true", help="machine-readable output")
     report.add_argument(
         "--html", metavar="OUT.html", help="also write a self-contained HTML report (with --all: one per run)"
@@ -544,8 +556,13 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser(
         "export-trace", help="a Chrome trace event file (Perfetto, chrome://tracing), one track per rank"
     )
-    trace.add_argument("paths", nargs="+", help="files or directories of the embedded default")
-    trace.add_argument("-o", "--output", required=True, help="the trace file to write (e.g. trace.json)")
+    trace.add_argument("paths", nargs="*", help=_PATHS_HELP)
+    trace.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="the trace file to write (e.g. trace.json; - for standard output)",
+    )
     trace.set_defaults(func=_export_trace)
     comp = sub.add_parser(
         "compare",
@@ -588,8 +605,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_output_dir() -> str:
+    """Where a job's embedded default writes: ``TRAINTEL_OUTPUT_DIR``, else ``traintel-runs``."""
+    return os.environ.get(TRAINTEL_OUTPUT_DIR) or "traintel-runs"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "paths", None) == []:  # what a job run from here wrote, by default
+        args.paths = [default_output_dir()]
     try:
         code: int = args.func(args)
         sys.stdout.flush()
