@@ -166,3 +166,22 @@ with traintel.training_loop():
     assert "OverflowError" not in result.stderr
     spans = list(iter_spans(sorted((tmp_path / "runs").glob("*.jsonl"))))
     assert sum(s.name == "training_iteration" for s in spans) == 600
+
+
+def test_the_initialization_event_says_none_for_a_signal_that_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Metrics off (``OTEL_METRICS_EXPORTER=none``) read as "(user provider)" before."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import traintel
+    from traintel import semconv
+
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    exporter = InMemorySpanExporter()
+    traintel.configure(span_exporters=[exporter])
+    with traintel.application():
+        pass
+    traintel.shutdown(2)
+    (event,) = [
+        e for s in exporter.get_finished_spans() for e in s.events if e.name == "telemetry_initialization"
+    ]
+    assert (event.attributes or {})[semconv.METRICS_EXPORTERS] == ("none",)

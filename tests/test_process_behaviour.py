@@ -104,7 +104,7 @@ def test_existing_global_provider_is_kept(tmp_path: Path) -> None:
             "ml.training.goodput.time",
             "ml.training.job.time",
             "ml.training.job.start_time",  # no window closed: no job.last_progress_time
-            "ml.training.heartbeat.seconds_since_progress",
+            "ml.training.heartbeat.time_since_progress",
             "ml.training.heartbeat.phase",  # no iteration ran: no heartbeat.iteration
             "process.cpu.utilization",
             "process.memory.usage",
@@ -163,7 +163,7 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
         "ml.training.job.last_progress_time",
         "ml.training.step_time.ideal",
         "ml.training.step_time.deviation",
-        "ml.training.heartbeat.seconds_since_progress",
+        "ml.training.heartbeat.time_since_progress",
         "ml.training.heartbeat.iteration",
         "ml.training.heartbeat.phase",
         "process.cpu.utilization",

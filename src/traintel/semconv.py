@@ -324,7 +324,7 @@ METRIC_PROCESS_CPU_UTILIZATION: Final = "process.cpu.utilization"
 METRIC_PROCESS_MEMORY_USAGE: Final = "process.memory.usage"
 #: Hang localisation, per rank: sampled off the training thread, so a rank blocked in a
 #: collective or a kernel still reports how long it has been stuck and where.
-METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS: Final = "ml.training.heartbeat.seconds_since_progress"
+METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS: Final = "ml.training.heartbeat.time_since_progress"
 METRIC_HEARTBEAT_ITERATION: Final = "ml.training.heartbeat.iteration"
 METRIC_HEARTBEAT_PHASE: Final = "ml.training.heartbeat.phase"
 #: On the phase gauge: the step phase completed last in the open iteration (where it stopped).

@@ -166,8 +166,14 @@ class Telemetry:
         for key, value in self.config.describe().items():
             attributes[semconv.CONFIG_PREFIX + key] = value
         if self.pipeline is not None:
-            attributes[semconv.TRACES_EXPORTERS] = self.pipeline.trace_exporters or ["(user provider)"]
-            attributes[semconv.METRICS_EXPORTERS] = self.pipeline.metric_exporters or ["(user provider)"]
+            # none built: "none" where traintel built the provider (the signal is off), else the user's
+            pipeline = self.pipeline
+            attributes[semconv.TRACES_EXPORTERS] = pipeline.trace_exporters or [
+                "none" if pipeline.owns_tracer_provider else "(user provider)"
+            ]
+            attributes[semconv.METRICS_EXPORTERS] = pipeline.metric_exporters or [
+                "none" if pipeline.owns_meter_provider else "(user provider)"
+            ]
             output = self.output_file
             if output is not None:
                 attributes[semconv.OUTPUT_FILE] = str(output)
