@@ -5,6 +5,7 @@ real exporters, real sockets; what the spool kept is replayed to a real receiver
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -132,3 +133,25 @@ def test_an_sdk_that_keeps_its_exporters_elsewhere_is_said_and_left_alone(
         )
         == 1
     ), caplog.text
+
+
+def test_a_run_sent_to_nothing_listening_is_read_from_its_spool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The distro's default alone (OTLP, no file): what was not delivered is in the spool, and
+    ``summary``/``report`` of the output directory read it there; the job's last line says
+    where its spans were sent."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed once the block ends: nothing listens there
+    result, _ = _instrumented(
+        tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}", OTEL_EXPORTER_OTLP_INSECURE="true"
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"this run's telemetry was sent to http://127.0.0.1:{port} (OTLP)" in result.stderr, result.stderr
+    out = tmp_path / "out"
+    assert not list(out.rglob("*.otlp.jsonl")) and list(out.rglob("*.otlp.pb"))
+    assert main(["report", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["spans"] > 30 and data["iterations"]["count"] > 0 and data["skipped_lines"] == 0
+    assert main(["summary", str(out)]) == 0 and "Spans read: " in capsys.readouterr().out

@@ -33,7 +33,9 @@ def farewell(
     """The line to write, or None: another rank's job, ``TRAINTEL_QUIET``, or nothing known."""
     if environ.get(TRAINTEL_QUIET, "").strip().lower() in ("1", "true", "yes", "on") or rank not in (0, None):
         return None
-    sent = any(name.startswith("otlp") for name in trace_exporters)
+    # a provider traintel did not build (the distro's): the exporters OTEL_TRACES_EXPORTER named
+    names = trace_exporters or [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
+    sent = any(name.startswith("otlp") for name in names)
     where = f"was sent to {otlp_traces_endpoint(environ)} (OTLP)" if sent else ""
     if output is not None:
         where = f"{where} and is kept in {output}" if where else f"is in {output}"

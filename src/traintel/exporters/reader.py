@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -39,6 +40,7 @@ from traintel.exporters.json_records import (
     loads,
 )
 from traintel.exporters.otlp_json import DecodeError, ExportRequest, json_line_to_request
+from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
 
 _STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
 
@@ -69,12 +71,15 @@ class ReadStats:
 
 
 def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Files as given, directories expanded to their ``*.otlp.jsonl`` files (recursively)."""
+    """Files as given, directories expanded to their ``*.otlp.jsonl`` files (recursively); a
+    directory without any, to its spooled batches: a job whose only exporter was OTLP with
+    nothing listening (the distro's default) kept its spans there, and is read from them."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob(f"*{FILE_SUFFIX}") if p.is_file()))
+            files = sorted(p for p in path.rglob(f"*{FILE_SUFFIX}") if p.is_file())
+            found.extend(files or spool_files([path]))
         else:
             found.append(path)
     return found
@@ -289,16 +294,45 @@ def iter_records(
     in the files, in file order, streaming; unreadable lines are counted in ``stats``.
     ``windows_expanded``: compact window records read as the full ones (the analysis)."""
     stats = stats if stats is not None else ReadStats()
-    for where, text, ended in _lines(paths, stats, progress):
+    for path in expand_paths(paths):
+        if path.name.endswith(SPOOL_SUFFIX):
+            batches: Iterable[list[SpanRecord] | list[MetricsRecord]] = _spooled(path, stats, progress)
+        else:
+            batches = _decoded_lines(path, stats, progress)
+        for batch in batches:
+            if windows_expanded and batch and isinstance(batch[0], SpanRecord):
+                yield from expand_windows(batch)  # type: ignore[arg-type]
+            else:
+                yield from batch
+
+
+def _decoded_lines(
+    path: Path, stats: ReadStats, progress: Callable[[int], None] | None
+) -> Iterator[list[SpanRecord] | list[MetricsRecord]]:
+    for where, text, ended in _lines([path], stats, progress):
         try:
             records = decode_line(text)
         except (UnicodeDecodeError, DecodeError) as exc:
             stats.skip(where, _skip_reason(exc, ended))
             continue
         stats.lines += 1
-        if windows_expanded and records and isinstance(records[0], SpanRecord):
-            records = expand_windows(records)  # type: ignore[arg-type]
-        yield from records
+        yield records
+
+
+def _spooled(
+    path: Path, stats: ReadStats, progress: Callable[[int], None] | None
+) -> Iterator[list[SpanRecord]]:
+    """A spooled batch's spans (the binary request the collector did not get), as one line."""
+    try:
+        request = read_batch(path)
+    except (OSError, ProtoDecodeError) as exc:
+        stats.skip(str(path), f"unreadable spooled batch ({exc})")
+        return
+    stats.files += 1
+    stats.lines += 1
+    if progress is not None:
+        progress(request.ByteSize())
+    yield list(spans_in(request))
 
 
 @contextlib.contextmanager
