@@ -64,11 +64,12 @@ def test_names_that_moved_still_resolve_with_a_warning_naming_their_module() -> 
         _ = traintel.IterationSpan
 
 
-def test_importing_traintel_imports_no_torch_rich_or_grpc() -> None:
+def test_importing_traintel_imports_no_torch_rich_grpc_or_msgspec() -> None:
     import subprocess
     import sys
 
-    code = "import sys, traintel; print(sorted(m for m in ('torch', 'rich', 'grpc') if m in sys.modules))"
+    wanted = "('torch', 'rich', 'grpc', 'msgspec')"
+    code = f"import sys, traintel; print(sorted(m for m in {wanted} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 

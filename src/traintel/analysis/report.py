@@ -32,9 +32,9 @@ from traintel.analysis.summary import (
     self_telemetry_of,
     self_telemetry_points,
 )
-from traintel.exporters.json_records import MetricsRecord
 from traintel.exporters.reader import (
     EventRecord,
+    MetricsRecord,
     ReadStats,
     SpanRecord,
     expand_paths,

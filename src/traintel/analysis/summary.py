@@ -30,8 +30,8 @@ from traintel._aggregation.stats import percentile
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.run_info import RunsSeen, run_key
-from traintel.exporters.json_records import MetricsRecord
 from traintel.exporters.reader import (
+    MetricsRecord,
     ReadStats,
     SpanRecord,
     attributes_dict,

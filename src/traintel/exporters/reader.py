@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -30,15 +31,6 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from traintel import semconv
 from traintel._aggregation import window_record
 from traintel.exporters.file import FILE_SUFFIX
-from traintel.exporters.json_records import (
-    MetricSeries,
-    MetricsRecord,
-    NotCanonical,
-    decode_metrics,
-    decode_spans,
-    decode_tree,
-    loads,
-)
 from traintel.exporters.otlp_json import DecodeError, ExportRequest, json_line_to_request
 from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
 
@@ -161,6 +153,31 @@ def attributes_dict(attributes: Iterable[KeyValue]) -> dict[str, Any]:
     return {kv.key: any_value(kv.value) for kv in attributes}
 
 
+class NotCanonical(Exception):
+    """The line is not in the canonical OTLP/JSON spelling: leave it to the proto path."""
+
+
+class MetricSeries(NamedTuple):
+    """One metric of a metrics request, reduced to what the analysis reads (a tuple: a file
+    holds millions of them, and a frozen dataclass costs twice as much to build)."""
+
+    name: str
+    #: The ``data`` member (``gauge``, ``sum``, ``histogram``, ...), None when unset.
+    kind: str | None
+    #: Sum over the points of ``as_double`` / ``as_int`` (gauge and sum; 0.0 otherwise).
+    total: float
+    #: The latest ``time_unix_nano`` of its points (0 without points).
+    last_time_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRecord:
+    """A ``ResourceMetrics``: the resource's attributes and its metrics, all scopes together."""
+
+    resource: dict[str, Any]
+    metrics: tuple[MetricSeries, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class EventRecord:
     name: str
@@ -250,20 +267,25 @@ Record = SpanRecord | MetricsRecord
 
 
 def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord]:
-    """The records of one line: orjson and plain dicts for the canonical spelling
+    """The records of one line: typed structs for the canonical spelling
     (:mod:`traintel.exporters.json_records`), else the proto path, which decides. Raises
     :class:`DecodeError` or :class:`UnicodeDecodeError` for a line that is not a request."""
     try:
-        kind, tree = decode_tree(loads(text))
-        if kind == "spans":
-            return decode_spans(tree, SpanRecord, EventRecord)  # type: ignore[no-any-return]
-        return decode_metrics(tree)
+        return _fast_decoder()(text, SpanRecord, EventRecord)[1]  # type: ignore[no-any-return]
     except (NotCanonical, RecursionError):
         pass
     request = json_line_to_request(text.decode("utf-8"))
     if isinstance(request, ExportTraceServiceRequest):
         return list(spans_in(request))
     return metrics_records(request)
+
+
+@functools.cache
+def _fast_decoder() -> Callable[..., tuple[str, list[Any]]]:
+    """The fast decoder, loaded on first use: only the offline tools need msgspec."""
+    from traintel.exporters.json_records import decode
+
+    return decode
 
 
 TRAINING_WINDOW_SPAN = semconv.TRAINING_WINDOW_SPAN
