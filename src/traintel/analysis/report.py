@@ -24,6 +24,7 @@ from traintel import semconv
 from traintel.analysis.goodput import GoodputReader, SessionGoodput, compute_goodput
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.ranks import MAX_WINDOWS, CrossRankTable
+from traintel.analysis.resources import PerResource
 from traintel.analysis.summary import (
     RunSummary,
     energy_figures,
@@ -444,21 +445,22 @@ class Report:
     #: Events the cross-rank table took per window (what it counts as dropped if a merge
     #: finds no room for the window).
     _rank_events: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
-    _resource: dict[str, Any] | None = field(default=None, repr=False)  # the last one seen
-    _process: Process | None = field(default=None, repr=False)  # and its process
+    _processes_by_resource: PerResource[Process] | None = field(default=None, repr=False)
 
     @property
     def stats(self) -> ReadStats:
         return self.summary.stats
 
     def process_of(self, resource: dict[str, Any]) -> Process:
-        if resource is self._resource and self._process is not None:
-            return self._process  # the spans of one request share their resource's dict
+        if self._processes_by_resource is None:
+            self._processes_by_resource = PerResource(self._process_for)
+        return self._processes_by_resource(resource)
+
+    def _process_for(self, resource: dict[str, Any]) -> Process:
         key, rank, label = process_identity(resource)
         process = self.processes.get(key)
         if process is None:
             process = self.processes[key] = Process(key, label, rank)
-        self._resource, self._process = resource, process
         return process
 
     def _add_event(self, process: Process, event: EventRecord) -> None:
@@ -607,7 +609,7 @@ class Report:
         self._latest.update(later._latest)
         self._config(later.config_at, {semconv.CONFIG_PREFIX + k: v for k, v in later.config.items()})
         self._merge_ranks(later)
-        self._resource = self._process = None
+        self._processes_by_resource = None
 
     def _merge_ranks(self, later: Report) -> None:
         table, theirs = self.ranks, later.ranks
@@ -634,7 +636,7 @@ class Report:
 
     def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
         state = dict(self.__dict__)
-        state["_resource"] = state["_process"] = None
+        state["_processes_by_resource"] = None
         return state
 
     def finish(self) -> None:

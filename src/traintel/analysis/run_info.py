@@ -15,6 +15,7 @@ from typing import Any
 
 from traintel import semconv
 from traintel.analysis.parallel import merge_by_key
+from traintel.analysis.resources import PerResource
 from traintel.exporters.reader import Record, SpanRecord, gc_paused, iter_records
 
 __all__ = ["UNKNOWN_RUN", "RunInfo", "RunsSeen", "run_key", "runs_in_file"]
@@ -160,22 +161,19 @@ class RunsSeen:
 
     def __init__(self) -> None:
         self.runs: dict[str, RunInfo] = {}
-        # The records of one request share their resource's dict: identified once per request.
-        self._resource: object = None
-        self._run: RunInfo | None = None
-        self._process: _Process = ("", 0, 0)
+        self._of = PerResource(self._identify)
+
+    def _identify(self, resource: dict[str, Any]) -> tuple[RunInfo, _Process]:
+        key = run_key(resource)
+        run = self.runs.get(key)
+        if run is None:
+            run = self.runs[key] = RunInfo(key)
+        return run, run.see(resource)
 
     def add(self, record: Record) -> None:
-        resource = record.resource
-        run = self._run
-        if resource is not self._resource or run is None:
-            key = run_key(resource)
-            run = self.runs.get(key)
-            if run is None:
-                run = self.runs[key] = RunInfo(key)
-            self._resource, self._run, self._process = resource, run, run.see(resource)
+        run, process = self._of(record.resource)
         if isinstance(record, SpanRecord):
-            run.add_span(self._process, record)
+            run.add_span(process, record)
 
     def in_file(self, path: str) -> None:
         """Every run added so far is in ``path`` (a per-file collector says so at its end)."""
@@ -184,7 +182,7 @@ class RunsSeen:
 
     def merge(self, later: RunsSeen) -> None:
         merge_by_key(self.runs, later.runs)
-        self._resource = self._run = None
+        self._of.clear()
 
     def newest_first(self) -> list[RunInfo]:
         """The runs with spans, newest (latest start) first."""
@@ -196,8 +194,7 @@ class RunsSeen:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.runs = state["runs"]
-        self._resource = self._run = None
-        self._process = ("", 0, 0)
+        self._of = PerResource(self._identify)
 
 
 def runs_in_file(path: str, progress: Callable[[int], None] | None = None) -> RunsSeen:

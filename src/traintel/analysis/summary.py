@@ -29,6 +29,7 @@ from traintel import semconv
 from traintel._aggregation.stats import percentile
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import map_files, merge_by_key
+from traintel.analysis.resources import PerResource
 from traintel.analysis.run_info import RunsSeen, run_key
 from traintel.exporters.reader import (
     MetricsRecord,
@@ -258,12 +259,11 @@ class RunSummary:
     #: Per process: its exported application time and the times of its first and last records,
     #: the time its shares are of (a run still going has not exported its last segment yet).
     extents: dict[str, Extent] = field(default_factory=dict)
-    _last_resource: dict[str, Any] | None = field(default=None, repr=False, compare=False)
-    _extent: Extent | None = field(default=None, repr=False, compare=False)
+    _extent_of: PerResource[Extent] | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
         state = dict(self.__dict__)
-        state["_last_resource"] = state["_extent"] = None
+        state["_extent_of"] = None
         return state
 
     def _identity(self, resource: dict[str, Any]) -> None:
@@ -281,12 +281,9 @@ class RunSummary:
     def add(self, span: SpanRecord) -> None:
         self.spans += 1
         resource = span.resource
-        extent = self._extent
-        if resource is not self._last_resource or extent is None:  # a request's spans share it
-            self._identity(resource)
-            self._last_resource = resource
-            process = str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
-            extent = self._extent = self.extents.setdefault(process, Extent(process))
+        if self._extent_of is None:
+            self._extent_of = PerResource(self._new_resource)
+        extent = self._extent_of(resource)
         extent.see(span.start_ns, span.end_ns)
         for event in span.events:
             self.events[event.name] = self.events.get(event.name, 0) + 1
@@ -317,6 +314,12 @@ class RunSummary:
             bisect.insort(self.loop_summaries, (at, loop), key=lambda item: item[0])
         elif phase in _EVALUATION_LOOPS:
             self._evaluation(phase, span.attributes, _precedence(resource, span.end_ns))
+
+    def _new_resource(self, resource: dict[str, Any]) -> Extent:
+        """A resource met for the first time: its identity noted, its process's extent."""
+        self._identity(resource)
+        process = str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
+        return self.extents.setdefault(process, Extent(process))
 
     def _phase(self, extent: Extent, phase: str, seconds: float, span: SpanRecord) -> None:
         """A phase span; a segment of a phase cut into segments counts as part of its span: the
@@ -398,6 +401,7 @@ class RunSummary:
         self._merge_choices(later)
         merge_by_key(self.phases, later.phases)
         merge_by_key(self.extents, later.extents)
+        self._extent_of = None
         for key, seconds in later.segmented.items():
             self.segmented[key] = self.segmented.get(key, 0.0) + seconds
             phase = self.phases.get(key[1])

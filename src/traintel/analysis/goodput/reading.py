@@ -25,6 +25,7 @@ from traintel.analysis.goodput.process import (
     trace_key,
 )
 from traintel.analysis.parallel import map_files, merge_by_key
+from traintel.analysis.resources import PerResource
 from traintel.exporters.reader import ReadStats, Record, SpanRecord, expand_paths, gc_paused, iter_records
 from traintel.semconv import BADPUT_CATEGORIES, BADPUT_CATEGORY_OF_PHASE, Phase
 
@@ -54,18 +55,35 @@ _ROW_FLOATS = (
 _ROW_SLOWEST = _W + "slowest_iteration"
 
 
+_FLOAT = frozenset({float})
+
+
 def _window_row(start_ns: int, end_ns: int, a: dict[str, Any]) -> tuple[Any, ...]:
-    """A window record's row (:data:`WINDOW_ROW`), as ``Process.windows`` reads it back."""
+    """A window record's row (:data:`WINDOW_ROW`), as ``Process.windows`` reads it back. The
+    usual record (integers and floats where they belong, a slowest iteration named) is taken
+    as it is; anything else through the checked conversions."""
     get = a.get
-    slowest = _int(get(_ROW_SLOWEST))
+    first, last, iterations = ints = [get(key) for key in _ROW_INTS]
+    floats = [get(key, 0.0) for key in _ROW_FLOATS]
+    slowest, ideal = get(_ROW_SLOWEST), get(semconv.STEP_TIME_IDEAL, 0.0)
+    if (
+        type(first) is int
+        and type(last) is int
+        and type(iterations) is int
+        and type(slowest) is int
+        and type(ideal) is float
+        and set(map(type, floats)) <= _FLOAT
+    ):
+        return (start_ns, end_ns, first, last, iterations, *floats, slowest, ideal, True)
+    checked = _int(slowest)
     return (
         start_ns,
         end_ns,
-        *[_int(get(key)) or 0 for key in _ROW_INTS],
-        *[_float(get(key)) for key in _ROW_FLOATS],
-        slowest if slowest is not None else 0,  # (the ranks' records have none in scale mode)
-        _float(get(semconv.STEP_TIME_IDEAL)),
-        slowest is not None,
+        *[_int(value) or 0 for value in ints],
+        *[_float(value) for value in floats],
+        checked if checked is not None else 0,  # (the ranks' records have none in scale mode)
+        _float(ideal),
+        checked is not None,
     )
 
 
@@ -76,17 +94,13 @@ class GoodputReader:
 
     def __init__(self) -> None:
         self.processes: dict[str, Process] = {}
-        self._resource: dict[str, Any] | None = None  # the last resource seen, and its process
-        self._process: Process | None = None
+        self.process_of = PerResource(self._process_of)
 
-    def process_of(self, resource: dict[str, Any]) -> Process:
-        if resource is self._resource and self._process is not None:
-            return self._process  # the spans of one request share their resource's dict
+    def _process_of(self, resource: dict[str, Any]) -> Process:
         key = str(resource.get(semconv.SERVICE_INSTANCE_ID) or resource.get(semconv.RUN_ID) or "unknown")
         found = self.processes.get(key)
         if found is None:
             found = self.processes[key] = Process(key, resource)
-        self._resource, self._process = resource, found
         return found
 
     def add(self, record: Record) -> None:
@@ -102,14 +116,14 @@ class GoodputReader:
 
     def merge(self, later: GoodputReader) -> None:
         merge_by_key(self.processes, later.processes)
-        self._resource = self._process = None
+        self.process_of.clear()
 
     def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
         return {"processes": self.processes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.processes = state["processes"]
-        self._resource = self._process = None
+        self.process_of = PerResource(self._process_of)
 
     def jobs(self) -> list[Job]:
         return _group_jobs(self.processes.values())
