@@ -309,14 +309,11 @@ def _series(metric: Any) -> MetricSeries:
     numbers = key in ("gauge", "sum")
     total, last = 0.0, 0
     for point in points:
-        time = point.timeUnixNano
-        if type(time) is str and len(time) < 20 and time.isdigit() and time.isascii():
-            time = int(time)  # under 20 digits: inside uint64
-        elif time is not UNSET:
-            time = _uint64(time)
+        text = point.timeUnixNano
+        if type(text) is str and len(text) < 20 and text.isdigit() and text.isascii():
+            last = max(last, int(text))  # under 20 digits: inside uint64
         else:
-            time = 0
-        last = max(last, time)
+            last = max(last, _uint64(text) if text is not UNSET else 0)
         if not numbers:
             continue
         double, number = point.asDouble, point.asInt
