@@ -13,12 +13,14 @@ totals exactly (iterations, samples, checkpoint saves, productive time), or the 
 Each command runs in a fresh process (``python -m traintel.cli``), as a user runs it, with the
 default worker count (one process per CPU up to one per file); the numbers are its input
 bytes over its CPU seconds (user + system, workers included: MB/s per core), over its wall
-time, and the peak RSS of the largest process (``getrusage(RUSAGE_CHILDREN)``): the medians of
-``--rounds`` interleaved rounds, with the range of MB/s per core. ``--old`` also runs the
-committed version (``git archive HEAD``, read-only) on the smallest size.
+time, its speed as a multiple of a plain orjson parse of every line of the same files measured
+in the same round (``x orjson``: the orjson process's CPU seconds over the command's), and the
+peak RSS of the largest process (``getrusage(RUSAGE_CHILDREN)``): the medians of ``--rounds``
+interleaved rounds, with the range of MB/s per core. ``--old`` also runs the
+committed version (``git archive HEAD``, or the commit given: ``--old REV``) on the smallest size.
 
 Run: ``python benchmarks/bench_offline_analysis.py [--ranks 64] [--iterations 1000000 ...]
-[--nodes 8] [--dir DIR] [--rounds 3] [--old]`` (several ``--iterations`` show how the figures
+[--nodes 8] [--dir DIR] [--rounds 3] [--old [REV]]`` (several ``--iterations`` show how the figures
 scale).
 """
 
@@ -169,12 +171,29 @@ print(r.ru_utime + r.ru_stime, r.ru_maxrss * 1024)
 """
 
 
+#: The floor the commands are held to: a plain orjson parse of every line of the same files, in
+#: a fresh process of its own (what "N x orjson" compares with).
+ORJSON = """
+import sys, orjson
+for path in sys.argv[1:]:
+    with open(path, "rb") as fh:
+        for line in fh:
+            if line.strip():
+                orjson.loads(line)
+"""
+
+
 def measure(command: str, target: Path, src: Path) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds, peak RSS bytes) of one command in a fresh process."""
+    """(wall seconds, CPU seconds, peak RSS bytes) of one command in a fresh process
+    (``orjson``: the plain parse of the same files)."""
     start = time.perf_counter()
+    if command == "orjson":
+        run = [sys.executable, "-c", ORJSON, *map(str, sorted(target.glob("*.otlp.jsonl")))]
+    else:
+        run = [sys.executable, "-m", "traintel.cli", command, str(target)]
     done = subprocess.run(
-        [sys.executable, "-c", WRAPPER, sys.executable, "-m", "traintel.cli", command, str(target)],
-        env=_env(PYTHONPATH=str(src)), capture_output=True, text=True, check=True,
+        [sys.executable, "-c", WRAPPER, *run], env=_env(PYTHONPATH=str(src)), capture_output=True, text=True,
+        check=True,
     )  # fmt: skip
     wall = time.perf_counter() - start
     cpu, rss = done.stdout.split()
@@ -216,7 +235,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--iterations", type=int, action="append", help="per rank (repeatable)")
     parser.add_argument("--dir", type=Path, help="where the generated job is kept (reused)")
-    parser.add_argument("--old", action="store_true", help="also the committed version, smallest size")
+    parser.add_argument(
+        "--old",
+        nargs="?",
+        const="HEAD",
+        metavar="REV",
+        help="also this commit's version (default HEAD), smallest size",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are printed")
     args = parser.parse_args()
     sizes = sorted(args.iterations or [1_000_000])
@@ -227,11 +252,11 @@ def main() -> None:
         old_src = Path(tempfile.mkdtemp(dir=directory)) / "old"
         old_src.mkdir()
         archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", "HEAD", "src"], check=True, capture_output=True
+            ["git", "-C", str(REPO), "archive", args.old, "src"], check=True, capture_output=True
         )
         subprocess.run(["tar", "-x", "-C", str(old_src)], input=archive.stdout, check=True)
     print(f"{'ranks':>5} {'iters/rank':>11} {'MB':>8} {'command':<8} {'wall s':>8} {'MB/s':>7} "
-          f"{'MB/s/core':>9} {'(rounds)':>11} {'peak RSS MB':>11}  version")  # fmt: skip
+          f"{'MB/s/core':>9} {'(rounds)':>11} {'x orjson':>8} {'peak RSS MB':>11}  version")  # fmt: skip
     for n, iterations in enumerate(sizes):
         files = generate(directory, args.ranks, args.nodes, iterations)
         megabytes = sum(path.stat().st_size for path in files) / 1e6
@@ -239,18 +264,22 @@ def main() -> None:
         versions = [("new", REPO / "src")] + ([("old", old_src / "src")] if old_src and n == 0 else [])
         runs: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
         for _round in range(args.rounds):  # interleaved: a slow spell of the machine hits all alike
+            runs.setdefault(("orjson", "-"), []).append(measure("orjson", files[0].parent, REPO / "src"))
             for command in ("summary", "goodput", "report"):
                 for version, src in versions:
                     runs.setdefault((command, version), []).append(measure(command, files[0].parent, src))
+        # each round's command against that round's orjson parse: a slow spell hits both alike
+        floor = [m[1] for m in runs[("orjson", "-")]]
         for (command, version), measured in runs.items():
             wall = statistics.median(m[0] for m in measured)
             cpus = sorted(m[1] for m in measured)
             rss = max(m[2] for m in measured)
             spread = f"{megabytes / cpus[-1]:.1f}-{megabytes / cpus[0]:.1f}"
+            ratio = statistics.median(f / m[1] for f, m in zip(floor, measured, strict=True))
             print(
                 f"{args.ranks:>5} {iterations:>11,} {megabytes:>8,.0f} {command:<8} {wall:>8.1f} "
                 f"{megabytes / wall:>7.1f} {megabytes / statistics.median(cpus):>9.1f} {spread:>11} "
-                f"{rss / 1e6:>11.0f}  {version}",
+                f"{ratio:>8.2f} {rss / 1e6:>11.0f}  {version}",
                 flush=True,
             )
 
