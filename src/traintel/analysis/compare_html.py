@@ -147,9 +147,8 @@ def goodput_bars(reports: list[Report]) -> str:
     categories = [
         c for c in BADPUT_CATEGORIES if any(s.badput_s.get(c, 0.0) > 0 for r in reports for s in r.goodput)
     ]
-    colours = {"productive": "#59a14f"} | {
-        c: _PALETTE[(i + 1) % len(_PALETTE)] for i, c in enumerate(categories)
-    }
+    others = [colour for colour in _PALETTE if colour != "#59a14f"]  # green is productive's alone
+    colours = {"productive": "#59a14f"} | {c: others[i % len(others)] for i, c in enumerate(categories)}
     label_w, bar_h = 60, 22
     height = 10 + bar_h * len(reports) + 30
     scale = _W - label_w - 20
