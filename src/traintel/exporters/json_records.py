@@ -48,7 +48,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     SummaryDataPoint,
 )
 
-from traintel.exporters.reader import MetricSeries, MetricsRecord, NotCanonical
+from traintel.exporters.records import MetricSeries, MetricsRecord, NotCanonical
 
 __all__ = ["decode"]
 

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -32,9 +32,31 @@ from traintel import semconv
 from traintel._aggregation import window_record
 from traintel.exporters.file import FILE_SUFFIX
 from traintel.exporters.otlp_json import DecodeError, ExportRequest, json_line_to_request
+from traintel.exporters.records import EventRecord, MetricSeries, MetricsRecord, NotCanonical, SpanRecord
 from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
 
-_STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
+__all__ = [  # the records are re-exported: the analysis reads them from here
+    "MAX_LINE_BYTES",
+    "EventRecord",
+    "MetricSeries",
+    "MetricsRecord",
+    "NotCanonical",
+    "ReadStats",
+    "Record",
+    "SpanRecord",
+    "any_value",
+    "attributes_dict",
+    "decode_line",
+    "expand_paths",
+    "expand_windows",
+    "gc_paused",
+    "iter_metric_requests",
+    "iter_records",
+    "iter_spans",
+    "metrics_records",
+    "read_requests",
+    "spans_in",
+]
 
 #: Lines longer than this are skipped unread: a corrupt file must not exhaust memory.
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -152,65 +174,6 @@ def any_value(value: AnyValue) -> Any:
 
 def attributes_dict(attributes: Iterable[KeyValue]) -> dict[str, Any]:
     return {kv.key: any_value(kv.value) for kv in attributes}
-
-
-class NotCanonical(Exception):
-    """The line is not in the canonical OTLP/JSON spelling: leave it to the proto path."""
-
-
-class MetricSeries(NamedTuple):
-    """One metric of a metrics request, reduced to what the analysis reads (a tuple: a file
-    holds millions of them, and a frozen dataclass costs twice as much to build)."""
-
-    name: str
-    #: The ``data`` member (``gauge``, ``sum``, ``histogram``, ...), None when unset.
-    kind: str | None
-    #: Sum over the points of ``as_double`` / ``as_int`` (gauge and sum; 0.0 otherwise).
-    total: float
-    #: The latest ``time_unix_nano`` of its points (0 without points).
-    last_time_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsRecord:
-    """A ``ResourceMetrics``: the resource's attributes and its metrics, all scopes together."""
-
-    resource: dict[str, Any]
-    metrics: tuple[MetricSeries, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class EventRecord:
-    name: str
-    time_ns: int
-    attributes: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class SpanRecord:
-    """A flat view of one exported span with its resource, for analysis code."""
-
-    name: str
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, Any]
-    events: tuple[EventRecord, ...]
-    links: tuple[tuple[str, str], ...]
-    status_code: int
-    status_message: str
-    resource: dict[str, Any]
-    scope: str
-
-    @property
-    def duration_s(self) -> float:
-        return (self.end_ns - self.start_ns) / 1e9
-
-    @property
-    def is_error(self) -> bool:
-        return self.status_code == _STATUS_ERROR
 
 
 def _span_record(span: ProtoSpan, resource: dict[str, Any], scope: str) -> SpanRecord:

@@ -1,0 +1,74 @@
+"""The flat records the analysis reads: a span with its resource, a resource's metrics.
+
+Why a module of their own: both decoders build them (the typed-struct one in
+:mod:`~traintel.exporters.json_records`, the proto one in :mod:`~traintel.exporters.reader`),
+and neither should import the other to get them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = ["EventRecord", "MetricSeries", "MetricsRecord", "NotCanonical", "SpanRecord"]
+
+_STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
+
+
+class NotCanonical(Exception):
+    """The line is not in the canonical OTLP/JSON spelling: leave it to the proto path."""
+
+
+class MetricSeries(NamedTuple):
+    """One metric of a metrics request, reduced to what the analysis reads (a tuple: a file
+    holds millions of them, and a frozen dataclass costs twice as much to build)."""
+
+    name: str
+    #: The ``data`` member (``gauge``, ``sum``, ``histogram``, ...), None when unset.
+    kind: str | None
+    #: Sum over the points of ``as_double`` / ``as_int`` (gauge and sum; 0.0 otherwise).
+    total: float
+    #: The latest ``time_unix_nano`` of its points (0 without points).
+    last_time_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRecord:
+    """A ``ResourceMetrics``: the resource's attributes and its metrics, all scopes together."""
+
+    resource: dict[str, Any]
+    metrics: tuple[MetricSeries, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRecord:
+    """A flat view of one exported span with its resource, for analysis code."""
+
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    events: tuple[EventRecord, ...]
+    links: tuple[tuple[str, str], ...]
+    status_code: int
+    status_message: str
+    resource: dict[str, Any]
+    scope: str
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def is_error(self) -> bool:
+        return self.status_code == _STATUS_ERROR
