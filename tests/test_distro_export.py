@@ -145,10 +145,13 @@ def test_a_run_sent_to_nothing_listening_is_read_from_its_spool(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed once the block ends: nothing listens there
     result, _ = _instrumented(
-        tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}", OTEL_EXPORTER_OTLP_INSECURE="true"
+        tmp_path,
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+        OTEL_EXPORTER_OTLP_INSECURE="true",
+        TRAINTEL_QUIET="0",
     )
     assert result.returncode == 0, result.stderr
-    assert f"this run's telemetry was sent to http://127.0.0.1:{port} (OTLP)" in result.stderr, result.stderr
+    assert f"telemetry of this run was sent to http://127.0.0.1:{port} (OTLP)" in result.stderr, result.stderr
     out = tmp_path / "out"
     assert not list(out.rglob("*.otlp.jsonl")) and list(out.rglob("*.otlp.pb"))
     assert main(["report", str(out), "--json"]) == 0

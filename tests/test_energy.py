@@ -238,7 +238,7 @@ def test_summary_report_and_goodput_read_the_energy_back(
     traintel.shutdown(1)
     provider.shutdown()
     assert file.path is not None
-    text = render(summarize([file.path]))
+    text = " ".join(render(summarize([file.path])).split())  # (a long line continues on the next)
     # the loop's summary: up to its last window (1125 J over 4.5 s, 64 tokens)
     assert f"GPU energy: 1.12 kJ ({1125 / 64:,.3g} J/token, {1125 / 8:,.3g} J/sample), cost" in text
     assert "productive 89%, checkpoint_save 11%" in text

@@ -26,9 +26,9 @@ with traintel.application():
 def test_a_job_says_where_its_telemetry_is_and_the_command_reads_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    done = run_python(JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "my runs"))
+    done = run_python(JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "my runs"), TRAINTEL_QUIET="0")
     assert done.returncode == 0, done.stderr
-    lines = [line for line in done.stderr.splitlines() if line.startswith("traintel: this run's telemetry")]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("traintel: telemetry of this run")]
     assert len(lines) == 1, done.stderr
     (output,) = (tmp_path / "my runs").glob("*.otlp.jsonl")
     assert f"is in {output};" in lines[0]
@@ -44,14 +44,17 @@ def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}
     assert (
         farewell(None, ["otlp"], 0, env)
-        == "traintel: this run's telemetry was sent to http://collector:4317 (OTLP)"
+        == "traintel: telemetry of this run was sent to http://collector:4317 (OTLP)"
     )
     assert farewell(
         output, ["otlp", "traintel_file"], 0, {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
     ) == (
-        "traintel: this run's telemetry was sent to http://localhost:4318/v1/traces (OTLP) "
+        "traintel: telemetry of this run was sent to http://localhost:4318/v1/traces (OTLP) "
         f"and is kept in {output}; read it with: traintel summary {tmp_path}"
     )
+    secret = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://trainer:s3cr3t-pw@collector:4317?token=t0k3n-x"}
+    line = farewell(None, ["otlp"], 0, secret)
+    assert line is not None and "s3cr3t-pw" not in line and "t0k3n-x" not in line and "collector:4317" in line
     assert farewell(output, ["traintel_file"], 1, {}) is None  # one line per job, not per rank
     assert farewell(output, ["traintel_file"], 0, {"TRAINTEL_QUIET": "true"}) is None
     assert farewell(None, [], 0, {}) is None  # the user's own providers: nothing known to say

@@ -340,7 +340,7 @@ def test_every_exported_slow_iteration_has_its_event_whatever_the_cap(exporter: 
     traintel.configure(
         span_exporters=[exporter], metric_readers=[], export_first_iterations=0,
         export_every_n_iterations=10**6, slow_iteration_factor=1.5, log_every_n_iterations=2,
-        window_min_seconds=0,
+        window_min_seconds=0, export_tail_per_minute=1,
     )  # fmt: skip
     run_job([1.0] * 101 + [1.6] * 50)  # 50 slow in 80 s: a minute's tail budget exports few of them
     spans = finished(exporter)
@@ -356,6 +356,8 @@ def test_every_exported_slow_iteration_has_its_event_whatever_the_cap(exporter: 
         if e.name == "slow_iteration"
     }
     assert len(slow) >= 3 and len(events) >= 20, (sorted(slow), len(events))
+    not_exported = [e for e in events.values() if semconv.EXPORTED_SPAN_ID not in (e.attributes or {})]
+    assert len(not_exported) == 20  # the cap, per segment, for the slow iterations not exported
     for iteration, span in slow.items():
         assert iteration in events, f"exported slow iteration {iteration} has no event"
         exported_id = (events[iteration].attributes or {})[semconv.EXPORTED_SPAN_ID]

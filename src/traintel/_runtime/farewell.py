@@ -14,15 +14,17 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from traintel.environment_variables import TRAINTEL_QUIET
+from traintel.exporters.redaction import redact, url_secrets
 
 _OTLP_DEFAULTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318/v1/traces"}
 
 
 def otlp_traces_endpoint(environ: Mapping[str, str]) -> str:
-    """Where the OTLP span exporter sends, as the ``OTEL_*`` variables (or their defaults) say."""
+    """Where the OTLP span exporter sends, as the ``OTEL_*`` variables (or their defaults) say;
+    a password or token in the URL is never printed."""
     endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if endpoint:
-        return endpoint
+        return redact(endpoint, url_secrets(endpoint))
     protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     return _OTLP_DEFAULTS.get(protocol or "grpc", _OTLP_DEFAULTS["grpc"])
 
@@ -40,8 +42,8 @@ def farewell(
     if output is not None:
         where = f"{where} and is kept in {output}" if where else f"is in {output}"
         folder = shlex.quote(str(output.parent))
-        return f"traintel: this run's telemetry {where}; read it with: traintel summary {folder}"
-    return f"traintel: this run's telemetry {where}" if where else None
+        return f"traintel: telemetry of this run {where}; read it with: traintel summary {folder}"
+    return f"traintel: telemetry of this run {where}" if where else None
 
 
 def say_farewell(output: Path | None, trace_exporters: list[str], rank: object) -> None:
