@@ -845,6 +845,8 @@ def test_jaeger_on_clickhouse_is_the_in_memory_config_with_another_store() -> No
         "${JAEGER_CONFIG:-config.yaml}" in argument
         and "./deploy/jaeger:/etc/jaeger:ro" in SERVICES["jaeger"]["volumes"]
     )
+
+
 def test_no_metric_name_spells_its_unit() -> None:
     """Prometheus exporters append the unit (``_seconds``, ``_bytes``): a name that already says
     it reads twice (``ml_training_heartbeat_seconds_since_progress_seconds``)."""
