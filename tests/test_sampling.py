@@ -335,8 +335,8 @@ def test_the_slow_test_in_nanoseconds_says_what_the_test_in_seconds_says() -> No
 
 
 def test_every_exported_slow_iteration_has_its_event_whatever_the_cap(exporter: InMemorySpanExporter) -> None:
-    """The cap on slow_iteration events (20 per segment) is spent on iterations that are not
-    exported only: an exported slow iteration always gets the event that names its ids."""
+    """Iterations that are not exported take at most half of the slow_iteration events of a
+    segment (10 of 20): an exported slow iteration still gets the event that names its ids."""
     traintel.configure(
         span_exporters=[exporter], metric_readers=[], export_first_iterations=0,
         export_every_n_iterations=10**6, slow_iteration_factor=1.5, log_every_n_iterations=2,
@@ -355,9 +355,10 @@ def test_every_exported_slow_iteration_has_its_event_whatever_the_cap(exporter: 
         for e in s.events
         if e.name == "slow_iteration"
     }
-    assert len(slow) >= 3 and len(events) >= 20, (sorted(slow), len(events))
+    assert len(slow) >= 3, sorted(slow)
     not_exported = [e for e in events.values() if semconv.EXPORTED_SPAN_ID not in (e.attributes or {})]
-    assert len(not_exported) == 20  # the cap, per segment, for the slow iterations not exported
+    assert 0 < len(not_exported) <= 10  # their share of the segment's 20 (shared with the exported)
+    assert len(events) == len(not_exported) + len(slow) <= 20
     for iteration, span in slow.items():
         assert iteration in events, f"exported slow iteration {iteration} has no event"
         exported_id = (events[iteration].attributes or {})[semconv.EXPORTED_SPAN_ID]

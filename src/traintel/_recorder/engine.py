@@ -54,24 +54,27 @@ _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
 _get_ident = threading.get_ident
-#: Events of one kind (slow_iteration, nonfinite_metric) per segment at most for iterations that
-#: are not exported (an exported slow one always gets its event); the rest are counted in the
-#: window events. The SDK keeps only the newest 128 events of a span.
+#: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; iterations that are
+#: not exported may take half of them, so that the exported ones (whose event names their trace
+#: and span) keep theirs under load. The rest are counted in the window events. The SDK keeps
+#: only the newest 128 events of a span.
 MAX_EVENTS_PER_SEGMENT = 20
 
 
 class EventBudget:
-    """Caps events of each kind per segment."""
+    """Caps events of each kind per segment, half of them for iterations not exported."""
 
     __slots__ = ("counts",)
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
 
-    def allow(self, kind: str) -> bool:
+    def allow(self, kind: str, exported: bool = False) -> bool:
         count = self.counts.get(kind, 0)
+        if count >= (MAX_EVENTS_PER_SEGMENT if exported else MAX_EVENTS_PER_SEGMENT // 2):
+            return False
         self.counts[kind] = count + 1
-        return count < MAX_EVENTS_PER_SEGMENT
+        return True
 
 
 @dataclass(frozen=True)
@@ -592,9 +595,8 @@ class TrainingEngine:
         return self.loop if self.loop is not None else self.foreign_loop
 
     def _slow_event(self, record: IterationRecord, seconds: float, exported: tuple[int, int] | None) -> None:
-        # an exported one always gets its event (the tail budget bounds them); the cap is for the rest
         loop = self.loop_span()
-        if loop is None or (exported is None and not self.events.allow("slow")):
+        if loop is None or not self.events.allow("slow", exported is not None):
             return
         median = self.sampler.median
         attributes: dict[str, AttributeValue] = {
