@@ -266,7 +266,7 @@ def test_a_blocked_rank_is_named_by_its_heartbeat_at_the_next_collection(tmp_pat
     one's, so the collections that count, and how much the gauge may grow between two, follow
     from the timestamps the ranks exported."""
     results = ok(
-        run_ranks("COLLECTIONS = 4\n" + BLOCKED_JOB, tmp_path, timeout=120, OTEL_METRIC_EXPORT_INTERVAL="500")
+        run_ranks("COLLECTIONS = 8\n" + BLOCKED_JOB, tmp_path, timeout=120, OTEL_METRIC_EXPORT_INTERVAL="250")
     )
     stuck = {rank: int((tmp_path / f"stuck{rank}").read_text()) for rank in (0, 1)}
     (unblocked_line,) = [line for line in results[1].stdout.splitlines() if line.startswith("UNBLOCKED")]
@@ -289,7 +289,7 @@ def test_a_blocked_rank_is_named_by_its_heartbeat_at_the_next_collection(tmp_pat
             for k in range(1, len(times) - 1)
             if times[k - 1] > stuck[result.rank] and times[k + 1] < unblocked
         ]
-        assert len(during) >= 2, f"rank {result.rank}: {len(during)} collections while stuck"
+        assert len(during) >= 6, f"rank {result.rank}: {len(during)} collections while stuck"
         # The first collection that began after the rank got stuck already shows where...
         first_t = times[during[0]]
         assert phases[first_t][semconv.PHASE] == "training_iteration"
