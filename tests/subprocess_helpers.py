@@ -26,6 +26,42 @@ SUITE_ENV = {
 }
 
 
+#: Put around a child's script by :func:`with_exit_clock`: its atexit hook, registered first, runs
+#: last, after every hook the job registers later (traintel's bounded shutdown, the SDK's) and
+#: after the interpreter joined the job's threads, and writes how long the exit took by the
+#: process's own clock, from the end of the script to then, to ``exit_seconds`` in the
+#: directory the job started in: a figure no load before the exit (interpreter start, imports,
+#: training) inflates, kept out of the job's output.
+_EXIT_CLOCK_START = """\
+import atexit as _exit_clock_atexit, os as _exit_clock_os, time as _exit_clock_time
+_exit_clock_file, _exit_clock_ended = _exit_clock_os.path.abspath("exit_seconds"), []
+def _exit_clock_write():
+    if _exit_clock_ended:
+        with open(_exit_clock_file, "w") as out:
+            out.write(repr(_exit_clock_time.monotonic() - _exit_clock_ended[0]))
+_exit_clock_atexit.register(_exit_clock_write)
+"""
+_EXIT_CLOCK_END = "\n_exit_clock_ended.append(_exit_clock_time.monotonic())\n"
+
+
+def with_exit_clock(code: str) -> str:
+    """``code`` that reports how long its exit took (see :func:`exit_seconds`)."""
+    return _EXIT_CLOCK_START + textwrap.dedent(code) + _EXIT_CLOCK_END
+
+
+def exit_seconds(cwd: Path) -> float:
+    """How long the exit of a :func:`with_exit_clock` job started in ``cwd`` took, as the process
+    measured it.
+
+    Exit bounds are checked against it and the job's own configuration: the exit never waits a
+    send out (it ends before the exporter's timeout), or waits at most traintel's bound plus the
+    one send under way (which the exporter's timeout bounds). Never against a number of wall
+    seconds for the whole run on whatever machine runs it."""
+    written = cwd / "exit_seconds"
+    assert written.exists(), "the job's exit clock never ran: it did not end through atexit"
+    return float(written.read_text())
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRAINTEL_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
@@ -71,6 +107,16 @@ class BlackHole:
             except OSError:
                 continue
             self._held.append(conn)  # hold it open, never read
+
+    def has_bytes(self) -> bool:
+        """Whether a client has sent anything (a request under way): peeked, never read."""
+        for conn in list(self._held):
+            try:
+                if conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                    return True
+            except (BlockingIOError, OSError):
+                continue
+        return False
 
     def __enter__(self) -> BlackHole:
         self._thread.start()

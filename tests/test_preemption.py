@@ -124,10 +124,11 @@ def the_event(found: list[Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("where", ["backward", "checkpoint"])
 def test_sigterm_ends_open_spans_reports_the_loss_and_dies_by_the_signal(tmp_path: Path, where: str) -> None:
-    code, out, err, took, _ = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM)
+    code, out, err, _, _ = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM)
     assert code == -signal.SIGTERM, err  # died by SIGTERM, as without traintel
     assert "clean exit" not in out and "Traceback" not in err
-    assert took < 15  # the flush is bounded (TRAINTEL_SHUTDOWN_TIMEOUT=5)
+    # the flush is bounded (TRAINTEL_SHUTDOWN_TIMEOUT=5): the process says when its bound cut it
+    assert "not finished within" not in err, err
     found = spans(tmp_path)
     by_name = {s.name: s for s in found}
     for name in ("application", "training_loop") + (

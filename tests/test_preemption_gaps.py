@@ -98,10 +98,10 @@ def _done_and_saved(event: dict[str, Any]) -> tuple[int, int]:
 @pytest.mark.parametrize("where", ["validation", "first_iteration", "warmup"])
 def test_sigterm_outside_a_plain_training_step(tmp_path: Path, where: str) -> None:
     plain_code = run_and_signal(tmp_path / "plain", "plain", where, signal.SIGTERM, SCRIPT).code
-    code, out, err, took, _ = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM, SCRIPT)
+    code, out, err, _, _ = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM, SCRIPT)
     assert code == plain_code == -signal.SIGTERM, err  # died by the signal, exactly as without us
     assert "clean exit" not in out and "Traceback" not in err, err
-    assert took < 15
+    assert "not finished within" not in err, err  # the report ended within its bound
     found = list(iter_spans([tmp_path / "runs"]))
     by_name: dict[str, list[Any]] = {}
     for span in found:
@@ -143,7 +143,7 @@ def test_a_users_handler_saves_after_the_signal_then_exits(tmp_path: Path, where
     code, out, err, took, _ = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM, SCRIPT)
     assert code == plain_code == 128 + signal.SIGTERM, err  # the user's sys.exit(143), unchanged
     assert "clean exit" not in out and "Traceback" not in err, err
-    assert took < 15
+    assert "not finished within" not in err, err  # the report ended within its bound
     found = list(iter_spans([tmp_path / "runs"]))
     saves = sorted((s for s in found if s.name == "checkpoint_save_sync"), key=lambda s: s.start_ns)
     assert [s.attributes[semconv.CHECKPOINT_ITERATION] for s in saves] == [2, 5]  # the handler's save
@@ -152,7 +152,7 @@ def test_a_users_handler_saves_after_the_signal_then_exits(tmp_path: Path, where
     assert event[semconv.PREEMPTION_SAVE_AFTER_SIGNAL] is True
     measured = (saves[1].end_ns - saves[1].start_ns) / 1e9
     assert event[semconv.PREEMPTION_SAVE_AFTER_SIGNAL_TIME] == pytest.approx(measured)
-    assert 0.2 <= measured < 5
+    assert 0.2 <= measured <= took  # its own 0.2 s, between the signal and the exit
     assert event[semconv.PREEMPTION_RECEIVED] <= saves[1].start_ns
     # iterations 0..4 done; the save after the signal captured iteration 5: nothing is redone
     assert _done_and_saved(event) == (4, 5)

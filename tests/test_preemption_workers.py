@@ -159,7 +159,6 @@ def test_sigterm_to_the_group_is_reported_in_full_and_kills_the_job(tmp_path: Pa
     # Neither torch's error nor a report cut short, in the main process or a worker.
     for text in ("Traceback", "could not report the preemption", "DataLoader worker", "not finished within"):
         assert text not in run.err, run.err
-    assert run.took < 10
     # Only the main process wrote telemetry: the workers, killed by the same signal, did not.
     files = [p.name for p in run.runs.rglob("*") if p.is_file()]
     assert files and all(str(run.pid) in name for name in files), files

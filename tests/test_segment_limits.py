@@ -180,13 +180,28 @@ def test_the_byte_budget_holds_with_long_evaluation_loops_under_small_budgets(
 CRASHING_JOB = """
 import os, signal, time
 import traintel
+from traintel.exporters.reader import iter_spans
+
+
+def closed_segments_written():
+    try:
+        spans = list(iter_spans([os.environ["TRAINTEL_OUTPUT_DIR"]]))
+    except Exception:  # a line still being written
+        return False
+    names = [s.name for s in spans]
+    return names.count("training_loop") >= 3 and names.count("application") >= 3
+
 
 traintel.configure(segment_iterations=100, log_every_n_iterations=50, slow_iteration_factor=1e9)
 with traintel.application(), traintel.training_loop():
     for i in range(350):
         with traintel.training_iteration(), traintel.model_forward():
             pass
-    time.sleep(2)  # no flush: the closed segments must already be on their way
+    # no flush: the closed segments must already be on their way (a job that held them back
+    # waits here until the deadline and is killed without them)
+    deadline = time.monotonic() + 60
+    while not closed_segments_written() and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-import time
 import uuid
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from opentelemetry.exporter.otlp.proto.grpc import exporter as grpc_exporter
 
 from tests import reference_job
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
-from tests.subprocess_helpers import run_python
+from tests.subprocess_helpers import exit_seconds, run_python, with_exit_clock
 from tests.tls_certs import TlsFiles, make_tls_files
 from traintel.exporters import tls_errors
 from traintel.exporters.redaction import REDACTED, url_secrets
@@ -52,10 +51,9 @@ def _receiver(protocol: str, tls: TlsFiles) -> GrpcReceiver | HttpReceiver:
     return HttpReceiver(tls=(str(tls.server_cert), str(tls.server_key)))
 
 
-def _run(tmp_path: Path, endpoint: str, protocol: str, ca: Path, **extra: str) -> tuple[int, str, str, float]:
-    started = time.monotonic()
+def _run(tmp_path: Path, endpoint: str, protocol: str, ca: Path, **extra: str) -> tuple[int, str, str]:
     result = run_python(
-        JOB,
+        with_exit_clock(JOB),
         tmp_path,
         OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
         OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
@@ -64,7 +62,7 @@ def _run(tmp_path: Path, endpoint: str, protocol: str, ca: Path, **extra: str) -
         OTEL_METRIC_EXPORT_INTERVAL="60000",
         **extra,
     )
-    return result.returncode, result.stdout, result.stderr, time.monotonic() - started
+    return result.returncode, result.stdout, result.stderr
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -77,7 +75,7 @@ def test_export_over_tls_with_the_generated_ca(
         # Set on many clusters and images; requests lets it override the exporter's CA file
         # (psf/requests#3829) unless traintel's session keeps it: point it at the wrong CA.
         bundle = {"REQUESTS_CA_BUNDLE": str(other.ca_cert), "CURL_CA_BUNDLE": str(other.ca_cert)}
-        code, out, err, _ = _run(tmp_path, receiver.endpoint, protocol, good.ca_cert, **bundle)
+        code, out, err = _run(tmp_path, receiver.endpoint, protocol, good.ca_cert, **bundle)
     assert code == 0 and "trained" in out, err
     assert err == "", err
     spans = [span for _, span in receiver.received.spans()]
@@ -92,19 +90,22 @@ def test_a_wrong_ca_says_so_once_training_goes_on_and_the_spool_keeps_the_spans(
 ) -> None:
     good, other = certs
     with _receiver(protocol, good) as receiver:
-        code, out, err, took = _run(
+        bound, send = 3.0, 2.0
+        code, out, err = _run(
             tmp_path,
             receiver.endpoint,
             protocol,
             other.ca_cert,  # signed by a CA the job does not trust
-            OTEL_EXPORTER_OTLP_TIMEOUT="2",
+            OTEL_EXPORTER_OTLP_TIMEOUT=str(send),
             OTEL_EXPORTER_OTLP_HEADERS=f"authorization=Bearer%20{SECRET}",
-            TRAINTEL_SHUTDOWN_TIMEOUT="3",
+            TRAINTEL_SHUTDOWN_TIMEOUT=str(bound),
             TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
         )
     assert code == 0 and "trained" in out, err  # training ran to the end, exit status untouched
     assert "Traceback" not in err and SECRET not in err, err
-    assert took < 30  # bounded by the timeouts, not by retries against a peer we refuse
+    # bounded by the timeouts (its own, one send's), not by retries against a peer we refuse:
+    # by the process's own clock
+    assert exit_seconds(tmp_path) < bound + send
     assert list(receiver.received.spans()) == []  # nothing was sent to an unverified peer
     # grpc's C core adds its own INFO lines ("I<date> ... Handshake failed") per attempt, outside
     # Python logging (GRPC_VERBOSITY=ERROR silences them). Everything else is traintel's:
@@ -196,7 +197,7 @@ def test_a_password_in_the_endpoint_url_is_never_printed(
     password = "pw" + uuid.uuid4().hex
     with _receiver(protocol, good) as receiver:
         endpoint = receiver.endpoint.replace("https://", f"https://trainer:{password}@")
-        code, out, err, _ = _run(
+        code, out, err = _run(
             tmp_path, endpoint, protocol, other.ca_cert, OTEL_EXPORTER_OTLP_TIMEOUT="2",
             TRAINTEL_SHUTDOWN_TIMEOUT="3", TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
         )  # fmt: skip
