@@ -9,7 +9,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,7 @@ def test_queue_overflow_drops_are_counted_exactly() -> None:
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("t")
     tracer.start_span("first").end()
-    assert exporter.entered.wait(5)  # the export thread is now stuck on "first"
+    assert exporter.entered.wait(60)  # the export thread is now stuck on "first"
     for i in range(20):
         tracer.start_span(f"s{i}").end()
     reader = _instruments(health)
@@ -109,12 +109,17 @@ def test_queue_overflow_drops_are_counted_exactly() -> None:
 
 
 class CountingExporter(SpanExporter):
-    """Slow enough that four producers overflow the queue, and counts what it got."""
+    """Counts what it got; its first export waits until ``overflowed()`` says the producers have
+    overflowed the queue (whatever the machine's load does to their pace), then each export
+    takes a little time, so producers and the export thread go on racing for the queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, overflowed: Callable[[], bool]) -> None:
         self.exported = 0
+        self.overflowed = overflowed
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        while not self.overflowed():
+            time.sleep(0.001)
         self.exported += len(spans)  # one export thread: no race
         time.sleep(0.0005)
         return SpanExportResult.SUCCESS
@@ -124,7 +129,10 @@ def test_queue_overflow_count_is_exact_with_four_producing_threads() -> None:
     """Producers race each other and the export thread for the queue's last places: every span
     is exported or counted as dropped, none twice (produced = exported + dropped)."""
     health = ExportHealth()
-    exporter = CountingExporter()
+    threads: list[threading.Thread] = []
+    exporter = CountingExporter(
+        lambda: health.spans_dropped.get("queue_full", 0) > 1000 or not any(t.is_alive() for t in threads)
+    )
     processor = CountingBatchSpanProcessor(
         exporter, health=health, max_queue_size=64, max_export_batch_size=16, schedule_delay_millis=1
     )
@@ -137,7 +145,7 @@ def test_queue_overflow_count_is_exact_with_four_producing_threads() -> None:
         for _ in range(per_thread):
             tracer.start_span("s").end()
 
-    threads = [threading.Thread(target=produce) for _ in range(4)]
+    threads.extend(threading.Thread(target=produce) for _ in range(4))
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -180,7 +188,7 @@ def test_a_batch_over_grpc_limit_is_split_and_delivered_over_a_real_socket() -> 
         assert unsplit.export(spans) == SpanExportResult.FAILURE  # what happens without splitting
         unsplit.shutdown()
         wrapped = SpoolingSpanExporter(
-            OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=5), None, health=health
+            OTLPSpanExporter(endpoint=receiver.endpoint, insecure=True, timeout=60), None, health=health
         )
         assert wrapped.export(spans) == SpanExportResult.SUCCESS
         wrapped.shutdown()
@@ -390,7 +398,7 @@ def test_a_metric_export_still_waiting_at_exit_is_said_as_undelivered() -> None:
         metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
         if inner.delivered:  # the first export goes through, the next waits
-            release.wait(10)
+            release.wait(60)  # released by the test: the bound is a hang guard
         return original(metrics_data, timeout_millis, **kwargs)
 
     inner.export = hanging  # type: ignore[method-assign]

@@ -143,11 +143,10 @@ def test_process_cpu_and_memory(pipeline: Pipeline) -> None:
     def idle() -> None:
         time.sleep(0.3)
 
-    def busy() -> None:  # one thread busy until it got a quarter of a CPU second
-        start, deadline = time.process_time(), time.monotonic() + 20
-        while time.process_time() - start < 0.25 and time.monotonic() < deadline:
+    def busy() -> None:  # one thread busy until it got a quarter of a CPU second, however long
+        start = time.process_time()
+        while time.process_time() - start < 0.25:
             pass
-        assert time.process_time() - start >= 0.25, "no quarter CPU second in 20 s: nothing to check"
 
     assert _cpu_utilization_within_bounds(pipeline, idle) < 0.5 / len(os.sched_getaffinity(0))
     assert _cpu_utilization_within_bounds(pipeline, busy) <= 1.0

@@ -155,7 +155,7 @@ def test_sigterm_ends_open_spans_reports_the_loss_and_dies_by_the_signal(tmp_pat
 
 
 def test_a_users_own_sigterm_handler_keeps_control(tmp_path: Path) -> None:
-    code, out, err, _, _ = run_and_signal(tmp_path, "user_handler", "backward", signal.SIGTERM)
+    code, out, err, took, _ = run_and_signal(tmp_path, "user_handler", "backward", signal.SIGTERM)
     assert code == 0 and "clean exit" in out, err  # the user's graceful path ran to the end
     found = spans(tmp_path)
     app = next(s for s in found if s.name == "application")
@@ -166,7 +166,8 @@ def test_a_users_own_sigterm_handler_keeps_control(tmp_path: Path) -> None:
     assert event[semconv.PREEMPTION_CHECKPOINT_ITERATION] == 7
     assert event[semconv.PREEMPTION_ITERATIONS_LOST] == 0
     assert event[semconv.PREEMPTION_SAVE_AFTER_SIGNAL] is True
-    assert 0.05 <= event[semconv.PREEMPTION_SAVE_AFTER_SIGNAL_TIME] < 5
+    # the user's 0.05 s save, made between the signal and the exit
+    assert 0.05 <= event[semconv.PREEMPTION_SAVE_AFTER_SIGNAL_TIME] <= took
 
 
 def test_sigint_exits_as_without_traintel(tmp_path: Path) -> None:
