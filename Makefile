@@ -8,7 +8,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.traintel-installed
 DEMO_STAMP := $(VENV)/.traintel-demo-installed
 DOCS_STAMP := $(VENV)/.traintel-docs-installed
-CODE := src tests examples benchmarks
+CODE := src tests examples benchmarks scripts/stress-suite
+# pytest spreads the suite over the machine's cores (pytest-xdist, at most 4 workers); tests that
+# must not run at the same time share an xdist_group, which one worker runs in turn
+# (tests/tiers.py and the markers in pyproject.toml say which and why). PYTEST_PARALLEL= runs
+# the suite in one process.
+PYTEST_PARALLEL ?= -n auto --maxprocesses=4 --dist loadgroup
 
 # The lowest OpenTelemetry release pyproject.toml allows, with the contrib packages of the same
 # release: `make test-sdk-floor` runs the suite against it in a virtualenv of its own (CI runs
@@ -21,7 +26,7 @@ OTEL_FLOOR_PINS := $(foreach p,api sdk proto exporter-otlp exporter-otlp-proto-c
 	exporter-otlp-proto-grpc exporter-otlp-proto-http,opentelemetry-$(p)==$(OTEL_FLOOR)) \
 	$(foreach p,semantic-conventions instrumentation distro exporter-prometheus,opentelemetry-$(p)==$(OTEL_FLOOR_CONTRIB))
 
-.PHONY: demo test test-sdk-floor lint typecheck pytest bench venv clean docs
+.PHONY: demo test test-fast test-sdk-floor lint typecheck pytest bench venv clean docs
 
 # The demo needs traintel and torch only; the tests add their extra on top (same venv).
 $(DEMO_STAMP): pyproject.toml Makefile
@@ -50,7 +55,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
+
+# The inner loop: the tests that start no process or server, use no framework and build no docs
+# (pytest --fast, tests/tiers.py), in one process; `make test` still runs everything.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q --fast
 
 $(FLOOR_STAMP): pyproject.toml Makefile
 	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
@@ -61,7 +71,7 @@ $(FLOOR_STAMP): pyproject.toml Makefile
 	touch $@
 
 test-sdk-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python -m pytest -q
+	$(FLOOR_VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL)
 
 # The documentation site, built strict (a broken link or anchor, a cross-reference with no target,
 # a docstring that does not render fails). Needs neither torch nor a GPU; the site goes to site/.

@@ -19,6 +19,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import traintel
 from tests.subprocess_helpers import SUITE_ENV
+from tests.tiers import (  # noqa: F401  (the suite's tiers: pytest finds these hooks here)
+    pytest_addoption,
+    pytest_collection_finish,
+    pytest_configure,
+    pytest_ignore_collect,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+)
 from traintel._runtime import state as _state
 
 #: The embedded default's directory as a test run from the repository would create it.

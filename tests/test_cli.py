@@ -13,6 +13,8 @@ from tests.subprocess_helpers import clean_env, run_python
 from traintel.cli import main
 from traintel.version import __version__
 
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
+
 JOB = """
 import traintel
 with traintel.application():

@@ -147,6 +147,7 @@ def test_set_training_config_after_start(pipeline: Pipeline) -> None:
     assert [e.name for e in events] == ["telemetry_initialization", "training_config_update"]
 
 
+@pytest.mark.process
 def test_a_huge_shutdown_timeout_is_refused_and_nothing_recorded_is_lost(tmp_path: Path) -> None:
     """Auto-configuration logs the bad value and keeps the default bound: the exit flushes
     every span instead of overflowing on the way out."""

@@ -135,6 +135,7 @@ def _report(stdout: str) -> dict[str, object]:
         ),
     ],
 )
+@pytest.mark.process
 def test_a_value_the_sdk_rejects_fails_configure_atomically(
     tmp_path: Path, variable: str, value: str, exporters: tuple[str, str], message: str
 ) -> None:
@@ -196,6 +197,7 @@ print("REPORT" + json.dumps({
         ),
     ],
 )
+@pytest.mark.process
 def test_automatic_configuration_says_which_value_and_leaves_nothing_half_built(
     tmp_path: Path, variable: str, value: str, logged: str
 ) -> None:
@@ -213,6 +215,7 @@ def test_automatic_configuration_says_which_value_and_leaves_nothing_half_built(
     }
 
 
+@pytest.mark.process
 def test_automatic_configuration_leaves_out_only_the_metrics_a_bad_interval_stops(tmp_path: Path) -> None:
     """Every periodic reader refuses the interval: metrics are left out, one line each saying
     why, and the traces go on (one bad setting never turns everything off)."""
@@ -230,6 +233,7 @@ def test_automatic_configuration_leaves_out_only_the_metrics_a_bad_interval_stop
     assert '"training_iteration"' in file.read_text() or '"training_loop"' in file.read_text()
 
 
+@pytest.mark.process
 def test_automatic_configuration_names_the_value_an_exporter_rejected(tmp_path: Path) -> None:
     """An exporter that cannot start is left out, as before; the line now says which value."""
     result = run_python(

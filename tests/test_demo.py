@@ -11,6 +11,8 @@ import pytest
 from tests.subprocess_helpers import REPO, clean_env
 from traintel.exporters.reader import iter_spans
 
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
+
 pytest.importorskip("torch")
 
 

@@ -19,6 +19,8 @@ from tests.subprocess_helpers import REPO, BlackHole, clean_env, exit_seconds, w
 from traintel.cli import main
 from traintel.exporters.reader import iter_spans
 
+pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
+
 SCRIPT = REPO / "examples" / "zero_code_train.py"
 INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
 HINT = "OTEL_TRACES_EXPORTER=traintel_file OTEL_METRICS_EXPORTER=traintel_file"

@@ -29,10 +29,14 @@ MISSING = [
     for name in ("mkdocs", "mkdocstrings_handlers.python", "material")
     if not importlib.util.find_spec(name)
 ]
-pytestmark = pytest.mark.skipif(
-    bool(MISSING),
-    reason=f"the docs toolchain is not installed ({', '.join(MISSING)}): pip install -e '.[docs]'",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        bool(MISSING),
+        reason=f"the docs toolchain is not installed ({', '.join(MISSING)}): pip install -e '.[docs]'",
+    ),
+    pytest.mark.docs,  # the suite's tiers: tests/tiers.py
+    pytest.mark.process,
+]
 
 #: Public modules whose frameworks may be absent: their ``__all__`` is read from the source.
 INTEGRATIONS = ("lightning", "pytorch_lightning", "transformers", "torch_monitor")

@@ -11,6 +11,8 @@ from tests.subprocess_helpers import run_python
 from traintel._sdk.providers import build_pipeline
 from traintel.config import ConfigurationError, TrainingConfig
 
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
+
 JOB = """
 import sys, traintel
 if sys.argv[1:] == ["explicit"]:

@@ -27,6 +27,8 @@ from traintel.cli import main
 from traintel.exporters.reader import iter_spans
 from traintel.exporters.spool import read_batch
 
+pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
+
 SECRET = "planted-s3cr3t-token"
 
 #: The job runs three stretches of iterations, announcing each stop in ``ctl/`` and waiting

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.metrics import MeterProvider
@@ -180,6 +181,7 @@ def _big_spans(count: int, value_bytes: int) -> list[ReadableSpan]:
     return list(memory.get_finished_spans())
 
 
+@pytest.mark.server
 def test_a_batch_over_grpc_limit_is_split_and_delivered_over_a_real_socket() -> None:
     spans = _big_spans(60, 100_000)  # ~6 MB: one request would exceed gRPC's 4 MiB limit
     health = ExportHealth()
@@ -271,6 +273,7 @@ def test_a_spooled_batch_that_decodes_but_is_invalid_is_set_aside_and_the_rest_s
     assert moved.is_file(), "kept for the user to inspect or replay"
 
 
+@pytest.mark.process
 def test_losses_reach_the_exit_line_the_summary_and_the_report(tmp_path: Path) -> None:
     """A span over OTEL_SPAN_EVENT_COUNT_LIMIT in a real run with the embedded default: the
     application span has telemetry_initialization and 5 notes, 2 kept, 4 dropped."""
@@ -292,6 +295,7 @@ def test_losses_reach_the_exit_line_the_summary_and_the_report(tmp_path: Path) -
     assert report.self_telemetry[semconv.METRIC_SPANS_DROPPED] == 0
 
 
+@pytest.mark.process
 def test_a_forked_child_spools_into_its_own_directory(tmp_path: Path) -> None:
     import multiprocessing
 
@@ -438,6 +442,7 @@ def test_a_metric_export_waiting_at_exit_with_none_delivered_says_so() -> None:
     ]
 
 
+@pytest.mark.process
 def test_a_job_whose_collector_is_down_counts_its_metric_failures_and_says_so(tmp_path: Path) -> None:
     """Real OTLP/gRPC metric export to a port where nothing listens, next to the embedded file."""
     code = """
@@ -483,6 +488,7 @@ def test_a_job_whose_collector_is_down_counts_its_metric_failures_and_says_so(tm
     assert 1 <= last["metrics"] <= int(match.group(1))
 
 
+@pytest.mark.process
 def test_per_iteration_values_no_exporter_can_take_are_said_at_exit(tmp_path: Path) -> None:
     """Only the user's own reader, which never collects during the run: the buffer holds
     100,000 values, and with none of traintel's exporters to add the rest at export, the other
@@ -529,6 +535,7 @@ print("trained")
 """
 
 
+@pytest.mark.process
 def test_a_job_faster_than_the_reader_loses_no_iteration_from_its_histograms(tmp_path: Path) -> None:
     """300,000 iterations (> 100,000 iterations/s here) and a 60 s reader that collects once, at
     exit: the buffer takes 100,000 values, the other 200,000 are counted into the buckets and
@@ -552,6 +559,8 @@ def test_a_job_faster_than_the_reader_loses_no_iteration_from_its_histograms(tmp
     assert dropped == [0]
 
 
+@pytest.mark.process
+@pytest.mark.server
 def test_with_delta_temporality_each_export_adds_only_its_own_share(tmp_path: Path) -> None:
     """A real OTLP receiver and delta temporality: the points of all exports add up to every
     iteration, each overflow value sent once."""

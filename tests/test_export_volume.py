@@ -142,6 +142,7 @@ def _span_bytes(runs: Path) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(("rate", "minutes", "budget_mb"), [(10, 12, 1.0), (1000, 6, 2.0)])
+@pytest.mark.process
 def test_a_job_stays_within_the_hourly_budget_and_reads_back_exactly(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], rate: int, minutes: float, budget_mb: float
 ) -> None:

@@ -155,6 +155,7 @@ def test_shared_file_closes_after_last_exporter(tmp_path: Path) -> None:
     assert not file.write_line('{"resourceSpans":[]}', "svc")
 
 
+@pytest.mark.server
 def test_disk_full_reports_once_and_otlp_export_is_unaffected(caplog: pytest.LogCaptureFixture) -> None:
     """The file exporter writes to /dev/full (every write fails with ENOSPC) next to a real OTLP
     exporter: training runs to the end, one clear error, the collector gets every span."""
@@ -228,6 +229,7 @@ traintel.shutdown(1)
         ),
     ],
 )
+@pytest.mark.process
 def test_the_file_collects_every_five_minutes_unless_the_interval_is_set(
     tmp_path: Path, env: dict[str, str], expected: dict[str, float]
 ) -> None:
@@ -249,6 +251,7 @@ def test_files_are_owner_only(tmp_path: Path) -> None:
     file.close()
 
 
+@pytest.mark.process
 def test_everything_traintel_creates_is_owner_only_under_umask_000(tmp_path: Path) -> None:
     """Directories it makes for TRAINTEL_OUTPUT_DIR (parents included), its files, and what the
     CLI writes (--html, export-trace): 0700 / 0600 even when the job runs under umask 000."""

@@ -18,6 +18,8 @@ import pytest
 from tests.subprocess_helpers import run_python
 from traintel.exporters.reader import iter_spans
 
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
+
 JOB = """
 import json, os, time
 import torch

@@ -336,6 +336,7 @@ def test_cli_table_and_json(
     assert json.loads(capsys.readouterr().out)["sessions"][0]["total_seconds"] == pytest.approx(10)
 
 
+@pytest.mark.process
 def test_cli_rejects_bad_times_by_name(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "traintel.cli", "goodput", str(tmp_path), "--start", "yesterday"],

@@ -20,6 +20,8 @@ from traintel import cli
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.semconv import BADPUT_CATEGORIES
 
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
+
 T0_S = 1_700_000_000
 
 #: A job on a counter clock: ``tick(s)`` moves it. ``phase``/``loop``/``save``/``load`` open

@@ -24,6 +24,8 @@ from traintel._aggregation.window_record import expand
 from traintel.exporters.reader import SpanRecord, iter_spans
 from traintel.instrumentation import TraintelInstrumentor
 
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
+
 SCRIPT = REPO / "examples" / "zero_code_train.py"
 
 

@@ -18,6 +18,8 @@ from tests.conftest import parent_name
 from tests.integration_helpers import Captured, attr, capture, children, window_updates
 from traintel import semconv
 
+pytestmark = [pytest.mark.framework]  # the suite's tiers: tests/tiers.py
+
 BATCH = 4
 ACCUMULATE = 2
 

@@ -12,6 +12,8 @@ import pytest
 from tests.subprocess_helpers import REPO, clean_env
 from traintel.exporters.reader import iter_spans
 
+pytestmark = [pytest.mark.process, pytest.mark.framework]  # the suite's tiers: tests/tiers.py
+
 
 @pytest.mark.parametrize(
     ("example", "framework", "expected"),

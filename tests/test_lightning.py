@@ -20,6 +20,8 @@ from tests.conftest import parent_name
 from tests.integration_helpers import Captured, attr, capture, children, window_updates
 from traintel import semconv
 
+pytestmark = [pytest.mark.framework]  # the suite's tiers: tests/tiers.py
+
 pl = pytest.importorskip("lightning.pytorch")
 from traintel.integrations.lightning import TraintelCallback, TraintelTrainer  # noqa: E402
 

@@ -27,6 +27,8 @@ from traintel.analysis.summary import render, summarize
 from traintel.exporters import reader
 from traintel.exporters.otlp_json import json_line_to_request
 
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
+
 ITERATIONS = 2000
 RANKS = 64
 REAL_JOBS = 8

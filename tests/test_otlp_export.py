@@ -15,6 +15,8 @@ from tests.otlp_receiver import GrpcReceiver, HttpReceiver, Received
 from tests.subprocess_helpers import run_python
 from traintel import semconv
 
+pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
+
 JOB = """
 from tests import reference_job
 reference_job.with_context_managers()

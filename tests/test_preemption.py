@@ -19,6 +19,8 @@ from traintel import semconv
 from traintel.analysis.goodput import compute_goodput, load_jobs
 from traintel.exporters.reader import iter_spans
 
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
+
 # Trains 6 iterations, saves a checkpoint after the 4th (resume would start at 4), then blocks
 # in iteration 6's backward (or just after it, in a second save, or loading data before it)
 # until a signal arrives.

@@ -20,6 +20,8 @@ from traintel import semconv
 from traintel.analysis.goodput import compute_goodput, load_jobs
 from traintel.exporters.reader import iter_spans
 
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
+
 # where: "validation" blocks in validation iteration 1 after 4 training iterations and a save
 # after the 2nd; "first_iteration" blocks in iteration 0's forward; "warmup" blocks in
 # iteration 2 of 5 warm-up iterations (a save after iteration 1); "handler_saves" installs a

@@ -20,10 +20,14 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pytest
+
 from tests.subprocess_helpers import clean_env
 from traintel import semconv
 from traintel.analysis.goodput import compute_goodput, load_jobs
 from traintel.exporters.reader import iter_spans
+
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
 
 # argv: "traintel" or "plain", then "default" (SIGTERM's default action; signalled while it
 # trains) or "user": a flag handler installed before traintel's and no application span, so

@@ -8,9 +8,13 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.otlp_receiver import GrpcReceiver
 from tests.subprocess_helpers import BlackHole, exit_seconds, run_python, with_exit_clock
 from traintel.exporters.reader import iter_spans
+
+pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
 
 USER_JOB = """
 import traintel

@@ -14,6 +14,8 @@ import pytest
 
 from tests.subprocess_helpers import clean_env, wait_for
 
+pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
+
 pytest.importorskip("opentelemetry.exporter.prometheus")
 parser = pytest.importorskip("prometheus_client.parser")
 

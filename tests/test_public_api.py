@@ -6,6 +6,8 @@ import importlib
 import importlib.metadata
 from pathlib import Path
 
+import pytest
+
 import traintel
 
 EXPECTED = {
@@ -51,8 +53,6 @@ def test_every_public_name_is_documented() -> None:
 
 
 def test_names_that_moved_still_resolve_with_a_warning_naming_their_module() -> None:
-    import pytest
-
     from traintel import callbacks, semconv, threads
 
     for name, module in (("on_train_start", callbacks), ("Phase", semconv), ("wrap_with_context", threads)):
@@ -64,6 +64,7 @@ def test_names_that_moved_still_resolve_with_a_warning_naming_their_module() -> 
         _ = traintel.IterationSpan
 
 
+@pytest.mark.process
 def test_importing_traintel_imports_no_torch_rich_grpc_or_msgspec() -> None:
     import subprocess
     import sys

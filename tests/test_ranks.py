@@ -9,6 +9,8 @@ import pytest
 from tests.rank_helpers import RankResult, run_ranks
 from traintel import semconv
 
+pytestmark = [pytest.mark.process, pytest.mark.xdist_group("ranks")]  # the suite's tiers: tests/tiers.py
+
 pytest.importorskip("torch.distributed")
 
 R = semconv.RANKS_PREFIX

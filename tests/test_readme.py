@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.subprocess_helpers import run_python
 from traintel import environment_variables
 from traintel.exporters.reader import iter_spans
@@ -32,6 +34,7 @@ def test_every_traintel_variable_the_docs_name_exists() -> None:
     assert named <= set(environment_variables.ALL), named - set(environment_variables.ALL)
 
 
+@pytest.mark.process
 def test_the_readme_loop_runs(tmp_path: Path) -> None:
     """The instrumented loop the README shows, run as written with a tiny model."""
     block = README.split("```python\n")[1].split("```")[0]

@@ -16,6 +16,8 @@ from traintel.cli import main
 from traintel.exporters.reader import iter_spans, spans_in
 from traintel.exporters.spool import spooled_requests
 
+pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
+
 JOB = """
 import traintel
 with traintel.application():

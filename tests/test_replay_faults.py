@@ -21,6 +21,8 @@ from traintel.exporters.file import OtlpJsonFileSpanExporter
 from traintel.exporters.otlp_json import request_to_json_line
 from traintel.exporters.spool import Spool, read_batch
 
+pytestmark = [pytest.mark.server]  # the suite's tiers: tests/tiers.py
+
 Receiver = type[GrpcReceiver] | type[HttpReceiver]
 RECEIVERS = pytest.mark.parametrize(
     ("protocol", "receiver_class"), [("grpc", GrpcReceiver), ("http/protobuf", HttpReceiver)]

@@ -150,6 +150,7 @@ def _screenshot(browser: str, page: Path, png: Path, profile: Path) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.process
 def test_html_report_renders_in_headless_chromium(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     browser = _chromium()
     if browser is None:
@@ -262,6 +263,7 @@ def test_series_memory_is_bounded_and_totals_exact() -> None:
     assert all(a.last_iteration + 1 == b.first_iteration for a, b in itertools.pairwise(points))
 
 
+@pytest.mark.process
 def test_report_memory_does_not_grow_with_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The streaming pass keeps bounded state: an input 10x larger needs about the same memory
     (peak RSS of a process that only builds the report)."""
@@ -313,6 +315,7 @@ def saving(saves: int) -> Callable[[Job], None]:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.process
 def test_checkpoint_totals_count_every_save_past_the_kept_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
 ) -> None:

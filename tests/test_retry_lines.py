@@ -13,6 +13,8 @@ import pytest
 
 from tests.subprocess_helpers import clean_env, run_python
 
+pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
+
 
 def _closed_port() -> int:
     with socket.socket() as sock:

@@ -25,6 +25,8 @@ from tests.subprocess_helpers import clean_env, run_python
 from traintel.exporters import redaction as _redaction
 from traintel.exporters.redaction import REDACTED
 
+pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
+
 JOB = """
 import logging
 logging.basicConfig(level=logging.DEBUG)  # every log path of traintel, the SDK, grpc, urllib3

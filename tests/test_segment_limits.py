@@ -206,6 +206,7 @@ with traintel.application(), traintel.training_loop():
 """
 
 
+@pytest.mark.process
 def test_a_crash_loses_at_most_the_open_segment(tmp_path: Path) -> None:
     result = run_python(
         CRASHING_JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "out"), OTEL_BSP_SCHEDULE_DELAY="200"

@@ -26,6 +26,8 @@ from traintel.exporters import tls_errors
 from traintel.exporters.redaction import REDACTED, url_secrets
 from traintel.exporters.spool import read_batch
 
+pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
+
 JOB = """
 from tests import reference_job
 reference_job.with_context_managers()

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 
+pytestmark = [pytest.mark.framework]  # the suite's tiers: tests/tiers.py
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 

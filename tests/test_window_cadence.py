@@ -85,6 +85,7 @@ def test_the_ceiling_wins_over_a_longer_floor() -> None:
     assert windows == [(0, 2), (3, 5), (6, 7)]
 
 
+@pytest.mark.slow  # seconds: ten thousand iterations and more through the real recorder
 def test_a_window_holds_at_most_ten_thousand_iterations_whatever_its_floor() -> None:
     # 1 ms iterations under a 1,000 s floor: memory, not the clock, closes these windows.
     windows = windows_of([0.001] * 20_001, log_every_n_iterations=2, window_min_seconds=1000)
@@ -145,6 +146,8 @@ def window_ranges(result: RankResult) -> list[tuple[int, int]]:
     ]
 
 
+@pytest.mark.process
+@pytest.mark.xdist_group("ranks")
 def test_ranks_agree_on_window_sizes_from_the_slowest_pace(tmp_path: Path) -> None:
     pytest.importorskip("torch.distributed")
     results = run_ranks(
