@@ -121,7 +121,8 @@ class Owned:
     reader: InMemoryMetricReader
 
     def spans(self) -> list[ReadableSpan]:
-        traintel.get_telemetry().flush(5)
+        # a hang guard, not a deadline: a flush cut short on a busy machine would lose spans
+        traintel.get_telemetry().flush(60)
         return list(self.exporter.get_finished_spans())
 
     def named(self, name: str) -> list[ReadableSpan]:

@@ -21,7 +21,7 @@ class Captured:
     reader: InMemoryMetricReader
 
     def spans(self) -> list[ReadableSpan]:
-        traintel.get_telemetry().flush(5)
+        traintel.get_telemetry().flush(60)
         return list(self.exporter.get_finished_spans())
 
     def named(self, name: str) -> list[ReadableSpan]:

@@ -74,7 +74,7 @@ def test_overlapping_async_saves_finished_by_writer_threads(exporter: InMemorySp
             writer.join(30)
     assert not any(writer.is_alive() for writer in writers), "a writer thread deadlocked"
     assert sorted(finished) == list(range(0, ITERATIONS, EVERY))
-    assert traintel.get_telemetry().flush(10)  # the batch processor holds the last spans
+    assert traintel.get_telemetry().flush(60)  # the batch processor holds the last spans
 
     spans: list[ReadableSpan] = list(exporter.get_finished_spans())
     assert len({s.context.span_id for s in spans}) == len(spans)  # nothing duplicated

@@ -271,7 +271,7 @@ def test_a_failed_reconfiguration_leaves_the_running_job_untouched(monkeypatch: 
     assert not running.closed
     with traintel.training_loop(), traintel.training_iteration():
         pass
-    running.flush(5)
+    running.flush(60)
     assert "training_iteration" in [s.name for s in first.get_finished_spans()]
 
 
@@ -293,7 +293,7 @@ def test_the_callers_exporter_and_reader_are_handed_back_usable(monkeypatch: pyt
     telemetry = traintel.configure(span_exporters=[exporter], metric_readers=[reader])
     with traintel.training_loop(), traintel.training_iteration():
         pass
-    telemetry.flush(5)
+    telemetry.flush(60)
     assert "training_iteration" in [s.name for s in exporter.get_finished_spans()]
     assert reader.get_metrics_data() is not None
 

@@ -152,7 +152,7 @@ def engine() -> Any:
 
 
 def window_events(exporter: InMemorySpanExporter) -> list[dict[str, Any]]:
-    traintel.shutdown(1.0)
+    traintel.shutdown(60)
     return [
         dict(event.attributes or {})
         for span in exporter.get_finished_spans()

@@ -220,7 +220,7 @@ def test_spool_bound_drops_oldest_and_counts(tmp_path: Path) -> None:
     batches = [_big_spans(1, 10_000) for _ in range(5)]
     for batch in batches:
         assert exporter.export(batch) == SpanExportResult.SUCCESS  # handed over or kept on disk
-        assert exporter.force_flush(5000)  # out of memory: the first after its failed send
+        assert exporter.force_flush(60_000)  # out of memory: the first after its failed send
     assert len(spool) == 3 and spool.dropped_batches == 2 and spool.dropped_spans == 2
     for path in [tmp_path / "a", tmp_path / "a" / "spool", *spool.directory.iterdir()]:
         assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600)
@@ -253,7 +253,7 @@ def test_a_spooled_batch_that_decodes_but_is_invalid_is_set_aside_and_the_rest_s
     batches = [_big_spans(1, 100) for _ in range(3)]
     for batch in batches:
         exporter.export(batch)
-        assert exporter.force_flush(5000)
+        assert exporter.force_flush(60_000)
     first = spool.entries()[0]
     request = read_batch(first.path)
     request.resource_spans[0].scope_spans[0].spans[0].status.code = 7  # type: ignore[assignment]

@@ -68,7 +68,7 @@ def _job(monkeypatch: pytest.MonkeyPatch, window_events: str) -> InMemorySpanExp
         t += step + 3
     callbacks.on_train_end(finish_time_msec=t)
     callbacks.on_app_end(finish_time_msec=t + 10)
-    traintel.shutdown(2)
+    traintel.shutdown(60)
     return exporter
 
 

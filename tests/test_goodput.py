@@ -99,7 +99,7 @@ def run_job(
         ledger = telemetry.engine.goodput
         for reader in metric_readers or []:
             reader.collect()  # before shutdown: what the last export before the job's end holds
-        traintel.shutdown(5)
+        traintel.shutdown(60)
     return ledger
 
 

@@ -56,7 +56,7 @@ def load(iteration):
         return traintel.checkpoint_load(iteration=iteration)
     return plain("checkpoint_load", **{semconv.CHECKPOINT_ITERATION: iteration})
 def kill():
-    telemetry.flush(10)  # what was recorded is on disk; then the node goes
+    telemetry.flush(60)  # what was recorded is on disk; then the node goes
     os.kill(os.getpid(), signal.SIGKILL)
 """
 

@@ -238,7 +238,7 @@ def test_an_explicit_shutdown_still_reports_the_last_state_in_the_final_export()
         for number in (7, 8):
             with traintel.training_iteration(number):
                 pass
-    traintel.shutdown(5)
+    traintel.shutdown(60)
     final: Sequence[Any] = [
         point.value
         for rm in exporter.exports[-1].resource_metrics

@@ -119,7 +119,7 @@ def run_job(monkeypatch: pytest.MonkeyPatch, rank: int, threshold: int, policy: 
     callbacks.on_train_end(finish_time_msec=t + 1)
     callbacks.on_app_end(finish_time_msec=t + 2)
     telemetry = traintel.get_telemetry()
-    telemetry.flush(5)
+    telemetry.flush(60)
     data = reader.get_metrics_data()
     metrics: dict[str, list[Any]] = {}
     for rm in data.resource_metrics if data is not None else []:
@@ -187,7 +187,7 @@ def test_rank_0_and_ranks_below_the_threshold_export_everything(
     outputs = []
     for rank, threshold in ((0, 2), (1, 3)):
         out = run_job(monkeypatch, rank, threshold)
-        traintel.shutdown(2)
+        traintel.shutdown(60)
         assert out.iterations() == {
             0: "first", 1: "first", 5: "every_n", 10: "every_n", 12: "slow", 14: "nonfinite", 15: "every_n"
         }  # fmt: skip

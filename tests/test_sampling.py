@@ -30,7 +30,7 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 
 
 def finished(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
-    traintel.get_telemetry().flush(5)
+    traintel.get_telemetry().flush(60)
     return list(exporter.get_finished_spans())
 
 
@@ -294,7 +294,7 @@ def _slow_iterations_with_callbacks(durations: list[float], window: int, after: 
         t += duration
     callbacks.on_train_end(finish_time_msec=ms(t + 1))
     callbacks.on_app_end(finish_time_msec=ms(t + 2))
-    traintel.shutdown(2)
+    traintel.shutdown(60)
     return flagged
 
 

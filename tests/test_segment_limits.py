@@ -32,7 +32,7 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 
 
 def traces(exporter: InMemorySpanExporter) -> dict[int, list[ReadableSpan]]:
-    traintel.get_telemetry().flush(10)
+    traintel.get_telemetry().flush(60)
     by_trace: dict[int, list[ReadableSpan]] = defaultdict(list)
     for span in exporter.get_finished_spans():
         by_trace[span.context.trace_id].append(span)

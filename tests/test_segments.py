@@ -21,7 +21,7 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 
 
 def spans_of(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
-    traintel.get_telemetry().flush(10)
+    traintel.get_telemetry().flush(60)
     return list(exporter.get_finished_spans())
 
 
