@@ -16,13 +16,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 #: What every test's environment holds (conftest) and every child process gets: the suite's
 #: loops last milliseconds, so windows close every N iterations (no floor in time) and the
-#: export rates count iterations (no stride or tail allowance tied to time).
+#: export rates count iterations (no stride or tail allowance tied to time). The exit bound and
+#: the OTLP exporters' timeout are hang guards: a busy machine may need more than their defaults
+#: (5 s, 10 s) for a job's last collection or a healthy collector's answer, and a test must not
+#: lose data to that; the tests of the bound and of timeouts set their own.
 SUITE_ENV = {
     "TRAINTEL_WINDOW_MIN_SECONDS": "0",
     "TRAINTEL_EXPORT_EVERY_N_SECONDS": "0",
     "TRAINTEL_EXPORT_TAIL_PER_MINUTE": "1e9",
     # a job's last line ("telemetry of this run is in ..."): the tests that want it set 0
     "TRAINTEL_QUIET": "1",
+    "TRAINTEL_SHUTDOWN_TIMEOUT": "120",
+    "OTEL_EXPORTER_OTLP_TIMEOUT": "120",
 }
 
 
