@@ -18,6 +18,8 @@ import traintel
 from tests.integration_helpers import Captured, capture
 from tests.test_flops import TinyLM
 
+pytestmark = [pytest.mark.framework]  # the suite's tiers: tests/tiers.py
+
 pl = pytest.importorskip("lightning.pytorch")
 transformers = pytest.importorskip("transformers")
 from traintel.integrations.lightning import TraintelTrainer  # noqa: E402
