@@ -184,6 +184,7 @@ def job_disagreements(session: str, cli: dict[str, Any], sql: dict[str, Any]) ->
 
 
 @pytest.mark.parametrize("name", list(SESSIONS))
+@pytest.mark.process
 def test_views_equal_the_cli_on_every_bucket(
     name: str,
     clickhouse: Any,

@@ -33,9 +33,14 @@ from tests.subprocess_helpers import clean_env
 from tests.test_deploy import DASHBOARDS, RULE_FILES, dashboard_queries, load_yaml
 
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None, reason="no prometheus binary here (CI installs Debian's prometheus package: .ci/run)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        PROMETHEUS is None,
+        reason="no prometheus binary here (CI installs Debian's prometheus package: .ci/run)",
+    ),
+    pytest.mark.process,  # the suite's tiers: tests/tiers.py
+    pytest.mark.server,
+]
 pytest.importorskip("opentelemetry.exporter.prometheus")
 
 SESSION = "prom-session"

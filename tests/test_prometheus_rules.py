@@ -31,9 +31,12 @@ from tests.test_deploy import RULE_FILES, prometheus_label, prometheus_metric_na
 from traintel import semconv
 
 PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(
-    PROMTOOL is None, reason="no promtool here (CI installs Debian's prometheus package: .ci/run)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        PROMTOOL is None, reason="no promtool here (CI installs Debian's prometheus package: .ci/run)"
+    ),
+    pytest.mark.process,  # the suite's tiers: tests/tiers.py
+]
 GOODPUT_RULES = next(p for p in RULE_FILES if p.name == "traintel-goodput.yml")
 #: The instruments the rules read: (name, unit, kind), named as Prometheus' OTLP translation does.
 INSTRUMENTS = {
