@@ -31,40 +31,41 @@ SUITE_ENV = {
 }
 
 
-#: Put around a child's script by :func:`with_exit_clock`: its atexit hook, registered first, runs
-#: last, after every hook the job registers later (traintel's bounded shutdown, the SDK's) and
-#: after the interpreter joined the job's threads, and writes how long the exit took by the
-#: process's own clock, from the end of the script to then, to ``exit_seconds`` in the
-#: directory the job started in: a figure no load before the exit (interpreter start, imports,
-#: training) inflates, kept out of the job's output.
-_EXIT_CLOCK_START = """\
-import atexit as _exit_clock_atexit, os as _exit_clock_os, time as _exit_clock_time
-_exit_clock_file, _exit_clock_ended = _exit_clock_os.path.abspath("exit_seconds"), []
-def _exit_clock_write():
-    if _exit_clock_ended:
-        with open(_exit_clock_file, "w") as out:
-            out.write(repr(_exit_clock_time.monotonic() - _exit_clock_ended[0]))
-_exit_clock_atexit.register(_exit_clock_write)
+#: Appended to a child's script by :func:`with_exit_clock`: the moment the script ended (its exit
+#: begins: threads joined, atexit hooks, traintel's bounded shutdown and the SDK's, interpreter
+#: teardown), written next to the job. ``time.monotonic`` is the machine's one monotonic clock,
+#: so the test reads the exit's length against it when it sees the process gone.
+_EXIT_CLOCK_END = """
+import os as _exit_clock_os, time as _exit_clock_time
+with open(_exit_clock_os.path.join(_EXIT_CLOCK_DIR, "script_ended"), "w") as _exit_clock_out:
+    _exit_clock_out.write(repr(_exit_clock_time.monotonic()))
 """
-_EXIT_CLOCK_END = "\n_exit_clock_ended.append(_exit_clock_time.monotonic())\n"
 
 
 def with_exit_clock(code: str) -> str:
-    """``code`` that reports how long its exit took (see :func:`exit_seconds`)."""
-    return _EXIT_CLOCK_START + textwrap.dedent(code) + _EXIT_CLOCK_END
+    """``code`` that says when its script ended (see :func:`exit_seconds`)."""
+    return (
+        "import os as _exit_clock_os\n_EXIT_CLOCK_DIR = _exit_clock_os.getcwd()\n"
+        + textwrap.dedent(code)
+        + _EXIT_CLOCK_END
+    )
 
 
 def exit_seconds(cwd: Path) -> float:
-    """How long the exit of a :func:`with_exit_clock` job started in ``cwd`` took, as the process
-    measured it.
+    """How long the exit of a :func:`with_exit_clock` job started in ``cwd`` took: from the end of
+    its script to now. Call it as soon as the process has ended.
 
     Exit bounds are checked against it and the job's own configuration: the exit never waits a
     send out (it ends before the exporter's timeout), or waits at most traintel's bound plus the
     one send under way (which the exporter's timeout bounds). Never against a number of wall
-    seconds for the whole run on whatever machine runs it."""
-    written = cwd / "exit_seconds"
-    assert written.exists(), "the job's exit clock never ran: it did not end through atexit"
-    return float(written.read_text())
+    seconds for the whole run, which interpreter start, imports and training on a busy machine
+    inflate."""
+    now = time.monotonic()
+    written = cwd / "script_ended"
+    assert written.exists(), "the job's script never reached its end"
+    seconds = now - float(written.read_text())
+    (cwd / "exit_seconds").write_text(f"{seconds:.3f}\n")  # kept with the job, for a look later
+    return seconds
 
 
 def clean_env(**extra: str) -> dict[str, str]:

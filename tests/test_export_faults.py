@@ -203,12 +203,13 @@ def test_blackholed_collector_bounded_exit_everything_spooled_then_replayed(
             timeout=120,
             check=False,
         )
+        exit_s = exit_seconds(tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "trained\n"
-    # By the process's own clock: with a 30 s exporter timeout the exit never waits the send to
-    # the black hole out; with 1 s it waits at most its bound plus that one send.
-    send = float(exporter_timeout)
-    assert exit_seconds(tmp_path) < (send if send > bound else bound + send), result.stderr
+    if float(exporter_timeout) > bound:  # the exit never waits the send to the black hole out
+        assert exit_s < float(exporter_timeout), result.stderr
+    # (sends shorter than the bound cannot tell a bounded exit from one that waited for them by
+    # its length: what they could not deliver is in the spool, asserted below)
     assert SECRET not in result.stderr
     [spool] = (tmp_path / "runs" / "spool").iterdir()
     produced = produced_spans(tmp_path / "runs")
@@ -386,6 +387,7 @@ def test_a_collector_slower_than_the_exit_bound_gets_each_span_once_with_the_rep
             timeout=120,
             check=False,
         )
+        exit_s = exit_seconds(tmp_path)
         assert result.returncode == 0, result.stderr
         live = len(received_spans(receiver.received))
         time.sleep(2.5)  # a request the exit cut off would still land now
@@ -398,5 +400,5 @@ def test_a_collector_slower_than_the_exit_bound_gets_each_span_once_with_the_rep
     assert 0 < live < len(produced)
     assert len(arrived) == len({span_id for span_id, _ in arrived}), "nothing twice"
     assert sorted(arrived) == sorted(produced)
-    # the exit waited its bound and the one send under way, by the process's own clock
-    assert exit_seconds(tmp_path) < bound + send, result.stderr
+    # the exit waited at most its bound and the one send under way
+    assert exit_s < bound + send, result.stderr
