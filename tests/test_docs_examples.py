@@ -34,6 +34,7 @@ def _blocks() -> list[tuple[str, str, str | None]]:
 BLOCKS = _blocks()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("name", "code", "not_run"), BLOCKS, ids=[name for name, _, _ in BLOCKS])
 def test_a_docs_block_runs_and_records_its_phases(
     name: str, code: str, not_run: str | None, tmp_path: Path

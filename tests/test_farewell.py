@@ -23,6 +23,7 @@ with traintel.application():
 """
 
 
+@pytest.mark.process
 def test_a_job_says_where_its_telemetry_is_and_the_command_reads_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

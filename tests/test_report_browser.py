@@ -25,9 +25,13 @@ from traintel import cli, semconv
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium is not installed here (apt-get install chromium; CI's .ci/run does)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="chromium is not installed here (apt-get install chromium; CI's .ci/run does)",
+    ),
+    pytest.mark.process,  # the suite's tiers: tests/tiers.py
+]
 
 #: Measures the page and writes the findings into it, for --dump-dom to bring back.
 PROBE = """<script>

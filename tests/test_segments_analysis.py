@@ -43,6 +43,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.process
 def test_a_run_of_several_segments_is_one_application(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -65,6 +66,7 @@ def test_a_run_of_several_segments_is_one_application(
     assert len(session["jobs"]) == 1 and session["last_iteration"] == 349
 
 
+@pytest.mark.process
 def test_a_run_read_mid_way_shows_its_iterations_and_shares_within_its_time(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
