@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,13 +127,6 @@ def test_events_are_reused_once_resolved() -> None:
             timer.ended(phase)
     assert gpu.created == 2  # one pair, recycled: data loading is not timed on the device
     assert timer.timings.counts == {"forward": 100, "backward": 100, "optimizer": 100}
-
-
-@pytest.fixture(autouse=True)
-def _metrics_file_in_tmp_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """These jobs name span exporters only: their metrics take the embedded default file, which
-    belongs in the test's directory, not in the repository's ``traintel-runs``."""
-    monkeypatch.setenv("TRAINTEL_OUTPUT_DIR", str(tmp_path))
 
 
 @pytest.fixture
