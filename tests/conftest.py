@@ -28,6 +28,7 @@ from tests.tiers import (  # noqa: F401  (the suite's tiers: pytest finds these 
     pytest_runtest_teardown,
 )
 from traintel._runtime import state as _state
+from traintel._runtime import window_pipeline
 
 #: The embedded default's directory as a test run from the repository would create it.
 _REPO_RUNS = Path(__file__).resolve().parent.parent / "traintel-runs"
@@ -64,6 +65,8 @@ def clean_environment(
     # a provider built from the environment (a test that passes only a tracer provider gets
     # traintel's metrics file) writes here, not into the working directory
     monkeypatch.setenv("TRAINTEL_OUTPUT_DIR", str(tmp_path_factory.mktemp("default-output")))
+    # Each closed window is reported on the thread that closes it: exact numbers at once.
+    monkeypatch.setattr(window_pipeline, "SYNCHRONOUS", True)
     _state.shutdown(0.5)
     yield
     _state.shutdown(0.5)

@@ -15,7 +15,7 @@ import pytest
 
 import traintel
 from traintel import callbacks, semconv
-from traintel._recorder import windows as recorder_windows
+from traintel._runtime import window_consumers
 
 T0 = 1_700_000_000_000  # ms since the epoch
 W = semconv.WINDOW_PREFIX
@@ -178,7 +178,7 @@ def test_no_peak_on_cpu_means_no_mfu_and_one_warning(
     owned: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        recorder_windows, "current_device_name", lambda: None
+        window_consumers, "current_device_name", lambda device=None: None
     )  # no GPU in use, on any machine
     job = owned(log_every_n_iterations=1, global_batch_size=1, flops_per_sample=10)
     with caplog.at_level(logging.WARNING):
@@ -426,8 +426,9 @@ def test_state_stays_bounded(owned: Any) -> None:
     assert telemetry.open_spans is not None and telemetry.open_spans.count() == 0
     assert telemetry.pipeline.export_filter is not None
     assert telemetry.pipeline.export_filter.pending_iterations == 0
-    assert engine.aggregator.window_fill < 50
-    assert engine.aggregator._total_sketch.buckets < 1500
+    assert telemetry.windows is not None
+    assert len(engine.rows) < 50
+    assert telemetry.windows.aggregator._total_sketch.buckets < 1500
     assert len(engine.sampler.recent) <= 101
 
 
@@ -448,24 +449,26 @@ def test_a_window_whose_report_fails_is_still_emptied(
 
     monkeypatch.setattr(aggregator, "percentile", percentile)
     owned(log_every_n_iterations=10)
-    engine = traintel.get_telemetry().engine
-    assert engine is not None
+    telemetry = traintel.get_telemetry()
+    engine, windows = telemetry.engine, telemetry.windows
+    assert engine is not None and windows is not None
+    aggregator = windows.aggregator
     with caplog.at_level(logging.WARNING, logger="traintel"), traintel.training_loop():
         for _ in range(95):  # nine windows fail
             with traintel.training_iteration():
                 pass
-        assert engine.aggregator.window_fill == 5  # emptied at each boundary, failed or not
-        assert engine.aggregator.iterations_seen == 95 and engine.aggregator.windows_closed == 0
+        assert len(engine.rows) == 5  # emptied at each boundary, failed or not
+        assert engine.iterations_seen == 95 and aggregator.windows_closed == 0
         assert len(engine.sampler.recent) == 90  # the failed windows' durations still set the slow threshold
         failing["on"] = False
         for _ in range(5):
             with traintel.training_iteration():
                 pass
-    assert engine.aggregator.windows_closed == 1  # the tenth: nothing was left for the loop end
-    assert engine.aggregator.iterations_seen == 100
-    assert engine.aggregator.last_window is not None
-    assert engine.aggregator.last_window.first_iteration == 90
-    assert any("could not end phase" in r.getMessage() for r in caplog.records)
+    assert aggregator.windows_closed == 1  # the tenth: nothing was left for the loop end
+    assert engine.iterations_seen == 100 and aggregator.iterations_seen == 100
+    assert aggregator.last_window is not None
+    assert aggregator.last_window.first_iteration == 90
+    assert any("could not report a window" in r.getMessage() for r in caplog.records)
 
 
 def test_values_no_reader_collected_in_time_are_counted(owned: Any, monkeypatch: pytest.MonkeyPatch) -> None:

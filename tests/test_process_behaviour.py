@@ -184,7 +184,7 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
 
 def test_implicit_configuration_survives_bad_env(tmp_path: Path) -> None:
     result = run_python(
-        USER_JOB + "\nprint(traintel.get_telemetry().config.get('seq_len'))\n",
+        USER_JOB + "\nprint(traintel.get_telemetry().settings.seq_len)\n",
         tmp_path,
         TRAINTEL_GLOBAL_BATCH_SIZE="lots",
         TRAINTEL_SEQ_LEN="128",

@@ -36,10 +36,9 @@ from traintel._aggregation.aggregator import BACKWARD, DATA, FORWARD, OPTIMIZER
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine, mark_error
 from traintel._recorder.record import MAX_EVENTS, IterationRecord, StepExtras, Terminated
+from traintel._recorder.segments import SegmentedSpan
 from traintel._sdk.attributes import clean_attributes, clean_value
-from traintel._sdk.ids import new_span_id
-from traintel._sdk.otel_private import attach, detach, get_current, with_span
-from traintel._sdk.segments import SegmentedSpan
+from traintel._sdk.otel_private import attach, detach, get_current, new_span_id, with_span
 from traintel.semconv import Phase
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -232,11 +231,12 @@ class ApplicationPhase(PhaseSpan):
 
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         if engine.app is span:
+            engine.window_sink.flush()  # the job's goodput (and energy) is its windows' too
             engine.on_application_end(span, exc)
             engine.goodput.ended(end_ns)
             span.set_attributes(engine.goodput.snapshot(end_ns).attributes())
             if isinstance(span, SegmentedSpan) and span.segment_index:
-                span.close_segment(end_ns, continues=False)
+                span.close_segment(end_ns, continues=False)()
             engine.app = None
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from traintel.version import __version__
 
 if TYPE_CHECKING:
     from traintel._host.heartbeat import Heartbeat
+    from traintel._runtime.window_pipeline import WindowPipeline
     from traintel._sdk.providers import Pipeline
     from traintel.distributed.cross_rank import CrossRank
 
@@ -104,9 +106,12 @@ class Telemetry:
         processor: TrainingMetricsProcessor | None = None,
         open_spans: OpenSpans | None = None,
         warnings: Warnings | None = None,
+        windows: WindowPipeline | None = None,
     ) -> None:
         self.config = config
+        self.settings = config.resolve()
         self.pipeline = pipeline
+        self.windows = windows
         self.engine = engine
         self.processor = processor
         self.open_spans = open_spans
@@ -157,13 +162,14 @@ class Telemetry:
             self.warn_once("init_event", "could not record telemetry_initialization")
 
     def config_attributes(self) -> dict[str, AttributeValue]:
-        enabled, disabled = capability_report(self.config)
+        settings = self.engine.settings if self.engine is not None else self.settings
+        enabled, disabled = capability_report(settings)
         attributes: dict[str, AttributeValue] = {
             semconv.TRAINTEL_VERSION: __version__,
             semconv.METRICS_ENABLED: enabled,
             semconv.METRICS_DISABLED: disabled,
         }
-        for key, value in self.config.describe().items():
+        for key, value in self.config.describe(settings).items():
             attributes[semconv.CONFIG_PREFIX + key] = value
         if self.pipeline is not None:
             # none built: "none" where traintel built the provider (the signal is off), else the user's
@@ -183,6 +189,7 @@ class Telemetry:
         """Apply ``set_training_config``; the application span gets a ``training_config_update``."""
         new_config = self.config.updated(**changes)  # raises before anything changes
         self.config = new_config
+        self.settings = new_config.resolve()
         if self.engine is not None:
             self.engine.apply_config(new_config)
         app: Span | None = self.engine.app if self.engine is not None else None
@@ -268,8 +275,12 @@ class Telemetry:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Export what is buffered now (bounded; never raises)."""
-        return self.pipeline.flush(timeout_s) if self.pipeline is not None else True
+        """Export what is buffered now, the windows closed so far first (bounded; never raises)."""
+        if self.pipeline is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        windows = self.windows is None or self.windows.flush(timeout_s)
+        return self.pipeline.flush(max(0.0, deadline - time.monotonic())) and windows
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """End open callback spans, flush and release owned providers within the bound."""
@@ -279,10 +290,12 @@ class Telemetry:
         self.closed = True
         if self.pipeline is None:
             return True
-        timeout = float(self.config.get("shutdown_timeout")) if timeout_s is None else timeout_s
+        timeout = self.settings.shutdown_timeout if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        windows = self.windows is None or self.windows.close(timeout)  # their records go out too
         if self.cross_rank is not None:
             self.cross_rank.close()
-        ok = self.pipeline.shutdown(timeout)
+        ok = self.pipeline.shutdown(max(0.0, deadline - time.monotonic())) and windows
         if self.processor is not None:
             self.processor.disable()
         self._say_unrecorded_measurements()
@@ -294,8 +307,8 @@ class Telemetry:
     def _say_unrecorded_measurements(self) -> None:
         """Per-iteration values the metric reader did not collect in time are counted
         (``traintel.measurements.dropped``); the exit says so too: a silent loss is a bug."""
-        instruments = self.engine.instruments if self.engine is not None else None
-        dropped = instruments.dropped if instruments is not None else 0
+        instruments = self.engine.metrics if self.engine is not None else None
+        dropped: int = getattr(instruments, "dropped", 0)
         if dropped:
             _logger.warning(
                 "traintel: %d per-iteration measurement(s) were not recorded into the iteration-"

@@ -15,13 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode
 
+from traintel._aggregation.otlp_size import estimate_attributes_bytes
 from traintel._sdk.otel_private import forward_on_ending
 
 _logger = logging.getLogger(__name__)
@@ -30,30 +31,6 @@ _logger = logging.getLogger(__name__)
 MAX_BUFFERED_PER_ITERATION = 10_000
 #: Recently dropped iterations remembered, so their late-ending descendants are dropped too.
 _DROPPED_MEMORY = 4096
-
-
-def estimate_attributes_bytes(attributes: Mapping[str, Any] | None) -> int:
-    """OTLP size of a set of attributes: per KeyValue its key, its value (a string as long as
-    it is, a number up to 9 bytes, an array per element) and ~8 bytes of framing. C-level
-    passes over keys and values: the loop's window events have ~60 attributes."""
-    if not attributes:
-        return 0
-    values = attributes.values()
-    size = sum(map(len, attributes)) + 17 * len(attributes)
-    kinds = set(map(type, values))  # one pass: plain scalars need no array walk
-    if str in kinds or not kinds <= _SCALARS:
-        strings = list(filter(_IS_STR, values))
-        size += sum(map(len, strings))
-        size += sum(3 * len(v) for v in strings if not v.isascii())  # UTF-8: up to 4 bytes a character
-    if not kinds <= _SCALARS:
-        for kind in (tuple, list):
-            for array in filter(kind.__instancecheck__, values):
-                size += sum(len(v) + 2 if isinstance(v, str) else 10 for v in array)
-    return size
-
-
-_IS_STR = str.__instancecheck__
-_SCALARS = frozenset({str, bool, int, float, type(None)})
 
 
 def estimate_span_bytes(span: ReadableSpan) -> int:

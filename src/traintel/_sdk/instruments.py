@@ -51,16 +51,22 @@ class MetricSource(Protocol):
 
     samples_total: float
     tokens_total: float
-    aggregator: TrainingAggregator
+    exported_iterations: int
     goodput: GoodputLedger
+
+    @property
+    def iterations_seen(self) -> int: ...
 
 
 class TrainingInstruments:
     """Creates the instruments on ``meter_provider`` and records into them off the hot path."""
 
-    def __init__(self, meter_provider: metrics_api.MeterProvider, source: MetricSource) -> None:
+    def __init__(
+        self, meter_provider: metrics_api.MeterProvider, source: MetricSource, windows: TrainingAggregator
+    ) -> None:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
         self._source = source
+        self._windows = windows
         self._lock = threading.Lock()
         # Compact buffers (8 bytes a value), appended by the training thread, drained by readers.
         self.iteration_durations = array("d")
@@ -68,7 +74,6 @@ class TrainingInstruments:
         self.dropped = 0
         self._reported_samples = 0.0
         self._reported_tokens = 0.0
-        self.exported_iterations = 0
         self.window_series = True  # False: scale mode, a rank other than 0 (stop_window_series)
         buckets = list(DURATION_BUCKETS_S)
         self.iteration_duration = meter.create_histogram(
@@ -175,7 +180,7 @@ class TrainingInstruments:
         self.samples = self.tokens = NoOpCounter("")
 
     def _last_window(self) -> WindowReport | None:
-        return self._source.aggregator.last_window if self.window_series else None
+        return self._windows.last_window if self.window_series else None
 
     def _goodput(self) -> GoodputSnapshot | None:
         return self._source.goodput.snapshot(time.time_ns()) if self.window_series else None
@@ -272,6 +277,10 @@ class TrainingInstruments:
             for name, value in (("p50", window.p50_s), ("p90", window.p90_s), ("p99", window.p99_s))
         ]
 
+    def window_closed(self, report: WindowReport | None) -> None:
+        if report is not None:
+            self.defer_window(report.durations, report.data_loading_durations)
+
     def defer_window(self, iteration_s: list[float], data_loading_s: list[float]) -> None:
         """Queue a closed window's values for the reader (training thread: C-level extends, no
         lock — see _drain; no per-iteration call). Values beyond the capacity are counted."""
@@ -322,10 +331,22 @@ class TrainingInstruments:
         return [Observation(self.dropped)]
 
     def _exported(self, options: CallbackOptions) -> Iterable[Observation]:
+        exported = self._source.exported_iterations
         return [
-            Observation(self.exported_iterations, {"traintel.exported": True}),
-            Observation(
-                self._source.aggregator.iterations_seen - self.exported_iterations,
-                {"traintel.exported": False},
-            ),
+            Observation(exported, {"traintel.exported": True}),
+            Observation(self._source.iterations_seen - exported, {"traintel.exported": False}),
         ]
+
+    # --- checkpoints (the engine's CheckpointMetrics) -------------------------------------------
+    def checkpoint_saved(self, duration_s: float, size_bytes: int | None, strategy: str) -> None:
+        attributes = {semconv.CHECKPOINT_STRATEGY: strategy}
+        self.checkpoint_save_duration.record(duration_s, attributes)
+        if size_bytes is not None:
+            self.checkpoint_size.record(size_bytes, attributes)
+
+    def checkpoint_loaded(self, duration_s: float) -> None:
+        self.checkpoint_load_duration.record(duration_s)
+
+    def background_written(self, size_bytes: int | None) -> None:
+        if size_bytes is not None:
+            self.checkpoint_size.record(size_bytes, {semconv.CHECKPOINT_STRATEGY: "async"})

@@ -38,6 +38,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, Perio
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import SpanContext
+from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
 from traintel._sdk import otel_private
@@ -325,20 +327,20 @@ def _spooling(
     exporter: SpanExporter, name: str, config: TrainingConfig, resource: Resource | None, hint: str = ""
 ) -> SpoolingSpanExporter:
     """``exporter`` behind the spool: one directory per process and exporter (ranks never share)."""
-    max_bytes = int(config.get("spool_max_bytes"))
+    settings = config.resolve(lazy=False)  # what shapes files and exit is never lazy
+    max_bytes = settings.spool_max_bytes
     spool = None
     if max_bytes > 0:
-        base = config.get("spool_dir") or Path(str(config.get("output_dir"))) / "spool"
+        base = settings.spool_dir or Path(settings.output_dir) / "spool"
         service = str((resource or Resource.get_empty()).attributes.get(semconv.SERVICE_NAME, "traintel"))
         process = _file_name(service, time.time(), os.getpid()).removesuffix(FILE_SUFFIX)
         safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
         spool = Spool(Path(str(base)) / f"{process}-{safe_name}", max_bytes)
-    timeout = float(config.get("shutdown_timeout"))
     return SpoolingSpanExporter(
         exporter,
         spool,
-        retry_interval_s=float(config.get("spool_retry_interval")),
-        drain_timeout_s=0.8 * timeout,
+        retry_interval_s=settings.spool_retry_interval,
+        drain_timeout_s=0.8 * settings.shutdown_timeout,
         hint=hint,
     )
 
@@ -399,6 +401,17 @@ class DirectSpans:
 
     def usable(self) -> bool:
         return self.provider.others == 0
+
+    def write(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        attributes: Mapping[str, AttributeValue],
+        start_ns: int,
+        end_ns: int,
+    ) -> None:
+        self.forward(self.writer.span(name, context, parent, attributes, start_ns, end_ns))
 
 
 #: A batch processor (traintel's, or the guard on one the distro built) and its spool, if any.
@@ -781,7 +794,7 @@ def build_pipeline(
     set_global_tp = span_exporters is None and isinstance(tp, trace_api.ProxyTracerProvider)
     set_global_mp = metric_readers is None
 
-    file = OtlpJsonLinesFile(output_dir=config.get("output_dir"))
+    file = OtlpJsonLinesFile(output_dir=config.resolve(lazy=False).output_dir)
     if span_exporters is not None:
         trace_plans = [_ExporterPlan(type(e).__name__, lambda e=e: e, lent=True) for e in span_exporters]  # type: ignore[misc]
     else:
