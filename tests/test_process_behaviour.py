@@ -100,7 +100,6 @@ def test_existing_global_provider_is_kept(tmp_path: Path) -> None:
         "spans": ["model_init", "application"],
         "metrics": [
             "ml.training.phase.duration",
-            "traintel.measurements.dropped",
             "traintel.iterations.exported",
             "ml.training.goodput",
             "ml.training.badput",
@@ -156,7 +155,6 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
         "ml.training.phase.duration",
         "ml.training.iteration.duration",
         "ml.training.iteration.phase_time",
-        "traintel.measurements.dropped",
         "traintel.iterations.exported",
         "ml.training.goodput",
         "ml.training.badput",

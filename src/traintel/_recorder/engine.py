@@ -238,7 +238,7 @@ class TrainingEngine:
         #: Threads creating traintel's own records through the tracer (an exported iteration's
         #: spans, a window's record): the processor skips their spans, already counted.
         self.materializing: set[int] = set()
-        self.samples_total = 0.0
+        self.samples_total = 0.0  # every iteration's, read by the metric reader
         self.tokens_total = 0.0
         self.exported_iterations = 0
         # The heartbeat's progress stamp (read on the metric reader's thread).

@@ -270,10 +270,12 @@ def _register(
     """What a closed window is made into, in this order: the device's part of the report is
     carried by the record and the loop."""
     windows.register("the device annotation", consumers.annotate_device)
-    windows.register("the metric instruments", lambda event: instruments.window_closed(event.report))
+    # The exchange decides at the first window what a rank exports (scale mode): before the
+    # instruments record that window's values.
     windows.register(
         "the cross-rank exchange", lambda event: cross_rank.window_closed(event.report, event.final)
     )
+    windows.register("the metric instruments", lambda event: instruments.window_closed(event.report))
     windows.register("the goodput record", consumers.book_goodput)
     windows.register("the loop span", consumers.update_loop)
 

@@ -33,7 +33,6 @@ from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
 from traintel._runtime.farewell import say_farewell
-from traintel._sdk.instruments import DEFERRED_CAPACITY
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel.config import TrainingConfig
@@ -298,27 +297,10 @@ class Telemetry:
         ok = self.pipeline.shutdown(max(0.0, deadline - time.monotonic())) and windows
         if self.processor is not None:
             self.processor.disable()
-        self._say_unrecorded_measurements()
         say_farewell(
             self.output_file, self.pipeline.trace_exporters, self.resource.attributes.get(semconv.RANK)
         )
         return ok
-
-    def _say_unrecorded_measurements(self) -> None:
-        """Per-iteration values the metric reader did not collect in time are counted
-        (``traintel.measurements.dropped``); the exit says so too: a silent loss is a bug."""
-        instruments = self.engine.metrics if self.engine is not None else None
-        dropped: int = getattr(instruments, "dropped", 0)
-        if dropped:
-            _logger.warning(
-                "traintel: %d per-iteration measurement(s) were not recorded into the iteration-"
-                "time histograms: the metric reader collected less often than %d values "
-                "accumulated, and no exporter traintel built was there to add the rest (a "
-                "reader of your own: collect more often); window statistics, spans and the "
-                "report are complete",
-                dropped,
-                DEFERRED_CAPACITY,
-            )
 
 
 # --- the process-wide instance ----------------------------------------------------------------

@@ -27,7 +27,8 @@ from traintel._sdk.otel_private import forward_on_ending
 
 _logger = logging.getLogger(__name__)
 
-#: Spans held for one iteration at most; more are dropped and counted.
+#: Spans held for one iteration at most; more are exported at once, whatever its decision
+#: (memory stays bounded; nothing is lost, though a dropped iteration then leaves those orphans).
 MAX_BUFFERED_PER_ITERATION = 10_000
 #: Recently dropped iterations remembered, so their late-ending descendants are dropped too.
 _DROPPED_MEMORY = 4096
@@ -135,8 +136,6 @@ class IterationExportFilter(SpanProcessor):
         # and simple processors do nothing at start, and nothing while a span is ending).
         self._starting = [p for p in processors if not _is_no_op(getattr(type(p), "on_start", None))]
         forward_on_ending(self, processors)
-        self.buffer_overflow = 0
-        self.dropped_spans = 0
         #: Returns the running fast-path iteration (set by the engine): its span id is the parent
         #: of spans the user starts inside it. Registering lazily, on the first such span, keeps
         #: iterations without user spans free of any filter work.
@@ -148,12 +147,10 @@ class IterationExportFilter(SpanProcessor):
         with self._lock:
             held = self._pending.pop(span_id, None) or []
             still_open = self._open_children.pop(span_id, 0)
-            if not export:
-                self.dropped_spans += len(held)
-                if still_open:  # late-ending descendants must be dropped too
-                    self._dropped[span_id] = None
-                    if len(self._dropped) > _DROPPED_MEMORY:
-                        self._dropped.popitem(last=False)
+            if not export and still_open:  # late-ending descendants must be dropped too
+                self._dropped[span_id] = None
+                if len(self._dropped) > _DROPPED_MEMORY:
+                    self._dropped.popitem(last=False)
         if export:
             for span in held:
                 self.forward(span)
@@ -200,14 +197,10 @@ class IterationExportFilter(SpanProcessor):
                     else:
                         self._open_children.pop(root, None)
                     held = self._pending.get(root)
-                    if held is not None:
-                        if len(held) < MAX_BUFFERED_PER_ITERATION:
-                            held.append(span)
-                        else:
-                            self.buffer_overflow += 1
+                    if held is not None and len(held) < MAX_BUFFERED_PER_ITERATION:
+                        held.append(span)
                         return
-                    if root in self._dropped:
-                        self.dropped_spans += 1
+                    if held is None and root in self._dropped:  # its iteration was not exported
                         return
         self.forward(span, context)
 
