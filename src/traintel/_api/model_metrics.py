@@ -118,7 +118,7 @@ def record_batch(
     Call it once per micro-batch under gradient accumulation, or once per step. Never raises;
     outside an iteration it is ignored with one warning.
     """
-    engine = active.current()
+    engine = active.current_engine()
     if engine is None:
         return
     record = engine.active

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -22,8 +22,13 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from traintel import semconv
 from traintel.version import __version__
 
-if TYPE_CHECKING:
-    from traintel._sdk.open_spans import OpenSpans
+
+class OpenSpans(Protocol):
+    """What the heartbeat reads of the open-span registry."""
+
+    last_end_ns: int
+
+    def spans(self) -> list[Any]: ...
 
 
 class RunningIteration(Protocol):

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
@@ -34,7 +34,17 @@ from traintel._aggregation.aggregator import CheckpointStats, EvalStats
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._aggregation.goodput import GoodputLedger
 from traintel._aggregation.sampling import IterationSampler
-from traintel._aggregation.window import ClosedWindow, OpenWindow, Row, new_row
+from traintel._aggregation.window import OpenWindow, Row, new_row
+from traintel._recorder.ports import (
+    CheckpointMetrics,
+    DirectWriter,
+    HeldSpans,
+    IdSteering,
+    OpenPhases,
+    PhaseHooks,
+    TraceBudget,
+    WindowSink,
+)
 from traintel._recorder.record import (
     IterationRecord,
     OpenStep,
@@ -42,10 +52,10 @@ from traintel._recorder.record import (
     new_record,
     number,
 )
-from traintel._recorder.segments import SegmentedSpan, Segments, TraceBudget
+from traintel._recorder.segments import SegmentedSpan, Segments
 from traintel._recorder.windows import Windows
 from traintel._sdk.otel_private import current_span, new_span_id
-from traintel.config import Settings, TrainingConfig
+from traintel.config import TrainingConfig
 from traintel.semconv import Event, Phase
 
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
@@ -73,92 +83,6 @@ class EventBudget:
             return False
         self.counts[kind] = count + 1
         return True
-
-
-class IdSteering(Protocol):
-    """The tracer's id generator, steered so an exported iteration keeps the id drawn for it."""
-
-    def force(self, span_id: int, trace_id: int | None = None) -> None: ...
-
-    def clear(self) -> None: ...
-
-    def is_trace_id_random(self) -> bool: ...
-
-
-class HeldSpans(Protocol):
-    """The export filter: spans started inside an undecided iteration wait there."""
-
-    def close_iteration(self, span_id: int, export: bool) -> None: ...
-
-
-class DirectWriter(Protocol):
-    """Writes traintel's own finished spans straight to the export path, while nothing but the
-    exporters would see them (see ``SpanWriter`` in the OpenTelemetry internals module)."""
-
-    def usable(self) -> bool: ...
-
-    def write(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        attributes: Mapping[str, AttributeValue],
-        start_ns: int,
-        end_ns: int,
-    ) -> None: ...
-
-
-class WindowSink(Protocol):
-    """The window pipeline: what the engine hands closed windows to, and asks about them."""
-
-    def submit(
-        self,
-        window: ClosedWindow,
-        config: TrainingConfig,
-        settings: Settings,
-        loop: Span | None,
-        ended_loop: Span | None,
-    ) -> None: ...
-
-    def then(self, task: Callable[[], None]) -> None:
-        """Run ``task`` once the windows handed over so far are processed."""
-        ...
-
-    def flush(self, timeout_s: float | None = ...) -> bool: ...
-
-    def summary(self, train_time_s: float | None) -> dict[str, float | int | str]:
-        """The loop's at-a-glance numbers: the totals of all its windows."""
-        ...
-
-    def window_size_for(self, index: int) -> tuple[int, float] | None:
-        """The iterations of window ``index`` and the pace (s per iteration, 0.0 if none yet)
-        the ranks of a multi-rank job agreed on (None: one process, whose windows close on its
-        own clock)."""
-        ...
-
-
-class CheckpointMetrics(Protocol):
-    """The checkpoint histograms (the metric instruments)."""
-
-    def checkpoint_saved(self, duration_s: float, size_bytes: int | None, strategy: str) -> None: ...
-
-    def checkpoint_loaded(self, duration_s: float) -> None: ...
-
-    def background_written(self, size_bytes: int | None) -> None: ...
-
-
-class PhaseHooks(Protocol):
-    """Called at each phase's start and end when a device feature is on."""
-
-    def started(self, phase: str, iteration: int | None = None) -> None: ...
-
-    def ended(self, phase: str) -> None: ...
-
-
-class OpenPhases(Protocol):
-    """The registry of open spans: is a plain OpenTelemetry span of this phase open?"""
-
-    def is_open(self, phase: str) -> bool: ...
 
 
 @dataclass(frozen=True)

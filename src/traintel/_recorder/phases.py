@@ -151,7 +151,7 @@ class PhaseSpan:
 
     # --- with: how a ``with`` runs the phase ---------------------------------------------------------
     def __enter__(self) -> Span:
-        engine = active.engine or active.current()
+        engine = active.engine or active.current_engine()
         if engine is None or engine.closed:
             return _INVALID_SPAN
         try:
@@ -329,7 +329,7 @@ class IterationPhase(_TimedPhase):
 
     def __enter__(self, start_ns: int = 0) -> Span:
         """``with`` passes no time (the clock's); callbacks pass theirs."""
-        engine = active.engine or active.current()
+        engine = active.engine or active.current_engine()
         if engine is None or engine.closed:
             return _INVALID_SPAN
         try:
@@ -428,7 +428,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
 
     def __enter__(self, start_ns: int = 0) -> Span:
         """``with`` passes no time (the clock's); callbacks pass theirs."""
-        engine = active.engine or active.current()
+        engine = active.engine or active.current_engine()
         if engine is None:
             return _INVALID_SPAN
         record = engine.active

@@ -17,7 +17,7 @@ it (through the context it was attached in) parent to the current segment.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
@@ -27,18 +27,9 @@ from opentelemetry.util import types
 
 from traintel import semconv
 from traintel._aggregation.otlp_size import estimate_attributes_bytes
+from traintel._recorder.ports import TraceBudget, WindowSink
 from traintel._sdk.otel_private import add_clean_event
 from traintel.config import Settings
-
-if TYPE_CHECKING:
-    from traintel._recorder.engine import TrainingEngine
-
-
-class TraceBudget(Protocol):
-    """Spans and estimated bytes exported so far per trace (counted by the export filter)."""
-
-    def usage(self, trace_id: int) -> tuple[int, int]: ...
-
 
 #: Fraction of the trace budget at which a segment is closed early.
 BUDGET_ROTATE: Final = 0.9
@@ -52,10 +43,21 @@ BUDGET_CHECK_EVERY: Final = 16
 OPEN_SPANS_MARGIN: Final = 6144
 
 
+class SegmentOwner(Protocol):
+    """What the segment bookkeeping reads of the engine that owns it."""
+
+    loop: SegmentedSpan | None
+    app: SegmentedSpan | None
+    tracer: trace_api.Tracer
+    window_sink: WindowSink
+
+    def segment_started(self) -> None: ...
+
+
 class Segments:
     """The running segment's budget and the rotation to the next one."""
 
-    def __init__(self, engine: TrainingEngine, budget: TraceBudget) -> None:
+    def __init__(self, engine: SegmentOwner, budget: TraceBudget) -> None:
         self._engine = engine
         self.budget = budget
         self.rotate_pending = False

@@ -20,26 +20,40 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
+
+from opentelemetry.trace import Span
 
 from traintel._aggregation.aggregator import MAX_WINDOW_ITERATIONS, seconds_of
-from traintel._aggregation.sampling import MEDIAN_MIN_SAMPLES, MEDIAN_WINDOW
-from traintel.config import Settings
-
-if TYPE_CHECKING:
-    from opentelemetry.trace import Span
-
-    from traintel._recorder.engine import TrainingEngine
+from traintel._aggregation.sampling import MEDIAN_MIN_SAMPLES, MEDIAN_WINDOW, IterationSampler
+from traintel._aggregation.window import OpenWindow, Row
+from traintel._recorder.ports import WindowSink
+from traintel.config import Settings, TrainingConfig
 
 #: A mark that is never reached: no row count (or time) to look again at.
 NEVER: Final = sys.maxsize
 _DURATION = operator.itemgetter(0)
 
 
+class WindowOwner(Protocol):
+    """What the window bookkeeping reads of the engine that owns it (and the rows it swaps)."""
+
+    rows: list[Row]
+    window: OpenWindow
+    sampler: IterationSampler
+    settings: Settings
+    config: TrainingConfig
+    window_sink: WindowSink
+
+    def apply_config(self, config: TrainingConfig) -> None: ...
+
+    def loop_span(self) -> Span | None: ...
+
+
 class Windows:
     """The open window's bookkeeping and its close."""
 
-    def __init__(self, engine: TrainingEngine) -> None:
+    def __init__(self, engine: WindowOwner) -> None:
         self._engine = engine
         self._median_rows = 0  # rows of the open window already in the slow threshold's sample
         #: end_iteration calls close_if_due once the window has this many rows or an

@@ -14,13 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
-from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
-from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Span
 
 from traintel import semconv
@@ -31,8 +29,10 @@ from traintel._host.energy import Booked, EnergyAccounting, EnergyInstruments
 from traintel._host.gpu import GpuInstruments
 from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel._host.system_metrics import SystemInstruments
+from traintel._recorder import active
 from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
 from traintel._runtime import preemption, state
+from traintel._runtime.pipeline import Pipeline, PipelineOptions, build_pipeline
 from traintel._runtime.state import Telemetry, Warnings
 from traintel._runtime.window_consumers import PeakFlops, WindowConsumers
 from traintel._runtime.window_pipeline import WindowPipeline
@@ -42,7 +42,6 @@ from traintel._sdk.instruments import TrainingInstruments
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.otel_private import set_tracer_id_generator, tracer_id_generator
 from traintel._sdk.processor import TrainingMetricsProcessor
-from traintel._sdk.providers import Pipeline, build_pipeline
 from traintel._sdk.window_spans import WindowSpans
 from traintel.config import ConfigurationError, Settings, TrainingConfig
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
@@ -61,41 +60,18 @@ def sdk_disabled(environ: Mapping[str, str] | None = None) -> bool:
     return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
-def configure(
-    *,
-    tracer_provider: trace_api.TracerProvider | None = None,
-    meter_provider: metrics_api.MeterProvider | None = None,
-    service_name: str | None = None,
-    training: Mapping[str, object] | None = None,
-    span_exporters: Sequence[SpanExporter] | None = None,
-    metric_readers: Sequence[MetricReader] | None = None,
-) -> Telemetry:
+def configure(options: PipelineOptions, training: Mapping[str, object] | None = None) -> Telemetry:
     """Explicit configuration: validates everything first and raises ConfigurationError."""
     config = TrainingConfig.from_env(overrides=training, strict=True)
-    with state._lock:
+    with active.lock:
         previous = state.configured()
-        if previous is not None:
-            reuse = (
-                tracer_provider is None
-                and meter_provider is None
-                and span_exporters is None
-                and metric_readers is None
-                and previous.pipeline is not None
-            )
-            if reuse:
-                previous.close_open_callbacks("traintel reconfigured")
-                previous.update_config(**dict(training or {}))
-                return previous
+        same_providers = replace(options, service_name=None) == PipelineOptions()
+        if previous is not None and previous.pipeline is not None and same_providers:
+            previous.close_open_callbacks("traintel reconfigured")
+            previous.update_config(**dict(training or {}))
+            return previous
         # Built while the previous job still runs: if this raises, that job goes on untouched.
-        prepared = _prepare(
-            config,
-            strict=True,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-            service_name=service_name,
-            span_exporters=span_exporters,
-            metric_readers=metric_readers,
-        )
+        prepared = _prepare(config, options, strict=True)
         if previous is not None:
             previous.shutdown()
         return _install(config, prepared)
@@ -104,61 +80,20 @@ def configure(
 def _auto_configure() -> Telemetry:
     config = TrainingConfig.from_env(strict=False)
     try:
-        return install(config, strict=False)
+        return _install(config, _prepare(config, PipelineOptions(), strict=False))
     except ConfigurationError as exc:  # never into user code; nothing half-built is left
         _logger.error("traintel: %s (telemetry is off for this process)", exc)
-        return state.set_current(Telemetry(config))
+        return active.set_current(Telemetry(config))
 
 
-def install(
-    config: TrainingConfig,
-    *,
-    strict: bool,
-    tracer_provider: trace_api.TracerProvider | None = None,
-    meter_provider: metrics_api.MeterProvider | None = None,
-    service_name: str | None = None,
-    span_exporters: Sequence[SpanExporter] | None = None,
-    metric_readers: Sequence[MetricReader] | None = None,
-) -> Telemetry:
-    prepared = _prepare(
-        config,
-        strict=strict,
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-        service_name=service_name,
-        span_exporters=span_exporters,
-        metric_readers=metric_readers,
-    )
-    return _install(config, prepared)
-
-
-def _prepare(
-    config: TrainingConfig,
-    *,
-    strict: bool,
-    tracer_provider: trace_api.TracerProvider | None,
-    meter_provider: metrics_api.MeterProvider | None,
-    service_name: str | None,
-    span_exporters: Sequence[SpanExporter] | None,
-    metric_readers: Sequence[MetricReader] | None,
-) -> _Prepared:
-    if sdk_disabled():
-        return None
-    return build_pipeline(
-        config,
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-        service_name=service_name,
-        strict=strict,
-        span_exporters=span_exporters,
-        metric_readers=metric_readers,
-    )
+def _prepare(config: TrainingConfig, options: PipelineOptions, *, strict: bool) -> _Prepared:
+    return None if sdk_disabled() else build_pipeline(config, options, strict=strict)
 
 
 def _install(config: TrainingConfig, prepared: _Prepared) -> Telemetry:
     """Build the job around its pipeline, then publish both: the global providers last."""
     if prepared is None:
-        return state.set_current(Telemetry(config))
+        return active.set_current(Telemetry(config))
     pipeline, publish = prepared
     try:
         built = _build(config, pipeline)
@@ -166,7 +101,7 @@ def _install(config: TrainingConfig, prepared: _Prepared) -> Telemetry:
         pipeline.shutdown(config.resolve().shutdown_timeout)  # its threads must not outlive it
         raise
     publish()
-    telemetry = state.set_current(built)
+    telemetry = active.set_current(built)
     preemption.install()
     return telemetry
 
@@ -364,4 +299,17 @@ def _current_energy() -> EnergyAccounting | None:
     return _last_energy
 
 
-state.set_auto_configure(_auto_configure)
+def _first_use() -> Telemetry:
+    """The job a phase used before any ``configure()`` records into: configured from the
+    environment, or off (in a DataLoader worker, which imports traintel afresh; or if that
+    fails), never an exception into the training loop."""
+    if state.in_dataloader_worker():
+        return Telemetry(TrainingConfig())
+    try:
+        return _auto_configure()
+    except Exception:
+        _logger.exception("traintel: auto-configuration failed; telemetry is off for this process")
+        return Telemetry(TrainingConfig())
+
+
+active.set_first_use(_first_use)

@@ -1,21 +1,19 @@
-"""The process-wide telemetry state: the running job's configuration, pipeline, engine and the
-phases callbacks keep open.
+"""The running job's handle: its configuration, pipeline, engine and the phases callbacks
+keep open (what :func:`traintel.configure` returns).
 
 Why one object: the API is module-level functions and context managers (as in the reference
-library), so something must hold what they record into. It is built by ``bootstrap.py``; this
-module holds it and hands it out (configuring from the environment on first use). Everything
-that can fail here is caught and reported once; nothing escapes into the training loop.
+library), so something must hold what they record into. It is built by ``bootstrap.py`` and
+held by the registry (``traintel._recorder.active``); the functions at the end hand it out as
+a :class:`Telemetry`. Everything that can fail here is caught and reported once; nothing
+escapes into the training loop.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -40,8 +38,8 @@ from traintel.version import __version__
 
 if TYPE_CHECKING:
     from traintel._host.heartbeat import Heartbeat
+    from traintel._runtime.pipeline import Pipeline
     from traintel._runtime.window_pipeline import WindowPipeline
-    from traintel._sdk.providers import Pipeline
     from traintel.distributed.cross_rank import CrossRank
 
 _logger = logging.getLogger("traintel")
@@ -300,60 +298,27 @@ class Telemetry:
         say_farewell(
             self.output_file, self.pipeline.trace_exporters, self.resource.attributes.get(semconv.RANK)
         )
+        forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
         return ok
 
 
-# --- the process-wide instance ----------------------------------------------------------------
-_telemetry: Telemetry | None = None
-#: The job an explicit shutdown() is closing: no longer current, still reported until it is shut.
-_closing: Telemetry | None = None
-_lock = threading.RLock()
-_atexit_registered = False
-#: How to configure from the environment on first use (registered by ``bootstrap``).
-_auto_configure: Callable[[], Telemetry] | None = None
-
-
-def set_auto_configure(configure: Callable[[], Telemetry]) -> None:
-    global _auto_configure
-    _auto_configure = configure
-    active.on_first_use(lambda: current().engine)
-
-
+# --- the running job, as a Telemetry (the registry is ``traintel._recorder.active``) -----------
 def current() -> Telemetry:
     """The configured telemetry, auto-configuring from the environment on first use."""
-    telemetry = _telemetry
-    if telemetry is not None:
-        return telemetry
-    with _lock:
-        if _telemetry is not None:
-            return _telemetry
-        if in_dataloader_worker() or _auto_configure is None:  # workers import traintel afresh
-            return set_current(Telemetry(TrainingConfig()))
-        try:
-            return _auto_configure()
-        except Exception:
-            _logger.exception("traintel: auto-configuration failed; telemetry is off for this process")
-            return set_current(Telemetry(TrainingConfig()))
+    found = active.current()
+    return found if isinstance(found, Telemetry) else Telemetry(TrainingConfig())
 
 
 def configured() -> Telemetry | None:
-    return _telemetry
+    found = active.job
+    return found if isinstance(found, Telemetry) else None
 
 
 def running() -> Telemetry | None:
     """The job being reported: the current one, or the one an explicit shutdown is closing (its
     final metric export still reports it)."""
-    return _telemetry or _closing
-
-
-def set_current(telemetry: Telemetry) -> Telemetry:
-    global _telemetry, _atexit_registered
-    _telemetry = telemetry
-    active.set_engine(telemetry.engine)
-    if not _atexit_registered:
-        _atexit_registered = True
-        atexit.register(_at_exit)
-    return telemetry
+    found = active.job or active.closing
+    return found if isinstance(found, Telemetry) else None
 
 
 def in_dataloader_worker() -> bool:
@@ -368,45 +333,3 @@ def in_dataloader_worker() -> bool:
         return worker is not None and worker.get_worker_info() is not None
     except Exception:
         return False
-
-
-def _after_fork_in_child() -> None:
-    """A forked child (a DataLoader worker, say) stops recording into the parent's copy.
-
-    Its exporters are process-bound (``traintel.exporters.process_bound``), so nothing it holds
-    is sent twice; closing it also makes the API a no-op there and skips any flush at exit.
-    """
-    global _lock
-    _lock = threading.RLock()  # another thread may have held it at the fork
-    telemetry = _telemetry
-    if telemetry is not None:
-        telemetry.closed = True
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _at_exit() -> None:
-    telemetry = _telemetry
-    if telemetry is not None:
-        try:
-            telemetry.shutdown()
-        except Exception:
-            _logger.exception("traintel: shutdown at exit failed")
-
-
-def shutdown(timeout_s: float | None = None) -> bool:
-    """Flush and stop telemetry now (bounded); the next API call auto-configures afresh."""
-    global _telemetry, _closing
-    with _lock:
-        telemetry, _telemetry = _telemetry, None
-        active.reset()
-        forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
-    if telemetry is None:
-        return True
-    _closing = telemetry
-    try:
-        return telemetry.shutdown(timeout_s)
-    finally:
-        _closing = None

@@ -22,7 +22,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode
 
-from traintel._aggregation.otlp_size import estimate_attributes_bytes
+from traintel._aggregation.otlp_size import estimate_span_bytes
 from traintel._sdk.otel_private import forward_on_ending
 
 _logger = logging.getLogger(__name__)
@@ -32,19 +32,6 @@ _logger = logging.getLogger(__name__)
 MAX_BUFFERED_PER_ITERATION = 10_000
 #: Recently dropped iterations remembered, so their late-ending descendants are dropped too.
 _DROPPED_MEMORY = 4096
-
-
-def estimate_span_bytes(span: ReadableSpan) -> int:
-    """An estimate of a span's OTLP protobuf size, on the high side (the budget is a limit):
-    ids, parent, times, kind, status and framing (~90 B), the name, attributes, events (~24 B
-    each with name and attributes) and links (~44 B each with attributes). Checked against the
-    real encoding in the tests."""
-    size = 90 + len(span.name) + estimate_attributes_bytes(span.attributes)
-    for event in span.events:
-        size += 24 + len(event.name) + estimate_attributes_bytes(event.attributes)
-    for link in span.links:
-        size += 44 + estimate_attributes_bytes(link.attributes)
-    return size
 
 
 def _no_op(self: object, span: object, parent_context: object = None) -> None:

@@ -46,7 +46,6 @@ class ProcessBoundSpanExporter(SpanExporter):
 
 
 class ProcessBoundMetricExporter(MetricExporter):
-
     def __init__(self, inner: MetricExporter) -> None:
         super().__init__(**metric_exporter_preferences(inner))
         self.inner = inner
