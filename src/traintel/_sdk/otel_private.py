@@ -142,7 +142,7 @@ if CONTEXT_FAST and _VARIABLE is not None:
     with_span, current_span = _fast_with_span, _fast_current_span
 else:  # another OTEL_PYTHON_CONTEXT, or an API release that stores context elsewhere
     get_current, attach = context_api.get_current, context_api.attach
-    detach = context_api.detach  # type: ignore[assignment]
+    detach = context_api.detach
     with_span, current_span = _public_with_span, trace_api.get_current_span
 
 

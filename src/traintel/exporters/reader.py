@@ -235,7 +235,7 @@ def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord]:
     (:mod:`traintel.exporters.json_records`), else the proto path, which decides. Raises
     :class:`DecodeError` or :class:`UnicodeDecodeError` for a line that is not a request."""
     try:
-        return _fast_decoder()(text, SpanRecord, EventRecord)[1]  # type: ignore[no-any-return]
+        return _fast_decoder()(text, SpanRecord, EventRecord)[1]
     except (NotCanonical, RecursionError):
         pass
     request = json_line_to_request(text.decode("utf-8"))
@@ -287,7 +287,7 @@ def iter_records(
             batches = _decoded_lines(path, stats, progress)
         for batch in batches:
             if windows_expanded and batch and isinstance(batch[0], SpanRecord):
-                yield from expand_windows(batch)  # type: ignore[arg-type]
+                yield from expand_windows(batch)
             else:
                 yield from batch
 

@@ -40,7 +40,7 @@ def _attention_mode(counter: Any) -> Any:
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
 
-    class AttentionCalls(TorchFunctionMode):  # type: ignore[misc]
+    class AttentionCalls(TorchFunctionMode):
         def __init__(self) -> None:
             super().__init__()
             self.missing_flops = 0

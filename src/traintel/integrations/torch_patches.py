@@ -64,7 +64,7 @@ _OPTIMIZER = Phase.OPTIMIZER_UPDATE.value
 
 
 def _path_of(value: object) -> str | None:
-    return os.fspath(value) if isinstance(value, str | os.PathLike) else None  # type: ignore[arg-type]
+    return os.fspath(value) if isinstance(value, str | os.PathLike) else None
 
 
 class TorchPatcher:

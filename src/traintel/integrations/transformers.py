@@ -79,7 +79,7 @@ def _tokens(inputs: Any) -> Any:
     return int(ids.numel()) if ids is not None and hasattr(ids, "numel") else None
 
 
-class TraintelCallback(TrainerCallback):  # type: ignore[misc]
+class TraintelCallback(TrainerCallback):
     """Loop, iteration and optimizer phases from ``TrainerCallback`` events; see the module
     docstring for what :func:`instrument_trainer` adds."""
 
