@@ -47,9 +47,15 @@ demo: $(DEMO_STAMP)
 
 test: lint typecheck pytest
 
+# The complexity budget, counted as radon counts it (each `and` / `or` a branch, which ruff's
+# mccabe does not count): no function above 20 (rank C), the package's average at most 5
+# (rank A). The two analysis modules being split are left out until they are.
+COMPLEXITY_PENDING := src/traintel/analysis/goodput.py,src/traintel/analysis/report_html.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check $(CODE)
 	$(BIN)/ruff format --check $(CODE)
+	$(BIN)/xenon --max-absolute C --max-average A --exclude "$(COMPLEXITY_PENDING)" src/traintel
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

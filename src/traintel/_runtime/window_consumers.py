@@ -18,7 +18,7 @@ from typing import Final
 from opentelemetry.trace import Span
 
 from traintel import semconv
-from traintel._aggregation.aggregator import RateInputs
+from traintel._aggregation.aggregator import RateInputs, WindowReport
 from traintel._aggregation.goodput import WindowGoodput
 from traintel._aggregation.window_record import loop_attributes
 from traintel._host.calibration import MeasuredPeak, measure_peak
@@ -164,6 +164,26 @@ class WindowConsumers:
         if records:
             self._spans.export(((w.start_ns, w.end_ns, w.attributes()) for w in records), event.parent)
 
+    def _loop_events(
+        self, event: WindowEvent, report: WindowReport, segment: Span
+    ) -> list[tuple[str, dict[str, float | int | str]]]:
+        """The window's events for the loop: the full ``training_metrics_update`` (else its
+        constants and totals are set on the segment, compact mode) and one per out-of-range
+        value."""
+        events: list[tuple[str, dict[str, float | int | str]]] = []
+        if self._compact(event):
+            segment.set_attributes(loop_attributes(report.attributes))
+        else:
+            events.append((_TRAINING_METRICS_UPDATE, report.attributes))
+        for error in report.errors:
+            events.append((_OUT_OF_RANGE, {
+                semconv.ERROR_REASON: error,
+                semconv.MFU_NUMERATOR: report.attributes.get(_FLOPS_PER_DEVICE, 0.0),
+                semconv.MFU_DENOMINATOR: event.inputs.peak_flops or 0.0,
+                semconv.MFU_PEAK_SOURCE: event.inputs.peak_source or "",
+            }))  # fmt: skip
+        return events
+
     def update_loop(self, event: WindowEvent) -> None:
         """The loop's part: the window's constants and totals (overwritten each window), or the
         full ``training_metrics_update`` event; and any out-of-range value, said once."""
@@ -174,19 +194,7 @@ class WindowConsumers:
             self._warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
         loop, segment = event.loop, event.segment
         if loop is not None and segment is not None and self._engine.window_events:
-            events: list[tuple[str, dict[str, float | int | str]]] = []
-            if self._compact(event):
-                segment.set_attributes(loop_attributes(report.attributes))
-            else:
-                events.append((_TRAINING_METRICS_UPDATE, report.attributes))
-            for error in report.errors:
-                events.append((_OUT_OF_RANGE, {
-                    semconv.ERROR_REASON: error,
-                    semconv.MFU_NUMERATOR: report.attributes.get(_FLOPS_PER_DEVICE, 0.0),
-                    semconv.MFU_DENOMINATOR: inputs.peak_flops or 0.0,
-                    semconv.MFU_PEAK_SOURCE: inputs.peak_source or "",
-                }))  # fmt: skip
-            for name, attributes in events:
+            for name, attributes in self._loop_events(event, report, segment):
                 if isinstance(loop, SegmentedSpan):
                     loop.add_clean_event(name, attributes, segment)
                 else:
