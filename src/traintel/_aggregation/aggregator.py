@@ -28,7 +28,7 @@ from itertools import repeat
 
 from traintel import semconv
 from traintel._aggregation.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
-from traintel._aggregation.window import ClosedWindow, ModelMetric, Row, add_metric
+from traintel._aggregation.window import ClosedWindow, ModelMetric, RawRow, Row, add_metric
 
 #: The most iterations a window holds (unless ``log_every_n_iterations`` is larger), whatever its
 #: floor in time: a loop of 100,000 iterations/s would otherwise keep a million rows (~300 MB)
@@ -132,7 +132,7 @@ class _Counts:
     phase_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
     @classmethod
-    def of_rows(cls, rows: list[Row]) -> _Counts:
+    def of_rows(cls, rows: list[RawRow]) -> _Counts:
         """Sums of a window's rows (see :meth:`of_columns`)."""
         if not rows:
             return cls()
@@ -339,7 +339,7 @@ class TrainingAggregator:
 
     def _report(self, window: ClosedWindow, inputs: RateInputs) -> WindowReport:
         rows, seen_before = window.rows, window.seen_before
-        first, last = rows[0], rows[-1]
+        first, last = Row._make(rows[0]), Row._make(rows[-1])
         if self.first_iteration_s is None and not seen_before:
             self.first_iteration_s = first.duration_ns / 1e9
         warm = min(max(self.warmup_iterations - seen_before, 0), len(rows))  # the job's first rows
@@ -401,7 +401,7 @@ class TrainingAggregator:
 
     def _fold_into_totals(
         self,
-        rows: list[Row],
+        rows: list[RawRow],
         durations: list[float],
         warm: int,
         counts: _Counts,

@@ -16,9 +16,15 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+#: One iteration as its window keeps it until the window closes (the fields of :class:`Row`).
+#: A plain tuple of numbers: the garbage collector stops tracking it after its first pass, so
+#: a window of 10,000 rows adds nothing to the process's full collections (a NamedTuple
+#: instance, or a list inside, stays tracked).
+RawRow = tuple[int, float | None, float | None, float | None, float | None, tuple[int, ...] | None, int, int]
+
 
 class Row(NamedTuple):
-    """One iteration as its window keeps it until the window closes."""
+    """A row read by its field names: ``Row._make(raw_row)``."""
 
     duration_ns: int
     samples: float | None
@@ -26,14 +32,9 @@ class Row(NamedTuple):
     padding: float | None
     flops: float | None
     #: The four step-phase times (ns) if the iteration timed them, else None.
-    phases: list[int] | None
+    phases: tuple[int, ...] | None
     iteration: int
     end_ns: int
-
-
-#: ``new_row(Row, (duration_ns, ...))``: a Row built by a C call (the NamedTuple's own
-#: ``__new__`` is a Python function: one more call on every iteration).
-new_row = tuple.__new__
 
 
 class ModelMetric:
@@ -67,7 +68,7 @@ class ClosedWindow:
     #: Its position in the job (0, 1, ...) and the iterations of the job before it.
     index: int
     seen_before: int
-    rows: list[Row]
+    rows: list[RawRow]
     #: Its iterations that were non-finite, slow, exported.
     nonfinite_iterations: int
     slow_iterations: int
@@ -89,7 +90,7 @@ class OpenWindow:
                  "seen_closed", "slow_iterations", "sync_compute_ns", "sync_marked")  # fmt: skip
 
     def __init__(self) -> None:
-        self.rows: list[Row] = []
+        self.rows: list[RawRow] = []
         self.index = 0  # windows handed over so far
         self.seen_closed = 0  # iterations in them
         self._reset()

@@ -34,7 +34,7 @@ from traintel._aggregation.aggregator import CheckpointStats, EvalStats
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._aggregation.goodput import GoodputLedger
 from traintel._aggregation.sampling import IterationSampler
-from traintel._aggregation.window import OpenWindow, Row, new_row
+from traintel._aggregation.window import OpenWindow, RawRow
 from traintel._recorder.ports import (
     CheckpointMetrics,
     DirectWriter,
@@ -193,7 +193,7 @@ class TrainingEngine:
         #: The open window (training thread); the statistics of closed ones (window pipeline).
         self.window = OpenWindow()
         self.checkpoints = CheckpointStats()
-        self.rows: list[Row] = self.window.rows  # the open window's, replaced at each close
+        self.rows: list[RawRow] = self.window.rows  # the open window's, replaced at each close
         self.segments = Segments(self, outlet.budget)
         self.windows = Windows(self)
         self.apply_config(config)
@@ -416,11 +416,9 @@ class TrainingEngine:
 
     def _add_row(self, record: IterationRecord, duration_ns: int, end_ns: int) -> None:
         """The iteration's row in the open window: its time, work and step phases."""
-        phases = record.phase_ns if record.children or record.step_spans else None
+        phases = tuple(record.phase_ns) if record.children or record.step_spans else None
         if not record.counted and not self._derives_counts:  # no work reported or derived
-            self.rows.append(
-                new_row(Row, (duration_ns, None, None, None, None, phases, record.iteration, end_ns))
-            )
+            self.rows.append((duration_ns, None, None, None, None, phases, record.iteration, end_ns))
             return
         samples, tokens, flops = self._counts(record)
         if samples is not None:
@@ -428,9 +426,7 @@ class TrainingEngine:
         if tokens is not None:
             self.tokens_total += tokens
         iteration = record.iteration
-        self.rows.append(
-            new_row(Row, (duration_ns, samples, tokens, record.padding, flops, phases, iteration, end_ns))
-        )
+        self.rows.append((duration_ns, samples, tokens, record.padding, flops, phases, iteration, end_ns))
 
     def _add_to_window(self, record: IterationRecord) -> None:
         """The iteration's model metrics, and its compute time before the collective (for the

@@ -26,7 +26,7 @@ from opentelemetry.trace import Span
 
 from traintel._aggregation.aggregator import MAX_WINDOW_ITERATIONS, seconds_of
 from traintel._aggregation.sampling import MEDIAN_MIN_SAMPLES, MEDIAN_WINDOW, IterationSampler
-from traintel._aggregation.window import OpenWindow, Row
+from traintel._aggregation.window import OpenWindow, RawRow
 from traintel._recorder.ports import WindowSink
 from traintel.config import Settings, TrainingConfig
 
@@ -35,10 +35,15 @@ NEVER: Final = sys.maxsize
 _DURATION = operator.itemgetter(0)
 
 
+def _start_ns(row: RawRow) -> int:
+    """When the row's iteration began (its end less its duration)."""
+    return row[7] - row[0]
+
+
 class WindowOwner(Protocol):
     """What the window bookkeeping reads of the engine that owns it (and the rows it swaps)."""
 
-    rows: list[Row]
+    rows: list[RawRow]
     window: OpenWindow
     sampler: IterationSampler
     settings: Settings
@@ -83,7 +88,7 @@ class Windows:
         elif self._agreed:
             mark, due = self._size, NEVER
         else:
-            start = rows[0].end_ns - rows[0].duration_ns
+            start = _start_ns(rows[0])
             if len(rows) < self._size:
                 mark, due = self._size, start + self._ceiling_ns
             else:  # bounded in rows too: the floor may be a million iterations away
@@ -104,7 +109,7 @@ class Windows:
         if self._agreed:
             due = len(rows) >= self._size
         else:
-            elapsed = end_ns - (rows[0].end_ns - rows[0].duration_ns)
+            elapsed = end_ns - _start_ns(rows[0])
             count = len(rows)
             due = (
                 elapsed >= self._ceiling_ns

@@ -200,6 +200,7 @@ class WindowPipeline:
             try:
                 self._process(job)
             finally:
+                del job  # the window's rows are not kept until the next one
                 with self._done:
                     self._processed += 1
                     self._done.notify_all()
