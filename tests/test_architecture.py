@@ -82,11 +82,12 @@ def _internal(name: str) -> set[str]:
 
 
 def _package(module: str) -> str:
-    """A module's package (``traintel._sdk``), or the module itself for a top-level module."""
+    """A module's package under ``traintel`` (``traintel._sdk``, ``traintel.analysis`` for all of
+    ``analysis/`` and its subpackages), or the module itself for a top-level module."""
     parts = module.split(".")
-    if (PACKAGE / pathlib.Path(*parts[1:]) / "__init__.py").exists():
-        return module
-    return ".".join(parts[:-1]) if len(parts) > 2 else module
+    if len(parts) > 2 or (PACKAGE / parts[-1] / "__init__.py").exists():
+        return ".".join(parts[:2])
+    return module
 
 
 def _reachable(name: str) -> set[str]:

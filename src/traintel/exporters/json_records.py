@@ -91,7 +91,7 @@ def _int64(value: str | int) -> int:
 
 
 def _double(value: float | str) -> float:
-    return _NON_FINITE[value] if type(value) is str else value
+    return _NON_FINITE[value] if type(value) is str else value  # type: ignore[return-value]
 
 
 # --- attributes --------------------------------------------------------------------------------
