@@ -145,6 +145,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     instruments = engine.metrics = TrainingInstruments(meters, engine, aggregator)
     if pipeline.export_filter is not None:
         pipeline.export_filter.active_iteration = lambda: engine.active
+        pipeline.export_filter.before_flush = windows.flush
     processor = TrainingMetricsProcessor(
         engine,
         open_spans,

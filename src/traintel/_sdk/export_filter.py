@@ -127,6 +127,8 @@ class IterationExportFilter(SpanProcessor):
         #: of spans the user starts inside it. Registering lazily, on the first such span, keeps
         #: iterations without user spans free of any filter work.
         self.active_iteration: Callable[[], Any] = lambda: None
+        #: Waits (at most the given seconds) for the window pipeline (set by the runtime).
+        self.before_flush: Callable[[float], object] = lambda timeout_s: None
 
     # --- decisions, from the iteration fast path ---------------------------------------------------
     def close_iteration(self, span_id: int, export: bool) -> None:
@@ -202,6 +204,9 @@ class IterationExportFilter(SpanProcessor):
             processor.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """The windows closed so far first (their records join what is flushed: a job killed
+        right after a flush of the provider keeps them), then the exporting processors."""
+        self.before_flush(timeout_millis / 1000)
         return all(processor.force_flush(timeout_millis) for processor in self._processors)
 
     @property
