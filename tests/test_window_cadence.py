@@ -95,6 +95,19 @@ def test_a_window_holds_at_most_ten_thousand_iterations_whatever_its_floor() -> 
     assert windows == [(0, 11_999), (12_000, 12_000)]
 
 
+def test_an_explicit_window_size_wins_over_the_floor_s_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1 s steps, 25 of them: the 30 s floor's default would make one window of all 25.
+    monkeypatch.delenv("TRAINTEL_WINDOW_MIN_SECONDS")
+    assert windows_of([1.0] * 25) == [(0, 24)]
+    assert windows_of([1.0] * 25, log_every_n_iterations=10) == [(0, 9), (10, 19), (20, 24)]
+    monkeypatch.setenv("TRAINTEL_LOG_EVERY_N_ITERATIONS", "10")
+    assert windows_of([1.0] * 25) == [(0, 9), (10, 19), (20, 24)]
+    # the floor set too: it applies
+    assert windows_of([1.0] * 25, window_min_seconds=15) == [(0, 14), (15, 24)]
+    monkeypatch.setenv("TRAINTEL_WINDOW_MIN_SECONDS", "15")
+    assert windows_of([1.0] * 25) == [(0, 14), (15, 24)]
+
+
 def test_the_defaults_and_bad_values_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRAINTEL_WINDOW_MIN_SECONDS")
     telemetry = traintel.configure(span_exporters=[InMemorySpanExporter()], metric_readers=[])

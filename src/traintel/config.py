@@ -371,6 +371,10 @@ class TrainingConfig:
         values: dict[str, Any] = {
             name: self._value(name) for name, value in self._values.items() if lazy or not callable(value)
         }
+        if "log_every_n_iterations" in values and "window_min_seconds" not in values:
+            # The floor's default guards against a window per 50 fast steps nobody asked for; a
+            # window size the user chose is what they get (the floor too, if they set it).
+            values["window_min_seconds"] = 0.0
         return dataclasses.replace(_DEFAULTS, **values) if values else _DEFAULTS
 
     def _value(self, name: str) -> object:

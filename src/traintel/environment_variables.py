@@ -93,7 +93,9 @@ TRAINTEL_LOG_EVERY_N_ITERATIONS: Final = "TRAINTEL_LOG_EVERY_N_ITERATIONS"
 The fewest training iterations in a window (positive integer): a window closes, with its
 ``training_metrics_update`` event and its goodput record, after this many iterations once it
 also spans :envvar:`TRAINTEL_WINDOW_MIN_SECONDS`, or after
-:envvar:`TRAINTEL_LOG_EVERY_N_SECONDS` whatever its count. Default: 50.
+:envvar:`TRAINTEL_LOG_EVERY_N_SECONDS` whatever its count. Set explicitly, it wins over the floor's
+default: windows close every N iterations unless :envvar:`TRAINTEL_WINDOW_MIN_SECONDS` is set too.
+Default: 50.
 """
 
 TRAINTEL_WINDOW_MIN_SECONDS: Final = "TRAINTEL_WINDOW_MIN_SECONDS"
@@ -106,7 +108,8 @@ The shortest window in seconds (non-negative number; at most
 exported per hour and the time spent closing windows. ``0`` closes every N iterations. In a job
 of several ranks the ranks agree on each window's iterations from the slowest rank's pace two
 windows earlier (needs the cross-rank exchange; with ``TRAINTEL_CROSS_RANK=off`` windows are N
-iterations). Default: 30.
+iterations). Applies when :envvar:`TRAINTEL_LOG_EVERY_N_ITERATIONS` is not set, or when this is
+set too. Default: 30.
 """
 
 TRAINTEL_LOG_EVERY_N_SECONDS: Final = "TRAINTEL_LOG_EVERY_N_SECONDS"
