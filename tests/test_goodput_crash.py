@@ -18,6 +18,7 @@ import pytest
 from tests.subprocess_helpers import run_python
 from traintel import cli
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
+from traintel.exporters.progress_mark import MARK_SUFFIX
 from traintel.semconv import BADPUT_CATEGORIES
 
 pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
@@ -131,11 +132,13 @@ def test_a_job_killed_in_its_first_window_then_resumed(
     run_job(tmp_path, KILLED_IN_FIRST_WINDOW, style, restart=0, start_s=0)
     run_job(tmp_path, RESUMED, style, restart=1, start_s=80)
     result = session_of(tmp_path / "runs")
-    # Job 1: 52 s of iterations = 1 data + 2 startup + 49 productive, of which iterations 6-9
-    # (20 s) were run again; 64 -> 80 s recovery; job 2: 4 s load, 20 s productive, 1 s other.
+    # Job 1: 52 s of iterations = 1 data + 2 startup + 49 productive, its progress mark's open
+    # window of iterations 0-9, of which 6-9 were run again: 4/10 of it wasted (a window's share
+    # of iterations, as for a window record); 64 -> 80 s recovery; job 2: 4 s load, 20 s
+    # productive, 1 s other.
     expect(
-        result, 105, productive=49, initialization=10, checkpoint_save=2, checkpoint_load=4,
-        data_loading=1, program_startup=2, wasted_progress=20, infrastructure_recovery=16, other=1,
+        result, 105, productive=49 * 0.6 + 20, initialization=10, checkpoint_save=2, checkpoint_load=4,
+        data_loading=1, program_startup=2, wasted_progress=49 * 0.4, infrastructure_recovery=16, other=1,
     )  # fmt: skip
     killed, resumed = result.jobs
     assert (killed.status, killed.first_iteration, killed.last_iteration) == ("no end exported", 0, 9)
@@ -143,11 +146,13 @@ def test_a_job_killed_in_its_first_window_then_resumed(
     assert killed.inferred_tail.as_dict() == {
         "first_iteration": 0,
         "last_iteration": 9,
-        "exported_iterations": 10,
+        "marked_iterations": 10,
+        "exported_iterations": 0,
         "missing_iterations": 0,
         "productive_seconds": 49.0,
-        "source": "exported training_iteration spans after the last window record",
+        "source": "the progress mark after the last window record",
     }
+    assert (killed.unaccounted_s, resumed.unaccounted_s) == (0.0, 0.0)
     assert (resumed.status, resumed.resumed_from, resumed.inferred_tail) == ("completed", 6, None)
     assert result.last_iteration == 9
     # goodput and report read the same numbers
@@ -156,7 +161,9 @@ def test_a_job_killed_in_its_first_window_then_resumed(
     assert cli.main(["report", str(tmp_path / "runs"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["goodput"] == goodput
     assert cli.main(["goodput", str(tmp_path / "runs")]) == 0
-    assert "iterations 0-9 after the last window record: counted from 10 exported" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "iterations 0-9 after the last window record:\n    counted from 10 in the progress mark" in out
+    assert "unaccounted" not in out
 
 
 #: 25 s iterations: the 60 s ceiling closes windows after iterations 2 (75 s) and 5 (150 s);
@@ -172,31 +179,42 @@ with phase("application"):
 """
 
 
-@pytest.mark.parametrize(
-    ("policy", "productive", "tail"),
-    [
-        ("sampled", 200, (6, 7, 2, 0)),  # the first 10 iterations are exported: the tail counts
-        ("none", 150, None),  # nothing exported after the last window: at most 60 s lost
-    ],
-)
+def drop_marks(directory: Path) -> None:
+    """Leave the files as a job without progress marks wrote them (an older version)."""
+    for mark in directory.rglob("*" + MARK_SUFFIX):
+        mark.unlink()
+
+
+@pytest.mark.parametrize("policy", ["sampled", "none"])
 def test_a_kill_long_after_the_last_window_closed_by_time(
-    tmp_path: Path, policy: str, productive: float, tail: tuple[int, int, int, int] | None
+    tmp_path: Path, policy: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_job(
         tmp_path, KILLED_LONG_AFTER_A_WINDOW, "traintel", restart=0, start_s=0,
         TRAINTEL_WINDOW_MIN_SECONDS="10", TRAINTEL_EXPORT_ITERATIONS=policy,
     )  # fmt: skip
-    result = session_of(tmp_path / "runs")
+    runs = tmp_path / "runs"
+    # The progress mark holds iterations 6-7 (the open window), whatever was exported.
+    result = session_of(runs)
+    expect(result, 500, productive=200, other=300)
+    (job,) = result.jobs
+    assert job.last_iteration == 7
+    assert job.inferred_tail is not None
+    tail = job.inferred_tail
+    assert (tail.first_iteration, tail.last_iteration, tail.marked_iterations, tail.exported_iterations) == (
+        6, 7, 2, 0,
+    )  # fmt: skip
+    assert job.unaccounted_s == 0.0
+    # Without the mark: the exported iterations count (the first 10 are), else nothing after
+    # the last window record, and goodput says how long is unknown rather than showing it as 0.
+    drop_marks(runs)
+    productive, last = (200, 7) if policy == "sampled" else (150, 5)
+    result = session_of(runs)
     expect(result, 500, productive=productive, other=500 - productive)
     (job,) = result.jobs
-    assert job.last_iteration == (7 if tail else 5)
-    got = job.inferred_tail
-    assert (
-        None
-        if got is None
-        else (got.first_iteration, got.last_iteration, got.exported_iterations, got.missing_iterations)
-    ) == tail
-    assert 200 - productive <= 60  # what the accounting lost: at most the ceiling
+    assert (job.last_iteration, job.unaccounted_after, job.unaccounted_s) == (last, last, 500 - productive)
+    assert cli.main(["goodput", str(runs)]) == 0
+    assert f"unaccounted: {500 - productive:.1f} s after iteration {last}" in capsys.readouterr().out
 
 
 #: Sampled exports leave gaps in a tail: the exported ones count, the others are named.
@@ -217,6 +235,10 @@ def test_a_sampled_tail_counts_the_exported_iterations_and_names_the_others(tmp_
         tmp_path, KILLED_WITH_A_SAMPLED_TAIL, "traintel", restart=0, start_s=0,
         TRAINTEL_WINDOW_MIN_SECONDS="10", TRAINTEL_LOG_EVERY_N_ITERATIONS="8",
     )  # fmt: skip
+    (job,) = session_of(tmp_path / "runs").jobs
+    assert job.inferred_tail is not None and job.inferred_tail.marked_iterations == 6  # the mark: all
+    assert job.productive_s == pytest.approx(16 + 48)
+    drop_marks(tmp_path / "runs")  # without it, the exported spans
     (job,) = session_of(tmp_path / "runs").jobs
     assert job.inferred_tail is not None
     summary: dict[str, Any] = job.inferred_tail.as_dict()

@@ -33,6 +33,7 @@ from traintel._recorder import active
 from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
 from traintel._runtime import preemption, state
 from traintel._runtime.pipeline import Pipeline, PipelineOptions, build_pipeline
+from traintel._runtime.progress import ProgressMarks
 from traintel._runtime.state import Telemetry, Warnings
 from traintel._runtime.window_consumers import PeakFlops, WindowConsumers
 from traintel._runtime.window_pipeline import WindowPipeline
@@ -46,6 +47,7 @@ from traintel._sdk.window_spans import WindowSpans
 from traintel.config import ConfigurationError, Settings, TrainingConfig
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
 from traintel.exporters.health import HEALTH, register_instruments
+from traintel.exporters.progress_mark import process_key
 from traintel.resource_detectors import distributed_identity
 from traintel.version import __version__
 
@@ -175,6 +177,11 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     if pipeline.owns_tracer_provider:  # traintel's own export path: its losses and health
         register_instruments(meters)
     _decide_rank_export(apply_rank_export, settings, pipeline.resource)
+    if pipeline.file is not None:  # the embedded file: a killed job's progress beside it
+        instance = process_key(pipeline.resource.attributes)
+        marks = telemetry.progress = ProgressMarks(engine, pipeline.output_file, instance, windows.flush)
+        windows.register("the progress mark", lambda event: marks.window_closed(event.report))
+        marks.start()
     return telemetry
 
 

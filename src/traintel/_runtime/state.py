@@ -39,6 +39,7 @@ from traintel.version import __version__
 if TYPE_CHECKING:
     from traintel._host.heartbeat import Heartbeat
     from traintel._runtime.pipeline import Pipeline
+    from traintel._runtime.progress import ProgressMarks
     from traintel._runtime.window_pipeline import WindowPipeline
     from traintel.distributed.cross_rank import CrossRank
 
@@ -115,6 +116,7 @@ class Telemetry:
         self.enabled = pipeline is not None and engine is not None
         self.tracer: trace_api.Tracer = engine.tracer if engine is not None else trace_api.NoOpTracer()
         self.heartbeat: Heartbeat | None = None
+        self.progress: ProgressMarks | None = None  # the embedded file's progress mark
         self.cross_rank: CrossRank | None = None
         self.warnings = warnings or Warnings()
         self._lock = threading.RLock()
@@ -277,7 +279,10 @@ class Telemetry:
             return True
         deadline = time.monotonic() + timeout_s
         windows = self.windows is None or self.windows.flush(timeout_s)
-        return self.pipeline.flush(max(0.0, deadline - time.monotonic())) and windows
+        flushed = self.pipeline.flush(max(0.0, deadline - time.monotonic())) and windows
+        if self.progress is not None:
+            self.progress.mark()
+        return flushed
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """End open callback spans, flush and release owned providers within the bound."""
@@ -285,6 +290,8 @@ class Telemetry:
             return True
         self.close_open_callbacks("telemetry shutdown")
         self.closed = True
+        if self.progress is not None:
+            self.progress.stop()
         if self.pipeline is None:
             return True
         timeout = self.settings.shutdown_timeout if timeout_s is None else timeout_s

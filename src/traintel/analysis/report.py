@@ -808,6 +808,8 @@ def report_file(
                 report.add_span(record)
             else:
                 report.add_metrics_record(record)
+    if goodput is not None:
+        goodput.add_mark_of(path)
     report.summary.runs.in_file(path)
     return report, goodput
 

@@ -41,27 +41,38 @@ class Window:
     wasted_fraction: float = 0.0
     free_total: int = 0
     free_in: int = 0
-    inferred: bool = False  # built from exported iteration spans, not a window record
+    inferred: bool = False  # built from the progress mark or exported iteration spans, not a record
+    quantiles: bool = True  # p50, p90 and p99 are known (a progress mark's window has its max only)
 
 
 @dataclass(frozen=True)
 class InferredTail:
-    """The iterations after a job's last window record, counted from its exported spans."""
+    """The iterations after a job's last window record, counted from its progress mark (the
+    open window's account, written every few seconds) and the spans exported after it."""
 
     first_iteration: int
     last_iteration: int
     exported_iterations: int  # the spans counted
-    missing_iterations: int  # numbered in the range but not exported: not counted
+    missing_iterations: int  # numbered in the range but neither marked nor exported: not counted
     productive_s: float
+    marked_iterations: int = 0  # counted from the progress mark
+
+    @property
+    def source(self) -> str:
+        parts = ["the progress mark"] if self.marked_iterations else []
+        if self.exported_iterations:
+            parts.append("exported training_iteration spans")
+        return " and ".join(parts) + " after the last window record"
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "first_iteration": self.first_iteration,
             "last_iteration": self.last_iteration,
+            "marked_iterations": self.marked_iterations,
             "exported_iterations": self.exported_iterations,
             "missing_iterations": self.missing_iterations,
             "productive_seconds": self.productive_s,
-            "source": "exported training_iteration spans after the last window record",
+            "source": self.source,
         }
 
 
@@ -125,7 +136,10 @@ class Process:
     resume: int | None = None
     #: Exported iterations: their number, times and ids, in arrival order.
     iterations: Table = field(default_factory=lambda: Table(ITERATION_ROW))
-    #: Windows inferred from the exported iterations after the last window record.
+    #: The last progress mark: its time and the job's account (``JobProgress``'s fields).
+    mark_ns: int = 0
+    mark: dict[str, Any] | None = None
+    #: Windows inferred from the mark and the exported iterations after the last window record.
     inferred: list[Window] = field(default_factory=list)
     inner_data: list[tuple[int, int]] = field(default_factory=list)  # data loading inside iterations
     tail: InferredTail | None = None
@@ -174,6 +188,8 @@ class Process:
             self.window_energy[key] = self.window_energy.get(key, 0.0) + joules
         if later.job_energy is not None:
             self.job_energy = later.job_energy
+        if later.mark_ns >= self.mark_ns:
+            self.mark_ns, self.mark = later.mark_ns, later.mark
 
     @property
     def energy(self) -> dict[str, float]:

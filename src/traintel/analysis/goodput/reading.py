@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from traintel import semconv
+from traintel._aggregation.progress import JobProgress
 from traintel._aggregation.stats import percentile
 from traintel.analysis.goodput.process import (
     APPLICATION,
@@ -26,6 +27,7 @@ from traintel.analysis.goodput.process import (
 )
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
+from traintel.exporters.progress_mark import process_key, read_mark
 from traintel.exporters.reader import ReadStats, Record, SpanRecord, expand_paths, gc_paused, iter_records
 from traintel.semconv import BADPUT_CATEGORIES, BADPUT_CATEGORY_OF_PHASE, Phase
 
@@ -97,7 +99,7 @@ class GoodputReader:
         self.process_of = PerResource(self._process_of)
 
     def _process_of(self, resource: dict[str, Any]) -> Process:
-        key = str(resource.get(semconv.SERVICE_INSTANCE_ID) or resource.get(semconv.RUN_ID) or "unknown")
+        key = process_key(resource)
         found = self.processes.get(key)
         if found is None:
             found = self.processes[key] = Process(key, resource)
@@ -113,6 +115,19 @@ class GoodputReader:
             for series in record.metrics:
                 if series.kind is not None:
                     process.see(0, series.last_time_ns)
+
+    def add_mark_of(self, path: str | os.PathLike[str]) -> None:
+        """The progress mark of the file just read, into its process (its records' resource)."""
+        mark = read_mark(path)
+        if mark is None:
+            return
+        process = self.processes.get(str(mark.get("instance")))
+        at = _int(mark.get("time_unix_nano"))
+        if process is None or at is None or at < process.mark_ns:
+            return
+        process.see(0, at)
+        progress = mark.get("progress")
+        process.mark_ns, process.mark = at, progress if isinstance(progress, dict) else None
 
     def merge(self, later: GoodputReader) -> None:
         merge_by_key(self.processes, later.processes)
@@ -156,6 +171,7 @@ def read_file(path: str, progress: Callable[[int], None] | None = None) -> tuple
     with gc_paused():
         for record in iter_records([path], stats, progress, windows_expanded=True):
             reader.add(record)
+    reader.add_mark_of(path)
     return reader, stats
 
 
@@ -303,13 +319,53 @@ def _covered_ns(union: list[tuple[int, int]], start: int, end: int) -> int:
     return total
 
 
+def _marked_window(process: Process, covered: int) -> Window | None:
+    """The iterations after the last window record, from the progress mark: the job's account
+    to its last iteration, by the live rules (``_aggregation.progress``), less its records."""
+    if process.mark is None:
+        return None
+    try:
+        progress = JobProgress(**process.mark)
+    except TypeError:  # not a mark this version wrote
+        return None
+    if progress.last_iteration <= covered:
+        return None  # recorded since
+    first, last = progress.first_iteration, progress.last_iteration
+    recorded = [row for row in process.window_rows if first <= row[2] and row[3] <= last]
+    iterations, productive, data, startup = (
+        progress.iterations,
+        progress.productive_s,
+        progress.data_loading_s,
+        progress.program_startup_s,
+    )
+    start = progress.start_ns
+    for row in recorded:
+        iterations -= row[4]
+        productive, data, startup = productive - row[5], data - row[6], startup - row[7]
+        start = max(start, row[1])
+    if iterations <= 0:
+        return None
+    return Window(
+        start_ns=start, end_ns=progress.end_ns, first=max(first, covered + 1), last=last,
+        iterations=iterations, productive_s=max(0.0, productive), data_s=max(0.0, data),
+        startup_s=max(0.0, startup), flops=0.0, peak=None, p50=0.0, p90=0.0, p99=0.0,
+        max_s=progress.max_s, slowest=progress.slowest_iteration, ideal=progress.ideal_step_time_s,
+        inferred=True, quantiles=False,
+    )  # fmt: skip
+
+
 def _infer_tail(process: Process) -> None:
-    """The exported iterations after the last window record, each as an inferred window of one
-    iteration (so a later job redoing some of them wastes exactly theirs), accounted by the live
-    rules: an iteration's time is productive but for its data-loading wait and the categorised
-    phases inside it; if the job has no window record at all, its first iteration's excess over
-    the median of the others is program startup."""
+    """The iterations after the last window record: the progress mark's open window, then each
+    exported iteration after it as an inferred window of one iteration (so a later job redoing
+    some of them wastes exactly theirs), accounted by the live rules: an iteration's time is
+    productive but for its data-loading wait and the categorised phases inside it; if the job has
+    no window record at all, its first iteration's excess over the median of the others is
+    program startup."""
     covered = max((row[3] for row in process.window_rows), default=-1)  # the last iteration recorded
+    marked = _marked_window(process, covered)
+    if marked is not None:
+        process.inferred.append(marked)
+        covered = marked.last
     after: dict[int, tuple[int, int]] = {}
     for number, start, end, *_ids in process.iterations:
         if number > covered:
@@ -318,12 +374,16 @@ def _infer_tail(process: Process) -> None:
     inner = process.inner_data
     process.inner_data = []
     if not tail:
+        if marked is not None:
+            process.tail = InferredTail(
+                marked.first, marked.last, 0, 0, marked.productive_s, marked_iterations=marked.iterations
+            )
         return
     begin = tail[0][1][0]
     inner_data = _union(d for d in inner if d[1] > begin)
     phases = _union((start, end) for start, end, _ in process.phases if end > begin)
     durations = [(end - start) / 1e9 for _, (start, end) in tail]
-    no_records = not process.window_rows
+    no_records = not process.window_rows and marked is None
     typical = percentile(sorted(durations[1:]), 50) if len(durations) >= 2 and no_records else None
     productive_total = 0.0
     for position, (number, (start, end)) in enumerate(tail):
@@ -342,4 +402,11 @@ def _infer_tail(process: Process) -> None:
             )
         )  # fmt: skip
     first, last = tail[0][0], tail[-1][0]
-    process.tail = InferredTail(first, last, len(tail), last - first + 1 - len(tail), productive_total)
+    marked_iterations = 0
+    if marked is not None:
+        first, marked_iterations = marked.first, marked.iterations
+        productive_total += marked.productive_s
+    missing = last - first + 1 - len(tail) - marked_iterations
+    process.tail = InferredTail(
+        first, last, len(tail), missing, productive_total, marked_iterations=marked_iterations
+    )

@@ -60,8 +60,12 @@ class JobGoodput(_Share):
     last_iteration: int | None
     resumed_from: int | None
     goodput_by_rank: dict[int, float]
-    #: The reference rank's iterations after its last window record, counted from spans.
+    #: The reference rank's iterations after its last window record (progress mark, spans).
     inferred_tail: InferredTail | None = None
+    #: A job with no end exported: its seconds after the last moment its records and progress
+    #: mark account for (what ran then is unknown), and the last iteration accounted before them.
+    unaccounted_s: float = 0.0
+    unaccounted_after: int | None = None
 
 
 @dataclass
@@ -144,6 +148,8 @@ class SessionGoodput(_Share):
                     "resumed_from": j.resumed_from,
                     "goodput_by_rank": {str(k): v for k, v in j.goodput_by_rank.items()},
                     "inferred_tail": j.inferred_tail.as_dict() if j.inferred_tail is not None else None,
+                    "unaccounted_seconds": j.unaccounted_s,
+                    "unaccounted_after_iteration": j.unaccounted_after,
                 }
                 for j in self.jobs
             ],
@@ -237,8 +243,8 @@ def _session(
     total_s = (b - a) / 1e9
     named = sum(v for k, v in seconds.items() if k != "other")
     seconds["other"] = total_s - productive - named  # the residual, so the shares sum to 1
-    # Step-time and model statistics come from window records; inferred iterations count above.
-    windows = sorted((w for ws in ref_windows for w in ws if not w.inferred), key=lambda w: w.end_ns)
+    # The step-time view holds a killed job's tail too; model statistics come from the records.
+    windows = sorted((w for ws in ref_windows for w in ws), key=lambda w: w.end_ns)
     last_iteration = max((w.last for ws in ref_windows for w in ws), default=None)
     result = SessionGoodput(
         session=session,
@@ -303,6 +309,7 @@ def _job_result(
     else:
         status = "failed" if process.end_error else "completed"
     ranged = ran(process)
+    unaccounted_s, after = _unaccounted(process, windows, job_end)
     return JobGoodput(
         run_id=job.run_id,
         restart=job.restart,
@@ -318,7 +325,21 @@ def _job_result(
         resumed_from=process.resume,
         goodput_by_rank=by_rank,
         inferred_tail=process.tail,
+        unaccounted_s=unaccounted_s,
+        unaccounted_after=after,
     )
+
+
+def _unaccounted(process: Process, windows: list[Window], job_end: int) -> tuple[float, int | None]:
+    """A job with no end exported: its seconds after the last moment its window records,
+    progress mark and exported iterations account for, up to its last sign of life (clipped at
+    ``job_end``); and the last iteration accounted. Nothing for a job that ended, or that never
+    reached an iteration."""
+    if process.end_ns is not None or not windows:
+        return 0.0, None
+    last = max(windows, key=lambda w: w.end_ns)
+    accounted = max(last.end_ns, process.mark_ns)
+    return max(0, job_end - accounted) / 1e9, max(w.last for w in windows)
 
 
 def _model_goodput(result: SessionGoodput, windows: list[Window]) -> None:
@@ -345,7 +366,7 @@ def _step_time(result: SessionGoodput, windows: list[Window], refs: list[Process
             "p90": w.p90 / ideal - 1,
             "p99": w.p99 / ideal - 1,
         }
-        for w in windows[-recent:]
+        for w in [w for w in windows if w.quantiles][-recent:]
     ]
     worst = heapq.nlargest(5, (w for w in windows if w.slowest is not None), key=lambda w: w.max_s)
     wanted = {w.slowest for w in worst}

@@ -101,12 +101,17 @@ def _job_lines(j: JobGoodput) -> list[str]:
     ]
     tail = j.inferred_tail
     if tail is not None:
+        counted = [f"{tail.marked_iterations} in the progress mark"] if tail.marked_iterations else []
+        if tail.exported_iterations:
+            counted.append(f"{tail.exported_iterations} exported iteration spans")
         missing = f", {tail.missing_iterations} not exported (not counted)" if tail.missing_iterations else ""
         lines.append(
-            f"    iterations {tail.first_iteration}-{tail.last_iteration} after the last window "
-            f"record: counted from {tail.exported_iterations} exported"
+            f"    iterations {tail.first_iteration}-{tail.last_iteration} after the last window record:"
         )
-        lines.append(f"    iteration spans{missing}")
+        lines.append(f"    counted from {' and '.join(counted)}{missing}")
+    if j.unaccounted_s > 0:
+        after = f"iteration {j.unaccounted_after}" if j.unaccounted_after is not None else "the start"
+        lines.append(f"    unaccounted: {j.unaccounted_s:.1f} s after {after} (what ran then is unknown)")
     return lines
 
 

@@ -1,0 +1,117 @@
+"""The progress mark's writer: every INTERVAL_S, on a thread of its own, the open window's
+account (``_aggregation.progress``) into the mark beside the embedded file
+(``exporters.progress_mark``); at each flush too.
+
+Why a thread of its own: the window pipeline's worker runs only when a window closes, the file's
+metric reader every five minutes, the batch span processors only when spans end; the mark must
+be written every few seconds whatever the job does, and a job stuck in a kernel or a collective
+still gets its last mark. The training thread pays nothing: the writer reads the rows and
+counters it already keeps, as the heartbeat does. A kill therefore loses at most INTERVAL_S of
+accounting (plus the time a write takes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+from traintel._aggregation.aggregator import WindowReport
+from traintel._aggregation.progress import Account, OpenWindowProgress, job_progress
+from traintel._recorder.engine import TrainingEngine
+from traintel.exporters.progress_mark import MarkFile, mark_path
+
+_logger = logging.getLogger(__name__)
+
+#: Seconds between two marks.
+INTERVAL_S: Final = 5.0
+
+
+class ProgressMarks:
+    """Writes one job's mark, periodically from its own thread and when asked (a flush)."""
+
+    def __init__(
+        self,
+        engine: TrainingEngine,
+        output_file: Callable[[], Path | None],
+        instance: str,
+        flush_windows: Callable[[float], bool],
+    ) -> None:
+        self._engine = engine
+        self._output_file = output_file
+        self._instance = instance
+        self._flush_windows = flush_windows
+        self._closed = Account()  # the windows the pipeline's worker processed
+        self._open = OpenWindowProgress()
+        self._file = MarkFile()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._pid = os.getpid()
+        self._failed = False
+        self._thread = threading.Thread(target=self._run, name="traintel-progress", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """No more marks (the job's end: its window records hold what the mark said)."""
+        self._stop.set()
+        with self._lock:
+            self._file.close()
+
+    def window_closed(self, report: WindowReport | None) -> None:
+        """A window the pipeline processed (its worker): into the closed windows' sums."""
+        if report is not None:
+            closed = Account(
+                report.first_iteration, report.last_iteration, len(report.durations), report.start_ns,
+                report.end_ns, report.duration_s - report.nested_badput_s, report.data_loading_s,
+            )  # fmt: skip
+            with self._lock:
+                self._closed.add(closed)
+
+    def _run(self) -> None:
+        while not self._stop.wait(INTERVAL_S):
+            self.mark()
+
+    def mark(self) -> None:
+        """Write the mark now (never raises; nothing in a forked child)."""
+        if os.getpid() != self._pid:
+            return
+        try:
+            if self._engine.window.seen_closed > self._closed.iterations:  # a window on its way
+                self._flush_windows(1.0)
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                path = self._output_file()
+                if path is not None:
+                    self._file.write(mark_path(path), self._sample())
+        except Exception as exc:
+            if not self._failed:
+                self._failed = True
+                _logger.warning("traintel: could not write the progress mark (%s); training goes on", exc)
+
+    def _sample(self) -> dict[str, Any]:
+        """The job's account now: the open window's rows are read while no window is handed
+        over (its rows swapped, then its count moved), else read again."""
+        engine = self._engine
+        window = engine.window
+        for _ in range(3):
+            rows = window.rows
+            nested_ns, first = window.nested_ns, window.index == 0
+            if window.rows is rows:
+                break
+        open_window, startup, own_ideal = self._open.update(rows, nested_ns, first)
+        ledger = engine.goodput
+        startup += ledger.badput_s.get("program_startup", 0.0)
+        ideal = ledger.ideal_step_time_s if ledger.ideal_step_time_s is not None else own_ideal
+        progress = job_progress(self._closed, open_window, startup, self._open.slowest, ideal)
+        mark: dict[str, Any] = {"instance": self._instance, "time_unix_nano": time.time_ns()}
+        if progress is not None:
+            mark["progress"] = dataclasses.asdict(progress)
+        return mark
