@@ -19,6 +19,7 @@ from tests.subprocess_helpers import run_python
 from traintel import cli
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.exporters.progress_mark import MARK_SUFFIX
+from traintel.exporters.reader import iter_spans
 from traintel.semconv import BADPUT_CATEGORIES
 
 pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
@@ -215,6 +216,86 @@ def test_a_kill_long_after_the_last_window_closed_by_time(
     assert (job.last_iteration, job.unaccounted_after, job.unaccounted_s) == (last, last, 500 - productive)
     assert cli.main(["goodput", str(runs)]) == 0
     assert f"unaccounted: {500 - productive:.1f} s after iteration {last}" in capsys.readouterr().out
+
+
+#: Killed without a flush at iteration KILL_AT, once the progress mark's own thread (every 20 ms
+#: here instead of 5 s) has written it: 8-iteration windows, whose records wait in the batch
+#: span processor (a 10-minute delay) and die with the job. Its start is on disk (a flush after
+#: the 10 s init). Iteration 0 takes 7 s (2 s startup over the typical 5 s), every 7th from
+#: iteration 3 waits 1 s for data, the last takes 20 s (+300 %).
+KILLED_WITHOUT_A_FLUSH = """
+import traintel._runtime.progress
+from traintel.exporters.progress_mark import read_mark
+traintel._runtime.progress.INTERVAL_S = 0.02
+def die_once_marked(iteration):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        mark = read_mark(telemetry.output_file) or {}
+        if mark.get("progress", {}).get("last_iteration") == iteration:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.005)
+    raise SystemExit("no progress mark of iteration %d" % iteration)
+with phase("application"):
+    with phase("model_init"):
+        tick(10)
+    telemetry.flush(60)
+    with loop(0):
+        for i in range(KILL_AT + 1):
+            with phase("training_iteration", i):
+                if i % 7 == 3:
+                    with phase("data_loading"):
+                        tick(1)
+                    tick(4)
+                else:
+                    tick(7 if i == 0 else 20 if i == KILL_AT else 5)
+        die_once_marked(KILL_AT)
+"""
+
+
+@pytest.mark.parametrize(
+    ("style", "kill_at", "windows_closed"),
+    # in the first window, in the second, after five
+    [("traintel", 5, 0), ("traintel", 12, 1), ("traintel", 44, 5), ("otel", 12, 1)],
+)
+def test_a_kill_without_a_flush_loses_no_iteration_the_mark_reached(
+    tmp_path: Path, style: str, kill_at: int, windows_closed: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_job(
+        tmp_path, f"KILL_AT = {kill_at}\n" + KILLED_WITHOUT_A_FLUSH, style, restart=0, start_s=0,
+        TRAINTEL_LOG_EVERY_N_ITERATIONS="8", OTEL_BSP_SCHEDULE_DELAY="600000",
+    )  # fmt: skip
+    runs = tmp_path / "runs"
+    records = [s for s in iter_spans([runs]) if s.name == "training_window"]
+    assert records == []  # every window's record was lost with the job: the mark holds them
+    iterations = kill_at + 1
+    waits = len(range(3, iterations, 7))
+    seconds = 7 + 5 * (kill_at - 1) + 20
+    result = session_of(runs)
+    expect(
+        result, 10 + seconds, productive=seconds - waits - 2, initialization=10, data_loading=waits,
+        program_startup=2,
+    )  # fmt: skip
+    (job,) = result.jobs
+    assert (job.status, job.first_iteration, job.last_iteration) == ("no end exported", 0, kill_at)
+    assert job.inferred_tail is not None
+    assert job.inferred_tail.as_dict() == {
+        "first_iteration": 0,
+        "last_iteration": kill_at,
+        "marked_iterations": iterations,
+        "exported_iterations": 0,
+        "missing_iterations": 0,
+        "productive_seconds": seconds - waits - 2,
+        "source": "the progress mark after the last window record",
+    }
+    assert job.unaccounted_s == 0.0
+    # the step-time view lists the crashed tail: its slowest iteration against the ideal step
+    assert windows_closed == kill_at // 8
+    assert result.ideal_step_time_s == pytest.approx(5.0)
+    slowest = result.most_deviating[0]
+    assert (slowest["iteration"], slowest["seconds"]) == (kill_at, 20.0)
+    assert slowest["deviation"] == pytest.approx(3.0)
+    assert cli.main(["goodput", str(runs)]) == 0
+    assert f"iteration {kill_at}: 20000.0 ms (+300%)" in capsys.readouterr().out
 
 
 #: Sampled exports leave gaps in a tail: the exported ones count, the others are named.
