@@ -228,7 +228,7 @@ import traintel._runtime.progress
 from traintel.exporters.progress_mark import read_mark
 traintel._runtime.progress.INTERVAL_S = 0.02
 def die_once_marked(iteration):
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         mark = read_mark(telemetry.output_file) or {}
         if mark.get("progress", {}).get("last_iteration") == iteration:
