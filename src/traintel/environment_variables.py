@@ -117,10 +117,10 @@ TRAINTEL_LOG_EVERY_N_SECONDS: Final = "TRAINTEL_LOG_EVERY_N_SECONDS"
 .. envvar:: TRAINTEL_LOG_EVERY_N_SECONDS
 
 The longest window in seconds (positive number): a window closes once its iterations span this
-long, even before :envvar:`TRAINTEL_LOG_EVERY_N_ITERATIONS` of them. A killed job's accounting
-loses at most this much training time plus the export delay of its last window record (on one
-process; in a job of several ranks the agreed size is predicted from the pace two windows
-earlier). Default: 60.
+long, even before :envvar:`TRAINTEL_LOG_EVERY_N_ITERATIONS` of them. In a backend, a killed job's
+accounting loses at most this much training time plus the export delay of its last window record
+(on one process; in a job of several ranks the agreed size is predicted from the pace two windows
+earlier); with the embedded file, the progress mark beside it bounds the loss to 5 s. Default: 60.
 """
 
 TRAINTEL_OUTPUT_DIR: Final = "TRAINTEL_OUTPUT_DIR"
