@@ -296,6 +296,11 @@ def test_a_kill_without_a_flush_loses_no_iteration_the_mark_reached(
     assert slowest["deviation"] == pytest.approx(3.0)
     assert cli.main(["goodput", str(runs)]) == 0
     assert f"iteration {kill_at}: 20000.0 ms (+300%)" in capsys.readouterr().out
+    assert cli.main(["summary", str(runs)]) == 0
+    assert (
+        f"Iterations: {iterations} after the last window record, to iteration {kill_at}, in the progress mark"
+        in capsys.readouterr().out.replace("\n  ", " ")
+    )
 
 
 #: Sampled exports leave gaps in a tail: the exported ones count, the others are named.

@@ -31,6 +31,7 @@ from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
 from traintel.analysis.run_info import RunsSeen, run_key
+from traintel.exporters.progress_mark import read_mark
 from traintel.exporters.reader import (
     MetricsRecord,
     ReadStats,
@@ -234,6 +235,10 @@ class RunSummary:
     window_iterations: int = 0
     window_iteration_s: float = 0.0
     window_iteration_max_s: float = 0.0
+    #: Iterations after the window records, in the files' progress marks (a job killed
+    #: mid-window, or still running), and the last iteration they reach.
+    marked_iterations: int = 0
+    marked_last_iteration: int | None = None
     step_phase_s: dict[str, float] = field(default_factory=dict)
     #: The loops' ``ml.training.summary.*`` attributes, ordered by precedence (the last speaks).
     loop_summaries: list[tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=list)
@@ -411,6 +416,9 @@ class RunSummary:
         self.spans += later.spans
         self.windows += later.windows
         self.window_iterations += later.window_iterations
+        self.marked_iterations += later.marked_iterations
+        if later.marked_last_iteration is not None:
+            self.marked_last_iteration = max(self.marked_last_iteration or 0, later.marked_last_iteration)
         self.window_iteration_s += later.window_iteration_s
         self.window_iteration_max_s = max(self.window_iteration_max_s, later.window_iteration_max_s)
         for short, seconds in later.step_phase_s.items():
@@ -521,8 +529,22 @@ def summarize_file(run: str | None, path: str, progress: Callable[[int], None] |
                     summary.add(record)
             else:
                 summary.add_metrics_record(record, run)
+    _add_mark(summary, path, kept)
     runs.in_file(path)
     return summary
+
+
+def _add_mark(summary: RunSummary, path: str, kept: bool) -> None:
+    """The file's progress mark (its process's account to its last iteration), less the
+    iterations its window records hold."""
+    mark = read_mark(path) if kept else None
+    progress = mark.get("progress") if mark is not None else None
+    if not isinstance(progress, dict):
+        return
+    beyond = int(progress.get("iterations", 0)) - summary.window_iterations
+    if beyond > 0:
+        summary.marked_iterations += beyond
+        summary.marked_last_iteration = int(progress.get("last_iteration", 0))
 
 
 #: The phase table's columns after the name: count, total, mean, max, share, errors.
@@ -657,16 +679,24 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
     value = summary.summary_value
     iterations = value("iterations")
     n = summary.window_iterations
-    if iterations is None and not n:
+    marked = summary.marked_iterations
+    if iterations is None and not n and not marked:
         return []
-    if value("iteration_time.mean") is None and n:  # the loop has not ended: its windows say
-        return [
-            "",
-            f"Iterations: {plain_number(n)} in {plain_number(summary.windows)} window(s) so far (the "
-            "run's percentiles come with the end of its loop)",
-            f"  mean {fmt_seconds(summary.window_iteration_s / n)}  "
-            f"max {fmt_seconds(summary.window_iteration_max_s)}",
-        ]
+    if value("iteration_time.mean") is None and (n or marked):  # the loop has not ended
+        lines = [""]
+        if n:
+            lines += [
+                f"Iterations: {plain_number(n)} in {plain_number(summary.windows)} window(s) so far (the "
+                "run's percentiles come with the end of its loop)",
+                f"  mean {fmt_seconds(summary.window_iteration_s / n)}  "
+                f"max {fmt_seconds(summary.window_iteration_max_s)}",
+            ]
+        if marked:
+            lines.append(
+                f"{'  and ' if n else 'Iterations: '}{plain_number(marked)} after the last window record, "
+                f"to iteration {summary.marked_last_iteration}, in the progress mark (killed, or running)"
+            )
+        return lines
     lines = [
         "",
         f"Iterations: {plain_number(iterations if iterations is not None else n)} (after warm-up)",
