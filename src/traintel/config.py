@@ -166,6 +166,9 @@ _FIELDS: Final[tuple[_Field[Any], ...]] = (
     _Field(
         "shutdown_timeout", ev.TRAINTEL_SHUTDOWN_TIMEOUT, _wait_bound(allow_zero=True), 5.0, "exit bound, s"
     ),
+    _Field(
+        "stall_seconds", ev.TRAINTEL_STALL_SECONDS, _wait_bound(allow_zero=True), 30.0, "hang suspect after s"
+    ),
     _Field("warmup_iterations", ev.TRAINTEL_WARMUP_ITERATIONS, _non_negative_int, 1, "left out of totals"),
     _Field("dtype", ev.TRAINTEL_DTYPE, _choice(*DTYPES), None, "training compute dtype, for peak FLOPs"),
     _Field(
@@ -253,7 +256,7 @@ _EAGER: Final = frozenset(
         "segment_iterations", "segment_seconds", "max_spans_per_trace", "max_bytes_per_trace",
         "spool_dir", "spool_max_bytes", "spool_retry_interval",
         "log_every_n_iterations", "window_min_seconds", "log_every_n_seconds", "warmup_iterations",
-        "cuda_event_timing", "nvtx",
+        "cuda_event_timing", "nvtx", "stall_seconds",
     }
 )  # fmt: skip
 

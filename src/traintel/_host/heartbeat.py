@@ -7,6 +7,8 @@ start, its completed step phases) and the processor's registry of open phase spa
 seconds since the last progress, the phase the rank is in and the last iteration it completed.
 The NCCL watchdog takes 10-30 minutes and names no rank; these gauges name it at the next
 collection. The training thread pays nothing but one timestamp store per completed iteration.
+The rank's collective sequence (``traintel.distributed.collectives``) rides along: across ranks,
+the one whose count is behind the others' has not joined the collective they wait in.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
+from traintel.distributed.collectives import SEQUENCE, CollectiveSequence
 from traintel.version import __version__
 
 if TYPE_CHECKING:
@@ -53,14 +56,19 @@ class HeartbeatSample:
     iteration: int | None  # the last completed training iteration
     phase: str  # the innermost phase open now (IDLE outside any)
     after: str | None  # inside an iteration: its last completed step phase
+    collectives_entered: int = 0
+    collectives_completed: int = 0
 
 
 class Heartbeat:
     """Reads the engine and the open-span registry; never writes to them."""
 
-    def __init__(self, engine: Progress, open_spans: OpenSpans) -> None:
+    def __init__(
+        self, engine: Progress, open_spans: OpenSpans, collectives: CollectiveSequence = SEQUENCE
+    ) -> None:
         self._engine = engine
         self._open_spans = open_spans
+        self._collectives = collectives
         self._started_ns = time.time_ns()
 
     def sample(self, now_ns: int | None = None) -> HeartbeatSample:
@@ -83,7 +91,8 @@ class Heartbeat:
                 phase, started = innermost
                 progress = max(progress, started)
         last = engine.last_iteration if engine.last_iteration_end_ns else None
-        return HeartbeatSample(max(0.0, (now - progress) / 1e9), last, phase, after)
+        entered, completed, _name = self._collectives.snapshot()
+        return HeartbeatSample(max(0.0, (now - progress) / 1e9), last, phase, after, entered, completed)
 
     def _innermost_open_phase(self) -> tuple[str, int] | None:
         """The open phase span started last (spans nest, so it is the innermost one)."""
@@ -101,7 +110,7 @@ class Heartbeat:
 
 
 class HeartbeatInstruments:
-    """The three gauges; their callbacks run on the metric reader's thread.
+    """The heartbeat gauges; their callbacks run on the metric reader's thread.
 
     ``source`` is asked for the current heartbeat at every collection (``None``: report
     nothing) rather than holding one: configured again on the same meter provider, the SDK keeps
@@ -132,10 +141,22 @@ class HeartbeatInstruments:
             unit="1",
             description="1 for the phase this rank is in now, with its last completed step phase",
         )
+        meter.create_observable_gauge(
+            semconv.METRIC_HEARTBEAT_COLLECTIVES_ENTERED,
+            [self._entered],
+            unit="{collective}",
+            description="Collectives this rank entered; behind the other ranks': it never joined theirs",
+        )
+        meter.create_observable_gauge(
+            semconv.METRIC_HEARTBEAT_COLLECTIVES_COMPLETED,
+            [self._completed],
+            unit="{collective}",
+            description="Collectives this rank entered that completed; one short of entered: it waits in one",
+        )
 
     def _seconds(self, options: CallbackOptions) -> Iterable[Observation]:
-        # The first callback of a collection samples; the other two reuse it, so the three
-        # gauges describe one moment.
+        # The first callback of a collection samples; the others reuse it, so the gauges
+        # describe one moment.
         heartbeat = self._source()
         self._sample = sample = heartbeat.sample() if heartbeat is not None else None
         return [] if sample is None else [Observation(sample.seconds_since_progress)]
@@ -152,3 +173,17 @@ class HeartbeatInstruments:
         if sample.after is not None:
             attributes[semconv.HEARTBEAT_AFTER] = sample.after
         return [Observation(1, attributes)]
+
+    def _entered(self, options: CallbackOptions) -> Iterable[Observation]:
+        sample = self._sample  # none before a collective: a process alone has no sequence
+        return (
+            []
+            if sample is None or not sample.collectives_entered
+            else [Observation(sample.collectives_entered)]
+        )
+
+    def _completed(self, options: CallbackOptions) -> Iterable[Observation]:
+        sample = self._sample
+        if sample is None or not sample.collectives_entered:
+            return []
+        return [Observation(sample.collectives_completed)]
