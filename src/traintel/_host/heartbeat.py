@@ -26,6 +26,8 @@ from traintel.distributed.collectives import SEQUENCE, CollectiveSequence
 from traintel.version import __version__
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import Span
+
     from traintel._sdk.open_spans import OpenSpans
 
 
@@ -86,26 +88,26 @@ class Heartbeat:
                 after = name
                 progress = max(progress, end)
         else:
-            innermost = self._innermost_open_phase()
+            innermost = self.innermost_open_span()
             if innermost is not None:
-                phase, started = innermost
+                phase, started = str((innermost.attributes or {})[semconv.PHASE]), innermost.start_time or 0
                 progress = max(progress, started)
         last = engine.last_iteration if engine.last_iteration_end_ns else None
         entered, completed, _name = self._collectives.snapshot()
         return HeartbeatSample(max(0.0, (now - progress) / 1e9), last, phase, after, entered, completed)
 
-    def _innermost_open_phase(self) -> tuple[str, int] | None:
+    def innermost_open_span(self) -> Span | None:
         """The open phase span started last (spans nest, so it is the innermost one)."""
         try:
             spans = self._open_spans.spans()
         except RuntimeError:  # the registry changed size while copied: no phase this time
             return None
-        best: tuple[str, int] | None = None
+        best: Span | None = None
         for span in spans:
-            phase = (span.attributes or {}).get(semconv.PHASE)
-            started = span.start_time
-            if phase is not None and started is not None and (best is None or started > best[1]):
-                best = (str(phase), started)
+            started = span.start_time or 0
+            phased = (span.attributes or {}).get(semconv.PHASE) is not None and started > 0
+            if phased and (best is None or started > (best.start_time or 0)):
+                best = span
         return best
 
 

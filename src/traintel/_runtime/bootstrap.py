@@ -27,8 +27,10 @@ from traintel._aggregation.aggregator import WindowReport
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._aggregation.goodput import WindowGoodput
 from traintel._host.energy import Booked, EnergyAccounting, EnergyInstruments
+from traintel._host.gil_watch import GilWatch
 from traintel._host.gpu import GpuInstruments
 from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
+from traintel._host.stall import StallWatcher
 from traintel._host.system_metrics import SystemInstruments
 from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
 from traintel._runtime import preemption, state
@@ -40,6 +42,7 @@ from traintel._sdk.otel_private import set_tracer_id_generator, tracer_id_genera
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel._sdk.providers import Pipeline, build_pipeline
 from traintel.config import ConfigurationError, TrainingConfig
+from traintel.distributed.collectives import watch_torch_collectives
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
 from traintel.exporters.health import register_instruments
 from traintel.resource_detectors import distributed_identity
@@ -163,6 +166,8 @@ def _install(config: TrainingConfig, prepared: _Prepared) -> Telemetry:
     publish()
     telemetry = state.set_current(built)
     preemption.install()
+    if telemetry.stall_watcher is not None:
+        telemetry.stall_watcher.start()
     return telemetry
 
 
@@ -229,6 +234,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     telemetry = Telemetry(config, pipeline, engine, processor, open_spans, warned)
     telemetry.heartbeat = Heartbeat(engine, open_spans)
     telemetry.cross_rank = cross_rank
+    telemetry.stall_watcher = _stall_watcher(config, pipeline, engine, telemetry.heartbeat)
     # Sampled by the metric reader's thread only: hang localisation and process/device gauges.
     HeartbeatInstruments(meters, _current_heartbeat)
     SystemInstruments(meters)
@@ -238,6 +244,20 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
         register_instruments(meters)
     _decide_rank_export(engine, config, pipeline.resource)
     return telemetry
+
+
+def _stall_watcher(
+    config: TrainingConfig, pipeline: Pipeline, engine: TrainingEngine, heartbeat: Heartbeat
+) -> StallWatcher | None:
+    """The hang reporter (off with ``TRAINTEL_STALL_SECONDS=0``). The collective functions are
+    wrapped here, at the same point of the program on every rank, so their counts agree."""
+    threshold = float(config.get("stall_seconds"))
+    watch_torch_collectives()
+    if threshold <= 0:
+        return None
+    rank = _rank(pipeline.resource)
+    gil_watch = GilWatch(threshold, rank, pipeline.resource.attributes, pipeline.output_file())
+    return StallWatcher(heartbeat, engine, pipeline.logs.logger, threshold, rank, gil_watch=gil_watch)
 
 
 def _application_started(telemetry: Telemetry, span: Span) -> None:

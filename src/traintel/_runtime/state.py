@@ -36,10 +36,12 @@ from traintel._sdk.instruments import DEFERRED_CAPACITY
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel.config import TrainingConfig
+from traintel.distributed.collectives import unwatch_torch_collectives
 from traintel.version import __version__
 
 if TYPE_CHECKING:
     from traintel._host.heartbeat import Heartbeat
+    from traintel._host.stall import StallWatcher
     from traintel._sdk.providers import Pipeline
     from traintel.distributed.cross_rank import CrossRank
 
@@ -114,6 +116,7 @@ class Telemetry:
         self.tracer: trace_api.Tracer = engine.tracer if engine is not None else trace_api.NoOpTracer()
         self.heartbeat: Heartbeat | None = None
         self.cross_rank: CrossRank | None = None
+        self.stall_watcher: StallWatcher | None = None
         self.warnings = warnings or Warnings()
         self._lock = threading.RLock()
         self._callbacks: list[_OpenCallback] = []
@@ -282,6 +285,9 @@ class Telemetry:
         timeout = float(self.config.get("shutdown_timeout")) if timeout_s is None else timeout_s
         if self.cross_rank is not None:
             self.cross_rank.close()
+        if self.stall_watcher is not None:  # before the logs pipeline it writes to shuts down
+            self.stall_watcher.stop()
+        unwatch_torch_collectives()
         ok = self.pipeline.shutdown(timeout)
         if self.processor is not None:
             self.processor.disable()

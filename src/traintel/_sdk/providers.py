@@ -475,6 +475,13 @@ class LogPipeline:
             self.flush(millis)
 
 
+def environment_log_pipeline(resource: Resource, path: str | None) -> LogPipeline:
+    """A logs pipeline from ``OTEL_*`` alone, its embedded file at ``path`` (the helper process
+    of ``traintel._host.gil_watch``, which cannot reach the rank's own)."""
+    file = OtlpJsonLinesFile(path=path) if path else OtlpJsonLinesFile()
+    return LogPipeline(_plan_exporters("logs", os.environ, file, strict=False), resource)
+
+
 #: A batch processor (traintel's, or the guard on one the distro built) and its spool, if any.
 ExportPath = tuple[CountingBatchSpanProcessor | QueueGuard, SpoolingSpanExporter | None]
 
