@@ -22,9 +22,12 @@ the main thread runs no bytecode, but it is equally stuck behind a blocking call
 the GIL, and whatever notices it must itself run without the GIL; a native helper thread needs
 a compiled extension; a record written when the GIL is released again comes after the hang.
 
-The helper exits when the rank closes the pipes (its shutdown) or dies (end of file). Its cost
-is one idle process per rank, started a second into the job; the rank's cost is one
-``dump_traceback_later`` (a thread start in C) and one small pipe write per second.
+The helper runs for a rank of a multi-rank job (``torch.distributed`` initialised with more
+than one rank: the others wait on it), from the watcher's first wake after that; a process on its
+own has nobody waiting, and its watcher reports a held GIL once it runs again. The helper exits
+when the rank closes the pipes (its shutdown) or dies (end of file). Its cost is one idle process
+per rank; the rank's is one ``dump_traceback_later`` (a thread start in C) and one small pipe
+write per second.
 """
 
 from __future__ import annotations
@@ -76,6 +79,15 @@ def held_stack(dump: str, thread: int) -> tuple[str, str]:
     return "".join(lines), f"{name} ({filename}:{lineno})"
 
 
+def _in_a_multi_rank_job() -> bool:
+    """``torch.distributed`` runs with other ranks: they would wait on this one."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_initialized() and dist.get_world_size() > 1)
+    except Exception:
+        return False
+
+
 class GilWatch:
     """The rank's side: starts the helper, re-arms the timer and hands over the state."""
 
@@ -102,6 +114,8 @@ class GilWatch:
         import faulthandler
 
         if not self._started:
+            if not _in_a_multi_rank_job():
+                return
             self._started = True
             self._start()
         if not self.alive():

@@ -60,6 +60,7 @@ class HeartbeatSample:
     after: str | None  # inside an iteration: its last completed step phase
     collectives_entered: int = 0
     collectives_completed: int = 0
+    progress_ns: int = 0  # when (time.time_ns) the rank last made progress
 
 
 class Heartbeat:
@@ -94,7 +95,8 @@ class Heartbeat:
                 progress = max(progress, started)
         last = engine.last_iteration if engine.last_iteration_end_ns else None
         entered, completed, _name = self._collectives.snapshot()
-        return HeartbeatSample(max(0.0, (now - progress) / 1e9), last, phase, after, entered, completed)
+        seconds = max(0.0, (now - progress) / 1e9)
+        return HeartbeatSample(seconds, last, phase, after, entered, completed, progress)
 
     def innermost_open_span(self) -> Span | None:
         """The open phase span started last (spans nest, so it is the innermost one)."""

@@ -16,12 +16,13 @@ What is said: one ``ml.training.hang_suspect`` log record (WARN) per stall, with
 iteration, sequence numbers, seconds stalled, the training thread's stack (``code.stacktrace``)
 and its top frame, linked to the current iteration's trace and span; then one
 ``ml.training.hang_recovered`` record (INFO) when the rank moves again, with the stall's length.
-Whether Python runs (``ml.training.hang.python``): ``blocked`` when the training thread's top
-frame stays on the same instruction between two wakes (a call that released the GIL: a
-collective, I/O, a lock, a sleep), ``running`` when it moves, and ``holding_gil`` when C code
+Whether Python runs (``ml.training.hang.python``): ``running`` when the training thread ran
+Python between two wakes (on the main thread: a pending call, ``Py_AddPendingCall``, asked at one
+wake has run by the next; on another thread: its top frame moved), ``blocked`` when it did not (a
+call that released the GIL: a collective, I/O, a lock, a sleep), and ``holding_gil`` when C code
 held the GIL so long that this thread could not run at all: then no Python thread can report,
-and the helper process of :mod:`traintel._host.gil_watch` does, from the last state this thread
-gave it and the stack ``faulthandler``'s C thread dumps.
+and the helper process of :mod:`traintel._host.gil_watch` does (in a multi-rank job), from the
+last state this thread gave it and the stack ``faulthandler``'s C thread dumps.
 """
 
 from __future__ import annotations
@@ -157,6 +158,60 @@ def span_context(trace_id: int, span_id: int) -> SpanContext | None:
     return SpanContext(trace_id, span_id, False, TraceFlags(TraceFlags.SAMPLED))
 
 
+class PendingCallProbe:
+    """Does the main thread run Python? A call scheduled with ``Py_AddPendingCall`` runs at the
+    main thread's next bytecode, and not while it waits in a call that released the GIL (a
+    collective, I/O, a lock, a sleep). Asked at one wake and looked at the next, it tells one from
+    the other where the top frame cannot (a loop may be caught on the same instruction twice)."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self._pending = self._asked = False
+        try:
+            import ctypes
+
+            callback_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+            self._callback = callback_type(self._ran)  # kept: the interpreter holds only its address
+            add = ctypes.PYFUNCTYPE(ctypes.c_int, callback_type, ctypes.c_void_p)
+            self._add: Callable[[Any, Any], int] | None = add(("Py_AddPendingCall", ctypes.pythonapi))
+        except (ImportError, AttributeError, OSError):  # not CPython
+            self._add = None
+
+    @property
+    def usable(self) -> bool:
+        return self._add is not None
+
+    def _ran(self, _argument: object) -> int:
+        self.runs += 1
+        self._pending = False
+        return 0
+
+    def ask(self) -> bool | None:
+        """Whether the main thread ran Python since the previous ask (None: no previous ask);
+        asks again."""
+        answer = None if not self._asked else not self._pending
+        if not self._pending and self._add is not None:
+            self._pending = self._add(self._callback, None) == 0
+        self._asked = True
+        return answer
+
+    def forget(self) -> None:
+        """The next answer starts afresh (a call still pending stays so)."""
+        self._asked = False
+
+
+_probe: PendingCallProbe | None = None
+
+
+def _main_thread_probe() -> PendingCallProbe:
+    """The process's probe: one, never freed (a call may stay pending after its watcher is gone,
+    and the interpreter then calls its address)."""
+    global _probe
+    if _probe is None:
+        _probe = PendingCallProbe()
+    return _probe
+
+
 @dataclass
 class _Stall:
     """A stall reported (by this thread or the helper process) and not yet recovered."""
@@ -198,6 +253,7 @@ class StallWatcher:
         self._stall: _Stall | None = None
         self._watched = False
         self._frame_key: tuple[object, int] | None = None
+        self._probe = _main_thread_probe()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: Records written (suspect, recovered): the tests' and the job's own account.
@@ -217,7 +273,7 @@ class StallWatcher:
             thread.join(timeout_s)
         if self._gil_watch is not None:
             self._gil_watch.stop()
-        if thread is not None and not thread.is_alive():
+        if thread is None or not thread.is_alive():
             try:
                 self.check(final=True)
             except Exception:
@@ -243,8 +299,7 @@ class StallWatcher:
         entered, completed, name = self._sequence.snapshot()
         if (entered, completed) != self._counts:
             self._counts, self._counts_moved_ns = (entered, completed), now
-        heartbeat_progress = now - int(sample.seconds_since_progress * 1e9)
-        progress = self._progress_ns = max(heartbeat_progress, self._counts_moved_ns)
+        progress = self._progress_ns = max(sample.progress_ns, self._counts_moved_ns)
         waiting = entered > completed
         watched = waiting or (sample.iteration is not None and sample.phase not in _UNWATCHED)
         was_watched, self._watched = self._watched, watched
@@ -305,10 +360,18 @@ class StallWatcher:
         return sys._current_frames().get(self._training_thread())
 
     def _moved(self, frame: FrameType | None) -> bool:
-        """Whether the training thread's top frame moved since the previous wake's sample."""
-        key = (frame.f_code, frame.f_lasti) if frame is not None else None
+        """Whether the training thread ran Python since the previous wake: on the main thread,
+        whether the pending call asked for then has run; on another, whether its top frame is on
+        another instruction (a tight loop can be caught twice on the same one)."""
+        if frame is None:
+            self._frame_key = None
+            self._probe.forget()
+            return False
+        if self._training_thread() == threading.main_thread().ident and self._probe.usable:
+            return self._probe.ask() is True
+        key = (frame.f_code, frame.f_lasti)
         previous, self._frame_key = self._frame_key, key
-        return key is not None and previous is not None and key != previous
+        return previous is not None and key != previous
 
     def _report(
         self,
