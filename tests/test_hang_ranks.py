@@ -10,6 +10,7 @@ The oracle is the records' content and order; the waits are hang guards only.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -252,3 +253,23 @@ def test_ten_clean_loops_of_the_same_job_write_no_record(tmp_path: Path) -> None
     # the ten loops did run, with the watcher and its helper process
     loops = [sum(s.name == "training_loop" for s in iter_spans([d])) for d in ranks.dirs]
     assert loops == [10] * WORLD
+
+
+def test_traintel_report_names_the_culprit_and_its_stack(hung: Ranks) -> None:
+    command = [sys.executable, "-m", "traintel.cli", "report", *map(str, hung.dirs)]
+    text = subprocess.run(
+        command, capture_output=True, text=True, check=True, env=clean_env(COLUMNS="200")
+    ).stdout
+    stall_1 = text[text.index("Stall 1") : text.index("Stall 2")]
+    assert "ranks 0, 1, 3 wait in collective #" in stall_1
+    assert "culprit  rank 2 (entered #" in stall_1
+    assert "blocked in a call that released the GIL, at sleep_before_all_reduce (" in stall_1
+    assert "rank 2's stack (innermost last):" in stall_1 and stall_1.rstrip().endswith("time.sleep(600)")
+    assert "C code holding the GIL, at hold_gil_before_all_reduce (" in text[text.index("Stall 2") :]
+    report = json.loads(
+        subprocess.run([*command, "--json"], capture_output=True, text=True, check=True).stdout
+    )
+    first, second = report["stalls"]
+    assert (first["culprits"], first["waiting"], first["collective"]) == ([2], [0, 1, 3], "all_reduce")
+    assert first["ranks"]["2"][semconv.HANG_TOP_FRAME].startswith("sleep_before_all_reduce (")
+    assert second["ranks"]["2"][semconv.HANG_PYTHON] == semconv.PYTHON_HOLDING_GIL
