@@ -187,10 +187,16 @@ def test_a_thread_blocked_in_c_is_reported_once_with_its_stack_and_recovers(job:
 def test_a_thread_running_python_is_reported_running(job: Job) -> None:
     stop = [False]
     driver = Driver(job, threading.Event(), wakes=4, release=lambda: stop.__setitem__(0, True))
-    _train_then_stick(job, lambda: spinning_in_python(stop), driver)
+
+    def in_data_loading() -> None:
+        with traintel.data_loading():
+            spinning_in_python(stop)
+
+    _train_then_stick(job, in_data_loading, driver)
     (record,) = job.suspects()
     assert record.attributes[semconv.HANG_PYTHON] == semconv.PYTHON_RUNNING
     assert record.attributes[semconv.HANG_TOP_FRAME].startswith("spinning_in_python (")
+    assert record.attributes[semconv.PHASE] == "data_loading"  # the step phase it is stuck in
 
 
 def test_a_rank_waiting_in_a_collective_is_watched_before_any_iteration(job: Job) -> None:

@@ -37,6 +37,7 @@ class RunningIteration(Protocol):
     phase: str
     start_ns: int
     children: list[tuple[str, int, int, Any, Any]]
+    open_step: Any  # the step phase entered last (``open_name``: its phase while open)
 
 
 class Progress(Protocol):
@@ -61,6 +62,7 @@ class HeartbeatSample:
     collectives_entered: int = 0
     collectives_completed: int = 0
     progress_ns: int = 0  # when (time.time_ns) the rank last made progress
+    step: str | None = None  # inside an iteration: the step phase open now, if any
 
 
 class Heartbeat:
@@ -78,10 +80,11 @@ class Heartbeat:
         now = time.time_ns() if now_ns is None else now_ns
         engine = self._engine
         progress = max(self._started_ns, engine.last_iteration_end_ns, self._open_spans.last_end_ns)
-        phase, after = IDLE, None
+        phase, after, step = IDLE, None, None
         record = engine.active  # read once: the training thread may replace it meanwhile
         if record is not None:
             phase = record.phase
+            step = getattr(record.open_step, "open_name", None)
             progress = max(progress, record.start_ns)
             children = record.children
             if children:
@@ -96,7 +99,7 @@ class Heartbeat:
         last = engine.last_iteration if engine.last_iteration_end_ns else None
         entered, completed, _name = self._collectives.snapshot()
         seconds = max(0.0, (now - progress) / 1e9)
-        return HeartbeatSample(seconds, last, phase, after, entered, completed, progress)
+        return HeartbeatSample(seconds, last, phase, after, entered, completed, progress, step)
 
     def innermost_open_span(self) -> Span | None:
         """The open phase span started last (spans nest, so it is the innermost one)."""

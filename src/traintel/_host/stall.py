@@ -42,7 +42,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._host.heartbeat import IDLE, Heartbeat
+from traintel._host.heartbeat import IDLE, Heartbeat, HeartbeatSample
 from traintel._sdk import otel_private
 from traintel.distributed.collectives import SEQUENCE, CollectiveSequence
 
@@ -375,7 +375,7 @@ class StallWatcher:
 
     def _report(
         self,
-        sample: Any,
+        sample: HeartbeatSample,
         entered: int,
         completed: int,
         waiting_in: str | None,
@@ -384,8 +384,9 @@ class StallWatcher:
         frame: FrameType | None,
     ) -> StallReport:
         stack, top = python_stack(frame) if frame is not None else ("", "")
+        phase = sample.step or sample.phase
         return StallReport(
-            self._rank, sample.phase, sample.iteration, entered, completed, waiting_in, stalled_s, python,
+            self._rank, phase, sample.iteration, entered, completed, waiting_in, stalled_s, python,
             stack, top, self._training_thread(),
         )  # fmt: skip
 
@@ -403,7 +404,7 @@ class StallWatcher:
         return span.get_span_context() if span is not None else None
 
     def _state(
-        self, sample: Any, entered: int, completed: int, name: str, waiting: bool, progress: int
+        self, sample: HeartbeatSample, entered: int, completed: int, name: str, waiting: bool, progress: int
     ) -> dict[str, object]:
         """What the helper process needs to report a stall this thread cannot: ids already drawn
         only (drawing one for every iteration would race the training thread)."""
@@ -417,7 +418,7 @@ class StallWatcher:
             if span is not None:
                 trace_id, span_id = span.context.trace_id, span.context.span_id
         return {
-            "phase": sample.phase,
+            "phase": sample.step or sample.phase,
             "iteration": sample.iteration,
             "entered": entered,
             "completed": completed,
