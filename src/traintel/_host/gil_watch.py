@@ -229,7 +229,10 @@ def _report(setup: Mapping[str, Any], state: Mapping[str, Any], dump: str) -> No
     )
     logs = environment_log_pipeline(Resource(setup["resource"]), setup.get("file"))
     link = stall.span_context(int(state.get("trace_id") or 0), int(state.get("span_id") or 0))
-    stall.emit(logs.logger(), semconv.EVENT_HANG_SUSPECT, report, link, now)
+    # the watcher's last look came at most a second before C code took the GIL: a fast loop may
+    # have gone a few iterations further since
+    body = report.describe() + " (phase, iteration and collectives as last seen, up to a second before)"
+    stall.emit(logs.logger(), semconv.EVENT_HANG_SUSPECT, report, link, now, body)
     logs.shutdown(10_000)
 
 
