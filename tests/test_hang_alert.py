@@ -43,7 +43,7 @@ def _series(rank: int) -> list[dict[str, str]]:
             "values": " ".join(str(p[0]) for p in points),
         },
         {
-            "series": f"ml_training_heartbeat_seconds_since_progress_seconds{{{target}}}",
+            "series": f"ml_training_heartbeat_time_since_progress_seconds{{{target}}}",
             "values": " ".join(str(p[1]) for p in points),
         },
         {
