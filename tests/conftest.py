@@ -28,6 +28,7 @@ from tests.tiers import (  # noqa: F401  (the suite's tiers: pytest finds these 
     pytest_runtest_teardown,
 )
 from traintel._runtime import state as _state
+from traintel.distributed.collectives import SEQUENCE
 
 #: The embedded default's directory as a test run from the repository would create it.
 _REPO_RUNS = Path(__file__).resolve().parent.parent / "traintel-runs"
@@ -65,6 +66,8 @@ def clean_environment(
     # traintel's metrics file) writes here, not into the working directory
     monkeypatch.setenv("TRAINTEL_OUTPUT_DIR", str(tmp_path_factory.mktemp("default-output")))
     _state.shutdown(0.5)
+    # the process's collective sequence starts at zero for each test, as in a fresh job
+    SEQUENCE.entered = SEQUENCE.completed = 0
     yield
     _state.shutdown(0.5)
     # a test that leaves a span current would parent every later test's spans under it

@@ -266,6 +266,11 @@ def test_traintel_report_names_the_culprit_and_its_stack(hung: Ranks) -> None:
     assert "blocked in a call that released the GIL, at sleep_before_all_reduce (" in stall_1
     assert "rank 2's stack (innermost last):" in stall_1 and stall_1.rstrip().endswith("time.sleep(600)")
     assert "C code holding the GIL, at hold_gil_before_all_reduce (" in text[text.index("Stall 2") :]
+    page = hung.tmp_path / "report.html"
+    subprocess.run([*command, "--html", str(page)], capture_output=True, check=True)
+    html = page.read_text()
+    assert "<h2>Stall 1</h2>" in html and "<h2>Stall 2</h2>" in html
+    assert "<td>culprit</td><td>rank 2 (entered #" in html and "time.sleep(600)</pre>" in html
     report = json.loads(
         subprocess.run([*command, "--json"], capture_output=True, text=True, check=True).stdout
     )

@@ -13,7 +13,6 @@ integers, fixed decimals with units), never scientific notation.
 from __future__ import annotations
 
 import io
-import time
 from typing import Any
 
 from rich import box
@@ -21,10 +20,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from traintel import semconv
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.report import Report
-from traintel.analysis.stalls import Stall
 from traintel.analysis.summary import (
     energy_figures,
     energy_text,
@@ -283,61 +280,20 @@ def _model_metrics_table(report: Report) -> Table | None:
     return table
 
 
-#: Ranks named in a list before the rest are counted; stack lines shown of a culprit.
-_NAMED_RANKS = 8
-_STACK_LINES = 12
-_PYTHON = {
-    semconv.PYTHON_BLOCKED: "blocked in a call that released the GIL",
-    semconv.PYTHON_RUNNING: "running Python",
-    semconv.PYTHON_HOLDING_GIL: "C code holding the GIL",
-}
-
-
-def _ranks(ranks: list[int]) -> str:
-    named = ", ".join(str(r) for r in ranks[:_NAMED_RANKS])
-    more = len(ranks) - _NAMED_RANKS
-    return ("rank " if len(ranks) == 1 else "ranks ") + named + (f" and {more} more" if more > 0 else "")
-
-
 def _stall_sections(report: Report) -> list[RenderableType]:
     """Each stall: who waited in which collective, the culprit, where it was and its stack."""
     sections: list[RenderableType] = []
     for number, stall in enumerate(report.stalls, 1):
         table = _table(f"Stall {number}", "", "", values_left=True)
         table.columns[1].no_wrap = False
-        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stall.start_ns / 1e9))
-        table.add_row("started", started)
-        lasted = "not recovered" if stall.end_ns is None else fmt_s((stall.end_ns - stall.start_ns) / 1e9)
-        table.add_row("lasted", lasted)
-        if stall.waiting:
-            table.add_row(
-                "waiting",
-                f"{_ranks(stall.waiting)} wait in collective #{stall.wavefront} ({stall.collective})",
-            )
-        for rank in stall.culprits[:_NAMED_RANKS]:
-            table.add_row(Text("culprit", style="bold red"), _culprit(stall, rank))
-        if len(stall.culprits) > _NAMED_RANKS:
-            table.add_row("", f"and {len(stall.culprits) - _NAMED_RANKS} more")
-        if stall.silent:
-            table.add_row(Text("no record", style="yellow"), _ranks(stall.silent))
+        for label, text in stall.rows():
+            style = {"culprit": "bold red", "no record": "yellow"}.get(label, "")
+            table.add_row(Text(label, style=style), text)
         sections.append(table)
-        culprit = stall.records[stall.culprits[0]] if stall.culprits else None
-        stack = str(culprit.attributes.get(semconv.CODE_STACKTRACE, "")) if culprit is not None else ""
+        culprit, stack = stall.culprit_stack()
         if stack:
-            lines = stack.rstrip().splitlines()[-_STACK_LINES:]
-            sections.append(Text(f"rank {stall.culprits[0]}'s stack (innermost last):\n" + "\n".join(lines)))
+            sections.append(Text(f"rank {culprit}'s stack (innermost last):\n{stack}"))
     return sections
-
-
-def _culprit(stall: Stall, rank: int) -> str:
-    attributes = stall.records[rank].attributes
-    where = str(attributes.get(semconv.PHASE, "?"))
-    if semconv.ITERATION in attributes:
-        where += f" after iteration {attributes[semconv.ITERATION]}"
-    python = _PYTHON.get(str(attributes.get(semconv.HANG_PYTHON)), str(attributes.get(semconv.HANG_PYTHON)))
-    entered = attributes.get(semconv.COLLECTIVES_ENTERED, 0)
-    at = f", at {attributes[semconv.HANG_TOP_FRAME]}" if semconv.HANG_TOP_FRAME in attributes else ""
-    return f"rank {rank} (entered #{entered}): {where}, {python}{at}"
 
 
 def _warnings_table(report: Report) -> Table:

@@ -14,11 +14,13 @@ Each rank writes one ``ml.training.hang_suspect`` record per stall and one
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from traintel import semconv
+from traintel.analysis.summary import fmt_seconds
 from traintel.exporters.reader import LogEntry
 
 #: What a stall's JSON says of each rank.
@@ -27,6 +29,15 @@ _SHOWN = (
     semconv.COLLECTIVES_ENTERED, semconv.COLLECTIVES_COMPLETED, semconv.HANG_WAITING_IN,
     semconv.HANG_TOP_FRAME, semconv.CODE_STACKTRACE,
 )  # fmt: skip
+#: What ``ml.training.hang.python`` says, in words.
+PYTHON_STATES = {
+    semconv.PYTHON_BLOCKED: "blocked in a call that released the GIL",
+    semconv.PYTHON_RUNNING: "running Python",
+    semconv.PYTHON_HOLDING_GIL: "C code holding the GIL",
+}
+#: Ranks named in a list before the rest are counted; stack lines shown of a culprit.
+NAMED_RANKS = 8
+STACK_LINES = 12
 #: Stalls kept by a report (the first ones: a job that hangs again and again says so early).
 MAX_STALLS = 50
 
@@ -77,6 +88,42 @@ class Stall:
             return []
         return [rank for rank in range(self.world_size) if rank not in self.records]
 
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, text) lines for a person: when, how long, who waits in what, the culprits."""
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.start_ns / 1e9))
+        lasted = "not recovered" if self.end_ns is None else fmt_seconds((self.end_ns - self.start_ns) / 1e9)
+        rows = [("started", started), ("lasted", lasted)]
+        if self.waiting:
+            rows.append(
+                (
+                    "waiting",
+                    f"{_ranks(self.waiting)} wait in collective #{self.wavefront} ({self.collective})",
+                )
+            )
+        rows += [("culprit", self._culprit(rank)) for rank in self.culprits[:NAMED_RANKS]]
+        if len(self.culprits) > NAMED_RANKS:
+            rows.append(("", f"and {len(self.culprits) - NAMED_RANKS} more"))
+        if self.silent:
+            rows.append(("no record", _ranks(self.silent)))
+        return rows
+
+    def _culprit(self, rank: int) -> str:
+        attributes = self.records[rank].attributes
+        where = str(attributes.get(semconv.PHASE, "?"))
+        if semconv.ITERATION in attributes:
+            where += f" after iteration {attributes[semconv.ITERATION]}"
+        state = str(attributes.get(semconv.HANG_PYTHON))
+        at = f", at {attributes[semconv.HANG_TOP_FRAME]}" if semconv.HANG_TOP_FRAME in attributes else ""
+        entered = attributes.get(semconv.COLLECTIVES_ENTERED, 0)
+        return f"rank {rank} (entered #{entered}): {where}, {PYTHON_STATES.get(state, state)}{at}"
+
+    def culprit_stack(self) -> tuple[int | None, str]:
+        """The first culprit and the innermost lines of its stack ("" without one)."""
+        if not self.culprits:
+            return None, ""
+        stack = str(self.records[self.culprits[0]].attributes.get(semconv.CODE_STACKTRACE, ""))
+        return self.culprits[0], "\n".join(stack.rstrip().splitlines()[-STACK_LINES:])
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "start_unix_nano": self.start_ns,
@@ -91,6 +138,12 @@ class Stall:
                 for rank, record in sorted(self.records.items())
             },
         }
+
+
+def _ranks(ranks: list[int]) -> str:
+    named = ", ".join(str(r) for r in ranks[:NAMED_RANKS])
+    more = len(ranks) - NAMED_RANKS
+    return ("rank " if len(ranks) == 1 else "ranks ") + named + (f" and {more} more" if more > 0 else "")
 
 
 @dataclass
