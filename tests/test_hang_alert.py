@@ -17,9 +17,12 @@ import yaml
 from tests.test_deploy import RULE_FILES
 
 PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(
-    PROMTOOL is None, reason="no promtool here (CI installs Debian's prometheus package: .ci/run)"
-)
+pytestmark = [
+    pytest.mark.process,  # promtool; the suite's tiers: tests/tiers.py
+    pytest.mark.skipif(
+        PROMTOOL is None, reason="no promtool here (CI installs Debian's prometheus package: .ci/run)"
+    ),
+]
 ALERTS = next(p for p in RULE_FILES if p.name == "traintel-alerts.yml")
 SCRAPE_S = 15
 IDENTITY = 'ml_training_run_id="run-1", ml_training_rank="{rank}", host_name="node{node}"'

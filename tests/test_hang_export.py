@@ -30,6 +30,7 @@ traintel.shutdown()
 {after}
 """
 STALL_ENV = {"TRAINTEL_STALL_SECONDS": "1"}
+pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
 
 
 def _events(entries: list[LogEntry]) -> list[str]:

@@ -29,6 +29,7 @@ from traintel import semconv
 from traintel.analysis.stalls import find_stalls
 from traintel.exporters.reader import LogEntry, iter_records, iter_spans
 
+pytestmark = [pytest.mark.process, pytest.mark.xdist_group("ranks")]  # the suite's tiers: tests/tiers.py
 WORLD = 4
 STUCK = 2
 THRESHOLD_S = 4.0
