@@ -63,7 +63,7 @@ def helpers():  # this rank's children running the GIL helper (Linux: /proc list
     for task in os.listdir("/proc/self/task"):
         for child in open(f"/proc/self/task/{task}/children").read().split():
             try:
-                found += "gil_watch.py" in open(f"/proc/{child}/cmdline").read()
+                found += "gil_helper.py" in open(f"/proc/{child}/cmdline").read()
             except OSError:
                 pass
     return found

@@ -8,12 +8,10 @@ nothing in the process can report it until it lets go. Two pieces need no GIL:
   threshold (``dump_traceback_later``): while the watcher runs, it never fires; once the watcher
   has been kept from running for the threshold, it dumps every thread's Python stack, without
   the GIL, into a pipe.
-- This module, run as a script (``python gil_watch.py``: no import of traintel, about 10 MB)
-  in a process of its own per rank, reads that pipe, and the state the watcher writes to a
-  second pipe at each wake (phase, iteration, collective sequence, the iteration's ids). When
-  a dump arrives it imports traintel, builds a logs pipeline from the ``OTEL_*`` environment it
-  inherited (the embedded file: one of its own beside the rank's, ``-gil`` before the suffix)
-  and sends the ``ml.training.hang_suspect`` record with ``ml.training.hang.python`` =
+- A helper script (``traintel._runtime.gil_helper``: no import of traintel until it reports,
+  about 10 MB), in a process of its own per rank, reads that pipe, and the state the watcher
+  writes to a second pipe at each wake (phase, iteration, collective sequence, the iteration's
+  ids), and sends the ``ml.training.hang_suspect`` record with ``ml.training.hang.python`` =
   ``holding_gil`` and the training thread's stack from the dump. The rank's watcher sends the
   ``hang_recovered`` record once it runs again.
 
@@ -34,49 +32,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import select
 import subprocess
 import sys
-import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-#: A thread's header in a ``faulthandler`` dump, and one of its frames (most recent first).
-_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
-_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-#: How long the helper waits for the rest of a dump after its last bytes.
-_DUMP_QUIET_S = 0.3
-
-
-def held_stack(dump: str, thread: int) -> tuple[str, str]:
-    """The stack of ``thread`` in a ``faulthandler`` dump, as Python prints a traceback (most
-    recent call last, with the source lines), and its top frame; empty when the dump lacks it."""
-    import linecache
-
-    stacks: dict[int, list[tuple[str, int, str]]] = {}
-    frames: list[tuple[str, int, str]] | None = None
-    for line in dump.splitlines():
-        header = _THREAD.match(line)
-        if header is not None:
-            frames = stacks.setdefault(int(header.group(1), 16), [])
-            continue
-        frame = _FRAME.match(line)
-        if frame is not None and frames is not None:
-            frames.append((frame.group(1), int(frame.group(2)), frame.group(3)))
-    found = stacks.get(thread)
-    if not found:
-        return "", ""
-    lines = []
-    for filename, lineno, name in reversed(found):
-        lines.append(f'  File "{filename}", line {lineno}, in {name}\n')
-        source = linecache.getline(filename, lineno).strip()
-        if source:
-            lines.append(f"    {source}\n")
-    filename, lineno, name = found[0]
-    return "".join(lines), f"{name} ({filename}:{lineno})"
 
 
 def _in_a_multi_rank_job() -> bool:
@@ -91,8 +52,11 @@ def _in_a_multi_rank_job() -> bool:
 class GilWatch:
     """The rank's side: starts the helper, re-arms the timer and hands over the state."""
 
-    def __init__(self, threshold_s: float, rank: int, resource: Mapping[str, Any], file: Path | None) -> None:
+    def __init__(
+        self, threshold_s: float, rank: int, resource: Mapping[str, Any], file: Path | None, helper: Path
+    ) -> None:
         self._threshold_s = threshold_s
+        self._helper = str(helper)  # the helper process's script
         self._setup = {
             "rank": rank,
             "resource": dict(resource),
@@ -140,7 +104,7 @@ class GilWatch:
         dump_r, dump_w = os.pipe()
         try:
             self._process = subprocess.Popen(
-                [sys.executable, __file__, str(state_r), str(dump_r), json.dumps(self._setup)],
+                [sys.executable, self._helper, str(state_r), str(dump_r), json.dumps(self._setup)],
                 pass_fds=(state_r, dump_r),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -199,68 +163,3 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# --- the helper process ---------------------------------------------------------------------------
-def _report(setup: Mapping[str, Any], state: Mapping[str, Any], dump: str) -> None:
-    """Send the hang record of a rank whose GIL is held (imports traintel: only now)."""
-    sys.path.insert(0, setup["path"])
-    from opentelemetry.sdk.resources import Resource
-
-    from traintel import semconv
-    from traintel._host import stall
-    from traintel._sdk.providers import environment_log_pipeline
-
-    now = time.time_ns()
-    thread = int(state.get("thread") or 0)
-    stack, top = held_stack(dump, thread)
-    report = stall.StallReport(
-        rank=int(setup["rank"]),
-        phase=str(state.get("phase", "")),
-        iteration=state.get("iteration"),
-        entered=int(state.get("entered", 0)),
-        completed=int(state.get("completed", 0)),
-        waiting_in=state.get("waiting_in"),
-        stalled_s=(now - int(state.get("progress_ns", now))) / 1e9,
-        python=semconv.PYTHON_HOLDING_GIL,
-        stack=stack,
-        top_frame=top,
-        thread_id=thread,
-    )
-    logs = environment_log_pipeline(Resource(setup["resource"]), setup.get("file"))
-    link = stall.span_context(int(state.get("trace_id") or 0), int(state.get("span_id") or 0))
-    # the watcher's last look came at most a second before C code took the GIL: a fast loop may
-    # have gone a few iterations further since
-    body = report.describe() + " (phase, iteration and collectives as last seen, up to a second before)"
-    stall.emit(logs.logger(), semconv.EVENT_HANG_SUSPECT, report, link, now, body)
-    logs.shutdown(10_000)
-
-
-def main(argv: list[str]) -> None:
-    """Wait for a dump (or the end of the rank); report each dump with the latest state."""
-    state_fd, dump_fd, setup = int(argv[1]), int(argv[2]), json.loads(argv[3])
-    state: dict[str, Any] = {}
-    pending, dump = b"", b""
-    while True:
-        readable, _, _ = select.select([state_fd, dump_fd], [], [], _DUMP_QUIET_S if dump else None)
-        if not readable and dump:  # the dump is complete
-            _report(setup, state, dump.decode("utf-8", "replace"))
-            dump = b""
-            continue
-        for fd in readable:
-            data = os.read(fd, 1 << 16)
-            if not data:  # the rank closed its end, or died
-                if dump:
-                    _report(setup, state, dump.decode("utf-8", "replace"))
-                return
-            if fd == dump_fd:
-                dump += data
-                continue
-            *lines, pending = (pending + data).split(b"\n")
-            if lines:
-                state = json.loads(lines[-1])
-
-
-if __name__ == "__main__":
-    del sys.path[0]  # this script's folder: its modules are not top-level ones
-    main(sys.argv)

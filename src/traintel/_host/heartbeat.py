@@ -22,13 +22,24 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
-from traintel.distributed.collectives import SEQUENCE, CollectiveSequence
 from traintel.version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import Span
 
-    from traintel._sdk.open_spans import OpenSpans
+
+class OpenSpans(Protocol):
+    """What the heartbeat reads of the open-span registry."""
+
+    last_end_ns: int
+
+    def spans(self) -> list[Any]: ...
+
+
+class Collectives(Protocol):
+    """What the heartbeat reads of the rank's collective sequence (``distributed.collectives``)."""
+
+    def snapshot(self) -> tuple[int, int, str]: ...
 
 
 class RunningIteration(Protocol):
@@ -68,9 +79,7 @@ class HeartbeatSample:
 class Heartbeat:
     """Reads the engine and the open-span registry; never writes to them."""
 
-    def __init__(
-        self, engine: Progress, open_spans: OpenSpans, collectives: CollectiveSequence = SEQUENCE
-    ) -> None:
+    def __init__(self, engine: Progress, open_spans: OpenSpans, collectives: Collectives) -> None:
         self._engine = engine
         self._open_spans = open_spans
         self._collectives = collectives

@@ -37,19 +37,21 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from opentelemetry import trace as trace_api
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import SpanContext, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._host.heartbeat import IDLE, Heartbeat, HeartbeatSample
-from traintel._sdk import otel_private
-from traintel.distributed.collectives import SEQUENCE, CollectiveSequence
+from traintel._host.heartbeat import IDLE, Collectives, Heartbeat, HeartbeatSample
 
 if TYPE_CHECKING:
     from traintel._host.gil_watch import GilWatch
 
 _logger = logging.getLogger(__name__)
+
+#: Sends one record: its event name, the report, the span it links to, its time and its body
+#: (None: the report's own description). The runtime's logs pipeline gives it
+#: (``traintel._runtime.hang_records``): this package never reaches the OpenTelemetry logs SDK.
+Send = Callable[[str, "StallReport", SpanContext | None, int, "str | None"], None]
 
 #: How often the watcher wakes (at most once a second: it must not cost the job anything).
 WAKE_S = 1.0
@@ -126,30 +128,6 @@ def python_stack(frame: FrameType) -> tuple[str, str]:
     summary = traceback.extract_stack(frame, limit=STACK_FRAMES)
     top = summary[-1]
     return "".join(summary.format()), f"{top.name} ({top.filename}:{top.lineno})"
-
-
-def emit(
-    logger: otel_private.Logger,
-    event: str,
-    report: StallReport,
-    link: SpanContext | None,
-    now_ns: int,
-    body: str | None = None,
-) -> None:
-    """One log record of ``report``, linked to ``link`` (its trace and span ids)."""
-    suspect = event == semconv.EVENT_HANG_SUSPECT
-    severity = otel_private.SeverityNumber.WARN if suspect else otel_private.SeverityNumber.INFO
-    context = trace_api.set_span_in_context(NonRecordingSpan(link)) if link is not None else None
-    logger.emit(
-        timestamp=now_ns,
-        observed_timestamp=now_ns,
-        context=context,
-        severity_number=severity,
-        severity_text="WARN" if suspect else "INFO",
-        body=body if body is not None else report.describe(),
-        attributes=report.attributes(),
-        event_name=event,
-    )
 
 
 def span_context(trace_id: int, span_id: int) -> SpanContext | None:
@@ -229,17 +207,17 @@ class StallWatcher:
         self,
         heartbeat: Heartbeat,
         training: Training,
-        logger: Callable[[], otel_private.Logger],
+        send: Send,
         threshold_s: float,
         rank: int,
         *,
-        sequence: CollectiveSequence = SEQUENCE,
+        sequence: Collectives,
         gil_watch: GilWatch | None = None,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
         self._heartbeat = heartbeat
         self._training = training
-        self._logger = logger
+        self._send = send
         self.threshold_s = threshold_s
         self._rank = rank
         self._sequence = sequence
@@ -297,12 +275,7 @@ class StallWatcher:
         gap_s, self._last_wake_ns = (now - self._last_wake_ns) / 1e9, now
         sample = self._heartbeat.sample(now)
         entered, completed, name = self._sequence.snapshot()
-        if (entered, completed) != self._counts:
-            self._counts, self._counts_moved_ns = (entered, completed), now
-        progress = self._progress_ns = max(sample.progress_ns, self._counts_moved_ns)
-        waiting = entered > completed
-        watched = waiting or (sample.iteration is not None and sample.phase not in _UNWATCHED)
-        was_watched, self._watched = self._watched, watched
+        progress, watched, was_watched = self._observe(sample, entered, completed, now)
         stall = self._stall
         if stall is not None and (progress > stall.progress_ns or not watched):
             self._recovered(stall, now)
@@ -313,19 +286,45 @@ class StallWatcher:
             if stall is not None and not watched:
                 self._recovered(stall, now)
             return
+        waiting_in = name if entered > completed else None
+        self._suspect(sample, (entered, completed, waiting_in), progress, watched, now)
+        if self._gil_watch is not None:
+            state = self._state(sample, entered, completed, name, waiting_in is not None, progress)
+            self._gil_watch.tick(state, watched)
+
+    def _observe(
+        self, sample: HeartbeatSample, entered: int, completed: int, now: int
+    ) -> tuple[int, bool, bool]:
+        """The rank's last progress (the heartbeat's, or its collective counts moving), whether
+        it is watched now, and whether it was at the previous wake."""
+        if (entered, completed) != self._counts:
+            self._counts, self._counts_moved_ns = (entered, completed), now
+        progress = self._progress_ns = max(sample.progress_ns, self._counts_moved_ns)
+        waiting = entered > completed
+        watched = waiting or (sample.iteration is not None and sample.phase not in _UNWATCHED)
+        was_watched, self._watched = self._watched, watched
+        return progress, watched, was_watched
+
+    def _suspect(
+        self,
+        sample: HeartbeatSample,
+        sequence: tuple[int, int, str | None],
+        progress: int,
+        watched: bool,
+        now: int,
+    ) -> None:
+        """A new stall: watched, and no progress for the threshold (the stack is read from a
+        second without progress on, so that whether it moves is known by then)."""
         stalled_s = (now - progress) / 1e9
         frame = self._training_frame() if watched and stalled_s >= WAKE_S else None
         moved = self._moved(frame)
         if self._stall is None and watched and stalled_s >= self.threshold_s:
             python = semconv.PYTHON_RUNNING if moved else semconv.PYTHON_BLOCKED
-            waiting_in = name if waiting else None
+            entered, completed, waiting_in = sequence
             report = self._report(sample, entered, completed, waiting_in, stalled_s, python, frame)
-            emit(self._logger(), semconv.EVENT_HANG_SUSPECT, report, self._link(), now)
+            self._send(semconv.EVENT_HANG_SUSPECT, report, self._link(), now, None)
             self.records[0] += 1
             self._stall = _Stall(progress, python)
-        if self._gil_watch is not None:
-            state = self._state(sample, entered, completed, name, waiting, progress)
-            self._gil_watch.tick(state, watched)
 
     def _held(self, progress_ns: int, gap_s: float, now: int, final: bool) -> None:
         """This thread was kept from running for ``gap_s`` while the rank was watched: the helper
@@ -339,7 +338,7 @@ class StallWatcher:
         entered, completed, _name = self._sequence.snapshot()
         frame = None if final else self._training_frame()
         report = self._report(sample, entered, completed, None, gap_s, semconv.PYTHON_HOLDING_GIL, frame)
-        emit(self._logger(), semconv.EVENT_HANG_SUSPECT, report, self._link(), now)
+        self._send(semconv.EVENT_HANG_SUSPECT, report, self._link(), now, None)
         self.records[0] += 1
 
     def _recovered(self, stall: _Stall, now: int) -> None:
@@ -349,7 +348,7 @@ class StallWatcher:
         entered, completed, _name = self._sequence.snapshot()
         report = self._report(sample, entered, completed, None, seconds, stall.python, None)
         body = f"rank {self._rank}: moved again after {seconds:.1f} s without progress"
-        emit(self._logger(), semconv.EVENT_HANG_RECOVERED, report, self._link(), now, body)
+        self._send(semconv.EVENT_HANG_RECOVERED, report, self._link(), now, body)
         self.records[1] += 1
 
     # --- what the training thread is doing ----------------------------------------------------------

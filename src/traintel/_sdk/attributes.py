@@ -64,7 +64,7 @@ def as_number(value: object) -> int | float | None:
 def clean_value(key: str, value: Any) -> AttributeValue | None:
     """The value as OpenTelemetry takes it, or None to drop it (warned once per type)."""
     if isinstance(value, _PLAIN):
-        return value  # type: ignore[no-any-return]
+        return value
     if value is None:
         _warn_once(key, value, "dropped")
         return None
@@ -85,7 +85,7 @@ def _clean_sequence(key: str, value: Sequence[Any]) -> AttributeValue | None:
     """A list of one primitive type, or None (warned once)."""
     items = [clean_value(key, v) for v in value]
     if all(isinstance(i, str) for i in items) or all(isinstance(i, int | float) for i in items):
-        return items  # type: ignore[return-value]
+        return items
     _warn_once(key, value, "dropped (a sequence must hold values of one primitive type)")
     return None
 

@@ -21,7 +21,7 @@ def mark_sync_point() -> None:
     """
     try:
         engine = active.engine
-        if engine is not None and engine.on_sync_point is not None:
-            engine.on_sync_point(time.time_ns())
+        if engine is not None:
+            engine.mark_sync_point(time.time_ns())
     except Exception:  # telemetry never breaks training
         pass

@@ -271,7 +271,7 @@ def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord] | list[Lo
     (:mod:`traintel.exporters.json_records`), else the proto path, which decides. Raises
     :class:`DecodeError` or :class:`UnicodeDecodeError` for a line that is not a request."""
     try:
-        return _fast_decoder()(text, SpanRecord, EventRecord)[1]  # type: ignore[no-any-return]
+        return _fast_decoder()(text, SpanRecord, EventRecord)[1]
     except (NotCanonical, RecursionError):
         pass
     request = json_line_to_request(text.decode("utf-8"))
@@ -353,7 +353,7 @@ def iter_records(
             if not logs and batch and isinstance(batch[0], LogEntry):
                 continue  # read, passed over
             if windows_expanded and batch and isinstance(batch[0], SpanRecord):
-                yield from expand_windows(batch)  # type: ignore[arg-type]
+                yield from expand_windows(batch)
             else:
                 yield from batch
 

@@ -44,8 +44,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from traintel._sdk.providers import otlp_protocol
 from traintel.config import ConfigurationError
+from traintel.exporters.otlp_env import otlp_protocol
 from traintel.exporters.private_files import make_private_dirs
 from traintel.exporters.proto_spans import InvalidSpanError, proto_spans, readable_span
 from traintel.exporters.reader import ReadStats, expand_paths, read_requests
