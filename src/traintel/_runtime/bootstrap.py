@@ -184,12 +184,21 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     if pipeline.owns_tracer_provider:  # traintel's own export path: its losses and health
         register_instruments(meters)
     _decide_rank_export(apply_rank_export, settings, pipeline.resource)
-    if pipeline.file is not None:  # the embedded file: a killed job's progress beside it
-        instance = process_key(pipeline.resource.attributes)
-        marks = telemetry.progress = ProgressMarks(engine, pipeline.output_file, instance, windows.flush)
-        windows.register("the progress mark", lambda event: marks.window_closed(event.report))
-        marks.start()
+    telemetry.progress = _progress_marks(pipeline, engine, windows)
     return telemetry
+
+
+def _progress_marks(
+    pipeline: Pipeline, engine: TrainingEngine, windows: WindowPipeline
+) -> ProgressMarks | None:
+    """With the embedded file, a killed job's progress beside it, fed the closed windows."""
+    if pipeline.file is None:
+        return None
+    instance = process_key(pipeline.resource.attributes)
+    marks = ProgressMarks(engine, pipeline.output_file, instance, windows.flush)
+    windows.register("the progress mark", lambda event: marks.window_closed(event.report))
+    marks.start()
+    return marks
 
 
 def _rank_export(
