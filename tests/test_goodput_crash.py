@@ -223,7 +223,7 @@ def test_a_kill_long_after_the_last_window_closed_by_time(
 #: span processor (a 10-minute delay) and die with the job. Its start is on disk (a flush after
 #: the 10 s init). Iteration 0 takes 7 s (2 s startup over the typical 5 s), every 7th from
 #: iteration 3 waits 1 s for data, the last takes 20 s (+300 %).
-KILLED_WITHOUT_A_FLUSH = """
+DIE_ONCE_MARKED = """
 import traintel._runtime.progress
 from traintel.exporters.progress_mark import read_mark
 traintel._runtime.progress.INTERVAL_S = 0.02
@@ -235,6 +235,8 @@ def die_once_marked(iteration):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(0.005)
     raise SystemExit("no progress mark of iteration %d" % iteration)
+"""
+KILLED_WITHOUT_A_FLUSH = DIE_ONCE_MARKED + """
 with phase("application"):
     with phase("model_init"):
         tick(10)
@@ -301,6 +303,47 @@ def test_a_kill_without_a_flush_loses_no_iteration_the_mark_reached(
         f"Iterations: {iterations} after the last window record, to iteration {kill_at}, in the progress mark"
         in capsys.readouterr().out.replace("\n  ", " ")
     )
+
+
+#: The issue's case: 0.1 s iterations with the default window (50 iterations, a 30 s floor), killed
+#: without a flush after iteration 90, 9.1 s into the loop: all of it in the open window.
+KILLED_AT_90 = DIE_ONCE_MARKED + """
+with phase("application"):
+    with phase("model_init"):
+        tick(10)
+    telemetry.flush(60)
+    with loop(0):
+        for i in range(91):
+            with phase("training_iteration", i):
+                tick(0.1)
+        die_once_marked(90)
+"""
+#: Resumed at 30 s from the checkpoint of iteration 50 (2 s), runs 50-99 (5 s), ends at 37 s.
+RESUMED_AT_50 = """
+with phase("application"):
+    with load(50):
+        tick(2)
+    with loop(50):
+        for i in range(50, 100):
+            with phase("training_iteration", i):
+                tick(0.1)
+traintel.shutdown()
+"""
+
+
+def test_the_iterations_a_killed_job_ran_in_its_open_window_are_wasted_when_redone(tmp_path: Path) -> None:
+    floor = {"TRAINTEL_WINDOW_MIN_SECONDS": "30"}  # the default floor (the suite's is 0)
+    run_job(tmp_path, KILLED_AT_90, "traintel", restart=0, start_s=0, **floor)
+    run_job(tmp_path, RESUMED_AT_50, "traintel", restart=1, start_s=30, **floor)
+    result = session_of(tmp_path / "runs")
+    # job 1: 10 s init, 9.1 s of iterations 0-90, of which 50-90 (41 x 0.1 s) were run again;
+    # 19.1 -> 30 s recovery; job 2: 2 s load, 5 s of iterations 50-99.
+    expect(
+        result, 37, productive=9.1 - 4.1 + 5, initialization=10, checkpoint_load=2, wasted_progress=4.1,
+        infrastructure_recovery=30 - 19.1,
+    )  # fmt: skip
+    killed, _resumed = result.jobs
+    assert (killed.first_iteration, killed.last_iteration, killed.unaccounted_s) == (0, 90, 0.0)
 
 
 #: Sampled exports leave gaps in a tail: the exported ones count, the others are named.
