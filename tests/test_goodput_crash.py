@@ -101,8 +101,11 @@ traintel.shutdown()
 def run_job(tmp_path: Path, body: str, style: str, restart: int, start_s: float, **env: str) -> None:
     work = tmp_path / f"job-{restart}"
     work.mkdir()
+    harness = HARNESS
+    if MARKS_EVERY_20_MS in body:  # before traintel starts its thread
+        harness = harness.replace("import traintel\n", MARKS_EVERY_20_MS + "import traintel\n", 1)
     result = run_python(
-        f"T0_S = {T0_S}\nSTART = {start_s}\nSTYLE = {style!r}\n" + HARNESS + body,
+        f"T0_S = {T0_S}\nSTART = {start_s}\nSTYLE = {style!r}\n" + harness + body,
         work,
         TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
         TRAINTEL_SESSION_TAG="session",
@@ -218,15 +221,13 @@ def test_a_kill_long_after_the_last_window_closed_by_time(
     assert f"unaccounted: {500 - productive:.1f} s after iteration {last}" in capsys.readouterr().out
 
 
-#: Killed without a flush at iteration KILL_AT, once the progress mark's own thread (every 20 ms
-#: here instead of 5 s) has written it: 8-iteration windows, whose records wait in the batch
-#: span processor (a 10-minute delay) and die with the job. Its start is on disk (a flush after
-#: the 10 s init). Iteration 0 takes 7 s (2 s startup over the typical 5 s), every 7th from
-#: iteration 3 waits 1 s for data, the last takes 20 s (+300 %).
-DIE_ONCE_MARKED = """
-import traintel._runtime.progress
+#: Prepended to a job that dies once the progress mark's own thread (every 20 ms here instead of
+#: 5 s) wrote a given iteration, without a flush.
+MARKS_EVERY_20_MS = "import traintel._runtime.progress\ntraintel._runtime.progress.INTERVAL_S = 0.02\n"
+DIE_ONCE_MARKED = (
+    MARKS_EVERY_20_MS
+    + """
 from traintel.exporters.progress_mark import read_mark
-traintel._runtime.progress.INTERVAL_S = 0.02
 def die_once_marked(iteration):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -236,7 +237,14 @@ def die_once_marked(iteration):
         time.sleep(0.005)
     raise SystemExit("no progress mark of iteration %d" % iteration)
 """
-KILLED_WITHOUT_A_FLUSH = DIE_ONCE_MARKED + """
+)
+
+#: Killed without a flush at iteration KILL_AT, once the progress mark's own thread (every 20 ms
+#: here instead of 5 s) has written it: 8-iteration windows, whose records wait in the batch
+#: span processor (a 10-minute delay) and die with the job. Its start is on disk (a flush after
+#: the 10 s init). Iteration 0 takes 7 s (2 s startup over the typical 5 s), every 7th from
+#: iteration 3 waits 1 s for data, the last takes 20 s (+300 %).
+KILLED_WITHOUT_A_FLUSH = """
 with phase("application"):
     with phase("model_init"):
         tick(10)
@@ -263,8 +271,8 @@ def test_a_kill_without_a_flush_loses_no_iteration_the_mark_reached(
     tmp_path: Path, style: str, kill_at: int, windows_closed: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_job(
-        tmp_path, f"KILL_AT = {kill_at}\n" + KILLED_WITHOUT_A_FLUSH, style, restart=0, start_s=0,
-        TRAINTEL_LOG_EVERY_N_ITERATIONS="8", OTEL_BSP_SCHEDULE_DELAY="600000",
+        tmp_path, f"KILL_AT = {kill_at}\n" + DIE_ONCE_MARKED + KILLED_WITHOUT_A_FLUSH, style,
+        restart=0, start_s=0, TRAINTEL_LOG_EVERY_N_ITERATIONS="8", OTEL_BSP_SCHEDULE_DELAY="600000",
     )  # fmt: skip
     runs = tmp_path / "runs"
     records = [s for s in iter_spans([runs]) if s.name == "training_window"]
@@ -307,7 +315,7 @@ def test_a_kill_without_a_flush_loses_no_iteration_the_mark_reached(
 
 #: The issue's case: 0.1 s iterations with the default window (50 iterations, a 30 s floor), killed
 #: without a flush after iteration 90, 9.1 s into the loop: all of it in the open window.
-KILLED_AT_90 = DIE_ONCE_MARKED + """
+KILLED_AT_90 = """
 with phase("application"):
     with phase("model_init"):
         tick(10)
@@ -333,7 +341,7 @@ traintel.shutdown()
 
 def test_the_iterations_a_killed_job_ran_in_its_open_window_are_wasted_when_redone(tmp_path: Path) -> None:
     floor = {"TRAINTEL_WINDOW_MIN_SECONDS": "30"}  # the default floor (the suite's is 0)
-    run_job(tmp_path, KILLED_AT_90, "traintel", restart=0, start_s=0, **floor)
+    run_job(tmp_path, DIE_ONCE_MARKED + KILLED_AT_90, "traintel", restart=0, start_s=0, **floor)
     run_job(tmp_path, RESUMED_AT_50, "traintel", restart=1, start_s=30, **floor)
     result = session_of(tmp_path / "runs")
     # job 1: 10 s init, 9.1 s of iterations 0-90, of which 50-90 (41 x 0.1 s) were run again;

@@ -355,12 +355,12 @@ def _marked_window(process: Process, covered: int) -> Window | None:
 
 
 def _infer_tail(process: Process) -> None:
-    """The iterations after the last window record: the progress mark's open window, then each
-    exported iteration after it as an inferred window of one iteration (so a later job redoing
-    some of them wastes exactly theirs), accounted by the live rules: an iteration's time is
-    productive but for its data-loading wait and the categorised phases inside it; if the job has
-    no window record at all, its first iteration's excess over the median of the others is
-    program startup."""
+    """The iterations after the last window record: the progress mark's account of them (one
+    inferred window), then each exported iteration after it as an inferred window of one
+    iteration (so a later job redoing some of them wastes exactly theirs), accounted by the live
+    rules: an iteration's time is productive but for its data-loading wait and the categorised
+    phases inside it; if the job has neither a window record nor a mark, its first iteration's
+    excess over the median of the others is program startup."""
     covered = max((row[3] for row in process.window_rows), default=-1)  # the last iteration recorded
     marked = _marked_window(process, covered)
     if marked is not None:
