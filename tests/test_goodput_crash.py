@@ -17,6 +17,7 @@ import pytest
 
 from tests.subprocess_helpers import run_python
 from traintel import cli
+from traintel._aggregation.progress import Account, OpenWindowProgress, job_progress
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.exporters.progress_mark import MARK_SUFFIX
 from traintel.exporters.reader import iter_spans
@@ -412,3 +413,39 @@ def test_a_late_exit_flush_does_not_stretch_the_session(tmp_path: Path) -> None:
     assert result.productive_s + sum(result.badput_s.values()) == pytest.approx(result.total_s)
     # 40 s of job 1's iterations, 20 of job 2's (6-9 were never run before: nothing wasted)
     expect(result, 150, productive=60, checkpoint_load=4, other=150 - 60 - 4)
+
+
+def test_the_mark_s_account_reads_each_row_once_and_starts_over_with_a_new_window() -> None:
+    s = 10**9
+    rows: list[Any] = []  # (duration, samples, tokens, padding, flops, step phases, iteration, end)
+
+    def iteration(number: int, seconds: int, data: int = 0) -> None:
+        end = (rows[-1][7] if rows else 0) + seconds * s
+        rows.append((seconds * s, None, None, None, None, (data * s, 0, 0, 0), number, end))
+
+    account = OpenWindowProgress()
+    for number, seconds in enumerate((7, 5, 5)):
+        iteration(number, seconds, data=1 if number == 1 else 0)
+    window, startup, ideal = account.update(rows, 0, first_window=True)
+    assert (window.first_iteration, window.last_iteration, window.iterations) == (0, 2, 3)
+    assert (window.start_ns, window.end_ns, window.busy_s, window.data_loading_s) == (0, 17 * s, 17.0, 1.0)
+    assert (startup, ideal, account.slowest) == (2.0, 5.0, (7.0, 0))  # 7 s over the median 5 s
+    iteration(3, 9)
+    window, _, _ = account.update(rows, 2 * s, first_window=True)  # a 2 s save nested in iteration 3
+    assert (window.iterations, window.busy_s, account.slowest) == (4, 24.0, (9.0, 3))
+    closed = window
+    rows = []  # the window closed: a new list of rows
+    iteration(4, 5)
+    window, startup, ideal = account.update(rows, 0, first_window=False)
+    assert (window.first_iteration, window.iterations, startup, ideal, account.slowest) == (
+        4,
+        1,
+        0.0,
+        None,
+        (5.0, 4),
+    )
+    job = job_progress(closed, window, 2.0, account.slowest, 5.0)
+    assert job is not None
+    assert (job.first_iteration, job.last_iteration, job.iterations) == (0, 4, 5)
+    assert (job.productive_s, job.data_loading_s, job.program_startup_s) == (24 + 5 - 1 - 2, 1.0, 2.0)
+    assert job_progress(Account(), Account(), 0.0, (0.0, None), None) is None
