@@ -30,6 +30,8 @@ _logger = logging.getLogger(__name__)
 
 #: Seconds between two marks.
 INTERVAL_S: Final = 5.0
+#: The longest a mark (or the job's end) waits for the one being written.
+LOCK_WAIT_S: Final = 1.0
 
 
 class ProgressMarks:
@@ -61,8 +63,11 @@ class ProgressMarks:
     def stop(self) -> None:
         """No more marks (the job's end: its window records hold what the mark said)."""
         self._stop.set()
-        with self._lock:
-            self._file.close()
+        if self._lock.acquire(timeout=LOCK_WAIT_S):
+            try:
+                self._file.close()
+            finally:
+                self._lock.release()
 
     def window_closed(self, report: WindowReport | None) -> None:
         """A window the pipeline processed (its worker): into the closed windows' sums."""
@@ -85,12 +90,15 @@ class ProgressMarks:
         try:
             if self._engine.window.seen_closed > self._closed.iterations:  # a window on its way
                 self._flush_windows(1.0)
-            with self._lock:
-                if self._stop.is_set():
-                    return
+            if not self._lock.acquire(timeout=LOCK_WAIT_S):
+                return  # a mark is being written: by another thread, or by this one's code that a
+                # signal handler (a preemption's flush) interrupted - waiting would never end
+            try:
                 path = self._output_file()
-                if path is not None:
+                if path is not None and not self._stop.is_set():
                     self._file.write(mark_path(path), self._sample())
+            finally:
+                self._lock.release()
         except Exception as exc:
             if not self._failed:
                 self._failed = True
