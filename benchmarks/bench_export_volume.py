@@ -143,10 +143,11 @@ def measure(
         return total, sizes, counts
 
 
-def hour_from(rate: float, minutes: float, job: str) -> tuple[float, float]:
-    """MB per hour and span lines per hour of a short job: what grows with time scaled by
-    60 / minutes, the once-per-loop first iterations kept once, segments and metric lines at
-    their periods (600 s and 300 s by default) at the bytes measured per record."""
+def hour_from(rate: float, minutes: float, job: str) -> tuple[float, float, float]:
+    """MB per hour, span lines per hour and their resource and scope (MB per hour) of a short
+    job: what grows with time scaled by 60 / minutes, the once-per-loop first iterations kept
+    once, segments and metric lines at their periods (600 s and 300 s by default) at the bytes
+    measured per record."""
     _, sizes, counts = measure(rate, minutes, job)
     scale = 60 / minutes
     trees = max(1, counts[_TREES] // 5)
@@ -159,7 +160,7 @@ def hour_from(rate: float, minutes: float, job: str) -> tuple[float, float]:
         + sizes[_SEGMENTS] / rotations * 3600 / 600
         + sizes["metric lines"] / max(1, counts["metric lines"]) * (3600 / 300 + 1)
     )
-    return per_hour / 1e6, counts[_LINES] * scale
+    return per_hour / 1e6, counts[_LINES] * scale, sizes["line overhead (resource, scope)"] * scale / 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             print(
                 f"{rate:g} steps/s, {args.real_minutes:g} minutes scaled to an hour: real clock "
-                f"{real[0]:.3f} MB/h in {real[1]:,.0f} span lines, counter clock {simulated[0]:.3f} MB/h in "
-                f"{simulated[1]:,.0f} span lines; real / simulated {real[0] / simulated[0]:.3f}",
+                f"{real[0]:.3f} MB/h in {real[1]:,.0f} span lines ({real[2]:.3f} MB/h of resource and "
+                f"scope), counter clock {simulated[0]:.3f} MB/h in {simulated[1]:,.0f} span lines "
+                f"({simulated[2]:.3f} MB/h); real / simulated {real[0] / simulated[0]:.3f}",
                 flush=True,
             )
         return 0
