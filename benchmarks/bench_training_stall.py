@@ -40,6 +40,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from array import array
 from pathlib import Path
@@ -63,22 +64,24 @@ def _percentiles(values: array[float]) -> str:
 _Series = dict[str, "array[float]"]
 
 
-def run_loop(minutes: float, telemetry: bool) -> tuple[_Series, list[tuple[int, float]], float]:
+def run_loop(minutes: float, telemetry: bool) -> tuple[_Series, list[tuple[int, float, bool]], float]:
     """The loop, with or without traintel; per-iteration series, full collections, exit seconds."""
     clock, cpu = time.perf_counter, time.thread_time
     room = int(minutes * 60 / STEP_S) + 1
     series = {name: array("d", bytes(8 * room)) for name in _SERIES}
     over, own_cpu, steps = series["over"], series["cpu"], series["step"]
-    collections: list[tuple[int, float]] = []  # (iteration, ms) of each full collection
+    collections: list[tuple[int, float, bool]] = []  # (iteration, ms, on the training thread)
     started = [0.0]
     iteration = 0
+    training_thread = threading.get_ident()
 
     def collected(phase: str, info: dict[str, int]) -> None:
         if info["generation"] == 2:
             if phase == "start":
                 started[0] = clock()
             else:
-                collections.append((iteration, (clock() - started[0]) * 1e3))
+                on_training = threading.get_ident() == training_thread
+                collections.append((iteration, (clock() - started[0]) * 1e3, on_training))
 
     gc.callbacks.append(collected)
     end = clock() + minutes * 60
@@ -104,6 +107,7 @@ def run_loop(minutes: float, telemetry: bool) -> tuple[_Series, list[tuple[int, 
                 over[iteration] = clock() - begin - step
                 steps[iteration] = step
                 iteration += 1
+        print(f"objects the garbage collector tracks at the loop's end: {len(gc.get_objects()):,}")
         exit_start = clock()
         traintel.shutdown()
         exit_s = clock() - exit_start
@@ -182,13 +186,30 @@ def main() -> None:
     for i in range(len(over)):
         starts[i] = elapsed
         elapsed += over[i] + series["step"][i]
-    slowest = sorted(range(len(over)), key=over.__getitem__, reverse=True)[:8]
-    print("slowest iterations with traintel (over the step ms, its CPU ms, second of the run):")
-    print("  ", [(round(over[i] * 1e3, 2), round(cpu[i] * 1e3, 2), round(starts[i], 1)) for i in slowest])
-    by_cpu = sorted(range(len(cpu)), key=cpu.__getitem__, reverse=True)[:8]
-    print("most traintel CPU on the training thread (CPU ms, second of the run):")
-    print("  ", [(round(cpu[i] * 1e3, 2), round(starts[i], 1)) for i in by_cpu])
-    print("full garbage collections with traintel (iteration, ms):", [(i, round(t)) for i, t in collections])
+    collected_in = {i for i, _, _ in collections}
+
+    def described(i: int) -> tuple[int, float, float, float, str]:
+        return (
+            i,
+            round(starts[i], 1),
+            round(over[i] * 1e3, 2),
+            round(cpu[i] * 1e3, 2),
+            "gc" * (i in collected_in),
+        )
+
+    print("slowest iterations with traintel (iteration, second, over the step ms, its CPU ms, full gc):")
+    print("  ", [described(i) for i in sorted(range(len(over)), key=over.__getitem__, reverse=True)[:8]])
+    print("most traintel CPU on the training thread (iteration, second, over the step ms, CPU ms, full gc):")
+    print("  ", [described(i) for i in sorted(range(len(cpu)), key=cpu.__getitem__, reverse=True)[:8]])
+    quiet = array("d", (value for i, value in enumerate(cpu) if i not in collected_in))
+    print(
+        f"traintel CPU on the training thread, iterations without a full collection: {_percentiles(quiet)}; "
+        f"> 1 ms: {sum(v > 1e-3 for v in quiet):,}, > 5 ms: {sum(v > 5e-3 for v in quiet):,}"
+    )
+    print(
+        "full garbage collections with traintel (iteration, ms, on the training thread):",
+        [(i, round(t), here) for i, t, here in collections],
+    )
     print(f"exit (shutdown) {exit_s * 1e3:.0f} ms")
 
 
