@@ -15,7 +15,8 @@ in instructions, every thread and the exit included.
 
 * floor: four ``perf_counter_ns`` pairs.
 * bare SDK: the same four spans as nested ``start_as_current_span`` with a BatchSpanProcessor
-  and a discarding exporter (what the spans cost, without serialisation).
+  writing the same OTLP/JSON-lines file format as traintel's default (a file of its own), so
+  "all" is compared like with like.
 * traintel (not exported): the fast path for an iteration the policy does not export - the
   issue's target (<= 10 µs, >= 10x less than nv-one-logger).
 * traintel (default policy): the same with every 100th iteration exported (~1 %), billed too.
@@ -48,6 +49,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 import traintel
 from traintel import semconv
+from traintel.exporters.file import OtlpJsonFileSpanExporter
 
 HERE = Path(__file__).resolve().parent
 NV_VENV = HERE.parent / ".venv-bench-nv"
@@ -197,7 +199,8 @@ def main() -> None:
     os.environ["OTEL_BSP_MAX_QUEUE_SIZE"] = str(1 << 16)
     os.environ["TRAINTEL_OUTPUT_DIR"] = tempfile.mkdtemp(prefix="traintel-overhead-")
     sdk_provider = TracerProvider(shutdown_on_exit=False)
-    sdk_provider.add_span_processor(BatchSpanProcessor(DropExporter()))
+    bare_file = Path(os.environ["TRAINTEL_OUTPUT_DIR"]) / "bare-sdk.otlp.jsonl"
+    sdk_provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileSpanExporter(bare_file)))
     bare = bare_sdk(sdk_provider)
 
     def not_exported(n: int) -> None:
