@@ -31,6 +31,7 @@ from opentelemetry.sdk.metrics.export import MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 
 from traintel.exporters.otlp_json_spans import FastPathUnsupported, spans_to_json_bytes
+from traintel.exporters.records import DecodeError
 
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
 
@@ -82,10 +83,6 @@ def proto_spans_to_json_line(spans: Sequence[ReadableSpan]) -> str:
 
 def metrics_to_json_line(metrics_data: MetricsData) -> str:
     return request_to_json_line(encode_metrics(metrics_data))
-
-
-class DecodeError(ValueError):
-    """A line is not an OTLP/JSON trace or metrics export request."""
 
 
 def json_line_to_request(line: str) -> ExportRequest:

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -30,13 +30,23 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
 from traintel import semconv
 from traintel._aggregation import window_record
-from traintel.exporters.file import FILE_SUFFIX
-from traintel.exporters.otlp_json import DecodeError, ExportRequest, json_line_to_request
-from traintel.exporters.records import EventRecord, MetricSeries, MetricsRecord, NotCanonical, SpanRecord
+from traintel.exporters.records import (
+    FILE_SUFFIX,
+    DecodeError,
+    EventRecord,
+    MetricSeries,
+    MetricsRecord,
+    NotCanonical,
+    SpanRecord,
+)
 from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
+
+if TYPE_CHECKING:
+    from traintel.exporters.otlp_json import ExportRequest
 
 __all__ = [  # the records are re-exported: the analysis reads them from here
     "MAX_LINE_BYTES",
+    "DecodeError",
     "EventRecord",
     "MetricSeries",
     "MetricsRecord",
@@ -149,6 +159,8 @@ def read_requests(
 
     ``progress`` is told the byte count of every line read (a progress bar for large inputs).
     """
+    from traintel.exporters.otlp_json import json_line_to_request
+
     stats = stats if stats is not None else ReadStats()
     for where, text, ended in _lines(paths, stats, progress):
         try:
@@ -238,6 +250,8 @@ def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord]:
         return _fast_decoder()(text, SpanRecord, EventRecord)[1]
     except (NotCanonical, RecursionError):
         pass
+    from traintel.exporters.otlp_json import json_line_to_request  # (the OTLP encoders and the SDK with it)
+
     request = json_line_to_request(text.decode("utf-8"))
     if isinstance(request, ExportTraceServiceRequest):
         return list(spans_in(request))
