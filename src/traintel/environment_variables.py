@@ -28,6 +28,16 @@ Identifies jobs that are expected to perform alike (same code, config and hardwa
 numbers can be compared. Exported as ``ml.training.perf_tag``. Default: unset.
 """
 
+TRAINTEL_HYPERPARAMETERS: Final = "TRAINTEL_HYPERPARAMETERS"
+"""
+.. envvar:: TRAINTEL_HYPERPARAMETERS
+
+The run's hyper-parameters as a JSON object of names to numbers, strings or booleans, e.g.
+``{"lr": 0.0003, "optimizer": "adamw"}`` (in code: ``hyperparameters={...}`` to ``configure()``
+or ``set_training_config()``, which replaces the whole set). Recorded with the configuration,
+shown in the report's configuration panel and compared by ``traintel compare``. Default: unset.
+"""
+
 TRAINTEL_RUN_ID: Final = "TRAINTEL_RUN_ID"
 """
 .. envvar:: TRAINTEL_RUN_ID
@@ -402,6 +412,7 @@ Default: ``0``.
 ALL: Final = (
     TRAINTEL_SESSION_TAG,
     TRAINTEL_PERF_TAG,
+    TRAINTEL_HYPERPARAMETERS,
     TRAINTEL_RUN_ID,
     TRAINTEL_GLOBAL_BATCH_SIZE,
     TRAINTEL_SEQ_LEN,
