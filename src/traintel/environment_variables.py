@@ -404,8 +404,9 @@ TRAINTEL_QUIET: Final = "TRAINTEL_QUIET"
 """
 .. envvar:: TRAINTEL_QUIET
 
-``1`` (or ``true``) silences the line traintel writes to standard error when a job's telemetry
-ends, saying where it went (the file and the command that reads it, or the OTLP endpoint).
+``1`` (or ``true``) silences the lines traintel writes to standard error when a job's telemetry
+starts and ends, saying where it goes (the file, and at the end the command that reads it, or
+the OTLP endpoint).
 Default: ``0``.
 """
 
