@@ -269,8 +269,6 @@ _KINDS = {
     ),
     "summary": _data(Summary.DESCRIPTOR, SummaryDataPoint.DESCRIPTOR, "_Summary"),
 }
-_KIND_NAMES = {"exponentialHistogram": "exponential_histogram"}
-_KIND_KEYS = tuple(_KINDS)
 _METRIC = _message(Metric.DESCRIPTOR, {"name": str, **_KINDS}, "_Metric")
 
 
@@ -296,38 +294,49 @@ class _Line(Struct, forbid_unknown_fields=True, gc=False):
 _DECODER = msgspec.json.Decoder(_Line)
 
 
+def _member(metric: Any) -> tuple[str | None, Any]:
+    """The ``data`` oneof's member set (its proto name and value), (None, None) for none."""
+    key, data, members = None, None, 0
+    for member, value in (
+        ("gauge", metric.gauge),
+        ("sum", metric.sum),
+        ("histogram", metric.histogram),
+        ("exponential_histogram", metric.exponentialHistogram),
+        ("summary", metric.summary),
+    ):
+        if value is not UNSET:
+            key, data, members = member, value, members + 1
+    if members > 1:  # a oneof with two members
+        raise NotCanonical
+    return key, data
+
+
 def _series(metric: Any) -> MetricSeries:
     name = metric.name if metric.name is not UNSET else ""
-    members = [
-        (key, data)
-        for key, data in zip(_KIND_KEYS, (metric.gauge, metric.sum, metric.histogram,
-                                           metric.exponentialHistogram, metric.summary), strict=True)
-        if data is not UNSET
-    ]  # fmt: skip
-    if not members:
+    key, data = _member(metric)
+    if data is None:
         return MetricSeries(name, None, 0.0, 0)
-    if len(members) > 1:  # a oneof with two members
-        raise NotCanonical
-    ((key, data),) = members
     points = data.dataPoints if data.dataPoints is not UNSET else ()
-    numbers = key in ("gauge", "sum")
-    total, last = 0.0, 0
+    last = 0
     for point in points:
         text = point.timeUnixNano
         if type(text) is str and len(text) < 20 and text.isdigit() and text.isascii():
-            last = max(last, int(text))  # under 20 digits: inside uint64
+            time_ns = int(text)  # under 20 digits: inside uint64
         else:
-            last = max(last, _uint64(text) if text is not UNSET else 0)
-        if not numbers:
-            continue
-        double, number = point.asDouble, point.asInt
-        if double is UNSET:
-            total += _int64(number) if number is not UNSET else 0
-        elif number is not UNSET:  # a oneof with two members
-            raise NotCanonical
-        else:
-            total += double if type(double) is float else _double(double)
-    return MetricSeries(name, _KIND_NAMES.get(key, key), total, last)
+            time_ns = _uint64(text) if text is not UNSET else 0
+        if time_ns > last:  # noqa: PLR1730 - (max() is a call per point)
+            last = time_ns
+    total = 0.0
+    if key in ("gauge", "sum"):
+        for point in points:
+            double, number = point.asDouble, point.asInt
+            if double is UNSET:
+                total += _int64(number) if number is not UNSET else 0
+            elif number is not UNSET:  # a oneof with two members
+                raise NotCanonical
+            else:
+                total += double if type(double) is float else _double(double)
+    return MetricSeries(name, key, total, last)
 
 
 def _metrics(groups: list[_ResourceMetrics]) -> list[MetricsRecord]:

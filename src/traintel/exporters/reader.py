@@ -13,7 +13,6 @@ edited or corrupted: such lines are skipped and counted in :class:`ReadStats`, n
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import gc
 import os
@@ -279,7 +278,7 @@ def expand_windows(spans: list[SpanRecord]) -> list[SpanRecord]:
             world = span.resource.get(semconv.WORLD_SIZE, 1)
             full = window_record.expand(span.attributes, world if isinstance(world, int) else 1)
             event = EventRecord(_WINDOW_EVENT, span.end_ns, full)
-            spans[i] = dataclasses.replace(span, attributes=full, events=(*span.events, event))
+            spans[i] = span._replace(attributes=full, events=(*span.events, event))
     return spans
 
 
