@@ -29,7 +29,7 @@ FILE_SUFFIX = ".otlp.jsonl"
 
 
 class DecodeError(ValueError):
-    """A line is not an OTLP/JSON trace or metrics export request."""
+    """A line is not an OTLP/JSON trace, metrics or logs export request."""
 
 
 class NotCanonical(Exception):
