@@ -529,8 +529,7 @@ def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> 
     if pipeline.owns_tracer_provider or not isinstance(tracer_provider, TracerProvider):
         return 0
     environ = os.environ
-    if not environ.get(_RESOURCE_DETECTORS, "").strip():
-        _add_training_resource(tracer_provider, meter_provider, config)
+    _add_training_resource(tracer_provider, meter_provider, config)
     endpoint_set = any(
         environ.get(variable, "").strip()
         for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -581,6 +580,8 @@ def _add_training_resource(tracer_provider: Any, meter_provider: Any, config: Tr
     """The run identity, ranks and host (traintel's detectors) added to the resource the distro
     built, where the user named no detectors: without them a run read back has no run, rank or
     host. The distro's own attributes win (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``)."""
+    if os.environ.get(_RESOURCE_DETECTORS, "").strip():
+        return  # the detectors the user named are what applies
     try:
         detected = TrainingResourceDetector(config).detect()
         meters = meter_provider if isinstance(meter_provider, MeterProvider) else None
