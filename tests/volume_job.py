@@ -12,10 +12,6 @@ NOW = [1_700_000_000 * S]
 time.time_ns = lambda: NOW[0]
 def tick(seconds):
     NOW[0] += round(seconds * S)
-import os
-# The stall watcher wakes on the real clock and measures on this one, which runs up to 100x
-# faster: on a loaded machine it reports stalls (log lines with a stack) a real job never has.
-os.environ["TRAINTEL_STALL_SECONDS"] = "0"
 import traintel
 from traintel._sdk import otel_private
 step, n = 1 / RATE, int(60 * MINUTES * RATE)
