@@ -349,6 +349,7 @@ STRAGGLER_COMPUTE_EWMA: Final = "ml.training.straggler.compute_ewma"
 STRAGGLER_CHRONIC: Final = "ml.training.straggler.chronic"
 # Self-telemetry: traintel's own losses and health. A silent drop is a bug.
 METRIC_SPANS_DROPPED: Final = "traintel.spans.dropped"
+METRIC_SPANS_REPAIRED: Final = "traintel.spans.repaired"
 METRIC_EVENTS_DROPPED: Final = "traintel.events.dropped"
 METRIC_EXPORT_FAILURES: Final = "traintel.export.failures"
 METRIC_EXPORT_BATCHES_SPLIT: Final = "traintel.export.batches.split"

@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from traintel import environment_variables as ev
 from traintel.exporters.otlp_json import metrics_to_json_line, spans_to_json_line
 from traintel.exporters.private_files import make_private_dirs, open_private
+from traintel.exporters.span_repair import encodable
 
 _logger = logging.getLogger(__name__)
 
@@ -210,9 +211,15 @@ class OtlpJsonFileSpanExporter(SpanExporter):
             return SpanExportResult.SUCCESS
         try:
             line = spans_to_json_line(spans)
-        except Exception:
-            _logger.exception("traintel: could not encode %d spans", len(spans))
-            return SpanExportResult.FAILURE
+        except Exception:  # one bad span: mend or drop it, not its batch (span_repair)
+            spans = encodable(spans)
+            if not spans:
+                return SpanExportResult.SUCCESS  # each one dropped and counted
+            try:
+                line = spans_to_json_line(spans)
+            except Exception:
+                _logger.exception("traintel: could not encode %d spans", len(spans))
+                return SpanExportResult.FAILURE
         ok = self._file.write_line(line, _service_name_of(spans[0].resource.attributes))
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 

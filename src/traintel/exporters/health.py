@@ -31,7 +31,9 @@ SPOOL_FULL = "spool_full"
 NOT_SPOOLED = "not_spooled"
 TOO_LARGE = "too_large"
 EXIT_TIMEOUT = "exit_timeout"
-DROP_REASONS = (QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT)
+#: A span no encoder takes even mended (see ``span_repair``).
+UNENCODABLE = "unencodable"
+DROP_REASONS = (QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT, UNENCODABLE)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class HealthSnapshot:
     #: Spooled spans set aside (rejected by the collector, or unreadable), and where.
     spans_quarantined: int = 0
     quarantine_dirs: tuple[str, ...] = ()
+    #: Spans exported with their invalid text mended (see ``span_repair``).
+    spans_repaired: int = 0
 
 
 class ExportHealth:
@@ -71,6 +75,7 @@ class ExportHealth:
         self.batches_split = 0
         self.spans_spooled = 0
         self.spans_resent = 0
+        self.spans_repaired = 0
         self.metric_export_failures = 0
         self.metric_exports_delivered = 0
         #: False on a rank that exports only its anomalies (scale mode): a zero is not reported,
@@ -90,6 +95,10 @@ class ExportHealth:
     def drop_events(self, count: int) -> None:
         with self._lock:
             self.events_dropped += count
+
+    def repair_spans(self, count: int) -> None:
+        with self._lock:
+            self.spans_repaired += count
 
     def export_failed(self) -> None:
         with self._lock:
@@ -161,6 +170,7 @@ class ExportHealth:
                 quarantine_dirs=tuple(
                     sorted(str(s.quarantine_directory) for s in spools if s.quarantined_spans)
                 ),
+                spans_repaired=self.spans_repaired,
                 metric_export_failures=self.metric_export_failures,
                 metric_exports_delivered=self.metric_exports_delivered,
                 metrics_undelivered=self._metric_export_running > 0
@@ -213,6 +223,9 @@ def _dropped_by_reason(s: HealthSnapshot) -> list[Observation]:
 _INSTRUMENTS: tuple[tuple[str, str, str, str, Callable[[HealthSnapshot], Any]], ...] = (
     (semconv.METRIC_SPANS_DROPPED, "counter", "{span}",
      "Spans traintel could not deliver or keep, by traintel.drop.reason", _dropped_by_reason),
+    (semconv.METRIC_SPANS_REPAIRED, "counter", "{span}",
+     "Spans exported with their invalid text replaced (lone surrogates, integers beyond int64): "
+     "as they were, no encoder takes them", lambda s: s.spans_repaired),
     (semconv.METRIC_EVENTS_DROPPED, "counter", "{event}",
      "Span events beyond OTEL_SPAN_EVENT_COUNT_LIMIT, dropped by the SDK", lambda s: s.events_dropped),
     (semconv.METRIC_EXPORT_FAILURES, "counter", "{failure}",
@@ -266,6 +279,11 @@ def describe(snapshot: HealthSnapshot) -> list[str]:
             f"{sum(dropped.values())} span(s) dropped ("
             + ", ".join(f"{reason} {n}" for reason, n in dropped.items())
             + ")"
+        )
+    if snapshot.spans_repaired:
+        lines.append(
+            f"{snapshot.spans_repaired} span(s) exported with invalid text replaced by U+FFFD "
+            "(not valid Unicode, or integers beyond int64)"
         )
     if snapshot.events_dropped:
         lines.append(f"{snapshot.events_dropped} span event(s) dropped over OTEL_SPAN_EVENT_COUNT_LIMIT")

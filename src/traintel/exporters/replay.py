@@ -30,6 +30,7 @@ most backends.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -47,7 +48,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from traintel._sdk.providers import otlp_protocol
 from traintel.config import ConfigurationError
 from traintel.exporters.private_files import make_private_dirs
-from traintel.exporters.proto_spans import InvalidSpanError, proto_spans, readable_span
+from traintel.exporters.proto_spans import InvalidSpanError, proto_spans, readable_span, split_invalid
 from traintel.exporters.reader import ReadStats, expand_paths, read_requests
 from traintel.exporters.replay_ledger import Ledger, Progress, target_key
 from traintel.exporters.spool import (
@@ -166,6 +167,8 @@ class _Replay:
         self._ledgers: dict[Path, Ledger] = {}
         #: Files all of whose spans were delivered (``--delete-sent`` may remove them).
         self.delivered: list[Path] = []
+        #: The spooled batch just read had its bad spans moved to a batch of their own.
+        self._rewritten = False
 
     def ledger(self, path: Path) -> Ledger | None:
         if self.target is None:
@@ -186,6 +189,8 @@ class _Replay:
         spans = self._batch_of(path) if spooled else self._lines_of(path)
         if spans is None:  # a spooled batch that cannot be read back: set aside
             return True
+        if spooled and self._rewritten:  # its bad spans are kept aside: the file is whole again
+            undelivered_before = self._undelivered()
         position = 0
         batch: list[ReadableSpan] = []
         for key, span in spans:
@@ -217,15 +222,29 @@ class _Replay:
         return self.result.spans_rejected + len(self.result.unreadable)
 
     def _batch_of(self, path: Path) -> list[tuple[_SpanKey, ReadableSpan | None]] | None:
-        """A spooled batch whole, or ``None`` (set aside) if any of it cannot be read back:
-        it is sent as it was spooled or not at all."""
+        """A spooled batch's spans, or ``None`` (set aside) if it cannot be read back at all.
+        Spans that cannot be SDK spans (an id of the wrong size, say) are set aside alone, in
+        a batch of their own in ``quarantine/``, and the file keeps the rest."""
+        self._rewritten = False
         try:
-            request = read_batch(path)
-            return [((s.trace_id, s.span_id), readable_span(s, r, c)) for s, r, c in proto_spans(request)]
-        except (OSError, DecodeError, InvalidSpanError) as exc:
+            good, bad, reasons = split_invalid(read_batch(path))
+        except (OSError, DecodeError) as exc:
             where = self._set_aside_file(path)
             self.result.unreadable.append(f"{path}: cannot be read back ({exc})" + where)
             return None
+        if reasons:
+            self.result.unreadable.extend(f"{path}: {reason}" for reason in reasons)
+            if not good.resource_spans:  # nothing in it can be sent: the file goes aside whole
+                self.result.unreadable[-1] += self._set_aside_file(path)
+                return None
+            if path.parent.name != QUARANTINE_DIR:
+                kept = self._write_aside(path.parent, bad.SerializeToString(), len(reasons))
+                if kept is not None:
+                    self.result.unreadable[-1] += f"; set aside in {kept}"
+                    with contextlib.suppress(OSError):  # the file keeps what can be sent, for later replays
+                        write_batch(path, good.SerializeToString())
+                        self._rewritten = True
+        return [((s.trace_id, s.span_id), readable_span(s, r, c)) for s, r, c in proto_spans(good)]
 
     def _lines_of(self, path: Path) -> Iterator[tuple[_SpanKey, ReadableSpan | None]]:
         """Streaming: a long run's file is never held in memory whole. A span that cannot be
@@ -269,7 +288,7 @@ class _Replay:
             return _Sent.DELIVERED
         self.result.spans_rejected += len(left)
         if path.parent.name != QUARANTINE_DIR:
-            self._write_aside(path.parent, left)
+            self._write_aside(path.parent, encode_spans(left).SerializeToString(), len(left))
         elif path not in self.result.quarantined:
             self.result.quarantined.append(path)
         return _Sent.REJECTED
@@ -293,19 +312,21 @@ class _Replay:
             return False
 
     # --- setting aside -----------------------------------------------------------------------
-    def _write_aside(self, directory: Path, spans: Sequence[ReadableSpan]) -> None:
+    def _write_aside(self, directory: Path, data: bytes, spans: int) -> Path | None:
+        """Keep ``spans`` spans (a serialised request) in ``directory``'s quarantine."""
         quarantine = directory / QUARANTINE_DIR
         try:
             make_private_dirs(quarantine)
             seq = 1 + max(
                 (batch_seq(p) or 0 for p in (*directory.iterdir(), *quarantine.iterdir())), default=0
             )
-            target = quarantine / batch_name(seq, len(spans))
-            write_batch(target, encode_spans(spans).SerializeToString())
+            target = quarantine / batch_name(seq, spans)
+            write_batch(target, data)
         except OSError as exc:
-            self.result.unreadable.append(f"{directory}: cannot keep {len(spans)} rejected span(s) ({exc})")
-            return
+            self.result.unreadable.append(f"{directory}: cannot keep {spans} span(s) set aside ({exc})")
+            return None
         self.result.quarantined.append(target)
+        return target
 
     def _set_aside_file(self, path: Path) -> str:
         """Move an unreadable spooled batch into its directory's quarantine (if not there yet)."""

@@ -49,6 +49,7 @@ from traintel.exporters import health as health_module
 from traintel.exporters import retry_lines
 from traintel.exporters.health import HEALTH, ExportHealth
 from traintel.exporters.proto_spans import InvalidSpanError, readable_spans
+from traintel.exporters.span_repair import encodable
 from traintel.exporters.spool import Spool, SpoolEntry
 
 _logger = logging.getLogger(__name__)
@@ -246,7 +247,7 @@ class SpoolingSpanExporter(SpanExporter):
             self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
             return SpanExportResult.FAILURE
         try:
-            parts = split_by_bytes(spans, self._max_batch_bytes)
+            parts = self._parts(spans)
         except Exception:
             _logger.exception("traintel: could not encode a span batch; %d span(s) dropped", len(spans))
             self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
@@ -257,6 +258,27 @@ class SpoolingSpanExporter(SpanExporter):
         for part, request in parts:
             kept = self._export_part(part, request) and kept
         return SpanExportResult.SUCCESS if kept else SpanExportResult.FAILURE
+
+    def _parts(self, spans: Sequence[ReadableSpan]) -> list[_Batch]:
+        """``split_by_bytes``; a batch whose encoding fails is split with its bad spans mended
+        or dropped (``span_repair``)."""
+        try:
+            return split_by_bytes(spans, self._max_batch_bytes)
+        except Exception:
+            mended = encodable(spans, self._health)
+            return split_by_bytes(mended, self._max_batch_bytes) if mended else []
+
+    def _encoded(
+        self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None
+    ) -> tuple[Sequence[ReadableSpan], ExportTraceServiceRequest]:
+        """The spans and their request, bad spans mended or dropped if the encoding fails."""
+        if request is not None:
+            return spans, request
+        try:
+            return spans, encode_spans(spans)
+        except Exception:
+            spans = encodable(spans, self._health)
+            return spans, encode_spans(spans)
 
     def _export_part(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
         if request is not None and request.ByteSize() > self._max_batch_bytes:  # one span alone
@@ -282,14 +304,32 @@ class SpoolingSpanExporter(SpanExporter):
     def _idle(self) -> bool:
         return not self._busy and self._handoff is None and not self._backlog
 
-    def _send(self, spans: Sequence[ReadableSpan]) -> bool:
+    def _send_mending(self, spans: Sequence[ReadableSpan]) -> tuple[bool, Sequence[ReadableSpan]]:
+        """Send ``spans``; if the exporter raised on them (its encoder refused a span), send them
+        with their bad spans mended or dropped (``span_repair``). Returns whether they were
+        delivered, and the spans as sent (what is spooled if they were not)."""
+        try:
+            return self._send(spans, raising=True), spans
+        except Exception as exc:
+            mended = encodable(spans, self._health)
+            if len(mended) == len(spans) and all(a is b for a, b in zip(mended, spans, strict=True)):
+                self._said_raised(exc)  # every span encodes: the exporter failed for another reason
+                return False, spans
+            return (not mended or self._send(mended)), mended
+
+    def _said_raised(self, exc: Exception) -> None:
+        if not self._failed_once:
+            self._failed_once = True
+            _logger.error("traintel: span exporter %s raised: %s", type(self.exporter).__name__, exc)
+
+    def _send(self, spans: Sequence[ReadableSpan], raising: bool = False) -> bool:
         started = time.monotonic()
         try:
             return self.exporter.export(spans) == SpanExportResult.SUCCESS
         except Exception as exc:
-            if not self._failed_once:
-                self._failed_once = True
-                _logger.error("traintel: span exporter %s raised: %s", type(self.exporter).__name__, exc)
+            if raising:
+                raise
+            self._said_raised(exc)
             return False
         finally:
             self._last_send_s = time.monotonic() - started
@@ -301,8 +341,10 @@ class SpoolingSpanExporter(SpanExporter):
         if self.spool is None:
             self._health.drop_spans(health_module.NOT_SPOOLED, count)
             return None
-        if request is None:
-            request = encode_spans(spans)
+        spans, request = self._encoded(spans, request)
+        if not spans:
+            return None  # each one dropped and counted
+        count = len(spans)
         with self._cond:
             entry = self.spool.put(request, count)
             if entry is None:
@@ -317,7 +359,8 @@ class SpoolingSpanExporter(SpanExporter):
     def _send_direct(self, spans: Sequence[ReadableSpan]) -> bool:
         """Without a spool (``TRAINTEL_SPOOL_MAX_BYTES=0``): the SDK's own behaviour, send on
         the processor's thread and wait; a failed batch is dropped, and counted."""
-        if self._send(spans):
+        delivered, spans = self._send_mending(spans)
+        if delivered:
             return True
         self._health.export_failed()
         self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
@@ -378,7 +421,7 @@ class SpoolingSpanExporter(SpanExporter):
                     self._retry_at = time.monotonic() + self._retry_interval_s
 
     def _first_send(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
-        delivered = self._send(spans)
+        delivered, sent = self._send_mending(spans)
         with self._cond:  # whoever clears _in_flight owns the batch: here, or spill() at exit
             mine, self._in_flight = self._in_flight is spans, None
             spilled, self._spilled = self._spilled, None
@@ -393,7 +436,7 @@ class SpoolingSpanExporter(SpanExporter):
         if not mine:  # the exit already wrote it to the spool
             return False
         try:
-            spooled = self._to_spool(spans, request) is not None
+            spooled = self._to_spool(sent, request if sent is spans else None) is not None
         finally:
             with self._cond:
                 self._writing = False
@@ -519,7 +562,7 @@ class SpoolingSpanExporter(SpanExporter):
         if handoff is not None and self._to_spool(*handoff) is not None:
             written += len(handoff[0])
         if queued:
-            for part, request in split_by_bytes(list(queued), self._max_batch_bytes):
+            for part, request in self._parts(list(queued)):
                 if self._to_spool(part, request) is not None:
                     written += len(part)
         return written
