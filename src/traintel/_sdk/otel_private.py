@@ -34,6 +34,11 @@ What is used, and why:
 * **A tracer's id generator** (``Tracer.id_generator``): traintel's own tracer gets a generator
   that can hand out an id chosen in advance, so an iteration recorded without a span can be
   exported later under the id its children already point to.
+* **The OTLP trace exporters' clients** (the HTTP exporter's ``requests`` session,
+  ``_client._transport._session`` from 1.45 and ``_session`` before; the gRPC exporter's stub
+  factory ``_stub`` and the stub it made, ``_client``): the exporters discard what the collector
+  answers, and traintel needs it (partial success, throttling: see
+  ``exporters/collector_answers``). A hook is added through the clients' own public interfaces.
 * **Finished spans written directly** (``ReadableSpan``, which the SDK asks users not to build,
   and the tracer's ``_instrumentation_scope`` / ``_span_limits``): an exported iteration and a
   window's goodput record are spans traintel knows whole when it creates them; building the
@@ -327,6 +332,32 @@ def metric_exporter_preferences(exporter: Any) -> dict[str, Any]:
         "preferred_temporality": getattr(exporter, "_preferred_temporality", None),
         "preferred_aggregation": getattr(exporter, "_preferred_aggregation", None),
     }
+
+
+# --- what the collector answers the OTLP trace exporters ------------------------------------------
+def _http_session(exporter: Any) -> Any:
+    client = getattr(exporter, "_client", None)
+    transport = getattr(client, "_transport", None)
+    return getattr(transport, "_session", None) or getattr(exporter, "_session", None)
+
+
+def watch_collector_answers(exporter: Any, answers: Any) -> bool:
+    """Let ``answers`` (a ``CollectorAnswers``) see what the collector answers each request of
+    an OTLP trace exporter: a response hook on the HTTP exporter's ``requests`` session, or the
+    gRPC exporter's stub wrapped (the one it has, and each it makes after a reconnect). False
+    for any other exporter, or an SDK release that keeps these elsewhere."""
+    session = _http_session(exporter)
+    hooks = getattr(session, "hooks", None)
+    if isinstance(hooks, dict) and isinstance(hooks.get("response"), list):
+        hooks["response"].append(answers.http_response)
+        return True
+    stub_factory = getattr(exporter, "_stub", None)
+    if callable(stub_factory) and hasattr(exporter, "_client"):
+        exporter._stub = lambda channel: answers.grpc_stub(stub_factory(channel))
+        if exporter._client is not None:
+            exporter._client = answers.grpc_stub(exporter._client)
+        return True
+    return False
 
 
 # --- ids -----------------------------------------------------------------------------------------

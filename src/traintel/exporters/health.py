@@ -33,7 +33,9 @@ TOO_LARGE = "too_large"
 EXIT_TIMEOUT = "exit_timeout"
 #: A span no encoder takes even mended (see ``span_repair``).
 UNENCODABLE = "unencodable"
-DROP_REASONS = (QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT, UNENCODABLE)
+#: Spans a collector refused inside a request it accepted (OTLP partial success).
+COLLECTOR_REJECTED = "collector_rejected"
+DROP_REASONS = (QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT, UNENCODABLE, COLLECTOR_REJECTED)
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from traintel._sdk.otel_private import watch_collector_answers
 from traintel._sdk.providers import otlp_protocol
 from traintel.config import ConfigurationError
+from traintel.exporters.collector_answers import CollectorAnswers
+from traintel.exporters.health import COLLECTOR_REJECTED, ExportHealth
 from traintel.exporters.private_files import make_private_dirs
 from traintel.exporters.proto_spans import InvalidSpanError, proto_spans, readable_span, split_invalid
 from traintel.exporters.reader import ReadStats, expand_paths, read_requests
@@ -85,8 +88,13 @@ class ReplayResult:
     quarantined: list[Path] = field(default_factory=list)
     #: Spooled batches that cannot be read back, and spans no span can be (not sent).
     unreadable: list[str] = field(default_factory=list)
-    #: Where the replay stopped because the collector took nothing, not even an empty request.
+    #: Spans the collector refused inside requests it accepted (partial success), and why.
+    spans_refused_in_accepted: int = 0
+    refused_message: str = ""
+    #: Where the replay stopped because the collector took nothing, not even an empty request,
+    #: or asked to wait (``asked_to_wait``: its answer, e.g. "HTTP 429, retry after 30s").
     failed_file: Path | None = None
+    asked_to_wait: str = ""
     stats: ReadStats = field(default_factory=ReadStats)
 
     @property
@@ -95,6 +103,7 @@ class ReplayResult:
         return (
             self.failed_file is None
             and not self.spans_rejected
+            and not self.spans_refused_in_accepted
             and not self.unreadable
             and not self.stats.skipped
         )
@@ -162,6 +171,10 @@ class _Replay:
         self.target = target
         self.batch_spans = batch_spans
         self.result = ReplayResult()
+        #: What the collector answers (partial success, throttling), if the exporter lets it be seen.
+        self.health = ExportHealth()
+        self.answers = CollectorAnswers(self.health, say=False)
+        watch_collector_answers(exporter, self.answers)
         #: Every span id seen in a spooled batch: not sent again from a file.
         self.spooled: set[_SpanKey] = set()
         self._ledgers: dict[Path, Ledger] = {}
@@ -219,7 +232,8 @@ class _Replay:
         return True
 
     def _undelivered(self) -> int:
-        return self.result.spans_rejected + len(self.result.unreadable)
+        refused = self.health.spans_dropped.get(COLLECTOR_REJECTED, 0)  # inside accepted requests
+        return self.result.spans_rejected + len(self.result.unreadable) + refused
 
     def _batch_of(self, path: Path) -> list[tuple[_SpanKey, ReadableSpan | None]] | None:
         """A spooled batch's spans, or ``None`` (set aside) if it cannot be read back at all.
@@ -281,11 +295,13 @@ class _Replay:
         left = batch[self._send(batch) :]
         if not left:
             return _Sent.DELIVERED
-        if not self._export(()):  # the collector takes nothing: down, unreachable or refusing all
+        if self._asked_to_wait() or not self._export(()):  # throttled, down, unreachable or refusing all
             return _Sent.STOPPED
         left = left[self._send(left) :]  # once more: the failure may have been a moment's outage
         if not left:
             return _Sent.DELIVERED
+        if self._asked_to_wait():
+            return _Sent.STOPPED
         self.result.spans_rejected += len(left)
         if path.parent.name != QUARANTINE_DIR:
             self._write_aside(path.parent, encode_spans(left).SerializeToString(), len(left))
@@ -304,7 +320,18 @@ class _Replay:
             self.result.requests_sent += 1
         return sent
 
+    def _asked_to_wait(self) -> bool:
+        """The collector answered "try again later" (HTTP 429, gRPC RESOURCE_EXHAUSTED, ...):
+        the batch is not refused, and the replay stops where it is, to be run again later."""
+        answer = self.answers.last_failure
+        if answer is None or not answer.retryable:
+            return False
+        after = f", retry after {answer.retry_after_s:g}s" if answer.retry_after_s else ""
+        self.result.asked_to_wait = answer.what + after
+        return True
+
     def _export(self, spans: Sequence[ReadableSpan]) -> bool:
+        self.answers.forget()
         try:
             return self.exporter.export(spans) == SpanExportResult.SUCCESS
         except Exception as exc:
@@ -366,6 +393,10 @@ def replay(
     for path in replay_files(paths):
         if not run.file(path):
             break
+    refused = run.health.spans_dropped.get(COLLECTOR_REJECTED, 0)
+    if refused:
+        run.result.spans_refused_in_accepted = refused
+        run.result.refused_message = run.answers.partial_message or ""
     if delete_sent and run.result.failed_file is None:
         run.delete_delivered()
     return run.result
@@ -397,7 +428,17 @@ def render(result: ReplayResult, target: str) -> str:
             f"not delivered: {result.spans_rejected} span(s) rejected by the collector, which accepted "
             "other requests (its log says why); kept in " + ", ".join(str(p) for p in result.quarantined)
         )
-    if result.failed_file is not None:
+    if result.spans_refused_in_accepted:
+        lines.append(
+            f"not delivered: {result.spans_refused_in_accepted} span(s) refused by the collector inside "
+            f"requests it accepted (partial success: {result.refused_message})"
+        )
+    if result.failed_file is not None and result.asked_to_wait:
+        lines.append(
+            f"stopped at {result.failed_file}: the collector asks to wait ({result.asked_to_wait}); "
+            "run the same command again later to resume (what was delivered is not sent again)"
+        )
+    elif result.failed_file is not None:
         lines.append(
             f"stopped at {result.failed_file}: the collector took no request, not even an empty one "
             "(down, unreachable, or refusing everything); run the same command again to resume "

@@ -44,9 +44,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from traintel._sdk.export_filter import estimate_span_bytes
-from traintel._sdk.otel_private import batch_queue
+from traintel._sdk.otel_private import batch_queue, watch_collector_answers
 from traintel.exporters import health as health_module
 from traintel.exporters import retry_lines
+from traintel.exporters.collector_answers import CollectorAnswers
 from traintel.exporters.health import HEALTH, ExportHealth
 from traintel.exporters.proto_spans import InvalidSpanError, readable_spans
 from traintel.exporters.span_repair import encodable
@@ -201,6 +202,10 @@ class SpoolingSpanExporter(SpanExporter):
         self._max_batch_bytes = max_batch_bytes
         self._health = health
         self._failed_once = False
+        #: What the collector answers (partial success counted, throttling told from refusal).
+        self._answers = CollectorAnswers(health)
+        watch_collector_answers(exporter, self._answers)
+        self._said_throttled = False
         self._init_state()
         if spool is not None:
             health.watch_spool(spool)
@@ -222,6 +227,8 @@ class SpoolingSpanExporter(SpanExporter):
         #: How long the last send took: a send that cannot end before the drain does is not
         #: started (cut off by the exit, its outcome unknown, a replay could send it twice).
         self._last_send_s = 0.0
+        #: How long the collector asked to wait before the next try (Retry-After, RetryInfo).
+        self._asked_wait_s = 0.0
         self._stopped = False
         self._thread: threading.Thread | None = None
         #: The handed-off batch the sender is sending (spilled to disk if the exit comes first).
@@ -304,18 +311,30 @@ class SpoolingSpanExporter(SpanExporter):
     def _idle(self) -> bool:
         return not self._busy and self._handoff is None and not self._backlog
 
-    def _send_mending(self, spans: Sequence[ReadableSpan]) -> tuple[bool, Sequence[ReadableSpan]]:
-        """Send ``spans``; if the exporter raised on them (its encoder refused a span), send them
-        with their bad spans mended or dropped (``span_repair``). Returns whether they were
-        delivered, and the spans as sent (what is spooled if they were not)."""
+    def _send_mending(
+        self, spans: Sequence[ReadableSpan]
+    ) -> tuple[bool, Sequence[ReadableSpan], ExportTraceServiceRequest | None]:
+        """Send ``spans``; if that failed before the collector answered because the exporter's
+        encoder refused a span (it raises, or reports a failure), send them again with their
+        bad spans mended or dropped (``span_repair``). Returns whether they were delivered, the
+        spans as sent, and their request if it was encoded here (to spool without encoding
+        again)."""
+        error: Exception | None = None
         try:
-            return self._send(spans, raising=True), spans
+            if self._send(spans, raising=True):
+                return True, spans, None
         except Exception as exc:
+            error = exc
+        if self._answers.last_failure is not None:  # the collector answered: not the encoding
+            return False, spans, None
+        try:
+            request = encode_spans(spans)
+        except Exception:
             mended = encodable(spans, self._health)
-            if len(mended) == len(spans) and all(a is b for a, b in zip(mended, spans, strict=True)):
-                self._said_raised(exc)  # every span encodes: the exporter failed for another reason
-                return False, spans
-            return (not mended or self._send(mended)), mended
+            return (not mended or self._send(mended)), mended, None
+        if error is not None:
+            self._said_raised(error)
+        return False, spans, request
 
     def _said_raised(self, exc: Exception) -> None:
         if not self._failed_once:
@@ -324,6 +343,7 @@ class SpoolingSpanExporter(SpanExporter):
 
     def _send(self, spans: Sequence[ReadableSpan], raising: bool = False) -> bool:
         started = time.monotonic()
+        self._answers.forget()
         try:
             return self.exporter.export(spans) == SpanExportResult.SUCCESS
         except Exception as exc:
@@ -359,7 +379,7 @@ class SpoolingSpanExporter(SpanExporter):
     def _send_direct(self, spans: Sequence[ReadableSpan]) -> bool:
         """Without a spool (``TRAINTEL_SPOOL_MAX_BYTES=0``): the SDK's own behaviour, send on
         the processor's thread and wait; a failed batch is dropped, and counted."""
-        delivered, spans = self._send_mending(spans)
+        delivered, spans, _request = self._send_mending(spans)
         if delivered:
             return True
         self._health.export_failed()
@@ -391,7 +411,9 @@ class SpoolingSpanExporter(SpanExporter):
                     retry_lines.delivered()
                     continue
                 now = time.monotonic()
-                if self._drain_deadline is not None and now + self._last_send_s > self._drain_deadline:
+                if self._drain_deadline is not None and (
+                    now + self._last_send_s > self._drain_deadline or self._retry_at > self._drain_deadline
+                ):
                     self._drain_hopeless = True  # the rest stays on disk for a replay
                     wait = max(0.05, self._drain_deadline - now)
                 elif (wait := self._retry_at - now) <= 0:
@@ -418,10 +440,11 @@ class SpoolingSpanExporter(SpanExporter):
                 delivered = False
             if not delivered:
                 with self._cond:
-                    self._retry_at = time.monotonic() + self._retry_interval_s
+                    wait, self._asked_wait_s = max(self._retry_interval_s, self._asked_wait_s), 0.0
+                    self._retry_at = time.monotonic() + wait
 
     def _first_send(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
-        delivered, sent = self._send_mending(spans)
+        delivered, sent, encoded = self._send_mending(spans)
         with self._cond:  # whoever clears _in_flight owns the batch: here, or spill() at exit
             mine, self._in_flight = self._in_flight is spans, None
             spilled, self._spilled = self._spilled, None
@@ -433,10 +456,11 @@ class SpoolingSpanExporter(SpanExporter):
                 self._health.resent(len(spans))
             return True
         self._health.export_failed()
+        self._asked_to_wait()  # a Retry-After applies to the retry of what is spooled now
         if not mine:  # the exit already wrote it to the spool
             return False
         try:
-            spooled = self._to_spool(sent, request if sent is spans else None) is not None
+            spooled = self._to_spool(sent, (request or encoded) if sent is spans else None) is not None
         finally:
             with self._cond:
                 self._writing = False
@@ -469,13 +493,42 @@ class SpoolingSpanExporter(SpanExporter):
             return False
         if not self._send(spans):
             self._health.export_failed()
-            if self._stopped or not self._collector_accepts():
-                return False  # down, black-holed or refusing everything: retry later
-            if not self._send(spans):  # once more: the failure may have been a moment's outage
+            delivered = self._after_failure(spans)
+            if delivered is None:
+                return False  # throttled, down, black-holed or refusing everything: retry later
+            if not delivered:
                 self._quarantine(entry, "rejected by the collector, which accepts other requests")
                 return True
         spool.remove(entry)
         self._health.resent(len(spans))
+        return True
+
+    def _after_failure(self, spans: Sequence[ReadableSpan]) -> bool | None:
+        """After a spooled batch failed: ``None`` to try again later (the collector asked to
+        wait, or takes nothing, not even an empty request), else whether one more try delivered
+        it (False: refused for what it holds)."""
+        if self._stopped or self._asked_to_wait() or not self._collector_accepts():
+            return None
+        if self._send(spans):  # once more: the failure may have been a moment's outage
+            return True
+        return None if self._asked_to_wait() else False
+
+    def _asked_to_wait(self) -> bool:
+        """Did the collector answer the last send with "try again later" (HTTP 429, 502-504;
+        gRPC RESOURCE_EXHAUSTED, UNAVAILABLE, ...)? Then the batch is not refused: it waits in
+        the spool as long as the collector asks (Retry-After, RetryInfo), and is sent live."""
+        answer = self._answers.last_failure
+        if answer is None or not answer.retryable:
+            return False
+        self._asked_wait_s = answer.retry_after_s or 0.0
+        if not self._said_throttled:
+            self._said_throttled = True
+            _logger.warning(
+                "traintel: the collector asks to wait (%s%s); batches wait in the spool and are sent "
+                "as it takes them (training continues)",
+                answer.what,
+                f", retry after {answer.retry_after_s:g}s" if answer.retry_after_s else "",
+            )
         return True
 
     def _collector_accepts(self) -> bool:
