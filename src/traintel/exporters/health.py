@@ -35,7 +35,12 @@ EXIT_TIMEOUT = "exit_timeout"
 UNENCODABLE = "unencodable"
 #: Spans a collector refused inside a request it accepted (OTLP partial success).
 COLLECTOR_REJECTED = "collector_rejected"
-DROP_REASONS = (QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT, UNENCODABLE, COLLECTOR_REJECTED)
+#: Spans the embedded file could not take (a full disk, an unwritable directory).
+NOT_WRITTEN = "not_written"
+DROP_REASONS = (
+    QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT, UNENCODABLE, COLLECTOR_REJECTED,
+    NOT_WRITTEN,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class HealthSnapshot:
     quarantine_dirs: tuple[str, ...] = ()
     #: Spans exported with their invalid text mended (see ``span_repair``).
     spans_repaired: int = 0
+    #: Metric lines the embedded file could not take.
+    metric_lines_not_written: int = 0
 
 
 class ExportHealth:
@@ -78,6 +85,7 @@ class ExportHealth:
         self.spans_spooled = 0
         self.spans_resent = 0
         self.spans_repaired = 0
+        self.metric_lines_not_written = 0
         self.metric_export_failures = 0
         self.metric_exports_delivered = 0
         #: False on a rank that exports only its anomalies (scale mode): a zero is not reported,
@@ -101,6 +109,10 @@ class ExportHealth:
     def repair_spans(self, count: int) -> None:
         with self._lock:
             self.spans_repaired += count
+
+    def metric_line_not_written(self) -> None:
+        with self._lock:
+            self.metric_lines_not_written += 1
 
     def export_failed(self) -> None:
         with self._lock:
@@ -173,6 +185,7 @@ class ExportHealth:
                     sorted(str(s.quarantine_directory) for s in spools if s.quarantined_spans)
                 ),
                 spans_repaired=self.spans_repaired,
+                metric_lines_not_written=self.metric_lines_not_written,
                 metric_export_failures=self.metric_export_failures,
                 metric_exports_delivered=self.metric_exports_delivered,
                 metrics_undelivered=self._metric_export_running > 0
@@ -286,6 +299,10 @@ def describe(snapshot: HealthSnapshot) -> list[str]:
         lines.append(
             f"{snapshot.spans_repaired} span(s) exported with invalid text replaced by U+FFFD "
             "(not valid Unicode, or integers beyond int64)"
+        )
+    if snapshot.metric_lines_not_written:
+        lines.append(
+            f"{snapshot.metric_lines_not_written} metric line(s) could not be written to the telemetry file"
         )
     if snapshot.events_dropped:
         lines.append(f"{snapshot.events_dropped} span event(s) dropped over OTEL_SPAN_EVENT_COUNT_LIMIT")
