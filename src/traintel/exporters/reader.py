@@ -34,6 +34,7 @@ from traintel.exporters.file import FILE_SUFFIX
 from traintel.exporters.otlp_json import DecodeError, ExportRequest, json_line_to_request
 from traintel.exporters.records import EventRecord, MetricSeries, MetricsRecord, NotCanonical, SpanRecord
 from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
+from traintel.terminal_text import displayable_line, strip_controls
 
 __all__ = [  # the records are re-exported: the analysis reads them from here
     "MAX_LINE_BYTES",
@@ -73,8 +74,8 @@ class ReadStats:
 
     def skip(self, where: str, reason: str) -> None:
         self.skipped += 1
-        if len(self.reasons) < 20:
-            self.reasons.append(f"{where}: {reason}")
+        if len(self.reasons) < 20:  # a file's name and an error's text are shown: no escapes
+            self.reasons.append(strip_controls(f"{where}: {reason}"))
 
     def merge(self, later: ReadStats) -> None:
         """Add a later read's counts (another file's): its reasons after these, up to 20."""
@@ -233,15 +234,21 @@ Record = SpanRecord | MetricsRecord
 def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord]:
     """The records of one line: typed structs for the canonical spelling
     (:mod:`traintel.exporters.json_records`), else the proto path, which decides. Raises
-    :class:`DecodeError` or :class:`UnicodeDecodeError` for a line that is not a request."""
+    :class:`DecodeError` or :class:`UnicodeDecodeError` for a line that is not a request, and
+    nothing else whatever the line holds. Strings come without control characters (see
+    :func:`~traintel.terminal_text.displayable_line`): the records are for display."""
+    text = displayable_line(text)
     try:
         return _fast_decoder()(text, SpanRecord, EventRecord)[1]  # type: ignore[no-any-return]
-    except (NotCanonical, RecursionError):
+    except Exception:  # NotCanonical, or anything else the fast path trips on: the proto path decides
         pass
     request = json_line_to_request(text.decode("utf-8"))
-    if isinstance(request, ExportTraceServiceRequest):
-        return list(spans_in(request))
-    return metrics_records(request)
+    try:
+        if isinstance(request, ExportTraceServiceRequest):
+            return list(spans_in(request))
+        return metrics_records(request)
+    except Exception as exc:  # a request the parser took but that cannot be flattened
+        raise DecodeError(f"cannot be read ({type(exc).__name__})") from None
 
 
 @functools.cache
