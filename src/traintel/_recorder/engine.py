@@ -11,6 +11,7 @@ Everything here runs on the training thread and never raises into it: callers wr
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -39,11 +40,12 @@ from traintel._recorder.record import (
 )
 from traintel._recorder.segments import Segments
 from traintel._recorder.windows import Windows
+from traintel._sdk.attributes import UserNamesCap
 from traintel._sdk.export_filter import IterationExportFilter, TraceBudget
 from traintel._sdk.ids import ForcingIdGenerator, new_span_id
 from traintel._sdk.instruments import TrainingInstruments
 from traintel._sdk.open_spans import OpenSpans
-from traintel._sdk.otel_private import current_span
+from traintel._sdk.otel_private import attribute_limits, current_span
 from traintel._sdk.providers import DirectSpans
 from traintel._sdk.segments import SegmentedSpan
 from traintel.config import TrainingConfig
@@ -51,6 +53,7 @@ from traintel.exporters.health import HEALTH
 from traintel.semconv import Event, Phase
 
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
+_METRIC_PREFIX: Final = semconv.METRIC_PREFIX
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
 _get_ident = threading.get_ident
@@ -517,6 +520,11 @@ class TrainingEngine:
             return self._write(record, reason, direct)
         return self._trace(record, reason)
 
+    @functools.cached_property
+    def names_cap(self) -> UserNamesCap:
+        """traintel's numbers before the user's metric names, within the tracer's limits."""
+        return UserNamesCap(*attribute_limits(self.tracer), self.warn_once)
+
     def _write(self, record: IterationRecord, reason: str, direct: DirectSpans) -> tuple[int, int]:
         context = record.exported_context()
         trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
@@ -527,7 +535,9 @@ class TrainingEngine:
             step = SpanContext(trace_id, span_id, False, flags, state)
             forward(writer.span(name, step, context, attributes, start_ns, end_ns))
         parent = record.parent if record.parent.is_valid else None
-        attributes = _span_attributes(record, reason)
+        attributes = self.names_cap.span(
+            _span_attributes(record, reason), _METRIC_PREFIX, "training_iteration span"
+        )
         forward(writer.span(record.phase, context, parent, attributes, record.start_ns, record.end_ns))
         return (trace_id, context.span_id)
 
@@ -543,10 +553,12 @@ class TrainingEngine:
             if ids is not None:
                 ids.force(record.span_id, None if parent.is_valid else record.trace_id)
             try:
+                attributes = self.names_cap.span(
+                    _span_attributes(record, reason), _METRIC_PREFIX, "iteration span"
+                )
                 span = self.tracer.start_span(
-                    record.phase, context=context, attributes=_span_attributes(record, reason),
-                    start_time=record.start_ns,
-                )  # fmt: skip
+                    record.phase, context=context, attributes=attributes, start_time=record.start_ns
+                )
             finally:
                 if ids is not None:
                     ids.clear()

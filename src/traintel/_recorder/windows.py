@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 from opentelemetry import trace as trace_api
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from traintel._recorder.engine import TrainingEngine
 
 _TRAINING_METRICS_UPDATE: Final = Event.TRAINING_METRICS_UPDATE.value
+#: Where a window's record holds the user's record_metrics names (two attributes each).
+_USER_METRICS: Final = semconv.WINDOW_PREFIX + "metric."
 #: A mark that is never reached: no row count (or time) to look again at.
 NEVER: Final = sys.maxsize
 _FLOPS_PER_DEVICE: Final = semconv.WINDOW_PREFIX + "flops_per_second_per_device"
@@ -330,10 +333,14 @@ class Windows:
         if loop is not None and engine.window_events:
             if compact:
                 loop.set_attributes(loop_attributes(report.attributes))
-            elif isinstance(loop, SegmentedSpan):
-                loop.add_clean_event(_TRAINING_METRICS_UPDATE, report.attributes)
             else:
-                add_clean_event(loop, _TRAINING_METRICS_UPDATE, report.attributes)
+                update = engine.names_cap.event(
+                    report.attributes, _USER_METRICS, "training_metrics_update event"
+                )
+                if isinstance(loop, SegmentedSpan):
+                    loop.add_clean_event(_TRAINING_METRICS_UPDATE, update)
+                else:
+                    add_clean_event(loop, _TRAINING_METRICS_UPDATE, update)
             for error in report.errors:
                 loop.add_event(
                     Event.METRIC_OUT_OF_RANGE.value,
@@ -369,7 +376,7 @@ class Windows:
             cached = self._window_parent = (parent, context)
         direct = engine.direct
         if direct is not None and direct.usable() and parent is not None:
-            self._write_goodput(windows, parent.get_span_context(), direct)
+            self._write_goodput(windows, parent.get_span_context(), direct, self._record_attributes)
             return
         # The metrics processor skips these, as it skips exported iterations: they are
         # traintel's own records, with nothing in them to count (the trace budget still is).
@@ -380,13 +387,22 @@ class Windows:
                 span = engine.tracer.start_span(
                     semconv.TRAINING_WINDOW_SPAN, context=cached[1], start_time=window.start_ns
                 )
-                set_clean_attributes(span, window.attributes())
+                set_clean_attributes(span, self._record_attributes(window))
                 span.end(end_time=max(window.end_ns, window.start_ns))
         finally:
             engine.materializing = materializing
 
+    def _record_attributes(self, window: WindowGoodput) -> dict[str, float | int | str]:
+        """A window record's attributes; the user's metric names left out past the span limit."""
+        return self._engine.names_cap.span(window.attributes(), _USER_METRICS, "training_window span")
+
     @staticmethod
-    def _write_goodput(windows: list[WindowGoodput], parent: SpanContext, direct: DirectSpans) -> None:
+    def _write_goodput(
+        windows: list[WindowGoodput],
+        parent: SpanContext,
+        direct: DirectSpans,
+        attributes: Callable[[WindowGoodput], dict[str, float | int | str]],
+    ) -> None:
         """The records as the tracer would make them under ``parent``: sampled with it, or not
         exported at all."""
         if not parent.trace_flags.sampled:
@@ -395,7 +411,7 @@ class Windows:
         for window in windows:
             context = SpanContext(parent.trace_id, new_span_id(), False, flags, parent.trace_state)
             span = direct.writer.span(
-                semconv.TRAINING_WINDOW_SPAN, context, parent, window.attributes(), window.start_ns,
+                semconv.TRAINING_WINDOW_SPAN, context, parent, attributes(window), window.start_ns,
                 max(window.end_ns, window.start_ns),
             )  # fmt: skip
             direct.forward(span)

@@ -24,7 +24,7 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.util.types import AttributeValue
@@ -197,3 +197,57 @@ def clean_attributes(attributes: Mapping[str, Any]) -> dict[str, AttributeValue]
         if converted is not None:
             cleaned[key] = converted
     return cleaned
+
+
+class UserNamesCap:
+    """traintel's own attributes first: a span or event whose attributes would pass the tracer's
+    count limit leaves out the user's metric names (the last first) instead.
+
+    Why: the SDK keeps a span's newest attributes and drops the oldest, and a window record
+    holds traintel's numbers first and two per ``record_metrics`` name after them; past about
+    51 names (one gradient norm per layer is common) the window's own numbers went, and goodput
+    read 0.00 %, with one SDK warning per dropped attribute. Here the names that do not fit are
+    left out of that record (the iteration spans keep theirs while they fit), and said once
+    with their count. Costs a length check when everything fits.
+    """
+
+    def __init__(
+        self, span_limit: int | None, event_limit: int | None, warn_once: Callable[..., None]
+    ) -> None:
+        self.span_limit = span_limit
+        self.event_limit = event_limit
+        self._warn_once = warn_once
+
+    def span(self, attributes: dict[str, Any], prefix: str, what: str) -> dict[str, Any]:
+        return self._fit(attributes, prefix, what, self.span_limit, "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT")
+
+    def event(self, attributes: dict[str, Any], prefix: str, what: str) -> dict[str, Any]:
+        return self._fit(attributes, prefix, what, self.event_limit, "OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT")
+
+    def _fit(
+        self, attributes: dict[str, Any], prefix: str, what: str, limit: int | None, variable: str
+    ) -> dict[str, Any]:
+        if limit is None or len(attributes) <= limit:
+            return attributes
+        by_name: dict[str, list[str]] = {}
+        for key in attributes:
+            if key.startswith(prefix):
+                name = key[len(prefix) :].removesuffix(".last").removesuffix(".mean")
+                by_name.setdefault(name, []).append(key)
+        kept = dict(attributes)
+        left_out = 0
+        for keys in reversed(by_name.values()):
+            if len(kept) <= limit:
+                break
+            for key in keys:
+                del kept[key]
+            left_out += 1
+        if left_out:
+            self._warn_once(
+                "user_names_cap:" + what,
+                "%d record_metrics names do not fit in a %s with traintel's own numbers (at most %d "
+                "attributes: %s or OTEL_ATTRIBUTE_COUNT_LIMIT); the last %d are left out of it, "
+                "traintel's numbers kept",
+                len(by_name), what, limit, variable, left_out,
+            )  # fmt: skip
+        return kept

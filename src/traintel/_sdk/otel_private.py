@@ -360,6 +360,16 @@ def watch_collector_answers(exporter: Any, answers: Any) -> bool:
     return False
 
 
+# --- span limits ---------------------------------------------------------------------------------
+def attribute_limits(tracer: Any) -> tuple[int | None, int | None]:
+    """The attribute count limits (span, event) of an SDK tracer's spans (``_span_limits``,
+    the provider's); for any other tracer, what the environment gives the SDK's defaults."""
+    limits = getattr(tracer, "_span_limits", None)
+    if not isinstance(limits, SpanLimits):
+        limits = SpanLimits()
+    return limits.max_span_attributes, limits.max_event_attributes
+
+
 # --- ids -----------------------------------------------------------------------------------------
 def tracer_id_generator(tracer: trace_api.Tracer) -> IdGenerator | None:
     """The id generator an SDK tracer draws its span ids from (None: not an SDK tracer)."""
