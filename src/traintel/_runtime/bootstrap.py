@@ -11,6 +11,7 @@ is shut down and before any global provider is set, so a failure leaves the proc
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -67,6 +68,18 @@ def configure(
 ) -> Telemetry:
     """Explicit configuration: validates everything first and raises ConfigurationError."""
     config = TrainingConfig.from_env(overrides=training, strict=True)
+    if state.importing_main_in_child():  # a spawn/forkserver child: a DataLoader worker, maybe
+        again = functools.partial(
+            configure,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            service_name=service_name,
+            training=training,
+            span_exporters=span_exporters,
+            metric_readers=metric_readers,
+        )
+        state.defer_configure(again)
+        return Telemetry(TrainingConfig())
     with state._lock:
         previous = state.configured()
         if previous is not None:

@@ -316,6 +316,8 @@ _lock = threading.RLock()
 _atexit_registered = False
 #: How to configure from the environment on first use (registered by ``bootstrap``).
 _auto_configure: Callable[[], Telemetry] | None = None
+#: An explicit configure() deferred from a spawn child's bootstrap (see ``defer_configure``).
+_deferred: Callable[[], Telemetry] | None = None
 
 
 def set_auto_configure(configure: Callable[[], Telemetry]) -> None:
@@ -334,11 +336,29 @@ def current() -> Telemetry:
             return _telemetry
         if in_dataloader_worker() or _auto_configure is None:  # workers import traintel afresh
             return set_current(Telemetry(TrainingConfig()))
+        global _deferred
+        deferred, _deferred = _deferred, None
         try:
-            return _auto_configure()
+            return (deferred or _auto_configure)()
         except Exception:
             _logger.exception("traintel: auto-configuration failed; telemetry is off for this process")
             return set_current(Telemetry(TrainingConfig()))
+
+
+def importing_main_in_child() -> bool:
+    """True while a spawn or forkserver child imports the parent's main module (multiprocessing
+    marks its bootstrap with ``_inheriting``): a ``configure()`` at module level runs then in
+    every DataLoader worker, which must not export (48,128 spans from two workers, once)."""
+    process = sys.modules.get("multiprocessing.process")
+    return bool(process is not None and getattr(process.current_process(), "_inheriting", False))
+
+
+def defer_configure(configure: Callable[[], Telemetry]) -> None:
+    """A ``configure()`` made while importing the main module in a child: applied at the
+    child's first use of traintel, unless that is in a DataLoader worker (a process started
+    to train, as ``torch.multiprocessing.spawn`` starts ranks, is configured as asked)."""
+    global _deferred
+    _deferred = configure
 
 
 def configured() -> Telemetry | None:
