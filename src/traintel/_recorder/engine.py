@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import math
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -31,6 +30,7 @@ from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._aggregation.goodput import GoodputLedger, WindowGoodput
 from traintel._aggregation.sampling import IterationSampler
 from traintel._host.device import DeviceHooks
+from traintel._recorder import clock
 from traintel._recorder.record import (
     IterationRecord,
     OpenStep,
@@ -724,7 +724,7 @@ class TrainingEngine:
         # iteration a resume from this checkpoint runs; unknown: the one after the last done).
         self.last_checkpoint = (
             iteration if iteration is not None else self.last_iteration + 1,
-            time.time_ns(),
+            clock.time_ns(),
             duration_s,
         )
         with self.lock:

@@ -37,6 +37,8 @@ from traintel._host.calibration import MeasuredPeak, measure_peak
 from traintel._host.compute_dtype import DtypeChoice, choose_dtype, seen_parameters
 from traintel._host.device import AutocastProbe, DeviceHooks, annotate_window, device_hooks
 from traintel._host.flops import autocast_dtype, current_device_name, peak_flops_for
+from traintel._recorder import clock
+from traintel._recorder.clock import wall_step_ns
 from traintel._recorder.record import RANDOM_TRACE_ID
 from traintel._sdk.ids import new_span_id
 from traintel._sdk.otel_private import add_clean_event, set_clean_attributes
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
 _TRAINING_METRICS_UPDATE: Final = Event.TRAINING_METRICS_UPDATE.value
 #: Where a window's record holds the user's record_metrics names (two attributes each).
 _USER_METRICS: Final = semconv.WINDOW_PREFIX + "metric."
+#: A wall clock this far (or more) off traintel's timeline has stepped (NTP slews by far less).
+_WALL_STEP_NS: Final = 1_000_000_000
 #: A mark that is never reached: no row count (or time) to look again at.
 NEVER: Final = sys.maxsize
 _FLOPS_PER_DEVICE: Final = semconv.WINDOW_PREFIX + "flops_per_second_per_device"
@@ -78,6 +82,7 @@ class Windows:
         self._window_parent: tuple[Span | None, Context] = (None, Context())
         self.hooks: DeviceHooks | None = None
         self.dtype_probing = False
+        self._wall_step_said = 0  # the wall clock's step last said (ns)
 
     def configure(self, config: TrainingConfig) -> None:
         engine = self._engine
@@ -286,6 +291,7 @@ class Windows:
                 self._export_goodput(self._released(engine.goodput.flush_held(), final), ended_loop)
             return None
         annotate_window(report.attributes, engine.device)
+        self._check_wall_clock(report)
         # The window's numbers ride on its record (the default), or on a full event on the loop.
         compact = engine.window_events and engine.config.get("window_events") == "off"
         metrics = report.attributes if compact else None
@@ -304,6 +310,26 @@ class Windows:
         if hook is not None and (records or final):
             hook(records, final)
         return records
+
+    def _check_wall_clock(self, report: WindowReport) -> None:
+        """A wall-clock step since the last window close (1 s or more): said once, and a
+        ``wall_clock_step`` event on the loop for the offline commands."""
+        step = wall_step_ns()
+        if abs(step - self._wall_step_said) < _WALL_STEP_NS:
+            return
+        self._wall_step_said = step
+        engine = self._engine
+        engine.warn_once(
+            "wall_clock_step",
+            "the wall clock stepped by %+.1f s (at or before iteration %s); durations stay exact "
+            "(traintel times from the monotonic clock), and its timestamps are that far off the wall "
+            "clock from here on",
+            step / 1e9, report.last_iteration,
+        )  # fmt: skip
+        loop = engine.loop_span()
+        if loop is not None:
+            attributes = {semconv.WALL_CLOCK_STEP: step / 1e9, semconv.ITERATION: report.last_iteration}
+            loop.add_event(Event.WALL_CLOCK_STEP.value, attributes, timestamp=clock.time_ns())
 
     def _report(self, inputs: RateInputs) -> WindowReport | None:
         """The aggregator's report; the window's durations join the slow threshold's sample

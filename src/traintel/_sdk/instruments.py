@@ -16,7 +16,6 @@ exit says so: a silent drop is a bug.
 from __future__ import annotations
 
 import threading
-import time
 from array import array
 from collections.abc import Iterable
 from typing import Protocol
@@ -27,6 +26,7 @@ from opentelemetry.metrics import CallbackOptions, NoOpCounter, NoOpHistogram, O
 from traintel import semconv
 from traintel._aggregation.aggregator import TrainingAggregator, WindowReport
 from traintel._aggregation.goodput import GoodputLedger, GoodputSnapshot, WindowGoodput
+from traintel._recorder import clock
 from traintel._sdk.histogram_overflow import OVERFLOW
 from traintel.version import __version__
 
@@ -178,7 +178,7 @@ class TrainingInstruments:
         return self._source.aggregator.last_window if self.window_series else None
 
     def _goodput(self) -> GoodputSnapshot | None:
-        return self._source.goodput.snapshot(time.time_ns()) if self.window_series else None
+        return self._source.goodput.snapshot(clock.time_ns()) if self.window_series else None
 
     def _step_time(self) -> tuple[float | None, WindowGoodput | None]:
         if not self.window_series:

@@ -62,6 +62,8 @@ class JobGoodput(_Share):
     goodput_by_rank: dict[int, float]
     #: The reference rank's iterations after its last window record, counted from spans.
     inferred_tail: InferredTail | None = None
+    #: How far the wall clock stepped during the job (its durations stay right: see the text).
+    wall_clock_step_s: float = 0.0
 
 
 @dataclass
@@ -144,6 +146,7 @@ class SessionGoodput(_Share):
                     "resumed_from": j.resumed_from,
                     "goodput_by_rank": {str(k): v for k, v in j.goodput_by_rank.items()},
                     "inferred_tail": j.inferred_tail.as_dict() if j.inferred_tail is not None else None,
+                    "wall_clock_step_s": j.wall_clock_step_s,
                 }
                 for j in self.jobs
             ],
@@ -318,6 +321,7 @@ def _job_result(
         resumed_from=process.resume,
         goodput_by_rank=by_rank,
         inferred_tail=process.tail,
+        wall_clock_step_s=process.wall_clock_step_s,
     )
 
 
