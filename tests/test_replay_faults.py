@@ -163,6 +163,24 @@ def test_corrupt_and_invalid_spooled_batches_are_set_aside_never_deleted(
     assert not list(directory.glob("*.otlp.pb")), "the delivered batches were deleted"
 
 
+def test_an_emptied_spooled_batch_is_set_aside_not_deleted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spans = _spans(30)
+    directory = tmp_path / "spool" / "job-otlp"
+    spool = Spool(directory, max_bytes=10_000_000)
+    entries = [spool.put(encode_spans(spans[i : i + 10]), 10) for i in range(0, 30, 10)]
+    emptied = entries[1]
+    assert emptied is not None
+    emptied.path.write_bytes(b"")
+    with HttpReceiver() as receiver:
+        assert _replay([directory], receiver, "http/protobuf", "--delete-sent") == 1
+    out = capsys.readouterr().out
+    assert "cannot be read back (0 span(s) in it, written with 10)" in out, out
+    assert sorted(_arrived(receiver.received)) == _ids(spans[:10] + spans[20:])
+    assert (directory / "quarantine" / emptied.path.name).is_file(), "kept, not deleted as delivered"
+
+
 def test_a_line_holding_an_invalid_span_sends_the_rest_and_fails(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

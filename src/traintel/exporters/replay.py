@@ -59,6 +59,7 @@ from traintel.exporters.spool import (
     SPOOL_SUFFIX,
     batch_name,
     batch_seq,
+    batch_spans,
     move_to_quarantine,
     read_batch,
     spool_files,
@@ -156,6 +157,10 @@ def replay_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return list(dict.fromkeys(batches)) + list(dict.fromkeys(files))
 
 
+def _count(request: ExportTraceServiceRequest) -> int:
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
 class _Sent(enum.Enum):
     DELIVERED = "delivered"
     REJECTED = "rejected"
@@ -242,6 +247,9 @@ class _Replay:
         self._rewritten = False
         try:
             good, bad, reasons = split_invalid(read_batch(path))
+            written, found = batch_spans(path), _count(good) + len(reasons)
+            if written is not None and found != written:  # emptied or cut: not a batch to deliver
+                raise DecodeError(f"{found} span(s) in it, written with {written}")
         except (OSError, DecodeError) as exc:
             where = self._set_aside_file(path)
             self.result.unreadable.append(f"{path}: cannot be read back ({exc})" + where)

@@ -237,6 +237,8 @@ class SpoolingSpanExporter(SpanExporter):
         self._spilled: tuple[Sequence[ReadableSpan], SpoolEntry] | None = None
         #: The sender owns a failed batch and is writing it to the spool.
         self._writing = False
+        #: A send failed since batches last went direct (the spool is then more than a queue).
+        self._outage = False
 
     def _reinit_in_child(self) -> None:
         """A forked child has no sender thread and must not write into its parent's spool."""
@@ -407,8 +409,10 @@ class SpoolingSpanExporter(SpanExporter):
                 entries = self.spool.entries()
                 if not entries:
                     self._backlog = False
-                    _logger.warning("traintel: spooled spans delivered; exporting directly again")
-                    retry_lines.delivered()
+                    if self._outage:  # said only after a failure: a busy sender is nothing wrong
+                        self._outage = False
+                        _logger.warning("traintel: spooled spans delivered; exporting directly again")
+                        retry_lines.delivered()
                     continue
                 now = time.monotonic()
                 if self._drain_deadline is not None and (
@@ -440,6 +444,7 @@ class SpoolingSpanExporter(SpanExporter):
                 delivered = False
             if not delivered:
                 with self._cond:
+                    self._outage = True
                     wait, self._asked_wait_s = max(self._retry_interval_s, self._asked_wait_s), 0.0
                     self._retry_at = time.monotonic() + wait
 
@@ -481,14 +486,9 @@ class SpoolingSpanExporter(SpanExporter):
         """The oldest spooled batch; True when it left the queue (delivered or set aside)."""
         spool = self.spool
         assert spool is not None
-        try:
-            request = spool.read(entry)
-            spans = list(readable_spans(request)) if request is not None else []
-        except (DecodeError, InvalidSpanError) as exc:
-            self._quarantine(entry, f"cannot be read back: {exc}")
-            return True
-        if request is None:
-            return True  # gone (dropped by the bound meanwhile): nothing to send
+        spans = self._read_back(spool, entry)
+        if spans is None:
+            return True  # set aside, or gone (dropped by the bound meanwhile): nothing to send
         if self._stopped:
             return False
         if not self._send(spans):
@@ -502,6 +502,22 @@ class SpoolingSpanExporter(SpanExporter):
         spool.remove(entry)
         self._health.resent(len(spans))
         return True
+
+    def _read_back(self, spool: Spool, entry: SpoolEntry) -> list[ReadableSpan] | None:
+        """A spooled batch's spans; None if it is gone, or set aside: it does not decode, holds
+        a value no span can have, or holds other than the spans it was written with (an emptied
+        or cut file decodes too, and must not be deleted as delivered)."""
+        try:
+            request = spool.read(entry)
+            if request is None:
+                return None
+            spans = list(readable_spans(request))
+            if len(spans) != entry.spans:
+                raise DecodeError(f"{len(spans)} span(s) in it, written with {entry.spans}")
+        except (DecodeError, InvalidSpanError) as exc:
+            self._quarantine(entry, f"cannot be read back: {exc}")
+            return None
+        return spans
 
     def _after_failure(self, spans: Sequence[ReadableSpan]) -> bool | None:
         """After a spooled batch failed: ``None`` to try again later (the collector asked to
