@@ -64,6 +64,7 @@ from traintel.exporters.spooling import (
     CountingBatchSpanProcessor,
     QueueGuard,
     SpoolingSpanExporter,
+    batch_settings,
     guard_queue,
 )
 from traintel.resource_detectors import TrainingResourceDetector
@@ -626,6 +627,7 @@ def _export_paths(
     ``OTEL_*``, when ``spool``); how to stop each goes on ``undo``. An exporter that cannot
     start fails explicit configuration; the automatic one says so and leaves it out."""
     paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
+    batching = _batch_settings(environ, strict) if plans else {}
     for plan in plans:
         try:
             exporter: SpanExporter = plan.factory()
@@ -637,7 +639,7 @@ def _export_paths(
             exporter = spooler = _spooling(exporter, plan.name, config, resource)
         bound = ProcessBoundSpanExporter(exporter)
         try:
-            processor = CountingBatchSpanProcessor(bound)
+            processor = CountingBatchSpanProcessor(bound, **batching)
         except Exception as exc:
             if not plan.lent:
                 undo.append(exporter.shutdown)
@@ -647,6 +649,17 @@ def _export_paths(
         undo.append(lambda p=processor, b=bound, lent=plan.lent: _stop(p, b, lent))  # type: ignore[misc]
         paths.append((processor, spooler))
     return paths
+
+
+def _batch_settings(environ: Mapping[str, str], strict: bool) -> dict[str, int]:
+    """Explicit configuration leaves ``OTEL_BSP_*`` to the SDK, whose refusal it reports; the
+    automatic one replaces a bad value by the SDK's default, and says so."""
+    if strict:
+        return {}
+    settings, said = batch_settings(environ)
+    for line in said:
+        _logger.warning("traintel: %s", line)
+    return settings
 
 
 def _stop(processor: CountingBatchSpanProcessor, bound: ProcessBoundSpanExporter, lent: bool) -> None:
