@@ -639,7 +639,7 @@ def _export_paths(
             exporter = spooler = _spooling(exporter, plan.name, config, resource)
         bound = ProcessBoundSpanExporter(exporter)
         try:
-            processor = CountingBatchSpanProcessor(bound, **batching)
+            processor = CountingBatchSpanProcessor(bound, health=HEALTH, **batching)
         except Exception as exc:
             if not plan.lent:
                 undo.append(exporter.shutdown)

@@ -150,7 +150,7 @@ class QueueGuard:
 class CountingBatchSpanProcessor(BatchSpanProcessor):
     """The SDK's batch processor behind a :class:`QueueGuard`: its drops counted exactly."""
 
-    def __init__(self, exporter: SpanExporter, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
+    def __init__(self, exporter: SpanExporter, *, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
         super().__init__(exporter, **kwargs)
         self.guard = QueueGuard(self, super().on_end, health)
         self.on_end = self.guard.on_end  # type: ignore[method-assign]  # no extra call per span
