@@ -31,6 +31,8 @@ What is used, and why:
   under ``opentelemetry-instrument`` the distro builds the providers before traintel runs, and
   the public API cannot reach their exporters; traintel puts its spool and loss counting in
   front of them. Where a release keeps them elsewhere, they are left as they are (and said).
+  A periodic reader's thread (``_daemon_thread``): a bounded exit asks whether the last
+  collection is still under way, which the reader's shutdown does not say.
 * **A tracer's id generator** (``Tracer.id_generator``): traintel's own tracer gets a generator
   that can hand out an id chosen in advance, so an iteration recorded without a span can be
   exported later under the id its children already point to.
@@ -48,6 +50,7 @@ What is used, and why:
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
@@ -315,6 +318,14 @@ def periodic_readers(provider: Any) -> list[Any] | None:
         return list(storages)
     readers = getattr(getattr(provider, "_sdk_config", None), "metric_readers", None)
     return list(readers) if isinstance(readers, list | tuple) else None
+
+
+def collecting_threads(provider: Any) -> list[threading.Thread]:
+    """The periodic readers' own threads (``_daemon_thread``) alive now: one still running after
+    a bounded shutdown has not written its last collection (the reader's shutdown stops waiting
+    for it at the bound and shuts its exporter down)."""
+    threads = (getattr(reader, "_daemon_thread", None) for reader in periodic_readers(provider) or ())
+    return [thread for thread in threads if isinstance(thread, threading.Thread) and thread.is_alive()]
 
 
 def replace_reader_exporter(reader: Any, wrap: Callable[[Any], Any]) -> bool:

@@ -462,7 +462,7 @@ class Pipeline:
                     _call(spooler, "force_flush", millis)
 
         return _bounded(
-            [flush_traces, lambda: _call(self.meter_provider, "force_flush", millis)],
+            [("spans", flush_traces), ("metrics", lambda: _call(self.meter_provider, "force_flush", millis))],
             timeout_s,
             "flush",
         )
@@ -476,20 +476,27 @@ class Pipeline:
             return True
         self._shut_down = True
         millis = int(timeout_s * 1000)
-        tasks: list[Callable[[], None]] = []
+        tasks: list[tuple[str, Callable[[], None]]] = []
         if self.owns_tracer_provider:
 
             def flush_and_shutdown_traces() -> None:
                 _call(self.tracer_provider, "force_flush", millis)
                 _call(self.tracer_provider, "shutdown")
 
-            tasks.append(flush_and_shutdown_traces)
+            tasks.append(("spans", flush_and_shutdown_traces))
         else:
-            tasks.append(lambda: _call(self.tracer_provider, "force_flush", millis))
+            tasks.append(("spans", lambda: _call(self.tracer_provider, "force_flush", millis)))
         if self.owns_meter_provider:
-            tasks.append(lambda: _call(self.meter_provider, "shutdown", millis))
+
+            def shutdown_metrics() -> None:
+                readers = otel_private.collecting_threads(self.meter_provider)  # before: 1.40 forgets them
+                _call(self.meter_provider, "shutdown", millis)
+                for thread in readers:  # each one's last collection (the last metric line): this
+                    thread.join()  # task waits for it, and the bound says so if it runs out first
+
+            tasks.append(("metrics", shutdown_metrics))
         else:
-            tasks.append(lambda: _call(self.meter_provider, "force_flush", millis))
+            tasks.append(("metrics", lambda: _call(self.meter_provider, "force_flush", millis)))
         done = _bounded(tasks, timeout_s, "shutdown")
         if not done:
             self._spill()
@@ -585,29 +592,45 @@ def _call(target: object, method: str, *args: Any) -> None:
         return
     try:
         fn(*args)
-    except Exception:
+    except Exception as exc:
+        if "MetricsTimeoutError" in f"{type(exc).__name__} {exc}":  # the SDK wraps it in a plain one
+            retry_lines.collection_timed_out()  # counted, said once: the next collection has the totals
+            return
         _logger.exception("traintel: %s.%s failed", type(target).__name__, method)
 
 
-def _bounded(tasks: list[Callable[[], None]], timeout_s: float, what: str) -> bool:
-    """Run tasks in parallel daemon threads and wait for them at most ``timeout_s`` in total.
+#: What a signal's task of a bounded flush or exit waits on when no export is under way.
+_OWN_WORK = {
+    "spans": "the batch span processor",
+    "metrics": "the metric reader's collection (the last metric line is not written)",
+}
+
+
+def _bounded(tasks: list[tuple[str, Callable[[], None]]], timeout_s: float, what: str) -> bool:
+    """Run tasks (``spans`` and ``metrics``) in parallel daemon threads and wait for them at
+    most ``timeout_s`` in total; if that runs out, say what they were waiting on: the
+    telemetry file, a collector, or their own work (a collection short of CPU).
 
     Daemon threads: if an exporter is stuck on a black-holed socket, the interpreter may still
     exit when the bound is reached.
     """
-    threads = [threading.Thread(target=t, name=f"traintel-{what}", daemon=True) for t in tasks]
-    for thread in threads:
+    threads = [(name, threading.Thread(target=t, name=f"traintel-{what}", daemon=True)) for name, t in tasks]
+    for _name, thread in threads:
         thread.start()
     deadline = time.monotonic() + timeout_s
-    for thread in threads:
+    for _name, thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in threads if t.is_alive()]
+    stuck = [name for name, thread in threads if thread.is_alive()]
     if stuck:
+        waiting = HEALTH.busy_now()
+        for name in stuck:
+            if not any(name[:-1] in label or "file" in label for label in waiting):
+                waiting.append(_OWN_WORK[name])
         _logger.warning(
-            "traintel: telemetry %s did not finish within %.1fs (collector unreachable or slow?); "
-            "going on without it",
+            "traintel: telemetry %s did not finish within %.1fs, still waiting for %s; going on without it",
             what,
             timeout_s,
+            " and ".join(waiting),
         )
         return False
     return True

@@ -53,6 +53,8 @@ FILE_SUFFIX = ".otlp.jsonl"
 #: nothing; the last line is written at exit, and a killed job's counters are at most this old.
 FILE_METRIC_EXPORT_INTERVAL_MILLIS = 300_000
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: What a bounded exit names when it runs out while a line is being written.
+WRITING_THE_FILE = "the telemetry file writer"
 
 
 def _file_name(service_name: str, started: float, pid: int) -> str:
@@ -138,7 +140,7 @@ class OtlpJsonLinesFile:
 
     def write_line(self, line: str, service_name: str) -> bool:
         data = (line + "\n").encode("utf-8")
-        with self._lock:
+        with self._lock, HEALTH.busy(WRITING_THE_FILE):
             if self._closed:
                 return False
             fd: int | None = None

@@ -9,10 +9,11 @@ instruments report at each collection and the exit report prints. A silent drop 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -71,6 +72,8 @@ class HealthSnapshot:
     spans_repaired: int = 0
     #: Metric lines the embedded file could not take.
     metric_lines_not_written: int = 0
+    #: Metric collections the SDK's reader gave up on (MetricsTimeoutError).
+    metric_collection_timeouts: int = 0
 
 
 class ExportHealth:
@@ -86,7 +89,10 @@ class ExportHealth:
         self.spans_resent = 0
         self.spans_repaired = 0
         self.metric_lines_not_written = 0
+        self.metric_collection_timeouts = 0
         self.metric_export_failures = 0
+        #: What the export path is waiting on now (a file write, a collector), with how many.
+        self._busy: dict[str, int] = {}
         self.metric_exports_delivered = 0
         #: False on a rank that exports only its anomalies (scale mode): a zero is not reported,
         #: so a healthy rank adds no self-telemetry series.
@@ -109,6 +115,28 @@ class ExportHealth:
     def repair_spans(self, count: int) -> None:
         with self._lock:
             self.spans_repaired += count
+
+    def metric_collection_timed_out(self) -> None:
+        with self._lock:
+            self.metric_collection_timeouts += 1
+
+    @contextlib.contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Mark the export path as waiting on ``what`` (the telemetry file, a collector) for the
+        block: a bounded exit that runs out names it instead of guessing."""
+        with self._lock:
+            self._busy[what] = self._busy.get(what, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._busy.pop(what) - 1
+                if left:
+                    self._busy[what] = left
+
+    def busy_now(self) -> list[str]:
+        with self._lock:
+            return sorted(self._busy)
 
     def metric_line_not_written(self) -> None:
         with self._lock:
@@ -186,6 +214,7 @@ class ExportHealth:
                 ),
                 spans_repaired=self.spans_repaired,
                 metric_lines_not_written=self.metric_lines_not_written,
+                metric_collection_timeouts=self.metric_collection_timeouts,
                 metric_export_failures=self.metric_export_failures,
                 metric_exports_delivered=self.metric_exports_delivered,
                 metrics_undelivered=self._metric_export_running > 0
@@ -299,6 +328,11 @@ def describe(snapshot: HealthSnapshot) -> list[str]:
         lines.append(
             f"{snapshot.spans_repaired} span(s) exported with invalid text replaced by U+FFFD "
             "(not valid Unicode, or integers beyond int64)"
+        )
+    if snapshot.metric_collection_timeouts:
+        lines.append(
+            f"{snapshot.metric_collection_timeouts} metric collection(s) timed out (CPU pressure?); "
+            "each later collection carried the cumulative totals"
         )
     if snapshot.metric_lines_not_written:
         lines.append(

@@ -185,8 +185,9 @@ class _Replay:
         self._ledgers: dict[Path, Ledger] = {}
         #: Files all of whose spans were delivered (``--delete-sent`` may remove them).
         self.delivered: list[Path] = []
-        #: The spooled batch just read had its bad spans moved to a batch of their own.
-        self._rewritten = False
+        #: The spooled batch just read had its bad spans moved to a batch of their own: the file
+        #: that now holds the rest.
+        self._rewritten: Path | None = None
 
     def ledger(self, path: Path) -> Ledger | None:
         if self.target is None:
@@ -207,8 +208,8 @@ class _Replay:
         spans = self._batch_of(path) if spooled else self._lines_of(path)
         if spans is None:  # a spooled batch that cannot be read back: set aside
             return True
-        if spooled and self._rewritten:  # its bad spans are kept aside: the file is whole again
-            undelivered_before = self._undelivered()
+        if spooled and self._rewritten is not None:  # its bad spans are aside: a whole file again
+            path, progress, undelivered_before = self._rewritten, Progress(), self._undelivered()
         position = 0
         batch: list[ReadableSpan] = []
         for key, span in spans:
@@ -244,7 +245,7 @@ class _Replay:
         """A spooled batch's spans, or ``None`` (set aside) if it cannot be read back at all.
         Spans that cannot be SDK spans (an id of the wrong size, say) are set aside alone, in
         a batch of their own in ``quarantine/``, and the file keeps the rest."""
-        self._rewritten = False
+        self._rewritten = None
         try:
             good, bad, reasons = split_invalid(read_batch(path))
             written, found = batch_spans(path), _count(good) + len(reasons)
@@ -263,9 +264,11 @@ class _Replay:
                 kept = self._write_aside(path.parent, bad.SerializeToString(), len(reasons))
                 if kept is not None:
                     self.result.unreadable[-1] += f"; set aside in {kept}"
-                    with contextlib.suppress(OSError):  # the file keeps what can be sent, for later replays
-                        write_batch(path, good.SerializeToString())
-                        self._rewritten = True
+                    with contextlib.suppress(OSError):  # the rest, for later replays too, under its count
+                        rest = path.with_name(batch_name(batch_seq(path) or 0, _count(good)))
+                        write_batch(rest, good.SerializeToString())
+                        path.unlink()
+                        self._rewritten = rest
         return [((s.trace_id, s.span_id), readable_span(s, r, c)) for s, r, c in proto_spans(good)]
 
     def _lines_of(self, path: Path) -> Iterator[tuple[_SpanKey, ReadableSpan | None]]:

@@ -55,6 +55,8 @@ from traintel.exporters.spool import Spool, SpoolEntry
 
 _logger = logging.getLogger(__name__)
 
+#: What a bounded exit names when it runs out while a batch is with the span exporter.
+SENDING_SPANS = "the collector (a span export under way)"
 #: gRPC's default maximum message size is 4 MiB; stay clear of it with headroom for framing.
 DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
 #: The share of the exit's drain time it then waits, after the spill, for the send under way:
@@ -389,7 +391,8 @@ class SpoolingSpanExporter(SpanExporter):
         started = time.monotonic()
         self._answers.forget()
         try:
-            return self.exporter.export(spans) == SpanExportResult.SUCCESS
+            with self._health.busy(SENDING_SPANS):
+                return self.exporter.export(spans) == SpanExportResult.SUCCESS
         except Exception as exc:
             if raising:
                 raise
