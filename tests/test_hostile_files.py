@@ -2,7 +2,9 @@
 included, on files whose lines a real job wrote and hypothesis then damaged where it hurts
 (``Infinity`` or a 5,000-digit integer in an integer field, a lone-surrogate escape, a value of
 the wrong type or kind, an id of the wrong size, nesting), exits with its status and no
-traceback. What cannot be read is counted and said.
+traceback. The reader reads or counts every line; ``replay`` sends or sets aside every span.
+A record an analysis command cannot use ends it with one line naming the file and line (status
+3), never a traceback.
 """
 
 from __future__ import annotations
@@ -134,12 +136,15 @@ def test_no_line_makes_any_command_die(
     read = sum(1 for _ in read_requests([path], stats))
     assert read + stats.skipped == len(lines)  # each line read or counted, never raised
     list(iter_records([path], ReadStats(), windows_expanded=True))
+    capsys.readouterr()
     for command in COMMANDS:
         argv = [command[0], str(path), *(arg.format(out=directory) for arg in command[1:])]
-        assert main(argv) in (0, 1, 2), argv
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code in (0, 1, 2, 3) and "Traceback" not in err, (argv, code, err)
+        assert code != 3 or f"stopped at {path}:" in err, err
     replay = ["replay", str(directory), "--endpoint", receiver.endpoint, "--protocol", "http/protobuf"]
-    assert main(replay) in (0, 1)
-    capsys.readouterr()
+    assert main(replay) in (0, 1), capsys.readouterr()  # the reader and the sender never stop it
 
 
 def test_the_three_lines_that_stopped_the_reader(good_lines: list[bytes], tmp_path: Path) -> None:

@@ -131,7 +131,18 @@ def _lines(
                     continue
                 text = raw.strip()
                 if text:
+                    _position[0] = path, lineno
                     yield f"{path}:{lineno}", text, raw.endswith(b"\n")
+
+
+#: The file and line this process read last (what a command that stops on a record names).
+_position: list[tuple[Path, int] | None] = [None]
+
+
+def last_line_read() -> str | None:
+    """``FILE:LINE`` of the line this process read last, if any (without control sequences)."""
+    position = _position[0]
+    return strip_controls(f"{position[0]}:{position[1]}") if position is not None else None
 
 
 def _skip_reason(exc: Exception, ended: bool) -> str:
