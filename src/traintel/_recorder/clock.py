@@ -10,6 +10,10 @@ since timestamps taken after it are that far off the wall clock.
 
 The cost: one monotonic read and an addition per timestamp (the monotonic read costs what the
 wall-clock read did; the Python call adds tens of nanoseconds).
+
+Both clocks are read from the ``time`` module when traintel is imported: a simulation (the
+test suite's counter-clock jobs) that replaces ``time.time_ns`` and ``time.monotonic_ns`` by
+the same counter before the import drives traintel's timeline with it.
 """
 
 from __future__ import annotations

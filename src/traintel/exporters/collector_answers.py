@@ -62,6 +62,12 @@ class Answer:
     retryable: bool
     retry_after_s: float | None = None
 
+    @property
+    def throttled(self) -> bool:
+        """The collector asked to slow down (429, RESOURCE_EXHAUSTED, a Retry-After), not a
+        moment's unavailability (503, UNAVAILABLE: an outage, said as one)."""
+        return self.retry_after_s is not None or self.what in ("HTTP 429", "gRPC RESOURCE_EXHAUSTED")
+
 
 def _retry_after(value: str | None) -> float | None:
     """``Retry-After``: seconds, or an HTTP date."""

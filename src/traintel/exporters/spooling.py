@@ -582,7 +582,7 @@ class SpoolingSpanExporter(SpanExporter):
         if answer is None or not answer.retryable:
             return False
         self._asked_wait_s = answer.retry_after_s or 0.0
-        if not self._said_throttled:
+        if answer.throttled and not self._said_throttled:
             self._said_throttled = True
             _logger.warning(
                 "traintel: the collector asks to wait (%s%s); batches wait in the spool and are sent "
