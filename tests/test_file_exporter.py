@@ -32,6 +32,7 @@ from opentelemetry.trace import (
 
 from tests.subprocess_helpers import run_python
 from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
+from traintel.exporters.health import ExportHealth
 from traintel.exporters.otlp_json import json_line_to_request, proto_spans_to_json_line, spans_to_json_line
 from traintel.exporters.otlp_json_spans import FastPathUnsupported, spans_to_json_bytes
 from traintel.exporters.reader import ReadStats, iter_metric_requests, iter_spans, read_requests
@@ -135,13 +136,15 @@ def test_unwritable_destination_reports_once_and_fails_export(
     blocker = tmp_path / "file-not-dir"
     blocker.write_text("")
     file = OtlpJsonLinesFile(output_dir=blocker / "sub")
-    exporter = OtlpJsonFileSpanExporter(file=file)
+    health = ExportHealth()
+    exporter = OtlpJsonFileSpanExporter(file=file, health=health)
     tracer_provider = TracerProvider(shutdown_on_exit=False)
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     for _ in range(3):
         tracer_provider.get_tracer("t").start_span("s").end()
     assert caplog.text.count("cannot write telemetry file") == 1
     assert file.lines_written == 0
+    assert health.spans_dropped == {"not_written": 3}, "what was lost is counted"
 
 
 def test_shared_file_closes_after_last_exporter(tmp_path: Path) -> None:
@@ -168,7 +171,7 @@ def test_disk_full_reports_once_and_otlp_export_is_unaffected(caplog: pytest.Log
         file = OtlpJsonLinesFile(path="/dev/full")
         traintel.configure(
             span_exporters=[
-                OtlpJsonFileSpanExporter(file=file),
+                OtlpJsonFileSpanExporter(file=file, health=ExportHealth()),  # the process's stays clean
                 OTLPSpanExporter(receiver.endpoint, insecure=True),
             ],
             metric_readers=[],

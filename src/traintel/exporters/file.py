@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from traintel import environment_variables as ev
-from traintel.exporters.health import HEALTH, NOT_WRITTEN
+from traintel.exporters.health import HEALTH, NOT_WRITTEN, ExportHealth
 from traintel.exporters.otlp_json import metrics_to_json_line, spans_to_json_line
 from traintel.exporters.private_files import make_private_dirs, open_append
 from traintel.exporters.span_repair import encodable
@@ -248,10 +248,17 @@ class OtlpJsonFileSpanExporter(SpanExporter):
     keeps a local copy next to OTLP export.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, file: OtlpJsonLinesFile | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        file: OtlpJsonLinesFile | None = None,
+        health: ExportHealth = HEALTH,
+    ):
         self._file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
         self._file.acquire()
         self._released = False
+        self._health = health
 
     @property
     def file(self) -> OtlpJsonLinesFile:
@@ -263,7 +270,7 @@ class OtlpJsonFileSpanExporter(SpanExporter):
         try:
             line = spans_to_json_line(spans)
         except Exception:  # one bad span: mend or drop it, not its batch (span_repair)
-            spans = encodable(spans)
+            spans = encodable(spans, self._health)
             if not spans:
                 return SpanExportResult.SUCCESS  # each one dropped and counted
             try:
@@ -273,7 +280,7 @@ class OtlpJsonFileSpanExporter(SpanExporter):
                 return SpanExportResult.FAILURE
         if self._file.write_line(line, _service_name_of(spans[0].resource.attributes)):
             return SpanExportResult.SUCCESS
-        HEALTH.drop_spans(NOT_WRITTEN, len(spans))
+        self._health.drop_spans(NOT_WRITTEN, len(spans))
         return SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
@@ -288,11 +295,18 @@ class OtlpJsonFileSpanExporter(SpanExporter):
 class OtlpJsonFileMetricExporter(MetricExporter):
     """Metric exporter writing one ``ExportMetricsServiceRequest`` per line (cumulative)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, file: OtlpJsonLinesFile | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        file: OtlpJsonLinesFile | None = None,
+        health: ExportHealth = HEALTH,
+    ):
         super().__init__()
         self._file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
         self._file.acquire()
         self._released = False
+        self._health = health
 
     @property
     def file(self) -> OtlpJsonLinesFile:
@@ -311,7 +325,7 @@ class OtlpJsonFileMetricExporter(MetricExporter):
         service = _service_name_of(metrics_data.resource_metrics[0].resource.attributes)
         if self._file.write_line(line, service):
             return MetricExportResult.SUCCESS
-        HEALTH.metric_line_not_written()
+        self._health.metric_line_not_written()
         return MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
