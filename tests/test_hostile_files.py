@@ -163,3 +163,17 @@ def test_the_three_lines_that_stopped_the_reader(good_lines: list[bytes], tmp_pa
         list(read([path], stats))
         assert stats.skipped == 3 and stats.lines == len(good_lines), stats.reasons
         assert all(reason for reason in stats.reasons)
+
+
+def test_a_reason_quoting_a_lone_surrogate_is_printed(
+    good_lines: list[bytes], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The parser's message for ``{"resourceSpans": "\\ud800"}`` quotes the lone surrogate; said
+    by ``replay`` (and every command), it is printed as U+FFFD instead of stopping the print."""
+    path = tmp_path / "run.otlp.jsonl"
+    path.write_bytes(b"\n".join([*good_lines, b'{"resourceSpans": "\\ud800"}']) + b"\n")
+    with HttpReceiver() as receiver:
+        code = main(["replay", str(path), "--endpoint", receiver.endpoint, "--protocol", "http/protobuf"])
+    out = capsys.readouterr().out
+    assert code == 1 and "not sent: 1 unreadable line(s)" in out, out
+    assert "\ufffd" in out

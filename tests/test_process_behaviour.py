@@ -172,7 +172,6 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
         "process.cpu.utilization",
         "process.memory.usage",
         "traintel.spans.dropped",
-        "traintel.spans.repaired",
         "traintel.events.dropped",
         "traintel.export.failures",
         "traintel.export.batches.split",

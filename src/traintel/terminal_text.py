@@ -21,6 +21,7 @@ import re
 from typing import Any, TextIO
 
 _SGR = re.compile(r"\x1b\[[0-9;]*m")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTROL = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: cursor moves, erasing, modes (SGR kept, see strip_controls)
     r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC (title, clipboard, hyperlinks) to BEL or ST
@@ -47,7 +48,9 @@ class SafeStream:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        self.stream.write(strip_controls(text))
+        # and a lone surrogate (a file name os.fsdecode made, quoted in a message) as U+FFFD: the
+        # terminal's encoding would refuse it, and the command die on a print
+        self.stream.write(_SURROGATE.sub("\ufffd", strip_controls(text)))
         return len(text)
 
     def writelines(self, lines: Any) -> None:

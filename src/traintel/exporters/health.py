@@ -42,6 +42,9 @@ DROP_REASONS = (
     QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT, UNENCODABLE, COLLECTOR_REJECTED,
     NOT_WRITTEN,
 )  # fmt: skip
+#: Reported as zero too (a series per reason from the start); the others once they happen, so
+#: that each metric line of a healthy run stays as small as before (the volume budget).
+_ALWAYS_REPORTED = (QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -258,7 +261,7 @@ def _failures_by_signal(s: HealthSnapshot) -> list[Observation]:
 def _dropped_by_reason(s: HealthSnapshot) -> list[Observation]:
     return [
         Observation(s.spans_dropped.get(reason, 0), {semconv.DROP_REASON: reason})
-        for reason in sorted({*DROP_REASONS, *s.spans_dropped})
+        for reason in sorted({*_ALWAYS_REPORTED, *s.spans_dropped})
     ]
 
 
@@ -269,7 +272,8 @@ _INSTRUMENTS: tuple[tuple[str, str, str, str, Callable[[HealthSnapshot], Any]], 
      "Spans traintel could not deliver or keep, by traintel.drop.reason", _dropped_by_reason),
     (semconv.METRIC_SPANS_REPAIRED, "counter", "{span}",
      "Spans exported with their invalid text replaced (lone surrogates, integers beyond int64): "
-     "as they were, no encoder takes them", lambda s: s.spans_repaired),
+     "as they were, no encoder takes them",
+     lambda s: [Observation(s.spans_repaired)] if s.spans_repaired else []),
     (semconv.METRIC_EVENTS_DROPPED, "counter", "{event}",
      "Span events beyond OTEL_SPAN_EVENT_COUNT_LIMIT, dropped by the SDK", lambda s: s.events_dropped),
     (semconv.METRIC_EXPORT_FAILURES, "counter", "{failure}",
