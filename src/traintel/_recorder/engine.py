@@ -554,7 +554,7 @@ class TrainingEngine:
                 ids.force(record.span_id, None if parent.is_valid else record.trace_id)
             try:
                 attributes = self.names_cap.span(
-                    _span_attributes(record, reason), _METRIC_PREFIX, "iteration span"
+                    _span_attributes(record, reason), _METRIC_PREFIX, "training_iteration span"
                 )
                 span = self.tracer.start_span(
                     record.phase, context=context, attributes=attributes, start_time=record.start_ns
