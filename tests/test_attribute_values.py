@@ -184,6 +184,7 @@ print("trained", flush=True)
 """
 
 
+@pytest.mark.process
 def test_a_job_passing_hostile_values_trains_to_the_end_and_exports_everything(tmp_path: Path) -> None:
     """A real job: a dict nested 1,000 deep, a dict and a list that contain themselves and an
     int beyond int64 on every phase; before, a phase raised RecursionError/ValueError into it."""

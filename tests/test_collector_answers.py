@@ -20,6 +20,8 @@ from tests.subprocess_helpers import run_python
 from traintel.cli import main
 from traintel.exporters.reader import iter_spans
 
+pytestmark = [pytest.mark.process, pytest.mark.server]
+
 JOB = """
 import traintel
 with traintel.application():

@@ -350,6 +350,7 @@ _DEFAULT_USED = "is not a positive integer; using the SDK's default"
 _BATCH = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("variable", "value", "said"),
     [

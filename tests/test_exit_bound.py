@@ -13,6 +13,8 @@ import pytest
 
 from tests.subprocess_helpers import run_python
 
+pytestmark = [pytest.mark.process]
+
 SLOW_COLLECTION_JOB = """
 import time
 import traintel

@@ -279,6 +279,7 @@ for args in (["report", "a/b/c", "--html", "report.html"], ["export-trace", "a/b
         assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
 
 
+@pytest.mark.process
 def test_what_the_cli_writes_replaces_a_planted_symlink_and_is_owner_only(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -560,6 +561,7 @@ print("done", flush=True)
 """
 
 
+@pytest.mark.process
 def test_a_line_cut_by_a_full_disk_is_truncated_counted_and_said(tmp_path: Path) -> None:
     """A real job whose file size limit (RLIMIT_FSIZE: the kernel cuts the write, as a full disk
     does) lets only 4,000 bytes of a 200-span line through, then is lifted: the cut line is

@@ -23,6 +23,8 @@ from tests.subprocess_helpers import run_python
 from traintel.cli import main
 from traintel.exporters.reader import ReadStats, iter_records, read_requests
 
+pytestmark = [pytest.mark.process, pytest.mark.server]
+
 JOB = """
 import traintel
 with traintel.application():

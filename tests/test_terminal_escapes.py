@@ -16,6 +16,8 @@ from tests.otlp_receiver import GrpcReceiver
 from tests.subprocess_helpers import run_python
 from traintel.cli import main
 
+pytestmark = [pytest.mark.process, pytest.mark.server]
+
 CLIPBOARD = "\x1b]52;c;ZXZpbA==\x07"
 CLEAR = "\x1b[2J\x1b[H"
 TITLE = "\x1b]0;owned\x1b\\"

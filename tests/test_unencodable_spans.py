@@ -22,6 +22,8 @@ from traintel.cli import main
 from traintel.exporters.reader import iter_spans
 from traintel.exporters.spool import read_batch, spool_files, spooled_requests
 
+pytestmark = [pytest.mark.process, pytest.mark.server]
+
 
 def spans_of(request: ExportTraceServiceRequest) -> list[tuple[str, Span]]:
     return [

@@ -11,8 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.subprocess_helpers import run_python
 from traintel.cli import main
+
+pytestmark = [pytest.mark.process]
 
 JOB = """
 import sys
