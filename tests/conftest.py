@@ -27,7 +27,8 @@ from tests.tiers import (  # noqa: F401  (the suite's tiers: pytest finds these 
     pytest_runtest_setup,
     pytest_runtest_teardown,
 )
-from traintel._runtime import state as _state
+from traintel._recorder import active
+from traintel._runtime import window_pipeline
 
 #: The embedded default's directory as a test run from the repository would create it.
 _REPO_RUNS = Path(__file__).resolve().parent.parent / "traintel-runs"
@@ -64,9 +65,11 @@ def clean_environment(
     # a provider built from the environment (a test that passes only a tracer provider gets
     # traintel's metrics file) writes here, not into the working directory
     monkeypatch.setenv("TRAINTEL_OUTPUT_DIR", str(tmp_path_factory.mktemp("default-output")))
-    _state.shutdown(0.5)
+    # Each closed window is reported on the thread that closes it: exact numbers at once.
+    monkeypatch.setattr(window_pipeline, "SYNCHRONOUS", True)
+    active.shutdown(0.5)
     yield
-    _state.shutdown(0.5)
+    active.shutdown(0.5)
     # a test that leaves a span current would parent every later test's spans under it
     leaked = trace.get_current_span()
     context_api.attach(context_api.Context())  # the next test starts clean either way

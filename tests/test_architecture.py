@@ -1,10 +1,15 @@
 """The package's layering, checked on its source: the rules a change must keep.
 
-* no import cycles (function-level imports count; ``if TYPE_CHECKING:`` ones do not);
+* no import cycles of any kind, between modules or between packages (function-level and
+  ``if TYPE_CHECKING:`` imports count);
 * pure aggregation imports nothing from OpenTelemetry or torch, and nothing of traintel but the
   semantic conventions and itself;
 * export and analysis never reach the recorder, the runtime or the phase API, even indirectly;
-* the recorder never imports the runtime that builds it;
+* the recorder imports aggregation, the configuration and vocabulary, the OpenTelemetry
+  internals module and the attribute-value cleaning (a leaf) only: what it needs of the SDK
+  side it names as protocols and is given through its constructors;
+* the SDK side never imports the exporters, and the exporters reach into it only for the
+  OpenTelemetry internals module;
 * every private OpenTelemetry access sits in ``_sdk/otel_private.py``;
 * the iteration record's fields behind ``notable`` / ``counted`` are written only by its own
   module;
@@ -39,14 +44,14 @@ def _is_type_checking(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _imports(name: str, path: pathlib.Path) -> Iterator[str]:
-    """Every module ``name`` imports (absolute names), wherever in the file, except under
-    ``if TYPE_CHECKING:``."""
+def _imports(name: str, path: pathlib.Path, type_checking: bool = False) -> Iterator[str]:
+    """Every module ``name`` imports (absolute names), wherever in the file; under
+    ``if TYPE_CHECKING:`` too with ``type_checking``."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
 
     def visit(node: ast.AST) -> Iterator[str]:
         for child in ast.iter_child_nodes(node):
-            if _is_type_checking(child):
+            if _is_type_checking(child) and not type_checking:
                 continue
             if isinstance(child, ast.Import):
                 yield from (alias.name for alias in child.names)
@@ -65,10 +70,24 @@ def _imports(name: str, path: pathlib.Path) -> Iterator[str]:
 
 
 GRAPH = {name: set(_imports(name, path)) for name, path in MODULES.items()}
+#: The same with the imports made for type checking only: a cycle there is one a reader holds.
+ALL_EDGES = {
+    name: {t for t in _imports(name, path, type_checking=True) if t in MODULES and t != name}
+    for name, path in MODULES.items()
+}
 
 
 def _internal(name: str) -> set[str]:
     return {target for target in GRAPH[name] if target in MODULES}
+
+
+def _package(module: str) -> str:
+    """A module's package under ``traintel`` (``traintel._sdk``, ``traintel.analysis`` for all of
+    ``analysis/`` and its subpackages), or the module itself for a top-level module."""
+    parts = module.split(".")
+    if len(parts) > 2 or (PACKAGE / parts[-1] / "__init__.py").exists():
+        return ".".join(parts[:2])
+    return module
 
 
 def _reachable(name: str) -> set[str]:
@@ -82,8 +101,8 @@ def _reachable(name: str) -> set[str]:
     return seen
 
 
-def _cycles() -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -94,7 +113,7 @@ def _cycles() -> list[list[str]]:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in _internal(v):
+        for w in edges[v]:
             if w not in index:
                 strong(w)
                 low[v] = min(low[v], low[w])
@@ -111,9 +130,9 @@ def _cycles() -> list[list[str]]:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    for module in sorted(MODULES):
-        if module not in index:
-            strong(module)
+    for node in sorted(edges):
+        if node not in index:
+            strong(node)
     return found
 
 
@@ -128,8 +147,47 @@ def test_the_graph_sees_the_package() -> None:
     assert "traintel.semconv" in _internal("traintel._aggregation.aggregator")  # from traintel import x
 
 
-def test_no_import_cycles() -> None:
-    assert _cycles() == []
+def test_no_import_cycles_between_modules() -> None:
+    assert _cycles(ALL_EDGES) == []
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]  # it can fail
+
+
+def test_no_import_cycles_between_packages() -> None:
+    packages: dict[str, set[str]] = {}
+    for module, targets in ALL_EDGES.items():
+        packages.setdefault(_package(module), set()).update(_package(t) for t in targets)
+    for package, targets in packages.items():
+        targets.discard(package)
+    assert "traintel._sdk" in packages and "traintel._sdk" in packages["traintel._runtime"]
+    assert _cycles(packages) == []
+
+
+#: What the recorder may import of traintel besides itself.
+RECORDER_ALLOWED = {
+    "traintel.semconv", "traintel.config", "traintel._sdk.otel_private", "traintel._sdk.attributes",
+    *_in("traintel._aggregation"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", _in("traintel._recorder"))
+def test_the_recorder_imports_aggregation_and_the_opentelemetry_internals_only(module: str) -> None:
+    found = {t for t in ALL_EDGES[module] if not t.startswith("traintel._recorder")}
+    assert found <= RECORDER_ALLOWED
+
+
+def test_what_the_recorder_may_import_of_the_sdk_side_is_a_leaf() -> None:
+    for module in ("traintel._sdk.otel_private", "traintel._sdk.attributes"):
+        assert {t for t in ALL_EDGES[module] if t.startswith("traintel.")} <= {"traintel._sdk.ids"}
+
+
+@pytest.mark.parametrize("module", _in("traintel._sdk"))
+def test_the_sdk_side_never_imports_the_exporters(module: str) -> None:
+    assert not {t for t in ALL_EDGES[module] if t.startswith("traintel.exporters")}
+
+
+@pytest.mark.parametrize("module", _in("traintel.exporters"))
+def test_the_exporters_reach_into_the_sdk_side_for_its_opentelemetry_internals_only(module: str) -> None:
+    assert {t for t in ALL_EDGES[module] if t.startswith("traintel._sdk")} <= {"traintel._sdk.otel_private"}
 
 
 @pytest.mark.parametrize("module", _in("traintel._aggregation"))

@@ -12,7 +12,7 @@ from tests.test_metrics import run_loop
 from traintel import semconv
 from traintel._host import calibration
 from traintel._host.calibration import MeasuredPeak, matrix_size, measure_peak
-from traintel._recorder import windows as recorder_windows
+from traintel._runtime import window_consumers
 
 pytest.importorskip("torch")
 W = semconv.WINDOW_PREFIX
@@ -74,8 +74,8 @@ def calibrated(owned: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
             2.5,
         )
 
-    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(recorder_windows, "measure_peak", stand_in)
+    monkeypatch.setattr(window_consumers, "current_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(window_consumers, "measure_peak", stand_in)
     return owned, calls
 
 
@@ -105,7 +105,7 @@ def test_off_by_default_and_never_without_a_gpu(calibrated: Any, monkeypatch: py
     run_loop([1, 1], phases=False)
     assert calls == []
     assert W + "mfu_measured" not in run.events("training_metrics_update")[0]
-    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: None)
+    monkeypatch.setattr(window_consumers, "current_device_name", lambda device=None: None)
     owned(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=1e12, measure_peak="on")
     run_loop([1, 1], phases=False)
     assert calls == []

@@ -28,14 +28,14 @@ def test_env_values_are_parsed() -> None:
         },
         strict=True,
     )
-    assert config.get("global_batch_size") == 256
-    assert config.get("seq_len") == 2048
-    assert config.get("flops_per_token") == 6e9
-    assert config.get("peak_flops") == 989e12
-    assert config.get("session_tag") == "pretrain-7b"
-    assert config.get("shutdown_timeout") == 0.0
-    assert config.get("log_every_n_iterations") == 50  # default
-    assert config.get("output_dir") == "traintel-runs"
+    assert config.resolve().global_batch_size == 256
+    assert config.resolve().seq_len == 2048
+    assert config.resolve().flops_per_token == 6e9
+    assert config.resolve().peak_flops == 989e12
+    assert config.resolve().session_tag == "pretrain-7b"
+    assert config.resolve().shutdown_timeout == 0.0
+    assert config.resolve().log_every_n_iterations == 50  # default
+    assert config.resolve().output_dir == "traintel-runs"
 
 
 @pytest.mark.parametrize(
@@ -79,8 +79,8 @@ def test_bad_env_value_lenient_logs_and_ignores_only_that_setting(caplog: pytest
         config = TrainingConfig.from_env(
             {"TRAINTEL_GLOBAL_BATCH_SIZE": "abc", "TRAINTEL_SEQ_LEN": "512"}, strict=False
         )
-    assert config.get("global_batch_size") is None
-    assert config.get("seq_len") == 512
+    assert config.resolve().global_batch_size is None
+    assert config.resolve().seq_len == 512
     assert "TRAINTEL_GLOBAL_BATCH_SIZE='abc': expected a positive integer" in caplog.text
 
 
@@ -117,9 +117,9 @@ def test_lazy_values_are_resolved_when_needed() -> None:
     config = TrainingConfig({"global_batch_size": lambda: box["batch"] or None})
     assert config.is_lazy("global_batch_size")
     box["batch"] = 64
-    assert config.get("global_batch_size") == 64
+    assert config.resolve().global_batch_size == 64
     box["batch"] = 128
-    assert config.get("global_batch_size") == 128
+    assert config.resolve().global_batch_size == 128
 
 
 def test_lazy_value_that_fails_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -128,9 +128,9 @@ def test_lazy_value_that_fails_is_reported_once(caplog: pytest.LogCaptureFixture
 
     config = TrainingConfig({"global_batch_size": broken, "seq_len": lambda: "many"})
     with caplog.at_level(logging.WARNING):
-        assert config.get("global_batch_size") is None
-        assert config.get("global_batch_size") is None
-        assert config.get("seq_len") is None
+        assert config.resolve().global_batch_size is None
+        assert config.resolve().global_batch_size is None
+        assert config.resolve().seq_len is None
     assert caplog.text.count("global_batch_size callable") == 1
     assert "seq_len callable gave an unusable value (expected a positive integer)" in caplog.text
 
@@ -141,8 +141,8 @@ def test_set_training_config_after_start(pipeline: Pipeline) -> None:
         with pytest.raises(ConfigurationError, match="seq_len=-1"):
             traintel.set_training_config(seq_len=-1, flops_per_sample=5.0)
     telemetry = traintel.get_telemetry()
-    assert telemetry.config.get("global_batch_size") == 48
-    assert telemetry.config.get("flops_per_sample") is None  # the failed call changed nothing
+    assert telemetry.config.resolve().global_batch_size == 48
+    assert telemetry.config.resolve().flops_per_sample is None  # the failed call changed nothing
     events = pipeline.one("application").events
     assert [e.name for e in events] == ["telemetry_initialization", "training_config_update"]
 

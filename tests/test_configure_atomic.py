@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import traintel
 from tests.subprocess_helpers import run_python
+from traintel._runtime import pipeline as providers
 from traintel._runtime import state as _state
-from traintel._sdk import providers
 from traintel.config import ConfigurationError
 from traintel.exporters.reader import iter_spans
 

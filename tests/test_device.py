@@ -281,7 +281,7 @@ def test_without_cuda_the_features_are_refused_once_and_training_is_unchanged(
 def test_off_by_default_and_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     from traintel.config import ConfigurationError, TrainingConfig
 
-    assert device_hooks(TrainingConfig.from_env({}, strict=True), print) is None
+    assert device_hooks(TrainingConfig.from_env({}, strict=True).resolve(), print) is None
     monkeypatch.setenv("TRAINTEL_NVTX", "yes")
     with pytest.raises(ConfigurationError, match="TRAINTEL_NVTX='yes'"):
         traintel.configure(span_exporters=[InMemorySpanExporter()])
@@ -320,13 +320,13 @@ class FakeCudaMemory:
         self.peaks = [(300, 512), (200, 512)]
         self.resets = 0
 
-    def max_memory_allocated(self) -> int:
+    def max_memory_allocated(self, device: int | None = None) -> int:
         return self.peaks[self.resets][0]
 
-    def max_memory_reserved(self) -> int:
+    def max_memory_reserved(self, device: int | None = None) -> int:
         return self.peaks[self.resets][1]
 
-    def reset_peak_memory_stats(self) -> None:
+    def reset_peak_memory_stats(self, device: int | None = None) -> None:
         self.resets += 1
 
 

@@ -126,7 +126,7 @@ def test_an_sdk_that_keeps_its_exporters_elsewhere_is_said_and_left_alone(
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-    from traintel._sdk.providers import Pipeline, adopt_instrumented_providers
+    from traintel._runtime.pipeline import Pipeline, adopt_instrumented_providers
     from traintel.config import TrainingConfig
 
     tracer_provider = TracerProvider(shutdown_on_exit=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.subprocess_helpers import run_python
-from traintel._sdk.providers import build_pipeline
+from traintel._runtime.pipeline import PipelineOptions, build_pipeline
 from traintel.config import ConfigurationError, TrainingConfig
 
 pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
@@ -57,7 +57,7 @@ def test_an_http_endpoint_without_a_scheme_says_how_to_write_it(tmp_path: Path) 
     [line] = _lines(result.stderr, "has no scheme")
     assert "OTEL_EXPORTER_OTLP_ENDPOINT='127.0.0.1:9' has no scheme: write http://127.0.0.1:9" in line
     with pytest.raises(ConfigurationError, match=r"has no scheme: write http://127.0.0.1:9"):
-        build_pipeline(TrainingConfig(), strict=True, environ=env, metric_readers=[])
+        build_pipeline(TrainingConfig(), PipelineOptions(metric_readers=[]), strict=True, environ=env)
 
 
 def test_a_grpc_endpoint_without_a_scheme_warns_about_tls_once(tmp_path: Path) -> None:

@@ -109,9 +109,9 @@ def test_apply_flops_feeds_mfu_and_hfu(pipeline: object) -> None:
     count = FlopCount(forward=100, backward=300, samples=2)  # executed 400, model 300
     traintel.apply_flops(count)
     config = traintel.get_telemetry().config
-    assert config.get("flops_per_sample") == 150
-    assert config.get("executed_flops_per_sample") == 200
-    assert config.get("flops_method") == "counter"
+    assert config.resolve().flops_per_sample == 150
+    assert config.resolve().executed_flops_per_sample == 200
+    assert config.resolve().flops_method == "counter"
 
 
 #: Every row of the peak table, by a device name as torch reports it (CUDA, or ROCm through

@@ -74,8 +74,8 @@ def test_lightning_counts_6n_plus_attention_on_cpu(
         trainer.fit(model)
     n = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     config = traintel.get_telemetry().config
-    assert config.get("flops_per_sample") == analytic_flops_per_sample(n, LAYERS, WIDTH, SEQ)
-    assert config.get("flops_method") == "counter+attention"
+    assert config.resolve().flops_per_sample == analytic_flops_per_sample(n, LAYERS, WIDTH, SEQ)
+    assert config.resolve().flops_method == "counter+attention"
     said = [r.getMessage() for r in caplog.records if "no formula for attention" in r.getMessage()]
     assert len(said) == 1 and f"{LAYERS} scaled_dot_product_attention call(s)" in said[0]
 
@@ -110,5 +110,5 @@ def test_transformers_counts_6n_plus_attention_on_cpu(captured: Captured, tmp_pa
     conv1d = transformers.pytorch_utils.Conv1D
     n = sum(m.weight.numel() for m in model.modules() if isinstance(m, conv1d)) + VOCAB * WIDTH
     got = traintel.get_telemetry().config
-    assert got.get("flops_per_sample") == analytic_flops_per_sample(n, LAYERS, WIDTH, SEQ)
-    assert got.get("flops_method") == "counter+attention"
+    assert got.resolve().flops_per_sample == analytic_flops_per_sample(n, LAYERS, WIDTH, SEQ)
+    assert got.resolve().flops_method == "counter+attention"

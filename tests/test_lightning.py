@@ -144,9 +144,9 @@ def test_fit_validate_checkpoint_and_resume(captured: Captured, tmp_path: Path) 
     # FLOPs for MFU: counted by traintel on the first micro-batch as it ran (Linear(6, 1) on a
     # batch of 4: 2*4*6 forward FLOPs; model FLOPs = 3 x forward, per sample)
     config = traintel.get_telemetry().config
-    assert config.get("flops_per_sample") == 3 * (2 * BATCH * 6) / BATCH
-    assert config.get("executed_flops_per_sample") == (2 * BATCH * 6 + 2 * 6 * 1 * BATCH) / BATCH
-    assert config.get("flops_method") == "counter"
+    assert config.resolve().flops_per_sample == 3 * (2 * BATCH * 6) / BATCH
+    assert config.resolve().executed_flops_per_sample == (2 * BATCH * 6 + 2 * 6 * 1 * BATCH) / BATCH
+    assert config.resolve().flops_method == "counter"
     save = captured.named("checkpoint_save_sync")[-1]
     path = Path(str(attr(save, semconv.CHECKPOINT_PATH)))
     assert path.is_file()

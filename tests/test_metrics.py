@@ -15,7 +15,7 @@ import pytest
 
 import traintel
 from traintel import callbacks, semconv
-from traintel._recorder import windows as recorder_windows
+from traintel._runtime import window_consumers
 
 T0 = 1_700_000_000_000  # ms since the epoch
 W = semconv.WINDOW_PREFIX
@@ -178,7 +178,7 @@ def test_no_peak_on_cpu_means_no_mfu_and_one_warning(
     owned: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        recorder_windows, "current_device_name", lambda: None
+        window_consumers, "current_device_name", lambda device=None: None
     )  # no GPU in use, on any machine
     job = owned(log_every_n_iterations=1, global_batch_size=1, flops_per_sample=10)
     with caplog.at_level(logging.WARNING):
@@ -377,8 +377,6 @@ def test_iteration_duration_histogram_and_gauges(owned: Any) -> None:
         p.attributes[semconv.PHASE]: p.value for p in job.metric_points(semconv.METRIC_STEP_PHASE_TIME)
     }
     assert phase_time["forward"] == 4 / 4 / 3
-    (dropped,) = job.metric_points(semconv.METRIC_DROPPED_MEASUREMENTS)
-    assert dropped.value == 0
 
 
 def test_plain_otel_iterations_are_aggregated(pipeline: Any) -> None:
@@ -426,8 +424,9 @@ def test_state_stays_bounded(owned: Any) -> None:
     assert telemetry.open_spans is not None and telemetry.open_spans.count() == 0
     assert telemetry.pipeline.export_filter is not None
     assert telemetry.pipeline.export_filter.pending_iterations == 0
-    assert engine.aggregator.window_fill < 50
-    assert engine.aggregator._total_sketch.buckets < 1500
+    assert telemetry.windows is not None
+    assert len(engine.rows) < 50
+    assert telemetry.windows.aggregator._total_sketch.buckets < 1500
     assert len(engine.sampler.recent) <= 101
 
 
@@ -448,39 +447,82 @@ def test_a_window_whose_report_fails_is_still_emptied(
 
     monkeypatch.setattr(aggregator, "percentile", percentile)
     owned(log_every_n_iterations=10)
-    engine = traintel.get_telemetry().engine
-    assert engine is not None
+    telemetry = traintel.get_telemetry()
+    engine, windows = telemetry.engine, telemetry.windows
+    assert engine is not None and windows is not None
+    aggregator = windows.aggregator
     with caplog.at_level(logging.WARNING, logger="traintel"), traintel.training_loop():
         for _ in range(95):  # nine windows fail
             with traintel.training_iteration():
                 pass
-        assert engine.aggregator.window_fill == 5  # emptied at each boundary, failed or not
-        assert engine.aggregator.iterations_seen == 95 and engine.aggregator.windows_closed == 0
+        assert len(engine.rows) == 5  # emptied at each boundary, failed or not
+        assert engine.iterations_seen == 95 and aggregator.windows_closed == 0
         assert len(engine.sampler.recent) == 90  # the failed windows' durations still set the slow threshold
         failing["on"] = False
         for _ in range(5):
             with traintel.training_iteration():
                 pass
-    assert engine.aggregator.windows_closed == 1  # the tenth: nothing was left for the loop end
-    assert engine.aggregator.iterations_seen == 100
-    assert engine.aggregator.last_window is not None
-    assert engine.aggregator.last_window.first_iteration == 90
-    assert any("could not end phase" in r.getMessage() for r in caplog.records)
+    assert aggregator.windows_closed == 1  # the tenth: nothing was left for the loop end
+    assert engine.iterations_seen == 100 and aggregator.iterations_seen == 100
+    assert aggregator.last_window is not None
+    assert aggregator.last_window.first_iteration == 90
+    assert any("could not report a window" in r.getMessage() for r in caplog.records)
 
 
-def test_values_no_reader_collected_in_time_are_counted(owned: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reader_that_collects_late_still_gets_every_value(
+    owned: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window's values are in the histograms once it closes, however long the reader
+    waits: nothing is buffered for it (a small buffer used to lose what it could not hold)."""
     from traintel._sdk import instruments
 
-    monkeypatch.setattr(instruments, "DEFERRED_CAPACITY", 5)
+    monkeypatch.setattr(instruments, "DEFERRED_CAPACITY", 5, raising=False)  # the old buffer's limit
     job = owned(log_every_n_iterations=100)
     run_loop([1.0] * 8, phases=False)
     (histogram,) = job.metric_points(semconv.METRIC_ITERATION_DURATION)
-    assert histogram.count == 5  # the buffer held five until the reader came
-    (dropped,) = job.metric_points(semconv.METRIC_DROPPED_MEASUREMENTS)
-    assert dropped.value == 3  # and the three it could not hold are reported, not silent
-    run_loop([1.0] * 2, phases=False)  # after a collection there is room again
+    assert (histogram.count, histogram.sum) == (8, 8.0)
+    run_loop([1.0] * 2, phases=False)
     (histogram,) = job.metric_points(semconv.METRIC_ITERATION_DURATION)
-    assert histogram.count == 7
+    assert histogram.count == 10
+    assert not job.metric_points("traintel.measurements.dropped")  # nothing can be lost: no such counter
+
+
+def test_a_view_that_changes_the_iteration_buckets_gets_every_iteration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The user's View re-buckets the iteration histogram: the window's values cannot be added
+    to buckets traintel does not know, so each is recorded, and the export counts all 1,001
+    (with the overflow buffer it showed 1 of 1,001: the rest were added to buckets the View
+    had replaced, i.e. to nothing)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from traintel._sdk import instruments
+
+    monkeypatch.setattr(instruments, "DEFERRED_CAPACITY", 1, raising=False)  # the old buffer, full at once
+    reader = InMemoryMetricReader()
+    view = View(
+        instrument_name=semconv.METRIC_ITERATION_DURATION,
+        aggregation=ExplicitBucketHistogramAggregation([0.5, 1.5]),
+    )
+    meters = MeterProvider(metric_readers=[reader], views=[view], shutdown_on_exit=False)
+    traintel.configure(
+        span_exporters=[InMemorySpanExporter()], meter_provider=meters, log_every_n_iterations=100
+    )
+    run_loop([1.0] * 1000 + [2.0], phases=False)
+    data = reader.get_metrics_data()
+    assert data is not None
+    [point] = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == semconv.METRIC_ITERATION_DURATION
+        for p in m.data.data_points
+    ]
+    assert (point.count, tuple(point.bucket_counts), point.sum) == (1001, (0, 1000, 1), 1002.0)
 
 
 def test_work_set_as_attributes_on_the_iteration_counts(owned: Any) -> None:

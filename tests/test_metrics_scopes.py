@@ -21,7 +21,7 @@ import traintel
 from tests.test_metrics import ms, run_loop
 from traintel import callbacks, semconv
 from traintel._recorder import engine as _engine
-from traintel._recorder import windows as recorder_windows
+from traintel._runtime import window_consumers
 
 W = semconv.WINDOW_PREFIX
 TOT = semconv.TOTAL_PREFIX
@@ -198,7 +198,7 @@ def test_mfu_from_the_device_table_for_the_configured_dtype(
     job: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No override: the dense peak of the device's name and the configured dtype."""
-    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(window_consumers, "current_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     run = job(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=989.5e12 / 8, dtype="bf16")
     run_loop([1, 1], phases=False)
     (window,) = run.events("training_metrics_update")
@@ -212,7 +212,9 @@ def test_mfu_from_the_device_table_for_the_configured_dtype(
     assert window[W + "mfu"] == 0.25  # no dtype configured, no autocast: fp32's 67 TFLOP/s
     assert window[semconv.MFU_PEAK_SOURCE] == "table: NVIDIA H100 SXM fp32 dense"
     traintel.shutdown(2)
-    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "Intel(R) Data Center GPU Max 1550")
+    monkeypatch.setattr(
+        window_consumers, "current_device_name", lambda device=None: "Intel(R) Data Center GPU Max 1550"
+    )
     run = job(log_every_n_iterations=1, global_batch_size=1, flops_per_sample=10)
     with caplog.at_level(logging.WARNING):
         run_loop([1, 1, 1], phases=False)
@@ -251,7 +253,7 @@ def test_the_peak_dtype_is_autocasts_when_it_wraps_only_the_forward_phase(
     import torch
 
     monkeypatch.setattr(torch.version, "cuda", "13.0")  # a CUDA build of torch
-    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(window_consumers, "current_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     run = job(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=1e9)
     engine = traintel.get_telemetry().engine
     assert engine is not None and engine.device is not None  # looking, until the dtype is known
@@ -280,7 +282,7 @@ def test_autocast_inside_a_phase_is_not_seen_and_the_mfu_warning_says_so(
     import torch
 
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(window_consumers, "current_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     run = job(log_every_n_iterations=2, global_batch_size=1, flops_per_sample=1e12)
     callbacks.on_train_start(start_time_msec=ms(0))
     with caplog.at_level(logging.WARNING):
@@ -302,7 +304,7 @@ def test_no_autocast_in_the_first_window_means_fp32_and_the_look_stops(
     import torch
 
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(window_consumers, "current_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     run = job(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=1e9)
     engine = traintel.get_telemetry().engine
     assert engine is not None

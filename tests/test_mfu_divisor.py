@@ -14,7 +14,8 @@ import traintel
 from tests.test_metrics import run_loop
 from traintel import semconv
 from traintel._host.compute_dtype import note_model
-from traintel._recorder import windows as recorder_windows
+from traintel._host.device import AutocastProbe
+from traintel._runtime import window_consumers
 
 torch = pytest.importorskip("torch")
 W = semconv.WINDOW_PREFIX
@@ -24,7 +25,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 @pytest.fixture
 def h100(owned: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setattr(recorder_windows, "current_device_name", lambda: H100)
+    monkeypatch.setattr(window_consumers, "current_device_name", lambda device=None: H100)
     yield owned
     torch.set_float32_matmul_precision("highest")
 
@@ -104,4 +105,4 @@ def test_a_rocm_build_looks_at_autocast_too(owned: Any, monkeypatch: pytest.Monk
     monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
     owned(log_every_n_iterations=2, global_batch_size=2, flops_per_sample=1e9)
     engine = traintel.get_telemetry().engine
-    assert engine is not None and engine.windows.dtype_probing
+    assert engine is not None and isinstance(engine.device, AutocastProbe)  # autocast is looked at

@@ -292,3 +292,56 @@ def test_both_otlp_trace_exporters_let_the_collectors_answers_be_seen() -> None:
         assert private.watch_collector_answers(exporter, answers), type(exporter).__module__
         exporter.shutdown()
     assert not private.watch_collector_answers(InMemorySpanExporter(), answers)
+
+
+def _histogram_points(reader: InMemoryMetricReader) -> dict[str, list[tuple[object, ...]]]:
+    data = reader.get_metrics_data()
+    if data is None:  # delta, nothing recorded since the last collection
+        return {}
+    return {
+        metric.name: [
+            (p.count, tuple(p.bucket_counts), round(p.sum, 9), p.min, p.max)  # type: ignore[union-attr]
+            for p in metric.data.data_points
+        ]
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+    }
+
+
+@pytest.mark.parametrize("temporality", [AggregationTemporality.CUMULATIVE, AggregationTemporality.DELTA])
+def test_a_windows_values_added_as_bucket_counts_export_what_recording_each_exports(
+    temporality: AggregationTemporality,
+) -> None:
+    """``record_sorted`` against one ``record`` per value, windows of values with collections
+    between them (delta releases the aggregation at each): the same points, to the count,
+    bucket, minimum and maximum; a value on a boundary is in the bucket it closes."""
+    from opentelemetry.sdk.metrics import Histogram, MeterProvider
+
+    reader = InMemoryMetricReader(preferred_temporality={Histogram: temporality})
+    meter = MeterProvider(metric_readers=[reader], shutdown_on_exit=False).get_meter("check")
+    bounds = (0.01, 0.1, 1.0)
+    public = meter.create_histogram("public", explicit_bucket_boundaries_advisory=list(bounds))
+    merged = meter.create_histogram("merged", explicit_bucket_boundaries_advisory=list(bounds))
+    for window in ([0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0], [0.2], [], [0.01, 0.01, 3.0]):
+        for value in window:
+            public.record(value)
+        private.record_sorted(merged, sorted(window), bounds)
+        points = _histogram_points(reader)
+        assert points.get("merged") == points.get("public")
+    assert private._HISTOGRAM_FAST == [True]  # the bucket counts were added, not recorded one by one
+
+
+def test_where_a_view_changed_the_buckets_every_value_is_recorded() -> None:
+    """The user's View decides the buckets: the counts cannot be added to them, so every value
+    goes through the public API, and all of them are in the export."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.view import View
+
+    reader = InMemoryMetricReader()
+    view = View(instrument_name="merged", aggregation=ExplicitBucketHistogramAggregation([0.5, 5.0]))
+    meter = MeterProvider(metric_readers=[reader], views=[view], shutdown_on_exit=False).get_meter("check")
+    merged = meter.create_histogram("merged", explicit_bucket_boundaries_advisory=[0.01, 0.1, 1.0])
+    private.record_sorted(merged, [0.1 * i for i in range(1, 1002)], (0.01, 0.1, 1.0))
+    [(count, buckets, _, low, high)] = _histogram_points(reader)["merged"]
+    assert (count, buckets, low, high) == (1001, (5, 45, 951), 0.1, 100.10000000000001)

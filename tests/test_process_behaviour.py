@@ -100,7 +100,6 @@ def test_existing_global_provider_is_kept(tmp_path: Path) -> None:
         "spans": ["model_init", "application"],
         "metrics": [
             "ml.training.phase.duration",
-            "traintel.measurements.dropped",
             "traintel.iterations.exported",
             "ml.training.goodput",
             "ml.training.badput",
@@ -156,7 +155,6 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
         "ml.training.phase.duration",
         "ml.training.iteration.duration",
         "ml.training.iteration.phase_time",
-        "traintel.measurements.dropped",
         "traintel.iterations.exported",
         "ml.training.goodput",
         "ml.training.badput",
@@ -184,7 +182,7 @@ def test_exit_flushes_everything_when_collector_is_healthy(tmp_path: Path) -> No
 
 def test_implicit_configuration_survives_bad_env(tmp_path: Path) -> None:
     result = run_python(
-        USER_JOB + "\nprint(traintel.get_telemetry().config.get('seq_len'))\n",
+        USER_JOB + "\nprint(traintel.get_telemetry().settings.seq_len)\n",
         tmp_path,
         TRAINTEL_GLOBAL_BATCH_SIZE="lots",
         TRAINTEL_SEQ_LEN="128",

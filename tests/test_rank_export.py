@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import traintel
 from traintel import callbacks, semconv
 from traintel._aggregation.export_policy import RankExportPolicy
+from traintel._sdk.instruments import TrainingInstruments
 
 T0 = 1_700_000_000_000  # ms
 
@@ -231,4 +232,5 @@ def test_without_a_known_world_the_first_window_decides(
                 pass
             # not distributed at the boundary: a single process, everything exported
             assert engine.rank_export == (None if i == 0 else RankExportPolicy(0, 1, 64))
-    assert engine.window_events and engine.instruments is not None and engine.instruments.window_series
+    instruments = engine.metrics
+    assert engine.window_events and isinstance(instruments, TrainingInstruments) and instruments.window_series

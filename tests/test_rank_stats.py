@@ -104,11 +104,12 @@ def test_sync_point_marks_compute_once_per_iteration(pipeline: Pipeline) -> None
             record = engine.active
             assert record is not None
             record.phase_ns[0] = 10_000_000  # 10 ms of data wait before the collective
-            cross_rank.mark_sync_point(record.start_ns + 30_000_000)
-            cross_rank.mark_sync_point(record.start_ns + 90_000_000)  # a later bucket: ignored
-            assert (cross_rank._compute_ns, cross_rank._marked_iterations) == (20_000_000, 1)
+            engine.mark_sync_point(record.start_ns + 30_000_000)
+            engine.mark_sync_point(record.start_ns + 90_000_000)  # a later bucket: ignored
+        window = engine.window
+        assert (window.sync_compute_ns, window.sync_marked) == (20_000_000, 1)
         distributed.mark_sync_point()  # outside an iteration: nothing
-        assert cross_rank._marked_iterations == 1
+        assert window.sync_marked == 1
     assert cross_rank.exchange is None  # not distributed: no exchange
 
 

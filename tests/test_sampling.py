@@ -102,6 +102,27 @@ def test_first_every_n_and_slow_are_exported_whole(exporter: InMemorySpanExporte
     assert len({s.context.trace_id for s in spans}) == 1
 
 
+def test_spans_beyond_what_is_held_for_an_iteration_are_exported_not_lost(
+    exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An iteration holds at most MAX_BUFFERED_PER_ITERATION user spans for its decision (memory);
+    the ones beyond go out at once instead of vanishing uncounted, and the held ones share the
+    iteration's fate (here: not exported)."""
+    from traintel._sdk import export_filter
+
+    monkeypatch.setattr(export_filter, "MAX_BUFFERED_PER_ITERATION", 3)
+    traintel.configure(
+        span_exporters=[exporter], metric_readers=[], export_first_iterations=0, export_every_n_iterations=0
+    )
+    tracer = trace.get_tracer("user-code", tracer_provider=_provider())
+    with traintel.training_loop(), traintel.training_iteration():
+        for i in range(5):
+            with tracer.start_as_current_span(f"user_{i}"):
+                pass
+    names = sorted(s.name for s in finished(exporter) if s.name.startswith("user_"))
+    assert names == ["user_3", "user_4"]
+
+
 def test_failed_iteration_is_exported_with_its_spans(exporter: InMemorySpanExporter) -> None:
     traintel.configure(span_exporters=[exporter], metric_readers=[], export_first_iterations=1)
     tracer = trace.get_tracer("user-code", tracer_provider=_provider())

@@ -18,7 +18,8 @@ from opentelemetry.trace import StatusCode
 import traintel
 from tests.subprocess_helpers import run_python
 from traintel import callbacks, semconv
-from traintel._sdk.export_filter import TraceBudget, estimate_span_bytes
+from traintel._aggregation.otlp_size import estimate_span_bytes
+from traintel._sdk.export_filter import TraceBudget
 from traintel.exporters.reader import iter_spans
 
 T0 = 1_700_000_000_000  # ms since the epoch

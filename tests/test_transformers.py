@@ -154,8 +154,8 @@ def test_train_evaluate_checkpoint_resume_and_flops(captured: Captured, tmp_path
     ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
     expected = traintel.measure_flops(_model(), {"input_ids": ids, "labels": ids}, lambda o: o.loss)
     config = traintel.get_telemetry().config
-    assert config.get("flops_per_sample") == expected.model_flops_per_sample
-    assert config.get("flops_method") == "counter"
+    assert config.resolve().flops_per_sample == expected.model_flops_per_sample
+    assert config.resolve().flops_method == "counter"
     updates = window_updates(captured)
     assert sum(u[semconv.WINDOW_PREFIX + "samples"] for u in updates) == STEPS * BATCH * ACCUMULATE
     tokens = STEPS * BATCH * ACCUMULATE * (SEQ - PADDING)
@@ -202,8 +202,8 @@ def test_formula_fallback_counts_the_model_behind_its_wrapper(captured: Captured
     ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
     TraintelCallback().formula_flops(wrapped, {"input_ids": ids, "labels": ids})
     config = traintel.get_telemetry().config
-    assert config.get("flops_per_sample") == 6 * model.num_parameters(exclude_embeddings=True) * SEQ
-    assert config.get("flops_method") == "formula"
+    assert config.resolve().flops_per_sample == 6 * model.num_parameters(exclude_embeddings=True) * SEQ
+    assert config.resolve().flops_method == "formula"
 
 
 def test_the_callback_alone_still_gives_one_iteration_per_optimizer_step(
@@ -245,8 +245,8 @@ def test_compiled_model_flops_are_counted_not_taken_from_total_flos(
     ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
     expected = traintel.measure_flops(_model(), {"input_ids": ids, "labels": ids}, lambda o: o.loss)
     config = traintel.get_telemetry().config
-    assert config.get("flops_per_sample") == expected.model_flops_per_sample
-    assert config.get("flops_method") == "counter"
+    assert config.resolve().flops_per_sample == expected.model_flops_per_sample
+    assert config.resolve().flops_method == "counter"
     iterations = captured.named("training_iteration")
     assert [attr(s, semconv.ITERATION) for s in iterations] == [0, 1, 2, 3]
     spans = captured.spans()

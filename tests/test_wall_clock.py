@@ -77,4 +77,5 @@ def test_durations_survive_a_wall_clock_step_and_the_step_is_said(
     assert f"the wall clock stepped by {step_s:+.1f} s during this job:" in capsys.readouterr().out
     assert main(["report", str(tmp_path / "runs"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["warnings"] == {"wall_clock_step": 1}, report["warnings"]
+    # said once (a loaded machine may add slow iterations beside it: 2 ms steps)
+    assert report["warnings"].get("wall_clock_step") == 1, report["warnings"]

@@ -98,8 +98,8 @@ def test_a_window_holds_at_most_ten_thousand_iterations_whatever_its_floor() -> 
 def test_the_defaults_and_bad_values_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRAINTEL_WINDOW_MIN_SECONDS")
     telemetry = traintel.configure(span_exporters=[InMemorySpanExporter()], metric_readers=[])
-    assert telemetry.config.get("window_min_seconds") == 30.0
-    assert telemetry.config.get("log_every_n_seconds") == 60.0
+    assert telemetry.settings.window_min_seconds == 30.0
+    assert telemetry.settings.log_every_n_seconds == 60.0
     traintel.shutdown(1)
     with pytest.raises(ConfigurationError, match=r"log_every_n_seconds=0"):
         traintel.configure(span_exporters=[InMemorySpanExporter()], log_every_n_seconds=0)

@@ -616,7 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "paths", None) == []:  # what a job run from here wrote, by default
         args.paths = [default_output_dir()]
     streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
     try:
         code: int = args.func(args)
         sys.stdout.flush()

@@ -13,19 +13,18 @@ only the bad setting.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from dataclasses import dataclass, field, fields
+from typing import Any, Final
 
 from traintel import environment_variables as ev
 
 _logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 #: Compute dtypes the peak-FLOPs table knows.
 DTYPES: Final = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -134,165 +133,186 @@ def _non_empty_str(raw: object) -> str:
     return raw.strip()
 
 
+def _setting(
+    env: str, parse: Callable[[object], Any], doc: str, default: Any = None, *, eager: bool = False
+) -> Any:
+    """A field of :class:`Settings`: its variable, parser and meaning beside its type.
+    ``eager``: needed concrete when telemetry starts (it shapes files and exit), never lazy."""
+    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc, "eager": eager})
+
+
 @dataclass(frozen=True)
-class _Field(Generic[T]):
-    name: str
-    env: str
-    parse: Callable[[object], T]
-    default: T | None
-    doc: str
+class Settings:
+    """Every training fact and knob, typed and resolved (a lazy value is called and checked).
 
+    One is built from a :class:`TrainingConfig` at configure, and again once per window when the
+    configuration holds callables; everything reads its attributes, never a setting by name."""
 
-_FIELDS: Final[tuple[_Field[Any], ...]] = (
-    _Field("session_tag", ev.TRAINTEL_SESSION_TAG, _non_empty_str, None, "jobs of one logical task"),
-    _Field("perf_tag", ev.TRAINTEL_PERF_TAG, _non_empty_str, None, "jobs expected to perform alike"),
-    _Field("run_id", ev.TRAINTEL_RUN_ID, _non_empty_str, None, "id shared by all ranks of a job"),
-    _Field("global_batch_size", ev.TRAINTEL_GLOBAL_BATCH_SIZE, _positive_int, None, "samples per step"),
-    _Field("seq_len", ev.TRAINTEL_SEQ_LEN, _positive_int, None, "tokens per sample"),
-    _Field("flops_per_sample", ev.TRAINTEL_FLOPS_PER_SAMPLE, _positive_number, None, "model FLOPs/sample"),
-    _Field("flops_per_token", ev.TRAINTEL_FLOPS_PER_TOKEN, _positive_number, None, "model FLOPs/token"),
-    _Field(
-        "executed_flops_per_sample",
+    session_tag: str | None = _setting(
+        ev.TRAINTEL_SESSION_TAG, _non_empty_str, "jobs of one logical task", eager=True
+    )
+    perf_tag: str | None = _setting(ev.TRAINTEL_PERF_TAG, _non_empty_str, "jobs expected to perform alike")
+    run_id: str | None = _setting(
+        ev.TRAINTEL_RUN_ID, _non_empty_str, "id shared by all ranks of a job", eager=True
+    )
+    global_batch_size: int | None = _setting(ev.TRAINTEL_GLOBAL_BATCH_SIZE, _positive_int, "samples per step")
+    seq_len: int | None = _setting(ev.TRAINTEL_SEQ_LEN, _positive_int, "tokens per sample")
+    flops_per_sample: float | None = _setting(
+        ev.TRAINTEL_FLOPS_PER_SAMPLE, _positive_number, "model FLOPs/sample"
+    )
+    flops_per_token: float | None = _setting(
+        ev.TRAINTEL_FLOPS_PER_TOKEN, _positive_number, "model FLOPs/token"
+    )
+    executed_flops_per_sample: float | None = _setting(
         ev.TRAINTEL_EXECUTED_FLOPS_PER_SAMPLE,
         _positive_number,
-        None,
         "executed FLOPs/sample (recompute included), for HFU",
-    ),
-    _Field("peak_flops", ev.TRAINTEL_PEAK_FLOPS, _positive_number, None, "dense peak FLOP/s per device"),
-    _Field("log_every_n_iterations", ev.TRAINTEL_LOG_EVERY_N_ITERATIONS, _positive_int, 50, "window size"),
-    _Field("window_min_seconds", ev.TRAINTEL_WINDOW_MIN_SECONDS, _non_negative_number, 30.0, "min window s"),
-    _Field("log_every_n_seconds", ev.TRAINTEL_LOG_EVERY_N_SECONDS, _positive_number, 60.0, "max window s"),
-    _Field("output_dir", ev.TRAINTEL_OUTPUT_DIR, _non_empty_str, "traintel-runs", "embedded file dir"),
-    _Field(
-        "shutdown_timeout", ev.TRAINTEL_SHUTDOWN_TIMEOUT, _wait_bound(allow_zero=True), 5.0, "exit bound, s"
-    ),
-    _Field("warmup_iterations", ev.TRAINTEL_WARMUP_ITERATIONS, _non_negative_int, 1, "left out of totals"),
-    _Field("dtype", ev.TRAINTEL_DTYPE, _choice(*DTYPES), None, "training compute dtype, for peak FLOPs"),
-    _Field(
-        "flops_method",
+    )
+    peak_flops: float | None = _setting(
+        ev.TRAINTEL_PEAK_FLOPS, _positive_number, "dense peak FLOP/s per device"
+    )
+    log_every_n_iterations: int = _setting(
+        ev.TRAINTEL_LOG_EVERY_N_ITERATIONS, _positive_int, "window size", 50, eager=True
+    )
+    window_min_seconds: float = _setting(
+        ev.TRAINTEL_WINDOW_MIN_SECONDS, _non_negative_number, "min window s", 30.0, eager=True
+    )
+    log_every_n_seconds: float = _setting(
+        ev.TRAINTEL_LOG_EVERY_N_SECONDS, _positive_number, "max window s", 60.0, eager=True
+    )
+    output_dir: str = _setting(
+        ev.TRAINTEL_OUTPUT_DIR, _non_empty_str, "embedded file dir", "traintel-runs", eager=True
+    )
+    shutdown_timeout: float = _setting(
+        ev.TRAINTEL_SHUTDOWN_TIMEOUT, _exit_seconds, "exit bound, s", 5.0, eager=True
+    )
+    warmup_iterations: int = _setting(
+        ev.TRAINTEL_WARMUP_ITERATIONS, _non_negative_int, "left out of totals", 1, eager=True
+    )
+    dtype: str | None = _setting(
+        ev.TRAINTEL_DTYPE, _choice(*DTYPES), "training compute dtype, for peak FLOPs"
+    )
+    flops_method: str | None = _setting(
         ev.TRAINTEL_FLOPS_METHOD,
         _choice("config", "formula", "counter", "counter+attention", "callable"),
-        None,
         "how flops_per_* was obtained",
-    ),
-    _Field(
-        "export_iterations",
-        ev.TRAINTEL_EXPORT_ITERATIONS,
-        _choice("sampled", "all", "none"),
-        "sampled",
-        "policy",
-    ),
-    _Field("export_first_iterations", ev.TRAINTEL_EXPORT_FIRST_ITERATIONS, _non_negative_int, 10, "first K"),
-    _Field(
-        "export_every_n_iterations", ev.TRAINTEL_EXPORT_EVERY_N_ITERATIONS, _non_negative_int, 100, "every M"
-    ),
-    _Field(
-        "export_every_n_seconds",
-        ev.TRAINTEL_EXPORT_EVERY_N_SECONDS,
-        _non_negative_number,
-        60.0,
-        "every M-th at least this many s apart",
-    ),
-    _Field(
-        "export_tail_per_minute",
-        ev.TRAINTEL_EXPORT_TAIL_PER_MINUTE,
-        _non_negative_number,
-        1.0,
-        "slow / non-finite exports per minute",
-    ),
-    _Field(
-        "window_events",
-        ev.TRAINTEL_WINDOW_EVENTS,
-        _choice("off", "on"),
-        "off",
-        "full training_metrics_update event per window",
-    ),
-    _Field("slow_iteration_factor", ev.TRAINTEL_SLOW_ITERATION_FACTOR, _factor, 3.0, "k x rolling median"),
-    _Field(
-        "segment_iterations", ev.TRAINTEL_SEGMENT_ITERATIONS, _positive_int, 1_000_000, "iterations per trace"
-    ),
-    _Field("segment_seconds", ev.TRAINTEL_SEGMENT_SECONDS, _positive_number, 600.0, "seconds per trace"),
-    _Field("max_spans_per_trace", ev.TRAINTEL_MAX_SPANS_PER_TRACE, _positive_int, 2000, "span budget"),
-    _Field("max_bytes_per_trace", ev.TRAINTEL_MAX_BYTES_PER_TRACE, _positive_int, 4_000_000, "byte budget"),
-    _Field("cross_rank", ev.TRAINTEL_CROSS_RANK, _choice("auto", "off"), "auto", "cross-rank statistics"),
-    _Field(
-        "cross_rank_timeout",
-        ev.TRAINTEL_CROSS_RANK_TIMEOUT,
-        _wait_bound(allow_zero=False),
-        30.0,
-        "exchange bound, s",
-    ),
-    _Field(
-        "cross_rank_scale_world_size",
-        ev.TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE,
-        _positive_int,
-        64,
-        "world size from which ranks other than 0 export only their anomalies",
-    ),
-    _Field("cross_rank_top_k", ev.TRAINTEL_CROSS_RANK_TOP_K, _positive_int, 3, "slowest ranks named"),
-    _Field("straggler_factor", ev.TRAINTEL_STRAGGLER_FACTOR, _factor, 1.25, "k x other ranks' median"),
-    _Field("cuda_event_timing", ev.TRAINTEL_CUDA_EVENT_TIMING, _choice("off", "on"), "off", "GPU step times"),
-    _Field("nvtx", ev.TRAINTEL_NVTX, _choice("off", "on"), "off", "NVTX range per phase span"),
-    _Field("measure_peak", ev.TRAINTEL_MEASURE_PEAK, _choice("off", "on"), "off", "matmul peak at start"),
-    _Field("energy_price_per_kwh", ev.TRAINTEL_ENERGY_PRICE_PER_KWH, _positive_number, None, "energy cost"),
-    _Field("spool_dir", ev.TRAINTEL_SPOOL_DIR, _non_empty_str, None, "export spool dir"),
-    _Field("spool_max_bytes", ev.TRAINTEL_SPOOL_MAX_BYTES, _non_negative_int, 268_435_456, "spool bound"),
-    _Field("spool_retry_interval", ev.TRAINTEL_SPOOL_RETRY_INTERVAL, _positive_number, 5.0, "resend every s"),
-)
-_BY_NAME: Final = {f.name: f for f in _FIELDS}
+    )
+    export_iterations: str = _setting(
+        ev.TRAINTEL_EXPORT_ITERATIONS, _choice("sampled", "all", "none"), "policy", "sampled", eager=True
+    )
+    export_first_iterations: int = _setting(
+        ev.TRAINTEL_EXPORT_FIRST_ITERATIONS, _non_negative_int, "first K", 10, eager=True
+    )
+    export_every_n_iterations: int = _setting(
+        ev.TRAINTEL_EXPORT_EVERY_N_ITERATIONS, _non_negative_int, "every M", 100, eager=True
+    )
+    export_every_n_seconds: float = _setting(
+        ev.TRAINTEL_EXPORT_EVERY_N_SECONDS, _non_negative_number, "every M-th at least this many s apart",
+        60.0, eager=True,
+    )  # fmt: skip
+    export_tail_per_minute: float = _setting(
+        ev.TRAINTEL_EXPORT_TAIL_PER_MINUTE, _non_negative_number, "slow / non-finite exports per minute", 1.0,
+        eager=True,
+    )  # fmt: skip
+    window_events: str = _setting(
+        ev.TRAINTEL_WINDOW_EVENTS, _choice("off", "on"), "full training_metrics_update event per window",
+        "off", eager=True,
+    )  # fmt: skip
+    slow_iteration_factor: float = _setting(
+        ev.TRAINTEL_SLOW_ITERATION_FACTOR, _factor, "k x rolling median", 3.0, eager=True
+    )
+    segment_iterations: int = _setting(
+        ev.TRAINTEL_SEGMENT_ITERATIONS, _positive_int, "iterations per trace", 1_000_000, eager=True
+    )
+    segment_seconds: float = _setting(
+        ev.TRAINTEL_SEGMENT_SECONDS, _positive_number, "seconds per trace", 600.0, eager=True
+    )
+    max_spans_per_trace: int = _setting(
+        ev.TRAINTEL_MAX_SPANS_PER_TRACE, _positive_int, "span budget", 2000, eager=True
+    )
+    max_bytes_per_trace: int = _setting(
+        ev.TRAINTEL_MAX_BYTES_PER_TRACE, _positive_int, "byte budget", 4_000_000, eager=True
+    )
+    cross_rank: str = _setting(
+        ev.TRAINTEL_CROSS_RANK, _choice("auto", "off"), "cross-rank statistics", "auto"
+    )
+    cross_rank_timeout: float = _setting(
+        ev.TRAINTEL_CROSS_RANK_TIMEOUT, _exchange_seconds, "exchange bound, s", 30.0
+    )
+    cross_rank_scale_world_size: int = _setting(
+        ev.TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE, _positive_int,
+        "world size from which ranks other than 0 export only their anomalies", 64,
+    )  # fmt: skip
+    cross_rank_top_k: int = _setting(ev.TRAINTEL_CROSS_RANK_TOP_K, _positive_int, "slowest ranks named", 3)
+    straggler_factor: float = _setting(ev.TRAINTEL_STRAGGLER_FACTOR, _factor, "k x other ranks' median", 1.25)
+    cuda_event_timing: str = _setting(
+        ev.TRAINTEL_CUDA_EVENT_TIMING, _choice("off", "on"), "GPU step times", "off", eager=True
+    )
+    nvtx: str = _setting(
+        ev.TRAINTEL_NVTX, _choice("off", "on"), "NVTX range per phase span", "off", eager=True
+    )
+    measure_peak: str = _setting(
+        ev.TRAINTEL_MEASURE_PEAK, _choice("off", "on"), "matmul peak at start", "off"
+    )
+    energy_price_per_kwh: float | None = _setting(
+        ev.TRAINTEL_ENERGY_PRICE_PER_KWH, _positive_number, "energy cost"
+    )
+    spool_dir: str | None = _setting(ev.TRAINTEL_SPOOL_DIR, _non_empty_str, "export spool dir", eager=True)
+    spool_max_bytes: int = _setting(
+        ev.TRAINTEL_SPOOL_MAX_BYTES, _non_negative_int, "spool bound", 268_435_456, eager=True
+    )
+    spool_retry_interval: float = _setting(
+        ev.TRAINTEL_SPOOL_RETRY_INTERVAL, _positive_number, "resend every s", 5.0, eager=True
+    )
+
+    @property
+    def window_seconds(self) -> tuple[float, float]:
+        """A window's floor and ceiling in seconds; the floor is at most the ceiling (it wins)."""
+        ceiling = self.log_every_n_seconds
+        return min(self.window_min_seconds, ceiling), ceiling
+
+
+_FIELDS: Final = {f.name: f for f in fields(Settings)}
 #: Names accepted by ``configure()`` / ``set_training_config()`` as training facts.
-FIELD_NAMES: Final = tuple(_BY_NAME)
+FIELD_NAMES: Final = tuple(_FIELDS)
 #: Each ``TRAINTEL_*`` variable's default, where it has one: what the documentation shows.
-DEFAULTS: Final = {f.env: f.default for f in _FIELDS if f.default is not None}
-#: Fields that must be concrete when telemetry starts (they shape files and exit), not lazy.
-_EAGER: Final = frozenset(
-    {
-        "output_dir", "shutdown_timeout", "run_id", "session_tag", "export_iterations",
-        "export_first_iterations", "export_every_n_iterations", "export_every_n_seconds",
-        "export_tail_per_minute", "slow_iteration_factor", "window_events",
-        "segment_iterations", "segment_seconds", "max_spans_per_trace", "max_bytes_per_trace",
-        "spool_dir", "spool_max_bytes", "spool_retry_interval",
-        "log_every_n_iterations", "window_min_seconds", "log_every_n_seconds", "warmup_iterations",
-        "cuda_event_timing", "nvtx",
-    }
-)  # fmt: skip
+DEFAULTS: Final = {f.metadata["env"]: f.default for f in _FIELDS.values() if f.default is not None}
+_DEFAULTS: Final = Settings()
 
 
-def _check(field: _Field[Any], value: object, source: str) -> object:
-    """Validate ``value`` for ``field``; callables pass (they are checked when resolved)."""
+def _unknown(name: str) -> ConfigurationError:
+    return ConfigurationError(f"{name}: unknown training config setting (known: {FIELD_NAMES})")
+
+
+def _check(name: str, value: object, source: str) -> object:
+    """Validate ``value`` for setting ``name``; callables pass (they are checked when resolved)."""
+    meta = _FIELDS[name].metadata
     if callable(value):
-        if field.name in _EAGER:
-            raise ConfigurationError(f"{source}: {field.name} cannot be a callable, it is needed at start")
+        if meta["eager"]:
+            raise ConfigurationError(f"{source}: {name} cannot be a callable, it is needed at start")
         return value
     try:
-        return field.parse(value)
+        return meta["parse"](value)
     except ValueError as exc:
         raise ConfigurationError(f"{source}={value!r}: {exc}") from None
 
 
-def window_seconds(config: TrainingConfig) -> tuple[float, float]:
-    """A window's floor and ceiling in seconds; the floor is at most the ceiling (it wins)."""
-    ceiling = float(config.get("log_every_n_seconds"))
-    return min(float(config.get("window_min_seconds")), ceiling), ceiling
-
-
 class TrainingConfig:
-    """An immutable set of training facts; each value is concrete, lazy (callable) or unset.
+    """An immutable set of training facts as given; each value is concrete, lazy (callable) or
+    unset. Build one with :meth:`from_env`, derive updated copies with :meth:`updated`, and read
+    it through :meth:`resolve`, which calls the lazy values and never raises."""
 
-    Build one with :meth:`from_env`, derive updated copies with :meth:`updated`, and read
-    values with :meth:`get`, which resolves callables and never raises.
-    """
-
-    __slots__ = ("_lock", "_values", "_warned")
+    __slots__ = ("_lock", "_values", "_warned", "has_lazy")
 
     def __init__(self, values: Mapping[str, object] | None = None) -> None:
         self._values: dict[str, object] = {}
         for name, value in (values or {}).items():
-            field = _BY_NAME.get(name)
-            if field is None:
-                raise ConfigurationError(f"{name}: unknown training config setting (known: {FIELD_NAMES})")
+            if name not in _FIELDS:
+                raise _unknown(name)
             if value is not None:
-                self._values[name] = _check(field, value, name)
+                self._values[name] = _check(name, value, name)
+        #: Whether any value is a callable (and so may change between resolutions).
+        self.has_lazy = any(map(callable, self._values.values()))
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
@@ -310,29 +330,19 @@ class TrainingConfig:
         variable or argument); without it the error is logged and that one setting ignored.
         """
         environ = os.environ if environ is None else environ
+        given: list[tuple[str, object, str]] = [
+            (name, environ[f.metadata["env"]], f.metadata["env"])
+            for name, f in _FIELDS.items()
+            if environ.get(f.metadata["env"], "").strip()
+        ]
+        given += [(name, value, name) for name, value in (overrides or {}).items()]
         values: dict[str, object] = {}
-        for field in _FIELDS:
-            raw = environ.get(field.env)
-            if raw is None or raw.strip() == "":
-                continue
+        for name, value, source in given:
             try:
-                values[field.name] = _check(field, raw, field.env)
-            except ConfigurationError as exc:
-                if strict:
-                    raise
-                _logger.error("traintel: ignoring bad setting: %s", exc)
-        for name, value in (overrides or {}).items():
-            spec = _BY_NAME.get(name)
-            if spec is None:
-                error = ConfigurationError(f"{name}: unknown training config setting (known: {FIELD_NAMES})")
-                if strict:
-                    raise error
-                _logger.error("traintel: ignoring bad setting: %s", error)
-                continue
-            if value is None:
-                continue
-            try:
-                values[name] = _check(spec, value, name)
+                if name not in _FIELDS:
+                    raise _unknown(name)
+                if value is not None:
+                    values[name] = _check(name, value, source)
             except ConfigurationError as exc:
                 if strict:
                     raise
@@ -345,51 +355,49 @@ class TrainingConfig:
         Validation happens before anything is copied, so a bad call changes nothing.
         """
         for name, value in changes.items():
-            field = _BY_NAME.get(name)
-            if field is None:
-                raise ConfigurationError(f"{name}: unknown training config setting (known: {FIELD_NAMES})")
+            if name not in _FIELDS:
+                raise _unknown(name)
             if value is not None:
-                _check(field, value, name)
+                _check(name, value, name)
         merged = dict(self._values)
         merged.update({k: v for k, v in changes.items() if v is not None})
         return TrainingConfig(merged)
 
-    def get(self, name: str) -> Any:
-        """The concrete value of ``name`` (a callable is called and validated), or its default.
+    def resolve(self, *, lazy: bool = True) -> Settings:
+        """Every value, concrete: a callable is called and validated; one that raises or
+        returns a bad value is reported once and treated as unset (telemetry must not take the
+        training job down over a batch-size lambda). ``lazy=False``: callables are not called,
+        their settings read as unset."""
+        values: dict[str, Any] = {
+            name: self._value(name) for name, value in self._values.items() if lazy or not callable(value)
+        }
+        return dataclasses.replace(_DEFAULTS, **values) if values else _DEFAULTS
 
-        A callable that raises or returns a bad value is reported once and treated as unset:
-        telemetry must not take the training job down over a batch-size lambda.
-        """
-        field = _BY_NAME[name]
-        value = self._values.get(name)
-        if value is None:
-            return field.default
+    def _value(self, name: str) -> object:
+        value = self._values[name]
         if not callable(value):
             return value
         try:
-            return field.parse(value())
+            return _FIELDS[name].metadata["parse"](value())
         except Exception as exc:
             self._warn_once(name, f"traintel: {name} callable gave an unusable value ({exc}); ignoring it")
-            return field.default
+            return _FIELDS[name].default
 
     def is_set(self, name: str) -> bool:
         return name in self._values
 
-    @property
-    def has_lazy(self) -> bool:
-        """Whether any value is a callable (and so may change between reads)."""
-        return any(map(callable, self._values.values()))  # read at every window close
-
     def is_lazy(self, name: str) -> bool:
         return callable(self._values.get(name))
 
-    def describe(self) -> dict[str, str | int | float]:
-        """Values for the ``telemetry_initialization`` event; lazy ones are resolved now."""
+    def describe(self, settings: Settings | None = None) -> dict[str, str | int | float]:
+        """Values for the ``telemetry_initialization`` event (lazy ones resolved now, or as in
+        ``settings``)."""
+        settings = self.resolve() if settings is None else settings
         described: dict[str, str | int | float] = {}
-        for field in _FIELDS:
-            value = self.get(field.name)
+        for name in FIELD_NAMES:
+            value = getattr(settings, name)
             if value is not None:
-                described[field.name] = value
+                described[name] = value
         return described
 
     def _warn_once(self, key: str, message: str) -> None:

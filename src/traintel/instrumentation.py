@@ -8,7 +8,7 @@ False)`` attaches without patching.
 
 Launched by ``opentelemetry-instrument``, the providers are the distro's, built from ``OTEL_*``
 alone: traintel then gives their exporters its spool, loss counting and bounded exit, as its own
-providers have (see :func:`~traintel._sdk.providers.adopt_instrumented_providers`). Providers a
+providers have (see :func:`~traintel._runtime.pipeline.adopt_instrumented_providers`). Providers a
 script built itself are left as they are.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
+from traintel._recorder import active
 from traintel._runtime import state as _state
 
 #: Imported by ``opentelemetry-instrument`` (and by ``auto_instrumentation.initialize()``)
@@ -42,7 +43,7 @@ class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             _state.current()  # lenient: a bad TRAINTEL_* value is logged, never fatal here
         telemetry = _state.current()
         if _AUTO_INSTRUMENTATION in sys.modules and telemetry.pipeline is not None:
-            from traintel._sdk.providers import adopt_instrumented_providers
+            from traintel._runtime.pipeline import adopt_instrumented_providers
 
             try:
                 adopt_instrumented_providers(telemetry.pipeline, telemetry.config)
@@ -61,4 +62,4 @@ class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         patcher, type(self)._patcher = type(self)._patcher, None
         if patcher is not None:
             patcher.uninstall()
-        _state.shutdown()
+        active.shutdown()

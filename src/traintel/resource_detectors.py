@@ -226,10 +226,10 @@ class TrainingResourceDetector(ResourceDetector):
                 attributes.update(detector.detect().attributes)
             except Exception as exc:  # one broken detector must not lose the others
                 _logger.warning("traintel: resource detector %s failed: %s", type(detector).__name__, exc)
-        run_id = config.get("run_id") or default_run_id(self._environ)
+        settings = config.resolve(lazy=False)  # a lazy perf_tag is not known yet: left out
+        run_id = settings.run_id or default_run_id(self._environ)
         attributes[semconv.RUN_ID] = run_id
-        attributes[semconv.SESSION_TAG] = config.get("session_tag") or run_id
-        perf_tag = None if config.is_lazy("perf_tag") else config.get("perf_tag")
-        _set(attributes, semconv.PERF_TAG, perf_tag)
+        attributes[semconv.SESSION_TAG] = settings.session_tag or run_id
+        _set(attributes, semconv.PERF_TAG, settings.perf_tag)
         attributes[semconv.RESTART_COUNT] = restart_count(self._environ)
         return Resource(attributes)

@@ -296,7 +296,6 @@ METRIC_DATA_LOADING_DURATION: Final = "ml.training.data_loading.duration"
 METRIC_PHASE_DURATION: Final = "ml.training.phase.duration"
 METRIC_STEP_PHASE_TIME: Final = "ml.training.iteration.phase_time"
 METRIC_HFU: Final = "ml.training.hfu"
-METRIC_DROPPED_MEASUREMENTS: Final = "traintel.measurements.dropped"
 METRIC_ITERATIONS_EXPORTED: Final = "traintel.iterations.exported"
 METRIC_ITERATIONS_NOT_EXPORTED: Final = "traintel.iterations.not_exported"
 

@@ -28,6 +28,7 @@ from itertools import repeat
 
 from traintel import semconv
 from traintel._aggregation.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
+from traintel._aggregation.window import ClosedWindow, ModelMetric, RawRow, Row, add_metric
 
 #: The most iterations a window holds (unless ``log_every_n_iterations`` is larger), whatever its
 #: floor in time: a loop of 100,000 iterations/s would otherwise keep a million rows (~300 MB)
@@ -95,11 +96,6 @@ class RateInputs:
     measured_peak_method: str | None = None
 
 
-#: One iteration as the window keeps it until it closes: duration (ns), samples, tokens,
-#: padding tokens, FLOPs, the four step-phase times (ns) or None, its number, its end (ns).
-_Row = tuple[int, float | None, float | None, float | None, float | None, list[int] | None, int, int]
-
-
 def seconds_of(nanoseconds: object) -> list[float]:
     """``[v / 1e9 for v in nanoseconds]`` with C-level iterators (exactly the same divisions)."""
     return list(map(operator.truediv, nanoseconds, repeat(1e9)))  # type: ignore[call-overload]
@@ -136,7 +132,7 @@ class _Counts:
     phase_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
     @classmethod
-    def of_rows(cls, rows: list[_Row]) -> _Counts:
+    def of_rows(cls, rows: list[RawRow]) -> _Counts:
         """Sums of a window's rows (see :meth:`of_columns`)."""
         if not rows:
             return cls()
@@ -305,105 +301,47 @@ class WindowReport:
     data_loading_durations: list[float] = field(default_factory=list)
     #: p50, p90, p99 and max of ``durations`` (s), as in ``attributes``.
     quantiles: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    #: Categorised phases inside its iterations (s), and the synchronisation-point compute
+    #: time summed over the iterations that marked it (see ``ClosedWindow``).
+    nested_badput_s: float = 0.0
+    sync_compute_ns: int = 0
+    sync_marked: int = 0
 
     def get(self, key: str) -> float | None:
         value = self.attributes.get(key)
         return float(value) if isinstance(value, int | float) else None
 
 
-class _ModelMetric:
-    """Last value and mean of a model metric; non-finite values are last but not averaged."""
-
-    __slots__ = ("count", "last", "sum")
-
-    def __init__(self) -> None:
-        self.sum = 0.0
-        self.count = 0
-        self.last = math.nan
-
-    def add(self, value: float) -> None:
-        self.last = value
-        if math.isfinite(value):
-            self.sum += value
-            self.count += 1
-
-
-def _add_metric(metrics: dict[str, _ModelMetric], name: str, value: float) -> None:
-    metric = metrics.get(name)
-    if metric is None:
-        metric = metrics[name] = _ModelMetric()
-    metric.add(value)
-
-
 class TrainingAggregator:
-    """Streaming training statistics for one job on one rank."""
+    """Streaming training statistics for one job on one rank: a closed window in, its report
+    out, the totals carried from one window to the next."""
 
-    def __init__(self, window_size: int = 50, warmup_iterations: int = 1) -> None:
-        self.window_size = window_size
+    def __init__(self, warmup_iterations: int = 1) -> None:
         self.warmup_iterations = warmup_iterations
+        #: Windows reported so far (a window whose report failed is not one).
         self.windows_closed = 0
-        #: The open window's iterations, one ``_Row`` each, appended by the engine as each ends;
-        #: the window is full at ``window_size`` rows. Emptied in place, never replaced: sums,
-        #: totals, warm-up and bounds are derived from the rows when the window closes.
-        self.rows: list[_Row] = []
-        self._seen_closed = 0  # iterations in closed windows
-        self._first_iteration_s: float | None = None
-        self._window_metrics: dict[str, _ModelMetric] = {}
-        self._window_flags = [0, 0, 0]  # nonfinite, slow, exported
+        self.iterations_seen = 0  # in the windows closed so far
+        self.first_iteration_s: float | None = None
         self.total = _Counts()
         self._total_stats = RunningStats()
         self._total_sketch = QuantileSketch(0.01)
         self.last_window: WindowReport | None = None
-        self.checkpoints = CheckpointStats()
-
-    # --- per iteration: the engine appends to ``rows`` (the hot path: one append, no call) ----
-    @property
-    def iterations_seen(self) -> int:
-        return self._seen_closed + len(self.rows)
-
-    @property
-    def first_iteration_s(self) -> float | None:
-        """The job's first iteration (s), once it has ended."""
-        if self._first_iteration_s is None and self.rows and not self._seen_closed:
-            return self.rows[0][0] / 1e9
-        return self._first_iteration_s
-
-    def add_model_metrics(self, metrics: dict[str, float]) -> None:
-        """One iteration's model metrics (name to value)."""
-        for name, value in metrics.items():
-            _add_metric(self._window_metrics, name, value)
-
-    def flag(self, nonfinite: bool = False, slow: bool = False, exported: bool = False) -> None:
-        flags = self._window_flags
-        flags[0] += nonfinite
-        flags[1] += slow
-        flags[2] += exported
-
-    @property
-    def window_fill(self) -> int:
-        return len(self.rows)
 
     # --- window boundary ------------------------------------------------------------------------
-    def close_window(self, inputs: RateInputs) -> WindowReport | None:
-        """Close the current window (full, or partial at loop end); None if it is empty. The
-        window is emptied even if its report fails: otherwise every later iteration would try
-        again over a window that only grows."""
-        rows = self.rows
+    def close_window(self, window: ClosedWindow, inputs: RateInputs) -> WindowReport | None:
+        """The closed window's report (None for a window without iterations). Its iterations
+        count as seen even if the report fails: the next window's totals go on from them."""
+        rows = window.rows
         if not rows:
             return None
-        seen_before = self._seen_closed
-        try:
-            return self._report(rows, seen_before, inputs)
-        finally:
-            self._seen_closed = seen_before + len(rows)
-            rows.clear()
-            self._window_metrics = {}
-            self._window_flags = [0, 0, 0]
+        self.iterations_seen = window.seen_before + len(rows)
+        return self._report(window, inputs)
 
-    def _report(self, rows: list[_Row], seen_before: int, inputs: RateInputs) -> WindowReport:
-        first, last = rows[0], rows[-1]
-        if self._first_iteration_s is None and not seen_before:
-            self._first_iteration_s = first[0] / 1e9
+    def _report(self, window: ClosedWindow, inputs: RateInputs) -> WindowReport:
+        rows, seen_before = window.rows, window.seen_before
+        first, last = Row._make(rows[0]), Row._make(rows[-1])
+        if self.first_iteration_s is None and not seen_before:
+            self.first_iteration_s = first.duration_ns / 1e9
         warm = min(max(self.warmup_iterations - seen_before, 0), len(rows))  # the job's first rows
         durations_ns, samples, tokens, padding, flops, phases, _numbers, _ends = zip(*rows, strict=True)
         timed = list(filter(None, phases))  # the step-phase timings of the iterations that have them
@@ -419,20 +357,19 @@ class TrainingAggregator:
         moments = (n, counts.duration_s, mean, m2, low, high)
         self._fold_into_totals(rows, durations, warm, counts, batch, moments)
         p50, p90, p99 = percentile(ordered, 50), percentile(ordered, 90), percentile(ordered, 99)
-        flags = self._window_flags
         attributes: dict[str, float | int | str] = dict(
             zip(
                 _WINDOW_HEAD,
                 (
-                    self.windows_closed, n, first[6], last[6], low, mean, high, p50, p90, p99,
+                    window.index, n, first.iteration, last.iteration, low, mean, high, p50, p90, p99,
                     math.sqrt(m2 / n), counts.samples, counts.tokens, counts.padding,
-                    flags[0], flags[1], flags[2],
+                    window.nonfinite_iterations, window.slow_iterations, window.exported_iterations,
                 ),
                 strict=True,
             )
         )  # fmt: skip
         errors = counts.rates(inputs, _W, attributes)
-        for name, metric in self._window_metrics.items():
+        for name, metric in window.metrics.items():
             # not through WINDOW_KEYS: user metric names are the user's, and that cache never shrinks
             attributes[_W + "metric." + name + ".last"] = metric.last
             if metric.count:
@@ -440,20 +377,23 @@ class TrainingAggregator:
         self._describe_inputs(inputs, attributes)
         self._totals(inputs, attributes)
         report = WindowReport(
-            self.windows_closed,
-            first[6],
-            last[6],
+            window.index,
+            first.iteration,
+            last.iteration,
             attributes,
             errors,
             durations,
             batch,
-            first[7] - first[0],
-            last[7],
+            first.end_ns - first.duration_ns,
+            last.end_ns,
             counts.duration_s,
             counts.phase_s[DATA],
             counts.flops,
             seconds_of(map(_DATA_TIME, timed)),
             (p50, p90, p99, high),
+            window.nested_s,
+            window.sync_compute_ns,
+            window.sync_marked,
         )
         self.windows_closed += 1
         self.last_window = report
@@ -461,7 +401,7 @@ class TrainingAggregator:
 
     def _fold_into_totals(
         self,
-        rows: list[_Row],
+        rows: list[RawRow],
         durations: list[float],
         warm: int,
         counts: _Counts,
@@ -526,7 +466,6 @@ class TrainingAggregator:
                 *_peak_attributes(inputs).items(),
             ):
                 out[semconv.SUMMARY_PREFIX + key.removeprefix("ml.training.")] = value
-        out.update(self.checkpoints.attributes(semconv.SUMMARY_PREFIX + "checkpoint."))
         return out
 
 
@@ -609,7 +548,7 @@ class EvalStats:
     def __init__(self) -> None:
         self.durations = RunningStats()
         self.samples = 0.0
-        self.metrics: dict[str, _ModelMetric] = {}
+        self.metrics: dict[str, ModelMetric] = {}
 
     def add_iteration(self, duration_ns: int, samples: float | None) -> None:
         self.durations.add(duration_ns / 1e9)
@@ -617,7 +556,7 @@ class EvalStats:
             self.samples += samples
 
     def add_metric(self, name: str, value: float) -> None:
-        _add_metric(self.metrics, name, value)
+        add_metric(self.metrics, name, value)
 
     def attributes(self, loop_duration_s: float) -> dict[str, float | int | str]:
         p = semconv.EVAL_PREFIX

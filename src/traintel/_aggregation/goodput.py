@@ -156,7 +156,6 @@ class GoodputLedger:
         self.job_end_ns: int | None = None
         self.productive_s = 0.0
         self.badput_s = dict.fromkeys(LIVE_CATEGORIES, 0.0)
-        self.window_nested_s = 0.0  # categorised time inside the open window's iterations
         self._nested: dict[int, int] = {}  # open categorised span id -> categorised time inside it
         self._held: WindowGoodput | None = None  # the first window, until startup is known
         self._first_iteration_s: float | None = None
@@ -186,10 +185,6 @@ class GoodputLedger:
         with self.lock:
             self._nested[parent_span_id] = self._nested.get(parent_span_id, 0) + duration_ns
 
-    def nested_in_iteration(self, duration_ns: int) -> None:
-        with self.lock:
-            self.window_nested_s += duration_ns / 1e9
-
     # --- windows -------------------------------------------------------------------------------
     def close_window(
         self,
@@ -203,8 +198,6 @@ class GoodputLedger:
         ``metrics``: the window's numbers, for the compact record to carry too."""
         durations = report.durations
         p50, p90, p99, max_s = report.quantiles  # the aggregator sorted the window already
-        with self.lock:
-            nested, self.window_nested_s = self.window_nested_s, 0.0
         slowest = None
         if durations and report.last_iteration - report.first_iteration + 1 == len(durations):
             slowest = report.first_iteration + durations.index(max_s)
@@ -217,7 +210,7 @@ class GoodputLedger:
             report.end_ns,
             report.duration_s,
             report.data_loading_s,
-            nested,
+            report.nested_badput_s,
             0.0,  # program_startup_s: decided below for the job's first window
             report.flops,
             peak_flops,

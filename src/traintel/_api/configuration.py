@@ -9,8 +9,10 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from traintel._recorder import active
 from traintel._runtime import bootstrap
 from traintel._runtime import state as _state
+from traintel._runtime.pipeline import PipelineOptions
 from traintel._runtime.state import Telemetry
 
 
@@ -33,14 +35,8 @@ def configure(
     Every value is validated before anything is built: a bad one raises
     :class:`~traintel.ConfigurationError` naming the variable or argument and the value.
     """
-    return bootstrap.configure(
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-        service_name=service_name,
-        training=training,
-        span_exporters=span_exporters,
-        metric_readers=metric_readers,
-    )
+    options = PipelineOptions(tracer_provider, meter_provider, service_name, span_exporters, metric_readers)
+    return bootstrap.configure(options, training)
 
 
 def set_training_config(**changes: object) -> None:
@@ -58,4 +54,4 @@ def get_telemetry() -> Telemetry:
 def shutdown(timeout_s: float | None = None) -> bool:
     """End open callback spans and flush within ``timeout_s`` (default ``TRAINTEL_SHUTDOWN_TIMEOUT``).
     Returns whether everything was flushed in time. Called automatically at exit."""
-    return _state.shutdown(timeout_s)
+    return active.shutdown(timeout_s)

@@ -58,6 +58,25 @@ def _numbers(values: Mapping[str, object], telemetry: _state.Telemetry) -> dict[
     return numbers
 
 
+def _metrics_target(telemetry: _state.Telemetry) -> Span | None:
+    """The open iteration (else loop) span enclosing the current context, else the innermost
+    iteration or loop a callback opened."""
+    open_spans = telemetry.open_spans
+    if open_spans is None:
+        return None
+    current = trace_api.get_current_span().get_span_context().span_id
+    target: Span | None
+    for phases in (semconv.ITERATION_PHASES, semconv.LOOP_PHASES):
+        target = open_spans.enclosing(current, phases)
+        if target is not None:
+            return target
+    for phase in (*semconv.ITERATION_PHASES, *semconv.LOOP_PHASES):
+        target = telemetry.callback_span(phase.value)
+        if target is not None:
+            return target
+    return None
+
+
 def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: object) -> None:
     """Attach model metrics to the current iteration (or loop). Never raises for a failure of
     its own (an exception a signal handler raises meanwhile is the job's, and goes on up).
@@ -78,16 +97,7 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
             for name, number in numbers.items():
                 record.record_metric(name, float(number))
             return
-        current = trace_api.get_current_span().get_span_context().span_id
-        open_spans = telemetry.open_spans
-        target: Span | None = open_spans.enclosing(current, semconv.ITERATION_PHASES) or open_spans.enclosing(
-            current, semconv.LOOP_PHASES
-        )
-        if target is None:
-            for phase in (*semconv.ITERATION_PHASES, *semconv.LOOP_PHASES):
-                target = telemetry.callback_span(phase.value)
-                if target is not None:
-                    break
+        target = _metrics_target(telemetry)
         if target is None:
             if engine is not None and any(engine.open_loops.values()):
                 return  # inside a loop whose spans the sampler dropped: nothing to attach to
@@ -118,7 +128,7 @@ def record_batch(
     Call it once per micro-batch under gradient accumulation, or once per step. Never raises;
     outside an iteration it is ignored with one warning.
     """
-    engine = active.current()
+    engine = active.current_engine()
     if engine is None:
         return
     record = engine.active

@@ -181,7 +181,7 @@ def checkpoint_stage(stage: str, attributes: Mapping[str, AttributeValue] | None
     """A marked part of a checkpoint save: ``staging``, ``write``, ``upload``, ``finalize`` or
     ``barrier``; each stage's total time is reported in ``checkpoint_metrics_update``."""
     if stage not in semconv.CHECKPOINT_STAGES:
-        engine = active.current()
+        engine = active.current_engine()
         if engine is not None:
             engine.warn_once(
                 "bad_stage",

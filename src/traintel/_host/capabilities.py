@@ -11,7 +11,7 @@ import sys
 
 from traintel import environment_variables as ev
 from traintel._host.flops import current_device_name, peak_flops_for
-from traintel.config import TrainingConfig
+from traintel.config import Settings
 
 
 def device_description() -> str:
@@ -28,17 +28,17 @@ def device_description() -> str:
     return "cpu"
 
 
-def _table_peak_known(config: TrainingConfig) -> bool:
+def _table_peak_known(settings: Settings) -> bool:
     name = current_device_name()
-    return name is not None and peak_flops_for(name, config.get("dtype") or "fp32").peak_flops is not None
+    return name is not None and peak_flops_for(name, settings.dtype or "fp32").peak_flops is not None
 
 
-def capability_report(config: TrainingConfig) -> tuple[list[str], list[str]]:
+def capability_report(settings: Settings) -> tuple[list[str], list[str]]:
     """(enabled, disabled) metric names; each disabled entry says why and how to enable it."""
     enabled = ["phase_duration", "iteration_count"]
     disabled: list[str] = []
-    batch = config.get("global_batch_size")
-    seq_len = config.get("seq_len")
+    batch = settings.global_batch_size
+    seq_len = settings.seq_len
     if batch is not None:
         enabled.append("sample_throughput")
     else:
@@ -53,7 +53,7 @@ def capability_report(config: TrainingConfig) -> tuple[list[str], list[str]]:
             f"token_throughput: needs global batch size and sequence length (set {ev.TRAINTEL_SEQ_LEN}, "
             "or tokens= on training_iteration)"
         )
-    has_flops = config.get("flops_per_sample") is not None or config.get("flops_per_token") is not None
+    has_flops = settings.flops_per_sample is not None or settings.flops_per_token is not None
     if has_flops:
         enabled.append("flops_throughput")
     else:
@@ -61,7 +61,7 @@ def capability_report(config: TrainingConfig) -> tuple[list[str], list[str]]:
             "flops_throughput: no model FLOPs "
             f"(set {ev.TRAINTEL_FLOPS_PER_SAMPLE} or {ev.TRAINTEL_FLOPS_PER_TOKEN})"
         )
-    peak_known = config.get("peak_flops") is not None or _table_peak_known(config)
+    peak_known = settings.peak_flops is not None or _table_peak_known(settings)
     if has_flops and peak_known:
         enabled.append("mfu")
     elif not peak_known:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from traintel import semconv
 from traintel._host.flops import autocast_dtype
 from traintel._host.signal_raised import raised_by_signal_handler
-from traintel.config import TrainingConfig
+from traintel.config import Settings
 
 _logger = logging.getLogger(__name__)
 
@@ -211,13 +211,13 @@ class AutocastProbe(DeviceHooks):
             self._found(dtype)
 
 
-def device_hooks(config: TrainingConfig, warn_once: Callable[..., Any]) -> DeviceHooks | None:
+def device_hooks(settings: Settings, warn_once: Callable[..., Any]) -> DeviceHooks | None:
     """The hooks the configuration asks for and this machine supports, else None.
 
     Both features need CUDA: asked for without it they are refused with one warning (imports
     torch only when one of them is on)."""
-    timing = config.get("cuda_event_timing") == "on"
-    nvtx = config.get("nvtx") == "on"
+    timing = settings.cuda_event_timing == "on"
+    nvtx = settings.nvtx == "on"
     if not (timing or nvtx):
         return None
     cuda = _cuda()
@@ -280,17 +280,20 @@ def recent_peak_rss_bytes(now_ns: int) -> int:
     return value
 
 
-def annotate_window(out: dict[str, float | int | str], hooks: DeviceHooks | None) -> None:
-    """The device part of a closing window: memory peaks (the CUDA ones reset for the next
-    window), the timing modes, and the device times resolved since the previous window."""
+def annotate_window(
+    out: dict[str, float | int | str], hooks: DeviceHooks | None, device: int | None = None
+) -> None:
+    """The device part of a closed window: memory peaks (the CUDA ones reset for the next
+    window), the timing modes, and the device times resolved since the previous window.
+    ``device``: the training thread's CUDA device (the current one is per thread)."""
     out[semconv.WINDOW_TIMING_MODE] = semconv.TIMING_MODE_WALL_CLOCK
     out[semconv.WINDOW_PROCESS_PEAK_RSS_SINCE_START] = recent_peak_rss_bytes(time.monotonic_ns())
     cuda = _initialised_cuda()
     if cuda is not None:
         try:
-            out[semconv.WINDOW_DEVICE_MEMORY_PEAK_ALLOCATED] = int(cuda.max_memory_allocated())
-            out[semconv.WINDOW_DEVICE_MEMORY_PEAK_RESERVED] = int(cuda.max_memory_reserved())
-            cuda.reset_peak_memory_stats()
+            out[semconv.WINDOW_DEVICE_MEMORY_PEAK_ALLOCATED] = int(cuda.max_memory_allocated(device))
+            out[semconv.WINDOW_DEVICE_MEMORY_PEAK_RESERVED] = int(cuda.max_memory_reserved(device))
+            cuda.reset_peak_memory_stats(device)
         except Exception as exc:
             _logger.debug("traintel: no CUDA memory peaks: %s", exc)
     if hooks is not None and hooks.timer is not None:

@@ -142,8 +142,9 @@ def peak_flops_for(device_name: str, dtype: str) -> PeakLookup:
     )
 
 
-def current_device_name() -> str | None:
-    """The CUDA device this process trains on, or None while that is not known.
+def current_device_name(device: int | None = None) -> str | None:
+    """The CUDA device this process trains on (``device``, else the calling thread's current
+    one), or None while that is not known.
 
     Known once the job itself has initialised CUDA: asking earlier (``get_device_name`` or
     ``current_device``) would initialise it here, creating a context of several hundred MB on
@@ -151,10 +152,19 @@ def current_device_name() -> str | None:
     cuda = getattr(sys.modules.get("torch"), "cuda", None)
     try:
         if cuda is not None and cuda.is_initialized():
-            return str(cuda.get_device_name(cuda.current_device()))
+            return str(cuda.get_device_name(cuda.current_device() if device is None else device))
     except Exception:
         return None
     return None
+
+
+def current_cuda_device() -> int | None:
+    """The calling thread's CUDA device, once the job has initialised CUDA (never before)."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        return int(cuda.current_device()) if cuda is not None and cuda.is_initialized() else None
+    except Exception:
+        return None
 
 
 def autocast_dtype() -> str | None:

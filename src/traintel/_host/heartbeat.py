@@ -11,10 +11,9 @@ collection. The training thread pays nothing but one timestamp store per complet
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -22,8 +21,13 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from traintel import semconv
 from traintel.version import __version__
 
-if TYPE_CHECKING:
-    from traintel._sdk.open_spans import OpenSpans
+
+class OpenSpans(Protocol):
+    """What the heartbeat reads of the open-span registry."""
+
+    last_end_ns: int
+
+    def spans(self) -> list[Any]: ...
 
 
 class RunningIteration(Protocol):
@@ -58,13 +62,14 @@ class HeartbeatSample:
 class Heartbeat:
     """Reads the engine and the open-span registry; never writes to them."""
 
-    def __init__(self, engine: Progress, open_spans: OpenSpans) -> None:
+    def __init__(self, engine: Progress, open_spans: OpenSpans, now_ns: Callable[[], int]) -> None:
         self._engine = engine
         self._open_spans = open_spans
-        self._started_ns = time.time_ns()
+        self._now_ns = now_ns  # the recorder's timeline, which the progress it reads is on
+        self._started_ns = now_ns()
 
     def sample(self, now_ns: int | None = None) -> HeartbeatSample:
-        now = time.time_ns() if now_ns is None else now_ns
+        now = self._now_ns() if now_ns is None else now_ns
         engine = self._engine
         progress = max(self._started_ns, engine.last_iteration_end_ns, self._open_spans.last_end_ns)
         phase, after = IDLE, None

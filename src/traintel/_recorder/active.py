@@ -1,51 +1,121 @@
-"""The job the phase API records into: set by the runtime when it configures or shuts down.
+"""The running job: the one registry of this process's telemetry.
 
-Why a module of its own: every phase reads it on every step, and the recorder must not import
-the runtime that builds it (that would be a cycle). The runtime sets ``engine`` and registers
-how to configure from the environment on first use; a phase used before any configuration
-triggers that once.
+Why here, in the recorder: every phase reads the running job's engine on every step, and the
+recorder must not import the runtime that builds the job. So the registry holds the job as
+what it needs of it (:class:`Job`, the runtime's ``Telemetry``), and the runtime registers once
+how to configure one from the environment on first use (``set_first_use``). Everything about
+"the job of this process" is here: the current one, the one an explicit shutdown is closing
+(its final metric export still reports it), the exit and fork hooks.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
+import os
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from traintel._recorder.engine import TrainingEngine
 
-#: The running job's engine; None before configuration, when telemetry is off, after shutdown.
+_logger = logging.getLogger("traintel")
+
+
+class Job(Protocol):
+    """What the registry needs of a job."""
+
+    @property
+    def engine(self) -> TrainingEngine | None: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @closed.setter
+    def closed(self, value: bool) -> None: ...
+
+    def shutdown(self, timeout_s: float | None = None) -> bool: ...
+
+
+J = TypeVar("J", bound=Job)
+
+#: The running job's engine, read on every step; None before configuration, when telemetry is
+#: off, after shutdown.
 engine: TrainingEngine | None = None
-#: False until the runtime has configured (or switched off) telemetry in this process.
-configured = False
+#: The current job, and the one an explicit shutdown() is closing (still reported until shut).
+job: Job | None = None
+closing: Job | None = None
+lock = threading.RLock()
+_first_use: Callable[[], Job] | None = None
+_atexit_registered = False
 
 
-def _not_configured() -> TrainingEngine | None:
-    return None
-
-
-_first_use: Callable[[], TrainingEngine | None] = _not_configured
-
-
-def set_engine(found: TrainingEngine | None) -> None:
-    global engine, configured
-    engine, configured = found, True
-
-
-def reset() -> None:
-    """After shutdown: the next API call configures afresh."""
-    global engine, configured
-    engine, configured = None, False
-
-
-def on_first_use(configure: Callable[[], TrainingEngine | None]) -> None:
+def set_first_use(configure: Callable[[], Job]) -> None:
+    """How a job is configured from the environment when the API is used before ``configure``
+    (registered by the runtime's bootstrap; it never raises)."""
     global _first_use
     _first_use = configure
 
 
-def current() -> TrainingEngine | None:
-    """The running job's engine, configuring from the environment if nothing has yet."""
-    found = engine
-    if found is None and not configured:
-        return _first_use()
-    return found
+def current() -> Job | None:
+    """The current job, configuring one from the environment on first use."""
+    found = job
+    if found is not None or _first_use is None:
+        return found
+    with lock:
+        return job if job is not None else set_current(_first_use())
+
+
+def current_engine() -> TrainingEngine | None:
+    """The running engine, configuring the job on first use (the phases' slow path)."""
+    found = current()
+    return found.engine if found is not None else None
+
+
+def set_current(new: J) -> J:
+    global job, engine, _atexit_registered
+    job, engine = new, new.engine
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(_at_exit)
+    return new
+
+
+def shutdown(timeout_s: float | None = None) -> bool:
+    """Flush and stop the current job now (bounded); the next API call configures afresh."""
+    global job, engine, closing
+    with lock:
+        stopping, job, engine = job, None, None
+    if stopping is None:
+        return True
+    closing = stopping
+    try:
+        return stopping.shutdown(timeout_s)
+    finally:
+        closing = None
+
+
+def _at_exit() -> None:
+    found = job
+    if found is not None:
+        try:
+            found.shutdown()
+        except Exception:
+            _logger.exception("traintel: shutdown at exit failed")
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker, say) stops recording into the parent's copy.
+
+    Its exporters are process-bound (``traintel.exporters.process_bound``), so nothing it holds
+    is sent twice; closing it also makes the API a no-op there and skips any flush at exit.
+    """
+    global lock
+    lock = threading.RLock()  # another thread may have held it at the fork
+    if job is not None:
+        job.closed = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

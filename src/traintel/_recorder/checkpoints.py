@@ -80,7 +80,7 @@ class AsyncCheckpointCompletion:
             if self._done:
                 return
             self._done = True
-        engine = active.current()
+        engine = active.current_engine()
         if engine is None or engine.closed:
             return
         try:
@@ -159,7 +159,7 @@ class CheckpointSavePhase(PhaseSpan):
         """The handle the background writer finishes (async saves); call inside the ``with``."""
         if self._completion is None:
             span = self._span
-            engine = active.current()
+            engine = active.current_engine()
             parent = engine.loop if engine is not None else None
             started_by = engine.iteration_starting_checkpoint() if engine is not None else None
             self._completion = AsyncCheckpointCompletion(
@@ -219,7 +219,7 @@ def checked_strategy(strategy: object) -> str:
     """``strategy`` if it is one traintel knows; else "sync", said once."""
     if strategy in ("sync", "async"):
         return str(strategy)
-    engine = active.current()
+    engine = active.current_engine()
     if engine is not None:
         engine.warn_once(
             "bad_strategy",

@@ -4,7 +4,13 @@ Why a fast path: see ``record.py``. Every iteration, in every export policy, is 
 it runs; when it ends it is aggregated, then exported as real SDK spans (same ids, exact
 timestamps, children included) if the policy keeps it ("all" keeps every one), else counted and
 dropped, and the export filter drops the user spans it held for it, so nothing is orphaned.
-Windows are closed by ``windows.py``, traces rotated by ``segments.py``.
+Windows are closed by ``windows.py`` (their rows handed to the window pipeline, which makes
+everything else of them off this thread), traces rotated by ``segments.py``.
+
+What the engine needs of the SDK side (the trace budget, the export filter, the id generator,
+the direct span writer, the metric instruments, the window pipeline, the device hooks) it
+names as protocols below and is given through its constructor: it imports only aggregation,
+the configuration and the OpenTelemetry internals module.
 
 Everything here runs on the training thread and never raises into it: callers wrap calls.
 """
@@ -20,17 +26,26 @@ from typing import Any, Final
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
-from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._aggregation.aggregator import EvalStats, TrainingAggregator, WindowReport
+from traintel._aggregation.aggregator import CheckpointStats, EvalStats
 from traintel._aggregation.export_policy import RankExportPolicy
-from traintel._aggregation.goodput import GoodputLedger, WindowGoodput
+from traintel._aggregation.goodput import GoodputLedger
 from traintel._aggregation.sampling import IterationSampler
-from traintel._host.device import DeviceHooks
+from traintel._aggregation.window import OpenWindow, RawRow
 from traintel._recorder import clock
+from traintel._recorder.ports import (
+    CheckpointMetrics,
+    DirectWriter,
+    HeldSpans,
+    IdSteering,
+    OpenPhases,
+    PhaseHooks,
+    TraceBudget,
+    WindowSink,
+)
 from traintel._recorder.record import (
     IterationRecord,
     OpenStep,
@@ -38,18 +53,11 @@ from traintel._recorder.record import (
     new_record,
     number,
 )
-from traintel._recorder.segments import Segments
+from traintel._recorder.segments import SegmentedSpan, Segments
 from traintel._recorder.windows import Windows
 from traintel._sdk.attributes import UserNamesCap
-from traintel._sdk.export_filter import IterationExportFilter, TraceBudget
-from traintel._sdk.ids import ForcingIdGenerator, new_span_id
-from traintel._sdk.instruments import TrainingInstruments
-from traintel._sdk.open_spans import OpenSpans
-from traintel._sdk.otel_private import attribute_limits, current_span
-from traintel._sdk.providers import DirectSpans
-from traintel._sdk.segments import SegmentedSpan
+from traintel._sdk.otel_private import attribute_limits, current_span, new_span_id
 from traintel.config import TrainingConfig
-from traintel.exporters.health import HEALTH
 from traintel.semconv import Event, Phase
 
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
@@ -88,9 +96,9 @@ class SpanOutlet:
 
     tracer: trace_api.Tracer
     budget: TraceBudget
-    ids: ForcingIdGenerator | None = None
-    export_filter: IterationExportFilter | None = None
-    direct: DirectSpans | None = None
+    ids: IdSteering | None = None
+    export_filter: HeldSpans | None = None
+    direct: DirectWriter | None = None
 
 
 def _nothing(*args: object) -> None:
@@ -105,16 +113,6 @@ class EngineHooks:
     #: As traintel's application span starts, and just before it ends (with the exception).
     on_application_start: Callable[[Span], None] = _nothing
     on_application_end: Callable[[Span, BaseException | None], None] = _nothing
-    #: Every closed window (None: nothing to close) and whether the loop ends.
-    window_hook: Callable[[WindowReport | None, bool], None] | None = None
-    #: The goodput records a window close releases, before they are exported (consumers may
-    #: annotate them), and whether the loop ends.
-    goodput_records: Callable[[list[WindowGoodput], bool], None] | None = None
-    #: ``mark_sync_point()``: the time this rank reached the collective.
-    on_sync_point: Callable[[int], None] | None = None
-    #: The iterations of window N and the pace (s per iteration, 0.0 if none yet) the ranks of
-    #: a multi-rank job agreed on (None: one process, whose windows close on its own clock).
-    window_size_for: Callable[[int], tuple[int, float] | None] | None = None
 
 
 class TrainingEngine:
@@ -125,9 +123,10 @@ class TrainingEngine:
         config: TrainingConfig,
         outlet: SpanOutlet,
         hooks: EngineHooks,
-        meter_provider: MeterProvider | None,
-        open_spans: OpenSpans,
+        window_sink: WindowSink,
+        open_spans: OpenPhases,
         world_size: int,
+        metrics: CheckpointMetrics | None = None,
     ) -> None:
         self.tracer = outlet.tracer
         #: Where traintel's own finished spans are written directly, if they can be.
@@ -137,7 +136,9 @@ class TrainingEngine:
         self.on_application_start = hooks.on_application_start
         self.on_application_end = hooks.on_application_end
         self.ids = ids = outlet.ids
-        self.export_filter = export_filter = outlet.export_filter
+        self.export_filter = outlet.export_filter
+        self.window_sink = window_sink
+        self.metrics = metrics
         self.open_spans = open_spans
         self.world_size = max(1, world_size)
         self.warn_once = hooks.warn_once
@@ -161,9 +162,12 @@ class TrainingEngine:
         self.next_train_iteration = 0  # the training loop sets the start, each iteration the next
         self.next_eval_iteration: dict[str, int] = {}
         self.last_exported: SpanContext | None = None  # the last training iteration, if exported
-        self.materializing = 0  # the thread creating an exported iteration's spans, if any
-        self.samples_total = 0.0
+        #: Threads creating traintel's own records through the tracer (an exported iteration's
+        #: spans, a window's record): the processor skips their spans, already counted.
+        self.materializing: set[int] = set()
+        self.samples_total = 0.0  # every iteration's, read by the metric reader
         self.tokens_total = 0.0
+        self.exported_iterations = 0
         # The heartbeat's progress stamp (read on the metric reader's thread).
         self.last_iteration_end_ns, self.last_iteration = 0, -1
         self.last_checkpoint: tuple[int, int, float] | None = None  # (iteration, end ns, seconds)
@@ -184,30 +188,29 @@ class TrainingEngine:
         random_roots = ids is not None and ids.is_trace_id_random()
         self._root_flags = 0x02 if random_roots else 0  # the W3C random-trace-id flag
         #: Called at each step phase's start and end when a device feature is on (None: one
-        #: test per phase); set by the window bookkeeping, which owns the device features.
-        self.device: DeviceHooks | None = None
+        #: test per phase); set by the runtime, which owns the device features.
+        self.device: PhaseHooks | None = None
         #: A step phase has more to do than time itself: "all" mode or device hooks (one test).
         self.step_hooks = False
         self.export_all = False
-        #: Called with every closed window (None: nothing to close) and whether the loop ends.
-        self.window_hook, self.goodput_records = hooks.window_hook, hooks.goodput_records
-        #: Called by ``mark_sync_point()`` with the time this rank reached the collective.
-        self.on_sync_point = hooks.on_sync_point
-        self.window_size_for = hooks.window_size_for
+        #: The open window (training thread); the statistics of closed ones (window pipeline).
+        self.window = OpenWindow()
+        self.checkpoints = CheckpointStats()
+        self.rows: list[RawRow] = self.window.rows  # the open window's, replaced at each close
         self.segments = Segments(self, outlet.budget)
         self.windows = Windows(self)
         self.apply_config(config)
-        #: The metric instruments, read from this engine when a reader collects.
-        self.instruments = TrainingInstruments(meter_provider, self) if meter_provider is not None else None
-        if export_filter is not None:
-            export_filter.active_iteration = lambda: self.active
-        HEALTH.report_zeros = True  # until a scale-mode decision says otherwise
+
+    @property
+    def iterations_seen(self) -> int:
+        """Training iterations ended so far (the metric reader's thread reads it too)."""
+        return self.window.iterations_seen
 
     def set_export_all(self, export_all: bool) -> None:
         self.export_all = export_all
         self.step_hooks = export_all or self.device is not None
 
-    def set_device(self, device: DeviceHooks | None) -> None:
+    def set_device(self, device: PhaseHooks | None) -> None:
         self.device = device
         self.step_hooks = self.export_all or device is not None
 
@@ -245,42 +248,39 @@ class TrainingEngine:
     def apply_config(self, config: TrainingConfig) -> None:
         """(Re)read the knobs; called at start, on set_training_config, and at window ends."""
         self.config = config
-        self.set_export_all(config.get("export_iterations") == "all")
-        self.window_size = int(config.get("log_every_n_iterations"))
-        if not hasattr(self, "aggregator"):
-            self.aggregator = TrainingAggregator(self.window_size, int(config.get("warmup_iterations")))
-            self.rows = self.aggregator.rows  # stable: emptied in place at each window close
+        self.settings = settings = config.resolve()
+        self.set_export_all(settings.export_iterations == "all")
+        if not hasattr(self, "sampler"):
             self.sampler = IterationSampler(
-                str(config.get("export_iterations")),
-                int(config.get("export_first_iterations")),
-                int(config.get("export_every_n_iterations")),
-                float(config.get("slow_iteration_factor")),
+                settings.export_iterations,
+                settings.export_first_iterations,
+                settings.export_every_n_iterations,
+                settings.slow_iteration_factor,
             )
-        self.aggregator.window_size = self.window_size
         sampler = self.sampler  # the export policy can change mid-run (set_training_config)
-        sampler.policy = str(config.get("export_iterations"))
-        sampler.first = int(config.get("export_first_iterations"))
+        sampler.policy = settings.export_iterations
+        sampler.first = settings.export_first_iterations
         sampler.set_rates(
-            int(config.get("export_every_n_iterations")),
-            float(config.get("export_every_n_seconds")),
-            float(config.get("export_tail_per_minute")),
+            settings.export_every_n_iterations,
+            settings.export_every_n_seconds,
+            settings.export_tail_per_minute,
         )
-        factor = float(config.get("slow_iteration_factor"))
+        factor = settings.slow_iteration_factor
         if factor != sampler.slow_factor:
             sampler.slow_factor = factor
             self.windows.catch_up_median()  # the median of the last 101, as at a window close
             sampler.refresh()
         if self.rank_export is not None and not self.rank_export.routine_iterations:
             self._stop_routine_sampling()
-        global_batch = config.get("global_batch_size")
+        global_batch = settings.global_batch_size
         self.default_samples: float | None = global_batch / self.world_size if global_batch else None
-        self.seq_len: int | None = config.get("seq_len")
-        self.flops_per_token: float | None = config.get("flops_per_token")
-        self.flops_per_sample: float | None = config.get("flops_per_sample")
+        self.seq_len = settings.seq_len
+        self.flops_per_token = settings.flops_per_token
+        self.flops_per_sample = settings.flops_per_sample
         # Without a default batch, a step that reports nothing has nothing derived (_counts).
         self._derives_counts = self.default_samples is not None
-        self.windows.configure(config)
-        self.segments.configure(config)
+        self.windows.configure(settings)
+        self.segments.configure(settings)
 
     def set_rank_export(self, policy: RankExportPolicy) -> None:
         """Apply what this rank exports; the first decision stands (scale mode is decided once
@@ -291,9 +291,6 @@ class TrainingEngine:
         self.window_events = policy.window_events
         if not policy.routine_iterations:
             self._stop_routine_sampling()
-        if not policy.window_series and self.instruments is not None:
-            self.instruments.stop_window_series()
-        HEALTH.report_zeros = not policy.anomalies_only  # self-telemetry: only what went wrong
 
     def _stop_routine_sampling(self) -> None:
         """No head reasons (first K, every M-th, "all"): only tail reasons export an iteration."""
@@ -344,8 +341,6 @@ class TrainingEngine:
             reason = sampler.head_reason(index, iteration)
             if reason is not None:
                 record.start_reason(reason)
-        if self.windows.dtype_probing and phase == _TRAINING_ITERATION:
-            self.windows.look_at_autocast()  # plain-OpenTelemetry iterations pass no device hook
         # The trace flag spans started inside inherit, under a sampled parent (or none): with
         # traintel's providers, sampled (the filter holds them until the decision) unless the
         # policy is "none"; with the user's own pipeline, the head decision (ParentBased
@@ -392,8 +387,8 @@ class TrainingEngine:
             self.last_iteration_end_ns = end_ns
             self.last_iteration = iteration
             self._add_row(record, duration_ns, end_ns)
-            if record.metrics:
-                self.aggregator.add_model_metrics(record.metrics)
+            if record.metrics or record.sync_ns:
+                self._add_to_window(record)
             windows = self.windows
             at_mark = len(self.rows) >= windows.rows_mark or end_ns >= windows.due_ns
             if at_mark:  # the slow threshold may start with this iteration, before it is tested
@@ -424,7 +419,7 @@ class TrainingEngine:
 
     def _add_row(self, record: IterationRecord, duration_ns: int, end_ns: int) -> None:
         """The iteration's row in the open window: its time, work and step phases."""
-        phases = record.phase_ns if record.children or record.step_spans else None
+        phases = tuple(record.phase_ns) if record.children or record.step_spans else None
         if not record.counted and not self._derives_counts:  # no work reported or derived
             self.rows.append((duration_ns, None, None, None, None, phases, record.iteration, end_ns))
             return
@@ -435,6 +430,16 @@ class TrainingEngine:
             self.tokens_total += tokens
         iteration = record.iteration
         self.rows.append((duration_ns, samples, tokens, record.padding, flops, phases, iteration, end_ns))
+
+    def _add_to_window(self, record: IterationRecord) -> None:
+        """The iteration's model metrics, and its compute time before the collective (for the
+        cross-rank row), into the open window."""
+        window = self.window
+        if record.metrics:
+            window.add_metrics(record.metrics)
+        if record.sync_ns:
+            window.sync_compute_ns += record.sync_ns - record.start_ns - record.phase_ns[0]
+            window.sync_marked += 1
 
     def _counts(self, record: IterationRecord) -> tuple[float | None, float | None, float | None]:
         """This step's samples, tokens and FLOPs: reported, else derived from the config."""
@@ -462,14 +467,17 @@ class TrainingEngine:
             )
             exported = self._decide(record, self._within_budget(reason))
         if record.nonfinite or slow or exported is not None:
-            self.aggregator.flag(record.nonfinite, slow, exported is not None)
+            window = self.window
+            window.nonfinite_iterations += record.nonfinite
+            window.slow_iterations += slow
+            window.exported_iterations += exported is not None
         self.last_exported = SpanContext(exported[0], exported[1], False, _SAMPLED) if exported else None
         if slow:
             self._slow_event(record, seconds, exported)
         if record.nonfinite:
             self._nonfinite_events(record, exported)
-        if exported is not None and self.instruments is not None:
-            self.instruments.exported_iterations += 1
+        if exported is not None:
+            self.exported_iterations += 1
         return exported
 
     def _end_eval_iteration(self, record: IterationRecord, duration_ns: int) -> None:
@@ -525,20 +533,19 @@ class TrainingEngine:
         """traintel's numbers before the user's metric names, within the tracer's limits."""
         return UserNamesCap(*attribute_limits(self.tracer), self.warn_once)
 
-    def _write(self, record: IterationRecord, reason: str, direct: DirectSpans) -> tuple[int, int]:
+    def _write(self, record: IterationRecord, reason: str, direct: DirectWriter) -> tuple[int, int]:
         context = record.exported_context()
         trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
-        writer, forward = direct.writer, direct.forward
         for name, start_ns, end_ns, _error, extras in record.children:
             span_id = extras.span_id if extras is not None and extras.span_id else new_span_id()
             attributes = extras.attributes if extras is not None else {semconv.PHASE: name}
             step = SpanContext(trace_id, span_id, False, flags, state)
-            forward(writer.span(name, step, context, attributes, start_ns, end_ns))
+            direct.write(name, step, context, attributes, start_ns, end_ns)
         parent = record.parent if record.parent.is_valid else None
         attributes = self.names_cap.span(
             _span_attributes(record, reason), _METRIC_PREFIX, "training_iteration span"
         )
-        forward(writer.span(record.phase, context, parent, attributes, record.start_ns, record.end_ns))
+        direct.write(record.phase, context, parent, attributes, record.start_ns, record.end_ns)
         return (trace_id, context.span_id)
 
     def _trace(self, record: IterationRecord, reason: str) -> tuple[int, int]:
@@ -548,7 +555,8 @@ class TrainingEngine:
         if not record.span_id:
             record.assign_ids()
         ids = self.ids
-        self.materializing = _get_ident()  # the processor skips these: already counted
+        thread = _get_ident()
+        self.materializing.add(thread)  # the processor skips these: already counted
         try:
             if ids is not None:
                 ids.force(record.span_id, None if parent.is_valid else record.trace_id)
@@ -567,7 +575,7 @@ class TrainingEngine:
                 self._materialize_step(inside, *child)
             _finish_span(span, record)
         finally:
-            self.materializing = 0
+            self.materializing.discard(thread)
         exported = span.get_span_context()
         return (exported.trace_id, exported.span_id)
 
@@ -633,6 +641,18 @@ class TrainingEngine:
             }
             loop.add_event(Event.NONFINITE_METRIC.value, _with_exported(attributes, exported), record.end_ns)
 
+    def mark_sync_point(self, now_ns: int) -> None:
+        """This rank arrives at the iteration's collective: its compute time ends here (the
+        first mark of an iteration counts; a DDP hook fires once per gradient bucket)."""
+        record = self.active
+        if record is not None and record.phase == _TRAINING_ITERATION:
+            record.mark_sync(now_ns)
+
+    def nested_in_iteration(self, duration_ns: int) -> None:
+        """A categorised phase (a checkpoint save, say) ended inside an iteration of the open
+        window: its time is that window's nested badput."""
+        self.window.nested_ns += duration_ns
+
     def segment_started(self) -> None:
         """A new trace began: the loop's context answers anew, the event caps start over."""
         self._parent_cache = (None, trace_api.INVALID_SPAN_CONTEXT, True, True)
@@ -664,12 +684,12 @@ class TrainingEngine:
         if self.loop is not loop:
             return
         self.windows.close(final=True)
+        self.window_sink.flush()  # the loop's own numbers are the totals of all its windows
         train_time = (end_ns - self.loop_start_ns) / 1e9 if self.loop_start_ns else None
-        summary = self.aggregator.summary(self.windows.rate_inputs(), train_time)
+        summary = self.window_sink.summary(train_time)
+        summary.update(self.checkpoints.attributes(semconv.SUMMARY_PREFIX + "checkpoint."))
         summary[semconv.SUMMARY_PREFIX + "segments"] = self.segments.closed + 1
-        summary[semconv.SUMMARY_PREFIX + "exported_iterations"] = (
-            self.instruments.exported_iterations if self.instruments is not None else 0
-        )
+        summary[semconv.SUMMARY_PREFIX + "exported_iterations"] = self.exported_iterations
         summary.update(self.goodput.snapshot(end_ns).attributes(semconv.SUMMARY_PREFIX))
         if self.goodput.ideal_step_time_s is not None:
             summary[semconv.SUMMARY_PREFIX + "step_time.ideal"] = self.goodput.ideal_step_time_s
@@ -728,15 +748,12 @@ class TrainingEngine:
             duration_s,
         )
         with self.lock:
-            self.aggregator.checkpoints.add_save(duration_s, size_bytes, strategy)
-            attributes: dict[str, AttributeValue] = dict(self.aggregator.checkpoints.attributes())
+            self.checkpoints.add_save(duration_s, size_bytes, strategy)
+            attributes: dict[str, AttributeValue] = dict(self.checkpoints.attributes())
         if size_bytes is not None and duration_s > 0:
             attributes[semconv.CHECKPOINT_BYTES_PER_SECOND] = size_bytes / duration_s
-        instruments = self.instruments
-        if instruments is not None:
-            instruments.checkpoint_save_duration.record(duration_s, {semconv.CHECKPOINT_STRATEGY: strategy})
-            if size_bytes is not None:
-                instruments.checkpoint_size.record(size_bytes, {semconv.CHECKPOINT_STRATEGY: strategy})
+        if self.metrics is not None:
+            self.metrics.checkpoint_saved(duration_s, size_bytes, strategy)
         target = own_span if own_span is not None else parent
         if target is not None:
             target.add_event(Event.CHECKPOINT_METRICS_UPDATE.value, attributes)
@@ -746,21 +763,21 @@ class TrainingEngine:
         self, duration_s: float, size_bytes: int | None
     ) -> dict[str, AttributeValue]:
         with self.lock:
-            self.aggregator.checkpoints.add_background(duration_s, size_bytes)
-            attributes: dict[str, AttributeValue] = dict(self.aggregator.checkpoints.attributes())
-        if self.instruments is not None and size_bytes is not None:
-            self.instruments.checkpoint_size.record(size_bytes, {semconv.CHECKPOINT_STRATEGY: "async"})
+            self.checkpoints.add_background(duration_s, size_bytes)
+            attributes: dict[str, AttributeValue] = dict(self.checkpoints.attributes())
+        if self.metrics is not None:
+            self.metrics.background_written(size_bytes)
         return attributes
 
     def checkpoint_loaded(self, duration_s: float) -> None:
         with self.lock:
-            self.aggregator.checkpoints.add_load(duration_s)
-        if self.instruments is not None:
-            self.instruments.checkpoint_load_duration.record(duration_s)
+            self.checkpoints.add_load(duration_s)
+        if self.metrics is not None:
+            self.metrics.checkpoint_loaded(duration_s)
 
     def checkpoint_stage_done(self, stage: str, duration_s: float) -> None:
         with self.lock:
-            self.aggregator.checkpoints.add_stage(stage, duration_s)
+            self.checkpoints.add_stage(stage, duration_s)
 
     # --- spans from other instrumentation (plain OTel with ml.training.phase) ----------------------
     def foreign_loop_ended(self, context: SpanContext) -> None:
@@ -780,7 +797,7 @@ class TrainingEngine:
             self.foreign_loop = loop_span
         record = new_record(
             _TRAINING_ITERATION,
-            int(attributes.get(semconv.ITERATION, self.aggregator.iterations_seen)),
+            int(attributes.get(semconv.ITERATION, self.window.iterations_seen)),
             span.start_time,
             span.parent or trace_api.INVALID_SPAN_CONTEXT,
         )

@@ -35,10 +35,9 @@ from traintel._aggregation.aggregator import BACKWARD, DATA, FORWARD, OPTIMIZER
 from traintel._recorder import active, clock
 from traintel._recorder.engine import TrainingEngine, mark_error
 from traintel._recorder.record import MAX_EVENTS, IterationRecord, StepExtras, Terminated
+from traintel._recorder.segments import SegmentedSpan
 from traintel._sdk.attributes import clean_attributes, clean_value
-from traintel._sdk.ids import new_span_id
-from traintel._sdk.otel_private import attach, detach, get_current, with_span
-from traintel._sdk.segments import SegmentedSpan
+from traintel._sdk.otel_private import attach, detach, get_current, new_span_id, with_span
 from traintel.semconv import Phase
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -151,7 +150,7 @@ class PhaseSpan:
 
     # --- with: how a ``with`` runs the phase ---------------------------------------------------------
     def __enter__(self) -> Span:
-        engine = active.engine or active.current()
+        engine = active.engine or active.current_engine()
         if engine is None or engine.closed:
             return _INVALID_SPAN
         try:
@@ -231,11 +230,12 @@ class ApplicationPhase(PhaseSpan):
 
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         if engine.app is span:
+            engine.window_sink.flush()  # the job's goodput (and energy) is its windows' too
             engine.on_application_end(span, exc)
             engine.goodput.ended(end_ns)
             span.set_attributes(engine.goodput.snapshot(end_ns).attributes())
             if isinstance(span, SegmentedSpan) and span.segment_index:
-                span.close_segment(end_ns, continues=False)
+                span.close_segment(end_ns, continues=False)()
             engine.app = None
 
 
@@ -328,7 +328,7 @@ class IterationPhase(_TimedPhase):
 
     def __enter__(self, start_ns: int = 0) -> Span:
         """``with`` passes no time (the clock's); callbacks pass theirs."""
-        engine = active.engine or active.current()
+        engine = active.engine or active.current_engine()
         if engine is None or engine.closed:
             return _INVALID_SPAN
         try:
@@ -427,7 +427,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
 
     def __enter__(self, start_ns: int = 0) -> Span:
         """``with`` passes no time (the clock's); callbacks pass theirs."""
-        engine = active.engine or active.current()
+        engine = active.engine or active.current_engine()
         if engine is None:
             return _INVALID_SPAN
         record = engine.active

@@ -31,13 +31,10 @@ from opentelemetry.util.types import AttributeValue
 from traintel import semconv
 from traintel._recorder import clock
 from traintel._sdk.attributes import as_number, clean_value
-from traintel._sdk.ids import new_span_id, new_trace_id
+from traintel._sdk.otel_private import RANDOM_TRACE_ID, new_span_id, new_trace_id
 
 _PLAIN = (str, bool, int, float)
 _SAMPLED: Final = 0x01
-#: The W3C random-trace-id flag, where this OpenTelemetry release knows it (from 1.42): a span
-#: keeps its parent's, as the SDK's spans do; any other parent flag is not carried.
-RANDOM_TRACE_ID: Final = 0x02 if hasattr(TraceFlags, "RANDOM_TRACE_ID") else 0
 #: Iteration attributes that are the step's work counts (record fields).
 _COUNT_ATTRIBUTES: Final = {
     semconv.SAMPLES: "samples",
@@ -141,6 +138,7 @@ class IterationRecord(NonRecordingSpan):
     step_ids: set[int] | None = None  # ids drawn for its steps (spans were started inside them)
     context: object = None  # the Context attached for the body
     open_step: OpenStep | None = None  # the step phase entered last: what a signal ends
+    sync_ns = 0  # when this rank reached the iteration's first collective (mark_sync_point)
     _span_context: SpanContext | None = None
 
     # --- the Span API a user sees inside the iteration ---------------------------------------------
@@ -245,6 +243,11 @@ class IterationRecord(NonRecordingSpan):
             self.padding = (self.padding or 0) + padding
         if flops is not None:
             self.flops = (self.flops or 0) + flops
+
+    def mark_sync(self, now_ns: int) -> None:
+        """The iteration reached its first collective (later marks are other gradient buckets)."""
+        if not self.sync_ns:
+            self.sync_ns = now_ns
 
     def record_metric(self, name: str, value: float) -> None:
         metrics = self.metrics

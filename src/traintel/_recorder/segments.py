@@ -1,22 +1,35 @@
-"""When the running trace is closed and the run goes on in a new one (segmented traces).
+"""Segmented traces: a long run continues in new traces, linked, each closed within its period.
 
-Why: backends assume a trace finishes in minutes and hold a bounded number of spans and bytes
-per trace. Every ``segment_iterations`` training iterations or ``segment_seconds``, or before
-the span / byte budget is reached, the open ``application`` and ``training_loop`` spans end and
-continue in a fresh trace (see ``traintel._sdk.segments``). The rotation happens at the start of
-the next iteration, never after the last one.
+Why: backends assume a trace finishes in minutes. A training run of days as one trace has a
+root that arrives last or never, blows Tempo's per-trace byte limit and Jaeger's UI. So every
+``segment_iterations`` training iterations or ``segment_seconds`` (or before the span / byte
+budget is reached), the open ``application`` and ``training_loop`` spans end and continue as
+new root ``application`` / child ``training_loop`` spans in a fresh trace, linked to the
+previous segment and to the run's first ``application`` span, carrying the segment index and
+iteration range. A short run never rotates and is exactly one trace. The rotation happens at
+the start of the next iteration, never after the last one.
+
+The user holds a :class:`SegmentedSpan`: a span handle that always forwards to the current
+segment, so ``span.set_attribute(...)`` after a rotation still lands, and spans started under
+it (through the context it was attached in) parent to the current segment.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
 
-from traintel._sdk.export_filter import TraceBudget
-from traintel._sdk.segments import SegmentedSpan, span_event_limit
-from traintel.config import TrainingConfig
+from opentelemetry import trace as trace_api
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import SpanLimits
+from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
+from opentelemetry.util import types
 
-if TYPE_CHECKING:
-    from traintel._recorder.engine import TrainingEngine
+from traintel import semconv
+from traintel._aggregation.otlp_size import estimate_attributes_bytes
+from traintel._recorder.ports import TraceBudget, WindowSink
+from traintel._sdk.otel_private import add_clean_event
+from traintel.config import Settings
 
 #: Fraction of the trace budget at which a segment is closed early.
 BUDGET_ROTATE: Final = 0.9
@@ -30,10 +43,21 @@ BUDGET_CHECK_EVERY: Final = 16
 OPEN_SPANS_MARGIN: Final = 6144
 
 
+class SegmentOwner(Protocol):
+    """What the segment bookkeeping reads of the engine that owns it."""
+
+    loop: SegmentedSpan | None
+    app: SegmentedSpan | None
+    tracer: trace_api.Tracer
+    window_sink: WindowSink
+
+    def segment_started(self) -> None: ...
+
+
 class Segments:
     """The running segment's budget and the rotation to the next one."""
 
-    def __init__(self, engine: TrainingEngine, budget: TraceBudget) -> None:
+    def __init__(self, engine: SegmentOwner, budget: TraceBudget) -> None:
         self._engine = engine
         self.budget = budget
         self.rotate_pending = False
@@ -41,11 +65,11 @@ class Segments:
         self.next_check = BUDGET_CHECK_EVERY
         self.due_ns = 1 << 62
 
-    def configure(self, config: TrainingConfig) -> None:
-        self.segment_iterations = int(config.get("segment_iterations"))
-        self.segment_ns = int(float(config.get("segment_seconds")) * 1e9)
-        self.max_spans = int(config.get("max_spans_per_trace"))
-        self.max_bytes = int(config.get("max_bytes_per_trace"))
+    def configure(self, settings: Settings) -> None:
+        self.segment_iterations = settings.segment_iterations
+        self.segment_ns = int(settings.segment_seconds * 1e9)
+        self.max_spans = settings.max_spans_per_trace
+        self.max_bytes = settings.max_bytes_per_trace
         # Due before the loop span's events reach the SDK's limit: a window event can come with
         # each of the BUDGET_CHECK_EVERY iterations between two checks, and capped others.
         limit = span_event_limit()
@@ -116,13 +140,19 @@ class Segments:
         if loop is None:
             return
         app = engine.app
-        spans, size = self.budget.usage(loop.get_span_context().trace_id)
         previous_loop = loop.get_span_context()
-        loop.close_segment(now_ns, continues=True, spans=spans, estimated_bytes=size)
+        # Closed after the windows already handed over: their records go on the segment that
+        # holds them. The next segment starts now: the next iteration is in it.
+        then = engine.window_sink.then
+        then(
+            loop.close_segment(
+                now_ns, continues=True, usage=lambda: self.budget.usage(previous_loop.trace_id)
+            )
+        )
         new_parent = None
         if app is not None and app.get_span_context().trace_id == previous_loop.trace_id:
             previous_app = app.get_span_context()
-            app.close_segment(now_ns, continues=True)
+            then(app.close_segment(now_ns, continues=True))
             app.start_next(engine.tracer, now_ns, None, [previous_app, app.first_context])
             new_parent = app.current
             root_links = [previous_loop]
@@ -136,5 +166,143 @@ class Segments:
     def loop_closing(self, loop: SegmentedSpan, end_ns: int) -> None:
         """The loop ends: if it was ever rotated, its last segment is marked as the last."""
         if self.closed:
-            spans, size = self.budget.usage(loop.get_span_context().trace_id)
-            loop.close_segment(end_ns, continues=False, spans=spans, estimated_bytes=size)
+            trace_id = loop.get_span_context().trace_id
+            loop.close_segment(end_ns, continues=False, usage=lambda: self.budget.usage(trace_id))()
+
+
+def span_event_limit() -> int | None:
+    """The events an SDK span keeps (``OTEL_SPAN_EVENT_COUNT_LIMIT``, 128 by default); None:
+    no limit."""
+    return SpanLimits().max_events
+
+
+class SegmentedSpan(Span):
+    """A stable handle on a phase whose SDK span is replaced at each segment boundary."""
+
+    def __init__(self, first: Span, name: str, attributes: Mapping[str, types.AttributeValue] | None) -> None:
+        self.current = first
+        self.first_context = self._context = first.get_span_context()
+        self.name = name
+        self.start_attributes = dict(attributes or {})
+        self.segment_index = 0
+        self.segment_start_ns = 0
+        self.segment_first_iteration: int | None = None
+        self.segment_last_iteration: int | None = None
+        self.segment_iterations = 0
+        #: Estimated OTLP bytes of the events on the open segment: they reach the trace only
+        #: when the segment ends, but count against its budget now.
+        self.open_bytes = 0
+        #: Events on the open segment: the SDK drops those beyond the span's event limit.
+        self.open_events = 0
+
+    # --- Span API: forward to the current segment -------------------------------------------------
+    def end(self, end_time: int | None = None) -> None:
+        self.current.end(end_time=end_time)
+
+    def get_span_context(self) -> SpanContext:
+        return self._context  # the current segment's; read once per iteration, so cached
+
+    def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
+        self.current.set_attributes(attributes)
+
+    def set_attribute(self, key: str, value: types.AttributeValue) -> None:
+        self.current.set_attribute(key, value)
+
+    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+        self.open_events += 1
+        self.open_bytes += 24 + len(name) + estimate_attributes_bytes(attributes)
+        self.current.add_event(name, attributes, timestamp)
+
+    def add_clean_event(
+        self, name: str, attributes: Mapping[str, types.AttributeValue], segment: Span | None = None
+    ) -> None:
+        """``add_event`` for attributes traintel computed (plain numbers and strings): stored
+        without the SDK's per-value cleaning (see ``traintel._sdk.otel_private``); on
+        ``segment`` if given (the one that held a window), counted if it is still the open one."""
+        segment = self.current if segment is None else segment
+        if segment is self.current:
+            self.open_events += 1
+            self.open_bytes += 24 + len(name) + estimate_attributes_bytes(attributes)
+        add_clean_event(segment, name, attributes)
+
+    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
+        self.current.add_link(context, attributes)
+
+    def update_name(self, name: str) -> None:
+        self.name = name
+        self.current.update_name(name)
+
+    def is_recording(self) -> bool:
+        return self.current.is_recording()
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        self.current.set_status(status, description)
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: types.Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        self.current.record_exception(exception, attributes, timestamp, escaped)
+
+    def __repr__(self) -> str:
+        return f"SegmentedSpan({self.name!r}, segment={self.segment_index}, current={self.current!r})"
+
+    # --- segment bookkeeping --------------------------------------------------------------------
+    def close_segment(
+        self, end_ns: int, continues: bool, usage: Callable[[], tuple[int, int]] | None = None
+    ) -> Callable[[], None]:
+        """What marks the current segment's span, and ends it if the run continues in a next
+        one; returned, to be called once the windows closed in this segment are in it (see
+        ``Segments.rotate``). ``usage``, read then, gives what its trace was sent (spans,
+        estimated bytes)."""
+        span = self.current
+        attributes: dict[str, types.AttributeValue] = {
+            semconv.SEGMENT_INDEX: self.segment_index,
+            semconv.SEGMENT_CONTINUES: continues,
+        }
+        if self.segment_first_iteration is not None and self.segment_last_iteration is not None:
+            attributes[semconv.SEGMENT_FIRST_ITERATION] = self.segment_first_iteration
+            attributes[semconv.SEGMENT_LAST_ITERATION] = self.segment_last_iteration
+
+        def close() -> None:
+            spans, size = usage() if usage is not None else (0, 0)
+            if spans:
+                attributes[semconv.SEGMENT_SPANS] = spans
+                attributes[semconv.SEGMENT_BYTES] = size
+            span.set_attributes(attributes)
+            if continues:
+                span.end(end_time=end_ns)
+
+        return close
+
+    def start_next(
+        self,
+        tracer: trace_api.Tracer,
+        start_ns: int,
+        parent: Span | None,
+        links: Sequence[SpanContext],
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Continue in a new span: a root (new trace) unless ``parent`` is given."""
+        self.segment_index += 1
+        attributes = dict(self.start_attributes)
+        attributes[semconv.SEGMENT_INDEX] = self.segment_index
+        attributes.update(extra or {})
+        context = trace_api.set_span_in_context(parent) if parent is not None else Context()
+        self.current = tracer.start_span(
+            self.name,
+            context=context,
+            attributes=attributes,
+            links=[Link(link) for link in links if link.is_valid],
+            start_time=start_ns,
+        )
+        self._context = self.current.get_span_context()
+        self.segment_start_ns = start_ns
+        self.segment_first_iteration = None
+        self.segment_last_iteration = None
+        self.segment_iterations = 0
+        self.open_bytes = 0
+        self.open_events = 0

@@ -14,35 +14,39 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
-from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
-from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import Span
 
 from traintel import semconv
-from traintel._aggregation.aggregator import WindowReport
+from traintel._aggregation.aggregator import TrainingAggregator
 from traintel._aggregation.export_policy import RankExportPolicy
-from traintel._aggregation.goodput import WindowGoodput
+from traintel._host.device import AutocastProbe, device_hooks
 from traintel._host.energy import Booked, EnergyAccounting, EnergyInstruments
 from traintel._host.gpu import GpuInstruments
 from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel._host.system_metrics import SystemInstruments
+from traintel._recorder import active, clock
 from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
 from traintel._runtime import preemption, state
+from traintel._runtime.pipeline import Pipeline, PipelineOptions, build_pipeline
 from traintel._runtime.state import Telemetry, Warnings
+from traintel._runtime.window_consumers import PeakFlops, WindowConsumers
+from traintel._runtime.window_pipeline import WindowPipeline
 from traintel._sdk.export_filter import TraceBudget
 from traintel._sdk.ids import ForcingIdGenerator
+from traintel._sdk.instruments import TrainingInstruments
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.otel_private import set_tracer_id_generator, tracer_id_generator
 from traintel._sdk.processor import TrainingMetricsProcessor
-from traintel._sdk.providers import Pipeline, build_pipeline
-from traintel.config import ConfigurationError, TrainingConfig
+from traintel._sdk.window_spans import WindowSpans
+from traintel.config import ConfigurationError, Settings, TrainingConfig
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
-from traintel.exporters.health import register_instruments
+from traintel.exporters.health import HEALTH, register_instruments
 from traintel.resource_detectors import distributed_identity
 from traintel.version import __version__
 
@@ -57,53 +61,21 @@ def sdk_disabled(environ: Mapping[str, str] | None = None) -> bool:
     return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
-def configure(
-    *,
-    tracer_provider: trace_api.TracerProvider | None = None,
-    meter_provider: metrics_api.MeterProvider | None = None,
-    service_name: str | None = None,
-    training: Mapping[str, object] | None = None,
-    span_exporters: Sequence[SpanExporter] | None = None,
-    metric_readers: Sequence[MetricReader] | None = None,
-) -> Telemetry:
+def configure(options: PipelineOptions, training: Mapping[str, object] | None = None) -> Telemetry:
     """Explicit configuration: validates everything first and raises ConfigurationError."""
     config = TrainingConfig.from_env(overrides=training, strict=True)
     if state.importing_main_in_child():  # a spawn/forkserver child: a DataLoader worker, maybe
-        again = functools.partial(
-            configure,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-            service_name=service_name,
-            training=training,
-            span_exporters=span_exporters,
-            metric_readers=metric_readers,
-        )
-        state.defer_configure(again)
+        _defer_configure(functools.partial(configure, options, training))
         return Telemetry(TrainingConfig())
-    with state._lock:
+    with active.lock:
         previous = state.configured()
-        if previous is not None:
-            reuse = (
-                tracer_provider is None
-                and meter_provider is None
-                and span_exporters is None
-                and metric_readers is None
-                and previous.pipeline is not None
-            )
-            if reuse:
-                previous.close_open_callbacks("traintel reconfigured")
-                previous.update_config(**dict(training or {}))
-                return previous
+        same_providers = replace(options, service_name=None) == PipelineOptions()
+        if previous is not None and previous.pipeline is not None and same_providers:
+            previous.close_open_callbacks("traintel reconfigured")
+            previous.update_config(**dict(training or {}))
+            return previous
         # Built while the previous job still runs: if this raises, that job goes on untouched.
-        prepared = _prepare(
-            config,
-            strict=True,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-            service_name=service_name,
-            span_exporters=span_exporters,
-            metric_readers=metric_readers,
-        )
+        prepared = _prepare(config, options, strict=True)
         if previous is not None:
             previous.shutdown()
         return _install(config, prepared)
@@ -112,69 +84,28 @@ def configure(
 def _auto_configure() -> Telemetry:
     config = TrainingConfig.from_env(strict=False)
     try:
-        return install(config, strict=False)
+        return _install(config, _prepare(config, PipelineOptions(), strict=False))
     except ConfigurationError as exc:  # never into user code; nothing half-built is left
         _logger.error("traintel: %s (telemetry is off for this process)", exc)
-        return state.set_current(Telemetry(config))
+        return active.set_current(Telemetry(config))
 
 
-def install(
-    config: TrainingConfig,
-    *,
-    strict: bool,
-    tracer_provider: trace_api.TracerProvider | None = None,
-    meter_provider: metrics_api.MeterProvider | None = None,
-    service_name: str | None = None,
-    span_exporters: Sequence[SpanExporter] | None = None,
-    metric_readers: Sequence[MetricReader] | None = None,
-) -> Telemetry:
-    prepared = _prepare(
-        config,
-        strict=strict,
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-        service_name=service_name,
-        span_exporters=span_exporters,
-        metric_readers=metric_readers,
-    )
-    return _install(config, prepared)
-
-
-def _prepare(
-    config: TrainingConfig,
-    *,
-    strict: bool,
-    tracer_provider: trace_api.TracerProvider | None,
-    meter_provider: metrics_api.MeterProvider | None,
-    service_name: str | None,
-    span_exporters: Sequence[SpanExporter] | None,
-    metric_readers: Sequence[MetricReader] | None,
-) -> _Prepared:
-    if sdk_disabled():
-        return None
-    return build_pipeline(
-        config,
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-        service_name=service_name,
-        strict=strict,
-        span_exporters=span_exporters,
-        metric_readers=metric_readers,
-    )
+def _prepare(config: TrainingConfig, options: PipelineOptions, *, strict: bool) -> _Prepared:
+    return None if sdk_disabled() else build_pipeline(config, options, strict=strict)
 
 
 def _install(config: TrainingConfig, prepared: _Prepared) -> Telemetry:
     """Build the job around its pipeline, then publish both: the global providers last."""
     if prepared is None:
-        return state.set_current(Telemetry(config))
+        return active.set_current(Telemetry(config))
     pipeline, publish = prepared
     try:
         built = _build(config, pipeline)
     except BaseException:
-        pipeline.shutdown(float(config.get("shutdown_timeout")))  # its threads must not outlive it
+        pipeline.shutdown(config.resolve().shutdown_timeout)  # its threads must not outlive it
         raise
     publish()
-    telemetry = state.set_current(built)
+    telemetry = active.set_current(built)
     preemption.install()
     return telemetry
 
@@ -187,23 +118,15 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     meters = pipeline.meter_provider
     warned = Warnings()
     open_spans = OpenSpans()
-    cross_rank: CrossRank | None = None
+    settings = config.resolve()
+    world = _world_size(pipeline.resource)
+    aggregator = TrainingAggregator(settings.warmup_iterations)
+    device = device_hooks(settings, warned.warn_once)
+    probing = _probes_autocast(settings)
+    peak = PeakFlops(world, warned.warn_once, (lambda: engine.set_device(device)) if probing else None)
+    windows = WindowPipeline(aggregator, peak, warned.warn_once, before_handover=peak.measure_if_asked)
+    direct = pipeline.direct_spans(tracer)
     energy: EnergyAccounting | None = None
-
-    def window_closed(report: WindowReport | None, final: bool) -> None:
-        if cross_rank is not None:
-            cross_rank.window_closed(report, final)
-
-    def sync_point(now_ns: int) -> None:
-        if cross_rank is not None:
-            cross_rank.mark_sync_point(now_ns)
-
-    def window_size_for(index: int) -> tuple[int, float] | None:
-        return cross_rank.window_size_for(index) if cross_rank is not None else None
-
-    def goodput_records(records: list[WindowGoodput], final: bool) -> None:
-        if energy is not None:
-            energy.released(records, engine.loop_span() if final else None)
 
     def application_ended(span: Span, exc: BaseException | None) -> None:
         if energy is not None:
@@ -212,35 +135,41 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
 
     engine = TrainingEngine(
         config,
-        SpanOutlet(tracer, budget, ids, pipeline.export_filter, pipeline.direct_spans(tracer)),
+        SpanOutlet(tracer, budget, ids, pipeline.export_filter, direct),
         EngineHooks(
             warned.warn_once,
             on_application_start=lambda span: _application_started(telemetry, span),
             on_application_end=application_ended,
-            window_hook=window_closed,
-            goodput_records=goodput_records,
-            on_sync_point=sync_point,
-            window_size_for=window_size_for,
         ),
-        meters,
+        windows,
         open_spans,
-        _world_size(pipeline.resource),
+        world,
     )
+    engine.set_device(AutocastProbe(device, peak.dtype_found) if probing else device)
+    instruments = engine.metrics = TrainingInstruments(meters, engine, aggregator, clock.time_ns)
+    if pipeline.export_filter is not None:
+        pipeline.export_filter.active_iteration = lambda: engine.active
+        pipeline.export_filter.before_flush = windows.flush
     processor = TrainingMetricsProcessor(
         engine,
         open_spans,
-        engine.instruments,
+        instruments,
         budget=None if pipeline.export_filter is not None else budget,
         on_error=lambda kind: warned.warn_once(kind, "could not aggregate a %s", kind),
     )
     pipeline.add_span_processor(processor)
+    apply_rank_export = _rank_export(engine, instruments)
     global _last_cross_rank, _last_energy
-    price = config.get("energy_price_per_kwh")
-    energy = _last_energy = EnergyAccounting(Booked(engine.goodput, engine), price)
-    cross_rank = _last_cross_rank = CrossRank(engine)
+    energy = _last_energy = EnergyAccounting(Booked(engine.goodput, engine), settings.energy_price_per_kwh)
+    cross_rank = _last_cross_rank = CrossRank(engine, apply_rank_export)
     cross_rank.count_straggler = CrossRankInstruments(meters, _current_cross_rank).count
-    telemetry = Telemetry(config, pipeline, engine, processor, open_spans, warned)
-    telemetry.heartbeat = Heartbeat(engine, open_spans)
+    windows.agreed_size = cross_rank.window_size_for
+    consumers = WindowConsumers(
+        engine, WindowSpans(tracer, direct, engine.materializing), peak, warned.warn_once, energy.released
+    )
+    _register(windows, consumers, instruments, cross_rank)
+    telemetry = Telemetry(config, pipeline, engine, processor, open_spans, warned, windows)
+    telemetry.heartbeat = Heartbeat(engine, open_spans, clock.time_ns)
     telemetry.cross_rank = cross_rank
     # Sampled by the metric reader's thread only: hang localisation and process/device gauges.
     HeartbeatInstruments(meters, _current_heartbeat)
@@ -249,8 +178,55 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     EnergyInstruments(meters, _current_energy)
     if pipeline.owns_tracer_provider:  # traintel's own export path: its losses and health
         register_instruments(meters)
-    _decide_rank_export(engine, config, pipeline.resource)
+    _decide_rank_export(apply_rank_export, settings, pipeline.resource)
     return telemetry
+
+
+def _rank_export(
+    engine: TrainingEngine, instruments: TrainingInstruments
+) -> Callable[[RankExportPolicy], None]:
+    """How what this rank exports is applied, decided once per job: its sampling, its window
+    series and its self-telemetry (only what went wrong, on a rank that reports its anomalies
+    only)."""
+    HEALTH.report_zeros = True  # until a scale-mode decision says otherwise
+
+    def apply(policy: RankExportPolicy) -> None:
+        if engine.rank_export is not None:
+            return
+        engine.set_rank_export(policy)
+        if not policy.window_series:
+            instruments.stop_window_series()
+        HEALTH.report_zeros = not policy.anomalies_only
+
+    return apply
+
+
+def _register(
+    windows: WindowPipeline,
+    consumers: WindowConsumers,
+    instruments: TrainingInstruments,
+    cross_rank: CrossRank,
+) -> None:
+    """What a closed window is made into, in this order: the device's part of the report is
+    carried by the record and the loop."""
+    windows.register("the device annotation", consumers.annotate_device)
+    # The exchange decides at the first window what a rank exports (scale mode): before the
+    # instruments record that window's values.
+    windows.register(
+        "the cross-rank exchange", lambda event: cross_rank.window_closed(event.report, event.final)
+    )
+    windows.register("the metric instruments", lambda event: instruments.window_closed(event.report))
+    windows.register("the goodput record", consumers.book_goodput)
+    windows.register("the wall clock's step", consumers.say_wall_clock_step)
+    windows.register("the loop span", consumers.update_loop)
+
+
+def _probes_autocast(settings: Settings) -> bool:
+    """Until the compute dtype is known, phase starts look at autocast (a CUDA or ROCm build of
+    torch imported, no dtype or peak configured): see ``AutocastProbe``."""
+    version = getattr(sys.modules.get("torch"), "version", None)
+    gpu_build = getattr(version, "cuda", None) or getattr(version, "hip", None)
+    return gpu_build is not None and settings.dtype is None and settings.peak_flops is None
 
 
 def _application_started(telemetry: Telemetry, span: Span) -> None:
@@ -294,15 +270,16 @@ def _rank(resource: Resource) -> int:
         return -1
 
 
-def _decide_rank_export(engine: TrainingEngine, config: TrainingConfig, resource: Resource) -> None:
+def _decide_rank_export(
+    apply: Callable[[RankExportPolicy], None], settings: Settings, resource: Resource
+) -> None:
     """Scale mode from the Resource's rank and world size when the launcher gave them (torchrun,
     Slurm): decided before the first iteration, so a reduced rank exports none of its routine
     telemetry. Otherwise the first window boundary decides (CrossRank)."""
     world = _world_size(resource)
     rank = _rank(resource)
     if world > 1 and 0 <= rank < world:
-        threshold = int(config.get("cross_rank_scale_world_size"))
-        engine.set_rank_export(RankExportPolicy.decide(rank, world, threshold))
+        apply(RankExportPolicy.decide(rank, world, settings.cross_rank_scale_world_size))
 
 
 def _current_heartbeat() -> Heartbeat | None:
@@ -328,4 +305,31 @@ def _current_energy() -> EnergyAccounting | None:
     return _last_energy
 
 
-state.set_auto_configure(_auto_configure)
+#: An explicit configure() made while a spawn child imported the main module (see ``configure``).
+_deferred: Callable[[], Telemetry] | None = None
+
+
+def _defer_configure(configure: Callable[[], Telemetry]) -> None:
+    """Applied at the child's first use of traintel, unless that is in a DataLoader worker (a
+    process started to train, as ``torch.multiprocessing.spawn`` starts ranks, is configured as
+    asked)."""
+    global _deferred
+    _deferred = configure
+
+
+def _first_use() -> Telemetry:
+    """The job a phase used before any ``configure()`` records into: the one a spawn child's
+    main module asked for, or configured from the environment, or off (in a DataLoader worker,
+    which imports traintel afresh; or if that fails), never an exception into the training loop."""
+    global _deferred
+    if state.in_dataloader_worker():
+        return Telemetry(TrainingConfig())
+    deferred, _deferred = _deferred, None
+    try:
+        return (deferred or _auto_configure)()
+    except Exception:
+        _logger.exception("traintel: auto-configuration failed; telemetry is off for this process")
+        return Telemetry(TrainingConfig())
+
+
+active.set_first_use(_first_use)

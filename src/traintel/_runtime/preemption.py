@@ -40,6 +40,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -279,7 +280,7 @@ def _report(signum: int, received_ns: int, end_spans: bool) -> None:
     telemetry = _state.configured()
     if telemetry is None or telemetry.closed or telemetry.pipeline is None:
         return
-    timeout = float(telemetry.config.get("shutdown_timeout"))
+    timeout = telemetry.settings.shutdown_timeout
     worker = threading.Thread(
         target=_finish,
         args=(telemetry, signum, received_ns, end_spans),
@@ -368,6 +369,9 @@ def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_span
                 engine.end_iteration(record, now)
             elif engine is not None:  # between iterations: loading data for the next one, say
                 _cut_open_step(engine.open_step, None, error, received_ns)
+            deadline = time.monotonic() + _PIPELINE_SHARE * telemetry.settings.shutdown_timeout
+            if telemetry.windows is not None:  # the closed windows' numbers go on the spans first
+                telemetry.windows.flush(_PIPELINE_SHARE * telemetry.settings.shutdown_timeout)
             for span in reversed(phase_spans):  # innermost first
                 span.set_status(Status(StatusCode.ERROR, reason))
                 span.set_attribute(semconv.END_REASON, reason)
@@ -377,10 +381,9 @@ def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_span
                 # Released as at a normal exit, so a batch stuck in a send to an unresponsive
                 # collector and whatever is queued go to the spool (or are counted), not away.
                 # Its share of the bound leaves time for that spill before _report stops waiting.
-                timeout = float(telemetry.config.get("shutdown_timeout"))
-                telemetry.pipeline.shutdown(_PIPELINE_SHARE * timeout)
+                telemetry.pipeline.shutdown(max(0.0, deadline - time.monotonic()))
         else:
-            telemetry.flush(float(telemetry.config.get("shutdown_timeout")))
+            telemetry.flush(telemetry.settings.shutdown_timeout)
     except Exception:
         _logger.exception("traintel: could not report the preemption")
 

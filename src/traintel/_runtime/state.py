@@ -1,20 +1,19 @@
-"""The process-wide telemetry state: the running job's configuration, pipeline, engine and the
-phases callbacks keep open.
+"""The running job's handle: its configuration, pipeline, engine and the phases callbacks
+keep open (what :func:`traintel.configure` returns).
 
 Why one object: the API is module-level functions and context managers (as in the reference
-library), so something must hold what they record into. It is built by ``bootstrap.py``; this
-module holds it and hands it out (configuring from the environment on first use). Everything
-that can fail here is caught and reported once; nothing escapes into the training loop.
+library), so something must hold what they record into. It is built by ``bootstrap.py`` and
+held by the registry (``traintel._recorder.active``); the functions at the end hand it out as
+a :class:`Telemetry`. Everything that can fail here is caught and reported once; nothing
+escapes into the training loop.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import sys
 import threading
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -32,7 +31,6 @@ from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
 from traintel._runtime.farewell import say_farewell
-from traintel._sdk.instruments import DEFERRED_CAPACITY
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel.config import TrainingConfig
@@ -40,7 +38,8 @@ from traintel.version import __version__
 
 if TYPE_CHECKING:
     from traintel._host.heartbeat import Heartbeat
-    from traintel._sdk.providers import Pipeline
+    from traintel._runtime.pipeline import Pipeline
+    from traintel._runtime.window_pipeline import WindowPipeline
     from traintel.distributed.cross_rank import CrossRank
 
 _logger = logging.getLogger("traintel")
@@ -104,9 +103,12 @@ class Telemetry:
         processor: TrainingMetricsProcessor | None = None,
         open_spans: OpenSpans | None = None,
         warnings: Warnings | None = None,
+        windows: WindowPipeline | None = None,
     ) -> None:
         self.config = config
+        self.settings = config.resolve()
         self.pipeline = pipeline
+        self.windows = windows
         self.engine = engine
         self.processor = processor
         self.open_spans = open_spans
@@ -157,13 +159,14 @@ class Telemetry:
             self.warn_once("init_event", "could not record telemetry_initialization")
 
     def config_attributes(self) -> dict[str, AttributeValue]:
-        enabled, disabled = capability_report(self.config)
+        settings = self.engine.settings if self.engine is not None else self.settings
+        enabled, disabled = capability_report(settings)
         attributes: dict[str, AttributeValue] = {
             semconv.TRAINTEL_VERSION: __version__,
             semconv.METRICS_ENABLED: enabled,
             semconv.METRICS_DISABLED: disabled,
         }
-        for key, value in self.config.describe().items():
+        for key, value in self.config.describe(settings).items():
             attributes[semconv.CONFIG_PREFIX + key] = value
         if self.pipeline is not None:
             # none built: "none" where traintel built the provider (the signal is off), else the user's
@@ -183,6 +186,7 @@ class Telemetry:
         """Apply ``set_training_config``; the application span gets a ``training_config_update``."""
         new_config = self.config.updated(**changes)  # raises before anything changes
         self.config = new_config
+        self.settings = new_config.resolve()
         if self.engine is not None:
             self.engine.apply_config(new_config)
         app: Span | None = self.engine.app if self.engine is not None else None
@@ -268,8 +272,12 @@ class Telemetry:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Export what is buffered now (bounded; never raises)."""
-        return self.pipeline.flush(timeout_s) if self.pipeline is not None else True
+        """Export what is buffered now, the windows closed so far first (bounded; never raises)."""
+        if self.pipeline is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        windows = self.windows is None or self.windows.flush(timeout_s)
+        return self.pipeline.flush(max(0.0, deadline - time.monotonic())) and windows
 
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """End open callback spans, flush and release owned providers within the bound."""
@@ -279,70 +287,26 @@ class Telemetry:
         self.closed = True
         if self.pipeline is None:
             return True
-        timeout = float(self.config.get("shutdown_timeout")) if timeout_s is None else timeout_s
+        timeout = self.settings.shutdown_timeout if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        windows = self.windows is None or self.windows.close(timeout)  # their records go out too
         if self.cross_rank is not None:
             self.cross_rank.close()
-        ok = self.pipeline.shutdown(timeout)
+        ok = self.pipeline.shutdown(max(0.0, deadline - time.monotonic())) and windows
         if self.processor is not None:
             self.processor.disable()
-        self._say_unrecorded_measurements()
         say_farewell(
             self.output_file, self.pipeline.trace_exporters, self.resource.attributes.get(semconv.RANK)
         )
+        forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
         return ok
 
-    def _say_unrecorded_measurements(self) -> None:
-        """Per-iteration values the metric reader did not collect in time are counted
-        (``traintel.measurements.dropped``); the exit says so too: a silent loss is a bug."""
-        instruments = self.engine.instruments if self.engine is not None else None
-        dropped = instruments.dropped if instruments is not None else 0
-        if dropped:
-            _logger.warning(
-                "traintel: %d per-iteration measurement(s) were not recorded into the iteration-"
-                "time histograms: the metric reader collected less often than %d values "
-                "accumulated, and no exporter traintel built was there to add the rest (a "
-                "reader of your own: collect more often); window statistics, spans and the "
-                "report are complete",
-                dropped,
-                DEFERRED_CAPACITY,
-            )
 
-
-# --- the process-wide instance ----------------------------------------------------------------
-_telemetry: Telemetry | None = None
-#: The job an explicit shutdown() is closing: no longer current, still reported until it is shut.
-_closing: Telemetry | None = None
-_lock = threading.RLock()
-_atexit_registered = False
-#: How to configure from the environment on first use (registered by ``bootstrap``).
-_auto_configure: Callable[[], Telemetry] | None = None
-#: An explicit configure() deferred from a spawn child's bootstrap (see ``defer_configure``).
-_deferred: Callable[[], Telemetry] | None = None
-
-
-def set_auto_configure(configure: Callable[[], Telemetry]) -> None:
-    global _auto_configure
-    _auto_configure = configure
-    active.on_first_use(lambda: current().engine)
-
-
+# --- the running job, as a Telemetry (the registry is ``traintel._recorder.active``) -----------
 def current() -> Telemetry:
     """The configured telemetry, auto-configuring from the environment on first use."""
-    telemetry = _telemetry
-    if telemetry is not None:
-        return telemetry
-    with _lock:
-        if _telemetry is not None:
-            return _telemetry
-        if in_dataloader_worker() or _auto_configure is None:  # workers import traintel afresh
-            return set_current(Telemetry(TrainingConfig()))
-        global _deferred
-        deferred, _deferred = _deferred, None
-        try:
-            return (deferred or _auto_configure)()
-        except Exception:
-            _logger.exception("traintel: auto-configuration failed; telemetry is off for this process")
-            return set_current(Telemetry(TrainingConfig()))
+    found = active.current()
+    return found if isinstance(found, Telemetry) else Telemetry(TrainingConfig())
 
 
 def importing_main_in_child() -> bool:
@@ -353,32 +317,16 @@ def importing_main_in_child() -> bool:
     return bool(process is not None and getattr(process.current_process(), "_inheriting", False))
 
 
-def defer_configure(configure: Callable[[], Telemetry]) -> None:
-    """A ``configure()`` made while importing the main module in a child: applied at the
-    child's first use of traintel, unless that is in a DataLoader worker (a process started
-    to train, as ``torch.multiprocessing.spawn`` starts ranks, is configured as asked)."""
-    global _deferred
-    _deferred = configure
-
-
 def configured() -> Telemetry | None:
-    return _telemetry
+    found = active.job
+    return found if isinstance(found, Telemetry) else None
 
 
 def running() -> Telemetry | None:
     """The job being reported: the current one, or the one an explicit shutdown is closing (its
     final metric export still reports it)."""
-    return _telemetry or _closing
-
-
-def set_current(telemetry: Telemetry) -> Telemetry:
-    global _telemetry, _atexit_registered
-    _telemetry = telemetry
-    active.set_engine(telemetry.engine)
-    if not _atexit_registered:
-        _atexit_registered = True
-        atexit.register(_at_exit)
-    return telemetry
+    found = active.job or active.closing
+    return found if isinstance(found, Telemetry) else None
 
 
 def in_dataloader_worker() -> bool:
@@ -393,45 +341,3 @@ def in_dataloader_worker() -> bool:
         return worker is not None and worker.get_worker_info() is not None
     except Exception:
         return False
-
-
-def _after_fork_in_child() -> None:
-    """A forked child (a DataLoader worker, say) stops recording into the parent's copy.
-
-    Its exporters are process-bound (``traintel.exporters.process_bound``), so nothing it holds
-    is sent twice; closing it also makes the API a no-op there and skips any flush at exit.
-    """
-    global _lock
-    _lock = threading.RLock()  # another thread may have held it at the fork
-    telemetry = _telemetry
-    if telemetry is not None:
-        telemetry.closed = True
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _at_exit() -> None:
-    telemetry = _telemetry
-    if telemetry is not None:
-        try:
-            telemetry.shutdown()
-        except Exception:
-            _logger.exception("traintel: shutdown at exit failed")
-
-
-def shutdown(timeout_s: float | None = None) -> bool:
-    """Flush and stop telemetry now (bounded); the next API call auto-configures afresh."""
-    global _telemetry, _closing
-    with _lock:
-        telemetry, _telemetry = _telemetry, None
-        active.reset()
-        forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
-    if telemetry is None:
-        return True
-    _closing = telemetry
-    try:
-        return telemetry.shutdown(timeout_s)
-    finally:
-        _closing = None

@@ -106,7 +106,7 @@ def clean_value(key: str, value: Any) -> AttributeValue | None:
 
 def _clean(key: str, value: Any) -> AttributeValue | None:
     if isinstance(value, bool | str | float):
-        return value  # type: ignore[no-any-return]
+        return value
     if isinstance(value, int):
         cleaned = _int(value)
         if isinstance(cleaned, str):

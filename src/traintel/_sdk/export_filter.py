@@ -15,58 +15,23 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode
 
+from traintel._aggregation.otlp_size import estimate_span_bytes
 from traintel._sdk.otel_private import forward_on_ending
 
 _logger = logging.getLogger(__name__)
 
-#: Spans held for one iteration at most; more are dropped and counted.
+#: Spans held for one iteration at most; more are exported at once, whatever its decision
+#: (memory stays bounded; nothing is lost, though a dropped iteration then leaves those orphans).
 MAX_BUFFERED_PER_ITERATION = 10_000
 #: Recently dropped iterations remembered, so their late-ending descendants are dropped too.
 _DROPPED_MEMORY = 4096
-
-
-def estimate_attributes_bytes(attributes: Mapping[str, Any] | None) -> int:
-    """OTLP size of a set of attributes: per KeyValue its key, its value (a string as long as
-    it is, a number up to 9 bytes, an array per element) and ~8 bytes of framing. C-level
-    passes over keys and values: the loop's window events have ~60 attributes."""
-    if not attributes:
-        return 0
-    values = attributes.values()
-    size = sum(map(len, attributes)) + 17 * len(attributes)
-    kinds = set(map(type, values))  # one pass: plain scalars need no array walk
-    if str in kinds or not kinds <= _SCALARS:
-        strings = list(filter(_IS_STR, values))
-        size += sum(map(len, strings))
-        size += sum(3 * len(v) for v in strings if not v.isascii())  # UTF-8: up to 4 bytes a character
-    if not kinds <= _SCALARS:
-        for kind in (tuple, list):
-            for array in filter(kind.__instancecheck__, values):
-                size += sum(len(v) + 2 if isinstance(v, str) else 10 for v in array)
-    return size
-
-
-_IS_STR = str.__instancecheck__
-_SCALARS = frozenset({str, bool, int, float, type(None)})
-
-
-def estimate_span_bytes(span: ReadableSpan) -> int:
-    """An estimate of a span's OTLP protobuf size, on the high side (the budget is a limit):
-    ids, parent, times, kind, status and framing (~90 B), the name, attributes, events (~24 B
-    each with name and attributes) and links (~44 B each with attributes). Checked against the
-    real encoding in the tests."""
-    size = 90 + len(span.name) + estimate_attributes_bytes(span.attributes)
-    for event in span.events:
-        size += 24 + len(event.name) + estimate_attributes_bytes(event.attributes)
-    for link in span.links:
-        size += 44 + estimate_attributes_bytes(link.attributes)
-    return size
 
 
 def _no_op(self: object, span: object, parent_context: object = None) -> None:
@@ -158,12 +123,12 @@ class IterationExportFilter(SpanProcessor):
         # and simple processors do nothing at start, and nothing while a span is ending).
         self._starting = [p for p in processors if not _is_no_op(getattr(type(p), "on_start", None))]
         forward_on_ending(self, processors)
-        self.buffer_overflow = 0
-        self.dropped_spans = 0
         #: Returns the running fast-path iteration (set by the engine): its span id is the parent
         #: of spans the user starts inside it. Registering lazily, on the first such span, keeps
         #: iterations without user spans free of any filter work.
         self.active_iteration: Callable[[], Any] = lambda: None
+        #: Waits (at most the given seconds) for the window pipeline (set by the runtime).
+        self.before_flush: Callable[[float], object] = lambda timeout_s: None
 
     # --- decisions, from the iteration fast path ---------------------------------------------------
     def close_iteration(self, span_id: int, export: bool) -> None:
@@ -171,12 +136,10 @@ class IterationExportFilter(SpanProcessor):
         with self._lock:
             held = self._pending.pop(span_id, None) or []
             still_open = self._open_children.pop(span_id, 0)
-            if not export:
-                self.dropped_spans += len(held)
-                if still_open:  # late-ending descendants must be dropped too
-                    self._dropped[span_id] = None
-                    if len(self._dropped) > _DROPPED_MEMORY:
-                        self._dropped.popitem(last=False)
+            if not export and still_open:  # late-ending descendants must be dropped too
+                self._dropped[span_id] = None
+                if len(self._dropped) > _DROPPED_MEMORY:
+                    self._dropped.popitem(last=False)
         if export:
             for span in held:
                 self.forward(span)
@@ -223,14 +186,10 @@ class IterationExportFilter(SpanProcessor):
                     else:
                         self._open_children.pop(root, None)
                     held = self._pending.get(root)
-                    if held is not None:
-                        if len(held) < MAX_BUFFERED_PER_ITERATION:
-                            held.append(span)
-                        else:
-                            self.buffer_overflow += 1
+                    if held is not None and len(held) < MAX_BUFFERED_PER_ITERATION:
+                        held.append(span)
                         return
-                    if root in self._dropped:
-                        self.dropped_spans += 1
+                    if held is None and root in self._dropped:  # its iteration was not exported
                         return
         self.forward(span, context)
 
@@ -245,6 +204,9 @@ class IterationExportFilter(SpanProcessor):
             processor.shutdown()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """The windows closed so far first (their records join what is flushed: a job killed
+        right after a flush of the provider keeps them), then the exporting processors."""
+        self.before_flush(timeout_millis / 1000)
         return all(processor.force_flush(timeout_millis) for processor in self._processors)
 
     @property

@@ -10,28 +10,10 @@ interface (``is_trace_id_random`` included: the SDK sets the W3C random-trace-id
 
 from __future__ import annotations
 
-import random
 import threading
 from typing import Any
 
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-
-_random_bits = random.getrandbits
-
-
-def new_span_id() -> int:
-    """A random non-zero 64-bit span id (the SDK's own generator does the same)."""
-    span_id = _random_bits(64)
-    while span_id == 0:
-        span_id = _random_bits(64)
-    return span_id
-
-
-def new_trace_id() -> int:
-    trace_id = _random_bits(128)
-    while trace_id == 0:
-        trace_id = _random_bits(128)
-    return trace_id
 
 
 class _Forced(threading.local):

@@ -1,33 +1,27 @@
-"""The OpenTelemetry metric instruments traintel exports, and how they are fed cheaply.
+"""The OpenTelemetry metric instruments traintel exports, and how they are fed.
 
-Why deferred recording: an SDK histogram ``record`` costs microseconds (attribute hashing,
-locks, exemplar sampling) — the whole per-iteration budget. The training thread therefore only
-appends a float to a bounded buffer; the values are recorded into the histograms by an
-observable instrument's callback, which the SDK runs on the metric reader's thread just before
-it collects (synchronous measurements made there are consumed by every reader's storage).
-Counters are added as deltas at the same moment. Gauges report the last closed window.
-
-A full buffer's further values are counted into the histograms' buckets and added to them at
-export by every exporter traintel builds (:mod:`~traintel._sdk.histogram_overflow`); where no
-such exporter exists they are dropped and counted (``traintel.measurements.dropped``) and the
-exit says so: a silent drop is a bug.
+Why per window: an SDK histogram ``record`` costs microseconds (attribute hashing, locks,
+exemplar sampling), as much as a whole iteration of the recorder. The iteration times are
+therefore recorded once per closed window, by the window pipeline's worker, into the SDK's
+histograms as one count per bucket (``record_sorted``: the same points as a ``record`` per
+value, where the histogram's buckets are its own). Nothing is buffered between windows, so
+nothing can be lost waiting for a reader. The samples and tokens counters observe the engine's
+running totals at each collection (every iteration so far); gauges report the last closed
+window.
 """
 
 from __future__ import annotations
 
-import threading
-from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from opentelemetry import metrics as metrics_api
-from opentelemetry.metrics import CallbackOptions, NoOpCounter, NoOpHistogram, Observation
+from opentelemetry.metrics import CallbackOptions, NoOpHistogram, Observation
 
 from traintel import semconv
 from traintel._aggregation.aggregator import TrainingAggregator, WindowReport
 from traintel._aggregation.goodput import GoodputLedger, GoodputSnapshot, WindowGoodput
-from traintel._recorder import clock
-from traintel._sdk.histogram_overflow import OVERFLOW
+from traintel._sdk.otel_private import record_sorted
 from traintel.version import __version__
 
 #: Bucket boundaries in seconds: the SDK's defaults are for milliseconds and would put every
@@ -39,10 +33,6 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
 #: Checkpoint sizes: 1 MB to 10 TB.
 SIZE_BUCKETS_BY: tuple[float, ...] = tuple(float(10**e) for e in range(6, 14))
 
-#: Per-iteration values waiting for the reader thread (0.8 MB at most per buffer); at 1,000
-#: iterations/s and a 60 s export interval this holds one interval without loss.
-DEFERRED_CAPACITY = 100_000
-
 _W = semconv.WINDOW_PREFIX
 
 
@@ -51,24 +41,27 @@ class MetricSource(Protocol):
 
     samples_total: float
     tokens_total: float
-    aggregator: TrainingAggregator
+    exported_iterations: int
     goodput: GoodputLedger
+
+    @property
+    def iterations_seen(self) -> int: ...
 
 
 class TrainingInstruments:
     """Creates the instruments on ``meter_provider`` and records into them off the hot path."""
 
-    def __init__(self, meter_provider: metrics_api.MeterProvider, source: MetricSource) -> None:
+    def __init__(
+        self,
+        meter_provider: metrics_api.MeterProvider,
+        source: MetricSource,
+        windows: TrainingAggregator,
+        now_ns: Callable[[], int],
+    ) -> None:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
         self._source = source
-        self._lock = threading.Lock()
-        # Compact buffers (8 bytes a value), appended by the training thread, drained by readers.
-        self.iteration_durations = array("d")
-        self.data_loading_durations = array("d")
-        self.dropped = 0
-        self._reported_samples = 0.0
-        self._reported_tokens = 0.0
-        self.exported_iterations = 0
+        self._now_ns = now_ns  # the recorder's timeline, which the goodput ledger's times are on
+        self._windows = windows
         self.window_series = True  # False: scale mode, a rank other than 0 (stop_window_series)
         buckets = list(DURATION_BUCKETS_S)
         self.iteration_duration = meter.create_histogram(
@@ -101,17 +94,14 @@ class TrainingInstruments:
             description="Size of each checkpoint written.",
             explicit_bucket_boundaries_advisory=list(SIZE_BUCKETS_BY),
         )  # fmt: skip
-        self.samples = meter.create_counter(
-            semconv.METRIC_SAMPLES, unit="{sample}", description="Training samples processed by this rank."
-        )
-        self.tokens = meter.create_counter(
-            semconv.METRIC_TOKENS, unit="{token}", description="Training tokens processed by this rank."
-        )
-        # The drain runs first: the SDK invokes observable callbacks in creation order, then
-        # collects synchronous instruments.
+        # The engine's running totals, read when a reader collects: every iteration so far.
         meter.create_observable_counter(
-            semconv.METRIC_DROPPED_MEASUREMENTS, callbacks=[self._drain], unit="{measurement}",
-            description="Per-iteration measurements dropped because the reader did not collect in time.",
+            semconv.METRIC_SAMPLES, callbacks=[self._total(lambda: source.samples_total)], unit="{sample}",
+            description="Training samples processed by this rank.",
+        )  # fmt: skip
+        meter.create_observable_counter(
+            semconv.METRIC_TOKENS, callbacks=[self._total(lambda: source.tokens_total)], unit="{token}",
+            description="Training tokens processed by this rank.",
         )  # fmt: skip
         meter.create_observable_counter(
             semconv.METRIC_ITERATIONS_EXPORTED, callbacks=[self._exported], unit="{iteration}",
@@ -165,20 +155,18 @@ class TrainingInstruments:
     def stop_window_series(self) -> None:
         """This rank's window series are rank 0's to report (scale mode): from now on every
         ``ml.training.*`` instrument here reports nothing. The gauges' sources become empty,
-        the recording instruments no-ops, and the per-iteration buffers are emptied unrecorded
-        at collection. traintel's own counters (dropped measurements, exported iterations)
-        stay: they are how a loss or the reduction itself shows."""
+        the recording instruments no-ops. traintel's own counter of exported iterations stays:
+        it is how the reduction itself shows."""
         self.window_series = False
         self.iteration_duration = self.data_loading_duration = NoOpHistogram("")
         self.phase_duration = self.checkpoint_save_duration = NoOpHistogram("")
         self.checkpoint_load_duration = self.checkpoint_size = NoOpHistogram("")
-        self.samples = self.tokens = NoOpCounter("")
 
     def _last_window(self) -> WindowReport | None:
-        return self._source.aggregator.last_window if self.window_series else None
+        return self._windows.last_window if self.window_series else None
 
     def _goodput(self) -> GoodputSnapshot | None:
-        return self._source.goodput.snapshot(clock.time_ns()) if self.window_series else None
+        return self._source.goodput.snapshot(self._now_ns()) if self.window_series else None
 
     def _step_time(self) -> tuple[float | None, WindowGoodput | None]:
         if not self.window_series:
@@ -272,60 +260,39 @@ class TrainingInstruments:
             for name, value in (("p50", window.p50_s), ("p90", window.p90_s), ("p99", window.p99_s))
         ]
 
-    def defer_window(self, iteration_s: list[float], data_loading_s: list[float]) -> None:
-        """Queue a closed window's values for the reader (training thread: C-level extends, no
-        lock — see _drain; no per-iteration call). Values beyond the capacity are counted."""
-        for values, buffer, name in (
-            (iteration_s, self.iteration_durations, semconv.METRIC_ITERATION_DURATION),
-            (data_loading_s, self.data_loading_durations, semconv.METRIC_DATA_LOADING_DURATION),
-        ):
-            room = max(DEFERRED_CAPACITY - len(buffer), 0)
-            kept = values
-            if room < len(values):  # no reader collected in time
-                kept = values[:room]
-                if not self.window_series:
-                    pass  # a reduced rank reports no window series: nothing is lost
-                elif OVERFLOW.merged_at_export:  # counted into buckets, added at export
-                    OVERFLOW.overflow(name, DURATION_BUCKETS_S).add_many(values[room:])
-                else:
-                    self.dropped += len(values) - room
-            buffer.fromlist(kept)  # a list's floats straight in: extend() iterates it generically
+    def window_closed(self, report: WindowReport | None) -> None:
+        """A closed window's iteration times and data-loading waits (the window pipeline's
+        worker)."""
+        if report is None or not self.window_series:
+            return
+        ordered = report.batch.values if report.batch is not None else sorted(report.durations)
+        record_sorted(self.iteration_duration, ordered, DURATION_BUCKETS_S)
+        record_sorted(self.data_loading_duration, sorted(report.data_loading_durations), DURATION_BUCKETS_S)
 
-    def _drain(self, options: CallbackOptions) -> Iterable[Observation]:
-        with self._lock:  # two readers may collect at once
-            # Lock-free against the training thread: each array operation is atomic under the
-            # GIL, and only the first n values (present when counted) are taken and removed;
-            # values appended meanwhile stay for the next collection.
-            buffer = self.iteration_durations
-            n = len(buffer)
-            durations = buffer[:n]
-            del buffer[:n]
-            buffer = self.data_loading_durations
-            n = len(buffer)
-            waits = buffer[:n]
-            del buffer[:n]
-            if not self.window_series:
-                return [Observation(self.dropped)] if self.dropped else []  # reduced rank: only a loss
-            record = self.iteration_duration.record
-            for value in durations:
-                record(value)
-            record = self.data_loading_duration.record
-            for value in waits:
-                record(value)
-            samples, tokens = self._source.samples_total, self._source.tokens_total
-            if samples > self._reported_samples:
-                self.samples.add(samples - self._reported_samples)
-                self._reported_samples = samples
-            if tokens > self._reported_tokens:
-                self.tokens.add(tokens - self._reported_tokens)
-                self._reported_tokens = tokens
-        return [Observation(self.dropped)]
+    def _total(self, read: Callable[[], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            total = read()
+            return [Observation(total)] if self.window_series and total else []
+
+        return observe
 
     def _exported(self, options: CallbackOptions) -> Iterable[Observation]:
+        exported = self._source.exported_iterations
         return [
-            Observation(self.exported_iterations, {"traintel.exported": True}),
-            Observation(
-                self._source.aggregator.iterations_seen - self.exported_iterations,
-                {"traintel.exported": False},
-            ),
+            Observation(exported, {"traintel.exported": True}),
+            Observation(self._source.iterations_seen - exported, {"traintel.exported": False}),
         ]
+
+    # --- checkpoints (the engine's CheckpointMetrics) -------------------------------------------
+    def checkpoint_saved(self, duration_s: float, size_bytes: int | None, strategy: str) -> None:
+        attributes = {semconv.CHECKPOINT_STRATEGY: strategy}
+        self.checkpoint_save_duration.record(duration_s, attributes)
+        if size_bytes is not None:
+            self.checkpoint_size.record(size_bytes, attributes)
+
+    def checkpoint_loaded(self, duration_s: float) -> None:
+        self.checkpoint_load_duration.record(duration_s)
+
+    def background_written(self, size_bytes: int | None) -> None:
+        if size_bytes is not None:
+            self.checkpoint_size.record(size_bytes, {semconv.CHECKPOINT_STRATEGY: "async"})

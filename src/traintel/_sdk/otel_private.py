@@ -41,6 +41,11 @@ What is used, and why:
   factory ``_stub`` and the stub it made, ``_client``): the exporters discard what the collector
   answers, and traintel needs it (partial success, throttling: see
   ``exporters/collector_answers``). A hook is added through the clients' own public interfaces.
+* **Histogram aggregations** (``MeterProvider._measurement_consumer._reader_storages``, each
+  storage's ``_instrument_view_instrument_matches``, a match's ``_attributes_aggregation`` and
+  ``_lock``, the explicit-bucket aggregation's ``_value`` / ``_sum`` / ``_min`` / ``_max``): a
+  window's iteration times are added to the iteration histograms as one count per bucket
+  (``record_sorted``) instead of one ``record`` of several microseconds per iteration.
 * **Finished spans written directly** (``ReadableSpan``, which the SDK asks users not to build,
   and the tracer's ``_instrumentation_scope`` / ``_span_limits``): an exported iteration and a
   window's goodput record are spans traintel knows whole when it creates them; building the
@@ -50,11 +55,15 @@ What is used, and why:
 from __future__ import annotations
 
 import logging
+import math
+import random
 import threading
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any
+from time import time_ns
+from typing import Any, Final
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
@@ -141,8 +150,32 @@ if CONTEXT_FAST and _VARIABLE is not None:
     with_span, current_span = _fast_with_span, _fast_current_span
 else:  # another OTEL_PYTHON_CONTEXT, or an API release that stores context elsewhere
     get_current, attach = context_api.get_current, context_api.attach
-    detach = context_api.detach  # type: ignore[assignment]
+    detach = context_api.detach
     with_span, current_span = _public_with_span, trace_api.get_current_span
+
+
+# --- ids ---------------------------------------------------------------------------------------------
+_random_bits = random.getrandbits
+#: The W3C random-trace-id flag, where this OpenTelemetry release knows it (from 1.42): a span
+#: keeps its parent's, as the SDK's spans do; any other parent flag is not carried.
+RANDOM_TRACE_ID: Final = 0x02 if hasattr(trace_api.TraceFlags, "RANDOM_TRACE_ID") else 0
+
+
+def new_span_id() -> int:
+    """A random non-zero 64-bit span id, drawn as the SDK's ``RandomIdGenerator`` draws it
+    without its call overhead: an iteration draws its id when first asked, a window record
+    when written."""
+    span_id = _random_bits(64)
+    while span_id == 0:
+        span_id = _random_bits(64)
+    return span_id
+
+
+def new_trace_id() -> int:
+    trace_id = _random_bits(128)
+    while trace_id == 0:
+        trace_id = _random_bits(128)
+    return trace_id
 
 
 # --- SDK span storage ----------------------------------------------------------------------------
@@ -507,3 +540,151 @@ def span_writer(tracer: trace_api.Tracer) -> SpanWriter | None:
     if not WRITER_FAST or not _writer_eligible(tracer):
         return None
     return SpanWriter(tracer)
+
+
+# --- histograms: a window's values added as bucket counts ----------------------------------------
+def _bucket_counts(ordered: Sequence[float], start: int, boundaries: tuple[float, ...]) -> list[int]:
+    """How many of ``ordered[start:]`` (ascending) fall in each bucket, as the SDK counts them
+    (``bisect_left``: a value equal to a boundary is in the bucket that boundary closes)."""
+    ends = [bisect_right(ordered, bound, start) for bound in boundaries]
+    ends.append(len(ordered))
+    return [end - begin for begin, end in zip([start, *ends[:-1]], ends, strict=True)]
+
+
+def _matches(histogram: Any) -> list[Any] | None:
+    """Every view's match of ``histogram`` in every reader's storage (None: not found)."""
+    storages = getattr(getattr(histogram, "_measurement_consumer", None), "_reader_storages", None)
+    if not isinstance(storages, Mapping):
+        return None
+    found: list[Any] = []
+    for storage in storages.values():
+        matches = getattr(storage, "_instrument_view_instrument_matches", {}).get(histogram)
+        if not isinstance(matches, list):
+            return None
+        found.extend(matches)
+    if not all(isinstance(getattr(m, "_attributes_aggregation", None), dict) for m in found):
+        return None
+    return found
+
+
+def _mergeable(aggregations: dict[Any, Any], boundaries: tuple[float, ...]) -> bool | None:
+    """A match holding our one series: True when it is the SDK's explicit-bucket aggregation
+    with ``boundaries``, False when the view drops it (nothing to add), None otherwise (a View
+    changed the buckets or the aggregation: the values go through the public API)."""
+    from opentelemetry.sdk.metrics._internal import aggregation as sdk_aggregation
+
+    if len(aggregations) != 1:
+        return None
+    (found,) = aggregations.values()
+    if isinstance(found, sdk_aggregation._DropAggregation):
+        return False
+    explicit = sdk_aggregation._ExplicitBucketHistogramAggregation
+    if type(found) is explicit and getattr(found, "_boundaries", None) == boundaries:
+        return True
+    return None
+
+
+def _add_counts(found: Any, counts: list[int], total: float, low: float, high: float) -> None:
+    """What ``aggregate`` does for each value, done for all of them at once."""
+    with found._lock:
+        if found._value is None:
+            found._value = [0] * len(counts)
+        found._value = [a + b for a, b in zip(found._value, counts, strict=True)]
+        found._sum += total
+        if found._record_min_max:
+            found._min = min(found._min, low)
+            found._max = max(found._max, high)
+
+
+def _add_sorted_fast(histogram: Any, ordered: Sequence[float], boundaries: tuple[float, ...]) -> bool:
+    """Add ``ordered[1:]`` to every aggregation of ``histogram`` (the first value was recorded
+    through the public API, which made them); False with nothing added where not possible."""
+    matches = _matches(histogram)
+    if matches is None or any(_mergeable(m._attributes_aggregation, boundaries) is None for m in matches):
+        return False
+    counts = _bucket_counts(ordered, 1, boundaries)
+    total, low, high = math.fsum(ordered[1:]), ordered[1], ordered[-1]
+    for match in matches:
+        with match._lock:  # a delta collection may replace the aggregations meanwhile
+            mergeable = _mergeable(match._attributes_aggregation, boundaries)
+            if mergeable:
+                (found,) = match._attributes_aggregation.values()
+                _add_counts(found, counts, total, low, high)
+        if mergeable is None:  # collected (and released) since the first value: one by one, here only
+            for value in ordered[1:]:
+                match.consume_measurement(_measurement(value, histogram), False)
+    return True
+
+
+def _measurement(value: float, histogram: Any) -> Any:
+    from opentelemetry.sdk.metrics._internal.measurement import Measurement
+
+    return Measurement(value=value, time_unix_nano=time_ns(), instrument=histogram, context=Context())
+
+
+def _histogram_point(point: Any) -> tuple[object, ...]:
+    return (point.count, tuple(point.bucket_counts), point.sum, point.min, point.max)
+
+
+def _histogram_merge_agrees() -> bool:
+    """Bucket counts added to one histogram export what recording the same values into another
+    exports, cumulative and delta (the delta reader collecting between the two halves)."""
+    try:
+        from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
+
+        readers = [
+            InMemoryMetricReader(),
+            InMemoryMetricReader(preferred_temporality={HistogramInstrument: AggregationTemporality.DELTA}),
+        ]
+        meter = MeterProvider(metric_readers=readers, shutdown_on_exit=False).get_meter("traintel.check")
+        bounds = (1.0, 2.0)
+        public = meter.create_histogram("public", explicit_bucket_boundaries_advisory=list(bounds))
+        merged = meter.create_histogram("merged", explicit_bucket_boundaries_advisory=list(bounds))
+        points: list[list[tuple[object, ...]]] = []
+        for values in ([0.5, 1.0, 1.5, 2.0, 3.0], [0.25, 2.5]):
+            for value in values:
+                public.record(value)
+            merged.record(values[0])
+            if not _add_sorted_fast(merged, values, bounds):
+                return False
+            for reader in readers:
+                data = reader.get_metrics_data()
+                by_name = {
+                    m.name: [_histogram_point(p) for p in m.data.data_points]
+                    for rm in (data.resource_metrics if data else [])
+                    for sm in rm.scope_metrics
+                    for m in sm.metrics
+                }
+                points.append([by_name.get("public"), by_name.get("merged")])  # type: ignore[list-item]
+        return all(
+            public_points == merged_points and public_points for public_points, merged_points in points
+        )
+    except Exception:
+        return False
+
+
+_HISTOGRAM_FAST: list[bool] = []  # checked on first use (it builds a meter provider)
+
+
+def record_sorted(histogram: Any, ordered: Sequence[float], boundaries: tuple[float, ...]) -> None:
+    """Record ``ordered`` (ascending) into ``histogram``, exactly as one ``record`` per value
+    would. The first value goes through the public API (which makes the SDK's aggregation for
+    every reader); the rest are added to each aggregation as one count per bucket, with their
+    sum, minimum and maximum: a window's values cost one call, not one per iteration. Where a
+    View changed the buckets or the aggregation, or this SDK release keeps its aggregations
+    elsewhere, every value goes through the public API. (No exemplars are offered for the added
+    values: they are recorded off the training thread, outside any sampled span.)"""
+    if not ordered:
+        return
+    record = histogram.record
+    record(ordered[0])
+    if len(ordered) == 1:
+        return
+    if not _HISTOGRAM_FAST:
+        _HISTOGRAM_FAST.append(_histogram_merge_agrees())
+    if _HISTOGRAM_FAST[0] and _add_sorted_fast(histogram, ordered, boundaries):
+        return
+    for value in ordered[1:]:
+        record(value)

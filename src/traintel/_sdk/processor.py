@@ -46,7 +46,8 @@ class RunningIteration(Protocol):
 class SpanEngine(Protocol):
     """What the processor needs of the training engine (it never imports the recorder)."""
 
-    materializing: int
+    #: Threads creating traintel's own records through the tracer: their spans are skipped.
+    materializing: set[int]
     goodput: GoodputLedger
 
     @property
@@ -57,6 +58,8 @@ class SpanEngine(Protocol):
     ) -> None: ...
 
     def foreign_loop_ended(self, context: SpanContext) -> None: ...
+
+    def nested_in_iteration(self, duration_ns: int) -> None: ...
 
     def checkpoint_saved(
         self,
@@ -109,7 +112,7 @@ class TrainingMetricsProcessor(SpanProcessor):
     # --- SpanProcessor ---------------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         engine = self.engine
-        if engine is None or engine.materializing == _get_ident():
+        if engine is None or _get_ident() in engine.materializing:
             return  # shut down; or an exported iteration's spans: created at once, already counted
         if span.name in _PER_STEP and self._is_own(span):
             return  # traintel's own step phases as real spans: the engine counts them directly
@@ -133,7 +136,7 @@ class TrainingMetricsProcessor(SpanProcessor):
         if self._budget is not None:
             self._budget.add(span)
         engine = self.engine
-        if engine is None or engine.materializing == _get_ident():
+        if engine is None or _get_ident() in engine.materializing:
             return
         if span.name in _PER_STEP and self._is_own(span):
             if span.name == _DATA_LOADING:
@@ -174,7 +177,7 @@ class TrainingMetricsProcessor(SpanProcessor):
         if kind == "phase":
             ledger.nested_in_phase(ancestor, duration_ns)
         elif kind == "iteration":
-            ledger.nested_in_iteration(duration_ns)
+            engine.nested_in_iteration(duration_ns)
 
     def _keep_enclosing_iteration(self, engine: SpanEngine, span: Span, phase: str) -> None:
         """A checkpoint save or evaluation inside a fast-path iteration: export that iteration,

@@ -1,10 +1,11 @@
 """Cross-rank statistics and stragglers at window boundaries: the coordinator.
 
-The training thread pays one timestamp per iteration at the synchronisation point
-(:meth:`CrossRank.mark_sync_point`, called by the DDP comm hook or by the user) and, per
-window, the building of one six-number row handed to the exchange thread. Everything else
-(the gather, the statistics, events and metrics) happens on the exchange thread; the gauges are
-read on the metric reader's thread. torch is imported only when the exchange starts.
+The training thread pays one timestamp per iteration at the synchronisation point (stamped on
+the iteration by ``mark_sync_point``, called by the DDP comm hook or by the user); the window
+pipeline builds each window's six-number row from its report and hands it to the exchange
+thread. Everything else (the gather, the statistics, events and metrics) happens on the
+exchange thread; the gauges are read on the metric reader's thread. torch is imported only when
+the exchange starts.
 
 What each rank exports: below ``TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE`` every rank adds the
 job's ``ranks_metrics_update`` event and ``straggler`` events to its own loop segment (each
@@ -29,9 +30,8 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
-from traintel._aggregation.aggregator import DATA, WindowReport
+from traintel._aggregation.aggregator import WindowReport
 from traintel._aggregation.export_policy import RankExportPolicy
-from traintel.config import window_seconds
 from traintel.distributed.stats import (
     AGREEMENT_LAG,
     FIELDS,
@@ -42,16 +42,14 @@ from traintel.distributed.stats import (
     agreed_pace,
     agreed_window_size,
 )
-from traintel.semconv import Event, Phase
+from traintel.semconv import Event
 from traintel.version import __version__
 
 if TYPE_CHECKING:
     from traintel._recorder.engine import TrainingEngine
-    from traintel._recorder.record import IterationRecord
     from traintel.distributed.exchange import Exchange
 
 _logger = logging.getLogger("traintel")
-_TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 #: The longest a window's start waits for the gather that sizes it; past it, the ranks stop
 #: exchanging (the cross-rank timeout, if shorter).
 AGREEMENT_WAIT_S = 2.0
@@ -60,8 +58,12 @@ AGREEMENT_WAIT_S = 2.0
 class CrossRank:
     """One job's cross-rank state; the engine calls :meth:`window_closed` at every window end."""
 
-    def __init__(self, engine: TrainingEngine) -> None:
-        self.engine = engine  # its config is the job's current one (set_training_config included)
+    def __init__(
+        self, engine: TrainingEngine, apply_rank_export: Callable[[RankExportPolicy], None] | None = None
+    ) -> None:
+        self.engine = engine  # its settings are the job's current ones (set_training_config included)
+        #: Applies this rank's export policy to the job (the engine, the instruments, health).
+        self.apply_rank_export = apply_rank_export or engine.set_rank_export
         self.failed = False
         self.timeout_s = 0.0
         self.tracker = RankTracker()
@@ -70,10 +72,6 @@ class CrossRank:
         self.world = 1
         self.latest: CrossRankWindow | None = None
         self.count_straggler: Callable[[int], None] | None = None
-        # The synchronisation-point stamps of the open window (training or autograd thread).
-        self._marked: IterationRecord | None = None
-        self._compute_ns = 0
-        self._marked_iterations = 0
         self._lock = threading.Lock()  # the tracker and latest window, read by the metric reader
         self._window_ends: dict[int, int] = {}  # window index -> end (ns), for the events' times
         #: window index -> its iterations and the pace (s per iteration) the ranks agreed on
@@ -87,27 +85,13 @@ class CrossRank:
         policy = self.engine.rank_export
         return policy is None or policy.job_statistics
 
-    # --- the synchronisation point (once per iteration) -----------------------------------------
-    def mark_sync_point(self, now_ns: int) -> None:
-        """This rank arrives at the iteration's collective: its compute time ends here.
-
-        Only the first mark of an iteration counts (a DDP hook fires once per gradient bucket);
-        the compute time is the time since the iteration began minus its data-loading wait.
-        """
-        record = self.engine.active
-        if record is None or record is self._marked or record.phase != _TRAINING_ITERATION:
-            return
-        self._marked = record
-        self._compute_ns += now_ns - record.start_ns - record.phase_ns[DATA]
-        self._marked_iterations += 1
-
-    # --- the window boundary (training thread) --------------------------------------------------
+    # --- the window boundary (window pipeline) --------------------------------------------------
     def window_closed(self, report: WindowReport | None, final: bool) -> None:
         """Hand this window's row to the exchange; at the loop's end, wait (bounded) for it."""
         try:
             if self.engine.rank_export is None:
                 self._decide_rank_export()
-            if self.failed or self.engine.config.get("cross_rank") == "off":
+            if self.failed or self.engine.settings.cross_rank == "off":
                 return
             exchange = self.exchange if self.exchange is not None else self._start()
             if exchange is None:
@@ -139,7 +123,7 @@ class CrossRank:
         ahead of another waits in full, as ranks in step gather within milliseconds). Without an
         exchange, every window is N long.
         """
-        fewest = int(self.engine.config.get("log_every_n_iterations"))
+        fewest = self.engine.settings.log_every_n_iterations
         exchange = self.exchange
         if exchange is None:
             if self.world > 1:
@@ -161,8 +145,7 @@ class CrossRank:
 
     def _row(self, report: WindowReport) -> RankWindow:
         n = len(report.durations) or 1
-        marked, compute_ns = self._marked_iterations, self._compute_ns
-        self._marked_iterations = self._compute_ns = 0
+        marked, compute_ns = report.sync_marked, report.sync_compute_ns
         if marked:
             compute = compute_ns / marked / 1e9
         else:  # no synchronisation point: the whole step but the data wait is this rank's own
@@ -189,8 +172,8 @@ class CrossRank:
             except Exception:  # a half-torn-down group: as not distributed, decided all the same
                 world = None
         rank, size = world if world is not None else (0, 1)
-        threshold = int(self.engine.config.get("cross_rank_scale_world_size"))
-        self.engine.set_rank_export(RankExportPolicy.decide(rank, size, threshold))
+        threshold = self.engine.settings.cross_rank_scale_world_size
+        self.apply_rank_export(RankExportPolicy.decide(rank, size, threshold))
 
     def _start(self) -> Exchange | None:
         """The exchange, once torch.distributed is up with more than one rank (never imports
@@ -203,9 +186,9 @@ class CrossRank:
         if world is None:
             return None
         self.rank, self.world = world
-        config = self.engine.config
-        self.timeout_s = float(config.get("cross_rank_timeout"))
-        self.tracker = RankTracker(int(config.get("cross_rank_top_k")), float(config.get("straggler_factor")))
+        settings = self.engine.settings
+        self.timeout_s = settings.cross_rank_timeout
+        self.tracker = RankTracker(settings.cross_rank_top_k, settings.straggler_factor)
         self.exchange = Exchange(len(FIELDS), self.timeout_s, self._gathered)
         return self.exchange
 
@@ -217,11 +200,11 @@ class CrossRank:
             if window is not None:
                 self.latest = window
         if window is not None:
-            config = self.engine.config
+            settings = self.engine.settings
             if len(self._agreed) > 2 * MAX_PENDING_WINDOWS:  # sizes no window asked for
                 self._agreed.clear()
-            floor, ceiling = window_seconds(config)
-            fewest = int(config.get("log_every_n_iterations"))
+            floor, ceiling = settings.window_seconds
+            fewest = settings.log_every_n_iterations
             self._agreed[window.window_index + AGREEMENT_LAG] = (
                 agreed_window_size(windows, fewest, floor, ceiling),
                 agreed_pace(windows),

@@ -21,7 +21,7 @@ _CERTIFICATE_VARIABLES = {
 }
 
 
-class CertificateSession(requests.Session):  # type: ignore[misc]
+class CertificateSession(requests.Session):
     def merge_environment_settings(
         self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any
     ) -> dict[str, Any]:

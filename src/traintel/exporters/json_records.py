@@ -91,7 +91,7 @@ def _int64(value: str | int) -> int:
 
 
 def _double(value: float | str) -> float:
-    return _NON_FINITE[value] if type(value) is str else value  # type: ignore[index, return-value]
+    return _NON_FINITE[value] if type(value) is str else value  # type: ignore[return-value]
 
 
 # --- attributes --------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def _message(descriptor: Descriptor, typed: dict[str, Any], name: str) -> type[S
     """A struct accepting exactly the canonical fields of a proto message: those in ``typed``
     checked, every other one kept unparsed (nothing reads it)."""
     fields = [(f.json_name, typed.get(f.json_name, Raw), UNSET) for f in descriptor.fields]
-    return msgspec.defstruct(name, fields, forbid_unknown_fields=True)  # type: ignore[arg-type]
+    return msgspec.defstruct(name, fields, forbid_unknown_fields=True)
 
 
 _NUMBER_POINT = _message(

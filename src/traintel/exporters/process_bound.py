@@ -19,7 +19,6 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from traintel._sdk.histogram_overflow import ExportMerger
 from traintel._sdk.otel_private import metric_exporter_preferences
 
 
@@ -47,21 +46,17 @@ class ProcessBoundSpanExporter(SpanExporter):
 
 
 class ProcessBoundMetricExporter(MetricExporter):
-    """Also where the iteration values beyond the reader's buffer join the exported histograms
-    (see :mod:`traintel._sdk.histogram_overflow`): every metric exporter traintel builds is one."""
-
     def __init__(self, inner: MetricExporter) -> None:
         super().__init__(**metric_exporter_preferences(inner))
         self.inner = inner
         self._pid = os.getpid()
-        self._merger = ExportMerger()
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
         if os.getpid() != self._pid:
             return MetricExportResult.SUCCESS
-        return self.inner.export(self._merger.merge(metrics_data), timeout_millis=timeout_millis, **kwargs)
+        return self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         if os.getpid() != self._pid:
@@ -69,7 +64,6 @@ class ProcessBoundMetricExporter(MetricExporter):
         return self.inner.force_flush(timeout_millis)
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._merger.close()
         if os.getpid() == self._pid:
             self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 

@@ -250,7 +250,7 @@ def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord]:
     :func:`~traintel.terminal_text.displayable_line`): the records are for display."""
     text = displayable_line(text)
     try:
-        return _fast_decoder()(text, SpanRecord, EventRecord)[1]  # type: ignore[no-any-return]
+        return _fast_decoder()(text, SpanRecord, EventRecord)[1]
     except Exception:  # NotCanonical, or anything else the fast path trips on: the proto path decides
         pass
     request = json_line_to_request(text.decode("utf-8"))
@@ -305,7 +305,7 @@ def iter_records(
             batches = _decoded_lines(path, stats, progress)
         for batch in batches:
             if windows_expanded and batch and isinstance(batch[0], SpanRecord):
-                yield from expand_windows(batch)  # type: ignore[arg-type]
+                yield from expand_windows(batch)
             else:
                 yield from batch
 

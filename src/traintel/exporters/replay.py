@@ -46,10 +46,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from traintel._sdk.otel_private import watch_collector_answers
-from traintel._sdk.providers import otlp_protocol
 from traintel.config import ConfigurationError
 from traintel.exporters.collector_answers import CollectorAnswers
 from traintel.exporters.health import COLLECTOR_REJECTED, ExportHealth
+from traintel.exporters.otlp_env import otlp_protocol
 from traintel.exporters.private_files import make_private_dirs
 from traintel.exporters.proto_spans import InvalidSpanError, proto_spans, readable_span, split_invalid
 from traintel.exporters.reader import ReadStats, expand_paths, read_requests

@@ -43,7 +43,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from traintel._sdk.export_filter import estimate_span_bytes
+from traintel._aggregation.otlp_size import estimate_span_bytes
 from traintel._sdk.otel_private import batch_queue, watch_collector_answers
 from traintel.exporters import health as health_module
 from traintel.exporters import retry_lines

@@ -9,11 +9,13 @@ framework.
 
 from __future__ import annotations
 
-import time
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from traintel import semconv
 from traintel._host.flops import first_dim
+from traintel._recorder import clock
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 
@@ -117,7 +119,7 @@ class PhaseDriver:
 
 
 def now_ns() -> int:
-    return time.time_ns()
+    return clock.time_ns()  # the phases' timeline
 
 
 def batch_size(batch: Any) -> int | None:
@@ -141,3 +143,47 @@ def loss_value(outputs: Any) -> float | None:
         return float(loss.detach()) if hasattr(loss, "detach") else float(loss)
     except (TypeError, ValueError, RuntimeError):
         return None
+
+
+#: Makes a framework method's replacement from the method (see :func:`patch_instance`).
+Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def patch_instance(owner: object, name: str, make: Wrapper) -> bool:
+    """Replace ``owner.name`` (a framework object's own method: one trainer, one module) with
+    ``make(original)``; undone by deleting the instance attribute (:func:`unpatch_instance`).
+    Not over an attribute the instance already has (ours, or the user's), not a missing one.
+
+    Why not ``wrapt`` here, as for the zero-code torch patches: these patch one object, not a
+    module or class, and Lightning's ``log`` tap must pickle and deep-copy with the module, which
+    a ``wrapt`` proxy refuses to do."""
+    original = getattr(owner, name, None)
+    if original is None or name in vars(owner):
+        return False
+    setattr(owner, name, make(original))
+    return True
+
+
+def unpatch_instance(owner: object, name: str) -> None:
+    vars(owner).pop(name, None)
+
+
+def traced_checkpoint(
+    phase: Callable[..., PhaseSpan], integration: str, path_of: Callable[..., Any]
+) -> Wrapper:
+    """A framework's checkpoint save or load method as a ``checkpoint_save`` /
+    ``checkpoint_load`` span of ``integration``; ``path_of`` takes the call's arguments."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                path = path_of(*args, **kwargs)
+            except Exception:  # a call the framework itself will refuse: it says why
+                path = None
+            with phase(path=path, attributes={semconv.INTEGRATION: integration}):
+                return original(*args, **kwargs)
+
+        return wrapper
+
+    return make

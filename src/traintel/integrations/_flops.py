@@ -40,7 +40,7 @@ def _attention_mode(counter: Any) -> Any:
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
 
-    class AttentionCalls(TorchFunctionMode):  # type: ignore[misc]
+    class AttentionCalls(TorchFunctionMode):
         def __init__(self) -> None:
             super().__init__()
             self.missing_flops = 0
@@ -90,8 +90,8 @@ class FirstStepFlops:
         self.decided = True
         if model is not None:
             note_model(model)
-        config = _state.current().config
-        if config.get("flops_per_sample") is not None or config.get("flops_per_token") is not None:
+        settings = _state.current().config.resolve()
+        if settings.flops_per_sample is not None or settings.flops_per_token is not None:
             return False
         try:
             from torch.utils.flop_counter import FlopCounterMode

@@ -29,7 +29,6 @@ The first micro-batch's FLOPs are counted as it runs (forward: batch start to
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +36,16 @@ from traintel import semconv
 from traintel._api import phases
 from traintel._api.model_metrics import record_batch, record_metrics
 from traintel._runtime import state as _state
-from traintel.integrations._driver import PhaseDriver, batch_size, loss_value, now_ns
+from traintel.integrations._driver import (
+    PhaseDriver,
+    Wrapper,
+    batch_size,
+    loss_value,
+    now_ns,
+    patch_instance,
+    traced_checkpoint,
+    unpatch_instance,
+)
 from traintel.integrations._flops import FirstStepFlops
 from traintel.semconv import Phase
 
@@ -55,7 +63,7 @@ _EVAL_PHASES = {
     "test": (phases.testing_loop, phases.testing_iteration, _TESTING_LOOP),
 }
 
-_Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+_LIGHTNING = semconv.INTEGRATION_LIGHTNING
 
 
 class LightningHooks:
@@ -90,46 +98,26 @@ class LightningHooks:
             telemetry = _state.current()
             if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
                 self._driver.open(_APP, phases.application())
-            self._wrap(trainer, "save_checkpoint", self._traced_save)
-            self._wrap(trainer.strategy, "load_checkpoint", self._traced_load)
+            save = traced_checkpoint(phases.checkpoint_save, _LIGHTNING, lambda filepath, *_, **__: filepath)
+            load = traced_checkpoint(
+                phases.checkpoint_load, _LIGHTNING, lambda checkpoint_path, *_, **__: checkpoint_path
+            )
+            self._wrap(trainer, "save_checkpoint", save)
+            self._wrap(trainer.strategy, "load_checkpoint", load)
             self._wrap(pl_module, "log", lambda original: _LogTap(original, self))
         except Exception:
             _state.current().warn_once("lightning:setup", "lightning: could not set up tracing")
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         for owner, name in reversed(self._restore):
-            vars(owner).pop(name, None)
+            unpatch_instance(owner, name)
         self._restore.clear()
         self._flops.abort()
         self._driver.close_all()
 
-    def _wrap(self, owner: object, name: str, make: _Wrapper) -> None:
-        if name in vars(owner):  # already wrapped (or set by the user): leave it alone
-            return
-        original = getattr(owner, name, None)
-        if original is not None:
-            setattr(owner, name, make(original))
+    def _wrap(self, owner: object, name: str, make: Wrapper) -> None:
+        if patch_instance(owner, name, make):
             self._restore.append((owner, name))
-
-    @staticmethod
-    def _traced_save(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
-            attributes = {semconv.INTEGRATION: semconv.INTEGRATION_LIGHTNING}
-            with phases.checkpoint_save(path=filepath, attributes=attributes):
-                return original(filepath, *args, **kwargs)
-
-        return save_checkpoint
-
-    @staticmethod
-    def _traced_load(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def load_checkpoint(checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
-            attributes = {semconv.INTEGRATION: semconv.INTEGRATION_LIGHTNING}
-            with phases.checkpoint_load(path=checkpoint_path, attributes=attributes):
-                return original(checkpoint_path, *args, **kwargs)
-
-        return load_checkpoint
 
     @staticmethod
     def _record_logged(name: str, value: Any) -> None:

@@ -24,11 +24,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from traintel.integrations._lightning_hooks import LightningHooks, with_callback
 
 
-class TraintelCallback(LightningHooks, Callback):  # type: ignore[misc]
+class TraintelCallback(LightningHooks, Callback):
     """Training phases of a ``lightning.pytorch.Trainer`` as traintel spans and metrics."""
 
 
-class TraintelTrainer(Trainer):  # type: ignore[misc]
+class TraintelTrainer(Trainer):
     """A ``Trainer`` with a :class:`TraintelCallback` added (unless one is given), in the spirit
     of one-logger's ``OneLoggerPTLTrainer``: swap the class, keep every argument."""
 

@@ -30,20 +30,22 @@ What is patched, and why each choice:
   a script that opens its own phases with traintel's API keeps them (nothing is nested twice).
   They close at exit; if the script died of an exception, every open span is marked with it.
 
-Every wrapper calls the original with the same arguments and returns its result or raises its
-exception unchanged; telemetry failures are contained and reported once.
+Every wrapper is a ``wrapt`` function wrapper (undone with OpenTelemetry's ``unwrap``, as the
+contrib instrumentations do): it calls the original with the same arguments and returns its
+result or raises its exception unchanged; telemetry failures are contained and reported once.
 """
 
 from __future__ import annotations
 
 import atexit
-import functools
 import os
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import wrapt
+from opentelemetry.instrumentation.utils import unwrap
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
@@ -56,6 +58,8 @@ from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
 from traintel.integrations.torch_monitor import TorchMonitorBridge
 from traintel.semconv import Phase
 
+#: A wrapt wrapper: called with the original, the instance it is bound to, args and kwargs.
+_Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
 _APP = Phase.APPLICATION.value
 _LOOP = Phase.TRAINING_LOOP.value
 _ITERATION = Phase.TRAINING_ITERATION.value
@@ -64,7 +68,7 @@ _OPTIMIZER = Phase.OPTIMIZER_UPDATE.value
 
 
 def _path_of(value: object) -> str | None:
-    return os.fspath(value) if isinstance(value, str | os.PathLike) else None  # type: ignore[arg-type]
+    return os.fspath(value) if isinstance(value, str | os.PathLike) else None
 
 
 class TorchPatcher:
@@ -72,7 +76,7 @@ class TorchPatcher:
 
     def __init__(self) -> None:
         self._driver = PhaseDriver(semconv.INTEGRATION_INSTRUMENTOR)
-        self._patched: list[tuple[object, str, object, bool]] = []
+        self._patched: list[tuple[object, str]] = []
         self._hooks: list[Any] = []
         self._local = threading.local()
         self._installed_ns = 0
@@ -115,9 +119,9 @@ class TorchPatcher:
         self._installed = True
         self._installed_ns = self._armed_ns or now_ns()
         self._thread = threading.get_ident()
-        self._patch(torch, "save", self._checkpoint(torch.save, "torch.save", "sync", self._save_path))
-        self._patch(torch, "load", self._checkpoint(torch.load, "torch.load", "load", self._load_path))
-        self._patch(_BaseDataLoaderIter, "__next__", self._next(_BaseDataLoaderIter.__next__))
+        self._patch(torch, "save", self._checkpoint("torch.save", "sync", self._save_path))
+        self._patch(torch, "load", self._checkpoint("torch.load", "load", self._load_path))
+        self._patch(_BaseDataLoaderIter, "__next__", self._next)
         self._hooks.append(register_optimizer_step_pre_hook(self._step_pre))
         self._hooks.append(register_optimizer_step_post_hook(self._step_post))
         if torch.distributed.is_available():
@@ -139,11 +143,8 @@ class TorchPatcher:
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
-        for owner, name, original, own in reversed(self._patched):
-            if own:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)
+        for owner, name in reversed(self._patched):
+            unwrap(owner, name)
         self._patched.clear()
         self._dcp_patched = False
         if self._monitor is not None:
@@ -164,16 +165,13 @@ class TorchPatcher:
             return
         self._dcp_patched = True
         for name, kind in (("save", "sync"), ("async_save", "async"), ("load", "load")):
-            original = getattr(dcp, name, None)
-            if original is not None:
+            if getattr(dcp, name, None) is not None:
                 call = "torch.distributed.checkpoint." + name
-                self._patch(dcp, name, self._checkpoint(original, call, kind, self._dcp_path))
+                self._patch(dcp, name, self._checkpoint(call, kind, self._dcp_path))
 
-    def _patch(self, owner: object, name: str, replacement: object) -> None:
-        own = name in vars(owner)
-        original = vars(owner)[name] if own else getattr(owner, name)
-        setattr(owner, name, replacement)
-        self._patched.append((owner, name, original, own))
+    def _patch(self, owner: object, name: str, wrapper: _Wrapper) -> None:
+        wrapt.wrap_function_wrapper(owner, name, wrapper)
+        self._patched.append((owner, name))
 
     # --- the phase model -------------------------------------------------------------------------
     def _drives_iterations(self, telemetry: _state.Telemetry) -> bool:
@@ -238,51 +236,42 @@ class TorchPatcher:
         except Exception:
             _state.current().warn_once("instrumentor:step_post", "instrumentor: optimizer post-hook failed")
 
-    # --- wrappers --------------------------------------------------------------------------------
-    def _next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        patcher = self
-
-        @functools.wraps(original)
-        def __next__(iterator: Any) -> Any:
-            start = now_ns()
-            batch = original(iterator)  # StopIteration and loader errors pass through untouched
-            if threading.get_ident() != patcher._thread:
-                return batch  # a prefetching thread of the script's own: not the training loop
-            try:
-                patcher._batch_loaded(batch, start, now_ns())
-            except Exception:
-                _state.current().warn_once("instrumentor:next", "instrumentor: batch accounting failed")
-            return batch
-
-        return __next__
+    # --- wrappers (as wrapt calls them: the original, its instance, the call's arguments) ----------
+    def _next(
+        self, wrapped: Callable[[], Any], iterator: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        start = now_ns()
+        batch = wrapped(*args, **kwargs)  # StopIteration and loader errors pass through untouched
+        if threading.get_ident() != self._thread:
+            return batch  # a prefetching thread of the script's own: not the training loop
+        try:
+            self._batch_loaded(batch, start, now_ns())
+        except Exception:
+            _state.current().warn_once("instrumentor:next", "instrumentor: batch accounting failed")
+        return batch
 
     def _checkpoint(
-        self,
-        original: Callable[..., Any],
-        call: str,
-        kind: str,
-        path_of: Callable[[tuple[Any, ...], dict[str, Any]], str | None],
-    ) -> Callable[..., Any]:
-        patcher = self
-
-        @functools.wraps(original)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            local = patcher._local
-            if getattr(local, "inside", False) or threading.get_ident() != patcher._thread:
-                return original(*args, **kwargs)  # DCP's own torch.save, or a background writer
-            template = patcher._checkpoint_template(call, kind, args, kwargs, path_of)
+        self, call: str, kind: str, path_of: Callable[[tuple[Any, ...], dict[str, Any]], str | None]
+    ) -> _Wrapper:
+        def wrapper(
+            wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> Any:
+            local = self._local
+            if getattr(local, "inside", False) or threading.get_ident() != self._thread:
+                return wrapped(*args, **kwargs)  # DCP's own torch.save, or a background writer
+            template = self._checkpoint_template(call, kind, args, kwargs, path_of)
             local.inside = True
             try:
                 if template is None:
-                    return original(*args, **kwargs)
+                    return wrapped(*args, **kwargs)
                 with template:
-                    result = original(*args, **kwargs)
+                    result = wrapped(*args, **kwargs)
                     if kind == "async" and isinstance(template, CheckpointSavePhase):
-                        patcher._finish_async(template, result, path_of(args, kwargs))
+                        self._finish_async(template, result, path_of(args, kwargs))
                 return result
             finally:
                 local.inside = False
-                patcher._last_step_end = None  # checkpoint time is not the next iteration's
+                self._last_step_end = None  # checkpoint time is not the next iteration's
 
         return wrapper
 

@@ -51,10 +51,11 @@ from traintel._api.model_metrics import record_batch, record_metrics
 from traintel._host.flops import unwrap
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
-from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
+from traintel.integrations._driver import PhaseDriver, batch_size, now_ns, patch_instance, traced_checkpoint
 from traintel.integrations._flops import FirstStepFlops
 from traintel.semconv import Phase
 
+_HF = semconv.INTEGRATION_TRANSFORMERS
 _APP = Phase.APPLICATION.value
 _LOOP = Phase.TRAINING_LOOP.value
 _ITERATION = Phase.TRAINING_ITERATION.value
@@ -79,7 +80,7 @@ def _tokens(inputs: Any) -> Any:
     return int(ids.numel()) if ids is not None and hasattr(ids, "numel") else None
 
 
-class TraintelCallback(TrainerCallback):  # type: ignore[misc]
+class TraintelCallback(TrainerCallback):
     """Loop, iteration and optimizer phases from ``TrainerCallback`` events; see the module
     docstring for what :func:`instrument_trainer` adds."""
 
@@ -167,12 +168,6 @@ class TraintelCallback(TrainerCallback):  # type: ignore[misc]
                 )
         except Exception:
             telemetry.warn_once("transformers:flops", "transformers: could not count model FLOPs")
-
-
-def _wrap(trainer: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    original = getattr(trainer, name, None)
-    if original is not None and name not in vars(trainer):
-        setattr(trainer, name, make(original))
 
 
 class _TrainerWrappers:
@@ -300,30 +295,13 @@ class _TrainerWrappers:
 
         return wrapper
 
-    def save_checkpoint(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def wrapper(model: Any, trial: Any = None, *args: Any, **kwargs: Any) -> Any:
-            path: str | None = None
-            try:
-                path = os.path.join(
-                    self.trainer._get_output_dir(trial=trial), f"checkpoint-{self.trainer.state.global_step}"
-                )
-            except Exception:
-                path = None
-            attributes = {semconv.INTEGRATION: semconv.INTEGRATION_TRANSFORMERS}
-            with phases.checkpoint_save(path=path, attributes=attributes):
-                return original(model, trial, *args, **kwargs)
-
-        return wrapper
-
-    def load_checkpoint(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def wrapper(resume_from_checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
-            attributes = {semconv.INTEGRATION: semconv.INTEGRATION_TRANSFORMERS}
-            with phases.checkpoint_load(path=resume_from_checkpoint, attributes=attributes):
-                return original(resume_from_checkpoint, *args, **kwargs)
-
-        return wrapper
+    def checkpoint_path(self, model: Any, trial: Any = None, *args: Any, **kwargs: Any) -> str | None:
+        """Where ``_save_checkpoint`` writes (as the trainer names it)."""
+        try:
+            output = self.trainer._get_output_dir(trial=trial)
+            return os.path.join(output, f"checkpoint-{self.trainer.state.global_step}")
+        except Exception:
+            return None
 
 
 def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -> TraintelCallback:
@@ -336,6 +314,7 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
     trainer.add_callback(cb)
     trainer._traintel_callback = cb
     wrap = _TrainerWrappers(trainer, cb)
+    _wrap = patch_instance  # this trainer's methods only; not undone (the trainer is the user's)
     _wrap(trainer, "train", wrap.train)
     _wrap(trainer, "get_batch_samples", wrap.get_batch_samples)
     _wrap(trainer, "compute_loss", wrap.compute_loss)
@@ -343,8 +322,14 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
     _wrap(trainer, "prediction_step", wrap.prediction_step)
     _wrap(trainer, "evaluate", wrap.eval_loop(_VALIDATION, phases.validation_loop))
     _wrap(trainer, "predict", wrap.eval_loop(_TESTING, phases.testing_loop))
-    _wrap(trainer, "_save_checkpoint", wrap.save_checkpoint)
-    _wrap(trainer, "_load_from_checkpoint", wrap.load_checkpoint)
+    _wrap(trainer, "_save_checkpoint", traced_checkpoint(phases.checkpoint_save, _HF, wrap.checkpoint_path))
+    _wrap(
+        trainer,
+        "_load_from_checkpoint",
+        traced_checkpoint(
+            phases.checkpoint_load, _HF, lambda resume_from_checkpoint, *_, **__: resume_from_checkpoint
+        ),
+    )
     return cb
 
 

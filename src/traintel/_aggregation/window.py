@@ -1,0 +1,125 @@
+"""The open window on the training thread, and what it hands over when it closes.
+
+Why a handover: the training thread only appends one row per iteration and decides *when* a
+window closes; everything else (the statistics, the metric instruments, the goodput record, the
+loop span's attributes, the cross-rank row) is computed from the closed window off that thread.
+So the open window keeps exactly what the iterations of the window produce — their rows and
+the few counts an iteration adds to (flags, model metrics, nested badput, synchronisation-point
+compute) — and :meth:`OpenWindow.take` hands it over whole and starts an empty one, in O(1).
+
+Pure: no OpenTelemetry, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+#: One iteration as its window keeps it until the window closes (the fields of :class:`Row`).
+#: A plain tuple of numbers: the garbage collector stops tracking it after its first pass, so
+#: a window of 10,000 rows adds nothing to the process's full collections (a NamedTuple
+#: instance, or a list inside, stays tracked).
+RawRow = tuple[int, float | None, float | None, float | None, float | None, tuple[int, ...] | None, int, int]
+
+
+class Row(NamedTuple):
+    """A row read by its field names: ``Row._make(raw_row)``."""
+
+    duration_ns: int
+    samples: float | None
+    tokens: float | None
+    padding: float | None
+    flops: float | None
+    #: The four step-phase times (ns) if the iteration timed them, else None.
+    phases: tuple[int, ...] | None
+    iteration: int
+    end_ns: int
+
+
+class ModelMetric:
+    """Last value and mean of a model metric; non-finite values are last but not averaged."""
+
+    __slots__ = ("count", "last", "sum")
+
+    def __init__(self) -> None:
+        self.sum = 0.0
+        self.count = 0
+        self.last = math.nan
+
+    def add(self, value: float) -> None:
+        self.last = value
+        if math.isfinite(value):
+            self.sum += value
+            self.count += 1
+
+
+def add_metric(metrics: dict[str, ModelMetric], name: str, value: float) -> None:
+    metric = metrics.get(name)
+    if metric is None:
+        metric = metrics[name] = ModelMetric()
+    metric.add(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedWindow:
+    """A window as the training thread hands it over."""
+
+    #: Its position in the job (0, 1, ...) and the iterations of the job before it.
+    index: int
+    seen_before: int
+    rows: list[RawRow]
+    #: Its iterations that were non-finite, slow, exported.
+    nonfinite_iterations: int
+    slow_iterations: int
+    exported_iterations: int
+    metrics: dict[str, ModelMetric]
+    #: Categorised phases (a checkpoint save, say) inside its iterations, in seconds.
+    nested_s: float
+    #: Compute time before the synchronisation point, summed over the iterations that marked it.
+    sync_compute_ns: int
+    sync_marked: int
+    #: The loop ended with it.
+    final: bool
+
+
+class OpenWindow:
+    """The training thread's open window: appended to per iteration, taken when it closes."""
+
+    __slots__ = ("exported_iterations", "index", "metrics", "nested_ns", "nonfinite_iterations", "rows",
+                 "seen_closed", "slow_iterations", "sync_compute_ns", "sync_marked")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.rows: list[RawRow] = []
+        self.index = 0  # windows handed over so far
+        self.seen_closed = 0  # iterations in them
+        self._reset()
+
+    def _reset(self) -> None:
+        self.nonfinite_iterations = self.slow_iterations = self.exported_iterations = 0
+        self.metrics: dict[str, ModelMetric] = {}
+        self.nested_ns = 0
+        self.sync_compute_ns = self.sync_marked = 0
+
+    @property
+    def iterations_seen(self) -> int:
+        return self.seen_closed + len(self.rows)
+
+    def add_metrics(self, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            add_metric(self.metrics, name, value)
+
+    def take(self, final: bool) -> ClosedWindow:
+        """The window as it is, handed over; an empty one is open from now on."""
+        rows = self.rows
+        closed = ClosedWindow(
+            self.index, self.seen_closed, rows, self.nonfinite_iterations, self.slow_iterations,
+            self.exported_iterations, self.metrics,
+            self.nested_ns / 1e9, self.sync_compute_ns, self.sync_marked, final,
+        )  # fmt: skip
+        self.rows = []
+        self.seen_closed += len(rows)
+        if rows:
+            self.index += 1
+        self._reset()
+        return closed

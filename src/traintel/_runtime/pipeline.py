@@ -1,0 +1,817 @@
+"""Tracer and meter providers: attach to the user's, or build them from ``OTEL_*``.
+
+Rules (DESIGN rule 2): a provider the user (or ``opentelemetry-instrument``) already set is
+never replaced; traintel adds its span processor to it. Only when nothing is configured does
+traintel build providers, and then through the SDK's own machinery: ``Resource.create`` reads
+``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, ``TracerProvider`` reads
+``OTEL_TRACES_SAMPLER(_ARG)``, ``BatchSpanProcessor`` reads ``OTEL_BSP_*``,
+``PeriodicExportingMetricReader`` reads ``OTEL_METRIC_EXPORT_*``, and each OTLP exporter reads
+its endpoint, headers, timeout, compression, certificate and insecure settings itself. What
+traintel decides is only *which* exporters: ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``
+through the standard entry points, ``otlp`` resolved by ``OTEL_EXPORTER_OTLP_(TRACES_|METRICS_)PROTOCOL``,
+and the embedded file when no exporter and no OTLP endpoint is configured.
+
+Why our own bounded shutdown: the SDK's atexit hook joins its export thread without a bound,
+so a dead collector can hold a finished job for minutes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+from opentelemetry import metrics as metrics_api
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from traintel import semconv
+from traintel._sdk import otel_private
+from traintel._sdk.export_filter import IterationExportFilter, TraceBudget
+from traintel._sdk.ids import ForcingIdGenerator
+from traintel._sdk.otel_private import span_writer
+from traintel._sdk.providers import (
+    DirectSpans,
+    OwnedTracerProvider,
+    _is_unset_meter_provider,
+    build_resource,
+)
+from traintel.config import ConfigurationError, TrainingConfig
+from traintel.exporters import redaction as _redaction
+from traintel.exporters import retry_lines, tls_errors
+from traintel.exporters.file import (
+    FILE_METRIC_EXPORT_INTERVAL_MILLIS,
+    FILE_SUFFIX,
+    OtlpJsonFileMetricExporter,
+    OtlpJsonFileSpanExporter,
+    OtlpJsonLinesFile,
+    _file_name,
+)
+from traintel.exporters.health import EXIT_TIMEOUT, HEALTH
+from traintel.exporters.http_session import CertificateSession, needs_certificate_session
+from traintel.exporters.metric_counting import CountingMetricExporter
+from traintel.exporters.otlp_env import PROTOCOLS, SIGNAL_VARS, otlp_protocol, report, said
+from traintel.exporters.process_bound import ProcessBoundMetricExporter, ProcessBoundSpanExporter
+from traintel.exporters.spool import Spool
+from traintel.exporters.spooling import (
+    CountingBatchSpanProcessor,
+    QueueGuard,
+    SpoolingSpanExporter,
+    batch_settings,
+    guard_queue,
+)
+
+_logger = logging.getLogger(__name__)
+
+FILE_EXPORTER = "traintel_file"
+
+#: What a build step reads from the environment, with the words its errors use for each
+#: variable: the SDK's errors rarely name the variable, and do not always quote the value.
+_Settings = Mapping[str, tuple[str, ...]]
+_OTLP_SETTINGS: _Settings = {
+    "ENDPOINT": ("url", "endpoint", "port", "host"),
+    "TIMEOUT": ("timeout",),
+    "COMPRESSION": ("compression",),
+    "HEADERS": ("header",),
+    "CERTIFICATE": ("certificate",),
+    "CLIENT_KEY": ("private key", "client key"),
+    "CLIENT_CERTIFICATE": ("client certificate",),
+    "INSECURE": ("insecure",),
+}
+_BSP_SETTINGS: _Settings = {
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": ("max_export_batch_size",),  # first: its error names the queue too
+    "OTEL_BSP_MAX_QUEUE_SIZE": ("max_queue_size",),
+    "OTEL_BSP_SCHEDULE_DELAY": ("schedule_delay",),
+    "OTEL_BSP_EXPORT_TIMEOUT": ("export_timeout",),
+}
+_READER_SETTINGS: _Settings = {
+    "OTEL_METRIC_EXPORT_INTERVAL": ("interval",),
+    "OTEL_METRIC_EXPORT_TIMEOUT": ("timeout",),
+}
+#: The span limits' errors name their variable themselves.
+_TRACER_PROVIDER_SETTINGS: _Settings = {
+    "OTEL_TRACES_SAMPLER_ARG": ("ratio", "probability"),
+    "OTEL_TRACES_SAMPLER": ("sampler",),
+}
+_METER_PROVIDER_SETTINGS: _Settings = {"OTEL_METRICS_EXEMPLAR_FILTER": ("exemplar",)}
+
+
+def _otlp_settings(signal: str) -> _Settings:
+    """The OTLP exporters' variables for ``signal``, the per-signal ones first (they win)."""
+    per_signal = {f"OTEL_EXPORTER_OTLP_{signal.upper()}_{s}": w for s, w in _OTLP_SETTINGS.items()}
+    return per_signal | {f"OTEL_EXPORTER_OTLP_{s}": w for s, w in _OTLP_SETTINGS.items()}
+
+
+def _bad_variable(detail: str, settings: _Settings, environ: Mapping[str, str]) -> str | None:
+    """The variable an SDK error is about: a set ``OTEL_*`` variable it names, else one of the
+    step's ``settings`` whose value it quotes, else one whose words it uses."""
+    present = {k: v for k, v in environ.items() if k.startswith("OTEL_") and v.strip()}
+    for name in present:
+        if re.search(rf"\b{re.escape(name)}\b", detail):
+            return name
+    candidates = [name for name in settings if name in present]
+    for name in candidates:
+        if repr(present[name]) in detail or f'"{present[name]}"' in detail:
+            return name
+    lowered = detail.lower()
+    return next((name for name in candidates if any(w in lowered for w in settings[name])), None)
+
+
+def _sdk_error(
+    what: str, exc: Exception, settings: _Settings, environ: Mapping[str, str]
+) -> ConfigurationError:
+    """``exc``, raised while ``what``, as one error naming the variable and its value where they
+    can be found; credentials are named, never shown."""
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    variable = _bad_variable(detail, settings, environ)
+    if variable is None:
+        message = f"{what}: {type(exc).__name__}: {detail}"
+    elif _not_shown(variable, environ[variable]):
+        message = f"{variable} (value not shown): {what}: {detail}"
+    else:
+        message = f"{variable}={environ[variable]!r}: {what}: {detail}"
+    return ConfigurationError(_redaction.redact(message, _redaction.header_secrets(environ)))
+
+
+def _not_shown(variable: str, value: str) -> bool:
+    """Header values are credentials; so may be an endpoint's userinfo and query, which are
+    redacted only where the URL parses: an endpoint with either that does not is not shown."""
+    if variable in _redaction.HEADER_VARIABLES:
+        return True
+    if variable not in _redaction.ENDPOINT_VARIABLES or not ("@" in value or "?" in value):
+        return False
+    try:
+        urlsplit(value.strip())
+    except ValueError:
+        return True
+    return False
+
+
+def _raise(what: str, exc: Exception, settings: _Settings, environ: Mapping[str, str]) -> NoReturn:
+    error = _sdk_error(what, exc, settings, environ)
+    # A cause that quotes a credential would print it with the traceback: then it is left out.
+    leaks = _redaction.redact(str(exc), _redaction.header_secrets(environ)) != str(exc)
+    raise error from (None if leaks else exc)
+
+
+def _exporter_failed(
+    signal: str,
+    name: str,
+    exc: Exception,
+    environ: Mapping[str, str],
+    strict: bool,
+    settings: _Settings | None = None,
+    what: str = "",
+) -> None:
+    """Explicit configuration fails; the automatic one says so and goes on without that exporter
+    (one bad exporter never turns the others, or the other signal, off)."""
+    what = what or f"{signal} exporter {name!r} could not start"
+    settings = _otlp_settings(signal) if settings is None else settings
+    if strict:
+        _raise(what, exc, settings, environ)
+    _logger.error("traintel: %s (going on without it)", _sdk_error(what, exc, settings, environ))
+
+
+def _undo(steps: list[Callable[[], None]]) -> None:
+    """Stop, newest first, what a failed build started: its threads must not outlive it."""
+    for step in reversed(steps):
+        try:
+            step()
+        except Exception:
+            _logger.debug("traintel: stopping a half-built pipeline", exc_info=True)
+
+
+def _check_endpoint_scheme(signal: str, protocol: str, environ: Mapping[str, str], strict: bool) -> None:
+    """An endpoint written ``collector:4317`` has no scheme: HTTP cannot send to it at all, and
+    the gRPC exporter then speaks TLS unless ``OTEL_EXPORTER_OTLP_INSECURE`` says otherwise, so
+    a plaintext collector never answers. Either way the fix is one word; say it up front."""
+    for variable in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        value = environ.get(variable, "").strip()
+        if not value:
+            continue
+        if "://" not in value:
+            fix = f"write http://{value} (plaintext) or https://{value} (TLS)"
+            if protocol == "http/protobuf":
+                report(ConfigurationError(f"{variable}={value!r} has no scheme: {fix}"), strict)
+            elif not environ.get("OTEL_EXPORTER_OTLP_INSECURE", "").strip():
+                message = f"{variable}={value!r} has no scheme, so gRPC uses TLS to reach it: {fix}"
+                if message not in said:
+                    said.add(message)
+                    _logger.warning("traintel: %s", message)
+        return  # the signal's own variable wins: the general one is not read
+
+
+def exporter_names(signal: str, environ: Mapping[str, str]) -> list[str]:
+    """Exporter names for ``signal`` as the user asked, or the embedded default.
+
+    An OTLP endpoint without an exporter list means "send OTLP there"; nothing at all means
+    the local file, so a fresh machine never retries against a collector that is not there.
+    """
+    exporter_var, endpoint_var, _ = SIGNAL_VARS[signal]
+    raw = environ.get(exporter_var, "").strip()
+    if raw:
+        names = [n.strip() for n in raw.split(",") if n.strip()]
+        return [] if "none" in names else names
+    if environ.get(endpoint_var, "").strip() or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip():
+        return ["otlp"]
+    return [FILE_EXPORTER]
+
+
+@dataclass
+class _ExporterPlan:
+    name: str
+    factory: Callable[[], Any]
+    #: The caller's own exporter (``span_exporters=``): a failed build hands it back open.
+    lent: bool = False
+
+
+def _plan_exporters(
+    signal: str, environ: Mapping[str, str], file: OtlpJsonLinesFile, strict: bool
+) -> list[_ExporterPlan]:
+    """Resolve every exporter name to a factory, validating all before building any."""
+    exporter_var = SIGNAL_VARS[signal][0]
+    plans: list[_ExporterPlan] = []
+    for name in exporter_names(signal, environ):
+        if name == FILE_EXPORTER:
+            cls = OtlpJsonFileSpanExporter if signal == "traces" else OtlpJsonFileMetricExporter
+            plans.append(_ExporterPlan(name, lambda cls=cls: cls(file=file)))  # type: ignore[misc]
+            continue
+        if name == "otlp":
+            protocol = otlp_protocol(signal, environ, strict)
+            _check_endpoint_scheme(signal, protocol, environ, strict)
+            ep_name = PROTOCOLS[protocol]
+        else:
+            ep_name = name
+        found = list(entry_points(group=f"opentelemetry_{signal}_exporter", name=ep_name))
+        if not found:
+            known = sorted({ep.name for ep in entry_points(group=f"opentelemetry_{signal}_exporter")})
+            report(
+                ConfigurationError(
+                    f"{exporter_var}={environ.get(exporter_var, name)!r}: unknown exporter {name!r} "
+                    f"(installed: {', '.join([*known, 'otlp', 'none'])})"
+                ),
+                strict,
+            )
+            continue
+        try:
+            cls = found[0].load()
+        except Exception as exc:
+            report(ConfigurationError(f"{exporter_var}: exporter {name!r} failed to load: {exc}"), strict)
+            continue
+        if ep_name == PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ):
+            plans.append(_ExporterPlan(name, _with_certificate_session(cls)))
+            continue
+        plans.append(_ExporterPlan(name, cls))
+    return plans
+
+
+def _with_certificate_session(cls: Any) -> Callable[[], Any]:
+    return lambda: cls(session=CertificateSession())
+
+
+def _spooling(
+    exporter: SpanExporter, name: str, config: TrainingConfig, resource: Resource | None, hint: str = ""
+) -> SpoolingSpanExporter:
+    """``exporter`` behind the spool: one directory per process and exporter (ranks never share)."""
+    settings = config.resolve(lazy=False)  # what shapes files and exit is never lazy
+    max_bytes = settings.spool_max_bytes
+    spool = None
+    if max_bytes > 0:
+        base = settings.spool_dir or Path(settings.output_dir) / "spool"
+        service = str((resource or Resource.get_empty()).attributes.get(semconv.SERVICE_NAME, "traintel"))
+        process = _file_name(service, time.time(), os.getpid()).removesuffix(FILE_SUFFIX)
+        safe_name = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+        spool = Spool(Path(str(base)) / f"{process}-{safe_name}", max_bytes)
+    return SpoolingSpanExporter(
+        exporter,
+        spool,
+        retry_interval_s=settings.spool_retry_interval,
+        drain_timeout_s=0.8 * settings.shutdown_timeout,
+        hint=hint,
+    )
+
+
+#: A batch processor (traintel's, or the guard on one the distro built) and its spool, if any.
+ExportPath = tuple[CountingBatchSpanProcessor | QueueGuard, SpoolingSpanExporter | None]
+
+
+@dataclass
+class Pipeline:
+    """The providers traintel records into, and whether it owns (and so shuts down) them."""
+
+    tracer_provider: trace_api.TracerProvider
+    meter_provider: metrics_api.MeterProvider
+    owns_tracer_provider: bool
+    owns_meter_provider: bool
+    trace_exporters: list[str] = field(default_factory=list)
+    metric_exporters: list[str] = field(default_factory=list)
+    file: OtlpJsonLinesFile | None = None
+    processors: list[SpanProcessor] = field(default_factory=list)
+    #: Owned providers: the filter in front of the exporting processors, and the id generator.
+    export_filter: IterationExportFilter | None = None
+    ids: ForcingIdGenerator | None = None
+    #: Owned providers: each exporting batch processor with its spooling wrapper (if any).
+    export_paths: list[ExportPath] = field(default_factory=list)
+    _shut_down: bool = False
+
+    @property
+    def resource(self) -> Resource:
+        return getattr(self.tracer_provider, "resource", None) or Resource.get_empty()
+
+    def output_file(self) -> Path | None:
+        if self.file is None:
+            return None
+        service = str(self.resource.attributes.get(semconv.SERVICE_NAME, "traintel"))
+        return self.file.path or self.file.planned_path(service)
+
+    def add_span_processor(self, processor: SpanProcessor) -> None:
+        provider = self.tracer_provider
+        if isinstance(provider, OwnedTracerProvider):
+            provider.add_traintel_processor(processor)
+        else:
+            provider.add_span_processor(processor)  # type: ignore[attr-defined]
+        self.processors.append(processor)
+
+    def direct_spans(self, tracer: trace_api.Tracer) -> DirectSpans | None:
+        """How traintel's own finished spans can skip the tracer, if they can (see SpanWriter)."""
+        provider, export_filter = self.tracer_provider, self.export_filter
+        if not isinstance(provider, OwnedTracerProvider) or export_filter is None:
+            return None
+        writer = span_writer(tracer)
+        return DirectSpans(writer, export_filter.forward, provider) if writer is not None else None
+
+    def flush(self, timeout_s: float) -> bool:
+        """Export what is buffered, waiting at most ``timeout_s``; never raises."""
+        millis = int(timeout_s * 1000)
+
+        def flush_traces() -> None:
+            _call(self.tracer_provider, "force_flush", millis)
+            for _processor, spooler in self.export_paths:  # sent, or safe in the spool
+                if spooler is not None:
+                    _call(spooler, "force_flush", millis)
+
+        return _bounded(
+            [("spans", flush_traces), ("metrics", lambda: _call(self.meter_provider, "force_flush", millis))],
+            timeout_s,
+            "flush",
+        )
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Flush and release everything traintel owns within ``timeout_s``; never raises.
+
+        Providers the user owns are flushed, not shut down: their lifecycle is theirs.
+        """
+        if self._shut_down:
+            return True
+        self._shut_down = True
+        millis = int(timeout_s * 1000)
+        tasks: list[tuple[str, Callable[[], None]]] = []
+        if self.owns_tracer_provider:
+
+            def flush_and_shutdown_traces() -> None:
+                _call(self.tracer_provider, "force_flush", millis)
+                _call(self.tracer_provider, "shutdown")
+
+            tasks.append(("spans", flush_and_shutdown_traces))
+        else:
+            tasks.append(("spans", lambda: _call(self.tracer_provider, "force_flush", millis)))
+        if self.owns_meter_provider:
+
+            def shutdown_metrics() -> None:
+                readers = otel_private.collecting_threads(self.meter_provider)  # before: 1.40 forgets them
+                _call(self.meter_provider, "shutdown", millis)
+                for thread in readers:  # each one's last collection (the last metric line): this
+                    thread.join()  # task waits for it, and the bound says so if it runs out first
+
+            tasks.append(("metrics", shutdown_metrics))
+        else:
+            tasks.append(("metrics", lambda: _call(self.meter_provider, "force_flush", millis)))
+        done = _bounded(tasks, timeout_s, "shutdown")
+        if not done:
+            self._spill()
+        for line in HEALTH.new_report_lines():
+            _logger.warning("traintel: telemetry export: %s", line)
+        return done
+
+    def _spill(self) -> None:
+        """The exit bound was reached: what is queued or in flight goes to the spool, not away."""
+        for processor, spooler in self.export_paths:
+            try:
+                queued = processor.take_queued()
+                if spooler is not None:
+                    spooler.spill(queued)
+                elif queued:
+                    HEALTH.drop_spans(EXIT_TIMEOUT, len(queued))
+            except Exception:
+                _logger.exception("traintel: could not spool the spans left at exit")
+
+
+#: Said once with the first failed export of providers the distro built with no endpoint set.
+_DISTRO_DEFAULT_HINT = (
+    "No OTLP endpoint is set, so opentelemetry-instrument exports to localhost (4317 gRPC, 4318 "
+    "HTTP): point OTEL_EXPORTER_OTLP_ENDPOINT at your collector, or keep telemetry in a local file "
+    "with OTEL_TRACES_EXPORTER=traintel_file OTEL_METRICS_EXPORTER=traintel_file"
+)
+
+
+def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> int:
+    """Under ``opentelemetry-instrument``: give the providers the distro built what traintel's
+    own have. Their span exporters go behind the spool, their queues' drops and their metric
+    exports are counted, and their exit is bounded by ``TRAINTEL_SHUTDOWN_TIMEOUT`` (traintel
+    shuts them down; the SDK's own unbounded exit hooks are removed). Returns how many span
+    exporters were put behind the spool.
+
+    Why only here: providers a user's own code built are theirs to run; the distro's are built
+    from ``OTEL_*`` alone, as traintel's would be, and without this a job whose collector is
+    not there retries at exit for the exporters' whole timeout and loses what it held, uncounted.
+    """
+    tracer_provider, meter_provider = pipeline.tracer_provider, pipeline.meter_provider
+    if pipeline.owns_tracer_provider or not isinstance(tracer_provider, TracerProvider):
+        return 0
+    environ = os.environ
+    endpoint_set = any(
+        environ.get(variable, "").strip()
+        for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+    adopted = 0
+    processors = otel_private.span_processors(tracer_provider)
+    readers = otel_private.periodic_readers(meter_provider)
+    unreached = [] if processors is not None else ["span processors"]
+    if readers is None and isinstance(meter_provider, MeterProvider):
+        unreached.append("metric readers")
+    for processor in processors or ():
+        if not isinstance(processor, BatchSpanProcessor) or isinstance(processor, CountingBatchSpanProcessor):
+            continue
+        exporter = otel_private.batch_exporter(processor)
+        if exporter is None:
+            unreached.append("batch span processors' exporters")
+            continue
+        if isinstance(exporter, SpoolingSpanExporter | OtlpJsonFileSpanExporter | ProcessBoundSpanExporter):
+            continue
+        hint = "" if endpoint_set or adopted else _DISTRO_DEFAULT_HINT
+        spooler = _spooling(exporter, type(exporter).__name__, config, pipeline.resource, hint)
+        if not otel_private.replace_batch_exporter(processor, spooler):
+            continue
+        pipeline.export_paths.append((guard_queue(processor), spooler))
+        adopted += 1
+    for reader in readers or ():
+        otel_private.replace_reader_exporter(reader, CountingMetricExporter)
+    if unreached:
+        _logger.warning(
+            "traintel: this OpenTelemetry SDK release keeps its %s where traintel does not find "
+            "them: the exporters opentelemetry-instrument built are used as they are, without "
+            "traintel's spool and loss counting",
+            " and ".join(dict.fromkeys(unreached)),
+        )
+    retry_lines.install()
+    for provider in (tracer_provider, meter_provider):
+        atexit.unregister(getattr(provider, "shutdown", _no_shutdown))
+    pipeline.owns_tracer_provider = True
+    pipeline.owns_meter_provider = isinstance(meter_provider, MeterProvider)
+    return adopted
+
+
+def _no_shutdown() -> None:
+    """Stands for a provider without ``shutdown`` (nothing to unregister)."""
+
+
+def _call(target: object, method: str, *args: Any) -> None:
+    fn = getattr(target, method, None)
+    if fn is None:
+        return
+    try:
+        fn(*args)
+    except Exception as exc:
+        if "MetricsTimeoutError" in f"{type(exc).__name__} {exc}":  # the SDK wraps it in a plain one
+            retry_lines.collection_timed_out()  # counted, said once: the next collection has the totals
+            return
+        _logger.exception("traintel: %s.%s failed", type(target).__name__, method)
+
+
+#: What a signal's task of a bounded flush or exit waits on when no export is under way.
+_OWN_WORK = {
+    "spans": "the batch span processor",
+    "metrics": "the metric reader's collection (the last metric line is not written)",
+}
+
+
+def _bounded(tasks: list[tuple[str, Callable[[], None]]], timeout_s: float, what: str) -> bool:
+    """Run tasks (``spans`` and ``metrics``) in parallel daemon threads and wait for them at
+    most ``timeout_s`` in total; if that runs out, say what they were waiting on: the
+    telemetry file, a collector, or their own work (a collection short of CPU).
+
+    Daemon threads: if an exporter is stuck on a black-holed socket, the interpreter may still
+    exit when the bound is reached.
+    """
+    threads = [(name, threading.Thread(target=t, name=f"traintel-{what}", daemon=True)) for name, t in tasks]
+    for _name, thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout_s
+    for _name, thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [name for name, thread in threads if thread.is_alive()]
+    if stuck:
+        waiting = HEALTH.busy_now()
+        for name in stuck:
+            if not any(name[:-1] in label or "file" in label for label in waiting):
+                waiting.append(_OWN_WORK[name])
+        _logger.warning(
+            "traintel: telemetry %s did not finish within %.1fs, still waiting for %s; going on without it",
+            what,
+            timeout_s,
+            " and ".join(waiting),
+        )
+        return False
+    return True
+
+
+def _export_paths(
+    plans: list[_ExporterPlan],
+    config: TrainingConfig,
+    resource: Resource | None,
+    spool: bool,
+    *,
+    strict: bool,
+    environ: Mapping[str, str],
+    undo: list[Callable[[], None]],
+) -> list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]]:
+    """A batch processor per span exporter, each behind a spool (network exporters built from
+    ``OTEL_*``, when ``spool``); how to stop each goes on ``undo``. An exporter that cannot
+    start fails explicit configuration; the automatic one says so and leaves it out."""
+    paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
+    batching = _batch_settings(environ, strict) if plans else {}
+    for plan in plans:
+        try:
+            exporter: SpanExporter = plan.factory()
+        except Exception as exc:
+            _exporter_failed("traces", plan.name, exc, environ, strict)
+            continue
+        spooler = None
+        if spool and plan.name != FILE_EXPORTER:
+            exporter = spooler = _spooling(exporter, plan.name, config, resource)
+        bound = ProcessBoundSpanExporter(exporter)
+        try:
+            processor = CountingBatchSpanProcessor(bound, health=HEALTH, **batching)
+        except Exception as exc:
+            if not plan.lent:
+                undo.append(exporter.shutdown)
+            what = f"the batch span processor of exporter {plan.name!r} could not start"
+            _exporter_failed("traces", plan.name, exc, environ, strict, _BSP_SETTINGS, what)
+            continue
+        undo.append(lambda p=processor, b=bound, lent=plan.lent: _stop(p, b, lent))  # type: ignore[misc]
+        paths.append((processor, spooler))
+    return paths
+
+
+def _batch_settings(environ: Mapping[str, str], strict: bool) -> dict[str, int]:
+    """Explicit configuration leaves ``OTEL_BSP_*`` to the SDK, whose refusal it reports; the
+    automatic one replaces a bad value by the SDK's default, and says so."""
+    if strict:
+        return {}
+    settings, said = batch_settings(environ)
+    for line in said:
+        _logger.warning("traintel: %s", line)
+    return settings
+
+
+def _stop(processor: CountingBatchSpanProcessor, bound: ProcessBoundSpanExporter, lent: bool) -> None:
+    """Stop a processor of a failed build; the caller's exporter goes back open, as it was
+    given, so that the corrected call can use it."""
+    if lent:
+        bound.inner = SpanExporter()  # the processor's shutdown reaches this stand-in, not theirs
+    _call(processor, "shutdown")
+
+
+def _periodic_readers(
+    plans: list[_ExporterPlan], *, strict: bool, environ: Mapping[str, str], undo: list[Callable[[], None]]
+) -> list[MetricReader]:
+    """A periodic reader per metric exporter, how to stop each on ``undo``; network exporters'
+    failures are counted (and said at exit). An exporter that cannot start is as in
+    :func:`_export_paths`."""
+    readers: list[MetricReader] = []
+    for plan in plans:
+        try:
+            built: MetricExporter | MetricReader = plan.factory()
+        except Exception as exc:
+            _exporter_failed("metrics", plan.name, exc, environ, strict)
+            continue
+        if isinstance(built, MetricReader):  # a pull endpoint (prometheus): its own reader
+            undo.append(built.shutdown)
+            readers.append(built)
+            continue
+        interval: float | None = None  # the SDK's: OTEL_METRIC_EXPORT_INTERVAL, else 60 s
+        if plan.name == FILE_EXPORTER:
+            bound: MetricExporter = ProcessBoundMetricExporter(built)
+            if not environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip():
+                interval = FILE_METRIC_EXPORT_INTERVAL_MILLIS
+        else:
+            bound = CountingMetricExporter(built)
+        try:
+            reader = PeriodicExportingMetricReader(bound, export_interval_millis=interval)
+        except Exception as exc:
+            undo.append(bound.shutdown)
+            what = f"the periodic metric reader of exporter {plan.name!r} could not start"
+            _exporter_failed("metrics", plan.name, exc, environ, strict, _READER_SETTINGS, what)
+            continue
+        undo.append(reader.shutdown)
+        readers.append(reader)
+    return readers
+
+
+def _owned_tracer_provider(
+    plans: list[_ExporterPlan],
+    config: TrainingConfig,
+    resource: Resource | None,
+    *,
+    spool: bool,
+    strict: bool,
+    environ: Mapping[str, str],
+    undo: list[Callable[[], None]],
+) -> tuple[
+    OwnedTracerProvider,
+    ForcingIdGenerator,
+    IterationExportFilter,
+    list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]],
+]:
+    """traintel's tracer provider: export filter, batching and spooling in front of ``plans``."""
+    ids = ForcingIdGenerator()
+    try:
+        provider = OwnedTracerProvider(resource=resource, shutdown_on_exit=False, id_generator=ids)
+    except Exception as exc:
+        _raise("the tracer provider could not be built", exc, _TRACER_PROVIDER_SETTINGS, environ)
+    export_paths = _export_paths(plans, config, resource, spool, strict=strict, environ=environ, undo=undo)
+    export_filter = IterationExportFilter([batcher for batcher, _ in export_paths], TraceBudget())
+    provider.add_traintel_processor(export_filter)
+    return provider, ids, export_filter, export_paths
+
+
+def _owned_meter_provider(
+    plans: list[_ExporterPlan],
+    callers_readers: Sequence[MetricReader],
+    resource: Resource | None,
+    *,
+    strict: bool,
+    environ: Mapping[str, str],
+    undo: list[Callable[[], None]],
+) -> MeterProvider:
+    """traintel's meter provider: a periodic reader per planned exporter, and the caller's own.
+
+    Built last: once the caller's readers are registered on it, undoing would shut them down."""
+    readers = _periodic_readers(plans, strict=strict, environ=environ, undo=undo)
+    try:
+        return MeterProvider(
+            metric_readers=[*callers_readers, *readers], resource=resource, shutdown_on_exit=False
+        )
+    except Exception as exc:
+        _raise("the meter provider could not be built", exc, _METER_PROVIDER_SETTINGS, environ)
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """What ``configure()`` was given besides the training facts: providers to attach to, or
+    exporters and readers to build private providers around, and the service name."""
+
+    tracer_provider: trace_api.TracerProvider | None = None
+    meter_provider: metrics_api.MeterProvider | None = None
+    service_name: str | None = None
+    span_exporters: Sequence[SpanExporter] | None = None
+    metric_readers: Sequence[MetricReader] | None = None
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """Which providers are the user's (attached to) and which traintel builds and publishes."""
+
+    tracer_provider: trace_api.TracerProvider
+    meter_provider: metrics_api.MeterProvider
+    build_tp: bool
+    build_mp: bool
+    set_global_tp: bool
+    set_global_mp: bool
+
+
+def _choose(options: PipelineOptions) -> _Choice:
+    """The user's providers where set (the global ones included), else traintel's own."""
+    if options.span_exporters is not None and options.tracer_provider is not None:
+        raise ConfigurationError("span_exporters= and tracer_provider= exclude each other")
+    if options.metric_readers is not None and options.meter_provider is not None:
+        raise ConfigurationError("metric_readers= and meter_provider= exclude each other")
+    tp = options.tracer_provider or trace_api.get_tracer_provider()
+    mp = options.meter_provider or metrics_api.get_meter_provider()
+    attach_tp = isinstance(tp, TracerProvider) and options.span_exporters is None
+    if options.tracer_provider is not None and not attach_tp:
+        raise ConfigurationError(
+            f"tracer_provider={tp!r}: traintel needs an opentelemetry.sdk.trace.TracerProvider"
+        )
+    unset_mp = options.meter_provider is None and _is_unset_meter_provider(mp)
+    private = options.span_exporters is not None
+    if not attach_tp and not private and not isinstance(tp, trace_api.ProxyTracerProvider):
+        _logger.warning(
+            "traintel: the global tracer provider is %s, not an SDK TracerProvider; traintel "
+            "records into a private provider and leaves the global one alone",
+            type(tp).__name__,
+        )
+    return _Choice(
+        tp,
+        mp,
+        build_tp=not attach_tp,
+        build_mp=options.metric_readers is not None or unset_mp,
+        set_global_tp=not private and isinstance(tp, trace_api.ProxyTracerProvider),
+        set_global_mp=options.metric_readers is None,
+    )
+
+
+def _trace_plans(
+    options: PipelineOptions,
+    choice: _Choice,
+    environ: Mapping[str, str],
+    file: OtlpJsonLinesFile,
+    strict: bool,
+) -> list[_ExporterPlan]:
+    if options.span_exporters is not None:  # the caller's own: used as they are (no spool)
+        return [_ExporterPlan(type(e).__name__, lambda e=e: e, lent=True) for e in options.span_exporters]  # type: ignore[misc]
+    return _plan_exporters("traces", environ, file, strict) if choice.build_tp else []
+
+
+def build_pipeline(
+    config: TrainingConfig,
+    options: PipelineOptions,
+    *,
+    strict: bool,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[Pipeline, Callable[[], None]]:
+    """The providers to record into: the user's where set, else built from ``OTEL_*``; and how
+    to publish them (set the global providers), to be called once everything is built.
+
+    ``span_exporters`` / ``metric_readers`` ask for private providers that traintel builds
+    (with its export filter and batching) around exactly those, never set globally.
+
+    What can be is validated before anything is built; what only the SDK can judge (its
+    constructors read ``OTEL_*`` themselves) raises a ``ConfigurationError`` naming the
+    variable, after stopping whatever was started. Nothing is registered until ``publish``,
+    so a strict call that raises leaves the process exactly as it was.
+    """
+    environ = os.environ if environ is None else environ
+    _redaction.install(environ)  # the SDK logs malformed header entries while exporters are built
+    choice = _choose(options)
+    file = OtlpJsonLinesFile(output_dir=config.resolve(lazy=False).output_dir)
+    trace_plans = _trace_plans(options, choice, environ, file, strict)
+    own_readers = choice.build_mp and options.metric_readers is None
+    metric_plans = _plan_exporters("metrics", environ, file, strict) if own_readers else []
+    build_any = choice.build_tp or choice.build_mp
+    resource = build_resource(config, options.service_name) if build_any else None
+    pipeline = Pipeline(
+        tracer_provider=choice.tracer_provider,
+        meter_provider=choice.meter_provider,
+        owns_tracer_provider=choice.build_tp,
+        owns_meter_provider=choice.build_mp,
+        trace_exporters=[p.name for p in trace_plans],
+        metric_exporters=[p.name for p in metric_plans],
+        file=file if any(p.name == FILE_EXPORTER for p in trace_plans + metric_plans) else None,
+    )
+    undo: list[Callable[[], None]] = []
+    try:  # a failure stops what was started and publishes nothing
+        if choice.build_tp:
+            spool = options.span_exporters is None
+            tp, pipeline.ids, pipeline.export_filter, paths = _owned_tracer_provider(
+                trace_plans, config, resource, spool=spool, strict=strict, environ=environ, undo=undo
+            )
+            pipeline.tracer_provider, pipeline.export_paths = tp, list[ExportPath](paths)
+        if choice.build_mp:
+            pipeline.meter_provider = _owned_meter_provider(
+                metric_plans,
+                options.metric_readers or [],
+                resource,
+                strict=strict,
+                environ=environ,
+                undo=undo,
+            )
+    except BaseException as exc:
+        _undo(undo)
+        if isinstance(exc, ConfigurationError) or not isinstance(exc, Exception):
+            raise
+        _raise("the telemetry pipeline could not be built", exc, {}, environ)
+    _redaction.install(environ)  # the exporters' loggers exist now
+    tls_errors.install(environ)
+    retry_lines.install()
+    return pipeline, lambda: _publish(pipeline, choice)
+
+
+def _publish(pipeline: Pipeline, choice: _Choice) -> None:
+    if choice.set_global_tp:
+        trace_api.set_tracer_provider(pipeline.tracer_provider)
+    if choice.build_mp and choice.set_global_mp:
+        metrics_api.set_meter_provider(pipeline.meter_provider)

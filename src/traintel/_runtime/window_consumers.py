@@ -1,0 +1,259 @@
+"""What a closed window is made into, consumer by consumer (see ``window_pipeline``).
+
+Each consumer takes the :class:`WindowEvent` and does one job with it, through the module that
+owns that job: the device's part of the report (``_host.device``), the metric instruments
+(``_sdk.instruments``), the goodput record and its ``training_window`` span (``_aggregation.
+goodput``, ``_sdk.window_spans``), the loop span's attributes and events, the cross-rank row
+(``distributed.cross_rank``). The MFU peak lookup is the pipeline's rate source: it comes first,
+the report's rates need it. They run in the order the bootstrap registers them; the device's
+part first (the report's attributes carry it to the record and the loop). The user's
+``record_metrics`` names come after traintel's own numbers on the record and the loop's event,
+within the span limits (``UserNamesCap``): past a limit the user's names are left out, never
+traintel's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Final
+
+from opentelemetry.trace import Span
+
+from traintel import semconv
+from traintel._aggregation.aggregator import RateInputs, WindowReport
+from traintel._aggregation.goodput import WindowGoodput
+from traintel._aggregation.window_record import loop_attributes
+from traintel._host.calibration import MeasuredPeak, measure_peak
+from traintel._host.compute_dtype import DtypeChoice, choose_dtype, seen_parameters
+from traintel._host.device import DeviceHooks, annotate_window
+from traintel._host.flops import current_device_name, peak_flops_for
+from traintel._recorder import clock
+from traintel._recorder.engine import TrainingEngine
+from traintel._recorder.segments import SegmentedSpan
+from traintel._runtime.window_pipeline import WindowEvent
+from traintel._sdk.otel_private import add_clean_event
+from traintel._sdk.window_spans import WindowSpans
+from traintel.config import Settings, TrainingConfig
+from traintel.semconv import Event
+
+_TRAINING_METRICS_UPDATE: Final = Event.TRAINING_METRICS_UPDATE.value
+_OUT_OF_RANGE: Final = Event.METRIC_OUT_OF_RANGE.value
+_FLOPS_PER_DEVICE: Final = semconv.WINDOW_PREFIX + "flops_per_second_per_device"
+#: Where a window's record holds the user's record_metrics names (two attributes each).
+_USER_METRICS: Final = semconv.WINDOW_PREFIX + "metric."
+#: A wall clock this far (or more) off traintel's timeline has stepped (NTP slews by far less).
+_WALL_STEP_NS: Final = 1_000_000_000
+
+
+class PeakFlops:
+    """The window's rate inputs: the world size, the FLOP method and the peak FLOP/s, the
+    configured one or the table's for the device and the dtype that runs
+    (``traintel._host.compute_dtype``), looked up at the first window close where the device is
+    known (the job initialised CUDA) and kept from then on; and the measured matmul peak, when
+    ``TRAINTEL_MEASURE_PEAK=on``."""
+
+    def __init__(
+        self, world_size: int, warn_once: Callable[..., None], end_probe: Callable[[], None] | None = None
+    ) -> None:
+        self.world_size = world_size
+        self._warn_once = warn_once
+        self._end_probe = end_probe  # back to the plain device hooks: autocast is looked at no more
+        self.dtype_seen: str | None = None
+        self.dtype: DtypeChoice | None = None  # the peak column, once the device is known
+        self._found: tuple[float | None, str | None, str | None] | None = None
+        self._measured: MeasuredPeak | None = None
+
+    def dtype_found(self, dtype: str) -> None:
+        """Autocast's dtype, seen at a phase start (the device hooks' probe)."""
+        self.dtype_seen = dtype
+        self._stop_probing()
+
+    def _stop_probing(self) -> None:
+        end, self._end_probe = self._end_probe, None
+        if end is not None:
+            end()
+
+    def __call__(self, config: TrainingConfig, settings: Settings, device: int | None) -> RateInputs:
+        lazy = config.is_lazy("flops_per_sample") or config.is_lazy("flops_per_token")
+        method = settings.flops_method or ("callable" if lazy else "config")
+        executed, model = settings.executed_flops_per_sample, settings.flops_per_sample
+        ratio = executed / model if executed and model else None
+        if settings.peak_flops is not None:
+            configured = "config (TRAINTEL_PEAK_FLOPS)"
+            inputs = RateInputs(self.world_size, settings.peak_flops, configured, None, method, ratio)
+        else:
+            peak, source, reason = self._device_peak(settings, device)
+            dtype = self.dtype
+            inputs = RateInputs(
+                self.world_size, peak, source, reason, method, ratio,
+                peak_dtype=dtype.dtype if dtype else None, peak_dtype_reason=dtype.reason if dtype else None,
+            )  # fmt: skip
+        measured = self._measured
+        if measured is None or not measured.flops_per_second:
+            return inputs
+        return replace(
+            inputs, measured_peak_flops=measured.flops_per_second, measured_peak_method=measured.method
+        )
+
+    def _device_peak(
+        self, settings: Settings, device: int | None
+    ) -> tuple[float | None, str | None, str | None]:
+        if self._found is not None:
+            return self._found
+        self._stop_probing()  # the first window: the dtype is what autocast showed so far
+        name = current_device_name(device)
+        if name is None:
+            return (None, None, "no GPU: set TRAINTEL_PEAK_FLOPS to compute MFU on this device")
+        self.dtype = dtype = choose_dtype(settings.dtype, self.dtype_seen, seen_parameters())
+        if dtype.guess is not None:
+            self._warn_once("mfu_dtype", "MFU: %s", dtype.guess)
+        found = peak_flops_for(name, dtype.dtype)
+        self._found = (found.peak_flops, found.source, found.reason)
+        return self._found
+
+    def measure_if_asked(self, settings: Settings, device: int | None) -> None:
+        """``TRAINTEL_MEASURE_PEAK=on``: time the device's matmul peak in the run's dtype, once.
+        Called on the thread that closes a window (the training thread), before the window is
+        handed over, so that nothing of the job runs beside it."""
+        if self._measured is not None or settings.measure_peak != "on":
+            return
+        if self._found is None and current_device_name(device) is None:
+            return  # no GPU (yet): asked again at the next window
+        self._device_peak(settings, device)
+        dtype = self.dtype.dtype if self.dtype is not None else "fp32"
+        try:
+            self._measured = measure_peak(dtype)
+        except Exception as exc:
+            self._warn_once("measure_peak", "could not measure the matmul peak: %s", exc)
+        if self._measured is None:  # not again
+            self._measured = MeasuredPeak(0.0, f"no {dtype} matmul calibration", (), 0.0)
+
+
+class WindowConsumers:
+    """A job's consumers of closed windows, each one method (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: TrainingEngine,
+        spans: WindowSpans,
+        peak: PeakFlops,
+        warn_once: Callable[..., None],
+        release: Callable[[list[WindowGoodput], Span | None], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._spans = spans
+        self._peak = peak
+        self._warn_once = warn_once
+        #: Told of the goodput records before they are exported (it may annotate them: their
+        #: energy), with the loop span at the loop's end.
+        self._release = release
+        self._wall_step_said = 0  # the wall clock's step last said (ns)
+
+    def _compact(self, event: WindowEvent) -> bool:
+        """The window's numbers ride on its record (the default), or on a full event on the loop."""
+        return self._engine.window_events and event.settings.window_events == "off"
+
+    def annotate_device(self, event: WindowEvent) -> None:
+        if event.report is not None:
+            hooks = self._engine.device  # the autocast probe's until the dtype is known: same timer
+            timed = hooks if isinstance(hooks, DeviceHooks) else None
+            annotate_window(event.report.attributes, timed, event.device)
+
+    def book_goodput(self, event: WindowEvent) -> None:
+        """The goodput ledger's account of the window, and its record exported at once."""
+        ledger, report = self._engine.goodput, event.report
+        if report is None:
+            records = ledger.flush_held() if event.final else []
+        else:
+            metrics = report.attributes if self._compact(event) else None
+            records = ledger.close_window(report, event.inputs.peak_flops, event.final, metrics)
+        if self._release is not None and (records or event.final):
+            self._release(records, event.segment if event.final else None)
+        if records:
+            cap = self._engine.names_cap
+            self._spans.export(
+                (
+                    (w.start_ns, w.end_ns, cap.span(w.attributes(), _USER_METRICS, "training_window span"))
+                    for w in records
+                ),
+                event.parent,
+            )
+
+    def _loop_events(
+        self, event: WindowEvent, report: WindowReport, segment: Span
+    ) -> list[tuple[str, dict[str, float | int | str]]]:
+        """The window's events for the loop: the full ``training_metrics_update`` (else its
+        constants and totals are set on the segment, compact mode) and one per out-of-range
+        value."""
+        events: list[tuple[str, dict[str, float | int | str]]] = []
+        if self._compact(event):
+            segment.set_attributes(loop_attributes(report.attributes))
+        else:
+            cap = self._engine.names_cap
+            update = cap.event(report.attributes, _USER_METRICS, "training_metrics_update event")
+            events.append((_TRAINING_METRICS_UPDATE, update))
+        for error in report.errors:
+            events.append((_OUT_OF_RANGE, {
+                semconv.ERROR_REASON: error,
+                semconv.MFU_NUMERATOR: report.attributes.get(_FLOPS_PER_DEVICE, 0.0),
+                semconv.MFU_DENOMINATOR: event.inputs.peak_flops or 0.0,
+                semconv.MFU_PEAK_SOURCE: event.inputs.peak_source or "",
+            }))  # fmt: skip
+        return events
+
+    def update_loop(self, event: WindowEvent) -> None:
+        """The loop's part: the window's constants and totals (overwritten each window), or the
+        full ``training_metrics_update`` event; and any out-of-range value, said once."""
+        report, inputs = event.report, event.inputs
+        if report is None:
+            return
+        if inputs.peak_flops is None and report.attributes.get(_FLOPS_PER_DEVICE):
+            self._warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
+        if event.segment is not None and self._engine.window_events:
+            for name, attributes in self._loop_events(event, report, event.segment):
+                _add_loop_event(event, name, attributes)
+        for error in report.errors:
+            self._warn_once(
+                "out_of_range",
+                "%s: check flops_per_* and the peak FLOP/s%s (not reported as a metric)",
+                error,
+                f" ({self._peak.dtype.guess})"
+                if self._peak.dtype is not None and self._peak.dtype.guess
+                else "",
+            )
+
+    def say_wall_clock_step(self, event: WindowEvent) -> None:
+        """A wall-clock step since the last window (1 s or more): said once, and a
+        ``wall_clock_step`` event on the loop for the offline commands (traintel's timestamps
+        are that far off the wall clock from here on)."""
+        if event.report is None:
+            return
+        step = clock.wall_step_ns()
+        if abs(step - self._wall_step_said) < _WALL_STEP_NS:
+            return
+        self._wall_step_said = step
+        iteration = event.report.last_iteration
+        self._warn_once(
+            "wall_clock_step",
+            "the wall clock stepped by %+.1f s (at or before iteration %s); durations stay exact "
+            "(traintel times from the monotonic clock), and its timestamps are that far off the wall "
+            "clock from here on",
+            step / 1e9, iteration,
+        )  # fmt: skip
+        attributes: dict[str, float | int | str] = {
+            semconv.WALL_CLOCK_STEP: step / 1e9,
+            semconv.ITERATION: iteration,
+        }
+        _add_loop_event(event, Event.WALL_CLOCK_STEP.value, attributes)
+
+
+def _add_loop_event(event: WindowEvent, name: str, attributes: dict[str, float | int | str]) -> None:
+    """An event on the loop segment that held the window (counted in the segment's budget)."""
+    loop, segment = event.loop, event.segment
+    if segment is None:
+        return
+    if isinstance(loop, SegmentedSpan):
+        loop.add_clean_event(name, attributes, segment)
+    else:
+        add_clean_event(segment, name, attributes)
