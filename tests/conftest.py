@@ -29,6 +29,7 @@ from tests.tiers import (  # noqa: F401  (the suite's tiers: pytest finds these 
 )
 from traintel._recorder import active
 from traintel._runtime import window_pipeline
+from traintel.distributed.collectives import SEQUENCE
 
 #: The embedded default's directory as a test run from the repository would create it.
 _REPO_RUNS = Path(__file__).resolve().parent.parent / "traintel-runs"
@@ -68,6 +69,8 @@ def clean_environment(
     # Each closed window is reported on the thread that closes it: exact numbers at once.
     monkeypatch.setattr(window_pipeline, "SYNCHRONOUS", True)
     active.shutdown(0.5)
+    # the process's collective sequence starts at zero for each test, as in a fresh job
+    SEQUENCE.entered = SEQUENCE.completed = 0
     yield
     active.shutdown(0.5)
     # a test that leaves a span current would parent every later test's spans under it

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 from google.rpc.error_details_pb2 import RetryInfo  # type: ignore[import-untyped]
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -29,6 +30,7 @@ from traintel.exporters.reader import attributes_dict
 class Received:
     traces: list[trace_service_pb2.ExportTraceServiceRequest] = field(default_factory=list)
     metrics: list[metrics_service_pb2.ExportMetricsServiceRequest] = field(default_factory=list)
+    logs: list[logs_service_pb2.ExportLogsServiceRequest] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     #: Trace requests refused by the receiver's ``reject``.
     rejected: int = 0
@@ -163,6 +165,16 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):  # type:
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
 
+class _LogsService(logs_service_pb2_grpc.LogsServiceServicer):  # type: ignore[misc]
+    def __init__(self, received: Received) -> None:
+        self.received = received
+
+    def Export(self, request: Any, context: Any) -> Any:
+        with self.received.lock:
+            self.received.logs.append(request)
+        return logs_service_pb2.ExportLogsServiceResponse()
+
+
 class GrpcReceiver:
     """``port`` and ``received`` let a test stop a receiver and start another in its place
     (a collector restart); ``delay_s`` makes trace exports slow; ``tls=(key_pem, cert_pem)``
@@ -188,6 +200,7 @@ class GrpcReceiver:
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _MetricsService(self.received), self.server
         )
+        logs_service_pb2_grpc.add_LogsServiceServicer_to_server(_LogsService(self.received), self.server)
         if tls is None:
             self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         else:
@@ -277,6 +290,9 @@ class HttpReceiver:
                             metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
                         )
                         reply = metrics_service_pb2.ExportMetricsServiceResponse().SerializeToString()
+                    elif self.path == "/v1/logs":
+                        received.logs.append(logs_service_pb2.ExportLogsServiceRequest.FromString(body))
+                        reply = logs_service_pb2.ExportLogsServiceResponse().SerializeToString()
                     else:
                         self.send_response(404)
                         self.end_headers()

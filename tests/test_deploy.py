@@ -29,6 +29,7 @@ import traintel
 from tests import reference_job
 from tests.test_metrics import ms, run_loop
 from traintel import callbacks, semconv
+from traintel.distributed.collectives import SEQUENCE
 
 ROOT = Path(__file__).resolve().parent.parent
 COLLECTOR_DIR = ROOT / "collector-config"
@@ -217,6 +218,9 @@ def emitted() -> Iterator[dict[str, Any]]:
     assert cross_rank is not None
     cross_rank.world = 2
     cross_rank._gathered([[0.0, 2.0, 1.0, 0.1, 0.2, 1.0], [0.0, 2.0, 1.0, 0.1, 0.6, 1.0]])
+    # A collective as a rank counts it (for real, several ranks: tests/test_hang_ranks.py).
+    SEQUENCE.enter("all_reduce")
+    SEQUENCE.complete()
     instruments: dict[str, tuple[str, str]] = {}
     attributes: set[str] = set()
     resource: set[str] = set()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ class CounterNvml:
     def __init__(self, clock: Clock, watts: int = 250, base_mj: int = 7_000_000) -> None:
         self.clock, self.watts, self.base_mj = clock, watts, base_mj
         self.reads: list[float] = []
+        self.threads: list[str] = []
 
     def nvmlInit(self) -> None:
         pass
@@ -59,6 +61,7 @@ class CounterNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
         self.reads.append(self.clock.t)
+        self.threads.append(threading.current_thread().name)
         return self.base_mj + round(self.watts * 1000 * self.clock.t)
 
 
@@ -166,6 +169,25 @@ def test_a_job_energy_by_window_category_and_tail(owned: Any, gpu: tuple[Clock, 
     assert cost.value == 1250.0 / 3.6e6 * 0.3
     (per_token,) = job.metric_points(semconv.METRIC_ENERGY_PER_TOKEN)
     assert per_token.value == 625.0 / 32  # the last window's (the tail after the loop had no work)
+
+
+def test_window_boundary_reads_run_on_the_window_worker_not_the_training_thread(
+    owned: Any, gpu: tuple[Clock, CounterNvml], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One counter read took 3.2 ms on an H100: at a window boundary it must not be the training
+    thread's. The suite processes windows synchronously; here they go to the worker, as in a job."""
+    from traintel._runtime import window_pipeline
+
+    monkeypatch.setattr(window_pipeline, "SYNCHRONOUS", False)
+    clock, nvml = gpu
+    owned(log_every_n_iterations=2, global_batch_size=2, seq_len=8)
+    scripted_job(clock)
+    traintel.shutdown(10)
+    training = threading.current_thread().name
+    # the job's first read (configure) and its last (the application's end) are the caller's,
+    # once each; the two window boundaries are the worker's
+    assert nvml.threads[0] == nvml.threads[-1] == training
+    assert nvml.threads[1:-1] == ["traintel-windows"] * 2
 
 
 def test_records_released_together_share_the_interval_by_their_time(

@@ -177,6 +177,7 @@ print("cuda initialised:", torch.cuda.is_initialized())
 """
 
 
+@pytest.mark.process
 def test_a_cpu_job_on_a_gpu_machine_never_initialises_cuda(tmp_path: Path) -> None:
     """Asking the device's name or current device initialises CUDA (a context of hundreds of
     MB on the GPU); traintel waits until the job has done it."""

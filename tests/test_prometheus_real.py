@@ -46,12 +46,18 @@ pytest.importorskip("opentelemetry.exporter.prometheus")
 SESSION = "prom-session"
 #: Expressions that cannot return data from one CPU process without a collector, and why.
 RANKS = "cross-rank statistics need several ranks (tests/test_ranks.py covers the instruments)"
+HANG = (
+    "collective counts need torch.distributed collectives, so several ranks (tests/test_hang_alert.py "
+    "evaluates the alert with promtool, tests/test_hang_ranks.py counts them on four ranks)"
+)
 CANNOT_HERE = {
     "panel 'GPU memory by rank'": "torch.cuda allocator and NVML gauges need a GPU (tests/test_gpu*.py)",
     "panel 'Straggler heatmap: compute time by rank / median rank'": RANKS,
     "panel 'Cross-rank compute time'": RANKS,
     "alert TraintelStraggler": RANKS,
     "alert TraintelComputeSpread": RANKS,
+    "alert TraintelStalledWavefront": HANG,
+    "panel 'Collectives behind the wavefront (hang culprit)'": HANG,
     "panel 'Phase latency p90 with exemplars (click a dot for the trace)'": "the collector's span_metrics",
     "panel 'Exported phase spans per second'": "the collector's span_metrics",
 }

@@ -422,6 +422,8 @@ def test_scale_mode_rank_0_exports_the_job_the_other_ranks_their_anomalies(tmp_p
         semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS,
         semconv.METRIC_HEARTBEAT_ITERATION,
         semconv.METRIC_HEARTBEAT_PHASE,
+        semconv.METRIC_HEARTBEAT_COLLECTIVES_ENTERED,  # the hang culprit is found from every rank's
+        semconv.METRIC_HEARTBEAT_COLLECTIVES_COMPLETED,
         semconv.METRIC_RANK_COMPUTE_EWMA,
     }
     assert rank1.metric_points(semconv.METRIC_RANK_COMPUTE_EWMA)[-1][2] >= delay

@@ -186,6 +186,9 @@ class Settings:
     shutdown_timeout: float = _setting(
         ev.TRAINTEL_SHUTDOWN_TIMEOUT, _exit_seconds, "exit bound, s", 5.0, eager=True
     )
+    stall_seconds: float = _setting(
+        ev.TRAINTEL_STALL_SECONDS, _exit_seconds, "hang suspect after s", 30.0, eager=True
+    )
     warmup_iterations: int = _setting(
         ev.TRAINTEL_WARMUP_ITERATIONS, _non_negative_int, "left out of totals", 1, eager=True
     )

@@ -136,6 +136,21 @@ Seconds the process may spend flushing telemetry at exit (0 to 86400). Bounds ex
 the collector is down or black-holed. Default: 5.
 """
 
+TRAINTEL_STALL_SECONDS: Final = "TRAINTEL_STALL_SECONDS"
+"""
+.. envvar:: TRAINTEL_STALL_SECONDS
+
+Seconds a rank may make no progress before it reports a hang suspect: an OpenTelemetry log
+record with the training thread's Python stack, its collective sequence numbers and whether its
+Python is running, blocked in C, or held by C code holding the GIL (0 to 86400; 0 turns the
+watcher off). Progress is an iteration or phase that starts or ends, or a collective that is
+entered or completes. Watched: a rank waiting in a collective, and once the first training
+iteration completed, a rank inside any phase below ``application``. Default: 30, a twentieth of
+NCCL's 10-minute collective timeout (gloo's is 30 minutes), and longer than a healthy step or a
+typical checkpoint save; a first compiled step or a very large synchronous save can take
+longer, and then reports one suspect and its recovery (raise it for such jobs).
+"""
+
 TRAINTEL_WARMUP_ITERATIONS: Final = "TRAINTEL_WARMUP_ITERATIONS"
 """
 .. envvar:: TRAINTEL_WARMUP_ITERATIONS
@@ -414,6 +429,7 @@ ALL: Final = (
     TRAINTEL_LOG_EVERY_N_SECONDS,
     TRAINTEL_OUTPUT_DIR,
     TRAINTEL_SHUTDOWN_TIMEOUT,
+    TRAINTEL_STALL_SECONDS,
     TRAINTEL_WARMUP_ITERATIONS,
     TRAINTEL_DTYPE,
     TRAINTEL_FLOPS_METHOD,

@@ -333,6 +333,11 @@ METRIC_HEARTBEAT_ITERATION: Final = "ml.training.heartbeat.iteration"
 METRIC_HEARTBEAT_PHASE: Final = "ml.training.heartbeat.phase"
 #: On the phase gauge: the step phase completed last in the open iteration (where it stopped).
 HEARTBEAT_AFTER: Final = "ml.training.heartbeat.after"
+#: This rank's collective sequence: collectives it entered, and of those the ones that completed
+#: (seen without a host-device sync). Across ranks, the rank whose count is behind the furthest
+#: rank's (the wavefront) has not joined the collective the others wait in.
+METRIC_HEARTBEAT_COLLECTIVES_ENTERED: Final = "ml.training.heartbeat.collectives.entered"
+METRIC_HEARTBEAT_COLLECTIVES_COMPLETED: Final = "ml.training.heartbeat.collectives.completed"
 #: Cross-rank window statistics (``ml.training.statistic`` = min, median, max, p99) and stragglers.
 METRIC_RANKS_ITERATION_DURATION: Final = "ml.training.ranks.iteration.duration"
 METRIC_RANKS_COMPUTE_DURATION: Final = "ml.training.ranks.compute.duration"
@@ -409,3 +414,29 @@ TIMING_MODE_CUDA_EVENT: Final = "cuda_event"
 #: (``TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE`` reached, not rank 0); absent otherwise.
 SUMMARY_RANK_EXPORT: Final = SUMMARY_PREFIX + "rank_export"
 RANK_EXPORT_ANOMALIES_ONLY: Final = "anomalies_only"
+
+# Hangs: a log record when a rank has made no progress for ``TRAINTEL_STALL_SECONDS``, and
+# another when it moves again (event names of OpenTelemetry log records, severity WARN / INFO).
+EVENT_HANG_SUSPECT: Final = "ml.training.hang_suspect"
+EVENT_HANG_RECOVERED: Final = "ml.training.hang_recovered"
+#: Seconds since the rank's last progress when the record was written.
+HANG_STALLED_SECONDS: Final = "ml.training.hang.stalled_seconds"
+#: What the training thread's interpreter is doing (``PYTHON_*``).
+HANG_PYTHON: Final = "ml.training.hang.python"
+#: Blocked in a call that released the GIL: a collective, I/O, a lock, a sleep. The stack does
+#: not move; other threads run.
+PYTHON_BLOCKED: Final = "blocked"
+#: C code holds the GIL: no Python runs in the process at all (reported by a helper process).
+PYTHON_HOLDING_GIL: Final = "holding_gil"
+#: Python runs: the training thread's stack moves between samples.
+PYTHON_RUNNING: Final = "running"
+#: The training thread's innermost Python frame, ``function (file:line)``.
+HANG_TOP_FRAME: Final = "ml.training.hang.top_frame"
+#: The collective this rank entered and has not completed (absent when it waits in none).
+HANG_WAITING_IN: Final = "ml.training.hang.waiting_in"
+#: The collective sequence numbers (see ``METRIC_HEARTBEAT_COLLECTIVES_ENTERED``) on the record.
+COLLECTIVES_ENTERED: Final = "ml.training.collectives.entered"
+COLLECTIVES_COMPLETED: Final = "ml.training.collectives.completed"
+#: The training thread's Python stack, most recent call last (OpenTelemetry's attribute).
+CODE_STACKTRACE: Final = "code.stacktrace"
+THREAD_ID: Final = "thread.id"

@@ -7,19 +7,24 @@ start, its completed step phases) and the processor's registry of open phase spa
 seconds since the last progress, the phase the rank is in and the last iteration it completed.
 The NCCL watchdog takes 10-30 minutes and names no rank; these gauges name it at the next
 collection. The training thread pays nothing but one timestamp store per completed iteration.
+The rank's collective sequence (``traintel.distributed.collectives``) rides along: across ranks,
+the one whose count is behind the others' has not joined the collective they wait in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
 from traintel.version import __version__
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import Span
 
 
 class OpenSpans(Protocol):
@@ -30,12 +35,19 @@ class OpenSpans(Protocol):
     def spans(self) -> list[Any]: ...
 
 
+class Collectives(Protocol):
+    """What the heartbeat reads of the rank's collective sequence (``distributed.collectives``)."""
+
+    def snapshot(self) -> tuple[int, int, str]: ...
+
+
 class RunningIteration(Protocol):
     """What the heartbeat reads of the engine's running iteration."""
 
     phase: str
     start_ns: int
     children: list[tuple[str, int, int, Any, Any]]
+    open_step: Any  # the step phase entered last (``open_name``: its phase while open)
 
 
 class Progress(Protocol):
@@ -57,14 +69,21 @@ class HeartbeatSample:
     iteration: int | None  # the last completed training iteration
     phase: str  # the innermost phase open now (IDLE outside any)
     after: str | None  # inside an iteration: its last completed step phase
+    collectives_entered: int = 0
+    collectives_completed: int = 0
+    progress_ns: int = 0  # when (traintel's clock, Unix ns) the rank last made progress
+    step: str | None = None  # inside an iteration: the step phase open now, if any
 
 
 class Heartbeat:
     """Reads the engine and the open-span registry; never writes to them."""
 
-    def __init__(self, engine: Progress, open_spans: OpenSpans, now_ns: Callable[[], int]) -> None:
+    def __init__(
+        self, engine: Progress, open_spans: OpenSpans, collectives: Collectives, now_ns: Callable[[], int]
+    ) -> None:
         self._engine = engine
         self._open_spans = open_spans
+        self._collectives = collectives
         self._now_ns = now_ns  # the recorder's timeline, which the progress it reads is on
         self._started_ns = now_ns()
 
@@ -72,10 +91,11 @@ class Heartbeat:
         now = self._now_ns() if now_ns is None else now_ns
         engine = self._engine
         progress = max(self._started_ns, engine.last_iteration_end_ns, self._open_spans.last_end_ns)
-        phase, after = IDLE, None
+        phase, after, step = IDLE, None, None
         record = engine.active  # read once: the training thread may replace it meanwhile
         if record is not None:
             phase = record.phase
+            step = getattr(record.open_step, "open_name", None)
             progress = max(progress, record.start_ns)
             children = record.children
             if children:
@@ -83,30 +103,32 @@ class Heartbeat:
                 after = name
                 progress = max(progress, end)
         else:
-            innermost = self._innermost_open_phase()
+            innermost = self.innermost_open_span()
             if innermost is not None:
-                phase, started = innermost
+                phase, started = str((innermost.attributes or {})[semconv.PHASE]), innermost.start_time or 0
                 progress = max(progress, started)
         last = engine.last_iteration if engine.last_iteration_end_ns else None
-        return HeartbeatSample(max(0.0, (now - progress) / 1e9), last, phase, after)
+        entered, completed, _name = self._collectives.snapshot()
+        seconds = max(0.0, (now - progress) / 1e9)
+        return HeartbeatSample(seconds, last, phase, after, entered, completed, progress, step)
 
-    def _innermost_open_phase(self) -> tuple[str, int] | None:
+    def innermost_open_span(self) -> Span | None:
         """The open phase span started last (spans nest, so it is the innermost one)."""
         try:
             spans = self._open_spans.spans()
         except RuntimeError:  # the registry changed size while copied: no phase this time
             return None
-        best: tuple[str, int] | None = None
+        best: Span | None = None
         for span in spans:
-            phase = (span.attributes or {}).get(semconv.PHASE)
-            started = span.start_time
-            if phase is not None and started is not None and (best is None or started > best[1]):
-                best = (str(phase), started)
+            started = span.start_time or 0
+            phased = (span.attributes or {}).get(semconv.PHASE) is not None and started > 0
+            if phased and (best is None or started > (best.start_time or 0)):
+                best = span
         return best
 
 
 class HeartbeatInstruments:
-    """The three gauges; their callbacks run on the metric reader's thread.
+    """The heartbeat gauges; their callbacks run on the metric reader's thread.
 
     ``source`` is asked for the current heartbeat at every collection (``None``: report
     nothing) rather than holding one: configured again on the same meter provider, the SDK keeps
@@ -137,10 +159,22 @@ class HeartbeatInstruments:
             unit="1",
             description="1 for the phase this rank is in now, with its last completed step phase",
         )
+        meter.create_observable_gauge(
+            semconv.METRIC_HEARTBEAT_COLLECTIVES_ENTERED,
+            [self._entered],
+            unit="{collective}",
+            description="Collectives this rank entered; behind the other ranks': it never joined theirs",
+        )
+        meter.create_observable_gauge(
+            semconv.METRIC_HEARTBEAT_COLLECTIVES_COMPLETED,
+            [self._completed],
+            unit="{collective}",
+            description="Collectives this rank entered that completed; one short of entered: it waits in one",
+        )
 
     def _seconds(self, options: CallbackOptions) -> Iterable[Observation]:
-        # The first callback of a collection samples; the other two reuse it, so the three
-        # gauges describe one moment.
+        # The first callback of a collection samples; the others reuse it, so the gauges
+        # describe one moment.
         heartbeat = self._source()
         self._sample = sample = heartbeat.sample() if heartbeat is not None else None
         return [] if sample is None else [Observation(sample.seconds_since_progress)]
@@ -157,3 +191,17 @@ class HeartbeatInstruments:
         if sample.after is not None:
             attributes[semconv.HEARTBEAT_AFTER] = sample.after
         return [Observation(1, attributes)]
+
+    def _entered(self, options: CallbackOptions) -> Iterable[Observation]:
+        sample = self._sample  # none before a collective: a process alone has no sequence
+        return (
+            []
+            if sample is None or not sample.collectives_entered
+            else [Observation(sample.collectives_entered)]
+        )
+
+    def _completed(self, options: CallbackOptions) -> Iterable[Observation]:
+        sample = self._sample
+        if sample is None or not sample.collectives_entered:
+            return []
+        return [Observation(sample.collectives_completed)]

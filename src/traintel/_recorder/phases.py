@@ -425,6 +425,11 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
         self._extras: StepExtras | None = None
         self._hooked: TrainingEngine | None = None  # the engine, while open with step hooks on
 
+    @property
+    def open_name(self) -> str | None:
+        """Its phase while it is open in an iteration's body (the stall watcher reads it)."""
+        return self._name if self._record is not None else None
+
     def __enter__(self, start_ns: int = 0) -> Span:
         """``with`` passes no time (the clock's); callbacks pass theirs."""
         engine = active.engine or active.current_engine()

@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
@@ -27,12 +28,14 @@ from traintel._aggregation.aggregator import TrainingAggregator
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._host.device import AutocastProbe, device_hooks
 from traintel._host.energy import Booked, EnergyAccounting, EnergyInstruments
+from traintel._host.gil_watch import GilWatch
 from traintel._host.gpu import GpuInstruments
 from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
+from traintel._host.stall import StallWatcher
 from traintel._host.system_metrics import SystemInstruments
 from traintel._recorder import active, clock
 from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
-from traintel._runtime import preemption, state
+from traintel._runtime import gil_helper, hang_records, preemption, state
 from traintel._runtime.pipeline import Pipeline, PipelineOptions, build_pipeline
 from traintel._runtime.state import Telemetry, Warnings
 from traintel._runtime.window_consumers import PeakFlops, WindowConsumers
@@ -45,6 +48,7 @@ from traintel._sdk.otel_private import set_tracer_id_generator, tracer_id_genera
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel._sdk.window_spans import WindowSpans
 from traintel.config import ConfigurationError, Settings, TrainingConfig
+from traintel.distributed.collectives import SEQUENCE, watch_torch_collectives
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
 from traintel.exporters.health import HEALTH, register_instruments
 from traintel.resource_detectors import distributed_identity
@@ -107,6 +111,8 @@ def _install(config: TrainingConfig, prepared: _Prepared) -> Telemetry:
     publish()
     telemetry = active.set_current(built)
     preemption.install()
+    if telemetry.stall_watcher is not None:
+        telemetry.stall_watcher.start()
     return telemetry
 
 
@@ -169,8 +175,9 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     )
     _register(windows, consumers, instruments, cross_rank)
     telemetry = Telemetry(config, pipeline, engine, processor, open_spans, warned, windows)
-    telemetry.heartbeat = Heartbeat(engine, open_spans, clock.time_ns)
+    telemetry.heartbeat = Heartbeat(engine, open_spans, SEQUENCE, clock.time_ns)
     telemetry.cross_rank = cross_rank
+    telemetry.stall_watcher = _stall_watcher(settings, pipeline, engine, telemetry.heartbeat)
     # Sampled by the metric reader's thread only: hang localisation and process/device gauges.
     HeartbeatInstruments(meters, _current_heartbeat)
     SystemInstruments(meters)
@@ -227,6 +234,24 @@ def _probes_autocast(settings: Settings) -> bool:
     version = getattr(sys.modules.get("torch"), "version", None)
     gpu_build = getattr(version, "cuda", None) or getattr(version, "hip", None)
     return gpu_build is not None and settings.dtype is None and settings.peak_flops is None
+
+
+def _stall_watcher(
+    settings: Settings, pipeline: Pipeline, engine: TrainingEngine, heartbeat: Heartbeat
+) -> StallWatcher | None:
+    """The hang reporter (off with ``TRAINTEL_STALL_SECONDS=0``). The collective functions are
+    wrapped here, at the same point of the program on every rank, so their counts agree."""
+    threshold = settings.stall_seconds
+    watch_torch_collectives()
+    if threshold <= 0:
+        return None
+    rank = _rank(pipeline.resource)
+    helper = Path(gil_helper.__file__)
+    gil_watch = GilWatch(threshold, rank, pipeline.resource.attributes, pipeline.output_file(), helper)
+    send = hang_records.sender(pipeline.logs.logger)
+    return StallWatcher(
+        heartbeat, engine, send, threshold, rank, sequence=SEQUENCE, gil_watch=gil_watch, clock=clock.time_ns
+    )
 
 
 def _application_started(telemetry: Telemetry, span: Span) -> None:

@@ -55,6 +55,7 @@ from traintel.exporters import retry_lines, tls_errors
 from traintel.exporters.file import (
     FILE_METRIC_EXPORT_INTERVAL_MILLIS,
     FILE_SUFFIX,
+    OtlpJsonFileLogExporter,
     OtlpJsonFileMetricExporter,
     OtlpJsonFileSpanExporter,
     OtlpJsonLinesFile,
@@ -73,10 +74,17 @@ from traintel.exporters.spooling import (
     batch_settings,
     guard_queue,
 )
+from traintel.version import __version__
 
 _logger = logging.getLogger(__name__)
 
 FILE_EXPORTER = "traintel_file"
+#: The embedded file's exporter of each signal.
+_FILE_EXPORTERS: dict[str, Callable[..., Any]] = {
+    "traces": OtlpJsonFileSpanExporter,
+    "metrics": OtlpJsonFileMetricExporter,
+    "logs": OtlpJsonFileLogExporter,
+}
 
 #: What a build step reads from the environment, with the words its errors use for each
 #: variable: the SDK's errors rarely name the variable, and do not always quote the value.
@@ -246,7 +254,7 @@ def _plan_exporters(
     plans: list[_ExporterPlan] = []
     for name in exporter_names(signal, environ):
         if name == FILE_EXPORTER:
-            cls = OtlpJsonFileSpanExporter if signal == "traces" else OtlpJsonFileMetricExporter
+            cls = _FILE_EXPORTERS[signal]
             plans.append(_ExporterPlan(name, lambda cls=cls: cls(file=file)))  # type: ignore[misc]
             continue
         if name == "otlp":
@@ -304,6 +312,84 @@ def _spooling(
     )
 
 
+class LogPipeline:
+    """Where traintel's log records (its hang reports) go.
+
+    Rule 2: a LoggerProvider someone set globally (the user, ``opentelemetry-instrument``) is
+    used as it is, and so is the global one (a proxy until someone sets it) when the caller gave
+    traintel its own providers or exporters. Otherwise traintel builds one from
+    ``OTEL_LOGS_EXPORTER`` (the embedded file by default, like the other signals), on the first
+    record: a job that never reports a hang starts no thread and loads no logs code for it.
+    """
+
+    def __init__(self, plans: list[_ExporterPlan] | None, resource: Resource | None) -> None:
+        self._plans = plans  # None: the global provider
+        self._resource = resource
+        self._lock = threading.Lock()
+        self._provider: Any = None  # built by traintel, so shut down by it
+        self._logger: Any = None
+
+    @property
+    def exporters(self) -> list[str]:
+        return [] if self._plans is None else [plan.name for plan in self._plans]
+
+    def logger(self) -> otel_private.Logger:
+        """traintel's logger (built on first use, from any thread)."""
+        with self._lock:
+            if self._logger is None:
+                self._logger = self._built().get_logger(semconv.INSTRUMENTATION_SCOPE, __version__)
+            return self._logger  # type: ignore[no-any-return]
+
+    def _built(self) -> otel_private.ApiLoggerProvider:
+        if self._plans is None:
+            return otel_private.get_logger_provider()
+        provider = self._provider = otel_private.LoggerProvider(
+            resource=self._resource, shutdown_on_exit=False
+        )
+        for plan in self._plans:
+            try:
+                exporter = plan.factory()
+                provider.add_log_record_processor(otel_private.BatchLogRecordProcessor(exporter))
+            except Exception as exc:  # checked at configure; what fails now is said, never raised
+                _exporter_failed("logs", plan.name, exc, os.environ, strict=False)
+        return provider
+
+    def flush(self, millis: int) -> None:
+        with self._lock:
+            provider = self._provider if self._provider is not None else None
+        if provider is None and self._plans is None and self._logger is not None:
+            provider = otel_private.get_logger_provider()  # the user's: flushed, not shut down
+        if provider is not None:
+            _call(provider, "force_flush", millis)
+
+    def shutdown(self, millis: int) -> None:
+        with self._lock:
+            provider, self._provider = self._provider, None
+            self._plans = [] if self._plans is not None else None  # a late record builds nothing
+        if provider is not None:
+            _call(provider, "force_flush", millis)
+            _call(provider, "shutdown")
+        elif self._logger is not None:
+            self.flush(millis)
+
+
+def environment_log_pipeline(resource: Resource, path: str | None) -> LogPipeline:
+    """A logs pipeline from ``OTEL_*`` alone, its embedded file at ``path`` (the helper process
+    of ``traintel._runtime.gil_helper``, which cannot reach the rank's own)."""
+    file = OtlpJsonLinesFile(path=path) if path else OtlpJsonLinesFile()
+    return LogPipeline(_plan_exporters("logs", os.environ, file, strict=False), resource)
+
+
+def _log_plans(
+    builds_traces: bool, environ: Mapping[str, str], file: OtlpJsonLinesFile, strict: bool
+) -> list[_ExporterPlan] | None:
+    """Logs follow the traces: traintel builds their exporters where it builds the traces' from
+    ``OTEL_*`` and nobody set a global LoggerProvider (rule 2); None: the global provider."""
+    if not builds_traces or otel_private.global_logger_provider_set():
+        return None
+    return _plan_exporters("logs", environ, file, strict)
+
+
 #: A batch processor (traintel's, or the guard on one the distro built) and its spool, if any.
 ExportPath = tuple[CountingBatchSpanProcessor | QueueGuard, SpoolingSpanExporter | None]
 
@@ -325,6 +411,8 @@ class Pipeline:
     ids: ForcingIdGenerator | None = None
     #: Owned providers: each exporting batch processor with its spooling wrapper (if any).
     export_paths: list[ExportPath] = field(default_factory=list)
+    #: Where traintel's log records go (built on the first one).
+    logs: LogPipeline = field(default_factory=lambda: LogPipeline(None, None))
     _shut_down: bool = False
 
     @property
@@ -364,7 +452,11 @@ class Pipeline:
                     _call(spooler, "force_flush", millis)
 
         return _bounded(
-            [("spans", flush_traces), ("metrics", lambda: _call(self.meter_provider, "force_flush", millis))],
+            [
+                ("spans", flush_traces),
+                ("metrics", lambda: _call(self.meter_provider, "force_flush", millis)),
+                ("logs", lambda: self.logs.flush(millis)),
+            ],
             timeout_s,
             "flush",
         )
@@ -399,6 +491,7 @@ class Pipeline:
             tasks.append(("metrics", shutdown_metrics))
         else:
             tasks.append(("metrics", lambda: _call(self.meter_provider, "force_flush", millis)))
+        tasks.append(("logs", lambda: self.logs.shutdown(millis)))
         done = _bounded(tasks, timeout_s, "shutdown")
         if not done:
             self._spill()
@@ -505,6 +598,7 @@ def _call(target: object, method: str, *args: Any) -> None:
 _OWN_WORK = {
     "spans": "the batch span processor",
     "metrics": "the metric reader's collection (the last metric line is not written)",
+    "logs": "the log record processor (hang records)",
 }
 
 
@@ -773,6 +867,8 @@ def build_pipeline(
     metric_plans = _plan_exporters("metrics", environ, file, strict) if own_readers else []
     build_any = choice.build_tp or choice.build_mp
     resource = build_resource(config, options.service_name) if build_any else None
+    log_plans = _log_plans(choice.build_tp and options.span_exporters is None, environ, file, strict)
+    planned = trace_plans + metric_plans + (log_plans or [])
     pipeline = Pipeline(
         tracer_provider=choice.tracer_provider,
         meter_provider=choice.meter_provider,
@@ -780,7 +876,8 @@ def build_pipeline(
         owns_meter_provider=choice.build_mp,
         trace_exporters=[p.name for p in trace_plans],
         metric_exporters=[p.name for p in metric_plans],
-        file=file if any(p.name == FILE_EXPORTER for p in trace_plans + metric_plans) else None,
+        file=file if any(p.name == FILE_EXPORTER for p in planned) else None,
+        logs=LogPipeline(log_plans, resource),
     )
     undo: list[Callable[[], None]] = []
     try:  # a failure stops what was started and publishes nothing

@@ -34,10 +34,12 @@ from traintel._runtime.farewell import say_farewell
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel.config import TrainingConfig
+from traintel.distributed.collectives import unwatch_torch_collectives
 from traintel.version import __version__
 
 if TYPE_CHECKING:
     from traintel._host.heartbeat import Heartbeat
+    from traintel._host.stall import StallWatcher
     from traintel._runtime.pipeline import Pipeline
     from traintel._runtime.window_pipeline import WindowPipeline
     from traintel.distributed.cross_rank import CrossRank
@@ -116,6 +118,7 @@ class Telemetry:
         self.tracer: trace_api.Tracer = engine.tracer if engine is not None else trace_api.NoOpTracer()
         self.heartbeat: Heartbeat | None = None
         self.cross_rank: CrossRank | None = None
+        self.stall_watcher: StallWatcher | None = None
         self.warnings = warnings or Warnings()
         self._lock = threading.RLock()
         self._callbacks: list[_OpenCallback] = []
@@ -292,6 +295,9 @@ class Telemetry:
         windows = self.windows is None or self.windows.close(timeout)  # their records go out too
         if self.cross_rank is not None:
             self.cross_rank.close()
+        if self.stall_watcher is not None:  # before the logs pipeline it writes to shuts down
+            self.stall_watcher.stop(min(2.0, max(0.0, deadline - time.monotonic())))
+        unwatch_torch_collectives()
         ok = self.pipeline.shutdown(max(0.0, deadline - time.monotonic())) and windows
         if self.processor is not None:
             self.processor.disable()

@@ -50,6 +50,10 @@ What is used, and why:
   and the tracer's ``_instrumentation_scope`` / ``_span_limits``): an exported iteration and a
   window's goodput record are spans traintel knows whole when it creates them; building the
   finished span costs a fraction of the tracer's start / end path (see ``SpanWriter``).
+* **The logs signal** (``opentelemetry._logs``, ``opentelemetry.sdk._logs``, the OTLP encoder's
+  ``_log_encoder``): OpenTelemetry's documented way to send log records, private by name while
+  the Python logs SDK is not declared stable. traintel sends its hang records through it; the
+  names are imported on first use (below), so a job that never reports a hang never loads them.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from time import time_ns
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
@@ -688,3 +692,50 @@ def record_sorted(histogram: Any, ordered: Sequence[float], boundaries: tuple[fl
         return
     for value in ordered[1:]:
         record(value)
+
+
+# --- logs ----------------------------------------------------------------------------------------
+if TYPE_CHECKING:  # the names below, as mypy sees them (``X as X``: re-exported)
+    from opentelemetry._logs import Logger as Logger  # noqa: PLC0414
+    from opentelemetry._logs import LoggerProvider as _ApiLoggerProvider
+    from opentelemetry._logs import SeverityNumber as SeverityNumber  # noqa: PLC0414
+    from opentelemetry._logs import get_logger_provider as get_logger_provider  # noqa: PLC0414
+    from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs as encode_logs  # noqa: PLC0414
+    from opentelemetry.sdk._logs import LoggerProvider as LoggerProvider  # noqa: PLC0414
+    from opentelemetry.sdk._logs import ReadableLogRecord as ReadableLogRecord  # noqa: PLC0414
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor as BatchLogRecordProcessor  # noqa: PLC0414
+    from opentelemetry.sdk._logs.export import LogRecordExportResult as LogRecordExportResult  # noqa: PLC0414
+
+    ApiLoggerProvider = _ApiLoggerProvider
+#: The logs names this module hands out, and the module each comes from (imported on first use).
+_LOGS_NAMES = {
+    "Logger": "opentelemetry._logs",
+    "SeverityNumber": "opentelemetry._logs",
+    "get_logger_provider": "opentelemetry._logs",
+    "ApiLoggerProvider": "opentelemetry._logs:LoggerProvider",
+    "encode_logs": "opentelemetry.exporter.otlp.proto.common._log_encoder",
+    "LoggerProvider": "opentelemetry.sdk._logs",
+    "ReadableLogRecord": "opentelemetry.sdk._logs",
+    "BatchLogRecordProcessor": "opentelemetry.sdk._logs.export",
+    "LogRecordExportResult": "opentelemetry.sdk._logs.export",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LOGS_NAMES.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, _, attribute = where.partition(":")
+    value = getattr(importlib.import_module(module), attribute or name)
+    globals()[name] = value
+    return value
+
+
+def global_logger_provider_set() -> bool:
+    """Whether someone set the global LoggerProvider: until then the API hands out a proxy
+    (``opentelemetry.sdk._logs`` is never imported to tell)."""
+    from opentelemetry import _logs
+
+    return type(_logs.get_logger_provider()).__name__ not in ("ProxyLoggerProvider", "NoOpLoggerProvider")

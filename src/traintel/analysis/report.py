@@ -25,6 +25,7 @@ from traintel.analysis.goodput import GoodputReader, SessionGoodput, compute_goo
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.ranks import MAX_WINDOWS, CrossRankTable
 from traintel.analysis.resources import PerResource
+from traintel.analysis.stalls import MAX_STALLS, Stall, find_stalls
 from traintel.analysis.summary import (
     RunSummary,
     energy_figures,
@@ -35,6 +36,7 @@ from traintel.analysis.summary import (
 )
 from traintel.exporters.reader import (
     EventRecord,
+    LogEntry,
     MetricsRecord,
     ReadStats,
     SpanRecord,
@@ -418,6 +420,10 @@ class CheckpointTotals:
         self.bytes += later.bytes
 
 
+#: Hang records a report keeps (a record per rank and stall, each with its stack).
+HANG_RECORDS = 20_000
+
+
 @dataclass
 class Report:
     """What ``traintel report`` renders (terminal, JSON, HTML)."""
@@ -436,6 +442,8 @@ class Report:
     goodput: list[SessionGoodput] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     ranks: CrossRankTable = field(default_factory=CrossRankTable)  # merged across the ranks' files
+    #: The ranks' hang records (the first HANG_RECORDS), read into :attr:`stalls`.
+    hang_records: list[LogEntry] = field(default_factory=list)
     #: The one run reported (a ``run_key``) when the files hold several; None: all of them.
     run: str | None = None
     #: The training configuration (``set_training_config``, the ``TRAINTEL_*`` settings) as the
@@ -583,6 +591,17 @@ class Report:
         if isinstance(index, int) and key in self.ranks.windows:
             self._rank_events[key] = self._rank_events.get(key, 0) + 1
 
+    def add_log(self, entry: LogEntry) -> None:
+        """A log record: the hang reports are kept (bounded) for :attr:`stalls`."""
+        if len(self.hang_records) < HANG_RECORDS and (
+            self.run is None or run_key(entry.resource) == self.run
+        ):
+            self.hang_records.append(entry)
+
+    @property
+    def stalls(self) -> list[Stall]:
+        return find_stalls(self.hang_records)[:MAX_STALLS]
+
     def merge(self, later: Report) -> None:
         """Add what ``later`` read from the files after this one's, as if read after it.
 
@@ -609,6 +628,7 @@ class Report:
         )
         self._latest.update(later._latest)
         self._config(later.config_at, {semconv.CONFIG_PREFIX + k: v for k, v in later.config.items()})
+        self.hang_records.extend(later.hang_records[: max(0, HANG_RECORDS - len(self.hang_records))])
         self._merge_ranks(later)
         self._processes_by_resource = None
 
@@ -762,6 +782,7 @@ class Report:
             "duration_s": self.duration_s,
             "timeline_intervals_dropped": self.timeline_dropped,
             "cross_rank": self.ranks.as_dict(),
+            "stalls": [stall.as_dict() for stall in self.stalls],
         }
 
 
@@ -802,7 +823,10 @@ def report_file(
     report = Report(run=run)
     goodput = GoodputReader() if with_goodput else None
     with gc_paused():
-        for record in iter_records([path], report.stats, progress, windows_expanded=True):
+        for record in iter_records([path], report.stats, progress, windows_expanded=True, logs=True):
+            if isinstance(record, LogEntry):
+                report.add_log(record)
+                continue
             if goodput is not None:
                 goodput.add(record)
             if isinstance(record, SpanRecord):

@@ -582,6 +582,17 @@ def page(title: str, sections: Sequence[str]) -> str:
     )
 
 
+def _stalls(report: Report) -> list[str]:
+    """Each stall (``traintel._host.stall``'s hang records): who waited, the culprit, its stack."""
+    sections = []
+    for number, stall in enumerate(report.stalls, 1):
+        rows = "".join(f"<tr><td>{_e(label)}</td><td>{_e(text)}</td></tr>" for label, text in stall.rows())
+        culprit, stack = stall.culprit_stack()
+        code = f"<p>rank {culprit}'s stack (innermost last):</p><pre>{_e(stack)}</pre>" if stack else ""
+        sections.append(f"<h2>Stall {number}</h2><table>{rows}</table>{code}")
+    return sections
+
+
 def render_html(report: Report, links: TraceLinks | None = None) -> str:
     s = report.summary
     value = s.summary_value
@@ -656,6 +667,7 @@ def render_html(report: Report, links: TraceLinks | None = None) -> str:
         checkpoint_chart(report),
         "<h2>Iteration time by rank</h2>",
         heatmap(report),
+        *_stalls(report),
         "<h2>Slowest exported iterations</h2>",
         f"<table><tr><th>iteration</th><th>time</th><th>trace id</th><th>span id</th></tr>{slowest}</table>"
         if slowest

@@ -87,6 +87,7 @@ def renderables(report: Report, width: int = 110) -> list[RenderableType]:
         *_goodput_tables(report),
         _slowest_table(report),
         *_ranks_tables(report),
+        *_stall_sections(report),
         _warnings_table(report),
     )
     return [section for section in sections if section is not None]
@@ -277,6 +278,22 @@ def _model_metrics_table(report: Report) -> Table | None:
             table.add_row(name, fmt_num(value), "", f"last {phase.replace('_', ' ')}")
     table.columns[3].justify = "left"
     return table
+
+
+def _stall_sections(report: Report) -> list[RenderableType]:
+    """Each stall: who waited in which collective, the culprit, where it was and its stack."""
+    sections: list[RenderableType] = []
+    for number, stall in enumerate(report.stalls, 1):
+        table = _table(f"Stall {number}", "", "", values_left=True)
+        table.columns[1].no_wrap = False
+        for label, text in stall.rows():
+            style = {"culprit": "bold red", "no record": "yellow"}.get(label, "")
+            table.add_row(Text(label, style=style), text)
+        sections.append(table)
+        culprit, stack = stall.culprit_stack()
+        if stack:
+            sections.append(Text(f"rank {culprit}'s stack (innermost last):\n{stack}"))
+    return sections
 
 
 def _warnings_table(report: Report) -> Table:

@@ -2,7 +2,8 @@
 
 Why a comm hook: DDP's all-reduce runs inside ``backward()``, where no phase boundary is
 visible; the hook is the one place that runs exactly when a bucket of gradients is ready to
-leave this rank. The first bucket of an iteration marks the end of this rank's own compute.
+leave this rank. The first bucket of an iteration marks the end of this rank's own compute; each bucket's
+all-reduce counts in the rank's collective sequence (``collectives.py``).
 Imports torch; imported only by :func:`traintel.distributed.watch_ddp`. No postponed
 annotations here: DDP checks the hook's annotations at run time (``GradBucket``).
 """
@@ -13,6 +14,7 @@ import torch
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, visible to mypy
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+from traintel.distributed.collectives import watch_torch_collectives
 from traintel.distributed.sync import mark_sync_point
 
 
@@ -24,4 +26,5 @@ def register(model: Any, hook: Any = None, state: Any = None) -> Any:
         return inner(hook_state, bucket)
 
     model.register_comm_hook(state, stamped)
+    watch_torch_collectives()  # the buckets' all-reduces count in the collective sequence
     return model

@@ -2,9 +2,9 @@
 
 Why a file and not a local collector: ``make demo`` and a first experiment must work with
 nothing else installed, and a file of standard OTLP/JSON requests can later be replayed to
-any collector or read by ``traintel`` commands. Traces and metrics of one process share one
-file (the line's top-level key says which), named by service, start time and pid so ranks
-and restarts never collide.
+any collector or read by ``traintel`` commands. Traces, metrics and logs (hang reports) of one
+process share one file (the line's top-level key says which), named by service, start time and
+pid so ranks and restarts never collide.
 
 Writes happen on the SDK's export threads, never on the training thread. A write error is
 reported once and the export fails; training goes on and other exporters are unaffected. A
@@ -36,8 +36,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from traintel import environment_variables as ev
+from traintel._sdk import otel_private
 from traintel.exporters.health import HEALTH, NOT_WRITTEN, ExportHealth
-from traintel.exporters.otlp_json import metrics_to_json_line, spans_to_json_line
+from traintel.exporters.otlp_json import logs_to_json_line, metrics_to_json_line, spans_to_json_line
 from traintel.exporters.private_files import make_private_dirs, open_append
 from traintel.exporters.span_repair import encodable
 
@@ -332,6 +333,41 @@ class OtlpJsonFileMetricExporter(MetricExporter):
         return True
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        if not self._released:
+            self._released = True
+            self._file.release()
+
+
+class OtlpJsonFileLogExporter:
+    """Log record exporter writing one ``ExportLogsServiceRequest`` per line (traintel's hang
+    reports). Registered as the ``traintel_file`` logs exporter. Duck-typed as the SDK's
+    ``LogRecordExporter``, whose module is imported only when a record is exported."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, file: OtlpJsonLinesFile | None = None):
+        self._file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
+        self._file.acquire()
+        self._released = False
+
+    @property
+    def file(self) -> OtlpJsonLinesFile:
+        return self._file
+
+    def export(self, batch: Sequence[otel_private.ReadableLogRecord]) -> object:
+        result = otel_private.LogRecordExportResult
+        if not batch:
+            return result.SUCCESS
+        try:
+            line = logs_to_json_line(batch)
+        except Exception:
+            _logger.exception("traintel: could not encode %d log records", len(batch))
+            return result.FAILURE
+        ok = self._file.write_line(line, _service_name_of(batch[0].resource.attributes))
+        return result.SUCCESS if ok else result.FAILURE
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
         if not self._released:
             self._released = True
             self._file.release()

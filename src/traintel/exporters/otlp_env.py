@@ -26,6 +26,11 @@ SIGNAL_VARS = {
         "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
         "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
     ),
+    "logs": (
+        "OTEL_LOGS_EXPORTER",
+        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
+    ),
 }
 
 #: Bad settings already said by the automatic configuration: each once per process, however

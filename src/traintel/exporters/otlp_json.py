@@ -11,7 +11,7 @@ can send on.
 Spans, the bulk of a file, are the exception: that path costs the export thread tens of
 microseconds of GIL per span, so they are written directly from the SDK's span objects
 (:mod:`traintel.exporters.otlp_json_spans`), with the same content. Metrics stay on the proto
-path: one request per collection interval, not a stream.
+path: one request per collection interval, not a stream; so do log records (a hang report).
 """
 
 from __future__ import annotations
@@ -24,16 +24,18 @@ from typing import Any
 from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.metrics.export import MetricsData
 from opentelemetry.sdk.trace import ReadableSpan
 
+from traintel._sdk import otel_private
 from traintel.exporters.otlp_json_spans import FastPathUnsupported, spans_to_json_bytes
 
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
 
-ExportRequest = ExportTraceServiceRequest | ExportMetricsServiceRequest
+ExportRequest = ExportTraceServiceRequest | ExportMetricsServiceRequest | ExportLogsServiceRequest
 
 
 def _rewrite_ids(node: Any, convert: Any) -> None:
@@ -83,12 +85,17 @@ def metrics_to_json_line(metrics_data: MetricsData) -> str:
     return request_to_json_line(encode_metrics(metrics_data))
 
 
+def logs_to_json_line(batch: Sequence[otel_private.ReadableLogRecord]) -> str:
+    """One OTLP/JSON logs line (a few records at most: traintel's hang reports)."""
+    return request_to_json_line(otel_private.encode_logs(batch))
+
+
 class DecodeError(ValueError):
-    """A line is not an OTLP/JSON trace or metrics export request."""
+    """A line is not an OTLP/JSON trace, metrics or logs export request."""
 
 
 def json_line_to_request(line: str) -> ExportRequest:
-    """Parse one line back into the proto request it encodes (trace or metrics)."""
+    """Parse one line back into the proto request it encodes (trace, metrics or logs)."""
     try:
         tree = json.loads(line)
     except (ValueError, RecursionError) as exc:  # ValueError: also an integer of 5,000 digits
@@ -100,8 +107,10 @@ def json_line_to_request(line: str) -> ExportRequest:
         request = ExportTraceServiceRequest()
     elif "resourceMetrics" in tree:
         request = ExportMetricsServiceRequest()
+    elif "resourceLogs" in tree:
+        request = ExportLogsServiceRequest()
     else:
-        raise DecodeError("neither resourceSpans nor resourceMetrics")
+        raise DecodeError("neither resourceSpans, resourceMetrics nor resourceLogs")
     try:
         _rewrite_ids(tree, _hex_to_b64)
         json_format.ParseDict(tree, request, ignore_unknown_fields=True)

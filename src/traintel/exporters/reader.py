@@ -20,9 +20,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from google.protobuf.message import DecodeError as ProtoDecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -239,10 +240,45 @@ def metrics_records(request: ExportMetricsServiceRequest) -> list[MetricsRecord]
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """A flat view of one exported log record with its resource (traintel's hang reports)."""
+
+    event_name: str
+    time_ns: int
+    severity_number: int
+    body: Any
+    attributes: dict[str, Any]
+    trace_id: str
+    span_id: str
+    resource: dict[str, Any]
+    scope: str
+
+
+def logs_in(request: ExportLogsServiceRequest) -> list[LogEntry]:
+    """The log records of one logs export request, flattened."""
+    return [
+        LogEntry(
+            event_name=record.event_name,
+            time_ns=record.time_unix_nano or record.observed_time_unix_nano,
+            severity_number=record.severity_number,
+            body=any_value(record.body),
+            attributes=attributes_dict(record.attributes),
+            trace_id=record.trace_id.hex(),
+            span_id=record.span_id.hex(),
+            resource=attributes_dict(resource_logs.resource.attributes),
+            scope=scope_logs.scope.name,
+        )
+        for resource_logs in request.resource_logs
+        for scope_logs in resource_logs.scope_logs
+        for record in scope_logs.log_records
+    ]
+
+
 Record = SpanRecord | MetricsRecord
 
 
-def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord]:
+def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord] | list[LogEntry]:
     """The records of one line: typed structs for the canonical spelling
     (:mod:`traintel.exporters.json_records`), else the proto path, which decides. Raises
     :class:`DecodeError` or :class:`UnicodeDecodeError` for a line that is not a request, and
@@ -257,6 +293,8 @@ def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord]:
     try:
         if isinstance(request, ExportTraceServiceRequest):
             return list(spans_in(request))
+        if isinstance(request, ExportLogsServiceRequest):
+            return logs_in(request)
         return metrics_records(request)
     except Exception as exc:  # a request the parser took but that cannot be flattened
         raise DecodeError(f"cannot be read ({type(exc).__name__})") from None
@@ -287,23 +325,51 @@ def expand_windows(spans: list[SpanRecord]) -> list[SpanRecord]:
     return spans
 
 
+@overload
 def iter_records(
     paths: Iterable[str | os.PathLike[str]],
     stats: ReadStats | None = None,
     progress: Callable[[int], None] | None = None,
     *,
     windows_expanded: bool = False,
-) -> Iterator[Record]:
+    logs: Literal[False] = False,
+) -> Iterator[Record]: ...
+
+
+@overload
+def iter_records(
+    paths: Iterable[str | os.PathLike[str]],
+    stats: ReadStats | None = None,
+    progress: Callable[[int], None] | None = None,
+    *,
+    windows_expanded: bool = False,
+    logs: bool,
+) -> Iterator[Record | LogEntry]: ...
+
+
+def iter_records(
+    paths: Iterable[str | os.PathLike[str]],
+    stats: ReadStats | None = None,
+    progress: Callable[[int], None] | None = None,
+    *,
+    windows_expanded: bool = False,
+    logs: bool = False,
+) -> Iterator[Record | LogEntry]:
     """Every span (:class:`SpanRecord`) and every resource's metrics (:class:`MetricsRecord`)
     in the files, in file order, streaming; unreadable lines are counted in ``stats``.
-    ``windows_expanded``: compact window records read as the full ones (the analysis)."""
+    ``windows_expanded``: compact window records read as the full ones (the analysis).
+    ``logs``: log records too (:class:`LogEntry`); without, their lines are read and passed over."""
     stats = stats if stats is not None else ReadStats()
     for path in expand_paths(paths):
         if path.name.endswith(SPOOL_SUFFIX):
-            batches: Iterable[list[SpanRecord] | list[MetricsRecord]] = _spooled(path, stats, progress)
+            batches: Iterable[list[SpanRecord] | list[MetricsRecord] | list[LogEntry]] = _spooled(
+                path, stats, progress
+            )
         else:
             batches = _decoded_lines(path, stats, progress)
         for batch in batches:
+            if not logs and batch and isinstance(batch[0], LogEntry):
+                continue  # read, passed over
             if windows_expanded and batch and isinstance(batch[0], SpanRecord):
                 yield from expand_windows(batch)
             else:
@@ -312,7 +378,7 @@ def iter_records(
 
 def _decoded_lines(
     path: Path, stats: ReadStats, progress: Callable[[int], None] | None
-) -> Iterator[list[SpanRecord] | list[MetricsRecord]]:
+) -> Iterator[list[SpanRecord] | list[MetricsRecord] | list[LogEntry]]:
     for where, text, ended in _lines([path], stats, progress):
         try:
             records = decode_line(text)

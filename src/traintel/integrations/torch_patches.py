@@ -23,6 +23,8 @@ What is patched, and why each choice:
   not its training loop.
 - torch.monitor events and ``Stat`` windows are forwarded by the bridge of
   :mod:`traintel.integrations.torch_monitor`.
+- ``torch.distributed``'s collective functions count in the rank's collective sequence
+  (:mod:`traintel.distributed.collectives`), which says who a hung job waits for.
 - Nothing is patched until the script imports torch (a post-import hook), so instrumenting a
   process that never uses torch costs nothing.
 - The ``application`` and ``training_loop`` spans open lazily at the first instrumented call,
@@ -54,6 +56,7 @@ from traintel._api.model_metrics import record_batch
 from traintel._recorder.checkpoints import CheckpointSavePhase
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
+from traintel.distributed.collectives import unwatch_torch_collectives, watch_torch_collectives
 from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
 from traintel.integrations.torch_monitor import TorchMonitorBridge
 from traintel.semconv import Phase
@@ -130,6 +133,7 @@ class TorchPatcher:
 
             register_post_import_hook(self._patch_dcp, "torch.distributed.checkpoint")
         self._monitor = TorchMonitorBridge().install()
+        watch_torch_collectives()  # as the script imports torch: the same point on every rank
         atexit.register(self.finish)
 
     def uninstall(self) -> None:
@@ -150,6 +154,7 @@ class TorchPatcher:
         if self._monitor is not None:
             self._monitor.uninstall()
             self._monitor = None
+        unwatch_torch_collectives()
         self._driver.close_all()
 
     def finish(self) -> None:

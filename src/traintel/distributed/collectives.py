@@ -1,0 +1,148 @@
+"""This rank's collective sequence: how many collectives it entered, and how many completed.
+
+Why: when a job hangs, every rank but one waits in the same collective. Counted the same way on
+every rank, the collectives a rank entered say who that one is: the ranks at the wavefront (the
+highest count) entered collective #k and wait in it (entered #k, completed #k-1); the rank
+behind it never got there (entered #k-1). The heartbeat and the stall watcher read the two
+counts from their own threads.
+
+What counts: the ``torch.distributed`` collective functions (``all_reduce``, ``all_gather``,
+``barrier``, ``broadcast``... as the module exports them, and the calls they make of each
+other), wrapped when traintel is configured in a process that imported torch (or, under
+``opentelemetry-instrument``, when the script imports it): that is the same point of the
+program on every rank, so the counts agree. DDP's gradient all-reduce runs in C++ and is counted
+through the comm hook of :func:`traintel.distributed.watch_ddp` (the hook's all-reduce is one
+of those functions, and registering it wraps them if they were not). Calls inside a region that
+``torch.compile`` traces are the compiled graph's and are not counted (on every rank alike).
+
+What the training thread pays: two counter increments per collective under an uncontended lock
+(a collective takes tens of microseconds at the very least). Completion is seen without a
+host-device sync: a blocking call completes when it returns (gloo's CPU collectives have
+finished then); an ``async_op`` call, and a comm hook's bucket, when its future completes (on
+NCCL that is when the collective was handed to the GPU's stream, not when the GPU finished it).
+
+This module imports torch only through ``sys.modules``: the heartbeat reads it in any process.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+#: The collective functions wrapped, where the installed torch has them (point-to-point sends
+#: and receives are not collectives: their counts differ between ranks by design).
+COLLECTIVE_FUNCTIONS = (
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_coalesced",
+    "all_gather_object", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast",
+    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object",
+    "scatter", "scatter_object_list",
+)  # fmt: skip
+_C10D = "torch.distributed.distributed_c10d"
+_DIST = "torch.distributed"
+
+
+class CollectiveSequence:
+    """The two counts and the name of the collective entered last; safe from any thread (a
+    comm hook runs on autograd's threads, a future's callback on the backend's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.entered = 0
+        self.completed = 0
+        self.last_entered = ""
+
+    def enter(self, name: str) -> None:
+        with self._lock:
+            self.entered += 1
+            self.last_entered = name
+
+    def complete(self, *_ignored: object) -> None:
+        """One entered collective completed (a future's done callback passes the future)."""
+        with self._lock:
+            self.completed += 1
+
+    def snapshot(self) -> tuple[int, int, str]:
+        with self._lock:
+            return self.entered, self.completed, self.last_entered
+
+    def completes_with(self, future: Any) -> None:
+        """Count the completion when ``future`` completes (at once if it cannot be followed)."""
+        try:
+            future.add_done_callback(self.complete)
+        except Exception:
+            self.complete()
+
+
+#: The process's sequence (ranks are processes).
+SEQUENCE = CollectiveSequence()
+
+#: (module, name, original) for every attribute wrapped, to restore them exactly.
+_wrapped: list[tuple[Any, str, Any]] = []
+_install_lock = threading.RLock()
+
+
+def _counting(
+    name: str, original: Callable[..., Any], is_compiling: Callable[[], bool]
+) -> Callable[..., Any]:
+    sequence = SEQUENCE
+
+    @functools.wraps(original)
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        if is_compiling():  # traced into a compiled graph: the graph's collective, not counted
+            return original(*args, **kwargs)
+        sequence.enter(name)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            sequence.complete()  # it left the collective (a timeout, a bad argument)
+            raise
+        get_future = getattr(result, "get_future", None)
+        if get_future is None:  # a blocking call: it completed as it returned
+            sequence.complete()
+        else:
+            try:
+                sequence.completes_with(get_future())
+            except Exception:
+                sequence.complete()
+        return result
+
+    collective.__traintel_original__ = original  # type: ignore[attr-defined]
+    return collective
+
+
+def watch_torch_collectives() -> bool:
+    """Wrap the collective functions if this process imported ``torch.distributed``
+    (idempotent); False when it has not. Never imports torch; never raises."""
+    c10d, dist = sys.modules.get(_C10D), sys.modules.get(_DIST)
+    if c10d is None or dist is None:
+        return False
+    with _install_lock:
+        if _wrapped:
+            return True
+        try:
+            compiler = getattr(sys.modules.get("torch"), "compiler", None)
+            is_compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
+            for name in COLLECTIVE_FUNCTIONS:
+                original = getattr(c10d, name, None)
+                if original is None or hasattr(original, "__traintel_original__"):
+                    continue
+                wrapper = _counting(name, original, is_compiling)
+                for module in (c10d, dist):
+                    if getattr(module, name, None) is original:
+                        _wrapped.append((module, name, original))
+                        setattr(module, name, wrapper)
+        except Exception:
+            unwatch_torch_collectives()
+            return False
+        return True
+
+
+def unwatch_torch_collectives() -> None:
+    """Put every wrapped function back, exactly as it was."""
+    with _install_lock:
+        while _wrapped:
+            module, name, original = _wrapped.pop()
+            setattr(module, name, original)

@@ -1,0 +1,109 @@
+"""Hang records leave like the rest of the telemetry: through the OTLP logs pipeline built from
+``OTEL_LOGS_EXPORTER`` (gRPC and HTTP to a real receiver, next to the embedded file), or through a
+LoggerProvider the job set itself (DESIGN rule 2); a bad exporter name is an error that names the
+variable. Each job is a real process with a real one-second stall."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+from tests.otlp_receiver import GrpcReceiver, HttpReceiver
+from tests.subprocess_helpers import run_python
+from traintel import semconv
+from traintel.exporters.reader import LogEntry, iter_records, logs_in
+
+#: One iteration completes, the next sleeps for 2.5 s: a suspect after 1 s, then its recovery.
+JOB = """
+import time
+import traintel
+{setup}
+traintel.configure()
+with traintel.training_loop():
+    for i in range(2):
+        with traintel.training_iteration(samples=1):
+            if i == 1:
+                time.sleep(2.5)
+traintel.shutdown()
+{after}
+"""
+STALL_ENV = {"TRAINTEL_STALL_SECONDS": "1"}
+pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
+
+
+def _events(entries: list[LogEntry]) -> list[str]:
+    return [e.event_name for e in sorted(entries, key=lambda e: e.time_ns)]
+
+
+def _received(requests: list[ExportLogsServiceRequest]) -> list[LogEntry]:
+    return [entry for request in requests for entry in logs_in(request)]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_otlp_logs_and_the_embedded_file_get_the_same_records(tmp_path: Path, protocol: str) -> None:
+    receiver_type = GrpcReceiver if protocol == "grpc" else HttpReceiver
+    with receiver_type() as receiver:
+        result = run_python(
+            JOB.format(setup="", after=""),
+            tmp_path,
+            OTEL_LOGS_EXPORTER="otlp,traintel_file",
+            OTEL_EXPORTER_OTLP_LOGS_ENDPOINT=receiver.endpoint + ("/v1/logs" if protocol != "grpc" else ""),
+            OTEL_EXPORTER_OTLP_LOGS_PROTOCOL=protocol,
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+            TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+            **STALL_ENV,
+        )
+        assert result.returncode == 0, result.stderr
+    sent = _received(receiver.received.logs)
+    in_file = [e for e in iter_records([tmp_path / "runs"], logs=True) if isinstance(e, LogEntry)]
+    suspect, recovered = semconv.EVENT_HANG_SUSPECT, semconv.EVENT_HANG_RECOVERED
+    assert _events(sent) == _events(in_file) == [suspect, recovered]
+    assert sorted(sent, key=lambda e: e.time_ns) == sorted(in_file, key=lambda e: e.time_ns)
+    record = next(e for e in sent if e.event_name == suspect)
+    assert record.severity_number == 13  # WARN
+    assert (
+        record.attributes[semconv.ITERATION] == 0 and record.attributes[semconv.PHASE] == "training_iteration"
+    )
+    assert record.attributes[semconv.HANG_TOP_FRAME].startswith("<module> (")
+    assert record.resource[semconv.SERVICE_NAME] == "job" and record.scope == semconv.INSTRUMENTATION_SCOPE
+    assert len(record.trace_id) == 32 and len(record.span_id) == 16  # linked to the stalled iteration
+    # the iteration, slow, was exported: the record points at it
+    spans = [s for s in iter_records([tmp_path / "runs"]) if getattr(s, "name", "") == "training_iteration"]
+    assert (record.trace_id, record.span_id) in {(s.trace_id, s.span_id) for s in spans}
+
+
+def test_a_logger_provider_the_job_set_gets_the_records_and_no_file_does(tmp_path: Path) -> None:
+    setup = """
+from opentelemetry._logs import set_logger_provider
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+exporter = InMemoryLogRecordExporter()
+provider = LoggerProvider()
+provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
+set_logger_provider(provider)
+"""
+    after = "print([r.log_record.event_name for r in exporter.get_finished_logs()])"
+    result = run_python(
+        JOB.format(setup=setup, after=after),
+        tmp_path,
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+        **STALL_ENV,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == repr([semconv.EVENT_HANG_SUSPECT, semconv.EVENT_HANG_RECOVERED])
+    assert [e for e in iter_records([tmp_path / "runs"], logs=True) if isinstance(e, LogEntry)] == []
+
+
+def test_an_unknown_logs_exporter_is_an_error_naming_the_variable(tmp_path: Path) -> None:
+    code = """
+import traintel
+try:
+    traintel.configure()
+except traintel.ConfigurationError as exc:
+    print(exc)
+"""
+    result = run_python(code, tmp_path, OTEL_LOGS_EXPORTER="carrier_pigeon")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("OTEL_LOGS_EXPORTER='carrier_pigeon': unknown exporter 'carrier_pigeon'")
