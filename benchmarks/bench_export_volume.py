@@ -10,12 +10,23 @@ flushed every simulated interval of the reader the job got (5 minutes for the fi
 ``OTEL_METRIC_EXPORT_INTERVAL`` says otherwise), from a thread of its own as the periodic
 reader's, so the file holds the metric lines a real hour holds.
 
-Prints, per step rate, the file's bytes per hour against the budget, the spans' (what a trace
-backend holds) and the metric lines' (a fixed cost per collection, whatever the step rate), and
-the bytes of each kind of record. Bar for the whole file: <= 1 MB per hour at 10 steps/s and
-<= 2 MB per hour at 1,000 steps/s.
+A counter clock makes every export batch as large as the batch processor allows; a real hour
+writes more, smaller batches (the processor also exports every 5 s of real time), and every
+batch is one line repeating the resource and scope. ``--real-minutes M`` therefore also runs the
+same job on the real clock (each step's phases slept to a deadline, so the rate holds) for M
+minutes and scales it to an hour: what grows with time (iteration trees after the first ten,
+windows, batch lines) by 60 / M; segments by their period (``TRAINTEL_SEGMENT_SECONDS``, 600 s)
+and metric lines by the reader's interval (300 s), at the bytes measured per record; the
+simulated job of the same minutes is measured beside it for the ratio.
 
-Run: ``python benchmarks/bench_export_volume.py [--rates 10 1000] [--minutes 60]``.
+Prints, per step rate, the file's bytes per hour against the budget, the spans' (what a trace
+backend holds) and the metric lines' (a fixed cost per collection, whatever the step rate), the
+bytes of each kind of record, and the span lines (one per export batch, each repeating the
+resource). Bar for the whole file: <= 1 MB per hour at 10 steps/s and <= 2 MB per hour at 1,000
+steps/s.
+
+Run: ``python benchmarks/bench_export_volume.py [--rates 10 1000] [--minutes 60]
+[--real-minutes 3]``.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,25 +46,74 @@ sys.path.insert(0, str(REPO))
 
 from tests.volume_job import VOLUME_JOB  # noqa: E402
 
+#: VOLUME_JOB's loop on the real clock: each phase slept to its deadline, the periodic reader
+#: left to its own schedule (the final collection at exit).
+REAL_JOB = """
+import random, time
+import traintel
+step, n = 1 / RATE, int(60 * MINUTES * RATE)
+jitter = random.Random(7)
+traintel.configure(warmup_iterations=0)
+deadline = [time.perf_counter()]
+def tick(seconds):
+    deadline[0] += seconds
+    wait = deadline[0] - time.perf_counter()
+    if wait > 0:
+        time.sleep(wait)
+with traintel.application():
+    with traintel.model_init():
+        tick(5)
+    with traintel.training_loop(train_iterations_start=0):
+        begin = time.perf_counter()
+        for i in range(n):
+            slow = 5 if jitter.random() < 0.005 else 1
+            with traintel.training_iteration(samples=32, tokens=4096):
+                with traintel.data_loading():
+                    tick(step * 0.05 * slow)
+                with traintel.model_forward():
+                    tick(step * 0.3 * slow)
+                with traintel.model_backward():
+                    tick(step * 0.5 * slow)
+                with traintel.optimizer_update():
+                    tick(step * 0.15 * slow)
+                traintel.record_metrics(loss=1.0 / (i + 1), lr=1e-3)
+        print(f"real clock: {n / (time.perf_counter() - begin):.0f} steps/s achieved")
+traintel.shutdown()
+"""
+
 _STEP_PHASES = {"data_loading", "model_forward", "model_backward", "optimizer_update", "training_iteration"}
+
+
+_TREES, _SEGMENTS = "iteration trees (5 spans each)", "loop/application segments"
+_LINES = "span lines (batches)"
+_FIRST = 10  # TRAINTEL_EXPORT_FIRST_ITERATIONS: exported once per loop, whatever the length
+
+
+def _iteration(span: dict[str, object]) -> int:
+    for attribute in span.get("attributes", []):  # type: ignore[attr-defined]
+        if attribute["key"] == "ml.training.iteration":
+            return int(attribute["value"]["intValue"])
+    return -1
 
 
 def _kind(span: dict[str, object]) -> str:
     name = str(span["name"])
     if name in _STEP_PHASES:
-        return "iteration trees (5 spans each)"
+        return _TREES
     if name == "training_window":
         return "window records"
     if name in ("training_loop", "application"):
-        return "loop/application segments"
+        return _SEGMENTS
     return "other spans"
 
 
-def measure(rate: float, minutes: float) -> tuple[int, collections.Counter[str], collections.Counter[str]]:
+def measure(
+    rate: float, minutes: float, job: str = VOLUME_JOB
+) -> tuple[int, collections.Counter[str], collections.Counter[str]]:
     """Run one job; return the file's bytes and the bytes and count of each kind of record."""
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "job.py"
-        script.write_text(f"RATE = {rate}\nMINUTES = {minutes}\n" + VOLUME_JOB)
+        script.write_text(f"RATE = {rate}\nMINUTES = {minutes}\n" + job)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRAINTEL_"))}
         env["TRAINTEL_OUTPUT_DIR"] = str(Path(tmp) / "runs")
         subprocess.run([sys.executable, str(script)], env=env, check=True, cwd=tmp)
@@ -68,6 +129,7 @@ def measure(rate: float, minutes: float) -> tuple[int, collections.Counter[str],
                     counts["metric lines"] += 1
                     continue
                 overhead = len(line)
+                counts["span lines (batches)"] += 1
                 for resource in record.get("resourceSpans", []):
                     for scope in resource["scopeSpans"]:
                         for span in scope["spans"]:
@@ -75,8 +137,30 @@ def measure(rate: float, minutes: float) -> tuple[int, collections.Counter[str],
                             overhead -= size
                             sizes[_kind(span)] += size
                             counts[_kind(span)] += 1
+                            if span["name"] == "training_iteration" and _iteration(span) < _FIRST:
+                                counts["first iterations"] += 1
                 sizes["line overhead (resource, scope)"] += overhead
         return total, sizes, counts
+
+
+def hour_from(rate: float, minutes: float, job: str) -> tuple[float, float, float]:
+    """MB per hour, span lines per hour and their resource and scope (MB per hour) of a short
+    job: what grows with time scaled by 60 / minutes, the once-per-loop first iterations kept
+    once, segments and metric lines at their periods (600 s and 300 s by default) at the bytes
+    measured per record."""
+    _, sizes, counts = measure(rate, minutes, job)
+    scale = 60 / minutes
+    trees = max(1, counts[_TREES] // 5)
+    first = counts["first iterations"] * sizes[_TREES] / trees
+    rotations = max(1, math.ceil(minutes * 60 / 600))
+    per_hour = (
+        (sizes[_TREES] - first + sizes["window records"] + sizes["line overhead (resource, scope)"]) * scale
+        + first
+        + sizes["other spans"]
+        + sizes[_SEGMENTS] / rotations * 3600 / 600
+        + sizes["metric lines"] / max(1, counts["metric lines"]) * (3600 / 300 + 1)
+    )
+    return per_hour / 1e6, counts[_LINES] * scale, sizes["line overhead (resource, scope)"] * scale / 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +169,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rates", type=float, nargs="+", default=[10.0, 1000.0], help="steps per second")
     parser.add_argument("--minutes", type=float, default=60.0, help="simulated minutes per job")
+    parser.add_argument(
+        "--real-minutes", type=float, default=0.0, help="also run each rate on the real clock this long"
+    )
     args = parser.parse_args(argv)
+    if args.real_minutes > 0:
+        for rate in args.rates:
+            real, simulated = (
+                hour_from(rate, args.real_minutes, job) for job in (REAL_JOB, VOLUME_JOB)
+            )  # fmt: skip
+            print(
+                f"{rate:g} steps/s, {args.real_minutes:g} minutes scaled to an hour: real clock "
+                f"{real[0]:.3f} MB/h in {real[1]:,.0f} span lines ({real[2]:.3f} MB/h of resource and "
+                f"scope), counter clock {simulated[0]:.3f} MB/h in {simulated[1]:,.0f} span lines "
+                f"({simulated[2]:.3f} MB/h); real / simulated {real[0] / simulated[0]:.3f}",
+                flush=True,
+            )
+        return 0
     failed = False
     hour = 60 / args.minutes / 1e6
     for rate in args.rates:

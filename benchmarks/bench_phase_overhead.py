@@ -5,8 +5,18 @@ shared 2-core machines mean little). The iteration measured is a training step's
 ``training_iteration`` containing ``model_forward``, ``model_backward`` and ``optimizer_update``,
 with nothing inside, so the figure is pure overhead.
 
+traintel runs as shipped: nothing configured, so the embedded file exporter (to a scratch
+directory) and its metric reader. Each round of a variant is ``--iterations`` iterations (20,000
+by default: a window holds at most 10,000, so every round closes windows) followed by a flush of
+its own pipeline, both timed: the export threads, the window pipeline's worker and a metric
+collection are paid inside the round, not between rounds (a collection per round is more than
+a real run's one per 5 minutes; it is billed anyway). ``bench_instructions.py`` counts the same
+in instructions, every thread and the exit included.
+
 * floor: four ``perf_counter_ns`` pairs.
-* bare SDK: the same four spans as nested ``start_as_current_span`` with a BatchSpanProcessor.
+* bare SDK: the same four spans as nested ``start_as_current_span`` with a BatchSpanProcessor
+  writing the same OTLP/JSON-lines file format as traintel's default (a file of its own), so
+  "all" is compared like with like.
 * traintel (not exported): the fast path for an iteration the policy does not export - the
   issue's target (<= 10 µs, >= 10x less than nv-one-logger).
 * traintel (default policy): the same with every 100th iteration exported (~1 %), billed too.
@@ -15,7 +25,9 @@ with nothing inside, so the figure is pure overhead.
   later, in a separate virtualenv (``.venv-bench-nv``, created on first use) because it pins its
   own dependencies; rounds timed with the garbage collector off, as ``timeit`` does (see
   ``_nv_one_logger_iteration.py``); ``--nv-throughput`` has both compute throughput.
-* flatness: traintel at iteration ~1,000 and again after ``--long`` iterations.
+* flatness: traintel at iteration ~1,000 and again after ``--long`` iterations, in the process's
+  CPU time (every thread: the window pipeline's worker and the exporter included), which the
+  neighbours of a shared machine disturb far less than wall time.
 * memory: RSS growth over ``--long`` iterations.
 
 Run: ``make bench`` or ``python benchmarks/bench_phase_overhead.py [--long 1000000]``.
@@ -39,6 +51,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 import traintel
 from traintel import semconv
+from traintel.exporters.file import OtlpJsonFileSpanExporter
 
 HERE = Path(__file__).resolve().parent
 NV_VENV = HERE.parent / ".venv-bench-nv"
@@ -145,20 +158,34 @@ def nv_one_logger(
 
 
 def interleaved(
-    variants: dict[str, Callable[[int], None]], n: int, rounds: int, settle: Callable[[], None] = lambda: None
+    variants: dict[str, Callable[[int], None]],
+    n: int,
+    rounds: int,
+    settle: Callable[[str], None] = lambda name: None,
 ) -> dict[str, list[float]]:
     """Microseconds per iteration of every variant, one run of each per round, so the noise of
     these shared machines hits all variants alike; ratios are then taken per round. ``settle``
-    runs untimed after each variant: the batch processors' export threads finish their backlog
-    there instead of competing for the GIL with the next variant's timing."""
+    runs after each variant (given its name), inside its timing: the export threads finish that
+    variant's backlog there, billed to it, instead of competing for the GIL with the next one."""
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
             start = time.perf_counter_ns()
             fn(n)
+            settle(name)
             times[name].append((time.perf_counter_ns() - start) / n / 1000)
-            settle()
     return times
+
+
+def cpu_per_iteration(fn: Callable[[int], None], n: int, rounds: int) -> list[float]:
+    """The process's CPU microseconds per iteration (every thread), each round flushed inside."""
+    samples = []
+    for _ in range(rounds):
+        start = time.process_time()
+        fn(n)
+        traintel.get_telemetry().flush(10)
+        samples.append((time.process_time() - start) / n * 1e6)
+    return samples
 
 
 def ratio(times: dict[str, list[float]], a: str, b: str) -> float:
@@ -167,7 +194,7 @@ def ratio(times: dict[str, list[float]], a: str, b: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--iterations", type=int, default=4000)
+    parser.add_argument("--iterations", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--long", type=int, default=1_000_000, help="iterations for flatness and memory")
     parser.add_argument("--skip-nv", action="store_true", help="do not run nv-one-logger")
@@ -176,14 +203,18 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    # The same batch processor settings for the bare SDK and traintel's pipeline (a queue large
-    # enough that neither drops spans under this synthetic load).
+    # traintel as shipped: nothing configured (the first call builds the file exporter and its
+    # metric reader from the clean environment); the file goes to a scratch directory. The same
+    # batch processor settings for the bare SDK and traintel (a queue large enough that neither
+    # drops spans under this synthetic load, "all" included).
+    for name in [name for name in os.environ if name.startswith(("OTEL_", "TRAINTEL_"))]:
+        del os.environ[name]
     os.environ["OTEL_BSP_MAX_QUEUE_SIZE"] = str(1 << 16)
+    os.environ["TRAINTEL_OUTPUT_DIR"] = tempfile.mkdtemp(prefix="traintel-overhead-")
     sdk_provider = TracerProvider(shutdown_on_exit=False)
-    sdk_provider.add_span_processor(BatchSpanProcessor(DropExporter()))
+    bare_file = Path(os.environ["TRAINTEL_OUTPUT_DIR"]) / "bare-sdk.otlp.jsonl"
+    sdk_provider.add_span_processor(BatchSpanProcessor(OtlpJsonFileSpanExporter(bare_file)))
     bare = bare_sdk(sdk_provider)
-    # traintel builds its own pipeline around the same kind of exporter and batch processor
-    traintel.configure(span_exporters=[DropExporter()], metric_readers=[], slow_iteration_factor=1e9)
 
     def not_exported(n: int) -> None:
         # The issue's figure: iterations the policy does not export (no every-M-th sample).
@@ -199,17 +230,20 @@ def main() -> None:
         traintel.set_training_config(export_iterations="all")
         traintel_steps(n)
 
+    bare_name = "bare OTel SDK, 4 spans"
     variants = {
         "floor (4 perf_counter_ns pairs)": floor,
-        "bare OTel SDK, 4 spans": bare,
+        bare_name: bare,
         "traintel, not exported": not_exported,
         "traintel, default policy": default_policy,
         "traintel, export all (4 spans)": export_all,
     }
 
-    def settle() -> None:
-        sdk_provider.force_flush()
-        traintel.get_telemetry().flush(10)
+    def settle(name: str) -> None:  # each flushes its own pipeline; the floor has none
+        if name == bare_name:
+            sdk_provider.force_flush()
+        elif name.startswith("traintel"):
+            traintel.get_telemetry().flush(10)
 
     with traintel.training_loop():
         for fn in variants.values():  # warm up
@@ -220,10 +254,10 @@ def main() -> None:
     # flatness and memory over a long run, default policy
     with traintel.training_loop():
         traintel_steps(1000)
-        early = interleaved({"early": traintel_steps}, args.iterations, args.rounds)["early"]
+        early = cpu_per_iteration(traintel_steps, args.iterations, args.rounds)
         rss_before = rss_bytes()
         traintel_steps(max(0, args.long - 1000 - args.iterations * args.rounds))
-        late = interleaved({"late": traintel_steps}, args.iterations, args.rounds)["late"]
+        late = cpu_per_iteration(traintel_steps, args.iterations, args.rounds)
         rss_after = rss_bytes()
     traintel.shutdown(5)
 
@@ -255,8 +289,8 @@ def main() -> None:
         print(f"nv-one-logger: {nv or 'skipped'}")
     early_us, late_us = statistics.median(early), statistics.median(late)
     print(
-        f"flatness: {early_us:.2f} µs near iteration 1,000 vs {late_us:.2f} µs after {args.long:,} "
-        f"({late_us / early_us:.2f}x)"
+        f"flatness (process CPU): {early_us:.2f} µs near iteration 1,000 vs {late_us:.2f} µs after "
+        f"{args.long:,} ({late_us / early_us:.2f}x)"
     )
     print(f"RSS growth over {args.long:,} iterations: {(rss_after - rss_before) / 1e6:.2f} MB")
 

@@ -1,6 +1,6 @@
-"""The line a job leaves on stderr as its telemetry ends: where the telemetry is and the command
-that reads it (a real job in a child process, the command then run), or the OTLP endpoint it
-was sent to; silent on other ranks and under ``TRAINTEL_QUIET``."""
+"""The lines a job leaves on stderr as its telemetry starts (where it goes) and ends: where the
+telemetry is and the command that reads it (a real job in a child process, the command then
+run), or the OTLP endpoint it was sent to; silent on other ranks and under ``TRAINTEL_QUIET``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from tests.subprocess_helpers import run_python
 from traintel import cli
-from traintel._runtime.farewell import farewell
+from traintel._runtime.farewell import farewell, greeting
 
 JOB = """
 import traintel
@@ -30,10 +30,11 @@ def test_a_job_says_where_its_telemetry_is_and_the_command_reads_it(
     done = run_python(JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "my runs"), TRAINTEL_QUIET="0")
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("traintel: telemetry of this run")]
-    assert len(lines) == 1, done.stderr
+    assert len(lines) == 2, done.stderr  # one as it starts, one as it ends
     (output,) = (tmp_path / "my runs").glob("*.otlp.jsonl")
-    assert f"is in {output};" in lines[0]
-    command = shlex.split(lines[0].split("read it with: ", 1)[1])
+    assert lines[0] == f"traintel: telemetry of this run goes to {output}"  # the file it then wrote
+    assert f"is in {output};" in lines[1]
+    command = shlex.split(lines[1].split("read it with: ", 1)[1])
     assert command[:2] == ["traintel", "summary"]
     assert cli.main(command[1:]) == 0 and "Spans read: " in capsys.readouterr().out
     quiet = run_python(JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "quiet"), TRAINTEL_QUIET="1")
@@ -58,4 +59,13 @@ def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path
     assert line is not None and "s3cr3t-pw" not in line and "t0k3n-x" not in line and "collector:4317" in line
     assert farewell(output, ["traintel_file"], 1, {}) is None  # one line per job, not per rank
     assert farewell(output, ["traintel_file"], 0, {"TRAINTEL_QUIET": "true"}) is None
+    assert greeting(output, ["otlp", "traintel_file"], 0, env) == (
+        f"traintel: telemetry of this run goes to http://collector:4317 (OTLP) and {output}"
+    )
+    assert greeting(None, ["otlp"], 0, secret) is not None and "s3cr3t-pw" not in str(
+        greeting(None, ["otlp"], 0, secret)
+    )
+    assert greeting(output, ["traintel_file"], 1, {}) is None
+    assert greeting(output, ["traintel_file"], 0, {"TRAINTEL_QUIET": "1"}) is None
+    assert greeting(None, ["console"], 0, {}) is None  # nothing to say where
     assert farewell(None, [], 0, {}) is None  # the user's own providers: nothing known to say

@@ -12,7 +12,7 @@ import pytest
 
 from tests.otlp_receiver import GrpcReceiver
 from tests.subprocess_helpers import BlackHole, exit_seconds, run_python, with_exit_clock
-from traintel.exporters.reader import iter_spans
+from traintel.exporters.reader import MetricsRecord, iter_records, iter_spans
 
 pytestmark = [pytest.mark.process, pytest.mark.server]  # the suite's tiers: tests/tiers.py
 
@@ -214,7 +214,10 @@ def test_callbacks_left_open_are_ended_at_exit(tmp_path: Path) -> None:
     assert spans["training_loop"].parent_span_id == spans["application"].span_id
 
 
-def test_opentelemetry_instrument_picks_traintel_up(tmp_path: Path) -> None:
+@pytest.mark.parametrize("detectors", [None, "traintel", "otel"])
+def test_opentelemetry_instrument_picks_traintel_up(tmp_path: Path, detectors: str | None) -> None:
+    """Unless the user names the resource detectors, the distro's resource gains traintel's
+    (run, rank, host); named, they are what applies ("otel": the SDK's alone)."""
     code = """
     from opentelemetry import trace
     import traintel
@@ -225,32 +228,39 @@ def test_opentelemetry_instrument_picks_traintel_up(tmp_path: Path) -> None:
     print(type(trace.get_tracer_provider()).__qualname__, telemetry.pipeline.owns_tracer_provider)
     """
     instrument = str(Path(sys.executable).parent / "opentelemetry-instrument")
+    named = {"OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": detectors} if detectors is not None else {}
     result = run_python(
         code,
         tmp_path,
         argv=[instrument, sys.executable],
         OTEL_TRACES_EXPORTER="traintel_file",
-        OTEL_METRICS_EXPORTER="none",
+        OTEL_METRICS_EXPORTER="traintel_file",
         OTEL_LOGS_EXPORTER="none",
         OTEL_SERVICE_NAME="instrumented",
-        OTEL_EXPERIMENTAL_RESOURCE_DETECTORS="traintel",
         TRAINTEL_OUTPUT_DIR=str(tmp_path / "out"),
         TRAINTEL_SESSION_TAG="via-distro",
         RANK="3",
         WORLD_SIZE="4",
+        **named,
     )
     assert result.returncode == 0, result.stderr
+    assert "traintel:" not in result.stderr.replace("traintel: telemetry of this run", "")  # no warning
     # the distro configured the SDK provider; traintel attached to it instead of building one,
     # and releases it at exit within its bound (the distro's providers have no owner in the script)
     assert result.stdout.strip() == "TracerProvider True"
     spans = list(iter_spans([tmp_path / "out"]))
     assert sorted(s.name for s in spans) == ["application", "model_init"]
-    resource = spans[0].resource
-    assert resource["service.name"] == "instrumented"
-    # the distro built the resource; traintel's detector entry point added the run identity
-    assert resource["ml.training.session_tag"] == "via-distro"
-    assert (resource["ml.training.rank"], resource["ml.training.world_size"]) == (3, 4)
-    assert resource["ml.training.run_id"]
+    metrics = [r for r in iter_records([tmp_path / "out"]) if isinstance(r, MetricsRecord)]
+    assert metrics, "the distro's metric reader exported"
+    for resource in [spans[0].resource, metrics[-1].resource]:
+        assert resource["service.name"] == "instrumented"  # the distro's own attributes
+        if detectors == "otel":  # the user's choice: the SDK's detectors only
+            assert "ml.training.rank" not in resource and "host.name" not in resource
+            continue
+        # the run identity: traintel's detectors, by its entry point or added to the distro's resource
+        assert resource["ml.training.session_tag"] == "via-distro"
+        assert (resource["ml.training.rank"], resource["ml.training.world_size"]) == (3, 4)
+        assert resource["ml.training.run_id"] and resource["host.name"]
 
 
 def test_sampler_from_env_drops_spans_without_false_warnings(tmp_path: Path) -> None:

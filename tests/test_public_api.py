@@ -75,6 +75,27 @@ def test_importing_traintel_imports_no_torch_rich_grpc_or_msgspec() -> None:
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.process
+def test_the_offline_tools_import_neither_the_recorder_nor_the_sdk() -> None:
+    """``import traintel`` loads its names on first use, and the reader finds what it needs
+    without the exporters: the ``traintel`` command and its worker processes start without the
+    OpenTelemetry SDK or the recorder (about 0.3 s of CPU each), and the names still resolve."""
+    import subprocess
+    import sys
+
+    unwanted = (
+        "('opentelemetry.sdk.trace', 'opentelemetry.sdk.metrics', 'traintel._recorder', 'traintel._runtime')"
+    )
+    code = (
+        "import sys, traintel.cli, traintel.analysis.report, traintel.analysis.goodput\n"
+        f"print(sorted(m for m in {unwanted} if m in sys.modules))\n"
+        "from traintel import training_iteration\n"
+        "print(training_iteration.__module__, 'traintel._runtime.bootstrap' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == ["[]", "traintel._api.phases True"]
+
+
 def test_typed_package_and_version() -> None:
     assert (Path(traintel.__file__).parent / "py.typed").is_file()
     assert importlib.metadata.version("traintel") == traintel.__version__

@@ -10,38 +10,15 @@ The phases and the few functions a training loop calls are here; the rest lives 
 stragglers), ``traintel.analysis`` (reading exported files), ``traintel.semconv`` (every span,
 attribute and metric name), ``traintel.config`` (the configuration), ``traintel.integrations``
 (Lightning, Hugging Face, torch).
+
+Why the names are loaded on first use: ``import traintel`` (and so every ``traintel.*`` module,
+the ``traintel`` command included) would otherwise build the whole recorder and import the
+OpenTelemetry SDK, about 0.3 s, which the offline tools pay once per worker process and never
+use. A name, once loaded, is an ordinary module attribute: the training loop pays nothing.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from traintel._api.configuration import configure, get_telemetry, set_training_config, shutdown
-from traintel._api.model_metrics import record_batch, record_metrics
-from traintel._api.phases import (
-    application,
-    checkpoint_load,
-    checkpoint_save,
-    checkpoint_stage,
-    data_loader_init,
-    data_loading,
-    dist_init,
-    model_backward,
-    model_forward,
-    model_init,
-    optimizer_init,
-    optimizer_update,
-    testing_iteration,
-    testing_loop,
-    timed_span,
-    training_iteration,
-    training_loop,
-    validation_iteration,
-    validation_loop,
-)
-from traintel._recorder.checkpoints import AsyncCheckpointCompletion
-from traintel._runtime import bootstrap as _bootstrap  # registers configuration on first use
-from traintel._runtime.state import Telemetry
-from traintel.config import ConfigurationError
-from traintel.flops import apply_flops, measure_flops
 from traintel.version import __version__
 
 __all__ = [
@@ -78,7 +55,90 @@ __all__ = [
     "validation_loop",
 ]
 
-del _bootstrap
+if TYPE_CHECKING:
+    from traintel._api.configuration import configure, get_telemetry, set_training_config, shutdown
+    from traintel._api.model_metrics import record_batch, record_metrics
+    from traintel._api.phases import (
+        application,
+        checkpoint_load,
+        checkpoint_save,
+        checkpoint_stage,
+        data_loader_init,
+        data_loading,
+        dist_init,
+        model_backward,
+        model_forward,
+        model_init,
+        optimizer_init,
+        optimizer_update,
+        testing_iteration,
+        testing_loop,
+        timed_span,
+        training_iteration,
+        training_loop,
+        validation_iteration,
+        validation_loop,
+    )
+    from traintel._recorder.checkpoints import AsyncCheckpointCompletion
+    from traintel._runtime.state import Telemetry
+    from traintel.config import ConfigurationError
+    from traintel.flops import apply_flops, measure_flops
+
+__all__ = [
+    "AsyncCheckpointCompletion",
+    "ConfigurationError",
+    "Telemetry",
+    "__version__",
+    "application",
+    "apply_flops",
+    "checkpoint_load",
+    "checkpoint_save",
+    "checkpoint_stage",
+    "configure",
+    "data_loader_init",
+    "data_loading",
+    "dist_init",
+    "get_telemetry",
+    "measure_flops",
+    "model_backward",
+    "model_forward",
+    "model_init",
+    "optimizer_init",
+    "optimizer_update",
+    "record_batch",
+    "record_metrics",
+    "set_training_config",
+    "shutdown",
+    "testing_iteration",
+    "testing_loop",
+    "timed_span",
+    "training_iteration",
+    "training_loop",
+    "validation_iteration",
+    "validation_loop",
+]
+
+#: Where each public name lives, loaded on first use (the same as the ``TYPE_CHECKING`` imports).
+_PUBLIC = {
+    "AsyncCheckpointCompletion": "traintel._recorder.checkpoints",
+    "ConfigurationError": "traintel.config",
+    "Telemetry": "traintel._runtime.state",
+    "apply_flops": "traintel.flops",
+    "measure_flops": "traintel.flops",
+    **dict.fromkeys(
+        ("configure", "get_telemetry", "set_training_config", "shutdown"), "traintel._api.configuration"
+    ),
+    **dict.fromkeys(("record_batch", "record_metrics"), "traintel._api.model_metrics"),
+    **dict.fromkeys(
+        (
+            "application", "checkpoint_load", "checkpoint_save", "checkpoint_stage", "data_loader_init",
+            "data_loading", "dist_init", "model_backward", "model_forward", "model_init", "optimizer_init",
+            "optimizer_update", "testing_iteration", "testing_loop", "timed_span", "training_iteration",
+            "training_loop", "validation_iteration", "validation_loop",
+        ),
+        "traintel._api.phases",
+    ),
+}  # fmt: skip
 
 #: Names that were at ``traintel.*`` before they moved to their modules: still found there,
 #: with a DeprecationWarning naming the new place.
@@ -100,6 +160,13 @@ _MOVED = {
 
 def __getattr__(name: str) -> Any:
     import importlib
+
+    public = _PUBLIC.get(name)
+    if public is not None:
+        # the runtime first: it registers how the recorder configures a job on first use
+        importlib.import_module("traintel._runtime.bootstrap")
+        found = globals()[name] = getattr(importlib.import_module(public), name)
+        return found
     import warnings
 
     module = _MOVED.get(name) or ("traintel.callbacks" if name.startswith("on_") else None)

@@ -14,6 +14,7 @@ only the bad setting.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -133,6 +134,32 @@ def _non_empty_str(raw: object) -> str:
     return raw.strip()
 
 
+#: A hyper-parameter's value: what an attribute holds and a report shows.
+HyperparameterValue = str | bool | int | float
+
+
+def _hyperparameters(raw: object) -> tuple[tuple[str, HyperparameterValue], ...]:
+    """Names to numbers, strings or booleans, as a mapping (from the environment, a JSON
+    object), kept as sorted pairs: immutable, and the same whatever order they were given in."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            raise ValueError("expected a JSON object of names to numbers, strings or booleans") from None
+    if isinstance(raw, tuple):  # (parsed before: a copy of the configuration checks it again)
+        raw = dict(raw)
+    if not isinstance(raw, Mapping):
+        raise ValueError("expected a mapping of names to numbers, strings or booleans")
+    pairs: dict[str, HyperparameterValue] = {}
+    for name, value in raw.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"hyper-parameter name {name!r} is not a non-empty string")
+        if not isinstance(value, str | bool | int | float):
+            raise ValueError(f"hyper-parameter {name}={value!r} is not a number, string or boolean")
+        pairs[name.strip()] = value
+    return tuple(sorted(pairs.items()))
+
+
 def _setting(
     env: str, parse: Callable[[object], Any], doc: str, default: Any = None, *, eager: bool = False
 ) -> Any:
@@ -152,6 +179,9 @@ class Settings:
         ev.TRAINTEL_SESSION_TAG, _non_empty_str, "jobs of one logical task", eager=True
     )
     perf_tag: str | None = _setting(ev.TRAINTEL_PERF_TAG, _non_empty_str, "jobs expected to perform alike")
+    hyperparameters: tuple[tuple[str, HyperparameterValue], ...] | None = _setting(
+        ev.TRAINTEL_HYPERPARAMETERS, _hyperparameters, "learning rate, optimizer, ...: shown and compared"
+    )
     run_id: str | None = _setting(
         ev.TRAINTEL_RUN_ID, _non_empty_str, "id shared by all ranks of a job", eager=True
     )
@@ -392,14 +422,16 @@ class TrainingConfig:
     def is_lazy(self, name: str) -> bool:
         return callable(self._values.get(name))
 
-    def describe(self, settings: Settings | None = None) -> dict[str, str | int | float]:
+    def describe(self, settings: Settings | None = None) -> dict[str, HyperparameterValue]:
         """Values for the ``telemetry_initialization`` event (lazy ones resolved now, or as in
-        ``settings``)."""
+        ``settings``); each hyper-parameter is one value, ``hyperparameters.<name>``."""
         settings = self.resolve() if settings is None else settings
-        described: dict[str, str | int | float] = {}
+        described: dict[str, HyperparameterValue] = {}
         for name in FIELD_NAMES:
             value = getattr(settings, name)
-            if value is not None:
+            if name == "hyperparameters" and value is not None:
+                described.update({f"{name}.{key}": item for key, item in value})
+            elif value is not None:
                 described[name] = value
         return described
 

@@ -28,6 +28,16 @@ Identifies jobs that are expected to perform alike (same code, config and hardwa
 numbers can be compared. Exported as ``ml.training.perf_tag``. Default: unset.
 """
 
+TRAINTEL_HYPERPARAMETERS: Final = "TRAINTEL_HYPERPARAMETERS"
+"""
+.. envvar:: TRAINTEL_HYPERPARAMETERS
+
+The run's hyper-parameters as a JSON object of names to numbers, strings or booleans, e.g.
+``{"lr": 0.0003, "optimizer": "adamw"}`` (in code: ``hyperparameters={...}`` to ``configure()``
+or ``set_training_config()``, which replaces the whole set). Recorded with the configuration,
+shown in the report's configuration panel and compared by ``traintel compare``. Default: unset.
+"""
+
 TRAINTEL_RUN_ID: Final = "TRAINTEL_RUN_ID"
 """
 .. envvar:: TRAINTEL_RUN_ID
@@ -409,14 +419,16 @@ TRAINTEL_QUIET: Final = "TRAINTEL_QUIET"
 """
 .. envvar:: TRAINTEL_QUIET
 
-``1`` (or ``true``) silences the line traintel writes to standard error when a job's telemetry
-ends, saying where it went (the file and the command that reads it, or the OTLP endpoint).
+``1`` (or ``true``) silences the lines traintel writes to standard error when a job's telemetry
+starts and ends, saying where it goes (the file, and at the end the command that reads it, or
+the OTLP endpoint).
 Default: ``0``.
 """
 
 ALL: Final = (
     TRAINTEL_SESSION_TAG,
     TRAINTEL_PERF_TAG,
+    TRAINTEL_HYPERPARAMETERS,
     TRAINTEL_RUN_ID,
     TRAINTEL_GLOBAL_BATCH_SIZE,
     TRAINTEL_SEQ_LEN,

@@ -205,7 +205,8 @@ class TrainingResourceDetector(ResourceDetector):
 
     Registered as the ``traintel`` resource detector entry point, so providers built by the
     OTel distro (``opentelemetry-instrument``) carry the same identity with
-    ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=traintel``. Without a config it reads ``TRAINTEL_*``
+    ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS=traintel``; with that variable unset, traintel adds
+    the same attributes to the distro's resource when it attaches. Without a config it reads ``TRAINTEL_*``
     leniently: a detector must never fail a job.
     """
 

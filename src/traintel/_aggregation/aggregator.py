@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import compress, repeat
 
 from traintel import semconv
 from traintel._aggregation.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
-from traintel._aggregation.window import ClosedWindow, ModelMetric, RawRow, Row, add_metric
+from traintel._aggregation.window import ClosedWindow, ModelMetric, RawRow, Row, add_metric, columns
 
 #: The most iterations a window holds (unless ``log_every_n_iterations`` is larger), whatever its
 #: floor in time: a loop of 100,000 iterations/s would otherwise keep a million rows (~300 MB)
@@ -110,10 +110,8 @@ def _column(
         return float(sum(values)), total_ns / 1e9  # type: ignore[arg-type]
     if missing == len(values):  # the common case without counts: no per-value bytecode
         return 0.0, 0.0
-    pairs = [(v, d) for v, d in zip(values, durations, strict=True) if v is not None]
-    if not pairs:
-        return 0.0, 0.0
-    return float(sum(v for v, _ in pairs)), sum(d for _, d in pairs) / 1e9
+    present = [v is not None for v in values]  # (no tuple per row: see window.columns)
+    return float(sum(compress(values, present))), sum(compress(durations, present)) / 1e9  # type: ignore[arg-type]
 
 
 @dataclass
@@ -136,7 +134,7 @@ class _Counts:
         """Sums of a window's rows (see :meth:`of_columns`)."""
         if not rows:
             return cls()
-        durations, samples, tokens, padding, flops, phases, _numbers, _ends = zip(*rows, strict=True)
+        durations, samples, tokens, padding, flops, phases, _numbers, _ends = columns(rows)
         return cls.of_columns(durations, samples, tokens, padding, flops, list(filter(None, phases)))
 
     @classmethod
@@ -162,7 +160,7 @@ class _Counts:
         counts.padding = _column(padding, durations, total_ns)[0]
         counts.flops, counts.flops_time = _column(flops, durations, total_ns)
         if timed:
-            counts.phase_s = [sum(column) / 1e9 for column in zip(*timed, strict=True)]
+            counts.phase_s = [sum(map(operator.itemgetter(i), timed)) / 1e9 for i in range(len(timed[0]))]
         return counts
 
     def merge(self, other: _Counts, sign: int = 1) -> None:
@@ -343,7 +341,7 @@ class TrainingAggregator:
         if self.first_iteration_s is None and not seen_before:
             self.first_iteration_s = first.duration_ns / 1e9
         warm = min(max(self.warmup_iterations - seen_before, 0), len(rows))  # the job's first rows
-        durations_ns, samples, tokens, padding, flops, phases, _numbers, _ends = zip(*rows, strict=True)
+        durations_ns, samples, tokens, padding, flops, phases, _numbers, _ends = columns(rows)
         timed = list(filter(None, phases))  # the step-phase timings of the iterations that have them
         counts = _Counts.of_columns(durations_ns, samples, tokens, padding, flops, timed)
         durations = seconds_of(durations_ns)

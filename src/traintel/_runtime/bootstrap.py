@@ -36,6 +36,7 @@ from traintel._host.system_metrics import SystemInstruments
 from traintel._recorder import active, clock
 from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
 from traintel._runtime import gil_helper, hang_records, preemption, state
+from traintel._runtime.farewell import greeting, say
 from traintel._runtime.pipeline import Pipeline, PipelineOptions, build_pipeline
 from traintel._runtime.state import Telemetry, Warnings
 from traintel._runtime.window_consumers import PeakFlops, WindowConsumers
@@ -113,6 +114,11 @@ def _install(config: TrainingConfig, prepared: _Prepared) -> Telemetry:
     preemption.install()
     if telemetry.stall_watcher is not None:
         telemetry.stall_watcher.start()
+    say(
+        greeting(
+            telemetry.output_file, pipeline.trace_exporters, telemetry.resource.attributes.get(semconv.RANK)
+        )
+    )
     return telemetry
 
 

@@ -1,8 +1,10 @@
-"""The line a job writes to standard error as its telemetry ends: where it went, how to read it.
+"""The lines a job writes to standard error as its telemetry starts (where it goes) and ends
+(where it went, how to read it).
 
 Why: a user's own ``train.py`` otherwise says nothing about its telemetry (W&B prints a link at
-the start and at the end of a run). One line, from rank 0 only, silenced by ``TRAINTEL_QUIET``:
-the file and the command that reads it, or the OTLP endpoint the spans were sent to.
+the start and at the end of a run). One line each, from rank 0 only, silenced by
+``TRAINTEL_QUIET``: the file (and, at the end, the command that reads it), or the OTLP endpoint
+the spans are sent to.
 """
 
 from __future__ import annotations
@@ -29,16 +31,41 @@ def otlp_traces_endpoint(environ: Mapping[str, str]) -> str:
     return _OTLP_DEFAULTS.get(protocol or "grpc", _OTLP_DEFAULTS["grpc"])
 
 
+def _endpoint_used(trace_exporters: list[str], environ: Mapping[str, str]) -> str | None:
+    """The OTLP endpoint the spans go to, if an OTLP exporter sends them."""
+    # a provider traintel did not build (the distro's): the exporters OTEL_TRACES_EXPORTER named
+    names = trace_exporters or [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
+    return otlp_traces_endpoint(environ) if any(name.startswith("otlp") for name in names) else None
+
+
+def _silent(rank: object, environ: Mapping[str, str]) -> bool:
+    """Another rank's job (one line per job), or ``TRAINTEL_QUIET``."""
+    return environ.get(TRAINTEL_QUIET, "").strip().lower() in ("1", "true", "yes", "on") or rank not in (
+        0,
+        None,
+    )
+
+
+def greeting(
+    output: Path | None, trace_exporters: list[str], rank: object, environ: Mapping[str, str] = os.environ
+) -> str | None:
+    """The line a job writes as its telemetry starts (where it goes), or None as for
+    :func:`farewell`."""
+    if _silent(rank, environ):
+        return None
+    endpoint = _endpoint_used(trace_exporters, environ)
+    targets = ([f"{endpoint} (OTLP)"] if endpoint else []) + ([str(output)] if output is not None else [])
+    return f"traintel: telemetry of this run goes to {' and '.join(targets)}" if targets else None
+
+
 def farewell(
     output: Path | None, trace_exporters: list[str], rank: object, environ: Mapping[str, str] = os.environ
 ) -> str | None:
     """The line to write, or None: another rank's job, ``TRAINTEL_QUIET``, or nothing known."""
-    if environ.get(TRAINTEL_QUIET, "").strip().lower() in ("1", "true", "yes", "on") or rank not in (0, None):
+    if _silent(rank, environ):
         return None
-    # a provider traintel did not build (the distro's): the exporters OTEL_TRACES_EXPORTER named
-    names = trace_exporters or [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
-    sent = any(name.startswith("otlp") for name in names)
-    where = f"was sent to {otlp_traces_endpoint(environ)} (OTLP)" if sent else ""
+    endpoint = _endpoint_used(trace_exporters, environ)
+    where = f"was sent to {endpoint} (OTLP)" if endpoint else ""
     if output is not None:
         where = f"{where} and is kept in {output}" if where else f"is in {output}"
         folder = shlex.quote(str(output.parent))
@@ -46,10 +73,9 @@ def farewell(
     return f"traintel: telemetry of this run {where}" if where else None
 
 
-def say_farewell(output: Path | None, trace_exporters: list[str], rank: object) -> None:
-    """Write :func:`farewell`'s line; never raises (stderr may be closed at exit)."""
+def say(line: str | None) -> None:
+    """Write :func:`greeting`'s or :func:`farewell`'s line; never raises (stderr may be closed)."""
     try:
-        line = farewell(output, trace_exporters, rank)
         if line is not None:
             print(line, file=sys.stderr, flush=True)
     except Exception:

@@ -54,7 +54,6 @@ from traintel.exporters import redaction as _redaction
 from traintel.exporters import retry_lines, tls_errors
 from traintel.exporters.file import (
     FILE_METRIC_EXPORT_INTERVAL_MILLIS,
-    FILE_SUFFIX,
     OtlpJsonFileLogExporter,
     OtlpJsonFileMetricExporter,
     OtlpJsonFileSpanExporter,
@@ -66,6 +65,7 @@ from traintel.exporters.http_session import CertificateSession, needs_certificat
 from traintel.exporters.metric_counting import CountingMetricExporter
 from traintel.exporters.otlp_env import PROTOCOLS, SIGNAL_VARS, otlp_protocol, report, said
 from traintel.exporters.process_bound import ProcessBoundMetricExporter, ProcessBoundSpanExporter
+from traintel.exporters.records import FILE_SUFFIX
 from traintel.exporters.spool import Spool
 from traintel.exporters.spooling import (
     CountingBatchSpanProcessor,
@@ -74,6 +74,7 @@ from traintel.exporters.spooling import (
     batch_settings,
     guard_queue,
 )
+from traintel.resource_detectors import TrainingResourceDetector
 from traintel.version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -522,7 +523,8 @@ _DISTRO_DEFAULT_HINT = (
 
 def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> int:
     """Under ``opentelemetry-instrument``: give the providers the distro built what traintel's
-    own have. Their span exporters go behind the spool, their queues' drops and their metric
+    own have. Their resource gains the run's identity (unless the user named the detectors),
+    their span exporters go behind the spool, their queues' drops and their metric
     exports are counted, and their exit is bounded by ``TRAINTEL_SHUTDOWN_TIMEOUT`` (traintel
     shuts them down; the SDK's own unbounded exit hooks are removed). Returns how many span
     exporters were put behind the spool.
@@ -535,6 +537,7 @@ def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> 
     if pipeline.owns_tracer_provider or not isinstance(tracer_provider, TracerProvider):
         return 0
     environ = os.environ
+    _add_training_resource(tracer_provider, meter_provider, config)
     endpoint_set = any(
         environ.get(variable, "").strip()
         for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -575,6 +578,31 @@ def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> 
     pipeline.owns_tracer_provider = True
     pipeline.owns_meter_provider = isinstance(meter_provider, MeterProvider)
     return adopted
+
+
+#: The SDK's variable naming the resource detectors its providers apply (the distro reads it).
+_RESOURCE_DETECTORS = "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS"
+
+
+def _add_training_resource(tracer_provider: Any, meter_provider: Any, config: TrainingConfig) -> None:
+    """The run identity, ranks and host (traintel's detectors) added to the resource the distro
+    built, where the user named no detectors: without them a run read back has no run, rank or
+    host. The distro's own attributes win (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``)."""
+    if os.environ.get(_RESOURCE_DETECTORS, "").strip():
+        return  # the detectors the user named are what applies
+    try:
+        detected = TrainingResourceDetector(config).detect()
+        meters = meter_provider if isinstance(meter_provider, MeterProvider) else None
+        added = otel_private.add_resource(tracer_provider, meters, detected)
+    except Exception:  # a detector must never fail a job
+        _logger.warning("traintel: could not add the run's identity to the distro's resource", exc_info=True)
+        return
+    if not added:
+        _logger.warning(
+            "traintel: this OpenTelemetry SDK release keeps its providers' resource where traintel does not "
+            "find it: set %s=traintel for the run's identity on its telemetry",
+            _RESOURCE_DETECTORS,
+        )
 
 
 def _no_shutdown() -> None:

@@ -30,7 +30,7 @@ from traintel._host.compute_dtype import forget_model
 from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
-from traintel._runtime.farewell import say_farewell
+from traintel._runtime.farewell import farewell, say
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel.config import TrainingConfig
@@ -301,8 +301,10 @@ class Telemetry:
         ok = self.pipeline.shutdown(max(0.0, deadline - time.monotonic())) and windows
         if self.processor is not None:
             self.processor.disable()
-        say_farewell(
-            self.output_file, self.pipeline.trace_exporters, self.resource.attributes.get(semconv.RANK)
+        say(
+            farewell(
+                self.output_file, self.pipeline.trace_exporters, self.resource.attributes.get(semconv.RANK)
+            )
         )
         forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
         return ok

@@ -73,6 +73,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.sdk.trace.id_generator import IdGenerator
@@ -371,6 +372,34 @@ def replace_reader_exporter(reader: Any, wrap: Callable[[Any], Any]) -> bool:
     if exporter is None:
         return False
     reader._exporter = wrap(exporter)
+    return True
+
+
+def add_resource(tracer_provider: Any, meter_provider: Any, resource: Resource) -> bool:
+    """Add ``resource``'s attributes under what the providers' own resources say (theirs win),
+    for the tracers and meters made from now on, and, where the SDK keeps its tracers (1.45),
+    for those made already. False where a provider keeps its resource elsewhere (nothing is
+    changed then).
+
+    Why: ``opentelemetry-instrument`` builds the providers, with their resources, before any
+    instrumentor runs, and applies only the detectors ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``
+    names. The SDK itself updates its tracers' resource this way after a fork
+    (``_update_resource``); a meter provider's collections read the resource from its
+    configuration each time.
+    """
+    current = getattr(tracer_provider, "_resource", None)
+    config = getattr(meter_provider, "_sdk_config", None) if meter_provider is not None else None
+    if not isinstance(current, Resource):
+        return False
+    if meter_provider is not None and not isinstance(getattr(config, "resource", None), Resource):
+        return False
+    update = getattr(tracer_provider, "_update_resource", None)
+    if callable(update):
+        update(resource.merge(current))  # merged onto the current resource: the result, with its own on top
+    else:  # (1.40: tracers are not kept; each takes the provider's resource when made)
+        tracer_provider._resource = resource.merge(current)
+    if config is not None:
+        config.resource = resource.merge(config.resource)
     return True
 
 

@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterable
 from traintel.analysis.parallel import map_files
 from traintel.analysis.run_info import RunInfo, RunsSeen, run_key, runs_in_file
 from traintel.analysis.summary import fmt_seconds, plain_number
-from traintel.exporters.otlp_json import DecodeError
-from traintel.exporters.reader import MAX_LINE_BYTES, decode_line, expand_paths
+from traintel.exporters.reader import MAX_LINE_BYTES, DecodeError, decode_line, expand_paths
 
 __all__ = [
     "RunInfo",

@@ -40,12 +40,12 @@ from traintel._sdk import otel_private
 from traintel.exporters.health import HEALTH, NOT_WRITTEN, ExportHealth
 from traintel.exporters.otlp_json import logs_to_json_line, metrics_to_json_line, spans_to_json_line
 from traintel.exporters.private_files import make_private_dirs, open_append
+from traintel.exporters.records import FILE_SUFFIX
 from traintel.exporters.span_repair import encodable
 
 _logger = logging.getLogger(__name__)
 
 DEFAULT_OUTPUT_DIR = "traintel-runs"
-FILE_SUFFIX = ".otlp.jsonl"
 
 #: How often the file gets a metric line when ``OTEL_METRIC_EXPORT_INTERVAL`` is not set (the
 #: SDK's default is 60 s). The file is read after the fact, and what its readers take from metric

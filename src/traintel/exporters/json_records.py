@@ -12,6 +12,10 @@ into dicts (1.6x, measured 2026-11-27 on the benchmark's node files); what is le
 the conversion of attribute values and the records themselves. Before, the same checks written
 in Python over orjson's dicts cost as much again as the parse.
 
+The structs are declared ``gc=False``: the garbage collector never tracks them (a decoded line
+is a tree of them, without reference cycles), which makes them cheaper to build and to free:
+the decode took 30 % less time on the benchmark's node files (measured 2026-11-27).
+
 This path accepts only the canonical spelling of each field (what traintel's writer and the
 collector's file exporter print: camelCase keys, int64 as decimal strings, enums as numbers,
 lowercase hex ids, one member per ``AnyValue``). Any other spelling fails the structs' checks
@@ -95,7 +99,7 @@ def _double(value: float | str) -> float:
 
 
 # --- attributes --------------------------------------------------------------------------------
-class _AnyValue(Struct, forbid_unknown_fields=True):
+class _AnyValue(Struct, forbid_unknown_fields=True, gc=False):
     """At most one member set (``bytesValue`` is base64: left to the proto path)."""
 
     stringValue: str | UnsetType = UNSET
@@ -106,16 +110,16 @@ class _AnyValue(Struct, forbid_unknown_fields=True):
     kvlistValue: _KeyValueList | UnsetType = UNSET
 
 
-class _KeyValue(Struct):  # (other members of a KeyValue: unknown, ignored by both paths)
+class _KeyValue(Struct, gc=False):  # (other members of a KeyValue: unknown, ignored by both paths)
     key: str
     value: _AnyValue
 
 
-class _ArrayValue(Struct, forbid_unknown_fields=True):
+class _ArrayValue(Struct, forbid_unknown_fields=True, gc=False):
     values: list[_AnyValue] = []
 
 
-class _KeyValueList(Struct, forbid_unknown_fields=True):
+class _KeyValueList(Struct, forbid_unknown_fields=True, gc=False):
     values: list[_KeyValue] = []
 
 
@@ -170,12 +174,12 @@ def attributes(values: list[_KeyValue]) -> dict[str, Any]:
     return out
 
 
-class _Resource(Struct, forbid_unknown_fields=True):
+class _Resource(Struct, forbid_unknown_fields=True, gc=False):
     attributes: list[_KeyValue] = []
     droppedAttributesCount: _U32 = 0
 
 
-class _Scope(Struct, forbid_unknown_fields=True):
+class _Scope(Struct, forbid_unknown_fields=True, gc=False):
     name: str = ""
     version: str = ""
     attributes: list[_KeyValue] = []
@@ -183,14 +187,14 @@ class _Scope(Struct, forbid_unknown_fields=True):
 
 
 # --- spans ---------------------------------------------------------------------------------------
-class _Event(Struct, forbid_unknown_fields=True):
+class _Event(Struct, forbid_unknown_fields=True, gc=False):
     timeUnixNano: _U64 = "0"
     name: str = ""
     attributes: list[_KeyValue] = []
     droppedAttributesCount: _U32 = 0
 
 
-class _Link(Struct, forbid_unknown_fields=True):
+class _Link(Struct, forbid_unknown_fields=True, gc=False):
     traceId: _HEX_ID = ""
     spanId: _HEX_ID = ""
     traceState: str = ""
@@ -199,12 +203,12 @@ class _Link(Struct, forbid_unknown_fields=True):
     flags: _U32 = 0
 
 
-class _Status(Struct, forbid_unknown_fields=True):
+class _Status(Struct, forbid_unknown_fields=True, gc=False):
     message: str = ""
     code: Annotated[int, Meta(ge=0, le=2)] = 0
 
 
-class _Span(Struct, forbid_unknown_fields=True):
+class _Span(Struct, forbid_unknown_fields=True, gc=False):
     traceId: _HEX_ID = ""
     spanId: _HEX_ID = ""
     traceState: str = ""
@@ -223,13 +227,13 @@ class _Span(Struct, forbid_unknown_fields=True):
     status: _Status = field(default_factory=_Status)
 
 
-class _ScopeSpans(Struct, forbid_unknown_fields=True):
+class _ScopeSpans(Struct, forbid_unknown_fields=True, gc=False):
     scope: _Scope = field(default_factory=_Scope)
     spans: list[_Span] = []
     schemaUrl: str = ""
 
 
-class _ResourceSpans(Struct, forbid_unknown_fields=True):
+class _ResourceSpans(Struct, forbid_unknown_fields=True, gc=False):
     resource: _Resource = field(default_factory=_Resource)
     scopeSpans: list[_ScopeSpans] = []
     schemaUrl: str = ""
@@ -240,7 +244,7 @@ def _message(descriptor: Descriptor, typed: dict[str, Any], name: str) -> type[S
     """A struct accepting exactly the canonical fields of a proto message: those in ``typed``
     checked, every other one kept unparsed (nothing reads it)."""
     fields = [(f.json_name, typed.get(f.json_name, Raw), UNSET) for f in descriptor.fields]
-    return msgspec.defstruct(name, fields, forbid_unknown_fields=True)
+    return msgspec.defstruct(name, fields, forbid_unknown_fields=True, gc=False)
 
 
 _NUMBER_POINT = _message(
@@ -265,24 +269,22 @@ _KINDS = {
     ),
     "summary": _data(Summary.DESCRIPTOR, SummaryDataPoint.DESCRIPTOR, "_Summary"),
 }
-_KIND_NAMES = {"exponentialHistogram": "exponential_histogram"}
-_KIND_KEYS = tuple(_KINDS)
 _METRIC = _message(Metric.DESCRIPTOR, {"name": str, **_KINDS}, "_Metric")
 
 
-class _ScopeMetrics(Struct, forbid_unknown_fields=True):
+class _ScopeMetrics(Struct, forbid_unknown_fields=True, gc=False):
     scope: _Scope = field(default_factory=_Scope)
     metrics: list[_METRIC] = []  # type: ignore[valid-type]
     schemaUrl: str = ""
 
 
-class _ResourceMetrics(Struct, forbid_unknown_fields=True):
+class _ResourceMetrics(Struct, forbid_unknown_fields=True, gc=False):
     resource: _Resource = field(default_factory=_Resource)
     scopeMetrics: list[_ScopeMetrics] = []
     schemaUrl: str = ""
 
 
-class _Line(Struct, forbid_unknown_fields=True):
+class _Line(Struct, forbid_unknown_fields=True, gc=False):
     """One line: an ``ExportTraceServiceRequest`` or an ``ExportMetricsServiceRequest``."""
 
     resourceSpans: list[_ResourceSpans] | UnsetType = UNSET
@@ -292,38 +294,49 @@ class _Line(Struct, forbid_unknown_fields=True):
 _DECODER = msgspec.json.Decoder(_Line)
 
 
+def _member(metric: Any) -> tuple[str | None, Any]:
+    """The ``data`` oneof's member set (its proto name and value), (None, None) for none."""
+    key, data, members = None, None, 0
+    for member, value in (
+        ("gauge", metric.gauge),
+        ("sum", metric.sum),
+        ("histogram", metric.histogram),
+        ("exponential_histogram", metric.exponentialHistogram),
+        ("summary", metric.summary),
+    ):
+        if value is not UNSET:
+            key, data, members = member, value, members + 1
+    if members > 1:  # a oneof with two members
+        raise NotCanonical
+    return key, data
+
+
 def _series(metric: Any) -> MetricSeries:
     name = metric.name if metric.name is not UNSET else ""
-    members = [
-        (key, data)
-        for key, data in zip(_KIND_KEYS, (metric.gauge, metric.sum, metric.histogram,
-                                           metric.exponentialHistogram, metric.summary), strict=True)
-        if data is not UNSET
-    ]  # fmt: skip
-    if not members:
+    key, data = _member(metric)
+    if data is None:
         return MetricSeries(name, None, 0.0, 0)
-    if len(members) > 1:  # a oneof with two members
-        raise NotCanonical
-    ((key, data),) = members
     points = data.dataPoints if data.dataPoints is not UNSET else ()
-    numbers = key in ("gauge", "sum")
-    total, last = 0.0, 0
+    last = 0
     for point in points:
         text = point.timeUnixNano
         if type(text) is str and len(text) < 20 and text.isdigit() and text.isascii():
-            last = max(last, int(text))  # under 20 digits: inside uint64
+            time_ns = int(text)  # under 20 digits: inside uint64
         else:
-            last = max(last, _uint64(text) if text is not UNSET else 0)
-        if not numbers:
-            continue
-        double, number = point.asDouble, point.asInt
-        if double is UNSET:
-            total += _int64(number) if number is not UNSET else 0
-        elif number is not UNSET:  # a oneof with two members
-            raise NotCanonical
-        else:
-            total += double if type(double) is float else _double(double)
-    return MetricSeries(name, _KIND_NAMES.get(key, key), total, last)
+            time_ns = _uint64(text) if text is not UNSET else 0
+        if time_ns > last:  # noqa: PLR1730 - (max() is a call per point)
+            last = time_ns
+    total = 0.0
+    if key in ("gauge", "sum"):
+        for point in points:
+            double, number = point.asDouble, point.asInt
+            if double is UNSET:
+                total += _int64(number) if number is not UNSET else 0
+            elif number is not UNSET:  # a oneof with two members
+                raise NotCanonical
+            else:
+                total += double if type(double) is float else _double(double)
+    return MetricSeries(name, key, total, last)
 
 
 def _metrics(groups: list[_ResourceMetrics]) -> list[MetricsRecord]:

@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from traintel._sdk import otel_private
 from traintel.exporters.otlp_json_spans import FastPathUnsupported, spans_to_json_bytes
+from traintel.exporters.records import DecodeError
 
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId"})
 
@@ -88,10 +89,6 @@ def metrics_to_json_line(metrics_data: MetricsData) -> str:
 def logs_to_json_line(batch: Sequence[otel_private.ReadableLogRecord]) -> str:
     """One OTLP/JSON logs line (a few records at most: traintel's hang reports)."""
     return request_to_json_line(otel_private.encode_logs(batch))
-
-
-class DecodeError(ValueError):
-    """A line is not an OTLP/JSON trace, metrics or logs export request."""
 
 
 def json_line_to_request(line: str) -> ExportRequest:

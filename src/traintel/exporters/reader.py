@@ -13,14 +13,13 @@ edited or corrupted: such lines are skipped and counted in :class:`ReadStats`, n
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -31,14 +30,24 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
 from traintel import semconv
 from traintel._aggregation import window_record
-from traintel.exporters.file import FILE_SUFFIX
-from traintel.exporters.otlp_json import DecodeError, ExportRequest, json_line_to_request
-from traintel.exporters.records import EventRecord, MetricSeries, MetricsRecord, NotCanonical, SpanRecord
+from traintel.exporters.records import (
+    FILE_SUFFIX,
+    DecodeError,
+    EventRecord,
+    MetricSeries,
+    MetricsRecord,
+    NotCanonical,
+    SpanRecord,
+)
 from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
 from traintel.terminal_text import displayable_line, strip_controls
 
+if TYPE_CHECKING:
+    from traintel.exporters.otlp_json import ExportRequest
+
 __all__ = [  # the records are re-exported: the analysis reads them from here
     "MAX_LINE_BYTES",
+    "DecodeError",
     "EventRecord",
     "MetricSeries",
     "MetricsRecord",
@@ -162,6 +171,8 @@ def read_requests(
 
     ``progress`` is told the byte count of every line read (a progress bar for large inputs).
     """
+    from traintel.exporters.otlp_json import json_line_to_request
+
     stats = stats if stats is not None else ReadStats()
     for where, text, ended in _lines(paths, stats, progress):
         try:
@@ -289,6 +300,8 @@ def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord] | list[Lo
         return _fast_decoder()(text, SpanRecord, EventRecord)[1]
     except Exception:  # NotCanonical, or anything else the fast path trips on: the proto path decides
         pass
+    from traintel.exporters.otlp_json import json_line_to_request  # (the OTLP encoders and the SDK with it)
+
     request = json_line_to_request(text.decode("utf-8"))
     try:
         if isinstance(request, ExportTraceServiceRequest):
@@ -321,7 +334,7 @@ def expand_windows(spans: list[SpanRecord]) -> list[SpanRecord]:
             world = span.resource.get(semconv.WORLD_SIZE, 1)
             full = window_record.expand(span.attributes, world if isinstance(world, int) else 1)
             event = EventRecord(_WINDOW_EVENT, span.end_ns, full)
-            spans[i] = dataclasses.replace(span, attributes=full, events=(*span.events, event))
+            spans[i] = span._replace(attributes=full, events=(*span.events, event))
     return spans
 
 

@@ -2,7 +2,8 @@
 
 Why a module of their own: both decoders build them (the typed-struct one in
 :mod:`~traintel.exporters.json_records`, the proto one in :mod:`~traintel.exporters.reader`),
-and neither should import the other to get them.
+and neither should import the other to get them; nor should a reader need the writer's module
+(and the OpenTelemetry SDK it is built on) for the file suffix or the decoding error.
 """
 
 from __future__ import annotations
@@ -10,9 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["EventRecord", "MetricSeries", "MetricsRecord", "NotCanonical", "SpanRecord"]
+__all__ = [
+    "FILE_SUFFIX",
+    "DecodeError",
+    "EventRecord",
+    "MetricSeries",
+    "MetricsRecord",
+    "NotCanonical",
+    "SpanRecord",
+]
 
 _STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
+
+
+#: The name ending of the embedded default's files (what the readers look for in a directory).
+FILE_SUFFIX = ".otlp.jsonl"
+
+
+class DecodeError(ValueError):
+    """A line is not an OTLP/JSON trace, metrics or logs export request."""
 
 
 class NotCanonical(Exception):
@@ -40,16 +57,16 @@ class MetricsRecord:
     metrics: tuple[MetricSeries, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class EventRecord:
+class EventRecord(NamedTuple):
     name: str
     time_ns: int
     attributes: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class SpanRecord:
-    """A flat view of one exported span with its resource, for analysis code."""
+class SpanRecord(NamedTuple):
+    """A flat view of one exported span with its resource, for analysis code (a tuple, as
+    :class:`MetricSeries`: a frozen dataclass of these 13 fields costs four times as much to
+    build, 5 % of ``traintel report``'s time per file)."""
 
     name: str
     trace_id: str
