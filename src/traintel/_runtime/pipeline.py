@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -521,7 +521,9 @@ _DISTRO_DEFAULT_HINT = (
 )
 
 
-def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> int:
+def adopt_instrumented_providers(
+    pipeline: Pipeline, config: TrainingConfig, tracers: Iterable[Any] = ()
+) -> int:
     """Under ``opentelemetry-instrument``: give the providers the distro built what traintel's
     own have. Their resource gains the run's identity (unless the user named the detectors),
     their span exporters go behind the spool, their queues' drops and their metric
@@ -537,7 +539,7 @@ def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> 
     if pipeline.owns_tracer_provider or not isinstance(tracer_provider, TracerProvider):
         return 0
     environ = os.environ
-    _add_training_resource(tracer_provider, meter_provider, config)
+    _add_training_resource(tracer_provider, meter_provider, config, tracers)
     endpoint_set = any(
         environ.get(variable, "").strip()
         for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -584,7 +586,9 @@ def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> 
 _RESOURCE_DETECTORS = "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS"
 
 
-def _add_training_resource(tracer_provider: Any, meter_provider: Any, config: TrainingConfig) -> None:
+def _add_training_resource(
+    tracer_provider: Any, meter_provider: Any, config: TrainingConfig, tracers: Iterable[Any]
+) -> None:
     """The run identity, ranks and host (traintel's detectors) added to the resource the distro
     built, where the user named no detectors: without them a run read back has no run, rank or
     host. The distro's own attributes win (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``)."""
@@ -593,7 +597,7 @@ def _add_training_resource(tracer_provider: Any, meter_provider: Any, config: Tr
     try:
         detected = TrainingResourceDetector(config).detect()
         meters = meter_provider if isinstance(meter_provider, MeterProvider) else None
-        added = otel_private.add_resource(tracer_provider, meters, detected)
+        added = otel_private.add_resource(tracer_provider, meters, detected, tracers)
     except Exception:  # a detector must never fail a job
         _logger.warning("traintel: could not add the run's identity to the distro's resource", exc_info=True)
         return

@@ -64,7 +64,7 @@ import random
 import threading
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from time import time_ns
 from typing import TYPE_CHECKING, Any, Final
@@ -375,11 +375,13 @@ def replace_reader_exporter(reader: Any, wrap: Callable[[Any], Any]) -> bool:
     return True
 
 
-def add_resource(tracer_provider: Any, meter_provider: Any, resource: Resource) -> bool:
+def add_resource(
+    tracer_provider: Any, meter_provider: Any, resource: Resource, tracers: Iterable[Any] = ()
+) -> bool:
     """Add ``resource``'s attributes under what the providers' own resources say (theirs win),
-    for the tracers and meters made from now on, and, where the SDK keeps its tracers (1.45),
-    for those made already. False where a provider keeps its resource elsewhere (nothing is
-    changed then).
+    for the tracers and meters made from now on, and for those made already: all of them where
+    the SDK keeps its tracers (1.45), else (1.40) the ``tracers`` named. False where a provider
+    keeps its resource elsewhere (nothing is changed then).
 
     Why: ``opentelemetry-instrument`` builds the providers, with their resources, before any
     instrumentor runs, and applies only the detectors ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``
@@ -396,8 +398,11 @@ def add_resource(tracer_provider: Any, meter_provider: Any, resource: Resource) 
     update = getattr(tracer_provider, "_update_resource", None)
     if callable(update):
         update(resource.merge(current))  # merged onto the current resource: the result, with its own on top
-    else:  # (1.40: tracers are not kept; each takes the provider's resource when made)
+    else:  # (1.40: tracers are not kept; each took the provider's resource when made)
         tracer_provider._resource = resource.merge(current)
+        for tracer in tracers:
+            if isinstance(getattr(tracer, "resource", None), Resource):
+                tracer.resource = resource.merge(tracer.resource)
     if config is not None:
         config.resource = resource.merge(config.resource)
     return True
