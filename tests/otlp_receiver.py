@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
+from google.rpc.error_details_pb2 import RetryInfo  # type: ignore[import-untyped]
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
@@ -62,6 +63,50 @@ class Received:
 Reject = Callable[[trace_service_pb2.ExportTraceServiceRequest], bool]
 
 
+#: Picks the spans a receiver refuses inside a request it accepts (OTLP partial success): they
+#: are left out of what it keeps, and counted in its answer.
+PartialReject = Callable[[Span], bool]
+
+
+@dataclass
+class Throttle:
+    """Answer the first ``requests`` non-empty trace requests "try again later": HTTP 429 with
+    ``Retry-After``, gRPC RESOURCE_EXHAUSTED with ``RetryInfo`` (``None``: for ever)."""
+
+    requests: int | None
+    retry_after_s: int = 1
+    answered: int = 0
+
+    def now(self, request: trace_service_pb2.ExportTraceServiceRequest) -> bool:
+        if not request.resource_spans or (self.requests is not None and self.answered >= self.requests):
+            return False
+        self.answered += 1
+        return True
+
+
+def _partial(
+    request: trace_service_pb2.ExportTraceServiceRequest, reject: PartialReject | None
+) -> tuple[trace_service_pb2.ExportTraceServiceRequest, trace_service_pb2.ExportTraceServiceResponse]:
+    """What a collector keeps of ``request`` and its answer, ``reject`` picking the spans it
+    refuses."""
+    answer = trace_service_pb2.ExportTraceServiceResponse()
+    if reject is None:
+        return request, answer
+    kept = trace_service_pb2.ExportTraceServiceRequest()
+    kept.CopyFrom(request)
+    refused = 0
+    for rs in kept.resource_spans:
+        for ss in rs.scope_spans:
+            spans = [span for span in ss.spans if not reject(span)]
+            refused += len(ss.spans) - len(spans)
+            del ss.spans[:]
+            ss.spans.extend(spans)
+    if refused:
+        answer.partial_success.rejected_spans = refused
+        answer.partial_success.error_message = f"{refused} span(s) refused by the test's rule"
+    return kept, answer
+
+
 def has_span_named(name: str) -> Reject:
     def reject(request: trace_service_pb2.ExportTraceServiceRequest) -> bool:
         return any(
@@ -72,10 +117,19 @@ def has_span_named(name: str) -> Reject:
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
-    def __init__(self, received: Received, delay_s: float = 0.0, reject: Reject | None = None) -> None:
+    def __init__(
+        self,
+        received: Received,
+        delay_s: float = 0.0,
+        reject: Reject | None = None,
+        partial: PartialReject | None = None,
+        throttle: Throttle | None = None,
+    ) -> None:
         self.received = received
         self.delay_s = delay_s
         self.reject = reject
+        self.partial = partial
+        self.throttle = throttle
         #: After this many accepted trace requests, the receiver answers UNAVAILABLE (an outage).
         self.fail_after: int | None = None
 
@@ -88,10 +142,16 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignor
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "this batch is refused")
         if self.fail_after is not None and len(self.received.traces) >= self.fail_after:
             context.abort(grpc.StatusCode.UNAVAILABLE, "down for maintenance")
+        if self.throttle is not None and self.throttle.now(request):
+            info = RetryInfo()
+            info.retry_delay.seconds = self.throttle.retry_after_s
+            context.set_trailing_metadata((("google.rpc.retryinfo-bin", info.SerializeToString()),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "slow down")
+        kept, answer = _partial(request, self.partial)
         with self.received.lock:
-            self.received.traces.append(request)
+            self.received.traces.append(kept)
             self.received.headers.append(dict(context.invocation_metadata()))
-        return trace_service_pb2.ExportTraceServiceResponse()
+        return answer
 
 
 class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
@@ -119,7 +179,8 @@ class GrpcReceiver:
     """``port`` and ``received`` let a test stop a receiver and start another in its place
     (a collector restart); ``delay_s`` makes trace exports slow; ``tls=(key_pem, cert_pem)``
     serves TLS (an ``https://`` endpoint) instead of plaintext; ``reject`` refuses the trace
-    requests it selects with INVALID_ARGUMENT."""
+    requests it selects with INVALID_ARGUMENT; ``partial`` refuses the spans it selects inside
+    accepted requests (partial success); ``throttle`` asks to wait."""
 
     def __init__(
         self,
@@ -128,11 +189,13 @@ class GrpcReceiver:
         delay_s: float = 0.0,
         tls: tuple[bytes, bytes] | None = None,
         reject: Reject | None = None,
+        partial: PartialReject | None = None,
+        throttle: Throttle | None = None,
     ) -> None:
         self.received = received if received is not None else Received()
         self.scheme = "https" if tls is not None else "http"
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self._traces = _TraceService(self.received, delay_s, reject)
+        self._traces = _TraceService(self.received, delay_s, reject, partial, throttle)
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self._traces, self.server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _MetricsService(self.received), self.server
@@ -174,6 +237,8 @@ class HttpReceiver:
         delay_s: float = 0.0,
         tls: tuple[str, str] | None = None,
         reject: Reject | None = None,
+        partial: PartialReject | None = None,
+        throttle: Throttle | None = None,
     ) -> None:
         self.received = received = received if received is not None else Received()
         self.scheme = "https" if tls is not None else "http"
@@ -196,6 +261,14 @@ class HttpReceiver:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                if self.path == "/v1/traces" and throttle is not None:
+                    request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+                    if throttle.now(request):
+                        self.send_response(429)
+                        self.send_header("Retry-After", str(throttle.retry_after_s))
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
                 if self.path == "/v1/traces" and reject is not None:
                     request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
                     if reject(request):
@@ -208,8 +281,10 @@ class HttpReceiver:
                 with received.lock:
                     received.headers.append(headers)
                     if self.path == "/v1/traces":
-                        received.traces.append(trace_service_pb2.ExportTraceServiceRequest.FromString(body))
-                        reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                        request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+                        kept, answer = _partial(request, partial)
+                        received.traces.append(kept)
+                        reply = answer.SerializeToString()
                     elif self.path == "/v1/metrics":
                         received.metrics.append(
                             metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)

@@ -4,6 +4,8 @@ OpenTelemetry accepts, with one warning per kind, and counts stay numbers that a
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -49,3 +51,165 @@ def test_values_are_converted_or_dropped_once(pipeline: Pipeline, caplog: pytest
     # None means "not given": dropped without a word, as everywhere in the API
     for text in ("type Tensor dropped", "type int64 converted", "type dict converted", "type list dropped"):
         assert sum(text in w for w in warnings) == 1, (text, warnings)
+
+
+# --- the conversion is total: any value, a valid attribute or dropped, never an exception -------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from opentelemetry.attributes import BoundedAttributes  # noqa: E402
+from opentelemetry.exporter.otlp.proto.common._internal import _encode_attributes  # noqa: E402
+
+from tests.subprocess_helpers import run_python  # noqa: E402
+from traintel._sdk import attributes as attributes_module  # noqa: E402
+from traintel._sdk.attributes import clean_attributes, clean_value  # noqa: E402
+
+
+class _Broken:
+    """An object whose every method a conversion might call raises."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("len")
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("iter")
+
+    def __str__(self) -> str:
+        raise RuntimeError("str")
+
+    __repr__ = __str__
+
+    def item(self) -> float:
+        raise RuntimeError("item")
+
+
+class _BrokenList(list[int]):
+    """A sequence whose iteration raises."""
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("iter")
+
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),  # lone surrogates included
+    st.binary(max_size=8),
+    st.builds(_Broken),
+    st.builds(_BrokenList),
+    st.builds(object),
+    st.just(np.float32(1.5)),
+    st.just(torch.ones(3)),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.lists(inner, max_size=5).map(tuple),
+        st.dictionaries(st.one_of(st.text(max_size=5), st.integers()), inner, max_size=5),
+        st.frozensets(st.integers(), max_size=3),
+    ),
+    max_leaves=30,
+)
+
+
+def _is_valid_attribute(value: object) -> bool:
+    """What the SDK keeps without changing and the OTLP encoder takes."""
+    kept = BoundedAttributes(attributes={"k": value})  # type: ignore[dict-item]
+    return "k" in kept and len(_encode_attributes(dict(kept))) == 1
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_values)
+def test_any_value_becomes_a_valid_attribute_or_is_dropped(value: object) -> None:
+    cleaned = clean_value("k", value)
+    if cleaned is not None:
+        assert _is_valid_attribute(cleaned), cleaned
+        longest = getattr(attributes_module, "MAX_JSON_CHARS", 65_536)
+        assert not isinstance(cleaned, str) or isinstance(value, str) or len(cleaned) <= longest
+    assert set(clean_attributes({"k": value, 7: value, "": value})) <= {"k"}  # type: ignore[dict-item]
+
+
+def _self_containing() -> tuple[dict[str, Any], list[Any]]:
+    ring: dict[str, Any] = {"a": 1}
+    ring["self"] = ring
+    loop: list[Any] = [1, 2]
+    loop.append(loop)
+    return ring, loop
+
+
+def test_deep_self_containing_huge_and_broken_values_are_dropped_with_one_warning(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(attributes_module, "_warned", set())  # what earlier tests said is said again here
+    caplog.set_level(logging.WARNING)
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(1000):
+        node["x"] = {}
+        node = node["x"]
+    ring, loop = _self_containing()
+    wide = {str(i): i for i in range(20_000)}
+    for value in (deep, ring, loop, wide, list(range(20_000)), _Broken(), _BrokenList([1])):
+        assert clean_value("k", value) is None
+    assert clean_value("k", 2**70) == str(2**70) and clean_value("k", [1, 2.5]) == [1.0, 2.5]
+    assert clean_value("k", {"a": {"b": [1, {"c": None}]}}) == '{"a": {"b": [1, {"c": null}]}}'
+    messages = [r.getMessage() for r in caplog.records]
+    reasons = (
+        "nested deeper than 16",
+        "contains itself",
+        "more than 10,000",
+        "raised RuntimeError",
+        "no attribute",
+    )
+    for reason in reasons:
+        assert sum(reason in m for m in messages) >= 1, (reason, messages)
+
+
+_HOSTILE_JOB = """
+import traintel
+deep = node = {}
+for _ in range(1000):
+    node["x"] = {}
+    node = node["x"]
+ring = {"a": 1}
+ring["self"] = ring
+loop = [1]
+loop.append(loop)
+hostile = {"deep": deep, "ring": ring, "loop": loop, "huge": 2**70, "ok": "kept"}
+with traintel.application(attributes=hostile):
+    with traintel.training_loop(attributes=hostile):
+        for n in range(6):
+            with traintel.training_iteration(attributes=hostile) as it:
+                it.set_attribute("ring", ring)
+                it.set_attribute("deep", deep)
+                with traintel.model_forward() as forward:
+                    forward.set_attribute("loop", loop)
+print("trained", flush=True)
+"""
+
+
+@pytest.mark.process
+def test_a_job_passing_hostile_values_trains_to_the_end_and_exports_everything(tmp_path: Path) -> None:
+    """A real job: a dict nested 1,000 deep, a dict and a list that contain themselves and an
+    int beyond int64 on every phase; before, a phase raised RecursionError/ValueError into it."""
+    from traintel.exporters.reader import iter_spans
+
+    result = run_python(
+        _HOSTILE_JOB,
+        tmp_path,
+        TRAINTEL_EXPORT_ITERATIONS="all",
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "trained\n"
+    spans = list(iter_spans(sorted((tmp_path / "runs").glob("*.otlp.jsonl"))))
+    names = [s.name for s in spans]
+    assert names.count("training_iteration") == 6 and names.count("model_forward") == 6
+    app = next(s for s in spans if s.name == "application")
+    assert app.attributes["ok"] == "kept" and app.attributes["huge"] == str(2**70)
+    assert not {"deep", "ring", "loop"} & set(app.attributes)
+    for reason in ("nested deeper than 16", "contains itself"):
+        assert result.stderr.count(reason) >= 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr

@@ -344,3 +344,48 @@ def test_a_header_variable_is_named_without_its_value(caplog: pytest.LogCaptureF
         providers._exporter_failed("traces", "otlp", quoting, environ, strict=False)
     assert "OTEL_EXPORTER_OTLP_HEADERS (value not shown)" in caplog.text
     assert "s3cr3t" not in caplog.text
+
+
+_DEFAULT_USED = "is not a positive integer; using the SDK's default"
+_BATCH = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("OTEL_BSP_SCHEDULE_DELAY", "-5", f"OTEL_BSP_SCHEDULE_DELAY='-5' {_DEFAULT_USED} 5000"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "0", f"OTEL_BSP_MAX_QUEUE_SIZE='0' {_DEFAULT_USED} 2048"),
+        (
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            "abc",
+            f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE='abc' {_DEFAULT_USED} 512",
+        ),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=512 is over the queue's 100"),
+    ],
+)
+def test_a_bad_batch_processor_value_falls_back_to_the_default_and_loses_nothing(
+    tmp_path: Path, variable: str, value: str, said: str
+) -> None:
+    """The automatic configuration: the SDK's default for the one bad value, said once naming
+    the variable; the whole trace in the file (OTEL_BSP_SCHEDULE_DELAY=-5 gave 0 spans)."""
+    job = """
+import traintel
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(6):
+            with traintel.training_iteration():
+                pass
+"""
+    result = run_python(
+        job,
+        tmp_path,
+        TRAINTEL_EXPORT_ITERATIONS="all",
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+        **{variable: value},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count(said) == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    names = [s.name for s in iter_spans([tmp_path / "runs"])]
+    assert names.count("training_iteration") == 6 and "application" in names

@@ -273,6 +273,29 @@ def test_a_spooled_batch_that_decodes_but_is_invalid_is_set_aside_and_the_rest_s
     assert moved.is_file(), "kept for the user to inspect or replay"
 
 
+def test_an_emptied_spooled_batch_is_set_aside_not_deleted_as_delivered(tmp_path: Path) -> None:
+    """A spooled file emptied on disk (0 bytes parse as a request with no span): it holds none
+    of the spans it was written with, so it is set aside and counted, never deleted as sent."""
+    health = ExportHealth()
+    spool = Spool(tmp_path / "spool", max_bytes=10_000_000)
+    failing = FailingExporter()
+    exporter = SpoolingSpanExporter(failing, spool, retry_interval_s=0.05, health=health)
+    batches = [_big_spans(4, 100) for _ in range(3)]
+    for batch in batches:
+        exporter.export(batch)
+        assert exporter.force_flush(5000)
+    emptied = spool.entries()[1]
+    emptied.path.write_bytes(b"")
+    failing.fail = False
+    assert exporter.drain(5)
+    sent = [s.context.span_id for s in failing.spans]
+    assert sent == [s.context.span_id for s in (*batches[0], *batches[2])]
+    moved = spool.quarantine_directory / emptied.path.name
+    assert moved.is_file(), "kept, not deleted as delivered"
+    assert (health.snapshot().spans_quarantined, health.snapshot().spans_resent) == (4, 8)
+    exporter.shutdown()
+
+
 @pytest.mark.process
 def test_losses_reach_the_exit_line_the_summary_and_the_report(tmp_path: Path) -> None:
     """A span over OTEL_SPAN_EVENT_COUNT_LIMIT in a real run with the embedded default: the

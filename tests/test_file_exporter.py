@@ -32,6 +32,7 @@ from opentelemetry.trace import (
 
 from tests.subprocess_helpers import run_python
 from traintel.exporters.file import OtlpJsonFileMetricExporter, OtlpJsonFileSpanExporter, OtlpJsonLinesFile
+from traintel.exporters.health import ExportHealth
 from traintel.exporters.otlp_json import json_line_to_request, proto_spans_to_json_line, spans_to_json_line
 from traintel.exporters.otlp_json_spans import FastPathUnsupported, spans_to_json_bytes
 from traintel.exporters.reader import ReadStats, iter_metric_requests, iter_spans, read_requests
@@ -135,13 +136,15 @@ def test_unwritable_destination_reports_once_and_fails_export(
     blocker = tmp_path / "file-not-dir"
     blocker.write_text("")
     file = OtlpJsonLinesFile(output_dir=blocker / "sub")
-    exporter = OtlpJsonFileSpanExporter(file=file)
+    health = ExportHealth()
+    exporter = OtlpJsonFileSpanExporter(file=file, health=health)
     tracer_provider = TracerProvider(shutdown_on_exit=False)
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
     for _ in range(3):
         tracer_provider.get_tracer("t").start_span("s").end()
     assert caplog.text.count("cannot write telemetry file") == 1
     assert file.lines_written == 0
+    assert health.spans_dropped == {"not_written": 3}, "what was lost is counted"
 
 
 def test_shared_file_closes_after_last_exporter(tmp_path: Path) -> None:
@@ -168,7 +171,7 @@ def test_disk_full_reports_once_and_otlp_export_is_unaffected(caplog: pytest.Log
         file = OtlpJsonLinesFile(path="/dev/full")
         traintel.configure(
             span_exporters=[
-                OtlpJsonFileSpanExporter(file=file),
+                OtlpJsonFileSpanExporter(file=file, health=ExportHealth()),  # the process's stays clean
                 OTLPSpanExporter(receiver.endpoint, insecure=True),
             ],
             metric_readers=[],
@@ -274,6 +277,40 @@ for args in (["report", "a/b/c", "--html", "report.html"], ["export-trace", "a/b
     assert any(p.suffix == ".jsonl" for p in made)
     for path in made:
         assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
+
+
+@pytest.mark.process
+def test_what_the_cli_writes_replaces_a_planted_symlink_and_is_owner_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``report --html`` and ``export-trace -o`` at a path where a symbolic link points to
+    another file (0644): the link is replaced by a fresh 0600 file; the file it pointed to keeps
+    its content and mode. An existing 0644 file at the path is replaced by a 0600 one."""
+    from traintel.cli import main
+
+    result = run_python(
+        "import traintel\nwith traintel.training_loop():\n    with traintel.training_iteration():\n"
+        "        pass\n",
+        tmp_path,
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+    )
+    assert result.returncode == 0, result.stderr
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not yours")
+    victim.chmod(0o644)
+    for argv, output in (
+        (["report", str(tmp_path / "runs"), "--html"], tmp_path / "report.html"),
+        (["export-trace", str(tmp_path / "runs"), "-o"], tmp_path / "trace.json"),
+    ):
+        output.symlink_to(victim)
+        assert main([*argv, str(output)]) == 0, capsys.readouterr()
+        assert not output.is_symlink() and output.stat().st_size > 0
+        assert stat.S_IMODE(output.stat().st_mode) == 0o600
+        assert victim.read_text() == "not yours" and stat.S_IMODE(victim.stat().st_mode) == 0o644
+        output.chmod(0o644)  # an existing file, readable by others: replaced, owner-only
+        assert main([*argv, str(output)]) == 0
+        assert stat.S_IMODE(output.stat().st_mode) == 0o600
+    assert not list(tmp_path.glob(".*.tmp")), "no temporary file left behind"
 
 
 # --- the direct span encoder against the reference (SDK proto request + json_format) -----------
@@ -492,3 +529,59 @@ def test_values_the_fast_path_leaves_to_the_sdk_encode_as_before(
     with pytest.raises(FastPathUnsupported):
         spans_to_json_bytes(spans)
     assert spans_to_json_line(spans) == proto_spans_to_json_line(spans), why
+
+
+_FULL_DISK_JOB = """
+import os, resource, signal
+import traintel
+from opentelemetry import trace
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write over the limit fails with EFBIG instead
+telemetry = traintel.configure()
+tracer = trace.get_tracer("user")
+
+def stretch(name):
+    ids = []
+    for i in range(200):
+        with tracer.start_as_current_span(name) as span:
+            ids.append(format(span.get_span_context().span_id, "016x"))
+    telemetry.flush()
+    with open(name + ".ids", "w") as fh:
+        fh.write("\\n".join(ids))
+
+with traintel.application():
+    stretch("before")
+    size = os.path.getsize(telemetry.output_file)
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 4000, hard))  # the disk fills mid-line
+    stretch("during")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # and frees up
+    stretch("after")
+print("done", flush=True)
+"""
+
+
+@pytest.mark.process
+def test_a_line_cut_by_a_full_disk_is_truncated_counted_and_said(tmp_path: Path) -> None:
+    """A real job whose file size limit (RLIMIT_FSIZE: the kernel cuts the write, as a full disk
+    does) lets only 4,000 bytes of a 200-span line through, then is lifted: the cut line is
+    truncated away, so the next line is whole; the 200 spans are counted and said, by the
+    process's own figures; every line of the file reads back."""
+    result = run_python(
+        _FULL_DISK_JOB,
+        tmp_path,
+        OTEL_TRACES_EXPORTER="traintel_file",
+        OTEL_METRICS_EXPORTER="none",
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+    )
+    assert result.returncode == 0, result.stderr
+    ids = {name: (tmp_path / f"{name}.ids").read_text().split("\n") for name in ("before", "during", "after")}
+    stats = ReadStats()
+    in_file = [s.span_id for s in iter_spans(sorted((tmp_path / "runs").glob("*.otlp.jsonl")), stats)]
+    assert stats.skipped == 0, stats.reasons
+    assert sorted(set(in_file) & set(ids["before"] + ids["after"])) == sorted(ids["before"] + ids["after"])
+    assert not set(in_file) & set(ids["during"])
+    assert len(in_file) == 401  # and the application span
+    assert result.stderr.count("cannot write telemetry file") == 1, result.stderr
+    assert "is writable again; 1 line(s) could not be written meanwhile" in result.stderr
+    assert "200 span(s) dropped (not_written 200)" in result.stderr, result.stderr

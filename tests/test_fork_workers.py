@@ -72,11 +72,23 @@ if __name__ == "__main__":
 STEPS = 16  # 2 epochs x 8 batches
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_dataloader_workers_do_not_export(tmp_path: Path, method: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "configure"),
+    [
+        ("fork", "automatic"),
+        ("spawn", "automatic"),
+        ("forkserver", "automatic"),
+        ("spawn", "module_level"),
+        ("forkserver", "module_level"),
+    ],
+)
+def test_dataloader_workers_do_not_export(tmp_path: Path, method: str, configure: str) -> None:
+    """``module_level``: ``traintel.configure()`` right after the import, which a spawn or
+    forkserver worker runs again when it imports the main module."""
     runs = tmp_path / "runs"
+    job = JOB.replace("import traintel\n", "import traintel\ntraintel.configure()\n", 1)
     result = run_python(
-        JOB,
+        job if configure == "module_level" else JOB,
         tmp_path,
         timeout=180,  # a deadlock at worker exit fails here instead of hanging the suite
         MP_METHOD=method,
@@ -103,3 +115,42 @@ def test_dataloader_workers_do_not_export(tmp_path: Path, method: str) -> None:
     for span in spans:
         if span.name == "data_loading":  # the wait for the worker is measured in the main process
             assert by_id[span.parent_span_id].name == "training_iteration"
+
+
+RANKS_JOB = """
+import multiprocessing, os
+import traintel
+traintel.configure()  # run again by each spawned child as it imports this module
+
+def rank(n):
+    with traintel.application():
+        with traintel.training_loop():
+            for i in range(3):
+                with traintel.training_iteration():
+                    pass
+    traintel.shutdown()
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context(os.environ["MP_METHOD"])
+    children = [context.Process(target=rank, args=(n,)) for n in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join()
+    print(os.getpid(), *[child.pid for child in children], flush=True)
+"""
+
+
+def test_a_spawned_child_that_trains_exports_its_own_run(tmp_path: Path) -> None:
+    """A process started to train (as torch.multiprocessing.spawn starts ranks) is not a worker:
+    the module-level configure() it ran while importing the main module applies once it trains."""
+    result = run_python(
+        RANKS_JOB, tmp_path, MP_METHOD="spawn", TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    parent, *children = result.stdout.split()
+    for child in children:
+        [file] = (tmp_path / "runs").glob(f"*-{child}.otlp.jsonl")
+        assert [s.name for s in iter_spans([file])].count("training_iteration") == 3
+    trained_here = [s for s in iter_spans(list((tmp_path / "runs").glob(f"*-{parent}.otlp.jsonl")))]
+    assert not [s for s in trained_here if s.name == "training_iteration"], "the parent did not train"

@@ -34,6 +34,7 @@ import os, signal, time
 S = 10**9
 NOW = [(T0_S + START) * S]
 time.time_ns = lambda: NOW[0]
+time.monotonic_ns = time.time_ns  # traintel times with both: one simulated timeline
 def tick(seconds):
     NOW[0] += round(seconds * S)
 import traintel

@@ -317,6 +317,22 @@ def test_only_traintels_tracer_gets_the_forcing_generator() -> None:
     assert private.tracer_id_generator(trace.NoOpTracer()) is None
 
 
+def test_both_otlp_trace_exporters_let_the_collectors_answers_be_seen() -> None:
+    """On this release the answers of both OTLP trace exporters are reachable (the behaviour they
+    feed is tested against real receivers in tests/test_collector_answers.py); anything else is
+    left alone."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    from traintel.exporters.collector_answers import CollectorAnswers
+
+    answers = CollectorAnswers()
+    for exporter in (GrpcExporter(endpoint="http://127.0.0.1:9", insecure=True), HttpExporter()):
+        assert private.watch_collector_answers(exporter, answers), type(exporter).__module__
+        exporter.shutdown()
+    assert not private.watch_collector_answers(InMemorySpanExporter(), answers)
+
+
 def _histogram_points(reader: InMemoryMetricReader) -> dict[str, list[tuple[object, ...]]]:
     data = reader.get_metrics_data()
     if data is None:  # delta, nothing recorded since the last collection

@@ -151,11 +151,34 @@ def test_corrupt_and_invalid_spooled_batches_are_set_aside_never_deleted(
     with HttpReceiver() as receiver:
         assert _replay([directory], receiver, "http/protobuf", "--delete-sent") == 1
     out = capsys.readouterr().out
-    assert "replayed 20 span(s)" in out and "not sent: 2 unreadable" in out
-    assert sorted(_arrived(receiver.received)) == _ids(spans[:10] + spans[30:])
+    # The invalid span is set aside alone; the 9 others of its batch are sent.
+    assert "replayed 29 span(s)" in out and "not sent: 2 unreadable" in out
+    assert sorted(_arrived(receiver.received)) == _ids(spans[:10] + spans[20:23] + spans[24:])
     kept = sorted(p.name for p in (directory / "quarantine").iterdir())
-    assert kept == sorted([corrupt.path.name, invalid.path.name]), "moved aside, not deleted"
+    assert kept == sorted([corrupt.path.name, "batch-000000000004-1spans.otlp.pb"]), (
+        "moved aside, not deleted"
+    )
+    [alone] = read_batch(directory / "quarantine" / kept[1]).resource_spans[0].scope_spans[0].spans
+    assert alone.span_id.hex() == _ids(spans[23:24])[0] and alone.status.code == 7
     assert not list(directory.glob("*.otlp.pb")), "the delivered batches were deleted"
+
+
+def test_an_emptied_spooled_batch_is_set_aside_not_deleted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spans = _spans(30)
+    directory = tmp_path / "spool" / "job-otlp"
+    spool = Spool(directory, max_bytes=10_000_000)
+    entries = [spool.put(encode_spans(spans[i : i + 10]), 10) for i in range(0, 30, 10)]
+    emptied = entries[1]
+    assert emptied is not None
+    emptied.path.write_bytes(b"")
+    with HttpReceiver() as receiver:
+        assert _replay([directory], receiver, "http/protobuf", "--delete-sent") == 1
+    out = capsys.readouterr().out
+    assert "cannot be read back (0 span(s) in it, written with 10)" in out, out
+    assert sorted(_arrived(receiver.received)) == _ids(spans[:10] + spans[20:])
+    assert (directory / "quarantine" / emptied.path.name).is_file(), "kept, not deleted as delivered"
 
 
 def test_a_line_holding_an_invalid_span_sends_the_rest_and_fails(

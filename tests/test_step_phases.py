@@ -21,6 +21,7 @@ import traintel
 from traintel import callbacks, semconv
 from traintel._aggregation.aggregator import STEP_INDEX
 from traintel._api.phases import step_phase
+from traintel._recorder import clock
 from traintel._recorder.phases import STEP_KINDS, IterationPhase, PhaseSpan, StepPhase
 
 STEP_FACTORIES = {
@@ -288,7 +289,7 @@ def test_generators_interleaving_on_one_thread_each_close_their_own_step(
     def work(name: str) -> Iterator[None]:
         with traintel.model_forward():
             yield
-            ends[name] = time.time_ns()
+            ends[name] = clock.time_ns()  # traintel's timeline: the wall clock drifts from it (NTP)
 
     left: dict[str, int] = {}
     with traintel.training_loop(), traintel.training_iteration():
@@ -297,7 +298,7 @@ def test_generators_interleaving_on_one_thread_each_close_their_own_step(
         next(second)
         for name, generator in (("first", first), ("second", second)):  # the first leaves first
             next(generator, None)
-            left[name] = time.time_ns()
+            left[name] = clock.time_ns()
             time.sleep(0.002)
     spans = finished(exporter)
     (iteration,) = iterations(spans)

@@ -59,4 +59,6 @@ def test_no_iteration_makes_more_than_the_call_budget_on_the_training_thread(
     closing = counts[49::50]
     assert max(counts) <= CALL_BUDGET, (max(counts), closing)
     plain = sorted(counts)[len(counts) // 2]
-    assert plain <= 30  # a plain iteration stays where it was
+    # A plain iteration stays where it was: 26 calls, and one into traintel's clock per timestamp
+    # (10: five spans' starts and ends, on the monotonic timeline that keeps durations exact).
+    assert plain <= 36

@@ -10,6 +10,7 @@ import random, threading, time
 S = 10**9
 NOW = [1_700_000_000 * S]
 time.time_ns = lambda: NOW[0]
+time.monotonic_ns = time.time_ns  # traintel times with both: one simulated timeline
 def tick(seconds):
     NOW[0] += round(seconds * S)
 import traintel

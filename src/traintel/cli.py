@@ -34,7 +34,8 @@ from traintel.analysis.runs import (
 from traintel.analysis.summary import RunSummary, render, summarize
 from traintel.environment_variables import TRAINTEL_OUTPUT_DIR
 from traintel.exporters.private_files import open_private
-from traintel.exporters.reader import ReadStats, expand_paths
+from traintel.exporters.reader import ReadStats, expand_paths, last_line_read
+from traintel.terminal_text import SafeStream
 from traintel.version import __version__
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def _with_progress(files: list[str], work: Callable[[Callable[[int], None] | Non
         BarColumn(),
         DownloadColumn(),
         TimeRemainingColumn(),
-        console=Console(stderr=True),
+        console=Console(file=getattr(sys.stderr, "stream", sys.stderr)),  # its cursor codes, numbers
         transient=True,
     ) as bar:
         task = bar.add_task("read", total=total)
@@ -614,6 +615,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "paths", None) == []:  # what a job run from here wrote, by default
         args.paths = [default_output_dir()]
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = SafeStream(sys.stdout), SafeStream(sys.stderr)
     try:
         code: int = args.func(args)
         sys.stdout.flush()
@@ -622,6 +625,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # at /dev/null so the interpreter's own flush at exit does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except Exception as exc:  # a record the command cannot use (or a bug): one line, no traceback
+        print(
+            f"traintel {args.command}: stopped at {last_line_read() or 'the input'} "
+            f"({type(exc).__name__}: {str(exc)[:200]}): a damaged or hand-made record, or a bug; "
+            "please report it with that line",
+            file=sys.stderr,
+        )
+        return 3
+    finally:
+        sys.stdout, sys.stderr = streams
     return code
 
 

@@ -46,7 +46,8 @@ class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             from traintel._runtime.pipeline import adopt_instrumented_providers
 
             try:
-                adopt_instrumented_providers(telemetry.pipeline, telemetry.config)
+                ours = () if telemetry.engine is None else (telemetry.engine.tracer,)  # made already
+                adopt_instrumented_providers(telemetry.pipeline, telemetry.config, ours)
             except Exception:
                 telemetry.warn_once("adopt", "could not put the distro's exporters behind the spool")
         if kwargs.get("torch", True) and importlib.util.find_spec("torch") is not None:

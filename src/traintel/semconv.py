@@ -119,6 +119,8 @@ class Event(str, Enum):
     PREEMPTION = "preemption"
     #: The job's cross-rank statistics of one window (distributed runs; see traintel.distributed).
     RANKS_METRICS_UPDATE = "ranks_metrics_update"
+    #: The wall clock stepped (durations follow the monotonic clock; see ``_recorder/clock``).
+    WALL_CLOCK_STEP = "wall_clock_step"
 
     def __str__(self) -> str:
         return self.value
@@ -212,6 +214,9 @@ PREEMPTION_CHECKPOINT_ITERATION: Final = "ml.training.preemption.last_checkpoint
 PREEMPTION_ITERATIONS_LOST: Final = "ml.training.preemption.iterations_lost"
 PREEMPTION_SAVE_AFTER_SIGNAL: Final = "ml.training.preemption.save_after_signal"
 PREEMPTION_SAVE_AFTER_SIGNAL_TIME: Final = "ml.training.preemption.save_after_signal_time"
+#: The ``wall_clock_step`` event: how far (s, positive: forward) the wall clock is from traintel's
+#: monotonic timeline, as first seen at a window close after the step.
+WALL_CLOCK_STEP: Final = "ml.training.wall_clock.step"
 #: ``traintel.end_reason`` of spans a terminating signal ended (``preempted: SIGTERM``).
 END_REASON_PREEMPTED: Final = "preempted"
 
@@ -353,6 +358,7 @@ STRAGGLER_COMPUTE_EWMA: Final = "ml.training.straggler.compute_ewma"
 STRAGGLER_CHRONIC: Final = "ml.training.straggler.chronic"
 # Self-telemetry: traintel's own losses and health. A silent drop is a bug.
 METRIC_SPANS_DROPPED: Final = "traintel.spans.dropped"
+METRIC_SPANS_REPAIRED: Final = "traintel.spans.repaired"
 METRIC_EVENTS_DROPPED: Final = "traintel.events.dropped"
 METRIC_EXPORT_FAILURES: Final = "traintel.export.failures"
 METRIC_EXPORT_BATCHES_SPLIT: Final = "traintel.export.batches.split"

@@ -13,7 +13,6 @@ the one whose count is behind the others' has not joined the collective they wai
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -72,21 +71,24 @@ class HeartbeatSample:
     after: str | None  # inside an iteration: its last completed step phase
     collectives_entered: int = 0
     collectives_completed: int = 0
-    progress_ns: int = 0  # when (time.time_ns) the rank last made progress
+    progress_ns: int = 0  # when (traintel's clock, Unix ns) the rank last made progress
     step: str | None = None  # inside an iteration: the step phase open now, if any
 
 
 class Heartbeat:
     """Reads the engine and the open-span registry; never writes to them."""
 
-    def __init__(self, engine: Progress, open_spans: OpenSpans, collectives: Collectives) -> None:
+    def __init__(
+        self, engine: Progress, open_spans: OpenSpans, collectives: Collectives, now_ns: Callable[[], int]
+    ) -> None:
         self._engine = engine
         self._open_spans = open_spans
         self._collectives = collectives
-        self._started_ns = time.time_ns()
+        self._now_ns = now_ns  # the recorder's timeline, which the progress it reads is on
+        self._started_ns = now_ns()
 
     def sample(self, now_ns: int | None = None) -> HeartbeatSample:
-        now = time.time_ns() if now_ns is None else now_ns
+        now = self._now_ns() if now_ns is None else now_ns
         engine = self._engine
         progress = max(self._started_ns, engine.last_iteration_end_ns, self._open_spans.last_end_ns)
         phase, after, step = IDLE, None, None

@@ -225,7 +225,7 @@ class StallWatcher:
         self._clock = clock
         now = clock()
         self._last_wake_ns = now
-        self._last_wake_mono = time.monotonic_ns()
+        self._last_wake_mono = time.perf_counter_ns()
         self._progress_ns = now
         self._counts = (0, 0)
         self._counts_moved_ns = now
@@ -273,9 +273,10 @@ class StallWatcher:
         """One wake; ``final``: the last, as the job shuts down (a stall that ended with the job's
         loop is reported recovered; no new suspect)."""
         now = self._clock() if now_ns is None else now_ns
-        # How long this thread could not run, on the monotonic clock: a wall-clock step (or a
-        # simulated clock) is not a held GIL. An injected time stands for both clocks.
-        awake = time.monotonic_ns()
+        # How long this thread could not run, in real elapsed time (perf_counter: traintel's own
+        # clock follows a simulation that replaces time.time_ns and time.monotonic_ns): a stepped
+        # or simulated clock is not a held GIL. An injected time stands for both clocks.
+        awake = time.perf_counter_ns()
         since = now - self._last_wake_ns if now_ns is not None else awake - self._last_wake_mono
         gap_s, self._last_wake_ns, self._last_wake_mono = since / 1e9, now, awake
         sample = self._heartbeat.sample(now)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -13,12 +12,12 @@ from opentelemetry.trace import Link, Span, SpanContext, set_span_in_context
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._recorder import active
+from traintel._recorder import active, clock
 from traintel._recorder.engine import TrainingEngine
 from traintel._recorder.phases import PhaseSpan, phase_attributes
 from traintel.semconv import Phase
 
-_time_ns = time.time_ns
+_time_ns = clock.time_ns
 
 
 def directory_size(path: str | os.PathLike[str]) -> int:

@@ -17,9 +17,9 @@ Everything here runs on the training thread and never raises into it: callers wr
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -35,6 +35,7 @@ from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._aggregation.goodput import GoodputLedger
 from traintel._aggregation.sampling import IterationSampler
 from traintel._aggregation.window import OpenWindow, RawRow
+from traintel._recorder import clock
 from traintel._recorder.ports import (
     CheckpointMetrics,
     DirectWriter,
@@ -54,11 +55,13 @@ from traintel._recorder.record import (
 )
 from traintel._recorder.segments import SegmentedSpan, Segments
 from traintel._recorder.windows import Windows
-from traintel._sdk.otel_private import current_span, new_span_id
+from traintel._sdk.attributes import UserNamesCap
+from traintel._sdk.otel_private import attribute_limits, current_span, new_span_id
 from traintel.config import TrainingConfig
 from traintel.semconv import Event, Phase
 
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
+_METRIC_PREFIX: Final = semconv.METRIC_PREFIX
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
 _get_ident = threading.get_ident
@@ -525,6 +528,11 @@ class TrainingEngine:
             return self._write(record, reason, direct)
         return self._trace(record, reason)
 
+    @functools.cached_property
+    def names_cap(self) -> UserNamesCap:
+        """traintel's numbers before the user's metric names, within the tracer's limits."""
+        return UserNamesCap(*attribute_limits(self.tracer), self.warn_once)
+
     def _write(self, record: IterationRecord, reason: str, direct: DirectWriter) -> tuple[int, int]:
         context = record.exported_context()
         trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
@@ -534,7 +542,9 @@ class TrainingEngine:
             step = SpanContext(trace_id, span_id, False, flags, state)
             direct.write(name, step, context, attributes, start_ns, end_ns)
         parent = record.parent if record.parent.is_valid else None
-        attributes = _span_attributes(record, reason)
+        attributes = self.names_cap.span(
+            _span_attributes(record, reason), _METRIC_PREFIX, "training_iteration span"
+        )
         direct.write(record.phase, context, parent, attributes, record.start_ns, record.end_ns)
         return (trace_id, context.span_id)
 
@@ -551,10 +561,12 @@ class TrainingEngine:
             if ids is not None:
                 ids.force(record.span_id, None if parent.is_valid else record.trace_id)
             try:
+                attributes = self.names_cap.span(
+                    _span_attributes(record, reason), _METRIC_PREFIX, "training_iteration span"
+                )
                 span = self.tracer.start_span(
-                    record.phase, context=context, attributes=_span_attributes(record, reason),
-                    start_time=record.start_ns,
-                )  # fmt: skip
+                    record.phase, context=context, attributes=attributes, start_time=record.start_ns
+                )
             finally:
                 if ids is not None:
                     ids.clear()
@@ -732,7 +744,7 @@ class TrainingEngine:
         # iteration a resume from this checkpoint runs; unknown: the one after the last done).
         self.last_checkpoint = (
             iteration if iteration is not None else self.last_iteration + 1,
-            time.time_ns(),
+            clock.time_ns(),
             duration_s,
         )
         with self.lock:

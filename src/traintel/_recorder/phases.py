@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar, cast
@@ -33,7 +32,7 @@ from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
 from traintel._aggregation.aggregator import BACKWARD, DATA, FORWARD, OPTIMIZER
-from traintel._recorder import active
+from traintel._recorder import active, clock
 from traintel._recorder.engine import TrainingEngine, mark_error
 from traintel._recorder.record import MAX_EVENTS, IterationRecord, StepExtras, Terminated
 from traintel._recorder.segments import SegmentedSpan
@@ -43,7 +42,7 @@ from traintel.semconv import Phase
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_time_ns = time.time_ns
+_time_ns = clock.time_ns
 _get_ident = threading.get_ident
 _new = object.__new__
 _INVALID_SPAN = trace_api.INVALID_SPAN

@@ -2,7 +2,7 @@
 
 Why a record and not an SDK span: a real span costs tens of microseconds, four per step would
 dwarf a small model's step, and a million-step run must not send four million spans. The
-record holds the iteration's numbers with ``time.time_ns`` timestamps; its step phases are
+record holds the iteration's numbers with ``clock.time_ns`` timestamps; its step phases are
 tuples in ``children``. When the iteration ends it is aggregated, and exported as real SDK spans
 (same ids, exact timestamps, children included) only if the sampling policy keeps it.
 
@@ -21,7 +21,6 @@ timings) the phases and the engine store directly.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from typing import Final, Protocol
 
@@ -30,6 +29,7 @@ from opentelemetry.util import types
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel._recorder import clock
 from traintel._sdk.attributes import as_number, clean_value
 from traintel._sdk.otel_private import RANDOM_TRACE_ID, new_span_id, new_trace_id
 
@@ -196,7 +196,7 @@ class IterationRecord(NonRecordingSpan):
         if self.events is None:
             self.events = []
         if len(self.events) < MAX_EVENTS:
-            self.events.append((name, dict(attributes or {}), timestamp or time.time_ns()))
+            self.events.append((name, dict(attributes or {}), timestamp or clock.time_ns()))
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         self.status = status if isinstance(status, Status) else Status(status, description)

@@ -11,6 +11,7 @@ is shut down and before any global provider is set, so a failure leaves the proc
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -32,7 +33,7 @@ from traintel._host.gpu import GpuInstruments
 from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
 from traintel._host.stall import StallWatcher
 from traintel._host.system_metrics import SystemInstruments
-from traintel._recorder import active
+from traintel._recorder import active, clock
 from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
 from traintel._runtime import gil_helper, hang_records, preemption, state
 from traintel._runtime.farewell import greeting, say
@@ -70,6 +71,9 @@ def sdk_disabled(environ: Mapping[str, str] | None = None) -> bool:
 def configure(options: PipelineOptions, training: Mapping[str, object] | None = None) -> Telemetry:
     """Explicit configuration: validates everything first and raises ConfigurationError."""
     config = TrainingConfig.from_env(overrides=training, strict=True)
+    if state.importing_main_in_child():  # a spawn/forkserver child: a DataLoader worker, maybe
+        _defer_configure(functools.partial(configure, options, training))
+        return Telemetry(TrainingConfig())
     with active.lock:
         previous = state.configured()
         same_providers = replace(options, service_name=None) == PipelineOptions()
@@ -156,7 +160,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
         world,
     )
     engine.set_device(AutocastProbe(device, peak.dtype_found) if probing else device)
-    instruments = engine.metrics = TrainingInstruments(meters, engine, aggregator)
+    instruments = engine.metrics = TrainingInstruments(meters, engine, aggregator, clock.time_ns)
     if pipeline.export_filter is not None:
         pipeline.export_filter.active_iteration = lambda: engine.active
         pipeline.export_filter.before_flush = windows.flush
@@ -179,7 +183,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     )
     _register(windows, consumers, instruments, cross_rank)
     telemetry = Telemetry(config, pipeline, engine, processor, open_spans, warned, windows)
-    telemetry.heartbeat = Heartbeat(engine, open_spans, SEQUENCE)
+    telemetry.heartbeat = Heartbeat(engine, open_spans, SEQUENCE, clock.time_ns)
     telemetry.cross_rank = cross_rank
     telemetry.stall_watcher = _stall_watcher(settings, pipeline, engine, telemetry.heartbeat)
     # Sampled by the metric reader's thread only: hang localisation and process/device gauges.
@@ -242,6 +246,7 @@ def _register(
     )
     windows.register("the metric instruments", lambda event: instruments.window_closed(event.report))
     windows.register("the goodput record", consumers.book_goodput)
+    windows.register("the wall clock's step", consumers.say_wall_clock_step)
     windows.register("the loop span", consumers.update_loop)
 
 
@@ -266,7 +271,9 @@ def _stall_watcher(
     helper = Path(gil_helper.__file__)
     gil_watch = GilWatch(threshold, rank, pipeline.resource.attributes, pipeline.output_file(), helper)
     send = hang_records.sender(pipeline.logs.logger)
-    return StallWatcher(heartbeat, engine, send, threshold, rank, sequence=SEQUENCE, gil_watch=gil_watch)
+    return StallWatcher(
+        heartbeat, engine, send, threshold, rank, sequence=SEQUENCE, gil_watch=gil_watch, clock=clock.time_ns
+    )
 
 
 def _application_started(telemetry: Telemetry, span: Span) -> None:
@@ -345,14 +352,28 @@ def _current_energy() -> EnergyAccounting | None:
     return _last_energy
 
 
+#: An explicit configure() made while a spawn child imported the main module (see ``configure``).
+_deferred: Callable[[], Telemetry] | None = None
+
+
+def _defer_configure(configure: Callable[[], Telemetry]) -> None:
+    """Applied at the child's first use of traintel, unless that is in a DataLoader worker (a
+    process started to train, as ``torch.multiprocessing.spawn`` starts ranks, is configured as
+    asked)."""
+    global _deferred
+    _deferred = configure
+
+
 def _first_use() -> Telemetry:
-    """The job a phase used before any ``configure()`` records into: configured from the
-    environment, or off (in a DataLoader worker, which imports traintel afresh; or if that
-    fails), never an exception into the training loop."""
+    """The job a phase used before any ``configure()`` records into: the one a spawn child's
+    main module asked for, or configured from the environment, or off (in a DataLoader worker,
+    which imports traintel afresh; or if that fails), never an exception into the training loop."""
+    global _deferred
     if state.in_dataloader_worker():
         return Telemetry(TrainingConfig())
+    deferred, _deferred = _deferred, None
     try:
-        return _auto_configure()
+        return (deferred or _auto_configure)()
     except Exception:
         _logger.exception("traintel: auto-configuration failed; telemetry is off for this process")
         return Telemetry(TrainingConfig())

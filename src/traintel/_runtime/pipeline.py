@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -71,6 +71,7 @@ from traintel.exporters.spooling import (
     CountingBatchSpanProcessor,
     QueueGuard,
     SpoolingSpanExporter,
+    batch_settings,
     guard_queue,
 )
 from traintel.resource_detectors import TrainingResourceDetector
@@ -453,9 +454,9 @@ class Pipeline:
 
         return _bounded(
             [
-                flush_traces,
-                lambda: _call(self.meter_provider, "force_flush", millis),
-                lambda: self.logs.flush(millis),
+                ("spans", flush_traces),
+                ("metrics", lambda: _call(self.meter_provider, "force_flush", millis)),
+                ("logs", lambda: self.logs.flush(millis)),
             ],
             timeout_s,
             "flush",
@@ -470,21 +471,28 @@ class Pipeline:
             return True
         self._shut_down = True
         millis = int(timeout_s * 1000)
-        tasks: list[Callable[[], None]] = []
+        tasks: list[tuple[str, Callable[[], None]]] = []
         if self.owns_tracer_provider:
 
             def flush_and_shutdown_traces() -> None:
                 _call(self.tracer_provider, "force_flush", millis)
                 _call(self.tracer_provider, "shutdown")
 
-            tasks.append(flush_and_shutdown_traces)
+            tasks.append(("spans", flush_and_shutdown_traces))
         else:
-            tasks.append(lambda: _call(self.tracer_provider, "force_flush", millis))
+            tasks.append(("spans", lambda: _call(self.tracer_provider, "force_flush", millis)))
         if self.owns_meter_provider:
-            tasks.append(lambda: _call(self.meter_provider, "shutdown", millis))
+
+            def shutdown_metrics() -> None:
+                readers = otel_private.collecting_threads(self.meter_provider)  # before: 1.40 forgets them
+                _call(self.meter_provider, "shutdown", millis)
+                for thread in readers:  # each one's last collection (the last metric line): this
+                    thread.join()  # task waits for it, and the bound says so if it runs out first
+
+            tasks.append(("metrics", shutdown_metrics))
         else:
-            tasks.append(lambda: _call(self.meter_provider, "force_flush", millis))
-        tasks.append(lambda: self.logs.shutdown(millis))
+            tasks.append(("metrics", lambda: _call(self.meter_provider, "force_flush", millis)))
+        tasks.append(("logs", lambda: self.logs.shutdown(millis)))
         done = _bounded(tasks, timeout_s, "shutdown")
         if not done:
             self._spill()
@@ -513,7 +521,9 @@ _DISTRO_DEFAULT_HINT = (
 )
 
 
-def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> int:
+def adopt_instrumented_providers(
+    pipeline: Pipeline, config: TrainingConfig, tracers: Iterable[Any] = ()
+) -> int:
     """Under ``opentelemetry-instrument``: give the providers the distro built what traintel's
     own have. Their resource gains the run's identity (unless the user named the detectors),
     their span exporters go behind the spool, their queues' drops and their metric
@@ -529,7 +539,7 @@ def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> 
     if pipeline.owns_tracer_provider or not isinstance(tracer_provider, TracerProvider):
         return 0
     environ = os.environ
-    _add_training_resource(tracer_provider, meter_provider, config)
+    _add_training_resource(tracer_provider, meter_provider, config, tracers)
     endpoint_set = any(
         environ.get(variable, "").strip()
         for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -576,7 +586,9 @@ def adopt_instrumented_providers(pipeline: Pipeline, config: TrainingConfig) -> 
 _RESOURCE_DETECTORS = "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS"
 
 
-def _add_training_resource(tracer_provider: Any, meter_provider: Any, config: TrainingConfig) -> None:
+def _add_training_resource(
+    tracer_provider: Any, meter_provider: Any, config: TrainingConfig, tracers: Iterable[Any]
+) -> None:
     """The run identity, ranks and host (traintel's detectors) added to the resource the distro
     built, where the user named no detectors: without them a run read back has no run, rank or
     host. The distro's own attributes win (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``)."""
@@ -585,7 +597,7 @@ def _add_training_resource(tracer_provider: Any, meter_provider: Any, config: Tr
     try:
         detected = TrainingResourceDetector(config).detect()
         meters = meter_provider if isinstance(meter_provider, MeterProvider) else None
-        added = otel_private.add_resource(tracer_provider, meters, detected)
+        added = otel_private.add_resource(tracer_provider, meters, detected, tracers)
     except Exception:  # a detector must never fail a job
         _logger.warning("traintel: could not add the run's identity to the distro's resource", exc_info=True)
         return
@@ -607,29 +619,46 @@ def _call(target: object, method: str, *args: Any) -> None:
         return
     try:
         fn(*args)
-    except Exception:
+    except Exception as exc:
+        if "MetricsTimeoutError" in f"{type(exc).__name__} {exc}":  # the SDK wraps it in a plain one
+            retry_lines.collection_timed_out()  # counted, said once: the next collection has the totals
+            return
         _logger.exception("traintel: %s.%s failed", type(target).__name__, method)
 
 
-def _bounded(tasks: list[Callable[[], None]], timeout_s: float, what: str) -> bool:
-    """Run tasks in parallel daemon threads and wait for them at most ``timeout_s`` in total.
+#: What a signal's task of a bounded flush or exit waits on when no export is under way.
+_OWN_WORK = {
+    "spans": "the batch span processor",
+    "metrics": "the metric reader's collection (the last metric line is not written)",
+    "logs": "the log record processor (hang records)",
+}
+
+
+def _bounded(tasks: list[tuple[str, Callable[[], None]]], timeout_s: float, what: str) -> bool:
+    """Run tasks (``spans`` and ``metrics``) in parallel daemon threads and wait for them at
+    most ``timeout_s`` in total; if that runs out, say what they were waiting on: the
+    telemetry file, a collector, or their own work (a collection short of CPU).
 
     Daemon threads: if an exporter is stuck on a black-holed socket, the interpreter may still
     exit when the bound is reached.
     """
-    threads = [threading.Thread(target=t, name=f"traintel-{what}", daemon=True) for t in tasks]
-    for thread in threads:
+    threads = [(name, threading.Thread(target=t, name=f"traintel-{what}", daemon=True)) for name, t in tasks]
+    for _name, thread in threads:
         thread.start()
     deadline = time.monotonic() + timeout_s
-    for thread in threads:
+    for _name, thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in threads if t.is_alive()]
+    stuck = [name for name, thread in threads if thread.is_alive()]
     if stuck:
+        waiting = HEALTH.busy_now()
+        for name in stuck:
+            if not any(name[:-1] in label or "file" in label for label in waiting):
+                waiting.append(_OWN_WORK[name])
         _logger.warning(
-            "traintel: telemetry %s did not finish within %.1fs (collector unreachable or slow?); "
-            "going on without it",
+            "traintel: telemetry %s did not finish within %.1fs, still waiting for %s; going on without it",
             what,
             timeout_s,
+            " and ".join(waiting),
         )
         return False
     return True
@@ -649,6 +678,7 @@ def _export_paths(
     ``OTEL_*``, when ``spool``); how to stop each goes on ``undo``. An exporter that cannot
     start fails explicit configuration; the automatic one says so and leaves it out."""
     paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
+    batching = _batch_settings(environ, strict) if plans else {}
     for plan in plans:
         try:
             exporter: SpanExporter = plan.factory()
@@ -660,7 +690,7 @@ def _export_paths(
             exporter = spooler = _spooling(exporter, plan.name, config, resource)
         bound = ProcessBoundSpanExporter(exporter)
         try:
-            processor = CountingBatchSpanProcessor(bound)
+            processor = CountingBatchSpanProcessor(bound, health=HEALTH, **batching)
         except Exception as exc:
             if not plan.lent:
                 undo.append(exporter.shutdown)
@@ -670,6 +700,17 @@ def _export_paths(
         undo.append(lambda p=processor, b=bound, lent=plan.lent: _stop(p, b, lent))  # type: ignore[misc]
         paths.append((processor, spooler))
     return paths
+
+
+def _batch_settings(environ: Mapping[str, str], strict: bool) -> dict[str, int]:
+    """Explicit configuration leaves ``OTEL_BSP_*`` to the SDK, whose refusal it reports; the
+    automatic one replaces a bad value by the SDK's default, and says so."""
+    if strict:
+        return {}
+    settings, said = batch_settings(environ)
+    for line in said:
+        _logger.warning("traintel: %s", line)
+    return settings
 
 
 def _stop(processor: CountingBatchSpanProcessor, bound: ProcessBoundSpanExporter, lent: bool) -> None:

@@ -51,6 +51,7 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel._recorder import clock
 from traintel._recorder.engine import TrainingEngine
 from traintel._recorder.record import IterationRecord, OpenStep, Terminated
 from traintel._runtime import state as _state
@@ -143,7 +144,7 @@ _END_ITERATION = TrainingEngine.end_iteration.__code__
 
 def _handle_now(signum: int, frame: FrameType | None) -> None:
     global _pending
-    received_ns = time.time_ns()
+    received_ns = clock.time_ns()
     held = _Held.hold()  # first: another handler may be due at any bytecode from here on
     try:
         previous = _previous.get(signum, signal.SIG_DFL)
@@ -358,7 +359,7 @@ def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_span
             phase_spans[0].add_event(semconv.Event.PREEMPTION.value, attributes, timestamp=received_ns)
         if end_spans:
             reason = f"{semconv.END_REASON_PREEMPTED}: {name}"
-            now = time.time_ns()
+            now = clock.time_ns()
             error = Terminated(reason)
             record = engine.active if engine is not None else None
             if engine is not None and record is not None:  # its open step ends, then itself

@@ -324,6 +324,14 @@ def current() -> Telemetry:
     return found if isinstance(found, Telemetry) else Telemetry(TrainingConfig())
 
 
+def importing_main_in_child() -> bool:
+    """True while a spawn or forkserver child imports the parent's main module (multiprocessing
+    marks its bootstrap with ``_inheriting``): a ``configure()`` at module level runs then in
+    every DataLoader worker, which must not export (48,128 spans from two workers, once)."""
+    process = sys.modules.get("multiprocessing.process")
+    return bool(process is not None and getattr(process.current_process(), "_inheriting", False))
+
+
 def configured() -> Telemetry | None:
     found = active.job
     return found if isinstance(found, Telemetry) else None

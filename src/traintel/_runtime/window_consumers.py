@@ -6,7 +6,10 @@ owns that job: the device's part of the report (``_host.device``), the metric in
 goodput``, ``_sdk.window_spans``), the loop span's attributes and events, the cross-rank row
 (``distributed.cross_rank``). The MFU peak lookup is the pipeline's rate source: it comes first,
 the report's rates need it. They run in the order the bootstrap registers them; the device's
-part first (the report's attributes carry it to the record and the loop).
+part first (the report's attributes carry it to the record and the loop). The user's
+``record_metrics`` names come after traintel's own numbers on the record and the loop's event,
+within the span limits (``UserNamesCap``): past a limit the user's names are left out, never
+traintel's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from traintel._host.calibration import MeasuredPeak, measure_peak
 from traintel._host.compute_dtype import DtypeChoice, choose_dtype, seen_parameters
 from traintel._host.device import DeviceHooks, annotate_window
 from traintel._host.flops import current_device_name, peak_flops_for
+from traintel._recorder import clock
 from traintel._recorder.engine import TrainingEngine
 from traintel._recorder.segments import SegmentedSpan
 from traintel._runtime.window_pipeline import WindowEvent
@@ -36,6 +40,10 @@ from traintel.semconv import Event
 _TRAINING_METRICS_UPDATE: Final = Event.TRAINING_METRICS_UPDATE.value
 _OUT_OF_RANGE: Final = Event.METRIC_OUT_OF_RANGE.value
 _FLOPS_PER_DEVICE: Final = semconv.WINDOW_PREFIX + "flops_per_second_per_device"
+#: Where a window's record holds the user's record_metrics names (two attributes each).
+_USER_METRICS: Final = semconv.WINDOW_PREFIX + "metric."
+#: A wall clock this far (or more) off traintel's timeline has stepped (NTP slews by far less).
+_WALL_STEP_NS: Final = 1_000_000_000
 
 
 class PeakFlops:
@@ -140,6 +148,7 @@ class WindowConsumers:
         #: Told of the goodput records before they are exported (it may annotate them: their
         #: energy), with the loop span at the loop's end.
         self._release = release
+        self._wall_step_said = 0  # the wall clock's step last said (ns)
 
     def _compact(self, event: WindowEvent) -> bool:
         """The window's numbers ride on its record (the default), or on a full event on the loop."""
@@ -162,7 +171,14 @@ class WindowConsumers:
         if self._release is not None and (records or event.final):
             self._release(records, event.segment if event.final else None)
         if records:
-            self._spans.export(((w.start_ns, w.end_ns, w.attributes()) for w in records), event.parent)
+            cap = self._engine.names_cap
+            self._spans.export(
+                (
+                    (w.start_ns, w.end_ns, cap.span(w.attributes(), _USER_METRICS, "training_window span"))
+                    for w in records
+                ),
+                event.parent,
+            )
 
     def _loop_events(
         self, event: WindowEvent, report: WindowReport, segment: Span
@@ -174,7 +190,9 @@ class WindowConsumers:
         if self._compact(event):
             segment.set_attributes(loop_attributes(report.attributes))
         else:
-            events.append((_TRAINING_METRICS_UPDATE, report.attributes))
+            cap = self._engine.names_cap
+            update = cap.event(report.attributes, _USER_METRICS, "training_metrics_update event")
+            events.append((_TRAINING_METRICS_UPDATE, update))
         for error in report.errors:
             events.append((_OUT_OF_RANGE, {
                 semconv.ERROR_REASON: error,
@@ -192,13 +210,9 @@ class WindowConsumers:
             return
         if inputs.peak_flops is None and report.attributes.get(_FLOPS_PER_DEVICE):
             self._warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
-        loop, segment = event.loop, event.segment
-        if loop is not None and segment is not None and self._engine.window_events:
-            for name, attributes in self._loop_events(event, report, segment):
-                if isinstance(loop, SegmentedSpan):
-                    loop.add_clean_event(name, attributes, segment)
-                else:
-                    add_clean_event(segment, name, attributes)
+        if event.segment is not None and self._engine.window_events:
+            for name, attributes in self._loop_events(event, report, event.segment):
+                _add_loop_event(event, name, attributes)
         for error in report.errors:
             self._warn_once(
                 "out_of_range",
@@ -208,3 +222,38 @@ class WindowConsumers:
                 if self._peak.dtype is not None and self._peak.dtype.guess
                 else "",
             )
+
+    def say_wall_clock_step(self, event: WindowEvent) -> None:
+        """A wall-clock step since the last window (1 s or more): said once, and a
+        ``wall_clock_step`` event on the loop for the offline commands (traintel's timestamps
+        are that far off the wall clock from here on)."""
+        if event.report is None:
+            return
+        step = clock.wall_step_ns()
+        if abs(step - self._wall_step_said) < _WALL_STEP_NS:
+            return
+        self._wall_step_said = step
+        iteration = event.report.last_iteration
+        self._warn_once(
+            "wall_clock_step",
+            "the wall clock stepped by %+.1f s (at or before iteration %s); durations stay exact "
+            "(traintel times from the monotonic clock), and its timestamps are that far off the wall "
+            "clock from here on",
+            step / 1e9, iteration,
+        )  # fmt: skip
+        attributes: dict[str, float | int | str] = {
+            semconv.WALL_CLOCK_STEP: step / 1e9,
+            semconv.ITERATION: iteration,
+        }
+        _add_loop_event(event, Event.WALL_CLOCK_STEP.value, attributes)
+
+
+def _add_loop_event(event: WindowEvent, name: str, attributes: dict[str, float | int | str]) -> None:
+    """An event on the loop segment that held the window (counted in the segment's budget)."""
+    loop, segment = event.loop, event.segment
+    if segment is None:
+        return
+    if isinstance(loop, SegmentedSpan):
+        loop.add_clean_event(name, attributes, segment)
+    else:
+        add_clean_event(segment, name, attributes)

@@ -12,7 +12,6 @@ window.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -53,10 +52,15 @@ class TrainingInstruments:
     """Creates the instruments on ``meter_provider`` and records into them off the hot path."""
 
     def __init__(
-        self, meter_provider: metrics_api.MeterProvider, source: MetricSource, windows: TrainingAggregator
+        self,
+        meter_provider: metrics_api.MeterProvider,
+        source: MetricSource,
+        windows: TrainingAggregator,
+        now_ns: Callable[[], int],
     ) -> None:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
         self._source = source
+        self._now_ns = now_ns  # the recorder's timeline, which the goodput ledger's times are on
         self._windows = windows
         self.window_series = True  # False: scale mode, a rank other than 0 (stop_window_series)
         buckets = list(DURATION_BUCKETS_S)
@@ -162,7 +166,7 @@ class TrainingInstruments:
         return self._windows.last_window if self.window_series else None
 
     def _goodput(self) -> GoodputSnapshot | None:
-        return self._source.goodput.snapshot(time.time_ns()) if self.window_series else None
+        return self._source.goodput.snapshot(self._now_ns()) if self.window_series else None
 
     def _step_time(self) -> tuple[float | None, WindowGoodput | None]:
         if not self.window_series:

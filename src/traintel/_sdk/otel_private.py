@@ -31,9 +31,16 @@ What is used, and why:
   under ``opentelemetry-instrument`` the distro builds the providers before traintel runs, and
   the public API cannot reach their exporters; traintel puts its spool and loss counting in
   front of them. Where a release keeps them elsewhere, they are left as they are (and said).
+  A periodic reader's thread (``_daemon_thread``): a bounded exit asks whether the last
+  collection is still under way, which the reader's shutdown does not say.
 * **A tracer's id generator** (``Tracer.id_generator``): traintel's own tracer gets a generator
   that can hand out an id chosen in advance, so an iteration recorded without a span can be
   exported later under the id its children already point to.
+* **The OTLP trace exporters' clients** (the HTTP exporter's ``requests`` session,
+  ``_client._transport._session`` from 1.45 and ``_session`` before; the gRPC exporter's stub
+  factory ``_stub`` and the stub it made, ``_client``): the exporters discard what the collector
+  answers, and traintel needs it (partial success, throttling: see
+  ``exporters/collector_answers``). A hook is added through the clients' own public interfaces.
 * **Histogram aggregations** (``MeterProvider._measurement_consumer._reader_storages``, each
   storage's ``_instrument_view_instrument_matches``, a match's ``_attributes_aggregation`` and
   ``_lock``, the explicit-bucket aggregation's ``_value`` / ``_sum`` / ``_min`` / ``_max``): a
@@ -54,9 +61,10 @@ from __future__ import annotations
 import logging
 import math
 import random
+import threading
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from time import time_ns
 from typing import TYPE_CHECKING, Any, Final
@@ -350,6 +358,14 @@ def periodic_readers(provider: Any) -> list[Any] | None:
     return list(readers) if isinstance(readers, list | tuple) else None
 
 
+def collecting_threads(provider: Any) -> list[threading.Thread]:
+    """The periodic readers' own threads (``_daemon_thread``) alive now: one still running after
+    a bounded shutdown has not written its last collection (the reader's shutdown stops waiting
+    for it at the bound and shuts its exporter down)."""
+    threads = (getattr(reader, "_daemon_thread", None) for reader in periodic_readers(provider) or ())
+    return [thread for thread in threads if isinstance(thread, threading.Thread) and thread.is_alive()]
+
+
 def replace_reader_exporter(reader: Any, wrap: Callable[[Any], Any]) -> bool:
     """Wrap a periodic reader's exporter in place (False: not one, or not found)."""
     exporter = getattr(reader, "_exporter", None)
@@ -359,11 +375,13 @@ def replace_reader_exporter(reader: Any, wrap: Callable[[Any], Any]) -> bool:
     return True
 
 
-def add_resource(tracer_provider: Any, meter_provider: Any, resource: Resource) -> bool:
+def add_resource(
+    tracer_provider: Any, meter_provider: Any, resource: Resource, tracers: Iterable[Any] = ()
+) -> bool:
     """Add ``resource``'s attributes under what the providers' own resources say (theirs win),
-    for the tracers and meters made from now on, and, where the SDK keeps its tracers (1.45),
-    for those made already. False where a provider keeps its resource elsewhere (nothing is
-    changed then).
+    for the tracers and meters made from now on, and for those made already: all of them where
+    the SDK keeps its tracers (1.45), else (1.40) the ``tracers`` named. False where a provider
+    keeps its resource elsewhere (nothing is changed then).
 
     Why: ``opentelemetry-instrument`` builds the providers, with their resources, before any
     instrumentor runs, and applies only the detectors ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``
@@ -380,8 +398,11 @@ def add_resource(tracer_provider: Any, meter_provider: Any, resource: Resource) 
     update = getattr(tracer_provider, "_update_resource", None)
     if callable(update):
         update(resource.merge(current))  # merged onto the current resource: the result, with its own on top
-    else:  # (1.40: tracers are not kept; each takes the provider's resource when made)
+    else:  # (1.40: tracers are not kept; each took the provider's resource when made)
         tracer_provider._resource = resource.merge(current)
+        for tracer in tracers:
+            if isinstance(getattr(tracer, "resource", None), Resource):
+                tracer.resource = resource.merge(tracer.resource)
     if config is not None:
         config.resource = resource.merge(config.resource)
     return True
@@ -393,6 +414,42 @@ def metric_exporter_preferences(exporter: Any) -> dict[str, Any]:
         "preferred_temporality": getattr(exporter, "_preferred_temporality", None),
         "preferred_aggregation": getattr(exporter, "_preferred_aggregation", None),
     }
+
+
+# --- what the collector answers the OTLP trace exporters ------------------------------------------
+def _http_session(exporter: Any) -> Any:
+    client = getattr(exporter, "_client", None)
+    transport = getattr(client, "_transport", None)
+    return getattr(transport, "_session", None) or getattr(exporter, "_session", None)
+
+
+def watch_collector_answers(exporter: Any, answers: Any) -> bool:
+    """Let ``answers`` (a ``CollectorAnswers``) see what the collector answers each request of
+    an OTLP trace exporter: a response hook on the HTTP exporter's ``requests`` session, or the
+    gRPC exporter's stub wrapped (the one it has, and each it makes after a reconnect). False
+    for any other exporter, or an SDK release that keeps these elsewhere."""
+    session = _http_session(exporter)
+    hooks = getattr(session, "hooks", None)
+    if isinstance(hooks, dict) and isinstance(hooks.get("response"), list):
+        hooks["response"].append(answers.http_response)
+        return True
+    stub_factory = getattr(exporter, "_stub", None)
+    if callable(stub_factory) and hasattr(exporter, "_client"):
+        exporter._stub = lambda channel: answers.grpc_stub(stub_factory(channel))
+        if exporter._client is not None:
+            exporter._client = answers.grpc_stub(exporter._client)
+        return True
+    return False
+
+
+# --- span limits ---------------------------------------------------------------------------------
+def attribute_limits(tracer: Any) -> tuple[int | None, int | None]:
+    """The attribute count limits (span, event) of an SDK tracer's spans (``_span_limits``,
+    the provider's); for any other tracer, what the environment gives the SDK's defaults."""
+    limits = getattr(tracer, "_span_limits", None)
+    if not isinstance(limits, SpanLimits):
+        limits = SpanLimits()
+    return limits.max_span_attributes, limits.max_event_attributes
 
 
 # --- ids -----------------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ WARNING_EVENTS = frozenset(
         semconv.Event.NONFINITE_METRIC.value,
         semconv.Event.METRIC_OUT_OF_RANGE.value,
         semconv.Event.STRAGGLER.value,
+        semconv.Event.WALL_CLOCK_STEP.value,
     }
 )
 _CONFIG_EVENTS = frozenset(

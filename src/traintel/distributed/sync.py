@@ -6,9 +6,7 @@ importing each other.
 
 from __future__ import annotations
 
-import time
-
-from traintel._recorder import active
+from traintel._recorder import active, clock
 
 
 def mark_sync_point() -> None:
@@ -22,6 +20,6 @@ def mark_sync_point() -> None:
     try:
         engine = active.engine
         if engine is not None:
-            engine.mark_sync_point(time.time_ns())
+            engine.mark_sync_point(clock.time_ns())
     except Exception:  # telemetry never breaks training
         pass

@@ -7,20 +7,25 @@ process share one file (the line's top-level key says which), named by service, 
 pid so ranks and restarts never collide.
 
 Writes happen on the SDK's export threads, never on the training thread. A write error is
-reported once and the export fails; training goes on and other exporters are unaffected.
+reported once and the export fails; training goes on and other exporters are unaffected. A
+line is either written whole or not at all: a write cut short (a full disk) is truncated away
+before anything else is appended, so the next line is never glued to half of this one and lost
+with it. What could not be written is counted, said when the file is writable again, and at
+exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
 
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -32,9 +37,11 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from traintel import environment_variables as ev
 from traintel._sdk import otel_private
+from traintel.exporters.health import HEALTH, NOT_WRITTEN, ExportHealth
 from traintel.exporters.otlp_json import logs_to_json_line, metrics_to_json_line, spans_to_json_line
-from traintel.exporters.private_files import make_private_dirs, open_private
+from traintel.exporters.private_files import make_private_dirs, open_append
 from traintel.exporters.records import FILE_SUFFIX
+from traintel.exporters.span_repair import encodable
 
 _logger = logging.getLogger(__name__)
 
@@ -47,6 +54,8 @@ DEFAULT_OUTPUT_DIR = "traintel-runs"
 #: nothing; the last line is written at exit, and a killed job's counters are at most this old.
 FILE_METRIC_EXPORT_INTERVAL_MILLIS = 300_000
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: What a bounded exit names when it runs out while a line is being written.
+WRITING_THE_FILE = "the telemetry file writer"
 
 
 def _file_name(service_name: str, started: float, pid: int) -> str:
@@ -71,7 +80,7 @@ class OtlpJsonLinesFile:
         ).absolute()
         self._explicit_path = Path(path).absolute() if path is not None else None
         self._lock = threading.Lock()
-        self._fh: IO[str] | None = None
+        self._fd: int | None = None
         self._path: Path | None = self._explicit_path
         self._pid = os.getpid()
         self._started = time.time()
@@ -80,6 +89,11 @@ class OtlpJsonLinesFile:
         self._closed = False
         self._users = 0
         self.lines_written = 0
+        #: Lines not written (a write error), and whether the file may end in half a line that
+        #: could not be truncated (the next line then starts on a line of its own).
+        self.lines_lost = 0
+        self._lost_since_said = 0
+        self._fragment = False
 
     def acquire(self) -> None:
         """Register an exporter writing here; the file closes when the last one releases."""
@@ -106,53 +120,85 @@ class OtlpJsonLinesFile:
             return self._path
         return self._output_dir / _file_name(service_name, self._started, os.getpid())
 
-    def _open(self, service_name: str) -> IO[str]:
+    def _open(self, service_name: str) -> int:
         if self._pid != os.getpid():  # forked: the parent's handle and name are not ours
-            self._fh = None
+            self._fd = None
             self._path = self._explicit_path
             self._pid = os.getpid()
             self._started = time.time()
-        if self._fh is None:
+        if self._fd is None:
             path = self.planned_path(service_name)
             make_private_dirs(path.parent)
-            self._fh = open_private(path, append=True)
+            self._fd = open_append(path)
             self._path = path
-        return self._fh
+        return self._fd
+
+    def _drop_fd(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
     def write_line(self, line: str, service_name: str) -> bool:
-        with self._lock:
+        data = (line + "\n").encode("utf-8")
+        with self._lock, HEALTH.busy(WRITING_THE_FILE):
             if self._closed:
                 return False
+            fd: int | None = None
+            start = 0
             try:
-                fh = self._open(service_name)
-                if os.fstat(fh.fileno()).st_nlink == 0:
-                    fh = self._reopen_removed(service_name)
-                fh.write(line + "\n")
-                fh.flush()
-            except (OSError, ValueError) as exc:
-                if not self._failed_once:
-                    self._failed_once = True
-                    target = self._path or self._output_dir
-                    _logger.error(
-                        "traintel: cannot write telemetry file %s (%s); training continues, "
-                        "this exporter drops data until the file is writable",
-                        target,
-                        exc,
-                    )
-                self._fh = None
+                fd = self._open(service_name)
+                info = os.fstat(fd)
+                if info.st_nlink == 0 and stat.S_ISREG(info.st_mode):
+                    fd = self._reopen_removed(service_name)
+                    info = os.fstat(fd)
+                start = info.st_size
+                if self._fragment:  # half a line we could not truncate: ours starts on a new one
+                    data = b"\n" + data
+                _write_all(fd, data)
+                self._fragment = False
+            except OSError as exc:
+                self._lost(fd, start, exc)
                 return False
             self.lines_written += 1
+            if self._lost_since_said:
+                _logger.warning(
+                    "traintel: telemetry file %s is writable again; %d line(s) could not be written "
+                    "meanwhile and are lost (counted in the exit report)",
+                    self._path,
+                    self._lost_since_said,
+                )
+                self._lost_since_said = 0
             return True
 
-    def _reopen_removed(self, service_name: str) -> IO[str]:
+    def _lost(self, fd: int | None, start: int, exc: OSError) -> None:
+        """A line not written: cut what of it reached the file, count it, say the first."""
+        self.lines_lost += 1
+        self._lost_since_said += 1
+        if fd is not None:
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode) and os.fstat(fd).st_size > start:
+                    os.ftruncate(fd, start)
+            except OSError:
+                self._fragment = True
+        if not self._failed_once:
+            self._failed_once = True
+            target = self._path or self._output_dir
+            _logger.error(
+                "traintel: cannot write telemetry file %s (%s); training continues, "
+                "this exporter drops data until the file is writable (counted, and said at exit)",
+                target,
+                exc,
+            )
+        self._drop_fd()
+
+    def _reopen_removed(self, service_name: str) -> int:
         """The file was deleted under us (a cleanup job, a user): writing on would fill an
         unlinked inode nobody can read. Start a new file at the same path, and say so once."""
         removed = self._path
-        if self._fh is not None:
-            with contextlib.suppress(OSError):
-                self._fh.close()
-        self._fh = None
-        fh = self._open(service_name)
+        self._drop_fd()
+        self._fragment = False
+        fd = self._open(service_name)
         if not self._reopened_once:
             self._reopened_once = True
             _logger.warning(
@@ -160,15 +206,21 @@ class OtlpJsonLinesFile:
                 "(what the removed file held is gone)",
                 removed,
             )
-        return fh
+        return fd
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._fh is not None:
-                with contextlib.suppress(OSError):
-                    self._fh.close()
-                self._fh = None
+            self._drop_fd()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
 
 
 _default_files: dict[str, OtlpJsonLinesFile] = {}
@@ -197,10 +249,17 @@ class OtlpJsonFileSpanExporter(SpanExporter):
     keeps a local copy next to OTLP export.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, file: OtlpJsonLinesFile | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        file: OtlpJsonLinesFile | None = None,
+        health: ExportHealth = HEALTH,
+    ):
         self._file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
         self._file.acquire()
         self._released = False
+        self._health = health
 
     @property
     def file(self) -> OtlpJsonLinesFile:
@@ -211,11 +270,19 @@ class OtlpJsonFileSpanExporter(SpanExporter):
             return SpanExportResult.SUCCESS
         try:
             line = spans_to_json_line(spans)
-        except Exception:
-            _logger.exception("traintel: could not encode %d spans", len(spans))
-            return SpanExportResult.FAILURE
-        ok = self._file.write_line(line, _service_name_of(spans[0].resource.attributes))
-        return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+        except Exception:  # one bad span: mend or drop it, not its batch (span_repair)
+            spans = encodable(spans, self._health)
+            if not spans:
+                return SpanExportResult.SUCCESS  # each one dropped and counted
+            try:
+                line = spans_to_json_line(spans)
+            except Exception:
+                _logger.exception("traintel: could not encode %d spans", len(spans))
+                return SpanExportResult.FAILURE
+        if self._file.write_line(line, _service_name_of(spans[0].resource.attributes)):
+            return SpanExportResult.SUCCESS
+        self._health.drop_spans(NOT_WRITTEN, len(spans))
+        return SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
         if not self._released:
@@ -229,11 +296,18 @@ class OtlpJsonFileSpanExporter(SpanExporter):
 class OtlpJsonFileMetricExporter(MetricExporter):
     """Metric exporter writing one ``ExportMetricsServiceRequest`` per line (cumulative)."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, file: OtlpJsonLinesFile | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        file: OtlpJsonLinesFile | None = None,
+        health: ExportHealth = HEALTH,
+    ):
         super().__init__()
         self._file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
         self._file.acquire()
         self._released = False
+        self._health = health
 
     @property
     def file(self) -> OtlpJsonLinesFile:
@@ -250,8 +324,10 @@ class OtlpJsonFileMetricExporter(MetricExporter):
             _logger.exception("traintel: could not encode metrics")
             return MetricExportResult.FAILURE
         service = _service_name_of(metrics_data.resource_metrics[0].resource.attributes)
-        ok = self._file.write_line(line, service)
-        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+        if self._file.write_line(line, service):
+            return MetricExportResult.SUCCESS
+        self._health.metric_line_not_written()
+        return MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return True

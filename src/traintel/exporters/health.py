@@ -9,10 +9,11 @@ instruments report at each collection and the exit report prints. A silent drop 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,7 +32,19 @@ SPOOL_FULL = "spool_full"
 NOT_SPOOLED = "not_spooled"
 TOO_LARGE = "too_large"
 EXIT_TIMEOUT = "exit_timeout"
-DROP_REASONS = (QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT)
+#: A span no encoder takes even mended (see ``span_repair``).
+UNENCODABLE = "unencodable"
+#: Spans a collector refused inside a request it accepted (OTLP partial success).
+COLLECTOR_REJECTED = "collector_rejected"
+#: Spans the embedded file could not take (a full disk, an unwritable directory).
+NOT_WRITTEN = "not_written"
+DROP_REASONS = (
+    QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT, UNENCODABLE, COLLECTOR_REJECTED,
+    NOT_WRITTEN,
+)  # fmt: skip
+#: Reported as zero too (a series per reason from the start); the others once they happen, so
+#: that each metric line of a healthy run stays as small as before (the volume budget).
+_ALWAYS_REPORTED = (QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,12 @@ class HealthSnapshot:
     #: Spooled spans set aside (rejected by the collector, or unreadable), and where.
     spans_quarantined: int = 0
     quarantine_dirs: tuple[str, ...] = ()
+    #: Spans exported with their invalid text mended (see ``span_repair``).
+    spans_repaired: int = 0
+    #: Metric lines the embedded file could not take.
+    metric_lines_not_written: int = 0
+    #: Metric collections the SDK's reader gave up on (MetricsTimeoutError).
+    metric_collection_timeouts: int = 0
 
 
 class ExportHealth:
@@ -71,7 +90,12 @@ class ExportHealth:
         self.batches_split = 0
         self.spans_spooled = 0
         self.spans_resent = 0
+        self.spans_repaired = 0
+        self.metric_lines_not_written = 0
+        self.metric_collection_timeouts = 0
         self.metric_export_failures = 0
+        #: What the export path is waiting on now (a file write, a collector), with how many.
+        self._busy: dict[str, int] = {}
         self.metric_exports_delivered = 0
         #: False on a rank that exports only its anomalies (scale mode): a zero is not reported,
         #: so a healthy rank adds no self-telemetry series.
@@ -90,6 +114,36 @@ class ExportHealth:
     def drop_events(self, count: int) -> None:
         with self._lock:
             self.events_dropped += count
+
+    def repair_spans(self, count: int) -> None:
+        with self._lock:
+            self.spans_repaired += count
+
+    def metric_collection_timed_out(self) -> None:
+        with self._lock:
+            self.metric_collection_timeouts += 1
+
+    @contextlib.contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Mark the export path as waiting on ``what`` (the telemetry file, a collector) for the
+        block: a bounded exit that runs out names it instead of guessing."""
+        with self._lock:
+            self._busy[what] = self._busy.get(what, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._busy.pop(what) - 1
+                if left:
+                    self._busy[what] = left
+
+    def busy_now(self) -> list[str]:
+        with self._lock:
+            return sorted(self._busy)
+
+    def metric_line_not_written(self) -> None:
+        with self._lock:
+            self.metric_lines_not_written += 1
 
     def export_failed(self) -> None:
         with self._lock:
@@ -161,6 +215,9 @@ class ExportHealth:
                 quarantine_dirs=tuple(
                     sorted(str(s.quarantine_directory) for s in spools if s.quarantined_spans)
                 ),
+                spans_repaired=self.spans_repaired,
+                metric_lines_not_written=self.metric_lines_not_written,
+                metric_collection_timeouts=self.metric_collection_timeouts,
                 metric_export_failures=self.metric_export_failures,
                 metric_exports_delivered=self.metric_exports_delivered,
                 metrics_undelivered=self._metric_export_running > 0
@@ -204,7 +261,7 @@ def _failures_by_signal(s: HealthSnapshot) -> list[Observation]:
 def _dropped_by_reason(s: HealthSnapshot) -> list[Observation]:
     return [
         Observation(s.spans_dropped.get(reason, 0), {semconv.DROP_REASON: reason})
-        for reason in sorted({*DROP_REASONS, *s.spans_dropped})
+        for reason in sorted({*_ALWAYS_REPORTED, *s.spans_dropped})
     ]
 
 
@@ -213,6 +270,10 @@ def _dropped_by_reason(s: HealthSnapshot) -> list[Observation]:
 _INSTRUMENTS: tuple[tuple[str, str, str, str, Callable[[HealthSnapshot], Any]], ...] = (
     (semconv.METRIC_SPANS_DROPPED, "counter", "{span}",
      "Spans traintel could not deliver or keep, by traintel.drop.reason", _dropped_by_reason),
+    (semconv.METRIC_SPANS_REPAIRED, "counter", "{span}",
+     "Spans exported with their invalid text replaced (lone surrogates, integers beyond int64): "
+     "as they were, no encoder takes them",
+     lambda s: [Observation(s.spans_repaired)] if s.spans_repaired else []),
     (semconv.METRIC_EVENTS_DROPPED, "counter", "{event}",
      "Span events beyond OTEL_SPAN_EVENT_COUNT_LIMIT, dropped by the SDK", lambda s: s.events_dropped),
     (semconv.METRIC_EXPORT_FAILURES, "counter", "{failure}",
@@ -266,6 +327,20 @@ def describe(snapshot: HealthSnapshot) -> list[str]:
             f"{sum(dropped.values())} span(s) dropped ("
             + ", ".join(f"{reason} {n}" for reason, n in dropped.items())
             + ")"
+        )
+    if snapshot.spans_repaired:
+        lines.append(
+            f"{snapshot.spans_repaired} span(s) exported with invalid text replaced by U+FFFD "
+            "(not valid Unicode, or integers beyond int64)"
+        )
+    if snapshot.metric_collection_timeouts:
+        lines.append(
+            f"{snapshot.metric_collection_timeouts} metric collection(s) timed out (CPU pressure?); "
+            "each later collection carried the cumulative totals"
+        )
+    if snapshot.metric_lines_not_written:
+        lines.append(
+            f"{snapshot.metric_lines_not_written} metric line(s) could not be written to the telemetry file"
         )
     if snapshot.events_dropped:
         lines.append(f"{snapshot.events_dropped} span event(s) dropped over OTEL_SPAN_EVENT_COUNT_LIMIT")

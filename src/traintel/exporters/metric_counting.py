@@ -22,6 +22,9 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from traintel.exporters.health import HEALTH, ExportHealth
 from traintel.exporters.process_bound import ProcessBoundMetricExporter
 
+#: What a bounded exit names when it runs out while metrics are with the exporter.
+SENDING_METRICS = "the collector (a metric export under way)"
+
 
 class CountingMetricExporter(ProcessBoundMetricExporter):
     """A process-bound metric exporter whose every export's outcome reaches ``health``."""
@@ -36,7 +39,8 @@ class CountingMetricExporter(ProcessBoundMetricExporter):
         self._health.metric_export_started()
         delivered = False
         try:
-            result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+            with self._health.busy(SENDING_METRICS):
+                result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
             delivered = result == MetricExportResult.SUCCESS
             return result
         finally:

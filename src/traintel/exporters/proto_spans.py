@@ -66,12 +66,24 @@ def _span(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> R
         raise InvalidSpanError(f"span {span.name!r} ({span.span_id.hex() or 'no id'}): {exc}") from exc
 
 
+#: The sizes OTLP gives trace and span ids: an id of any other length has no SDK span (and no
+#: encoder takes it back: a 9-byte span id raised OverflowError in the middle of a replay).
+_TRACE_ID_BYTES = 16
+_SPAN_ID_BYTES = 8
+
+
+def _id(value: bytes, size: int, what: str) -> int:
+    if len(value) != size:
+        raise ValueError(f"{what} of {len(value)} bytes, expected {size}")
+    return int.from_bytes(value, "big")
+
+
 def _convert(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
-    trace_id = int.from_bytes(span.trace_id, "big")
+    trace_id = _id(span.trace_id, _TRACE_ID_BYTES, "trace id")
     flags = _flags(span.flags)
     context = SpanContext(
         trace_id,
-        int.from_bytes(span.span_id, "big"),
+        _id(span.span_id, _SPAN_ID_BYTES, "span id"),
         is_remote=False,
         trace_flags=flags,
         trace_state=_trace_state(span.trace_state),
@@ -80,15 +92,15 @@ def _convert(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -
     if span.parent_span_id:
         parent = SpanContext(
             trace_id,
-            int.from_bytes(span.parent_span_id, "big"),
+            _id(span.parent_span_id, _SPAN_ID_BYTES, "parent span id"),
             is_remote=bool(span.flags & _PARENT_IS_REMOTE),
             trace_flags=flags,
         )
     links = [
         Link(
             SpanContext(
-                int.from_bytes(link.trace_id, "big"),
-                int.from_bytes(link.span_id, "big"),
+                _id(link.trace_id, _TRACE_ID_BYTES, "linked trace id"),
+                _id(link.span_id, _SPAN_ID_BYTES, "linked span id"),
                 is_remote=True,
                 trace_flags=_flags(link.flags),
                 trace_state=_trace_state(link.trace_state),
@@ -131,6 +143,39 @@ def proto_spans(
                 yield span, resource, scope
 
 
+def split_invalid(
+    request: ExportTraceServiceRequest,
+) -> tuple[ExportTraceServiceRequest, ExportTraceServiceRequest, list[str]]:
+    """``request`` as two requests: the spans that can be SDK spans, and those that cannot,
+    each with its resource and scope; and why each of the latter cannot. One span with a bad
+    id is then set aside alone instead of its batch."""
+    good, bad = ExportTraceServiceRequest(), ExportTraceServiceRequest()
+    reasons: list[str] = []
+    for resource_spans in request.resource_spans:
+        resource = Resource(_attributes(resource_spans.resource.attributes), resource_spans.schema_url)
+        parts: dict[bool, Any] = {}
+        for scope_spans in resource_spans.scope_spans:
+            scope = InstrumentationScope(scope_spans.scope.name, scope_spans.scope.version or None)
+            copies: dict[bool, Any] = {}
+            for span in scope_spans.spans:
+                try:
+                    _span(span, resource, scope)
+                    valid = True
+                except InvalidSpanError as exc:
+                    reasons.append(str(exc))
+                    valid = False
+                if valid not in parts:
+                    parts[valid] = (good if valid else bad).resource_spans.add(
+                        resource=resource_spans.resource, schema_url=resource_spans.schema_url
+                    )
+                if valid not in copies:
+                    copies[valid] = parts[valid].scope_spans.add(
+                        scope=scope_spans.scope, schema_url=scope_spans.schema_url
+                    )
+                copies[valid].spans.append(span)
+    return good, bad, reasons
+
+
 def readable_span(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
     """One span as an SDK span; raises :class:`InvalidSpanError` if it cannot be one."""
     return _span(span, resource, scope)
@@ -144,4 +189,4 @@ def readable_spans(request: ExportTraceServiceRequest) -> Iterator[ReadableSpan]
         yield _span(span, resource, scope)
 
 
-__all__ = ["InvalidSpanError", "proto_spans", "readable_span", "readable_spans"]
+__all__ = ["InvalidSpanError", "proto_spans", "readable_span", "readable_spans", "split_invalid"]

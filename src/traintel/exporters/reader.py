@@ -40,6 +40,7 @@ from traintel.exporters.records import (
     SpanRecord,
 )
 from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
+from traintel.terminal_text import displayable_line, strip_controls
 
 if TYPE_CHECKING:
     from traintel.exporters.otlp_json import ExportRequest
@@ -83,8 +84,8 @@ class ReadStats:
 
     def skip(self, where: str, reason: str) -> None:
         self.skipped += 1
-        if len(self.reasons) < 20:
-            self.reasons.append(f"{where}: {reason}")
+        if len(self.reasons) < 20:  # a file's name and an error's text are shown: no escapes
+            self.reasons.append(strip_controls(f"{where}: {reason}"))
 
     def merge(self, later: ReadStats) -> None:
         """Add a later read's counts (another file's): its reasons after these, up to 20."""
@@ -140,7 +141,18 @@ def _lines(
                     continue
                 text = raw.strip()
                 if text:
+                    _position[0] = path, lineno
                     yield f"{path}:{lineno}", text, raw.endswith(b"\n")
+
+
+#: The file and line this process read last (what a command that stops on a record names).
+_position: list[tuple[Path, int] | None] = [None]
+
+
+def last_line_read() -> str | None:
+    """``FILE:LINE`` of the line this process read last, if any (without control sequences)."""
+    position = _position[0]
+    return strip_controls(f"{position[0]}:{position[1]}") if position is not None else None
 
 
 def _skip_reason(exc: Exception, ended: bool) -> str:
@@ -280,19 +292,25 @@ Record = SpanRecord | MetricsRecord
 def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord] | list[LogEntry]:
     """The records of one line: typed structs for the canonical spelling
     (:mod:`traintel.exporters.json_records`), else the proto path, which decides. Raises
-    :class:`DecodeError` or :class:`UnicodeDecodeError` for a line that is not a request."""
+    :class:`DecodeError` or :class:`UnicodeDecodeError` for a line that is not a request, and
+    nothing else whatever the line holds. Strings come without control characters (see
+    :func:`~traintel.terminal_text.displayable_line`): the records are for display."""
+    text = displayable_line(text)
     try:
         return _fast_decoder()(text, SpanRecord, EventRecord)[1]
-    except (NotCanonical, RecursionError):
+    except Exception:  # NotCanonical, or anything else the fast path trips on: the proto path decides
         pass
     from traintel.exporters.otlp_json import json_line_to_request  # (the OTLP encoders and the SDK with it)
 
     request = json_line_to_request(text.decode("utf-8"))
-    if isinstance(request, ExportTraceServiceRequest):
-        return list(spans_in(request))
-    if isinstance(request, ExportLogsServiceRequest):
-        return logs_in(request)
-    return metrics_records(request)
+    try:
+        if isinstance(request, ExportTraceServiceRequest):
+            return list(spans_in(request))
+        if isinstance(request, ExportLogsServiceRequest):
+            return logs_in(request)
+        return metrics_records(request)
+    except Exception as exc:  # a request the parser took but that cannot be flattened
+        raise DecodeError(f"cannot be read ({type(exc).__name__})") from None
 
 
 @functools.cache

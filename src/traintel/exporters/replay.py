@@ -30,6 +30,7 @@ most backends.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -44,10 +45,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from traintel._sdk.otel_private import watch_collector_answers
 from traintel.config import ConfigurationError
+from traintel.exporters.collector_answers import CollectorAnswers
+from traintel.exporters.health import COLLECTOR_REJECTED, ExportHealth
 from traintel.exporters.otlp_env import otlp_protocol
 from traintel.exporters.private_files import make_private_dirs
-from traintel.exporters.proto_spans import InvalidSpanError, proto_spans, readable_span
+from traintel.exporters.proto_spans import InvalidSpanError, proto_spans, readable_span, split_invalid
 from traintel.exporters.reader import ReadStats, expand_paths, read_requests
 from traintel.exporters.replay_ledger import Ledger, Progress, target_key
 from traintel.exporters.spool import (
@@ -55,6 +59,7 @@ from traintel.exporters.spool import (
     SPOOL_SUFFIX,
     batch_name,
     batch_seq,
+    batch_spans,
     move_to_quarantine,
     read_batch,
     spool_files,
@@ -84,8 +89,13 @@ class ReplayResult:
     quarantined: list[Path] = field(default_factory=list)
     #: Spooled batches that cannot be read back, and spans no span can be (not sent).
     unreadable: list[str] = field(default_factory=list)
-    #: Where the replay stopped because the collector took nothing, not even an empty request.
+    #: Spans the collector refused inside requests it accepted (partial success), and why.
+    spans_refused_in_accepted: int = 0
+    refused_message: str = ""
+    #: Where the replay stopped because the collector took nothing, not even an empty request,
+    #: or asked to wait (``asked_to_wait``: its answer, e.g. "HTTP 429, retry after 30s").
     failed_file: Path | None = None
+    asked_to_wait: str = ""
     stats: ReadStats = field(default_factory=ReadStats)
 
     @property
@@ -94,6 +104,7 @@ class ReplayResult:
         return (
             self.failed_file is None
             and not self.spans_rejected
+            and not self.spans_refused_in_accepted
             and not self.unreadable
             and not self.stats.skipped
         )
@@ -146,6 +157,10 @@ def replay_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return list(dict.fromkeys(batches)) + list(dict.fromkeys(files))
 
 
+def _count(request: ExportTraceServiceRequest) -> int:
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
 class _Sent(enum.Enum):
     DELIVERED = "delivered"
     REJECTED = "rejected"
@@ -161,11 +176,18 @@ class _Replay:
         self.target = target
         self.batch_spans = batch_spans
         self.result = ReplayResult()
+        #: What the collector answers (partial success, throttling), if the exporter lets it be seen.
+        self.health = ExportHealth()
+        self.answers = CollectorAnswers(self.health, say=False)
+        watch_collector_answers(exporter, self.answers)
         #: Every span id seen in a spooled batch: not sent again from a file.
         self.spooled: set[_SpanKey] = set()
         self._ledgers: dict[Path, Ledger] = {}
         #: Files all of whose spans were delivered (``--delete-sent`` may remove them).
         self.delivered: list[Path] = []
+        #: The spooled batch just read had its bad spans moved to a batch of their own: the file
+        #: that now holds the rest.
+        self._rewritten: Path | None = None
 
     def ledger(self, path: Path) -> Ledger | None:
         if self.target is None:
@@ -186,6 +208,8 @@ class _Replay:
         spans = self._batch_of(path) if spooled else self._lines_of(path)
         if spans is None:  # a spooled batch that cannot be read back: set aside
             return True
+        if spooled and self._rewritten is not None:  # its bad spans are aside: a whole file again
+            path, progress, undelivered_before = self._rewritten, Progress(), self._undelivered()
         position = 0
         batch: list[ReadableSpan] = []
         for key, span in spans:
@@ -214,18 +238,38 @@ class _Replay:
         return True
 
     def _undelivered(self) -> int:
-        return self.result.spans_rejected + len(self.result.unreadable)
+        refused = self.health.spans_dropped.get(COLLECTOR_REJECTED, 0)  # inside accepted requests
+        return self.result.spans_rejected + len(self.result.unreadable) + refused
 
     def _batch_of(self, path: Path) -> list[tuple[_SpanKey, ReadableSpan | None]] | None:
-        """A spooled batch whole, or ``None`` (set aside) if any of it cannot be read back:
-        it is sent as it was spooled or not at all."""
+        """A spooled batch's spans, or ``None`` (set aside) if it cannot be read back at all.
+        Spans that cannot be SDK spans (an id of the wrong size, say) are set aside alone, in
+        a batch of their own in ``quarantine/``, and the file keeps the rest."""
+        self._rewritten = None
         try:
-            request = read_batch(path)
-            return [((s.trace_id, s.span_id), readable_span(s, r, c)) for s, r, c in proto_spans(request)]
-        except (OSError, DecodeError, InvalidSpanError) as exc:
+            good, bad, reasons = split_invalid(read_batch(path))
+            written, found = batch_spans(path), _count(good) + len(reasons)
+            if written is not None and found != written:  # emptied or cut: not a batch to deliver
+                raise DecodeError(f"{found} span(s) in it, written with {written}")
+        except (OSError, DecodeError) as exc:
             where = self._set_aside_file(path)
             self.result.unreadable.append(f"{path}: cannot be read back ({exc})" + where)
             return None
+        if reasons:
+            self.result.unreadable.extend(f"{path}: {reason}" for reason in reasons)
+            if not good.resource_spans:  # nothing in it can be sent: the file goes aside whole
+                self.result.unreadable[-1] += self._set_aside_file(path)
+                return None
+            if path.parent.name != QUARANTINE_DIR:
+                kept = self._write_aside(path.parent, bad.SerializeToString(), len(reasons))
+                if kept is not None:
+                    self.result.unreadable[-1] += f"; set aside in {kept}"
+                    with contextlib.suppress(OSError):  # the rest, for later replays too, under its count
+                        rest = path.with_name(batch_name(batch_seq(path) or 0, _count(good)))
+                        write_batch(rest, good.SerializeToString())
+                        path.unlink()
+                        self._rewritten = rest
+        return [((s.trace_id, s.span_id), readable_span(s, r, c)) for s, r, c in proto_spans(good)]
 
     def _lines_of(self, path: Path) -> Iterator[tuple[_SpanKey, ReadableSpan | None]]:
         """Streaming: a long run's file is never held in memory whole. A span that cannot be
@@ -262,14 +306,16 @@ class _Replay:
         left = batch[self._send(batch) :]
         if not left:
             return _Sent.DELIVERED
-        if not self._export(()):  # the collector takes nothing: down, unreachable or refusing all
+        if self._asked_to_wait() or not self._export(()):  # throttled, down, unreachable or refusing all
             return _Sent.STOPPED
         left = left[self._send(left) :]  # once more: the failure may have been a moment's outage
         if not left:
             return _Sent.DELIVERED
+        if self._asked_to_wait():
+            return _Sent.STOPPED
         self.result.spans_rejected += len(left)
         if path.parent.name != QUARANTINE_DIR:
-            self._write_aside(path.parent, left)
+            self._write_aside(path.parent, encode_spans(left).SerializeToString(), len(left))
         elif path not in self.result.quarantined:
             self.result.quarantined.append(path)
         return _Sent.REJECTED
@@ -285,7 +331,18 @@ class _Replay:
             self.result.requests_sent += 1
         return sent
 
+    def _asked_to_wait(self) -> bool:
+        """The collector answered "try again later" (HTTP 429, gRPC RESOURCE_EXHAUSTED, ...):
+        the batch is not refused, and the replay stops where it is, to be run again later."""
+        answer = self.answers.last_failure
+        if answer is None or not answer.retryable:
+            return False
+        after = f", retry after {answer.retry_after_s:g}s" if answer.retry_after_s else ""
+        self.result.asked_to_wait = answer.what + after
+        return True
+
     def _export(self, spans: Sequence[ReadableSpan]) -> bool:
+        self.answers.forget()
         try:
             return self.exporter.export(spans) == SpanExportResult.SUCCESS
         except Exception as exc:
@@ -293,19 +350,21 @@ class _Replay:
             return False
 
     # --- setting aside -----------------------------------------------------------------------
-    def _write_aside(self, directory: Path, spans: Sequence[ReadableSpan]) -> None:
+    def _write_aside(self, directory: Path, data: bytes, spans: int) -> Path | None:
+        """Keep ``spans`` spans (a serialised request) in ``directory``'s quarantine."""
         quarantine = directory / QUARANTINE_DIR
         try:
             make_private_dirs(quarantine)
             seq = 1 + max(
                 (batch_seq(p) or 0 for p in (*directory.iterdir(), *quarantine.iterdir())), default=0
             )
-            target = quarantine / batch_name(seq, len(spans))
-            write_batch(target, encode_spans(spans).SerializeToString())
+            target = quarantine / batch_name(seq, spans)
+            write_batch(target, data)
         except OSError as exc:
-            self.result.unreadable.append(f"{directory}: cannot keep {len(spans)} rejected span(s) ({exc})")
-            return
+            self.result.unreadable.append(f"{directory}: cannot keep {spans} span(s) set aside ({exc})")
+            return None
         self.result.quarantined.append(target)
+        return target
 
     def _set_aside_file(self, path: Path) -> str:
         """Move an unreadable spooled batch into its directory's quarantine (if not there yet)."""
@@ -345,6 +404,10 @@ def replay(
     for path in replay_files(paths):
         if not run.file(path):
             break
+    refused = run.health.spans_dropped.get(COLLECTOR_REJECTED, 0)
+    if refused:
+        run.result.spans_refused_in_accepted = refused
+        run.result.refused_message = run.answers.partial_message or ""
     if delete_sent and run.result.failed_file is None:
         run.delete_delivered()
     return run.result
@@ -376,7 +439,17 @@ def render(result: ReplayResult, target: str) -> str:
             f"not delivered: {result.spans_rejected} span(s) rejected by the collector, which accepted "
             "other requests (its log says why); kept in " + ", ".join(str(p) for p in result.quarantined)
         )
-    if result.failed_file is not None:
+    if result.spans_refused_in_accepted:
+        lines.append(
+            f"not delivered: {result.spans_refused_in_accepted} span(s) refused by the collector inside "
+            f"requests it accepted (partial success: {result.refused_message})"
+        )
+    if result.failed_file is not None and result.asked_to_wait:
+        lines.append(
+            f"stopped at {result.failed_file}: the collector asks to wait ({result.asked_to_wait}); "
+            "run the same command again later to resume (what was delivered is not sent again)"
+        )
+    elif result.failed_file is not None:
         lines.append(
             f"stopped at {result.failed_file}: the collector took no request, not even an empty one "
             "(down, unreachable, or refusing everything); run the same command again to resume "

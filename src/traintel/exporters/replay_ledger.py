@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,11 +116,9 @@ class Ledger:
             self._save()
 
     def _save(self) -> None:
-        temporary = self.path.with_name(self.path.name + ".tmp")
         try:
-            with open_private(temporary) as fh:
+            with open_private(self.path) as fh:  # written whole, then renamed into place
                 json.dump(self._data, fh)
-            os.replace(temporary, self.path)
         except OSError as exc:
             if not self._warned:
                 self._warned = True

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from traintel.exporters.health import HEALTH
 from traintel.exporters.tls_errors import ATTEMPT_LINE, attach_to_exporter_loggers, signal_of
 
 _logger = logging.getLogger("traintel")
@@ -63,13 +64,55 @@ class RepeatedFailureFilter(logging.Filter):
             self._said = False
 
 
+class CollectionTimeoutFilter(logging.Filter):
+    """The SDK's periodic metric reader logs each collection that times out (under CPU pressure,
+    say) as a warning with a ``MetricsTimeoutError`` traceback, on the job's stderr. The next
+    collection carries the cumulative totals, so one counted line says all of it: each timeout
+    is counted (said at exit) and the first said once, without a traceback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            if not record.getMessage().startswith("Metric collection timed out"):
+                return True
+            self.timed_out()
+        except Exception:  # a filter must never break the reader that logs
+            return True
+        return False
+
+    def timed_out(self) -> None:
+        """One collection that timed out (seen in the reader's log, or raised by a flush)."""
+        HEALTH.metric_collection_timed_out()
+        if not self._said:
+            self._said = True
+            _logger.warning(
+                "traintel: a metric collection timed out (the process is short of CPU?); the next one "
+                "carries the cumulative totals (each is counted and the exit says how many)"
+            )
+
+
 _filter = RepeatedFailureFilter()
+_timeouts = CollectionTimeoutFilter()
+#: Where the SDK's periodic metric reader logs.
+_READER_LOGGER = "opentelemetry.sdk.metrics._internal.export"
 
 
 def install() -> RepeatedFailureFilter:
-    """Attach the filter to the exporters' loggers (call after their modules are imported)."""
+    """Attach the filters to the exporters' and the metric reader's loggers (call after their
+    modules are imported)."""
     attach_to_exporter_loggers(_filter)
+    reader = logging.getLogger(_READER_LOGGER)
+    if _timeouts not in reader.filters:
+        reader.addFilter(_timeouts)
     return _filter
+
+
+def collection_timed_out() -> None:
+    """A metric collection a flush gave up on: counted, and said once, without a traceback."""
+    _timeouts.timed_out()
 
 
 def delivered() -> None:
@@ -77,4 +120,4 @@ def delivered() -> None:
     _filter.delivered()
 
 
-__all__ = ["RepeatedFailureFilter", "delivered", "install"]
+__all__ = ["CollectionTimeoutFilter", "RepeatedFailureFilter", "collection_timed_out", "delivered", "install"]

@@ -228,6 +228,12 @@ def batch_seq(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def batch_spans(path: Path) -> int | None:
+    """How many spans a spooled batch was written with, from its name (``None``: not one)."""
+    match = _NAME.match(path.name)
+    return int(match.group(2)) if match else None
+
+
 def read_batch(path: Path) -> ExportTraceServiceRequest:
     """One spooled batch (raises ``OSError``, or ``DecodeError`` for a corrupt file; a batch
     that decodes may still hold values no span can have, see ``proto_spans``)."""

@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -44,15 +44,19 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from traintel._aggregation.otlp_size import estimate_span_bytes
-from traintel._sdk.otel_private import batch_queue
+from traintel._sdk.otel_private import batch_queue, watch_collector_answers
 from traintel.exporters import health as health_module
 from traintel.exporters import retry_lines
+from traintel.exporters.collector_answers import CollectorAnswers
 from traintel.exporters.health import HEALTH, ExportHealth
 from traintel.exporters.proto_spans import InvalidSpanError, readable_spans
+from traintel.exporters.span_repair import encodable
 from traintel.exporters.spool import Spool, SpoolEntry
 
 _logger = logging.getLogger(__name__)
 
+#: What a bounded exit names when it runs out while a batch is with the span exporter.
+SENDING_SPANS = "the collector (a span export under way)"
 #: gRPC's default maximum message size is 4 MiB; stay clear of it with headroom for framing.
 DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
 #: The share of the exit's drain time it then waits, after the spill, for the send under way:
@@ -148,7 +152,7 @@ class QueueGuard:
 class CountingBatchSpanProcessor(BatchSpanProcessor):
     """The SDK's batch processor behind a :class:`QueueGuard`: its drops counted exactly."""
 
-    def __init__(self, exporter: SpanExporter, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
+    def __init__(self, exporter: SpanExporter, *, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
         super().__init__(exporter, **kwargs)
         self.guard = QueueGuard(self, super().on_end, health)
         self.on_end = self.guard.on_end  # type: ignore[method-assign]  # no extra call per span
@@ -158,6 +162,48 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
 
     def take_queued(self) -> list[ReadableSpan]:
         return self.guard.take_queued()
+
+
+#: The batch span processor's settings: variable, keyword, the SDK's default, the least allowed.
+_BATCH_SETTINGS = (
+    ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size", 2048, 1),
+    ("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_millis", 5000, 1),
+    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size", 512, 1),
+    ("OTEL_BSP_EXPORT_TIMEOUT", "export_timeout_millis", 30000, 0),
+)
+
+
+def batch_settings(environ: Mapping[str, str]) -> tuple[dict[str, int], list[str]]:
+    """The ``OTEL_BSP_*`` settings as a batch span processor's arguments, each bad one replaced
+    by the SDK's default; and a line naming each bad one.
+
+    Why: the SDK refuses a non-positive value outright (``OTEL_BSP_SCHEDULE_DELAY=-5`` failed
+    the processor, and the automatic configuration lost the whole trace) and logs a traceback
+    for text; a batch larger than the queue fails it too. Here the rest of the settings keep
+    their values and the run goes on with the default, said once."""
+    settings: dict[str, int] = {}
+    said: list[str] = []
+    for variable, keyword, default, least in _BATCH_SETTINGS:
+        raw = environ.get(variable, "").strip()
+        if not raw:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            what = "a positive integer" if least else "a non-negative integer"
+            said.append(f"{variable}={raw!r} is not {what}; using the SDK's default {default}")
+            value = default  # given, so that the SDK does not read the variable itself
+        settings[keyword] = value
+    queue, batch = settings.get("max_queue_size", 2048), settings.get("max_export_batch_size", 512)
+    if batch > queue:
+        said.append(
+            f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE={batch} is over the queue's {queue} "
+            f"(OTEL_BSP_MAX_QUEUE_SIZE); using {queue}"
+        )
+        settings["max_export_batch_size"] = queue
+    return settings, said
 
 
 def guard_queue(processor: BatchSpanProcessor, health: ExportHealth = HEALTH) -> QueueGuard:
@@ -200,6 +246,10 @@ class SpoolingSpanExporter(SpanExporter):
         self._max_batch_bytes = max_batch_bytes
         self._health = health
         self._failed_once = False
+        #: What the collector answers (partial success counted, throttling told from refusal).
+        self._answers = CollectorAnswers(health)
+        watch_collector_answers(exporter, self._answers)
+        self._said_throttled = False
         self._init_state()
         if spool is not None:
             health.watch_spool(spool)
@@ -221,6 +271,8 @@ class SpoolingSpanExporter(SpanExporter):
         #: How long the last send took: a send that cannot end before the drain does is not
         #: started (cut off by the exit, its outcome unknown, a replay could send it twice).
         self._last_send_s = 0.0
+        #: How long the collector asked to wait before the next try (Retry-After, RetryInfo).
+        self._asked_wait_s = 0.0
         self._stopped = False
         self._thread: threading.Thread | None = None
         #: The handed-off batch the sender is sending (spilled to disk if the exit comes first).
@@ -229,6 +281,8 @@ class SpoolingSpanExporter(SpanExporter):
         self._spilled: tuple[Sequence[ReadableSpan], SpoolEntry] | None = None
         #: The sender owns a failed batch and is writing it to the spool.
         self._writing = False
+        #: A send failed since batches last went direct (the spool is then more than a queue).
+        self._outage = False
 
     def _reinit_in_child(self) -> None:
         """A forked child has no sender thread and must not write into its parent's spool."""
@@ -246,7 +300,7 @@ class SpoolingSpanExporter(SpanExporter):
             self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
             return SpanExportResult.FAILURE
         try:
-            parts = split_by_bytes(spans, self._max_batch_bytes)
+            parts = self._parts(spans)
         except Exception:
             _logger.exception("traintel: could not encode a span batch; %d span(s) dropped", len(spans))
             self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
@@ -257,6 +311,27 @@ class SpoolingSpanExporter(SpanExporter):
         for part, request in parts:
             kept = self._export_part(part, request) and kept
         return SpanExportResult.SUCCESS if kept else SpanExportResult.FAILURE
+
+    def _parts(self, spans: Sequence[ReadableSpan]) -> list[_Batch]:
+        """``split_by_bytes``; a batch whose encoding fails is split with its bad spans mended
+        or dropped (``span_repair``)."""
+        try:
+            return split_by_bytes(spans, self._max_batch_bytes)
+        except Exception:
+            mended = encodable(spans, self._health)
+            return split_by_bytes(mended, self._max_batch_bytes) if mended else []
+
+    def _encoded(
+        self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None
+    ) -> tuple[Sequence[ReadableSpan], ExportTraceServiceRequest]:
+        """The spans and their request, bad spans mended or dropped if the encoding fails."""
+        if request is not None:
+            return spans, request
+        try:
+            return spans, encode_spans(spans)
+        except Exception:
+            spans = encodable(spans, self._health)
+            return spans, encode_spans(spans)
 
     def _export_part(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
         if request is not None and request.ByteSize() > self._max_batch_bytes:  # one span alone
@@ -282,14 +357,46 @@ class SpoolingSpanExporter(SpanExporter):
     def _idle(self) -> bool:
         return not self._busy and self._handoff is None and not self._backlog
 
-    def _send(self, spans: Sequence[ReadableSpan]) -> bool:
-        started = time.monotonic()
+    def _send_mending(
+        self, spans: Sequence[ReadableSpan]
+    ) -> tuple[bool, Sequence[ReadableSpan], ExportTraceServiceRequest | None]:
+        """Send ``spans``; if that failed before the collector answered because the exporter's
+        encoder refused a span (it raises, or reports a failure), send them again with their
+        bad spans mended or dropped (``span_repair``). Returns whether they were delivered, the
+        spans as sent, and their request if it was encoded here (to spool without encoding
+        again)."""
+        error: Exception | None = None
         try:
-            return self.exporter.export(spans) == SpanExportResult.SUCCESS
+            if self._send(spans, raising=True):
+                return True, spans, None
         except Exception as exc:
-            if not self._failed_once:
-                self._failed_once = True
-                _logger.error("traintel: span exporter %s raised: %s", type(self.exporter).__name__, exc)
+            error = exc
+        if self._answers.last_failure is not None:  # the collector answered: not the encoding
+            return False, spans, None
+        try:
+            request = encode_spans(spans)
+        except Exception:
+            mended = encodable(spans, self._health)
+            return (not mended or self._send(mended)), mended, None
+        if error is not None:
+            self._said_raised(error)
+        return False, spans, request
+
+    def _said_raised(self, exc: Exception) -> None:
+        if not self._failed_once:
+            self._failed_once = True
+            _logger.error("traintel: span exporter %s raised: %s", type(self.exporter).__name__, exc)
+
+    def _send(self, spans: Sequence[ReadableSpan], raising: bool = False) -> bool:
+        started = time.monotonic()
+        self._answers.forget()
+        try:
+            with self._health.busy(SENDING_SPANS):
+                return self.exporter.export(spans) == SpanExportResult.SUCCESS
+        except Exception as exc:
+            if raising:
+                raise
+            self._said_raised(exc)
             return False
         finally:
             self._last_send_s = time.monotonic() - started
@@ -301,8 +408,10 @@ class SpoolingSpanExporter(SpanExporter):
         if self.spool is None:
             self._health.drop_spans(health_module.NOT_SPOOLED, count)
             return None
-        if request is None:
-            request = encode_spans(spans)
+        spans, request = self._encoded(spans, request)
+        if not spans:
+            return None  # each one dropped and counted
+        count = len(spans)
         with self._cond:
             entry = self.spool.put(request, count)
             if entry is None:
@@ -317,7 +426,8 @@ class SpoolingSpanExporter(SpanExporter):
     def _send_direct(self, spans: Sequence[ReadableSpan]) -> bool:
         """Without a spool (``TRAINTEL_SPOOL_MAX_BYTES=0``): the SDK's own behaviour, send on
         the processor's thread and wait; a failed batch is dropped, and counted."""
-        if self._send(spans):
+        delivered, spans, _request = self._send_mending(spans)
+        if delivered:
             return True
         self._health.export_failed()
         self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
@@ -344,11 +454,15 @@ class SpoolingSpanExporter(SpanExporter):
                 entries = self.spool.entries()
                 if not entries:
                     self._backlog = False
-                    _logger.warning("traintel: spooled spans delivered; exporting directly again")
-                    retry_lines.delivered()
+                    if self._outage:  # said only after a failure: a busy sender is nothing wrong
+                        self._outage = False
+                        _logger.warning("traintel: spooled spans delivered; exporting directly again")
+                        retry_lines.delivered()
                     continue
                 now = time.monotonic()
-                if self._drain_deadline is not None and now + self._last_send_s > self._drain_deadline:
+                if self._drain_deadline is not None and (
+                    now + self._last_send_s > self._drain_deadline or self._retry_at > self._drain_deadline
+                ):
                     self._drain_hopeless = True  # the rest stays on disk for a replay
                     wait = max(0.05, self._drain_deadline - now)
                 elif (wait := self._retry_at - now) <= 0:
@@ -375,10 +489,12 @@ class SpoolingSpanExporter(SpanExporter):
                 delivered = False
             if not delivered:
                 with self._cond:
-                    self._retry_at = time.monotonic() + self._retry_interval_s
+                    self._outage = True
+                    wait, self._asked_wait_s = max(self._retry_interval_s, self._asked_wait_s), 0.0
+                    self._retry_at = time.monotonic() + wait
 
     def _first_send(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
-        delivered = self._send(spans)
+        delivered, sent, encoded = self._send_mending(spans)
         with self._cond:  # whoever clears _in_flight owns the batch: here, or spill() at exit
             mine, self._in_flight = self._in_flight is spans, None
             spilled, self._spilled = self._spilled, None
@@ -390,10 +506,11 @@ class SpoolingSpanExporter(SpanExporter):
                 self._health.resent(len(spans))
             return True
         self._health.export_failed()
+        self._asked_to_wait()  # a Retry-After applies to the retry of what is spooled now
         if not mine:  # the exit already wrote it to the spool
             return False
         try:
-            spooled = self._to_spool(spans, request) is not None
+            spooled = self._to_spool(sent, (request or encoded) if sent is spans else None) is not None
         finally:
             with self._cond:
                 self._writing = False
@@ -414,25 +531,65 @@ class SpoolingSpanExporter(SpanExporter):
         """The oldest spooled batch; True when it left the queue (delivered or set aside)."""
         spool = self.spool
         assert spool is not None
-        try:
-            request = spool.read(entry)
-            spans = list(readable_spans(request)) if request is not None else []
-        except (DecodeError, InvalidSpanError) as exc:
-            self._quarantine(entry, f"cannot be read back: {exc}")
-            return True
-        if request is None:
-            return True  # gone (dropped by the bound meanwhile): nothing to send
+        spans = self._read_back(spool, entry)
+        if spans is None:
+            return True  # set aside, or gone (dropped by the bound meanwhile): nothing to send
         if self._stopped:
             return False
         if not self._send(spans):
             self._health.export_failed()
-            if self._stopped or not self._collector_accepts():
-                return False  # down, black-holed or refusing everything: retry later
-            if not self._send(spans):  # once more: the failure may have been a moment's outage
+            delivered = self._after_failure(spans)
+            if delivered is None:
+                return False  # throttled, down, black-holed or refusing everything: retry later
+            if not delivered:
                 self._quarantine(entry, "rejected by the collector, which accepts other requests")
                 return True
         spool.remove(entry)
         self._health.resent(len(spans))
+        return True
+
+    def _read_back(self, spool: Spool, entry: SpoolEntry) -> list[ReadableSpan] | None:
+        """A spooled batch's spans; None if it is gone, or set aside: it does not decode, holds
+        a value no span can have, or holds other than the spans it was written with (an emptied
+        or cut file decodes too, and must not be deleted as delivered)."""
+        try:
+            request = spool.read(entry)
+            if request is None:
+                return None
+            spans = list(readable_spans(request))
+            if len(spans) != entry.spans:
+                raise DecodeError(f"{len(spans)} span(s) in it, written with {entry.spans}")
+        except (DecodeError, InvalidSpanError) as exc:
+            self._quarantine(entry, f"cannot be read back: {exc}")
+            return None
+        return spans
+
+    def _after_failure(self, spans: Sequence[ReadableSpan]) -> bool | None:
+        """After a spooled batch failed: ``None`` to try again later (the collector asked to
+        wait, or takes nothing, not even an empty request), else whether one more try delivered
+        it (False: refused for what it holds)."""
+        if self._stopped or self._asked_to_wait() or not self._collector_accepts():
+            return None
+        if self._send(spans):  # once more: the failure may have been a moment's outage
+            return True
+        return None if self._asked_to_wait() else False
+
+    def _asked_to_wait(self) -> bool:
+        """Did the collector answer the last send with "try again later" (HTTP 429, 502-504;
+        gRPC RESOURCE_EXHAUSTED, UNAVAILABLE, ...)? Then the batch is not refused: it waits in
+        the spool as long as the collector asks (Retry-After, RetryInfo), and is sent live."""
+        answer = self._answers.last_failure
+        if answer is None or not answer.retryable:
+            return False
+        self._asked_wait_s = answer.retry_after_s or 0.0
+        if answer.throttled and not self._said_throttled:
+            self._said_throttled = True
+            _logger.warning(
+                "traintel: the collector asks to wait (%s%s); batches wait in the spool and are sent "
+                "as it takes them (training continues)",
+                answer.what,
+                f", retry after {answer.retry_after_s:g}s" if answer.retry_after_s else "",
+            )
         return True
 
     def _collector_accepts(self) -> bool:
@@ -519,7 +676,7 @@ class SpoolingSpanExporter(SpanExporter):
         if handoff is not None and self._to_spool(*handoff) is not None:
             written += len(handoff[0])
         if queued:
-            for part, request in split_by_bytes(list(queued), self._max_batch_bytes):
+            for part, request in self._parts(list(queued)):
                 if self._to_spool(part, request) is not None:
                     written += len(part)
         return written
@@ -536,6 +693,7 @@ __all__ = [
     "CountingBatchSpanProcessor",
     "QueueGuard",
     "SpoolingSpanExporter",
+    "batch_settings",
     "guard_queue",
     "split_by_bytes",
 ]

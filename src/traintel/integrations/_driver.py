@@ -10,12 +10,12 @@ framework.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
 from traintel import semconv
 from traintel._host.flops import first_dim
+from traintel._recorder import clock
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 
@@ -119,7 +119,7 @@ class PhaseDriver:
 
 
 def now_ns() -> int:
-    return time.time_ns()
+    return clock.time_ns()  # the phases' timeline
 
 
 def batch_size(batch: Any) -> int | None:

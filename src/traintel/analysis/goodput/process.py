@@ -125,6 +125,7 @@ class Process:
     end_ns: int | None = None  # the outermost span's final end, if exported
     end_error: bool = False
     preempted: bool = False  # a terminating signal's ``preemption`` event was exported
+    wall_clock_step_s: float = 0.0  # the largest step of the wall clock a ``wall_clock_step`` event said
     outermost: str | None = None
     phases: list[tuple[int, int, str]] = field(default_factory=list)
     #: Data-loading spans, resolved (inside an iteration or not) once every span is read.
@@ -174,6 +175,7 @@ class Process:
         ):
             self.outermost, self.end_ns, self.end_error = later.outermost, later.end_ns, later.end_error
         self.preempted = self.preempted or later.preempted
+        self.wall_clock_step_s = max(self.wall_clock_step_s, later.wall_clock_step_s, key=abs)
         self.phases.extend(later.phases)
         if later.resume is not None and (self.resume is None or later.resume < self.resume):
             self.resume = later.resume

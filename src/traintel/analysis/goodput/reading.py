@@ -6,6 +6,7 @@ window records and exported iterations as rows, then per process the data loadin
 from __future__ import annotations
 
 import bisect
+import math
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -35,6 +36,7 @@ _W = semconv.WINDOW_PREFIX
 _ITERATION = Phase.TRAINING_ITERATION.value
 _DATA_LOADING = Phase.DATA_LOADING.value
 _PREEMPTION = semconv.Event.PREEMPTION.value
+_WALL_CLOCK_STEP = semconv.Event.WALL_CLOCK_STEP.value
 
 
 def _float(value: object, default: float = 0.0) -> float:
@@ -197,13 +199,21 @@ def _group_jobs(processes: Iterable[Process]) -> list[Job]:
     return list(jobs.values())
 
 
-def _add_span(process: Process, span: SpanRecord) -> None:
-    start, end = span.start_ns, span.end_ns
-    process.see(start, end)
+def _add_events(process: Process, span: SpanRecord) -> None:
     for event in span.events:
         process.see(0, event.time_ns)
         if event.name == _PREEMPTION:
             process.preempted = True
+        elif event.name == _WALL_CLOCK_STEP:
+            step = event.attributes.get(semconv.WALL_CLOCK_STEP)
+            if isinstance(step, float) and math.isfinite(step):
+                process.wall_clock_step_s = max(process.wall_clock_step_s, step, key=abs)
+
+
+def _add_span(process: Process, span: SpanRecord) -> None:
+    start, end = span.start_ns, span.end_ns
+    process.see(start, end)
+    _add_events(process, span)
     attributes = span.attributes
     if span.name == semconv.TRAINING_WINDOW_SPAN:  # a leaf: no ancestor of any data loading
         process.window_rows.append(_window_row(start, end, attributes))

@@ -66,6 +66,8 @@ class JobGoodput(_Share):
     #: mark account for (what ran then is unknown), and the last iteration accounted before them.
     unaccounted_s: float = 0.0
     unaccounted_after: int | None = None
+    #: How far the wall clock stepped during the job (its durations stay right: see the text).
+    wall_clock_step_s: float = 0.0
 
 
 @dataclass
@@ -150,6 +152,7 @@ class SessionGoodput(_Share):
                     "inferred_tail": j.inferred_tail.as_dict() if j.inferred_tail is not None else None,
                     "unaccounted_seconds": j.unaccounted_s,
                     "unaccounted_after_iteration": j.unaccounted_after,
+                    "wall_clock_step_s": j.wall_clock_step_s,
                 }
                 for j in self.jobs
             ],
@@ -327,6 +330,7 @@ def _job_result(
         inferred_tail=process.tail,
         unaccounted_s=unaccounted_s,
         unaccounted_after=after,
+        wall_clock_step_s=process.wall_clock_step_s,
     )
 
 

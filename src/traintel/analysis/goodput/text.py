@@ -99,6 +99,9 @@ def _job_lines(j: JobGoodput) -> list[str]:
         f"  {name:<24}{len(j.ranks):>6}{_clock(j.start_ns):>21}{j.total_s:>11.1f}{j.goodput:>9.2%}",
         f"    iterations {iterations}, {j.status}",
     ]
+    if j.wall_clock_step_s:  # durations stay right; timestamps after the step are off by it
+        lines.append(f"    the wall clock stepped by {j.wall_clock_step_s:+.1f} s during this job:")
+        lines.append("    durations from the monotonic clock, later timestamps that far off")
     tail = j.inferred_tail
     if tail is not None:
         counted = [f"{tail.marked_iterations} in the progress mark"] if tail.marked_iterations else []
