@@ -389,3 +389,33 @@ with traintel.application():
     assert "Traceback" not in result.stderr, result.stderr
     names = [s.name for s in iter_spans([tmp_path / "runs"])]
     assert names.count("training_iteration") == 6 and "application" in names
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(("delay", "lines"), [(None, 1), ("2000", 2)])
+def test_the_embedded_file_gathers_spans_for_a_minute_unless_told(
+    tmp_path: Path, delay: str | None, lines: int
+) -> None:
+    """Each batch is a line repeating the resource: the embedded file's processor waits 60 s by
+    default (the SDK's 5 s put a real hour at 10 steps/s over its volume budget), the user's
+    ``OTEL_BSP_SCHEDULE_DELAY`` otherwise. Spans end 0, 6 and 12 s into a 13 s job: one line (the
+    exit's flush) against at least two."""
+    job = """
+import time, traintel
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(3):
+            with traintel.training_iteration():
+                pass
+            time.sleep(6 if i < 2 else 1)
+"""
+    env = {} if delay is None else {"OTEL_BSP_SCHEDULE_DELAY": delay}
+    result = run_python(
+        job, tmp_path, TRAINTEL_EXPORT_ITERATIONS="all", TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), **env
+    )
+    assert result.returncode == 0, result.stderr
+    (path,) = (tmp_path / "runs").glob("*.otlp.jsonl")
+    span_lines = [line for line in path.open("rb") if line.startswith(b'{"resourceSpans"')]
+    assert len(span_lines) == lines if delay is None else len(span_lines) >= lines
+    names = [s.name for s in iter_spans([tmp_path / "runs"])]
+    assert names.count("training_iteration") == 3 and "application" in names

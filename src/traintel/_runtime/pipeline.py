@@ -54,6 +54,7 @@ from traintel.exporters import redaction as _redaction
 from traintel.exporters import retry_lines, tls_errors
 from traintel.exporters.file import (
     FILE_METRIC_EXPORT_INTERVAL_MILLIS,
+    FILE_SPAN_EXPORT_DELAY_MILLIS,
     OtlpJsonFileLogExporter,
     OtlpJsonFileMetricExporter,
     OtlpJsonFileSpanExporter,
@@ -689,8 +690,11 @@ def _export_paths(
         if spool and plan.name != FILE_EXPORTER:
             exporter = spooler = _spooling(exporter, plan.name, config, resource)
         bound = ProcessBoundSpanExporter(exporter)
+        settings = batching
+        if plan.name == FILE_EXPORTER and not environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip():
+            settings = {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}
         try:
-            processor = CountingBatchSpanProcessor(bound, health=HEALTH, **batching)
+            processor = CountingBatchSpanProcessor(bound, health=HEALTH, **settings)
         except Exception as exc:
             if not plan.lent:
                 undo.append(exporter.shutdown)

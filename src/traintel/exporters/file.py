@@ -53,6 +53,12 @@ DEFAULT_OUTPUT_DIR = "traintel-runs"
 #: line a minute would be most of the file (0.8 of 1.4 MB per rank-hour at 10 steps/s) for
 #: nothing; the last line is written at exit, and a killed job's counters are at most this old.
 FILE_METRIC_EXPORT_INTERVAL_MILLIS = 300_000
+#: How long the file's batch processor gathers spans when ``OTEL_BSP_SCHEDULE_DELAY`` is not set
+#: (the SDK's default is 5 s). Every batch is one line repeating the resource and scope (~1 kB):
+#: at the SDK's 5 s a real hour at 10 steps/s wrote 234 of them, 0.23 MB, and the file went over
+#: its 1 MB budget. A killed job loses no accounting by the wait: the progress mark beside the
+#: file holds its account to the last iteration every 5 s; a preemption or exit flushes.
+FILE_SPAN_EXPORT_DELAY_MILLIS = 60_000
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 #: What a bounded exit names when it runs out while a line is being written.
 WRITING_THE_FILE = "the telemetry file writer"
