@@ -84,40 +84,6 @@ if TYPE_CHECKING:
     from traintel.config import ConfigurationError
     from traintel.flops import apply_flops, measure_flops
 
-__all__ = [
-    "AsyncCheckpointCompletion",
-    "ConfigurationError",
-    "Telemetry",
-    "__version__",
-    "application",
-    "apply_flops",
-    "checkpoint_load",
-    "checkpoint_save",
-    "checkpoint_stage",
-    "configure",
-    "data_loader_init",
-    "data_loading",
-    "dist_init",
-    "get_telemetry",
-    "measure_flops",
-    "model_backward",
-    "model_forward",
-    "model_init",
-    "optimizer_init",
-    "optimizer_update",
-    "record_batch",
-    "record_metrics",
-    "set_training_config",
-    "shutdown",
-    "testing_iteration",
-    "testing_loop",
-    "timed_span",
-    "training_iteration",
-    "training_loop",
-    "validation_iteration",
-    "validation_loop",
-]
-
 #: Where each public name lives, loaded on first use (the same as the ``TYPE_CHECKING`` imports).
 _PUBLIC = {
     "AsyncCheckpointCompletion": "traintel._recorder.checkpoints",
