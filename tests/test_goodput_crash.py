@@ -418,11 +418,11 @@ def test_a_late_exit_flush_does_not_stretch_the_session(tmp_path: Path) -> None:
 
 def test_the_mark_s_account_reads_each_row_once_and_starts_over_with_a_new_window() -> None:
     s = 10**9
-    rows: list[Any] = []  # (duration, samples, tokens, padding, flops, step phases, iteration, end)
+    rows: list[Any] = []  # (duration, samples, tokens, padding, flops, 4 step phases, iteration, end)
 
     def iteration(number: int, seconds: int, data: int = 0) -> None:
-        end = (rows[-1][7] if rows else 0) + seconds * s
-        rows.append((seconds * s, None, None, None, None, (data * s, 0, 0, 0), number, end))
+        end = (rows[-1][10] if rows else 0) + seconds * s
+        rows.append((seconds * s, None, None, None, None, data * s, 0, 0, 0, number, end))
 
     account = OpenWindowProgress()
     for number, seconds in enumerate((7, 5, 5)):

@@ -1,17 +1,23 @@
-"""A closed window's statistics make no garbage-collector work: a 10,000-row window is read as
-columns without one tracked object per row (``zip(*rows)`` made 10,000 iterators at once, which
-survived to the older generations and set off a full collection every few windows: the longest
-training-thread pauses of a 10-minute run at 1 ms steps were those collections).
+"""Windows make no garbage-collector work: the rows the training thread appends stop being
+tracked at the collector's first pass (a row holding its step phases as a tuple of its own
+escaped that often enough that ~660 rows per 10,000-iteration window reached the oldest
+generation, a full collection of the process every ~150,000 iterations), and a 10,000-row
+window is read as columns without one tracked object per row (``zip(*rows)`` made 10,000
+iterators at once). The longest training-thread pauses of a 10-minute run at 1 ms steps were
+those full collections.
 
-The oracle is the collector's own count of collections (``gc.callbacks``), not a time."""
+The oracles are the collector's own: its count of collections (``gc.callbacks``) and whether it
+tracks an object (``gc.is_tracked``), not a time."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+import traintel
 from traintel._aggregation.aggregator import RateInputs, TrainingAggregator
 from traintel._aggregation.window import ClosedWindow, RawRow, columns
 
@@ -21,7 +27,7 @@ N = 10_000
 def _rows(counted_every: int) -> list[RawRow]:
     """``N`` rows; samples on every ``counted_every``-th (1: all), phases timed on all."""
     return [
-        (1_000_000 + i, 8.0 if i % counted_every == 0 else None, None, None, None, (1, 2, 3, 4), i, i * 10)
+        (1_000_000 + i, 8.0 if i % counted_every == 0 else None, None, None, None, 1, 2, 3, 4, i, i * 10)
         for i in range(N)
     ]
 
@@ -60,3 +66,28 @@ def test_a_10000_row_window_closes_without_a_collection(collections: list[int], 
     report = aggregator.close_window(window, RateInputs())
     assert report is not None
     assert collections == []
+
+
+def test_the_rows_the_training_thread_appends_are_untracked_after_one_collection(owned: Any) -> None:
+    """Rows as the engine appends them (step phases timed, work counted): after the collector's
+    first pass none of them is tracked, so none can reach the oldest generation."""
+    owned(log_every_n_iterations=100_000, export_iterations="none")
+    telemetry = traintel.get_telemetry()
+    with traintel.training_loop():
+        for _ in range(3_000):
+            with traintel.training_iteration():
+                with traintel.data_loading():
+                    pass
+                with traintel.model_forward():
+                    pass
+                with traintel.model_backward():
+                    pass
+                with traintel.optimizer_update():
+                    pass
+                traintel.record_batch(samples=8, tokens=512)
+        engine = telemetry.engine
+        assert engine is not None
+        rows = list(engine.rows)
+        gc.collect()
+        assert len(rows) == 3_000
+        assert sum(map(gc.is_tracked, rows)) == 0

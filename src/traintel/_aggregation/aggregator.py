@@ -59,7 +59,6 @@ WINDOW_KEYS, TOTAL_KEYS = _KEYS[_W], _KEYS[_T]
 DATA, FORWARD, BACKWARD, OPTIMIZER = range(4)
 STEP_PHASE_NAMES = ("data_loading", "forward", "backward", "optimizer")
 _TIME_NAMES = tuple("time." + name for name in STEP_PHASE_NAMES)
-_DATA_TIME = operator.itemgetter(DATA)
 #: The window attributes every window has, in the order ``_report`` gives their values.
 _WINDOW_HEAD = tuple(
     WINDOW_KEYS[name]
@@ -134,8 +133,8 @@ class _Counts:
         """Sums of a window's rows (see :meth:`of_columns`)."""
         if not rows:
             return cls()
-        durations, samples, tokens, padding, flops, phases, _numbers, _ends = columns(rows)
-        return cls.of_columns(durations, samples, tokens, padding, flops, list(filter(None, phases)))
+        durations, samples, tokens, padding, flops, *phases, _numbers, _ends = columns(rows)
+        return cls.of_columns(durations, samples, tokens, padding, flops, phases)
 
     @classmethod
     def of_columns(
@@ -145,12 +144,12 @@ class _Counts:
         tokens: tuple[float | None, ...],
         padding: tuple[float | None, ...],
         flops: tuple[float | None, ...],
-        timed: list[list[int]],
+        phases: list[tuple[int | None, ...]],
     ) -> _Counts:
         """Sums of a window's columns, taken with C-level ``sum`` (the per-step path only
         appends a row; folding each step into running sums cost more than the step).
         Durations are summed in integer nanoseconds, so the sums are exact before conversion.
-        ``timed``: the step-phase timings of the iterations that have them."""
+        ``phases``: the four step-phase columns (None in an iteration that did not time them)."""
         counts = cls()
         total_ns = sum(durations)
         counts.iterations = len(durations)
@@ -159,8 +158,8 @@ class _Counts:
         counts.tokens, counts.tokens_time = _column(tokens, durations, total_ns)
         counts.padding = _column(padding, durations, total_ns)[0]
         counts.flops, counts.flops_time = _column(flops, durations, total_ns)
-        if timed:
-            counts.phase_s = [sum(map(operator.itemgetter(i), timed)) / 1e9 for i in range(len(timed[0]))]
+        if phases[0].count(None) < len(phases[0]):
+            counts.phase_s = [sum(filter(None, column)) / 1e9 for column in phases]
         return counts
 
     def merge(self, other: _Counts, sign: int = 1) -> None:
@@ -341,9 +340,8 @@ class TrainingAggregator:
         if self.first_iteration_s is None and not seen_before:
             self.first_iteration_s = first.duration_ns / 1e9
         warm = min(max(self.warmup_iterations - seen_before, 0), len(rows))  # the job's first rows
-        durations_ns, samples, tokens, padding, flops, phases, _numbers, _ends = columns(rows)
-        timed = list(filter(None, phases))  # the step-phase timings of the iterations that have them
-        counts = _Counts.of_columns(durations_ns, samples, tokens, padding, flops, timed)
+        durations_ns, samples, tokens, padding, flops, *phases, _numbers, _ends = columns(rows)
+        counts = _Counts.of_columns(durations_ns, samples, tokens, padding, flops, phases)
         durations = seconds_of(durations_ns)
         ordered = sorted(durations)
         batch = IndexedBatch(ordered)  # bucket counts do not depend on the order
@@ -387,7 +385,7 @@ class TrainingAggregator:
             counts.duration_s,
             counts.phase_s[DATA],
             counts.flops,
-            seconds_of(map(_DATA_TIME, timed)),
+            seconds_of(wait for wait in phases[DATA] if wait is not None),
             (p50, p90, p99, high),
             window.nested_s,
             window.sync_compute_ns,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from traintel._aggregation.aggregator import seconds_of
 from traintel._aggregation.stats import percentile, robust_mean
-from traintel._aggregation.window import RawRow
+from traintel._aggregation.window import RawRow, Row
 
 
 @dataclass(frozen=True)
@@ -88,19 +88,20 @@ class OpenWindowProgress:
             self._rows, self._read = rows, 0
             self._total_ns = self._data_ns = self._max_ns = 0
         new = rows[self._read :]  # one slice: rows appended meanwhile wait for the next call
-        for duration_ns, _samples, _tokens, _padding, _flops, phases, iteration, _end in new:
+        for duration_ns, _samples, _tokens, _padding, _flops, data_ns, _f, _b, _o, iteration, _end in new:
             self._total_ns += duration_ns
-            if phases:
-                self._data_ns += phases[0]
+            if data_ns:
+                self._data_ns += data_ns
             if duration_ns > self._max_ns or not self._read:
                 self._max_ns, self._slowest = duration_ns, iteration
             self._read += 1
         if not self._read:
             return Account(), 0.0, None
-        first, last = rows[0], rows[self._read - 1]
+        first, last = Row._make(rows[0]), Row._make(rows[self._read - 1])
         total_s, data_s = self._total_ns / 1e9, self._data_ns / 1e9
         busy_s = total_s - nested_ns / 1e9
-        span = Account(first[6], last[6], self._read, first[7] - first[0], last[7], busy_s, data_s)
+        start_ns = first.end_ns - first.duration_ns
+        span = Account(first.iteration, last.iteration, self._read, start_ns, last.end_ns, busy_s, data_s)
         if not first_window or self._read < 2:
             return span, 0.0, None
         durations = seconds_of(row[0] for row in rows[: self._read])

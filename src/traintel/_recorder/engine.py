@@ -64,6 +64,8 @@ _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
 _METRIC_PREFIX: Final = semconv.METRIC_PREFIX
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
+#: The step-phase fields of the row of an iteration that did not time its step phases.
+_UNTIMED: Final = (None, None, None, None)
 _get_ident = threading.get_ident
 #: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; iterations that are
 #: not exported may take half of them, so that the exported ones (whose event names their trace
@@ -419,9 +421,13 @@ class TrainingEngine:
 
     def _add_row(self, record: IterationRecord, duration_ns: int, end_ns: int) -> None:
         """The iteration's row in the open window: its time, work and step phases."""
-        phases = tuple(record.phase_ns) if record.children or record.step_spans else None
+        timed = record.children or record.step_spans
+        data, forward, backward, optimizer = record.phase_ns if timed else _UNTIMED
         if not record.counted and not self._derives_counts:  # no work reported or derived
-            self.rows.append((duration_ns, None, None, None, None, phases, record.iteration, end_ns))
+            iteration = record.iteration
+            self.rows.append(
+                (duration_ns, None, None, None, None, data, forward, backward, optimizer, iteration, end_ns)
+            )
             return
         samples, tokens, flops = self._counts(record)
         if samples is not None:
@@ -429,7 +435,10 @@ class TrainingEngine:
         if tokens is not None:
             self.tokens_total += tokens
         iteration = record.iteration
-        self.rows.append((duration_ns, samples, tokens, record.padding, flops, phases, iteration, end_ns))
+        self.rows.append(
+            (duration_ns, samples, tokens, record.padding, flops, data, forward, backward, optimizer,
+             iteration, end_ns)
+        )  # fmt: skip
 
     def _add_to_window(self, record: IterationRecord) -> None:
         """The iteration's model metrics, and its compute time before the collective (for the

@@ -26,7 +26,7 @@ from opentelemetry.trace import Span
 
 from traintel._aggregation.aggregator import MAX_WINDOW_ITERATIONS, seconds_of
 from traintel._aggregation.sampling import MEDIAN_MIN_SAMPLES, MEDIAN_WINDOW, IterationSampler
-from traintel._aggregation.window import OpenWindow, RawRow
+from traintel._aggregation.window import END, OpenWindow, RawRow
 from traintel._recorder.ports import WindowSink
 from traintel.config import Settings, TrainingConfig
 
@@ -37,7 +37,7 @@ _DURATION = operator.itemgetter(0)
 
 def _start_ns(row: RawRow) -> int:
     """When the row's iteration began (its end less its duration)."""
-    return row[7] - row[0]
+    return row[END] - row[0]
 
 
 class WindowOwner(Protocol):
@@ -159,7 +159,9 @@ class Windows:
     def close(self, final: bool = False, ended_loop: Span | None = None) -> None:
         """Hand the open window over. What the next iterations need is updated here: the slow
         threshold from the window's last durations (the median of the last 101), the stride
-        from its pace on this process's own clock (the ranks' agreed pace otherwise)."""
+        from its pace on this process's own clock (the ranks' agreed pace otherwise): the time
+        from its first iteration's start to its last one's end per iteration, which is how far
+        apart iterations end, the time between them included."""
         engine = self._engine
         rows = engine.rows
         closed = engine.window.take(final)
@@ -168,8 +170,8 @@ class Windows:
         if rows:
             start = max(self._median_rows, len(rows) - MEDIAN_WINDOW)  # the deque keeps the last 101
             sampler.recent.extend(seconds_of(map(_DURATION, rows[start:])))
-            if not self._agreed:
-                sampler.set_pace(sum(map(_DURATION, rows)) / 1e9 / len(rows))
+            if not self._agreed:  # from the ends, not a sum over the rows: O(1) on this thread
+                sampler.set_pace((rows[-1][END] - _start_ns(rows[0])) / 1e9 / len(rows))
         self._median_rows = 0
         self._opened = False
         self._set_marks()
