@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import traintel
+from tests.subprocess_helpers import run_python
 from traintel._aggregation.aggregator import RateInputs, TrainingAggregator
 from traintel._aggregation.window import ClosedWindow, RawRow, columns
 
@@ -91,3 +93,41 @@ def test_the_rows_the_training_thread_appends_are_untracked_after_one_collection
         gc.collect()
         assert len(rows) == 3_000
         assert sum(map(gc.is_tracked, rows)) == 0
+
+
+@pytest.mark.process
+def test_a_fresh_job_s_first_60000_iterations_make_no_full_collection(tmp_path: Path) -> None:
+    """The shipped default in a fresh process: what the imports and the pipeline's setup left
+    for the collector is collected at configuration, and the loop's own promotions (flat rows)
+    stay far below what sets off a full collection. Without the collection at configuration
+    the first one came at about iteration 17,000; with nested rows, one every ~150,000."""
+    done = run_python(
+        """
+        import gc
+        import traintel
+
+        traintel.configure()
+        full = []
+
+        def count(phase, info):
+            if phase == "start" and info["generation"] == 2:
+                full.append(1)
+
+        gc.callbacks.append(count)
+        with traintel.training_loop():
+            for _ in range(60_000):
+                with traintel.training_iteration():
+                    with traintel.model_forward():
+                        pass
+                    with traintel.optimizer_update():
+                        pass
+        print("full collections", len(full))
+        traintel.shutdown()
+        """,
+        tmp_path,
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+        TRAINTEL_WINDOW_MIN_SECONDS="30",  # the defaults (the suite closes windows every N)
+        TRAINTEL_EXPORT_EVERY_N_SECONDS="60",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "full collections 0" in done.stdout, done.stdout
