@@ -137,10 +137,18 @@ def _file_only(directory: Path) -> tuple[Path, list[str]]:
 
 @pytest.mark.parametrize(("protocol", "receiver_class"), PROTOCOLS)
 def test_replay_stops_when_asked_to_wait_and_says_what_the_collector_refused(
-    tmp_path: Path, protocol: str, receiver_class: Receiver, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    protocol: str,
+    receiver_class: Receiver,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``traintel replay`` of a run's file: throttled, it stops where it is (nothing set aside)
-    and a later run resumes; spans refused inside accepted requests are said and the file kept."""
+    and a later run resumes; spans refused inside accepted requests are said and the file kept.
+    The exporter's timeout is the SDK's default (the suite's is 120 s), shorter than the
+    collector's Retry-After, so the exporter gives up at the first answer instead of waiting
+    out three 30 s retries."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "10")
     runs, produced = _file_only(tmp_path / "first")
     argv = ["replay", str(runs), "--protocol", protocol, "--delete-sent", "--endpoint"]
     throttle = Throttle(requests=None, retry_after_s=30)
