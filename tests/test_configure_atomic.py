@@ -392,13 +392,13 @@ with traintel.application():
 
 
 @pytest.mark.process
-@pytest.mark.parametrize(("delay", "lines"), [(None, 1), ("2000", 2)])
+@pytest.mark.parametrize(("delay", "lines"), [(None, 1), ("300", 2)])
 def test_the_embedded_file_gathers_spans_for_a_minute_unless_told(
     tmp_path: Path, delay: str | None, lines: int
 ) -> None:
     """Each batch is a line repeating the resource: the embedded file's processor waits 60 s by
     default (the SDK's 5 s put a real hour at 10 steps/s over its volume budget), the user's
-    ``OTEL_BSP_SCHEDULE_DELAY`` otherwise. Spans end 0, 6 and 12 s into a 13 s job: one line (the
+    ``OTEL_BSP_SCHEDULE_DELAY`` otherwise. Spans end 0, 2 and 4 s into a 5 s job: one line (the
     exit's flush) against at least two."""
     job = """
 import time, traintel
@@ -407,7 +407,7 @@ with traintel.application():
         for i in range(3):
             with traintel.training_iteration():
                 pass
-            time.sleep(6 if i < 2 else 1)
+            time.sleep(2 if i < 2 else 1)
 """
     env = {} if delay is None else {"OTEL_BSP_SCHEDULE_DELAY": delay}
     result = run_python(
