@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 from urllib.parse import urlsplit
 
 from opentelemetry import metrics as metrics_api
@@ -129,13 +129,19 @@ def _bad_variable(detail: str, settings: _Settings, environ: Mapping[str, str]) 
     """The variable an SDK error is about: a set ``OTEL_*`` variable it names, else one of the
     step's ``settings`` whose value it quotes, else one whose words it uses."""
     present = {k: v for k, v in environ.items() if k.startswith("OTEL_") and v.strip()}
-    for name in present:
-        if re.search(rf"\b{re.escape(name)}\b", detail):
-            return name
-    candidates = [name for name in settings if name in present]
-    for name in candidates:
-        if repr(present[name]) in detail or f'"{present[name]}"' in detail:
-            return name
+    candidates = {name: present[name] for name in settings if name in present}
+    return _named(detail, present) or _quoted(detail, candidates) or _worded(detail, candidates, settings)
+
+
+def _named(detail: str, present: Mapping[str, str]) -> str | None:
+    return next((name for name in present if re.search(rf"\b{re.escape(name)}\b", detail)), None)
+
+
+def _quoted(detail: str, candidates: Mapping[str, str]) -> str | None:
+    return next((n for n, v in candidates.items() if repr(v) in detail or f'"{v}"' in detail), None)
+
+
+def _worded(detail: str, candidates: Mapping[str, str], settings: _Settings) -> str | None:
     lowered = detail.lower()
     return next((name for name in candidates if any(w in lowered for w in settings[name])), None)
 
@@ -539,35 +545,11 @@ def adopt_instrumented_providers(
     tracer_provider, meter_provider = pipeline.tracer_provider, pipeline.meter_provider
     if pipeline.owns_tracer_provider or not isinstance(tracer_provider, TracerProvider):
         return 0
-    environ = os.environ
     _add_training_resource(tracer_provider, meter_provider, config, tracers)
-    endpoint_set = any(
-        environ.get(variable, "").strip()
-        for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    )
-    adopted = 0
     processors = otel_private.span_processors(tracer_provider)
-    readers = otel_private.periodic_readers(meter_provider)
     unreached = [] if processors is not None else ["span processors"]
-    if readers is None and isinstance(meter_provider, MeterProvider):
-        unreached.append("metric readers")
-    for processor in processors or ():
-        if not isinstance(processor, BatchSpanProcessor) or isinstance(processor, CountingBatchSpanProcessor):
-            continue
-        exporter = otel_private.batch_exporter(processor)
-        if exporter is None:
-            unreached.append("batch span processors' exporters")
-            continue
-        if isinstance(exporter, SpoolingSpanExporter | OtlpJsonFileSpanExporter | ProcessBoundSpanExporter):
-            continue
-        hint = "" if endpoint_set or adopted else _DISTRO_DEFAULT_HINT
-        spooler = _spooling(exporter, type(exporter).__name__, config, pipeline.resource, hint)
-        if not otel_private.replace_batch_exporter(processor, spooler):
-            continue
-        pipeline.export_paths.append((guard_queue(processor), spooler))
-        adopted += 1
-    for reader in readers or ():
-        otel_private.replace_reader_exporter(reader, CountingMetricExporter)
+    _count_metric_exports(meter_provider, unreached)
+    adopted = _spool_batch_exporters(pipeline, processors or (), config, unreached)
     if unreached:
         _logger.warning(
             "traintel: this OpenTelemetry SDK release keeps its %s where traintel does not find "
@@ -581,6 +563,50 @@ def adopt_instrumented_providers(
     pipeline.owns_tracer_provider = True
     pipeline.owns_meter_provider = isinstance(meter_provider, MeterProvider)
     return adopted
+
+
+def _spool_batch_exporters(
+    pipeline: Pipeline, processors: Iterable[SpanProcessor], config: TrainingConfig, unreached: list[str]
+) -> int:
+    """Put the exporters of the distro's batch processors behind the spool; how many were."""
+    endpoint_set = any(
+        os.environ.get(variable, "").strip()
+        for variable in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+    adopted = 0
+    for candidate in processors:
+        adoptable = _adoptable(candidate, unreached)
+        if adoptable is None:
+            continue
+        processor, exporter = adoptable
+        hint = "" if endpoint_set or adopted else _DISTRO_DEFAULT_HINT
+        spooler = _spooling(exporter, type(exporter).__name__, config, pipeline.resource, hint)
+        if otel_private.replace_batch_exporter(processor, spooler):
+            pipeline.export_paths.append((guard_queue(processor), spooler))
+            adopted += 1
+    return adopted
+
+
+def _count_metric_exports(meter_provider: object, unreached: list[str]) -> None:
+    """The distro's periodic readers export through a counting exporter."""
+    readers = otel_private.periodic_readers(meter_provider)
+    if readers is None and isinstance(meter_provider, MeterProvider):
+        unreached.append("metric readers")
+    for reader in readers or ():
+        otel_private.replace_reader_exporter(reader, CountingMetricExporter)
+
+
+def _adoptable(processor: SpanProcessor, unreached: list[str]) -> tuple[BatchSpanProcessor, Any] | None:
+    """A distro's batch processor and its exporter, if that is not behind traintel's parts yet."""
+    if not isinstance(processor, BatchSpanProcessor) or isinstance(processor, CountingBatchSpanProcessor):
+        return None
+    exporter = otel_private.batch_exporter(processor)
+    if exporter is None:
+        unreached.append("batch span processors' exporters")
+        return None
+    if isinstance(exporter, SpoolingSpanExporter | OtlpJsonFileSpanExporter | ProcessBoundSpanExporter):
+        return None
+    return processor, exporter
 
 
 #: The SDK's variable naming the resource detectors its providers apply (the distro reads it).
@@ -651,18 +677,22 @@ def _bounded(tasks: list[tuple[str, Callable[[], None]]], timeout_s: float, what
         thread.join(max(0.0, deadline - time.monotonic()))
     stuck = [name for name, thread in threads if thread.is_alive()]
     if stuck:
-        waiting = HEALTH.busy_now()
-        for name in stuck:
-            if not any(name[:-1] in label or "file" in label for label in waiting):
-                waiting.append(_OWN_WORK[name])
         _logger.warning(
             "traintel: telemetry %s did not finish within %.1fs, still waiting for %s; going on without it",
             what,
             timeout_s,
-            " and ".join(waiting),
+            " and ".join(_waited_for(stuck)),
         )
-        return False
-    return True
+    return not stuck
+
+
+def _waited_for(stuck: list[str]) -> list[str]:
+    """What the stuck tasks wait on: an export under way, else their own work."""
+    waiting = HEALTH.busy_now()
+    for name in stuck:
+        if not any(name[:-1] in label or "file" in label for label in waiting):
+            waiting.append(_OWN_WORK[name])
+    return waiting
 
 
 def _export_paths(
@@ -690,11 +720,10 @@ def _export_paths(
         if spool and plan.name != FILE_EXPORTER:
             exporter = spooler = _spooling(exporter, plan.name, config, resource)
         bound = ProcessBoundSpanExporter(exporter)
-        settings = batching
-        if plan.name == FILE_EXPORTER and not environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip():
-            settings = {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}
         try:
-            processor = CountingBatchSpanProcessor(bound, health=HEALTH, **settings)
+            processor = CountingBatchSpanProcessor(
+                bound, health=HEALTH, **_plan_batching(plan, batching, environ)
+            )
         except Exception as exc:
             if not plan.lent:
                 undo.append(exporter.shutdown)
@@ -704,6 +733,15 @@ def _export_paths(
         undo.append(lambda p=processor, b=bound, lent=plan.lent: _stop(p, b, lent))  # type: ignore[misc]
         paths.append((processor, spooler))
     return paths
+
+
+def _plan_batching(
+    plan: _ExporterPlan, batching: dict[str, int], environ: Mapping[str, str]
+) -> dict[str, int]:
+    """The embedded file's processor gathers spans longer, unless ``OTEL_BSP_SCHEDULE_DELAY`` says."""
+    if plan.name == FILE_EXPORTER and not environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip():
+        return {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}
+    return batching
 
 
 def _batch_settings(environ: Mapping[str, str], strict: bool) -> dict[str, int]:
@@ -835,25 +873,14 @@ class _Choice:
 
 def _choose(options: PipelineOptions) -> _Choice:
     """The user's providers where set (the global ones included), else traintel's own."""
-    if options.span_exporters is not None and options.tracer_provider is not None:
-        raise ConfigurationError("span_exporters= and tracer_provider= exclude each other")
-    if options.metric_readers is not None and options.meter_provider is not None:
-        raise ConfigurationError("metric_readers= and meter_provider= exclude each other")
+    _check_exclusive(options)
     tp = options.tracer_provider or trace_api.get_tracer_provider()
     mp = options.meter_provider or metrics_api.get_meter_provider()
-    attach_tp = isinstance(tp, TracerProvider) and options.span_exporters is None
-    if options.tracer_provider is not None and not attach_tp:
-        raise ConfigurationError(
-            f"tracer_provider={tp!r}: traintel needs an opentelemetry.sdk.trace.TracerProvider"
-        )
-    unset_mp = options.meter_provider is None and _is_unset_meter_provider(mp)
     private = options.span_exporters is not None
-    if not attach_tp and not private and not isinstance(tp, trace_api.ProxyTracerProvider):
-        _logger.warning(
-            "traintel: the global tracer provider is %s, not an SDK TracerProvider; traintel "
-            "records into a private provider and leaves the global one alone",
-            type(tp).__name__,
-        )
+    attach_tp = isinstance(tp, TracerProvider) and not private
+    if not attach_tp and not private:
+        _not_an_sdk_provider(tp, given=options.tracer_provider is not None)
+    unset_mp = options.meter_provider is None and _is_unset_meter_provider(mp)
     return _Choice(
         tp,
         mp,
@@ -862,6 +889,28 @@ def _choose(options: PipelineOptions) -> _Choice:
         set_global_tp=not private and isinstance(tp, trace_api.ProxyTracerProvider),
         set_global_mp=options.metric_readers is None,
     )
+
+
+def _check_exclusive(options: PipelineOptions) -> None:
+    if options.span_exporters is not None and options.tracer_provider is not None:
+        raise ConfigurationError("span_exporters= and tracer_provider= exclude each other")
+    if options.metric_readers is not None and options.meter_provider is not None:
+        raise ConfigurationError("metric_readers= and meter_provider= exclude each other")
+
+
+def _not_an_sdk_provider(tp: trace_api.TracerProvider, given: bool) -> None:
+    """A tracer provider traintel cannot add its processor to: refused where given, else
+    recorded around (a private provider) with a warning, unless it is the unset proxy."""
+    if given:
+        raise ConfigurationError(
+            f"tracer_provider={tp!r}: traintel needs an opentelemetry.sdk.trace.TracerProvider"
+        )
+    if not isinstance(tp, trace_api.ProxyTracerProvider):
+        _logger.warning(
+            "traintel: the global tracer provider is %s, not an SDK TracerProvider; traintel "
+            "records into a private provider and leaves the global one alone",
+            type(tp).__name__,
+        )
 
 
 def _trace_plans(
@@ -898,49 +947,82 @@ def build_pipeline(
     _redaction.install(environ)  # the SDK logs malformed header entries while exporters are built
     choice = _choose(options)
     file = OtlpJsonLinesFile(output_dir=config.resolve(lazy=False).output_dir)
-    trace_plans = _trace_plans(options, choice, environ, file, strict)
-    own_readers = choice.build_mp and options.metric_readers is None
-    metric_plans = _plan_exporters("metrics", environ, file, strict) if own_readers else []
+    plans = _plan_all(options, choice, environ, file, strict)
     build_any = choice.build_tp or choice.build_mp
     resource = build_resource(config, options.service_name) if build_any else None
-    log_plans = _log_plans(choice.build_tp and options.span_exporters is None, environ, file, strict)
-    planned = trace_plans + metric_plans + (log_plans or [])
     pipeline = Pipeline(
         tracer_provider=choice.tracer_provider,
         meter_provider=choice.meter_provider,
         owns_tracer_provider=choice.build_tp,
         owns_meter_provider=choice.build_mp,
-        trace_exporters=[p.name for p in trace_plans],
-        metric_exporters=[p.name for p in metric_plans],
-        file=file if any(p.name == FILE_EXPORTER for p in planned) else None,
-        logs=LogPipeline(log_plans, resource),
+        trace_exporters=[p.name for p in plans.traces],
+        metric_exporters=[p.name for p in plans.metrics],
+        file=file if FILE_EXPORTER in plans.names() else None,
+        logs=LogPipeline(plans.logs, resource),
     )
+    _build_owned(pipeline, choice, options, config, resource, plans, strict=strict, environ=environ)
+    _redaction.install(environ)  # the exporters' loggers exist now
+    tls_errors.install(environ)
+    retry_lines.install()
+    return pipeline, lambda: _publish(pipeline, choice)
+
+
+class _Plans(NamedTuple):
+    traces: list[_ExporterPlan]
+    metrics: list[_ExporterPlan]
+    logs: list[_ExporterPlan] | None  # None: the global logger provider's
+
+    def names(self) -> set[str]:
+        return {plan.name for plan in (*self.traces, *self.metrics, *(self.logs or ()))}
+
+
+def _plan_all(
+    options: PipelineOptions,
+    choice: _Choice,
+    environ: Mapping[str, str],
+    file: OtlpJsonLinesFile,
+    strict: bool,
+) -> _Plans:
+    """The exporters of each signal traintel builds itself (checked before anything is built)."""
+    own_readers = choice.build_mp and options.metric_readers is None
+    return _Plans(
+        _trace_plans(options, choice, environ, file, strict),
+        _plan_exporters("metrics", environ, file, strict) if own_readers else [],
+        _log_plans(choice.build_tp and options.span_exporters is None, environ, file, strict),
+    )
+
+
+def _build_owned(
+    pipeline: Pipeline,
+    choice: _Choice,
+    options: PipelineOptions,
+    config: TrainingConfig,
+    resource: Resource | None,
+    plans: _Plans,
+    *,
+    strict: bool,
+    environ: Mapping[str, str],
+) -> None:
+    """The providers traintel builds itself, into ``pipeline``; a failure stops what was
+    started and publishes nothing."""
     undo: list[Callable[[], None]] = []
-    try:  # a failure stops what was started and publishes nothing
+    try:
         if choice.build_tp:
             spool = options.span_exporters is None
             tp, pipeline.ids, pipeline.export_filter, paths = _owned_tracer_provider(
-                trace_plans, config, resource, spool=spool, strict=strict, environ=environ, undo=undo
+                plans.traces, config, resource, spool=spool, strict=strict, environ=environ, undo=undo
             )
             pipeline.tracer_provider, pipeline.export_paths = tp, list[ExportPath](paths)
         if choice.build_mp:
+            callers_readers = options.metric_readers or []
             pipeline.meter_provider = _owned_meter_provider(
-                metric_plans,
-                options.metric_readers or [],
-                resource,
-                strict=strict,
-                environ=environ,
-                undo=undo,
+                plans.metrics, callers_readers, resource, strict=strict, environ=environ, undo=undo
             )
     except BaseException as exc:
         _undo(undo)
         if isinstance(exc, ConfigurationError) or not isinstance(exc, Exception):
             raise
         _raise("the telemetry pipeline could not be built", exc, {}, environ)
-    _redaction.install(environ)  # the exporters' loggers exist now
-    tls_errors.install(environ)
-    retry_lines.install()
-    return pipeline, lambda: _publish(pipeline, choice)
 
 
 def _publish(pipeline: Pipeline, choice: _Choice) -> None:
