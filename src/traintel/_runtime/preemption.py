@@ -55,6 +55,7 @@ from traintel._recorder import clock
 from traintel._recorder.engine import TrainingEngine
 from traintel._recorder.record import IterationRecord, OpenStep, Terminated
 from traintel._runtime import state as _state
+from traintel._sdk.open_spans import OpenSpans
 
 _logger = logging.getLogger("traintel")
 
@@ -342,50 +343,68 @@ def preemption_attributes(
 
 def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_spans: bool) -> None:
     try:
-        name = signal.Signals(signum).name
-        registry, engine = telemetry.open_spans, telemetry.engine
-        open_spans: list[Span] = []
-        if registry is not None:
-            for _ in range(3):  # the registry may change while copied; it settles at once
-                try:
-                    open_spans = registry.spans()
-                    break
-                except RuntimeError:
-                    continue
-        phase_spans = [s for s in open_spans if (s.attributes or {}).get(semconv.PHASE)]
-        phase_spans.sort(key=lambda s: s.start_time or 0)
+        reason = f"{semconv.END_REASON_PREEMPTED}: {signal.Signals(signum).name}"
+        phase_spans = _open_phase_spans(telemetry.open_spans)
         attributes = preemption_attributes(telemetry, signum, received_ns)
         if phase_spans:
             phase_spans[0].add_event(semconv.Event.PREEMPTION.value, attributes, timestamp=received_ns)
         if end_spans:
-            reason = f"{semconv.END_REASON_PREEMPTED}: {name}"
-            now = clock.time_ns()
-            error = Terminated(reason)
-            record = engine.active if engine is not None else None
-            if engine is not None and record is not None:  # its open step ends, then itself
-                _cut_open_step(record.open_step, record, error, received_ns)
-                record.set_end_reason(reason)
-                record.fail(error)
-                engine.end_iteration(record, now)
-            elif engine is not None:  # between iterations: loading data for the next one, say
-                _cut_open_step(engine.open_step, None, error, received_ns)
-            deadline = time.monotonic() + _PIPELINE_SHARE * telemetry.settings.shutdown_timeout
-            if telemetry.windows is not None:  # the closed windows' numbers go on the spans first
-                telemetry.windows.flush(_PIPELINE_SHARE * telemetry.settings.shutdown_timeout)
-            for span in reversed(phase_spans):  # innermost first
-                span.set_status(Status(StatusCode.ERROR, reason))
-                span.set_attribute(semconv.END_REASON, reason)
-                span.end(end_time=now)
-            telemetry.closed = True  # the process is about to die: nothing more to record
-            if telemetry.pipeline is not None:
-                # Released as at a normal exit, so a batch stuck in a send to an unresponsive
-                # collector and whatever is queued go to the spool (or are counted), not away.
-                # Its share of the bound leaves time for that spill before _report stops waiting.
-                telemetry.pipeline.shutdown(max(0.0, deadline - time.monotonic()))
+            _end_at_signal(telemetry, reason, received_ns, phase_spans)
         else:
             telemetry.flush(telemetry.settings.shutdown_timeout)
     except Exception:
         _logger.exception("traintel: could not report the preemption")
+
+
+def _open_phase_spans(registry: OpenSpans | None) -> list[Span]:
+    """The open spans of phases, outermost first."""
+    open_spans: list[Span] = []
+    if registry is not None:
+        for _ in range(3):  # the registry may change while copied; it settles at once
+            try:
+                open_spans = registry.spans()
+                break
+            except RuntimeError:
+                continue
+    phase_spans = [s for s in open_spans if (s.attributes or {}).get(semconv.PHASE)]
+    phase_spans.sort(key=lambda s: s.start_time or 0)
+    return phase_spans
+
+
+def _end_at_signal(
+    telemetry: _state.Telemetry, reason: str, received_ns: int, phase_spans: list[Span]
+) -> None:
+    """End what is open (the iteration and its step at the signal), then release the pipeline."""
+    now = clock.time_ns()
+    if telemetry.engine is not None:
+        _cut_training(telemetry.engine, reason, received_ns, now)
+    deadline = time.monotonic() + _PIPELINE_SHARE * telemetry.settings.shutdown_timeout
+    if telemetry.windows is not None:  # the closed windows' numbers go on the spans first
+        telemetry.windows.flush(_PIPELINE_SHARE * telemetry.settings.shutdown_timeout)
+    for span in reversed(phase_spans):  # innermost first
+        span.set_status(Status(StatusCode.ERROR, reason))
+        span.set_attribute(semconv.END_REASON, reason)
+        span.end(end_time=now)
+    telemetry.closed = True  # the process is about to die: nothing more to record
+    if telemetry.pipeline is not None:
+        # Released as at a normal exit, so a batch stuck in a send to an unresponsive
+        # collector and whatever is queued go to the spool (or are counted), not away.
+        # Its share of the bound leaves time for that spill before _report stops waiting.
+        telemetry.pipeline.shutdown(max(0.0, deadline - time.monotonic()))
+
+
+def _cut_training(engine: TrainingEngine, reason: str, received_ns: int, now: int) -> None:
+    """The open step ends at the signal, then its iteration; between iterations (loading data
+    for the next one, say) only the open step."""
+    error = Terminated(reason)
+    record = engine.active
+    if record is None:
+        _cut_open_step(engine.open_step, None, error, received_ns)
+        return
+    _cut_open_step(record.open_step, record, error, received_ns)
+    record.set_end_reason(reason)
+    record.fail(error)
+    engine.end_iteration(record, now)
 
 
 def _cut_open_step(

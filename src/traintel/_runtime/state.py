@@ -300,11 +300,7 @@ class Telemetry:
         timeout = self.settings.shutdown_timeout if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         windows = self.windows is None or self.windows.close(timeout)  # their records go out too
-        if self.cross_rank is not None:
-            self.cross_rank.close()
-        if self.stall_watcher is not None:  # before the logs pipeline it writes to shuts down
-            self.stall_watcher.stop(min(2.0, max(0.0, deadline - time.monotonic())))
-        unwatch_torch_collectives()
+        self._stop_watchers(deadline)
         ok = self.pipeline.shutdown(max(0.0, deadline - time.monotonic())) and windows
         if self.processor is not None:
             self.processor.disable()
@@ -315,6 +311,13 @@ class Telemetry:
         )
         forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
         return ok
+
+    def _stop_watchers(self, deadline: float) -> None:
+        if self.cross_rank is not None:
+            self.cross_rank.close()
+        if self.stall_watcher is not None:  # before the logs pipeline it writes to shuts down
+            self.stall_watcher.stop(min(2.0, max(0.0, deadline - time.monotonic())))
+        unwatch_torch_collectives()
 
 
 # --- the running job, as a Telemetry (the registry is ``traintel._recorder.active``) -----------
