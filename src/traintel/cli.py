@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from traintel.analysis.goodput import compute_goodput, load_jobs, parse_time, render_goodput
+from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs, parse_time, render_goodput
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import auto_workers
 from traintel.analysis.run_info import RunsSeen
@@ -39,6 +39,7 @@ from traintel.terminal_text import SafeStream
 from traintel.version import __version__
 
 if TYPE_CHECKING:
+    from traintel.analysis.compare import Comparison
     from traintel.analysis.report import Report
 
 T = TypeVar("T")
@@ -51,6 +52,20 @@ _UNSAFE_IN_NAME = re.compile(r"[^\w.-]")
 
 def _files(paths: Sequence[str]) -> list[str]:
     return [str(path) for path in expand_paths(paths) if path.is_file()]
+
+
+def _no_files(paths: Sequence[str]) -> int:
+    print(f"traintel: no telemetry files found in {', '.join(paths)}", file=sys.stderr)
+    return 2
+
+
+def _inputs(args: argparse.Namespace) -> tuple[list[str], TraceLinks] | int:
+    """The files of ``args.paths`` and the trace links; an exit code (said) without either."""
+    files = _files(args.paths)
+    if not files:
+        return _no_files(args.paths)
+    links = _links()
+    return 2 if links is None else (files, links)
 
 
 def _with_progress(files: list[str], work: Callable[[Callable[[int], None] | None], T]) -> T:
@@ -145,17 +160,20 @@ def _read_runs(
     the runs are found first, then each shown is read from its own files.
     """
     hint = None if args.all or args.run is not None else single_run(files)
-    if hint is not None:
-        result = read(files, hint)
-        found = runs_of(result).newest_first()
-        choice = _choice_of(args, found)
-        if isinstance(choice, int):
-            return choice
-        if not found or found[0].id == hint:  # the run read is the one shown
-            return choice, [(choice.shown[0] if choice.shown else None, result)]
-        # else a newer run, met on the way: read below, from its own files
-    else:
-        choice = _choose(args, files)
+    if hint is None:
+        return _read_each(_choose(args, files), files, read)
+    result = read(files, hint)
+    found = runs_of(result).newest_first()
+    choice = _choice_of(args, found)
+    if isinstance(choice, int) or (found and found[0].id != hint):  # a newer run, met on the way
+        return _read_each(choice, files, read)
+    return choice, [(choice.shown[0] if choice.shown else None, result)]  # the run read is the one shown
+
+
+def _read_each(
+    choice: _Choice | int, files: list[str], read: Callable[[list[str], str | None], T]
+) -> tuple[_Choice, list[tuple[RunInfo | None, T]]] | int:
+    """Each run shown, read from its own files (an exit code passes through)."""
     if isinstance(choice, int):
         return choice
     targets = _run_files(choice, files)
@@ -175,13 +193,10 @@ def _add_run_choice(parser: argparse.ArgumentParser) -> None:
 def _report(args: argparse.Namespace) -> int:
     from traintel.analysis.report import build_report
 
-    files = _files(args.paths)
-    if not files:
-        print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
-        return 2
-    links = _links()
-    if links is None:
-        return 2
+    inputs = _inputs(args)
+    if isinstance(inputs, int):
+        return inputs
+    files, links = inputs
 
     def read(run_files: list[str], run: str | None) -> Report:
         work = functools.partial(build_report, run_files, run=run, workers=_workers(args, run_files))
@@ -200,13 +215,17 @@ def _report(args: argparse.Namespace) -> int:
     if args.json:
         _print_report_json(reports, choice, args.all)
     elif pages:  # the page is what was asked for: say where it is, not the whole report again
-        if choice.note:
-            print(choice.note + "\n")
-        for page in pages:
-            print(f"HTML report: {page}")
+        _say_pages(choice, pages)
     else:
         _print_report_text(reports, choice, links)
     return 0
+
+
+def _say_pages(choice: _Choice, pages: list[str]) -> None:
+    if choice.note:
+        print(choice.note + "\n")
+    for page in pages:
+        print(f"HTML report: {page}")
 
 
 def _write_html(
@@ -267,8 +286,7 @@ def _print_report_text(
 def _runs(args: argparse.Namespace) -> int:
     files = _files(args.paths)
     if not files:
-        print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
-        return 2
+        return _no_files(args.paths)
     found = _with_progress(files, functools.partial(scan_runs, files, workers=auto_workers(files)))
     if not found:
         print(f"traintel: no runs in {', '.join(args.paths)}: no readable spans", file=sys.stderr)
@@ -285,8 +303,7 @@ def _export_trace(args: argparse.Namespace) -> int:
 
     files = _files(args.paths)
     if not files:
-        print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
-        return 2
+        return _no_files(args.paths)
     stats = ReadStats()
     to_stdout = args.output == "-"  # the trace itself on stdout: what is said about it goes to stderr
     try:
@@ -307,8 +324,7 @@ def _export_trace(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from traintel.analysis.compare import compare_runs, render_comparison
-    from traintel.analysis.report import build_report
+    from traintel.analysis.compare import compare_runs
 
     links = _links()
     if links is None:
@@ -319,20 +335,38 @@ def _compare(args: argparse.Namespace) -> int:
     picked = _compare_runs(args)
     if isinstance(picked, int):
         return picked
-    reports = []
-    for run, files in picked:
-        work = functools.partial(build_report, files, run=run.id if run else None)
-        reports.append(_with_progress(files, work))
+    reports = [_build_report(files, run) for run, files in picked]
     result = compare_runs(reports, args.threshold)
-    names = [
-        path + (f" (run {run.id})" if run is not None else "")
-        for path, (run, _) in zip(args.runs, picked, strict=True)
-    ]
+    names = _run_names(args.runs, picked)
     if args.html:
         from traintel.analysis.compare_html import render_compare_html
 
         if not _write_page(args.html, render_compare_html(reports, names, result, links)):
             return 2
+    _print_comparison(args, result, names, picked)
+    return 1 if args.fail_on_regression and result.regressions else 0
+
+
+def _build_report(files: list[str], run: RunInfo | None) -> Report:
+    from traintel.analysis.report import build_report
+
+    return _with_progress(files, functools.partial(build_report, files, run=run.id if run else None))
+
+
+def _run_names(paths: list[str], picked: list[tuple[RunInfo | None, list[str]]]) -> list[str]:
+    return [
+        path + (f" (run {run.id})" if run is not None else "")
+        for path, (run, _) in zip(paths, picked, strict=True)
+    ]
+
+
+def _print_comparison(
+    args: argparse.Namespace,
+    result: Comparison,
+    names: list[str],
+    picked: list[tuple[RunInfo | None, list[str]]],
+) -> None:
+    """The comparison as JSON, the page written, or tables."""
     if args.json:
         data = result.as_dict()
         ids = [run.id if run else None for run, _ in picked]
@@ -343,8 +377,9 @@ def _compare(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console, Group
 
+        from traintel.analysis.compare import render_comparison
+
         Console().print(Group(*render_comparison(result, names)))
-    return 1 if args.fail_on_regression and result.regressions else 0
 
 
 def _write_page(page: str, text: str) -> bool:
@@ -370,17 +405,11 @@ def _compare_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[s
     """The run of each path: ``--run-a``/``--run-b`` for the first two, else the newest in its
     path; a path given k times (and without an id) stands for its k newest runs, oldest first
     (the same directory twice: its previous run (A) against its newest (B))."""
-    scanned: dict[str, tuple[list[str], list[RunInfo]]] = {}
-    for path in args.runs:
-        if path not in scanned:
-            files = _files([path])
-            if not files:
-                print(f"traintel: no telemetry files found in {path}", file=sys.stderr)
-                return 2
-            scanned[path] = (files, _with_progress(files, functools.partial(scan_runs, files)))
+    scanned = _scan_each(args.runs)
+    if isinstance(scanned, int):
+        return scanned
     wanted = [args.run_a_id, args.run_b_id] + [None] * (len(args.runs) - 2)
-    repeats = {path: sum(1 for p, w in zip(args.runs, wanted, strict=True) if p == path and w is None)
-               for path in scanned}  # fmt: skip
+    repeats = _repeats(args.runs, wanted)
     used: dict[str, int] = {}
     picked: list[tuple[RunInfo | None, list[str]]] = []
     for n, (path, run_id) in enumerate(zip(args.runs, wanted, strict=True)):
@@ -391,16 +420,37 @@ def _compare_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[s
         try:
             if run_id is not None:
                 run = find_run(found, run_id)
-            else:
-                # the k occurrences of a path take its k newest runs, oldest first
-                k, seen = repeats[path], used.get(path, 0)
-                used[path] = seen + 1
-                run = found[min(k - 1 - seen, len(found) - 1)] if k <= len(found) else found[0]
+            else:  # the k occurrences of a path take its k newest runs, oldest first
+                seen = used[path] = used.get(path, 0) + 1
+                run = _nth_newest_of_k(found, repeats[path], seen - 1)
         except RunNotFound as exc:
             print(f"traintel: {'AB'[n]}: {exc}", file=sys.stderr)
             return 2
         picked.append((run, run.files))
     return picked
+
+
+def _repeats(paths: list[str], wanted: list[str | None]) -> dict[str, int]:
+    """How many times each path is given without a run id."""
+    return {
+        path: sum(1 for p, w in zip(paths, wanted, strict=True) if p == path and w is None) for path in paths
+    }
+
+
+def _scan_each(paths: list[str]) -> dict[str, tuple[list[str], list[RunInfo]]] | int:
+    """The files and runs of each path (once each); an exit code for a path without files."""
+    scanned: dict[str, tuple[list[str], list[RunInfo]]] = {}
+    for path in dict.fromkeys(paths):
+        files = _files([path])
+        if not files:
+            return _no_files([path])
+        scanned[path] = (files, _with_progress(files, functools.partial(scan_runs, files)))
+    return scanned
+
+
+def _nth_newest_of_k(found: list[RunInfo], k: int, seen: int) -> RunInfo:
+    """The run the ``seen``-th of ``k`` occurrences of a path stands for (newest first found)."""
+    return found[min(k - 1 - seen, len(found) - 1)] if k <= len(found) else found[0]
 
 
 def _threshold(text: str) -> float:
@@ -414,13 +464,10 @@ def _threshold(text: str) -> float:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    files = _files(args.paths)
-    if not files:
-        print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
-        return 2
-    links = _links()
-    if links is None:
-        return 2
+    inputs = _inputs(args)
+    if isinstance(inputs, int):
+        return inputs
+    files, links = inputs
 
     def read(run_files: list[str], run: str | None) -> RunSummary:
         workers = _workers(args, run_files)
@@ -449,18 +496,13 @@ def _time(text: str) -> int:
 
 
 def _goodput(args: argparse.Namespace) -> int:
-    files = [path for path in expand_paths(args.paths) if path.is_file()]
-    if not files:
-        print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
+    inputs = _inputs(args)
+    if isinstance(inputs, int):
+        return inputs
+    if not _interval_ok(args):
         return 2
-    if args.start is not None and args.end is not None and args.end <= args.start:
-        print(f"traintel: --end must be after --start (got {args.start} and {args.end} ns)", file=sys.stderr)
-        return 2
-    links = _links()
-    if links is None:
-        return 2
+    names, links = inputs
     stats = ReadStats()
-    names = [str(path) for path in files]
     work = functools.partial(load_jobs, names, stats, _workers(args, names))
     jobs = _with_progress(names, lambda progress: work(progress=progress))
     if not jobs:
@@ -468,15 +510,28 @@ def _goodput(args: argparse.Namespace) -> int:
     results = compute_goodput(jobs, args.start, args.end, args.rank, args.by_perf_tag)
     if args.session is not None:
         results = [r for r in results if r.session == args.session]
+    _print_goodput(args, results, stats, links)
+    return 0
+
+
+def _print_goodput(
+    args: argparse.Namespace, results: list[SessionGoodput], stats: ReadStats, links: TraceLinks
+) -> None:
     if args.json:
         print(
             json.dumps({"sessions": [r.as_dict() for r in results], "skipped_lines": stats.skipped}, indent=2)
         )
-    else:
-        print(render_goodput(results, links))
-        if stats.skipped:
-            print(f"skipped {stats.skipped} unreadable line(s): {'; '.join(stats.reasons[:3])}")
-    return 0
+        return
+    print(render_goodput(results, links))
+    if stats.skipped:
+        print(f"skipped {stats.skipped} unreadable line(s): {'; '.join(stats.reasons[:3])}")
+
+
+def _interval_ok(args: argparse.Namespace) -> bool:
+    if args.start is not None and args.end is not None and args.end <= args.start:
+        print(f"traintel: --end must be after --start (got {args.start} and {args.end} ns)", file=sys.stderr)
+        return False
+    return True
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -485,8 +540,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     files = replay_files(args.paths)
     if not files:
-        print(f"traintel: no telemetry files found in {', '.join(args.paths)}", file=sys.stderr)
-        return 2
+        return _no_files(args.paths)
     try:
         exporter = otlp_span_exporter(args.endpoint, args.protocol)
         key = endpoint_key(args.endpoint, args.protocol)
