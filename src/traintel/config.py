@@ -83,21 +83,20 @@ def _factor(raw: object) -> float:
 
 
 def _number(raw: object, *, allow_zero: bool) -> float:
-    expected = "a non-negative number" if allow_zero else "a positive number"
-    if isinstance(raw, bool):
-        raise ValueError(f"expected {expected}")
+    value = _float_or_nan(raw)
+    if not (value > 0 or (allow_zero and value == 0)) or math.isinf(value):
+        raise ValueError(f"expected {'a non-negative number' if allow_zero else 'a positive number'}")
+    return value
+
+
+def _float_or_nan(raw: object) -> float:
+    """``raw`` as a number (a string parsed); NaN for anything else, a bool included."""
     if isinstance(raw, str):
         try:
-            value = float(raw.strip())
+            return float(raw.strip())
         except ValueError:
-            raise ValueError(f"expected {expected}") from None
-    elif isinstance(raw, int | float):
-        value = float(raw)
-    else:
-        raise ValueError(f"expected {expected}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"expected {expected}")
-    return value
+            return math.nan
+    return float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else math.nan
 
 
 def _positive_number(raw: object) -> float:
@@ -330,6 +329,16 @@ def _check(name: str, value: object, source: str) -> object:
         raise ConfigurationError(f"{source}={value!r}: {exc}") from None
 
 
+def _given(environ: Mapping[str, str], overrides: Mapping[str, object]) -> list[tuple[str, object, str]]:
+    """(setting, value, where it came from) of each variable set, then of each override."""
+    given: list[tuple[str, object, str]] = [
+        (name, environ[f.metadata["env"]], f.metadata["env"])
+        for name, f in _FIELDS.items()
+        if environ.get(f.metadata["env"], "").strip()
+    ]
+    return given + [(name, value, name) for name, value in overrides.items()]
+
+
 class TrainingConfig:
     """An immutable set of training facts as given; each value is concrete, lazy (callable) or
     unset. Build one with :meth:`from_env`, derive updated copies with :meth:`updated`, and read
@@ -362,15 +371,8 @@ class TrainingConfig:
         With ``strict`` the first bad value raises :class:`ConfigurationError` (naming the
         variable or argument); without it the error is logged and that one setting ignored.
         """
-        environ = os.environ if environ is None else environ
-        given: list[tuple[str, object, str]] = [
-            (name, environ[f.metadata["env"]], f.metadata["env"])
-            for name, f in _FIELDS.items()
-            if environ.get(f.metadata["env"], "").strip()
-        ]
-        given += [(name, value, name) for name, value in (overrides or {}).items()]
         values: dict[str, object] = {}
-        for name, value, source in given:
+        for name, value, source in _given(os.environ if environ is None else environ, overrides or {}):
             try:
                 if name not in _FIELDS:
                     raise _unknown(name)

@@ -42,6 +42,11 @@ def _int_env(environ: Mapping[str, str], *names: str) -> int | None:
     return None
 
 
+def _first(environ: Mapping[str, str], *names: str) -> str | None:
+    """The first of ``names`` set to something."""
+    return next((environ[name] for name in names if environ.get(name)), None)
+
+
 def _set(attributes: dict[str, AttributeValue], key: str, value: AttributeValue | None) -> None:
     if value is not None and value != "":
         attributes[key] = value
@@ -68,15 +73,21 @@ def distributed_identity(environ: Mapping[str, str] | None = None) -> tuple[int,
     rank = _int_env(environ, "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
     local_rank = _int_env(environ, "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
     world_size = _int_env(environ, "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-    torch = sys.modules.get("torch")
-    dist = getattr(torch, "distributed", None) if torch is not None else None
+    group = _process_group()
+    if group is not None:
+        rank, world_size = group
+    return (rank or 0, local_rank if local_rank is not None else (rank or 0), world_size or 1)
+
+
+def _process_group() -> tuple[int, int] | None:
+    """(rank, world size) of the initialised ``torch.distributed`` process group, if any."""
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
-            rank = int(dist.get_rank())
-            world_size = int(dist.get_world_size())
+            return int(dist.get_rank()), int(dist.get_world_size())
     except Exception:  # a half-torn-down process group must not stop identity detection
         pass
-    return (rank or 0, local_rank if local_rank is not None else (rank or 0), world_size or 1)
+    return None
 
 
 class DistributedDetector(ResourceDetector):
@@ -118,8 +129,8 @@ class SlurmDetector(ResourceDetector):
     def detect(self) -> Resource:
         environ = os.environ if self._environ is None else self._environ
         attributes: dict[str, AttributeValue] = {}
-        _set(attributes, semconv.SLURM_JOB_ID, environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"))
-        _set(attributes, semconv.SLURM_STEP_ID, environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"))
+        _set(attributes, semconv.SLURM_JOB_ID, _first(environ, "SLURM_JOB_ID", "SLURM_JOBID"))
+        _set(attributes, semconv.SLURM_STEP_ID, _first(environ, "SLURM_STEP_ID", "SLURM_STEPID"))
         _set(attributes, semconv.SLURM_NODE_ID, _int_env(environ, "SLURM_NODEID"))
         _set(attributes, semconv.SLURM_RESTART_COUNT, _int_env(environ, "SLURM_RESTART_COUNT"))
         _set(attributes, semconv.SLURM_ARRAY_JOB_ID, environ.get("SLURM_ARRAY_JOB_ID"))
@@ -141,19 +152,19 @@ class KubernetesDetector(ResourceDetector):
         if "KUBERNETES_SERVICE_HOST" not in environ and "POD_NAME" not in environ:
             return Resource.get_empty()
         attributes: dict[str, AttributeValue] = {}
-        pod = environ.get("POD_NAME") or environ.get("K8S_POD_NAME") or environ.get("HOSTNAME")
-        _set(attributes, semconv.K8S_POD_NAME, pod)
-        _set(attributes, semconv.K8S_POD_UID, environ.get("POD_UID") or environ.get("K8S_POD_UID"))
-        namespace = environ.get("POD_NAMESPACE") or environ.get("K8S_NAMESPACE")
-        if not namespace:
-            try:
-                with open(self._namespace_file, encoding="utf-8") as fh:
-                    namespace = fh.read().strip()
-            except OSError:
-                namespace = None
+        _set(attributes, semconv.K8S_POD_NAME, _first(environ, "POD_NAME", "K8S_POD_NAME", "HOSTNAME"))
+        _set(attributes, semconv.K8S_POD_UID, _first(environ, "POD_UID", "K8S_POD_UID"))
+        namespace = _first(environ, "POD_NAMESPACE", "K8S_NAMESPACE") or self._file_namespace()
         _set(attributes, semconv.K8S_NAMESPACE_NAME, namespace)
-        _set(attributes, semconv.K8S_NODE_NAME, environ.get("NODE_NAME") or environ.get("K8S_NODE_NAME"))
+        _set(attributes, semconv.K8S_NODE_NAME, _first(environ, "NODE_NAME", "K8S_NODE_NAME"))
         return Resource(attributes)
+
+    def _file_namespace(self) -> str | None:
+        try:
+            with open(self._namespace_file, encoding="utf-8") as fh:
+                return fh.read().strip()
+        except OSError:
+            return None
 
 
 class GpuDetector(ResourceDetector):
@@ -176,9 +187,9 @@ def default_run_id(environ: Mapping[str, str] | None = None) -> str:
     elastic = environ.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
         return elastic
-    slurm_job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    slurm_job = _first(environ, "SLURM_JOB_ID", "SLURM_JOBID")
     if slurm_job:
-        step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")
+        step = _first(environ, "SLURM_STEP_ID", "SLURM_STEPID")
         return f"slurm-{slurm_job}" + (f".{step}" if step else "")
     return uuid.uuid4().hex
 
