@@ -108,10 +108,7 @@ def _clean(key: str, value: Any) -> AttributeValue | None:
     if isinstance(value, bool | str | float):
         return value
     if isinstance(value, int):
-        cleaned = _int(value)
-        if isinstance(cleaned, str):
-            _warn_once(key, value, "converted to a string (beyond int64)")
-        return cleaned
+        return _clean_int(key, value)
     if value is None:
         _warn_once(key, value, "dropped")
         return None
@@ -122,33 +119,55 @@ def _clean(key: str, value: Any) -> AttributeValue | None:
     if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
         return _clean_sequence(key, value)
     if isinstance(value, Mapping):  # every backend can show JSON; not all show nested maps
-        text = json.dumps(_jsonable(value, 0, set(), [MAX_ITEMS]), sort_keys=True)
-        if len(text) > MAX_JSON_CHARS:
-            raise _Unconvertible(f"its JSON is over {MAX_JSON_CHARS:,} characters")
-        _warn_once(key, value, "converted to a JSON string")
-        return text
+        return _json_text(key, value)
     raise _Unconvertible("no attribute form")
+
+
+def _clean_int(key: str, value: int) -> int | str:
+    cleaned = _int(value)
+    if isinstance(cleaned, str):
+        _warn_once(key, value, "converted to a string (beyond int64)")
+    return cleaned
+
+
+def _json_text(key: str, value: Mapping[Any, Any]) -> str:
+    text = json.dumps(_jsonable(value, 0, set(), [MAX_ITEMS]), sort_keys=True)
+    if len(text) > MAX_JSON_CHARS:
+        raise _Unconvertible(f"its JSON is over {MAX_JSON_CHARS:,} characters")
+    _warn_once(key, value, "converted to a JSON string")
+    return text
 
 
 def _clean_sequence(key: str, value: Sequence[Any]) -> AttributeValue | None:
     """A list of one primitive type (ints and floats together become floats), or None."""
     if len(value) > MAX_ITEMS:
         raise _Unconvertible(f"more than {MAX_ITEMS:,} items")
-    items: list[Any] = []
-    for item in value:
-        if isinstance(item, bool | str | float | int):
-            items.append(item)
-            continue
-        number = as_number(item)
-        if number is None:
-            raise _Unconvertible("a sequence must hold values of one primitive type")
-        items.append(number)
-    kinds = {bool if type(i) is bool else str if isinstance(i, str) else float for i in items}
+    return _one_kind([_primitive(item) for item in value])
+
+
+def _one_kind(items: list[Any]) -> list[Any]:
+    """Values of one kind: bools, strings, or numbers (ints where all are within int64)."""
+    kinds = set(map(_kind, items))
     if len(kinds) > 1:
         raise _Unconvertible("a sequence must hold values of one primitive type")
-    if kinds == {float} and not all(isinstance(i, int) and _INT64_MIN <= i <= _INT64_MAX for i in items):
-        return [float(i) for i in items]  # mixed with floats, or beyond int64: one kind, floats
-    return [int(i) for i in items] if kinds == {float} else items
+    if kinds != {float}:
+        return items
+    if all(isinstance(i, int) and _INT64_MIN <= i <= _INT64_MAX for i in items):
+        return [int(i) for i in items]
+    return [float(i) for i in items]  # mixed with floats, or beyond int64: one kind, floats
+
+
+def _kind(item: Any) -> type:
+    return bool if type(item) is bool else str if isinstance(item, str) else float
+
+
+def _primitive(item: Any) -> Any:
+    if isinstance(item, bool | str | float | int):
+        return item
+    number = as_number(item)
+    if number is None:
+        raise _Unconvertible("a sequence must hold values of one primitive type")
+    return number
 
 
 def _jsonable(value: Any, depth: int, seen: set[int], budget: list[int]) -> Any:
@@ -162,19 +181,22 @@ def _jsonable(value: Any, depth: int, seen: set[int], budget: list[int]) -> Any:
     if number is not None:
         return number if isinstance(number, int) or math.isfinite(number) else str(number)
     if isinstance(value, Mapping | list | tuple):
-        if depth >= MAX_DEPTH:
-            raise _Unconvertible(f"nested deeper than {MAX_DEPTH}")
-        if id(value) in seen:
-            raise _Unconvertible("it contains itself")
-        seen.add(id(value))
-        try:
-            if isinstance(value, Mapping):
-                return {str(k): _jsonable(v, depth + 1, seen, budget) for k, v in value.items()}
-            return [_jsonable(v, depth + 1, seen, budget) for v in value]
-        finally:
-            seen.discard(id(value))
-    text = str(value)
-    return text if len(text) <= MAX_JSON_CHARS else text[:MAX_JSON_CHARS]
+        return _jsonable_container(value, depth, seen, budget)
+    return str(value)[:MAX_JSON_CHARS]
+
+
+def _jsonable_container(value: Any, depth: int, seen: set[int], budget: list[int]) -> Any:
+    if depth >= MAX_DEPTH:
+        raise _Unconvertible(f"nested deeper than {MAX_DEPTH}")
+    if id(value) in seen:
+        raise _Unconvertible("it contains itself")
+    seen.add(id(value))
+    try:
+        if isinstance(value, Mapping):
+            return {str(k): _jsonable(v, depth + 1, seen, budget) for k, v in value.items()}
+        return [_jsonable(v, depth + 1, seen, budget) for v in value]
+    finally:
+        seen.discard(id(value))
 
 
 def clean_attributes(attributes: Mapping[str, Any]) -> dict[str, AttributeValue]:

@@ -74,16 +74,7 @@ class TraceBudget:
         trace_id = context.trace_id
         last_id, usage = self._last
         if trace_id != last_id:
-            found = self._usage.get(trace_id)
-            if found is None:
-                with self._lock:
-                    found = self._usage.get(trace_id)
-                    if found is None:
-                        found = self._usage[trace_id] = [0, 0]
-                        if len(self._usage) > self._keep:
-                            self._usage.popitem(last=False)
-            usage = found
-            self._last = (trace_id, usage)
+            usage = self._switch_trace(trace_id)
         # Sizing a span walks its attributes (~2 µs for one, ~9 µs for 60, through the SDK's
         # locked mapping), so a span stands for the spans of its kind until the kind is sized
         # again; a kind is a name and a status (a failed span carries its exception). Per kind,
@@ -92,16 +83,31 @@ class TraceBudget:
         # of them can miss a large kind every time (a segment sized at 16 kB was 23 kB).
         # Unlocked: an estimate; concurrent ends of one trace may lose an increment, not a span.
         kind = (span.name, span.status.status_code)
-        sized = self._kinds.get(kind)
-        if sized is None:
-            if len(self._kinds) >= _MAX_KINDS:
-                self._kinds.clear()
-            sized = self._kinds[kind] = [0, 0]
+        sized = self._kinds.get(kind) or self._new_kind(kind)
         if sized[0] % _RESIZE_EVERY == 0:
             sized[1] = estimate_span_bytes(span)
         sized[0] += 1
         usage[0] += 1
         usage[1] += sized[1]
+
+    def _switch_trace(self, trace_id: int) -> list[int]:
+        """The usage of a trace other than the last span's (kept for the last ``keep``)."""
+        found = self._usage.get(trace_id)
+        if found is None:
+            with self._lock:
+                found = self._usage.get(trace_id)
+                if found is None:
+                    found = self._usage[trace_id] = [0, 0]
+                    if len(self._usage) > self._keep:
+                        self._usage.popitem(last=False)
+        self._last = (trace_id, found)
+        return found
+
+    def _new_kind(self, kind: tuple[str, StatusCode]) -> list[int]:
+        if len(self._kinds) >= _MAX_KINDS:
+            self._kinds.clear()
+        sized = self._kinds[kind] = [0, 0]
+        return sized
 
     def usage(self, trace_id: int) -> tuple[int, int]:
         usage = self._usage.get(trace_id)
