@@ -182,32 +182,45 @@ class _Counts:
         """Throughput, FLOP/s, MFU/HFU into ``out`` (and, with ``split``, the per-device rates,
         padding and the step-phase time split); returns MFU/HFU range errors."""
         errors: list[str] = []
-        keys = _RATE_KEYS.get(prefix)
-        if keys is None:
-            keys = _RATE_KEYS.setdefault(prefix, _RateKeys(prefix))
+        keys = _RATE_KEYS.get(prefix) or _RATE_KEYS.setdefault(prefix, _RateKeys(prefix))
         world = inputs.world_size
-        if self.samples_time > 0:
-            per_device = self.samples / self.samples_time
-            if split:
-                out[keys.samples_per_device] = per_device
-            out[keys.samples] = per_device * world
-        if self.tokens_time > 0:
-            per_device = self.tokens / self.tokens_time
-            if split:
-                out[keys.tokens_per_device] = per_device
-            out[keys.tokens] = per_device * world
-        if split and self.padding > 0 and self.tokens + self.padding > 0:
-            out[keys.padding_fraction] = self.padding / (self.tokens + self.padding)
+        samples_per_device = keys.samples_per_device if split else None
+        _throughput(out, keys.samples, samples_per_device, self.samples, self.samples_time, world)
+        tokens_per_device = keys.tokens_per_device if split else None
+        _throughput(out, keys.tokens, tokens_per_device, self.tokens, self.tokens_time, world)
         if self.flops_time > 0:
             flops_per_second = self.flops / self.flops_time
             out[keys.flops_per_device] = flops_per_second
             out[keys.tflops_per_device] = flops_per_second / 1e12
             if inputs.peak_flops or inputs.measured_peak_flops:
                 errors = _utilization(flops_per_second, inputs, keys, out)
-        if split and self.duration_s > 0:
+        if split:
+            self._split(keys, out)
+        return errors
+
+    def _split(self, keys: _RateKeys, out: dict[str, float | int | str]) -> None:
+        """Padding, and the step-phase time split."""
+        if self.padding > 0 and self.tokens + self.padding > 0:
+            out[keys.padding_fraction] = self.padding / (self.tokens + self.padding)
+        if self.duration_s > 0:
             out.update(zip(keys.times, self.phase_s, strict=True))
             out[keys.data_loading_fraction] = self.phase_s[DATA] / self.duration_s
-        return errors
+
+
+def _throughput(
+    out: dict[str, float | int | str],
+    key: str,
+    device_key: str | None,
+    amount: float,
+    seconds: float,
+    world: int,
+) -> None:
+    """Per device (under ``device_key``, if given) and for the whole job (``key``)."""
+    if seconds > 0:
+        per_device = amount / seconds
+        if device_key:
+            out[device_key] = per_device
+        out[key] = per_device * world
 
 
 def _utilization(

@@ -228,21 +228,26 @@ class GoodputLedger:
         window.ideal_step_time_s = self.ideal_step_time_s
         if metrics is not None:
             window.metrics = metrics
-        ready: list[WindowGoodput] = [window]
-        if not self._startup_decided:
-            if self._held is None:  # the job's first window
-                self._first_iteration_s = durations[0] if durations else None
-                if len(durations) >= 2:
-                    self._decide_startup(window, percentile(sorted(durations[1:]), 50))
-                elif final:  # a job of one iteration: no typical step to compare with
-                    self._startup_decided = True
-                else:
-                    self._held, ready = window, []
-            else:  # the held first window, decided against this one's iterations
-                self._decide_startup(self._held, p50)
-                ready = [self._held, window]
-                self._held = None
-        return self._book(ready)
+        return self._book([window] if self._startup_decided else self._startup(window, durations, p50, final))
+
+    def _startup(
+        self, window: WindowGoodput, durations: list[float], p50: float, final: bool
+    ) -> list[WindowGoodput]:
+        """Until the first iteration's startup share is decided: the windows it decides."""
+        held = self._held
+        if held is not None:  # the held first window, decided against this one's iterations
+            self._decide_startup(held, p50)
+            self._held = None
+            return [held, window]
+        self._first_iteration_s = durations[0] if durations else None  # the job's first window
+        if len(durations) >= 2:
+            self._decide_startup(window, percentile(sorted(durations[1:]), 50))
+        elif final:  # a job of one iteration: no typical step to compare with
+            self._startup_decided = True
+        else:
+            self._held = window
+            return []
+        return [window]
 
     def _book(self, ready: list[WindowGoodput]) -> list[WindowGoodput]:
         """Count windows whose startup share is decided, and return them for export."""

@@ -6,7 +6,7 @@ training runs. Pure: no OpenTelemetry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -19,14 +19,23 @@ def estimate_attributes_bytes(attributes: Mapping[str, Any] | None) -> int:
     values = attributes.values()
     size = sum(map(len, attributes)) + 17 * len(attributes)
     kinds = set(map(type, values))  # one pass: plain scalars need no array walk
-    if str in kinds or not kinds <= _SCALARS:
-        strings = list(filter(_IS_STR, values))
-        size += sum(map(len, strings))
-        size += sum(3 * len(v) for v in strings if not v.isascii())  # UTF-8: up to 4 bytes a character
-    if not kinds <= _SCALARS:
-        for kind in (tuple, list):
-            for array in filter(kind.__instancecheck__, values):
-                size += sum(len(v) + 2 if isinstance(v, str) else 10 for v in array)
+    arrays = not kinds <= _SCALARS
+    if str in kinds or arrays:
+        size += _strings_bytes(list(filter(_IS_STR, values)))
+    if arrays:
+        size += _arrays_bytes(values)
+    return size
+
+
+def _strings_bytes(strings: list[str]) -> int:
+    return sum(map(len, strings)) + sum(3 * len(v) for v in strings if not v.isascii())  # UTF-8: up to 4 B
+
+
+def _arrays_bytes(values: Iterable[Any]) -> int:
+    size = 0
+    for kind in (tuple, list):
+        for array in filter(kind.__instancecheck__, values):
+            size += sum(len(v) + 2 if isinstance(v, str) else 10 for v in array)
     return size
 
 

@@ -87,14 +87,7 @@ class OpenWindowProgress:
         if rows is not self._rows:
             self._rows, self._read = rows, 0
             self._total_ns = self._data_ns = self._max_ns = 0
-        new = rows[self._read :]  # one slice: rows appended meanwhile wait for the next call
-        for duration_ns, _samples, _tokens, _padding, _flops, data_ns, _f, _b, _o, iteration, _end in new:
-            self._total_ns += duration_ns
-            if data_ns:
-                self._data_ns += data_ns
-            if duration_ns > self._max_ns or not self._read:
-                self._max_ns, self._slowest = duration_ns, iteration
-            self._read += 1
+        self._read_new(rows[self._read :])  # one slice: rows appended meanwhile wait for the next call
         if not self._read:
             return Account(), 0.0, None
         first, last = Row._make(rows[0]), Row._make(rows[self._read - 1])
@@ -107,6 +100,15 @@ class OpenWindowProgress:
         durations = seconds_of(row[0] for row in rows[: self._read])
         startup = max(0.0, min(durations[0] - percentile(sorted(durations[1:]), 50), busy_s - data_s))
         return span, startup, robust_mean(sorted(durations))
+
+    def _read_new(self, new: list[RawRow]) -> None:
+        for duration_ns, _samples, _tokens, _padding, _flops, data_ns, _f, _b, _o, iteration, _end in new:
+            self._total_ns += duration_ns
+            if data_ns:
+                self._data_ns += data_ns
+            if duration_ns > self._max_ns or not self._read:
+                self._max_ns, self._slowest = duration_ns, iteration
+            self._read += 1
 
     @property
     def slowest(self) -> tuple[float, int | None]:

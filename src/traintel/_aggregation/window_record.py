@@ -83,15 +83,15 @@ def compact(
     ``training_metrics_update`` event has them), without what :func:`expand` restores."""
     out: AttributeMap = {}
     for source in (goodput, metrics):
-        for key, value in source.items():
-            if key in _DERIVED or key in _ON_THE_LOOP or key.startswith(semconv.TOTAL_PREFIX):
-                continue
-            if source is metrics and key in _IN_GOODPUT:
-                continue
-            if key in _ZERO_OMITTED and not value:
-                continue
-            out[key] = value
+        out.update((k, v) for k, v in source.items() if _kept(k, v, source is metrics))
     return out
+
+
+def _kept(key: str, value: float | int | str, from_metrics: bool) -> bool:
+    """Whether the compact record carries ``key``: not restored by :func:`expand`, not on the loop."""
+    if key in _DERIVED or key in _ON_THE_LOOP or key.startswith(semconv.TOTAL_PREFIX):
+        return False
+    return not (from_metrics and key in _IN_GOODPUT) and not (key in _ZERO_OMITTED and not value)
 
 
 def loop_attributes(metrics: Mapping[str, float | int | str]) -> AttributeMap:
@@ -116,32 +116,45 @@ def expand(record: Mapping[str, object], world_size: int = 1) -> dict[str, objec
     out = dict(record)
     if MARKER not in record:
         return out
-    n = _number(record, _W + "iterations") or 0.0
-    total = _number(record, _W + "iteration_time.total")
-    loading = _number(record, _W + "data_loading_time") or 0.0
     for key in _ZERO_OMITTED:
         out.setdefault(key, 0)
-    if total is not None and n:
-        out[_W + "iteration_time.mean"] = total / n
+    total = _number(record, _W + "iteration_time.total")
+    loading = _number(record, _W + "data_loading_time") or 0.0
     if total is not None:
-        nested = _number(record, _W + "nested_badput_time") or 0.0
-        startup = _number(record, _W + "program_startup_time") or 0.0
-        out[semconv.WINDOW_PRODUCTIVE_TIME] = max(0.0, total - loading - nested - startup)
+        _times(record, total, loading, out)
     _rates(record, max(1, world_size), out)
-    flops = _number(record, _W + "flops_per_second_per_device")
-    if flops is not None:
-        out[_W + "tflops_per_device"] = flops / 1e12
-        if _number(record, semconv.MFU_DENOMINATOR):
-            out[semconv.MFU_NUMERATOR] = flops
-    tokens, padding = _number(record, _W + "tokens"), _number(record, _W + "padding_tokens")
-    if padding and tokens is not None and tokens + padding > 0:
-        out[_W + "padding_fraction"] = padding / (tokens + padding)
+    _flops(record, out)
+    _padding(record, out)
     if _W + "time.forward" in record or _W + "time.backward" in record or _W + "time.optimizer" in record:
         out[_W + "time.data_loading"] = loading
         if total:
             out[_W + "data_loading_fraction"] = loading / total
     _deviations(record, out)
     return out
+
+
+def _times(record: Mapping[str, object], total: float, loading: float, out: dict[str, object]) -> None:
+    """The mean iteration time and the productive time."""
+    n = _number(record, _W + "iterations") or 0.0
+    if n:
+        out[_W + "iteration_time.mean"] = total / n
+    nested = _number(record, _W + "nested_badput_time") or 0.0
+    startup = _number(record, _W + "program_startup_time") or 0.0
+    out[semconv.WINDOW_PRODUCTIVE_TIME] = max(0.0, total - loading - nested - startup)
+
+
+def _padding(record: Mapping[str, object], out: dict[str, object]) -> None:
+    tokens, padding = _number(record, _W + "tokens"), _number(record, _W + "padding_tokens")
+    if padding and tokens is not None and tokens + padding > 0:
+        out[_W + "padding_fraction"] = padding / (tokens + padding)
+
+
+def _flops(record: Mapping[str, object], out: dict[str, object]) -> None:
+    flops = _number(record, _W + "flops_per_second_per_device")
+    if flops is not None:
+        out[_W + "tflops_per_device"] = flops / 1e12
+        if _number(record, semconv.MFU_DENOMINATOR):
+            out[semconv.MFU_NUMERATOR] = flops
 
 
 def _rates(record: Mapping[str, object], world: int, out: dict[str, object]) -> None:

@@ -19,6 +19,7 @@ from opentelemetry.trace import Span
 from traintel import semconv
 from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
+from traintel._recorder.engine import TrainingEngine
 from traintel._runtime import state as _state
 
 
@@ -41,10 +42,13 @@ def _as_number(value: object) -> float | int | bool | None:
     return None
 
 
-def _numbers(values: Mapping[str, object], telemetry: _state.Telemetry) -> dict[str, float | int | bool]:
-    """The values that are numbers; each other one is dropped with one warning per name."""
+def _numbers(
+    telemetry: _state.Telemetry, metrics: Mapping[str, object] | None, more: Mapping[str, object]
+) -> dict[str, float | int | bool]:
+    """The values that are numbers (``more`` wins); each other one is dropped with one warning
+    per name."""
     numbers: dict[str, float | int | bool] = {}
-    for name, raw in values.items():
+    for name, raw in dict(metrics or {}, **more).items():
         number = _as_number(raw)
         if number is None:
             telemetry.warn_once(
@@ -88,33 +92,38 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
     if not telemetry.enabled or telemetry.open_spans is None:
         return
     try:
-        values = dict(metrics or {})
-        values.update(more)
-        numbers = _numbers(values, telemetry)
+        numbers = _numbers(telemetry, metrics, more)
         engine = telemetry.engine
         record = engine.active if engine is not None else None
         if record is not None and engine is not None and engine.active_thread == threading.get_ident():
             for name, number in numbers.items():
                 record.record_metric(name, float(number))
             return
-        target = _metrics_target(telemetry)
-        if target is None:
-            if engine is not None and any(engine.open_loops.values()):
-                return  # inside a loop whose spans the sampler dropped: nothing to attach to
-            telemetry.warn_once(
-                "metrics_outside_loop", "record_metrics called outside any iteration or loop; ignored"
-            )
-            return
-        for name, number in numbers.items():
-            target.set_attribute(semconv.METRIC_PREFIX + name, number)
-        # On a validation/testing loop itself (after its iterations: an epoch-level accuracy,
-        # a framework's eval_loss), the values also count toward the loop's update event.
-        stats = engine.eval_stats.get(getattr(target, "name", "")) if engine is not None else None
-        if stats is not None:
-            for name, number in numbers.items():
-                stats.add_metric(name, float(number))
+        _record_on_span(telemetry, engine, numbers)
     except Exception:
         telemetry.warn_once("record_metrics", "record_metrics failed")
+
+
+def _record_on_span(
+    telemetry: _state.Telemetry, engine: TrainingEngine | None, numbers: Mapping[str, float | int]
+) -> None:
+    """Outside the fast path's iteration: the metrics go on the enclosing iteration or loop span."""
+    target = _metrics_target(telemetry)
+    if target is None:
+        if engine is not None and any(engine.open_loops.values()):
+            return  # inside a loop whose spans the sampler dropped: nothing to attach to
+        telemetry.warn_once(
+            "metrics_outside_loop", "record_metrics called outside any iteration or loop; ignored"
+        )
+        return
+    for name, number in numbers.items():
+        target.set_attribute(semconv.METRIC_PREFIX + name, number)
+    # On a validation/testing loop itself (after its iterations: an epoch-level accuracy,
+    # a framework's eval_loss), the values also count toward the loop's update event.
+    stats = engine.eval_stats.get(getattr(target, "name", "")) if engine is not None else None
+    if stats is not None:
+        for name, number in numbers.items():
+            stats.add_metric(name, float(number))
 
 
 def record_batch(
