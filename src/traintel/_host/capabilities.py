@@ -35,40 +35,37 @@ def _table_peak_known(settings: Settings) -> bool:
 
 def capability_report(settings: Settings) -> tuple[list[str], list[str]]:
     """(enabled, disabled) metric names; each disabled entry says why and how to enable it."""
-    enabled = ["phase_duration", "iteration_count"]
-    disabled: list[str] = []
     batch = settings.global_batch_size
-    seq_len = settings.seq_len
-    if batch is not None:
-        enabled.append("sample_throughput")
-    else:
-        disabled.append(
-            f"sample_throughput: no global batch size (set {ev.TRAINTEL_GLOBAL_BATCH_SIZE}, "
-            "global_batch_size=, or samples= on training_iteration)"
-        )
-    if batch is not None and seq_len is not None:
-        enabled.append("token_throughput")
-    else:
-        disabled.append(
-            f"token_throughput: needs global batch size and sequence length (set {ev.TRAINTEL_SEQ_LEN}, "
-            "or tokens= on training_iteration)"
-        )
     has_flops = settings.flops_per_sample is not None or settings.flops_per_token is not None
-    if has_flops:
-        enabled.append("flops_throughput")
-    else:
-        disabled.append(
-            "flops_throughput: no model FLOPs "
-            f"(set {ev.TRAINTEL_FLOPS_PER_SAMPLE} or {ev.TRAINTEL_FLOPS_PER_TOKEN})"
-        )
     peak_known = settings.peak_flops is not None or _table_peak_known(settings)
-    if has_flops and peak_known:
-        enabled.append("mfu")
-    elif not peak_known:
-        disabled.append(
-            f"mfu: no dense peak FLOP/s for device {device_description()!r} (set {ev.TRAINTEL_PEAK_FLOPS}; "
-            "a GPU in the peak table is looked up at each window once the job has initialised CUDA)"
-        )
-    else:
-        disabled.append("mfu: no model FLOPs (see flops_throughput)")
-    return enabled, disabled
+    checks = (
+        (
+            "sample_throughput",
+            batch is not None,
+            f"no global batch size (set {ev.TRAINTEL_GLOBAL_BATCH_SIZE}, "
+            "global_batch_size=, or samples= on training_iteration)",
+        ),
+        (
+            "token_throughput",
+            batch is not None and settings.seq_len is not None,
+            f"needs global batch size and sequence length (set {ev.TRAINTEL_SEQ_LEN}, "
+            "or tokens= on training_iteration)",
+        ),
+        (
+            "flops_throughput",
+            has_flops,
+            f"no model FLOPs (set {ev.TRAINTEL_FLOPS_PER_SAMPLE} or {ev.TRAINTEL_FLOPS_PER_TOKEN})",
+        ),
+        ("mfu", has_flops and peak_known, _why_no_mfu(peak_known)),
+    )
+    enabled = ["phase_duration", "iteration_count", *(name for name, on, _why in checks if on)]
+    return enabled, [f"{name}: {why}" for name, on, why in checks if not on]
+
+
+def _why_no_mfu(peak_known: bool) -> str:
+    if peak_known:
+        return "no model FLOPs (see flops_throughput)"
+    return (
+        f"no dense peak FLOP/s for device {device_description()!r} (set {ev.TRAINTEL_PEAK_FLOPS}; "
+        "a GPU in the peak table is looked up at each window once the job has initialised CUDA)"
+    )

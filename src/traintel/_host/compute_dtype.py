@@ -117,6 +117,29 @@ def tf32_matmuls(torch: Any) -> str | None:
     return None
 
 
+def _mixed_guess(parameters: ParameterDtype | None) -> str | None:
+    if parameters is None or parameters.share >= 1.0:
+        return None
+    return (
+        f"parameters of mixed dtypes, {parameters.share:.0%} {parameters.dtype}: the peak is "
+        f"{parameters.dtype}'s; set TRAINTEL_DTYPE if the matmuls run in another dtype"
+    )
+
+
+def _tf32(torch: Any | None) -> str | None:
+    torch = sys.modules.get("torch") if torch is None else torch
+    return tf32_matmuls(torch) if torch is not None else None
+
+
+def _medium_guess(tf32: str) -> str | None:
+    if "medium" not in tf32:
+        return None
+    return (
+        "float32 matmul precision 'medium' may compute in bf16 where a kernel allows it: "
+        "the peak is tf32's; set TRAINTEL_DTYPE to choose"
+    )
+
+
 def choose_dtype(
     configured: str | None,
     autocast: str | None,
@@ -128,23 +151,12 @@ def choose_dtype(
         return DtypeChoice(configured, "TRAINTEL_DTYPE")
     if autocast is not None:
         return DtypeChoice(autocast, "autocast")
-    guess = None
-    if parameters is not None and parameters.share < 1.0:
-        guess = (
-            f"parameters of mixed dtypes, {parameters.share:.0%} {parameters.dtype}: the peak is "
-            f"{parameters.dtype}'s; set TRAINTEL_DTYPE if the matmuls run in another dtype"
-        )
+    guess = _mixed_guess(parameters)
     if parameters is not None and parameters.dtype != "fp32":
         return DtypeChoice(parameters.dtype, "parameters", guess)
-    torch = sys.modules.get("torch") if torch is None else torch
-    tf32 = tf32_matmuls(torch) if torch is not None else None
+    tf32 = _tf32(torch)
     if tf32 is not None:
-        if "medium" in tf32:
-            guess = (
-                "float32 matmul precision 'medium' may compute in bf16 where a kernel allows it: "
-                "the peak is tf32's; set TRAINTEL_DTYPE to choose"
-            )
-        return DtypeChoice("tf32", "fp32 matmuls on TF32 (" + tf32 + ")", guess)
+        return DtypeChoice("tf32", "fp32 matmuls on TF32 (" + tf32 + ")", _medium_guess(tf32) or guess)
     if parameters is not None:
         return DtypeChoice("fp32", "parameters", guess)
     return DtypeChoice(

@@ -118,13 +118,13 @@ class Heartbeat:
             spans = self._open_spans.spans()
         except RuntimeError:  # the registry changed size while copied: no phase this time
             return None
-        best: Span | None = None
-        for span in spans:
-            started = span.start_time or 0
-            phased = (span.attributes or {}).get(semconv.PHASE) is not None and started > 0
-            if phased and (best is None or started > (best.start_time or 0)):
-                best = span
-        return best
+        best = max(spans, key=_phase_start, default=None)  # the first of the latest
+        return best if best is not None and _phase_start(best) > 0 else None
+
+
+def _phase_start(span: Span) -> int:
+    """When a phase's span started; 0 for a span of no phase."""
+    return (span.start_time or 0) if (span.attributes or {}).get(semconv.PHASE) is not None else 0
 
 
 class HeartbeatInstruments:
