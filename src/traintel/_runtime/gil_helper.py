@@ -116,10 +116,14 @@ def main(argv: list[str]) -> None:
                 return
             if fd == dump_fd:
                 dump += data
-                continue
-            *lines, pending = (pending + data).split(b"\n")
-            if lines:
-                state = json.loads(lines[-1])
+            else:
+                pending, state = _latest_state(pending + data, state)
+
+
+def _latest_state(buffer: bytes, state: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """The last complete state line in ``buffer`` (else ``state``), and what follows it."""
+    *lines, pending = buffer.split(b"\n")
+    return pending, json.loads(lines[-1]) if lines else state
 
 
 if __name__ == "__main__":

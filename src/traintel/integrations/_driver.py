@@ -83,6 +83,10 @@ class PhaseDriver:
             except Exception:
                 self._failed("close", key)
             return
+        self._close_nested(key, end_ns, exc)
+
+    def _close_nested(self, key: str, end_ns: int | None, exc: BaseException | None) -> None:
+        """Close ``key`` and what was opened inside it, innermost first."""
         entries = self._pop_from(key)
         try:
             telemetry = _state.current()
