@@ -84,45 +84,54 @@ class AsyncCheckpointCompletion:
         if engine is None or engine.closed:
             return
         try:
-            end = _time_ns()
-            start = self._start_ns or end
-            if size_bytes is None and path is not None:
-                try:
-                    size_bytes = directory_size(path)
-                except OSError:
-                    engine.warn_once("ckpt_size", "could not measure checkpoint size at %s", os.fspath(path))
-            attributes: dict[str, AttributeValue] = {
-                semconv.PHASE: Phase.CHECKPOINT_FINALIZE.value,
-                semconv.CHECKPOINT_STRATEGY: "async",
-                semconv.CHECKPOINT_ITERATION: self._iteration,
-            }
-            if size_bytes is not None:
-                attributes[semconv.CHECKPOINT_SIZE] = size_bytes
-            parent = engine.loop if engine.loop is not None else self._parent
-            context = set_span_in_context(parent) if parent is not None else None
-            span = engine.tracer.start_span(
-                Phase.CHECKPOINT_FINALIZE.value,
-                context=context,
-                attributes=attributes,
-                links=[
-                    Link(c)
-                    for c in (self._save_context, self._iteration_context)
-                    if c is not None and c.is_valid
-                ],
-                start_time=start,
-            )
-            totals = engine.checkpoint_background_done((end - start) / 1e9, size_bytes)
-            if size_bytes is not None and end > start:
-                totals[semconv.CHECKPOINT_BYTES_PER_SECOND] = size_bytes / ((end - start) / 1e9)
-            if error is None:
-                span.add_event(
-                    semconv.Event.SAVE_CHECKPOINT_SUCCESS.value,
-                    {semconv.CHECKPOINT_ITERATION: self._iteration},
-                )
-            span.add_event(semconv.Event.CHECKPOINT_METRICS_UPDATE.value, totals)
-            engine.end_span(span, error, end)
+            self._record(engine, size_bytes, path, error)
         except Exception:
             engine.warn_once("ckpt_finish", "could not record the async checkpoint completion")
+
+    def _record(
+        self,
+        engine: TrainingEngine,
+        size_bytes: int | None,
+        path: str | os.PathLike[str] | None,
+        error: BaseException | None,
+    ) -> None:
+        """The ``checkpoint_finalize`` span, from the save's end to now, and the totals."""
+        end = _time_ns()
+        start = self._start_ns or end
+        if size_bytes is None and path is not None:
+            size_bytes = _measured_size(engine, path)
+        span = self._finalize_span(engine, start, size_bytes)
+        seconds = (end - start) / 1e9
+        totals = engine.checkpoint_background_done(seconds, size_bytes)
+        if size_bytes is not None and end > start:
+            totals[semconv.CHECKPOINT_BYTES_PER_SECOND] = size_bytes / seconds
+        if error is None:
+            span.add_event(
+                semconv.Event.SAVE_CHECKPOINT_SUCCESS.value, {semconv.CHECKPOINT_ITERATION: self._iteration}
+            )
+        span.add_event(semconv.Event.CHECKPOINT_METRICS_UPDATE.value, totals)
+        engine.end_span(span, error, end)
+
+    def _finalize_span(self, engine: TrainingEngine, start: int, size_bytes: int | None) -> Span:
+        """Under the training loop (else the save's), linked to the save and its iteration."""
+        attributes: dict[str, AttributeValue] = {
+            semconv.PHASE: Phase.CHECKPOINT_FINALIZE.value,
+            semconv.CHECKPOINT_STRATEGY: "async",
+            semconv.CHECKPOINT_ITERATION: self._iteration,
+        }
+        if size_bytes is not None:
+            attributes[semconv.CHECKPOINT_SIZE] = size_bytes
+        parent = engine.loop if engine.loop is not None else self._parent
+        links = [
+            Link(c) for c in (self._save_context, self._iteration_context) if c is not None and c.is_valid
+        ]
+        return engine.tracer.start_span(
+            Phase.CHECKPOINT_FINALIZE.value,
+            context=set_span_in_context(parent) if parent is not None else None,
+            attributes=attributes,
+            links=links,
+            start_time=start,
+        )
 
 
 class CheckpointSavePhase(PhaseSpan):
@@ -175,25 +184,32 @@ class CheckpointSavePhase(PhaseSpan):
             self._completion._started(end_ns)
         size = self._size_bytes
         if size is None and self._path is not None and exc is None:
-            try:
-                size = directory_size(self._path)
-            except OSError:
-                engine.warn_once(
-                    "ckpt_size", "could not measure checkpoint size at %s", os.fspath(self._path)
-                )
-        if size is not None and span.is_recording():
-            span.set_attribute(semconv.CHECKPOINT_SIZE, size)
+            size = _measured_size(engine, self._path)
         if not span.is_recording():
             return
-        success = semconv.Event.SAVE_CHECKPOINT_SUCCESS.value
-        # once: on_save_checkpoint_success() may have added it already (with its own attributes)
-        if exc is None and not any(e.name == success for e in getattr(span, "events", ())):
-            span.add_event(success, {semconv.CHECKPOINT_ITERATION: self._iteration or 0})
+        if size is not None:
+            span.set_attribute(semconv.CHECKPOINT_SIZE, size)
+        if exc is None:
+            self._success_event(span)
         duration = (end_ns - self._start_ns) / 1e9
         attributes = engine.checkpoint_saved(duration, size, self._strategy, span, None, self._iteration)
         rate = attributes.get(semconv.CHECKPOINT_BYTES_PER_SECOND)
         if rate is not None:
             span.set_attribute(semconv.CHECKPOINT_BYTES_PER_SECOND, rate)
+
+    def _success_event(self, span: Span) -> None:
+        """Once: on_save_checkpoint_success() may have added it already (with its own attributes)."""
+        success = semconv.Event.SAVE_CHECKPOINT_SUCCESS.value
+        if not any(e.name == success for e in getattr(span, "events", ())):
+            span.add_event(success, {semconv.CHECKPOINT_ITERATION: self._iteration or 0})
+
+
+def _measured_size(engine: TrainingEngine, path: str | os.PathLike[str]) -> int | None:
+    try:
+        return directory_size(path)
+    except OSError:
+        engine.warn_once("ckpt_size", "could not measure checkpoint size at %s", os.fspath(path))
+        return None
 
 
 class CheckpointLoadPhase(PhaseSpan):
