@@ -67,6 +67,7 @@ _LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_
 #: The step-phase fields of the row of an iteration that did not time its step phases.
 _UNTIMED: Final = (None, None, None, None)
 _get_ident = threading.get_ident
+_NO_PARENT: Final = (None, trace_api.INVALID_SPAN_CONTEXT, True, 0)  # matches no Context
 #: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; iterations that are
 #: not exported may take half of them, so that the exported ones (whose event names their trace
 #: and span) keep theirs under load. The rest are counted in the window events. The SDK keeps
@@ -182,13 +183,12 @@ class TrainingEngine:
         # What this rank exports (None: not decided yet, everything); see set_rank_export.
         self.rank_export: RankExportPolicy | None = None
         self.window_events = True  # training_metrics_update, read once per window
-        # The parent SpanContext of the last iteration, the Context it was read from (immutable;
-        # only a segment rotation changes what its span answers) and whether it is sampled.
-        self._parent_cache: tuple[object, SpanContext, bool, bool] = (
-            None, trace_api.INVALID_SPAN_CONTEXT, True, True
-        )  # fmt: skip
         random_roots = ids is not None and ids.is_trace_id_random()
         self._root_flags = 0x02 if random_roots else 0  # the W3C random-trace-id flag
+        # The parent SpanContext of the last iteration, the Context it was read from (immutable;
+        # only a segment rotation changes what its span answers), whether it is sampled, and the
+        # flags a root iteration takes (0 under a parent).
+        self._parent_cache: tuple[object, SpanContext, bool, int] = _NO_PARENT
         #: Called at each step phase's start and end when a device feature is on (None: one
         #: test per phase); set by the runtime, which owns the device features.
         self.device: PhaseHooks | None = None
@@ -320,15 +320,10 @@ class TrainingEngine:
             if self.segments.rotate_pending:
                 self.segments.rotate(start_ns)  # at the start of the next iteration, never after the last
         else:
-            loop = _LOOP_OF_ITERATION[phase]
-            iteration = self.next_eval_iteration.get(loop, 0) if given_number is None else given_number
-            self.next_eval_iteration[loop] = iteration + 1
-            sampler = self._eval_sampler(phase)
+            iteration, sampler = self._begin_eval(phase, given_number)
         cached = self._parent_cache
         if context is not cached[0]:  # not the loop's context of the previous iteration
-            parent = current_span(context).get_span_context()
-            root = not parent.is_valid
-            cached = self._parent_cache = (context, parent, root or parent.trace_flags.sampled, root)
+            cached = self._parent_cache = self._parent_of(context)
         record = new_record(phase, iteration, start_ns, cached[1])
         if attributes:  # samples= / tokens= among them count as the step's work
             record.set_attributes(attributes)
@@ -350,11 +345,25 @@ class TrainingEngine:
         if cached[2]:
             ours = self.export_filter is not None
             record.sampled = sampler.policy != "none" if ours else reason is not None
-            if cached[3]:
-                record.root_flags = self._root_flags
+            record.root_flags = cached[3]
         self.active = record
         self.active_thread = _get_ident()
         return record
+
+    def _begin_eval(self, phase: str, given_number: int | None) -> tuple[int, IterationSampler]:
+        """A validation or testing iteration's number (its loop's running count unless given)
+        and sampler."""
+        loop = _LOOP_OF_ITERATION[phase]
+        iteration = self.next_eval_iteration.get(loop, 0) if given_number is None else given_number
+        self.next_eval_iteration[loop] = iteration + 1
+        return iteration, self._eval_sampler(phase)
+
+    def _parent_of(self, context: Context) -> tuple[Context, SpanContext, bool, int]:
+        """The parent an iteration started in ``context`` takes, and what it decides."""
+        parent = current_span(context).get_span_context()
+        if not parent.is_valid:
+            return (context, parent, True, self._root_flags)
+        return (context, parent, parent.trace_flags.sampled, 0)
 
     def _eval_sampler(self, phase: str) -> IterationSampler:
         sampler = self.eval_samplers.get(phase)
@@ -396,9 +405,10 @@ class TrainingEngine:
             if at_mark:  # the slow threshold may start with this iteration, before it is tested
                 windows.start_threshold_if_due()
             slow = duration_ns >= self.sampler.threshold_ns
-            exported = self.last_exported = None  # the common case: counted, not exported
+            self.last_exported = None  # the common case: counted, not exported
+            exported_now = False
             if slow or record.notable or exported_as is not None:
-                exported = self._export_decision(record, exported_as, slow, duration_ns / 1e9)
+                exported_now = self._export_decision(record, exported_as, slow, duration_ns / 1e9)
             if at_mark:
                 windows.close_if_due(end_ns)
             loop = self.loop
@@ -407,7 +417,6 @@ class TrainingEngine:
                 if in_segment == 1:
                     loop.segment_first_iteration = iteration
                 loop.segment_last_iteration = iteration
-                exported_now = exported is not None and exported_as is None
                 segments = self.segments
                 if exported_now or in_segment >= segments.next_check or end_ns >= segments.due_ns:
                     segments.check(loop, end_ns, exported_now)
@@ -466,20 +475,20 @@ class TrainingEngine:
 
     def _export_decision(
         self, record: IterationRecord, exported_as: tuple[int, int] | None, slow: bool, seconds: float
-    ) -> tuple[int, int] | None:
+    ) -> bool:
         """A training iteration that is slow, failed, non-finite, sampled at its head, holds
-        user spans or was exported by someone else: decide, flag, and emit its events."""
+        user spans or was exported by someone else: decide, flag, and emit its events. Whether
+        it is exported now (by traintel: not ``exported_as``)."""
         exported = exported_as
         if exported_as is None:
             reason = self.sampler.tail(
                 record.head_reason, slow, record.error is not None, record.nonfinite, record.end_ns
             )
             exported = self._decide(record, self._within_budget(reason))
-        if record.nonfinite or slow or exported is not None:
-            window = self.window
-            window.nonfinite_iterations += record.nonfinite
-            window.slow_iterations += slow
-            window.exported_iterations += exported is not None
+        window = self.window
+        window.nonfinite_iterations += record.nonfinite
+        window.slow_iterations += slow
+        window.exported_iterations += exported is not None
         self.last_exported = SpanContext(exported[0], exported[1], False, _SAMPLED) if exported else None
         if slow:
             self._slow_event(record, seconds, exported)
@@ -487,7 +496,7 @@ class TrainingEngine:
             self._nonfinite_events(record, exported)
         if exported is not None:
             self.exported_iterations += 1
-        return exported
+        return exported is not None and exported_as is None
 
     def _end_eval_iteration(self, record: IterationRecord, duration_ns: int) -> None:
         loop = _LOOP_OF_ITERATION[record.phase]
@@ -609,10 +618,7 @@ class TrainingEngine:
             if ids is not None:
                 ids.clear()
         if extras is not None:
-            for event, event_attributes, timestamp in extras.events:
-                step.add_event(event, event_attributes, timestamp)
-            if extras.status is not None:
-                step.set_status(extras.status)
+            _set_extras(step, extras)
         if error is not None:
             mark_error(step, error, end_ns)
             if isinstance(error, Terminated):
@@ -664,7 +670,7 @@ class TrainingEngine:
 
     def segment_started(self) -> None:
         """A new trace began: the loop's context answers anew, the event caps start over."""
-        self._parent_cache = (None, trace_api.INVALID_SPAN_CONTEXT, True, True)
+        self._parent_cache = _NO_PARENT
         self.events = EventBudget()
 
     # --- loops ----------------------------------------------------------------------------------
@@ -816,15 +822,29 @@ class TrainingEngine:
             number(attributes.get(semconv.PADDING_TOKENS)),
             number(attributes.get(semconv.FLOPS)),
         )
-        if steps is not None and any(steps):
-            for index, duration in enumerate(steps):
-                if duration:
-                    record.add_step_time(index, duration)
-        for key, value in attributes.items():
-            if key.startswith(semconv.METRIC_PREFIX) and isinstance(value, int | float):
-                record.record_metric(key[len(semconv.METRIC_PREFIX) :], float(value))
+        _foreign_steps_and_metrics(record, steps, attributes)
         context = span.get_span_context()
         self.end_iteration(record, span.start_time + duration_ns, (context.trace_id, context.span_id))
+
+
+def _foreign_steps_and_metrics(
+    record: IterationRecord, steps: list[int] | None, attributes: Mapping[str, object]
+) -> None:
+    """A foreign iteration's step phase times and its model metrics (attributes by prefix)."""
+    for index, duration in enumerate(steps or ()):
+        if duration:
+            record.add_step_time(index, duration)
+    for key, value in attributes.items():
+        if key.startswith(_METRIC_PREFIX) and isinstance(value, int | float):
+            record.record_metric(key[len(_METRIC_PREFIX) :], float(value))
+
+
+def _set_extras(step: Span, extras: Any) -> None:
+    """What was set on a step's handle: its events and status."""
+    for event, event_attributes, timestamp in extras.events:
+        step.add_event(event, event_attributes, timestamp)
+    if extras.status is not None:
+        step.set_status(extras.status)
 
 
 def _plain(record: IterationRecord) -> bool:

@@ -371,11 +371,8 @@ class IterationPhase(_TimedPhase):
                 self._detach(engine, token)  # says so once
             if engine.device is not None:
                 engine.device.ended(self._name)
-            if reason is not None:
-                record.set_end_reason(reason)
-            error = None if exc is None else clean_exit(exc)
-            if error is not None:  # else a failure set on the handle (record_exception) stays
-                record.fail(error)
+            if exc is not None or reason is not None:
+                _mark_end(record, exc, reason)
             engine.end_iteration(record, end)
         except Exception:
             engine.warn_once("exit:" + self._name, "could not end phase %r", self._name)
@@ -383,6 +380,16 @@ class IterationPhase(_TimedPhase):
     def _reset(self) -> None:
         super()._reset()
         self._record = None
+
+
+def _mark_end(record: IterationRecord, exc: BaseException | None, reason: str | None) -> None:
+    """An iteration that ends early (``reason``) or failed; without an exception a failure set
+    on its handle (record_exception) stays."""
+    if reason is not None:
+        record.set_end_reason(reason)
+    error = None if exc is None else clean_exit(exc)
+    if error is not None:
+        record.fail(error)
 
 
 class StepKind:
