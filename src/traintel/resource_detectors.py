@@ -90,27 +90,31 @@ def _process_group() -> tuple[int, int] | None:
     return None
 
 
-class DistributedDetector(ResourceDetector):
-    """``ml.training.rank`` / ``local_rank`` / ``world_size``."""
+class _EnvDetector(ResourceDetector):
+    """A detector reading the environment it is given (tests), else the process's."""
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self._environ = environ
+
+    @property
+    def environ(self) -> Mapping[str, str]:
+        return os.environ if self._environ is None else self._environ
+
+
+class DistributedDetector(_EnvDetector):
+    """``ml.training.rank`` / ``local_rank`` / ``world_size``."""
 
     def detect(self) -> Resource:
         rank, local_rank, world_size = distributed_identity(self._environ)
         return Resource({semconv.RANK: rank, semconv.LOCAL_RANK: local_rank, semconv.WORLD_SIZE: world_size})
 
 
-class TorchElasticDetector(ResourceDetector):
+class TorchElasticDetector(_EnvDetector):
     """What torchrun / torch.distributed.elastic exports to its workers."""
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        super().__init__()
-        self._environ = environ
-
     def detect(self) -> Resource:
-        environ = os.environ if self._environ is None else self._environ
+        environ = self.environ
         attributes: dict[str, AttributeValue] = {}
         _set(attributes, semconv.TORCHELASTIC_RUN_ID, environ.get("TORCHELASTIC_RUN_ID"))
         _set(attributes, semconv.TORCHELASTIC_RESTART_COUNT, _int_env(environ, "TORCHELASTIC_RESTART_COUNT"))
@@ -119,15 +123,11 @@ class TorchElasticDetector(ResourceDetector):
         return Resource(attributes)
 
 
-class SlurmDetector(ResourceDetector):
+class SlurmDetector(_EnvDetector):
     """Slurm job, step, node and requeue count."""
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        super().__init__()
-        self._environ = environ
-
     def detect(self) -> Resource:
-        environ = os.environ if self._environ is None else self._environ
+        environ = self.environ
         attributes: dict[str, AttributeValue] = {}
         _set(attributes, semconv.SLURM_JOB_ID, _first(environ, "SLURM_JOB_ID", "SLURM_JOBID"))
         _set(attributes, semconv.SLURM_STEP_ID, _first(environ, "SLURM_STEP_ID", "SLURM_STEPID"))
@@ -138,17 +138,16 @@ class SlurmDetector(ResourceDetector):
         return Resource(attributes)
 
 
-class KubernetesDetector(ResourceDetector):
+class KubernetesDetector(_EnvDetector):
     """Pod, namespace and node from the downward-API variables a pod spec usually maps
     (POD_NAME, POD_NAMESPACE, POD_UID, NODE_NAME) and the service-account namespace file."""
 
     def __init__(self, environ: Mapping[str, str] | None = None, namespace_file: str | None = None) -> None:
-        super().__init__()
-        self._environ = environ
+        super().__init__(environ)
         self._namespace_file = namespace_file or _K8S_NAMESPACE_FILE
 
     def detect(self) -> Resource:
-        environ = os.environ if self._environ is None else self._environ
+        environ = self.environ
         if "KUBERNETES_SERVICE_HOST" not in environ and "POD_NAME" not in environ:
             return Resource.get_empty()
         attributes: dict[str, AttributeValue] = {}
@@ -167,17 +166,16 @@ class KubernetesDetector(ResourceDetector):
             return None
 
 
-class GpuDetector(ResourceDetector):
+class GpuDetector(_EnvDetector):
     """``hw.id``: the UUID of the GPU this process trains on, so its series join dcgm-exporter's
     (see :func:`traintel.gpu.gpu_in_use` for when it is known)."""
 
     def __init__(self, environ: Mapping[str, str] | None = None, nvml: object | None = None) -> None:
-        super().__init__()
-        self._environ = environ
+        super().__init__(environ)
         self._nvml = nvml
 
     def detect(self) -> Resource:
-        hw_id = gpu_in_use(os.environ if self._environ is None else self._environ, self._nvml)
+        hw_id = gpu_in_use(self.environ, self._nvml)
         return Resource({semconv.HW_ID: hw_id}) if hw_id else Resource.get_empty()
 
 

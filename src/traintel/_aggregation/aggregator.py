@@ -502,7 +502,6 @@ class CheckpointStats:
         self.first_save_s: float | None = None
         self.last_save_s: float | None = None
         self.bytes = 0
-        self.bytes_time_s = 0.0
         self.background = RunningStats()
         self.loads = RunningStats()
         self.stages: dict[str, float] = {}
@@ -516,7 +515,6 @@ class CheckpointStats:
         self.by_strategy[strategy] = self.by_strategy.get(strategy, 0) + 1
         if size_bytes is not None:
             self.bytes += size_bytes
-            self.bytes_time_s += duration_s
 
     def add_background(self, duration_s: float, size_bytes: int | None) -> None:
         self.background.add(duration_s)

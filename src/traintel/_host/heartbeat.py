@@ -141,36 +141,19 @@ class HeartbeatInstruments:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
         self._source = source
         self._sample: HeartbeatSample | None = None
-        meter.create_observable_gauge(
-            semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS,
-            [self._seconds],
-            unit="s",
-            description="Seconds since this rank last made progress (an iteration or phase began or ended)",
-        )
-        meter.create_observable_gauge(
-            semconv.METRIC_HEARTBEAT_ITERATION,
-            [self._iteration],
-            unit="{iteration}",
-            description="The last training iteration this rank completed",
-        )
-        meter.create_observable_gauge(
-            semconv.METRIC_HEARTBEAT_PHASE,
-            [self._phase],
-            unit="1",
-            description="1 for the phase this rank is in now, with its last completed step phase",
-        )
-        meter.create_observable_gauge(
-            semconv.METRIC_HEARTBEAT_COLLECTIVES_ENTERED,
-            [self._entered],
-            unit="{collective}",
-            description="Collectives this rank entered; behind the other ranks': it never joined theirs",
-        )
-        meter.create_observable_gauge(
-            semconv.METRIC_HEARTBEAT_COLLECTIVES_COMPLETED,
-            [self._completed],
-            unit="{collective}",
-            description="Collectives this rank entered that completed; one short of entered: it waits in one",
-        )
+        for name, callback, unit, description in (
+            (semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS, self._seconds, "s",
+             "Seconds since this rank last made progress (an iteration or phase began or ended)"),
+            (semconv.METRIC_HEARTBEAT_ITERATION, self._iteration, "{iteration}",
+             "The last training iteration this rank completed"),
+            (semconv.METRIC_HEARTBEAT_PHASE, self._phase, "1",
+             "1 for the phase this rank is in now, with its last completed step phase"),
+            (semconv.METRIC_HEARTBEAT_COLLECTIVES_ENTERED, self._entered, "{collective}",
+             "Collectives this rank entered; behind the other ranks': it never joined theirs"),
+            (semconv.METRIC_HEARTBEAT_COLLECTIVES_COMPLETED, self._completed, "{collective}",
+             "Collectives this rank entered that completed; one short of entered: it waits in one"),
+        ):  # fmt: skip
+            meter.create_observable_gauge(name, [callback], unit=unit, description=description)
 
     def _seconds(self, options: CallbackOptions) -> Iterable[Observation]:
         # The first callback of a collection samples; the others reuse it, so the gauges

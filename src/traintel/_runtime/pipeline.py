@@ -337,10 +337,6 @@ class LogPipeline:
         self._provider: Any = None  # built by traintel, so shut down by it
         self._logger: Any = None
 
-    @property
-    def exporters(self) -> list[str]:
-        return [] if self._plans is None else [plan.name for plan in self._plans]
-
     def logger(self) -> otel_private.Logger:
         """traintel's logger (built on first use, from any thread)."""
         with self._lock:
