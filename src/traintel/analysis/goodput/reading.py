@@ -114,9 +114,7 @@ class GoodputReader:
         if isinstance(record, SpanRecord):
             _add_span(process, record)
         else:
-            for series in record.metrics:
-                if series.kind is not None:
-                    process.see(0, series.last_time_ns)
+            process.see(0, max([s.last_time_ns for s in record.metrics if s.kind is not None], default=0))
 
     def add_mark_of(self, path: str | os.PathLike[str]) -> None:
         """The progress mark of the file just read, into its process (its records' resource)."""
@@ -171,7 +169,7 @@ def read_file(path: str, progress: Callable[[int], None] | None = None) -> tuple
     """One file's goodput state and read counts (a part of :func:`load_jobs`)."""
     reader, stats = GoodputReader(), ReadStats()
     with gc_paused():
-        for record in iter_records([path], stats, progress, windows_expanded=True):
+        for record in iter_records([path], stats, progress):  # (reads no derived window number)
             reader.add(record)
     reader.add_mark_of(path)
     return reader, stats
