@@ -300,16 +300,30 @@ class RunSummary:
         phase = str(phase)
         seconds = span.duration_s
         if phase == Phase.TRAINING_ITERATION:
-            reason = str(span.attributes.get(semconv.SAMPLING_REASON, "foreign"))
-            self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + 1
-            item = (seconds, span.trace_id, span.span_id, int(span.attributes.get(semconv.ITERATION, -1)))
+            self._exported_iteration(span, seconds)
+        if phase in _PER_STEP:
+            return  # counted from the window events, not from the sampled spans
+        self._phase(extent, phase, seconds, span)
+        self._outer(extent, phase, seconds, span)
+
+    def _exported_iteration(self, span: SpanRecord, seconds: float) -> None:
+        """An exported (sampled) iteration: counted by sampling reason, kept if among the slowest."""
+        reason = str(span.attributes.get(semconv.SAMPLING_REASON, "foreign"))
+        self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + 1
+        self._keep_slowest(
+            [(seconds, span.trace_id, span.span_id, int(span.attributes.get(semconv.ITERATION, -1)))]
+        )
+
+    def _keep_slowest(self, items: Iterable[tuple[float, str, str, int]]) -> None:
+        for item in items:
             if len(self.slowest) < self.keep_slowest:
                 heapq.heappush(self.slowest, item)
             else:
                 heapq.heappushpop(self.slowest, item)
-        if phase in _PER_STEP:
-            return  # counted from the window events, not from the sampled spans
-        self._phase(extent, phase, seconds, span)
+
+    def _outer(self, extent: Extent, phase: str, seconds: float, span: SpanRecord) -> None:
+        """The application's time; a training loop's summary; an evaluation loop's metrics."""
+        resource = span.resource
         if phase == Phase.APPLICATION:
             self.application_s += seconds
             extent.application_s += seconds
@@ -425,11 +439,7 @@ class RunSummary:
             self.step_phase_s[short] = self.step_phase_s.get(short, 0.0) + seconds
         for reason, count in later.exported_iterations.items():
             self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + count
-        for item in later.slowest:
-            if len(self.slowest) < self.keep_slowest:
-                heapq.heappush(self.slowest, item)
-            else:
-                heapq.heappushpop(self.slowest, item)
+        self._keep_slowest(later.slowest)
         for name, count in later.events.items():
             self.events[name] = self.events.get(name, 0) + count
         self.stats.merge(later.stats)

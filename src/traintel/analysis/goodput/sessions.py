@@ -392,6 +392,12 @@ def _step_time(result: SessionGoodput, windows: list[Window], refs: list[Process
         }
         for w in [w for w in windows if w.quantiles][-recent:]
     ]
+    result.most_deviating = _most_deviating(windows, refs, ideal)
+
+
+def _most_deviating(windows: list[Window], refs: list[Process], ideal: float) -> list[dict[str, Any]]:
+    """The five slowest iterations the windows name, with their deviation from the ideal step
+    and, where exported, their trace and span ids."""
     worst = heapq.nlargest(5, (w for w in windows if w.slowest is not None), key=lambda w: w.max_s)
     wanted = {w.slowest for w in worst}
     exported: dict[int, tuple[str, str]] = {}  # exported twice: the later one, as read in order
@@ -399,6 +405,7 @@ def _step_time(result: SessionGoodput, windows: list[Window], refs: list[Process
         for number, _start, _end, high, low, span_id in process.iterations:
             if number in wanted:
                 exported[number] = (trace_hex(high, low), span_hex(span_id))
+    out = []
     for w in worst:
         entry: dict[str, Any] = {
             "iteration": w.slowest,
@@ -408,4 +415,5 @@ def _step_time(result: SessionGoodput, windows: list[Window], refs: list[Process
         ids = exported.get(w.slowest) if w.slowest is not None else None
         if ids is not None:
             entry["trace_id"], entry["span_id"] = ids
-        result.most_deviating.append(entry)
+        out.append(entry)
+    return out
