@@ -355,8 +355,10 @@ def _metrics(groups: list[_ResourceMetrics]) -> list[MetricsRecord]:
 
 #: Resources decoded so far, by their JSON text (see :func:`_resource`).
 _RESOURCES: dict[bytes, dict[str, Any]] = {}
-#: How many are kept (a damaged or edited file may hold a different resource on every line).
-_RESOURCES_KEPT = 4096
+#: How many are kept, and the longest kept (a damaged or edited file may hold a different
+#: resource on every line): at most 16 MB of text.
+_RESOURCES_KEPT = 1024
+_RESOURCE_BYTES_KEPT = 16 * 1024
 
 
 def _resource(resource: Raw) -> dict[str, Any]:
@@ -372,9 +374,11 @@ def _resource(resource: Raw) -> dict[str, Any]:
             decoded = _RESOURCE_DECODER.decode(text)
         except (msgspec.ValidationError, msgspec.DecodeError):
             raise NotCanonical from None
-        if len(_RESOURCES) >= _RESOURCES_KEPT:
-            _RESOURCES.clear()
-        known = _RESOURCES[text] = attributes(decoded.attributes)
+        known = attributes(decoded.attributes)
+        if len(text) <= _RESOURCE_BYTES_KEPT:
+            if len(_RESOURCES) >= _RESOURCES_KEPT:
+                _RESOURCES.clear()
+            _RESOURCES[text] = known
     return known
 
 
@@ -387,6 +391,7 @@ def _spans(
         for scope_spans in group.scopeSpans:
             scope = scope_spans.scope.name
             for span in scope_spans.spans:
+                events, links = span.events, span.links  # (most spans have neither: no tuple built)
                 out.append(
                     span_record(
                         span.name,
@@ -397,10 +402,14 @@ def _spans(
                         _uint64(span.endTimeUnixNano),
                         attributes(span.attributes),
                         tuple(
-                            event_record(e.name, _uint64(e.timeUnixNano), attributes(e.attributes))
-                            for e in span.events
-                        ),
-                        tuple((link.traceId, link.spanId) for link in span.links),
+                            [
+                                event_record(e.name, _uint64(e.timeUnixNano), attributes(e.attributes))
+                                for e in events
+                            ]
+                        )
+                        if events
+                        else (),
+                        tuple([(link.traceId, link.spanId) for link in links]) if links else (),
                         span.status.code,
                         span.status.message,
                         resource,
