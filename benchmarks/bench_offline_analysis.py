@@ -97,7 +97,7 @@ def real_job(work: Path, rank: int, ranks: int, iterations: int) -> Path:
     constants = f"SAMPLES, STEP_S, CHECKPOINT_EVERY = {SAMPLES}, {STEP_S}, {CHECKPOINT_EVERY}\n"
     constants += f"CHECKPOINT_S = {CHECKPOINT_S}\n"
     subprocess.run([sys.executable, "-c", constants + JOB, str(iterations)], env=env, check=True)
-    (path,) = out.iterdir()
+    (path,) = out.glob("*.otlp.jsonl")  # (the progress mark beside it is not copied)
     return path
 
 

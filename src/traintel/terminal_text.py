@@ -77,6 +77,8 @@ def _replace(match: re.Match[bytes]) -> bytes:
 def displayable_line(line: bytes) -> bytes:
     """An OTLP/JSON line with every control character in its strings (but tab and newline)
     replaced by U+FFFD, still the same JSON otherwise."""
+    if b"\\" not in line and b"\x7f" not in line and line.isascii():
+        return line  # (each a one-byte scan: 10x faster than looking for the two bytes "\\u")
     if b"\\u" not in line and b"\x7f" not in line and b"\xc2" not in line:
         return line
     return _JSON_CONTROL.sub(_replace, line)

@@ -166,40 +166,61 @@ def compare(a: Report, b: Report, threshold: float = 0.05) -> Comparison:
 
 def render_comparison(comparison: Comparison, names: list[str]) -> list[Any]:
     """Rich renderables for the terminal: who A, B, ... are, then one row per metric."""
-    from rich import box
-    from rich.table import Table
     from rich.text import Text
-
-    from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
-
-    def fmt(value: float | None, unit: str) -> str:
-        return fmt_s(value) if unit == "s" else fmt_pct(value) if unit == "%" else fmt_num(value)
 
     # The runs above the table, not as its title: a title wraps to the table's width, which would
     # break a long path or run id at 80 columns.
     letters = [letter(i) for i in range(len(names))]
-    out: list[Any] = [
-        Text("\n".join(f"{x} = {name}" for x, name in zip(letters, names, strict=True)), style="bold")
+    return [
+        Text("\n".join(f"{x} = {name}" for x, name in zip(letters, names, strict=True)), style="bold"),
+        _table(comparison, letters),
+        *_notes(comparison, letters),
     ]
+
+
+def _cell(value: float | None, unit: str) -> str:
+    from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
+
+    return fmt_s(value) if unit == "s" else fmt_pct(value) if unit == "%" else fmt_num(value)
+
+
+def _table(comparison: Comparison, letters: list[str]) -> Any:
+    """One row per metric: each run's value, the changes against A, and the verdicts."""
+    from rich import box
+    from rich.table import Table
+
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("metric", justify="left", no_wrap=True)
-    for x in letters:
-        table.add_column(x, justify="right", no_wrap=True)
-    changes = ["change"] if len(names) == 2 else [f"{x} vs A" for x in letters[1:]]
-    for column in changes:
+    changes = ["change"] if len(letters) == 2 else [f"{x} vs A" for x in letters[1:]]
+    for column in [*letters, *changes, ""]:
         table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("", justify="right", no_wrap=True)
     for d in comparison.differences:
-        cells: list[Any] = [d.metric, *(fmt(v, d.unit) for v in d.values)]
-        for change, verdict in zip(d.changes[1:], d.verdicts[1:], strict=True):
-            style = {"worse": "red", "better": "green"}.get(verdict, "")
-            cells.append(Text("-" if change is None else f"{100 * change:+.1f}%", style=style))
-        verdicts = [
-            f"{x} {v}" if len(names) > 2 else v for x, v in zip(letters[1:], d.verdicts[1:], strict=True) if v
-        ]
-        style = "red" if "worse" in d.verdicts else "green" if any(d.verdicts) else ""
-        table.add_row(*cells, Text(", ".join(verdicts), style=style))
-    out.append(table)
+        table.add_row(d.metric, *(_cell(v, d.unit) for v in d.values), *_change_cells(d, letters))
+    return table
+
+
+def _change_cells(d: Difference, letters: list[str]) -> list[Any]:
+    """A metric's changes against A (coloured by verdict), then its verdicts in words."""
+    from rich.text import Text
+
+    cells: list[Any] = []
+    for change, verdict in zip(d.changes[1:], d.verdicts[1:], strict=True):
+        style = {"worse": "red", "better": "green"}.get(verdict, "")
+        cells.append(Text("-" if change is None else f"{100 * change:+.1f}%", style=style))
+    verdicts = [
+        f"{x} {v}" if len(letters) > 2 else v for x, v in zip(letters[1:], d.verdicts[1:], strict=True) if v
+    ]
+    style = "red" if "worse" in d.verdicts else "green" if any(d.verdicts) else ""
+    cells.append(Text(", ".join(verdicts), style=style))
+    return cells
+
+
+def _notes(comparison: Comparison, letters: list[str]) -> list[Any]:
+    """What to know beside the table: perf tags and configurations that differ, and how many
+    differences are significant."""
+    from rich.text import Text
+
+    out: list[Any] = []
     if not comparison.perf_tags_match:
         shown = "; ".join(
             f"{x}: {', '.join(t) or '-'}" for x, t in zip(letters, comparison.perf_tags, strict=True)

@@ -87,35 +87,33 @@ class CrossRankTable:
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per window seen on at least two ranks, in job and window order."""
-        out = []
-        for (job, index), window in sorted(self.windows.items()):
-            if len(window.iteration_s) < 2 and window.live is None:
-                continue
-            live = window.live or {}
-            row: dict[str, Any] = {
-                "job": job,
-                "window": index,
-                "first_iteration": window.first_iteration,
-                "last_iteration": window.last_iteration,
-                "ranks": len(window.iteration_s),
-                "iteration_time": _summary(list(window.iteration_s.values())) if window.iteration_s else None,
-                "slowest_rank": max(window.iteration_s, key=lambda r: (window.iteration_s[r], -r))
-                if window.iteration_s
-                else None,
-            }
-            counted = live.get(_R + "count")
-            if isinstance(counted, int) and counted > len(window.iteration_s):  # scale mode
-                stats = {s: live.get(f"{_R}iteration_time.{s}") for s in ("min", "median", "max", "p99")}
-                if all(v is not None for v in stats.values()):
-                    row["ranks"], row["iteration_time"], row["slowest_rank"] = counted, stats, None
-            for name in ("compute_time", "data_loading_time"):
-                stats = {s: live.get(f"{_R}{name}.{s}") for s in ("min", "median", "max", "p99")}
-                row[name] = stats if all(v is not None for v in stats.values()) else None
-            row["top_k"] = list(live.get(_R + "top_k", []))
-            straggler = self.stragglers.get((job, index))
-            row["straggler_rank"] = straggler.get(semconv.STRAGGLER_RANK) if straggler else None
-            out.append(row)
-        return out
+        return [
+            self._row(job, index, window)
+            for (job, index), window in sorted(self.windows.items())
+            if len(window.iteration_s) >= 2 or window.live is not None
+        ]
+
+    def _row(self, job: str, index: int, window: _Window) -> dict[str, Any]:
+        live = window.live or {}
+        times = window.iteration_s
+        row: dict[str, Any] = {
+            "job": job,
+            "window": index,
+            "first_iteration": window.first_iteration,
+            "last_iteration": window.last_iteration,
+            "ranks": len(times),
+            "iteration_time": _summary(list(times.values())) if times else None,
+            "slowest_rank": max(times, key=lambda r: (times[r], -r)) if times else None,
+        }
+        counted, scaled = live.get(_R + "count"), _live_stats(live, "iteration_time")
+        if isinstance(counted, int) and counted > len(times) and scaled is not None:  # scale mode
+            row["ranks"], row["iteration_time"], row["slowest_rank"] = counted, scaled, None
+        for name in ("compute_time", "data_loading_time"):
+            row[name] = _live_stats(live, name)
+        row["top_k"] = list(live.get(_R + "top_k", []))
+        straggler = self.stragglers.get((job, index))
+        row["straggler_rank"] = straggler.get(semconv.STRAGGLER_RANK) if straggler else None
+        return row
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -126,3 +124,10 @@ class CrossRankTable:
             ],
             "windows_dropped": self.dropped,
         }
+
+
+def _live_stats(live: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The ranks' statistics of ``name`` that the job computed live (min, median, max, p99),
+    None unless all four are there."""
+    stats = {s: live.get(f"{_R}{name}.{s}") for s in ("min", "median", "max", "p99")}
+    return stats if all(v is not None for v in stats.values()) else None

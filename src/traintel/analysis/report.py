@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-
 from traintel import semconv
 from traintel.analysis.goodput import GoodputReader, SessionGoodput, compute_goodput
 from traintel.analysis.parallel import map_files, merge_by_key
@@ -32,7 +30,6 @@ from traintel.analysis.summary import (
     phase_rows,
     run_key,
     self_telemetry_of,
-    self_telemetry_points,
 )
 from traintel.exporters.reader import (
     EventRecord,
@@ -560,15 +557,9 @@ class Report:
                 )
             )
 
-    def add_metrics(self, request: ExportMetricsServiceRequest) -> None:
-        """traintel's own counters (dropped measurements, spans, export failures...): the last
-        cumulative value of each series, summed over processes at the end."""
-        for resource, name, value in self_telemetry_points(request):
-            if self.run is None or run_key(resource) == self.run:
-                self._latest[(self.process_of(resource).key, name)] = value
-
     def add_metrics_record(self, record: MetricsRecord) -> None:
-        """:meth:`add_metrics` for one resource's flat metrics record."""
+        """traintel's own counters (dropped measurements, spans, export failures...) of one resource's
+        metrics record: the last cumulative value of each series, summed over processes at the end."""
         self.summary.runs.add(record)
         if self.run is not None and run_key(record.resource) != self.run:
             return

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.report import MetricPoint, Report, WindowPoint
 from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
-from traintel.analysis.summary import energy_figures, energy_text, is_loss, phase_rows, plain_number
+from traintel.analysis.summary import (
+    RunSummary,
+    energy_figures,
+    energy_text,
+    is_loss,
+    phase_rows,
+    plain_number,
+)
 from traintel.semconv import BADPUT_CATEGORIES, Phase
 
 _PALETTE = (
@@ -595,62 +602,22 @@ def _stalls(report: Report) -> list[str]:
 
 def render_html(report: Report, links: TraceLinks | None = None) -> str:
     s = report.summary
-    value = s.summary_value
     title = f"traintel report · {', '.join(sorted(s.services)) or 'run'}"
-    identity = (
-        f"run {', '.join(sorted(s.run_ids)) or '-'} · session {', '.join(sorted(s.session_tags)) or '-'}"
-        f" · perf tag {', '.join(sorted(report.perf_tags)) or '-'} · ranks "
-        f"{', '.join(map(str, sorted(s.ranks))) or '-'} · hosts {', '.join(sorted(s.hosts)) or '-'}"
-    )
-    phase_table = "".join(
-        f"<tr><td>{_e(r.phase)}</td><td>{r.count:,}</td><td>{_e(fmt_s(r.total_s))}</td>"
-        f"<td>{_e(fmt_s(r.mean_s))}</td><td>{_e(fmt_pct(r.share))}</td></tr>"
-        for r in phase_rows(s)
-    )
-    headline = [
-        (
-            "iterations",
-            fmt_num(value("iterations") if value("iterations") is not None else s.window_iterations),
-        ),
-        (
-            "iteration time mean / p99",
-            f"{fmt_s(value('iteration_time.mean'))} / {fmt_s(value('iteration_time.p99'))}",
-        ),
-        ("samples/s (job)", fmt_num(value("samples_per_second"))),
-        ("tokens/s (job)", fmt_num(value("tokens_per_second"))),
-        ("TFLOP/s per device", fmt_num(value("tflops_per_device"))),
-        ("MFU", fmt_pct(value("mfu"))),
-    ]
-    energy = energy_figures(value)
-    if energy is not None:
-        headline.append(("GPU energy", energy_text(energy).removeprefix("GPU energy: ")))
-    headline_rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline)
     throughput_key = "tokens_per_second" if s.summary_value("tokens_per_second") else "samples_per_second"
     unit = "tokens" if throughput_key.startswith("tokens") else "samples"
     mfu_lines = _series_lines(report, "mfu")
-    warnings = "".join(
-        f'<li class="warn">{_e(name)}: {n:,}</li>' for name, n in sorted(report.warnings.items())
-    ) + "".join(
-        f'<li class="warn">{_e(name)}: {fmt_num(total)}</li>'
-        for name, total in report.self_telemetry.items()
-        if total and is_loss(name)
-    )
-    if report.stats.skipped:
-        warnings += f'<li class="warn">unreadable lines skipped: {report.stats.skipped:,}</li>'
-    slowest = "".join(
-        f"<tr><td>{it}</td><td>{_e(fmt_s(sec))}</td>{trace_cell(t, sp, links)}"
-        f"<td><code>{_e(sp)}</code></td></tr>"
-        for sec, t, sp, it in sorted(s.slowest, reverse=True)
-    )
+    slowest = _slowest_rows(s, links)
+    warnings = _warning_items(report)
     sections = [
-        f"<h1>{_e(title)}</h1><p class='sub'>{_e(identity)}</p>",
-        f"<table>{headline_rows}</table>",
+        f"<h1>{_e(title)}</h1><p class='sub'>{_e(_identity(report))}</p>",
+        f"<table>{_headline_rows(s)}</table>",
         "<h2>Configuration</h2>",
         config_panel(report.config),
         "<h2>Timeline</h2>",
         gantt(report),
         "<h2>Wall time by phase</h2>",
-        f"<table><tr><th>phase</th><th>count</th><th>total</th><th>mean</th><th>share</th></tr>{phase_table}</table>",
+        f"<table><tr><th>phase</th><th>count</th><th>total</th><th>mean</th><th>share</th></tr>"
+        f"{_phase_rows(s)}</table>",
         "<h2>Iteration time per window (mean, p99 dashed)</h2>",
         line_chart(_series_lines(report, "time"), "s", "iteration", "iteration-time"),
         f"<h2>Throughput per window ({unit}/s)</h2>",
@@ -676,3 +643,63 @@ def render_html(report: Report, links: TraceLinks | None = None) -> str:
         f"<ul>{warnings}</ul>" if warnings else '<p class="none">none</p>',
     ]
     return page(title, sections)
+
+
+def _identity(report: Report) -> str:
+    s = report.summary
+    return (
+        f"run {', '.join(sorted(s.run_ids)) or '-'} · session {', '.join(sorted(s.session_tags)) or '-'}"
+        f" · perf tag {', '.join(sorted(report.perf_tags)) or '-'} · ranks "
+        f"{', '.join(map(str, sorted(s.ranks))) or '-'} · hosts {', '.join(sorted(s.hosts)) or '-'}"
+    )
+
+
+def _phase_rows(s: RunSummary) -> str:
+    return "".join(
+        f"<tr><td>{_e(r.phase)}</td><td>{r.count:,}</td><td>{_e(fmt_s(r.total_s))}</td>"
+        f"<td>{_e(fmt_s(r.mean_s))}</td><td>{_e(fmt_pct(r.share))}</td></tr>"
+        for r in phase_rows(s)
+    )
+
+
+def _headline_rows(s: RunSummary) -> str:
+    """The run's headline figures: iterations, iteration time, throughput, MFU, energy."""
+    value = s.summary_value
+    iterations = value("iterations")
+    headline = [
+        ("iterations", fmt_num(iterations if iterations is not None else s.window_iterations)),
+        (
+            "iteration time mean / p99",
+            f"{fmt_s(value('iteration_time.mean'))} / {fmt_s(value('iteration_time.p99'))}",
+        ),
+        ("samples/s (job)", fmt_num(value("samples_per_second"))),
+        ("tokens/s (job)", fmt_num(value("tokens_per_second"))),
+        ("TFLOP/s per device", fmt_num(value("tflops_per_device"))),
+        ("MFU", fmt_pct(value("mfu"))),
+    ]
+    energy = energy_figures(value)
+    if energy is not None:
+        headline.append(("GPU energy", energy_text(energy).removeprefix("GPU energy: ")))
+    return "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline)
+
+
+def _warning_items(report: Report) -> str:
+    """Warning events by name, losses counted by traintel's own series, lines skipped."""
+    warnings = "".join(
+        f'<li class="warn">{_e(name)}: {n:,}</li>' for name, n in sorted(report.warnings.items())
+    ) + "".join(
+        f'<li class="warn">{_e(name)}: {fmt_num(total)}</li>'
+        for name, total in report.self_telemetry.items()
+        if total and is_loss(name)
+    )
+    if report.stats.skipped:
+        warnings += f'<li class="warn">unreadable lines skipped: {report.stats.skipped:,}</li>'
+    return warnings
+
+
+def _slowest_rows(s: RunSummary, links: TraceLinks | None) -> str:
+    return "".join(
+        f"<tr><td>{it}</td><td>{_e(fmt_s(sec))}</td>{trace_cell(t, sp, links)}"
+        f"<td><code>{_e(sp)}</code></td></tr>"
+        for sec, t, sp, it in sorted(s.slowest, reverse=True)
+    )

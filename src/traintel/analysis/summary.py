@@ -23,8 +23,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
-
 from traintel import semconv
 from traintel._aggregation.stats import percentile
 from traintel.analysis.links import TraceLinks
@@ -36,7 +34,6 @@ from traintel.exporters.reader import (
     MetricsRecord,
     ReadStats,
     SpanRecord,
-    attributes_dict,
     expand_paths,
     gc_paused,
     iter_records,
@@ -67,7 +64,6 @@ __all__ = [
     "plain_number",
     "render",
     "run_key",
-    "self_telemetry_points",
     "summarize",
 ]
 
@@ -80,29 +76,9 @@ _MAX_DECIMALS = 24
 _LOSS_WORDS = ("dropped", "failures", "split")
 
 
-def self_telemetry_points(
-    request: ExportMetricsServiceRequest,
-) -> Iterator[tuple[dict[str, Any], str, float]]:
-    """``(resource, name, value)`` of every ``traintel.*`` sum or gauge in a metrics request,
-    summed over its points (attributes such as the drop reason)."""
-    for resource_metrics in request.resource_metrics:
-        resource = attributes_dict(resource_metrics.resource.attributes)
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                if not metric.name.startswith("traintel."):
-                    continue
-                kind = metric.WhichOneof("data")
-                if kind not in ("sum", "gauge"):
-                    continue
-                total = 0.0
-                for point in getattr(metric, kind).data_points:
-                    total += point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
-                yield resource, metric.name, total
-
-
 def self_telemetry_of(record: MetricsRecord) -> Iterator[tuple[str, float]]:
     """``(name, value)`` of every ``traintel.*`` sum or gauge of a resource's metrics, summed
-    over its points: :func:`self_telemetry_points` for the flat records."""
+    over its points."""
     for series in record.metrics:
         if series.kind in ("sum", "gauge") and series.name.startswith("traintel."):
             yield series.name, series.total
@@ -300,16 +276,30 @@ class RunSummary:
         phase = str(phase)
         seconds = span.duration_s
         if phase == Phase.TRAINING_ITERATION:
-            reason = str(span.attributes.get(semconv.SAMPLING_REASON, "foreign"))
-            self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + 1
-            item = (seconds, span.trace_id, span.span_id, int(span.attributes.get(semconv.ITERATION, -1)))
+            self._exported_iteration(span, seconds)
+        if phase in _PER_STEP:
+            return  # counted from the window events, not from the sampled spans
+        self._phase(extent, phase, seconds, span)
+        self._outer(extent, phase, seconds, span)
+
+    def _exported_iteration(self, span: SpanRecord, seconds: float) -> None:
+        """An exported (sampled) iteration: counted by sampling reason, kept if among the slowest."""
+        reason = str(span.attributes.get(semconv.SAMPLING_REASON, "foreign"))
+        self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + 1
+        self._keep_slowest(
+            [(seconds, span.trace_id, span.span_id, int(span.attributes.get(semconv.ITERATION, -1)))]
+        )
+
+    def _keep_slowest(self, items: Iterable[tuple[float, str, str, int]]) -> None:
+        for item in items:
             if len(self.slowest) < self.keep_slowest:
                 heapq.heappush(self.slowest, item)
             else:
                 heapq.heappushpop(self.slowest, item)
-        if phase in _PER_STEP:
-            return  # counted from the window events, not from the sampled spans
-        self._phase(extent, phase, seconds, span)
+
+    def _outer(self, extent: Extent, phase: str, seconds: float, span: SpanRecord) -> None:
+        """The application's time; a training loop's summary; an evaluation loop's metrics."""
+        resource = span.resource
         if phase == Phase.APPLICATION:
             self.application_s += seconds
             extent.application_s += seconds
@@ -377,15 +367,8 @@ class RunSummary:
         if self.last_window_at is None or self.last_window_at <= at:
             self.last_window, self.last_window_at = attributes, at
 
-    def add_metrics(self, request: ExportMetricsServiceRequest, run: str | None = None) -> None:
-        for resource, name, value in self_telemetry_points(request):
-            if run is not None and run_key(resource) != run:
-                continue
-            process = str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
-            self.self_telemetry_latest[(process, name)] = value
-
     def add_metrics_record(self, record: MetricsRecord, run: str | None = None) -> None:
-        """:meth:`add_metrics` for one resource's flat metrics record."""
+        """traintel's own series of one resource's metrics record (its last values count)."""
         resource = record.resource
         if run is not None and run_key(resource) != run:
             return
@@ -425,11 +408,7 @@ class RunSummary:
             self.step_phase_s[short] = self.step_phase_s.get(short, 0.0) + seconds
         for reason, count in later.exported_iterations.items():
             self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + count
-        for item in later.slowest:
-            if len(self.slowest) < self.keep_slowest:
-                heapq.heappush(self.slowest, item)
-            else:
-                heapq.heappushpop(self.slowest, item)
+        self._keep_slowest(later.slowest)
         for name, count in later.events.items():
             self.events[name] = self.events.get(name, 0) + count
         self.stats.merge(later.stats)

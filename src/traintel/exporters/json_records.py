@@ -179,6 +179,10 @@ class _Resource(Struct, forbid_unknown_fields=True, gc=False):
     droppedAttributesCount: _U32 = 0
 
 
+_NO_RESOURCE = Raw(b"{}")
+_RESOURCE_DECODER = msgspec.json.Decoder(_Resource)
+
+
 class _Scope(Struct, forbid_unknown_fields=True, gc=False):
     name: str = ""
     version: str = ""
@@ -234,7 +238,7 @@ class _ScopeSpans(Struct, forbid_unknown_fields=True, gc=False):
 
 
 class _ResourceSpans(Struct, forbid_unknown_fields=True, gc=False):
-    resource: _Resource = field(default_factory=_Resource)
+    resource: Raw = _NO_RESOURCE  # (checked and converted once per distinct resource: _resource)
     scopeSpans: list[_ScopeSpans] = []
     schemaUrl: str = ""
 
@@ -279,7 +283,7 @@ class _ScopeMetrics(Struct, forbid_unknown_fields=True, gc=False):
 
 
 class _ResourceMetrics(Struct, forbid_unknown_fields=True, gc=False):
-    resource: _Resource = field(default_factory=_Resource)
+    resource: Raw = _NO_RESOURCE
     scopeMetrics: list[_ScopeMetrics] = []
     schemaUrl: str = ""
 
@@ -349,24 +353,33 @@ def _metrics(groups: list[_ResourceMetrics]) -> list[MetricsRecord]:
     ]
 
 
-#: Resources decoded lately, by their structs, newest last (see :func:`_resource`).
-_RECENT_RESOURCES: list[tuple[_Resource, dict[str, Any]]] = []
-#: How many are kept: the ranks a collector's node file interleaves, and then some.
-_RECENT = 32
+#: Resources decoded so far, by their JSON text (see :func:`_resource`).
+_RESOURCES: dict[bytes, dict[str, Any]] = {}
+#: How many are kept, and the longest kept (a damaged or edited file may hold a different
+#: resource on every line): at most 16 MB of text.
+_RESOURCES_KEPT = 1024
+_RESOURCE_BYTES_KEPT = 16 * 1024
 
 
-def _resource(resource: _Resource) -> dict[str, Any]:
-    """A resource's attributes. One process's lines repeat the same resource (a collector's
-    file interleaves a few processes'): each is converted once and every record of that
-    process shares the one dict, which the analysis then recognises by identity."""
-    for seen, known in reversed(_RECENT_RESOURCES):
-        if seen == resource:
-            return known  # type: ignore[no-any-return]  # (msgspec's Struct.__eq__ is untyped)
-    decoded = attributes(resource.attributes)
-    _RECENT_RESOURCES.append((resource, decoded))
-    if len(_RECENT_RESOURCES) > _RECENT:
-        del _RECENT_RESOURCES[0]
-    return decoded
+def _resource(resource: Raw) -> dict[str, Any]:
+    """A resource's attributes. One process's lines repeat the same resource, byte for byte
+    (a collector's file interleaves a few processes'): its text is kept unparsed, checked and
+    converted the first time it is met, and every record of that process shares the one dict,
+    which the analysis then recognises by identity. (Decoding the resource of every line, then
+    comparing it with the recent ones, was a tenth of the read of a metrics line.)"""
+    text = bytes(resource)
+    known = _RESOURCES.get(text)
+    if known is None:
+        try:
+            decoded = _RESOURCE_DECODER.decode(text)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            raise NotCanonical from None
+        known = attributes(decoded.attributes)
+        if len(text) <= _RESOURCE_BYTES_KEPT:
+            if len(_RESOURCES) >= _RESOURCES_KEPT:
+                _RESOURCES.clear()
+            _RESOURCES[text] = known
+    return known
 
 
 def _spans(
@@ -378,6 +391,7 @@ def _spans(
         for scope_spans in group.scopeSpans:
             scope = scope_spans.scope.name
             for span in scope_spans.spans:
+                events, links = span.events, span.links  # (most spans have neither: no tuple built)
                 out.append(
                     span_record(
                         span.name,
@@ -388,10 +402,14 @@ def _spans(
                         _uint64(span.endTimeUnixNano),
                         attributes(span.attributes),
                         tuple(
-                            event_record(e.name, _uint64(e.timeUnixNano), attributes(e.attributes))
-                            for e in span.events
-                        ),
-                        tuple((link.traceId, link.spanId) for link in span.links),
+                            [
+                                event_record(e.name, _uint64(e.timeUnixNano), attributes(e.attributes))
+                                for e in events
+                            ]
+                        )
+                        if events
+                        else (),
+                        tuple([(link.traceId, link.spanId) for link in links]) if links else (),
                         span.status.code,
                         span.status.message,
                         resource,

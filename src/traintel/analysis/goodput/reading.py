@@ -114,9 +114,7 @@ class GoodputReader:
         if isinstance(record, SpanRecord):
             _add_span(process, record)
         else:
-            for series in record.metrics:
-                if series.kind is not None:
-                    process.see(0, series.last_time_ns)
+            process.see(0, max([s.last_time_ns for s in record.metrics if s.kind is not None], default=0))
 
     def add_mark_of(self, path: str | os.PathLike[str]) -> None:
         """The progress mark of the file just read, into its process (its records' resource)."""
@@ -171,7 +169,7 @@ def read_file(path: str, progress: Callable[[int], None] | None = None) -> tuple
     """One file's goodput state and read counts (a part of :func:`load_jobs`)."""
     reader, stats = GoodputReader(), ReadStats()
     with gc_paused():
-        for record in iter_records([path], stats, progress, windows_expanded=True):
+        for record in iter_records([path], stats, progress):  # (reads no derived window number)
             reader.add(record)
     reader.add_mark_of(path)
     return reader, stats
@@ -221,8 +219,15 @@ def _add_span(process: Process, span: SpanRecord) -> None:
             for key, joules in _energy_of(attributes, _W + "energy").items():
                 process.window_energy[key] = process.window_energy.get(key, 0.0) + joules
         return
+    _add_phase_span(process, span, attributes.get(semconv.PHASE))
+
+
+def _add_phase_span(process: Process, span: SpanRecord, phase: object) -> None:
+    """A span other than a window record: the parent links, an exported iteration, the job's
+    outer spans, a categorised phase."""
+    start, end = span.start_ns, span.end_ns
     parent = span.parent_span_id
-    phase = attributes.get(semconv.PHASE)
+    attributes = span.attributes
     is_iteration = phase == _ITERATION
     if is_iteration or parent is not None:  # a root that is no iteration: as good as unknown
         flags = (IS_ITERATION if is_iteration else 0) | (HAS_PARENT if parent is not None else 0)
@@ -376,11 +381,7 @@ def _infer_tail(process: Process) -> None:
     if marked is not None:
         process.inferred.append(marked)
         covered = marked.last
-    after: dict[int, tuple[int, int]] = {}
-    for number, start, end, *_ids in process.iterations:
-        if number > covered:
-            after[number] = (start, end)  # exported twice: the later one, as when read in order
-    tail = sorted(after.items())
+    tail = _iterations_after(process, covered)
     inner = process.inner_data
     process.inner_data = []
     if not tail:
@@ -389,11 +390,42 @@ def _infer_tail(process: Process) -> None:
                 marked.first, marked.last, 0, 0, marked.productive_s, marked_iterations=marked.iterations
             )
         return
+    no_records = not process.window_rows and marked is None
+    productive_total = _infer_iterations(process, tail, inner, no_records)
+    first, last = tail[0][0], tail[-1][0]
+    marked_iterations = 0
+    if marked is not None:
+        first, marked_iterations = marked.first, marked.iterations
+        productive_total += marked.productive_s
+    missing = last - first + 1 - len(tail) - marked_iterations
+    process.tail = InferredTail(
+        first, last, len(tail), missing, productive_total, marked_iterations=marked_iterations
+    )
+
+
+def _iterations_after(process: Process, covered: int) -> list[tuple[int, tuple[int, int]]]:
+    """The exported iterations after iteration ``covered``: ``(number, (start, end))`` by number
+    (one exported twice: the later one, as when read in order)."""
+    after: dict[int, tuple[int, int]] = {}
+    for number, start, end, *_ids in process.iterations:
+        if number > covered:
+            after[number] = (start, end)
+    return sorted(after.items())
+
+
+def _infer_iterations(
+    process: Process,
+    tail: list[tuple[int, tuple[int, int]]],
+    inner: list[tuple[int, int]],
+    no_records: bool,
+) -> float:
+    """Each iteration of ``tail`` as an inferred window of one iteration, by the live rules
+    (``inner``: the data loading inside iterations; ``no_records``: the first one's excess over
+    the median of the others is program startup); returns their productive seconds."""
     begin = tail[0][1][0]
     inner_data = _union(d for d in inner if d[1] > begin)
     phases = _union((start, end) for start, end, _ in process.phases if end > begin)
     durations = [(end - start) / 1e9 for _, (start, end) in tail]
-    no_records = not process.window_rows and marked is None
     typical = percentile(sorted(durations[1:]), 50) if len(durations) >= 2 and no_records else None
     productive_total = 0.0
     for position, (number, (start, end)) in enumerate(tail):
@@ -411,12 +443,4 @@ def _infer_tail(process: Process) -> None:
                 ideal=None, inferred=True,
             )
         )  # fmt: skip
-    first, last = tail[0][0], tail[-1][0]
-    marked_iterations = 0
-    if marked is not None:
-        first, marked_iterations = marked.first, marked.iterations
-        productive_total += marked.productive_s
-    missing = last - first + 1 - len(tail) - marked_iterations
-    process.tail = InferredTail(
-        first, last, len(tail), missing, productive_total, marked_iterations=marked_iterations
-    )
+    return productive_total

@@ -197,50 +197,36 @@ def _session(
 ) -> SessionGoodput | None:
     jobs = sorted(jobs, key=lambda j: reference(j, rank).start_ns)
     refs = [reference(j, rank) for j in jobs]
-    # Each job clipped where the next starts: the session ends at the latest clipped end.
-    clipped = [
-        min(p.stop_ns, refs[i + 1].start_ns) if i + 1 < len(refs) else p.stop_ns for i, p in enumerate(refs)
-    ]
-    session_start = refs[0].start_ns
-    session_end = max(max(end, p.start_ns) for end, p in zip(clipped, refs, strict=True))
-    a = session_start if start is None else max(start, session_start)
-    b = session_end if end is None else min(end, session_end)
-    if b <= a:
+    bounds = _bounds(refs, start, end)
+    if bounds is None:
         return None
+    a, b = bounds
     # wasted progress: the share of each window that a later job ran again
     # (each rank's windows are read back from their rows when its job is computed)
-    ranges = [ran(p) for p in refs]
-    later_of = [[r for r in ranges[i + 1 :] if r is not None] for i in range(len(refs))]
+    later_of = _later_ranges(refs)
     ref_windows = [p.windows(later) for p, later in zip(refs, later_of, strict=True)]
+    next_starts: list[int | None] = [p.start_ns for p in refs[1:]]
+    next_starts.append(None)
     totals_ns: dict[str, int] = {}
     seconds: dict[str, float] = dict.fromkeys(BADPUT_CATEGORIES, 0.0)
     productive = 0.0
     scheduling_gap_ns = 0
     disruptions = 0
     job_results = []
-    for i, (job, process) in enumerate(zip(jobs, refs, strict=True)):
+    for job, process, windows, later, next_start in zip(
+        jobs, refs, ref_windows, later_of, next_starts, strict=True
+    ):
         job_end = process.stop_ns
-        if i + 1 < len(refs):
-            job_end = min(job_end, refs[i + 1].start_ns)
-            gap = (max(job_end, a), min(refs[i + 1].start_ns, b))
-            if not process.ended_cleanly:
-                disruptions += 1
-            if gap[1] > gap[0]:
-                if process.ended_cleanly:
-                    scheduling_gap_ns += gap[1] - gap[0]
-                    totals_ns["other"] = totals_ns.get("other", 0) + gap[1] - gap[0]
-                else:
-                    key = "infrastructure_recovery"
-                    totals_ns[key] = totals_ns.get(key, 0) + gap[1] - gap[0]
+        if next_start is not None:
+            job_end = min(job_end, next_start)
+            disruptions += not process.ended_cleanly
+            scheduling_gap_ns += _gap(process, job_end, next_start, (a, b), totals_ns)
         job_end = max(job_end, process.start_ns)
-        job_productive, prorated = job_timeline(
-            process, ref_windows[i], process.start_ns, job_end, a, b, totals_ns
-        )
+        job_productive, prorated = job_timeline(process, windows, process.start_ns, job_end, a, b, totals_ns)
         productive += job_productive
         for category, value in prorated.items():
             seconds[category] += value
-        limit = refs[i + 1].start_ns if i + 1 < len(refs) else None
-        job_results.append(_job_result(job, process, ref_windows[i], later_of[i], limit))
+        job_results.append(_job_result(job, process, windows, later, next_start))
     for category, value in totals_ns.items():
         seconds[category] += value / 1e9
     total_s = (b - a) / 1e9
@@ -265,6 +251,40 @@ def _session(
     _step_time(result, windows, refs)
     result.energy_j = _session_energy(jobs)
     return result
+
+
+def _later_ranges(refs: list[Process]) -> list[list[tuple[int, int]]]:
+    """For each job, the iteration ranges the jobs after it ran (what it did that they redid
+    is its wasted progress)."""
+    ranges = [ran(p) for p in refs]
+    return [[r for r in ranges[i + 1 :] if r is not None] for i in range(len(refs))]
+
+
+def _bounds(refs: list[Process], start: int | None, end: int | None) -> tuple[int, int] | None:
+    """The session's time, clipped to ``[start, end]`` where given: from its first job's start to
+    the latest end of its jobs, each clipped where the next starts; None when nothing is left."""
+    clipped = [
+        min(p.stop_ns, refs[i + 1].start_ns) if i + 1 < len(refs) else p.stop_ns for i, p in enumerate(refs)
+    ]
+    session_start = refs[0].start_ns
+    session_end = max(max(end, p.start_ns) for end, p in zip(clipped, refs, strict=True))
+    a = session_start if start is None else max(start, session_start)
+    b = session_end if end is None else min(end, session_end)
+    return (a, b) if b > a else None
+
+
+def _gap(
+    process: Process, job_end: int, next_start: int, bounds: tuple[int, int], totals_ns: dict[str, int]
+) -> int:
+    """The time between a job's end and the next job's start, inside ``bounds``, into
+    ``totals_ns``: infrastructure recovery after a failed job, ``other`` after a clean end (then
+    also returned: the scheduling gap)."""
+    gap = min(next_start, bounds[1]) - max(job_end, bounds[0])
+    if gap <= 0:
+        return 0
+    key = "other" if process.ended_cleanly else "infrastructure_recovery"
+    totals_ns[key] = totals_ns.get(key, 0) + gap
+    return gap if process.ended_cleanly else 0
 
 
 def _session_energy(jobs: list[Job]) -> dict[str, float]:
@@ -372,6 +392,12 @@ def _step_time(result: SessionGoodput, windows: list[Window], refs: list[Process
         }
         for w in [w for w in windows if w.quantiles][-recent:]
     ]
+    result.most_deviating = _most_deviating(windows, refs, ideal)
+
+
+def _most_deviating(windows: list[Window], refs: list[Process], ideal: float) -> list[dict[str, Any]]:
+    """The five slowest iterations the windows name, with their deviation from the ideal step
+    and, where exported, their trace and span ids."""
     worst = heapq.nlargest(5, (w for w in windows if w.slowest is not None), key=lambda w: w.max_s)
     wanted = {w.slowest for w in worst}
     exported: dict[int, tuple[str, str]] = {}  # exported twice: the later one, as read in order
@@ -379,6 +405,7 @@ def _step_time(result: SessionGoodput, windows: list[Window], refs: list[Process
         for number, _start, _end, high, low, span_id in process.iterations:
             if number in wanted:
                 exported[number] = (trace_hex(high, low), span_hex(span_id))
+    out = []
     for w in worst:
         entry: dict[str, Any] = {
             "iteration": w.slowest,
@@ -388,4 +415,5 @@ def _step_time(result: SessionGoodput, windows: list[Window], refs: list[Process
         ids = exported.get(w.slowest) if w.slowest is not None else None
         if ids is not None:
             entry["trace_id"], entry["span_id"] = ids
-        result.most_deviating.append(entry)
+        out.append(entry)
+    return out

@@ -28,34 +28,58 @@ def job_timeline(
     for w in windows:
         w.free_total = w.free_in = 0
     ordered = _edges(job_start, job_end, (a, b), [(s, e) for s, e, _ in phases], windows)
-    # open phases, the innermost (latest start; then shortest) first: (-start, end, order, category)
-    active: list[tuple[int, int, int, str]] = []
-    next_phase = 0
-    next_window = 0
+    open_phases, window_at = _OpenPhases(phases), _WindowCursor(windows)
     for p, q in itertools.pairwise(ordered):
-        while next_phase < len(phases) and phases[next_phase][0] <= p:
-            start, end, category = phases[next_phase]
-            heapq.heappush(active, (-start, end, next_phase, category))
-            next_phase += 1
-        while active and active[0][1] <= p:  # ended: removed once they reach the top
-            heapq.heappop(active)
         inside = a <= p and q <= b
         length = q - p
-        if active:  # the top started at or before p and ends after it: it covers [p, q]
-            category = active[0][3]
-            if inside:
-                badput[category] = badput.get(category, 0) + length
-            continue
-        while next_window < len(windows) and windows[next_window].end_ns <= p:
-            next_window += 1
-        window = windows[next_window] if next_window < len(windows) else None
-        if window is not None and window.start_ns <= p:
-            window.free_total += length
-            if inside:
-                window.free_in += length
-        elif inside:
-            badput["other"] = badput.get("other", 0) + length
+        category = open_phases.innermost_at(p)
+        if category is None:
+            window = window_at(p)
+            if window is not None:  # free time of a window: prorated by _prorate
+                window.free_total += length
+                window.free_in += length if inside else 0
+                continue
+            category = "other"
+        if inside:
+            badput[category] = badput.get(category, 0) + length
     return _prorate(windows)
+
+
+class _OpenPhases:
+    """The categorised phases open at the sweep's time (asked in ascending order): a heap of
+    ``(-start, end, order, category)``, the innermost (latest start; then the first listed) on
+    top; ended ones are removed once they reach the top."""
+
+    def __init__(self, phases: list[tuple[int, int, str]]) -> None:
+        self.phases = phases
+        self.next = 0
+        self.active: list[tuple[int, int, int, str]] = []
+
+    def innermost_at(self, time_ns: int) -> str | None:
+        """The category of the innermost phase covering ``[time_ns, next edge]``, if any."""
+        phases, active = self.phases, self.active
+        while self.next < len(phases) and phases[self.next][0] <= time_ns:
+            start, end, category = phases[self.next]
+            heapq.heappush(active, (-start, end, self.next, category))
+            self.next += 1
+        while active and active[0][1] <= time_ns:
+            heapq.heappop(active)
+        return active[0][3] if active else None
+
+
+class _WindowCursor:
+    """The window holding the sweep's time (asked in ascending order), if any."""
+
+    def __init__(self, windows: list[Window]) -> None:
+        self.windows = windows
+        self.next = 0
+
+    def __call__(self, time_ns: int) -> Window | None:
+        windows = self.windows
+        while self.next < len(windows) and windows[self.next].end_ns <= time_ns:
+            self.next += 1
+        window = windows[self.next] if self.next < len(windows) else None
+        return window if window is not None and window.start_ns <= time_ns else None
 
 
 def _edges(
