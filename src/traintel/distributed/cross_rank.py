@@ -91,10 +91,8 @@ class CrossRank:
         try:
             if self.engine.rank_export is None:
                 self._decide_rank_export()
-            if self.failed or self.engine.settings.cross_rank == "off":
-                return
-            exchange = self.exchange if self.exchange is not None else self._start()
-            if exchange is None:
+            exchange = self.exchange  # started on the training thread (window_size_for)
+            if exchange is None or self.failed or self.engine.settings.cross_rank == "off":
                 return
             if report is not None:
                 ends = self._window_ends
@@ -124,7 +122,7 @@ class CrossRank:
         exchange, every window is N long.
         """
         fewest = self.engine.settings.log_every_n_iterations
-        exchange = self.exchange
+        exchange = self.exchange if self.exchange is not None else self._start_here()
         if exchange is None:
             if self.world > 1:
                 return fewest, 0.0
@@ -175,12 +173,26 @@ class CrossRank:
         threshold = self.engine.settings.cross_rank_scale_world_size
         self.apply_rank_export(RankExportPolicy.decide(rank, size, threshold))
 
+    def _start_here(self) -> Exchange | None:
+        """Start the exchange where a window opens: on the training thread, in program order
+        with the job's own groups (``new_group`` is collective); never raises."""
+        if self.failed or self.engine.settings.cross_rank == "off":
+            return None
+        try:
+            return self._start()
+        except Exception:
+            self.failed = True
+            _logger.exception("traintel: cross-rank statistics disabled after an error")
+            return None
+
     def _start(self) -> Exchange | None:
         """The exchange, once torch.distributed is up with more than one rank (never imports
-        torch itself: a job that never imported it is not distributed)."""
+        torch itself: a job that never imported it is not distributed), and every rank is
+        there: a rank that died before the group exists costs the others PRESENCE_WAIT_S (at
+        most the exchange timeout), once, and the job goes on without the statistics."""
         if "torch" not in sys.modules:
             return None
-        from traintel.distributed.exchange import Exchange, distributed_world
+        from traintel.distributed.exchange import PRESENCE_WAIT_S, Exchange, distributed_world, missing_ranks
 
         world = distributed_world()
         if world is None:
@@ -188,6 +200,16 @@ class CrossRank:
         self.rank, self.world = world
         settings = self.engine.settings
         self.timeout_s = settings.cross_rank_timeout
+        missing, waited = missing_ranks(self.rank, self.world, min(self.timeout_s, PRESENCE_WAIT_S))
+        if missing:
+            self.failed = True
+            _logger.warning(
+                "traintel: cross-rank statistics off on rank %d: rank(s) %s not there when the "
+                "statistics group was to be made (waited %.2f s of TRAINTEL_CROSS_RANK_TIMEOUT=%g); "
+                "training goes on",
+                self.rank, ", ".join(map(str, missing)), waited, self.timeout_s,
+            )  # fmt: skip
+            return None
         self.tracker = RankTracker(settings.cross_rank_top_k, settings.straggler_factor)
         self.exchange = Exchange(len(FIELDS), self.timeout_s, self._gathered)
         return self.exchange
