@@ -188,17 +188,20 @@ def test_a_rank_dead_before_the_group_exists_costs_the_others_one_short_wait(tmp
         TRAINTEL_CROSS_RANK_TIMEOUT=str(timeout), TRAINTEL_EXPORT_ITERATIONS="all",
     )  # fmt: skip
     assert rank2.returncode == 0
+    waits = []
     for survivor in (rank0, rank1):
         assert survivor.returncode == 0, survivor.stderr[-3000:]
         assert "USER GROUP 2.0" in survivor.stdout, survivor.stdout
         # said once, the same decision on both live ranks, with the wait by this rank's clock
         (line,) = [line for line in survivor.stderr.splitlines() if "cross-rank statistics off" in line]
         assert f"off on rank {survivor.rank}: rank(s) 2 not there" in line, line
-        waited = float(line.split("waited ")[1].split(" s")[0])
-        assert PRESENCE_WAIT_S <= waited < timeout, line
+        waits.append(float(line.split("waited ")[1].split(" s")[0]))
+        assert waits[-1] < timeout, line
         assert survivor.events(semconv.Event.RANKS_METRICS_UPDATE.value) == []
         windows = survivor.events(semconv.Event.TRAINING_METRICS_UPDATE.value)
         assert windows[-1][semconv.WINDOW_PREFIX + "last_iteration"] == 5  # its own telemetry goes on
+    # the first to decide waited the presence bound; the other read its verdict (maybe sooner)
+    assert max(waits) >= PRESENCE_WAIT_S, waits
 
 
 HUNG_JOB = """
