@@ -80,22 +80,27 @@ class PeakFlops:
         method = settings.flops_method or ("callable" if lazy else "config")
         executed, model = settings.executed_flops_per_sample, settings.flops_per_sample
         ratio = executed / model if executed and model else None
-        if settings.peak_flops is not None:
-            configured = "config (TRAINTEL_PEAK_FLOPS)"
-            inputs = RateInputs(self.world_size, settings.peak_flops, configured, None, method, ratio)
-        else:
-            peak, source, reason = self._device_peak(settings, device)
-            dtype = self.dtype
-            inputs = RateInputs(
-                self.world_size, peak, source, reason, method, ratio,
-                peak_dtype=dtype.dtype if dtype else None, peak_dtype_reason=dtype.reason if dtype else None,
-            )  # fmt: skip
+        inputs = self._peak_inputs(settings, device, method, ratio)
         measured = self._measured
         if measured is None or not measured.flops_per_second:
             return inputs
         return replace(
             inputs, measured_peak_flops=measured.flops_per_second, measured_peak_method=measured.method
         )
+
+    def _peak_inputs(
+        self, settings: Settings, device: int | None, method: str, ratio: float | None
+    ) -> RateInputs:
+        """The configured peak, else the table's for the device and the dtype that runs."""
+        if settings.peak_flops is not None:
+            configured = "config (TRAINTEL_PEAK_FLOPS)"
+            return RateInputs(self.world_size, settings.peak_flops, configured, None, method, ratio)
+        peak, source, reason = self._device_peak(settings, device)
+        dtype = self.dtype
+        return RateInputs(
+            self.world_size, peak, source, reason, method, ratio,
+            peak_dtype=dtype.dtype if dtype else None, peak_dtype_reason=dtype.reason if dtype else None,
+        )  # fmt: skip
 
     def _device_peak(
         self, settings: Settings, device: int | None
@@ -239,15 +244,17 @@ class WindowConsumers:
         if event.segment is not None and self._engine.window_events:
             for name, attributes in self._loop_events(event, report, event.segment):
                 _add_loop_event(event, name, attributes)
-        for error in report.errors:
+        self._say_out_of_range(report.errors)
+
+    def _say_out_of_range(self, errors: list[str]) -> None:
+        """An MFU or HFU above 1 is no metric: said once, with the dtype guess behind the peak."""
+        dtype = self._peak.dtype
+        guess = f" ({dtype.guess})" if dtype is not None and dtype.guess else ""
+        for error in errors:
             self._warn_once(
-                "out_of_range",
-                "%s: check flops_per_* and the peak FLOP/s%s (not reported as a metric)",
-                error,
-                f" ({self._peak.dtype.guess})"
-                if self._peak.dtype is not None and self._peak.dtype.guess
-                else "",
-            )
+                "out_of_range", "%s: check flops_per_* and the peak FLOP/s%s (not reported as a metric)",
+                error, guess,
+            )  # fmt: skip
 
     def say_wall_clock_step(self, event: WindowEvent) -> None:
         """A wall-clock step since the last window (1 s or more): said once, and a

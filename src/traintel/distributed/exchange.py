@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,21 +63,27 @@ def missing_ranks(rank: int, world: int, wait_s: float) -> tuple[list[int], floa
     verdict_key = prefix + "verdict"
     store.set(keys[rank], "1")
     started = time.monotonic()
-    while True:
-        if store.check([verdict_key]):
-            verdict = store.get(verdict_key)
-            break
-        if store.check(keys):
-            verdict = store.compare_set(verdict_key, "", _ALL_THERE)
-            break
-        if time.monotonic() - started >= wait_s:
-            missing = ",".join(str(r) for r, key in enumerate(keys) if not store.check([key]))
-            verdict = store.compare_set(verdict_key, "", missing or _ALL_THERE)
-            break
-        time.sleep(_PRESENCE_POLL_S)
+    verdict = None
+    while verdict is None:
+        verdict = _verdict(store, keys, verdict_key, time.monotonic() - started >= wait_s)
+        if verdict is None:
+            time.sleep(_PRESENCE_POLL_S)
     waited = time.monotonic() - started
     text = verdict.decode()
     return ([] if text == _ALL_THERE else [int(r) for r in text.split(",")]), waited
+
+
+def _verdict(store: Any, keys: list[str], verdict_key: str, waited_enough: bool) -> bytes | None:
+    """The verdict: read if a rank wrote it, else written (first writer wins) once every rank
+    is there or this one has waited enough; None: wait on."""
+    if store.check([verdict_key]):
+        return bytes(store.get(verdict_key))
+    if store.check(keys):
+        return bytes(store.compare_set(verdict_key, "", _ALL_THERE))
+    if not waited_enough:
+        return None
+    missing = ",".join(str(r) for r, key in enumerate(keys) if not store.check([key]))
+    return bytes(store.compare_set(verdict_key, "", missing or _ALL_THERE))
 
 
 class Exchange:
