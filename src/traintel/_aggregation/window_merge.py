@@ -29,7 +29,8 @@ from traintel._aggregation.aggregator import RateInputs, WindowSums, window_attr
 from traintel._aggregation.goodput import WindowGoodput
 from traintel._aggregation.stats import QuantileSketch
 
-Attributes = dict[str, float | int | str]
+Value = float | int | str
+Attributes = dict[str, Value]
 
 #: Peaks: the merged record's is the largest of its windows'.
 _PEAKS = frozenset(
@@ -116,7 +117,8 @@ def _merged_metrics(
 def _combined(
     key: str, earlier: float | int | str | None, later: float | int | str | None
 ) -> float | int | str:
-    if later is None or earlier is None:
+    """One attribute of two windows' reports, for the record that holds both."""
+    if earlier is None or later is None:
         value = later if earlier is None else earlier
         assert value is not None
         return value
@@ -124,6 +126,9 @@ def _combined(
         return later
     if key in _PEAKS:
         return max(earlier, later)
-    if key.startswith(semconv.WINDOW_DEVICE_TIME_PREFIX) and key not in _DEVICE_LATEST:
-        return earlier + later
-    return later
+    return earlier + later if _added(key) else later
+
+
+def _added(key: str) -> bool:
+    """Device times and their counts add up; the rest is the latest window's."""
+    return key.startswith(semconv.WINDOW_DEVICE_TIME_PREFIX) and key not in _DEVICE_LATEST

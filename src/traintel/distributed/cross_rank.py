@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Span
-from opentelemetry.util.types import Attributes
 
 from traintel import semconv
 from traintel._aggregation.aggregator import WindowReport
@@ -41,6 +40,7 @@ from traintel.distributed.stats import (
     CrossRankWindow,
     RankTracker,
     RankWindow,
+    Straggler,
     agreed_pace,
     agreed_window_size,
 )
@@ -263,17 +263,20 @@ class CrossRank:
         loop = self.engine.loop_span()
         if loop is not None and job_level and self.engine.events.allow("ranks"):
             loop.add_event(Event.RANKS_METRICS_UPDATE.value, window.attributes(), timestamp=end_ns)
-        straggler = window.straggler
-        if straggler is None:
-            return
+        if window.straggler is not None:
+            self._straggler_found(window.straggler, window.window_index, loop, job_level, end_ns)
+
+    def _straggler_found(
+        self, straggler: Straggler, index: int, loop: Span | None, job_level: bool, end_ns: int | None
+    ) -> None:
+        """Counted on rank 0; its event on the loop of a rank that exports the job's view, or
+        of the straggler itself."""
         if self.rank == 0 and self.count_straggler is not None:
             self.count_straggler(straggler.rank)
-        if loop is not None and (job_level or straggler.rank == self.rank):
-            self._add_straggler(loop, straggler.attributes(window.window_index), end_ns)
-
-    def _add_straggler(self, loop: Span, attributes: Attributes, end_ns: int | None) -> None:
+        if loop is None or not (job_level or straggler.rank == self.rank):
+            return
         if self.engine.events.allow("straggler"):
-            loop.add_event(Event.STRAGGLER.value, attributes, timestamp=end_ns)
+            loop.add_event(Event.STRAGGLER.value, straggler.attributes(index), timestamp=end_ns)
 
     # --- what the gauges read (metric reader's thread) ------------------------------------------
     def gauges(self) -> tuple[CrossRankWindow | None, float | None]:

@@ -220,14 +220,23 @@ class ExportHealth:
 
 def _spool_fields(spools: list[_SpoolLike]) -> dict[str, Any]:
     """The snapshot's spool figures, summed over the spools."""
+    sums = dict.fromkeys(
+        ("spool_bytes", "spool_batches", "spool_spans", "spool_dropped_batches", "spans_quarantined"), 0
+    )
+    spool_dirs, quarantine_dirs = [], []
+    for s in spools:
+        for key, value in zip(
+            sums, (s.size_bytes, len(s), s.pending_spans, s.dropped_batches, s.quarantined_spans), strict=True
+        ):
+            sums[key] += value
+        if len(s):
+            spool_dirs.append(str(s.directory))
+        if s.quarantined_spans:
+            quarantine_dirs.append(str(s.quarantine_directory))
     return {
-        "spool_bytes": sum(s.size_bytes for s in spools),
-        "spool_batches": sum(len(s) for s in spools),
-        "spool_spans": sum(s.pending_spans for s in spools),
-        "spool_dropped_batches": sum(s.dropped_batches for s in spools),
-        "spool_dirs": tuple(sorted(str(s.directory) for s in spools if len(s))),
-        "spans_quarantined": sum(s.quarantined_spans for s in spools),
-        "quarantine_dirs": tuple(sorted(str(s.quarantine_directory) for s in spools if s.quarantined_spans)),
+        **sums,
+        "spool_dirs": tuple(sorted(spool_dirs)),
+        "quarantine_dirs": tuple(sorted(quarantine_dirs)),
     }
 
 

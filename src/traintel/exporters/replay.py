@@ -212,13 +212,17 @@ class _Replay:
         position = self._send_all(path, spans, spooled, ledger, progress)
         if position is None:
             return False
+        self._file_done(path, position, ledger, progress)
+        if self.result.stats.skipped == skipped_before and self._undelivered() == undelivered_before:
+            self.delivered.append(path)
+        return True
+
+    def _file_done(self, path: Path, position: int, ledger: Ledger | None, progress: Progress) -> None:
+        """Every span of ``path`` read and sent: recorded, so a later replay skips the file."""
         progress.done, progress.complete = position, True
         if ledger is not None:
             ledger.record(path, progress)
         self.result.files_done.append(path)
-        if self.result.stats.skipped == skipped_before and self._undelivered() == undelivered_before:
-            self.delivered.append(path)
-        return True
 
     def _send_all(
         self, path: Path, spans: Iterable[tuple[_SpanKey, ReadableSpan | None]], spooled: bool,
