@@ -183,7 +183,8 @@ class WindowConsumers:
         """Windows shorter than the time floor (closed by their row bound, at a high step rate)
         leave as one record once together they span it (``window_merge``). Not in a job of
         several ranks: there a window is the same iterations on every rank, record by record."""
-        if event.inputs.world_size > 1:
+        policy = self._engine.rank_export  # torch.distributed's world, decided at the first window
+        if event.inputs.world_size > 1 or (policy is not None and policy.world_size > 1):
             return records
         floor_ns = round(event.settings.window_seconds[0] * 1e9)
         ready = [out for record in records for out in self._merger.add(record, floor_ns, event.inputs)]
