@@ -8,6 +8,7 @@ import pytest
 
 from tests.rank_helpers import RankResult, run_ranks
 from traintel import semconv
+from traintel.distributed.exchange import PRESENCE_WAIT_S
 
 pytestmark = [pytest.mark.process, pytest.mark.xdist_group("ranks")]  # the suite's tiers: tests/tiers.py
 
@@ -157,6 +158,50 @@ def test_a_killed_rank_does_not_hang_the_survivor(tmp_path: Path) -> None:
     assert updates and all(u[R + "window.index"] <= 5 for u in updates)
     windows = rank0.events(semconv.Event.TRAINING_METRICS_UPDATE.value)
     assert windows[-1][semconv.WINDOW_PREFIX + "last_iteration"] == 39  # its own telemetry goes on
+
+
+EARLY_DEAD_JOB = """
+if RANK == 2:
+    os._exit(0)  # dead before traintel's statistics group exists
+traintel.configure()
+with traintel.training_loop():
+    for i in range(6):
+        with traintel.training_iteration():
+            with traintel.model_forward():
+                time.sleep(0.01)
+# the live ranks' own group after traintel's decision: made in the same order on both (it
+# would wait for ever for a group of another name otherwise), and it works
+group = dist.new_group([0, 1], backend="gloo")
+total = torch.ones(1)
+dist.all_reduce(total, group=group)
+print("USER GROUP", total.item(), flush=True)
+traintel.shutdown()
+os._exit(0)
+"""
+
+
+def test_a_rank_dead_before_the_group_exists_costs_the_others_one_short_wait(tmp_path: Path) -> None:
+    # the exchange timeout set far beyond the test's guard: waiting it out would fail the test
+    timeout = 600
+    rank0, rank1, rank2 = run_ranks(
+        EARLY_DEAD_JOB, tmp_path, world=3, timeout=150, TRAINTEL_LOG_EVERY_N_ITERATIONS="2",
+        TRAINTEL_CROSS_RANK_TIMEOUT=str(timeout), TRAINTEL_EXPORT_ITERATIONS="all",
+    )  # fmt: skip
+    assert rank2.returncode == 0
+    waits = []
+    for survivor in (rank0, rank1):
+        assert survivor.returncode == 0, survivor.stderr[-3000:]
+        assert "USER GROUP 2.0" in survivor.stdout, survivor.stdout
+        # said once, the same decision on both live ranks, with the wait by this rank's clock
+        (line,) = [line for line in survivor.stderr.splitlines() if "cross-rank statistics off" in line]
+        assert f"off on rank {survivor.rank}: rank(s) 2 not there" in line, line
+        waits.append(float(line.split("waited ")[1].split(" s")[0]))
+        assert waits[-1] < timeout, line
+        assert survivor.events(semconv.Event.RANKS_METRICS_UPDATE.value) == []
+        windows = survivor.events(semconv.Event.TRAINING_METRICS_UPDATE.value)
+        assert windows[-1][semconv.WINDOW_PREFIX + "last_iteration"] == 5  # its own telemetry goes on
+    # the first to decide waited the presence bound; the other read its verdict (maybe sooner)
+    assert max(waits) >= PRESENCE_WAIT_S, waits
 
 
 HUNG_JOB = """

@@ -31,6 +31,16 @@ def windows_of(
 ) -> list[tuple[int, int]]:
     """(first, last) iteration of every ``training_window`` record of a loop whose iterations
     last ``durations`` seconds, back to back but for ``gaps`` (seconds before iteration i)."""
+    return [
+        (int(a[W + "first_iteration"]), int(a[W + "last_iteration"]))
+        for a in records_of(durations, gaps, **config)
+    ]
+
+
+def records_of(
+    durations: list[float], gaps: dict[int, float] | None = None, **config: object
+) -> list[dict[str, object]]:
+    """The attributes of every ``training_window`` record of that loop (see ``windows_of``)."""
     exporter = InMemorySpanExporter()
     telemetry = traintel.configure(
         span_exporters=[exporter], metric_readers=[], warmup_iterations=0, **config
@@ -54,9 +64,11 @@ def windows_of(
     traintel.shutdown(5)
     records = [s for s in exporter.get_finished_spans() if s.name == semconv.TRAINING_WINDOW_SPAN]
     assert records, "no window record"
-    attributes = [r.attributes or {} for r in records]
-    assert [a[W + "index"] for a in attributes] == list(range(len(records)))
-    return [(int(a[W + "first_iteration"]), int(a[W + "last_iteration"])) for a in attributes]
+    attributes = [dict(r.attributes or {}) for r in records]
+    # a record holds one window, or several in a row (merged_windows): indices without a gap
+    merged = [int(a.get(W + "merged_windows", 1)) for a in attributes]
+    assert [a[W + "index"] for a in attributes] == [sum(merged[:i]) for i in range(len(records))]
+    return attributes
 
 
 def test_a_fast_loop_s_windows_grow_to_the_floor_in_time() -> None:
@@ -87,11 +99,13 @@ def test_the_ceiling_wins_over_a_longer_floor() -> None:
 
 @pytest.mark.slow  # seconds: ten thousand iterations and more through the real recorder
 def test_a_window_holds_at_most_ten_thousand_iterations_whatever_its_floor() -> None:
-    # 1 ms iterations under a 1,000 s floor: memory, not the clock, closes these windows.
-    windows = windows_of([0.001] * 20_001, log_every_n_iterations=2, window_min_seconds=1000)
-    assert windows == [(0, 9_999), (10_000, 19_999), (20_000, 20_000)]
-    # ... unless N itself asks for more.
-    windows = windows_of([0.001] * 12_001, log_every_n_iterations=12_000, window_min_seconds=1000)
+    # 1 ms iterations under a 1,000 s floor: memory, not the clock, closes these windows; their
+    # record waits for the floor (or the loop's end), so the three leave as one.
+    (record,) = records_of([0.001] * 20_001, log_every_n_iterations=2, window_min_seconds=1000)
+    assert (record[W + "first_iteration"], record[W + "last_iteration"]) == (0, 20_000)
+    assert record[W + "merged_windows"] == 3 and record[W + "iterations"] == 20_001
+    # ... unless N itself asks for more (under a 10 s floor, which 10,000 of them reach).
+    windows = windows_of([0.001] * 12_001, log_every_n_iterations=12_000, window_min_seconds=10)
     assert windows == [(0, 11_999), (12_000, 12_000)]
 
 

@@ -308,7 +308,8 @@ TRAINTEL_CROSS_RANK_TIMEOUT: Final = "TRAINTEL_CROSS_RANK_TIMEOUT"
 
 Seconds (above 0, at most 86400) an exchange may wait for the other ranks (the gloo group's timeout,
 and the bound on the wait at the end of the training loop). A rank that is dead or hung makes
-the exchange time out and stop; training goes on. Default: 30.
+the exchange time out and stop; training goes on. A rank already dead when the group is to be
+made costs the others at most 5 s (or this, if shorter), once. Default: 30.
 """
 
 TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE: Final = "TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE"

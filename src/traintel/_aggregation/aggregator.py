@@ -289,6 +289,81 @@ _RATE_KEYS = {prefix: _RateKeys(prefix) for prefix in (_W, _T)}
 
 
 @dataclass
+class WindowSums:
+    """A window's numbers as sums, counts and extremes: what the record of several windows in a
+    row is made of, exactly (``window_merge``). Its percentiles are not here: they do not add up
+    (``batch``, the window's step times with their sketch buckets, feeds a sketch instead)."""
+
+    counts: _Counts
+    #: Sum of squared deviations of the step times from their mean, the fastest and slowest (s).
+    m2: float
+    low: float
+    high: float
+    nonfinite_iterations: int
+    slow_iterations: int
+    exported_iterations: int
+    metrics: dict[str, ModelMetric]
+    batch: IndexedBatch | None = None
+
+    def merged(self, later: WindowSums) -> WindowSums:
+        """These windows' sums and a later window's: counts and sums added, the variance by
+        Chan's pairwise combination, each model metric's sum and count added and its last value
+        the later one's (the sketch batch is not carried: the merger holds the sketch)."""
+        counts = _Counts()
+        counts.merge(self.counts)
+        counts.merge(later.counts)
+        na, nb = self.counts.iterations, later.counts.iterations
+        delta = later.counts.duration_s / nb - self.counts.duration_s / na
+        metrics = dict(self.metrics)
+        for name, metric in later.metrics.items():
+            earlier = metrics.get(name)
+            if earlier is not None:
+                combined = metrics[name] = ModelMetric()
+                combined.sum, combined.count = earlier.sum + metric.sum, earlier.count + metric.count
+                combined.last = metric.last
+            else:
+                metrics[name] = metric
+        return WindowSums(
+            counts, self.m2 + later.m2 + delta * delta * na * nb / (na + nb),
+            min(self.low, later.low), max(self.high, later.high),
+            self.nonfinite_iterations + later.nonfinite_iterations,
+            self.slow_iterations + later.slow_iterations,
+            self.exported_iterations + later.exported_iterations,
+            metrics,
+        )  # fmt: skip
+
+
+def window_attributes(
+    index: int, first_iteration: int, last_iteration: int, sums: WindowSums,
+    quantiles: tuple[float, float, float], inputs: RateInputs,
+) -> tuple[dict[str, float | int | str], list[str]]:  # fmt: skip
+    """A window's ``training_metrics_update`` attributes (without the totals) from its sums and
+    percentiles, and the MFU/HFU range errors: one window's, or several merged."""
+    counts = sums.counts
+    n = counts.iterations
+    p50, p90, p99 = quantiles
+    attributes: dict[str, float | int | str] = dict(
+        zip(
+            _WINDOW_HEAD,
+            (
+                index, n, first_iteration, last_iteration, sums.low, counts.duration_s / n, sums.high,
+                p50, p90, p99, math.sqrt(sums.m2 / n), counts.samples, counts.tokens, counts.padding,
+                sums.nonfinite_iterations, sums.slow_iterations, sums.exported_iterations,
+            ),
+            strict=True,
+        )
+    )  # fmt: skip
+    errors = counts.rates(inputs, _W, attributes)
+    for name, metric in sums.metrics.items():
+        # not through WINDOW_KEYS: user metric names are the user's, and that cache never shrinks
+        attributes[_W + "metric." + name + ".last"] = metric.last
+        if metric.count:
+            attributes[_W + "metric." + name + ".mean"] = metric.sum / metric.count
+    _describe_inputs(inputs, attributes)
+    return attributes, errors
+
+
+@dataclass
 class WindowReport:
     """One closed window: the ``training_metrics_update`` attributes and gauge values."""
 
@@ -316,6 +391,8 @@ class WindowReport:
     nested_badput_s: float = 0.0
     sync_compute_ns: int = 0
     sync_marked: int = 0
+    #: The window's sums, for a record that merges it with the windows after it.
+    sums: WindowSums | None = None
 
     def get(self, key: str) -> float | None:
         value = self.attributes.get(key)
@@ -366,24 +443,13 @@ class TrainingAggregator:
         moments = (n, counts.duration_s, mean, m2, low, high)
         self._fold_into_totals(rows, durations, warm, counts, batch, moments)
         p50, p90, p99 = percentile(ordered, 50), percentile(ordered, 90), percentile(ordered, 99)
-        attributes: dict[str, float | int | str] = dict(
-            zip(
-                _WINDOW_HEAD,
-                (
-                    window.index, n, first.iteration, last.iteration, low, mean, high, p50, p90, p99,
-                    math.sqrt(m2 / n), counts.samples, counts.tokens, counts.padding,
-                    window.nonfinite_iterations, window.slow_iterations, window.exported_iterations,
-                ),
-                strict=True,
-            )
+        sums = WindowSums(
+            counts, m2, low, high, window.nonfinite_iterations, window.slow_iterations,
+            window.exported_iterations, window.metrics, batch,
         )  # fmt: skip
-        errors = counts.rates(inputs, _W, attributes)
-        for name, metric in window.metrics.items():
-            # not through WINDOW_KEYS: user metric names are the user's, and that cache never shrinks
-            attributes[_W + "metric." + name + ".last"] = metric.last
-            if metric.count:
-                attributes[_W + "metric." + name + ".mean"] = metric.sum / metric.count
-        self._describe_inputs(inputs, attributes)
+        attributes, errors = window_attributes(
+            window.index, first.iteration, last.iteration, sums, (p50, p90, p99), inputs
+        )
         self._totals(inputs, attributes)
         report = WindowReport(
             window.index,
@@ -403,6 +469,7 @@ class TrainingAggregator:
             window.nested_s,
             window.sync_compute_ns,
             window.sync_marked,
+            sums,
         )
         self.windows_closed += 1
         self.last_window = report
@@ -444,16 +511,6 @@ class TrainingAggregator:
             out[TOTAL_KEYS["iteration_time.p99"]] = p99
             self.total.rates(inputs, _T, out, split=False)  # the totals carry no time split
 
-    @staticmethod
-    def _describe_inputs(inputs: RateInputs, out: dict[str, float | int | str]) -> None:
-        out[semconv.THROUGHPUT_AGGREGATION] = f"rank x world_size ({inputs.world_size})"
-        if WINDOW_KEYS["flops_per_second_per_device"] in out:
-            out[semconv.MFU_TIMING_MODE] = inputs.timing_mode
-            out[semconv.MFU_FLOPS_METHOD] = inputs.flops_method or "config"
-            if inputs.peak_flops or inputs.measured_peak_flops:
-                out[semconv.MFU_NUMERATOR] = out[WINDOW_KEYS["flops_per_second_per_device"]]
-                out.update(_peak_attributes(inputs))
-
     # --- end of loop ----------------------------------------------------------------------------
     def summary(self, inputs: RateInputs, train_time_s: float | None) -> dict[str, float | int | str]:
         """The at-a-glance numbers for the training_loop span."""
@@ -476,6 +533,16 @@ class TrainingAggregator:
             ):
                 out[semconv.SUMMARY_PREFIX + key.removeprefix("ml.training.")] = value
         return out
+
+
+def _describe_inputs(inputs: RateInputs, out: dict[str, float | int | str]) -> None:
+    out[semconv.THROUGHPUT_AGGREGATION] = f"rank x world_size ({inputs.world_size})"
+    if WINDOW_KEYS["flops_per_second_per_device"] in out:
+        out[semconv.MFU_TIMING_MODE] = inputs.timing_mode
+        out[semconv.MFU_FLOPS_METHOD] = inputs.flops_method or "config"
+        if inputs.peak_flops or inputs.measured_peak_flops:
+            out[semconv.MFU_NUMERATOR] = out[WINDOW_KEYS["flops_per_second_per_device"]]
+            out.update(_peak_attributes(inputs))
 
 
 def _peak_attributes(inputs: RateInputs) -> dict[str, float | int | str]:

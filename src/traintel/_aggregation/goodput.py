@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 
 from traintel import semconv
-from traintel._aggregation.aggregator import WINDOW_KEYS, WindowReport
+from traintel._aggregation.aggregator import WINDOW_KEYS, WindowReport, WindowSums
 from traintel._aggregation.stats import QuantileSketch, percentile
 from traintel._aggregation.window_record import compact
 
@@ -44,6 +44,7 @@ _RECORD_KEYS = tuple(
     )
 )  # fmt: skip
 _SLOWEST, _FLOPS = WINDOW_KEYS["slowest_iteration"], WINDOW_KEYS["flops"]
+_MERGED = WINDOW_KEYS["merged_windows"]
 
 #: Once the step sketch has left its exact range, the ideal step time is recomputed every this
 #: many windows (its bucket walk costs more than the rest of a window close).
@@ -77,6 +78,9 @@ class WindowGoodput:
     metrics: dict[str, float | int | str] | None = None
     #: What consumers of the released record add to it (its energy: ``traintel._host.energy``).
     annotations: dict[str, float | int | str] | None = None
+    #: The window's sums, and how many windows in a row the record holds (``window_merge``).
+    sums: WindowSums | None = None
+    windows: int = 1
 
     @property
     def productive_s(self) -> float:
@@ -103,6 +107,8 @@ class WindowGoodput:
             out[semconv.WINDOW_GOODPUT] = self.productive_s / wall_s
         if self.slowest_iteration is not None:
             out[_SLOWEST] = self.slowest_iteration
+        if self.windows > 1:
+            out[_MERGED] = self.windows
         if self.flops:
             out[_FLOPS] = self.flops
         if self.peak_flops:
@@ -226,6 +232,7 @@ class GoodputLedger:
             # exact (and cheap) for the first steps; then from the sketch, every few windows
             self.ideal_step_time_s = self.steps.robust_mean()
         window.ideal_step_time_s = self.ideal_step_time_s
+        window.sums = report.sums
         if metrics is not None:
             window.metrics = metrics
         return self._book([window] if self._startup_decided else self._startup(window, durations, p50, final))

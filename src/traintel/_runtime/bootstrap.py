@@ -263,6 +263,7 @@ def _register(
     )
     windows.register("the metric instruments", lambda event: instruments.window_closed(event.report))
     windows.register("the goodput record", consumers.book_goodput)
+    windows.at_close(consumers.release_held)
     windows.register("the wall clock's step", consumers.say_wall_clock_step)
     windows.register("the loop span", consumers.update_loop)
 

@@ -23,6 +23,7 @@ from opentelemetry.trace import Span
 from traintel import semconv
 from traintel._aggregation.aggregator import RateInputs, WindowReport
 from traintel._aggregation.goodput import WindowGoodput
+from traintel._aggregation.window_merge import RecordMerger
 from traintel._aggregation.window_record import loop_attributes
 from traintel._host.calibration import MeasuredPeak, measure_peak
 from traintel._host.compute_dtype import DtypeChoice, choose_dtype, seen_parameters
@@ -79,22 +80,27 @@ class PeakFlops:
         method = settings.flops_method or ("callable" if lazy else "config")
         executed, model = settings.executed_flops_per_sample, settings.flops_per_sample
         ratio = executed / model if executed and model else None
-        if settings.peak_flops is not None:
-            configured = "config (TRAINTEL_PEAK_FLOPS)"
-            inputs = RateInputs(self.world_size, settings.peak_flops, configured, None, method, ratio)
-        else:
-            peak, source, reason = self._device_peak(settings, device)
-            dtype = self.dtype
-            inputs = RateInputs(
-                self.world_size, peak, source, reason, method, ratio,
-                peak_dtype=dtype.dtype if dtype else None, peak_dtype_reason=dtype.reason if dtype else None,
-            )  # fmt: skip
+        inputs = self._peak_inputs(settings, device, method, ratio)
         measured = self._measured
         if measured is None or not measured.flops_per_second:
             return inputs
         return replace(
             inputs, measured_peak_flops=measured.flops_per_second, measured_peak_method=measured.method
         )
+
+    def _peak_inputs(
+        self, settings: Settings, device: int | None, method: str, ratio: float | None
+    ) -> RateInputs:
+        """The configured peak, else the table's for the device and the dtype that runs."""
+        if settings.peak_flops is not None:
+            configured = "config (TRAINTEL_PEAK_FLOPS)"
+            return RateInputs(self.world_size, settings.peak_flops, configured, None, method, ratio)
+        peak, source, reason = self._device_peak(settings, device)
+        dtype = self.dtype
+        return RateInputs(
+            self.world_size, peak, source, reason, method, ratio,
+            peak_dtype=dtype.dtype if dtype else None, peak_dtype_reason=dtype.reason if dtype else None,
+        )  # fmt: skip
 
     def _device_peak(
         self, settings: Settings, device: int | None
@@ -149,6 +155,8 @@ class WindowConsumers:
         #: energy), with the loop span at the loop's end.
         self._release = release
         self._wall_step_said = 0  # the wall clock's step last said (ns)
+        self._merger = RecordMerger()
+        self._held_parent: Span | None = None  # where the held records go (the latest window's)
 
     def _compact(self, event: WindowEvent) -> bool:
         """The window's numbers ride on its record (the default), or on a full event on the loop."""
@@ -168,8 +176,32 @@ class WindowConsumers:
         else:
             metrics = report.attributes if self._compact(event) else None
             records = ledger.close_window(report, event.inputs.peak_flops, event.final, metrics)
-        if self._release is not None and (records or event.final):
-            self._release(records, event.segment if event.final else None)
+        self._held_parent = event.parent
+        self._export(self._by_time(records, event), event.final, event.segment if event.final else None)
+
+    def _by_time(self, records: list[WindowGoodput], event: WindowEvent) -> list[WindowGoodput]:
+        """Windows shorter than the time floor (closed by their row bound, at a high step rate)
+        leave as one record once together they span it (``window_merge``). Not in a job of
+        several ranks: there a window is the same iterations on every rank, record by record."""
+        policy = self._engine.rank_export  # torch.distributed's world, decided at the first window
+        if event.inputs.world_size > 1 or (policy is not None and policy.world_size > 1):
+            return records
+        floor_ns = round(event.settings.window_seconds[0] * 1e9)
+        ready = [out for record in records for out in self._merger.add(record, floor_ns, event.inputs)]
+        return ready + self._merger.flush() if event.final else ready
+
+    def release_held(self) -> None:
+        """Telemetry shuts down with the loop open: the records held for merging leave now."""
+        try:
+            self._export(self._merger.flush(), False, None)
+        except Exception:
+            self._warn_once("held_records", "could not export the held window records")
+
+    def _export(self, records: list[WindowGoodput], final: bool, final_loop: Span | None) -> None:
+        """Release the records (their energy is added; at the loop's end, its span too) and
+        export them as ``training_window`` spans under the segment of the latest window."""
+        if self._release is not None and (records or final):
+            self._release(records, final_loop)
         if records:
             cap = self._engine.names_cap
             self._spans.export(
@@ -177,7 +209,7 @@ class WindowConsumers:
                     (w.start_ns, w.end_ns, cap.span(w.attributes(), _USER_METRICS, "training_window span"))
                     for w in records
                 ),
-                event.parent,
+                self._held_parent,
             )
 
     def _loop_events(
@@ -213,15 +245,17 @@ class WindowConsumers:
         if event.segment is not None and self._engine.window_events:
             for name, attributes in self._loop_events(event, report, event.segment):
                 _add_loop_event(event, name, attributes)
-        for error in report.errors:
+        self._say_out_of_range(report.errors)
+
+    def _say_out_of_range(self, errors: list[str]) -> None:
+        """An MFU or HFU above 1 is no metric: said once, with the dtype guess behind the peak."""
+        dtype = self._peak.dtype
+        guess = f" ({dtype.guess})" if dtype is not None and dtype.guess else ""
+        for error in errors:
             self._warn_once(
-                "out_of_range",
-                "%s: check flops_per_* and the peak FLOP/s%s (not reported as a metric)",
-                error,
-                f" ({self._peak.dtype.guess})"
-                if self._peak.dtype is not None and self._peak.dtype.guess
-                else "",
-            )
+                "out_of_range", "%s: check flops_per_* and the peak FLOP/s%s (not reported as a metric)",
+                error, guess,
+            )  # fmt: skip
 
     def say_wall_clock_step(self, event: WindowEvent) -> None:
         """A wall-clock step since the last window (1 s or more): said once, and a

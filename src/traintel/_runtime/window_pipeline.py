@@ -112,6 +112,7 @@ class WindowPipeline:
         self._reported = -1  # the index of the last window processed
         self._worker: threading.Thread | None = None
         self._closed = False
+        self._at_close: list[Callable[[], None]] = []
 
     def register(self, name: str, consumer: Consumer) -> None:
         """Call ``consumer`` with every window, after those registered before it."""
@@ -133,6 +134,11 @@ class WindowPipeline:
             except Exception:
                 self._warn_once("before_handover", "could not prepare a window's rates")
         self._put((window, config, settings, loop, segment, parent, device))
+
+    def at_close(self, task: Callable[[], None]) -> None:
+        """Run ``task`` when the pipeline closes, after the windows handed over before it (what a
+        consumer still holds: the records waiting to be merged)."""
+        self._at_close.append(task)
 
     def then(self, task: Callable[[], None]) -> None:
         """Run ``task`` after the windows handed over so far (a segment's end)."""
@@ -158,6 +164,8 @@ class WindowPipeline:
 
     def close(self, timeout_s: float) -> bool:
         """Flush, then stop the worker; later windows are processed where they close."""
+        for task in self._at_close:
+            self.then(task)
         done = self.flush(timeout_s)
         self._closed = True
         if self._worker is not None:

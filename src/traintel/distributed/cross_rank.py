@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Span
 
 from traintel import semconv
 from traintel._aggregation.aggregator import WindowReport
@@ -39,6 +40,7 @@ from traintel.distributed.stats import (
     CrossRankWindow,
     RankTracker,
     RankWindow,
+    Straggler,
     agreed_pace,
     agreed_window_size,
 )
@@ -91,25 +93,27 @@ class CrossRank:
         try:
             if self.engine.rank_export is None:
                 self._decide_rank_export()
-            if self.failed or self.engine.settings.cross_rank == "off":
-                return
-            exchange = self.exchange if self.exchange is not None else self._start()
-            if exchange is None:
+            exchange = self.exchange  # started on the training thread (window_size_for)
+            if exchange is None or self.failed or self.engine.settings.cross_rank == "off":
                 return
             if report is not None:
-                ends = self._window_ends
-                if len(ends) > 2 * MAX_PENDING_WINDOWS:  # windows the exchange never answered
-                    ends.clear()
-                ends[report.index] = report.end_ns
-                if self._first_exchanged is None:
-                    self._first_exchanged = report.index
-                exchange.submit(self._row(report).vector())
+                self._submit(exchange, report)
             if final:
                 # The loop span ends right after: its events must be in first. Bounded.
                 exchange.wait_idle(self.timeout_s)
         except Exception:
             self.failed = True
             _logger.exception("traintel: cross-rank statistics disabled after an error")
+
+    def _submit(self, exchange: Exchange, report: WindowReport) -> None:
+        """The window's row to the exchange, its end kept for the events' times."""
+        ends = self._window_ends
+        if len(ends) > 2 * MAX_PENDING_WINDOWS:  # windows the exchange never answered
+            ends.clear()
+        ends[report.index] = report.end_ns
+        if self._first_exchanged is None:
+            self._first_exchanged = report.index
+        exchange.submit(self._row(report).vector())
 
     def window_size_for(self, index: int) -> tuple[int, float] | None:
         """Iterations of window ``index`` in a job of several ranks and the pace the ranks
@@ -124,24 +128,32 @@ class CrossRank:
         exchange, every window is N long.
         """
         fewest = self.engine.settings.log_every_n_iterations
-        exchange = self.exchange
+        exchange = self.exchange if self.exchange is not None else self._start_here()
         if exchange is None:
-            if self.world > 1:
-                return fewest, 0.0
-            if "torch" not in sys.modules:
-                return None
-            from traintel.distributed.exchange import distributed_world
-
-            return None if distributed_world() is None else (fewest, 0.0)
+            return (fewest, 0.0) if self._several_ranks() else None
         first = self._first_exchanged
         if self.failed or exchange.failed is not None or first is None or index - AGREEMENT_LAG < first:
             return fewest, 0.0
+        return self._agreed_size(exchange, index, first, fewest)
+
+    def _agreed_size(self, exchange: Exchange, index: int, first: int, fewest: int) -> tuple[int, float]:
+        """The size agreed for window ``index`` (gathered AGREEMENT_LAG windows before it)."""
         wait_s = min(self.timeout_s, AGREEMENT_WAIT_S)
         if index not in self._agreed and not exchange.wait_done(index - AGREEMENT_LAG - first + 1, wait_s):
             # the ranks can no longer be sure to agree: the exchange stops, windows are N long
             exchange.abandon(f"window {index - AGREEMENT_LAG} not gathered in {wait_s:g} s")
         agreed = self._agreed.pop(index, None)
         return (fewest, 0.0) if agreed is None else agreed
+
+    def _several_ranks(self) -> bool:
+        """A job of several ranks, exchanging or not (never imports torch itself)."""
+        if self.world > 1:
+            return True
+        if "torch" not in sys.modules:
+            return False
+        from traintel.distributed.exchange import distributed_world
+
+        return distributed_world() is not None
 
     def _row(self, report: WindowReport) -> RankWindow:
         n = len(report.durations) or 1
@@ -175,12 +187,26 @@ class CrossRank:
         threshold = self.engine.settings.cross_rank_scale_world_size
         self.apply_rank_export(RankExportPolicy.decide(rank, size, threshold))
 
+    def _start_here(self) -> Exchange | None:
+        """Start the exchange where a window opens: on the training thread, in program order
+        with the job's own groups (``new_group`` is collective); never raises."""
+        if self.failed or self.engine.settings.cross_rank == "off":
+            return None
+        try:
+            return self._start()
+        except Exception:
+            self.failed = True
+            _logger.exception("traintel: cross-rank statistics disabled after an error")
+            return None
+
     def _start(self) -> Exchange | None:
         """The exchange, once torch.distributed is up with more than one rank (never imports
-        torch itself: a job that never imported it is not distributed)."""
+        torch itself: a job that never imported it is not distributed), and every rank is
+        there: a rank that died before the group exists costs the others PRESENCE_WAIT_S (at
+        most the exchange timeout), once, and the job goes on without the statistics."""
         if "torch" not in sys.modules:
             return None
-        from traintel.distributed.exchange import Exchange, distributed_world
+        from traintel.distributed.exchange import PRESENCE_WAIT_S, Exchange, distributed_world, missing_ranks
 
         world = distributed_world()
         if world is None:
@@ -188,6 +214,16 @@ class CrossRank:
         self.rank, self.world = world
         settings = self.engine.settings
         self.timeout_s = settings.cross_rank_timeout
+        missing, waited = missing_ranks(self.rank, self.world, min(self.timeout_s, PRESENCE_WAIT_S))
+        if missing:
+            self.failed = True
+            _logger.warning(
+                "traintel: cross-rank statistics off on rank %d: rank(s) %s not there when the "
+                "statistics group was to be made (waited %.2f s of TRAINTEL_CROSS_RANK_TIMEOUT=%g); "
+                "training goes on",
+                self.rank, ", ".join(map(str, missing)), waited, self.timeout_s,
+            )  # fmt: skip
+            return None
         self.tracker = RankTracker(settings.cross_rank_top_k, settings.straggler_factor)
         self.exchange = Exchange(len(FIELDS), self.timeout_s, self._gathered)
         return self.exchange
@@ -199,16 +235,6 @@ class CrossRank:
             window = self.tracker.update(windows)
             if window is not None:
                 self.latest = window
-        if window is not None:
-            settings = self.engine.settings
-            if len(self._agreed) > 2 * MAX_PENDING_WINDOWS:  # sizes no window asked for
-                self._agreed.clear()
-            floor, ceiling = settings.window_seconds
-            fewest = settings.log_every_n_iterations
-            self._agreed[window.window_index + AGREEMENT_LAG] = (
-                agreed_window_size(windows, fewest, floor, ceiling),
-                agreed_pace(windows),
-            )
         if window is None:
             if not self._mismatch_warned:
                 self._mismatch_warned = True
@@ -216,22 +242,41 @@ class CrossRank:
                     "traintel: ranks sent different windows; skipping their cross-rank statistics"
                 )
             return
+        self._agree_size(windows, window.window_index)
+        self._add_events(window)
+
+    def _agree_size(self, windows: list[RankWindow], index: int) -> None:
+        """The size of window ``index + AGREEMENT_LAG``, computed alike on every rank."""
+        settings = self.engine.settings
+        if len(self._agreed) > 2 * MAX_PENDING_WINDOWS:  # sizes no window asked for
+            self._agreed.clear()
+        floor, ceiling = settings.window_seconds
+        self._agreed[index + AGREEMENT_LAG] = (
+            agreed_window_size(windows, settings.log_every_n_iterations, floor, ceiling),
+            agreed_pace(windows),
+        )
+
+    def _add_events(self, window: CrossRankWindow) -> None:
+        """The job's window on the loop, and its straggler (counted on rank 0)."""
         end_ns = self._window_ends.pop(window.window_index, None)
         job_level = self.job_level
         loop = self.engine.loop_span()
         if loop is not None and job_level and self.engine.events.allow("ranks"):
             loop.add_event(Event.RANKS_METRICS_UPDATE.value, window.attributes(), timestamp=end_ns)
-        straggler = window.straggler
-        if straggler is None:
-            return
+        if window.straggler is not None:
+            self._straggler_found(window.straggler, window.window_index, loop, job_level, end_ns)
+
+    def _straggler_found(
+        self, straggler: Straggler, index: int, loop: Span | None, job_level: bool, end_ns: int | None
+    ) -> None:
+        """Counted on rank 0; its event on the loop of a rank that exports the job's view, or
+        of the straggler itself."""
         if self.rank == 0 and self.count_straggler is not None:
             self.count_straggler(straggler.rank)
-        if (
-            loop is not None
-            and (job_level or straggler.rank == self.rank)
-            and self.engine.events.allow("straggler")
-        ):
-            loop.add_event(Event.STRAGGLER.value, straggler.attributes(window.window_index), timestamp=end_ns)
+        if loop is None or not (job_level or straggler.rank == self.rank):
+            return
+        if self.engine.events.allow("straggler"):
+            loop.add_event(Event.STRAGGLER.value, straggler.attributes(index), timestamp=end_ns)
 
     # --- what the gauges read (metric reader's thread) ------------------------------------------
     def gauges(self) -> tuple[CrossRankWindow | None, float | None]:

@@ -13,12 +13,14 @@ This module imports torch; it is imported only once ``torch.distributed`` is ini
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,11 @@ _logger = logging.getLogger("traintel")
 
 #: How long closing waits for the last gathers (the other ranks reach them within moments).
 CLOSE_WAIT_S = 5.0
+#: How long a rank waits, before the group is made, for every other rank to say it is there.
+PRESENCE_WAIT_S = 5.0
+_PRESENCE_POLL_S = 0.02
+_ALL_THERE = "all"
+_attempts = itertools.count()  # the ranks' n-th attempt in this process: its own store keys
 
 
 def distributed_world() -> tuple[int, int] | None:
@@ -37,6 +44,46 @@ def distributed_world() -> tuple[int, int] | None:
         return None
     world = dist.get_world_size()
     return (dist.get_rank(), world) if world > 1 else None
+
+
+def missing_ranks(rank: int, world: int, wait_s: float) -> tuple[list[int], float]:
+    """The ranks that did not say they are there within ``wait_s`` (empty: all are), as every
+    live rank agrees, and the seconds this rank waited.
+
+    Why: ``new_group`` waits for every rank of the world, for the group's whole timeout, and a
+    rank that died before the group exists would stall each survivor that long. So each rank
+    first writes its key in the default group's store; once all keys are there, or once a rank
+    has waited ``wait_s``, the first rank to decide writes the verdict (``compare_set``: the
+    first writer wins), and every rank, the late ones too, reads the same one. All live ranks
+    then make the group, or none does: the order of their collectives and groups stays the
+    same on every rank."""
+    store = dist.distributed_c10d._get_default_store()
+    prefix = f"traintel/cross_rank/{next(_attempts)}/"
+    keys = [f"{prefix}present/{r}" for r in range(world)]
+    verdict_key = prefix + "verdict"
+    store.set(keys[rank], "1")
+    started = time.monotonic()
+    verdict = None
+    while verdict is None:
+        verdict = _verdict(store, keys, verdict_key, time.monotonic() - started >= wait_s)
+        if verdict is None:
+            time.sleep(_PRESENCE_POLL_S)
+    waited = time.monotonic() - started
+    text = verdict.decode()
+    return ([] if text == _ALL_THERE else [int(r) for r in text.split(",")]), waited
+
+
+def _verdict(store: Any, keys: list[str], verdict_key: str, waited_enough: bool) -> bytes | None:
+    """The verdict: read if a rank wrote it, else written (first writer wins) once every rank
+    is there or this one has waited enough; None: wait on."""
+    if store.check([verdict_key]):
+        return bytes(store.get(verdict_key))
+    if store.check(keys):
+        return bytes(store.compare_set(verdict_key, "", _ALL_THERE))
+    if not waited_enough:
+        return None
+    missing = ",".join(str(r) for r, key in enumerate(keys) if not store.check([key]))
+    return bytes(store.compare_set(verdict_key, "", missing or _ALL_THERE))
 
 
 class Exchange:
@@ -49,7 +96,8 @@ class Exchange:
         on_rows: Callable[[list[list[float]]], None],
     ) -> None:
         # new_group is collective: every rank calls it at the same point of its program (the
-        # first window boundary after torch.distributed is initialised), on the training thread.
+        # first window after torch.distributed is initialised), on the training thread, once
+        # every rank is known to be there (see missing_ranks).
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()

@@ -162,6 +162,13 @@ class CrossRankWindow:
         return out
 
 
+def _compute_mode(rows: list[RankWindow]) -> str:
+    """How the window's compute times were measured: every rank at its synchronisation point,
+    none (the step less its data wait), or some of each."""
+    marked = sum(row.sync_marked for row in rows)
+    return "sync_point" if marked == len(rows) else "step" if marked == 0 else "mixed"
+
+
 class RankTracker:
     """Per-rank EWMAs across windows: O(world size) memory, whatever the number of windows."""
 
@@ -175,6 +182,25 @@ class RankTracker:
         rows = [row for row in rows if row.iterations > 0]
         if not rows or len({row.window_index for row in rows}) != 1:
             return None
+        self._fold_ewma(rows)
+        return self._window(rows, sorted(rows, key=lambda row: (-row.compute_s, row.rank)))
+
+    def _window(self, rows: list[RankWindow], by_compute: list[RankWindow]) -> CrossRankWindow:
+        top = by_compute[: self.top_k]
+        return CrossRankWindow(
+            window_index=rows[0].window_index,
+            ranks=len(rows),
+            iteration=Summary.of([row.iteration_s for row in rows]),
+            data_loading=Summary.of([row.data_loading_s for row in rows]),
+            compute=Summary.of([row.compute_s for row in rows]),
+            compute_mode=_compute_mode(rows),
+            top_k=tuple(row.rank for row in top),
+            top_k_compute=tuple(row.compute_s for row in top),
+            ewma=tuple(self._ewma.get(rank, 0.0) for rank in range(max(self._ewma) + 1)),
+            straggler=self._straggler(by_compute),
+        )
+
+    def _fold_ewma(self, rows: list[RankWindow]) -> None:
         for row in rows:
             previous = self._ewma.get(row.rank)
             self._ewma[row.rank] = (
@@ -182,22 +208,6 @@ class RankTracker:
                 if previous is None
                 else EWMA_ALPHA * row.compute_s + (1 - EWMA_ALPHA) * previous
             )
-        by_compute = sorted(rows, key=lambda row: (-row.compute_s, row.rank))
-        top = by_compute[: self.top_k]
-        marked = sum(row.sync_marked for row in rows)
-        mode = "sync_point" if marked == len(rows) else "step" if marked == 0 else "mixed"
-        return CrossRankWindow(
-            window_index=rows[0].window_index,
-            ranks=len(rows),
-            iteration=Summary.of([row.iteration_s for row in rows]),
-            data_loading=Summary.of([row.data_loading_s for row in rows]),
-            compute=Summary.of([row.compute_s for row in rows]),
-            compute_mode=mode,
-            top_k=tuple(row.rank for row in top),
-            top_k_compute=tuple(row.compute_s for row in top),
-            ewma=tuple(self._ewma.get(rank, 0.0) for rank in range(max(self._ewma) + 1)),
-            straggler=self._straggler(by_compute),
-        )
 
     def _straggler(self, by_compute: list[RankWindow]) -> Straggler | None:
         if len(by_compute) < 2:

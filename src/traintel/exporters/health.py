@@ -204,17 +204,9 @@ class ExportHealth:
                 export_failures=self.export_failures,
                 batches_split=self.batches_split,
                 queue_depth=sum(q.depth() for q in list(self._queues)),
-                spool_bytes=sum(s.size_bytes for s in spools),
-                spool_batches=sum(len(s) for s in spools),
-                spool_spans=sum(s.pending_spans for s in spools),
-                spool_dropped_batches=sum(s.dropped_batches for s in spools),
                 spans_spooled=self.spans_spooled,
                 spans_resent=self.spans_resent,
-                spool_dirs=tuple(sorted(str(s.directory) for s in spools if len(s))),
-                spans_quarantined=sum(s.quarantined_spans for s in spools),
-                quarantine_dirs=tuple(
-                    sorted(str(s.quarantine_directory) for s in spools if s.quarantined_spans)
-                ),
+                **_spool_fields(spools),
                 spans_repaired=self.spans_repaired,
                 metric_lines_not_written=self.metric_lines_not_written,
                 metric_collection_timeouts=self.metric_collection_timeouts,
@@ -224,6 +216,28 @@ class ExportHealth:
                 or (self.metric_export_failures > 0 and self._last_metric_export_failed),
                 metric_export_unfinished=self._metric_export_running > 0,
             )
+
+
+def _spool_fields(spools: list[_SpoolLike]) -> dict[str, Any]:
+    """The snapshot's spool figures, summed over the spools."""
+    sums = dict.fromkeys(
+        ("spool_bytes", "spool_batches", "spool_spans", "spool_dropped_batches", "spans_quarantined"), 0
+    )
+    spool_dirs, quarantine_dirs = [], []
+    for s in spools:
+        for key, value in zip(
+            sums, (s.size_bytes, len(s), s.pending_spans, s.dropped_batches, s.quarantined_spans), strict=True
+        ):
+            sums[key] += value
+        if len(s):
+            spool_dirs.append(str(s.directory))
+        if s.quarantined_spans:
+            quarantine_dirs.append(str(s.quarantine_directory))
+    return {
+        **sums,
+        "spool_dirs": tuple(sorted(spool_dirs)),
+        "quarantine_dirs": tuple(sorted(quarantine_dirs)),
+    }
 
 
 class _Sized(Protocol):
@@ -320,41 +334,51 @@ def register_instruments(meter_provider: metrics_api.MeterProvider, health: Expo
 
 def describe(snapshot: HealthSnapshot) -> list[str]:
     """Readable lines about losses and what is left to deliver; empty when all went well."""
-    lines: list[str] = []
+    return [*_lost(snapshot), *_export_attempts(snapshot), *_left_to_deliver(snapshot)]
+
+
+def _lost(snapshot: HealthSnapshot) -> Iterator[str]:
+    """What was dropped, mended or never written."""
     dropped = {reason: n for reason, n in sorted(snapshot.spans_dropped.items()) if n}
     if dropped:
-        lines.append(
+        yield (
             f"{sum(dropped.values())} span(s) dropped ("
             + ", ".join(f"{reason} {n}" for reason, n in dropped.items())
             + ")"
         )
     if snapshot.spans_repaired:
-        lines.append(
+        yield (
             f"{snapshot.spans_repaired} span(s) exported with invalid text replaced by U+FFFD "
             "(not valid Unicode, or integers beyond int64)"
         )
     if snapshot.metric_collection_timeouts:
-        lines.append(
+        yield (
             f"{snapshot.metric_collection_timeouts} metric collection(s) timed out (CPU pressure?); "
             "each later collection carried the cumulative totals"
         )
     if snapshot.metric_lines_not_written:
-        lines.append(
-            f"{snapshot.metric_lines_not_written} metric line(s) could not be written to the telemetry file"
-        )
+        yield f"{snapshot.metric_lines_not_written} metric line(s) could not be written to the telemetry file"
     if snapshot.events_dropped:
-        lines.append(f"{snapshot.events_dropped} span event(s) dropped over OTEL_SPAN_EVENT_COUNT_LIMIT")
+        yield f"{snapshot.events_dropped} span event(s) dropped over OTEL_SPAN_EVENT_COUNT_LIMIT"
+
+
+def _export_attempts(snapshot: HealthSnapshot) -> Iterator[str]:
+    """Exports that failed (spans and metrics), and batches split over the size limit."""
     if snapshot.export_failures:
-        lines.append(
+        yield (
             f"{snapshot.export_failures} span export attempt(s) failed; {snapshot.spans_spooled} span(s) "
             f"spooled, {snapshot.spans_resent} re-sent"
         )
     if snapshot.metric_export_failures or snapshot.metric_export_unfinished:
-        lines.append(_metrics_line(snapshot))
+        yield _metrics_line(snapshot)
     if snapshot.batches_split:
-        lines.append(f"{snapshot.batches_split} extra batch(es) from splitting over the size limit")
+        yield f"{snapshot.batches_split} extra batch(es) from splitting over the size limit"
+
+
+def _left_to_deliver(snapshot: HealthSnapshot) -> Iterator[str]:
+    """What is kept on disk: spooled, or set aside."""
     if snapshot.spool_batches:
-        lines.append(
+        yield (
             f"{snapshot.spool_spans} span(s) in {snapshot.spool_batches} batch(es) "
             f"({snapshot.spool_bytes} bytes) not delivered, kept in "
             + ", ".join(snapshot.spool_dirs)
@@ -362,11 +386,10 @@ def describe(snapshot: HealthSnapshot) -> list[str]:
             + "; ".join(f"traintel replay {d}" for d in snapshot.spool_dirs)
         )
     if snapshot.spans_quarantined:
-        lines.append(
+        yield (
             f"{snapshot.spans_quarantined} span(s) set aside, rejected by the collector or unreadable "
             "(the collector's log says why), kept in " + ", ".join(snapshot.quarantine_dirs)
         )
-    return lines
 
 
 def _metrics_line(snapshot: HealthSnapshot) -> str:

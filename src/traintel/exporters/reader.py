@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, overload
 
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -126,23 +126,30 @@ def _lines(
             continue
         stats.files += 1
         with fh:
-            lineno = 0
-            while True:
+            yield from _file_lines(path, fh, stats, progress)
+
+
+def _file_lines(
+    path: Path, fh: BinaryIO, stats: ReadStats, progress: Callable[[int], None] | None
+) -> Iterator[tuple[str, bytes, bool]]:
+    """One open file's lines (see :func:`_lines`)."""
+    lineno = 0
+    while True:
+        raw = fh.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            break
+        lineno += 1
+        if progress is not None:
+            progress(len(raw))
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            stats.skip(f"{path}:{lineno}", f"line longer than {MAX_LINE_BYTES} bytes")
+            while raw and not raw.endswith(b"\n"):  # discard the rest of the line
                 raw = fh.readline(MAX_LINE_BYTES + 1)
-                if not raw:
-                    break
-                lineno += 1
-                if progress is not None:
-                    progress(len(raw))
-                if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                    stats.skip(f"{path}:{lineno}", f"line longer than {MAX_LINE_BYTES} bytes")
-                    while raw and not raw.endswith(b"\n"):  # discard the rest of the line
-                        raw = fh.readline(MAX_LINE_BYTES + 1)
-                    continue
-                text = raw.strip()
-                if text:
-                    _position[0] = path, lineno
-                    yield f"{path}:{lineno}", text, raw.endswith(b"\n")
+            continue
+        text = raw.strip()
+        if text:
+            _position[0] = path, lineno
+            yield f"{path}:{lineno}", text, raw.endswith(b"\n")
 
 
 #: The file and line this process read last (what a command that stops on a record names).
@@ -374,19 +381,27 @@ def iter_records(
     ``logs``: log records too (:class:`LogEntry`); without, their lines are read and passed over."""
     stats = stats if stats is not None else ReadStats()
     for path in expand_paths(paths):
-        if path.name.endswith(SPOOL_SUFFIX):
-            batches: Iterable[list[SpanRecord] | list[MetricsRecord] | list[LogEntry]] = _spooled(
-                path, stats, progress
-            )
-        else:
-            batches = _decoded_lines(path, stats, progress)
+        batches: Iterable[list[SpanRecord] | list[MetricsRecord] | list[LogEntry]] = (
+            _spooled(path, stats, progress)
+            if path.name.endswith(SPOOL_SUFFIX)
+            else _decoded_lines(path, stats, progress)
+        )
         for batch in batches:
-            if not logs and batch and isinstance(batch[0], LogEntry):
-                continue  # read, passed over
-            if windows_expanded and batch and isinstance(batch[0], SpanRecord):
-                yield from expand_windows(batch)
-            else:
-                yield from batch
+            yield from _wanted(batch, windows_expanded, logs)
+
+
+def _wanted(
+    batch: list[SpanRecord] | list[MetricsRecord] | list[LogEntry], windows_expanded: bool, logs: bool
+) -> Iterable[Record | LogEntry]:
+    """A line's records as :func:`iter_records` gives them: logs passed over unless asked
+    for, compact window records expanded if asked."""
+    if not batch:
+        return batch
+    if isinstance(batch[0], LogEntry):
+        return batch if logs else ()
+    if windows_expanded and isinstance(batch[0], SpanRecord):
+        return expand_windows(batch)
+    return batch
 
 
 def _decoded_lines(

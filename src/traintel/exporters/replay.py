@@ -203,39 +203,62 @@ class _Replay:
         spooled = path.name.endswith(SPOOL_SUFFIX)
         ledger = self.ledger(path)
         progress = ledger.progress(path) if ledger is not None else Progress()
-        result = self.result
-        skipped_before, undelivered_before = result.stats.skipped, self._undelivered()
+        skipped_before, undelivered_before = self.result.stats.skipped, self._undelivered()
         spans = self._batch_of(path) if spooled else self._lines_of(path)
         if spans is None:  # a spooled batch that cannot be read back: set aside
             return True
         if spooled and self._rewritten is not None:  # its bad spans are aside: a whole file again
             path, progress, undelivered_before = self._rewritten, Progress(), self._undelivered()
+        position = self._send_all(path, spans, spooled, ledger, progress)
+        if position is None:
+            return False
+        self._file_done(path, position, ledger, progress)
+        if self.result.stats.skipped == skipped_before and self._undelivered() == undelivered_before:
+            self.delivered.append(path)
+        return True
+
+    def _file_done(self, path: Path, position: int, ledger: Ledger | None, progress: Progress) -> None:
+        """Every span of ``path`` read and sent: recorded, so a later replay skips the file."""
+        progress.done, progress.complete = position, True
+        if ledger is not None:
+            ledger.record(path, progress)
+        self.result.files_done.append(path)
+
+    def _send_all(
+        self, path: Path, spans: Iterable[tuple[_SpanKey, ReadableSpan | None]], spooled: bool,
+        ledger: Ledger | None, progress: Progress,
+    ) -> int | None:  # fmt: skip
+        """Send the file's spans not sent before, in batches; the spans read (None: stopped)."""
         position = 0
         batch: list[ReadableSpan] = []
         for key, span in spans:
             position += 1
-            if spooled:
-                self.spooled.add(key)
-            if position <= progress.done:
-                result.spans_sent_before += 1
+            taken = self._take(key, span, spooled, position, progress)
+            if taken is None:
                 continue
-            if not spooled and key in self.spooled:
-                result.spans_in_spool_and_file += 1
-            elif span is not None:
-                batch.append(span)
+            batch.append(taken)
             if len(batch) >= self.batch_spans:
                 if not self._deliver(path, batch, ledger, progress, position):
-                    return False
+                    return None
                 batch = []
         if batch and not self._deliver(path, batch, ledger, progress, position):
-            return False
-        progress.done, progress.complete = position, True
-        if ledger is not None:
-            ledger.record(path, progress)
-        result.files_done.append(path)
-        if result.stats.skipped == skipped_before and self._undelivered() == undelivered_before:
-            self.delivered.append(path)
-        return True
+            return None
+        return position
+
+    def _take(
+        self, key: _SpanKey, span: ReadableSpan | None, spooled: bool, position: int, progress: Progress
+    ) -> ReadableSpan | None:
+        """The span to send; None if a replay sent it before, a spooled batch holds it (read
+        from a file), or it is not a span."""
+        if spooled:
+            self.spooled.add(key)
+        if position <= progress.done:
+            self.result.spans_sent_before += 1
+            return None
+        if not spooled and key in self.spooled:
+            self.result.spans_in_spool_and_file += 1
+            return None
+        return span
 
     def _undelivered(self) -> int:
         refused = self.health.spans_dropped.get(COLLECTOR_REJECTED, 0)  # inside accepted requests
@@ -261,15 +284,23 @@ class _Replay:
                 self.result.unreadable[-1] += self._set_aside_file(path)
                 return None
             if path.parent.name != QUARANTINE_DIR:
-                kept = self._write_aside(path.parent, bad.SerializeToString(), len(reasons))
-                if kept is not None:
-                    self.result.unreadable[-1] += f"; set aside in {kept}"
-                    with contextlib.suppress(OSError):  # the rest, for later replays too, under its count
-                        rest = path.with_name(batch_name(batch_seq(path) or 0, _count(good)))
-                        write_batch(rest, good.SerializeToString())
-                        path.unlink()
-                        self._rewritten = rest
+                self._split_batch(path, good, bad, len(reasons))
         return [((s.trace_id, s.span_id), readable_span(s, r, c)) for s, r, c in proto_spans(good)]
+
+    def _split_batch(
+        self, path: Path, good: ExportTraceServiceRequest, bad: ExportTraceServiceRequest, spans: int
+    ) -> None:
+        """The batch's bad spans into a batch of their own in quarantine, the rest rewritten
+        under its count (for later replays too)."""
+        kept = self._write_aside(path.parent, bad.SerializeToString(), spans)
+        if kept is None:
+            return
+        self.result.unreadable[-1] += f"; set aside in {kept}"
+        with contextlib.suppress(OSError):
+            rest = path.with_name(batch_name(batch_seq(path) or 0, _count(good)))
+            write_batch(rest, good.SerializeToString())
+            path.unlink()
+            self._rewritten = rest
 
     def _lines_of(self, path: Path) -> Iterator[tuple[_SpanKey, ReadableSpan | None]]:
         """Streaming: a long run's file is never held in memory whole. A span that cannot be
@@ -418,44 +449,58 @@ def render(result: ReplayResult, target: str) -> str:
         f"replayed {result.spans_sent} span(s) in {result.requests_sent} request(s) "
         f"from {len(result.files_done)} file(s) to {target}"
     ]
+    lines.extend(_counted(result))
+    lines.extend(_not_delivered(result))
+    stopped = _stopped(result)
+    if stopped:
+        lines.append(stopped)
+    return "\n".join(lines)
+
+
+def _counted(result: ReplayResult) -> Iterator[str]:
+    """What was not sent on purpose: sent before, sent once, deleted, metrics, unreadable."""
     if result.spans_sent_before:
-        lines.append(f"{result.spans_sent_before} span(s) delivered by an earlier replay: not sent again")
+        yield f"{result.spans_sent_before} span(s) delivered by an earlier replay: not sent again"
     if result.spans_in_spool_and_file:
-        lines.append(f"{result.spans_in_spool_and_file} span(s) both spooled and in a file: sent once")
+        yield f"{result.spans_in_spool_and_file} span(s) both spooled and in a file: sent once"
     if result.files_deleted:
-        lines.append(f"deleted {result.files_deleted} delivered file(s)")
+        yield f"deleted {result.files_deleted} delivered file(s)"
     if result.metric_requests_skipped:
-        lines.append(
-            f"skipped {result.metric_requests_skipped} metrics request(s) (metrics are not replayed)"
-        )
+        yield f"skipped {result.metric_requests_skipped} metrics request(s) (metrics are not replayed)"
     if result.stats.skipped:
-        lines.append(
-            f"not sent: {result.stats.skipped} unreadable line(s): {'; '.join(result.stats.reasons[:3])}"
-        )
+        yield f"not sent: {result.stats.skipped} unreadable line(s): {'; '.join(result.stats.reasons[:3])}"
     if result.unreadable:
-        lines.append(f"not sent: {len(result.unreadable)} unreadable: {'; '.join(result.unreadable[:3])}")
+        yield f"not sent: {len(result.unreadable)} unreadable: {'; '.join(result.unreadable[:3])}"
+
+
+def _not_delivered(result: ReplayResult) -> Iterator[str]:
+    """What the collector would not take."""
     if result.spans_rejected:
-        lines.append(
+        yield (
             f"not delivered: {result.spans_rejected} span(s) rejected by the collector, which accepted "
             "other requests (its log says why); kept in " + ", ".join(str(p) for p in result.quarantined)
         )
     if result.spans_refused_in_accepted:
-        lines.append(
+        yield (
             f"not delivered: {result.spans_refused_in_accepted} span(s) refused by the collector inside "
             f"requests it accepted (partial success: {result.refused_message})"
         )
-    if result.failed_file is not None and result.asked_to_wait:
-        lines.append(
+
+
+def _stopped(result: ReplayResult) -> str | None:
+    """Where the replay stopped, and why, if it did."""
+    if result.failed_file is None:
+        return None
+    if result.asked_to_wait:
+        return (
             f"stopped at {result.failed_file}: the collector asks to wait ({result.asked_to_wait}); "
             "run the same command again later to resume (what was delivered is not sent again)"
         )
-    elif result.failed_file is not None:
-        lines.append(
-            f"stopped at {result.failed_file}: the collector took no request, not even an empty one "
-            "(down, unreachable, or refusing everything); run the same command again to resume "
-            "(what was delivered is not sent again)"
-        )
-    return "\n".join(lines)
+    return (
+        f"stopped at {result.failed_file}: the collector took no request, not even an empty one "
+        "(down, unreachable, or refusing everything); run the same command again to resume "
+        "(what was delivered is not sent again)"
+    )
 
 
 __all__ = [

@@ -53,6 +53,11 @@ def _value(value: Any) -> Any:
         return value
     if isinstance(value, int):
         return value if _INT64_MIN <= value <= _INT64_MAX else str(value)
+    return _container(value)
+
+
+def _container(value: Any) -> Any:
+    """A mapping or a sequence, each member mended; anything else as its mended text."""
     if isinstance(value, Mapping):
         return {mend_text(str(k)): _value(v) for k, v in value.items()}
     if isinstance(value, Sequence):
@@ -110,7 +115,6 @@ def encodable(spans: Sequence[ReadableSpan], health: ExportHealth = HEALTH) -> l
     """``spans`` after their encoding failed: each span that encodes alone as it is, each
     other one mended or, if even that does not encode, left out; both counted in ``health``
     and the first said once."""
-    global _said
     out: list[ReadableSpan] = []
     resources: dict[int, Resource] = {}
     first: str | None = None
@@ -119,17 +123,29 @@ def encodable(spans: Sequence[ReadableSpan], health: ExportHealth = HEALTH) -> l
         if _encodes(span):
             out.append(span)
             continue
-        try:
-            mended: ReadableSpan | None = _mended(span, resources)
-        except Exception:
-            mended = None
-        if mended is not None and _encodes(mended):
+        mended = _mended_if_it_encodes(span, resources)
+        if mended is not None:
             out.append(mended)
             repaired += 1
             first = first or f"span {mended.name!r} was sent with its invalid text replaced by U+FFFD"
         else:
             dropped += 1
             first = first or f"span {mend_text(str(span.name))!r} cannot be encoded and was dropped"
+    _count_and_say(health, repaired, dropped, first)
+    return out
+
+
+def _mended_if_it_encodes(span: ReadableSpan, resources: dict[int, Resource]) -> ReadableSpan | None:
+    try:
+        mended = _mended(span, resources)
+    except Exception:
+        return None
+    return mended if _encodes(mended) else None
+
+
+def _count_and_say(health: ExportHealth, repaired: int, dropped: int, first: str | None) -> None:
+    """Count the mended and the dropped spans; say the first one, once per process."""
+    global _said
     if repaired:
         health.repair_spans(repaired)
     if dropped:
@@ -142,7 +158,6 @@ def encodable(spans: Sequence[ReadableSpan], health: ExportHealth = HEALTH) -> l
             "counted in traintel.spans.repaired and traintel.spans.dropped{unencodable}",
             first,
         )
-    return out
 
 
 __all__ = ["encodable", "mend_text"]

@@ -450,29 +450,38 @@ class SpoolingSpanExporter(SpanExporter):
                 return job
             if self._stopped:
                 return None
+            wait: float | None = None
             if self._backlog and self.spool is not None:
                 entries = self.spool.entries()
                 if not entries:
-                    self._backlog = False
-                    if self._outage:  # said only after a failure: a busy sender is nothing wrong
-                        self._outage = False
-                        _logger.warning("traintel: spooled spans delivered; exporting directly again")
-                        retry_lines.delivered()
+                    self._backlog_delivered()
                     continue
-                now = time.monotonic()
-                if self._drain_deadline is not None and (
-                    now + self._last_send_s > self._drain_deadline or self._retry_at > self._drain_deadline
-                ):
-                    self._drain_hopeless = True  # the rest stays on disk for a replay
-                    wait = max(0.05, self._drain_deadline - now)
-                elif (wait := self._retry_at - now) <= 0:
+                wait = self._retry_wait()
+                if wait <= 0:
                     self._busy = True
                     return entries[0]
-            else:
-                wait = None
             self._busy = False
             self._cond.notify_all()
             self._cond.wait(wait)
+
+    def _backlog_delivered(self) -> None:
+        """The spool is empty again: direct export; said only after a failure (a busy sender
+        is nothing wrong)."""
+        self._backlog = False
+        if self._outage:
+            self._outage = False
+            _logger.warning("traintel: spooled spans delivered; exporting directly again")
+            retry_lines.delivered()
+
+    def _retry_wait(self) -> float:
+        """Seconds until the oldest spooled batch is retried (0 or less: now). At exit, past a
+        deadline no retry can meet, the rest stays on disk for a replay."""
+        now = time.monotonic()
+        deadline = self._drain_deadline
+        if deadline is not None and (now + self._last_send_s > deadline or self._retry_at > deadline):
+            self._drain_hopeless = True
+            return max(0.05, deadline - now)
+        return self._retry_at - now
 
     def _sender_loop(self) -> None:
         while True:
@@ -501,16 +510,28 @@ class SpoolingSpanExporter(SpanExporter):
             # Owned and failed: shutdown() waits for the write (the exit must not cut it short).
             self._writing = mine and not delivered
         if delivered:
-            if not mine and spilled is not None and spilled[0] is spans and self.spool is not None:
-                self.spool.remove(spilled[1])  # delivered late: the exit's copy must not be sent again
-                self._health.resent(len(spans))
+            if not mine:
+                self._drop_exit_copy(spans, spilled)
             return True
         self._health.export_failed()
         self._asked_to_wait()  # a Retry-After applies to the retry of what is spooled now
-        if not mine:  # the exit already wrote it to the spool
-            return False
+        if mine:  # (else the exit already wrote it to the spool)
+            self._spool_failed(sent, (request or encoded) if sent is spans else None)
+        return False
+
+    def _drop_exit_copy(
+        self, spans: Sequence[ReadableSpan], spilled: tuple[Sequence[ReadableSpan], SpoolEntry] | None
+    ) -> None:
+        """Delivered late: the copy the exit spooled must not be sent again."""
+        if spilled is not None and spilled[0] is spans and self.spool is not None:
+            self.spool.remove(spilled[1])
+            self._health.resent(len(spans))
+
+    def _spool_failed(self, sent: Sequence[ReadableSpan], encoded: ExportTraceServiceRequest | None) -> None:
+        """A failed batch this thread owns, to the spool (shutdown waits for the write); said
+        when spooling begins."""
         try:
-            spooled = self._to_spool(sent, (request or encoded) if sent is spans else None) is not None
+            spooled = self._to_spool(sent, encoded) is not None
         finally:
             with self._cond:
                 self._writing = False
@@ -525,7 +546,6 @@ class SpoolingSpanExporter(SpanExporter):
                 self._retry_interval_s,
                 f". {hint}" if hint else "",
             )
-        return False
 
     def _resend(self, entry: SpoolEntry) -> bool:
         """The oldest spooled batch; True when it left the queue (delivered or set aside)."""
