@@ -37,13 +37,23 @@ class Drop(SpanExporter):
         Drop.received += sum(1 for span in spans if span.name in PHASES)
         return SpanExportResult.SUCCESS
 
-variant, n = sys.argv[1], int(sys.argv[2])
-if variant == "bare":
+variant, n, pace_ns = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def pace(due):  # spin (holding the GIL, as a step's Python code would) until the next iteration is due
+    due += pace_ns
+    while time.perf_counter_ns() < due:
+        pass
+    return due
+if variant.startswith("bare"):
+    if variant == "bare-quiet":  # the SDK's warning for every span a full queue drops, silenced
+        import logging
+        logging.getLogger("opentelemetry.sdk._shared_internal").disabled = True
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Drop()))
     tracer = provider.get_tracer("bench")
     P = "ml.training.phase"
     def run(count):
+        due = time.perf_counter_ns()
         for i in range(count):
             attributes = {P: "training_iteration", "ml.training.iteration": i}
             with tracer.start_as_current_span("training_iteration", attributes=attributes):
@@ -53,11 +63,14 @@ if variant == "bare":
                     pass
                 with tracer.start_as_current_span("optimizer_update", attributes={P: "optimizer_update"}):
                     pass
+            if pace_ns:
+                due = pace(due)
     flush = provider.force_flush
 else:
     import traintel
     traintel.configure(span_exporters=[Drop()], metric_readers=[], export_iterations="all")
     def run(count):
+        due = time.perf_counter_ns()
         with traintel.training_loop():
             for _ in range(count):
                 with traintel.training_iteration():
@@ -67,6 +80,8 @@ else:
                         pass
                     with traintel.optimizer_update():
                         pass
+                if pace_ns:
+                    due = pace(due)
     flush = lambda: traintel.get_telemetry().flush(60)
 run(2000)  # warm-up
 flush()
@@ -79,9 +94,9 @@ print(json.dumps({"us": elapsed / n * 1e6, "lost": lost / (4 * (2000 + n))}))
 """
 
 
-def one(variant: str, iterations: int) -> tuple[float, float]:
+def one(variant: str, iterations: int, pace_ns: int = 0) -> tuple[float, float]:
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CHILD), variant, str(iterations)],
+        [sys.executable, "-c", textwrap.dedent(CHILD), variant, str(iterations), str(pace_ns)],
         capture_output=True,
         text=True,
         check=True,
