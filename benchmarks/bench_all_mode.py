@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+from typing import NamedTuple
 
 CHILD = """
 import json, sys, time
@@ -83,53 +84,110 @@ else:
                 if pace_ns:
                     due = pace(due)
     flush = lambda: traintel.get_telemetry().flush(60)
+import os, threading
+
+def export_thread_cpu_s():  # the batch processor's thread: its CPU time (utime + stime), from /proc
+    ticks = 0
+    for thread in threading.enumerate():
+        if thread.name.startswith("OtelBatch") and thread.native_id is not None:
+            with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
 run(2000)  # warm-up
 flush()
+received, export_cpu = Drop.received, export_thread_cpu_s()
+process_cpu, training_cpu = time.process_time(), time.thread_time()
 start = time.perf_counter()
 run(n)
 flush()
 elapsed = time.perf_counter() - start
+export_cpu = export_thread_cpu_s() - export_cpu
+process_cpu, training_cpu = time.process_time() - process_cpu, time.thread_time() - training_cpu
 lost = 4 * (2000 + n) - Drop.received  # the step spans the exporter never saw (queue overflow)
-print(json.dumps({"us": elapsed / n * 1e6, "lost": lost / (4 * (2000 + n))}))
+exported = Drop.received - received
+print(json.dumps({
+    "us": elapsed / n * 1e6,
+    "lost": lost / (4 * (2000 + n)),
+    "export_us_per_span": export_cpu / max(1, exported) * 1e6,
+    "training_us": training_cpu / n * 1e6,  # the training thread's CPU per iteration
+    "others_us": (process_cpu - training_cpu - export_cpu) / n * 1e6,  # every other thread's
+}))
 """
 
 
-def one(variant: str, iterations: int, pace_ns: int = 0) -> tuple[float, float]:
+class Run(NamedTuple):
+    us: float  # wall time per iteration
+    lost: float  # share of step spans the exporter never saw
+    export_us_per_span: float  # the batch processor's thread: CPU per exported span
+    training_us: float  # the training thread's CPU per iteration
+    others_us: float  # every other thread's CPU per iteration (traintel's workers, say)
+
+
+def one(variant: str, iterations: int, pace_ns: int = 0) -> Run:
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(CHILD), variant, str(iterations), str(pace_ns)],
         capture_output=True,
         text=True,
         check=True,
     )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    return float(result["us"]), float(result["lost"])
+    return Run(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def rounds(iterations: int, count: int, pace_ns: int) -> dict[str, list[Run]]:
+    """``count`` interleaved rounds of a fresh process per side; each round printed."""
+    runs: dict[str, list[Run]] = {"bare": [], "all": []}
+    for round_ in range(count):
+        for variant in ("bare", "all") if round_ % 2 == 0 else ("all", "bare"):
+            runs[variant].append(one(variant, iterations, pace_ns))
+        bare, ours = runs["bare"][-1], runs["all"][-1]
+        print(
+            f"round {round_ + 1}{f' (paced at {pace_ns / 1000:.0f} us)' if pace_ns else ''}: "
+            f"bare {bare.us:.2f} us ({bare.lost:.3%} of spans lost, export thread "
+            f"{bare.export_us_per_span:.2f} us per span), traintel 'all' {ours.us:.2f} us ({ours.lost:.3%} "
+            f"lost, export thread {ours.export_us_per_span:.2f} us per span, its other threads "
+            f"{ours.others_us:.2f} us per iteration)",
+            flush=True,
+        )
+    return runs
+
+
+def median(runs: list[Run], field: str) -> float:
+    return statistics.median(getattr(run, field) for run in runs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--iterations", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--pace-us", type=float, default=None,
+        help="paced rounds at this many us per iteration (default: 1.2x the bare SDK's median; 0: none)",
+    )  # fmt: skip
     args = parser.parse_args()
-    bare: list[float] = []
-    ours: list[float] = []
-    lost: dict[str, list[float]] = {"bare": [], "all": []}
-    for round_ in range(args.rounds):
-        order = ("bare", "all") if round_ % 2 == 0 else ("all", "bare")
-        for variant in order:
-            us, share = one(variant, args.iterations)
-            (bare if variant == "bare" else ours).append(us)
-            lost[variant].append(share)
-        print(
-            f"round {round_ + 1}: bare {bare[-1]:.2f} us ({lost['bare'][-1]:.2%} of spans lost), "
-            f"traintel 'all' {ours[-1]:.2f} us ({lost['all'][-1]:.2%} lost)",
-            flush=True,
-        )
-    ratios = [o / b for o, b in zip(ours, bare, strict=True)]
+    free = rounds(args.iterations, args.rounds, 0)
+    bare, ours = free["bare"], free["all"]
+    ratios = [o.us / b.us for o, b in zip(ours, bare, strict=True)]
     print(
         f"'all' vs the bare SDK, {args.iterations:,} iterations per fresh process, {args.rounds} interleaved "
-        f"rounds: bare {statistics.median(bare):.2f} us, traintel {statistics.median(ours):.2f} us, "
-        f"ratio median {statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f}); step "
-        f"spans lost: bare {max(lost['bare']):.2%} at most, traintel {max(lost['all']):.2%} at most"
+        f"rounds: bare {median(bare, 'us'):.2f} us, traintel {median(ours, 'us'):.2f} us, ratio median "
+        f"{statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f}); step spans lost: "
+        f"bare {max(r.lost for r in bare):.3%} at most, traintel {max(r.lost for r in ours):.3%} at most; "
+        f"export thread CPU per span: bare {median(bare, 'export_us_per_span'):.2f} us, traintel "
+        f"{median(ours, 'export_us_per_span'):.2f} us",
+        flush=True,
+    )
+    pace_us = 1.2 * median(bare, "us") if args.pace_us is None else args.pace_us
+    if pace_us <= 0:
+        return
+    paced = rounds(args.iterations, args.rounds, int(pace_us * 1000))
+    bare, ours = paced["bare"], paced["all"]
+    print(
+        f"at the same rate ({pace_us:.0f} us per iteration, both sides spinning out the rest of it): bare "
+        f"{median(bare, 'us'):.2f} us, traintel {median(ours, 'us'):.2f} us; step spans lost: bare "
+        f"{max(r.lost for r in bare):.3%} at most (median {median(bare, 'lost'):.3%}), traintel "
+        f"{max(r.lost for r in ours):.3%} at most (median {median(ours, 'lost'):.3%})"
     )
 
 
