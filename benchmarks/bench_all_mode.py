@@ -7,12 +7,16 @@ iterations, then a flush, all inside the timed region, with the SDK's default ba
 and a discarding exporter on both sides. So the export thread's work, the queue's drops and
 traintel's own records (windows, segments) are paid where they happen, as in a real job.
 
-Printed per round: microseconds per iteration and the share of step spans each side lost (the
+Printed per round: microseconds per iteration, the share of step spans each side lost (the
 discarding exporters count what reaches them: a full queue drops the rest), with the SDK's
-default queue (2,048 spans) on both sides. ``bench_phase_overhead.py`` measures "all" in shorter
-rounds with a queue large enough never to drop; this one is the ratio of a continuous run.
+default queue (2,048 spans) on both sides, and the export thread's CPU time per span (is one
+side's export path slower?). Then paced rounds (``--pace-us``): both sides spin out every
+iteration to the same length, so their losses compare at the same span rate (traintel makes its
+spans in about 0.6x the bare SDK's time, and a faster producer overflows a queue sooner).
+``bench_phase_overhead.py`` measures "all" in shorter rounds with a queue large enough never to
+drop; this one is the ratio of a continuous run.
 
-Run: ``python benchmarks/bench_all_mode.py [--iterations 1000000] [--rounds 5]``.
+Run: ``python benchmarks/bench_all_mode.py [--iterations 1000000] [--rounds 5] [--pace-us 0]``.
 """
 
 from __future__ import annotations
