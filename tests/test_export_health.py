@@ -25,7 +25,12 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.otlp_receiver import GrpcReceiver
@@ -37,7 +42,12 @@ from traintel.exporters.health import ExportHealth, describe, register_instrumen
 from traintel.exporters.metric_counting import CountingMetricExporter
 from traintel.exporters.reader import attributes_dict, iter_metric_requests, spans_in
 from traintel.exporters.spool import Spool, read_batch, spooled_requests
-from traintel.exporters.spooling import CountingBatchSpanProcessor, SpoolingSpanExporter, split_by_bytes
+from traintel.exporters.spooling import (
+    CountingBatchSpanProcessor,
+    QueueGuard,
+    SpoolingSpanExporter,
+    split_by_bytes,
+)
 
 
 class GatedExporter(SpanExporter):
@@ -107,6 +117,39 @@ def test_queue_overflow_drops_are_counted_exactly() -> None:
     dropped = dict((a[semconv.DROP_REASON], v) for a, v in _metrics(reader)[semconv.METRIC_SPANS_DROPPED])
     assert dropped["queue_full"] == 16
     assert describe(health.snapshot())[0] == "16 span(s) dropped (queue_full 16)"
+
+
+def test_a_producer_hands_the_interpreter_to_the_export_thread_past_three_quarters_of_the_queue() -> None:
+    """Past three-quarters of the queue the export thread is behind: each span handed over then
+    yields the interpreter once (so the export thread, woken a batch earlier, drains the queue
+    instead of the producer overflowing it); below the mark nothing is called, and a full queue
+    drops and counts the span without yielding."""
+    health = ExportHealth()
+    exporter = GatedExporter()
+    processor = BatchSpanProcessor(
+        exporter, max_queue_size=8, max_export_batch_size=1, schedule_delay_millis=1
+    )
+    yields: list[float] = []
+    guard = QueueGuard(processor, processor.on_end, health, hand_over=yields.append)
+    tracer = TracerProvider().get_tracer("t")
+
+    def end_one() -> None:
+        span = tracer.start_span("s")
+        span.end()
+        guard.on_end(span)  # type: ignore[arg-type]
+
+    end_one()
+    assert exporter.entered.wait(60)  # the export thread now holds "s" 1: the queue only fills
+    depths: list[tuple[int, int]] = []
+    for _ in range(10):
+        depth = guard.depth()
+        end_one()
+        depths.append((depth, len(yields)))
+    assert depths == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 1), (7, 2), (8, 2), (8, 2)]
+    assert yields == [0, 0]
+    assert health.spans_dropped == {"queue_full": 2}
+    exporter.gate.set()
+    processor.shutdown()
 
 
 class CountingExporter(SpanExporter):

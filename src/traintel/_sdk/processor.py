@@ -84,6 +84,20 @@ _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 _CONTINUES = semconv.SEGMENT_CONTINUES
 _APPLICATION = Phase.APPLICATION.value
 _CYCLE_GUARD = 256  # a guard against a parent cycle, not a real depth
+_SAVES = {Phase.CHECKPOINT_SAVE_SYNC.value: "sync", Phase.CHECKPOINT_SAVE_ASYNC.value: "async"}
+
+
+def _phase_of(span: ReadableSpan) -> str | None:
+    raw = (span.attributes or {}).get(semconv.PHASE)
+    return str(raw) if raw is not None else None
+
+
+def _goodput_kind(span: ReadableSpan) -> str | None:
+    """ "iteration" for a training iteration, "phase" for a categorised phase, else None."""
+    phase = (span.attributes or {}).get(semconv.PHASE)
+    if phase == _TRAINING_ITERATION:
+        return "iteration"
+    return "phase" if phase in _CATEGORY_OF else None
 
 
 class TrainingMetricsProcessor(SpanProcessor):
@@ -116,18 +130,21 @@ class TrainingMetricsProcessor(SpanProcessor):
             return  # shut down; or an exported iteration's spans: created at once, already counted
         if span.name in _PER_STEP and self._is_own(span):
             return  # traintel's own step phases as real spans: the engine counts them directly
-        context = span.get_span_context()
-        raw = (span.attributes or {}).get(semconv.PHASE)
-        phase = str(raw) if raw is not None else None
-        self.open_spans.started(span, context.span_id, phase)
-        if phase is None:
-            return
+        span_id = span.get_span_context().span_id
+        phase = _phase_of(span)
+        self.open_spans.started(span, span_id, phase)
+        if phase is not None:
+            self._phase_started(engine, span, phase, span_id)
+
+    def _phase_started(self, engine: SpanEngine, span: Span, phase: str, span_id: int) -> None:
+        """A span with a phase started: the job's time runs; a checkpoint or evaluation keeps the
+        iteration it is in; a foreign iteration gets its step-phase tally."""
         if span.start_time is not None:
             engine.goodput.started(span.start_time)
             if phase in _CATEGORY_OF and phase != _DATA_LOADING:
                 self._keep_enclosing_iteration(engine, span, phase)
         if phase == _TRAINING_ITERATION and not self._is_own(span):
-            self._foreign_steps[context.span_id] = [0, 0, 0, 0]
+            self._foreign_steps[span_id] = [0, 0, 0, 0]
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.get_span_context()
@@ -139,27 +156,41 @@ class TrainingMetricsProcessor(SpanProcessor):
         if engine is None or _get_ident() in engine.materializing:
             return
         if span.name in _PER_STEP and self._is_own(span):
-            if span.name == _DATA_LOADING:
-                self._goodput(engine, span, _DATA_LOADING)  # outside an iteration: badput
+            self._own_step_ended(engine, span)
             return
-        raw = (span.attributes or {}).get(semconv.PHASE)
-        phase = str(raw) if raw is not None else None
+        phase = _phase_of(span)
         self.open_spans.ended(context.span_id, phase, span.end_time or 0)
-        if phase is None or span.start_time is None or span.end_time is None:
+        if phase is not None:
+            self._phase_ended(engine, span, phase, context)
+
+    def _own_step_ended(self, engine: SpanEngine, span: ReadableSpan) -> None:
+        """traintel's own step phase as a real span: the engine counted it, but data loading
+        outside an iteration is badput, booked here."""
+        if span.name == _DATA_LOADING:
+            self._goodput(engine, span, _DATA_LOADING)
+
+    def _phase_ended(self, engine: SpanEngine, span: ReadableSpan, phase: str, context: SpanContext) -> None:
+        """A span with a phase ended: its goodput category, its ``ml.training.phase.duration``, and
+        the aggregates of a span traintel's API did not create."""
+        start, end = span.start_time, span.end_time
+        if start is None or end is None:
             return
-        duration_ns = span.end_time - span.start_time
+        duration_ns = end - start
         if phase in _CATEGORY_OF:
             self._goodput(engine, span, phase)
         if phase not in _PER_STEP and self._instruments is not None:
-            attributes = self._attribute_cache.get(phase)
-            if attributes is None:
-                attributes = self._attribute_cache.setdefault(phase, {semconv.PHASE: phase})
-            self._instruments.phase_duration.record(duration_ns / 1e9, attributes)
+            self._record_phase_duration(self._instruments, phase, duration_ns)
         if not self._is_own(span):
             try:
-                self._foreign(engine, span, phase, duration_ns)
+                self._foreign(engine, span, phase, duration_ns, context)
             except Exception:
                 self._on_error("foreign_span")
+
+    def _record_phase_duration(self, instruments: TrainingInstruments, phase: str, duration_ns: int) -> None:
+        attributes = self._attribute_cache.get(phase)
+        if attributes is None:
+            attributes = self._attribute_cache.setdefault(phase, {semconv.PHASE: phase})
+        instruments.phase_duration.record(duration_ns / 1e9, attributes)
 
     def _goodput(self, engine: SpanEngine, span: ReadableSpan, phase: str) -> None:
         """Book a categorised phase's time: its own time less the categorised phases inside it
@@ -199,11 +230,9 @@ class TrainingMetricsProcessor(SpanProcessor):
             live = self.open_spans.get(span_id)
             if live is None:
                 return None, 0
-            phase = (live.attributes or {}).get(semconv.PHASE)
-            if phase == _TRAINING_ITERATION:
-                return "iteration", span_id
-            if phase in _CATEGORY_OF:
-                return "phase", span_id
+            kind = _goodput_kind(live)
+            if kind is not None:
+                return kind, span_id
             if live.parent is None:
                 return None, 0
             span_id = live.parent.span_id
@@ -218,36 +247,47 @@ class TrainingMetricsProcessor(SpanProcessor):
             return True
         return False
 
-    def _foreign(self, engine: SpanEngine, span: ReadableSpan, phase: str, duration_ns: int) -> None:
+    def _foreign(
+        self, engine: SpanEngine, span: ReadableSpan, phase: str, duration_ns: int, context: SpanContext
+    ) -> None:
         """Aggregate a span traintel's API did not create."""
-        context = span.get_span_context()
-        attributes = span.attributes or {}
         index = STEP_INDEX.get(phase)
         if index is not None:
-            parent = span.parent
-            steps = self._foreign_steps.get(parent.span_id) if parent is not None else None
-            if steps is not None:
-                steps[index] += duration_ns
-            return
-        if phase == _TRAINING_ITERATION:
-            steps = self._foreign_steps.pop(context.span_id, None) if context is not None else None
+            self._foreign_step(span, index, duration_ns)
+        elif phase == _TRAINING_ITERATION:
+            steps = self._foreign_steps.pop(context.span_id, None)
             engine.foreign_iteration(span, duration_ns, steps, self.open_spans.enclosing_loop(span))
-        elif phase in (Phase.CHECKPOINT_SAVE_SYNC.value, Phase.CHECKPOINT_SAVE_ASYNC.value):
+        elif phase == Phase.TRAINING_LOOP.value:
+            engine.foreign_loop_ended(context)
+        elif phase == _APPLICATION:
+            if span.end_time is not None and not (span.attributes or {}).get(_CONTINUES):
+                engine.goodput.ended(span.end_time)  # the job's time stops, as for traintel's own
+        else:
+            self._foreign_checkpoint(engine, span, phase, duration_ns / 1e9)
+
+    def _foreign_step(self, span: ReadableSpan, index: int, duration_ns: int) -> None:
+        """A step phase: into the tally of the foreign iteration it is in, if it is in one."""
+        parent = span.parent
+        steps = self._foreign_steps.get(parent.span_id) if parent is not None else None
+        if steps is not None:
+            steps[index] += duration_ns
+
+    def _foreign_checkpoint(
+        self, engine: SpanEngine, span: ReadableSpan, phase: str, duration_s: float
+    ) -> None:
+        """A checkpoint save, load or save stage traintel's API did not time."""
+        if phase in _SAVES:
+            attributes = span.attributes or {}
             size = attributes.get(semconv.CHECKPOINT_SIZE)
-            strategy = "async" if phase == Phase.CHECKPOINT_SAVE_ASYNC.value else "sync"
             iteration = attributes.get(semconv.CHECKPOINT_ITERATION)
             engine.checkpoint_saved(
-                duration_ns / 1e9, int(size) if isinstance(size, int) else None, strategy, None,
+                duration_s, int(size) if isinstance(size, int) else None, _SAVES[phase], None,
                 self.open_spans.enclosing_parent(span), iteration if isinstance(iteration, int) else None,
             )  # fmt: skip
         elif phase == Phase.CHECKPOINT_LOAD.value:
-            engine.checkpoint_loaded(duration_ns / 1e9)
-        elif phase == Phase.TRAINING_LOOP.value and context is not None:
-            engine.foreign_loop_ended(context)
+            engine.checkpoint_loaded(duration_s)
         elif phase in _STAGE_OF:
-            engine.checkpoint_stage_done(_STAGE_OF[phase], duration_ns / 1e9)
-        elif phase == _APPLICATION and span.end_time is not None and not attributes.get(_CONTINUES):
-            engine.goodput.ended(span.end_time)  # the job's time stops, as for traintel's own
+            engine.checkpoint_stage_done(_STAGE_OF[phase], duration_s)
 
     def disable(self) -> None:
         """Stop tracking (traintel shut down); the SDK offers no way to remove a processor."""

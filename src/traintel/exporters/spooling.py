@@ -85,6 +85,11 @@ def split_by_bytes(
     return split_by_bytes(spans[:middle], max_bytes) + split_by_bytes(spans[middle:], max_bytes)
 
 
+def _sampled(span: ReadableSpan) -> bool:
+    context = span.context
+    return bool(context and context.trace_flags.sampled)
+
+
 class QueueGuard:
     """An SDK batch span processor's queue with its queue-full and event-cap drops counted
     exactly; its depth, and what it holds at a stuck exit.
@@ -96,15 +101,30 @@ class QueueGuard:
     overflows: produced = exported + dropped. The export thread only takes from the queue, so
     it never turns a check into a drop. If a future SDK keeps its queue elsewhere, drops go
     uncounted and we say so once.
+
+    Why the producer yields once the queue is three-quarters full: the export thread, woken at a
+    batch's worth, needs the interpreter, and a training thread running Python keeps it for the
+    interpreter's whole switch interval (5 ms) each time; on a loaded machine that is late enough
+    for a fast producer (traintel exporting every iteration makes its spans in half the bare SDK's
+    time) to fill the queue and lose spans. Handing the interpreter over (``time.sleep(0)``) while
+    the export thread is behind lets it drain the queue now: what the training thread waits for
+    is the export those spans need anyway, at most a switch interval; below the mark it costs one
+    comparison.
     """
 
     def __init__(
-        self, processor: BatchSpanProcessor, emit: Callable[[ReadableSpan], None], health: ExportHealth
+        self,
+        processor: BatchSpanProcessor,
+        emit: Callable[[ReadableSpan], None],
+        health: ExportHealth,
+        hand_over: Callable[[float], object] = time.sleep,
     ) -> None:
         self._health = health
         self._emit = emit  # the SDK's on_end: it queues sampled spans
+        self._hand_over = hand_over
         self._queue: deque[ReadableSpan] | None
         self._queue, self._max_queue = batch_queue(processor)
+        self._behind = self._max_queue * 3 // 4  # past this depth the export thread is behind
         self._handover = threading.Lock()
         if self._queue is None:
             _logger.warning(
@@ -121,8 +141,7 @@ class QueueGuard:
         # asks whether it is sampled (the SDK's on_end leaves unsampled spans out of the queue).
         dropped_events = span.dropped_events
         if dropped_events:
-            context = span.context
-            if not context or not context.trace_flags.sampled:
+            if not _sampled(span):
                 return
             self._health.drop_events(dropped_events)
         queue = self._queue
@@ -130,12 +149,14 @@ class QueueGuard:
             self._emit(span)
             return
         with self._handover:
-            if len(queue) < self._max_queue:
+            depth = len(queue)
+            if depth < self._max_queue:
                 self._emit(span)
-                return
-        context = span.context
-        if context and context.trace_flags.sampled:
-            self._health.drop_spans(health_module.QUEUE_FULL, 1)
+        if depth >= self._max_queue:
+            if _sampled(span):
+                self._health.drop_spans(health_module.QUEUE_FULL, 1)
+        elif depth >= self._behind:
+            self._hand_over(0)  # the export thread takes the interpreter, if it waits for it
 
     def take_queued(self) -> list[ReadableSpan]:
         """Everything still queued, oldest first, taken out (for the spill at a stuck exit)."""
