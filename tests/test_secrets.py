@@ -159,7 +159,11 @@ def test_header_values_stay_out_of_export_error_paths(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     # The failures were logged (so the error paths really ran) ...
     assert "Failed to export traces to 127.0.0.1" in result.stderr, result.stderr
-    assert "Failed to export metrics" in result.stderr, result.stderr
+    # the SDK's own line, or (when a loaded machine spent the 1 s before the request was made
+    # and the SDK's HTTP client raised on a negative timeout instead) traintel's count at exit
+    assert "Failed to export metrics" in result.stderr or "metric export(s) failed" in result.stderr, (
+        result.stderr
+    )
     assert REDACTED in result.stderr
     assert list(runs.rglob("*.jsonl"))
     # ... and none of them, nor anything else, carries the token.
