@@ -14,6 +14,19 @@ from traintel.semconv import PHASE
 
 ITERATIONS = 3
 
+
+def empty_step_phases() -> None:
+    """The four step phases of one iteration, each empty (the loops of many tests)."""
+    with traintel.data_loading():
+        pass
+    with traintel.model_forward():
+        pass
+    with traintel.model_backward():
+        pass
+    with traintel.optimizer_update():
+        pass
+
+
 EXPECTED_PARENTS: dict[str, str | None] = {
     "application": None,
     "dist_init": "application",
@@ -64,14 +77,7 @@ def with_context_managers() -> None:
         with traintel.training_loop(train_iterations_start=0):
             for _ in range(ITERATIONS):
                 with traintel.training_iteration():
-                    with traintel.data_loading():
-                        pass
-                    with traintel.model_forward():
-                        pass
-                    with traintel.model_backward():
-                        pass
-                    with traintel.optimizer_update():
-                        pass
+                    empty_step_phases()
                     traintel.record_metrics(loss=1.5)
             with traintel.checkpoint_save(strategy="sync"):
                 pass

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import traintel
+from tests.reference_job import empty_step_phases
 from tests.subprocess_helpers import run_python
 from traintel._aggregation.aggregator import RateInputs, TrainingAggregator
 from traintel._aggregation.window import ClosedWindow, RawRow, columns
@@ -78,14 +79,7 @@ def test_the_rows_the_training_thread_appends_are_untracked_after_one_collection
     with traintel.training_loop():
         for _ in range(3_000):
             with traintel.training_iteration():
-                with traintel.data_loading():
-                    pass
-                with traintel.model_forward():
-                    pass
-                with traintel.model_backward():
-                    pass
-                with traintel.optimizer_update():
-                    pass
+                empty_step_phases()
                 traintel.record_batch(samples=8, tokens=512)
         engine = telemetry.engine
         assert engine is not None
