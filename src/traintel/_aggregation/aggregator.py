@@ -459,7 +459,7 @@ class TrainingAggregator:
             errors,
             durations,
             batch,
-            first.end_ns - first.duration_ns,
+            first.start_ns,
             last.end_ns,
             counts.duration_s,
             counts.phase_s[DATA],

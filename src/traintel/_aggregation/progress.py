@@ -93,8 +93,9 @@ class OpenWindowProgress:
         first, last = Row._make(rows[0]), Row._make(rows[self._read - 1])
         total_s, data_s = self._total_ns / 1e9, self._data_ns / 1e9
         busy_s = total_s - nested_ns / 1e9
-        start_ns = first.end_ns - first.duration_ns
-        span = Account(first.iteration, last.iteration, self._read, start_ns, last.end_ns, busy_s, data_s)
+        span = Account(
+            first.iteration, last.iteration, self._read, first.start_ns, last.end_ns, busy_s, data_s
+        )
         if not first_window or self._read < 2:
             return span, 0.0, None
         durations = seconds_of(row[0] for row in rows[: self._read])

@@ -46,6 +46,11 @@ class Row(NamedTuple):
     iteration: int
     end_ns: int
 
+    @property
+    def start_ns(self) -> int:
+        """When the iteration began (its end less its duration)."""
+        return self.end_ns - self.duration_ns
+
 
 #: Where a row's end is.
 END: Final = 10
