@@ -208,3 +208,63 @@ def test_ranks_agree_on_window_sizes_from_the_slowest_pace(tmp_path: Path) -> No
         agreed = agreed_window_size([RankWindow(0, index - 2, 4, pace, 0.0, pace, False)], 4, 0.2, 60.0)
         assert agreed == max(4, math.ceil(0.2 / pace))
         assert size == agreed or (index == len(sizes) - 1 and size < agreed), (index, sizes, pace)
+
+
+#: Windows bounded at 4 rows (the memory bound, lowered) on a floor of 0.4 s: at rank 1's ~20 ms
+#: pace a window is ~0.08 s, so records hold several windows, grouped alike on both ranks. Nine
+#: windows: each one's ``ranks_metrics_update`` fits in the loop's event budget.
+MERGING_JOB = """
+import traintel._recorder.windows as recorder_windows
+import traintel.distributed.stats as rank_stats
+recorder_windows.MAX_WINDOW_ITERATIONS = rank_stats.MAX_WINDOW_ITERATIONS = 4
+with traintel.training_loop():
+    for i in range(36):
+        with traintel.training_iteration():
+            time.sleep(0.02 if RANK == 1 else 0.005)
+traintel.shutdown()
+dist.destroy_process_group()
+"""
+
+
+def expected_records(sizes_and_paces: list[tuple[int, float]], floor_s: float) -> list[tuple[int, int]]:
+    """(first, last) iteration of each record: windows held until their agreed lengths (size
+    times pace; none agreed: each alone) reach the floor, the rest at the loop's end."""
+    records, first, held_s, iteration = [], 0, 0.0, 0
+    for size, pace in sizes_and_paces:
+        iteration += size
+        held_s += round(size * pace * 1e9) / 1e9 if pace else floor_s
+        if held_s >= floor_s:
+            records.append((first, iteration - 1))
+            first, held_s = iteration, 0.0
+    return records + ([(first, iteration - 1)] if first < iteration else [])
+
+
+@pytest.mark.process
+@pytest.mark.xdist_group("ranks")
+def test_ranks_merge_the_same_windows_into_each_record_at_a_high_step_rate(tmp_path: Path) -> None:
+    """Windows closed by their row bound leave as one record a floor long on every rank, and
+    each rank's records hold the same windows: the agreed lengths, not each rank's clock."""
+    pytest.importorskip("torch.distributed")
+    results = run_ranks(
+        MERGING_JOB,
+        tmp_path,
+        TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
+        TRAINTEL_WINDOW_MIN_SECONDS="0.4",
+        TRAINTEL_WARMUP_ITERATIONS="0",
+    )
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "different windows" not in result.stderr and "exchange stopped" not in result.stderr
+    rank0, rank1 = (window_ranges(result) for result in results)
+    assert rank0 == rank1
+    # every window is 4 rows; the pace agreed for window i is the slower rank's mean two before
+    updates = results[0].events(semconv.Event.RANKS_METRICS_UPDATE.value)
+    assert [u[semconv.RANKS_PREFIX + "window.index"] for u in updates] == list(range(9))
+    paces = [0.0, 0.0] + [u[semconv.RANKS_PREFIX + "iteration_time.max"] for u in updates[:-2]]
+    assert rank0 == expected_records([(4, pace) for pace in paces], 0.4)
+    merged = [
+        int(s.attributes.get(W + "merged_windows", 1))
+        for s in results[0].spans()
+        if s.name == semconv.TRAINING_WINDOW_SPAN
+    ]
+    assert sum(merged) == 9 and max(merged) > 1  # the first two alone, the later ones merged

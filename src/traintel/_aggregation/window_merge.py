@@ -8,6 +8,10 @@ thread still hands over at most that many rows at a time, and every window is ac
 closes (the goodput ledger, the metric instruments, the progress mark, the loop's attributes);
 only its record waits: windows in a row shorter than the floor become one record, exported once
 it spans the floor, when the loop ends, or at shutdown. Records follow the clock, not the rate.
+In a job of several ranks every rank must hold the same windows in each record (the offline
+commands compare ranks record by record), so there a window's length is the one the ranks
+agreed on through the cross-rank exchange (its size at the slowest rank's pace), never a
+rank's own clock; the first windows, before any agreement, each leave on their own.
 
 A merged record holds the numbers one window over the same iterations would: counts and sums
 added (iterations, seconds by category, samples, tokens, FLOPs, flagged iterations, step-phase
@@ -51,28 +55,34 @@ class RecordMerger:
 
     def __init__(self) -> None:
         self._held: WindowGoodput | None = None
+        self._held_ns = 0  # how long the held windows are, as the ranks agreed (see add)
         self._sketch: QuantileSketch | None = None  # the held windows' step times, once two are held
 
-    def add(self, record: WindowGoodput, floor_ns: int, inputs: RateInputs) -> list[WindowGoodput]:
+    def add(
+        self, record: WindowGoodput, floor_ns: int, inputs: RateInputs, agreed_ns: int | None = None
+    ) -> list[WindowGoodput]:
         """The records to export now: ``record`` (merged with those held before it) once it
-        spans ``floor_ns``, else none (it is held)."""
-        held, ready = self._held, []
+        spans ``floor_ns``, else none (it is held). ``agreed_ns``: the window's length as the
+        ranks of a multi-rank job agreed it (its size times the slowest rank's pace), counted in
+        place of this process's clock so that every rank groups the same windows."""
+        held, ready, held_ns = self._held, [], self._held_ns
         if held is None:
             merged = record
         elif held.sums is None or record.sums is None:  # not mergeable exactly: each its own
-            ready, merged = self.flush(), record
+            ready, merged, held_ns = self.flush(), record, 0
         else:
             merged = self._merge(held, record, held.sums, record.sums, inputs)
-        if merged.end_ns - merged.start_ns >= floor_ns:
-            self._held = self._sketch = None
+        length = merged.end_ns - merged.start_ns if agreed_ns is None else held_ns + agreed_ns
+        if length >= floor_ns:
+            self._held, self._held_ns, self._sketch = None, 0, None
             ready.append(merged)
         else:
-            self._held = merged
+            self._held, self._held_ns = merged, length
         return ready
 
     def flush(self) -> list[WindowGoodput]:
         """What is held, as it is (the loop ended, or telemetry shuts down)."""
-        held, self._held, self._sketch = self._held, None, None
+        held, self._held, self._held_ns, self._sketch = self._held, None, 0, None
         return [] if held is None else [held]
 
     def _merge(

@@ -181,13 +181,22 @@ class WindowConsumers:
 
     def _by_time(self, records: list[WindowGoodput], event: WindowEvent) -> list[WindowGoodput]:
         """Windows shorter than the time floor (closed by their row bound, at a high step rate)
-        leave as one record once together they span it (``window_merge``). Not in a job of
-        several ranks: there a window is the same iterations on every rank, record by record."""
-        policy = self._engine.rank_export  # torch.distributed's world, decided at the first window
-        if event.inputs.world_size > 1 or (policy is not None and policy.world_size > 1):
-            return records
+        leave as one record once together they span it (``window_merge``). In a job of several
+        ranks a window's length is the agreed one, the same on every rank; without an agreement
+        (no exchange yet, or none at all) each window is its own record."""
         floor_ns = round(event.settings.window_seconds[0] * 1e9)
-        ready = [out for record in records for out in self._merger.add(record, floor_ns, event.inputs)]
+        agreed = event.agreed
+        if agreed is None:
+            policy = self._engine.rank_export  # torch.distributed's world, decided at the first window
+            if event.inputs.world_size > 1 or (policy is not None and policy.world_size > 1):
+                return records
+        ready = []
+        for record in records:
+            agreed_ns = None
+            if agreed is not None:  # the first window, held by the ledger, was never agreed
+                size, pace = agreed if record.index == event.window.index else (0, 0.0)
+                agreed_ns = round(size * pace * 1e9) if pace else floor_ns
+            ready += self._merger.add(record, floor_ns, event.inputs, agreed_ns)
         return ready + self._merger.flush() if event.final else ready
 
     def release_held(self) -> None:

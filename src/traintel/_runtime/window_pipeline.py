@@ -68,6 +68,9 @@ class WindowEvent:
     parent: Span | None
     #: The training thread's CUDA device, if the job uses one.
     device: int | None
+    #: The window's size and pace (s per iteration) the ranks of a multi-rank job agreed on
+    #: (pace 0.0: none agreed yet); None in a job of one process.
+    agreed: tuple[int, float] | None = None
 
     @property
     def final(self) -> bool:
@@ -104,6 +107,7 @@ class WindowPipeline:
         self._inputs: RateInputs | None = None
         #: The cross-rank exchange's agreed sizes (see :meth:`window_size_for`).
         self.agreed_size: Callable[[int], tuple[int, float] | None] = _no_size
+        self._agreed: dict[int, tuple[int, float]] = {}  # window index -> its agreed size, until reported
         self._queue: SimpleQueue[_Job | None] = SimpleQueue()
         self._lock = threading.Lock()
         self._done = threading.Condition()
@@ -179,7 +183,12 @@ class WindowPipeline:
         this waits only for a worker that lags that far, and at most AGREEMENT_WAIT_S."""
         if index - AGREEMENT_LAG > self._reported:
             self._wait(lambda: index - AGREEMENT_LAG <= self._reported, AGREEMENT_WAIT_S)
-        return self.agreed_size(index)
+        agreed = self.agreed_size(index)
+        if agreed is not None:  # for the window's event: read on the worker, after it closes
+            if len(self._agreed) > MAX_PENDING:  # windows closed without a row: never reported
+                self._agreed.clear()
+            self._agreed[index] = agreed
+        return agreed
 
     def summary(self, train_time_s: float | None) -> dict[str, float | int | str]:
         """The loop's at-a-glance numbers, from the windows processed so far (flush first)."""
@@ -236,7 +245,8 @@ class WindowPipeline:
         except Exception:
             self._warn_once("window_report", "could not report a window (its iterations stay counted)")
             return
-        event = WindowEvent(report, window, config, settings, inputs, loop, segment, parent, device)
+        agreed = self._agreed.pop(window.index, None)
+        event = WindowEvent(report, window, config, settings, inputs, loop, segment, parent, device, agreed)
         asynchronous = not SYNCHRONOUS
         for name, consumer in self._consumers:
             try:
