@@ -19,14 +19,16 @@ R = semconv.RANKS_PREFIX
 
 
 def rows(window: int, compute: list[float], iteration: float = 1.0, data: float = 0.0) -> list[RankWindow]:
-    return [RankWindow(rank, window, 10, iteration, data, c, True) for rank, c in enumerate(compute)]
+    return [
+        RankWindow(rank, window, 10, iteration, data, c, True, iteration) for rank, c in enumerate(compute)
+    ]
 
 
 def test_statistics_across_ranks_are_exact() -> None:
     tracker = RankTracker(top_k=2, factor=1.25)
     compute = [0.10, 0.30, 0.20, 0.40, 0.15]
     window = tracker.update(
-        [RankWindow(r, 0, 10, 1.0 + r / 10, 0.01 * r, c, True) for r, c in enumerate(compute)]
+        [RankWindow(r, 0, 10, 1.0 + r / 10, 0.01 * r, c, True, 1.0 + r / 10) for r, c in enumerate(compute)]
     )
     assert window is not None
     # Sorted: .10 .15 .20 .30 .40 -> median .20; p99 = .30 + (.40 - .30) * 0.96 (linear, numpy's).
@@ -76,23 +78,37 @@ def test_no_straggler_below_the_factor_or_the_noise_floor() -> None:
 def test_rows_of_different_windows_are_not_combined() -> None:
     tracker = RankTracker()
     assert (
-        tracker.update([RankWindow(0, 3, 10, 1.0, 0.0, 0.1, True), RankWindow(1, 4, 10, 1.0, 0.0, 0.1, True)])
+        tracker.update(
+            [RankWindow(0, 3, 10, 1.0, 0.0, 0.1, True, 1.0), RankWindow(1, 4, 10, 1.0, 0.0, 0.1, True, 1.0)]
+        )
         is None
     )
     assert tracker.update([]) is None
 
 
 def test_the_row_round_trips_the_exchange_vector() -> None:
-    row = RankWindow(5, 7, 50, 0.25, 0.01, 0.2, False)
+    row = RankWindow(5, 7, 50, 0.25, 0.01, 0.2, False, 0.3)
     assert RankWindow.from_vector(5, row.vector()) == row
 
 
 def test_without_a_sync_point_compute_is_the_step_minus_the_data_wait(pipeline: Pipeline) -> None:
     cross_rank = traintel.get_telemetry().cross_rank
     assert cross_rank is not None
-    report = WindowReport(0, 0, 3, {}, [], durations=[0.5] * 4, duration_s=2.0, data_loading_s=0.4)
+    report = WindowReport(
+        0,
+        0,
+        3,
+        {},
+        [],
+        durations=[0.5] * 4,
+        duration_s=2.0,
+        data_loading_s=0.4,
+        start_ns=10**9,
+        end_ns=3 * 10**9,
+    )
     row = cross_rank._row(report)
     assert (row.iteration_s, row.data_loading_s, row.compute_s, row.sync_marked) == (0.5, 0.1, 0.4, False)
+    assert row.pace_s == 0.5  # 2 s from the first start to the last end over 4 iterations
 
 
 def test_sync_point_marks_compute_once_per_iteration(pipeline: Pipeline) -> None:

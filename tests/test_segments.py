@@ -36,6 +36,24 @@ def test_short_run_is_one_trace(exporter: InMemorySpanExporter) -> None:
     assert not any(semconv.SEGMENT_INDEX in (s.attributes or {}) for s in spans)
 
 
+def test_by_default_a_segment_follows_time_not_its_count_of_iterations(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """A count of iterations is a different length of time at every step rate (a million at
+    100,000 steps/s are 10 s: 360 traces an hour): unless TRAINTEL_SEGMENT_ITERATIONS is set, a
+    segment of a billion iterations (its counter set so) goes on."""
+    traintel.configure(span_exporters=[exporter], metric_readers=[], log_every_n_iterations=100)
+    with traintel.training_loop() as loop:
+        with traintel.training_iteration():
+            pass
+        loop.segment_iterations = 10**9  # type: ignore[attr-defined]
+        for _ in range(40):  # past the next check of the segment's bounds
+            with traintel.training_iteration():
+                pass
+    loops = [s for s in spans_of(exporter) if s.name == "training_loop"]
+    assert len(loops) == 1 and semconv.SEGMENT_INDEX not in (loops[0].attributes or {})
+
+
 def test_a_segment_rotates_before_its_window_events_reach_the_span_event_limit(
     exporter: InMemorySpanExporter,
 ) -> None:

@@ -136,7 +136,7 @@ def test_the_defaults_and_bad_values_by_name(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def rows(*paces: float) -> list[RankWindow]:
-    return [RankWindow(rank, 0, 50, pace, 0.0, pace, False) for rank, pace in enumerate(paces)]
+    return [RankWindow(rank, 0, 50, pace / 2, 0.0, pace / 2, False, pace) for rank, pace in enumerate(paces)]
 
 
 def test_the_agreed_size_follows_the_slowest_rank() -> None:
@@ -173,6 +173,15 @@ def window_ranges(result: RankResult) -> list[tuple[int, int]]:
     ]
 
 
+def window_paces(result: RankResult) -> list[float]:
+    """Each window's pace on this rank, as its cross-rank row has it: from its record's times."""
+    spans = sorted(
+        (s for s in result.spans() if s.name == semconv.TRAINING_WINDOW_SPAN),
+        key=lambda s: int(s.attributes[W + "index"]),
+    )
+    return [(s.end_ns - s.start_ns) / 1e9 / int(s.attributes[W + "iterations"]) for s in spans]
+
+
 @pytest.mark.process
 @pytest.mark.xdist_group("ranks")
 def test_ranks_agree_on_window_sizes_from_the_slowest_pace(tmp_path: Path) -> None:
@@ -195,17 +204,15 @@ def test_ranks_agree_on_window_sizes_from_the_slowest_pace(tmp_path: Path) -> No
     updates = results[0].events(semconv.Event.RANKS_METRICS_UPDATE.value)
     assert [e[semconv.RANKS_PREFIX + "window.index"] for e in updates] == list(range(len(sizes)))
     # The first two windows are N; each later one is 0.2 s (never fewer than N) at the pace the
-    # ranks measured two windows before, the slower rank's: the job's own figures, whatever the
-    # machine's load made of the sleeps. The loop's end may cut the last one short.
-    own_paces = [
-        [e[W + "iteration_time.mean"] for e in result.events(semconv.Event.TRAINING_METRICS_UPDATE.value)]
-        for result in results
-    ]
+    # ranks measured two windows before, the slower rank's (first start to last end per
+    # iteration): the job's own figures, whatever the machine's load made of the sleeps. The
+    # loop's end may cut the last one short.
+    own_paces = [window_paces(result) for result in results]
     assert sizes[:2] == [4, 4]
     for index, size in enumerate(sizes[2:], start=2):
-        pace = updates[index - 2][semconv.RANKS_PREFIX + "iteration_time.max"]
-        assert pace == pytest.approx(max(own[index - 2] for own in own_paces), rel=1e-9)
-        agreed = agreed_window_size([RankWindow(0, index - 2, 4, pace, 0.0, pace, False)], 4, 0.2, 60.0)
+        pace = updates[index - 2][semconv.RANKS_PREFIX + "pace"]
+        assert pace == max(own[index - 2] for own in own_paces)
+        agreed = agreed_window_size([RankWindow(0, index - 2, 4, 0.0, 0.0, 0.0, False, pace)], 4, 0.2, 60.0)
         assert agreed == max(4, math.ceil(0.2 / pace))
         assert size == agreed or (index == len(sizes) - 1 and size < agreed), (index, sizes, pace)
 
@@ -260,7 +267,7 @@ def test_ranks_merge_the_same_windows_into_each_record_at_a_high_step_rate(tmp_p
     # every window is 4 rows; the pace agreed for window i is the slower rank's mean two before
     updates = results[0].events(semconv.Event.RANKS_METRICS_UPDATE.value)
     assert [u[semconv.RANKS_PREFIX + "window.index"] for u in updates] == list(range(9))
-    paces = [0.0, 0.0] + [u[semconv.RANKS_PREFIX + "iteration_time.max"] for u in updates[:-2]]
+    paces = [0.0, 0.0] + [u[semconv.RANKS_PREFIX + "pace"] for u in updates[:-2]]
     assert rank0 == expected_records([(4, pace) for pace in paces], 0.4)
     merged = [
         int(s.attributes.get(W + "merged_windows", 1))

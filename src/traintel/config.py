@@ -253,8 +253,8 @@ class Settings:
     slow_iteration_factor: float = _setting(
         ev.TRAINTEL_SLOW_ITERATION_FACTOR, _factor, "k x rolling median", 3.0, eager=True
     )
-    segment_iterations: int = _setting(
-        ev.TRAINTEL_SEGMENT_ITERATIONS, _positive_int, "iterations per trace", 1_000_000, eager=True
+    segment_iterations: int | None = _setting(
+        ev.TRAINTEL_SEGMENT_ITERATIONS, _positive_int, "iterations per trace (unset: by time)", eager=True
     )
     segment_seconds: float = _setting(
         ev.TRAINTEL_SEGMENT_SECONDS, _positive_number, "seconds per trace", 600.0, eager=True

@@ -267,7 +267,9 @@ TRAINTEL_SEGMENT_ITERATIONS: Final = "TRAINTEL_SEGMENT_ITERATIONS"
 .. envvar:: TRAINTEL_SEGMENT_ITERATIONS
 
 A long run is cut into traces ("segments") of at most this many training iterations
-(positive integer). Default: 1000000.
+(positive integer). Not set by default: segments are cut by time (below) and by their span and
+byte budgets, because a count of iterations is a different length of time at every step rate
+(at 100,000 steps per second a million iterations are 10 s: 360 traces an hour).
 """
 
 TRAINTEL_SEGMENT_SECONDS: Final = "TRAINTEL_SEGMENT_SECONDS"

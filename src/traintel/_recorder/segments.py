@@ -2,8 +2,8 @@
 
 Why: backends assume a trace finishes in minutes. A training run of days as one trace has a
 root that arrives last or never, blows Tempo's per-trace byte limit and Jaeger's UI. So every
-``segment_iterations`` training iterations or ``segment_seconds`` (or before the span / byte
-budget is reached), the open ``application`` and ``training_loop`` spans end and continue as
+``segment_seconds`` (or ``segment_iterations`` training iterations, if set; or before the span /
+byte budget is reached), the open ``application`` and ``training_loop`` spans end and continue as
 new root ``application`` / child ``training_loop`` spans in a fresh trace, linked to the
 previous segment and to the run's first ``application`` span, carrying the segment index and
 iteration range. A short run never rotates and is exactly one trace. The rotation happens at
@@ -38,6 +38,8 @@ BUDGET_ROTATE: Final = 0.9
 ROOM_BYTES: Final = 4096
 #: The segment's budget is checked every this many iterations (and after every export).
 BUDGET_CHECK_EVERY: Final = 16
+#: No bound (iterations per segment when none is set: segments follow time).
+NO_LIMIT: Final = 1 << 62
 #: What the open loop and application spans add when they end, on top of their events: the
 #: last loop segment with its summary is ~4.5 kB.
 OPEN_SPANS_MARGIN: Final = 6144
@@ -63,17 +65,17 @@ class Segments:
         self.rotate_pending = False
         self.closed = 0  # segments closed so far in this job
         self.next_check = BUDGET_CHECK_EVERY
-        self.due_ns = 1 << 62
+        self.due_ns = NO_LIMIT
 
     def configure(self, settings: Settings) -> None:
-        self.segment_iterations = settings.segment_iterations
+        self.segment_iterations = settings.segment_iterations or NO_LIMIT
         self.segment_ns = int(settings.segment_seconds * 1e9)
         self.max_spans = settings.max_spans_per_trace
         self.max_bytes = settings.max_bytes_per_trace
         # Due before the loop span's events reach the SDK's limit: a window event can come with
         # each of the BUDGET_CHECK_EVERY iterations between two checks, and capped others.
         limit = span_event_limit()
-        self.rotate_events = (1 << 62) if limit is None else max(1, limit - 2 * BUDGET_CHECK_EVERY)
+        self.rotate_events = NO_LIMIT if limit is None else max(1, limit - 2 * BUDGET_CHECK_EVERY)
         # Due at BUDGET_ROTATE of the budget, or sooner under a small budget, so that a
         # training loop rotates before its ROOM_BYTES run out.
         self.rotate_bytes = min(BUDGET_ROTATE * self.max_bytes, self.max_bytes - 2 * ROOM_BYTES)

@@ -170,6 +170,7 @@ class CrossRank:
             report.data_loading_s / n,
             compute,
             marked > 0,
+            (report.end_ns - report.start_ns) / 1e9 / n,
         )
 
     def _decide_rank_export(self) -> None:

@@ -30,7 +30,7 @@ EWMA_ALPHA = 0.1
 #: are timer and scheduler noise on small steps, not a slow rank.
 MIN_LAG_S = 0.005
 #: The fields every rank contributes per window, in exchange order.
-FIELDS = ("window_index", "iterations", "iteration_s", "data_loading_s", "compute_s", "sync_marked")
+FIELDS = ("window_index", "iterations", "iteration_s", "data_loading_s", "compute_s", "sync_marked", "pace_s")
 #: Windows that may wait for the exchange thread. More pending means the exchange cannot keep
 #: up (a rank is stuck): this rank stops exchanging rather than fall out of step.
 MAX_PENDING_WINDOWS = 8
@@ -40,9 +40,9 @@ AGREEMENT_LAG = 2
 
 
 def agreed_pace(rows: Sequence[RankWindow]) -> float:
-    """The slowest rank's seconds per iteration in one window's gathered rows (0.0: none):
-    every rank reads the same rows, so every rank gets the same float."""
-    pace = max((row.iteration_s for row in rows), default=0.0)
+    """The slowest rank's pace in one window's gathered rows (0.0: none): every rank reads the
+    same rows, so every rank gets the same float."""
+    pace = max((row.pace_s for row in rows), default=0.0)
     return pace if pace > 0 and math.isfinite(pace) else 0.0
 
 
@@ -51,8 +51,8 @@ def agreed_window_size(rows: Sequence[RankWindow], fewest: int, floor_s: float, 
     ``fewest`` and ``floor_s`` long, at most ``ceiling_s`` long, at the slowest rank's pace (and
     at most MAX_WINDOW_ITERATIONS, unless ``fewest`` is more).
     Every rank computes it from the same gathered numbers, so every rank gets the same size."""
-    pace = max((row.iteration_s for row in rows), default=0.0)
-    if not pace > 0 or not math.isfinite(pace):
+    pace = agreed_pace(rows)
+    if not pace:
         return fewest
     size = max(fewest, min(math.ceil(floor_s / pace), MAX_WINDOW_ITERATIONS))
     if size * pace > ceiling_s:
@@ -71,6 +71,9 @@ class RankWindow:
     data_loading_s: float
     compute_s: float
     sync_marked: bool  # compute measured to a synchronisation point (else: the step minus data)
+    #: Its pace: the time from its first iteration's start to its last one's end per iteration
+    #: (the time between iterations included), which is how long the rank's windows take.
+    pace_s: float
 
     def vector(self) -> list[float]:
         """The fixed-size row this rank sends (its rank is its position in the gather)."""
@@ -81,11 +84,12 @@ class RankWindow:
             self.data_loading_s,
             self.compute_s,
             1.0 if self.sync_marked else 0.0,
+            self.pace_s,
         ]
 
     @classmethod
     def from_vector(cls, rank: int, row: Sequence[float]) -> RankWindow:
-        return cls(rank, int(row[0]), int(row[1]), row[2], row[3], row[4], row[5] > 0.5)
+        return cls(rank, int(row[0]), int(row[1]), row[2], row[3], row[4], row[5] > 0.5, row[6])
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,7 @@ class CrossRankWindow:
     top_k_compute: tuple[float, ...]
     ewma: tuple[float, ...]  # per rank, after this window
     straggler: Straggler | None
+    pace: float  # the slowest rank's: what later windows are sized by (agreed_pace)
 
     def attributes(self) -> dict[str, float | int | str | bool | list[int] | list[float]]:
         """The ``ranks_metrics_update`` event (and job-level summary) attributes."""
@@ -149,6 +154,7 @@ class CrossRankWindow:
             p + "compute_mode": self.compute_mode,
             p + "top_k": list(self.top_k),
             p + "top_k.compute_time": list(self.top_k_compute),
+            p + "pace": self.pace,
         }
         for name, summary in (
             ("iteration_time", self.iteration),
@@ -198,6 +204,7 @@ class RankTracker:
             top_k_compute=tuple(row.compute_s for row in top),
             ewma=tuple(self._ewma.get(rank, 0.0) for rank in range(max(self._ewma) + 1)),
             straggler=self._straggler(by_compute),
+            pace=agreed_pace(rows),
         )
 
     def _fold_ewma(self, rows: list[RankWindow]) -> None:
