@@ -25,8 +25,14 @@ bytes of each kind of record, and the span lines (one per export batch, each rep
 resource). Bar for the whole file: <= 1 MB per hour at 10 steps/s and <= 2 MB per hour at 1,000
 steps/s.
 
+``--ranks-seconds S`` instead runs a job of 2 real gloo ranks, each iterating as fast as it can
+(empty steps: over 100,000 a second, where a window closes at its 10,000-row bound long before
+the time floor) for S seconds of the real clock, and prints per rank the step rate, the window
+records and the windows they hold, whether both ranks' records hold the same iterations, and the
+file's bytes scaled to an hour (everything by 3,600 / S: the start's fixed costs over-counted).
+
 Run: ``python benchmarks/bench_export_volume.py [--rates 10 1000] [--minutes 60]
-[--real-minutes 3]``.
+[--real-minutes 3] [--ranks-seconds 180]``.
 """
 
 from __future__ import annotations
@@ -79,6 +85,30 @@ with traintel.application():
                 traintel.record_metrics(loss=1.0 / (i + 1), lr=1e-3)
         print(f"real clock: {n / (time.perf_counter() - begin):.0f} steps/s achieved")
 traintel.shutdown()
+"""
+
+#: One rank of ``--ranks-seconds``: empty iterations as fast as they go, the shipped default.
+RANKS_JOB = """
+import time
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+import traintel
+traintel.configure()
+end, n = time.monotonic() + SECONDS, 0
+with traintel.training_loop():
+    while True:
+        with traintel.training_iteration():
+            pass
+        n += 1
+        if n % 100_000 == 0:  # both ranks stop at the same iteration
+            done = torch.tensor([int(time.monotonic() > end)])
+            dist.all_reduce(done)
+            if done.item():
+                break
+print(n)
+traintel.shutdown()
+dist.destroy_process_group()
 """
 
 _STEP_PHASES = {"data_loading", "model_forward", "model_backward", "optimizer_update", "training_iteration"}
@@ -163,6 +193,55 @@ def hour_from(rate: float, minutes: float, job: str) -> tuple[float, float, floa
     return per_hour / 1e6, counts[_LINES] * scale, sizes["line overhead (resource, scope)"] * scale / 1e6
 
 
+def _records(out: Path) -> list[tuple[int, int, int]]:
+    """(first iteration, last iteration, windows held) of every window record in a rank's files."""
+    found = []
+    for path in out.rglob("*.jsonl"):
+        for line in path.open("rb"):
+            for resource in json.loads(line).get("resourceSpans", []):
+                for scope in resource["scopeSpans"]:
+                    found += [
+                        _window_range(span) for span in scope["spans"] if span["name"] == "training_window"
+                    ]
+    return sorted(found)
+
+
+def _window_range(span: dict[str, list[dict[str, dict[str, str]]]]) -> tuple[int, int, int]:
+    values = {a["key"]: a["value"] for a in span["attributes"]}  # type: ignore[index]
+    merged = values.get("ml.training.window.merged_windows", {"intValue": "1"})
+    first, last = (values[f"ml.training.window.{key}_iteration"] for key in ("first", "last"))
+    return int(first["intValue"]), int(last["intValue"]), int(merged["intValue"])
+
+
+def ranks(seconds: float) -> None:
+    """Two gloo ranks flat out for ``seconds``: their records and bytes (see the docstring)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        for rank in range(2):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TRAINTEL_"))}
+            env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=f"volume-{port}", OMP_NUM_THREADS="1",
+                       TRAINTEL_OUTPUT_DIR=str(Path(tmp) / f"rank{rank}"))  # fmt: skip
+            job = f"SECONDS = {seconds}\n" + RANKS_JOB
+            procs.append(
+                subprocess.Popen([sys.executable, "-c", job], env=env, stdout=subprocess.PIPE, text=True)
+            )
+        iterations = [int(proc.communicate()[0]) for proc in procs]
+        records = [_records(Path(tmp) / f"rank{rank}") for rank in range(2)]
+        for rank in range(2):
+            size = sum(path.stat().st_size for path in (Path(tmp) / f"rank{rank}").rglob("*.jsonl"))
+            windows = sum(r[2] for r in records[rank])
+            rate, hourly = iterations[rank] / seconds, size * 3600 / seconds / 1e6
+            print(f"rank {rank}: {rate:,.0f} steps/s, {len(records[rank])} window records holding {windows} "
+                  f"windows, file {hourly:.2f} MB per hour (x{3600 / seconds:g})")  # fmt: skip
+        print("records hold the same iterations on both ranks:", records[0] == records[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -172,7 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--real-minutes", type=float, default=0.0, help="also run each rate on the real clock this long"
     )
+    parser.add_argument(
+        "--ranks-seconds", type=float, default=0.0, help="instead: 2 gloo ranks flat out this long"
+    )
     args = parser.parse_args(argv)
+    if args.ranks_seconds > 0:
+        ranks(args.ranks_seconds)
+        return 0
     if args.real_minutes > 0:
         for rate in args.rates:
             real, simulated = (
