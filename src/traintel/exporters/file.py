@@ -329,7 +329,7 @@ class OtlpJsonFileMetricExporter(_FileWriter, MetricExporter):
         service = _service_name_of(metrics_data.resource_metrics[0].resource.attributes)
         if self.file.write_line(line, service):
             return MetricExportResult.SUCCESS
-        self._health.metric_line_not_written()
+        self._health.add("metric_lines_not_written")
         return MetricExportResult.FAILURE
 
 
