@@ -616,20 +616,18 @@ class SpoolingSpanExporter(SpanExporter):
         return None if self._asked_to_wait() else False
 
     def _asked_to_wait(self) -> bool:
-        """Did the collector answer the last send with "try again later" (HTTP 429, 502-504;
-        gRPC RESOURCE_EXHAUSTED, UNAVAILABLE, ...)? Then the batch is not refused: it waits in
-        the spool as long as the collector asks (Retry-After, RetryInfo), and is sent live."""
-        answer = self._answers.last_failure
-        if answer is None or not answer.retryable:
+        """Did the collector answer the last send with "try again later"? Then the batch waits
+        in the spool as long as the collector asks (Retry-After, RetryInfo), and is sent live."""
+        answer = self._answers.asked_to_wait()
+        if answer is None:
             return False
         self._asked_wait_s = answer.retry_after_s or 0.0
         if answer.throttled and not self._said_throttled:
             self._said_throttled = True
             _logger.warning(
-                "traintel: the collector asks to wait (%s%s); batches wait in the spool and are sent "
+                "traintel: the collector asks to wait (%s); batches wait in the spool and are sent "
                 "as it takes them (training continues)",
-                answer.what,
-                f", retry after {answer.retry_after_s:g}s" if answer.retry_after_s else "",
+                answer,
             )
         return True
 
