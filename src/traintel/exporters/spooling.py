@@ -178,9 +178,6 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         self.guard = QueueGuard(self, super().on_end, health)
         self.on_end = self.guard.on_end  # type: ignore[method-assign]  # no extra call per span
 
-    def depth(self) -> int:
-        return self.guard.depth()
-
     def take_queued(self) -> list[ReadableSpan]:
         return self.guard.take_queued()
 
