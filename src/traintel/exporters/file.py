@@ -249,13 +249,20 @@ def _service_name_of(resource_attributes: object) -> str:
 class _FileWriter:
     """What the three exporters share: the file they write to (given, at ``path``, or the
     process's default), held until their shutdown; nothing to flush (a line is written whole
-    by ``export``)."""
+    by ``export``); where what was not written is counted."""
 
-    def __init__(self, path: str | os.PathLike[str] | None, file: OtlpJsonLinesFile | None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        file: OtlpJsonLinesFile | None = None,
+        health: ExportHealth = HEALTH,
+    ) -> None:
         super().__init__()
         self.file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
         self.file.acquire()
         self._released = False
+        self._health = health
 
     def force_flush(self, timeout_millis: float = 30_000) -> bool:
         return True
@@ -272,16 +279,6 @@ class OtlpJsonFileSpanExporter(_FileWriter, SpanExporter):
     Registered as the ``traintel_file`` traces exporter, so ``OTEL_TRACES_EXPORTER=otlp,traintel_file``
     keeps a local copy next to OTLP export.
     """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None = None,
-        *,
-        file: OtlpJsonLinesFile | None = None,
-        health: ExportHealth = HEALTH,
-    ):
-        super().__init__(path, file)
-        self._health = health
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
@@ -306,16 +303,6 @@ class OtlpJsonFileSpanExporter(_FileWriter, SpanExporter):
 class OtlpJsonFileMetricExporter(_FileWriter, MetricExporter):
     """Metric exporter writing one ``ExportMetricsServiceRequest`` per line (cumulative)."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None = None,
-        *,
-        file: OtlpJsonLinesFile | None = None,
-        health: ExportHealth = HEALTH,
-    ):
-        super().__init__(path, file)
-        self._health = health
-
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
     ) -> MetricExportResult:
@@ -337,9 +324,6 @@ class OtlpJsonFileLogExporter(_FileWriter):
     """Log record exporter writing one ``ExportLogsServiceRequest`` per line (traintel's hang
     reports). Registered as the ``traintel_file`` logs exporter. Duck-typed as the SDK's
     ``LogRecordExporter``, whose module is imported only when a record is exported."""
-
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, file: OtlpJsonLinesFile | None = None):
-        super().__init__(path, file)
 
     def export(self, batch: Sequence[otel_private.ReadableLogRecord]) -> object:
         result = otel_private.LogRecordExportResult
