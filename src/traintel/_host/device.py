@@ -102,19 +102,16 @@ class PendingTimings:
 
     def window_attributes(self, out: dict[str, float | int | str]) -> None:
         """Poll, then move what was resolved since the last window into ``out``."""
+        prefix = semconv.WINDOW_DEVICE_TIME_PREFIX
         with self._lock:
             self._poll()
-            self._move(out)
-
-    def _move(self, out: dict[str, float | int | str]) -> None:
-        prefix = semconv.WINDOW_DEVICE_TIME_PREFIX
-        out[semconv.WINDOW_DEVICE_TIMING_MODE] = semconv.TIMING_MODE_CUDA_EVENT
-        for phase, seconds in self.seconds.items():
-            out[prefix + phase] = seconds
-            out[prefix + phase + ".count"] = self.counts[phase]
-        out[semconv.WINDOW_DEVICE_TIME_PENDING] = len(self._pending)
-        out[semconv.WINDOW_DEVICE_TIME_DROPPED] = self.dropped
-        self.seconds, self.counts, self.dropped = {}, {}, 0
+            out[semconv.WINDOW_DEVICE_TIMING_MODE] = semconv.TIMING_MODE_CUDA_EVENT
+            for phase, seconds in self.seconds.items():
+                out[prefix + phase] = seconds
+                out[prefix + phase + ".count"] = self.counts[phase]
+            out[semconv.WINDOW_DEVICE_TIME_PENDING] = len(self._pending)
+            out[semconv.WINDOW_DEVICE_TIME_DROPPED] = self.dropped
+            self.seconds, self.counts, self.dropped = {}, {}, 0
 
 
 class EventTimer:

@@ -194,23 +194,16 @@ class EnergyLedger:
             prefix + "energy": joules,
             prefix + "energy.time": (self.last_ns - self.first_ns) / 1e9,
         }
-        out.update(per_unit(prefix, joules, self.tokens, self.samples, self.cost(joules)))
+        if self.tokens > 0:
+            out[prefix + "energy.per_token"] = joules / self.tokens
+        if self.samples > 0:
+            out[prefix + "energy.per_sample"] = joules / self.samples
+        cost = self.cost(joules)
+        if cost is not None:
+            out[prefix + "energy.cost"] = cost
         for category, value in self.by_category.items():
             out[prefix + "energy." + category] = value
         return out
-
-
-def per_unit(
-    prefix: str, joules: float, tokens: float, samples: float, cost: float | None
-) -> dict[str, float | int | str]:
-    out: dict[str, float | int | str] = {}
-    if tokens > 0:
-        out[prefix + "energy.per_token"] = joules / tokens
-    if samples > 0:
-        out[prefix + "energy.per_sample"] = joules / samples
-    if cost is not None:
-        out[prefix + "energy.cost"] = cost
-    return out
 
 
 # --- the consumer -------------------------------------------------------------------------------------
@@ -249,7 +242,7 @@ class EnergyAccounting:
         self._look = True  # for the counter: until found, or known to be absent
         self._lock = threading.Lock()
         self.ledger = EnergyLedger(price_per_kwh)
-        self.started()
+        self._read()  # the job's first read, if this process's GPU is known already
 
     def _read(self) -> EnergyInterval | None:
         if self._counter is None:
@@ -269,47 +262,29 @@ class EnergyAccounting:
         with self._lock:
             return self.ledger.read(clock_ns(), counter_mj, self._booked.seconds(), tokens, samples)
 
-    def started(self) -> None:
-        """The job's first read, if this process's GPU is known already."""
-        self._read()
-
-    def records_ready(self, records: Iterable[Any]) -> EnergyInterval | None:
-        """A window boundary: the interval up to now goes on the records released now (shared
-        in proportion to their time when several are released at once)."""
-        records = list(records)
-        if not records:
-            return None
-        interval = self._read()
-        if interval is None:
-            return None
-        _annotate(records, interval)
-        return interval
-
-    def finished(self) -> dict[str, float | int | str]:
-        """The job's end: the tail after the last window, then the job's totals."""
-        self._read()
-        with self._lock:
-            return self.ledger.attributes("ml.training.")
-
-    def summary(self) -> dict[str, float | int | str]:
-        with self._lock:
-            return self.ledger.attributes(semconv.SUMMARY_PREFIX)
-
     # --- the hooks: never raise into training ------------------------------------------------
     def released(self, records: list[Any], final_loop: Any | None = None) -> None:
-        """Window records released; at the loop's end (``final_loop``: its span, still open)
-        the loop's summary gets the job's energy so far."""
+        """Window records released: the interval up to now goes on them (shared in proportion
+        to their time when several are released at once). At the loop's end (``final_loop``: its
+        span, still open) the loop's summary gets the job's energy so far."""
         try:
-            self.records_ready(records)
+            interval = self._read() if records else None
+            if interval is not None:
+                _annotate(records, interval)
             if final_loop is not None:
-                final_loop.set_attributes(self.summary())
+                with self._lock:
+                    summary = self.ledger.attributes(semconv.SUMMARY_PREFIX)
+                final_loop.set_attributes(summary)
         except Exception as exc:
             _logger.debug("traintel: energy not accounted: %s", exc)
 
     def application_ended(self, span: Any) -> None:
-        """The application span, just before it ends: the job's energy, the tail included."""
+        """The application span, just before it ends: the job's energy, the tail after the last
+        window included."""
         try:
-            attributes = self.finished()
+            self._read()
+            with self._lock:
+                attributes = self.ledger.attributes("ml.training.")
             if attributes:
                 span.set_attributes(attributes)
         except Exception as exc:

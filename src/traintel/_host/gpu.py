@@ -139,8 +139,12 @@ def gpu_in_use(environ: Mapping[str, str], nvml: Any | None = None) -> str | Non
         return None
 
 
-def _utilization(nvml: Any, handle: Any) -> float:
-    return float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0  # NVML: percent
+_Series = Callable[[Any, Any], list[tuple[float, dict[str, str]]]]
+
+
+def _one(read: Callable[[Any, Any], float]) -> _Series:
+    """A reading of one value per GPU, as a series of one without attributes of its own."""
+    return lambda nvml, handle: [(read(nvml, handle), {})]
 
 
 def _temperature(nvml: Any, handle: Any) -> float:
@@ -166,45 +170,29 @@ def _throttle(nvml: Any, handle: Any) -> list[tuple[float, dict[str, str]]]:
     return [(float(bool(mask & bit)), {semconv.GPU_THROTTLE_REASON: name}) for name, bit in THROTTLE_REASONS]
 
 
-def _energy(nvml: Any, handle: Any) -> list[tuple[float, dict[str, str]]]:
-    return [(nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0, {})]  # NVML: mJ
-
-
-_Series = Callable[[Any, Any], list[tuple[float, dict[str, str]]]]
-#: Readings of several series per GPU (or a counter): (metric, unit, reading, description, counter).
+#: (metric, unit, the series read from (nvml, handle), description, counter or gauge). NVML's
+#: units converted to UCUM.
 _SERIES: tuple[tuple[str, str, _Series, str, bool], ...] = (
+    (semconv.METRIC_HW_GPU_MEMORY_USAGE, "By",
+     _one(lambda nvml, handle: float(nvml.nvmlDeviceGetMemoryInfo(handle).used)),
+     "GPU memory in use (all processes, NVML)", False),
+    (semconv.METRIC_HW_GPU_MEMORY_LIMIT, "By",
+     _one(lambda nvml, handle: float(nvml.nvmlDeviceGetMemoryInfo(handle).total)),
+     "GPU memory size (NVML)", False),
+    (semconv.METRIC_HW_GPU_UTILIZATION, "1",
+     _one(lambda nvml, handle: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0),  # NVML: percent
+     "Fraction of time a kernel ran (NVML)", False),
+    (semconv.METRIC_HW_TEMPERATURE, "Cel", _one(_temperature), "GPU die temperature (NVML)", False),
+    (semconv.METRIC_HW_POWER, "W",
+     _one(lambda nvml, handle: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),  # NVML: milliwatts
+     "GPU power draw (NVML)", False),
     (semconv.METRIC_GPU_CLOCK, "Hz", _clocks, "GPU clock by domain, sm or memory (NVML)", False),
-    (
-        semconv.METRIC_GPU_THROTTLE, "1", _throttle,
-        "1 for each reason now holding the GPU's clocks below their maximum (NVML)", False,
-    ),
-    (semconv.METRIC_HW_ENERGY, "J", _energy, "GPU energy since the driver loaded (NVML counter)", True),
+    (semconv.METRIC_GPU_THROTTLE, "1", _throttle,
+     "1 for each reason now holding the GPU's clocks below their maximum (NVML)", False),
+    (semconv.METRIC_HW_ENERGY, "J",
+     _one(lambda nvml, handle: nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0),  # NVML: mJ
+     "GPU energy since the driver loaded (NVML counter)", True),
 )  # fmt: skip
-
-_Reading = Callable[[Any, Any], float]
-#: (metric, unit, reading from (nvml, handle), description). NVML's units converted to UCUM.
-_READINGS: tuple[tuple[str, str, _Reading, str], ...] = (
-    (
-        semconv.METRIC_HW_GPU_MEMORY_USAGE,
-        "By",
-        lambda nvml, handle: float(nvml.nvmlDeviceGetMemoryInfo(handle).used),
-        "GPU memory in use (all processes, NVML)",
-    ),
-    (
-        semconv.METRIC_HW_GPU_MEMORY_LIMIT,
-        "By",
-        lambda nvml, handle: float(nvml.nvmlDeviceGetMemoryInfo(handle).total),
-        "GPU memory size (NVML)",
-    ),
-    (semconv.METRIC_HW_GPU_UTILIZATION, "1", _utilization, "Fraction of time a kernel ran (NVML)"),
-    (semconv.METRIC_HW_TEMPERATURE, "Cel", _temperature, "GPU die temperature (NVML)"),
-    (
-        semconv.METRIC_HW_POWER,
-        "W",
-        lambda nvml, handle: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,  # NVML: milliwatts
-        "GPU power draw (NVML)",
-    ),
-)
 
 
 class GpuInstruments:
@@ -231,30 +219,15 @@ class GpuInstruments:
             _logger.debug("traintel: no GPU gauges (NVML lists no GPU visible to this process)")
             return
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
-        for name, unit, read, description in _READINGS:
-            meter.create_observable_gauge(name, [self._callback(read)], unit=unit, description=description)
         for name, unit, series, description, counter in _SERIES:
             create = meter.create_observable_counter if counter else meter.create_observable_gauge
             create(name, [self._series_callback(series)], unit=unit, description=description)
-
-    def _callback(self, read: _Reading) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def callback(options: CallbackOptions) -> Iterable[Observation]:
-            observations = []
-            for hw_id, handle in self.devices:
-                try:  # a reading a GPU does not support (power on some boards) is left out
-                    value = read(self._nvml, handle)
-                except Exception:
-                    continue
-                observations.append(Observation(value, {semconv.HW_ID: hw_id, semconv.HW_TYPE: "gpu"}))
-            return observations
-
-        return callback
 
     def _series_callback(self, read: _Series) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             observations: list[Observation] = []
             for hw_id, handle in self.devices:
-                try:
+                try:  # a reading a GPU does not support (power on some boards) is left out
                     series = read(self._nvml, handle)
                 except Exception:
                     continue

@@ -177,11 +177,9 @@ class HeartbeatInstruments:
 
     def _entered(self, options: CallbackOptions) -> Iterable[Observation]:
         sample = self._sample  # none before a collective: a process alone has no sequence
-        return (
-            []
-            if sample is None or not sample.collectives_entered
-            else [Observation(sample.collectives_entered)]
-        )
+        if sample is None or not sample.collectives_entered:
+            return []
+        return [Observation(sample.collectives_entered)]
 
     def _completed(self, options: CallbackOptions) -> Iterable[Observation]:
         sample = self._sample

@@ -34,6 +34,16 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
 SIZE_BUCKETS_BY: tuple[float, ...] = tuple(float(10**e) for e in range(6, 14))
 
 _W = semconv.WINDOW_PREFIX
+#: Gauges of the last closed window's figures: name, unit, the window's key, and whether the
+#: figure is per job with a per-device twin (else per device alone).
+_LAST_WINDOW_GAUGES = (
+    (semconv.METRIC_SAMPLE_THROUGHPUT, "{sample}/s", "samples_per_second", True),
+    (semconv.METRIC_TOKEN_THROUGHPUT, "{token}/s", "tokens_per_second", True),
+    (semconv.METRIC_FLOPS_THROUGHPUT, "FLOP/s", "flops_per_second_per_device", False),
+    (semconv.METRIC_MFU, "1", "mfu", False),
+    (semconv.METRIC_MFU_MEASURED, "1", "mfu_measured", False),
+    (semconv.METRIC_HFU, "1", "hfu", False),
+)
 
 
 class MetricSource(Protocol):
@@ -63,94 +73,70 @@ class TrainingInstruments:
         self._now_ns = now_ns  # the recorder's timeline, which the goodput ledger's times are on
         self._windows = windows
         self.window_series = True  # False: scale mode, a rank other than 0 (stop_window_series)
-        buckets = list(DURATION_BUCKETS_S)
-        self.iteration_duration = meter.create_histogram(
-            semconv.METRIC_ITERATION_DURATION, unit="s",
-            description="Wall time of each training iteration (one optimizer step).",
-            explicit_bucket_boundaries_advisory=buckets,
-        )  # fmt: skip
-        self.data_loading_duration = meter.create_histogram(
-            semconv.METRIC_DATA_LOADING_DURATION, unit="s",
-            description="Time each training iteration waited for its batch.",
-            explicit_bucket_boundaries_advisory=buckets,
-        )  # fmt: skip
-        self.phase_duration = meter.create_histogram(
-            semconv.METRIC_PHASE_DURATION, unit="s",
-            description="Wall time of phase spans other than per-step ones, by ml.training.phase.",
-            explicit_bucket_boundaries_advisory=buckets,
-        )  # fmt: skip
-        self.checkpoint_save_duration = meter.create_histogram(
-            semconv.METRIC_CHECKPOINT_SAVE_DURATION, unit="s",
-            description="Blocking time of each checkpoint save (async: until training resumed).",
-            explicit_bucket_boundaries_advisory=buckets,
-        )  # fmt: skip
-        self.checkpoint_load_duration = meter.create_histogram(
-            semconv.METRIC_CHECKPOINT_LOAD_DURATION, unit="s",
-            description="Time of each checkpoint load.",
-            explicit_bucket_boundaries_advisory=buckets,
-        )  # fmt: skip
-        self.checkpoint_size = meter.create_histogram(
-            semconv.METRIC_CHECKPOINT_SIZE, unit="By",
-            description="Size of each checkpoint written.",
-            explicit_bucket_boundaries_advisory=list(SIZE_BUCKETS_BY),
-        )  # fmt: skip
-        # The engine's running totals, read when a reader collects: every iteration so far.
-        meter.create_observable_counter(
-            semconv.METRIC_SAMPLES, callbacks=[self._total(lambda: source.samples_total)], unit="{sample}",
-            description="Training samples processed by this rank.",
-        )  # fmt: skip
-        meter.create_observable_counter(
-            semconv.METRIC_TOKENS, callbacks=[self._total(lambda: source.tokens_total)], unit="{token}",
-            description="Training tokens processed by this rank.",
-        )  # fmt: skip
-        meter.create_observable_counter(
-            semconv.METRIC_ITERATIONS_EXPORTED, callbacks=[self._exported], unit="{iteration}",
-            description="Iterations exported as spans (tail sampling), by traintel.exported.",
-        )  # fmt: skip
-        self._gauge(
-            meter, semconv.METRIC_SAMPLE_THROUGHPUT, "{sample}/s", "samples_per_second", per_device=True
+
+        def histogram(
+            name: str, description: str, unit: str = "s", buckets: Iterable[float] = DURATION_BUCKETS_S
+        ) -> metrics_api.Histogram:
+            return meter.create_histogram(
+                name, unit=unit, description=description, explicit_bucket_boundaries_advisory=list(buckets)
+            )
+
+        self.iteration_duration = histogram(
+            semconv.METRIC_ITERATION_DURATION, "Wall time of each training iteration (one optimizer step)."
         )
-        self._gauge(meter, semconv.METRIC_TOKEN_THROUGHPUT, "{token}/s", "tokens_per_second", per_device=True)
-        self._gauge(meter, semconv.METRIC_FLOPS_THROUGHPUT, "FLOP/s", "flops_per_second_per_device")
-        self._gauge(meter, semconv.METRIC_MFU, "1", "mfu")
-        self._gauge(meter, semconv.METRIC_MFU_MEASURED, "1", "mfu_measured")
-        self._gauge(meter, semconv.METRIC_HFU, "1", "hfu")
-        meter.create_observable_gauge(
-            semconv.METRIC_STEP_PHASE_TIME, callbacks=[self._phase_times], unit="s",
-            description="Mean time per iteration spent in each step phase over the last window.",
+        self.data_loading_duration = histogram(
+            semconv.METRIC_DATA_LOADING_DURATION, "Time each training iteration waited for its batch."
+        )
+        self.phase_duration = histogram(
+            semconv.METRIC_PHASE_DURATION,
+            "Wall time of phase spans other than per-step ones, by ml.training.phase.",
+        )
+        self.checkpoint_save_duration = histogram(
+            semconv.METRIC_CHECKPOINT_SAVE_DURATION,
+            "Blocking time of each checkpoint save (async: until training resumed).",
+        )
+        self.checkpoint_load_duration = histogram(
+            semconv.METRIC_CHECKPOINT_LOAD_DURATION, "Time of each checkpoint load."
+        )
+        self.checkpoint_size = histogram(
+            semconv.METRIC_CHECKPOINT_SIZE, "Size of each checkpoint written.", "By", SIZE_BUCKETS_BY
+        )
+        # The engine's running totals are read when a reader collects: every iteration so far.
+        totals = (
+            (semconv.METRIC_SAMPLES, self._total(lambda: source.samples_total), "{sample}",
+             "Training samples processed by this rank."),
+            (semconv.METRIC_TOKENS, self._total(lambda: source.tokens_total), "{token}",
+             "Training tokens processed by this rank."),
+            (semconv.METRIC_ITERATIONS_EXPORTED, self._exported, "{iteration}",
+             "Iterations exported as spans (tail sampling), by traintel.exported."),
         )  # fmt: skip
-        meter.create_observable_gauge(
-            semconv.METRIC_GOODPUT, callbacks=[self._observe_goodput], unit="1",
-            description="This job's productive training time / its wall time so far.",
+        for name, callback, unit, description in totals:
+            meter.create_observable_counter(name, callbacks=[callback], unit=unit, description=description)
+        for last_window in _LAST_WINDOW_GAUGES:
+            self._gauge(meter, *last_window)
+        gauge, counter = meter.create_observable_gauge, meter.create_observable_counter
+        observed = (
+            (gauge, semconv.METRIC_STEP_PHASE_TIME, self._phase_times, "s",
+             "Mean time per iteration spent in each step phase over the last window."),
+            (gauge, semconv.METRIC_GOODPUT, self._observe_goodput, "1",
+             "This job's productive training time / its wall time so far."),
+            (gauge, semconv.METRIC_BADPUT, self._observe_badput, "1",
+             "This job's unproductive time / its wall time so far, by badput category."),
+            (counter, semconv.METRIC_GOODPUT_TIME, self._observe_goodput_time, "s",
+             "This job's seconds so far by goodput category (productive, or a badput category)."),
+            (counter, semconv.METRIC_JOB_TIME, self._observe_job_time, "s",
+             "This job's wall time so far: from its first span's start to now, or to its end."),
+            (gauge, semconv.METRIC_JOB_START_TIME, self._observe_job_start, "s",
+             "Unix time this job started (its first span's start)."),
+            (gauge, semconv.METRIC_JOB_LAST_PROGRESS_TIME, self._observe_last_progress, "s",
+             "Unix time of the end of this job's last closed window of iterations."),
+            (gauge, semconv.METRIC_STEP_TIME_IDEAL, self._observe_ideal, "s",
+             "Ideal step time: mean of the steps at most median + 3 MAD."),
+            (gauge, semconv.METRIC_STEP_TIME_DEVIATION, self._observe_deviation, "1",
+             "Last window's step time percentiles / ideal step time - 1, by quantile."),
         )  # fmt: skip
-        meter.create_observable_gauge(
-            semconv.METRIC_BADPUT, callbacks=[self._observe_badput], unit="1",
-            description="This job's unproductive time / its wall time so far, by badput category.",
-        )  # fmt: skip
-        meter.create_observable_counter(
-            semconv.METRIC_GOODPUT_TIME, callbacks=[self._observe_goodput_time], unit="s",
-            description="This job's seconds so far by goodput category (productive, or a badput category).",
-        )  # fmt: skip
-        meter.create_observable_counter(
-            semconv.METRIC_JOB_TIME, callbacks=[self._observe_job_time], unit="s",
-            description="This job's wall time so far: from its first span's start to now, or to its end.",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            semconv.METRIC_JOB_START_TIME, callbacks=[self._observe_job_start], unit="s",
-            description="Unix time this job started (its first span's start).",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            semconv.METRIC_JOB_LAST_PROGRESS_TIME, callbacks=[self._observe_last_progress], unit="s",
-            description="Unix time of the end of this job's last closed window of iterations.",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            semconv.METRIC_STEP_TIME_IDEAL, callbacks=[self._observe_ideal], unit="s",
-            description="Ideal step time: mean of the steps at most median + 3 MAD.",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            semconv.METRIC_STEP_TIME_DEVIATION, callbacks=[self._observe_deviation], unit="1",
-            description="Last window's step time percentiles / ideal step time - 1, by quantile.",
-        )  # fmt: skip
+        for create, name, callback, unit, description in observed:
+            create(name, callbacks=[callback], unit=unit, description=description)
 
     def stop_window_series(self) -> None:
         """This rank's window series are rank 0's to report (scale mode): from now on every

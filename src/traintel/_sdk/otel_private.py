@@ -107,10 +107,6 @@ def _runtime_variable() -> ContextVar[Context] | None:
     return None
 
 
-def _public_with_span(span: Span, context: Context) -> Context:
-    return trace_api.set_span_in_context(span, context)
-
-
 def _fast_with_span(span: Span, context: Context) -> Context:
     new = Context(context)  # a fresh copy is not shared yet: storing into it is safe
     _dict_setitem(new, SPAN_KEY, span)
@@ -156,7 +152,7 @@ if CONTEXT_FAST and _VARIABLE is not None:
 else:  # another OTEL_PYTHON_CONTEXT, or an API release that stores context elsewhere
     get_current, attach = context_api.get_current, context_api.attach
     detach = context_api.detach
-    with_span, current_span = _public_with_span, trace_api.get_current_span
+    with_span, current_span = trace_api.set_span_in_context, trace_api.get_current_span
 
 
 # --- ids ---------------------------------------------------------------------------------------------

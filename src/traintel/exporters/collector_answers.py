@@ -68,6 +68,10 @@ class Answer:
         moment's unavailability (503, UNAVAILABLE: an outage, said as one)."""
         return self.retry_after_s is not None or self.what in ("HTTP 429", "gRPC RESOURCE_EXHAUSTED")
 
+    def __str__(self) -> str:
+        """The answer as said to the user: ``HTTP 429, retry after 30s``."""
+        return self.what + (f", retry after {self.retry_after_s:g}s" if self.retry_after_s else "")
+
 
 def _retry_after(value: str | None) -> float | None:
     """``Retry-After``: seconds, or an HTTP date."""
@@ -110,6 +114,12 @@ class CollectorAnswers:
     def last_failure(self) -> Answer | None:
         """The failed answer of the current thread's last export, if it got one."""
         return getattr(self._local, "answer", None)
+
+    def asked_to_wait(self) -> Answer | None:
+        """The last export's answer if it was "try again later" (HTTP 429, 502-504; gRPC
+        RESOURCE_EXHAUSTED, UNAVAILABLE, ...): the batch is not refused, it waits."""
+        answer = self.last_failure
+        return answer if answer is not None and answer.retryable else None
 
     def forget(self) -> None:
         """Before an export: what the previous one was answered no longer applies."""

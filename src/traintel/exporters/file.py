@@ -95,9 +95,8 @@ class OtlpJsonLinesFile:
         self._closed = False
         self._users = 0
         self.lines_written = 0
-        #: Lines not written (a write error), and whether the file may end in half a line that
-        #: could not be truncated (the next line then starts on a line of its own).
-        self.lines_lost = 0
+        #: Lines not written (a write error) since the last said, and whether the file may end in
+        #: half a line that could not be truncated (the next line then starts on a line of its own).
         self._lost_since_said = 0
         self._fragment = False
 
@@ -179,7 +178,6 @@ class OtlpJsonLinesFile:
 
     def _lost(self, fd: int | None, start: int, exc: OSError) -> None:
         """A line not written: cut what of it reached the file, count it, say the first."""
-        self.lines_lost += 1
         self._lost_since_said += 1
         if fd is not None:
             try:
@@ -248,12 +246,10 @@ def _service_name_of(resource_attributes: object) -> str:
     return str(name) if name else "traintel"
 
 
-class OtlpJsonFileSpanExporter(SpanExporter):
-    """Span exporter writing one ``ExportTraceServiceRequest`` per line.
-
-    Registered as the ``traintel_file`` traces exporter, so ``OTEL_TRACES_EXPORTER=otlp,traintel_file``
-    keeps a local copy next to OTLP export.
-    """
+class _FileWriter:
+    """What the three exporters share: the file they write to (given, at ``path``, or the
+    process's default), held until their shutdown; nothing to flush (a line is written whole
+    by ``export``); where what was not written is counted."""
 
     def __init__(
         self,
@@ -261,15 +257,28 @@ class OtlpJsonFileSpanExporter(SpanExporter):
         *,
         file: OtlpJsonLinesFile | None = None,
         health: ExportHealth = HEALTH,
-    ):
-        self._file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
-        self._file.acquire()
+    ) -> None:
+        super().__init__()
+        self.file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
+        self.file.acquire()
         self._released = False
         self._health = health
 
-    @property
-    def file(self) -> OtlpJsonLinesFile:
-        return self._file
+    def force_flush(self, timeout_millis: float = 30_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        if not self._released:
+            self._released = True
+            self.file.release()
+
+
+class OtlpJsonFileSpanExporter(_FileWriter, SpanExporter):
+    """Span exporter writing one ``ExportTraceServiceRequest`` per line.
+
+    Registered as the ``traintel_file`` traces exporter, so ``OTEL_TRACES_EXPORTER=otlp,traintel_file``
+    keeps a local copy next to OTLP export.
+    """
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
@@ -285,39 +294,14 @@ class OtlpJsonFileSpanExporter(SpanExporter):
             except Exception:
                 _logger.exception("traintel: could not encode %d spans", len(spans))
                 return SpanExportResult.FAILURE
-        if self._file.write_line(line, _service_name_of(spans[0].resource.attributes)):
+        if self.file.write_line(line, _service_name_of(spans[0].resource.attributes)):
             return SpanExportResult.SUCCESS
         self._health.drop_spans(NOT_WRITTEN, len(spans))
         return SpanExportResult.FAILURE
 
-    def shutdown(self) -> None:
-        if not self._released:
-            self._released = True
-            self._file.release()
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-
-class OtlpJsonFileMetricExporter(MetricExporter):
+class OtlpJsonFileMetricExporter(_FileWriter, MetricExporter):
     """Metric exporter writing one ``ExportMetricsServiceRequest`` per line (cumulative)."""
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None = None,
-        *,
-        file: OtlpJsonLinesFile | None = None,
-        health: ExportHealth = HEALTH,
-    ):
-        super().__init__()
-        self._file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
-        self._file.acquire()
-        self._released = False
-        self._health = health
-
-    @property
-    def file(self) -> OtlpJsonLinesFile:
-        return self._file
 
     def export(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object
@@ -330,33 +314,16 @@ class OtlpJsonFileMetricExporter(MetricExporter):
             _logger.exception("traintel: could not encode metrics")
             return MetricExportResult.FAILURE
         service = _service_name_of(metrics_data.resource_metrics[0].resource.attributes)
-        if self._file.write_line(line, service):
+        if self.file.write_line(line, service):
             return MetricExportResult.SUCCESS
-        self._health.metric_line_not_written()
+        self._health.add("metric_lines_not_written")
         return MetricExportResult.FAILURE
 
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
 
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
-        if not self._released:
-            self._released = True
-            self._file.release()
-
-
-class OtlpJsonFileLogExporter:
+class OtlpJsonFileLogExporter(_FileWriter):
     """Log record exporter writing one ``ExportLogsServiceRequest`` per line (traintel's hang
     reports). Registered as the ``traintel_file`` logs exporter. Duck-typed as the SDK's
     ``LogRecordExporter``, whose module is imported only when a record is exported."""
-
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, file: OtlpJsonLinesFile | None = None):
-        self._file = file or (OtlpJsonLinesFile(path=path) if path is not None else default_file())
-        self._file.acquire()
-        self._released = False
-
-    @property
-    def file(self) -> OtlpJsonLinesFile:
-        return self._file
 
     def export(self, batch: Sequence[otel_private.ReadableLogRecord]) -> object:
         result = otel_private.LogRecordExportResult
@@ -367,13 +334,5 @@ class OtlpJsonFileLogExporter:
         except Exception:
             _logger.exception("traintel: could not encode %d log records", len(batch))
             return result.FAILURE
-        ok = self._file.write_line(line, _service_name_of(batch[0].resource.attributes))
+        ok = self.file.write_line(line, _service_name_of(batch[0].resource.attributes))
         return result.SUCCESS if ok else result.FAILURE
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
-
-    def shutdown(self) -> None:
-        if not self._released:
-            self._released = True
-            self._file.release()

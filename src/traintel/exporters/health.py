@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -38,10 +38,6 @@ UNENCODABLE = "unencodable"
 COLLECTOR_REJECTED = "collector_rejected"
 #: Spans the embedded file could not take (a full disk, an unwritable directory).
 NOT_WRITTEN = "not_written"
-DROP_REASONS = (
-    QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT, UNENCODABLE, COLLECTOR_REJECTED,
-    NOT_WRITTEN,
-)  # fmt: skip
 #: Reported as zero too (a series per reason from the start); the others once they happen, so
 #: that each metric line of a healthy run stays as small as before (the volume budget).
 _ALWAYS_REPORTED = (QUEUE_FULL, SPOOL_FULL, NOT_SPOOLED, TOO_LARGE, EXIT_TIMEOUT)
@@ -79,6 +75,19 @@ class HealthSnapshot:
     metric_collection_timeouts: int = 0
 
 
+#: The plain counters of :class:`ExportHealth`, added to by :meth:`ExportHealth.add`.
+Counter = Literal[
+    "events_dropped",
+    "export_failures",
+    "batches_split",
+    "spans_spooled",
+    "spans_resent",
+    "spans_repaired",
+    "metric_lines_not_written",
+    "metric_collection_timeouts",
+]
+
+
 class ExportHealth:
     """Process-wide counters of the export path, thread-safe."""
 
@@ -111,17 +120,9 @@ class ExportHealth:
         with self._lock:
             self.spans_dropped[reason] = self.spans_dropped.get(reason, 0) + count
 
-    def drop_events(self, count: int) -> None:
+    def add(self, counter: Counter, count: int = 1) -> None:
         with self._lock:
-            self.events_dropped += count
-
-    def repair_spans(self, count: int) -> None:
-        with self._lock:
-            self.spans_repaired += count
-
-    def metric_collection_timed_out(self) -> None:
-        with self._lock:
-            self.metric_collection_timeouts += 1
+            setattr(self, counter, getattr(self, counter) + count)
 
     @contextlib.contextmanager
     def busy(self, what: str) -> Iterator[None]:
@@ -141,14 +142,6 @@ class ExportHealth:
         with self._lock:
             return sorted(self._busy)
 
-    def metric_line_not_written(self) -> None:
-        with self._lock:
-            self.metric_lines_not_written += 1
-
-    def export_failed(self) -> None:
-        with self._lock:
-            self.export_failures += 1
-
     def metric_export_started(self) -> None:
         with self._lock:
             self._metric_export_running += 1
@@ -161,18 +154,6 @@ class ExportHealth:
                 self.metric_exports_delivered += 1
             else:
                 self.metric_export_failures += 1
-
-    def batch_split(self, extra_batches: int) -> None:
-        with self._lock:
-            self.batches_split += extra_batches
-
-    def spooled(self, spans: int) -> None:
-        with self._lock:
-            self.spans_spooled += spans
-
-    def resent(self, spans: int) -> None:
-        with self._lock:
-            self.spans_resent += spans
 
     # --- what is watched ---------------------------------------------------------------------
     def watch_queue(self, queue: _Sized) -> None:
@@ -200,16 +181,9 @@ class ExportHealth:
                     spans_dropped[SPOOL_FULL] = spans_dropped.get(SPOOL_FULL, 0) + spool.dropped_spans
             return HealthSnapshot(
                 spans_dropped=spans_dropped,
-                events_dropped=self.events_dropped,
-                export_failures=self.export_failures,
-                batches_split=self.batches_split,
+                **{counter: getattr(self, counter) for counter in get_args(Counter)},
                 queue_depth=sum(q.depth() for q in list(self._queues)),
-                spans_spooled=self.spans_spooled,
-                spans_resent=self.spans_resent,
                 **_spool_fields(spools),
-                spans_repaired=self.spans_repaired,
-                metric_lines_not_written=self.metric_lines_not_written,
-                metric_collection_timeouts=self.metric_collection_timeouts,
                 metric_export_failures=self.metric_export_failures,
                 metric_exports_delivered=self.metric_exports_delivered,
                 metrics_undelivered=self._metric_export_running > 0

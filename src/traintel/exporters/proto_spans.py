@@ -59,7 +59,8 @@ class InvalidSpanError(ValueError):
     say: one flipped bit in a spooled file). Its batch cannot be sent as it is."""
 
 
-def _span(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
+def readable_span(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
+    """One span as an SDK span; raises :class:`InvalidSpanError` if it cannot be one."""
     try:
         return _convert(span, resource, scope)
     except Exception as exc:
@@ -159,7 +160,7 @@ def split_invalid(
             copies: dict[bool, Any] = {}
             for span in scope_spans.spans:
                 try:
-                    _span(span, resource, scope)
+                    readable_span(span, resource, scope)
                     valid = True
                 except InvalidSpanError as exc:
                     reasons.append(str(exc))
@@ -176,17 +177,12 @@ def split_invalid(
     return good, bad, reasons
 
 
-def readable_span(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
-    """One span as an SDK span; raises :class:`InvalidSpanError` if it cannot be one."""
-    return _span(span, resource, scope)
-
-
 def readable_spans(request: ExportTraceServiceRequest) -> Iterator[ReadableSpan]:
     """Every span of one OTLP trace export request as an SDK span, with its resource and scope.
 
     Raises :class:`InvalidSpanError` at the first span that cannot be one."""
     for span, resource, scope in proto_spans(request):
-        yield _span(span, resource, scope)
+        yield readable_span(span, resource, scope)
 
 
 __all__ = ["InvalidSpanError", "proto_spans", "readable_span", "readable_spans", "split_invalid"]

@@ -363,14 +363,12 @@ class _Replay:
         return sent
 
     def _asked_to_wait(self) -> bool:
-        """The collector answered "try again later" (HTTP 429, gRPC RESOURCE_EXHAUSTED, ...):
-        the batch is not refused, and the replay stops where it is, to be run again later."""
-        answer = self.answers.last_failure
-        if answer is None or not answer.retryable:
-            return False
-        after = f", retry after {answer.retry_after_s:g}s" if answer.retry_after_s else ""
-        self.result.asked_to_wait = answer.what + after
-        return True
+        """The collector answered "try again later": the replay stops where it is, to be run
+        again later."""
+        answer = self.answers.asked_to_wait()
+        if answer is not None:
+            self.result.asked_to_wait = str(answer)
+        return answer is not None
 
     def _export(self, spans: Sequence[ReadableSpan]) -> bool:
         self.answers.forget()

@@ -85,7 +85,7 @@ class CollectionTimeoutFilter(logging.Filter):
 
     def timed_out(self) -> None:
         """One collection that timed out (seen in the reader's log, or raised by a flush)."""
-        HEALTH.metric_collection_timed_out()
+        HEALTH.add("metric_collection_timeouts")
         if not self._said:
             self._said = True
             _logger.warning(

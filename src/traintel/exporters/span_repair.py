@@ -147,7 +147,7 @@ def _count_and_say(health: ExportHealth, repaired: int, dropped: int, first: str
     """Count the mended and the dropped spans; say the first one, once per process."""
     global _said
     if repaired:
-        health.repair_spans(repaired)
+        health.add("spans_repaired", repaired)
     if dropped:
         health.drop_spans(health_module.UNENCODABLE, dropped)
     if first is not None and not _said:

@@ -73,8 +73,7 @@ class Spool:
         #: Batches and spans deleted to respect the bound (oldest first), since start.
         self.dropped_batches = 0
         self.dropped_spans = 0
-        #: Batches and spans moved to the quarantine directory, since start.
-        self.quarantined_batches = 0
+        #: Spans moved to the quarantine directory, since start.
         self.quarantined_spans = 0
 
     @property
@@ -138,7 +137,9 @@ class Spool:
 
     def _drop_oldest(self) -> None:
         """The bound: a quarantined batch goes first (it is the least likely to be delivered)."""
-        entry = (self._quarantined or self._entries).pop(0)
+        self._dropped((self._quarantined or self._entries).pop(0))
+
+    def _dropped(self, entry: SpoolEntry) -> None:
         self._bytes -= entry.size
         self.dropped_batches += 1
         self.dropped_spans += entry.spans
@@ -166,13 +167,9 @@ class Spool:
                 target = move_to_quarantine(entry.path)
             except OSError as exc:
                 _logger.error("traintel: cannot move %s to %s (%s); deleted", entry.path, QUARANTINE_DIR, exc)
-                entry.path.unlink(missing_ok=True)
-                self._bytes -= entry.size
-                self.dropped_batches += 1
-                self.dropped_spans += entry.spans
+                self._dropped(entry)
                 return None
             self._quarantined.append(SpoolEntry(entry.seq, entry.spans, target, entry.size))
-            self.quarantined_batches += 1
             self.quarantined_spans += entry.spans
             return target
 

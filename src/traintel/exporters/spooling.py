@@ -143,7 +143,7 @@ class QueueGuard:
         if dropped_events:
             if not _sampled(span):
                 return
-            self._health.drop_events(dropped_events)
+            self._health.add("events_dropped", dropped_events)
         queue = self._queue
         if queue is None or self._max_queue <= 0:
             self._emit(span)
@@ -177,9 +177,6 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         super().__init__(exporter, **kwargs)
         self.guard = QueueGuard(self, super().on_end, health)
         self.on_end = self.guard.on_end  # type: ignore[method-assign]  # no extra call per span
-
-    def depth(self) -> int:
-        return self.guard.depth()
 
     def take_queued(self) -> list[ReadableSpan]:
         return self.guard.take_queued()
@@ -327,7 +324,7 @@ class SpoolingSpanExporter(SpanExporter):
             self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
             return SpanExportResult.FAILURE
         if len(parts) > 1:
-            self._health.batch_split(len(parts) - 1)
+            self._health.add("batches_split", len(parts) - 1)
         kept = True
         for part, request in parts:
             kept = self._export_part(part, request) and kept
@@ -438,7 +435,7 @@ class SpoolingSpanExporter(SpanExporter):
             if entry is None:
                 self._health.drop_spans(health_module.NOT_SPOOLED, count)
                 return None
-            self._health.spooled(count)
+            self._health.add("spans_spooled", count)
             self._backlog = True
             self._start_sender()
             self._cond.notify_all()
@@ -450,7 +447,7 @@ class SpoolingSpanExporter(SpanExporter):
         delivered, spans, _request = self._send_mending(spans)
         if delivered:
             return True
-        self._health.export_failed()
+        self._health.add("export_failures")
         self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
         return False
 
@@ -534,7 +531,7 @@ class SpoolingSpanExporter(SpanExporter):
             if not mine:
                 self._drop_exit_copy(spans, spilled)
             return True
-        self._health.export_failed()
+        self._health.add("export_failures")
         self._asked_to_wait()  # a Retry-After applies to the retry of what is spooled now
         if mine:  # (else the exit already wrote it to the spool)
             self._spool_failed(sent, (request or encoded) if sent is spans else None)
@@ -546,7 +543,7 @@ class SpoolingSpanExporter(SpanExporter):
         """Delivered late: the copy the exit spooled must not be sent again."""
         if spilled is not None and spilled[0] is spans and self.spool is not None:
             self.spool.remove(spilled[1])
-            self._health.resent(len(spans))
+            self._health.add("spans_resent", len(spans))
 
     def _spool_failed(self, sent: Sequence[ReadableSpan], encoded: ExportTraceServiceRequest | None) -> None:
         """A failed batch this thread owns, to the spool (shutdown waits for the write); said
@@ -578,7 +575,7 @@ class SpoolingSpanExporter(SpanExporter):
         if self._stopped:
             return False
         if not self._send(spans):
-            self._health.export_failed()
+            self._health.add("export_failures")
             delivered = self._after_failure(spans)
             if delivered is None:
                 return False  # throttled, down, black-holed or refusing everything: retry later
@@ -586,7 +583,7 @@ class SpoolingSpanExporter(SpanExporter):
                 self._quarantine(entry, "rejected by the collector, which accepts other requests")
                 return True
         spool.remove(entry)
-        self._health.resent(len(spans))
+        self._health.add("spans_resent", len(spans))
         return True
 
     def _read_back(self, spool: Spool, entry: SpoolEntry) -> list[ReadableSpan] | None:
@@ -616,20 +613,18 @@ class SpoolingSpanExporter(SpanExporter):
         return None if self._asked_to_wait() else False
 
     def _asked_to_wait(self) -> bool:
-        """Did the collector answer the last send with "try again later" (HTTP 429, 502-504;
-        gRPC RESOURCE_EXHAUSTED, UNAVAILABLE, ...)? Then the batch is not refused: it waits in
-        the spool as long as the collector asks (Retry-After, RetryInfo), and is sent live."""
-        answer = self._answers.last_failure
-        if answer is None or not answer.retryable:
+        """Did the collector answer the last send with "try again later"? Then the batch waits
+        in the spool as long as the collector asks (Retry-After, RetryInfo), and is sent live."""
+        answer = self._answers.asked_to_wait()
+        if answer is None:
             return False
         self._asked_wait_s = answer.retry_after_s or 0.0
         if answer.throttled and not self._said_throttled:
             self._said_throttled = True
             _logger.warning(
-                "traintel: the collector asks to wait (%s%s); batches wait in the spool and are sent "
+                "traintel: the collector asks to wait (%s); batches wait in the spool and are sent "
                 "as it takes them (training continues)",
-                answer.what,
-                f", retry after {answer.retry_after_s:g}s" if answer.retry_after_s else "",
+                answer,
             )
         return True
 
