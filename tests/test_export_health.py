@@ -642,3 +642,25 @@ def test_with_delta_temporality_each_export_adds_only_its_own_share(tmp_path: Pa
     assert len(points) >= 1
     assert sum(count for count, _, _ in points) == 300_000
     assert all(count == in_buckets for count, in_buckets, _ in points)
+
+
+def test_the_hint_is_said_once_when_the_exit_bound_spills_before_the_exporter_s_shutdown(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under load the exit bound can end the process while the first send is still retrying:
+    the spill at the bound says what to set, and the exporter's own shutdown does not again."""
+    spool = Spool(tmp_path / "spool", max_bytes=1_000_000)
+    exporter = SpoolingSpanExporter(
+        FailingExporter(),
+        spool,
+        retry_interval_s=60,
+        drain_timeout_s=0.0,
+        health=ExportHealth(),
+        hint="SET X",
+    )
+    with caplog.at_level("WARNING", logger="traintel"):
+        assert exporter.spill(_big_spans(2, 100)) == 2  # the bound reached: nothing was sent yet
+        said = [r.getMessage() for r in caplog.records if "SET X" in r.getMessage()]
+        assert said == ["traintel: span export did not complete before exit. SET X"]
+        exporter.shutdown()  # (when the process lives on long enough to get here)
+    assert len([r for r in caplog.records if "SET X" in r.getMessage()]) == 1

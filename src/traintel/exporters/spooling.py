@@ -679,9 +679,6 @@ class SpoolingSpanExporter(SpanExporter):
             self._stopped = True
             self._cond.notify_all()
         if not drained:
-            if self._hint:
-                hint, self._hint = self._hint, ""
-                _logger.warning("traintel: span export did not complete before exit. %s", hint)
             self.spill(())  # what is still in memory goes to disk before the process ends
             with self._cond:
                 # The send under way: if it succeeds, its spilled copy is removed.
@@ -699,7 +696,12 @@ class SpoolingSpanExporter(SpanExporter):
         """At a stuck exit: the batch in flight or handed over, and ``queued`` spans, go to the
         spool (no network). Returns the number of spans written. If the in-flight send then
         succeeds before the process ends, its copy is removed again; if the process ends
-        first, the batch may arrive twice (at least once, never lost)."""
+        first, the batch may arrive twice (at least once, never lost). The hint (what to set),
+        if not said yet, is said here: the exit bound may end the process before this exporter's
+        own shutdown gets to it."""
+        hint, self._hint = self._hint, ""
+        if hint:
+            _logger.warning("traintel: span export did not complete before exit. %s", hint)
         written = 0
         with self._cond:  # held while the copy is written: a send finishing now waits for it
             handoff, self._handoff = self._handoff, None
