@@ -159,12 +159,10 @@ def _hyperparameters(raw: object) -> tuple[tuple[str, HyperparameterValue], ...]
     return tuple(sorted(pairs.items()))
 
 
-def _setting(
-    env: str, parse: Callable[[object], Any], doc: str, default: Any = None, *, eager: bool = False
-) -> Any:
-    """A field of :class:`Settings`: its variable, parser and meaning beside its type.
-    ``eager``: needed concrete when telemetry starts (it shapes files and exit), never lazy."""
-    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc, "eager": eager})
+def _setting(env: str, parse: Callable[[object], Any], default: Any = None, *, eager: bool = False) -> Any:
+    """A field of :class:`Settings`: its variable and parser beside its type. ``eager``: needed
+    concrete when telemetry starts (it shapes files and exit), never lazy."""
+    return field(default=default, metadata={"env": env, "parse": parse, "eager": eager})
 
 
 @dataclass(frozen=True)
@@ -174,127 +172,67 @@ class Settings:
     One is built from a :class:`TrainingConfig` at configure, and again once per window when the
     configuration holds callables; everything reads its attributes, never a setting by name."""
 
-    session_tag: str | None = _setting(
-        ev.TRAINTEL_SESSION_TAG, _non_empty_str, "jobs of one logical task", eager=True
-    )
-    perf_tag: str | None = _setting(ev.TRAINTEL_PERF_TAG, _non_empty_str, "jobs expected to perform alike")
+    session_tag: str | None = _setting(ev.TRAINTEL_SESSION_TAG, _non_empty_str, eager=True)
+    perf_tag: str | None = _setting(ev.TRAINTEL_PERF_TAG, _non_empty_str)
     hyperparameters: tuple[tuple[str, HyperparameterValue], ...] | None = _setting(
-        ev.TRAINTEL_HYPERPARAMETERS, _hyperparameters, "learning rate, optimizer, ...: shown and compared"
+        ev.TRAINTEL_HYPERPARAMETERS, _hyperparameters
     )
-    run_id: str | None = _setting(
-        ev.TRAINTEL_RUN_ID, _non_empty_str, "id shared by all ranks of a job", eager=True
-    )
-    global_batch_size: int | None = _setting(ev.TRAINTEL_GLOBAL_BATCH_SIZE, _positive_int, "samples per step")
-    seq_len: int | None = _setting(ev.TRAINTEL_SEQ_LEN, _positive_int, "tokens per sample")
-    flops_per_sample: float | None = _setting(
-        ev.TRAINTEL_FLOPS_PER_SAMPLE, _positive_number, "model FLOPs/sample"
-    )
-    flops_per_token: float | None = _setting(
-        ev.TRAINTEL_FLOPS_PER_TOKEN, _positive_number, "model FLOPs/token"
-    )
+    run_id: str | None = _setting(ev.TRAINTEL_RUN_ID, _non_empty_str, eager=True)
+    global_batch_size: int | None = _setting(ev.TRAINTEL_GLOBAL_BATCH_SIZE, _positive_int)
+    seq_len: int | None = _setting(ev.TRAINTEL_SEQ_LEN, _positive_int)
+    flops_per_sample: float | None = _setting(ev.TRAINTEL_FLOPS_PER_SAMPLE, _positive_number)
+    flops_per_token: float | None = _setting(ev.TRAINTEL_FLOPS_PER_TOKEN, _positive_number)
     executed_flops_per_sample: float | None = _setting(
-        ev.TRAINTEL_EXECUTED_FLOPS_PER_SAMPLE,
-        _positive_number,
-        "executed FLOPs/sample (recompute included), for HFU",
+        ev.TRAINTEL_EXECUTED_FLOPS_PER_SAMPLE, _positive_number
     )
-    peak_flops: float | None = _setting(
-        ev.TRAINTEL_PEAK_FLOPS, _positive_number, "dense peak FLOP/s per device"
-    )
-    log_every_n_iterations: int = _setting(
-        ev.TRAINTEL_LOG_EVERY_N_ITERATIONS, _positive_int, "window size", 50, eager=True
-    )
+    peak_flops: float | None = _setting(ev.TRAINTEL_PEAK_FLOPS, _positive_number)
+    log_every_n_iterations: int = _setting(ev.TRAINTEL_LOG_EVERY_N_ITERATIONS, _positive_int, 50, eager=True)
     window_min_seconds: float = _setting(
-        ev.TRAINTEL_WINDOW_MIN_SECONDS, _non_negative_number, "min window s", 30.0, eager=True
+        ev.TRAINTEL_WINDOW_MIN_SECONDS, _non_negative_number, 30.0, eager=True
     )
-    log_every_n_seconds: float = _setting(
-        ev.TRAINTEL_LOG_EVERY_N_SECONDS, _positive_number, "max window s", 60.0, eager=True
-    )
-    output_dir: str = _setting(
-        ev.TRAINTEL_OUTPUT_DIR, _non_empty_str, "embedded file dir", "traintel-runs", eager=True
-    )
-    shutdown_timeout: float = _setting(
-        ev.TRAINTEL_SHUTDOWN_TIMEOUT, _exit_seconds, "exit bound, s", 5.0, eager=True
-    )
-    stall_seconds: float = _setting(
-        ev.TRAINTEL_STALL_SECONDS, _exit_seconds, "hang suspect after s", 30.0, eager=True
-    )
-    warmup_iterations: int = _setting(
-        ev.TRAINTEL_WARMUP_ITERATIONS, _non_negative_int, "left out of totals", 1, eager=True
-    )
-    dtype: str | None = _setting(
-        ev.TRAINTEL_DTYPE, _choice(*DTYPES), "training compute dtype, for peak FLOPs"
-    )
+    log_every_n_seconds: float = _setting(ev.TRAINTEL_LOG_EVERY_N_SECONDS, _positive_number, 60.0, eager=True)
+    output_dir: str = _setting(ev.TRAINTEL_OUTPUT_DIR, _non_empty_str, "traintel-runs", eager=True)
+    shutdown_timeout: float = _setting(ev.TRAINTEL_SHUTDOWN_TIMEOUT, _exit_seconds, 5.0, eager=True)
+    stall_seconds: float = _setting(ev.TRAINTEL_STALL_SECONDS, _exit_seconds, 30.0, eager=True)
+    warmup_iterations: int = _setting(ev.TRAINTEL_WARMUP_ITERATIONS, _non_negative_int, 1, eager=True)
+    dtype: str | None = _setting(ev.TRAINTEL_DTYPE, _choice(*DTYPES))
     flops_method: str | None = _setting(
-        ev.TRAINTEL_FLOPS_METHOD,
-        _choice("config", "formula", "counter", "counter+attention", "callable"),
-        "how flops_per_* was obtained",
+        ev.TRAINTEL_FLOPS_METHOD, _choice("config", "formula", "counter", "counter+attention", "callable")
     )
     export_iterations: str = _setting(
-        ev.TRAINTEL_EXPORT_ITERATIONS, _choice("sampled", "all", "none"), "policy", "sampled", eager=True
+        ev.TRAINTEL_EXPORT_ITERATIONS, _choice("sampled", "all", "none"), "sampled", eager=True
     )
     export_first_iterations: int = _setting(
-        ev.TRAINTEL_EXPORT_FIRST_ITERATIONS, _non_negative_int, "first K", 10, eager=True
+        ev.TRAINTEL_EXPORT_FIRST_ITERATIONS, _non_negative_int, 10, eager=True
     )
     export_every_n_iterations: int = _setting(
-        ev.TRAINTEL_EXPORT_EVERY_N_ITERATIONS, _non_negative_int, "every M", 100, eager=True
+        ev.TRAINTEL_EXPORT_EVERY_N_ITERATIONS, _non_negative_int, 100, eager=True
     )
     export_every_n_seconds: float = _setting(
-        ev.TRAINTEL_EXPORT_EVERY_N_SECONDS, _non_negative_number, "every M-th at least this many s apart",
-        60.0, eager=True,
-    )  # fmt: skip
+        ev.TRAINTEL_EXPORT_EVERY_N_SECONDS, _non_negative_number, 60.0, eager=True
+    )
     export_tail_per_minute: float = _setting(
-        ev.TRAINTEL_EXPORT_TAIL_PER_MINUTE, _non_negative_number, "slow / non-finite exports per minute", 1.0,
-        eager=True,
-    )  # fmt: skip
-    window_events: str = _setting(
-        ev.TRAINTEL_WINDOW_EVENTS, _choice("off", "on"), "full training_metrics_update event per window",
-        "off", eager=True,
-    )  # fmt: skip
-    slow_iteration_factor: float = _setting(
-        ev.TRAINTEL_SLOW_ITERATION_FACTOR, _factor, "k x rolling median", 3.0, eager=True
+        ev.TRAINTEL_EXPORT_TAIL_PER_MINUTE, _non_negative_number, 1.0, eager=True
     )
-    segment_iterations: int | None = _setting(
-        ev.TRAINTEL_SEGMENT_ITERATIONS, _positive_int, "iterations per trace (unset: by time)", eager=True
-    )
-    segment_seconds: float = _setting(
-        ev.TRAINTEL_SEGMENT_SECONDS, _positive_number, "seconds per trace", 600.0, eager=True
-    )
-    max_spans_per_trace: int = _setting(
-        ev.TRAINTEL_MAX_SPANS_PER_TRACE, _positive_int, "span budget", 2000, eager=True
-    )
-    max_bytes_per_trace: int = _setting(
-        ev.TRAINTEL_MAX_BYTES_PER_TRACE, _positive_int, "byte budget", 4_000_000, eager=True
-    )
-    cross_rank: str = _setting(
-        ev.TRAINTEL_CROSS_RANK, _choice("auto", "off"), "cross-rank statistics", "auto"
-    )
-    cross_rank_timeout: float = _setting(
-        ev.TRAINTEL_CROSS_RANK_TIMEOUT, _exchange_seconds, "exchange bound, s", 30.0
-    )
-    cross_rank_scale_world_size: int = _setting(
-        ev.TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE, _positive_int,
-        "world size from which ranks other than 0 export only their anomalies", 64,
-    )  # fmt: skip
-    cross_rank_top_k: int = _setting(ev.TRAINTEL_CROSS_RANK_TOP_K, _positive_int, "slowest ranks named", 3)
-    straggler_factor: float = _setting(ev.TRAINTEL_STRAGGLER_FACTOR, _factor, "k x other ranks' median", 1.25)
-    cuda_event_timing: str = _setting(
-        ev.TRAINTEL_CUDA_EVENT_TIMING, _choice("off", "on"), "GPU step times", "off", eager=True
-    )
-    nvtx: str = _setting(
-        ev.TRAINTEL_NVTX, _choice("off", "on"), "NVTX range per phase span", "off", eager=True
-    )
-    measure_peak: str = _setting(
-        ev.TRAINTEL_MEASURE_PEAK, _choice("off", "on"), "matmul peak at start", "off"
-    )
-    energy_price_per_kwh: float | None = _setting(
-        ev.TRAINTEL_ENERGY_PRICE_PER_KWH, _positive_number, "energy cost"
-    )
-    spool_dir: str | None = _setting(ev.TRAINTEL_SPOOL_DIR, _non_empty_str, "export spool dir", eager=True)
-    spool_max_bytes: int = _setting(
-        ev.TRAINTEL_SPOOL_MAX_BYTES, _non_negative_int, "spool bound", 268_435_456, eager=True
-    )
+    window_events: str = _setting(ev.TRAINTEL_WINDOW_EVENTS, _choice("off", "on"), "off", eager=True)
+    slow_iteration_factor: float = _setting(ev.TRAINTEL_SLOW_ITERATION_FACTOR, _factor, 3.0, eager=True)
+    segment_iterations: int | None = _setting(ev.TRAINTEL_SEGMENT_ITERATIONS, _positive_int, eager=True)
+    segment_seconds: float = _setting(ev.TRAINTEL_SEGMENT_SECONDS, _positive_number, 600.0, eager=True)
+    max_spans_per_trace: int = _setting(ev.TRAINTEL_MAX_SPANS_PER_TRACE, _positive_int, 2000, eager=True)
+    max_bytes_per_trace: int = _setting(ev.TRAINTEL_MAX_BYTES_PER_TRACE, _positive_int, 4_000_000, eager=True)
+    cross_rank: str = _setting(ev.TRAINTEL_CROSS_RANK, _choice("auto", "off"), "auto")
+    cross_rank_timeout: float = _setting(ev.TRAINTEL_CROSS_RANK_TIMEOUT, _exchange_seconds, 30.0)
+    cross_rank_scale_world_size: int = _setting(ev.TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE, _positive_int, 64)
+    cross_rank_top_k: int = _setting(ev.TRAINTEL_CROSS_RANK_TOP_K, _positive_int, 3)
+    straggler_factor: float = _setting(ev.TRAINTEL_STRAGGLER_FACTOR, _factor, 1.25)
+    cuda_event_timing: str = _setting(ev.TRAINTEL_CUDA_EVENT_TIMING, _choice("off", "on"), "off", eager=True)
+    nvtx: str = _setting(ev.TRAINTEL_NVTX, _choice("off", "on"), "off", eager=True)
+    measure_peak: str = _setting(ev.TRAINTEL_MEASURE_PEAK, _choice("off", "on"), "off")
+    energy_price_per_kwh: float | None = _setting(ev.TRAINTEL_ENERGY_PRICE_PER_KWH, _positive_number)
+    spool_dir: str | None = _setting(ev.TRAINTEL_SPOOL_DIR, _non_empty_str, eager=True)
+    spool_max_bytes: int = _setting(ev.TRAINTEL_SPOOL_MAX_BYTES, _non_negative_int, 268_435_456, eager=True)
     spool_retry_interval: float = _setting(
-        ev.TRAINTEL_SPOOL_RETRY_INTERVAL, _positive_number, "resend every s", 5.0, eager=True
+        ev.TRAINTEL_SPOOL_RETRY_INTERVAL, _positive_number, 5.0, eager=True
     )
 
     @property

@@ -138,7 +138,6 @@ TRAIN_ITERATIONS_START: Final = "ml.training.train_iterations_start"
 TRAIN_SAMPLES_START: Final = "ml.training.train_samples_start"
 TRAIN_ITERATIONS_TARGET: Final = "ml.training.train_iterations_target"
 TRAIN_SAMPLES_TARGET: Final = "ml.training.train_samples_target"
-TRAIN_TOKENS_TARGET: Final = "ml.training.train_tokens_target"
 CHECKPOINT_STRATEGY: Final = "ml.training.checkpoint.strategy"
 CHECKPOINT_SIZE: Final = "ml.training.checkpoint.size"
 CHECKPOINT_ITERATION: Final = "ml.training.checkpoint.iteration"
@@ -198,7 +197,6 @@ END_REASON: Final = "traintel.end_reason"
 
 #: Goodput (live, per job): ratios of the job's wall time so far, and the time behind them.
 GOODPUT: Final = "ml.training.goodput"
-GOODPUT_PREFIX: Final = "ml.training.goodput."
 BADPUT_PREFIX: Final = "ml.training.badput."
 BADPUT_CATEGORY: Final = "ml.training.badput.category"
 #: Step-time deviation: the robust ideal step time and how far windows deviate from it.
@@ -297,7 +295,6 @@ METRIC_PHASE_DURATION: Final = "ml.training.phase.duration"
 METRIC_STEP_PHASE_TIME: Final = "ml.training.iteration.phase_time"
 METRIC_HFU: Final = "ml.training.hfu"
 METRIC_ITERATIONS_EXPORTED: Final = "traintel.iterations.exported"
-METRIC_ITERATIONS_NOT_EXPORTED: Final = "traintel.iterations.not_exported"
 
 # System and device gauges (observable, sampled on the metric reader's thread). GPU names follow
 # the OTel ``hw.*`` conventions so series join with dcgm-exporter's by ``hw.id`` (the GPU UUID).

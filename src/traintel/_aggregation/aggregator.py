@@ -405,8 +405,6 @@ class TrainingAggregator:
 
     def __init__(self, warmup_iterations: int = 1) -> None:
         self.warmup_iterations = warmup_iterations
-        #: Windows reported so far (a window whose report failed is not one).
-        self.windows_closed = 0
         self.iterations_seen = 0  # in the windows closed so far
         self.first_iteration_s: float | None = None
         self.total = _Counts()
@@ -471,7 +469,6 @@ class TrainingAggregator:
             window.sync_marked,
             sums,
         )
-        self.windows_closed += 1
         self.last_window = report
         return report
 
