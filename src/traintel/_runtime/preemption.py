@@ -70,21 +70,10 @@ def install() -> bool:
     """Install the handlers (once per process, main thread only); True if installed now or before."""
     global _installed
     with _install_lock:
-        if _installed:
-            return True
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        for signum in SIGNALS:
-            try:
-                previous = signal.getsignal(signum)
-                if previous in (signal.SIG_IGN, None):  # ignored, or set outside Python: keep it
-                    continue
-                signal.signal(signum, _handle)
-                _previous[signum] = previous
-            except (ValueError, OSError):  # not supported here
-                continue
-        _installed = True
-        return True
+        if not _installed and threading.current_thread() is threading.main_thread():
+            _take_signals()
+            _installed = True
+        return _installed
 
 
 def chain_later_handlers() -> None:
@@ -95,18 +84,23 @@ def chain_later_handlers() -> None:
     traintel takes the signal back and calls that handler as it calls one installed before it.
     A signal set to be ignored stays ignored. Main thread only; never raises.
     """
-    if not _installed or threading.current_thread() is not threading.main_thread():
-        return
-    with _install_lock:
-        for signum in SIGNALS:
-            try:
-                current = signal.getsignal(signum)
-                if current is _handle or current in (signal.SIG_IGN, None):
-                    continue
-                signal.signal(signum, _handle)
-                _previous[signum] = current
-            except (ValueError, OSError):
+    if _installed and threading.current_thread() is threading.main_thread():
+        with _install_lock:
+            _take_signals()
+
+
+def _take_signals() -> None:
+    """traintel's handler in front of each signal's current one, which it calls on; a signal
+    ignored, or handled outside Python, is left as it is."""
+    for signum in SIGNALS:
+        try:
+            current = signal.getsignal(signum)
+            if current is _handle or current in (signal.SIG_IGN, None):
                 continue
+            signal.signal(signum, _handle)
+            _previous[signum] = current
+        except (ValueError, OSError):  # not supported here
+            continue
 
 
 def _default_action_ends_process(previous: _Handler) -> bool:
@@ -124,9 +118,7 @@ def _handle(signum: int, frame: FrameType | None) -> None:
     telemetry = _state.configured()
     engine = telemetry.engine if telemetry is not None else None
     if engine is not None and engine.deferred_signal is None and _ending_an_iteration(frame):
-        # Landed while traintel records an iteration's end: handled as that returns, which
-        # takes microseconds. Cut midway, the iteration would be neither open (for the report
-        # to end) nor exported, while the report counts it as completed.
+        # handled as the iteration's end returns (see the module docstring)
         engine.deferred_signal = functools.partial(_handle_now, signum, frame)
         return
     _handle_now(signum, frame)

@@ -146,14 +146,8 @@ class CrossRank:
         return (fewest, 0.0) if agreed is None else agreed
 
     def _several_ranks(self) -> bool:
-        """A job of several ranks, exchanging or not (never imports torch itself)."""
-        if self.world > 1:
-            return True
-        if "torch" not in sys.modules:
-            return False
-        from traintel.distributed.exchange import distributed_world
-
-        return distributed_world() is not None
+        """A job of several ranks, exchanging or not."""
+        return self.world > 1 or _torch_world() is not None
 
     def _row(self, report: WindowReport) -> RankWindow:
         n = len(report.durations) or 1
@@ -176,14 +170,10 @@ class CrossRank:
     def _decide_rank_export(self) -> None:
         """The first window boundary: the world size is torch.distributed's, if initialised
         (else a single process: everything is exported). Decided once for the job."""
-        world = None
-        if "torch" in sys.modules:
-            try:
-                from traintel.distributed.exchange import distributed_world
-
-                world = distributed_world()
-            except Exception:  # a half-torn-down group: as not distributed, decided all the same
-                world = None
+        try:
+            world = _torch_world()
+        except Exception:  # a half-torn-down group: as not distributed, decided all the same
+            world = None
         rank, size = world if world is not None else (0, 1)
         threshold = self.engine.settings.cross_rank_scale_world_size
         self.apply_rank_export(RankExportPolicy.decide(rank, size, threshold))
@@ -201,17 +191,14 @@ class CrossRank:
             return None
 
     def _start(self) -> Exchange | None:
-        """The exchange, once torch.distributed is up with more than one rank (never imports
-        torch itself: a job that never imported it is not distributed), and every rank is
+        """The exchange, once torch.distributed is up with more than one rank and every rank is
         there: a rank that died before the group exists costs the others PRESENCE_WAIT_S (at
         most the exchange timeout), once, and the job goes on without the statistics."""
-        if "torch" not in sys.modules:
-            return None
-        from traintel.distributed.exchange import PRESENCE_WAIT_S, Exchange, distributed_world, missing_ranks
-
-        world = distributed_world()
+        world = _torch_world()
         if world is None:
             return None
+        from traintel.distributed.exchange import PRESENCE_WAIT_S, Exchange, missing_ranks
+
         self.rank, self.world = world
         settings = self.engine.settings
         self.timeout_s = settings.cross_rank_timeout
@@ -295,6 +282,16 @@ class CrossRank:
     def close(self) -> None:
         if self.exchange is not None:
             self.exchange.close()
+
+
+def _torch_world() -> tuple[int, int] | None:
+    """torch.distributed's rank and world size once it is up with several ranks; never imports
+    torch itself (a job that never imported it is not distributed)."""
+    if "torch" not in sys.modules:
+        return None
+    from traintel.distributed.exchange import distributed_world
+
+    return distributed_world()
 
 
 class CrossRankInstruments:
