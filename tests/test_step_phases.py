@@ -20,7 +20,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import traintel
 from traintel import callbacks, semconv
 from traintel._aggregation.aggregator import STEP_INDEX
-from traintel._api.phases import step_phase
 from traintel._recorder import clock
 from traintel._recorder.phases import STEP_KINDS, IterationPhase, PhaseSpan, StepPhase
 
@@ -182,7 +181,7 @@ def test_an_exit_after_the_iteration_ended_or_a_second_exit_does_nothing(
 @pytest.mark.parametrize("name", list(STEP_FACTORIES))
 def test_every_factory_builds_the_step_callbacks_and_integrations_drive(name: str) -> None:
     """One class, one constructor: what ``with`` uses is what the callbacks use."""
-    phases = (STEP_FACTORIES[name](), step_phase(name), StepPhase(STEP_KINDS[name]))
+    phases = (STEP_FACTORIES[name](), StepPhase(STEP_KINDS[name]))
     assert {type(phase) for phase in phases} == {StepPhase}
     for phase in phases:
         assert (phase._name, dict(phase._attributes or {}), phase._index) == (

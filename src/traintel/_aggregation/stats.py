@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from itertools import accumulate, repeat
 
 try:  # Counter.update's own C helper: update() itself first asks isinstance(x, Mapping), an ABC check
@@ -188,24 +188,6 @@ class QuantileSketch:
     @property
     def is_exact(self) -> bool:
         return self._exact is not None
-
-    def add(self, value: float) -> None:
-        self.count += 1
-        self.low, self.high = min(self.low, value), max(self.high, value)
-        exact = self._exact
-        if exact is not None:
-            insort(exact, value)  # kept sorted: quantiles need no sort
-            if len(exact) <= self.exact_limit:
-                return
-            self._exact = None
-            folded = IndexedBatch(exact)
-            self._merge(folded.tally(self._log_gamma))
-            self.zeros += folded.zeros
-            return
-        if value <= 0:  # zeros (and NaN) are no bucket
-            self.zeros += 1
-            return
-        self._merge({math.ceil(math.log2(value) * (1.0 / self._log_gamma)): 1})  # as in IndexedBatch
 
     def add_many(self, values: list[float] | IndexedBatch) -> None:
         """Add a batch (a window's values): one C-level sort instead of an insort per value;

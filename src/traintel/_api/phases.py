@@ -22,7 +22,6 @@ from traintel._recorder.phases import (
     MODEL_BACKWARD,
     MODEL_FORWARD,
     OPTIMIZER_UPDATE,
-    STEP_KINDS,
     ApplicationPhase,
     EvalLoopPhase,
     IterationPhase,
@@ -36,12 +35,6 @@ from traintel.semconv import Phase
 
 _NONE: Final[Mapping[str, AttributeValue]] = MappingProxyType({})
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
-
-
-def step_phase(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> StepPhase:
-    """A step phase by span name: ``data_loading``, ``model_forward``, ``model_backward`` or
-    ``optimizer_update`` (what callbacks and framework integrations drive)."""
-    return StepPhase(STEP_KINDS[name], attributes)
 
 
 def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:

@@ -17,7 +17,7 @@ it (through the context it was attached in) parent to the current segment.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
@@ -286,13 +286,11 @@ class SegmentedSpan(Span):
         start_ns: int,
         parent: Span | None,
         links: Sequence[SpanContext],
-        extra: Mapping[str, Any] | None = None,
     ) -> None:
         """Continue in a new span: a root (new trace) unless ``parent`` is given."""
         self.segment_index += 1
         attributes = dict(self.start_attributes)
         attributes[semconv.SEGMENT_INDEX] = self.segment_index
-        attributes.update(extra or {})
         context = trace_api.set_span_in_context(parent) if parent is not None else Context()
         self.current = tracer.start_span(
             self.name,

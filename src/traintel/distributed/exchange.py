@@ -129,26 +129,23 @@ class Exchange:
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait at most ``timeout_s`` for the queued exchanges to finish (or fail)."""
+        return self._wait(lambda: not self._pending, timeout_s)
+
+    def wait_done(self, count: int, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` until ``count`` gathers have been handed over (or the
+        exchange failed)."""
+        return self._wait(lambda: self._done >= count, timeout_s) and self._done >= count
+
+    def _wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        """False if ``timeout_s`` ran out before ``done()`` (or the exchange failed)."""
         deadline = time.monotonic() + timeout_s
         with self._idle:
-            while self._pending and self.failed is None:
+            while not done() and self.failed is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._idle.wait(remaining)
         return True
-
-    def wait_done(self, count: int, timeout_s: float) -> bool:
-        """Wait at most ``timeout_s`` until ``count`` gathers have been handed over (or the
-        exchange failed)."""
-        deadline = time.monotonic() + timeout_s
-        with self._idle:
-            while self._done < count and self.failed is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._idle.wait(remaining)
-        return self._done >= count
 
     def close(self) -> None:
         """Stop the thread after the queued rows, waiting for them a bounded while.
