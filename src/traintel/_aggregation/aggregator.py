@@ -182,49 +182,37 @@ class _Counts:
         """Throughput, FLOP/s, MFU/HFU into ``out`` (and, with ``split``, the per-device rates,
         padding and the step-phase time split); returns MFU/HFU range errors."""
         errors: list[str] = []
-        keys = _RATE_KEYS.get(prefix) or _RATE_KEYS.setdefault(prefix, _RateKeys(prefix))
-        world = inputs.world_size
-        samples_per_device = keys.samples_per_device if split else None
-        _throughput(out, keys.samples, samples_per_device, self.samples, self.samples_time, world)
-        tokens_per_device = keys.tokens_per_device if split else None
-        _throughput(out, keys.tokens, tokens_per_device, self.tokens, self.tokens_time, world)
+        keys = _KEYS[prefix]
+        for what, amount, seconds in (
+            ("samples", self.samples, self.samples_time),
+            ("tokens", self.tokens, self.tokens_time),
+        ):
+            if seconds > 0:  # per device; for the job, assuming balanced ranks
+                per_device = amount / seconds
+                if split:
+                    out[keys[what + "_per_second_per_device"]] = per_device
+                out[keys[what + "_per_second"]] = per_device * inputs.world_size
         if self.flops_time > 0:
             flops_per_second = self.flops / self.flops_time
-            out[keys.flops_per_device] = flops_per_second
-            out[keys.tflops_per_device] = flops_per_second / 1e12
+            out[keys["flops_per_second_per_device"]] = flops_per_second
+            out[keys["tflops_per_device"]] = flops_per_second / 1e12
             if inputs.peak_flops or inputs.measured_peak_flops:
                 errors = _utilization(flops_per_second, inputs, keys, out)
         if split:
             self._split(keys, out)
         return errors
 
-    def _split(self, keys: _RateKeys, out: dict[str, float | int | str]) -> None:
+    def _split(self, keys: _Prefixed, out: dict[str, float | int | str]) -> None:
         """Padding, and the step-phase time split."""
         if self.padding > 0 and self.tokens + self.padding > 0:
-            out[keys.padding_fraction] = self.padding / (self.tokens + self.padding)
+            out[keys["padding_fraction"]] = self.padding / (self.tokens + self.padding)
         if self.duration_s > 0:
-            out.update(zip(keys.times, self.phase_s, strict=True))
-            out[keys.data_loading_fraction] = self.phase_s[DATA] / self.duration_s
-
-
-def _throughput(
-    out: dict[str, float | int | str],
-    key: str,
-    device_key: str | None,
-    amount: float,
-    seconds: float,
-    world: int,
-) -> None:
-    """Per device (under ``device_key``, if given) and for the whole job (``key``)."""
-    if seconds > 0:
-        per_device = amount / seconds
-        if device_key:
-            out[device_key] = per_device
-        out[key] = per_device * world
+            out.update(zip(map(keys.__getitem__, _TIME_NAMES), self.phase_s, strict=True))
+            out[keys["data_loading_fraction"]] = self.phase_s[DATA] / self.duration_s
 
 
 def _utilization(
-    flops_per_second: float, inputs: RateInputs, keys: _RateKeys, out: dict[str, float | int | str]
+    flops_per_second: float, inputs: RateInputs, keys: _Prefixed, out: dict[str, float | int | str]
 ) -> list[str]:
     """MFU (and HFU, given the executed FLOPs ratio) into ``out``; a value above 1 is not a
     metric but an error, returned."""
@@ -232,60 +220,23 @@ def _utilization(
     if inputs.measured_peak_flops:
         measured = flops_per_second / inputs.measured_peak_flops
         if measured <= 1:
-            out[keys.mfu_measured] = measured
+            out[keys["mfu_measured"]] = measured
         else:
             errors.append(f"mfu against the measured peak {measured:.3f} > 1")
     if not inputs.peak_flops:
         return errors
     mfu = flops_per_second / inputs.peak_flops
     if mfu <= 1:
-        out[keys.mfu] = mfu
+        out[keys["mfu"]] = mfu
     else:
         errors.append(f"mfu {mfu:.3f} > 1")
     if inputs.executed_flops_ratio is not None:
         hfu = mfu * inputs.executed_flops_ratio
         if hfu <= 1:
-            out[keys.hfu] = hfu
+            out[keys["hfu"]] = hfu
         else:
             errors.append(f"hfu {hfu:.3f} > 1")
     return errors
-
-
-class _RateKeys:
-    """The attribute names :meth:`_Counts.rates` writes under one prefix, built once."""
-
-    __slots__ = (
-        "data_loading_fraction",
-        "flops_per_device",
-        "hfu",
-        "mfu",
-        "mfu_measured",
-        "padding_fraction",
-        "samples",
-        "samples_per_device",
-        "tflops_per_device",
-        "times",
-        "tokens",
-        "tokens_per_device",
-    )
-
-    def __init__(self, prefix: str) -> None:
-        keys = _KEYS[prefix] if prefix in _KEYS else _Prefixed(prefix)  # (an empty cache is falsy)
-        self.samples = keys["samples_per_second"]
-        self.samples_per_device = keys["samples_per_second_per_device"]
-        self.tokens = keys["tokens_per_second"]
-        self.tokens_per_device = keys["tokens_per_second_per_device"]
-        self.padding_fraction = keys["padding_fraction"]
-        self.flops_per_device = keys["flops_per_second_per_device"]
-        self.tflops_per_device = keys["tflops_per_device"]
-        self.mfu = keys["mfu"]
-        self.mfu_measured = keys["mfu_measured"]
-        self.hfu = keys["hfu"]
-        self.times = tuple(keys[name] for name in _TIME_NAMES)
-        self.data_loading_fraction = keys["data_loading_fraction"]
-
-
-_RATE_KEYS = {prefix: _RateKeys(prefix) for prefix in (_W, _T)}
 
 
 @dataclass
@@ -405,6 +356,8 @@ class TrainingAggregator:
 
     def __init__(self, warmup_iterations: int = 1) -> None:
         self.warmup_iterations = warmup_iterations
+        #: Windows reported so far (a window whose report failed is not one).
+        self.windows_closed = 0
         self.iterations_seen = 0  # in the windows closed so far
         self.first_iteration_s: float | None = None
         self.total = _Counts()
@@ -469,6 +422,7 @@ class TrainingAggregator:
             window.sync_marked,
             sums,
         )
+        self.windows_closed += 1
         self.last_window = report
         return report
 
