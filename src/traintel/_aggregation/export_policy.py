@@ -10,7 +10,7 @@ its iterations was slow, failed or went non-finite, that it is the straggler, th
 
 Decided once per job, as soon as the world size is known (the Resource's rank and world size at
 configure, from torchrun or Slurm; else ``torch.distributed`` at the first window boundary),
-and never revisited. Applying it costs nothing per iteration: the engine reads the switches at
+and never revisited. Applying it costs nothing per iteration: the engine reads it at
 window boundaries, the instruments at collection, and the sampler's routine reasons are
 switched off once. No torch and no OpenTelemetry here.
 """
@@ -43,32 +43,14 @@ class RankExportPolicy:
 
     @property
     def anomalies_only(self) -> bool:
-        """This rank exports only what is anomalous: scale mode, and not rank 0."""
+        """This rank exports only what is anomalous: scale mode, and not rank 0. It then leaves
+        out the per-window, per-iteration and per-phase ``ml.training.*`` metric points (the
+        window series: throughput, MFU/HFU, step phase times, goodput/badput, step-time
+        deviation, the iteration / data-loading / phase / checkpoint histograms, the samples and
+        tokens counters); ``training_metrics_update`` and ``metric_out_of_range`` on the loop
+        segment; iterations exported for a head reason (the first K, every M-th, ``all``: the
+        tail reasons and a checkpoint's iteration are always exported); and the job statistics
+        (``ranks_metrics_update``, the ``ml.training.ranks.*`` gauges and every straggler's
+        event: it reports only itself as straggler, and its compute EWMA only while chronically
+        lagging)."""
         return self.scale_mode and self.rank != 0
-
-    # --- the switches (each False only on an anomalies-only rank) -------------------------------
-    @property
-    def window_series(self) -> bool:
-        """The per-window, per-iteration and per-phase ``ml.training.*`` metric points:
-        throughput, MFU/HFU, step phase times, goodput/badput, step-time deviation, the
-        iteration / data-loading / phase / checkpoint histograms, the samples and tokens
-        counters."""
-        return not self.anomalies_only
-
-    @property
-    def window_events(self) -> bool:
-        """``training_metrics_update`` (and ``metric_out_of_range``) on the loop segment."""
-        return not self.anomalies_only
-
-    @property
-    def routine_iterations(self) -> bool:
-        """Iterations exported for a head reason (the first K, every M-th, ``all``); the tail
-        reasons (slow, error, non-finite) and a checkpoint's iteration are always exported."""
-        return not self.anomalies_only
-
-    @property
-    def job_statistics(self) -> bool:
-        """The ``ranks_metrics_update`` event, the ``ml.training.ranks.*`` gauges and every
-        straggler's event (an anomalies-only rank reports only itself as straggler, and its
-        compute EWMA only while chronically lagging)."""
-        return not self.anomalies_only

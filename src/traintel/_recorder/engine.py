@@ -272,7 +272,7 @@ class TrainingEngine:
             sampler.slow_factor = factor
             self.windows.catch_up_median()  # the median of the last 101, as at a window close
             sampler.refresh()
-        if self.rank_export is not None and not self.rank_export.routine_iterations:
+        if self.rank_export is not None and self.rank_export.anomalies_only:
             self._stop_routine_sampling()
         global_batch = settings.global_batch_size
         self.default_samples: float | None = global_batch / self.world_size if global_batch else None
@@ -290,8 +290,8 @@ class TrainingEngine:
         if self.rank_export is not None:
             return
         self.rank_export = policy
-        self.window_events = policy.window_events
-        if not policy.routine_iterations:
+        self.window_events = not policy.anomalies_only
+        if policy.anomalies_only:
             self._stop_routine_sampling()
 
     def _stop_routine_sampling(self) -> None:

@@ -240,7 +240,7 @@ def _rank_export(
         if engine.rank_export is not None:
             return
         engine.set_rank_export(policy)
-        if not policy.window_series:
+        if policy.anomalies_only:
             instruments.stop_window_series()
         HEALTH.report_zeros = not policy.anomalies_only
 

@@ -85,7 +85,7 @@ class CrossRank:
     def job_level(self) -> bool:
         """This rank exports the job-level statistics (below the scale world size, or rank 0)."""
         policy = self.engine.rank_export
-        return policy is None or policy.job_statistics
+        return policy is None or not policy.anomalies_only
 
     # --- the window boundary (window pipeline) --------------------------------------------------
     def window_closed(self, report: WindowReport | None, final: bool) -> None:
