@@ -96,8 +96,8 @@ class PhaseSpan:
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         return None
 
-    # --- a real span: every phase's general case ---------------------------------------------------
-    def _start(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
+    # --- a real span: every phase's general case; callbacks pass the times ---------------------------
+    def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
         start = _time_ns() if start_ns is None else start_ns
         self._start_ns = start
         span = self._wrap(engine, engine.start_span(self._name, self._start_attributes(engine), start))
@@ -110,7 +110,7 @@ class PhaseSpan:
             device.started(self._name, record.iteration if record is not None else None)
         return span
 
-    def _end(
+    def _close(
         self,
         engine: TrainingEngine,
         exc: BaseException | None,
@@ -154,7 +154,7 @@ class PhaseSpan:
         if engine is None or engine.closed:
             return _INVALID_SPAN
         try:
-            return self._start(engine)
+            return self._open(engine)
         except Exception:
             engine.warn_once("enter:" + self._name, "could not start phase %r", self._name)
             return _INVALID_SPAN
@@ -168,22 +168,9 @@ class PhaseSpan:
         engine = active.engine
         if engine is not None:
             try:
-                self._end(engine, exc)
+                self._close(engine, exc)
             except Exception:
                 engine.warn_once("exit:" + self._name, "could not end phase %r", self._name)
-
-    # --- callbacks: the same phase, opened and closed at given times ----------------------------------
-    def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
-        return self._start(engine, start_ns)
-
-    def _close(
-        self,
-        engine: TrainingEngine,
-        exc: BaseException | None,
-        end_ns: int | None = None,
-        reason: str | None = None,
-    ) -> None:
-        self._end(engine, exc, end_ns, reason)
 
     def _clone(self) -> PhaseSpan:
         """A fresh object with this one's settings (what each decorated call uses)."""
@@ -287,7 +274,7 @@ class EvalLoopPhase(LoopPhase):
 # --- iterations: the fast path -----------------------------------------------------------------
 class _TimedPhase(PhaseSpan):
     """A phase whose ``__enter__``/``__exit__`` take the times themselves (0: the clock's), so a
-    callback opens and closes it through them rather than through ``_start``/``_end``."""
+    callback opens and closes it through them rather than as a real span."""
 
     def __enter__(self, start_ns: int = 0) -> Span:
         raise NotImplementedError
@@ -500,7 +487,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
         if engine.closed:
             return _INVALID_SPAN
         try:
-            span = self._start(engine, start_ns or None)
+            span = PhaseSpan._open(self, engine, start_ns or None)
             if record is None:
                 engine.open_step = self  # outside any iteration (data loading before it opens)
             elif engine.active_thread == _get_ident():
@@ -515,7 +502,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
         if engine is None:
             return
         try:
-            self._end(engine, exc, end_ns or None, reason)
+            PhaseSpan._close(self, engine, exc, end_ns or None, reason)
         except Exception:
             engine.warn_once("exit:" + self._name, "could not end phase %r", self._name)
 
