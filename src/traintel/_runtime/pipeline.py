@@ -691,44 +691,113 @@ def _waited_for(stuck: list[str]) -> list[str]:
     return waiting
 
 
-def _export_paths(
-    plans: list[_ExporterPlan],
-    config: TrainingConfig,
-    resource: Resource | None,
-    spool: bool,
-    *,
-    strict: bool,
-    environ: Mapping[str, str],
-    undo: list[Callable[[], None]],
-) -> list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]]:
-    """A batch processor per span exporter, each behind a spool (network exporters built from
-    ``OTEL_*``, when ``spool``); how to stop each goes on ``undo``. An exporter that cannot
-    start fails explicit configuration; the automatic one says so and leaves it out."""
-    paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
-    batching = _batch_settings(environ, strict) if plans else {}
-    for plan in plans:
+@dataclass
+class _OwnedBuild:
+    """traintel's own providers, built around the planned exporters: what each step reads, and
+    ``undo``, how to stop what was started (a failed build stops it, newest first). An exporter
+    that cannot start fails explicit configuration; the automatic one says so and leaves it out."""
+
+    config: TrainingConfig
+    resource: Resource | None
+    strict: bool
+    environ: Mapping[str, str]
+    undo: list[Callable[[], None]] = field(default_factory=list)
+
+    def failed(
+        self, signal: str, name: str, exc: Exception, settings: _Settings | None = None, what: str = ""
+    ) -> None:
+        _exporter_failed(signal, name, exc, self.environ, self.strict, settings, what)
+
+    def tracer_provider(
+        self, plans: list[_ExporterPlan], spool: bool
+    ) -> tuple[OwnedTracerProvider, ForcingIdGenerator, IterationExportFilter, list[ExportPath]]:
+        """traintel's tracer provider: export filter, batching and spooling in front of ``plans``."""
+        ids = ForcingIdGenerator()
         try:
-            exporter: SpanExporter = plan.factory()
+            provider = OwnedTracerProvider(resource=self.resource, shutdown_on_exit=False, id_generator=ids)
         except Exception as exc:
-            _exporter_failed("traces", plan.name, exc, environ, strict)
-            continue
-        spooler = None
-        if spool and plan.name != FILE_EXPORTER:
-            exporter = spooler = _spooling(exporter, plan.name, config, resource)
-        bound = ProcessBoundSpanExporter(exporter)
+            _raise("the tracer provider could not be built", exc, _TRACER_PROVIDER_SETTINGS, self.environ)
+        export_paths = self.export_paths(plans, spool)
+        export_filter = IterationExportFilter([batcher for batcher, _ in export_paths], TraceBudget())
+        provider.add_traintel_processor(export_filter)
+        return provider, ids, export_filter, list[ExportPath](export_paths)
+
+    def export_paths(
+        self, plans: list[_ExporterPlan], spool: bool
+    ) -> list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]]:
+        """A batch processor per span exporter, each behind a spool (network exporters built
+        from ``OTEL_*``, when ``spool``)."""
+        paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
+        batching = _batch_settings(self.environ, self.strict) if plans else {}
+        for plan in plans:
+            try:
+                exporter: SpanExporter = plan.factory()
+            except Exception as exc:
+                self.failed("traces", plan.name, exc)
+                continue
+            spooler = None
+            if spool and plan.name != FILE_EXPORTER:
+                exporter = spooler = _spooling(exporter, plan.name, self.config, self.resource)
+            bound = ProcessBoundSpanExporter(exporter)
+            try:
+                processor = CountingBatchSpanProcessor(
+                    bound, health=HEALTH, **_plan_batching(plan, batching, self.environ)
+                )
+            except Exception as exc:
+                if not plan.lent:
+                    self.undo.append(exporter.shutdown)
+                what = f"the batch span processor of exporter {plan.name!r} could not start"
+                self.failed("traces", plan.name, exc, _BSP_SETTINGS, what)
+                continue
+            self.undo.append(lambda p=processor, b=bound, lent=plan.lent: _stop(p, b, lent))  # type: ignore[misc]
+            paths.append((processor, spooler))
+        return paths
+
+    def meter_provider(
+        self, plans: list[_ExporterPlan], callers_readers: Sequence[MetricReader]
+    ) -> MeterProvider:
+        """traintel's meter provider: a periodic reader per planned exporter, and the caller's own.
+
+        Built last: once the caller's readers are registered on it, undoing would shut them down."""
+        readers = self.periodic_readers(plans)
         try:
-            processor = CountingBatchSpanProcessor(
-                bound, health=HEALTH, **_plan_batching(plan, batching, environ)
+            return MeterProvider(
+                metric_readers=[*callers_readers, *readers], resource=self.resource, shutdown_on_exit=False
             )
         except Exception as exc:
-            if not plan.lent:
-                undo.append(exporter.shutdown)
-            what = f"the batch span processor of exporter {plan.name!r} could not start"
-            _exporter_failed("traces", plan.name, exc, environ, strict, _BSP_SETTINGS, what)
-            continue
-        undo.append(lambda p=processor, b=bound, lent=plan.lent: _stop(p, b, lent))  # type: ignore[misc]
-        paths.append((processor, spooler))
-    return paths
+            _raise("the meter provider could not be built", exc, _METER_PROVIDER_SETTINGS, self.environ)
+
+    def periodic_readers(self, plans: list[_ExporterPlan]) -> list[MetricReader]:
+        """A periodic reader per metric exporter; network exporters' failures are counted (and
+        said at exit)."""
+        readers: list[MetricReader] = []
+        for plan in plans:
+            try:
+                built: MetricExporter | MetricReader = plan.factory()
+            except Exception as exc:
+                self.failed("metrics", plan.name, exc)
+                continue
+            if isinstance(built, MetricReader):  # a pull endpoint (prometheus): its own reader
+                self.undo.append(built.shutdown)
+                readers.append(built)
+                continue
+            interval: float | None = None  # the SDK's: OTEL_METRIC_EXPORT_INTERVAL, else 60 s
+            if plan.name == FILE_EXPORTER:
+                bound: MetricExporter = ProcessBoundMetricExporter(built)
+                if not self.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip():
+                    interval = FILE_METRIC_EXPORT_INTERVAL_MILLIS
+            else:
+                bound = CountingMetricExporter(built)
+            try:
+                reader = PeriodicExportingMetricReader(bound, export_interval_millis=interval)
+            except Exception as exc:
+                self.undo.append(bound.shutdown)
+                what = f"the periodic metric reader of exporter {plan.name!r} could not start"
+                self.failed("metrics", plan.name, exc, _READER_SETTINGS, what)
+                continue
+            self.undo.append(reader.shutdown)
+            readers.append(reader)
+        return readers
 
 
 def _plan_batching(
@@ -757,90 +826,6 @@ def _stop(processor: CountingBatchSpanProcessor, bound: ProcessBoundSpanExporter
     if lent:
         bound.inner = SpanExporter()  # the processor's shutdown reaches this stand-in, not theirs
     _call(processor, "shutdown")
-
-
-def _periodic_readers(
-    plans: list[_ExporterPlan], *, strict: bool, environ: Mapping[str, str], undo: list[Callable[[], None]]
-) -> list[MetricReader]:
-    """A periodic reader per metric exporter, how to stop each on ``undo``; network exporters'
-    failures are counted (and said at exit). An exporter that cannot start is as in
-    :func:`_export_paths`."""
-    readers: list[MetricReader] = []
-    for plan in plans:
-        try:
-            built: MetricExporter | MetricReader = plan.factory()
-        except Exception as exc:
-            _exporter_failed("metrics", plan.name, exc, environ, strict)
-            continue
-        if isinstance(built, MetricReader):  # a pull endpoint (prometheus): its own reader
-            undo.append(built.shutdown)
-            readers.append(built)
-            continue
-        interval: float | None = None  # the SDK's: OTEL_METRIC_EXPORT_INTERVAL, else 60 s
-        if plan.name == FILE_EXPORTER:
-            bound: MetricExporter = ProcessBoundMetricExporter(built)
-            if not environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip():
-                interval = FILE_METRIC_EXPORT_INTERVAL_MILLIS
-        else:
-            bound = CountingMetricExporter(built)
-        try:
-            reader = PeriodicExportingMetricReader(bound, export_interval_millis=interval)
-        except Exception as exc:
-            undo.append(bound.shutdown)
-            what = f"the periodic metric reader of exporter {plan.name!r} could not start"
-            _exporter_failed("metrics", plan.name, exc, environ, strict, _READER_SETTINGS, what)
-            continue
-        undo.append(reader.shutdown)
-        readers.append(reader)
-    return readers
-
-
-def _owned_tracer_provider(
-    plans: list[_ExporterPlan],
-    config: TrainingConfig,
-    resource: Resource | None,
-    *,
-    spool: bool,
-    strict: bool,
-    environ: Mapping[str, str],
-    undo: list[Callable[[], None]],
-) -> tuple[
-    OwnedTracerProvider,
-    ForcingIdGenerator,
-    IterationExportFilter,
-    list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]],
-]:
-    """traintel's tracer provider: export filter, batching and spooling in front of ``plans``."""
-    ids = ForcingIdGenerator()
-    try:
-        provider = OwnedTracerProvider(resource=resource, shutdown_on_exit=False, id_generator=ids)
-    except Exception as exc:
-        _raise("the tracer provider could not be built", exc, _TRACER_PROVIDER_SETTINGS, environ)
-    export_paths = _export_paths(plans, config, resource, spool, strict=strict, environ=environ, undo=undo)
-    export_filter = IterationExportFilter([batcher for batcher, _ in export_paths], TraceBudget())
-    provider.add_traintel_processor(export_filter)
-    return provider, ids, export_filter, export_paths
-
-
-def _owned_meter_provider(
-    plans: list[_ExporterPlan],
-    callers_readers: Sequence[MetricReader],
-    resource: Resource | None,
-    *,
-    strict: bool,
-    environ: Mapping[str, str],
-    undo: list[Callable[[], None]],
-) -> MeterProvider:
-    """traintel's meter provider: a periodic reader per planned exporter, and the caller's own.
-
-    Built last: once the caller's readers are registered on it, undoing would shut them down."""
-    readers = _periodic_readers(plans, strict=strict, environ=environ, undo=undo)
-    try:
-        return MeterProvider(
-            metric_readers=[*callers_readers, *readers], resource=resource, shutdown_on_exit=False
-        )
-    except Exception as exc:
-        _raise("the meter provider could not be built", exc, _METER_PROVIDER_SETTINGS, environ)
 
 
 @dataclass(frozen=True)
@@ -956,7 +941,7 @@ def build_pipeline(
         file=file if FILE_EXPORTER in plans.names() else None,
         logs=LogPipeline(plans.logs, resource),
     )
-    _build_owned(pipeline, choice, options, config, resource, plans, strict=strict, environ=environ)
+    _build_owned(pipeline, choice, options, _OwnedBuild(config, resource, strict, environ), plans)
     _redaction.install(environ)  # the exporters' loggers exist now
     tls_errors.install(environ)
     retry_lines.install()
@@ -989,36 +974,22 @@ def _plan_all(
 
 
 def _build_owned(
-    pipeline: Pipeline,
-    choice: _Choice,
-    options: PipelineOptions,
-    config: TrainingConfig,
-    resource: Resource | None,
-    plans: _Plans,
-    *,
-    strict: bool,
-    environ: Mapping[str, str],
+    pipeline: Pipeline, choice: _Choice, options: PipelineOptions, build: _OwnedBuild, plans: _Plans
 ) -> None:
     """The providers traintel builds itself, into ``pipeline``; a failure stops what was
     started and publishes nothing."""
-    undo: list[Callable[[], None]] = []
     try:
         if choice.build_tp:
             spool = options.span_exporters is None
-            tp, pipeline.ids, pipeline.export_filter, paths = _owned_tracer_provider(
-                plans.traces, config, resource, spool=spool, strict=strict, environ=environ, undo=undo
-            )
-            pipeline.tracer_provider, pipeline.export_paths = tp, list[ExportPath](paths)
+            tp, pipeline.ids, pipeline.export_filter, paths = build.tracer_provider(plans.traces, spool)
+            pipeline.tracer_provider, pipeline.export_paths = tp, paths
         if choice.build_mp:
-            callers_readers = options.metric_readers or []
-            pipeline.meter_provider = _owned_meter_provider(
-                plans.metrics, callers_readers, resource, strict=strict, environ=environ, undo=undo
-            )
+            pipeline.meter_provider = build.meter_provider(plans.metrics, options.metric_readers or [])
     except BaseException as exc:
-        _undo(undo)
+        _undo(build.undo)
         if isinstance(exc, ConfigurationError) or not isinstance(exc, Exception):
             raise
-        _raise("the telemetry pipeline could not be built", exc, {}, environ)
+        _raise("the telemetry pipeline could not be built", exc, {}, build.environ)
 
 
 def _publish(pipeline: Pipeline, choice: _Choice) -> None:
