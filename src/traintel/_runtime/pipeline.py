@@ -360,7 +360,7 @@ class LogPipeline:
 
     def flush(self, millis: int) -> None:
         with self._lock:
-            provider = self._provider if self._provider is not None else None
+            provider = self._provider
         if provider is None and self._plans is None and self._logger is not None:
             provider = otel_private.get_logger_provider()  # the user's: flushed, not shut down
         if provider is not None:
@@ -474,34 +474,31 @@ class Pipeline:
             return True
         self._shut_down = True
         millis = int(timeout_s * 1000)
-        tasks: list[tuple[str, Callable[[], None]]] = []
-        if self.owns_tracer_provider:
-
-            def flush_and_shutdown_traces() -> None:
-                _call(self.tracer_provider, "force_flush", millis)
-                _call(self.tracer_provider, "shutdown")
-
-            tasks.append(("spans", flush_and_shutdown_traces))
-        else:
-            tasks.append(("spans", lambda: _call(self.tracer_provider, "force_flush", millis)))
-        if self.owns_meter_provider:
-
-            def shutdown_metrics() -> None:
-                readers = otel_private.collecting_threads(self.meter_provider)  # before: 1.40 forgets them
-                _call(self.meter_provider, "shutdown", millis)
-                for thread in readers:  # each one's last collection (the last metric line): this
-                    thread.join()  # task waits for it, and the bound says so if it runs out first
-
-            tasks.append(("metrics", shutdown_metrics))
-        else:
-            tasks.append(("metrics", lambda: _call(self.meter_provider, "force_flush", millis)))
-        tasks.append(("logs", lambda: self.logs.shutdown(millis)))
+        tasks: list[tuple[str, Callable[[], None]]] = [
+            ("spans", lambda: self._end_traces(millis)),
+            ("metrics", lambda: self._end_metrics(millis)),
+            ("logs", lambda: self.logs.shutdown(millis)),
+        ]
         done = _bounded(tasks, timeout_s, "shutdown")
         if not done:
             self._spill()
         for line in HEALTH.new_report_lines():
             _logger.warning("traintel: telemetry export: %s", line)
         return done
+
+    def _end_traces(self, millis: int) -> None:
+        _call(self.tracer_provider, "force_flush", millis)
+        if self.owns_tracer_provider:
+            _call(self.tracer_provider, "shutdown")
+
+    def _end_metrics(self, millis: int) -> None:
+        if not self.owns_meter_provider:
+            _call(self.meter_provider, "force_flush", millis)
+            return
+        readers = otel_private.collecting_threads(self.meter_provider)  # before: 1.40 forgets them
+        _call(self.meter_provider, "shutdown", millis)
+        for thread in readers:  # each one's last collection (the last metric line): this
+            thread.join()  # task waits for it, and the bound says so if it runs out first
 
     def _spill(self) -> None:
         """The exit bound was reached: what is queued or in flight goes to the spool, not away."""
