@@ -9,25 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from traintel._recorder import active, clock
+from traintel.distributed.sync import mark_sync_point
 
 __all__ = ["mark_sync_point", "watch_ddp"]
-
-
-def mark_sync_point() -> None:
-    """This rank has finished its own work of the iteration and now waits for the others.
-
-    Call it right before the first collective of each training iteration when not using
-    :func:`watch_ddp` (e.g. your own all-reduce of the gradients). Only the first
-    call of an iteration counts; outside a training iteration, or before traintel is
-    configured, it does nothing. Never raises.
-    """
-    try:
-        engine = active.engine
-        if engine is not None:
-            engine.mark_sync_point(clock.time_ns())
-    except Exception:  # telemetry never breaks training
-        pass
 
 
 def watch_ddp(model: Any, hook: Any = None, state: Any = None) -> Any:

@@ -14,8 +14,8 @@ import torch
 from torch._C._distributed_c10d import GradBucket  # dist.GradBucket, visible to mypy
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from traintel.distributed import mark_sync_point
 from traintel.distributed.collectives import watch_torch_collectives
+from traintel.distributed.sync import mark_sync_point
 
 
 def register(model: Any, hook: Any = None, state: Any = None) -> Any:
