@@ -40,10 +40,8 @@ def _endpoint_used(trace_exporters: list[str], environ: Mapping[str, str]) -> st
 
 def _silent(rank: object, environ: Mapping[str, str]) -> bool:
     """Another rank's job (one line per job), or ``TRAINTEL_QUIET``."""
-    return environ.get(TRAINTEL_QUIET, "").strip().lower() in ("1", "true", "yes", "on") or rank not in (
-        0,
-        None,
-    )
+    quiet = environ.get(TRAINTEL_QUIET, "").strip().lower() in ("1", "true", "yes", "on")
+    return quiet or rank not in (0, None)
 
 
 def greeting(

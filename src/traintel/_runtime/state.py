@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry import trace as trace_api
@@ -30,6 +30,7 @@ from traintel._host.compute_dtype import forget_model
 from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
+from traintel._recorder.phases import PhaseSpan
 from traintel._runtime.farewell import farewell, say
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
@@ -48,27 +49,11 @@ if TYPE_CHECKING:
 _logger = logging.getLogger("traintel")
 
 
-class PhaseTemplate(Protocol):
-    """What the callbacks drive: a phase's open/close protocol."""
-
-    _name: str
-
-    def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span: ...
-
-    def _close(
-        self,
-        engine: TrainingEngine,
-        exc: BaseException | None,
-        end_ns: int | None = None,
-        reason: str | None = None,
-    ) -> None: ...
-
-
 @dataclass
 class _OpenCallback:
     key: str
     span: Span
-    template: PhaseTemplate
+    template: PhaseSpan
 
 
 class Warnings:
@@ -214,7 +199,7 @@ class Telemetry:
         return self.callback_span(phase)
 
     # --- callbacks: pair by identity, idempotent, closed in order -----------------------------
-    def callback_start(self, key: str, template: PhaseTemplate, start_time: int | None = None) -> Span:
+    def callback_start(self, key: str, template: PhaseSpan, start_time: int | None = None) -> Span:
         engine = self.engine
         if engine is None or engine.closed:
             return trace_api.INVALID_SPAN
