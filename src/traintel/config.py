@@ -323,17 +323,14 @@ class TrainingConfig:
         return cls(values)
 
     def updated(self, **changes: object) -> TrainingConfig:
-        """A copy with ``changes`` applied; raises :class:`ConfigurationError` on a bad value.
-
-        Validation happens before anything is copied, so a bad call changes nothing.
-        """
+        """A copy with ``changes`` applied; raises :class:`ConfigurationError` on a bad value,
+        changing nothing (the copy validates them)."""
+        merged = dict(self._values)
         for name, value in changes.items():
             if name not in _FIELDS:
                 raise _unknown(name)
             if value is not None:
-                _check(name, value, name)
-        merged = dict(self._values)
-        merged.update({k: v for k, v in changes.items() if v is not None})
+                merged[name] = value
         return TrainingConfig(merged)
 
     def resolve(self, *, lazy: bool = True) -> Settings:

@@ -104,18 +104,14 @@ class SpanOutlet:
     direct: DirectWriter | None = None
 
 
-def _nothing(*args: object) -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class EngineHooks:
     """What the runtime around the engine is told, and how it says things once."""
 
     warn_once: Callable[..., None]
     #: As traintel's application span starts, and just before it ends (with the exception).
-    on_application_start: Callable[[Span], None] = _nothing
-    on_application_end: Callable[[Span, BaseException | None], None] = _nothing
+    on_application_start: Callable[[Span], None]
+    on_application_end: Callable[[Span, BaseException | None], None]
 
 
 class TrainingEngine:
@@ -618,7 +614,7 @@ class TrainingEngine:
             if ids is not None:
                 ids.clear()
         if extras is not None:
-            _set_extras(step, extras)
+            _replay(step, extras.events, extras.status)
         if error is not None:
             mark_error(step, error, end_ns)
             if isinstance(error, Terminated):
@@ -839,12 +835,14 @@ def _foreign_steps_and_metrics(
             record.record_metric(key[len(_METRIC_PREFIX) :], float(value))
 
 
-def _set_extras(step: Span, extras: Any) -> None:
-    """What was set on a step's handle: its events and status."""
-    for event, event_attributes, timestamp in extras.events:
-        step.add_event(event, event_attributes, timestamp)
-    if extras.status is not None:
-        step.set_status(extras.status)
+def _replay(
+    span: Span, events: list[tuple[str, dict[str, AttributeValue], int]] | None, status: Status | None
+) -> None:
+    """What was set on a handle (an iteration's record, a step's extras): its events and status."""
+    for name, attributes, timestamp in events or ():
+        span.add_event(name, attributes, timestamp)
+    if status is not None:
+        span.set_status(status)
 
 
 def _plain(record: IterationRecord) -> bool:
@@ -891,11 +889,7 @@ def _with_exported(
 
 def _finish_span(span: Span, record: IterationRecord) -> None:
     """Give an iteration's SDK span what was set on its handle, then end it at its end time."""
-    if record.events:
-        for name, event_attributes, timestamp in record.events:
-            span.add_event(name, event_attributes, timestamp)
-    if record.status is not None:
-        span.set_status(record.status)
+    _replay(span, record.events, record.status)
     if record.error is not None:
         mark_error(span, record.error, record.end_ns)
     span.end(end_time=record.end_ns)
