@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass, field
 
 from traintel._aggregation.stats import percentile
 
@@ -63,56 +64,35 @@ def _first_ns_above(seconds: float) -> float:
     return d
 
 
+@dataclass(slots=True)
 class IterationSampler:
     """Head and tail decisions. The slow threshold is k x the median of the last 101 durations
     (``recent``, filled by the engine with each window's durations, and with the first 10 as
     soon as they exist), recomputed then, so the engine's per-iteration cost is one comparison
     with ``threshold_ns``."""
 
-    __slots__ = (
-        "every_n",
-        "every_n_configured",
-        "every_s",
-        "first",
-        "median",
-        "pace_s",
-        "policy",
-        "recent",
-        "seen",
-        "slow_factor",
-        "tail_checked_ns",
-        "tail_per_minute",
-        "tail_tokens",
-        "threshold",
-        "threshold_ns",
-    )
+    policy: str = "sampled"
+    first: int = 10
+    #: The every-M-th stride in use: M (``every_n_configured``) times a power of two.
+    every_n: int = 100
+    slow_factor: float = 3.0
+    every_s: float = 0.0
+    tail_per_minute: float = math.inf
+    every_n_configured: int = field(init=False)
+    pace_s: float = field(init=False, default=0.0)
+    tail_tokens: float = field(init=False)
+    tail_checked_ns: int = field(init=False, default=0)
+    seen: int = field(init=False, default=0)
+    recent: deque[float] = field(init=False, default_factory=lambda: deque(maxlen=MEDIAN_WINDOW))
+    median: float = field(init=False, default=0.0)
+    threshold: float = field(init=False, default=math.inf)  # seconds
+    #: The smallest whole number of nanoseconds above ``threshold``: the per-iteration test
+    #: ``duration_ns >= threshold_ns`` says exactly what ``duration_ns / 1e9 > threshold`` says.
+    threshold_ns: float = field(init=False, default=math.inf)
 
-    def __init__(
-        self,
-        policy: str = "sampled",
-        first: int = 10,
-        every_n: int = 100,
-        slow_factor: float = 3.0,
-        every_s: float = 0.0,
-        tail_per_minute: float = math.inf,
-    ):
-        self.policy = policy
-        self.first = first
-        #: M as configured; ``every_n`` is the stride in use (M times a power of two).
-        self.every_n_configured = self.every_n = every_n
-        self.every_s = every_s
-        self.pace_s = 0.0
-        self.tail_per_minute = tail_per_minute
+    def __post_init__(self) -> None:
+        self.every_n_configured = self.every_n
         self.tail_tokens = self._tail_capacity()
-        self.tail_checked_ns = 0
-        self.slow_factor = slow_factor
-        self.seen = 0
-        self.recent: deque[float] = deque(maxlen=MEDIAN_WINDOW)
-        self.median = 0.0
-        self.threshold = float("inf")  # seconds
-        # The smallest whole number of nanoseconds above ``threshold``: the per-iteration test
-        # ``duration_ns >= threshold_ns`` says exactly what ``duration_ns / 1e9 > threshold`` says.
-        self.threshold_ns: float = float("inf")
 
     def head_reason(self, index: int, iteration: int) -> str | None:
         """The export reason known at the start of the ``index``-th iteration of the job,
