@@ -64,7 +64,7 @@ def _first_ns_above(seconds: float) -> float:
     return d
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class IterationSampler:
     """Head and tail decisions. The slow threshold is k x the median of the last 101 durations
     (``recent``, filled by the engine with each window's durations, and with the first 10 as

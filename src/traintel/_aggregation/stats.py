@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import operator
 from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 
 try:  # Counter.update's own C helper: update() itself first asks isinstance(x, Mapping), an ABC check
@@ -143,6 +144,7 @@ class IndexedBatch:
         return self._tally
 
 
+@dataclass(slots=True, eq=False)
 class QuantileSketch:
     """Exact quantiles for the first ``exact_limit`` values, then a relative-error sketch.
 
@@ -157,33 +159,24 @@ class QuantileSketch:
     appears (the quantiles at every window close are one C-level running sum in key order).
     """
 
-    __slots__ = (
-        "_counts",
-        "_exact",
-        "_gamma",
-        "_keys",
-        "_log_gamma",
-        "count",
-        "exact_limit",
-        "high",
-        "low",
-        "relative_accuracy",
-        "zeros",
-    )
+    relative_accuracy: float = 0.01
+    exact_limit: int = 2048
+    _gamma: float = field(init=False)
+    _log_gamma: float = field(init=False)  # bucket indices in base 2 (see IndexedBatch)
+    _counts: dict[int, int] = field(init=False, default_factory=dict)  # occupied bucket index -> values in it
+    #: The sorted bucket indices, while no bucket is added.
+    _keys: list[int] = field(init=False, default_factory=list)
+    _exact: list[float] | None = field(init=False, default_factory=list)
+    count: int = field(init=False, default=0)
+    zeros: int = field(init=False, default=0)
+    low: float = field(init=False, default=math.inf)  # the smallest value seen
+    high: float = field(init=False, default=-math.inf)  # the largest
 
-    def __init__(self, relative_accuracy: float = 0.01, exact_limit: int = 2048) -> None:
-        if not 0 < relative_accuracy < 1:
-            raise ValueError(f"relative_accuracy={relative_accuracy!r}: expected 0 < a < 1")
-        self.relative_accuracy = relative_accuracy
-        self.exact_limit = exact_limit
-        self._gamma = (1 + relative_accuracy) / (1 - relative_accuracy)
-        self._log_gamma = math.log2(self._gamma)  # bucket indices in base 2 (see IndexedBatch)
-        self._counts: dict[int, int] = {}  # occupied bucket index -> values in it
-        self._keys: list[int] = []  # the sorted bucket indices, while no bucket is added
-        self._exact: list[float] | None = []
-        self.count = 0
-        self.zeros = 0
-        self.low, self.high = math.inf, -math.inf  # the smallest and largest value seen
+    def __post_init__(self) -> None:
+        if not 0 < self.relative_accuracy < 1:
+            raise ValueError(f"relative_accuracy={self.relative_accuracy!r}: expected 0 < a < 1")
+        self._gamma = (1 + self.relative_accuracy) / (1 - self.relative_accuracy)
+        self._log_gamma = math.log2(self._gamma)
 
     @property
     def is_exact(self) -> bool:
