@@ -384,16 +384,6 @@ def environment_log_pipeline(resource: Resource, path: str | None) -> LogPipelin
     return LogPipeline(_plan_exporters("logs", os.environ, file, strict=False), resource)
 
 
-def _log_plans(
-    builds_traces: bool, environ: Mapping[str, str], file: OtlpJsonLinesFile, strict: bool
-) -> list[_ExporterPlan] | None:
-    """Logs follow the traces: traintel builds their exporters where it builds the traces' from
-    ``OTEL_*`` and nobody set a global LoggerProvider (rule 2); None: the global provider."""
-    if not builds_traces or otel_private.global_logger_provider_set():
-        return None
-    return _plan_exporters("logs", environ, file, strict)
-
-
 #: A batch processor (traintel's, or the guard on one the distro built) and its spool, if any.
 ExportPath = tuple[CountingBatchSpanProcessor | QueueGuard, SpoolingSpanExporter | None]
 
@@ -891,18 +881,6 @@ def _not_an_sdk_provider(tp: trace_api.TracerProvider, given: bool) -> None:
         )
 
 
-def _trace_plans(
-    options: PipelineOptions,
-    choice: _Choice,
-    environ: Mapping[str, str],
-    file: OtlpJsonLinesFile,
-    strict: bool,
-) -> list[_ExporterPlan]:
-    if options.span_exporters is not None:  # the caller's own: used as they are (no spool)
-        return [_ExporterPlan(type(e).__name__, lambda e=e: e, lent=True) for e in options.span_exporters]  # type: ignore[misc]
-    return _plan_exporters("traces", environ, file, strict) if choice.build_tp else []
-
-
 def build_pipeline(
     config: TrainingConfig,
     options: PipelineOptions,
@@ -961,12 +939,22 @@ def _plan_all(
     file: OtlpJsonLinesFile,
     strict: bool,
 ) -> _Plans:
-    """The exporters of each signal traintel builds itself (checked before anything is built)."""
+    """The exporters of each signal traintel builds itself (checked before anything is built).
+    The caller's own span exporters are used as they are (no spool). Logs follow the traces:
+    traintel builds their exporters where it builds the traces' from ``OTEL_*`` and nobody set a
+    global LoggerProvider (rule 2); else (None) traintel's records go to the global one."""
+    if options.span_exporters is not None:
+        traces = [_ExporterPlan(type(e).__name__, lambda e=e: e, lent=True) for e in options.span_exporters]  # type: ignore[misc]
+    else:
+        traces = _plan_exporters("traces", environ, file, strict) if choice.build_tp else []
     own_readers = choice.build_mp and options.metric_readers is None
+    own_logs = choice.build_tp and options.span_exporters is None
     return _Plans(
-        _trace_plans(options, choice, environ, file, strict),
+        traces,
         _plan_exporters("metrics", environ, file, strict) if own_readers else [],
-        _log_plans(choice.build_tp and options.span_exporters is None, environ, file, strict),
+        None
+        if not own_logs or otel_private.global_logger_provider_set()
+        else _plan_exporters("logs", environ, file, strict),
     )
 
 
