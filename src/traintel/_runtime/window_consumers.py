@@ -21,7 +21,7 @@ from typing import Final
 from opentelemetry.trace import Span
 
 from traintel import semconv
-from traintel._aggregation.aggregator import RateInputs, WindowReport
+from traintel._aggregation.aggregator import RateInputs
 from traintel._aggregation.goodput import WindowGoodput
 from traintel._aggregation.window_merge import RecordMerger
 from traintel._aggregation.window_record import loop_attributes
@@ -221,39 +221,29 @@ class WindowConsumers:
                 self._held_parent,
             )
 
-    def _loop_events(
-        self, event: WindowEvent, report: WindowReport, segment: Span
-    ) -> list[tuple[str, dict[str, float | int | str]]]:
-        """The window's events for the loop: the full ``training_metrics_update`` (else its
-        constants and totals are set on the segment, compact mode) and one per out-of-range
-        value."""
-        events: list[tuple[str, dict[str, float | int | str]]] = []
-        if self._compact(event):
-            segment.set_attributes(loop_attributes(report.attributes))
-        else:
-            cap = self._engine.names_cap
-            update = cap.event(report.attributes, _USER_METRICS, "training_metrics_update event")
-            events.append((_TRAINING_METRICS_UPDATE, update))
-        for error in report.errors:
-            events.append((_OUT_OF_RANGE, {
-                semconv.ERROR_REASON: error,
-                semconv.MFU_NUMERATOR: report.attributes.get(_FLOPS_PER_DEVICE, 0.0),
-                semconv.MFU_DENOMINATOR: event.inputs.peak_flops or 0.0,
-                semconv.MFU_PEAK_SOURCE: event.inputs.peak_source or "",
-            }))  # fmt: skip
-        return events
-
     def update_loop(self, event: WindowEvent) -> None:
-        """The loop's part: the window's constants and totals (overwritten each window), or the
-        full ``training_metrics_update`` event; and any out-of-range value, said once."""
-        report, inputs = event.report, event.inputs
+        """The loop's part: the window's constants and totals on the segment (overwritten each
+        window; compact mode), or the full ``training_metrics_update`` event; one event per
+        out-of-range value; and that value said once."""
+        report, inputs, segment = event.report, event.inputs, event.segment
         if report is None:
             return
         if inputs.peak_flops is None and report.attributes.get(_FLOPS_PER_DEVICE):
             self._warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
-        if event.segment is not None and self._engine.window_events:
-            for name, attributes in self._loop_events(event, report, event.segment):
-                _add_loop_event(event, name, attributes)
+        if segment is not None and self._engine.window_events:
+            if self._compact(event):
+                segment.set_attributes(loop_attributes(report.attributes))
+            else:
+                cap = self._engine.names_cap
+                update = cap.event(report.attributes, _USER_METRICS, "training_metrics_update event")
+                _add_loop_event(event, _TRAINING_METRICS_UPDATE, update)
+            for error in report.errors:
+                _add_loop_event(event, _OUT_OF_RANGE, {
+                    semconv.ERROR_REASON: error,
+                    semconv.MFU_NUMERATOR: report.attributes.get(_FLOPS_PER_DEVICE, 0.0),
+                    semconv.MFU_DENOMINATOR: inputs.peak_flops or 0.0,
+                    semconv.MFU_PEAK_SOURCE: inputs.peak_source or "",
+                })  # fmt: skip
         self._say_out_of_range(report.errors)
 
     def _say_out_of_range(self, errors: list[str]) -> None:
