@@ -14,6 +14,7 @@ only the bad setting.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -99,12 +100,8 @@ def _float_or_nan(raw: object) -> float:
     return float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else math.nan
 
 
-def _positive_number(raw: object) -> float:
-    return _number(raw, allow_zero=False)
-
-
-def _non_negative_number(raw: object) -> float:
-    return _number(raw, allow_zero=True)
+_positive_number = functools.partial(_number, allow_zero=False)
+_non_negative_number = functools.partial(_number, allow_zero=True)
 
 
 #: The longest wait a setting in seconds may ask for: a day. Far above any sane exit or exchange
