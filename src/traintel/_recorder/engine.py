@@ -64,6 +64,11 @@ _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
 _METRIC_PREFIX: Final = semconv.METRIC_PREFIX
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
+#: An evaluation loop's iteration phase and the event that sums it up.
+_EVAL_LOOPS: Final = {
+    Phase.VALIDATION_LOOP.value: (Phase.VALIDATION_ITERATION.value, Event.VALIDATION_METRICS_UPDATE.value),
+    Phase.TESTING_LOOP.value: (Phase.TESTING_ITERATION.value, Event.TESTING_METRICS_UPDATE.value),
+}
 #: The step-phase fields of the row of an iteration that did not time its step phases.
 _UNTIMED: Final = (None, None, None, None)
 _get_ident = threading.get_ident
@@ -713,20 +718,12 @@ class TrainingEngine:
     def eval_loop_opened(self, phase: str) -> None:
         self.eval_stats[phase] = EvalStats()
         self.next_eval_iteration[phase] = 0
-        iteration_phase = (
-            Phase.VALIDATION_ITERATION if phase == Phase.VALIDATION_LOOP.value else Phase.TESTING_ITERATION
-        )
-        self.eval_samplers.pop(iteration_phase.value, None)
+        self.eval_samplers.pop(_EVAL_LOOPS[phase][0], None)
 
     def eval_loop_closing(self, phase: str, span: Span, duration_s: float) -> None:
         stats = self.eval_stats.pop(phase, None) or EvalStats()
-        event = (
-            Event.VALIDATION_METRICS_UPDATE
-            if phase == Phase.VALIDATION_LOOP.value
-            else Event.TESTING_METRICS_UPDATE
-        )
         attributes = stats.attributes(duration_s)
-        span.add_event(event.value, attributes)
+        span.add_event(_EVAL_LOOPS[phase][1], attributes)
         span.set_attributes(attributes)
 
     # --- checkpoints ----------------------------------------------------------------------------
