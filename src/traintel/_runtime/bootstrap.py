@@ -190,10 +190,9 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     )
     pipeline.add_span_processor(processor)
     apply_rank_export = _rank_export(engine, instruments)
-    global _last_cross_rank, _last_energy
-    energy = _last_energy = EnergyAccounting(Booked(engine.goodput, engine), settings.energy_price_per_kwh)
-    cross_rank = _last_cross_rank = CrossRank(engine, apply_rank_export)
-    cross_rank.count_straggler = CrossRankInstruments(meters, _current_cross_rank).count
+    energy = _Last.energy = EnergyAccounting(Booked(engine.goodput, engine), settings.energy_price_per_kwh)
+    cross_rank = _Last.cross_rank = CrossRank(engine, apply_rank_export)
+    cross_rank.count_straggler = CrossRankInstruments(meters, lambda: _Last.cross_rank).count
     windows.agreed_size = cross_rank.window_size_for
     consumers = WindowConsumers(
         engine, WindowSpans(tracer, direct, engine.materializing), peak, warned.warn_once, energy.released
@@ -207,7 +206,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     HeartbeatInstruments(meters, _current_heartbeat)
     SystemInstruments(meters)
     GpuInstruments(meters)
-    EnergyInstruments(meters, _current_energy)
+    EnergyInstruments(meters, lambda: _Last.energy)
     if pipeline.owns_tracer_provider:  # traintel's own export path: its losses and health
         register_instruments(meters)
     _decide_rank_export(apply_rank_export, settings, pipeline.resource)
@@ -355,19 +354,12 @@ def _current_heartbeat() -> Heartbeat | None:
     return None if telemetry is None else telemetry.heartbeat
 
 
-#: The job installed last: after an explicit shutdown() its final export still reports it.
-_last_cross_rank: CrossRank | None = None
+class _Last:
+    """The parts of the job installed last that its gauges read: after an explicit shutdown()
+    its final export still reports it."""
 
-
-def _current_cross_rank() -> CrossRank | None:
-    return _last_cross_rank
-
-
-_last_energy: EnergyAccounting | None = None
-
-
-def _current_energy() -> EnergyAccounting | None:
-    return _last_energy
+    cross_rank: CrossRank | None = None
+    energy: EnergyAccounting | None = None
 
 
 #: An explicit configure() made while a spawn child imported the main module (see ``configure``).
