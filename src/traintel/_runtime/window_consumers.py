@@ -21,7 +21,7 @@ from typing import Final
 from opentelemetry.trace import Span
 
 from traintel import semconv
-from traintel._aggregation.aggregator import RateInputs
+from traintel._aggregation.aggregator import RateInputs, WindowReport
 from traintel._aggregation.goodput import WindowGoodput
 from traintel._aggregation.window_merge import RecordMerger
 from traintel._aggregation.window_record import loop_attributes
@@ -228,8 +228,6 @@ class WindowConsumers:
         report, inputs, segment = event.report, event.inputs, event.segment
         if report is None:
             return
-        if inputs.peak_flops is None and report.attributes.get(_FLOPS_PER_DEVICE):
-            self._warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
         if segment is not None and self._engine.window_events:
             if self._compact(event):
                 segment.set_attributes(loop_attributes(report.attributes))
@@ -244,13 +242,16 @@ class WindowConsumers:
                     semconv.MFU_DENOMINATOR: inputs.peak_flops or 0.0,
                     semconv.MFU_PEAK_SOURCE: inputs.peak_source or "",
                 })  # fmt: skip
-        self._say_out_of_range(report.errors)
+        self._say_mfu_problems(report, inputs)
 
-    def _say_out_of_range(self, errors: list[str]) -> None:
-        """An MFU or HFU above 1 is no metric: said once, with the dtype guess behind the peak."""
+    def _say_mfu_problems(self, report: WindowReport, inputs: RateInputs) -> None:
+        """No MFU for want of a peak, said once; an MFU or HFU above 1 is no metric: said once,
+        with the dtype guess behind the peak."""
+        if inputs.peak_flops is None and report.attributes.get(_FLOPS_PER_DEVICE):
+            self._warn_once("no_peak", "no MFU: %s", inputs.peak_missing_reason or "unknown peak FLOP/s")
         dtype = self._peak.dtype
         guess = f" ({dtype.guess})" if dtype is not None and dtype.guess else ""
-        for error in errors:
+        for error in report.errors:
             self._warn_once(
                 "out_of_range", "%s: check flops_per_* and the peak FLOP/s%s (not reported as a metric)",
                 error, guess,
