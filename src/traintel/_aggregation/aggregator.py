@@ -162,19 +162,19 @@ class _Counts:
             counts.phase_s = [sum(filter(None, column)) / 1e9 for column in phases]
         return counts
 
-    def merge(self, other: _Counts, sign: int = 1) -> None:
-        """Add (or, with ``sign=-1``, take away) another set of sums."""
-        self.iterations += sign * other.iterations
-        self.duration_s += sign * other.duration_s
-        self.samples += sign * other.samples
-        self.samples_time += sign * other.samples_time
-        self.tokens += sign * other.tokens
-        self.tokens_time += sign * other.tokens_time
-        self.padding += sign * other.padding
-        self.flops += sign * other.flops
-        self.flops_time += sign * other.flops_time
+    def merge(self, other: _Counts) -> None:
+        """Add another set of sums."""
+        self.iterations += other.iterations
+        self.duration_s += other.duration_s
+        self.samples += other.samples
+        self.samples_time += other.samples_time
+        self.tokens += other.tokens
+        self.tokens_time += other.tokens_time
+        self.padding += other.padding
+        self.flops += other.flops
+        self.flops_time += other.flops_time
         for i in range(4):
-            self.phase_s[i] += sign * other.phase_s[i]
+            self.phase_s[i] += other.phase_s[i]
 
     def rates(
         self, inputs: RateInputs, prefix: str, out: dict[str, float | int | str], split: bool = True
