@@ -68,13 +68,6 @@ class CollectiveSequence:
         with self._lock:
             return self.entered, self.completed, self.last_entered
 
-    def completes_with(self, future: Any) -> None:
-        """Count the completion when ``future`` completes (at once if it cannot be followed)."""
-        try:
-            future.add_done_callback(self.complete)
-        except Exception:
-            self.complete()
-
 
 #: The process's sequence (ranks are processes).
 SEQUENCE = CollectiveSequence()
@@ -102,11 +95,11 @@ def _counting(
         get_future = getattr(result, "get_future", None)
         if get_future is None:  # a blocking call: it completed as it returned
             sequence.complete()
-        else:
-            try:
-                sequence.completes_with(get_future())
-            except Exception:
-                sequence.complete()
+            return result
+        try:  # counted when its future completes
+            get_future().add_done_callback(sequence.complete)
+        except Exception:  # a future that cannot be followed: counted now
+            sequence.complete()
         return result
 
     collective.__traintel_original__ = original  # type: ignore[attr-defined]
