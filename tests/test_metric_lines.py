@@ -118,14 +118,19 @@ def _bad_time(metric: dict[str, Any]) -> None:
         point["timeUnixNano"] = "soon"
 
 
+def _two_kinds(metric: dict[str, Any]) -> None:
+    if "sum" in metric:
+        metric["gauge"] = {"dataPoints": metric["sum"]["dataPoints"]}
+
+
 def _unknown_field(metric: dict[str, Any]) -> None:
     metric["colour"] = "blue"
 
 
 @pytest.mark.parametrize(
     "edit",
-    [_rename, _both_values, _bad_time, _unknown_field],
-    ids=["snake_case alias", "two value members", "time not a number", "unknown field"],
+    [_rename, _both_values, _bad_time, _two_kinds, _unknown_field],
+    ids=["snake_case alias", "two value members", "time not a number", "two data members", "unknown field"],
 )
 def test_any_other_spelling_gets_the_proto_paths_answer(line: bytes, edit: Any) -> None:
     """An alias must not read as "no points", nor two members as one: the fast path declines,
