@@ -118,14 +118,19 @@ def _bad_time(metric: dict[str, Any]) -> None:
         point["timeUnixNano"] = "soon"
 
 
+def _two_kinds(metric: dict[str, Any]) -> None:
+    if "sum" in metric:
+        metric["gauge"] = {"dataPoints": metric["sum"]["dataPoints"]}
+
+
 def _unknown_field(metric: dict[str, Any]) -> None:
     metric["colour"] = "blue"
 
 
 @pytest.mark.parametrize(
     "edit",
-    [_rename, _both_values, _bad_time, _unknown_field],
-    ids=["snake_case alias", "two value members", "time not a number", "unknown field"],
+    [_rename, _both_values, _bad_time, _two_kinds, _unknown_field],
+    ids=["snake_case alias", "two value members", "time not a number", "two data members", "unknown field"],
 )
 def test_any_other_spelling_gets_the_proto_paths_answer(line: bytes, edit: Any) -> None:
     """An alias must not read as "no points", nor two members as one: the fast path declines,
@@ -160,3 +165,75 @@ def test_values_no_analysis_reads_are_not_checked(line: bytes) -> None:
     with pytest.raises(DecodeError):
         json_line_to_request(damaged.decode())
     assert reader.decode_line(damaged) == _proto_records(line)
+
+
+@pytest.fixture(scope="module")
+def span_line() -> bytes:
+    """A real span line: a parent and a child with a link, as traintel's writer prints it."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import Link
+
+    from traintel.exporters.otlp_json import spans_to_json_line
+
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracer = provider.get_tracer("traintel")
+    with tracer.start_as_current_span("outer") as outer:
+        with tracer.start_as_current_span("inner", links=[Link(outer.get_span_context())]):
+            pass
+    provider.shutdown()
+    return spans_to_json_line(spans.get_finished_spans()).encode()
+
+
+def _span_edited(line: bytes, edit: Any) -> bytes:
+    tree = orjson.loads(line)
+    for scope in tree["resourceSpans"][0]["scopeSpans"]:
+        for span in scope["spans"]:
+            edit(span)
+    return orjson.dumps(tree)
+
+
+def _upper_trace_id(span: dict[str, Any]) -> None:
+    span["traceId"] = span["traceId"].upper()
+
+
+def _odd_span_id(span: dict[str, Any]) -> None:
+    span["spanId"] = span["spanId"][:-1]
+
+
+def _not_hex_parent(span: dict[str, Any]) -> None:
+    if "parentSpanId" in span:
+        span["parentSpanId"] = "zz" + span["parentSpanId"][2:]
+
+
+def _upper_link(span: dict[str, Any]) -> None:
+    for link in span.get("links", []):
+        link["spanId"] = link["spanId"].upper()
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [_upper_trace_id, _odd_span_id, _not_hex_parent, _upper_link],
+    ids=["uppercase trace id", "odd-length span id", "parent id not hex", "uppercase link id"],
+)
+def test_ids_of_any_other_spelling_get_the_proto_paths_answer(span_line: bytes, edit: Any) -> None:
+    """Ids the fast path does not take as they are (lowercase hex of whole bytes) are left to
+    the proto path: its records (ids lowercased) or its skip, never the id as spelled."""
+    kind, records = decode(span_line, SpanRecord, EventRecord)  # the line as written: the fast path's
+    assert kind == "spans" and records == list(reader.spans_in(json_line_to_request(span_line.decode())))
+    assert any(span.links for span in records)
+    edited = _span_edited(span_line, edit)
+    try:
+        expected: object = list(reader.spans_in(json_line_to_request(edited.decode())))
+    except DecodeError as exc:
+        expected = type(exc)
+    try:
+        got: object = reader.decode_line(edited)
+    except DecodeError as exc:
+        got = type(exc)
+    assert got == expected
+    if edit in (_upper_trace_id, _upper_link):  # read, lowercased
+        assert isinstance(got, list) and all(span.trace_id.islower() for span in got)
+        assert all(link[1].islower() for span in got for link in span.links)

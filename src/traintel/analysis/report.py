@@ -83,7 +83,7 @@ def process_identity(resource: dict[str, Any]) -> tuple[str, int, str]:
     return f"{run}/{restart}/{rank}", rank, label
 
 
-@dataclass
+@dataclass(slots=True)
 class WindowPoint:
     """One window of iterations (or several merged): what the charts plot."""
 
