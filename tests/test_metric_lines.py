@@ -57,6 +57,18 @@ def _proto_records(text: bytes) -> list[Any]:
     return reader.metrics_records(json_line_to_request(text.decode()))  # type: ignore[arg-type]
 
 
+def _proto_spans(text: bytes) -> list[Any]:
+    return list(reader.spans_in(json_line_to_request(text.decode())))  # type: ignore[arg-type]
+
+
+def _answer(read: Any, text: bytes) -> object:
+    """What ``read`` makes of ``text``: its records, or the type of the error it skips it with."""
+    try:
+        return read(text)
+    except DecodeError as exc:
+        return type(exc)
+
+
 def _fast_records(text: bytes) -> list[Any]:
     kind, records = decode(text, SpanRecord, EventRecord)
     assert kind == "metrics"
@@ -139,15 +151,8 @@ def test_any_other_spelling_gets_the_proto_paths_answer(line: bytes, edit: Any) 
     """An alias must not read as "no points", nor two members as one: the fast path declines,
     and the line gets what the proto path gives (records, or a skip with its reason)."""
     edited = _edited(line, edit)
-    try:
-        expected: object = _proto_records(edited)
-    except DecodeError as exc:
-        expected = type(exc)
-    try:
-        got: object = reader.decode_line(edited)
-    except DecodeError as exc:
-        got = type(exc)
-    assert got == expected
+    got = _answer(reader.decode_line, edited)
+    assert got == _answer(_proto_records, edited)
     if edit is _rename:  # the alias is valid OTLP/JSON: read, points and all
         assert _series(line)["traintel.spans.dropped"].total == 9.0
         assert got == _proto_records(line)
@@ -228,15 +233,8 @@ def test_ids_of_any_other_spelling_get_the_proto_paths_answer(span_line: bytes, 
     assert kind == "spans" and records == list(reader.spans_in(json_line_to_request(span_line.decode())))
     assert any(span.links for span in records)
     edited = _span_edited(span_line, edit)
-    try:
-        expected: object = list(reader.spans_in(json_line_to_request(edited.decode())))
-    except DecodeError as exc:
-        expected = type(exc)
-    try:
-        got: object = reader.decode_line(edited)
-    except DecodeError as exc:
-        got = type(exc)
-    assert got == expected
+    got = _answer(reader.decode_line, edited)
+    assert got == _answer(_proto_spans, edited)
     if edit in (_upper_trace_id, _upper_link):  # read, lowercased
         assert isinstance(got, list) and all(span.trace_id.islower() for span in got)
         assert all(link[1].islower() for span in got for link in span.links)

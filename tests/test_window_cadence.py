@@ -173,6 +173,23 @@ def window_ranges(result: RankResult) -> list[tuple[int, int]]:
     ]
 
 
+def agreeing_ranks(job: str, tmp_path: Path, floor_s: float) -> list[RankResult]:
+    """Two gloo ranks of ``job`` with windows of at least 4 iterations and ``floor_s``, which
+    ran to the end exchanging every window."""
+    pytest.importorskip("torch.distributed")
+    results = run_ranks(
+        job,
+        tmp_path,
+        TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
+        TRAINTEL_WINDOW_MIN_SECONDS=str(floor_s),
+        TRAINTEL_WARMUP_ITERATIONS="0",
+    )
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "different windows" not in result.stderr and "exchange stopped" not in result.stderr
+    return results
+
+
 def window_paces(result: RankResult) -> list[float]:
     """Each window's pace on this rank, as its cross-rank row has it: from its record's times."""
     spans = sorted(
@@ -185,18 +202,7 @@ def window_paces(result: RankResult) -> list[float]:
 @pytest.mark.process
 @pytest.mark.xdist_group("ranks")
 def test_ranks_agree_on_window_sizes_from_the_slowest_pace(tmp_path: Path) -> None:
-    pytest.importorskip("torch.distributed")
-    results = run_ranks(
-        AGREEING_JOB,
-        tmp_path,
-        TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
-        TRAINTEL_WINDOW_MIN_SECONDS="0.2",
-        TRAINTEL_WARMUP_ITERATIONS="0",
-    )
-    for result in results:
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "different windows" not in result.stderr
-        assert "exchange stopped" not in result.stderr
+    results = agreeing_ranks(AGREEING_JOB, tmp_path, floor_s=0.2)
     rank0, rank1 = (window_ranges(result) for result in results)
     assert rank0 == rank1
     sizes = [last - first + 1 for first, last in rank0]
@@ -251,17 +257,7 @@ def expected_records(sizes_and_paces: list[tuple[int, float]], floor_s: float) -
 def test_ranks_merge_the_same_windows_into_each_record_at_a_high_step_rate(tmp_path: Path) -> None:
     """Windows closed by their row bound leave as one record a floor long on every rank, and
     each rank's records hold the same windows: the agreed lengths, not each rank's clock."""
-    pytest.importorskip("torch.distributed")
-    results = run_ranks(
-        MERGING_JOB,
-        tmp_path,
-        TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
-        TRAINTEL_WINDOW_MIN_SECONDS="0.4",
-        TRAINTEL_WARMUP_ITERATIONS="0",
-    )
-    for result in results:
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert "different windows" not in result.stderr and "exchange stopped" not in result.stderr
+    results = agreeing_ranks(MERGING_JOB, tmp_path, floor_s=0.4)
     rank0, rank1 = (window_ranges(result) for result in results)
     assert rank0 == rank1
     # every window is 4 rows; the pace agreed for window i is the slower rank's mean two before
