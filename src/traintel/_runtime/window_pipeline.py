@@ -185,8 +185,9 @@ class WindowPipeline:
             self._wait(lambda: index - AGREEMENT_LAG <= self._reported, AGREEMENT_WAIT_S)
         agreed = self.agreed_size(index)
         if agreed is not None:  # for the window's event: read on the worker, after it closes
-            if len(self._agreed) > MAX_PENDING:  # windows closed without a row: never reported
-                self._agreed.clear()
+            if len(self._agreed) > 2 * MAX_PENDING:  # left by windows whose report failed
+                for stale in [i for i in list(self._agreed) if i <= self._reported]:  # (not waiting ones)
+                    self._agreed.pop(stale, None)
             self._agreed[index] = agreed
         return agreed
 
