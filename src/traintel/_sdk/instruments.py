@@ -101,21 +101,16 @@ class TrainingInstruments:
         self.checkpoint_size = histogram(
             semconv.METRIC_CHECKPOINT_SIZE, "Size of each checkpoint written.", "By", SIZE_BUCKETS_BY
         )
-        # The engine's running totals are read when a reader collects: every iteration so far.
-        totals = (
-            (semconv.METRIC_SAMPLES, self._total(lambda: source.samples_total), "{sample}",
-             "Training samples processed by this rank."),
-            (semconv.METRIC_TOKENS, self._total(lambda: source.tokens_total), "{token}",
-             "Training tokens processed by this rank."),
-            (semconv.METRIC_ITERATIONS_EXPORTED, self._exported, "{iteration}",
-             "Iterations exported as spans (tail sampling), by traintel.exported."),
-        )  # fmt: skip
-        for name, callback, unit, description in totals:
-            meter.create_observable_counter(name, callbacks=[callback], unit=unit, description=description)
         for last_window in _LAST_WINDOW_GAUGES:
             self._gauge(meter, *last_window)
         gauge, counter = meter.create_observable_gauge, meter.create_observable_counter
-        observed = (
+        observed = (  # the first three: the engine's running totals, every iteration so far
+            (counter, semconv.METRIC_SAMPLES, self._total(lambda: source.samples_total), "{sample}",
+             "Training samples processed by this rank."),
+            (counter, semconv.METRIC_TOKENS, self._total(lambda: source.tokens_total), "{token}",
+             "Training tokens processed by this rank."),
+            (counter, semconv.METRIC_ITERATIONS_EXPORTED, self._exported, "{iteration}",
+             "Iterations exported as spans (tail sampling), by traintel.exported."),
             (gauge, semconv.METRIC_STEP_PHASE_TIME, self._phase_times, "s",
              "Mean time per iteration spent in each step phase over the last window."),
             (gauge, semconv.METRIC_GOODPUT, self._observe_goodput, "1",
