@@ -10,7 +10,7 @@ and the ranks' lines are interleaved into one file per node, as a collector's fi
 gathering every node writes them. Before timing, ``report --json`` must give the generated
 totals exactly (iterations, samples, checkpoint saves, productive time), or the run stops.
 
-Each command runs in a fresh process (``python -m traintel.cli``), as a user runs it, with the
+Each command runs in a fresh process (``python -m traintel.cli``, byte-compiled), as a user runs it, with the
 default worker count (one process per CPU up to one per file); the numbers are its input
 bytes over its CPU seconds (user + system, workers included: MB/s per core), over its wall
 time, its speed as a multiple of a plain orjson parse of every line of the same files measured
@@ -263,6 +263,9 @@ def main() -> None:
         megabytes = sum(path.stat().st_size for path in files) / 1e6
         check_totals(files[0].parent, args.ranks, iterations)
         versions = [("new", REPO / "src")] + ([("old", old_src / "src")] if old_src and n == 0 else [])
+        for _version, src in versions:  # byte-compiled, as an installed package is (even where
+            # PYTHONDONTWRITEBYTECODE is set: each command process would compile ~40 modules)
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(src)], check=True)
         runs: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
         for _round in range(args.rounds):  # interleaved: a slow spell of the machine hits all alike
             runs.setdefault(("orjson", "-"), []).append(measure("orjson", files[0].parent, REPO / "src"))
