@@ -292,7 +292,7 @@ def test_window_memory_on_cpu_is_the_process_peak_rss(
 ) -> None:
     from traintel._host import device
 
-    monkeypatch.setattr(device, "_initialised_cuda", lambda: None)  # a job without CUDA, on any machine
+    monkeypatch.setattr(device, "initialised_cuda", lambda: None)  # a job without CUDA, on any machine
     train_with_context_managers(FakeGpu(lag=0), 2)
     (window,) = window_events(job)
     # Read at most once a second: a high-water mark at most that old, never above the true one.
@@ -334,7 +334,7 @@ def test_window_memory_on_cuda_is_the_peak_since_the_last_window(monkeypatch: py
     from traintel._host import device
 
     cuda = FakeCudaMemory()
-    monkeypatch.setattr(device, "_initialised_cuda", lambda: cuda)
+    monkeypatch.setattr(device, "initialised_cuda", lambda: cuda)
     windows: list[dict[str, float | int | str]] = [{}, {}]
     for out in windows:
         annotate_window(out, None)

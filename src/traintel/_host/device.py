@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from traintel import semconv
 from traintel._host.flops import autocast_dtype
+from traintel._host.gpu import initialised_cuda
 from traintel._host.signal_raised import raised_by_signal_handler
 from traintel.config import Settings
 
@@ -245,15 +246,6 @@ def _cuda() -> Any | None:
         return None
 
 
-def _initialised_cuda() -> Any | None:
-    """torch.cuda if the job has already initialised it (never initialised here)."""
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
-    try:
-        return cuda if cuda is not None and cuda.is_initialized() else None
-    except Exception:
-        return None
-
-
 def peak_rss_bytes() -> int:
     """The process' peak resident set since it started (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -285,7 +277,7 @@ def annotate_window(
     ``device``: the training thread's CUDA device (the current one is per thread)."""
     out[semconv.WINDOW_TIMING_MODE] = semconv.TIMING_MODE_WALL_CLOCK
     out[semconv.WINDOW_PROCESS_PEAK_RSS_SINCE_START] = recent_peak_rss_bytes(time.monotonic_ns())
-    cuda = _initialised_cuda()
+    cuda = initialised_cuda()
     if cuda is not None:
         try:
             out[semconv.WINDOW_DEVICE_MEMORY_PEAK_ALLOCATED] = int(cuda.max_memory_allocated(device))

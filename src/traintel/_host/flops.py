@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from traintel._host.compute_dtype import note_model
+from traintel._host.gpu import initialised_cuda
 
 # (pattern on the lower-cased device name, display name, {dtype: dense peak FLOP/s}).
 # Names are matched as torch reports them (``torch.cuda.get_device_name``: CUDA, and ROCm, where
@@ -144,25 +145,21 @@ def peak_flops_for(device_name: str, dtype: str) -> PeakLookup:
 
 def current_device_name(device: int | None = None) -> str | None:
     """The CUDA device this process trains on (``device``, else the calling thread's current
-    one), or None while that is not known.
-
-    Known once the job itself has initialised CUDA: asking earlier (``get_device_name`` or
-    ``current_device``) would initialise it here, creating a context of several hundred MB on
-    the GPU of a job that may never use one. Never imports torch either."""
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    one), or None until the job itself has initialised CUDA (see ``initialised_cuda``)."""
+    cuda = initialised_cuda()
+    if cuda is None:
+        return None
     try:
-        if cuda is not None and cuda.is_initialized():
-            return str(cuda.get_device_name(cuda.current_device() if device is None else device))
+        return str(cuda.get_device_name(cuda.current_device() if device is None else device))
     except Exception:
         return None
-    return None
 
 
 def current_cuda_device() -> int | None:
     """The calling thread's CUDA device, once the job has initialised CUDA (never before)."""
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    cuda = initialised_cuda()
     try:
-        return int(cuda.current_device()) if cuda is not None and cuda.is_initialized() else None
+        return int(cuda.current_device()) if cuda is not None else None
     except Exception:
         return None
 
@@ -228,17 +225,8 @@ def first_dim(value: Any) -> int | None:
 
     if isinstance(value, torch.Tensor):
         return int(value.shape[0]) if value.dim() > 0 else None
-    if isinstance(value, tuple | list):
-        for item in value:
-            found = first_dim(item)
-            if found is not None:
-                return found
-    if isinstance(value, dict):
-        for item in value.values():
-            found = first_dim(item)
-            if found is not None:
-                return found
-    return None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, tuple | list) else ()
+    return next((found for found in map(first_dim, items) if found is not None), None)
 
 
 def unwrap(model: Any) -> Any:
@@ -306,24 +294,20 @@ def measure_flops(
             return output.sum()
         return loss_fn(output) if targets is None else loss_fn(output, meta_targets)
 
-    try:
-        counter = FlopCounterMode(display=False)
-        with counter:
-            output = run_forward()
-        forward = int(counter.get_total_flops())
-    except RuntimeError as exc:
-        raise RuntimeError(_MODEL_NOT_ON_META.format(exc)) from exc
+    def counted(work: Callable[[], Any]) -> tuple[Any, int]:
+        try:
+            with FlopCounterMode(display=False) as counter:
+                result = work()
+            return result, int(counter.get_total_flops())
+        except RuntimeError as exc:
+            raise RuntimeError(_MODEL_NOT_ON_META.format(exc)) from exc
+
+    output, forward = counted(run_forward)
     try:
         loss = run_loss(output)
     except (RuntimeError, TypeError, ValueError) as exc:
         raise RuntimeError(_LOSS_NOT_ON_META.format(exc)) from exc
-    try:
-        counter = FlopCounterMode(display=False)
-        with counter:
-            loss.backward()
-        backward = int(counter.get_total_flops())
-    except RuntimeError as exc:
-        raise RuntimeError(_MODEL_NOT_ON_META.format(exc)) from exc
+    _, backward = counted(loss.backward)
     return FlopCount(forward=forward, backward=backward, samples=int(count))
 
 

@@ -55,6 +55,17 @@ def load_nvml() -> Any | None:
     return pynvml
 
 
+def initialised_cuda() -> Any | None:
+    """``torch.cuda`` once the job itself has initialised CUDA, else None. Never initialises it
+    (that would create a context of several hundred MB on the GPU of a job that may never use
+    one), nor imports torch."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        return cuda if cuda is not None and cuda.is_initialized() else None
+    except Exception:
+        return None
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -119,9 +130,9 @@ def gpu_in_use(environ: Mapping[str, str], nvml: Any | None = None) -> str | Non
     entry, or the LOCAL_RANK-th), as a UUID directly or an index resolved through NVML. No
     ``CUDA_VISIBLE_DEVICES`` and no CUDA yet: None, rather than a guess on a CPU-only job.
     """
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    cuda = initialised_cuda()
     try:
-        if cuda is not None and cuda.is_initialized():
+        if cuda is not None:
             return torch_uuid(cuda, cuda.current_device())
     except Exception:
         pass
