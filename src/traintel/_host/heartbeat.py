@@ -61,6 +61,7 @@ class Progress(Protocol):
 
 
 IDLE = "idle"
+_Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
 
 @dataclass(frozen=True)
@@ -144,13 +145,16 @@ class HeartbeatInstruments:
         for name, callback, unit, description in (
             (semconv.METRIC_HEARTBEAT_SECONDS_SINCE_PROGRESS, self._seconds, "s",
              "Seconds since this rank last made progress (an iteration or phase began or ended)"),
-            (semconv.METRIC_HEARTBEAT_ITERATION, self._iteration, "{iteration}",
+            (semconv.METRIC_HEARTBEAT_ITERATION, self._read(lambda s: s.iteration), "{iteration}",
              "The last training iteration this rank completed"),
             (semconv.METRIC_HEARTBEAT_PHASE, self._phase, "1",
              "1 for the phase this rank is in now, with its last completed step phase"),
-            (semconv.METRIC_HEARTBEAT_COLLECTIVES_ENTERED, self._entered, "{collective}",
+            # none before a collective: a process alone has no sequence
+            (semconv.METRIC_HEARTBEAT_COLLECTIVES_ENTERED,
+             self._read(lambda s: s.collectives_entered or None), "{collective}",
              "Collectives this rank entered; behind the other ranks': it never joined theirs"),
-            (semconv.METRIC_HEARTBEAT_COLLECTIVES_COMPLETED, self._completed, "{collective}",
+            (semconv.METRIC_HEARTBEAT_COLLECTIVES_COMPLETED,
+             self._read(lambda s: s.collectives_completed if s.collectives_entered else None), "{collective}",
              "Collectives this rank entered that completed; one short of entered: it waits in one"),
         ):  # fmt: skip
             meter.create_observable_gauge(name, [callback], unit=unit, description=description)
@@ -162,9 +166,15 @@ class HeartbeatInstruments:
         self._sample = sample = heartbeat.sample() if heartbeat is not None else None
         return [] if sample is None else [Observation(sample.seconds_since_progress)]
 
-    def _iteration(self, options: CallbackOptions) -> Iterable[Observation]:
-        sample = self._sample
-        return [] if sample is None or sample.iteration is None else [Observation(sample.iteration)]
+    def _read(self, value: Callable[[HeartbeatSample], int | None]) -> _Callback:
+        """A gauge of one value of the collection's sample (none where ``value`` gives None)."""
+
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            sample = self._sample
+            found = None if sample is None else value(sample)
+            return [] if found is None else [Observation(found)]
+
+        return observe
 
     def _phase(self, options: CallbackOptions) -> Iterable[Observation]:
         sample = self._sample
@@ -174,15 +184,3 @@ class HeartbeatInstruments:
         if sample.after is not None:
             attributes[semconv.HEARTBEAT_AFTER] = sample.after
         return [Observation(1, attributes)]
-
-    def _entered(self, options: CallbackOptions) -> Iterable[Observation]:
-        sample = self._sample  # none before a collective: a process alone has no sequence
-        if sample is None or not sample.collectives_entered:
-            return []
-        return [Observation(sample.collectives_entered)]
-
-    def _completed(self, options: CallbackOptions) -> Iterable[Observation]:
-        sample = self._sample
-        if sample is None or not sample.collectives_entered:
-            return []
-        return [Observation(sample.collectives_completed)]
