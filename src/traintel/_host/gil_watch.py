@@ -30,6 +30,7 @@ write per second.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -123,13 +124,7 @@ class GilWatch:
     def forget(self) -> None:
         """In a forked child (a data loader worker): these pipes are the parent's. Closed, so
         the helper sees its end of file when the parent exits, not when the last worker does."""
-        for fd in (self._state_w, self._dump_w):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self._state_w = self._dump_w = -1
+        self._close_pipes()
         self._process = None
 
     def stop(self) -> None:
@@ -138,10 +133,7 @@ class GilWatch:
 
         if self._dump_w >= 0:
             faulthandler.cancel_dump_traceback_later()  # before its file descriptor closes
-        for fd in (self._state_w, self._dump_w):
-            if fd >= 0:
-                os.close(fd)
-        self._state_w = self._dump_w = -1
+        self._close_pipes()
         _running.discard(self)
         process, self._process = self._process, None
         if process is not None:
@@ -149,6 +141,13 @@ class GilWatch:
                 process.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass  # still sending a report: it exits by itself
+
+    def _close_pipes(self) -> None:
+        for fd in (self._state_w, self._dump_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._state_w = self._dump_w = -1
 
 
 #: The helpers of this process, whose pipes a forked child closes.

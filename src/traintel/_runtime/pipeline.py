@@ -399,10 +399,8 @@ class Pipeline:
     trace_exporters: list[str] = field(default_factory=list)
     metric_exporters: list[str] = field(default_factory=list)
     file: OtlpJsonLinesFile | None = None
-    processors: list[SpanProcessor] = field(default_factory=list)
-    #: Owned providers: the filter in front of the exporting processors, and the id generator.
+    #: Owned providers: the filter in front of the exporting processors.
     export_filter: IterationExportFilter | None = None
-    ids: ForcingIdGenerator | None = None
     #: Owned providers: each exporting batch processor with its spooling wrapper (if any).
     export_paths: list[ExportPath] = field(default_factory=list)
     #: Where traintel's log records go (built on the first one).
@@ -425,7 +423,6 @@ class Pipeline:
             provider.add_traintel_processor(processor)
         else:
             provider.add_span_processor(processor)  # type: ignore[attr-defined]
-        self.processors.append(processor)
 
     def direct_spans(self, tracer: trace_api.Tracer) -> DirectSpans | None:
         """How traintel's own finished spans can skip the tracer, if they can (see SpanWriter)."""
@@ -697,17 +694,18 @@ class _OwnedBuild:
 
     def tracer_provider(
         self, plans: list[_ExporterPlan], spool: bool
-    ) -> tuple[OwnedTracerProvider, ForcingIdGenerator, IterationExportFilter, list[ExportPath]]:
+    ) -> tuple[OwnedTracerProvider, IterationExportFilter, list[ExportPath]]:
         """traintel's tracer provider: export filter, batching and spooling in front of ``plans``."""
-        ids = ForcingIdGenerator()
         try:
-            provider = OwnedTracerProvider(resource=self.resource, shutdown_on_exit=False, id_generator=ids)
+            provider = OwnedTracerProvider(
+                resource=self.resource, shutdown_on_exit=False, id_generator=ForcingIdGenerator()
+            )
         except Exception as exc:
             _raise("the tracer provider could not be built", exc, _TRACER_PROVIDER_SETTINGS, self.environ)
         export_paths = self.export_paths(plans, spool)
         export_filter = IterationExportFilter([batcher for batcher, _ in export_paths], TraceBudget())
         provider.add_traintel_processor(export_filter)
-        return provider, ids, export_filter, list[ExportPath](export_paths)
+        return provider, export_filter, list[ExportPath](export_paths)
 
     def export_paths(
         self, plans: list[_ExporterPlan], spool: bool
@@ -966,7 +964,7 @@ def _build_owned(
     try:
         if choice.build_tp:
             spool = options.span_exporters is None
-            tp, pipeline.ids, pipeline.export_filter, paths = build.tracer_provider(plans.traces, spool)
+            tp, pipeline.export_filter, paths = build.tracer_provider(plans.traces, spool)
             pipeline.tracer_provider, pipeline.export_paths = tp, paths
         if choice.build_mp:
             pipeline.meter_provider = build.meter_provider(plans.metrics, options.metric_readers or [])
