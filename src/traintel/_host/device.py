@@ -199,7 +199,6 @@ class AutocastProbe(DeviceHooks):
 
     def __init__(self, hooks: DeviceHooks | None, found: Callable[[str], None]) -> None:
         super().__init__(hooks.timer if hooks else None, hooks.nvtx if hooks else None)
-        self.hooks = hooks
         self._found = found
 
     def started(self, phase: str, iteration: int | None = None) -> None:

@@ -207,37 +207,14 @@ class EnergyLedger:
 
 
 # --- the consumer -------------------------------------------------------------------------------------
-class Booked:
-    """What the energy split needs of the goodput ledger and the engine (read, never written)."""
-
-    def __init__(self, ledger: Any, totals: Any) -> None:
-        self._ledger = ledger
-        self._totals = totals
-
-    def seconds(self) -> dict[str, float]:
-        ledger = self._ledger
-        with ledger.lock:
-            out = {PRODUCTIVE: ledger.productive_s}
-            out.update(ledger.badput_s)
-        return out
-
-    def tokens_samples(self) -> tuple[float, float]:
-        return self._totals.tokens_total, self._totals.samples_total
-
-
 class EnergyAccounting:
     """Reads the counter at the job's boundaries and puts the energy on the window records, the
     loop summary, the application span and the metrics. One narrow entry per boundary kind; all
     of it off the step (window boundaries and the job's start and end)."""
 
-    def __init__(
-        self,
-        booked: Booked,
-        price_per_kwh: float | None = None,
-        open_counter_fn: Callable[[], tuple[EnergyCounter | None, bool]] = open_counter,
-    ) -> None:
-        self._booked = booked
-        self._open = open_counter_fn
+    def __init__(self, goodput: Any, totals: Any, price_per_kwh: float | None = None) -> None:
+        self._goodput = goodput  # the goodput ledger (read, never written): the seconds booked
+        self._totals = totals  # the engine (read, never written): the tokens and samples so far
         self._counter: EnergyCounter | None = None
         self._look = True  # for the counter: until found, or known to be absent
         self._lock = threading.Lock()
@@ -248,7 +225,7 @@ class EnergyAccounting:
         if self._counter is None:
             if not self._look:
                 return None
-            self._counter, self._look = self._open()
+            self._counter, self._look = open_counter()
             if self._counter is None:
                 return None
         try:
@@ -258,9 +235,14 @@ class EnergyAccounting:
             if self.ledger.first_ns is None:
                 self._counter, self._look = None, False
             return None
-        tokens, samples = self._booked.tokens_samples()
+        tokens, samples = self._totals.tokens_total, self._totals.samples_total
         with self._lock:
-            return self.ledger.read(clock_ns(), counter_mj, self._booked.seconds(), tokens, samples)
+            return self.ledger.read(clock_ns(), counter_mj, self._booked_seconds(), tokens, samples)
+
+    def _booked_seconds(self) -> dict[str, float]:
+        goodput = self._goodput
+        with goodput.lock:
+            return {PRODUCTIVE: goodput.productive_s, **goodput.badput_s}
 
     # --- the hooks: never raise into training ------------------------------------------------
     def released(self, records: list[Any], final_loop: Any | None = None) -> None:

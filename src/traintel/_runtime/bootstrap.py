@@ -28,7 +28,7 @@ from traintel import semconv
 from traintel._aggregation.aggregator import TrainingAggregator
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._host.device import AutocastProbe, device_hooks
-from traintel._host.energy import Booked, EnergyAccounting, EnergyInstruments
+from traintel._host.energy import EnergyAccounting, EnergyInstruments
 from traintel._host.gil_watch import GilWatch
 from traintel._host.gpu import GpuInstruments
 from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
@@ -190,7 +190,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     )
     pipeline.add_span_processor(processor)
     apply_rank_export = _rank_export(engine, instruments)
-    energy = _Last.energy = EnergyAccounting(Booked(engine.goodput, engine), settings.energy_price_per_kwh)
+    energy = _Last.energy = EnergyAccounting(engine.goodput, engine, settings.energy_price_per_kwh)
     cross_rank = _Last.cross_rank = CrossRank(engine, apply_rank_export)
     cross_rank.count_straggler = CrossRankInstruments(meters, lambda: _Last.cross_rank).count
     windows.agreed_size = cross_rank.window_size_for

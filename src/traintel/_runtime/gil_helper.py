@@ -1,19 +1,12 @@
-"""The helper process of ``traintel._host.gil_watch``: it reports a rank whose interpreter C
-code holds, while it holds it.
-
-Run as a script (``python gil_helper.py``: no import of traintel until it reports, about 10 MB),
-one per rank of a multi-rank job, it reads two pipes: the ``faulthandler`` dump that the rank's
-C timer writes once the rank's watcher has been kept from running for the stall threshold, and
-the state the watcher writes at each wake (phase, iteration, collective sequence, the
-iteration's ids). When a dump arrives it imports traintel, builds a logs pipeline from the
-``OTEL_*`` environment it inherited (the embedded file: one of its own beside the rank's,
-``-gil`` before the suffix) and sends the ``ml.training.hang_suspect`` record with
-``ml.training.hang.python`` = ``holding_gil`` and the training thread's stack from the dump.
+"""The helper process of ``traintel._host.gil_watch`` (which says why and how): run as a script,
+one per rank of a multi-rank job, it reads the ``faulthandler`` dump and the watcher's state from
+their two pipes and, when a dump arrives, sends the ``holding_gil`` hang record through a logs
+pipeline built from the ``OTEL_*`` environment it inherited (the embedded file: one of its own
+beside the rank's, ``-gil`` before the suffix).
 
 Why here, in the runtime: the report is a stall record (``_host.stall``) sent through a logs
 pipeline assembled from the environment (``_runtime.pipeline``); the rank's side in ``_host``
-only starts this script, by the path the bootstrap gives it. It exits when the rank closes the
-pipes (its shutdown) or dies (end of file).
+only starts this script, by the path the bootstrap gives it.
 """
 
 from __future__ import annotations

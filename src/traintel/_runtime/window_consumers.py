@@ -1,12 +1,7 @@
-"""What a closed window is made into, consumer by consumer (see ``window_pipeline``).
-
-Each consumer takes the :class:`WindowEvent` and does one job with it, through the module that
-owns that job: the device's part of the report (``_host.device``), the metric instruments
-(``_sdk.instruments``), the goodput record and its ``training_window`` span (``_aggregation.
-goodput``, ``_sdk.window_spans``), the loop span's attributes and events, the cross-rank row
-(``distributed.cross_rank``). The MFU peak lookup is the pipeline's rate source: it comes first,
-the report's rates need it. They run in the order the bootstrap registers them; the device's
-part first (the report's attributes carry it to the record and the loop). The user's
+"""What a closed window is made into, consumer by consumer (see ``window_pipeline``): each method
+takes the :class:`WindowEvent` and does one job with it through the module that owns that job,
+in the order the bootstrap registers them. The MFU peak lookup (:class:`PeakFlops`) is the
+pipeline's rate source, not a consumer: the report's rates need it. The user's
 ``record_metrics`` names come after traintel's own numbers on the record and the loop's event,
 within the span limits (``UserNamesCap``): past a limit the user's names are left out, never
 traintel's.

@@ -2,11 +2,10 @@
 order, on one worker thread.
 
 Why: the training thread decides *when* a window closes and hands its rows over; the report
-(sorting, percentiles, the totals' sketch) and what is made of it — the metric instruments, the
-goodput record and its ``training_window`` span, the loop span's attributes and events, the
-cross-rank row, the device's memory peaks and timings, the MFU peak lookup — used to run on the
-iteration that closed the window, tens of milliseconds once per window at 10,000 iterations.
-Here it runs on a worker, one window at a time and in order, so no iteration pays for it.
+(sorting, percentiles, the totals' sketch) and what is made of it (the metric instruments, the
+goodput record and its ``training_window`` span, the loop span, the cross-rank row, the device's
+memory peaks and timings) cost tens of milliseconds a window at 10,000 iterations. On a worker,
+one window at a time and in order, no iteration pays for it.
 
 The training thread's part, per window: a lock, a counter, one queue put (C calls). The rest of
 the job waits for it where it must: the loop's end (its summary is the totals of all its
