@@ -16,7 +16,6 @@ those instruments simply report nothing.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -26,7 +25,7 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
-from traintel._host.gpu import torch_uuid
+from traintel._host.gpu import initialised_cuda, torch_uuid
 from traintel.version import __version__
 
 
@@ -72,14 +71,10 @@ class ProcessCpu:
 
 def _cuda_devices() -> list[tuple[int, str, Any]]:
     """(index, hw.id, torch.cuda) for each device, only when the job has already set CUDA up."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None:
-        return []
+    cuda = initialised_cuda()
     try:
-        if not cuda.is_available() or not cuda.is_initialized():
-            return []
-        return [(index, torch_uuid(cuda, index), cuda) for index in range(cuda.device_count())]
+        devices = range(cuda.device_count()) if cuda is not None else ()
+        return [(index, torch_uuid(cuda, index), cuda) for index in devices]
     except Exception:
         return []
 

@@ -296,14 +296,11 @@ def _last_completed(engine: Any) -> int | None:
 #: the rest is for the spill to disk that follows when the collector did not answer in time.
 _PIPELINE_SHARE = 0.8
 
-_NOW = -2  # preemption_attributes' default: the engine's last completed iteration now
-
 
 def preemption_attributes(
-    telemetry: _state.Telemetry, signum: int, received_ns: int, completed: int | None = _NOW
+    telemetry: _state.Telemetry, signum: int, received_ns: int, completed: int | None
 ) -> dict[str, AttributeValue]:
-    """The event's attributes; ``completed`` is the last iteration done when the signal came
-    (default: the engine's now)."""
+    """The event's attributes; ``completed`` is the last iteration done when the signal came."""
     name = signal.Signals(signum).name
     attributes: dict[str, AttributeValue] = {
         semconv.PREEMPTION_SIGNAL: name,
@@ -312,8 +309,6 @@ def preemption_attributes(
     engine = telemetry.engine
     if engine is None:
         return attributes
-    if completed == _NOW:
-        completed = _last_completed(engine)
     if completed is not None:
         attributes[semconv.PREEMPTION_LAST_ITERATION] = completed
     checkpoint = engine.last_checkpoint
@@ -337,7 +332,7 @@ def _finish(telemetry: _state.Telemetry, signum: int, received_ns: int, end_span
     try:
         reason = f"{semconv.END_REASON_PREEMPTED}: {signal.Signals(signum).name}"
         phase_spans = _open_phase_spans(telemetry.open_spans)
-        attributes = preemption_attributes(telemetry, signum, received_ns)
+        attributes = preemption_attributes(telemetry, signum, received_ns, _last_completed(telemetry.engine))
         if phase_spans:
             phase_spans[0].add_event(semconv.Event.PREEMPTION.value, attributes, timestamp=received_ns)
         if end_spans:

@@ -83,10 +83,6 @@ _Window = tuple[ClosedWindow, TrainingConfig, Settings, Span | None, Span | None
 _Job = _Window | Callable[[], None]
 
 
-def _no_size(index: int) -> tuple[int, float] | None:
-    return None
-
-
 class WindowPipeline:
     """The engine's window sink: closed windows in, reports out to the registered consumers."""
 
@@ -105,7 +101,7 @@ class WindowPipeline:
         self._consumers: list[tuple[str, Consumer]] = []
         self._inputs: RateInputs | None = None
         #: The cross-rank exchange's agreed sizes (see :meth:`window_size_for`).
-        self.agreed_size: Callable[[int], tuple[int, float] | None] = _no_size
+        self.agreed_size: Callable[[int], tuple[int, float] | None] = lambda index: None
         self._agreed: dict[int, tuple[int, float]] = {}  # window index -> its agreed size, until reported
         self._queue: SimpleQueue[_Job | None] = SimpleQueue()
         self._lock = threading.Lock()
