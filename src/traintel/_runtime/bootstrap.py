@@ -72,8 +72,9 @@ def sdk_disabled(environ: Mapping[str, str] | None = None) -> bool:
 def configure(options: PipelineOptions, training: Mapping[str, object] | None = None) -> Telemetry:
     """Explicit configuration: validates everything first and raises ConfigurationError."""
     config = TrainingConfig.from_env(overrides=training, strict=True)
+    global _deferred
     if state.importing_main_in_child():  # a spawn/forkserver child: a DataLoader worker, maybe
-        _defer_configure(functools.partial(configure, options, training))
+        _deferred = functools.partial(configure, options, training)
         return Telemetry(TrainingConfig())
     with active.lock:
         previous = state.configured()
@@ -362,16 +363,10 @@ class _Last:
     energy: EnergyAccounting | None = None
 
 
-#: An explicit configure() made while a spawn child imported the main module (see ``configure``).
+#: An explicit configure() made while a spawn child imported the main module (see ``configure``),
+#: applied at the child's first use of traintel, unless that is in a DataLoader worker (a process
+#: started to train, as ``torch.multiprocessing.spawn`` starts ranks, is configured as asked).
 _deferred: Callable[[], Telemetry] | None = None
-
-
-def _defer_configure(configure: Callable[[], Telemetry]) -> None:
-    """Applied at the child's first use of traintel, unless that is in a DataLoader worker (a
-    process started to train, as ``torch.multiprocessing.spawn`` starts ranks, is configured as
-    asked)."""
-    global _deferred
-    _deferred = configure
 
 
 def _first_use() -> Telemetry:
