@@ -326,10 +326,7 @@ class StallWatcher:
         moved = self._moved(frame)
         if self._stall is None and watched and stalled_s >= self.threshold_s:
             python = semconv.PYTHON_RUNNING if moved else semconv.PYTHON_BLOCKED
-            entered, completed, waiting_in = sequence
-            report = self._report(sample, entered, completed, waiting_in, stalled_s, python, frame)
-            self._send(semconv.EVENT_HANG_SUSPECT, report, self._link(), now, None)
-            self.records[0] += 1
+            self._say(semconv.EVENT_HANG_SUSPECT, now, stalled_s, python, frame, sample, sequence)
             self._stall = _Stall(progress, python)
 
     def _held(self, progress_ns: int, gap_s: float, now: int, final: bool) -> None:
@@ -340,22 +337,14 @@ class StallWatcher:
         self._stall = _Stall(progress_ns, semconv.PYTHON_HOLDING_GIL, gap_s)
         if self._gil_watch is not None and self._gil_watch.alive():
             return
-        sample = self._heartbeat.sample(now)
-        entered, completed, _name = self._sequence.snapshot()
         frame = None if final else self._training_frame()
-        report = self._report(sample, entered, completed, None, gap_s, semconv.PYTHON_HOLDING_GIL, frame)
-        self._send(semconv.EVENT_HANG_SUSPECT, report, self._link(), now, None)
-        self.records[0] += 1
+        self._say(semconv.EVENT_HANG_SUSPECT, now, gap_s, semconv.PYTHON_HOLDING_GIL, frame)
 
     def _recovered(self, stall: _Stall, now: int) -> None:
         self._stall = None
         seconds = stall.held_s or (self._progress_ns - stall.progress_ns) / 1e9
-        sample = self._heartbeat.sample(now)
-        entered, completed, _name = self._sequence.snapshot()
-        report = self._report(sample, entered, completed, None, seconds, stall.python, None)
         body = f"rank {self._rank}: moved again after {seconds:.1f} s without progress"
-        self._send(semconv.EVENT_HANG_RECOVERED, report, self._link(), now, body)
-        self.records[1] += 1
+        self._say(semconv.EVENT_HANG_RECOVERED, now, seconds, stall.python, None, body=body)
 
     # --- what the training thread is doing ----------------------------------------------------------
     def _training_thread(self) -> int:
@@ -378,22 +367,30 @@ class StallWatcher:
         previous, self._frame_key = self._frame_key, key
         return previous is not None and key != previous
 
-    def _report(
+    def _say(
         self,
-        sample: HeartbeatSample,
-        entered: int,
-        completed: int,
-        waiting_in: str | None,
+        event: str,
+        now: int,
         stalled_s: float,
         python: str,
         frame: FrameType | None,
-    ) -> StallReport:
+        sample: HeartbeatSample | None = None,
+        sequence: tuple[int, int, str | None] | None = None,
+        body: str | None = None,
+    ) -> None:
+        """Send one record of the rank as seen at this wake (``sequence``: entered, completed and
+        the collective waited in; by default as now, with none named)."""
+        sample = self._heartbeat.sample(now) if sample is None else sample
+        if sequence is None:
+            entered, completed, _name = self._sequence.snapshot()
+            sequence = (entered, completed, None)
         stack, top = python_stack(frame) if frame is not None else ("", "")
-        phase = sample.step or sample.phase
-        return StallReport(
-            self._rank, phase, sample.iteration, entered, completed, waiting_in, stalled_s, python,
+        report = StallReport(
+            self._rank, sample.step or sample.phase, sample.iteration, *sequence, stalled_s, python,
             stack, top, self._training_thread(),
         )  # fmt: skip
+        self._send(event, report, self._link(), now, body)
+        self.records[event == semconv.EVENT_HANG_RECOVERED] += 1
 
     def _link(self) -> SpanContext | None:
         """The current iteration's span (its id drawn now if it had none), else the innermost

@@ -18,6 +18,7 @@ so a dead collector can hold a finished job for minutes.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import re
@@ -262,8 +263,7 @@ def _plan_exporters(
     plans: list[_ExporterPlan] = []
     for name in exporter_names(signal, environ):
         if name == FILE_EXPORTER:
-            cls = _FILE_EXPORTERS[signal]
-            plans.append(_ExporterPlan(name, lambda cls=cls: cls(file=file)))  # type: ignore[misc]
+            plans.append(_ExporterPlan(name, functools.partial(_FILE_EXPORTERS[signal], file=file)))
             continue
         if name == "otlp":
             protocol = otlp_protocol(signal, environ, strict)
@@ -287,10 +287,8 @@ def _plan_exporters(
         except Exception as exc:
             report(ConfigurationError(f"{exporter_var}: exporter {name!r} failed to load: {exc}"), strict)
             continue
-        if ep_name == PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ):
-            plans.append(_ExporterPlan(name, _with_certificate_session(cls)))
-            continue
-        plans.append(_ExporterPlan(name, cls))
+        certificate = ep_name == PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ)
+        plans.append(_ExporterPlan(name, _with_certificate_session(cls) if certificate else cls))
     return plans
 
 
