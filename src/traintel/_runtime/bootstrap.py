@@ -315,11 +315,8 @@ def _tracer_for(pipeline: Pipeline) -> tuple[trace_api.Tracer, ForcingIdGenerato
 
 
 def _world_size(resource: Resource) -> int:
-    value = resource.attributes.get(semconv.WORLD_SIZE)
-    if isinstance(value, int):
-        return value
     try:
-        return int(str(value))
+        return int(str(resource.attributes.get(semconv.WORLD_SIZE)))
     except (TypeError, ValueError):
         return distributed_identity()[2]
 

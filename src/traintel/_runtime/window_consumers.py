@@ -140,7 +140,7 @@ class WindowConsumers:
         spans: WindowSpans,
         peak: PeakFlops,
         warn_once: Callable[..., None],
-        release: Callable[[list[WindowGoodput], Span | None], None] | None = None,
+        release: Callable[[list[WindowGoodput], Span | None], None],
     ) -> None:
         self._engine = engine
         self._spans = spans
@@ -204,7 +204,7 @@ class WindowConsumers:
     def _export(self, records: list[WindowGoodput], final: bool, final_loop: Span | None) -> None:
         """Release the records (their energy is added; at the loop's end, its span too) and
         export them as ``training_window`` spans under the segment of the latest window."""
-        if self._release is not None and (records or final):
+        if records or final:
             self._release(records, final_loop)
         if records:
             cap = self._engine.names_cap

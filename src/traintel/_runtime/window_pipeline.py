@@ -91,7 +91,7 @@ class WindowPipeline:
         aggregator: TrainingAggregator,
         rates: RateSource,
         warn_once: Callable[..., None],
-        before_handover: Callable[[Settings, int | None], None] | None = None,
+        before_handover: Callable[[Settings, int | None], None],
     ) -> None:
         self.aggregator = aggregator
         #: Run on the closing thread before a window is handed over (the opt-in peak calibration).
@@ -127,11 +127,10 @@ class WindowPipeline:
         segment = loop.current if isinstance(loop, SegmentedSpan) else loop
         parent = segment if segment is not None else ended_loop
         device = current_cuda_device()
-        if self._before_handover is not None:
-            try:
-                self._before_handover(settings, device)
-            except Exception:
-                self._warn_once("before_handover", "could not prepare a window's rates")
+        try:
+            self._before_handover(settings, device)
+        except Exception:
+            self._warn_once("before_handover", "could not prepare a window's rates")
         self._put((window, config, settings, loop, segment, parent, device))
 
     def at_close(self, task: Callable[[], None]) -> None:
