@@ -231,13 +231,11 @@ def first_dim(value: Any) -> int | None:
 
 def unwrap(model: Any) -> Any:
     """The user's module behind DDP / FSDP / DataParallel / torch.compile wrappers."""
-    seen = 0
-    while seen < 8:
+    for _ in range(8):
         inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
         if inner is None or inner is model:
             return model
         model = inner
-        seen += 1
     return model
 
 

@@ -354,9 +354,8 @@ class StallWatcher:
         return sys._current_frames().get(self._training_thread())
 
     def _moved(self, frame: FrameType | None) -> bool:
-        """Whether the training thread ran Python since the previous wake: on the main thread,
-        whether the pending call asked for then has run; on another, whether its top frame is on
-        another instruction (a tight loop can be caught twice on the same one)."""
+        """Whether the training thread ran Python since the previous wake (see the module
+        docstring; a tight loop can be caught twice on the same instruction)."""
         if frame is None:
             self._frame_key = None
             self._probe.forget()

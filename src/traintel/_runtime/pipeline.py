@@ -936,9 +936,8 @@ def _plan_all(
     strict: bool,
 ) -> _Plans:
     """The exporters of each signal traintel builds itself (checked before anything is built).
-    The caller's own span exporters are used as they are (no spool). Logs follow the traces:
-    traintel builds their exporters where it builds the traces' from ``OTEL_*`` and nobody set a
-    global LoggerProvider (rule 2); else (None) traintel's records go to the global one."""
+    The caller's own span exporters are used as they are (no spool); logs as
+    :class:`LogPipeline` says (None: the global logger provider)."""
     if options.span_exporters is not None:
         traces = [_ExporterPlan(type(e).__name__, lambda e=e: e, lent=True) for e in options.span_exporters]  # type: ignore[misc]
     else:

@@ -152,8 +152,7 @@ def _handle_now(signum: int, frame: FrameType | None) -> None:
         except Exception:  # never let telemetry change how the job stops
             _logger.exception("traintel: could not report the preemption")
         if not callable(previous):
-            # Dies here, with the others still held: without traintel the default action would
-            # have ended the process before any of them ran (torch's SIGCHLD handler, say).
+            # Dies here, the others still held (see the module docstring).
             _die(signum)
     finally:
         held.release()
