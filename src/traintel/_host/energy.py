@@ -306,22 +306,18 @@ class EnergyInstruments:
     ) -> None:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
         self._source = source
-        meter.create_observable_counter(
-            semconv.METRIC_ENERGY, [self._energy], unit="J",
-            description="GPU energy this job drew (NVML counter), by goodput category.",
-        )  # fmt: skip
-        meter.create_observable_counter(
-            semconv.METRIC_ENERGY_COST, [self._cost], unit="1",
-            description="Cost of the GPU energy, in the currency of TRAINTEL_ENERGY_PRICE_PER_KWH.",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            semconv.METRIC_ENERGY_PER_TOKEN, [self._per("tokens")], unit="J/{token}",
-            description="GPU energy per token over the last window.",
-        )  # fmt: skip
-        meter.create_observable_gauge(
-            semconv.METRIC_ENERGY_PER_SAMPLE, [self._per("samples")], unit="J/{sample}",
-            description="GPU energy per sample over the last window.",
-        )  # fmt: skip
+        counter, gauge = meter.create_observable_counter, meter.create_observable_gauge
+        for create, name, callback, unit, description in (
+            (counter, semconv.METRIC_ENERGY, self._energy, "J",
+             "GPU energy this job drew (NVML counter), by goodput category."),
+            (counter, semconv.METRIC_ENERGY_COST, self._cost, "1",
+             "Cost of the GPU energy, in the currency of TRAINTEL_ENERGY_PRICE_PER_KWH."),
+            (gauge, semconv.METRIC_ENERGY_PER_TOKEN, self._per("tokens"), "J/{token}",
+             "GPU energy per token over the last window."),
+            (gauge, semconv.METRIC_ENERGY_PER_SAMPLE, self._per("samples"), "J/{sample}",
+             "GPU energy per sample over the last window."),
+        ):  # fmt: skip
+            create(name, [callback], unit=unit, description=description)
 
     def _ledger(self) -> EnergyLedger | None:
         accounting = self._source()

@@ -94,18 +94,13 @@ class SystemInstruments:
     def __init__(self, meter_provider: metrics_api.MeterProvider) -> None:
         meter = meter_provider.get_meter(semconv.INSTRUMENTATION_SCOPE, __version__)
         self._cpu = ProcessCpu()
-        meter.create_observable_gauge(
-            semconv.METRIC_PROCESS_CPU_UTILIZATION,
-            [self._cpu_callback],
-            unit="1",
-            description="CPU time of this process since the last collection / elapsed time / available CPUs",
-        )
-        meter.create_observable_gauge(
-            semconv.METRIC_PROCESS_MEMORY_USAGE,
-            [self._memory_callback],
-            unit="By",
-            description="Resident memory of this process",
-        )
+        for name, callback, unit, description in (
+            (semconv.METRIC_PROCESS_CPU_UTILIZATION, self._cpu_callback, "1",
+             "CPU time of this process since the last collection / elapsed time / available CPUs"),
+            (semconv.METRIC_PROCESS_MEMORY_USAGE, self._memory_callback, "By",
+             "Resident memory of this process"),
+        ):  # fmt: skip
+            meter.create_observable_gauge(name, [callback], unit=unit, description=description)
         for name, key in _ALLOCATOR:
             callback = self._allocator_callback(key)
             if key.startswith("num_"):
