@@ -20,6 +20,7 @@ next to MFU (``ml.training.mfu.dtype_reason``).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -75,10 +76,8 @@ _seen: list[ParameterDtype | None] = [None]
 
 def note_model(model: Any) -> None:
     """Remember ``model``'s parameter dtype for the MFU divisor (never raises)."""
-    try:
+    with contextlib.suppress(Exception):
         _seen[0] = parameter_dtype(model.parameters())
-    except Exception:
-        pass
 
 
 def seen_parameters() -> ParameterDtype | None:
@@ -94,26 +93,20 @@ def tf32_matmuls(torch: Any) -> str | None:
     (which tells "high" from "medium"), else the per-backend flags (torch ≥ 2.9 refuses the old
     readers once the old and new setters were both used)."""
     matmul = getattr(getattr(getattr(torch, "backends", None), "cuda", None), "matmul", None)
-    try:
+    with contextlib.suppress(Exception):  # torch >= 2.9 refuses when the old and new APIs were both used
         level = torch.get_float32_matmul_precision()
         if level in ("high", "medium"):
             return f"torch.get_float32_matmul_precision()={level!r}"
         return None
-    except Exception:  # torch >= 2.9 refuses when the old and new APIs were both used
-        pass
-    try:
+    with contextlib.suppress(Exception):
         precision = getattr(matmul, "fp32_precision", None)
         if precision == "tf32":
             return "torch.backends.cuda.matmul.fp32_precision='tf32'"
         if precision == "ieee":
             return None
-    except Exception:
-        pass
-    try:
+    with contextlib.suppress(Exception):
         if matmul is not None and matmul.allow_tf32:
             return "torch.backends.cuda.matmul.allow_tf32=True"
-    except Exception:
-        pass
     return None
 
 

@@ -137,10 +137,8 @@ class GilWatch:
         _running.discard(self)
         process, self._process = self._process, None
         if process is not None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # still sending a report: it exits by itself
                 process.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass  # still sending a report: it exits by itself
 
     def _close_pipes(self) -> None:
         for fd in (self._state_w, self._dump_w):

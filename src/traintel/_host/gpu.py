@@ -20,6 +20,7 @@ to observations and units.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -131,11 +132,9 @@ def gpu_in_use(environ: Mapping[str, str], nvml: Any | None = None) -> str | Non
     ``CUDA_VISIBLE_DEVICES`` and no CUDA yet: None, rather than a guess on a CPU-only job.
     """
     cuda = initialised_cuda()
-    try:
+    with contextlib.suppress(Exception):
         if cuda is not None:
             return torch_uuid(cuda, cuda.current_device())
-    except Exception:
-        pass
     entry = _pinned_entry(environ)
     if entry is None or entry.startswith("GPU-"):
         return entry

@@ -9,6 +9,7 @@ the spans are sent to.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -73,8 +74,6 @@ def farewell(
 
 def say(line: str | None) -> None:
     """Write :func:`greeting`'s or :func:`farewell`'s line; never raises (stderr may be closed)."""
-    try:
+    with contextlib.suppress(Exception):
         if line is not None:
             print(line, file=sys.stderr, flush=True)
-    except Exception:
-        pass
