@@ -119,11 +119,6 @@ def _mixed_guess(parameters: ParameterDtype | None) -> str | None:
     )
 
 
-def _tf32(torch: Any | None) -> str | None:
-    torch = sys.modules.get("torch") if torch is None else torch
-    return tf32_matmuls(torch) if torch is not None else None
-
-
 def _medium_guess(tf32: str) -> str | None:
     if "medium" not in tf32:
         return None
@@ -147,7 +142,8 @@ def choose_dtype(
     guess = _mixed_guess(parameters)
     if parameters is not None and parameters.dtype != "fp32":
         return DtypeChoice(parameters.dtype, "parameters", guess)
-    tf32 = _tf32(torch)
+    torch = sys.modules.get("torch") if torch is None else torch
+    tf32 = tf32_matmuls(torch) if torch is not None else None
     if tf32 is not None:
         return DtypeChoice("tf32", "fp32 matmuls on TF32 (" + tf32 + ")", _medium_guess(tf32) or guess)
     if parameters is not None:

@@ -537,7 +537,8 @@ def adopt_instrumented_providers(
         )
     retry_lines.install()
     for provider in (tracer_provider, meter_provider):
-        atexit.unregister(getattr(provider, "shutdown", _no_shutdown))
+        if hasattr(provider, "shutdown"):
+            atexit.unregister(provider.shutdown)
     pipeline.owns_tracer_provider = True
     pipeline.owns_meter_provider = isinstance(meter_provider, MeterProvider)
     return adopted
@@ -612,10 +613,6 @@ def _add_training_resource(
             "find it: set %s=traintel for the run's identity on its telemetry",
             _RESOURCE_DETECTORS,
         )
-
-
-def _no_shutdown() -> None:
-    """Stands for a provider without ``shutdown`` (nothing to unregister)."""
 
 
 def _call(target: object, method: str, *args: Any) -> None:
