@@ -219,15 +219,8 @@ def device_hooks(settings: Settings, warn_once: Callable[..., Any]) -> DeviceHoo
         return None
     cuda = _cuda()
     if cuda is None:
-        warn_once(
-            "device_hooks",
-            "%s ignored: no CUDA device",
-            " and ".join(
-                name
-                for name, on in (("TRAINTEL_CUDA_EVENT_TIMING=on", timing), ("TRAINTEL_NVTX=on", nvtx))
-                if on
-            ),
-        )
+        asked = [name for name, on in (("TRAINTEL_CUDA_EVENT_TIMING", timing), ("TRAINTEL_NVTX", nvtx)) if on]
+        warn_once("device_hooks", "%s ignored: no CUDA device", " and ".join(f"{name}=on" for name in asked))
         return None
     timer = EventTimer(lambda: cuda.Event(enable_timing=True)) if timing else None
     ranges = NvtxRanges(cuda.nvtx.range_push, cuda.nvtx.range_pop) if nvtx else None
