@@ -24,6 +24,7 @@ attention is plain matmuls) gets nothing added.
 from __future__ import annotations
 
 import logging
+from contextlib import ExitStack
 from typing import Any
 
 from traintel._host.compute_dtype import note_model
@@ -70,16 +71,19 @@ def _attention_mode(counter: Any) -> Any:
 
 
 class FirstStepFlops:
-    """Counts one step: the forward part for model FLOPs, the whole step for executed FLOPs."""
+    """Counts one step: the forward part for model FLOPs, the whole step for executed FLOPs.
+    The forward counter is on the inner exit stack, closed when the forward ends; closing a
+    stack twice does nothing, so every path out may close both."""
 
-    __slots__ = ("_attention", "_enabled", "_forward", "_forward_open", "_total", "decided")
+    __slots__ = ("_attention", "_enabled", "_forward", "_inner", "_outer", "_total", "decided")
 
     def __init__(self, enabled: bool = True) -> None:
         self._enabled = enabled
         self._total: Any = None
         self._forward: Any = None
         self._attention: Any = None
-        self._forward_open = False
+        self._outer = ExitStack()
+        self._inner = ExitStack()
         self.decided = False
 
     def start(self, model: Any = None) -> bool:
@@ -96,15 +100,9 @@ class FirstStepFlops:
         try:
             from torch.utils.flop_counter import FlopCounterMode
 
-            total: Any = FlopCounterMode(display=False)
-            forward: Any = FlopCounterMode(display=False)
-            total.__enter__()
-            self._total = total
-            attention = _attention_mode(total)
-            attention.__enter__()
-            self._attention = attention
-            forward.__enter__()
-            self._forward, self._forward_open = forward, True
+            self._total = self._outer.enter_context(FlopCounterMode(display=False))
+            self._attention = self._outer.enter_context(_attention_mode(self._total))
+            self._forward = self._inner.enter_context(FlopCounterMode(display=False))
             return True
         except Exception:
             self.abort()
@@ -116,11 +114,9 @@ class FirstStepFlops:
         return self._total is not None
 
     def forward_done(self) -> None:
-        if self._forward_open:
-            self._forward_open = False
-            self._forward.__exit__(None, None, None)
-            if self._attention is not None:  # recomputation in backward is not model FLOPs
-                self._attention.in_forward = False
+        self._inner.close()
+        if self._attention is not None:  # recomputation in backward is not model FLOPs
+            self._attention.in_forward = False
 
     def finish(self, samples: int | None) -> bool:
         """Stop counting and apply the count; False if nothing usable was counted."""
@@ -129,8 +125,7 @@ class FirstStepFlops:
         attention = self._attention
         try:
             self.forward_done()
-            self._exit_attention()
-            self._total.__exit__(None, None, None)
+            self._outer.close()
             forward = int(self._forward.get_total_flops())
             executed = int(self._total.get_total_flops())
             added = attention.missing_flops
@@ -138,7 +133,7 @@ class FirstStepFlops:
             _state.current().warn_once("flops:finish", "could not count the first step's FLOPs")
             return False
         finally:
-            self._total = self._forward = None
+            self._total = self._forward = self._attention = None
         if not forward or not samples:
             return False
         # The counter missed attention: forward + a backward of twice the forward, added.
@@ -154,19 +149,12 @@ class FirstStepFlops:
             )
         return True
 
-    def _exit_attention(self) -> None:
-        attention, self._attention = self._attention, None
-        if attention is not None:
-            attention.__exit__(None, None, None)
-
     def abort(self) -> None:
         """Leave the counters (innermost first) without applying anything."""
         try:
-            self.forward_done()
-            self._exit_attention()
-            if self._total is not None:
-                self._total.__exit__(None, None, None)
+            self._inner.close()
+            self._outer.close()
         except Exception:
             pass
         finally:
-            self._total = self._forward = None
+            self._total = self._forward = self._attention = None
