@@ -16,7 +16,7 @@ from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
 from tests.test_deploy import PENDING_INSTRUMENTS
 from traintel import semconv
 from traintel._host.gpu import GpuInstruments, gpu_in_use, visible_entries
-from traintel.resource_detectors import GpuDetector
+from traintel.resource_detectors import gpu_attributes
 
 UUIDS = ["GPU-aaaaaaaa-0000", "GPU-bbbbbbbb-1111", "GPU-cccccccc-2222"]
 GPU_METRICS = (
@@ -233,7 +233,7 @@ def test_gpu_identity_on_the_resource(
 ) -> None:
     no_cuda_yet(monkeypatch)
     assert gpu_in_use(environ, FakeNvml()) == expected
-    attributes = GpuDetector(environ, FakeNvml()).detect().attributes
+    attributes = gpu_attributes(environ, FakeNvml())
     assert attributes.get(semconv.HW_ID) == expected
 
 

@@ -10,13 +10,13 @@ from traintel import semconv
 from traintel._sdk.providers import build_resource
 from traintel.config import TrainingConfig
 from traintel.resource_detectors import (
-    DistributedDetector,
-    KubernetesDetector,
-    SlurmDetector,
-    TorchElasticDetector,
     default_run_id,
+    distributed_attributes,
     distributed_identity,
+    kubernetes_attributes,
     restart_count,
+    slurm_attributes,
+    torchelastic_attributes,
 )
 
 TORCHRUN = {
@@ -41,12 +41,12 @@ SLURM = {
 
 def test_torchrun_identity() -> None:
     assert distributed_identity(TORCHRUN) == (3, 1, 8)
-    assert DistributedDetector(TORCHRUN).detect().attributes == {
+    assert distributed_attributes(TORCHRUN) == {
         semconv.RANK: 3,
         semconv.LOCAL_RANK: 1,
         semconv.WORLD_SIZE: 8,
     }
-    assert TorchElasticDetector(TORCHRUN).detect().attributes == {
+    assert torchelastic_attributes(TORCHRUN) == {
         semconv.TORCHELASTIC_RUN_ID: "job-42",
         semconv.TORCHELASTIC_RESTART_COUNT: 2,
         semconv.TORCHELASTIC_MAX_RESTARTS: 5,
@@ -58,7 +58,7 @@ def test_torchrun_identity() -> None:
 
 def test_slurm_identity() -> None:
     assert distributed_identity(SLURM) == (17, 1, 32)
-    assert SlurmDetector(SLURM).detect().attributes == {
+    assert slurm_attributes(SLURM) == {
         semconv.SLURM_JOB_ID: "987",
         semconv.SLURM_STEP_ID: "0",
         semconv.SLURM_NODE_ID: 4,
@@ -72,8 +72,8 @@ def test_single_process_defaults() -> None:
     assert distributed_identity({}) == (0, 0, 1)
     assert len(default_run_id({})) == 32
     assert default_run_id({}) != default_run_id({})
-    assert SlurmDetector({}).detect().attributes == {}
-    assert KubernetesDetector({}).detect().attributes == {}
+    assert slurm_attributes({}) == {}
+    assert kubernetes_attributes({}) == {}
 
 
 def test_kubernetes_from_downward_api_and_namespace_file(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_kubernetes_from_downward_api_and_namespace_file(tmp_path: Path) -> None
         "NODE_NAME": "gpu-node-7",
         "POD_UID": "u-1",
     }
-    attributes = KubernetesDetector(env, namespace_file=str(namespace_file)).detect().attributes
+    attributes = kubernetes_attributes(env, namespace_file=str(namespace_file))
     assert attributes == {
         semconv.K8S_POD_NAME: "trainer-0",
         semconv.K8S_POD_UID: "u-1",

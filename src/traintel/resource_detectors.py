@@ -17,6 +17,7 @@ import socket
 import sys
 import uuid
 from collections.abc import Mapping
+from typing import Final
 
 from opentelemetry.sdk.resources import Resource, ResourceDetector
 from opentelemetry.util.types import AttributeValue
@@ -47,22 +48,18 @@ def _first(environ: Mapping[str, str], *names: str) -> str | None:
     return next((environ[name] for name in names if environ.get(name)), None)
 
 
-def _set(attributes: dict[str, AttributeValue], key: str, value: AttributeValue | None) -> None:
-    if value is not None and value != "":
-        attributes[key] = value
+def _present(attributes: Mapping[str, AttributeValue | None]) -> dict[str, AttributeValue]:
+    """The attributes that are set (neither None nor empty)."""
+    return {key: value for key, value in attributes.items() if value is not None and value != ""}
 
 
-class ProcessIdentityDetector(ResourceDetector):
+def process_identity_attributes(_environ: Mapping[str, str]) -> dict[str, AttributeValue]:
     """``service.instance.id`` (unique per process, as OTel requires), host name and pid."""
-
-    def detect(self) -> Resource:
-        return Resource(
-            {
-                semconv.SERVICE_INSTANCE_ID: str(uuid.uuid4()),
-                semconv.HOST_NAME: socket.gethostname(),
-                semconv.PROCESS_PID: os.getpid(),
-            }
-        )
+    return {
+        semconv.SERVICE_INSTANCE_ID: str(uuid.uuid4()),
+        semconv.HOST_NAME: socket.gethostname(),
+        semconv.PROCESS_PID: os.getpid(),
+    }
 
 
 def distributed_identity(environ: Mapping[str, str] | None = None) -> tuple[int, int, int]:
@@ -90,93 +87,68 @@ def _process_group() -> tuple[int, int] | None:
     return None
 
 
-class _EnvDetector(ResourceDetector):
-    """A detector reading the environment it is given (tests), else the process's."""
-
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        super().__init__()
-        self._environ = environ
-
-    @property
-    def environ(self) -> Mapping[str, str]:
-        return os.environ if self._environ is None else self._environ
-
-
-class DistributedDetector(_EnvDetector):
+def distributed_attributes(environ: Mapping[str, str]) -> dict[str, AttributeValue]:
     """``ml.training.rank`` / ``local_rank`` / ``world_size``."""
-
-    def detect(self) -> Resource:
-        rank, local_rank, world_size = distributed_identity(self._environ)
-        return Resource({semconv.RANK: rank, semconv.LOCAL_RANK: local_rank, semconv.WORLD_SIZE: world_size})
+    rank, local_rank, world_size = distributed_identity(environ)
+    return {semconv.RANK: rank, semconv.LOCAL_RANK: local_rank, semconv.WORLD_SIZE: world_size}
 
 
-class TorchElasticDetector(_EnvDetector):
+def torchelastic_attributes(environ: Mapping[str, str]) -> dict[str, AttributeValue]:
     """What torchrun / torch.distributed.elastic exports to its workers."""
+    return _present(
+        {
+            semconv.TORCHELASTIC_RUN_ID: environ.get("TORCHELASTIC_RUN_ID"),
+            semconv.TORCHELASTIC_RESTART_COUNT: _int_env(environ, "TORCHELASTIC_RESTART_COUNT"),
+            semconv.TORCHELASTIC_MAX_RESTARTS: _int_env(environ, "TORCHELASTIC_MAX_RESTARTS"),
+            semconv.TORCHELASTIC_GROUP_RANK: _int_env(environ, "GROUP_RANK"),
+        }
+    )
 
-    def detect(self) -> Resource:
-        environ = self.environ
-        attributes: dict[str, AttributeValue] = {}
-        _set(attributes, semconv.TORCHELASTIC_RUN_ID, environ.get("TORCHELASTIC_RUN_ID"))
-        _set(attributes, semconv.TORCHELASTIC_RESTART_COUNT, _int_env(environ, "TORCHELASTIC_RESTART_COUNT"))
-        _set(attributes, semconv.TORCHELASTIC_MAX_RESTARTS, _int_env(environ, "TORCHELASTIC_MAX_RESTARTS"))
-        _set(attributes, semconv.TORCHELASTIC_GROUP_RANK, _int_env(environ, "GROUP_RANK"))
-        return Resource(attributes)
 
-
-class SlurmDetector(_EnvDetector):
+def slurm_attributes(environ: Mapping[str, str]) -> dict[str, AttributeValue]:
     """Slurm job, step, node and requeue count."""
+    return _present(
+        {
+            semconv.SLURM_JOB_ID: _first(environ, "SLURM_JOB_ID", "SLURM_JOBID"),
+            semconv.SLURM_STEP_ID: _first(environ, "SLURM_STEP_ID", "SLURM_STEPID"),
+            semconv.SLURM_NODE_ID: _int_env(environ, "SLURM_NODEID"),
+            semconv.SLURM_RESTART_COUNT: _int_env(environ, "SLURM_RESTART_COUNT"),
+            semconv.SLURM_ARRAY_JOB_ID: environ.get("SLURM_ARRAY_JOB_ID"),
+            semconv.SLURM_ARRAY_TASK_ID: environ.get("SLURM_ARRAY_TASK_ID"),
+        }
+    )
 
-    def detect(self) -> Resource:
-        environ = self.environ
-        attributes: dict[str, AttributeValue] = {}
-        _set(attributes, semconv.SLURM_JOB_ID, _first(environ, "SLURM_JOB_ID", "SLURM_JOBID"))
-        _set(attributes, semconv.SLURM_STEP_ID, _first(environ, "SLURM_STEP_ID", "SLURM_STEPID"))
-        _set(attributes, semconv.SLURM_NODE_ID, _int_env(environ, "SLURM_NODEID"))
-        _set(attributes, semconv.SLURM_RESTART_COUNT, _int_env(environ, "SLURM_RESTART_COUNT"))
-        _set(attributes, semconv.SLURM_ARRAY_JOB_ID, environ.get("SLURM_ARRAY_JOB_ID"))
-        _set(attributes, semconv.SLURM_ARRAY_TASK_ID, environ.get("SLURM_ARRAY_TASK_ID"))
-        return Resource(attributes)
 
-
-class KubernetesDetector(_EnvDetector):
+def kubernetes_attributes(
+    environ: Mapping[str, str], namespace_file: str = _K8S_NAMESPACE_FILE
+) -> dict[str, AttributeValue]:
     """Pod, namespace and node from the downward-API variables a pod spec usually maps
     (POD_NAME, POD_NAMESPACE, POD_UID, NODE_NAME) and the service-account namespace file."""
-
-    def __init__(self, environ: Mapping[str, str] | None = None, namespace_file: str | None = None) -> None:
-        super().__init__(environ)
-        self._namespace_file = namespace_file or _K8S_NAMESPACE_FILE
-
-    def detect(self) -> Resource:
-        environ = self.environ
-        if "KUBERNETES_SERVICE_HOST" not in environ and "POD_NAME" not in environ:
-            return Resource.get_empty()
-        attributes: dict[str, AttributeValue] = {}
-        _set(attributes, semconv.K8S_POD_NAME, _first(environ, "POD_NAME", "K8S_POD_NAME", "HOSTNAME"))
-        _set(attributes, semconv.K8S_POD_UID, _first(environ, "POD_UID", "K8S_POD_UID"))
-        namespace = _first(environ, "POD_NAMESPACE", "K8S_NAMESPACE") or self._file_namespace()
-        _set(attributes, semconv.K8S_NAMESPACE_NAME, namespace)
-        _set(attributes, semconv.K8S_NODE_NAME, _first(environ, "NODE_NAME", "K8S_NODE_NAME"))
-        return Resource(attributes)
-
-    def _file_namespace(self) -> str | None:
-        try:
-            with open(self._namespace_file, encoding="utf-8") as fh:
-                return fh.read().strip()
-        except OSError:
-            return None
+    if "KUBERNETES_SERVICE_HOST" not in environ and "POD_NAME" not in environ:
+        return {}
+    return _present(
+        {
+            semconv.K8S_POD_NAME: _first(environ, "POD_NAME", "K8S_POD_NAME", "HOSTNAME"),
+            semconv.K8S_POD_UID: _first(environ, "POD_UID", "K8S_POD_UID"),
+            semconv.K8S_NAMESPACE_NAME: _first(environ, "POD_NAMESPACE", "K8S_NAMESPACE")
+            or _file_text(namespace_file),
+            semconv.K8S_NODE_NAME: _first(environ, "NODE_NAME", "K8S_NODE_NAME"),
+        }
+    )
 
 
-class GpuDetector(_EnvDetector):
+def _file_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def gpu_attributes(environ: Mapping[str, str], nvml: object | None = None) -> dict[str, AttributeValue]:
     """``hw.id``: the UUID of the GPU this process trains on, so its series join dcgm-exporter's
     (see :func:`traintel.gpu.gpu_in_use` for when it is known)."""
-
-    def __init__(self, environ: Mapping[str, str] | None = None, nvml: object | None = None) -> None:
-        super().__init__(environ)
-        self._nvml = nvml
-
-    def detect(self) -> Resource:
-        hw_id = gpu_in_use(self.environ, self._nvml)
-        return Resource({semconv.HW_ID: hw_id}) if hw_id else Resource.get_empty()
+    return _present({semconv.HW_ID: gpu_in_use(environ, nvml)})
 
 
 def default_run_id(environ: Mapping[str, str] | None = None) -> str:
@@ -198,15 +170,15 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
     return _int_env(environ, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT") or 0
 
 
-def default_detectors(environ: Mapping[str, str] | None = None) -> list[ResourceDetector]:
-    return [
-        ProcessIdentityDetector(),
-        DistributedDetector(environ),
-        TorchElasticDetector(environ),
-        SlurmDetector(environ),
-        KubernetesDetector(environ),
-        GpuDetector(environ),
-    ]
+#: Each part of the resource, from the environment it is given.
+_DETECTORS: Final = (
+    process_identity_attributes,
+    distributed_attributes,
+    torchelastic_attributes,
+    slurm_attributes,
+    kubernetes_attributes,
+    gpu_attributes,
+)
 
 
 class TrainingResourceDetector(ResourceDetector):
@@ -230,16 +202,18 @@ class TrainingResourceDetector(ResourceDetector):
         config = (
             self._config if self._config is not None else TrainingConfig.from_env(self._environ, strict=False)
         )
+        environ = os.environ if self._environ is None else self._environ
         attributes: dict[str, AttributeValue] = {}
-        for detector in default_detectors(self._environ):
+        for detector in _DETECTORS:
             try:
-                attributes.update(detector.detect().attributes)
+                attributes.update(detector(environ))
             except Exception as exc:  # one broken detector must not lose the others
-                _logger.warning("traintel: resource detector %s failed: %s", type(detector).__name__, exc)
+                _logger.warning("traintel: resource detector %s failed: %s", detector.__name__, exc)
         settings = config.resolve(lazy=False)  # a lazy perf_tag is not known yet: left out
         run_id = settings.run_id or default_run_id(self._environ)
         attributes[semconv.RUN_ID] = run_id
         attributes[semconv.SESSION_TAG] = settings.session_tag or run_id
-        _set(attributes, semconv.PERF_TAG, settings.perf_tag)
+        if settings.perf_tag is not None:  # validated: never empty
+            attributes[semconv.PERF_TAG] = settings.perf_tag
         attributes[semconv.RESTART_COUNT] = restart_count(self._environ)
         return Resource(attributes)
