@@ -15,7 +15,6 @@ from typing import Any
 
 from traintel import semconv
 from traintel._host.flops import first_dim
-from traintel._recorder import clock
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 
@@ -32,7 +31,7 @@ class PhaseDriver:
     pair with the public ``on_*`` callbacks and are closed at shutdown. The training iteration
     and its step phases (data loading, forward, backward, optimizer) run every step and are
     driven directly: the registry's lock and scan would cost more than the phase itself. They
-    are still closed on failure and teardown (:meth:`fail`, :meth:`close_all`), and a job killed
+    are still closed on failure and teardown (:meth:`close_all`), and a job killed
     mid-iteration has the engine end it (preemption).
     """
 
@@ -112,18 +111,10 @@ class PhaseDriver:
         keys = list(self._open)
         return [(inner, self._open.pop(inner)) for inner in keys[keys.index(key) :]]
 
-    def fail(self, exc: BaseException) -> None:
-        """Close everything this driver opened, innermost first, each marked ERROR by ``exc``."""
+    def close_all(self, exc: BaseException | None = None) -> None:
+        """Close everything this driver opened, innermost first (each marked ERROR by ``exc``)."""
         for key in reversed(list(self._open)):
             self.close(key, None, exc)
-
-    def close_all(self) -> None:
-        for key in reversed(list(self._open)):
-            self.close(key)
-
-
-def now_ns() -> int:
-    return clock.time_ns()  # the phases' timeline
 
 
 def batch_size(batch: Any) -> int | None:

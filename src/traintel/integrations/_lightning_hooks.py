@@ -35,13 +35,13 @@ from typing import Any
 from traintel import semconv
 from traintel._api import phases
 from traintel._api.model_metrics import record_batch, record_metrics
+from traintel._recorder.clock import time_ns as now_ns  # the phases' timeline
 from traintel._runtime import state as _state
 from traintel.integrations._driver import (
     PhaseDriver,
     Wrapper,
     batch_size,
     loss_value,
-    now_ns,
     patch_instance,
     traced_checkpoint,
     unpatch_instance,
@@ -258,7 +258,7 @@ class LightningHooks:
     # --- failure -------------------------------------------------------------------------------
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._flops.abort()
-        self._driver.fail(exception)
+        self._driver.close_all(exception)
 
 
 def with_callback(kwargs: dict[str, Any], callback_type: type) -> dict[str, Any]:

@@ -16,7 +16,6 @@ Handlers run synchronously on the logging thread; this one never raises into tor
 from __future__ import annotations
 
 import datetime
-from types import TracebackType
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -65,12 +64,7 @@ class TorchMonitorBridge:
     def __enter__(self) -> TorchMonitorBridge:
         return self.install()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.uninstall()
 
     def _on_event(self, event: Any) -> None:

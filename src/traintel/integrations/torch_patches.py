@@ -54,10 +54,11 @@ from traintel import semconv
 from traintel._api import phases
 from traintel._api.model_metrics import record_batch
 from traintel._recorder.checkpoints import CheckpointSavePhase
+from traintel._recorder.clock import time_ns as now_ns  # the phases' timeline
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 from traintel.distributed.collectives import unwatch_torch_collectives, watch_torch_collectives
-from traintel.integrations._driver import PhaseDriver, batch_size, now_ns
+from traintel.integrations._driver import PhaseDriver, batch_size
 from traintel.integrations.torch_monitor import TorchMonitorBridge
 from traintel.semconv import Phase
 
@@ -160,10 +161,7 @@ class TorchPatcher:
     def finish(self) -> None:
         """At exit: close what is open, marking it with the exception that ended the script."""
         error = getattr(sys, "last_value", None)
-        if isinstance(error, BaseException):
-            self._driver.fail(error)
-        else:
-            self._driver.close_all()
+        self._driver.close_all(error if isinstance(error, BaseException) else None)
 
     def _patch_dcp(self, dcp: Any) -> None:
         if not self._installed or self._dcp_patched:

@@ -49,9 +49,10 @@ from traintel import semconv
 from traintel._api import phases
 from traintel._api.model_metrics import record_batch, record_metrics
 from traintel._host.flops import unwrap
+from traintel._recorder.clock import time_ns as now_ns  # the phases' timeline
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
-from traintel.integrations._driver import PhaseDriver, batch_size, now_ns, patch_instance, traced_checkpoint
+from traintel.integrations._driver import PhaseDriver, batch_size, patch_instance, traced_checkpoint
 from traintel.integrations._flops import FirstStepFlops
 from traintel.semconv import Phase
 
@@ -194,7 +195,7 @@ class _TrainerWrappers:
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
-                self.driver.fail(exc)
+                self.driver.close_all(exc)
                 raise
             self.driver.close_all()
             return result
