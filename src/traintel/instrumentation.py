@@ -39,9 +39,7 @@ class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ()
 
     def _instrument(self, **kwargs: Any) -> None:
-        if _state.configured() is None:
-            _state.current()  # lenient: a bad TRAINTEL_* value is logged, never fatal here
-        telemetry = _state.current()
+        telemetry = _state.current()  # lenient: a bad TRAINTEL_* value is logged, never fatal here
         if _AUTO_INSTRUMENTATION in sys.modules and telemetry.pipeline is not None:
             from traintel._runtime.pipeline import adopt_instrumented_providers
 
@@ -57,7 +55,7 @@ class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
                 patcher = type(self)._patcher = TorchPatcher()
                 patcher.arm()  # patches when the script imports torch
             except Exception:
-                _state.current().warn_once("instrumentor", "could not patch torch; phases are not traced")
+                telemetry.warn_once("instrumentor", "could not patch torch; phases are not traced")
 
     def _uninstrument(self, **kwargs: Any) -> None:
         patcher, type(self)._patcher = type(self)._patcher, None

@@ -119,18 +119,15 @@ class LightningHooks:
         if patch_instance(owner, name, make):
             self._restore.append((owner, name))
 
-    @staticmethod
-    def _record_logged(name: str, value: Any) -> None:
+    def record_if_evaluating(self, name: str, value: Any) -> None:
+        if not (self._driver.is_open(_VALIDATION_LOOP) or self._driver.is_open(_TESTING_LOOP)):
+            return
         try:
             scalar = isinstance(value, int | float) and not isinstance(value, bool)
             if scalar or (hasattr(value, "numel") and hasattr(value, "item") and value.numel() == 1):
                 record_metrics({name: value})
         except Exception:
             _state.current().warn_once("lightning:log", "lightning: could not record a logged metric")
-
-    def record_if_evaluating(self, name: str, value: Any) -> None:
-        if self._driver.is_open(_VALIDATION_LOOP) or self._driver.is_open(_TESTING_LOOP):
-            self._record_logged(name, value)
 
     # --- training ------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
