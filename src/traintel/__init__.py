@@ -84,7 +84,8 @@ if TYPE_CHECKING:
     from traintel.config import ConfigurationError
     from traintel.flops import apply_flops, measure_flops
 
-#: Where each public name lives, loaded on first use (the same as the ``TYPE_CHECKING`` imports).
+#: Where each public name lives, loaded on first use (the same as the ``TYPE_CHECKING`` imports);
+#: every other name of ``__all__`` is a phase factory of ``traintel._api.phases``.
 _PUBLIC = {
     "AsyncCheckpointCompletion": "traintel._recorder.checkpoints",
     "ConfigurationError": "traintel.config",
@@ -95,16 +96,7 @@ _PUBLIC = {
         ("configure", "get_telemetry", "set_training_config", "shutdown"), "traintel._api.configuration"
     ),
     **dict.fromkeys(("record_batch", "record_metrics"), "traintel._api.model_metrics"),
-    **dict.fromkeys(
-        (
-            "application", "checkpoint_load", "checkpoint_save", "checkpoint_stage", "data_loader_init",
-            "data_loading", "dist_init", "model_backward", "model_forward", "model_init", "optimizer_init",
-            "optimizer_update", "testing_iteration", "testing_loop", "timed_span", "training_iteration",
-            "training_loop", "validation_iteration", "validation_loop",
-        ),
-        "traintel._api.phases",
-    ),
-}  # fmt: skip
+}
 
 #: Names that were at ``traintel.*`` before they moved to their modules: still found there,
 #: with a DeprecationWarning naming the new place.
@@ -127,7 +119,7 @@ _MOVED = {
 def __getattr__(name: str) -> Any:
     import importlib
 
-    public = _PUBLIC.get(name)
+    public = _PUBLIC.get(name) or ("traintel._api.phases" if name in __all__ else None)
     if public is not None:
         # the runtime first: it registers how the recorder configures a job on first use
         importlib.import_module("traintel._runtime.bootstrap")
