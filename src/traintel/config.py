@@ -37,20 +37,15 @@ class ConfigurationError(ValueError):
 
 
 def _positive_int(raw: object) -> int:
-    if isinstance(raw, bool):
-        raise ValueError("expected a positive integer")
+    value = raw
     if isinstance(raw, str):
         try:
             value = int(raw.strip())
         except ValueError:
-            raise ValueError("expected a positive integer") from None
-    elif isinstance(raw, int):
-        value = raw
+            value = None
     elif isinstance(raw, float) and raw.is_integer():
         value = int(raw)
-    else:
-        raise ValueError("expected a positive integer")
-    if value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError("expected a positive integer")
     return value
 
