@@ -1,13 +1,6 @@
-"""Lightning under its older package name (``pytorch_lightning``): a callback, and a Trainer that installs it.
-
-Usage::
-
-    from traintel.integrations.pytorch_lightning import TraintelTrainer
-    trainer = TraintelTrainer(max_steps=1000)  # a pytorch_lightning.Trainer with the callback
-    trainer.fit(model, datamodule)
-
-or ``Trainer(callbacks=[TraintelCallback()])``. Requires ``traintel[lightning]``. The phase
-mapping is described in :mod:`traintel.integrations._lightning_hooks`.
+"""Lightning under its older package name, ``pytorch_lightning``: the callback and Trainer of
+:mod:`traintel.integrations.lightning` (same usage, same phase mapping), built on this package's
+own ``Callback`` and ``Trainer``. Requires ``traintel[lightning]``.
 """
 
 from __future__ import annotations
