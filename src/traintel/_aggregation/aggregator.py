@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import compress, repeat
 
 from traintel import semconv
@@ -59,7 +59,7 @@ WINDOW_KEYS, TOTAL_KEYS = _KEYS[_W], _KEYS[_T]
 DATA, FORWARD, BACKWARD, OPTIMIZER = range(4)
 STEP_PHASE_NAMES = ("data_loading", "forward", "backward", "optimizer")
 _TIME_NAMES = tuple("time." + name for name in STEP_PHASE_NAMES)
-#: The window attributes every window has, in the order ``_report`` gives their values.
+#: The window attributes every window has, in the order ``window_attributes`` gives their values.
 _WINDOW_HEAD = tuple(
     WINDOW_KEYS[name]
     for name in (
@@ -164,15 +164,8 @@ class _Counts:
 
     def merge(self, other: _Counts) -> None:
         """Add another set of sums."""
-        self.iterations += other.iterations
-        self.duration_s += other.duration_s
-        self.samples += other.samples
-        self.samples_time += other.samples_time
-        self.tokens += other.tokens
-        self.tokens_time += other.tokens_time
-        self.padding += other.padding
-        self.flops += other.flops
-        self.flops_time += other.flops_time
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
         for i in range(4):
             self.phase_s[i] += other.phase_s[i]
 
@@ -209,6 +202,10 @@ class _Counts:
         if self.duration_s > 0:
             out.update(zip(map(keys.__getitem__, _TIME_NAMES), self.phase_s, strict=True))
             out[keys["data_loading_fraction"]] = self.phase_s[DATA] / self.duration_s
+
+
+#: The fields of :class:`_Counts` that add up as they are (the step-phase split adds per phase).
+_SUMMED = tuple(f.name for f in fields(_Counts) if f.name != "phase_s")
 
 
 def _utilization(
@@ -369,14 +366,10 @@ class TrainingAggregator:
     def close_window(self, window: ClosedWindow, inputs: RateInputs) -> WindowReport | None:
         """The closed window's report (None for a window without iterations). Its iterations
         count as seen even if the report fails: the next window's totals go on from them."""
-        rows = window.rows
+        rows, seen_before = window.rows, window.seen_before
         if not rows:
             return None
-        self.iterations_seen = window.seen_before + len(rows)
-        return self._report(window, inputs)
-
-    def _report(self, window: ClosedWindow, inputs: RateInputs) -> WindowReport:
-        rows, seen_before = window.rows, window.seen_before
+        self.iterations_seen = seen_before + len(rows)
         first, last = Row._make(rows[0]), Row._make(rows[-1])
         if self.first_iteration_s is None and not seen_before:
             self.first_iteration_s = first.duration_ns / 1e9
