@@ -592,7 +592,10 @@ class TrainingEngine:
             inside = trace_api.set_span_in_context(span)
             for child in record.children:
                 self._materialize_step(inside, *child)
-            _finish_span(span, record)
+            _replay(span, record.events, record.status)  # what was set on its handle
+            if record.error is not None:
+                mark_error(span, record.error, record.end_ns)
+            span.end(end_time=record.end_ns)
         finally:
             self.materializing.discard(thread)
         exported = span.get_span_context()
@@ -882,14 +885,6 @@ def _with_exported(
         attributes[semconv.EXPORTED_TRACE_ID] = format(exported[0], "032x")
         attributes[semconv.EXPORTED_SPAN_ID] = format(exported[1], "016x")
     return attributes
-
-
-def _finish_span(span: Span, record: IterationRecord) -> None:
-    """Give an iteration's SDK span what was set on its handle, then end it at its end time."""
-    _replay(span, record.events, record.status)
-    if record.error is not None:
-        mark_error(span, record.error, record.end_ns)
-    span.end(end_time=record.end_ns)
 
 
 def mark_error(span: Span, error: BaseException, timestamp: int | None) -> None:

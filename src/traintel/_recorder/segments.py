@@ -73,8 +73,9 @@ class Segments:
         self.max_spans = settings.max_spans_per_trace
         self.max_bytes = settings.max_bytes_per_trace
         # Due before the loop span's events reach the SDK's limit: a window event can come with
-        # each of the BUDGET_CHECK_EVERY iterations between two checks, and capped others.
-        limit = span_event_limit()
+        # each of the BUDGET_CHECK_EVERY iterations between two checks, and capped others. The
+        # limit: OTEL_SPAN_EVENT_COUNT_LIMIT, 128 by default; None, no limit.
+        limit = SpanLimits().max_events
         self.rotate_events = NO_LIMIT if limit is None else max(1, limit - 2 * BUDGET_CHECK_EVERY)
         # Due at BUDGET_ROTATE of the budget, or sooner under a small budget, so that a
         # training loop rotates before its ROOM_BYTES run out.
@@ -170,12 +171,6 @@ class Segments:
         if self.closed:
             trace_id = loop.get_span_context().trace_id
             loop.close_segment(end_ns, continues=False, usage=lambda: self.budget.usage(trace_id))()
-
-
-def span_event_limit() -> int | None:
-    """The events an SDK span keeps (``OTEL_SPAN_EVENT_COUNT_LIMIT``, 128 by default); None:
-    no limit."""
-    return SpanLimits().max_events
 
 
 class SegmentedSpan(Span):
