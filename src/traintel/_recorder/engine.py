@@ -552,6 +552,28 @@ class TrainingEngine:
         """traintel's numbers before the user's metric names, within the tracer's limits."""
         return UserNamesCap(*attribute_limits(self.tracer), self.warn_once)
 
+    def _span_attributes(self, record: IterationRecord, reason: str) -> dict[str, AttributeValue]:
+        """An exported iteration's attributes: what was set on its handle, its number, why it is
+        exported, its work and its model metrics (user metric names within the tracer's limits)."""
+        attributes: dict[str, AttributeValue] = dict(record.attributes or {})
+        attributes[semconv.PHASE] = record.phase
+        attributes[semconv.ITERATION] = record.iteration
+        attributes[semconv.SAMPLING_REASON] = reason
+        for key, value in (
+            (semconv.SAMPLES, record.samples),
+            (semconv.TOKENS, record.tokens),
+            (semconv.PADDING_TOKENS, record.padding),
+            (semconv.FLOPS, record.flops),
+        ):
+            if value is not None:
+                attributes[key] = value
+        if record.micro_batches > 1:
+            attributes[semconv.MICRO_BATCHES] = record.micro_batches
+        if record.metrics:
+            for name, value in record.metrics.items():
+                attributes[semconv.METRIC_PREFIX + name] = value
+        return self.names_cap.span(attributes, _METRIC_PREFIX, "training_iteration span")
+
     def _write(self, record: IterationRecord, reason: str, direct: DirectWriter) -> tuple[int, int]:
         context = record.exported_context()
         trace_id, flags, state = context.trace_id, context.trace_flags, context.trace_state
@@ -561,9 +583,7 @@ class TrainingEngine:
             step = SpanContext(trace_id, span_id, False, flags, state)
             direct.write(name, step, context, attributes, start_ns, end_ns)
         parent = record.parent if record.parent.is_valid else None
-        attributes = self.names_cap.span(
-            _span_attributes(record, reason), _METRIC_PREFIX, "training_iteration span"
-        )
+        attributes = self._span_attributes(record, reason)
         direct.write(record.phase, context, parent, attributes, record.start_ns, record.end_ns)
         return (trace_id, context.span_id)
 
@@ -580,11 +600,11 @@ class TrainingEngine:
             if ids is not None:
                 ids.force(record.span_id, None if parent.is_valid else record.trace_id)
             try:
-                attributes = self.names_cap.span(
-                    _span_attributes(record, reason), _METRIC_PREFIX, "training_iteration span"
-                )
                 span = self.tracer.start_span(
-                    record.phase, context=context, attributes=attributes, start_time=record.start_ns
+                    record.phase,
+                    context=context,
+                    attributes=self._span_attributes(record, reason),
+                    start_time=record.start_ns,
                 )
             finally:
                 if ids is not None:
@@ -853,29 +873,6 @@ def _plain(record: IterationRecord) -> bool:
         if error is not None or (extras is not None and (extras.events or extras.status is not None)):
             return False
     return True
-
-
-def _span_attributes(record: IterationRecord, reason: str) -> dict[str, AttributeValue]:
-    """An exported iteration's attributes: what was set on its handle, its number, why it is
-    exported, its work and its model metrics."""
-    attributes: dict[str, AttributeValue] = dict(record.attributes or {})
-    attributes[semconv.PHASE] = record.phase
-    attributes[semconv.ITERATION] = record.iteration
-    attributes[semconv.SAMPLING_REASON] = reason
-    for key, value in (
-        (semconv.SAMPLES, record.samples),
-        (semconv.TOKENS, record.tokens),
-        (semconv.PADDING_TOKENS, record.padding),
-        (semconv.FLOPS, record.flops),
-    ):
-        if value is not None:
-            attributes[key] = value
-    if record.micro_batches > 1:
-        attributes[semconv.MICRO_BATCHES] = record.micro_batches
-    if record.metrics:
-        for name, value in record.metrics.items():
-            attributes[semconv.METRIC_PREFIX + name] = value
-    return attributes
 
 
 def _with_exported(

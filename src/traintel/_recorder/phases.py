@@ -31,7 +31,7 @@ from opentelemetry.util import types
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._aggregation.aggregator import BACKWARD, DATA, FORWARD, OPTIMIZER
+from traintel._aggregation.aggregator import STEP_INDEX
 from traintel._recorder import active, clock
 from traintel._recorder.engine import TrainingEngine, mark_error
 from traintel._recorder.record import MAX_EVENTS, IterationRecord, StepExtras, Terminated
@@ -599,13 +599,6 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
         return f"StepPhase({self._name!r})"
 
 
-DATA_LOADING = StepKind(Phase.DATA_LOADING.value, DATA)
-MODEL_FORWARD = StepKind(Phase.MODEL_FORWARD.value, FORWARD)
-MODEL_BACKWARD = StepKind(Phase.MODEL_BACKWARD.value, BACKWARD)
-OPTIMIZER_UPDATE = StepKind(Phase.OPTIMIZER_UPDATE.value, OPTIMIZER)
-
-
 #: The step kinds by span name (what callbacks and integrations look up).
-STEP_KINDS: dict[str, StepKind] = {
-    kind.name: kind for kind in (DATA_LOADING, MODEL_FORWARD, MODEL_BACKWARD, OPTIMIZER_UPDATE)
-}
+STEP_KINDS: dict[str, StepKind] = {name: StepKind(name, index) for name, index in STEP_INDEX.items()}
+DATA_LOADING, MODEL_FORWARD, MODEL_BACKWARD, OPTIMIZER_UPDATE = STEP_KINDS.values()
