@@ -53,11 +53,11 @@ class OpenSpans:
             with self._lock:
                 self._phase_counts[phase] = self._phase_counts.get(phase, 0) + 1
 
-    def ended(self, span_id: int, phase: str | None, end_ns: int) -> bool:
-        """Forget an ended span; True if it was tracked."""
+    def ended(self, span_id: int, phase: str | None, end_ns: int) -> None:
+        """Forget an ended span."""
         live = self._open.pop(span_id, None)
         if phase is None:
-            return live is not None
+            return
         self.last_end_ns = end_ns
         if live is not None:
             with self._lock:
@@ -66,7 +66,6 @@ class OpenSpans:
                     self._phase_counts[phase] = remaining
                 else:
                     self._phase_counts.pop(phase, None)
-        return live is not None
 
     def clear(self) -> None:
         self._open.clear()

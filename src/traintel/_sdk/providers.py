@@ -23,11 +23,6 @@ from traintel.config import TrainingConfig
 from traintel.resource_detectors import TrainingResourceDetector
 
 
-def default_service_name() -> str:
-    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
-    return script or "traintel"
-
-
 def build_resource(config: TrainingConfig, service_name: str | None = None) -> Resource:
     """The job's Resource: SDK defaults < detected identity < ``OTEL_*`` env < explicit args."""
     detected = TrainingResourceDetector(config).detect()
@@ -36,7 +31,8 @@ def build_resource(config: TrainingConfig, service_name: str | None = None) -> R
     if service_name:
         resource = resource.merge(Resource({semconv.SERVICE_NAME: service_name}))
     elif str(resource.attributes.get(semconv.SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({semconv.SERVICE_NAME: default_service_name()}))
+        script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+        resource = resource.merge(Resource({semconv.SERVICE_NAME: script or "traintel"}))
     return resource
 
 
