@@ -1,17 +1,16 @@
 """The compact per-window record: what one ``training_window`` span carries, and how a reader
 gets every window number back from it.
 
-Why: a window used to leave twice, as a ``training_metrics_update`` event on the loop segment
-(about 40 attributes) and as a ``training_window`` span (the goodput record), ~5 kB together,
-a third of them numbers another one gives exactly (a mean is a total over a count, a job's
-rate is a device's times the world size, a deviation is a quantile over the ideal step) or
-constants that belong once on the loop (the MFU provenance, the cumulative totals). At 10
-steps/s that was 1.8 MB per rank per hour. Now each window leaves once, as one span, exported
-as soon as it closes, holding only what cannot be derived, zero counts left out (and the
-window's productive time and goodput, which a trace backend cannot derive: TraceQL metrics
-cannot subtract or divide attributes); the loop
-segment carries the constants and totals, overwritten at each window (they cost nothing until
-it ends). :func:`expand` gives a reader the full set back, to the digit.
+Why compact: a window's full numbers (the ~40 attributes of ``training_metrics_update`` and the
+goodput record) are ~5 kB, 1.8 MB per rank per hour at 10 steps/s, and a third of them another
+number gives exactly (a mean is a total over a count, a job's rate is a device's times the
+world size, a deviation is a quantile over the ideal step) or are constants that belong once on
+the loop (the MFU provenance, the cumulative totals). So each window leaves once, as one span
+exported as soon as it closes, holding only what cannot be derived, zero counts left out, plus
+the window's productive time and goodput (a trace backend cannot derive them: TraceQL metrics
+cannot subtract or divide attributes). The loop segment carries the constants and totals,
+overwritten at each window (they cost nothing until it ends). :func:`expand` gives a reader
+the full set back, to the digit.
 
 ``TRAINTEL_WINDOW_EVENTS=on`` also puts the full ``training_metrics_update`` event on the loop
 (NVIDIA one-logger's shape); the span then stays the goodput record alone.
