@@ -159,11 +159,6 @@ def compare_runs(reports: list[Report], threshold: float = 0.05) -> Comparison:
     return Comparison(tags, differences, threshold, config_differences(reports))
 
 
-def compare(a: Report, b: Report, threshold: float = 0.05) -> Comparison:
-    """Differences of B against A (:func:`compare_runs` of two)."""
-    return compare_runs([a, b], threshold)
-
-
 def render_comparison(comparison: Comparison, names: list[str]) -> list[Any]:
     """Rich renderables for the terminal: who A, B, ... are, then one row per metric."""
     from rich.text import Text

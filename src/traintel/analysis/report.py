@@ -15,7 +15,6 @@ import math
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from traintel import semconv
@@ -828,7 +827,3 @@ def report_file(
         goodput.add_mark_of(path)
     report.summary.runs.in_file(path)
     return report, goodput
-
-
-def total_bytes(paths: Iterable[str | os.PathLike[str]]) -> int:
-    return sum(Path(p).stat().st_size for p in expand_paths(paths) if Path(p).is_file())

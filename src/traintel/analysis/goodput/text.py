@@ -8,10 +8,6 @@ from traintel.analysis.goodput.sessions import JobGoodput, SessionGoodput
 from traintel.analysis.links import TraceLinks
 from traintel.semconv import BADPUT_CATEGORIES
 
-#: Every line fits this many columns (terminals, CI logs), whatever the numbers; ids and links
-#: get lines of their own.
-COLUMNS = 80
-
 
 def _bar(share: float, width: int = 20) -> str:
     share = min(1.0, max(0.0, share))
