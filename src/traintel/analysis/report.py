@@ -302,12 +302,16 @@ class Series(Generic[_P]):
             return
         self.points.append(self._pending)
         self._pending, self._pending_count = None, 0
-        if len(self.points) >= self.capacity:
-            pairs = [self.points[i].merged(self.points[i + 1]) for i in range(0, len(self.points) - 1, 2)]
-            if len(self.points) % 2:
-                pairs.append(self.points[-1])
-            self.points = pairs
-            self.stride *= 2
+        self.points, self.stride = self._within_capacity(self.points, self.stride)
+
+    def _within_capacity(self, points: list[_P], stride: int) -> tuple[list[_P], int]:
+        """Adjacent pairs merged (the stride doubling) until fewer than ``capacity`` remain."""
+        while len(points) >= self.capacity:
+            pairs = [points[i].merged(points[i + 1]) for i in range(0, len(points) - 1, 2)]
+            if len(points) % 2:
+                pairs.append(points[-1])
+            points, stride = pairs, stride * 2
+        return points, stride
 
     def all(self) -> list[_P]:
         return self.points + ([self._pending] if self._pending is not None else [])
@@ -322,14 +326,7 @@ class Series(Generic[_P]):
             self.points, self.stride = list(later.points), later.stride
             self._pending, self._pending_count = later._pending, later._pending_count
             return
-        points = self.all() + later.all()
-        stride = max(self.stride, later.stride)
-        while len(points) >= self.capacity:
-            pairs = [points[i].merged(points[i + 1]) for i in range(0, len(points) - 1, 2)]
-            if len(points) % 2:
-                pairs.append(points[-1])
-            points = pairs
-            stride *= 2
+        points, stride = self._within_capacity(self.all() + later.all(), max(self.stride, later.stride))
         self.points, self.stride, self._pending, self._pending_count = points, stride, None, 0
 
 
