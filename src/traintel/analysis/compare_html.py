@@ -17,8 +17,10 @@ from traintel.analysis.links import TraceLinks
 from traintel.analysis.report import Process, Report, WindowPoint
 from traintel.analysis.report_html import (
     _PALETTE,
+    _W,
     ChartLine,
     _e,
+    _svg,
     _text,
     line_chart,
     page,
@@ -26,8 +28,6 @@ from traintel.analysis.report_html import (
 )
 from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
 from traintel.semconv import BADPUT_CATEGORIES
-
-_W = 760
 
 
 def _reference(report: Report) -> Process | None:
@@ -152,8 +152,7 @@ def goodput_bars(reports: list[Report]) -> str:
     label_w, bar_h = 60, 22
     height = 10 + bar_h * len(reports) + 30
     scale = _W - label_w - 20
-    parts = [f'<svg id="goodput" class="chart" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" '
-             'xmlns="http://www.w3.org/2000/svg" role="img">']  # fmt: skip
+    parts = [_svg("goodput", height)]
     for n, report in enumerate(reports):
         y = 10 + n * bar_h
         total = sum(s.total_s for s in report.goodput)

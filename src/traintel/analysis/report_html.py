@@ -83,6 +83,14 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+def _svg(svg_id: str, height: float, classes: str = "chart") -> str:
+    """The opening tag of a chart the page's width wide (its ``</svg>`` is the caller's)."""
+    return (
+        f'<svg id="{svg_id}" class="{classes}" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" '
+        'xmlns="http://www.w3.org/2000/svg" role="img">'
+    )
+
+
 def _text(
     x: float,
     y: float,
@@ -135,13 +143,6 @@ def _step_decimals(step: float) -> int:
     exponent = math.floor(math.log10(step))
     mantissa = round(step / 10.0**exponent, 6)
     return max(0, -exponent + (0 if mantissa.is_integer() else 1))
-
-
-def _axes(
-    y_max: float, y_fmt: str, x_min: float, x_max: float, x_label: str, x_ticks: bool = True
-) -> list[str]:
-    """Axes from zero to ``y_max``, five gridlines."""
-    return _grid(_zero_ticks(y_max, y_fmt), 0.0, y_max, x_min, x_max, x_label, x_ticks)
 
 
 def _zero_ticks(y_max: float, y_fmt: str) -> list[tuple[float, str]]:
@@ -220,11 +221,7 @@ def line_chart(
         ticks = [(v, f"{v:,.{decimals}f}") for v in values]
     grid = _grid(ticks, low, high, x_min, x_max, x_label)
     pad = _pad_for(ticks)
-    parts = [
-        f'<svg id="{chart_id}" class="chart" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
-        'xmlns="http://www.w3.org/2000/svg" role="img">',
-        *grid,
-    ]
+    parts = [_svg(chart_id, _H), *grid]
     legend = []
     markers = len(points) <= MARKERS
     for line in shown:
@@ -290,12 +287,8 @@ def gantt(report: Report) -> str:
     processes = report.rank_labels()
     row_h, label_w = 14, 150
     height = 20 + row_h * (len(_LANES) + 1) * len(processes) + 8 * len(processes) + 20
-    width = _W
-    scale = (width - label_w - 10) / (end - start)
-    parts = [
-        f'<svg id="timeline" class="chart" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg" role="img">'
-    ]
+    scale = (_W - label_w - 10) / (end - start)
+    parts = [_svg("timeline", height)]
     lane_y: dict[tuple[str, str], float] = {}
     y = 10.0
     for key, label in processes:
@@ -318,9 +311,7 @@ def gantt(report: Report) -> str:
             f'fill="{colour}"{stroke}><title>{_e(tip)}</title></rect>'
         )
     total_s = (end - start) / 1e9
-    parts.append(
-        _text(label_w, height - 4, "0") + _text(width - 10, height - 4, fmt_s(total_s), anchor="end")
-    )
+    parts.append(_text(label_w, height - 4, "0") + _text(_W - 10, height - 4, fmt_s(total_s), anchor="end"))
     parts.append("</svg>")
     dropped = (
         f'<p class="warn">{report.timeline_dropped:,} later phase spans not drawn</p>'
@@ -345,10 +336,7 @@ def waterfall(report: Report) -> str:
         bar_h, label_w = 20, 170
         height = 10 + bar_h * (len(steps) + 1) + 10
         scale = (_W - label_w - 90) / total
-        parts = [
-            f'<svg id="goodput-{n}" class="chart goodput" width="{_W}" height="{height}" '
-            f'viewBox="0 0 {_W} {height}" xmlns="http://www.w3.org/2000/svg" role="img">'
-        ]
+        parts = [_svg(f"goodput-{n}", height, "chart goodput")]
         offset = 0.0
         y = 10.0
         for label, seconds, colour in steps:
@@ -380,13 +368,18 @@ def checkpoint_chart(report: Report) -> str:
     longest = _nice_max(max(c.duration_s for c in report.saves))
     shown = report.saves[:60]
     bar_w = min(40.0, max(4.0, (_W - _PAD - 20) / max(len(shown), 1) - 2))
-    parts = [
-        f'<svg id="checkpoints" class="chart" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
-        'xmlns="http://www.w3.org/2000/svg" role="img">'
-    ]
+    parts = [_svg("checkpoints", _H)]
     total = report.save_totals.count
     which = f"the first {len(shown):,} of {total:,} saves" if total > len(shown) else "saves in order"
-    parts += _axes(longest, "s", 1, len(shown), f"{which} (hover for iteration and size)", False)
+    parts += _grid(
+        _zero_ticks(longest, "s"),
+        0.0,
+        longest,
+        1,
+        len(shown),
+        f"{which} (hover for iteration and size)",
+        False,
+    )
     for i, save in enumerate(shown):
         h = (_H - 40) * save.duration_s / longest
         x = _PAD + 2 + i * (bar_w + 2)
@@ -427,10 +420,7 @@ def heatmap(report: Report) -> str:
     label_w, cell_h = 150, 18
     cell_w = (_W - label_w - 10) / bins
     height = 10 + cell_h * len(processes) + 24
-    parts = [
-        f'<svg id="heatmap" class="chart" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" '
-        'xmlns="http://www.w3.org/2000/svg" role="img">'
-    ]
+    parts = [_svg("heatmap", height)]
     for row, (key, label) in enumerate(processes):
         y = 10 + row * cell_h
         parts.append(_text(label_w - 6, y + 13, label, 11, "end"))
