@@ -431,7 +431,6 @@ class Report:
     stage_s: dict[str, float] = field(default_factory=dict)
     warnings: dict[str, int] = field(default_factory=dict)
     warning_details: list[dict[str, Any]] = field(default_factory=list)
-    self_telemetry: dict[str, float] = field(default_factory=dict)
     goodput: list[SessionGoodput] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     ranks: CrossRankTable = field(default_factory=CrossRankTable)  # merged across the ranks' files
@@ -443,7 +442,6 @@ class Report:
     #: latest ``telemetry_initialization`` / ``training_config_update`` event left it, and its time.
     config: dict[str, Any] = field(default_factory=dict)
     config_at: int = -1
-    _latest: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
     #: Events the cross-rank table took per window (what it counts as dropped if a merge
     #: finds no room for the window).
     _rank_events: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
@@ -555,12 +553,13 @@ class Report:
 
     def add_metrics_record(self, record: MetricsRecord) -> None:
         """traintel's own counters (dropped measurements, spans, export failures...) of one resource's
-        metrics record: the last cumulative value of each series, summed over processes at the end."""
+        metrics record: the last cumulative value of each series, per process of the report, kept in
+        the summary (whose merge and totals serve both commands)."""
         self.summary.runs.add(record)
         if self.run is not None and run_key(record.resource) != self.run:
             return
         for name, value in self_telemetry_of(record):
-            self._latest[(self.process_of(record.resource).key, name)] = value
+            self.summary.self_telemetry_latest[(self.process_of(record.resource).key, name)] = value
 
     def _count_rank_event(self, job: str, event: EventRecord) -> None:
         """Count an event the cross-rank table took into one of its windows (one that would
@@ -613,7 +612,6 @@ class Report:
         self.warning_details.extend(
             later.warning_details[: max(0, WARNING_DETAILS - len(self.warning_details))]
         )
-        self._latest.update(later._latest)
         self._config(later.config_at, {semconv.CONFIG_PREFIX + k: v for k, v in later.config.items()})
         self.hang_records.extend(later.hang_records[: max(0, HANG_RECORDS - len(self.hang_records))])
         self._merge_ranks(later)
@@ -647,11 +645,11 @@ class Report:
         state["_processes_by_resource"] = None
         return state
 
-    def finish(self) -> None:
-        totals: dict[str, float] = {}
-        for (_process, name), value in self._latest.items():
-            totals[name] = totals.get(name, 0.0) + value
-        self.self_telemetry = dict(sorted(totals.items()))
+    @property
+    def self_telemetry(self) -> dict[str, float]:
+        """Each ``traintel.*`` series' last value, summed over the processes (as
+        :meth:`add_metrics_record` keys them)."""
+        return self.summary.self_telemetry
 
     # --- views ---------------------------------------------------------------------------------
     def rank_labels(self) -> list[tuple[str, str]]:
@@ -795,7 +793,6 @@ def build_report(
         report.merge(part)
         if part_goodput is not None:
             goodput.merge(part_goodput)
-    report.finish()
     if with_goodput and files:
         jobs = [job for job in goodput.jobs() if run is None or job.session == run]
         report.goodput = compute_goodput(jobs)
