@@ -31,7 +31,7 @@ from traintel.analysis.runs import (
     short_ids,
     single_run,
 )
-from traintel.analysis.summary import RunSummary, render, summarize
+from traintel.analysis.summary import render, summarize
 from traintel.environment_variables import TRAINTEL_OUTPUT_DIR
 from traintel.exporters.private_files import open_private
 from traintel.exporters.reader import ReadStats, expand_paths, last_line_read
@@ -141,24 +141,25 @@ def _choice_of(args: argparse.Namespace, found: list[RunInfo]) -> _Choice | int:
     return _Choice([found[0]], found, note)
 
 
-def _run_files(choice: _Choice, files: list[str]) -> list[tuple[RunInfo | None, list[str]]]:
-    """(run, its files) to read; (None, every file) where the files name no run."""
-    return [(run, run.files) for run in choice.shown] or [(None, files)]
-
-
 def _read_runs(
     args: argparse.Namespace,
     files: list[str],
-    read: Callable[[list[str], str | None], T],
+    build: Callable[..., T],
     runs_of: Callable[[T], RunsSeen],
 ) -> tuple[_Choice, list[tuple[RunInfo | None, T]]] | int:
-    """Each run shown, read: ``read(its files, its run key)``.
+    """Each run shown, read: ``build(its files, run=its run key, workers=, progress=)``, in
+    ``--workers`` processes and with a progress bar.
 
     When every file starts with the same run (one job's files, a collector's node files), its
     files are read once, and what that read saw of the runs settles the choice; another run met
     on the way that is newer is read after it. Otherwise (several runs, ``--run``, ``--all``)
     the runs are found first, then each shown is read from its own files.
     """
+
+    def read(run_files: list[str], run: str | None) -> T:
+        workers = _workers(args, run_files)
+        return _with_progress(run_files, lambda p: build(run_files, run=run, workers=workers, progress=p))
+
     hint = None if args.all or args.run is not None else single_run(files)
     if hint is None:
         return _read_each(_choose(args, files), files, read)
@@ -176,7 +177,8 @@ def _read_each(
     """Each run shown, read from its own files (an exit code passes through)."""
     if isinstance(choice, int):
         return choice
-    targets = _run_files(choice, files)
+    targets: list[tuple[RunInfo | None, list[str]]] = [(run, run.files) for run in choice.shown]
+    targets = targets or [(None, files)]  # the files name no run: all of them, as one
     return choice, [(run, read(run_files, run.id if run else None)) for run, run_files in targets]
 
 
@@ -197,12 +199,7 @@ def _report(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     files, links = inputs
-
-    def read(run_files: list[str], run: str | None) -> Report:
-        work = functools.partial(build_report, run_files, run=run, workers=_workers(args, run_files))
-        return _with_progress(run_files, lambda progress: work(progress=progress))
-
-    done = _read_runs(args, files, read, lambda report: report.summary.runs)
+    done = _read_runs(args, files, build_report, lambda report: report.summary.runs)
     if isinstance(done, int):
         return done
     choice, reports = done
@@ -468,12 +465,7 @@ def _summary(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     files, links = inputs
-
-    def read(run_files: list[str], run: str | None) -> RunSummary:
-        workers = _workers(args, run_files)
-        return _with_progress(run_files, lambda progress: summarize(run_files, run, workers, progress))
-
-    done = _read_runs(args, files, read, lambda summary: summary.runs)
+    done = _read_runs(args, files, summarize, lambda summary: summary.runs)
     if isinstance(done, int):
         return done
     choice, summaries = done
