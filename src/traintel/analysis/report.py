@@ -640,11 +640,6 @@ class Report:
             if len(table.stragglers) < MAX_WINDOWS:
                 table.stragglers.setdefault(key, attributes)
 
-    def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
-        state = dict(self.__dict__)
-        state["_processes_by_resource"] = None
-        return state
-
     @property
     def self_telemetry(self) -> dict[str, float]:
         """Each ``traintel.*`` series' last value, summed over the processes (as

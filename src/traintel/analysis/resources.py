@@ -41,3 +41,9 @@ class PerResource(Generic[V]):
     def clear(self) -> None:
         """Forget every answer (what they point to was merged away)."""
         self._seen.clear()
+
+    def __getstate__(self) -> Callable[[dict[str, Any]], V]:  # sent between processes without answers
+        return self._make
+
+    def __setstate__(self, make: Callable[[dict[str, Any]], V]) -> None:
+        self._make, self._seen = make, {}

@@ -189,13 +189,6 @@ class RunsSeen:
         found = [run for run in self.runs.values() if run.spans]
         return sorted(found, key=lambda run: (run.start_ns, run.id), reverse=True)
 
-    def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
-        return {"runs": self.runs}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.runs = state["runs"]
-        self._of = PerResource(self._identify)
-
 
 def runs_in_file(path: str, progress: Callable[[int], None] | None = None) -> RunsSeen:
     """The runs in one file (a task for :func:`~traintel.analysis.parallel.map_files`)."""

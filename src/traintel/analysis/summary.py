@@ -242,11 +242,6 @@ class RunSummary:
     extents: dict[str, Extent] = field(default_factory=dict)
     _extent_of: PerResource[Extent] | None = field(default=None, repr=False, compare=False)
 
-    def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
-        state = dict(self.__dict__)
-        state["_extent_of"] = None
-        return state
-
     def _identity(self, resource: dict[str, Any]) -> None:
         for key, target in (
             (semconv.SERVICE_NAME, self.services),
