@@ -45,30 +45,14 @@ class Difference:
     verdicts: list[str]  # "", "better", "worse" (A's is always "")
     unit: str
 
-    @property
-    def a(self) -> float | None:
-        return self.values[0]
-
-    @property
-    def b(self) -> float | None:
-        return self.values[1]
-
-    @property
-    def change(self) -> float | None:
-        return self.changes[1]
-
-    @property
-    def verdict(self) -> str:
-        """B against A (the two-run case); see :attr:`verdicts` for every run."""
-        return self.verdicts[1]
-
     def as_dict(self) -> dict[str, Any]:
+        """A and B, B's change and verdict (the two-run case), and every run's beside them."""
         data: dict[str, Any] = {
             "metric": self.metric,
-            "a": self.a,
-            "b": self.b,
-            "change": self.change,
-            "verdict": self.verdict,
+            "a": self.values[0],
+            "b": self.values[1],
+            "change": self.changes[1],
+            "verdict": self.verdicts[1],
         }
         if len(self.values) > 2:
             data.update(values=self.values, changes=self.changes, verdicts=self.verdicts)
