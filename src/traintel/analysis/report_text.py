@@ -13,7 +13,6 @@ integers, fixed decimals with units), never scientific notation.
 from __future__ import annotations
 
 import io
-from typing import Any
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -37,13 +36,9 @@ _W = WINDOW_PREFIX
 #: Consoles at least this wide get the phase table's share bars.
 WIDE = 100
 
-#: Durations: µs, ms, s, min, h with fixed decimals (shared with the summary).
-fmt_s = fmt_seconds
-
-
-def fmt_num(value: Any, digits: int = 4) -> str:
-    """A count or a rate for a table: ``21,323``, ``0.1234``; ``-`` where there is none."""
-    return plain_number(value, digits)
+#: Durations: µs, ms, s, min, h with fixed decimals; counts and rates: ``21,323``, ``0.1234``,
+#: ``-`` where there is none (shared with the summary).
+fmt_s, fmt_num = fmt_seconds, plain_number
 
 
 def fmt_pct(ratio: float | None) -> str:
