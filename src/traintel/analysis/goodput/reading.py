@@ -133,13 +133,6 @@ class GoodputReader:
         merge_by_key(self.processes, later.processes)
         self.process_of.clear()
 
-    def __getstate__(self) -> dict[str, Any]:  # sent between processes without the cache
-        return {"processes": self.processes}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.processes = state["processes"]
-        self.process_of = PerResource(self._process_of)
-
     def jobs(self) -> list[Job]:
         return _group_jobs(self.processes.values())
 
