@@ -142,8 +142,7 @@ def choose_dtype(
     guess = _mixed_guess(parameters)
     if parameters is not None and parameters.dtype != "fp32":
         return DtypeChoice(parameters.dtype, "parameters", guess)
-    torch = sys.modules.get("torch") if torch is None else torch
-    tf32 = tf32_matmuls(torch) if torch is not None else None
+    tf32 = tf32_matmuls(sys.modules.get("torch") if torch is None else torch)  # (None: no torch, no TF32)
     if tf32 is not None:
         return DtypeChoice("tf32", "fp32 matmuls on TF32 (" + tf32 + ")", _medium_guess(tf32) or guess)
     if parameters is not None:
