@@ -77,15 +77,7 @@ class RankWindow:
 
     def vector(self) -> list[float]:
         """The fixed-size row this rank sends (its rank is its position in the gather)."""
-        return [
-            float(self.window_index),
-            float(self.iterations),
-            self.iteration_s,
-            self.data_loading_s,
-            self.compute_s,
-            1.0 if self.sync_marked else 0.0,
-            self.pace_s,
-        ]
+        return [float(getattr(self, name)) for name in FIELDS]
 
     @classmethod
     def from_vector(cls, rank: int, row: Sequence[float]) -> RankWindow:
