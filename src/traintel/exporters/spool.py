@@ -113,7 +113,8 @@ class Spool:
             self._next_seq += 1
             path = self.directory / batch_name(seq, spans)
             try:
-                self._write(path, data)
+                make_private_dirs(self.directory)
+                write_batch(path, data)
             except OSError as exc:
                 if not self._write_failed_once:
                     self._write_failed_once = True
@@ -130,10 +131,6 @@ class Spool:
             while self._bytes > self.max_bytes and (self._quarantined or len(self._entries) > 1):
                 self._drop_oldest()
             return entry
-
-    def _write(self, path: Path, data: bytes) -> None:
-        make_private_dirs(self.directory)
-        write_batch(path, data)
 
     def _drop_oldest(self) -> None:
         """The bound: a quarantined batch goes first (it is the least likely to be delivered)."""
