@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -39,13 +40,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind
 Json = dict[str, Any]
 
 #: ``SpanKind`` as the OTLP enum's number (``SPAN_KIND_INTERNAL`` = 1 ...).
-_KINDS = {
-    SpanKind.INTERNAL: 1,
-    SpanKind.SERVER: 2,
-    SpanKind.CLIENT: 3,
-    SpanKind.PRODUCER: 4,
-    SpanKind.CONSUMER: 5,
-}
+_KINDS = {kind: ProtoSpan.SpanKind.Value(f"SPAN_KIND_{kind.name}") for kind in SpanKind}
 #: OTLP span flags as the SDK sets them: "has is_remote" always, "is remote" for remote parents.
 _CONTEXT_HAS_IS_REMOTE = 0x100
 _CONTEXT_IS_REMOTE = 0x200
