@@ -138,14 +138,8 @@ class Exchange:
 
     def _wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
         """False if ``timeout_s`` ran out before ``done()`` (or the exchange failed)."""
-        deadline = time.monotonic() + timeout_s
         with self._idle:
-            while not done() and self.failed is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._idle.wait(remaining)
-        return True
+            return self._idle.wait_for(lambda: done() or self.failed is not None, timeout_s)
 
     def close(self) -> None:
         """Stop the thread after the queued rows, waiting for them a bounded while.
