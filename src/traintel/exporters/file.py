@@ -41,7 +41,7 @@ from traintel.exporters.health import HEALTH, NOT_WRITTEN, ExportHealth
 from traintel.exporters.otlp_json import logs_to_json_line, metrics_to_json_line, spans_to_json_line
 from traintel.exporters.private_files import make_private_dirs, open_append
 from traintel.exporters.records import FILE_SUFFIX
-from traintel.exporters.span_repair import encodable
+from traintel.exporters.span_repair import encoded_mending
 
 _logger = logging.getLogger(__name__)
 
@@ -283,17 +283,13 @@ class OtlpJsonFileSpanExporter(_FileWriter, SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
-        try:
-            line = spans_to_json_line(spans)
-        except Exception:  # one bad span: mend or drop it, not its batch (span_repair)
-            spans = encodable(spans, self._health)
-            if not spans:
-                return SpanExportResult.SUCCESS  # each one dropped and counted
-            try:
-                line = spans_to_json_line(spans)
-            except Exception:
-                _logger.exception("traintel: could not encode %d spans", len(spans))
-                return SpanExportResult.FAILURE
+        try:  # one bad span is mended or dropped, not its batch (span_repair)
+            spans, line = encoded_mending(spans_to_json_line, spans, self._health)
+        except Exception:
+            _logger.exception("traintel: could not encode %d spans", len(spans))
+            return SpanExportResult.FAILURE
+        if line is None:
+            return SpanExportResult.SUCCESS  # each one dropped and counted
         if self.file.write_line(line, _service_name_of(spans[0].resource.attributes)):
             return SpanExportResult.SUCCESS
         self._health.drop_spans(NOT_WRITTEN, len(spans))

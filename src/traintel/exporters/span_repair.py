@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -38,6 +38,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 _said = False
+T = TypeVar("T")
 
 
 def mend_text(text: str) -> str:
@@ -135,6 +136,18 @@ def encodable(spans: Sequence[ReadableSpan], health: ExportHealth = HEALTH) -> l
     return out
 
 
+def encoded_mending(
+    encode: Callable[[Sequence[ReadableSpan]], T], spans: Sequence[ReadableSpan], health: ExportHealth
+) -> tuple[Sequence[ReadableSpan], T | None]:
+    """``encode(spans)``; if that raises, ``encode`` of the :func:`encodable` spans (what it
+    raises then propagates). The spans encoded, and their encoding (``None``: none was left)."""
+    try:
+        return spans, encode(spans)
+    except Exception:
+        spans = encodable(spans, health)
+        return spans, (encode(spans) if spans else None)
+
+
 def _mended_if_it_encodes(span: ReadableSpan, resources: dict[int, Resource]) -> ReadableSpan | None:
     try:
         mended = _mended(span, resources)
@@ -160,4 +173,4 @@ def _count_and_say(health: ExportHealth, repaired: int, dropped: int, first: str
         )
 
 
-__all__ = ["encodable", "mend_text"]
+__all__ = ["encodable", "encoded_mending", "mend_text"]

@@ -50,7 +50,7 @@ from traintel.exporters import retry_lines
 from traintel.exporters.collector_answers import CollectorAnswers
 from traintel.exporters.health import HEALTH, ExportHealth
 from traintel.exporters.proto_spans import InvalidSpanError, readable_spans
-from traintel.exporters.span_repair import encodable
+from traintel.exporters.span_repair import encodable, encoded_mending
 from traintel.exporters.spool import Spool, SpoolEntry
 
 _logger = logging.getLogger(__name__)
@@ -333,23 +333,10 @@ class SpoolingSpanExporter(SpanExporter):
     def _parts(self, spans: Sequence[ReadableSpan]) -> list[_Batch]:
         """``split_by_bytes``; a batch whose encoding fails is split with its bad spans mended
         or dropped (``span_repair``)."""
-        try:
-            return split_by_bytes(spans, self._max_batch_bytes)
-        except Exception:
-            mended = encodable(spans, self._health)
-            return split_by_bytes(mended, self._max_batch_bytes) if mended else []
-
-    def _encoded(
-        self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None
-    ) -> tuple[Sequence[ReadableSpan], ExportTraceServiceRequest]:
-        """The spans and their request, bad spans mended or dropped if the encoding fails."""
-        if request is not None:
-            return spans, request
-        try:
-            return spans, encode_spans(spans)
-        except Exception:
-            spans = encodable(spans, self._health)
-            return spans, encode_spans(spans)
+        return (
+            encoded_mending(lambda part: split_by_bytes(part, self._max_batch_bytes), spans, self._health)[1]
+            or []
+        )
 
     def _export_part(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
         if request is not None and request.ByteSize() > self._max_batch_bytes:  # one span alone
@@ -426,8 +413,9 @@ class SpoolingSpanExporter(SpanExporter):
         if self.spool is None:
             self._health.drop_spans(health_module.NOT_SPOOLED, count)
             return None
-        spans, request = self._encoded(spans, request)
-        if not spans:
+        if request is None:
+            spans, request = encoded_mending(encode_spans, spans, self._health)
+        if request is None or not spans:
             return None  # each one dropped and counted
         count = len(spans)
         with self._cond:
