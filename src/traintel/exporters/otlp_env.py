@@ -15,22 +15,14 @@ from traintel.config import ConfigurationError
 _logger = logging.getLogger("traintel")
 
 PROTOCOLS = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
+#: Each signal's exporter, endpoint and protocol variables.
 SIGNAL_VARS = {
-    "traces": (
-        "OTEL_TRACES_EXPORTER",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-    ),
-    "metrics": (
-        "OTEL_METRICS_EXPORTER",
-        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-    ),
-    "logs": (
-        "OTEL_LOGS_EXPORTER",
-        "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
-    ),
+    signal: (
+        f"OTEL_{signal.upper()}_EXPORTER",
+        f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT",
+        f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL",
+    )
+    for signal in ("traces", "metrics", "logs")
 }
 
 #: Bad settings already said by the automatic configuration: each once per process, however

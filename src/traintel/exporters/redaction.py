@@ -22,18 +22,15 @@ import traceback
 from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-HEADER_VARIABLES = (
-    "OTEL_EXPORTER_OTLP_HEADERS",
-    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
-    "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+#: Each variable in its general and its per-signal forms.
+_FORMS = (
+    "OTEL_EXPORTER_OTLP_",
+    "OTEL_EXPORTER_OTLP_TRACES_",
+    "OTEL_EXPORTER_OTLP_METRICS_",
+    "OTEL_EXPORTER_OTLP_LOGS_",
 )
-ENDPOINT_VARIABLES = (
-    "OTEL_EXPORTER_OTLP_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-    "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
-)
+HEADER_VARIABLES = tuple(form + "HEADERS" for form in _FORMS)
+ENDPOINT_VARIABLES = tuple(form + "ENDPOINT" for form in _FORMS)
 _LOGGER_FAMILIES = ("opentelemetry", "grpc", "urllib3", "requests", "traintel")
 REDACTED = "[REDACTED]"
 #: Shorter values are not secrets, and replacing them would garble unrelated text.
