@@ -15,12 +15,6 @@ from typing import Any
 
 import requests
 
-_CERTIFICATE_VARIABLES = {
-    "traces": "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
-    "metrics": "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
-    "logs": "OTEL_EXPORTER_OTLP_LOGS_CERTIFICATE",
-}
-
 
 class CertificateSession(requests.Session):
     def merge_environment_settings(
@@ -36,5 +30,5 @@ def needs_certificate_session(signal: str, environ: Mapping[str, str]) -> bool:
     """True when a CA file is configured for ``signal``'s OTLP/HTTP exporter."""
     return any(
         environ.get(var, "").strip()
-        for var in (_CERTIFICATE_VARIABLES[signal], "OTEL_EXPORTER_OTLP_CERTIFICATE")
+        for var in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
     )
