@@ -145,9 +145,6 @@ class CollectorAnswers:
                 self.partial_message,
             )
 
-    def _failed(self, what: str, retryable: bool, retry_after_s: float | None) -> None:
-        self._local.answer = Answer(what, retryable, retry_after_s)
-
     # --- the hooks ---------------------------------------------------------------------------
     def http_response(self, response: Any, *args: Any, **kwargs: Any) -> None:
         """A ``requests`` response hook on the OTLP/HTTP trace exporter's session."""
@@ -157,7 +154,7 @@ class CollectorAnswers:
                 self._accepted(response.content)
             else:
                 after = _retry_after(response.headers.get("Retry-After"))
-                self._failed(f"HTTP {status}", status in _RETRYABLE_HTTP, after)
+                self._local.answer = Answer(f"HTTP {status}", status in _RETRYABLE_HTTP, after)
         except Exception:  # a hook must never break the export
             pass
 
@@ -171,7 +168,7 @@ class CollectorAnswers:
                 self._accepted(response.SerializeToString())
                 return
             code = error.code().name
-            self._failed(f"gRPC {code}", code in _RETRYABLE_GRPC, _grpc_retry_delay(error))
+            self._local.answer = Answer(f"gRPC {code}", code in _RETRYABLE_GRPC, _grpc_retry_delay(error))
         except Exception:
             pass
 
