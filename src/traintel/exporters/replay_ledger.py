@@ -64,20 +64,16 @@ class Ledger:
         self._warned = False
 
     def _load(self) -> dict[str, Any]:
+        data = None
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            return {"format": _FORMAT, "targets": {}}
+            pass
         except (OSError, ValueError) as exc:
             _logger.warning("traintel replay: ignoring unreadable %s (%s)", self.path, exc)
-            return {"format": _FORMAT, "targets": {}}
-        if (
-            not isinstance(data, dict)
-            or data.get("format") != _FORMAT
-            or not isinstance(data.get("targets"), dict)
-        ):
-            return {"format": _FORMAT, "targets": {}}
-        return data
+        if isinstance(data, dict) and data.get("format") == _FORMAT and isinstance(data.get("targets"), dict):
+            return data
+        return {"format": _FORMAT, "targets": {}}
 
     def _files(self) -> dict[str, Any]:
         files: dict[str, Any] = self._data["targets"].setdefault(self.target, {})
