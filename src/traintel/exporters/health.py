@@ -379,12 +379,5 @@ def _metrics_line(snapshot: HealthSnapshot) -> str:
         return head + "; a later export delivered the cumulative totals"
     if not snapshot.metric_exports_delivered:
         return head + ", none delivered: this run's metrics were not delivered (metrics are not spooled)"
-    if snapshot.metric_export_unfinished:
-        return (
-            head + ": the metrics since the last delivered export were not delivered (metrics are not "
-            "spooled)"
-        )
-    return (
-        head + ", the last one too: the metrics since the last delivered export were not delivered "
-        "(metrics are not spooled)"
-    )
+    lost = "the metrics since the last delivered export were not delivered (metrics are not spooled)"
+    return head + (": " if snapshot.metric_export_unfinished else ", the last one too: ") + lost
