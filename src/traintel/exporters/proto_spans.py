@@ -27,14 +27,8 @@ from traintel.exporters.reader import any_value
 #: OTLP's span flags: the W3C trace flags in the low byte, "parent is remote" in bit 9.
 _TRACE_FLAGS_MASK = 0xFF
 _PARENT_IS_REMOTE = 0x200
-_KINDS = {
-    0: SpanKind.INTERNAL,  # SPAN_KIND_UNSPECIFIED
-    1: SpanKind.INTERNAL,
-    2: SpanKind.SERVER,
-    3: SpanKind.CLIENT,
-    4: SpanKind.PRODUCER,
-    5: SpanKind.CONSUMER,
-}
+#: OTLP's span kinds as the SDK's (``SPAN_KIND_UNSPECIFIED``, and any other number, read as internal).
+_KINDS = {ProtoSpan.SpanKind.Value(f"SPAN_KIND_{kind.name}"): kind for kind in SpanKind}
 
 
 def _attribute(value: Any) -> Any:
