@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs, parse_time, render_goodput
 from traintel.analysis.links import TraceLinks
@@ -43,6 +43,16 @@ if TYPE_CHECKING:
     from traintel.analysis.report import Report
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class _Build(Protocol[T_co]):
+    """How a command reads its files (``build_report``, ``summarize``)."""
+
+    def __call__(
+        self, paths: list[str], *, run: str | None, workers: int, progress: Callable[[int], None] | None
+    ) -> T_co: ...
+
 
 #: Inputs at least this large get a progress bar (when stderr is a terminal).
 PROGRESS_BYTES = 16 * 1024 * 1024
@@ -144,7 +154,7 @@ def _choice_of(args: argparse.Namespace, found: list[RunInfo]) -> _Choice | int:
 def _read_runs(
     args: argparse.Namespace,
     files: list[str],
-    build: Callable[..., T],
+    build: _Build[T],
     runs_of: Callable[[T], RunsSeen],
 ) -> tuple[_Choice, list[tuple[RunInfo | None, T]]] | int:
     """Each run shown, read: ``build(its files, run=its run key, workers=, progress=)``, in
