@@ -61,7 +61,11 @@ def hold_gil_before_all_reduce():
 def helpers():  # this rank's children running the GIL helper (Linux: /proc lists them per thread)
     found = 0
     for task in os.listdir("/proc/self/task"):
-        for child in open(f"/proc/self/task/{task}/children").read().split():
+        try:  # a thread (or a child) listed may have ended since
+            children = open(f"/proc/self/task/{task}/children").read().split()
+        except OSError:
+            continue
+        for child in children:
             try:
                 found += "gil_helper.py" in open(f"/proc/{child}/cmdline").read()
             except OSError:
