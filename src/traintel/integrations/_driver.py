@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from traintel import semconv
+from traintel._api import phases
 from traintel._host.flops import first_dim
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
@@ -22,6 +23,7 @@ from traintel._runtime import state as _state
 #: handle is the iteration's record (or, for the iteration, the record itself).
 _STEP_KEYS = frozenset(phase.value for phase in semconv.STEP_PHASES)
 _DIRECT_KEYS = _STEP_KEYS | {semconv.Phase.TRAINING_ITERATION.value}
+_APP = semconv.Phase.APPLICATION.value
 
 
 class PhaseDriver:
@@ -66,6 +68,17 @@ class PhaseDriver:
                 span.set_attribute(semconv.INTEGRATION, self._integration)
         except Exception:
             self._failed("open", key)
+
+    def open_application(self, start_ns: int | None = None) -> bool:
+        """Open an ``application`` unless one is open (this driver's, the script's own or a
+        callback's: nothing is nested twice); whether this call opened it."""
+        if self.is_open(_APP):
+            return False
+        telemetry = _state.current()
+        if not telemetry.enabled or telemetry.find_open_phase(_APP) is not None:
+            return False
+        self.open(_APP, phases.application(), start_ns)
+        return self.is_open(_APP)
 
     def close(self, key: str, end_ns: int | None = None, exc: BaseException | None = None) -> None:
         """Close ``key``, and first anything opened inside it (ended early, not failed)."""

@@ -49,7 +49,6 @@ from traintel.integrations._driver import (
 from traintel.integrations._flops import FirstStepFlops
 from traintel.semconv import Phase
 
-_APP = Phase.APPLICATION.value
 _LOOP = Phase.TRAINING_LOOP.value
 _ITERATION = Phase.TRAINING_ITERATION.value
 _DATA = Phase.DATA_LOADING.value
@@ -95,9 +94,7 @@ class LightningHooks:
     # --- application and checkpoints -----------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         try:
-            telemetry = _state.current()
-            if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
-                self._driver.open(_APP, phases.application())
+            self._driver.open_application()
             save = traced_checkpoint(phases.checkpoint_save, _LIGHTNING, lambda filepath, *_, **__: filepath)
             load = traced_checkpoint(
                 phases.checkpoint_load, _LIGHTNING, lambda checkpoint_path, *_, **__: checkpoint_path

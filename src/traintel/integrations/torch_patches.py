@@ -64,7 +64,6 @@ from traintel.semconv import Phase
 
 #: A wrapt wrapper: called with the original, the instance it is bound to, args and kwargs.
 _Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
-_APP = Phase.APPLICATION.value
 _LOOP = Phase.TRAINING_LOOP.value
 _ITERATION = Phase.TRAINING_ITERATION.value
 _DATA = Phase.DATA_LOADING.value
@@ -183,20 +182,13 @@ class TorchPatcher:
             return True
         return telemetry.engine is not None and not telemetry.engine.open_loops.get(_LOOP)
 
-    def _ensure_application(self) -> None:
-        if self._driver.is_open(_APP):
-            return
-        telemetry = _state.current()
-        if telemetry.enabled and telemetry.find_open_phase(_APP) is None:
-            self._driver.open(_APP, phases.application(), self._installed_ns)
-
     def _ensure_iteration(self, start_ns: int) -> bool:
         telemetry = _state.current()
         if not telemetry.enabled or not self._drives_iterations(telemetry):
             return False
         if self._driver.is_open(_ITERATION):
             return True
-        self._ensure_application()
+        self._driver.open_application(self._installed_ns)
         if not self._driver.is_open(_LOOP):
             self._driver.open(_LOOP, phases.training_loop(), start_ns)
         start = self._last_step_end if self._last_step_end is not None else start_ns
@@ -290,7 +282,7 @@ class TorchPatcher:
             telemetry = _state.current()
             if not telemetry.enabled:
                 return None
-            self._ensure_application()
+            self._driver.open_application(self._installed_ns)
             path = path_of(args, kwargs)
             attributes: dict[str, AttributeValue] = {
                 semconv.INSTRUMENTED_CALL: call,

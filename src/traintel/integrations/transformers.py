@@ -180,18 +180,10 @@ class _TrainerWrappers:
         self.cb = cb
         self.driver = cb.driver
 
-    def open_application(self) -> bool:
-        """Open an ``application`` unless one is open already; whether this opened it."""
-        telemetry = _state.current()
-        if not telemetry.enabled or telemetry.find_open_phase(_APP) is not None:
-            return False
-        self.driver.open(_APP, phases.application())
-        return self.driver.is_open(_APP)
-
     def train(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            self.open_application()
+            self.driver.open_application()
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
@@ -266,7 +258,7 @@ class _TrainerWrappers:
                     return original(*args, **kwargs)
                 # a standalone evaluate/predict is an application of its own, as Lightning's
                 # self.trainer.validate/test are; inside train() it is part of train's
-                own_application = self.open_application()
+                own_application = self.driver.open_application()
                 self.driver.open(key, template())
                 try:
                     result = original(*args, **kwargs)
