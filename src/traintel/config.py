@@ -36,7 +36,8 @@ class ConfigurationError(ValueError):
     """A configuration value is invalid; the message names the setting and the bad value."""
 
 
-def _positive_int(raw: object) -> int:
+def _integer(raw: object, *, allow_zero: bool) -> int:
+    """``raw`` as a whole number: a string parsed, an integral float taken, a bool refused."""
     value = raw
     if isinstance(raw, str):
         try:
@@ -45,20 +46,9 @@ def _positive_int(raw: object) -> int:
             value = None
     elif isinstance(raw, float) and raw.is_integer():
         value = int(raw)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError("expected a positive integer")
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        raise ValueError(f"expected {'a non-negative' if allow_zero else 'a positive'} integer")
     return value
-
-
-def _non_negative_int(raw: object) -> int:
-    if isinstance(raw, str) and raw.strip() == "0":
-        return 0
-    if raw == 0 and not isinstance(raw, bool):
-        return 0
-    try:
-        return _positive_int(raw)
-    except ValueError:
-        raise ValueError("expected a non-negative integer") from None
 
 
 def _choice(*allowed: str) -> Callable[[object], str]:
@@ -97,6 +87,8 @@ def _float_or_nan(raw: object) -> float:
 
 _positive_number = functools.partial(_number, allow_zero=False)
 _non_negative_number = functools.partial(_number, allow_zero=True)
+_positive_int = functools.partial(_integer, allow_zero=False)
+_non_negative_int = functools.partial(_integer, allow_zero=True)
 
 
 #: The longest wait a setting in seconds may ask for: a day. Far above any sane exit or exchange
@@ -348,9 +340,6 @@ class TrainingConfig:
         except Exception as exc:
             self._warn_once(name, f"traintel: {name} callable gave an unusable value ({exc}); ignoring it")
             return _FIELDS[name].default
-
-    def is_set(self, name: str) -> bool:
-        return name in self._values
 
     def is_lazy(self, name: str) -> bool:
         return callable(self._values.get(name))
