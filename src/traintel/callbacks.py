@@ -41,11 +41,8 @@ def _ns(time_msec: float | None) -> int | None:
 
 def _start(template: PhaseSpan, key: str, start_time_msec: float | None) -> Span:
     """Open the phase ``template`` describes, under the key that pairs it with its end."""
-    try:
-        telemetry = _state.current()
-        if not telemetry.enabled:
-            return trace_api.INVALID_SPAN
-        return telemetry.callback_start(key, template, _ns(start_time_msec))
+    try:  # without telemetry the registry opens nothing: the invalid span
+        return _state.current().callback_start(key, template, _ns(start_time_msec))
     except Exception:
         _state.current().warn_once("callback_start:" + key, "start callback for %r failed", key)
         return trace_api.INVALID_SPAN
@@ -53,10 +50,7 @@ def _start(template: PhaseSpan, key: str, start_time_msec: float | None) -> Span
 
 def _end(key: str, finish_time_msec: float | None) -> None:
     try:
-        telemetry = _state.current()
-        if not telemetry.enabled:
-            return
-        telemetry.callback_end(key, _ns(finish_time_msec))
+        _state.current().callback_end(key, _ns(finish_time_msec))
     except Exception:
         _state.current().warn_once("callback_end:" + key, "end callback for %r failed", key)
 
