@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Final
 
 from opentelemetry.util.types import AttributeValue
@@ -33,7 +32,6 @@ from traintel._recorder.phases import (
 from traintel._sdk.attributes import as_number, clean_attributes, clean_value
 from traintel.semconv import Phase
 
-_NONE: Final[Mapping[str, AttributeValue]] = MappingProxyType({})
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
 
 
