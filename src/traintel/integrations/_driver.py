@@ -99,7 +99,8 @@ class PhaseDriver:
 
     def _close_nested(self, key: str, end_ns: int | None, exc: BaseException | None) -> None:
         """Close ``key`` and what was opened inside it, innermost first."""
-        entries = self._pop_from(key)
+        keys = list(self._open)  # taken off the open set: key and what was opened after it
+        entries = [(inner, self._open.pop(inner)) for inner in keys[keys.index(key) :]]
         try:
             telemetry = _state.current()
             engine = telemetry.engine
@@ -118,11 +119,6 @@ class PhaseDriver:
         _state.current().warn_once(
             f"{self._integration}:{action}:{key}", "%s: could not %s %r", self._integration, action, key
         )
-
-    def _pop_from(self, key: str) -> list[tuple[str, PhaseSpan | None]]:
-        """``key`` and everything opened after it, in opening order, taken off the open set."""
-        keys = list(self._open)
-        return [(inner, self._open.pop(inner)) for inner in keys[keys.index(key) :]]
 
     def close_all(self, exc: BaseException | None = None) -> None:
         """Close everything this driver opened, innermost first (each marked ERROR by ``exc``)."""
