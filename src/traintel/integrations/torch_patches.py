@@ -95,11 +95,9 @@ class TorchPatcher:
     def arm(self) -> None:
         """Install when the script imports torch (at once if it already has): an instrumented
         process that never uses torch does not pay torch's import time (over a second)."""
-        from wrapt import register_post_import_hook
-
         self._armed = True
         self._armed_ns = now_ns()
-        register_post_import_hook(self._torch_imported, "torch")
+        wrapt.register_post_import_hook(self._torch_imported, "torch")
 
     def _torch_imported(self, module: Any) -> None:
         if not self._armed:
@@ -129,9 +127,7 @@ class TorchPatcher:
         self._hooks.append(register_optimizer_step_post_hook(self._step_post))
         if torch.distributed.is_available():
             # when the script imports it (now, if it already has): importing DCP costs ~1 s
-            from wrapt import register_post_import_hook
-
-            register_post_import_hook(self._patch_dcp, "torch.distributed.checkpoint")
+            wrapt.register_post_import_hook(self._patch_dcp, "torch.distributed.checkpoint")
         self._monitor = TorchMonitorBridge().install()
         watch_torch_collectives()  # as the script imports torch: the same point on every rank
         atexit.register(self.finish)
