@@ -370,7 +370,7 @@ EXPORT_SIGNAL: Final = "traintel.export.signal"
 #: Instrumentation scope name for every tracer and meter traintel creates.
 INSTRUMENTATION_SCOPE: Final = "traintel"
 
-# Framework integrations (issue 5): which driver opened a phase span, and the torch.monitor bridge.
+# Framework integrations: which driver opened a phase span, and the torch.monitor bridge.
 #: On spans opened by an integration: ``lightning``, ``transformers`` or ``instrumentor``.
 INTEGRATION: Final = "traintel.integration"
 INTEGRATION_LIGHTNING: Final = "lightning"
@@ -384,7 +384,7 @@ TORCH_MONITOR_STAT: Final = "torch.monitor.stat"
 #: torch.monitor's own event name for ``Stat`` windows (``torch.monitor.STAT_EVENT``).
 TORCH_MONITOR_STAT_EVENT: Final = "torch.monitor.Stat"
 
-# Devices (issue 6): per-window memory peaks and device-side timing on ``training_metrics_update``.
+# Devices: per-window memory peaks and device-side timing on ``training_metrics_update``.
 #: Peak bytes the CUDA caching allocator held for tensors during the window (current device;
 #: ``torch.cuda.max_memory_allocated``, reset at each window boundary).
 WINDOW_DEVICE_MEMORY_PEAK_ALLOCATED: Final = WINDOW_PREFIX + "device.memory.peak_allocated"
@@ -406,7 +406,7 @@ WINDOW_DEVICE_TIME_DROPPED: Final = WINDOW_DEVICE_TIME_PREFIX + "dropped"
 TIMING_MODE_WALL_CLOCK: Final = "wall_clock"
 TIMING_MODE_CUDA_EVENT: Final = "cuda_event"
 
-# Scale mode (issue 6).
+# Scale mode.
 #: On the end-of-loop summary of a rank that exported only its anomalies
 #: (``TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE`` reached, not rank 0); absent otherwise.
 SUMMARY_RANK_EXPORT: Final = SUMMARY_PREFIX + "rank_export"
