@@ -86,14 +86,13 @@ class FirstStepFlops:
         self._inner = ExitStack()
         self.decided = False
 
-    def start(self, model: Any = None) -> bool:
+    def start(self, model: Any) -> bool:
         """Begin counting, once per run, unless FLOPs are configured; True if counting.
-        ``model`` (if given) tells the MFU divisor its parameters' dtype."""
+        ``model`` tells the MFU divisor its parameters' dtype."""
         if self.decided or not self._enabled:
             return False
         self.decided = True
-        if model is not None:
-            note_model(model)
+        note_model(model)  # never raises
         settings = _state.current().config.resolve()
         if settings.flops_per_sample is not None or settings.flops_per_token is not None:
             return False
