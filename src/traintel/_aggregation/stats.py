@@ -11,16 +11,9 @@ from __future__ import annotations
 import math
 import operator
 from bisect import bisect_left, bisect_right
+from collections import _count_elements  # type: ignore[attr-defined]
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
-
-try:  # Counter.update's own C helper: update() itself first asks isinstance(x, Mapping), an ABC check
-    from collections import _count_elements  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - another Python's collections
-
-    def _count_elements(mapping: dict[int, int], iterable: list[int]) -> None:
-        for element in iterable:
-            mapping[element] = mapping.get(element, 0) + 1
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -137,6 +130,8 @@ class IndexedBatch:
             # zeros (and NaN, never a bucket) left out
             indices = [ceil(inverse * log2(v)) for v in values if v > 0.0]
             tally: dict[int, int] = {}
+            # Counter.update's own helper (always defined, in C on CPython): update() itself first
+            # asks isinstance(x, Mapping), an ABC check
             _count_elements(tally, indices)
             self._tally = tally
             self.zeros = len(values) - len(indices)
