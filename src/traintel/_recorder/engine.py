@@ -200,6 +200,7 @@ class TrainingEngine:
         self.window = OpenWindow()
         self.checkpoints = CheckpointStats()
         self.rows: list[RawRow] = self.window.rows  # the open window's, replaced at each close
+        self.sampler = IterationSampler()  # configured by apply_config
         self.segments = Segments(self, outlet.budget)
         self.windows = Windows(self)
         self.apply_config(config)
@@ -253,13 +254,6 @@ class TrainingEngine:
         self.config = config
         self.settings = settings = config.resolve()
         self.set_export_all(settings.export_iterations == "all")
-        if not hasattr(self, "sampler"):
-            self.sampler = IterationSampler(
-                settings.export_iterations,
-                settings.export_first_iterations,
-                settings.export_every_n_iterations,
-                settings.slow_iteration_factor,
-            )
         sampler = self.sampler  # the export policy can change mid-run (set_training_config)
         sampler.policy = settings.export_iterations
         sampler.first = settings.export_first_iterations
