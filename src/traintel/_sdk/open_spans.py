@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 
 from opentelemetry.sdk.trace import ReadableSpan, Span
 
@@ -87,20 +87,22 @@ class OpenSpans:
     def count(self) -> int:
         return len(self._open)
 
+    def ancestors(self, span_id: int) -> Iterator[tuple[int, Span | None]]:
+        """``span_id`` and the ids of its ancestors, nearest first, each with its open span; the
+        last is None where the chain leaves the registry."""
+        for _ in range(_CYCLE_GUARD):
+            span = self._open.get(span_id)
+            yield span_id, span
+            if span is None or span.parent is None:
+                return
+            span_id = span.parent.span_id
+
     def enclosing(self, span_id: int, phases: Collection[str]) -> Span | None:
         """The nearest open span, starting at ``span_id`` and walking up, whose phase is in
         ``phases``; ``None`` when the chain leaves the registry first."""
-        span = self._open.get(span_id)
-        for _ in range(_CYCLE_GUARD):
-            if span is None:
-                return None
-            phase = (span.attributes or {}).get(semconv.PHASE)
-            if phase is not None and phase in phases:
+        for _, span in self.ancestors(span_id):
+            if span is not None and (span.attributes or {}).get(semconv.PHASE) in phases:
                 return span
-            parent = span.parent
-            if parent is None:
-                return None
-            span = self._open.get(parent.span_id)
         return None
 
     def enclosing_loop(self, span: ReadableSpan) -> Span | None:

@@ -83,7 +83,6 @@ _DATA_LOADING = Phase.DATA_LOADING.value
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 _CONTINUES = semconv.SEGMENT_CONTINUES
 _APPLICATION = Phase.APPLICATION.value
-_CYCLE_GUARD = 256  # a guard against a parent cycle, not a real depth
 _SAVES = {Phase.CHECKPOINT_SAVE_SYNC.value: "sync", Phase.CHECKPOINT_SAVE_ASYNC.value: "async"}
 
 
@@ -222,20 +221,13 @@ class TrainingMetricsProcessor(SpanProcessor):
         """The nearest enclosing categorised phase ("phase", its id) or training iteration
         ("iteration"), walking up through uncategorised spans (the user's, loops, application)."""
         parent = span.parent
-        span_id = parent.span_id if parent is not None else 0
         active = engine.active
-        for _ in range(_CYCLE_GUARD):
+        for span_id, live in self.open_spans.ancestors(parent.span_id if parent is not None else 0):
             if active is not None and span_id == active.span_id and active.phase == _TRAINING_ITERATION:
                 return "iteration", span_id
-            live = self.open_spans.get(span_id)
-            if live is None:
-                return None, 0
-            kind = _goodput_kind(live)
+            kind = _goodput_kind(live) if live is not None else None
             if kind is not None:
                 return kind, span_id
-            if live.parent is None:
-                return None, 0
-            span_id = live.parent.span_id
         return None, 0
 
     def _is_own(self, span: ReadableSpan) -> bool:
