@@ -20,7 +20,7 @@ from opentelemetry.metrics import CallbackOptions, NoOpHistogram, Observation
 
 from traintel import semconv
 from traintel._aggregation.aggregator import TrainingAggregator, WindowReport
-from traintel._aggregation.goodput import GoodputLedger, GoodputSnapshot, WindowGoodput
+from traintel._aggregation.goodput import GoodputLedger, GoodputSnapshot
 from traintel._sdk.otel_private import record_sorted
 from traintel.version import __version__
 
@@ -34,6 +34,7 @@ DURATION_BUCKETS_S: tuple[float, ...] = (
 SIZE_BUCKETS_BY: tuple[float, ...] = tuple(float(10**e) for e in range(6, 14))
 
 _W = semconv.WINDOW_PREFIX
+_Callback = Callable[[CallbackOptions], Iterable[Observation]]
 #: Gauges of the last closed window's figures: name, unit, the window's key, and whether the
 #: figure is per job with a per-device twin (else per device alone).
 _LAST_WINDOW_GAUGES = (
@@ -113,21 +114,21 @@ class TrainingInstruments:
              "Iterations exported as spans (tail sampling), by traintel.exported."),
             (gauge, semconv.METRIC_STEP_PHASE_TIME, self._phase_times, "s",
              "Mean time per iteration spent in each step phase over the last window."),
-            (gauge, semconv.METRIC_GOODPUT, self._observe_goodput, "1",
+            (gauge, semconv.METRIC_GOODPUT, self._of_goodput(lambda s: [Observation(s.goodput)]), "1",
              "This job's productive training time / its wall time so far."),
-            (gauge, semconv.METRIC_BADPUT, self._observe_badput, "1",
+            (gauge, semconv.METRIC_BADPUT, self._of_goodput(_badput), "1",
              "This job's unproductive time / its wall time so far, by badput category."),
-            (counter, semconv.METRIC_GOODPUT_TIME, self._observe_goodput_time, "s",
+            (counter, semconv.METRIC_GOODPUT_TIME, self._of_goodput(_seconds_by_category), "s",
              "This job's seconds so far by goodput category (productive, or a badput category)."),
-            (counter, semconv.METRIC_JOB_TIME, self._observe_job_time, "s",
+            (counter, semconv.METRIC_JOB_TIME, self._of_goodput(lambda s: [Observation(s.total_s)]), "s",
              "This job's wall time so far: from its first span's start to now, or to its end."),
-            (gauge, semconv.METRIC_JOB_START_TIME, self._observe_job_start, "s",
+            (gauge, semconv.METRIC_JOB_START_TIME, self._of_ledger(_job_start), "s",
              "Unix time this job started (its first span's start)."),
-            (gauge, semconv.METRIC_JOB_LAST_PROGRESS_TIME, self._observe_last_progress, "s",
+            (gauge, semconv.METRIC_JOB_LAST_PROGRESS_TIME, self._of_ledger(_last_progress), "s",
              "Unix time of the end of this job's last closed window of iterations."),
-            (gauge, semconv.METRIC_STEP_TIME_IDEAL, self._observe_ideal, "s",
+            (gauge, semconv.METRIC_STEP_TIME_IDEAL, self._of_ledger(_ideal), "s",
              "Ideal step time: mean of the steps at most median + 3 MAD."),
-            (gauge, semconv.METRIC_STEP_TIME_DEVIATION, self._observe_deviation, "1",
+            (gauge, semconv.METRIC_STEP_TIME_DEVIATION, self._of_ledger(_deviation), "1",
              "Last window's step time percentiles / ideal step time - 1, by quantile."),
         )  # fmt: skip
         for create, name, callback, unit, description in observed:
@@ -146,14 +147,18 @@ class TrainingInstruments:
     def _last_window(self) -> WindowReport | None:
         return self._windows.last_window if self.window_series else None
 
-    def _goodput(self) -> GoodputSnapshot | None:
-        return self._source.goodput.snapshot(self._now_ns()) if self.window_series else None
+    def _of_ledger(self, observe: Callable[[GoodputLedger], list[Observation]]) -> _Callback:
+        """A callback observing the goodput ledger (nothing on a rank that stopped its series)."""
+        return lambda options: observe(self._source.goodput) if self.window_series else []
 
-    def _step_time(self) -> tuple[float | None, WindowGoodput | None]:
-        if not self.window_series:
-            return None, None
-        ledger = self._source.goodput
-        return ledger.ideal_step_time_s, ledger.last_window
+    def _of_goodput(self, observe: Callable[[GoodputSnapshot], list[Observation]]) -> _Callback:
+        """A callback observing the job's goodput so far (nothing before the job has any time)."""
+
+        def snapshot(ledger: GoodputLedger) -> list[Observation]:
+            now = ledger.snapshot(self._now_ns())
+            return observe(now) if now.total_s > 0 else []
+
+        return self._of_ledger(snapshot)
 
     def _gauge(
         self, meter: metrics_api.Meter, name: str, unit: str, key: str, per_device: bool = False
@@ -191,56 +196,6 @@ class TrainingInstruments:
                 observations.append(Observation(total / iterations, {semconv.PHASE: phase}))
         return observations
 
-    def _observe_goodput(self, options: CallbackOptions) -> Iterable[Observation]:
-        snapshot = self._goodput()
-        return [] if snapshot is None or snapshot.total_s <= 0 else [Observation(snapshot.goodput)]
-
-    def _observe_badput(self, options: CallbackOptions) -> Iterable[Observation]:
-        snapshot = self._goodput()
-        if snapshot is None or snapshot.total_s <= 0:
-            return []
-        return [
-            Observation(snapshot.badput(category), {semconv.BADPUT_CATEGORY: category})
-            for category in snapshot.badput_s
-        ]
-
-    def _observe_goodput_time(self, options: CallbackOptions) -> Iterable[Observation]:
-        """Monotonic: productive and badput seconds only grow (a window's time is booked when it
-        closes); ``other``, the residual that shrinks when a window closes, is left to the
-        backend (the job's time less these). A category appears once it has time (most jobs
-        never evaluate or load a checkpoint: no series, no bytes)."""
-        snapshot = self._goodput()
-        if snapshot is None or snapshot.total_s <= 0:
-            return []
-        seconds = {"productive": snapshot.productive_s, **snapshot.badput_s}
-        category = semconv.GOODPUT_CATEGORY
-        return [Observation(v, {category: name}) for name, v in seconds.items() if v > 0 and name != "other"]
-
-    def _observe_job_time(self, options: CallbackOptions) -> Iterable[Observation]:
-        snapshot = self._goodput()
-        return [] if snapshot is None or snapshot.total_s <= 0 else [Observation(snapshot.total_s)]
-
-    def _observe_job_start(self, options: CallbackOptions) -> Iterable[Observation]:
-        start = self._source.goodput.job_start_ns if self.window_series else None
-        return [] if start is None else [Observation(start / 1e9)]
-
-    def _observe_last_progress(self, options: CallbackOptions) -> Iterable[Observation]:
-        _, window = self._step_time()
-        return [] if window is None else [Observation(window.end_ns / 1e9)]
-
-    def _observe_ideal(self, options: CallbackOptions) -> Iterable[Observation]:
-        ideal, _ = self._step_time()
-        return [] if ideal is None else [Observation(ideal)]
-
-    def _observe_deviation(self, options: CallbackOptions) -> Iterable[Observation]:
-        ideal, window = self._step_time()
-        if ideal is None or window is None or ideal <= 0:
-            return []
-        return [
-            Observation(value / ideal - 1, {semconv.STEP_TIME_QUANTILE: name})
-            for name, value in (("p50", window.p50_s), ("p90", window.p90_s), ("p99", window.p99_s))
-        ]
-
     def window_closed(self, report: WindowReport | None) -> None:
         """A closed window's iteration times and data-loading waits (the window pipeline's
         worker)."""
@@ -277,3 +232,40 @@ class TrainingInstruments:
     def background_written(self, size_bytes: int | None) -> None:
         if size_bytes is not None:
             self.checkpoint_size.record(size_bytes, {semconv.CHECKPOINT_STRATEGY: "async"})
+
+
+def _badput(snapshot: GoodputSnapshot) -> list[Observation]:
+    return [Observation(snapshot.badput(c), {semconv.BADPUT_CATEGORY: c}) for c in snapshot.badput_s]
+
+
+def _seconds_by_category(snapshot: GoodputSnapshot) -> list[Observation]:
+    """Monotonic: productive and badput seconds only grow (a window's time is booked when it
+    closes); ``other``, the residual that shrinks when a window closes, is left to the backend
+    (the job's time less these). A category appears once it has time (most jobs never evaluate
+    or load a checkpoint: no series, no bytes)."""
+    seconds = {"productive": snapshot.productive_s, **snapshot.badput_s}
+    category = semconv.GOODPUT_CATEGORY
+    return [Observation(v, {category: name}) for name, v in seconds.items() if v > 0 and name != "other"]
+
+
+def _job_start(ledger: GoodputLedger) -> list[Observation]:
+    return [] if ledger.job_start_ns is None else [Observation(ledger.job_start_ns / 1e9)]
+
+
+def _last_progress(ledger: GoodputLedger) -> list[Observation]:
+    window = ledger.last_window
+    return [] if window is None else [Observation(window.end_ns / 1e9)]
+
+
+def _ideal(ledger: GoodputLedger) -> list[Observation]:
+    return [] if ledger.ideal_step_time_s is None else [Observation(ledger.ideal_step_time_s)]
+
+
+def _deviation(ledger: GoodputLedger) -> list[Observation]:
+    ideal, window = ledger.ideal_step_time_s, ledger.last_window
+    if ideal is None or window is None or ideal <= 0:
+        return []
+    return [
+        Observation(value / ideal - 1, {semconv.STEP_TIME_QUANTILE: name})
+        for name, value in (("p50", window.p50_s), ("p90", window.p90_s), ("p99", window.p99_s))
+    ]
