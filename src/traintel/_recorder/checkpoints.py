@@ -59,12 +59,9 @@ class AsyncCheckpointCompletion:
         self._iteration_context = iteration_context
         self._iteration = iteration
         self._parent = parent
-        self._start_ns = 0
+        self._start_ns = 0  # set by the save phase as it ends: when control returned to training
         self._done = False
         self._lock = threading.Lock()
-
-    def _started(self, start_ns: int) -> None:
-        self._start_ns = start_ns
 
     @property
     def done(self) -> bool:
@@ -181,7 +178,7 @@ class CheckpointSavePhase(PhaseSpan):
 
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         if self._completion is not None:
-            self._completion._started(end_ns)
+            self._completion._start_ns = end_ns
         size = self._size_bytes
         if size is None and self._path is not None and exc is None:
             size = _measured_size(engine, self._path)
