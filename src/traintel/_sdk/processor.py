@@ -110,14 +110,12 @@ class TrainingMetricsProcessor(SpanProcessor):
         instruments: TrainingInstruments | None = None,
         budget: TraceBudget | None = None,
         on_error: Callable[[str], None] = lambda kind: None,
-        own_scope: str = semconv.INSTRUMENTATION_SCOPE,
     ) -> None:
         self.engine: SpanEngine | None = engine
         self.open_spans = open_spans
         self._instruments = instruments
         self._budget = budget  # in a user's pipeline there is no export filter to count the trace
         self._on_error = on_error
-        self._own_scope = own_scope
         self._own_scope_seen: object = None
         self._attribute_cache: dict[str, dict[str, str]] = {}
         self._foreign_steps: dict[int, list[int]] = {}
@@ -234,7 +232,7 @@ class TrainingMetricsProcessor(SpanProcessor):
         scope = span.instrumentation_scope
         if scope is self._own_scope_seen:  # one scope object per tracer: compare names once
             return scope is not None
-        if scope is not None and scope.name == self._own_scope:
+        if scope is not None and scope.name == semconv.INSTRUMENTATION_SCOPE:
             self._own_scope_seen = scope
             return True
         return False
