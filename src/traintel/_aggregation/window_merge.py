@@ -13,15 +13,12 @@ commands compare ranks record by record), so there a window's length is the one 
 agreed on through the cross-rank exchange (its size at the slowest rank's pace), never a
 rank's own clock; the first windows, before any agreement, each leave on their own.
 
-A merged record holds the numbers one window over the same iterations would: counts and sums
-added (iterations, seconds by category, samples, tokens, FLOPs, flagged iterations, step-phase
-times), the fastest and slowest step and which iteration was slowest, the mean from the total,
-the standard deviation by Chan's pairwise combination, the rates and MFU from the added sums,
-each model metric's mean from its added sum and count and its last value the latest window's.
-The percentiles cannot be added: a merged record's p50, p90 and p99 come from a quantile sketch
-of all its step times (within 1 %, as the run's totals are), and ``merged_windows`` says how
-many windows it holds. Device figures: the memory peaks the largest, device times and their
-counts added, the rest (timing modes, cumulative totals) the latest window's.
+A merged record holds the numbers one window over the same iterations would (sums added: see
+``WindowSums.merged``; rates and MFU from the added sums; the slowest step and its iteration),
+but for the percentiles, which do not add up: they come from a quantile sketch of all its step
+times (within 1 %, as the run's totals), and ``merged_windows`` says how many windows it holds.
+Device figures: the memory peaks the largest, device times and their counts added, the rest
+(timing modes, cumulative totals) the latest window's.
 
 Pure: no OpenTelemetry, no torch.
 """

@@ -1,16 +1,10 @@
 """The training engine: iterations on the fast path, tail sampling, loops, checkpoints, events.
 
-Why a fast path: see ``record.py``. Every iteration, in every export policy, is a record while
-it runs; when it ends it is aggregated, then exported as real SDK spans (same ids, exact
-timestamps, children included) if the policy keeps it ("all" keeps every one), else counted and
-dropped, and the export filter drops the user spans it held for it, so nothing is orphaned.
-Windows are closed by ``windows.py`` (their rows handed to the window pipeline, which makes
-everything else of them off this thread), traces rotated by ``segments.py``.
-
-What the engine needs of the SDK side (the trace budget, the export filter, the id generator,
-the direct span writer, the metric instruments, the window pipeline, the device hooks) it
-names as protocols below and is given through its constructor: it imports only aggregation,
-the configuration and the OpenTelemetry internals module.
+Every iteration, in every export policy, is a record while it runs (``record.py`` says why);
+at its end it is aggregated, then exported as real SDK spans if the policy keeps it, else
+counted and dropped with the user spans the export filter held for it, so nothing is orphaned.
+Windows are closed by ``windows.py``, traces rotated by ``segments.py``. What the engine needs
+of the SDK side is named in ``ports.py`` and given through its constructor.
 
 Everything here runs on the training thread and never raises into it: callers wrap calls.
 """

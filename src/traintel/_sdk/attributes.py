@@ -10,12 +10,10 @@ says so once per kind of value. It never imports torch or numpy: it duck-types `
 the element count.
 
 The conversion is total: whatever the value, :func:`clean_value` returns a valid attribute or
-``None`` (dropped, said once), and never raises. A mapping nested deeper than
-:data:`MAX_DEPTH`, one that contains itself, or one larger than :data:`MAX_ITEMS` items or
-:data:`MAX_JSON_CHARS` characters of JSON is dropped (a dict nested 1,000 deep raised
-``RecursionError`` out of a phase, a dict holding itself ``ValueError``); so is a sequence of
-more than :data:`MAX_ITEMS` items, or one whose items are not all of one primitive kind (a mix
-of ints and floats becomes floats). An integer beyond int64 becomes its decimal string.
+``None`` (dropped, said once), and never raises (a dict nested 1,000 deep or holding itself
+would make ``json`` raise): a mapping beyond the limits below or containing itself is dropped,
+as is a sequence too long or not of one primitive kind (ints and floats mixed become floats).
+An integer beyond int64 becomes its decimal string.
 """
 
 from __future__ import annotations

@@ -33,9 +33,8 @@ What is used, and why:
   front of them. Where a release keeps them elsewhere, they are left as they are (and said).
   A periodic reader's thread (``_daemon_thread``): a bounded exit asks whether the last
   collection is still under way, which the reader's shutdown does not say.
-* **A tracer's id generator** (``Tracer.id_generator``): traintel's own tracer gets a generator
-  that can hand out an id chosen in advance, so an iteration recorded without a span can be
-  exported later under the id its children already point to.
+* **A tracer's id generator** (``Tracer.id_generator``): traintel's own tracer gets one that can
+  hand out an id chosen in advance (``traintel._sdk.ids`` says why).
 * **The OTLP trace exporters' clients** (the HTTP exporter's ``requests`` session,
   ``_client._transport._session`` from 1.45 and ``_session`` before; the gRPC exporter's stub
   factory ``_stub`` and the stub it made, ``_client``): the exporters discard what the collector
@@ -44,12 +43,9 @@ What is used, and why:
 * **Histogram aggregations** (``MeterProvider._measurement_consumer._reader_storages``, each
   storage's ``_instrument_view_instrument_matches``, a match's ``_attributes_aggregation`` and
   ``_lock``, the explicit-bucket aggregation's ``_value`` / ``_sum`` / ``_min`` / ``_max``): a
-  window's iteration times are added to the iteration histograms as one count per bucket
-  (``record_sorted``) instead of one ``record`` of several microseconds per iteration.
+  window's iteration times are added as one count per bucket (``record_sorted``).
 * **Finished spans written directly** (``ReadableSpan``, which the SDK asks users not to build,
-  and the tracer's ``_instrumentation_scope`` / ``_span_limits``): an exported iteration and a
-  window's goodput record are spans traintel knows whole when it creates them; building the
-  finished span costs a fraction of the tracer's start / end path (see ``SpanWriter``).
+  and the tracer's ``_instrumentation_scope`` / ``_span_limits``): see ``SpanWriter``.
 * **The logs signal** (``opentelemetry._logs``, ``opentelemetry.sdk._logs``, the OTLP encoder's
   ``_log_encoder``): OpenTelemetry's documented way to send log records, private by name while
   the Python logs SDK is not declared stable. traintel sends its hang records through it; the
