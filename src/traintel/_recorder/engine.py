@@ -43,6 +43,7 @@ from traintel._recorder.ports import (
 from traintel._recorder.record import (
     IterationRecord,
     OpenStep,
+    StepExtras,
     Terminated,
     new_record,
     number,
@@ -581,61 +582,43 @@ class TrainingEngine:
         context = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent.is_valid else Context()
         if not record.span_id:
             record.assign_ids()
-        ids = self.ids
         thread = _get_ident()
         self.materializing.add(thread)  # the processor skips these: already counted
         try:
-            if ids is not None:
-                ids.force(record.span_id, None if parent.is_valid else record.trace_id)
-            try:
-                span = self.tracer.start_span(
-                    record.phase,
-                    context=context,
-                    attributes=self._span_attributes(record, reason),
-                    start_time=record.start_ns,
-                )
-            finally:
-                if ids is not None:
-                    ids.clear()
+            attributes = self._span_attributes(record, reason)
+            root_trace = None if parent.is_valid else record.trace_id
+            span = self._start(record.phase, context, attributes, record.start_ns, record.span_id, root_trace)
             inside = trace_api.set_span_in_context(span)
-            for child in record.children:
-                self._materialize_step(inside, *child)
-            _replay(span, record.events, record.status)  # what was set on its handle
-            if record.error is not None:
-                mark_error(span, record.error, record.end_ns)
-            span.end(end_time=record.end_ns)
+            for name, start_ns, end_ns, error, extras in record.children:
+                attributes = extras.attributes if extras is not None else {semconv.PHASE: name}
+                if isinstance(error, Terminated):  # cut by a signal: it says why it ended
+                    attributes = {**attributes, semconv.END_REASON: str(error)}
+                step_id = extras.span_id if extras is not None else 0  # drawn if spans started inside
+                _finish(self._start(name, inside, attributes, start_ns, step_id), extras, error, end_ns)
+            _finish(span, record, record.error, record.end_ns)
         finally:
             self.materializing.discard(thread)
         exported = span.get_span_context()
         return (exported.trace_id, exported.span_id)
 
-    def _materialize_step(
+    def _start(
         self,
-        context: Context,
         name: str,
+        context: Context,
+        attributes: Mapping[str, AttributeValue],
         start_ns: int,
-        end_ns: int,
-        error: BaseException | None,
-        extras: Any,
-    ) -> None:
-        attributes: Mapping[str, AttributeValue] = {semconv.PHASE: name}
+        span_id: int,
+        trace_id: int | None = None,
+    ) -> Span:
+        """A span started through the tracer with the id drawn for it (0: the generator's own)."""
         ids = self.ids
-        if extras is not None:
-            attributes = extras.attributes
-            if extras.span_id and ids is not None:  # spans were started inside it: their parent's id
-                ids.force(extras.span_id)
+        if ids is not None and span_id:
+            ids.force(span_id, trace_id)
         try:
-            step = self.tracer.start_span(name, context=context, attributes=attributes, start_time=start_ns)
+            return self.tracer.start_span(name, context=context, attributes=attributes, start_time=start_ns)
         finally:
             if ids is not None:
                 ids.clear()
-        if extras is not None:
-            _replay(step, extras.events, extras.status)
-        if error is not None:
-            mark_error(step, error, end_ns)
-            if isinstance(error, Terminated):
-                step.set_attribute(semconv.END_REASON, str(error))
-        step.end(end_time=end_ns)
 
     def loop_span(self) -> Span | None:
         """The training loop span events go on: traintel's, else one seen in plain OTel spans."""
@@ -843,14 +826,18 @@ def _foreign_steps_and_metrics(
             record.record_metric(key[len(_METRIC_PREFIX) :], float(value))
 
 
-def _replay(
-    span: Span, events: list[tuple[str, dict[str, AttributeValue], int]] | None, status: Status | None
+def _finish(
+    span: Span, handle: IterationRecord | StepExtras | None, error: BaseException | None, end_ns: int
 ) -> None:
-    """What was set on a handle (an iteration's record, a step's extras): its events and status."""
-    for name, attributes, timestamp in events or ():
-        span.add_event(name, attributes, timestamp)
-    if status is not None:
-        span.set_status(status)
+    """End a materialized span with what was set on its handle (events, a status) and its error."""
+    if handle is not None:
+        for name, attributes, timestamp in handle.events or ():
+            span.add_event(name, attributes, timestamp)
+        if handle.status is not None:
+            span.set_status(handle.status)
+    if error is not None:
+        mark_error(span, error, end_ns)
+    span.end(end_time=end_ns)
 
 
 def _plain(record: IterationRecord) -> bool:
