@@ -25,6 +25,7 @@ import math
 import operator
 from dataclasses import dataclass, field, fields
 from itertools import compress, repeat
+from typing import Any
 
 from traintel import semconv
 from traintel._aggregation.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
@@ -129,27 +130,12 @@ class _Counts:
     phase_s: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
 
     @classmethod
-    def of_rows(cls, rows: list[RawRow]) -> _Counts:
-        """Sums of a window's rows (see :meth:`of_columns`)."""
-        if not rows:
-            return cls()
-        durations, samples, tokens, padding, flops, *phases, _numbers, _ends = columns(rows)
-        return cls.of_columns(durations, samples, tokens, padding, flops, phases)
-
-    @classmethod
-    def of_columns(
-        cls,
-        durations: tuple[int, ...],
-        samples: tuple[float | None, ...],
-        tokens: tuple[float | None, ...],
-        padding: tuple[float | None, ...],
-        flops: tuple[float | None, ...],
-        phases: list[tuple[int | None, ...]],
-    ) -> _Counts:
-        """Sums of a window's columns, taken with C-level ``sum`` (the per-step path only
-        appends a row; folding each step into running sums cost more than the step).
-        Durations are summed in integer nanoseconds, so the sums are exact before conversion.
-        ``phases``: the four step-phase columns (None in an iteration that did not time them)."""
+    def of_columns(cls, table: tuple[tuple[Any, ...], ...]) -> _Counts:
+        """Sums of a window's rows as columns (``window.columns``), taken with C-level ``sum``
+        (the per-step path only appends a row; folding each step into running sums cost more
+        than the step). Durations are summed in integer nanoseconds, so the sums are exact
+        before conversion. The step-phase columns hold None where an iteration did not time them."""
+        durations, samples, tokens, padding, flops, *phases, _numbers, _ends = table
         counts = cls()
         total_ns = sum(durations)
         counts.iterations = len(durations)
@@ -374,8 +360,9 @@ class TrainingAggregator:
         if self.first_iteration_s is None and not seen_before:
             self.first_iteration_s = first.duration_ns / 1e9
         warm = min(max(self.warmup_iterations - seen_before, 0), len(rows))  # the job's first rows
-        durations_ns, samples, tokens, padding, flops, *phases, _numbers, _ends = columns(rows)
-        counts = _Counts.of_columns(durations_ns, samples, tokens, padding, flops, phases)
+        table = columns(rows)
+        durations_ns, _samples, _tokens, _padding, _flops, data_loading_ns, *_rest = table
+        counts = _Counts.of_columns(table)
         durations = seconds_of(durations_ns)
         ordered = sorted(durations)
         batch = IndexedBatch(ordered)  # bucket counts do not depend on the order
@@ -408,7 +395,7 @@ class TrainingAggregator:
             counts.duration_s,
             counts.phase_s[DATA],
             counts.flops,
-            seconds_of(wait for wait in phases[DATA] if wait is not None),
+            seconds_of(wait for wait in data_loading_ns if wait is not None),
             (p50, p90, p99, high),
             window.nested_s,
             window.sync_compute_ns,
@@ -439,7 +426,7 @@ class TrainingAggregator:
         post = durations[warm:]  # in arrival order: the warm-up rows are the first ones
         if not post:
             return
-        self.total.merge(_Counts.of_rows(rows[warm:]))
+        self.total.merge(_Counts.of_columns(columns(rows[warm:])))
         self._total_stats.merge(post)
         self._total_sketch.add_many(post)
 
