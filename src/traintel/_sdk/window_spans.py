@@ -32,24 +32,20 @@ class WindowSpans:
         self._direct = direct
         #: Threads whose spans the metrics processor skips (the engine's ``materializing``).
         self._quiet = quiet
-        self._parent: tuple[Span | None, Context] = (None, Context())  # built once per segment
 
     def export(self, records: Iterable[Record], parent: Span | None) -> None:
         direct = self._direct
         if direct is not None and direct.usable() and parent is not None:
             self._write(records, parent.get_span_context(), direct)
             return
-        cached = self._parent
-        if cached[0] is not parent or parent is None:
-            context = trace_api.set_span_in_context(parent) if parent is not None else Context()
-            cached = self._parent = (parent, context)
+        context = trace_api.set_span_in_context(parent) if parent is not None else Context()
         thread = threading.get_ident()
         self._quiet.add(thread)
         try:
             for start_ns, end_ns, attributes in records:
                 # Started without attributes, then given them uncleaned: they are traintel's numbers.
                 span = self._tracer.start_span(
-                    semconv.TRAINING_WINDOW_SPAN, context=cached[1], start_time=start_ns
+                    semconv.TRAINING_WINDOW_SPAN, context=context, start_time=start_ns
                 )
                 set_clean_attributes(span, attributes)
                 span.end(end_time=max(end_ns, start_ns))
