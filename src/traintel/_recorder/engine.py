@@ -41,6 +41,7 @@ from traintel._recorder.ports import (
     WindowSink,
 )
 from traintel._recorder.record import (
+    COUNT_ATTRIBUTES,
     IterationRecord,
     OpenStep,
     StepExtras,
@@ -803,12 +804,7 @@ class TrainingEngine:
             span.start_time,
             span.parent or trace_api.INVALID_SPAN_CONTEXT,
         )
-        record.add_work(
-            number(attributes.get(semconv.SAMPLES)),
-            number(attributes.get(semconv.TOKENS)),
-            number(attributes.get(semconv.PADDING_TOKENS)),
-            number(attributes.get(semconv.FLOPS)),
-        )
+        record.add_work(*(number(attributes.get(key)) for key in COUNT_ATTRIBUTES))
         _foreign_steps_and_metrics(record, steps, attributes)
         context = span.get_span_context()
         self.end_iteration(record, span.start_time + duration_ns, (context.trace_id, context.span_id))

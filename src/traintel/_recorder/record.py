@@ -35,8 +35,8 @@ from traintel._sdk.otel_private import RANDOM_TRACE_ID, new_span_id, new_trace_i
 
 _PLAIN = (str, bool, int, float)
 _SAMPLED: Final = 0x01
-#: Iteration attributes that are the step's work counts (record fields).
-_COUNT_ATTRIBUTES: Final = {
+#: Iteration attributes that are the step's work counts (record fields, in add_work's order).
+COUNT_ATTRIBUTES: Final = {
     semconv.SAMPLES: "samples",
     semconv.TOKENS: "tokens",
     semconv.PADDING_TOKENS: "padding",
@@ -183,7 +183,7 @@ class IterationRecord(NonRecordingSpan):
         if self.attributes is None:
             self.attributes = {}
         self.attributes[key] = value
-        field = _COUNT_ATTRIBUTES.get(key)
+        field = COUNT_ATTRIBUTES.get(key)
         if field is not None:  # the step's work set as an attribute counts, as on a plain OTel span
             setattr(self, field, number(value))
             self.counted = True
