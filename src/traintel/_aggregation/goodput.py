@@ -3,8 +3,7 @@ reads.
 
 Why per-window records: iteration spans are tail-sampled, so a file holds ~1 % of them; the
 analysis across restarts (``traintel goodput``) needs each window's iteration range and
-where its time went. They leave as small ``training_window`` spans, exported as soon as the
-window closes, so a job killed mid-segment loses at most the window that was open.
+where its time went. They leave as small ``training_window`` spans (``_sdk/window_spans.py``).
 
 Accounting rules (the README states them; ``analysis/goodput.py`` applies the same ones to
 files): every instant of a job's wall time belongs to the innermost categorised phase covering

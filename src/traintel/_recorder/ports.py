@@ -1,10 +1,8 @@
 """What the recorder needs of everything around it, named as protocols.
 
 Why: the recorder is the per-step hot path and imports only aggregation, the configuration
-and the OpenTelemetry internals module. What it uses of the SDK side (the trace budget, the
-export filter, the id generator, the direct span writer, the metric instruments, the window
-pipeline, the device hooks, the open-span registry) is given to the engine through its
-constructor, by the runtime's bootstrap; these protocols say exactly what that is.
+and the OpenTelemetry internals module. What it uses of the SDK side is given to the engine
+through its constructor, by the runtime's bootstrap; these protocols say exactly what that is.
 """
 
 from __future__ import annotations

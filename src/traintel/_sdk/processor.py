@@ -6,9 +6,7 @@ the span ends, and its iterations are not SDK spans unless exported); spans from
 instrumentation scopes — the user's plain ``tracer.start_as_current_span(...)`` with a phase
 attribute — are turned into the same aggregates here, at ``on_end``.
 
-It also fills the registry of open spans (``open_spans.py``): an SDK span is frozen once it
-ends, so what traintel attaches later (a model metric, an event on the enclosing loop) goes to a
-span found there while it is still open.
+It also fills the registry of open spans (``open_spans.py`` says why it is needed).
 """
 
 from __future__ import annotations
