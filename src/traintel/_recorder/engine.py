@@ -110,7 +110,8 @@ class EngineHooks:
     """What the runtime around the engine is told, and how it says things once."""
 
     warn_once: Callable[..., None]
-    #: As traintel's application span starts, and just before it ends (with the exception).
+    #: As traintel's application span starts (the telemetry_initialization event, the signal
+    #: handlers), and just before it ends, with the exception (a deferred preemption event).
     on_application_start: Callable[[Span], None]
     on_application_end: Callable[[Span, BaseException | None], None]
 
@@ -129,10 +130,7 @@ class TrainingEngine:
         metrics: CheckpointMetrics | None = None,
     ) -> None:
         self.tracer = outlet.tracer
-        #: Where traintel's own finished spans are written directly, if they can be.
         self.direct = outlet.direct
-        #: Called as traintel's application span starts (the telemetry_initialization event, the
-        #: signal handlers) and just before it ends (a deferred preemption event).
         self.on_application_start = hooks.on_application_start
         self.on_application_end = hooks.on_application_end
         self.ids = ids = outlet.ids
