@@ -26,14 +26,10 @@ _logger = logging.getLogger("traintel")
 class Job(Protocol):
     """What the registry needs of a job."""
 
+    closed: bool
+
     @property
     def engine(self) -> TrainingEngine | None: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    @closed.setter
-    def closed(self, value: bool) -> None: ...
 
     def shutdown(self, timeout_s: float | None = None) -> bool: ...
 
