@@ -153,10 +153,9 @@ class IterationExportFilter(SpanProcessor):
     # --- SpanProcessor ---------------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         owner = self._owner
-        if owner:
+        # nothing held: only a span started directly in a running iteration is news
+        if owner or self.active_iteration() is not None:
             self._track(span, owner)
-        elif self.active_iteration() is not None:  # nothing held: only a span started
-            self._track(span, owner)  # directly in a running iteration is news
         for processor in self._starting:
             processor.on_start(span, parent_context=parent_context)
 
