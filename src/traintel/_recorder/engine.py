@@ -59,7 +59,7 @@ from traintel.semconv import Event, Phase
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
 _METRIC_PREFIX: Final = semconv.METRIC_PREFIX
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
+LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
 #: An evaluation loop's iteration phase and the event that sums it up.
 _EVAL_LOOPS: Final = {
     Phase.VALIDATION_LOOP.value: (Phase.VALIDATION_ITERATION.value, Event.VALIDATION_METRICS_UPDATE.value),
@@ -342,7 +342,7 @@ class TrainingEngine:
     def _begin_eval(self, phase: str, given_number: int | None) -> tuple[int, IterationSampler]:
         """A validation or testing iteration's number (its loop's running count unless given)
         and sampler."""
-        loop = _LOOP_OF_ITERATION[phase]
+        loop = LOOP_OF_ITERATION[phase]
         iteration = self.next_eval_iteration.get(loop, 0) if given_number is None else given_number
         self.next_eval_iteration[loop] = iteration + 1
         return iteration, self._eval_sampler(phase)
@@ -488,7 +488,7 @@ class TrainingEngine:
         return exported is not None and exported_as is None
 
     def _end_eval_iteration(self, record: IterationRecord, duration_ns: int) -> None:
-        loop = _LOOP_OF_ITERATION[record.phase]
+        loop = LOOP_OF_ITERATION[record.phase]
         stats = self.eval_stats.get(loop)
         if stats is None:
             stats = self.eval_stats[loop] = EvalStats()

@@ -33,7 +33,7 @@ from opentelemetry.util.types import AttributeValue
 from traintel import semconv
 from traintel._aggregation.aggregator import STEP_INDEX
 from traintel._recorder import active, clock
-from traintel._recorder.engine import TrainingEngine, mark_error
+from traintel._recorder.engine import LOOP_OF_ITERATION, TrainingEngine, mark_error
 from traintel._recorder.record import MAX_EVENTS, IterationRecord, StepExtras, Terminated
 from traintel._recorder.segments import SegmentedSpan
 from traintel._sdk.attributes import clean_attributes, clean_value
@@ -47,7 +47,6 @@ _get_ident = threading.get_ident
 _new = object.__new__
 _INVALID_SPAN = trace_api.INVALID_SPAN
 _TRAINING_LOOP = Phase.TRAINING_LOOP.value
-_LOOP_OF_ITERATION = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
 
 
 def phase_attributes(
@@ -309,7 +308,7 @@ class IterationPhase(_TimedPhase):
         attributes: Mapping[str, AttributeValue] | None = None,
     ) -> None:
         self._name = name
-        self._loop = _LOOP_OF_ITERATION[name]
+        self._loop = LOOP_OF_ITERATION[name]
         self._iteration = iteration  # the number given; None: the loop's running count
         self._attributes = attributes
 
