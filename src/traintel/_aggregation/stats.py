@@ -149,9 +149,7 @@ class QuantileSketch:
     never outside the smallest and largest value seen (which the true quantile cannot be): steps
     that all take the same time get that time back, not their bucket's representative.
     Memory is one counter per occupied bucket: with 1 % accuracy, values from 1 µs to 1 day
-    occupy at most ~1,300 buckets, whatever the number of iterations. The counts are a dict
-    (a window's tally merges in a few dict updates), with the sorted keys kept until a new bucket
-    appears (the quantiles at every window close are one C-level running sum in key order).
+    occupy at most ~1,300 buckets, whatever the number of iterations.
     """
 
     relative_accuracy: float = 0.01
@@ -159,7 +157,8 @@ class QuantileSketch:
     _gamma: float = field(init=False)
     _log_gamma: float = field(init=False)  # bucket indices in base 2 (see IndexedBatch)
     _counts: dict[int, int] = field(init=False, default_factory=dict)  # occupied bucket index -> values in it
-    #: The sorted bucket indices, while no bucket is added.
+    #: The sorted bucket indices, kept while no bucket is added (the quantiles at every window
+    #: close are then one C-level running sum in key order).
     _keys: list[int] = field(init=False, default_factory=list)
     _exact: list[float] | None = field(init=False, default_factory=list)
     count: int = field(init=False, default=0)

@@ -75,13 +75,12 @@ class TraceBudget:
         last_id, usage = self._last
         if trace_id != last_id:
             usage = self._switch_trace(trace_id)
-        # Sizing a span walks its attributes (~2 µs for one, ~9 µs for 60, through the SDK's
-        # locked mapping), so a span stands for the spans of its kind until the kind is sized
-        # again; a kind is a name and a status (a failed span carries its exception). Per kind,
-        # not one size for every 7th span of any kind: a trace's spans come in fixed cycles (an
-        # iteration's phases, a window record every N iterations), and one sample period for all
-        # of them can miss a large kind every time (a segment sized at 16 kB was 23 kB).
-        # Unlocked: an estimate; concurrent ends of one trace may lose an increment, not a span.
+        # Sizing a span walks its attributes (~2 µs for one, ~9 µs for 60), so a span stands for
+        # the spans of its kind (a name and a status: a failed span carries its exception) until
+        # the kind is sized again. Per kind: a trace's spans come in fixed cycles (an iteration's
+        # phases, a window record every N iterations) in which one sample period for all kinds
+        # can miss a large one every time. Unlocked: an estimate; concurrent ends of one trace
+        # may lose an increment, not a span.
         kind = (span.name, span.status.status_code)
         sized = self._kinds.get(kind) or self._new_kind(kind)
         if sized[0] % _RESIZE_EVERY == 0:
