@@ -89,14 +89,6 @@ def _phase_of(span: ReadableSpan) -> str | None:
     return str(raw) if raw is not None else None
 
 
-def _goodput_kind(span: ReadableSpan) -> str | None:
-    """ "iteration" for a training iteration, "phase" for a categorised phase, else None."""
-    phase = (span.attributes or {}).get(semconv.PHASE)
-    if phase == _TRAINING_ITERATION:
-        return "iteration"
-    return "phase" if phase in _CATEGORY_OF else None
-
-
 class TrainingMetricsProcessor(SpanProcessor):
     """The open-span registry's writer; ``ml.training.phase.duration``; aggregates for spans
     traintel's API did not create."""
@@ -221,9 +213,11 @@ class TrainingMetricsProcessor(SpanProcessor):
         for span_id, live in self.open_spans.ancestors(parent.span_id if parent is not None else 0):
             if active is not None and span_id == active.span_id and active.phase == _TRAINING_ITERATION:
                 return "iteration", span_id
-            kind = _goodput_kind(live) if live is not None else None
-            if kind is not None:
-                return kind, span_id
+            phase = _phase_of(live) if live is not None else None
+            if phase == _TRAINING_ITERATION:
+                return "iteration", span_id
+            if phase in _CATEGORY_OF:
+                return "phase", span_id
         return None, 0
 
     def _is_own(self, span: ReadableSpan) -> bool:
