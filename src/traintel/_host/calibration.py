@@ -20,9 +20,11 @@ closes — the device and the dtype are known then — and training waits for it
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,59 +76,41 @@ def measure_peak(
 
     if _TORCH_DTYPE.get(dtype) is None:
         return None
-    if device == "cpu":
-        return _measure(torch, dtype, device, budget_s, size, clock, warm_s)
-    debug_mode = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode(0)
-    try:
-        return _measure(torch, dtype, device, budget_s, size, clock, warm_s)
-    finally:
-        torch.cuda.set_sync_debug_mode(debug_mode)
-
-
-def _measure(
-    torch: Any,
-    dtype: str,
-    device: str,
-    budget_s: float,
-    size: int | None,
-    clock: Callable[[], float],
-    warm_s: float,
-) -> MeasuredPeak | None:
     torch_dtype = getattr(torch, _TORCH_DTYPE[dtype])
     started = clock()
     cuda = device != "cpu"
-    if size is None:
-        free = torch.cuda.mem_get_info()[0] if cuda else None
-        size = matrix_size(free, torch.tensor([], dtype=torch_dtype).element_size())
-    generator = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(size, size, device=device, dtype=torch_dtype, generator=generator)
-    b = torch.randn(size, size, device=device, dtype=torch_dtype, generator=generator)
-    out = torch.empty(size, size, device=device, dtype=torch_dtype)
-    flops = 2.0 * size**3
-    timer = _CudaTimer(torch) if cuda else _WallTimer(clock)
-    per_product = max(timer.time(lambda: torch.mm(a, b, out=out), 1), 1e-9)  # also picks the kernel
-    # A short first batch: one product's time may be optimistic. Each next batch is sized to
-    # BATCH_S from the wall time of the one before, and only starts if it fits the budget.
-    repeats = max(1, int(BATCH_S / per_product) // 8)
-    batch_s = repeats * per_product
-    warm_until = clock() + warm_s
-    discarded = 0
-    batches: list[float] = []
-    sizes: list[int] = []
-    now = clock()
-    while len(batches) < BATCHES and now - started + batch_s <= budget_s:
-        seconds = timer.time(lambda: torch.mm(a, b, out=out), repeats)
-        end = clock()
-        wall, now = max(end - now, 1e-9), end
-        if end > warm_until:  # a batch that ended inside the warm-up is not kept
-            batches.append(repeats * flops / seconds if seconds > 0 else 0.0)
-            sizes.append(repeats)
-        else:
-            discarded += 1
-        per_product = wall / repeats
-        repeats = max(1, min(8 * repeats, int(BATCH_S / per_product)))
-        batch_s = per_product * repeats
+    with _sync_debug_off(torch) if cuda else contextlib.nullcontext():
+        if size is None:
+            free = torch.cuda.mem_get_info()[0] if cuda else None
+            size = matrix_size(free, torch.tensor([], dtype=torch_dtype).element_size())
+        generator = torch.Generator(device=device).manual_seed(0)
+        a = torch.randn(size, size, device=device, dtype=torch_dtype, generator=generator)
+        b = torch.randn(size, size, device=device, dtype=torch_dtype, generator=generator)
+        out = torch.empty(size, size, device=device, dtype=torch_dtype)
+        flops = 2.0 * size**3
+        timed = functools.partial(_time, torch.cuda if cuda else None, clock, lambda: torch.mm(a, b, out=out))
+        per_product = max(timed(1), 1e-9)  # also picks the kernel
+        # A short first batch: one product's time may be optimistic. Each next batch is sized to
+        # BATCH_S from the wall time of the one before, and only starts if it fits the budget.
+        repeats = max(1, int(BATCH_S / per_product) // 8)
+        batch_s = repeats * per_product
+        warm_until = clock() + warm_s
+        discarded = 0
+        batches: list[float] = []
+        sizes: list[int] = []
+        now = clock()
+        while len(batches) < BATCHES and now - started + batch_s <= budget_s:
+            seconds = timed(repeats)
+            end = clock()
+            wall, now = max(end - now, 1e-9), end
+            if end > warm_until:  # a batch that ended inside the warm-up is not kept
+                batches.append(repeats * flops / seconds if seconds > 0 else 0.0)
+                sizes.append(repeats)
+            else:
+                discarded += 1
+            per_product = wall / repeats
+            repeats = max(1, min(8 * repeats, int(BATCH_S / per_product)))
+            batch_s = per_product * repeats
     if not batches:
         return None
     method = (
@@ -136,27 +120,27 @@ def _measure(
     return MeasuredPeak(statistics.median(batches), method, tuple(batches), now - started, discarded)
 
 
-class _CudaTimer:
-    def __init__(self, torch: Any) -> None:
-        self._torch = torch
+@contextlib.contextmanager
+def _sync_debug_off(torch: Any) -> Iterator[None]:
+    debug_mode = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(debug_mode)
 
-    def time(self, work: Callable[[], Any], repeats: int) -> float:
-        cuda = self._torch.cuda
-        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-        start.record()
+
+def _time(cuda: Any | None, clock: Callable[[], float], work: Callable[[], Any], repeats: int) -> float:
+    """Seconds ``repeats`` runs of ``work`` take: between CUDA events, or by ``clock`` on the CPU."""
+    if cuda is None:
+        begin = clock()
         for _ in range(repeats):
             work()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end)) / 1000.0
-
-
-class _WallTimer:
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-
-    def time(self, work: Callable[[], Any], repeats: int) -> float:
-        begin = self._clock()
-        for _ in range(repeats):
-            work()
-        return self._clock() - begin
+        return clock() - begin
+    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        work()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / 1000.0
