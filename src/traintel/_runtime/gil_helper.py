@@ -17,6 +17,7 @@ import re
 import select
 import sys
 import time
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,8 +31,6 @@ _DUMP_QUIET_S = 0.3
 def held_stack(dump: str, thread: int) -> tuple[str, str]:
     """The stack of ``thread`` in a ``faulthandler`` dump, as Python prints a traceback (most
     recent call last, with the source lines), and its top frame; empty when the dump lacks it."""
-    import linecache
-
     stacks: dict[int, list[tuple[str, int, str]]] = {}
     frames: list[tuple[str, int, str]] | None = None
     for line in dump.splitlines():
@@ -45,14 +44,9 @@ def held_stack(dump: str, thread: int) -> tuple[str, str]:
     found = stacks.get(thread)
     if not found:
         return "", ""
-    lines = []
-    for filename, lineno, name in reversed(found):
-        lines.append(f'  File "{filename}", line {lineno}, in {name}\n')
-        source = linecache.getline(filename, lineno).strip()
-        if source:
-            lines.append(f"    {source}\n")
-    filename, lineno, name = found[0]
-    return "".join(lines), f"{name} ({filename}:{lineno})"
+    summary = traceback.StackSummary.from_list([(*frame, None) for frame in reversed(found)])
+    top = summary[-1]
+    return "".join(summary.format()), f"{top.name} ({top.filename}:{top.lineno})"
 
 
 def _report(setup: Mapping[str, Any], state: Mapping[str, Any], dump: str) -> None:
