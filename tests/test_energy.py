@@ -225,7 +225,7 @@ def test_several_gpus_and_none_known_as_ours_means_no_energy_until_it_is(
     assert energy.open_counter(nvml, {}) == (None, True)  # ask again: the job may pin one later
     counter, again = energy.open_counter(nvml, {"CUDA_VISIBLE_DEVICES": "1"})
     assert counter is not None and not again
-    assert counter.read_mj() == nvml.base_mj
+    assert counter() == nvml.base_mj
 
 
 def test_no_nvml_means_no_energy_and_no_error(owned: Any, monkeypatch: pytest.MonkeyPatch) -> None:

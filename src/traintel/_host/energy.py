@@ -56,23 +56,13 @@ PRODUCTIVE = "productive"
 
 
 # --- the counter ------------------------------------------------------------------------------------
-class EnergyCounter:
-    """NVML's total-energy counter of the GPUs this process uses, summed, in millijoules."""
-
-    def __init__(self, nvml: Any, handles: list[Any]) -> None:
-        self._nvml = nvml
-        self._handles = handles
-
-    def read_mj(self) -> int:
-        return sum(int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(h)) for h in self._handles)
-
-
 def open_counter(
     nvml: Any | None = None, environ: Mapping[str, str] | None = None
-) -> tuple[EnergyCounter | None, bool]:
-    """The counter of the GPU this process trains on, and whether to ask again later when there
-    is none: only while several GPUs are visible and the job has not yet shown which is its own
-    (no NVML, no GPU, or a GPU without the counter: never)."""
+) -> tuple[Callable[[], int] | None, bool]:
+    """A read of NVML's total-energy counter of the GPU this process trains on (millijoules),
+    and whether to ask again later when there is none: only while several GPUs are visible and
+    the job has not yet shown which is its own (no NVML, no GPU, or a GPU without the counter:
+    never)."""
     nvml = load_nvml() if nvml is None else nvml
     if nvml is None:
         return None, False
@@ -86,7 +76,7 @@ def open_counter(
             handles = [devices[0][1]]
         if not handles:
             return None, ours is None and len(devices) > 1
-        return EnergyCounter(nvml, handles), False
+        return lambda: sum(int(nvml.nvmlDeviceGetTotalEnergyConsumption(h)) for h in handles), False
     except Exception as exc:
         _logger.debug("traintel: no GPU energy counter: %s", exc)
         return None, False
@@ -215,7 +205,7 @@ class EnergyAccounting:
     def __init__(self, goodput: Any, totals: Any, price_per_kwh: float | None = None) -> None:
         self._goodput = goodput  # the goodput ledger (read, never written): the seconds booked
         self._totals = totals  # the engine (read, never written): the tokens and samples so far
-        self._counter: EnergyCounter | None = None
+        self._counter: Callable[[], int] | None = None
         self._look = True  # for the counter: until found, or known to be absent
         self._lock = threading.Lock()
         self.ledger = EnergyLedger(price_per_kwh)
@@ -229,7 +219,7 @@ class EnergyAccounting:
             if self._counter is None:
                 return None
         try:
-            counter_mj = self._counter.read_mj()
+            counter_mj = self._counter()
         except Exception as exc:  # a board without the counter (before Volta): never again
             _logger.debug("traintel: GPU energy counter unreadable: %s", exc)
             if self.ledger.first_ns is None:
