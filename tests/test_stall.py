@@ -24,7 +24,9 @@ from opentelemetry.sdk.trace import TracerProvider
 import traintel
 from traintel import semconv
 from traintel._host import stall
+from traintel._host.heartbeat import Heartbeat
 from traintel._host.stall import StallWatcher
+from traintel._recorder import clock
 from traintel._runtime import hang_records
 from traintel._runtime.gil_helper import held_stack
 from traintel.config import ConfigurationError
@@ -67,12 +69,11 @@ def job() -> Iterator[Job]:
     logger_provider.add_log_record_processor(SimpleLogRecordProcessor(exporter))
     sequence = CollectiveSequence()
     watcher = StallWatcher(
-        telemetry.heartbeat,
+        Heartbeat(telemetry.engine, telemetry.open_spans, sequence, clock.time_ns),
         telemetry.engine,
         hang_records.sender(lambda: logger_provider.get_logger("test")),
         THRESHOLD,
         rank=5,
-        sequence=sequence,
     )
     yield Job(telemetry, exporter, sequence, watcher)
     traintel.shutdown(1.0)

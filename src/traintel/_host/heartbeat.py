@@ -74,6 +74,7 @@ class HeartbeatSample:
     collectives_completed: int = 0
     progress_ns: int = 0  # when (traintel's clock, Unix ns) the rank last made progress
     step: str | None = None  # inside an iteration: the step phase open now, if any
+    waiting_in: str | None = None  # the collective entered and not completed, if any
 
 
 class Heartbeat:
@@ -109,9 +110,10 @@ class Heartbeat:
                 phase, started = str((innermost.attributes or {})[semconv.PHASE]), innermost.start_time or 0
                 progress = max(progress, started)
         last = engine.last_iteration if engine.last_iteration_end_ns else None
-        entered, completed, _name = self._collectives.snapshot()
+        entered, completed, name = self._collectives.snapshot()
         seconds = max(0.0, (now - progress) / 1e9)
-        return HeartbeatSample(seconds, last, phase, after, entered, completed, progress, step)
+        waiting_in = name if entered > completed else None
+        return HeartbeatSample(seconds, last, phase, after, entered, completed, progress, step, waiting_in)
 
     def innermost_open_span(self) -> Span | None:
         """The open phase span started last (spans nest, so it is the innermost one)."""

@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,7 +41,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._host.heartbeat import IDLE, Collectives, Heartbeat, HeartbeatSample
+from traintel._host.heartbeat import IDLE, Heartbeat, HeartbeatSample
 
 if TYPE_CHECKING:
     from traintel._host.gil_watch import GilWatch
@@ -211,7 +211,6 @@ class StallWatcher:
         threshold_s: float,
         rank: int,
         *,
-        sequence: Collectives,
         gil_watch: GilWatch | None = None,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
@@ -220,7 +219,6 @@ class StallWatcher:
         self._send = send
         self.threshold_s = threshold_s
         self._rank = rank
-        self._sequence = sequence
         self._gil_watch = gil_watch
         self._clock = clock
         now = clock()
@@ -280,8 +278,7 @@ class StallWatcher:
         since = now - self._last_wake_ns if now_ns is not None else awake - self._last_wake_mono
         gap_s, self._last_wake_ns, self._last_wake_mono = since / 1e9, now, awake
         sample = self._heartbeat.sample(now)
-        entered, completed, name = self._sequence.snapshot()
-        progress, watched, was_watched = self._observe(sample, entered, completed, now)
+        progress, watched, was_watched = self._observe(sample, now)
         stall = self._stall
         if stall is not None and (progress > stall.progress_ns or not watched):
             self._recovered(stall, now)
@@ -292,33 +289,23 @@ class StallWatcher:
             if stall is not None and not watched:
                 self._recovered(stall, now)
             return
-        waiting_in = name if entered > completed else None
-        self._suspect(sample, (entered, completed, waiting_in), progress, watched, now)
+        self._suspect(sample, progress, watched, now)
         if self._gil_watch is not None:
-            state = self._state(sample, entered, completed, name, waiting_in is not None, progress)
-            self._gil_watch.tick(state, watched)
+            self._gil_watch.tick(self._state(sample, progress), watched)
 
-    def _observe(
-        self, sample: HeartbeatSample, entered: int, completed: int, now: int
-    ) -> tuple[int, bool, bool]:
+    def _observe(self, sample: HeartbeatSample, now: int) -> tuple[int, bool, bool]:
         """The rank's last progress (the heartbeat's, or its collective counts moving), whether
         it is watched now, and whether it was at the previous wake."""
-        if (entered, completed) != self._counts:
-            self._counts, self._counts_moved_ns = (entered, completed), now
+        counts = (sample.collectives_entered, sample.collectives_completed)
+        if counts != self._counts:
+            self._counts, self._counts_moved_ns = counts, now
         progress = self._progress_ns = max(sample.progress_ns, self._counts_moved_ns)
-        waiting = entered > completed
+        waiting = sample.waiting_in is not None
         watched = waiting or (sample.iteration is not None and sample.phase not in _UNWATCHED)
         was_watched, self._watched = self._watched, watched
         return progress, watched, was_watched
 
-    def _suspect(
-        self,
-        sample: HeartbeatSample,
-        sequence: tuple[int, int, str | None],
-        progress: int,
-        watched: bool,
-        now: int,
-    ) -> None:
+    def _suspect(self, sample: HeartbeatSample, progress: int, watched: bool, now: int) -> None:
         """A new stall: watched, and no progress for the threshold (the stack is read from a
         second without progress on, so that whether it moves is known by then)."""
         stalled_s = (now - progress) / 1e9
@@ -326,7 +313,7 @@ class StallWatcher:
         moved = self._moved(frame)
         if self._stall is None and watched and stalled_s >= self.threshold_s:
             python = semconv.PYTHON_RUNNING if moved else semconv.PYTHON_BLOCKED
-            self._say(semconv.EVENT_HANG_SUSPECT, now, stalled_s, python, frame, sample, sequence)
+            self._say(semconv.EVENT_HANG_SUSPECT, now, stalled_s, python, frame, sample)
             self._stall = _Stall(progress, python)
 
     def _held(self, progress_ns: int, gap_s: float, now: int, final: bool) -> None:
@@ -374,19 +361,16 @@ class StallWatcher:
         python: str,
         frame: FrameType | None,
         sample: HeartbeatSample | None = None,
-        sequence: tuple[int, int, str | None] | None = None,
         body: str | None = None,
     ) -> None:
-        """Send one record of the rank as seen at this wake (``sequence``: entered, completed and
-        the collective waited in; by default as now, with none named)."""
-        sample = self._heartbeat.sample(now) if sample is None else sample
-        if sequence is None:
-            entered, completed, _name = self._sequence.snapshot()
-            sequence = (entered, completed, None)
+        """Send one record of the rank as seen at this wake (by default as now, with no
+        collective named as waited in)."""
+        sample = replace(self._heartbeat.sample(now), waiting_in=None) if sample is None else sample
         stack, top = python_stack(frame) if frame is not None else ("", "")
         report = StallReport(
-            self._rank, sample.step or sample.phase, sample.iteration, *sequence, stalled_s, python,
-            stack, top, self._training_thread(),
+            self._rank, sample.step or sample.phase, sample.iteration, sample.collectives_entered,
+            sample.collectives_completed, sample.waiting_in, stalled_s, python, stack, top,
+            self._training_thread(),
         )  # fmt: skip
         self._send(event, report, self._link(), now, body)
         self.records[event == semconv.EVENT_HANG_RECOVERED] += 1
@@ -404,9 +388,7 @@ class StallWatcher:
         span = self._heartbeat.innermost_open_span()
         return span.get_span_context() if span is not None else None
 
-    def _state(
-        self, sample: HeartbeatSample, entered: int, completed: int, name: str, waiting: bool, progress: int
-    ) -> dict[str, object]:
+    def _state(self, sample: HeartbeatSample, progress: int) -> dict[str, object]:
         """What the helper process needs to report a stall this thread cannot: ids already drawn
         only (drawing one for every iteration would race the training thread)."""
         trace_id = span_id = 0
@@ -421,9 +403,9 @@ class StallWatcher:
         return {
             "phase": sample.step or sample.phase,
             "iteration": sample.iteration,
-            "entered": entered,
-            "completed": completed,
-            "waiting_in": name if waiting else None,
+            "entered": sample.collectives_entered,
+            "completed": sample.collectives_completed,
+            "waiting_in": sample.waiting_in,
             "progress_ns": progress,
             "thread": self._training_thread(),
             "trace_id": trace_id,

@@ -289,9 +289,7 @@ def _stall_watcher(
     helper = Path(gil_helper.__file__)
     gil_watch = GilWatch(threshold, rank, pipeline.resource.attributes, pipeline.output_file(), helper)
     send = hang_records.sender(pipeline.logs.logger)
-    return StallWatcher(
-        heartbeat, engine, send, threshold, rank, sequence=SEQUENCE, gil_watch=gil_watch, clock=clock.time_ns
-    )
+    return StallWatcher(heartbeat, engine, send, threshold, rank, gil_watch=gil_watch, clock=clock.time_ns)
 
 
 def _application_started(telemetry: Telemetry, span: Span) -> None:
