@@ -64,11 +64,6 @@ _logger = logging.getLogger(__name__)
 _Prepared = tuple[Pipeline, Callable[[], None]] | None
 
 
-def sdk_disabled(environ: Mapping[str, str] | None = None) -> bool:
-    environ = os.environ if environ is None else environ
-    return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-
-
 def configure(options: PipelineOptions, training: Mapping[str, object] | None = None) -> Telemetry:
     """Explicit configuration: validates everything first and raises ConfigurationError."""
     config = TrainingConfig.from_env(overrides=training, strict=True)
@@ -100,7 +95,9 @@ def _auto_configure() -> Telemetry:
 
 
 def _prepare(config: TrainingConfig, options: PipelineOptions, *, strict: bool) -> _Prepared:
-    return None if sdk_disabled() else build_pipeline(config, options, strict=strict)
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    return build_pipeline(config, options, strict=strict)
 
 
 def _install(config: TrainingConfig, prepared: _Prepared) -> Telemetry:
@@ -293,7 +290,7 @@ def _stall_watcher(
 
 
 def _application_started(telemetry: Telemetry, span: Span) -> None:
-    telemetry.initialization_event(span)
+    telemetry.config_event(span, semconv.Event.TELEMETRY_INITIALIZATION)
     preemption.chain_later_handlers()
 
 

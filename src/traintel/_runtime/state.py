@@ -141,12 +141,13 @@ class Telemetry:
         return self.pipeline.meter_provider if self.pipeline is not None else None
 
     # --- configuration events ------------------------------------------------------------------
-    def initialization_event(self, span: Span) -> None:
-        """``telemetry_initialization`` on the application span: configuration and what it allows."""
+    def config_event(self, span: Span, event: semconv.Event) -> None:
+        """``telemetry_initialization`` or ``training_config_update`` on the application span:
+        the configuration and what it allows."""
         try:
-            span.add_event(semconv.Event.TELEMETRY_INITIALIZATION.value, self.config_attributes())
+            span.add_event(event.value, self.config_attributes())
         except Exception:
-            self.warn_once("init_event", "could not record telemetry_initialization")
+            self.warn_once(event.value, "could not record %s", event.value)
 
     def config_attributes(self) -> dict[str, AttributeValue]:
         settings = self.engine.settings if self.engine is not None else self.settings
@@ -183,10 +184,7 @@ class Telemetry:
         if app is None:
             app = self.find_open_phase(semconv.Phase.APPLICATION)
         if app is not None:
-            try:
-                app.add_event(semconv.Event.TRAINING_CONFIG_UPDATE.value, self.config_attributes())
-            except Exception:
-                self.warn_once("config_event", "could not record training_config_update")
+            self.config_event(app, semconv.Event.TRAINING_CONFIG_UPDATE)
 
     def find_open_phase(self, phase: str) -> Span | None:
         """The open span of ``phase`` enclosing the current context, if any."""
