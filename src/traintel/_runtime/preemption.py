@@ -103,10 +103,6 @@ def _take_signals() -> None:
             continue
 
 
-def _default_action_ends_process(previous: _Handler) -> bool:
-    return previous in (signal.SIG_DFL, signal.default_int_handler)
-
-
 #: A signal the user's own handler took over: (signal, received ns, last iteration completed
 #: when it arrived), reported when traintel's application span ends, so the event can say
 #: whether a save followed the signal. The iteration is taken at the signal: the one it cut
@@ -144,7 +140,8 @@ def _handle_now(signum: int, frame: FrameType | None) -> None:
         try:
             telemetry = _state.configured()
             engine = telemetry.engine if telemetry is not None else None
-            if not _default_action_ends_process(previous) and engine is not None and engine.app is not None:
+            ends_process = previous in (signal.SIG_DFL, signal.default_int_handler)  # the default action
+            if not ends_process and engine is not None and engine.app is not None:
                 # the job goes on: report when its application ends
                 _pending = (signum, received_ns, _last_completed(engine))
             else:
@@ -285,10 +282,8 @@ def _report(signum: int, received_ns: int, end_spans: bool) -> None:
         _logger.warning("traintel: preemption report not finished within %.1f s; exiting anyway", timeout)
 
 
-def _last_completed(engine: Any) -> int | None:
-    if engine is None or not engine.last_iteration_end_ns:
-        return None
-    return engine.last_iteration  # type: ignore[no-any-return]
+def _last_completed(engine: TrainingEngine | None) -> int | None:
+    return engine.last_iteration if engine is not None and engine.last_iteration_end_ns else None
 
 
 #: The pipeline's share of ``TRAINTEL_SHUTDOWN_TIMEOUT`` when the process dies by the signal:
