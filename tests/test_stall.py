@@ -7,6 +7,7 @@ in tests/test_hang_ranks.py."""
 from __future__ import annotations
 
 import faulthandler
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -71,7 +72,7 @@ def job() -> Iterator[Job]:
     watcher = StallWatcher(
         Heartbeat(telemetry.engine, telemetry.open_spans, sequence, clock.time_ns),
         telemetry.engine,
-        hang_records.sender(lambda: logger_provider.get_logger("test")),
+        functools.partial(hang_records.emit, lambda: logger_provider.get_logger("test")),
         THRESHOLD,
         rank=5,
     )

@@ -285,7 +285,7 @@ def _stall_watcher(
     rank = _rank(pipeline.resource)
     helper = Path(gil_helper.__file__)
     gil_watch = GilWatch(threshold, rank, pipeline.resource.attributes, pipeline.output_file(), helper)
-    send = hang_records.sender(pipeline.logs.logger)
+    send = functools.partial(hang_records.emit, pipeline.logs.logger)
     return StallWatcher(heartbeat, engine, send, threshold, rank, gil_watch=gil_watch, clock=clock.time_ns)
 
 

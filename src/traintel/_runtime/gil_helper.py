@@ -80,7 +80,7 @@ def _report(setup: Mapping[str, Any], state: Mapping[str, Any], dump: str) -> No
     # the watcher's last look came at most a second before C code took the GIL: a fast loop may
     # have gone a few iterations further since
     body = report.describe() + " (phase, iteration and collectives as last seen, up to a second before)"
-    emit(logs.logger(), semconv.EVENT_HANG_SUSPECT, report, link, now, body)
+    emit(logs.logger, semconv.EVENT_HANG_SUSPECT, report, link, now, body)
     logs.shutdown(10_000)
 
 

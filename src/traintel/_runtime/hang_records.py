@@ -3,7 +3,7 @@ and its helper process (``gil_helper``) send, through the job's logs pipeline.
 
 Why here: a record goes through the OpenTelemetry logs SDK, reached through the internals module
 (``_sdk.otel_private``); the watcher lives with the host's other samplers, which never import the
-SDK side, so the runtime hands it :func:`sender` when it wires the job.
+SDK side, so the runtime hands it :func:`emit` on the job's logger when it wires the job.
 """
 
 from __future__ import annotations
@@ -14,23 +14,25 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from traintel import semconv
-from traintel._host.stall import Send, StallReport
+from traintel._host.stall import StallReport
 from traintel._sdk import otel_private
 
 
 def emit(
-    logger: otel_private.Logger,
+    logger: Callable[[], otel_private.Logger],
     event: str,
     report: StallReport,
     link: SpanContext | None,
     now_ns: int,
     body: str | None = None,
 ) -> None:
-    """One log record of ``report``, linked to ``link`` (its trace and span ids)."""
+    """One log record of ``report`` through ``logger()``, linked to ``link`` (its trace and span
+    ids). A logs pipeline builds its provider on the first record, so a job that never reports a
+    hang loads no logs code."""
     suspect = event == semconv.EVENT_HANG_SUSPECT
     severity = otel_private.SeverityNumber.WARN if suspect else otel_private.SeverityNumber.INFO
     context = trace_api.set_span_in_context(NonRecordingSpan(link)) if link is not None else None
-    logger.emit(
+    logger().emit(
         timestamp=now_ns,
         observed_timestamp=now_ns,
         context=context,
@@ -40,15 +42,3 @@ def emit(
         attributes=report.attributes(),
         event_name=event,
     )
-
-
-def sender(logger: Callable[[], otel_private.Logger]) -> Send:
-    """The watcher's way out: each record through ``logger()`` (a logs pipeline builds its
-    provider on the first record, so a job that never reports a hang loads no logs code)."""
-
-    def send(
-        event: str, report: StallReport, link: SpanContext | None, now_ns: int, body: str | None
-    ) -> None:
-        emit(logger(), event, report, link, now_ns, body)
-
-    return send
