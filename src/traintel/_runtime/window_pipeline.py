@@ -55,7 +55,6 @@ class WindowEvent:
     #: None for a window without iterations (the loop ended right after the last close).
     report: WindowReport | None
     window: ClosedWindow
-    config: TrainingConfig
     settings: Settings
     inputs: RateInputs
     #: The loop (traintel's handle, or a plain OpenTelemetry loop span), and the span of it that
@@ -241,7 +240,7 @@ class WindowPipeline:
             self._warn_once("window_report", "could not report a window (its iterations stay counted)")
             return
         agreed = self._agreed.pop(window.index, None)
-        event = WindowEvent(report, window, config, settings, inputs, loop, segment, parent, device, agreed)
+        event = WindowEvent(report, window, settings, inputs, loop, segment, parent, device, agreed)
         asynchronous = not SYNCHRONOUS
         for name, consumer in self._consumers:
             try:
