@@ -325,14 +325,14 @@ class LogPipeline:
         self._resource = resource
         self._lock = threading.Lock()
         self._provider: Any = None  # built by traintel, so shut down by it
-        self._logger: Any = None
+        self._logger: otel_private.Logger | None = None
 
     def logger(self) -> otel_private.Logger:
         """traintel's logger (built on first use, from any thread)."""
         with self._lock:
             if self._logger is None:
                 self._logger = self._built().get_logger(semconv.INSTRUMENTATION_SCOPE, __version__)
-            return self._logger  # type: ignore[no-any-return]
+            return self._logger
 
     def _built(self) -> otel_private.ApiLoggerProvider:
         if self._plans is None:
@@ -721,7 +721,7 @@ class _OwnedBuild:
                 what = f"the batch span processor of exporter {plan.name!r} could not start"
                 self.failed("traces", plan.name, exc, _BSP_SETTINGS, what)
                 continue
-            self.undo.append(lambda p=processor, b=bound, lent=plan.lent: _stop(p, b, lent))  # type: ignore[misc]
+            self.undo.append(functools.partial(_stop, processor, bound, plan.lent))
             paths.append((processor, spooler))
         return paths
 
