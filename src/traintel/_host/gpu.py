@@ -35,10 +35,8 @@ from traintel.version import __version__
 
 _logger = logging.getLogger(__name__)
 
-#: nvidia-ml-py's NVML_TEMPERATURE_GPU (the die sensor), should the module lack the constant.
-_TEMPERATURE_GPU = 0
-#: NVML's clock domains (NVML_CLOCK_SM, NVML_CLOCK_MEM) by the name the gauge gives them.
-_CLOCKS = (("sm", "NVML_CLOCK_SM", 1), ("memory", "NVML_CLOCK_MEM", 2))
+#: NVML's clock domains by the name the gauge gives them.
+_CLOCKS = (("sm", "NVML_CLOCK_SM"), ("memory", "NVML_CLOCK_MEM"))
 #: NVML's clock event ("throttle") reasons, bit by bit (nvmlClocksEventReason*).
 THROTTLE_REASONS = (
     ("gpu_idle", 0x1), ("applications_clocks_setting", 0x2), ("sw_power_cap", 0x4),
@@ -157,26 +155,18 @@ def _one(read: Callable[[Any, Any], float]) -> _Series:
     return lambda nvml, handle: [(read(nvml, handle), {})]
 
 
-def _temperature(nvml: Any, handle: Any) -> float:
-    sensor = getattr(nvml, "NVML_TEMPERATURE_GPU", _TEMPERATURE_GPU)
-    return float(nvml.nvmlDeviceGetTemperature(handle, sensor))
-
-
 def _clocks(nvml: Any, handle: Any) -> list[tuple[float, dict[str, str]]]:
     return [  # NVML: MHz
         (
-            float(nvml.nvmlDeviceGetClockInfo(handle, getattr(nvml, constant, value))) * 1e6,
+            float(nvml.nvmlDeviceGetClockInfo(handle, getattr(nvml, constant))) * 1e6,
             {semconv.GPU_CLOCK_DOMAIN: name},
         )
-        for name, constant, value in _CLOCKS
+        for name, constant in _CLOCKS
     ]
 
 
 def _throttle(nvml: Any, handle: Any) -> list[tuple[float, dict[str, str]]]:
-    read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)  # its name since NVML 12.2
-    if read is None:
-        read = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    mask = int(read(handle))
+    mask = int(nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))  # nvidia-ml-py >= 12.535
     return [(float(bool(mask & bit)), {semconv.GPU_THROTTLE_REASON: name}) for name, bit in THROTTLE_REASONS]
 
 
@@ -192,7 +182,9 @@ _SERIES: tuple[tuple[str, str, _Series, str, bool], ...] = (
     (semconv.METRIC_HW_GPU_UTILIZATION, "1",
      _one(lambda nvml, handle: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0),  # NVML: percent
      "Fraction of time a kernel ran (NVML)", False),
-    (semconv.METRIC_HW_TEMPERATURE, "Cel", _one(_temperature), "GPU die temperature (NVML)", False),
+    (semconv.METRIC_HW_TEMPERATURE, "Cel",
+     _one(lambda nvml, handle: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+     "GPU die temperature (NVML)", False),
     (semconv.METRIC_HW_POWER, "W",
      _one(lambda nvml, handle: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),  # NVML: milliwatts
      "GPU power draw (NVML)", False),
