@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import itertools
 import logging
 import os
 import re
@@ -132,11 +131,20 @@ def _bad_variable(detail: str, settings: _Settings, environ: Mapping[str, str]) 
     step's ``settings`` whose value it quotes, else one whose words it uses."""
     present = {k: v for k, v in environ.items() if k.startswith("OTEL_") and v.strip()}
     candidates = {name: present[name] for name in settings if name in present}
+    return _named(detail, present) or _quoted(detail, candidates) or _worded(detail, candidates, settings)
+
+
+def _named(detail: str, present: Mapping[str, str]) -> str | None:
+    return next((name for name in present if re.search(rf"\b{re.escape(name)}\b", detail)), None)
+
+
+def _quoted(detail: str, candidates: Mapping[str, str]) -> str | None:
+    return next((n for n, v in candidates.items() if repr(v) in detail or f'"{v}"' in detail), None)
+
+
+def _worded(detail: str, candidates: Mapping[str, str], settings: _Settings) -> str | None:
     lowered = detail.lower()
-    named = (name for name in present if re.search(rf"\b{re.escape(name)}\b", detail))
-    quoted = (name for name, v in candidates.items() if repr(v) in detail or f'"{v}"' in detail)
-    worded = (name for name in candidates if any(w in lowered for w in settings[name]))
-    return next(itertools.chain(named, quoted, worded), None)
+    return next((name for name in candidates if any(w in lowered for w in settings[name])), None)
 
 
 def _sdk_error(
