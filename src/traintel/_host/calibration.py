@@ -76,19 +76,12 @@ def measure_peak(
 
     if _TORCH_DTYPE.get(dtype) is None:
         return None
-    torch_dtype = getattr(torch, _TORCH_DTYPE[dtype])
     started = clock()
     cuda = device != "cpu"
     with _sync_debug_off(torch) if cuda else contextlib.nullcontext():
-        if size is None:
-            free = torch.cuda.mem_get_info()[0] if cuda else None
-            size = matrix_size(free, torch.tensor([], dtype=torch_dtype).element_size())
-        generator = torch.Generator(device=device).manual_seed(0)
-        a = torch.randn(size, size, device=device, dtype=torch_dtype, generator=generator)
-        b = torch.randn(size, size, device=device, dtype=torch_dtype, generator=generator)
-        out = torch.empty(size, size, device=device, dtype=torch_dtype)
+        product, size = _product(torch, getattr(torch, _TORCH_DTYPE[dtype]), device, size)
         flops = 2.0 * size**3
-        timed = functools.partial(_time, torch.cuda if cuda else None, clock, lambda: torch.mm(a, b, out=out))
+        timed = functools.partial(_time, torch.cuda if cuda else None, clock, product)
         per_product = max(timed(1), 1e-9)  # also picks the kernel
         # A short first batch: one product's time may be optimistic. Each next batch is sized to
         # BATCH_S from the wall time of the one before, and only starts if it fits the budget.
@@ -118,6 +111,19 @@ def measure_peak(
         f" after {warm_s:g} s warm-up"
     )
     return MeasuredPeak(statistics.median(batches), method, tuple(batches), now - started, discarded)
+
+
+def _product(torch: Any, torch_dtype: Any, device: str, size: int | None) -> tuple[Callable[[], Any], int]:
+    """One ``size``³ product of random matrices on ``device`` (the size fitted to the free
+    memory when None), and its size."""
+    if size is None:
+        free = torch.cuda.mem_get_info()[0] if device != "cpu" else None
+        size = matrix_size(free, torch.tensor([], dtype=torch_dtype).element_size())
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, dtype=torch_dtype, generator=generator)
+    b = torch.randn(size, size, device=device, dtype=torch_dtype, generator=generator)
+    out = torch.empty(size, size, device=device, dtype=torch_dtype)
+    return lambda: torch.mm(a, b, out=out), size
 
 
 @contextlib.contextmanager
