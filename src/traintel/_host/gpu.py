@@ -14,8 +14,7 @@ Clocks and clock-limiting ("throttle") reasons have no OTel convention for GPUs 
 ``traintel.gpu.clock`` / ``traintel.gpu.throttle``; the energy counter is the conventions'
 ``hw.energy``. The memory, utilisation, temperature and power gauges ran on an H100
 (2026-11-24); the clock, throttle and energy readings are nvidia-ml-py's documented calls, not
-yet run on a GPU. The tests substitute a fake NVML module to check the mapping from readings
-to observations and units.
+yet run on a GPU.
 """
 
 from __future__ import annotations

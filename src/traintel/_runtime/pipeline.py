@@ -637,7 +637,7 @@ _OWN_WORK = {
 
 
 def _bounded(tasks: list[tuple[str, Callable[[], None]]], timeout_s: float, what: str) -> bool:
-    """Run tasks (``spans`` and ``metrics``) in parallel daemon threads and wait for them at
+    """Run tasks (one per signal) in parallel daemon threads and wait for them at
     most ``timeout_s`` in total; if that runs out, say what they were waiting on: the
     telemetry file, a collector, or their own work (a collection short of CPU).
 
