@@ -27,6 +27,7 @@ last state this thread gave it and the stack ``faulthandler``'s C thread dumps.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -178,16 +179,11 @@ class PendingCallProbe:
         self._asked = False
 
 
-_probe: PendingCallProbe | None = None
-
-
+@functools.cache
 def _main_thread_probe() -> PendingCallProbe:
     """The process's probe: one, never freed (a call may stay pending after its watcher is gone,
     and the interpreter then calls its address)."""
-    global _probe
-    if _probe is None:
-        _probe = PendingCallProbe()
-    return _probe
+    return PendingCallProbe()
 
 
 @dataclass
