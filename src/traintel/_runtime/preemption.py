@@ -66,14 +66,13 @@ _installed = False
 _install_lock = threading.Lock()
 
 
-def install() -> bool:
-    """Install the handlers (once per process, main thread only); True if installed now or before."""
+def install() -> None:
+    """Install the handlers (once per process, main thread only)."""
     global _installed
     with _install_lock:
         if not _installed and threading.current_thread() is threading.main_thread():
             _take_signals()
             _installed = True
-        return _installed
 
 
 def chain_later_handlers() -> None:
