@@ -53,7 +53,7 @@ from traintel.exporters.otlp_env import otlp_protocol
 from traintel.exporters.private_files import make_private_dirs
 from traintel.exporters.proto_spans import InvalidSpanError, proto_spans, readable_span, split_invalid
 from traintel.exporters.reader import ReadStats, expand_paths, read_requests
-from traintel.exporters.replay_ledger import Ledger, Progress, target_key
+from traintel.exporters.replay_ledger import Ledger, target_key
 from traintel.exporters.spool import (
     QUARANTINE_DIR,
     SPOOL_SUFFIX,
@@ -202,57 +202,56 @@ class _Replay:
         """Send what is left of ``path``; False when the collector took nothing (stop)."""
         spooled = path.name.endswith(SPOOL_SUFFIX)
         ledger = self.ledger(path)
-        progress = ledger.progress(path) if ledger is not None else Progress()
+        done_before = ledger.done(path) if ledger is not None else 0
         skipped_before, undelivered_before = self.result.stats.skipped, self._undelivered()
         spans = self._batch_of(path) if spooled else self._lines_of(path)
         if spans is None:  # a spooled batch that cannot be read back: set aside
             return True
         if spooled and self._rewritten is not None:  # its bad spans are aside: a whole file again
-            path, progress, undelivered_before = self._rewritten, Progress(), self._undelivered()
-        position = self._send_all(path, spans, spooled, ledger, progress)
+            path, done_before, undelivered_before = self._rewritten, 0, self._undelivered()
+        position = self._send_all(path, spans, spooled, ledger, done_before)
         if position is None:
             return False
-        self._file_done(path, position, ledger, progress)
+        self._file_done(path, position, ledger)
         if self.result.stats.skipped == skipped_before and self._undelivered() == undelivered_before:
             self.delivered.append(path)
         return True
 
-    def _file_done(self, path: Path, position: int, ledger: Ledger | None, progress: Progress) -> None:
+    def _file_done(self, path: Path, position: int, ledger: Ledger | None) -> None:
         """Every span of ``path`` read and sent: recorded, so a later replay skips the file."""
-        progress.done, progress.complete = position, True
         if ledger is not None:
-            ledger.record(path, progress)
+            ledger.record(path, position)
         self.result.files_done.append(path)
 
     def _send_all(
         self, path: Path, spans: Iterable[tuple[_SpanKey, ReadableSpan | None]], spooled: bool,
-        ledger: Ledger | None, progress: Progress,
+        ledger: Ledger | None, done_before: int,
     ) -> int | None:  # fmt: skip
         """Send the file's spans not sent before, in batches; the spans read (None: stopped)."""
         position = 0
         batch: list[ReadableSpan] = []
         for key, span in spans:
             position += 1
-            taken = self._take(key, span, spooled, position, progress)
+            taken = self._take(key, span, spooled, position, done_before)
             if taken is None:
                 continue
             batch.append(taken)
             if len(batch) >= self.batch_spans:
-                if not self._deliver(path, batch, ledger, progress, position):
+                if not self._deliver(path, batch, ledger, position):
                     return None
                 batch = []
-        if batch and not self._deliver(path, batch, ledger, progress, position):
+        if batch and not self._deliver(path, batch, ledger, position):
             return None
         return position
 
     def _take(
-        self, key: _SpanKey, span: ReadableSpan | None, spooled: bool, position: int, progress: Progress
+        self, key: _SpanKey, span: ReadableSpan | None, spooled: bool, position: int, done_before: int
     ) -> ReadableSpan | None:
         """The span to send; None if a replay sent it before, a spooled batch holds it (read
         from a file), or it is not a span."""
         if spooled:
             self.spooled.add(key)
-        if position <= progress.done:
+        if position <= done_before:
             self.result.spans_sent_before += 1
             return None
         if not spooled and key in self.spooled:
@@ -318,19 +317,14 @@ class _Replay:
                 yield (span.trace_id, span.span_id), converted
 
     # --- sending -----------------------------------------------------------------------------
-    def _deliver(
-        self, path: Path, batch: list[ReadableSpan], ledger: Ledger | None, progress: Progress, position: int
-    ) -> bool:
+    def _deliver(self, path: Path, batch: list[ReadableSpan], ledger: Ledger | None, position: int) -> bool:
         outcome = self._send_or_set_aside(path, batch)
         if outcome is _Sent.STOPPED:
             self.result.failed_file = path
             return False
-        in_quarantine = path.parent.name == QUARANTINE_DIR
-        if outcome is _Sent.DELIVERED or not in_quarantine:
-            # Rejected from a quarantined file: not recorded, so the next replay tries again.
-            progress.done = position
-            if ledger is not None:
-                ledger.record(path, progress)
+        # Rejected from a quarantined file: not recorded, so the next replay tries again.
+        if ledger is not None and (outcome is _Sent.DELIVERED or path.parent.name != QUARANTINE_DIR):
+            ledger.record(path, position)
         return True
 
     def _send_or_set_aside(self, path: Path, batch: Sequence[ReadableSpan]) -> _Sent:

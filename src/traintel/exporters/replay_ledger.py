@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -46,14 +45,6 @@ def _fingerprint(path: Path, head: int) -> str:
         return hashlib.sha256(fh.read(head)).hexdigest()
 
 
-@dataclass
-class Progress:
-    """One file's progress towards one endpoint: spans dealt with, in file order."""
-
-    done: int = 0
-    complete: bool = False
-
-
 class Ledger:
     """The ledger of one directory, for one endpoint. Saved after every change (atomically)."""
 
@@ -79,20 +70,19 @@ class Ledger:
         files: dict[str, Any] = self._data["targets"].setdefault(self.target, {})
         return files
 
-    def progress(self, file: Path) -> Progress:
-        """Where to resume ``file``: nothing done if it is unknown or its first bytes changed."""
+    def done(self, file: Path) -> int:
+        """How many of ``file``'s spans (in file order) were dealt with: where to resume it; 0 if
+        it is unknown or its first bytes changed."""
         entry = self._files().get(file.name)
         if not isinstance(entry, dict):
-            return Progress()
+            return 0
         try:
             head = int(entry["head"])
-            if _fingerprint(file, head) != entry["fingerprint"]:
-                return Progress()
-            return Progress(int(entry["done"]), bool(entry.get("complete", False)))
+            return int(entry["done"]) if _fingerprint(file, head) == entry["fingerprint"] else 0
         except (OSError, KeyError, TypeError, ValueError):
-            return Progress()
+            return 0
 
-    def record(self, file: Path, progress: Progress) -> None:
+    def record(self, file: Path, done: int) -> None:
         try:
             head = min(_HEAD_BYTES, file.stat().st_size)
             fingerprint = _fingerprint(file, head)
@@ -101,8 +91,7 @@ class Ledger:
         self._files()[file.name] = {
             "fingerprint": fingerprint,
             "head": head,
-            "done": progress.done,
-            "complete": progress.complete,
+            "done": done,
         }
         self._save()
 
@@ -126,4 +115,4 @@ class Ledger:
                 )
 
 
-__all__ = ["LEDGER_NAME", "Ledger", "Progress", "target_key"]
+__all__ = ["LEDGER_NAME", "Ledger", "target_key"]
