@@ -15,13 +15,13 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
 from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from traintel import semconv
+from traintel.exporters.spool import Spool
 from traintel.version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class ExportHealth:
         self._metric_export_running = 0
         self._last_metric_export_failed = False
         self._queues: weakref.WeakSet[_Sized] = weakref.WeakSet()
-        self._spools: weakref.WeakSet[_SpoolLike] = weakref.WeakSet()
+        self._spools: weakref.WeakSet[Spool] = weakref.WeakSet()
         self._reported: list[str] = []
 
     # --- counting ----------------------------------------------------------------------------
@@ -159,7 +159,7 @@ class ExportHealth:
     def watch_queue(self, queue: _Sized) -> None:
         self._queues.add(queue)
 
-    def watch_spool(self, spool: _SpoolLike) -> None:
+    def watch_spool(self, spool: Spool) -> None:
         self._spools.add(spool)
 
     def new_report_lines(self) -> list[str]:
@@ -192,47 +192,21 @@ class ExportHealth:
             )
 
 
-def _spool_fields(spools: list[_SpoolLike]) -> dict[str, Any]:
+def _spool_fields(spools: list[Spool]) -> dict[str, Any]:
     """The snapshot's spool figures, summed over the spools."""
-    sums = dict.fromkeys(
-        ("spool_bytes", "spool_batches", "spool_spans", "spool_dropped_batches", "spans_quarantined"), 0
-    )
-    spool_dirs, quarantine_dirs = [], []
-    for s in spools:
-        for key, value in zip(
-            sums, (s.size_bytes, len(s), s.pending_spans, s.dropped_batches, s.quarantined_spans), strict=True
-        ):
-            sums[key] += value
-        if len(s):
-            spool_dirs.append(str(s.directory))
-        if s.quarantined_spans:
-            quarantine_dirs.append(str(s.quarantine_directory))
     return {
-        **sums,
-        "spool_dirs": tuple(sorted(spool_dirs)),
-        "quarantine_dirs": tuple(sorted(quarantine_dirs)),
+        "spool_bytes": sum(s.size_bytes for s in spools),
+        "spool_batches": sum(len(s) for s in spools),
+        "spool_spans": sum(s.pending_spans for s in spools),
+        "spool_dropped_batches": sum(s.dropped_batches for s in spools),
+        "spans_quarantined": sum(s.quarantined_spans for s in spools),
+        "spool_dirs": tuple(sorted(str(s.directory) for s in spools if len(s))),
+        "quarantine_dirs": tuple(sorted(str(s.quarantine_directory) for s in spools if s.quarantined_spans)),
     }
 
 
-class _Sized(Protocol):
+class _Sized(Protocol):  # the queue guard (spooling.py, which imports this module)
     def depth(self) -> int: ...
-
-
-class _SpoolLike(Protocol):  # the parts of exporters.spool.Spool read here
-    @property
-    def size_bytes(self) -> int: ...
-    @property
-    def pending_spans(self) -> int: ...
-    @property
-    def directory(self) -> Path: ...
-    @property
-    def quarantine_directory(self) -> Path: ...
-
-    dropped_batches: int
-    dropped_spans: int
-    quarantined_spans: int
-
-    def __len__(self) -> int: ...
 
 
 #: The process's export health.
