@@ -120,11 +120,9 @@ def _convert(span: ProtoSpan, resource: Resource, scope: InstrumentationScope) -
     )
 
 
-def proto_spans(
-    request: ExportTraceServiceRequest,
-) -> Iterator[tuple[ProtoSpan, Resource, InstrumentationScope]]:
-    """Every span of one OTLP trace export request, with its resource and scope as the SDK's
-    (each built once per group, not per span)."""
+def _groups(request: ExportTraceServiceRequest) -> Iterator[tuple[Any, Resource, Any, InstrumentationScope]]:
+    """Each resource's and scope's spans of one request: the proto groups, with the resource and
+    scope as the SDK's (each built once per group, not per span)."""
     for resource_spans in request.resource_spans:
         resource = Resource(_attributes(resource_spans.resource.attributes), resource_spans.schema_url)
         for scope_spans in resource_spans.scope_spans:
@@ -134,8 +132,16 @@ def proto_spans(
                 scope_spans.schema_url or None,
                 _attributes(scope_spans.scope.attributes) or None,
             )
-            for span in scope_spans.spans:
-                yield span, resource, scope
+            yield resource_spans, resource, scope_spans, scope
+
+
+def proto_spans(
+    request: ExportTraceServiceRequest,
+) -> Iterator[tuple[ProtoSpan, Resource, InstrumentationScope]]:
+    """Every span of one OTLP trace export request, with its resource and scope as the SDK's."""
+    for _, resource, scope_spans, scope in _groups(request):
+        for span in scope_spans.spans:
+            yield span, resource, scope
 
 
 def split_invalid(
@@ -146,37 +152,28 @@ def split_invalid(
     id is then set aside alone instead of its batch."""
     good, bad = ExportTraceServiceRequest(), ExportTraceServiceRequest()
     reasons: list[str] = []
-    for resource_spans in request.resource_spans:
-        resource = Resource(_attributes(resource_spans.resource.attributes), resource_spans.schema_url)
-        parts: dict[bool, Any] = {}
-        for scope_spans in resource_spans.scope_spans:
-            scope = InstrumentationScope(scope_spans.scope.name, scope_spans.scope.version or None)
-            copies: dict[bool, Any] = {}
-            for span in scope_spans.spans:
-                try:
-                    readable_span(span, resource, scope)
-                    valid = True
-                except InvalidSpanError as exc:
-                    reasons.append(str(exc))
-                    valid = False
-                if valid not in parts:
-                    parts[valid] = (good if valid else bad).resource_spans.add(
+    #: (the resource's group in ``request``, valid) -> its copy in ``good`` or ``bad``
+    copied: dict[tuple[int, bool], Any] = {}
+    for resource_spans, resource, scope_spans, scope in _groups(request):
+        copies: dict[bool, Any] = {}
+        for span in scope_spans.spans:
+            try:
+                readable_span(span, resource, scope)
+                valid = True
+            except InvalidSpanError as exc:
+                reasons.append(str(exc))
+                valid = False
+            if valid not in copies:
+                key = (id(resource_spans), valid)
+                if key not in copied:
+                    copied[key] = (good if valid else bad).resource_spans.add(
                         resource=resource_spans.resource, schema_url=resource_spans.schema_url
                     )
-                if valid not in copies:
-                    copies[valid] = parts[valid].scope_spans.add(
-                        scope=scope_spans.scope, schema_url=scope_spans.schema_url
-                    )
-                copies[valid].spans.append(span)
+                copies[valid] = copied[key].scope_spans.add(
+                    scope=scope_spans.scope, schema_url=scope_spans.schema_url
+                )
+            copies[valid].spans.append(span)
     return good, bad, reasons
 
 
-def readable_spans(request: ExportTraceServiceRequest) -> Iterator[ReadableSpan]:
-    """Every span of one OTLP trace export request as an SDK span, with its resource and scope.
-
-    Raises :class:`InvalidSpanError` at the first span that cannot be one."""
-    for span, resource, scope in proto_spans(request):
-        yield readable_span(span, resource, scope)
-
-
-__all__ = ["InvalidSpanError", "proto_spans", "readable_span", "readable_spans", "split_invalid"]
+__all__ = ["InvalidSpanError", "proto_spans", "readable_span", "split_invalid"]

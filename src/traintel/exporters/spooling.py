@@ -49,7 +49,7 @@ from traintel.exporters import health as health_module
 from traintel.exporters import retry_lines
 from traintel.exporters.collector_answers import CollectorAnswers
 from traintel.exporters.health import HEALTH, ExportHealth
-from traintel.exporters.proto_spans import InvalidSpanError, readable_spans
+from traintel.exporters.proto_spans import InvalidSpanError, proto_spans, readable_span
 from traintel.exporters.span_repair import encodable, encoded_mending
 from traintel.exporters.spool import Spool, SpoolEntry
 
@@ -581,7 +581,7 @@ class SpoolingSpanExporter(SpanExporter):
             request = spool.read(entry)
             if request is None:
                 return None
-            spans = list(readable_spans(request))
+            spans = [readable_span(*found) for found in proto_spans(request)]
             if len(spans) != entry.spans:
                 raise DecodeError(f"{len(spans)} span(s) in it, written with {entry.spans}")
         except (DecodeError, InvalidSpanError) as exc:
