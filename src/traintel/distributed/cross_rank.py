@@ -60,12 +60,10 @@ AGREEMENT_WAIT_S = 2.0
 class CrossRank:
     """One job's cross-rank state; the engine calls :meth:`window_closed` at every window end."""
 
-    def __init__(
-        self, engine: TrainingEngine, apply_rank_export: Callable[[RankExportPolicy], None] | None = None
-    ) -> None:
+    def __init__(self, engine: TrainingEngine, apply_rank_export: Callable[[RankExportPolicy], None]) -> None:
         self.engine = engine  # its settings are the job's current ones (set_training_config included)
         #: Applies this rank's export policy to the job (the engine, the instruments, health).
-        self.apply_rank_export = apply_rank_export or engine.set_rank_export
+        self.apply_rank_export = apply_rank_export
         self.failed = False
         self.timeout_s = 0.0
         self.tracker = RankTracker()
@@ -289,9 +287,12 @@ def _torch_world() -> tuple[int, int] | None:
     torch itself (a job that never imported it is not distributed)."""
     if "torch" not in sys.modules:
         return None
-    from traintel.distributed.exchange import distributed_world
+    import torch.distributed as dist
 
-    return distributed_world()
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    world = dist.get_world_size()
+    return (dist.get_rank(), world) if world > 1 else None
 
 
 class CrossRankInstruments:

@@ -38,14 +38,6 @@ _ALL_THERE = "all"
 _attempts = itertools.count()  # the ranks' n-th attempt in this process: its own store keys
 
 
-def distributed_world() -> tuple[int, int] | None:
-    """(rank, world size) when torch.distributed is initialised with more than one rank."""
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    world = dist.get_world_size()
-    return (dist.get_rank(), world) if world > 1 else None
-
-
 def missing_ranks(rank: int, world: int, wait_s: float) -> tuple[list[int], float]:
     """The ranks that did not say they are there within ``wait_s`` (empty: all are), as every
     live rank agrees, and the seconds this rank waited.
