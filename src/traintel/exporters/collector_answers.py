@@ -126,11 +126,8 @@ class CollectorAnswers:
         self._local.answer = None
 
     # --- what the collector said ---------------------------------------------------------------
-    def _accepted(self, body: bytes) -> None:
-        try:
-            partial = ExportTraceServiceResponse.FromString(body).partial_success
-        except Exception:  # not an OTLP answer (a proxy's page): nothing to read in it
-            return
+    def _accepted(self, response: ExportTraceServiceResponse) -> None:
+        partial = response.partial_success
         if partial.rejected_spans <= 0:
             return
         self._health.drop_spans(health_module.COLLECTOR_REJECTED, partial.rejected_spans)
@@ -150,8 +147,8 @@ class CollectorAnswers:
         """A ``requests`` response hook on the OTLP/HTTP trace exporter's session."""
         try:
             status = int(response.status_code)
-            if 200 <= status < 300:
-                self._accepted(response.content)
+            if 200 <= status < 300:  # a body that is no OTLP answer (a proxy's page) raises: ignored
+                self._accepted(ExportTraceServiceResponse.FromString(response.content))
             else:
                 after = _retry_after(response.headers.get("Retry-After"))
                 self._local.answer = Answer(f"HTTP {status}", status in _RETRYABLE_HTTP, after)
@@ -165,7 +162,7 @@ class CollectorAnswers:
     def grpc_answer(self, response: Any = None, error: Any = None) -> None:
         try:
             if error is None:
-                self._accepted(response.SerializeToString())
+                self._accepted(response)
                 return
             code = error.code().name
             self._local.answer = Answer(f"gRPC {code}", code in _RETRYABLE_GRPC, _grpc_retry_delay(error))
