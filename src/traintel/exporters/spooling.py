@@ -361,30 +361,27 @@ class SpoolingSpanExporter(SpanExporter):
     def _idle(self) -> bool:
         return not self._busy and self._handoff is None and not self._backlog
 
-    def _send_mending(
-        self, spans: Sequence[ReadableSpan]
-    ) -> tuple[bool, Sequence[ReadableSpan], ExportTraceServiceRequest | None]:
+    def _send_mending(self, spans: Sequence[ReadableSpan]) -> tuple[bool, Sequence[ReadableSpan]]:
         """Send ``spans``; if that failed before the collector answered because the exporter's
         encoder refused a span (it raises, or reports a failure), send them again with their
-        bad spans mended or dropped (``span_repair``). Returns whether they were delivered, the
-        spans as sent, and their request if it was encoded here (to spool without encoding
-        again)."""
+        bad spans mended or dropped (``span_repair``). Returns whether they were delivered, and
+        the spans as sent."""
         error: Exception | None = None
         try:
             if self._send(spans, raising=True):
-                return True, spans, None
+                return True, spans
         except Exception as exc:
             error = exc
         if self._answers.last_failure is not None:  # the collector answered: not the encoding
-            return False, spans, None
+            return False, spans
         try:
-            request = encode_spans(spans)
+            encode_spans(spans)
         except Exception:
             mended = encodable(spans, self._health)
-            return (not mended or self._send(mended)), mended, None
+            return (not mended or self._send(mended)), mended
         if error is not None:
             self._said_raised(error)
-        return False, spans, request
+        return False, spans
 
     def _said_raised(self, exc: Exception) -> None:
         if not self._failed_once:
@@ -431,7 +428,7 @@ class SpoolingSpanExporter(SpanExporter):
     def _send_direct(self, spans: Sequence[ReadableSpan]) -> bool:
         """Without a spool (``TRAINTEL_SPOOL_MAX_BYTES=0``): the SDK's own behaviour, send on
         the processor's thread and wait; a failed batch is dropped, and counted."""
-        delivered, spans, _request = self._send_mending(spans)
+        delivered, spans = self._send_mending(spans)
         if delivered:
             return True
         self._health.add("export_failures")
@@ -508,7 +505,7 @@ class SpoolingSpanExporter(SpanExporter):
                     self._retry_at = time.monotonic() + wait
 
     def _first_send(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
-        delivered, sent, encoded = self._send_mending(spans)
+        delivered, sent = self._send_mending(spans)
         with self._cond:  # whoever clears _in_flight owns the batch: here, or spill() at exit
             mine, self._in_flight = self._in_flight is spans, None
             spilled, self._spilled = self._spilled, None
@@ -521,7 +518,7 @@ class SpoolingSpanExporter(SpanExporter):
         self._health.add("export_failures")
         self._asked_to_wait()  # a Retry-After applies to the retry of what is spooled now
         if mine:  # (else the exit already wrote it to the spool)
-            self._spool_failed(sent, (request or encoded) if sent is spans else None)
+            self._spool_failed(sent, request if sent is spans else None)
         return False
 
     def _drop_exit_copy(
