@@ -7,8 +7,8 @@ and ``open()`` gives 0666 less the umask, so neither is enough on its own.
 
 What the ``traintel`` commands write (``report --html``, ``export-trace -o``) is written to a
 fresh file beside the target and renamed over it: a symbolic link planted at the path is
-replaced, never followed (it used to be, and the file it pointed to was overwritten, keeping
-its 0644), and an existing file is replaced by an owner-only one, not rewritten in place.
+replaced, never followed, and an existing file is replaced by an owner-only one, not rewritten
+in place (which would keep its mode).
 """
 
 from __future__ import annotations

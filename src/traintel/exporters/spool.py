@@ -199,8 +199,7 @@ def move_to_quarantine(path: Path) -> Path:
 
 
 def write_batch(path: Path, data: bytes) -> None:
-    """Write a serialised request under a temporary name, then rename it (0600): a crash never
-    leaves half a batch under a name a reader picks up."""
+    """Write a serialised request (0600) under a temporary name, then rename it."""
     temporary = path.with_name("." + path.name + ".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:

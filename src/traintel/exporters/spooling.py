@@ -235,13 +235,8 @@ _Batch = tuple[Sequence[ReadableSpan], ExportTraceServiceRequest | None]
 
 
 class SpoolingSpanExporter(SpanExporter):
-    """Wraps any ``SpanExporter``: split by bytes, send on its own thread, spool, resend.
-
-    ``export`` (the batch processor's thread) never waits for the network: a batch goes to the
-    sender thread if it is idle and nothing is spooled, else straight to the spool. So a
-    collector that is down, black-holed or slow never stops the batch processor from draining
-    its queue (which would overflow it and drop spans): the spool absorbs the difference.
-    """
+    """Wraps any ``SpanExporter``: split by bytes, send on its own thread, spool, resend (the
+    module's docstring says why and how)."""
 
     def __init__(
         self,

@@ -147,8 +147,7 @@ _filter = CertificateFailureFilter({})
 
 def install(environ: Mapping[str, str]) -> CertificateFailureFilter:
     """Attach the filter, with the endpoints and CA files configured now, to the exporters'
-    loggers (a logger filter only sees records made on that logger: call after the exporters'
-    modules are imported)."""
+    loggers (see :func:`attach_to_exporter_loggers`)."""
     _filter.targets = tls_targets(environ)
     attach_to_exporter_loggers(_filter)
     return _filter
