@@ -171,10 +171,9 @@ _SpanKey = tuple[bytes, bytes]
 
 
 class _Replay:
-    def __init__(self, exporter: SpanExporter, target: str | None, batch_spans: int) -> None:
+    def __init__(self, exporter: SpanExporter, target: str | None) -> None:
         self.exporter = exporter
         self.target = target
-        self.batch_spans = batch_spans
         self.result = ReplayResult()
         #: What the collector answers (partial success, throttling), if the exporter lets it be seen.
         self.health = ExportHealth()
@@ -236,7 +235,7 @@ class _Replay:
             if taken is None:
                 continue
             batch.append(taken)
-            if len(batch) >= self.batch_spans:
+            if len(batch) >= BATCH_SPANS:
                 if not self._deliver(path, batch, ledger, position):
                     return None
                 batch = []
@@ -417,13 +416,12 @@ def replay(
     exporter: SpanExporter,
     *,
     delete_sent: bool = False,
-    batch_spans: int = BATCH_SPANS,
     target: str | None = None,
 ) -> ReplayResult:
     """Send every span in ``paths`` (files or directories) through ``exporter``, spooled
     batches first. ``target`` names the endpoint in each directory's ledger (see
     :func:`endpoint_key`); without it nothing is remembered between replays."""
-    run = _Replay(exporter, target, batch_spans)
+    run = _Replay(exporter, target)
     for path in replay_files(paths):
         if not run.file(path):
             break

@@ -30,7 +30,7 @@ from opentelemetry.trace import Link
 from opentelemetry.trace.status import Status
 
 from traintel.exporters import health as health_module
-from traintel.exporters.health import HEALTH, ExportHealth
+from traintel.exporters.health import ExportHealth
 
 _logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def _encodes(span: ReadableSpan) -> bool:
     return True
 
 
-def encodable(spans: Sequence[ReadableSpan], health: ExportHealth = HEALTH) -> list[ReadableSpan]:
+def encodable(spans: Sequence[ReadableSpan], health: ExportHealth) -> list[ReadableSpan]:
     """``spans`` after their encoding failed: each span that encodes alone as it is, each
     other one mended or, if even that does not encode, left out; both counted in ``health``
     and the first said once."""
