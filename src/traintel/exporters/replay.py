@@ -65,7 +65,7 @@ from traintel.exporters.spool import (
     spool_files,
     write_batch,
 )
-from traintel.exporters.spooling import DEFAULT_MAX_BATCH_BYTES, split_by_bytes
+from traintel.exporters.spooling import MAX_BATCH_BYTES, split_by_bytes
 
 _logger = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ class _Replay:
     def _send(self, spans: Sequence[ReadableSpan]) -> int:
         """Send ``spans`` split by bytes; how many were delivered (parts before a failure)."""
         sent = 0
-        for part, _request in split_by_bytes(spans, DEFAULT_MAX_BATCH_BYTES):
+        for part, _request in split_by_bytes(spans, MAX_BATCH_BYTES):
             if not self._export(part):
                 break
             sent += len(part)

@@ -4,7 +4,7 @@ Why a wrapper and not a fork of the OTLP exporters: they stay responsible for th
 (endpoint, headers, TLS, compression, retries within their timeout); this adds only what they
 lack for a training job that must lose nothing:
 
-- **Split by bytes.** A batch whose OTLP encoding is over ``max_batch_bytes`` (gRPC refuses
+- **Split by bytes.** A batch whose OTLP encoding is over ``MAX_BATCH_BYTES`` (gRPC refuses
   messages over 4 MiB by default) is halved until every part fits, never refused.
 - **Never wait for the network on the batch processor's thread.** A processor waiting for a
   dead, black-holed or slow collector stops draining its queue, which overflows and drops
@@ -58,7 +58,7 @@ _logger = logging.getLogger(__name__)
 #: What a bounded exit names when it runs out while a batch is with the span exporter.
 SENDING_SPANS = "the collector (a span export under way)"
 #: gRPC's default maximum message size is 4 MiB; stay clear of it with headroom for framing.
-DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
+MAX_BATCH_BYTES = 4 * 1024 * 1024 - 64 * 1024
 #: The share of the exit's drain time it then waits, after the spill, for the send under way:
 #: if it succeeds, its copy is taken out of the spool again (a replay would send it twice).
 _LATE_SEND_SHARE = 0.25
@@ -245,7 +245,6 @@ class SpoolingSpanExporter(SpanExporter):
         *,
         retry_interval_s: float = 5.0,
         drain_timeout_s: float = 5.0,
-        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         health: ExportHealth = HEALTH,
         hint: str = "",
     ) -> None:
@@ -255,7 +254,6 @@ class SpoolingSpanExporter(SpanExporter):
         self.spool = spool
         self._retry_interval_s = retry_interval_s
         self._drain_timeout_s = drain_timeout_s
-        self._max_batch_bytes = max_batch_bytes
         self._health = health
         self._failed_once = False
         #: What the collector answers (partial success counted, throttling told from refusal).
@@ -328,17 +326,16 @@ class SpoolingSpanExporter(SpanExporter):
         """``split_by_bytes``; a batch whose encoding fails is split with its bad spans mended
         or dropped (``span_repair``)."""
         return (
-            encoded_mending(lambda part: split_by_bytes(part, self._max_batch_bytes), spans, self._health)[1]
-            or []
+            encoded_mending(lambda part: split_by_bytes(part, MAX_BATCH_BYTES), spans, self._health)[1] or []
         )
 
     def _export_part(self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None) -> bool:
-        if request is not None and request.ByteSize() > self._max_batch_bytes:  # one span alone
+        if request is not None and request.ByteSize() > MAX_BATCH_BYTES:  # one span alone
             _logger.error(
                 "traintel: span %r encodes to %d bytes, over the %d-byte export limit; dropped",
                 spans[0].name,
                 request.ByteSize(),
-                self._max_batch_bytes,
+                MAX_BATCH_BYTES,
             )
             self._health.drop_spans(health_module.TOO_LARGE, len(spans))
             return False
@@ -706,7 +703,7 @@ def _after_fork_in_child(reference: weakref.ref[SpoolingSpanExporter]) -> None:
 
 
 __all__ = [
-    "DEFAULT_MAX_BATCH_BYTES",
+    "MAX_BATCH_BYTES",
     "CountingBatchSpanProcessor",
     "QueueGuard",
     "SpoolingSpanExporter",
