@@ -17,7 +17,6 @@ the exporters are built, when all their modules (and loggers) exist.
 from __future__ import annotations
 
 import logging
-import os
 import traceback
 from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -37,10 +36,9 @@ REDACTED = "[REDACTED]"
 _MIN_SECRET_LENGTH = 4
 
 
-def header_secrets(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+def header_secrets(environ: Mapping[str, str]) -> frozenset[str]:
     """Every value (raw and URL-decoded) and every malformed entry of the header variables, and
     the password and query values of the endpoint variables."""
-    environ = os.environ if environ is None else environ
     found: set[str] = set()
     for variable in ENDPOINT_VARIABLES:
         found.update(url_secrets(environ.get(variable, "")))
@@ -108,7 +106,7 @@ class SecretFilter(logging.Filter):
 _filter = SecretFilter(frozenset())
 
 
-def install(environ: Mapping[str, str] | None = None) -> SecretFilter:
+def install(environ: Mapping[str, str]) -> SecretFilter:
     """Attach the filter (with the current header values) to every logger that may see them."""
     _filter.secrets = header_secrets(environ)
     if not _filter.secrets:
