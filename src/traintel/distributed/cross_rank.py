@@ -35,7 +35,6 @@ from traintel._aggregation.aggregator import WindowReport
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel.distributed.stats import (
     AGREEMENT_LAG,
-    FIELDS,
     MAX_PENDING_WINDOWS,
     CrossRankWindow,
     RankTracker,
@@ -211,7 +210,7 @@ class CrossRank:
             )  # fmt: skip
             return None
         self.tracker = RankTracker(settings.cross_rank_top_k, settings.straggler_factor)
-        self.exchange = Exchange(len(FIELDS), self.timeout_s, self._gathered)
+        self.exchange = Exchange(self.timeout_s, self._gathered)
         return self.exchange
 
     # --- results (exchange thread) --------------------------------------------------------------

@@ -79,21 +79,16 @@ def _verdict(store: Any, keys: list[str], verdict_key: str, waited_enough: bool)
 
 
 class Exchange:
-    """All-gathers fixed-size rows on a background thread; results go to ``on_rows``."""
+    """All-gathers fixed-size rows (every rank's the size of its own) on a background thread;
+    results go to ``on_rows``."""
 
-    def __init__(
-        self,
-        width: int,
-        timeout_s: float,
-        on_rows: Callable[[list[list[float]]], None],
-    ) -> None:
+    def __init__(self, timeout_s: float, on_rows: Callable[[list[list[float]]], None]) -> None:
         # new_group is collective: every rank calls it at the same point of its program (the
         # first window after torch.distributed is initialised), on the training thread, once
         # every rank is known to be there (see missing_ranks).
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.width = width
         self.timeout_s = timeout_s
         self.failed: str | None = None
         self._on_rows = on_rows
@@ -186,6 +181,6 @@ class Exchange:
 
     def _gather(self, row: list[float]) -> list[list[float]]:
         mine = torch.tensor(row, dtype=torch.float64)
-        out = [torch.zeros(self.width, dtype=torch.float64) for _ in range(self.world)]
+        out = [torch.zeros(len(row), dtype=torch.float64) for _ in range(self.world)]
         dist.all_gather(out, mine, group=self.group)
         return [tensor.tolist() for tensor in out]
