@@ -200,19 +200,16 @@ def _resource_spans(
     return out
 
 
-def trace_request_json(spans: Sequence[ReadableSpan]) -> Json:
-    """The ``ExportTraceServiceRequest`` for ``spans`` as its OTLP/JSON tree (hex ids)."""
-    groups = _grouped(spans)
-    return {"resourceSpans": [_resource_spans(resource, scopes) for resource, scopes in groups.items()]}
-
-
 def spans_to_json_bytes(spans: Sequence[ReadableSpan]) -> bytes:
-    """One OTLP/JSON line, UTF-8, no trailing newline; raises :class:`FastPathUnsupported`
-    for what the proto path must decide."""
+    """The ``ExportTraceServiceRequest`` for ``spans`` as one OTLP/JSON line (hex ids), UTF-8,
+    no trailing newline; raises :class:`FastPathUnsupported` for what the proto path must decide."""
+    request = {
+        "resourceSpans": [_resource_spans(resource, scopes) for resource, scopes in _grouped(spans).items()]
+    }
     try:
-        return orjson.dumps(trace_request_json(spans))
+        return orjson.dumps(request)
     except orjson.JSONEncodeError as exc:  # a lone surrogate, say: not valid UTF-8
         raise FastPathUnsupported(str(exc)) from exc
 
 
-__all__ = ["FastPathUnsupported", "spans_to_json_bytes", "trace_request_json"]
+__all__ = ["FastPathUnsupported", "spans_to_json_bytes"]
