@@ -21,6 +21,8 @@ import traceback
 from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from traintel.exporters.tls_errors import attach_filter
+
 #: Each variable in its general and its per-signal forms.
 _FORMS = (
     "OTEL_EXPORTER_OTLP_",
@@ -111,10 +113,5 @@ def install(environ: Mapping[str, str]) -> SecretFilter:
     _filter.secrets = header_secrets(environ)
     if not _filter.secrets:
         return _filter
-    manager = logging.Logger.manager
-    names = [n for n in list(manager.loggerDict) if n.split(".", 1)[0] in _LOGGER_FAMILIES]
-    for name in {*names, *_LOGGER_FAMILIES, "opentelemetry.util.re"}:
-        logger = logging.getLogger(name)
-        if _filter not in logger.filters:
-            logger.addFilter(_filter)
+    attach_filter(_filter, *_LOGGER_FAMILIES, "opentelemetry.util.re")
     return _filter

@@ -16,7 +16,7 @@ import logging
 import threading
 
 from traintel.exporters.health import HEALTH
-from traintel.exporters.tls_errors import ATTEMPT_LINE, attach_to_exporter_loggers, signal_of
+from traintel.exporters.tls_errors import ATTEMPT_LINE, LOGGER_FAMILY, attach_filter, signal_of
 
 _logger = logging.getLogger("traintel")
 
@@ -103,10 +103,8 @@ _READER_LOGGER = "opentelemetry.sdk.metrics._internal.export"
 def install() -> RepeatedFailureFilter:
     """Attach the filters to the exporters' and the metric reader's loggers (call after their
     modules are imported)."""
-    attach_to_exporter_loggers(_filter)
-    reader = logging.getLogger(_READER_LOGGER)
-    if _timeouts not in reader.filters:
-        reader.addFilter(_timeouts)
+    attach_filter(_filter, LOGGER_FAMILY)
+    attach_filter(_timeouts, _READER_LOGGER)
     return _filter
 
 

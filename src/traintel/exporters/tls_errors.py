@@ -147,17 +147,18 @@ _filter = CertificateFailureFilter({})
 
 def install(environ: Mapping[str, str]) -> CertificateFailureFilter:
     """Attach the filter, with the endpoints and CA files configured now, to the exporters'
-    loggers (see :func:`attach_to_exporter_loggers`)."""
+    loggers (see :func:`attach_filter`)."""
     _filter.targets = tls_targets(environ)
-    attach_to_exporter_loggers(_filter)
+    attach_filter(_filter, LOGGER_FAMILY)
     return _filter
 
 
-def attach_to_exporter_loggers(log_filter: logging.Filter) -> None:
-    """Add ``log_filter`` once to every OTLP exporter logger that exists now (a logger filter
-    only sees records made on that logger: call after the exporters' modules are imported)."""
-    manager = logging.Logger.manager
-    for name in [n for n in list(manager.loggerDict) if n.startswith(LOGGER_FAMILY)]:
+def attach_filter(log_filter: logging.Filter, *families: str) -> None:
+    """Add ``log_filter`` once to each logger named in ``families`` and to every logger below
+    one that exists now (a logger filter only sees records made on that logger: call after the
+    modules that log are imported)."""
+    below = tuple(family + "." for family in families)
+    for name in {*families, *(n for n in list(logging.Logger.manager.loggerDict) if n.startswith(below))}:
         logger = logging.getLogger(name)
         if log_filter not in logger.filters:
             logger.addFilter(log_filter)
