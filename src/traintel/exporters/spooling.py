@@ -397,9 +397,8 @@ class SpoolingSpanExporter(SpanExporter):
     def _to_spool(
         self, spans: Sequence[ReadableSpan], request: ExportTraceServiceRequest | None
     ) -> SpoolEntry | None:
-        count = len(spans)
         if self.spool is None:
-            self._health.drop_spans(health_module.NOT_SPOOLED, count)
+            self._health.drop_spans(health_module.NOT_SPOOLED, len(spans))
             return None
         if request is None:
             spans, request = encoded_mending(encode_spans, spans, self._health)
