@@ -15,6 +15,8 @@ from typing import Any
 
 import requests
 
+from traintel.exporters.tls_errors import tls_targets
+
 
 class CertificateSession(requests.Session):
     def merge_environment_settings(
@@ -28,7 +30,4 @@ class CertificateSession(requests.Session):
 
 def needs_certificate_session(signal: str, environ: Mapping[str, str]) -> bool:
     """True when a CA file is configured for ``signal``'s OTLP/HTTP exporter."""
-    return any(
-        environ.get(var, "").strip()
-        for var in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
-    )
+    return tls_targets(environ)[signal].certificate is not None
