@@ -263,6 +263,34 @@ def test_series_memory_is_bounded_and_totals_exact() -> None:
     assert all(a.last_iteration + 1 == b.first_iteration for a, b in itertools.pairwise(points))
 
 
+def test_cross_rank_tables_merged_file_by_file_count_what_one_table_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Files merged in order keep the same windows and count the same events dropped as one
+    table that read every event: the events of a window a merge has no room for count."""
+    from traintel.analysis import ranks
+
+    monkeypatch.setattr(ranks, "MAX_WINDOWS", 3)
+    update, live = semconv.Event.TRAINING_METRICS_UPDATE.value, semconv.Event.RANKS_METRICS_UPDATE.value
+    W, R = semconv.WINDOW_PREFIX, semconv.RANKS_PREFIX
+
+    def events(indices: range, rank: int) -> list[tuple[str, dict[str, Any]]]:
+        window = [(update, {W + "index": i, W + "iteration_time.mean": 1.0 + rank}) for i in indices]
+        return window + [(live, {R + "window.index": i}) for i in indices]
+
+    files = [(0, events(range(0, 2), 0)), (1, events(range(1, 5), 1)), (0, events(range(3, 6), 0))]
+    whole, merged = ranks.CrossRankTable(), ranks.CrossRankTable()
+    for rank, file in files:
+        part = ranks.CrossRankTable()
+        for table in (whole, part):
+            for name, attributes in file:
+                table.add_event("job", rank, name, attributes)
+        merged.merge(part)
+    assert sorted(merged.windows) == sorted(whole.windows) == [("job", 0), ("job", 1), ("job", 2)]
+    assert merged.dropped == whole.dropped == 2 * 2 + 3 * 2
+    assert merged.rows() == whole.rows()
+
+
 @pytest.mark.process
 def test_report_memory_does_not_grow_with_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The streaming pass keeps bounded state: an input 10x larger needs about the same memory

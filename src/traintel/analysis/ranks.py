@@ -42,6 +42,8 @@ class _Window:
     last_iteration: int
     iteration_s: dict[int, float] = field(default_factory=dict)  # by rank
     live: dict[str, Any] | None = None  # the exchange's ranks_metrics_update
+    #: Events taken into the window: what a merge with no room for it counts as dropped.
+    events: int = 0
 
 
 @dataclass
@@ -70,6 +72,7 @@ class CrossRankTable:
             if isinstance(index, int) and isinstance(mean, int | float):
                 window = self._window(job, index, attributes)
                 if window is not None:
+                    window.events += 1
                     window.iteration_s[rank] = float(mean)
                     if window.first_iteration < 0:  # created from the live event
                         window.first_iteration = int(attributes.get(_W + "first_iteration", -1))
@@ -78,12 +81,34 @@ class CrossRankTable:
             index = attributes.get(_R + "window.index")
             if isinstance(index, int):
                 window = self._window(job, index, {})
-                if window is not None and window.live is None:
-                    window.live = attributes
+                if window is not None:
+                    window.events += 1
+                    window.live = window.live or attributes
         elif name == semconv.Event.STRAGGLER.value:
             index = attributes.get(_R + "window.index")
             if isinstance(index, int) and len(self.stragglers) < MAX_WINDOWS:
                 self.stragglers.setdefault((job, index), attributes)
+
+    def merge(self, later: CrossRankTable) -> None:
+        """Add a later file's table, as if its events had been added after this one's: a window
+        new here takes a place while there is room, else its events count as dropped."""
+        for key, window in later.windows.items():
+            mine = self.windows.get(key)
+            if mine is None:
+                if len(self.windows) >= MAX_WINDOWS:
+                    self.dropped += window.events
+                else:
+                    self.windows[key] = window
+                continue
+            mine.iteration_s.update(window.iteration_s)
+            if mine.first_iteration < 0 and window.first_iteration >= 0:
+                mine.first_iteration, mine.last_iteration = window.first_iteration, window.last_iteration
+            mine.live = mine.live or window.live
+            mine.events += window.events
+        self.dropped += later.dropped
+        for key, attributes in later.stragglers.items():
+            if len(self.stragglers) < MAX_WINDOWS:
+                self.stragglers.setdefault(key, attributes)
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per window seen on at least two ranks, in job and window order."""

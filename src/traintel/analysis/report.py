@@ -20,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from traintel import semconv
 from traintel.analysis.goodput import GoodputReader, SessionGoodput, compute_goodput
 from traintel.analysis.parallel import map_files, merge_by_key
-from traintel.analysis.ranks import MAX_WINDOWS, CrossRankTable
+from traintel.analysis.ranks import CrossRankTable
 from traintel.analysis.resources import PerResource
 from traintel.analysis.stalls import MAX_STALLS, Stall, find_stalls
 from traintel.analysis.summary import (
@@ -442,9 +442,6 @@ class Report:
     #: latest ``telemetry_initialization`` / ``training_config_update`` event left it, and its time.
     config: dict[str, Any] = field(default_factory=dict)
     config_at: int = -1
-    #: Events the cross-rank table took per window (what it counts as dropped if a merge
-    #: finds no room for the window).
-    _rank_events: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
     _processes_by_resource: PerResource[Process] | None = field(default=None, repr=False)
 
     @property
@@ -466,11 +463,7 @@ class Report:
     def _add_event(self, process: Process, event: EventRecord) -> None:
         """A span event: the rank tables see them all; window metrics join the process's
         series; warnings are counted, the first ones kept with their details."""
-        job = process.key.rsplit("/", 1)[0]
-        dropped = self.ranks.dropped
-        self.ranks.add_event(job, process.rank, event.name, event.attributes)
-        if self.ranks.dropped == dropped:
-            self._count_rank_event(job, event)
+        self.ranks.add_event(process.key.rsplit("/", 1)[0], process.rank, event.name, event.attributes)
         if event.name == semconv.Event.TRAINING_METRICS_UPDATE.value:
             point = window_point(event.time_ns, event.attributes)
             if point is not None:
@@ -561,22 +554,6 @@ class Report:
         for name, value in self_telemetry_of(record):
             self.summary.self_telemetry_latest[(self.process_of(record.resource).key, name)] = value
 
-    def _count_rank_event(self, job: str, event: EventRecord) -> None:
-        """Count an event the cross-rank table took into one of its windows (one that would
-        have counted as dropped where the table had no room)."""
-        a = event.attributes
-        if event.name == semconv.Event.TRAINING_METRICS_UPDATE.value:
-            index = a.get(_W + "index")
-            if not isinstance(a.get(_W + "iteration_time.mean"), int | float):
-                return
-        elif event.name == semconv.Event.RANKS_METRICS_UPDATE.value:
-            index = a.get(semconv.RANKS_PREFIX + "window.index")
-        else:
-            return
-        key = (job, index)
-        if isinstance(index, int) and key in self.ranks.windows:
-            self._rank_events[key] = self._rank_events.get(key, 0) + 1
-
     def add_log(self, entry: LogEntry) -> None:
         """A log record: the hang reports are kept (bounded) for :attr:`stalls`."""
         if len(self.hang_records) < HANG_RECORDS and (
@@ -614,31 +591,8 @@ class Report:
         )
         self._config(later.config_at, {semconv.CONFIG_PREFIX + k: v for k, v in later.config.items()})
         self.hang_records.extend(later.hang_records[: max(0, HANG_RECORDS - len(self.hang_records))])
-        self._merge_ranks(later)
+        self.ranks.merge(later.ranks)
         self._processes_by_resource = None
-
-    def _merge_ranks(self, later: Report) -> None:
-        table, theirs = self.ranks, later.ranks
-        for key, window in theirs.windows.items():
-            count = later._rank_events.get(key, 0)
-            mine = table.windows.get(key)
-            if mine is None:
-                if len(table.windows) >= MAX_WINDOWS:
-                    table.dropped += count
-                    continue
-                table.windows[key] = window
-                self._rank_events[key] = count
-                continue
-            mine.iteration_s.update(window.iteration_s)
-            if mine.first_iteration < 0 and window.first_iteration >= 0:
-                mine.first_iteration, mine.last_iteration = window.first_iteration, window.last_iteration
-            if mine.live is None:
-                mine.live = window.live
-            self._rank_events[key] = self._rank_events.get(key, 0) + count
-        table.dropped += theirs.dropped
-        for key, attributes in theirs.stragglers.items():
-            if len(table.stragglers) < MAX_WINDOWS:
-                table.stragglers.setdefault(key, attributes)
 
     @property
     def self_telemetry(self) -> dict[str, float]:
