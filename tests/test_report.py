@@ -397,6 +397,7 @@ def test_compare_html_overlays_the_runs_and_tables_them(
     # iteration time: one line per run, B slower (worse, in red), C the same as A
     curve = re.search(r'<svg id="curve-0".*?</svg>', html, re.S)
     assert curve is not None and curve[0].count('class="series"') == 3
+    assert "<title>B: iterations 0-1: 5.00 s</title>" in curve[0]  # the tooltips as the report's
     mean_row = re.search(r"<tr><td>iteration time mean</td>(.*?)</tr>", html)
     assert mean_row is not None and 'class="worse"' in mean_row[1] and "+25.0%" in mean_row[1]
     assert html.count('<rect class="bar"') >= 3  # a goodput bar per run

@@ -157,16 +157,12 @@ def render_comparison(comparison: Comparison, names: list[str]) -> list[Any]:
     ]
 
 
-def _cell(value: float | None, unit: str) -> str:
-    from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
-
-    return fmt_s(value) if unit == "s" else fmt_pct(value) if unit == "%" else fmt_num(value)
-
-
 def _table(comparison: Comparison, letters: list[str]) -> Any:
     """One row per metric: each run's value, the changes against A, and the verdicts."""
     from rich import box
     from rich.table import Table
+
+    from traintel.analysis.report_text import fmt_unit
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("metric", justify="left", no_wrap=True)
@@ -174,7 +170,7 @@ def _table(comparison: Comparison, letters: list[str]) -> Any:
     for column in [*letters, *changes, ""]:
         table.add_column(column, justify="right", no_wrap=True)
     for d in comparison.differences:
-        table.add_row(d.metric, *(_cell(v, d.unit) for v in d.values), *_change_cells(d, letters))
+        table.add_row(d.metric, *(fmt_unit(v, d.unit) for v in d.values), *_change_cells(d, letters))
     return table
 
 

@@ -23,10 +23,12 @@ from traintel.analysis.report_html import (
     _svg,
     _text,
     line_chart,
+    metric_line,
     page,
     trace_cell,
+    window_line,
 )
-from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s
+from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s, fmt_unit
 from traintel.semconv import BADPUT_CATEGORIES
 
 
@@ -38,51 +40,36 @@ def _reference(report: Report) -> Process | None:
 
 
 def _lines(
+    reports: list[Report], line_of: Callable[[Process, str, str], ChartLine | None]
+) -> list[ChartLine]:
+    """Each run's line, ``line_of(process, label, colour)`` of the process that stands for it."""
+    lines = []
+    for n, report in enumerate(reports):
+        process = _reference(report)
+        line = line_of(process, letter(n), _PALETTE[n % len(_PALETTE)]) if process is not None else None
+        if line is not None and line.points:
+            lines.append(line)
+    return lines
+
+
+def _window_lines(
     reports: list[Report],
     points: Callable[[Process], list[WindowPoint]],
     value: Callable[[WindowPoint], float | None],
+    unit: str,
 ) -> list[ChartLine]:
-    lines = []
-    for n, report in enumerate(reports):
-        process = _reference(report)
-        if process is None:
-            continue
-        kept = [(p, y) for p in points(process) if (y := value(p)) is not None]
-        if kept:
-            label = letter(n)
-            lines.append(
-                ChartLine(
-                    label,
-                    _PALETTE[n % len(_PALETTE)],
-                    [(float(p.last_iteration), float(y)) for p, y in kept],
-                    tips=[
-                        f"{label}: iterations {p.first_iteration:,}-{p.last_iteration:,}: {y:.6g}"
-                        for p, y in kept
-                    ],
-                )
-            )
-    return lines
+    def line_of(process: Process, label: str, colour: str) -> ChartLine:
+        return window_line(label, colour, points(process), value, lambda y: fmt_unit(y, unit))
+
+    return _lines(reports, line_of)
 
 
 def _metric_lines(reports: list[Report], name: str) -> list[ChartLine]:
-    lines = []
-    for n, report in enumerate(reports):
-        process = _reference(report)
-        series = process.metrics.get(name) if process is not None else None
-        if series is None:
-            continue
-        points = series.all()
-        label = letter(n)
-        lines.append(
-            ChartLine(
-                label,
-                _PALETTE[n % len(_PALETTE)],
-                [(float(p.last_iteration), p.mean if p.mean is not None else p.last) for p in points],
-                tips=[f"{label} · {name}, iterations {p.first_iteration:,}-{p.last_iteration:,}: "
-                      f"mean {fmt_num(p.mean)}, last {fmt_num(p.last)}" for p in points],
-            )
-        )  # fmt: skip
-    return lines
+    def line_of(process: Process, label: str, colour: str) -> ChartLine | None:
+        series = process.metrics.get(name)
+        return metric_line(label, colour, name, series.all()) if series is not None else None
+
+    return _lines(reports, line_of)
 
 
 def _clock(ns: int) -> str:
@@ -116,8 +103,7 @@ def run_table(reports: list[Report], names: list[str], comparison: Comparison) -
 
 
 def _cell(d: Difference, n: int) -> str:
-    value = d.values[n]
-    shown = fmt_s(value) if d.unit == "s" else fmt_pct(value) if d.unit == "%" else fmt_num(value)
+    shown = fmt_unit(d.values[n], d.unit)
     change = d.changes[n]
     if n == 0 or change is None:
         return f"<td>{_e(shown)}</td>"
@@ -212,19 +198,19 @@ def render_compare_html(
     reports: list[Report], names: list[str], comparison: Comparison, links: TraceLinks | None = None
 ) -> str:
     """The page: the runs, the differences, the curves of every run overlaid, the configurations."""
-    throughput_key = (
-        "tokens_per_second"
-        if any(r.summary.summary_value("tokens_per_second") for r in reports)
-        else "samples_per_second"
-    )
-    unit = "tokens" if throughput_key.startswith("tokens") else "samples"
+    unit = "tokens" if any(r.summary.summary_value("tokens_per_second") for r in reports) else "samples"
     legend = " · ".join(f"{letter(n)} = {name}" for n, name in enumerate(names))
-    curves = [
-        ("Iteration time per window (mean)", "s", _lines(reports, Process.timing, lambda p: p.mean_s), True),
-        (f"Throughput per window ({unit}/s)", "n",
-         _lines(reports, lambda p: p.series.all(), lambda p: getattr(p, throughput_key)), True),
-        ("MFU per window", "%", _lines(reports, Process.timing, lambda p: p.mfu), True),
-    ]  # fmt: skip
+    windows = [
+        ("Iteration time per window (mean)", "s", Process.timing, lambda p: p.mean_s),
+        (
+            f"Throughput per window ({unit}/s)",
+            "n",
+            lambda p: p.series.all(),
+            lambda p: getattr(p, unit + "_per_second"),
+        ),
+        ("MFU per window", "%", Process.timing, lambda p: p.mfu),
+    ]
+    curves = [(title, y, _window_lines(reports, of, value, y), True) for title, y, of, value in windows]
     names_of_metrics = sorted({name for r in reports for name in r.model_metric_names()})
     curves += [
         (f"{name} (mean per window)", "n", _metric_lines(reports, name), False) for name in names_of_metrics

@@ -455,16 +455,16 @@ def _series_lines(report: Report, value: str) -> list[ChartLine]:
         pts: list[WindowPoint] = process.series.all() if throughput else process.timing()
         colour = _PALETTE[n % len(_PALETTE)]
         if value == "time":
-            lines.append(_window_line(f"{label} mean", colour, pts, lambda p: p.mean_s, fmt))
-            lines.append(_window_line(f"{label} p99", colour, pts, lambda p: p.p99_s, fmt, dashed=True))
+            lines.append(window_line(f"{label} mean", colour, pts, lambda p: p.mean_s, fmt))
+            lines.append(window_line(f"{label} p99", colour, pts, lambda p: p.p99_s, fmt, dashed=True))
         else:
-            line = _window_line(label, colour, pts, lambda p: getattr(p, value), fmt)
+            line = window_line(label, colour, pts, lambda p: getattr(p, value), fmt)
             if line.points:
                 lines.append(line)
     return lines
 
 
-def _window_line(
+def window_line(
     label: str,
     colour: str,
     points: list[WindowPoint],
@@ -489,27 +489,24 @@ def _iterations(first: int, last: int) -> str:
 def _metric_lines(report: Report, name: str) -> list[ChartLine]:
     """One line per process: the metric's mean over each window (its last value where a window
     has no finite mean), every point's tooltip with the window's iterations, mean and last."""
-    lines = []
-    for n, (key, label) in enumerate(report.rank_labels()):
-        series = report.processes[key].metrics.get(name)
-        if series is None:
-            continue
-        points = series.all()
-        lines.append(
-            ChartLine(
-                label,
-                _PALETTE[n % len(_PALETTE)],
-                [(float(p.last_iteration), p.mean if p.mean is not None else p.last) for p in points],
-                tips=[_metric_tip(label, name, p) for p in points],
-            )
-        )
-    return lines
+    return [
+        metric_line(label, _PALETTE[n % len(_PALETTE)], name, report.processes[key].metrics[name].all())
+        for n, (key, label) in enumerate(report.rank_labels())
+        if name in report.processes[key].metrics
+    ]
 
 
-def _metric_tip(label: str, name: str, point: MetricPoint) -> str:
-    windows = f" ({point.windows} windows)" if point.windows > 1 else ""
-    where = _iterations(point.first_iteration, point.last_iteration)
-    return f"{label} · {name}, {where}{windows}: mean {fmt_num(point.mean)}, last {fmt_num(point.last)}"
+def metric_line(label: str, colour: str, name: str, points: list[MetricPoint]) -> ChartLine:
+    """A metric's means (its last value where a window has no finite mean), each point's tooltip
+    with the window's iterations, mean and last."""
+
+    def tip(point: MetricPoint) -> str:
+        windows = f" ({point.windows} windows)" if point.windows > 1 else ""
+        where = _iterations(point.first_iteration, point.last_iteration)
+        return f"{label} · {name}, {where}{windows}: mean {fmt_num(point.mean)}, last {fmt_num(point.last)}"
+
+    means = [(float(p.last_iteration), p.mean if p.mean is not None else p.last) for p in points]
+    return ChartLine(label, colour, means, tips=[tip(p) for p in points])
 
 
 def model_metrics(report: Report) -> str:

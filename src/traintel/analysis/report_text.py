@@ -45,6 +45,11 @@ def fmt_pct(ratio: float | None) -> str:
     return "-" if ratio is None else f"{100 * ratio:.1f}%"
 
 
+def fmt_unit(value: float | None, unit: str) -> str:
+    """A value in its unit: ``s`` a duration, ``%`` a share, else a plain number."""
+    return fmt_s(value) if unit == "s" else fmt_pct(value) if unit == "%" else fmt_num(value)
+
+
 def bar(share: float, width: int = 24) -> str:
     filled = max(0.0, min(1.0, share)) * width
     full = int(filled)
