@@ -606,14 +606,6 @@ class Report:
         ordered = sorted(self.processes.values(), key=lambda p: (p.rank, p.key))
         return [(p.key, p.label) for p in ordered]
 
-    def as_dict(self) -> dict[str, Any]:
-        s = self.summary
-        value = s.summary_value
-        data = self._as_dict(s, value)
-        if data["iterations"]["mean_s"] is None:  # a loop without traintel's end-of-loop summary
-            data["iterations"]["mean_s"] = data["windows_mean_s"]
-        return data
-
     @property
     def start_ns(self) -> int:
         """When the run's first process started (0: no span)."""
@@ -639,8 +631,11 @@ class Report:
             for name in self.model_metric_names()
         }
 
-    def _as_dict(self, s: RunSummary, value: Callable[[str], Any]) -> dict[str, Any]:
-        saves = self.save_totals
+    def as_dict(self) -> dict[str, Any]:
+        s, saves = self.summary, self.save_totals
+        value = s.summary_value
+        windows_mean_s = s.window_iteration_s / s.window_iterations if s.window_iterations else None
+        mean_s = value("iteration_time.mean")
         return {
             "run": self.run,
             "files": self.files,
@@ -659,12 +654,11 @@ class Report:
             "iterations": {
                 "count": value("iterations") if value("iterations") is not None else s.window_iterations,
                 "first_s": value("first_iteration_time"),
-                **{
-                    f"{stat}_s": value(f"iteration_time.{stat}")
-                    for stat in ("mean", "stddev", "p50", "p90", "p99")
-                },
+                # a loop without traintel's end-of-loop summary: the windows' mean
+                "mean_s": windows_mean_s if mean_s is None else mean_s,
+                **{f"{stat}_s": value(f"iteration_time.{stat}") for stat in ("stddev", "p50", "p90", "p99")},
             },
-            "windows_mean_s": s.window_iteration_s / s.window_iterations if s.window_iterations else None,
+            "windows_mean_s": windows_mean_s,
             "throughput": {
                 "samples_per_second": value("samples_per_second"),
                 "tokens_per_second": value("tokens_per_second"),
