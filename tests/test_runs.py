@@ -410,6 +410,11 @@ def test_compare_picks_runs_within_a_directory(runs: Runs, capsys: pytest.Captur
     assert code == 0 and json.loads(out)["runs"] == {"a": runs.ids["ddp"], "b": runs.ids["new"]}
     code, out, _ = _cli("compare", shared, shared, "--run-a", runs.ids["old"][:10], "--json", capsys=capsys)
     assert json.loads(out)["runs"] == {"a": runs.ids["old"], "b": runs.ids["new"]}
+    code, out, _ = _cli("compare", shared, shared, shared, "--json", capsys=capsys)
+    assert json.loads(out)["runs"]["all"] == [runs.ids["old"], runs.ids["ddp"], runs.ids["new"]]
+    own = str(runs.own["old"])  # one run, given twice: it is both
+    code, out, _ = _cli("compare", own, own, "--json", capsys=capsys)
+    assert json.loads(out)["runs"] == {"a": runs.ids["old"], "b": runs.ids["old"]}
     code, out, _ = _cli("compare", str(runs.own["old"]), shared, capsys=capsys)
     assert code == 0 and f"B = {shared} (run {runs.ids['new']})" in " ".join(out.split())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import json
@@ -416,8 +417,14 @@ def _compare_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[s
     if isinstance(scanned, int):
         return scanned
     wanted = [args.run_a_id, args.run_b_id] + [None] * (len(args.runs) - 2)
-    repeats = _repeats(args.runs, wanted)
-    used: dict[str, int] = {}
+    unnamed = collections.Counter(
+        path for path, run_id in zip(args.runs, wanted, strict=True) if run_id is None
+    )
+    newest = {  # what each occurrence of a path without an id takes, in order
+        path: found[: unnamed[path]][::-1] if unnamed[path] <= len(found) else [found[0]] * unnamed[path]
+        for path, (_files, found) in scanned.items()
+        if found
+    }
     picked: list[tuple[RunInfo | None, list[str]]] = []
     for n, (path, run_id) in enumerate(zip(args.runs, wanted, strict=True)):
         files, found = scanned[path]
@@ -425,23 +432,12 @@ def _compare_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[s
             picked.append((None, files))
             continue
         try:
-            if run_id is not None:
-                run = find_run(found, run_id)
-            else:  # the k occurrences of a path take its k newest runs, oldest first
-                seen = used[path] = used.get(path, 0) + 1
-                run = _nth_newest_of_k(found, repeats[path], seen - 1)
+            run = find_run(found, run_id) if run_id is not None else newest[path].pop(0)
         except RunNotFound as exc:
             print(f"traintel: {'AB'[n]}: {exc}", file=sys.stderr)
             return 2
         picked.append((run, run.files))
     return picked
-
-
-def _repeats(paths: list[str], wanted: list[str | None]) -> dict[str, int]:
-    """How many times each path is given without a run id."""
-    return {
-        path: sum(1 for p, w in zip(paths, wanted, strict=True) if p == path and w is None) for path in paths
-    }
 
 
 def _scan_each(paths: list[str]) -> dict[str, tuple[list[str], list[RunInfo]]] | int:
@@ -453,11 +449,6 @@ def _scan_each(paths: list[str]) -> dict[str, tuple[list[str], list[RunInfo]]] |
             return _no_files([path])
         scanned[path] = (files, _with_progress(files, functools.partial(scan_runs, files)))
     return scanned
-
-
-def _nth_newest_of_k(found: list[RunInfo], k: int, seen: int) -> RunInfo:
-    """The run the ``seen``-th of ``k`` occurrences of a path stands for (newest first found)."""
-    return found[min(k - 1 - seen, len(found) - 1)] if k <= len(found) else found[0]
 
 
 def _threshold(text: str) -> float:
