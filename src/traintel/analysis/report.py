@@ -26,6 +26,7 @@ from traintel.analysis.stalls import MAX_STALLS, Stall, find_stalls
 from traintel.analysis.summary import (
     RunSummary,
     energy_figures,
+    is_loss,
     phase_rows,
     run_key,
     self_telemetry_of,
@@ -601,6 +602,13 @@ class Report:
         return self.summary.self_telemetry
 
     # --- views ---------------------------------------------------------------------------------
+    def notices(self) -> list[tuple[str, float]]:
+        """What a reader should see went wrong, counted: warning events by name, what traintel's
+        own series say was lost, unreadable lines skipped."""
+        losses = [(name, total) for name, total in self.self_telemetry.items() if total and is_loss(name)]
+        skipped = [("unreadable lines skipped", self.stats.skipped)] if self.stats.skipped else []
+        return [*sorted(self.warnings.items()), *losses, *skipped]
+
     def rank_labels(self) -> list[tuple[str, str]]:
         """(process key, label), ordered by rank then key."""
         ordered = sorted(self.processes.values(), key=lambda p: (p.rank, p.key))

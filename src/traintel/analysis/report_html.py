@@ -20,7 +20,6 @@ from traintel.analysis.summary import (
     RunSummary,
     energy_figures,
     energy_text,
-    is_loss,
     phase_rows,
     plain_number,
 )
@@ -594,7 +593,9 @@ def render_html(report: Report, links: TraceLinks | None = None) -> str:
     unit = "tokens" if throughput_key.startswith("tokens") else "samples"
     mfu_lines = _series_lines(report, "mfu")
     slowest = _slowest_rows(s, links)
-    warnings = _warning_items(report)
+    warnings = "".join(
+        f'<li class="warn">{_e(name)}: {fmt_num(count)}</li>' for name, count in report.notices()
+    )
     sections = [
         f"<h1>{_e(title)}</h1><p class='sub'>{_e(_identity(report))}</p>",
         f"<table>{_headline_rows(s)}</table>",
@@ -668,20 +669,6 @@ def _headline_rows(s: RunSummary) -> str:
     if energy is not None:
         headline.append(("GPU energy", energy_text(energy).removeprefix("GPU energy: ")))
     return "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline)
-
-
-def _warning_items(report: Report) -> str:
-    """Warning events by name, losses counted by traintel's own series, lines skipped."""
-    warnings = "".join(
-        f'<li class="warn">{_e(name)}: {n:,}</li>' for name, n in sorted(report.warnings.items())
-    ) + "".join(
-        f'<li class="warn">{_e(name)}: {fmt_num(total)}</li>'
-        for name, total in report.self_telemetry.items()
-        if total and is_loss(name)
-    )
-    if report.stats.skipped:
-        warnings += f'<li class="warn">unreadable lines skipped: {report.stats.skipped:,}</li>'
-    return warnings
 
 
 def _slowest_rows(s: RunSummary, links: TraceLinks | None) -> str:

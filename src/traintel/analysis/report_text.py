@@ -25,7 +25,6 @@ from traintel.analysis.summary import (
     energy_figures,
     energy_text,
     fmt_seconds,
-    is_loss,
     phase_rows,
     plain_number,
 )
@@ -298,13 +297,8 @@ def _stall_sections(report: Report) -> list[RenderableType]:
 
 def _warnings_table(report: Report) -> Table:
     notes = _table("Warnings", "", "")
-    for name, n in sorted(report.warnings.items()):
-        notes.add_row(Text(name, style="yellow"), fmt_num(n))
-    for name, total in report.self_telemetry.items():
-        if total and is_loss(name):
-            notes.add_row(Text(name, style="yellow"), fmt_num(total))
-    if report.stats.skipped:
-        notes.add_row(Text("unreadable lines skipped", style="yellow"), fmt_num(report.stats.skipped))
+    for name, count in report.notices():
+        notes.add_row(Text(name, style="yellow"), fmt_num(count))
     if notes.row_count == 0:
         notes.add_row("none", "")
     return notes
