@@ -49,6 +49,12 @@ _PHASE_COLOUR = {
 }
 _INIT = {p.value for p in (Phase.DIST_INIT, Phase.DATA_LOADER_INIT, Phase.MODEL_INIT, Phase.OPTIMIZER_INIT)}
 _LANES = ("application", "init", "training_loop", "checkpoint", "evaluation", "other")
+_LANE_OF = {phase: "init" for phase in (*_INIT, Phase.CHECKPOINT_LOAD.value)} | {
+    Phase.APPLICATION.value: "application",
+    Phase.TRAINING_LOOP.value: "training_loop",
+    Phase.VALIDATION_LOOP.value: "evaluation",
+    Phase.TESTING_LOOP.value: "evaluation",
+}
 _W, _H, _PAD = 760, 240, 64
 #: Values this close (relative) are one value: a constant learning rate read back as
 #: ``0.001`` and ``0.0010000000000000000007`` must draw flat, not zoom onto the noise.
@@ -264,17 +270,7 @@ def _markers(line: ChartLine, xy: list[tuple[float, float]], y_fmt: str) -> list
 
 
 def _lane(phase: str) -> str:
-    if phase == Phase.APPLICATION.value:
-        return "application"
-    if phase in _INIT or phase == Phase.CHECKPOINT_LOAD.value:
-        return "init"
-    if phase == Phase.TRAINING_LOOP.value:
-        return "training_loop"
-    if phase.startswith("checkpoint"):
-        return "checkpoint"
-    if phase in (Phase.VALIDATION_LOOP.value, Phase.TESTING_LOOP.value):
-        return "evaluation"
-    return "other"
+    return _LANE_OF.get(phase) or ("checkpoint" if phase.startswith("checkpoint") else "other")
 
 
 def gantt(report: Report) -> str:
