@@ -90,6 +90,7 @@ def test_report_numbers_are_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert session["badput_seconds"]["initialization"] == pytest.approx(10)
     assert session["badput_seconds"]["checkpoint_save"] == pytest.approx(2)
     assert data["identity"]["perf_tags"] == [] and data["identity"]["ranks"] == [0]
+    assert (data["start_unix_nano"], data["duration_s"]) == (at(0), pytest.approx(37))
     slowest = data["slowest_iterations"]
     assert slowest and all(len(s["trace_id"]) == 32 and len(s["span_id"]) == 16 for s in slowest)
     assert all(s["seconds"] == pytest.approx(4) for s in slowest)

@@ -346,13 +346,10 @@ class Process:
     metrics: dict[str, Series[MetricPoint]] = field(default_factory=dict)
     #: Metric names beyond ``MODEL_METRICS``: counted, not charted.
     metrics_dropped: set[str] = field(default_factory=set)
-    first_ns: int = 0
 
     def timing(self) -> list[WindowPoint]:
         """Iteration time and MFU per window: the complete window spans when the run has them."""
         return self.windows.all() or self.series.all()
-
-    last_ns: int = 0
 
     def merge(self, later: Process) -> None:
         """The same process as read from a later file."""
@@ -366,9 +363,6 @@ class Process:
             else:
                 self.metrics[name] = series
         self.metrics_dropped |= later.metrics_dropped - set(self.metrics)
-        if later.first_ns:
-            self.first_ns = min(self.first_ns or later.first_ns, later.first_ns)
-        self.last_ns = max(self.last_ns, later.last_ns)
 
 
 @dataclass(frozen=True)
@@ -506,8 +500,6 @@ class Report:
         process = self.process_of(span.resource)
         if semconv.PERF_TAG in span.resource:
             self.perf_tags.add(str(span.resource[semconv.PERF_TAG]))
-        process.first_ns = min(process.first_ns or span.start_ns, span.start_ns)
-        process.last_ns = max(process.last_ns, span.end_ns)
         for event in span.events:
             self._add_event(process, event)
         if span.name == semconv.TRAINING_WINDOW_SPAN:
@@ -617,12 +609,12 @@ class Report:
     @property
     def start_ns(self) -> int:
         """When the run's first process started (0: no span)."""
-        return min((p.first_ns for p in self.processes.values() if p.first_ns), default=0)
+        return min((e.first_ns for e in self.summary.extents.values() if e.first_ns), default=0)
 
     @property
     def duration_s(self) -> float:
         """From the first start to the last exported end, over every process."""
-        end = max((p.last_ns for p in self.processes.values()), default=0)
+        end = max((e.last_ns for e in self.summary.extents.values()), default=0)
         return max(0, end - self.start_ns) / 1e9 if self.start_ns else 0.0
 
     def model_metric_names(self) -> list[str]:
