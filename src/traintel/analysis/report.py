@@ -24,6 +24,7 @@ from traintel.analysis.ranks import CrossRankTable
 from traintel.analysis.resources import PerResource
 from traintel.analysis.stalls import MAX_STALLS, Stall, find_stalls
 from traintel.analysis.summary import (
+    PhaseStats,
     RunSummary,
     energy_figures,
     is_loss,
@@ -384,30 +385,6 @@ class CheckpointSave:
     iteration: int | None
 
 
-@dataclass
-class CheckpointTotals:
-    """Every checkpoint save, counted: the records kept for the chart stop at
-    :data:`CHECKPOINT_RECORDS`, the totals never do."""
-
-    count: int = 0
-    seconds: float = 0.0
-    max_s: float | None = None
-    bytes: float = 0.0
-
-    def add(self, seconds: float, size: float | None) -> None:
-        self.count += 1
-        self.seconds += seconds
-        self.max_s = seconds if self.max_s is None else max(self.max_s, seconds)
-        self.bytes += size or 0.0
-
-    def merge(self, later: CheckpointTotals) -> None:
-        self.count += later.count
-        self.seconds += later.seconds
-        if later.max_s is not None:
-            self.max_s = later.max_s if self.max_s is None else max(self.max_s, later.max_s)
-        self.bytes += later.bytes
-
-
 #: Hang records a report keeps (a record per rank and stall, each with its stack).
 HANG_RECORDS = 20_000
 
@@ -422,7 +399,7 @@ class Report:
     timeline: list[Interval] = field(default_factory=list)
     timeline_dropped: int = 0
     saves: list[CheckpointSave] = field(default_factory=list)  # the first CHECKPOINT_RECORDS
-    save_totals: CheckpointTotals = field(default_factory=CheckpointTotals)
+    save_bytes: float = 0.0  # of every save
     stage_s: dict[str, float] = field(default_factory=dict)
     warnings: dict[str, int] = field(default_factory=dict)
     warning_details: list[dict[str, Any]] = field(default_factory=list)
@@ -523,7 +500,7 @@ class Report:
     def _add_save(self, process: Process, phase: str, span: SpanRecord) -> None:
         size = span.attributes.get(semconv.CHECKPOINT_SIZE)
         size_bytes = float(size) if isinstance(size, int | float) else None
-        self.save_totals.add(span.duration_s, size_bytes)
+        self.save_bytes += size_bytes or 0.0
         if len(self.saves) < CHECKPOINT_RECORDS:
             iteration = span.attributes.get(semconv.CHECKPOINT_ITERATION)
             self.saves.append(
@@ -574,7 +551,7 @@ class Report:
         self.timeline.extend(later.timeline[:room])
         self.timeline_dropped += later.timeline_dropped + max(0, len(later.timeline) - room)
         self.saves.extend(later.saves[: max(0, CHECKPOINT_RECORDS - len(self.saves))])
-        self.save_totals.merge(later.save_totals)
+        self.save_bytes += later.save_bytes
         for stage, seconds in later.stage_s.items():
             self.stage_s[stage] = self.stage_s.get(stage, 0.0) + seconds
         for name, count in later.warnings.items():
@@ -594,6 +571,15 @@ class Report:
         return self.summary.self_telemetry
 
     # --- views ---------------------------------------------------------------------------------
+    @property
+    def save_stats(self) -> PhaseStats:
+        """Every checkpoint save, synchronous or not, from the summary's phase table (the save
+        records kept for the chart stop at :data:`CHECKPOINT_RECORDS`; these never do)."""
+        stats = PhaseStats()
+        for phase in semconv.CHECKPOINT_SAVE_PHASES:
+            stats.merge(self.summary.phases.get(phase, PhaseStats()))
+        return stats
+
     def notices(self) -> list[tuple[str, float]]:
         """What a reader should see went wrong, counted: warning events by name, what traintel's
         own series say was lost, unreadable lines skipped."""
@@ -632,7 +618,7 @@ class Report:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        s, saves = self.summary, self.save_totals
+        s, saves = self.summary, self.save_stats
         value = s.summary_value
         windows_mean_s = s.window_iteration_s / s.window_iterations if s.window_iterations else None
         mean_s = value("iteration_time.mean")
@@ -670,10 +656,10 @@ class Report:
             "energy": energy_figures(value),
             "checkpoints": {
                 "saves": saves.count,
-                "save_time_total_s": saves.seconds,
-                "save_time_mean_s": saves.seconds / saves.count if saves.count else None,
-                "save_time_max_s": saves.max_s,
-                "bytes_total": saves.bytes,
+                "save_time_total_s": saves.total_s,
+                "save_time_mean_s": saves.mean_s if saves.count else None,
+                "save_time_max_s": saves.max_s if saves.count else None,
+                "bytes_total": self.save_bytes,
                 "stages_s": self.stage_s,
                 "loads": s.phases[Phase.CHECKPOINT_LOAD.value].count
                 if Phase.CHECKPOINT_LOAD.value in s.phases
