@@ -401,7 +401,6 @@ class Report:
     saves: list[CheckpointSave] = field(default_factory=list)  # the first CHECKPOINT_RECORDS
     save_bytes: float = 0.0  # of every save
     stage_s: dict[str, float] = field(default_factory=dict)
-    warnings: dict[str, int] = field(default_factory=dict)
     warning_details: list[dict[str, Any]] = field(default_factory=list)
     goodput: list[SessionGoodput] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
@@ -434,7 +433,7 @@ class Report:
 
     def _add_event(self, process: Process, event: EventRecord) -> None:
         """A span event: the rank tables see them all; window metrics join the process's
-        series; warnings are counted, the first ones kept with their details."""
+        series; the first warnings are kept with their details (the summary counts them all)."""
         self.ranks.add_event(process.key.rsplit("/", 1)[0], process.rank, event.name, event.attributes)
         if event.name == semconv.Event.TRAINING_METRICS_UPDATE.value:
             point = window_point(event.time_ns, event.attributes)
@@ -443,12 +442,10 @@ class Report:
                 self._add_metric_points(process, metric_points(point, event.attributes))
         elif event.name in _CONFIG_EVENTS:
             self._config(event.time_ns, event.attributes)
-        elif event.name in WARNING_EVENTS:
-            self.warnings[event.name] = self.warnings.get(event.name, 0) + 1
-            if len(self.warning_details) < WARNING_DETAILS:
-                detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
-                detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
-                self.warning_details.append(detail)
+        elif event.name in WARNING_EVENTS and len(self.warning_details) < WARNING_DETAILS:
+            detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
+            detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
+            self.warning_details.append(detail)
 
     def _config(self, time_ns: int, attributes: dict[str, Any]) -> None:
         if time_ns >= self.config_at:
@@ -554,8 +551,6 @@ class Report:
         self.save_bytes += later.save_bytes
         for stage, seconds in later.stage_s.items():
             self.stage_s[stage] = self.stage_s.get(stage, 0.0) + seconds
-        for name, count in later.warnings.items():
-            self.warnings[name] = self.warnings.get(name, 0) + count
         self.warning_details.extend(
             later.warning_details[: max(0, WARNING_DETAILS - len(self.warning_details))]
         )
@@ -571,6 +566,11 @@ class Report:
         return self.summary.self_telemetry
 
     # --- views ---------------------------------------------------------------------------------
+    @property
+    def warnings(self) -> dict[str, int]:
+        """The warning events by name, counted (the summary counts every event)."""
+        return {name: n for name, n in self.summary.events.items() if name in WARNING_EVENTS}
+
     @property
     def save_stats(self) -> PhaseStats:
         """Every checkpoint save, synchronous or not, from the summary's phase table (the save
