@@ -11,7 +11,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 import traintel
 from traintel import callbacks, semconv
-from traintel.analysis.summary import percentile, render, summarize
+from traintel._aggregation.stats import percentile
+from traintel.analysis.summary import render, summarize
 from traintel.cli import main
 from traintel.exporters.file import OtlpJsonFileSpanExporter, OtlpJsonLinesFile
 

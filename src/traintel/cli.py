@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs, parse_time, render_goodput
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import auto_workers
-from traintel.analysis.run_info import RunsSeen
+from traintel.analysis.run_info import RunInfo, RunsSeen
 from traintel.analysis.runs import (
-    RunInfo,
     RunNotFound,
     find_run,
     note_on_others,

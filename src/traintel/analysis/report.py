@@ -22,6 +22,7 @@ from traintel.analysis.goodput import GoodputReader, SessionGoodput, compute_goo
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.ranks import CrossRankTable
 from traintel.analysis.resources import PerResource
+from traintel.analysis.run_info import run_key
 from traintel.analysis.stalls import MAX_STALLS, Stall, find_stalls
 from traintel.analysis.summary import (
     PhaseStats,
@@ -29,7 +30,6 @@ from traintel.analysis.summary import (
     energy_figures,
     is_loss,
     phase_rows,
-    run_key,
     self_telemetry_of,
 )
 from traintel.exporters.reader import (

@@ -23,18 +23,6 @@ from traintel.analysis.run_info import RunInfo, RunsSeen, run_key, runs_in_file
 from traintel.analysis.summary import fmt_seconds, plain_number
 from traintel.exporters.reader import MAX_LINE_BYTES, DecodeError, decode_line, expand_paths
 
-__all__ = [
-    "RunInfo",
-    "RunNotFound",
-    "find_run",
-    "note_on_others",
-    "render_runs",
-    "scan_runs",
-    "section_title",
-    "short_ids",
-    "single_run",
-]
-
 #: Ids up to this long are shown whole; longer ones (uuids) by a unique prefix of at least
 #: ``_SHORT_ID`` characters, which ``--run`` accepts.
 _WHOLE_ID = 16

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from traintel import semconv
-from traintel._aggregation.stats import percentile
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
@@ -52,20 +51,6 @@ _STEP_PHASES = (
 _PER_STEP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES}
 _EVALUATION_LOOPS = {Phase.VALIDATION_LOOP.value, Phase.TESTING_LOOP.value}
 _EVAL_METRIC = semconv.EVAL_PREFIX + "metric."
-
-__all__ = [
-    "PhaseRow",
-    "PhaseStats",
-    "RunSummary",
-    "fmt_seconds",
-    "is_loss",
-    "percentile",
-    "phase_rows",
-    "plain_number",
-    "render",
-    "run_key",
-    "summarize",
-]
 
 #: The width every line keeps to where it can (an 80-column terminal); ids get lines of their own.
 _COLUMNS_WIDE = 80
