@@ -22,6 +22,7 @@ from traintel.analysis.report_html import (
     _e,
     _svg,
     _text,
+    config_table,
     line_chart,
     metric_line,
     page,
@@ -164,21 +165,6 @@ def goodput_bars(reports: list[Report]) -> str:
     return "".join(parts) + f'<div class="legend">{legend}</div>'
 
 
-def config_table(reports: list[Report]) -> str:
-    """Every setting of every run side by side, a row highlighted where the runs differ."""
-    names = sorted({name for report in reports for name in report.config})
-    if not names:
-        return '<p class="none">no configuration recorded (the telemetry_initialization event)</p>'
-    head = "<tr><th>setting</th>" + "".join(f"<th>{letter(n)}</th>" for n in range(len(reports))) + "</tr>"
-    rows = []
-    for name in names:
-        values = [report.config.get(name) for report in reports]
-        differs = any(value != values[0] for value in values)
-        cells = "".join(f"<td>{_e('-' if v is None else fmt_num(v))}</td>" for v in values)
-        rows.append(f"<tr{' class=diff' if differs else ''}><td>{_e(name)}</td>{cells}</tr>")
-    return f'<table class="config">{head}{"".join(rows)}</table>'
-
-
 def _slowest(reports: list[Report], links: TraceLinks | None) -> str:
     rows = [
         f"<tr><td>{letter(n)}</td><td>{it:,}</td><td>{_e(fmt_s(sec))}</td>{trace_cell(t, sp, links)}</tr>"
@@ -234,5 +220,6 @@ def render_compare_html(
         sections.append(line_chart(lines, fmt, "iteration", f"curve-{i}", zero_based=zero_based))
     sections += ["<h2>Goodput (share of wall time)</h2>", goodput_bars(reports)]
     sections += ["<h2>Slowest exported iterations</h2>", _slowest(reports, links)]
-    sections += ["<h2>Configuration (settings that differ highlighted)</h2>", config_table(reports)]
+    configs = config_table([r.config for r in reports], [letter(n) for n in range(len(reports))])
+    sections += ["<h2>Configuration (settings that differ highlighted)</h2>", configs]
     return page(f"traintel compare · {len(reports)} runs", sections)

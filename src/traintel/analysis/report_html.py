@@ -12,6 +12,7 @@ import html
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.report import MetricPoint, Report, WindowPoint
@@ -549,16 +550,20 @@ def trace_cell(trace_id: str, span_id: str, links: TraceLinks | None) -> str:
     return f'<td><a href="{_e(url)}">{code}</a></td>' if url else f"<td>{code}</td>"
 
 
-def config_panel(config: dict[str, object], highlight: frozenset[str] = frozenset()) -> str:
-    """The run's training configuration, as ``set_training_config`` and ``TRAINTEL_*`` left it."""
-    if not config:
+def config_table(configs: Sequence[dict[str, Any]], heads: Sequence[str]) -> str:
+    """The training configuration of each run (``set_training_config``, the ``TRAINTEL_*``
+    settings) side by side, headed by ``heads``; a row highlighted where the runs differ."""
+    names = sorted({name for config in configs for name in config})
+    if not names:
         return '<p class="none">no configuration recorded (the telemetry_initialization event)</p>'
-    rows = "".join(
-        f"<tr{' class=diff' if name in highlight else ''}><td>{_e(name)}</td>"
-        f"<td>{_e(plain_number(value))}</td></tr>"
-        for name, value in sorted(config.items())
-    )
-    return f'<table class="config"><tr><th>setting</th><th>value</th></tr>{rows}</table>'
+    head = "<tr><th>setting</th>" + "".join(f"<th>{_e(text)}</th>" for text in heads) + "</tr>"
+    rows = []
+    for name in names:
+        values = [config.get(name) for config in configs]
+        differs = any(value != values[0] for value in values)
+        cells = "".join(f"<td>{_e('-' if v is None else plain_number(v))}</td>" for v in values)
+        rows.append(f"<tr{' class=diff' if differs else ''}><td>{_e(name)}</td>{cells}</tr>")
+    return f'<table class="config">{head}{"".join(rows)}</table>'
 
 
 def page(title: str, sections: Sequence[str]) -> str:
@@ -596,7 +601,7 @@ def render_html(report: Report, links: TraceLinks | None = None) -> str:
         f"<h1>{_e(title)}</h1><p class='sub'>{_e(_identity(report))}</p>",
         f"<table>{_headline_rows(s)}</table>",
         "<h2>Configuration</h2>",
-        config_panel(report.config),
+        config_table([report.config], ["value"]),
         "<h2>Timeline</h2>",
         gantt(report),
         "<h2>Wall time by phase</h2>",
