@@ -75,8 +75,18 @@ class Comparison:
     def regressions(self) -> list[Difference]:
         return [d for d in self.differences if "worse" in d.verdicts]
 
-    def flagged(self) -> list[Difference]:
-        return [d for d in self.differences if any(d.verdicts)]
+    def perf_tags_note(self) -> str | None:
+        """What to say where the runs' perf tags differ; None where they match."""
+        if self.perf_tags_match:
+            return None
+        shown = "; ".join(f"{letter(n)}: {', '.join(tags) or '-'}" for n, tags in enumerate(self.perf_tags))
+        return f"perf tags differ ({shown}): these runs may not be meant to perform alike"
+
+    def significant(self) -> str:
+        """How many differences reach the threshold, and which."""
+        flagged = [d.metric for d in self.differences if any(d.verdicts)]
+        named = f": {', '.join(flagged)}" if flagged else ""
+        return f"{len(flagged)} significant difference(s) at ±{100 * self.threshold:g}%{named}"
 
     def as_dict(self) -> dict[str, Any]:
         tags: dict[str, Any] = {"a": self.perf_tags[0], "b": self.perf_tags[1], "match": self.perf_tags_match}
@@ -195,22 +205,9 @@ def _notes(comparison: Comparison, letters: list[str]) -> list[Any]:
     differences are significant."""
     from rich.text import Text
 
-    out: list[Any] = []
-    if not comparison.perf_tags_match:
-        shown = "; ".join(
-            f"{x}: {', '.join(t) or '-'}" for x, t in zip(letters, comparison.perf_tags, strict=True)
-        )
-        out.append(
-            Text(f"perf tags differ ({shown}): these runs may not be meant to perform alike", style="yellow")
-        )
+    note = comparison.perf_tags_note()
+    out = [Text(note, style="yellow")] if note else []
     for name, values in comparison.config_differences.items():
         shown = ", ".join(f"{x} {'-' if v is None else v}" for x, v in zip(letters, values, strict=True))
         out.append(Text(f"config {name} differs: {shown}", style="yellow"))
-    flagged = [d.metric for d in comparison.flagged()]
-    out.append(
-        Text(
-            f"{len(flagged)} significant difference(s) at ±{100 * comparison.threshold:g}%"
-            + (f": {', '.join(flagged)}" if flagged else "")
-        )
-    )
-    return out
+    return [*out, Text(comparison.significant())]

@@ -121,11 +121,7 @@ def differences_table(comparison: Comparison, runs: int) -> str:
         for d in comparison.differences
         if any(v is not None for v in d.values)
     ]
-    flagged = comparison.flagged()
-    summary = f"{len(flagged)} significant difference(s) at ±{100 * comparison.threshold:g}%" + (
-        ": " + ", ".join(d.metric for d in flagged) if flagged else ""
-    )
-    return f"<p>{_e(summary)}</p><table>{head}{''.join(rows)}</table>"
+    return f"<p>{_e(comparison.significant())}</p><table>{head}{''.join(rows)}</table>"
 
 
 def goodput_bars(reports: list[Report]) -> str:
@@ -208,11 +204,9 @@ def render_compare_html(
         "<h2>Differences against A</h2>",
         differences_table(comparison, len(reports)),
     ]
-    if not comparison.perf_tags_match:
-        tags = "; ".join(f"{letter(n)}: {', '.join(t) or '-'}" for n, t in enumerate(comparison.perf_tags))
-        sections.append(
-            f'<p class="warn">perf tags differ ({_e(tags)}): these runs may not be meant to perform alike</p>'
-        )
+    note = comparison.perf_tags_note()
+    if note:
+        sections.append(f'<p class="warn">{_e(note)}</p>')
     for i, (title, fmt, lines, zero_based) in enumerate(curves):
         if not lines:
             continue
