@@ -416,14 +416,7 @@ def _compare_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[s
     if isinstance(scanned, int):
         return scanned
     wanted = [args.run_a_id, args.run_b_id] + [None] * (len(args.runs) - 2)
-    unnamed = collections.Counter(
-        path for path, run_id in zip(args.runs, wanted, strict=True) if run_id is None
-    )
-    newest = {  # what each occurrence of a path without an id takes, in order
-        path: found[: unnamed[path]][::-1] if unnamed[path] <= len(found) else [found[0]] * unnamed[path]
-        for path, (_files, found) in scanned.items()
-        if found
-    }
+    newest = _newest_runs(scanned, [path for path, run in zip(args.runs, wanted, strict=True) if run is None])
     picked: list[tuple[RunInfo | None, list[str]]] = []
     for n, (path, run_id) in enumerate(zip(args.runs, wanted, strict=True)):
         files, found = scanned[path]
@@ -437,6 +430,19 @@ def _compare_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[s
             return 2
         picked.append((run, run.files))
     return picked
+
+
+def _newest_runs(
+    scanned: dict[str, tuple[list[str], list[RunInfo]]], unnamed: list[str]
+) -> dict[str, list[RunInfo]]:
+    """The runs the occurrences of each path given without an id take, in order: its k newest,
+    oldest first, for k occurrences (its newest for each, where it holds fewer than k)."""
+    counts = collections.Counter(unnamed)
+    return {
+        path: found[:k][::-1] if k <= len(found) else [found[0]] * k
+        for path, k in counts.items()
+        if (found := scanned[path][1])
+    }
 
 
 def _scan_each(paths: list[str]) -> dict[str, tuple[list[str], list[RunInfo]]] | int:
