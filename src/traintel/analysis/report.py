@@ -179,28 +179,24 @@ def window_point(end_ns: int, attributes: dict[str, Any]) -> WindowPoint | None:
     )
 
 
-_ITERATIONS, _FIRST, _LAST = _W + "iterations", _W + "first_iteration", _W + "last_iteration"
-_TOTAL, _P99, _FLOPS = _W + "iteration_time.total", _W + "iteration_time.p99", _W + "flops"
-
-
 def window_span_point(span: SpanRecord) -> WindowPoint | None:
     """A point from a ``training_window`` span: every window of the run is exported as one (the
     update events ride on the loop span, where a plain OpenTelemetry loop keeps only the SDK's
     newest 128 events), but it carries no sample or token counts."""
     get = span.attributes.get
-    n = int(get(_ITERATIONS, 0) or 0)
+    n = int(get(_W + "iterations", 0) or 0)
     if n <= 0:
         return None
-    raw_flops, raw_peak = get(_FLOPS), get(semconv.MFU_DENOMINATOR)
+    raw_flops, raw_peak = get(_W + "flops"), get(semconv.MFU_DENOMINATOR)
     flops = float(raw_flops) if isinstance(raw_flops, int | float) and raw_flops > 0 else None
     peak = float(raw_peak) if isinstance(raw_peak, int | float) and raw_peak > 0 else None
     return WindowPoint(
-        first_iteration=int(get(_FIRST, 0)),
-        last_iteration=int(get(_LAST, 0)),
+        first_iteration=int(get(_W + "first_iteration", 0)),
+        last_iteration=int(get(_W + "last_iteration", 0)),
         iterations=n,
         end_ns=span.end_ns,
-        time_s=float(get(_TOTAL, 0.0)),
-        p99_s=float(get(_P99, 0.0)),
+        time_s=float(get(_W + "iteration_time.total", 0.0)),
+        p99_s=float(get(_W + "iteration_time.p99", 0.0)),
         flops_time=flops / 1e12 if flops is not None else None,  # TFLOP/s x seconds
         mfu_time=flops / peak if flops is not None and peak is not None else None,
     )
