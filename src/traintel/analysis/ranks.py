@@ -91,7 +91,10 @@ class CrossRankTable:
 
     def merge(self, later: CrossRankTable) -> None:
         """Add a later file's table, as if its events had been added after this one's: a window
-        new here takes a place while there is room, else its events count as dropped."""
+        new here takes a place while there is room, else its events count as dropped. Exact but
+        where files disagree on which windows come first: a window an earlier file holds but a
+        later one had no room for misses that file's ranks (in the collector's and the embedded
+        default's layouts every file sees the windows in the same order)."""
         for key, window in later.windows.items():
             mine = self.windows.get(key)
             if mine is None:

@@ -529,14 +529,8 @@ class Report:
         return find_stalls(self.hang_records)[:MAX_STALLS]
 
     def merge(self, later: Report) -> None:
-        """Add what ``later`` read from the files after this one's, as if read after it.
-
-        Exact but for the cross-rank table when files disagree on which windows come first:
-        each file's table keeps its first :data:`~traintel.analysis.ranks.MAX_WINDOWS` windows,
-        and a window an earlier file holds but this one had no room for misses this file's
-        ranks (in the collector's and the embedded default's layouts every file sees the
-        windows in the same order). Each process's series merge as :meth:`Series.merge` says.
-        """
+        """Add what ``later`` read from the files after this one's, as if read after it (exact
+        but as :meth:`~traintel.analysis.ranks.CrossRankTable.merge` and :meth:`Series.merge` say)."""
         self.summary.merge(later.summary)
         merge_by_key(self.processes, later.processes)
         self.perf_tags |= later.perf_tags

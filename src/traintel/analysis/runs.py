@@ -2,9 +2,7 @@
 
 Why: a directory such as ``./traintel-runs`` collects every run started from it, and added
 together two runs read as one that never happened (their phase times summed, the iteration
-lines of one of them). A run is what :func:`~traintel.analysis.run_info.run_key` says: the ranks
-of a job share a run id and the jobs of a restarted session share a session tag, so neither is
-split apart.
+lines of one of them). A run is what :func:`~traintel.analysis.run_info.run_key` says.
 
 Finding the runs means reading every file. ``summary`` and ``report`` note the runs in the same
 read as everything else (:class:`~traintel.analysis.run_info.RunsSeen`), and read twice only
