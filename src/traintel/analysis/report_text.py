@@ -304,11 +304,9 @@ def _warnings_table(report: Report) -> Table:
     return notes
 
 
-def render_text(report: Report, width: int = 110, color: bool = False) -> str:
-    """The report as text (no colour unless asked), e.g. for tests or a pipe."""
+def render_text(report: Report, width: int = 110) -> str:
+    """The report as plain text (no colour), e.g. for tests or a pipe."""
     buffer = io.StringIO()
-    console = Console(
-        file=buffer, width=width, color_system="standard" if color else None, force_terminal=color
-    )
+    console = Console(file=buffer, width=width, color_system=None, force_terminal=False)
     console.print(Group(*renderables(report, width)))
     return buffer.getvalue()
