@@ -69,7 +69,6 @@ WARNING_EVENTS = frozenset(
 _CONFIG_EVENTS = frozenset(
     {semconv.Event.TELEMETRY_INITIALIZATION.value, semconv.Event.TRAINING_CONFIG_UPDATE.value}
 )
-_STAGE_PHASES = {phase.value: stage for stage, phase in semconv.CHECKPOINT_STAGES.items()}
 _TIMELINE_SKIP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES}
 
 
@@ -396,7 +395,6 @@ class Report:
     timeline_dropped: int = 0
     saves: list[CheckpointSave] = field(default_factory=list)  # the first CHECKPOINT_RECORDS
     save_bytes: float = 0.0  # of every save
-    stage_s: dict[str, float] = field(default_factory=dict)
     warning_details: list[dict[str, Any]] = field(default_factory=list)
     goodput: list[SessionGoodput] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
@@ -484,10 +482,7 @@ class Report:
             self.timeline.append(Interval(process.key, phase, span.start_ns, span.end_ns, span.is_error))
         else:
             self.timeline_dropped += 1
-        if phase in _STAGE_PHASES:
-            stage = _STAGE_PHASES[phase]
-            self.stage_s[stage] = self.stage_s.get(stage, 0.0) + span.duration_s
-        elif phase in semconv.CHECKPOINT_SAVE_PHASES:
+        if phase in semconv.CHECKPOINT_SAVE_PHASES:
             self._add_save(process, phase, span)
 
     def _add_save(self, process: Process, phase: str, span: SpanRecord) -> None:
@@ -539,8 +534,6 @@ class Report:
         self.timeline_dropped += later.timeline_dropped + max(0, len(later.timeline) - room)
         self.saves.extend(later.saves[: max(0, CHECKPOINT_RECORDS - len(self.saves))])
         self.save_bytes += later.save_bytes
-        for stage, seconds in later.stage_s.items():
-            self.stage_s[stage] = self.stage_s.get(stage, 0.0) + seconds
         self.warning_details.extend(
             later.warning_details[: max(0, WARNING_DETAILS - len(self.warning_details))]
         )
@@ -560,6 +553,13 @@ class Report:
     def warnings(self) -> dict[str, int]:
         """The warning events by name, counted (the summary counts every event)."""
         return {name: n for name, n in self.summary.events.items() if name in WARNING_EVENTS}
+
+    @property
+    def stage_s(self) -> dict[str, float]:
+        """Seconds per checkpoint stage (staging, write, ...), from the summary's phase table."""
+        phases = self.summary.phases
+        stages = semconv.CHECKPOINT_STAGES.items()
+        return {stage: phases[phase].total_s for stage, phase in stages if phase in phases}
 
     @property
     def save_stats(self) -> PhaseStats:
