@@ -367,15 +367,8 @@ def checkpoint_chart(report: Report) -> str:
     parts = [_svg("checkpoints", _H)]
     total = report.save_stats.count
     which = f"the first {len(shown):,} of {total:,} saves" if total > len(shown) else "saves in order"
-    parts += _grid(
-        _zero_ticks(longest, "s"),
-        0.0,
-        longest,
-        1,
-        len(shown),
-        f"{which} (hover for iteration and size)",
-        False,
-    )
+    x_label = f"{which} (hover for iteration and size)"
+    parts += _grid(_zero_ticks(longest, "s"), 0.0, longest, 1, len(shown), x_label, x_ticks=False)
     for i, save in enumerate(shown):
         h = (_H - 40) * save.duration_s / longest
         x = _PAD + 2 + i * (bar_w + 2)
