@@ -182,6 +182,12 @@ def test_the_full_read_names_the_runs_as_the_scan_does(runs: Runs) -> None:
         ] == listed
         report = build_report([runs.shared], workers=workers)
         assert [run.as_dict() for run in report.summary.runs.newest_first()] == listed
+    # the workers report the bytes they read (batched): the progress bar reaches the total
+    size = sum(path.stat().st_size for path in runs.shared.iterdir())
+    for workers in (1, 2):
+        read: list[int] = []
+        scan_runs([runs.shared], progress=read.append, workers=workers)
+        assert sum(read) == size, workers
 
 
 def test_single_run_is_told_from_the_first_lines(runs: Runs, tmp_path: Path) -> None:

@@ -79,30 +79,22 @@ def _init_worker(progress_queue: Any) -> None:
     _progress_queue = progress_queue
 
 
-class _QueueProgress:
-    """A worker's progress callback: byte counts batched into few queue messages."""
-
-    def __init__(self) -> None:
-        self.pending = 0
-
-    def __call__(self, count: int) -> None:
-        self.pending += count
-        if self.pending >= _REPORT_BYTES:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.pending and _progress_queue is not None:
-            _progress_queue.put(self.pending)
-        self.pending = 0
-
-
 def _run(task: FileTask[R], path: str, with_progress: bool) -> R:
-    report = _QueueProgress() if with_progress else None
+    """``task`` in a worker, its byte counts batched into few messages on the progress queue."""
+    pending = 0
+
+    def report(count: int) -> None:
+        nonlocal pending
+        pending += count
+        if pending >= _REPORT_BYTES:
+            _progress_queue.put(pending)
+            pending = 0
+
     try:
-        return task(path, report)
+        return task(path, report if with_progress else None)
     finally:
-        if report is not None:
-            report.flush()
+        if pending:
+            _progress_queue.put(pending)
 
 
 def map_files(
