@@ -561,14 +561,22 @@ class Report:
         stages = semconv.CHECKPOINT_STAGES.items()
         return {stage: phases[phase].total_s for stage, phase in stages if phase in phases}
 
-    @property
-    def save_stats(self) -> PhaseStats:
-        """Every checkpoint save, synchronous or not, from the summary's phase table (the save
-        records kept for the chart stop at :data:`CHECKPOINT_RECORDS`; these never do)."""
-        stats = PhaseStats()
+    def checkpoints(self) -> dict[str, Any]:
+        """Every checkpoint save, synchronous or not, and load, from the summary's phase table (the
+        save records kept for the chart stop at :data:`CHECKPOINT_RECORDS`; these never do)."""
+        phases = self.summary.phases
+        saves = PhaseStats()
         for phase in semconv.CHECKPOINT_SAVE_PHASES:
-            stats.merge(self.summary.phases.get(phase, PhaseStats()))
-        return stats
+            saves.merge(phases.get(phase, PhaseStats()))
+        return {
+            "saves": saves.count,
+            "save_time_total_s": saves.total_s,
+            "save_time_mean_s": saves.mean_s if saves.count else None,
+            "save_time_max_s": saves.max_s if saves.count else None,
+            "bytes_total": self.save_bytes,
+            "stages_s": self.stage_s,
+            "loads": phases.get(Phase.CHECKPOINT_LOAD.value, PhaseStats()).count,
+        }
 
     def notices(self) -> list[tuple[str, float]]:
         """What a reader should see went wrong, counted: warning events by name, what traintel's
@@ -608,7 +616,7 @@ class Report:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        s, saves = self.summary, self.save_stats
+        s = self.summary
         value = s.summary_value
         windows_mean_s = s.window_iteration_s / s.window_iterations if s.window_iterations else None
         mean_s = value("iteration_time.mean")
@@ -644,17 +652,7 @@ class Report:
                 "hfu": value("hfu"),
             },
             "energy": energy_figures(value),
-            "checkpoints": {
-                "saves": saves.count,
-                "save_time_total_s": saves.total_s,
-                "save_time_mean_s": saves.mean_s if saves.count else None,
-                "save_time_max_s": saves.max_s if saves.count else None,
-                "bytes_total": self.save_bytes,
-                "stages_s": self.stage_s,
-                "loads": s.phases[Phase.CHECKPOINT_LOAD.value].count
-                if Phase.CHECKPOINT_LOAD.value in s.phases
-                else 0,
-            },
+            "checkpoints": self.checkpoints(),
             "goodput": [g.as_dict() for g in self.goodput],
             "slowest_iterations": [
                 {"iteration": it, "seconds": sec, "trace_id": t, "span_id": sp}

@@ -165,7 +165,7 @@ def _throughput_table(report: Report) -> Table:
 def _checkpoint_table(report: Report) -> Table | None:
     if not (report.saves or report.stage_s):
         return None
-    data = report.as_dict()["checkpoints"]
+    data = report.checkpoints()
     ckpt = _table("Checkpoints (blocking time)", "", "")
     ckpt.add_row("saves", fmt_num(data["saves"]))
     ckpt.add_row("total", fmt_s(data["save_time_total_s"]))
