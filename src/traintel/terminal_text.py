@@ -82,6 +82,3 @@ def displayable_line(line: bytes) -> bytes:
     if b"\\u" not in line and b"\x7f" not in line and b"\xc2" not in line:
         return line
     return _JSON_CONTROL.sub(_replace, line)
-
-
-__all__ = ["SafeStream", "displayable_line", "strip_controls"]

@@ -12,8 +12,6 @@ from urllib.parse import quote
 
 from traintel.environment_variables import TRAINTEL_TRACE_URL
 
-__all__ = ["TraceLinks"]
-
 
 class TraceLinks:
     """``url(trace_id, span_id)`` from the template, or None where no template is set."""

@@ -26,8 +26,6 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["PARALLEL_BYTES", "auto_workers", "map_files", "merge_by_key"]
-
 R = TypeVar("R")
 K = TypeVar("K")
 #: Below this much input one process reads it faster than workers can start (about 0.3 s each).

@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["PerResource"]
-
 V = TypeVar("V")
 #: Resources remembered at most (a damaged file read the proto way yields a new dict per line).
 _LIMIT = 4096

@@ -18,8 +18,6 @@ from traintel.analysis.parallel import merge_by_key
 from traintel.analysis.resources import PerResource
 from traintel.exporters.reader import Record, SpanRecord, gc_paused, iter_records
 
-__all__ = ["UNKNOWN_RUN", "RunInfo", "RunsSeen", "run_key", "runs_in_file"]
-
 _W = semconv.WINDOW_PREFIX
 _WINDOW_SPAN = semconv.TRAINING_WINDOW_SPAN
 _WINDOW_EVENT = semconv.Event.TRAINING_METRICS_UPDATE.value
