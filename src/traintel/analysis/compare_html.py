@@ -10,7 +10,6 @@ few hundred points per run need no charting library, and the page stays a few do
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
 
 from traintel.analysis.compare import Comparison, Difference, goodput_of, letter
 from traintel.analysis.links import TraceLinks
@@ -30,6 +29,7 @@ from traintel.analysis.report_html import (
     window_line,
 )
 from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s, fmt_unit
+from traintel.analysis.run_info import utc_text
 from traintel.semconv import BADPUT_CATEGORIES
 
 
@@ -73,12 +73,6 @@ def _metric_lines(reports: list[Report], name: str) -> list[ChartLine]:
     return _lines(reports, line_of)
 
 
-def _clock(ns: int) -> str:
-    if not ns:
-        return "-"
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def run_table(reports: list[Report], names: list[str], comparison: Comparison) -> str:
     """One row per run: who, when, how long, how far, goodput, MFU, and the settings that differ."""
     differing = comparison.config_differences
@@ -95,7 +89,7 @@ def run_table(reports: list[Report], names: list[str], comparison: Comparison) -
         colour = _PALETTE[n % len(_PALETTE)]
         rows.append(
             f'<tr><td class="name"><b style="color:{colour}">{letter(n)}</b> {_e(name)}</td>'
-            f'<td class="when">{_clock(report.start_ns)}</td>'
+            f'<td class="when">{utc_text(report.start_ns) if report.start_ns else "-"}</td>'
             f"<td>{_e(fmt_s(report.duration_s))}</td><td>{_e(fmt_num(data['iterations']['count']))}</td>"
             f"<td>{_e(fmt_pct(goodput_of(data)))}</td><td>{_e(fmt_pct(data['throughput']['mfu']))}</td>"
             f'<td class="{"diff" if differing else ""}">{_e(settings)}</td></tr>'

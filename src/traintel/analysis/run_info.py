@@ -42,6 +42,11 @@ def run_key(resource: Mapping[str, Any]) -> str:
     return UNKNOWN_RUN
 
 
+def utc_text(time_ns: int) -> str:
+    """A time in UTC, to the second (the file names' clock, whatever the local zone)."""
+    return datetime.fromtimestamp(time_ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -78,9 +83,7 @@ class RunInfo:
 
     @property
     def started(self) -> str:
-        """The start in UTC, to the second (the file names' clock, whatever the local zone)."""
-        moment = datetime.fromtimestamp(self.start_ns / 1e9, tz=timezone.utc)
-        return moment.strftime("%Y-%m-%d %H:%M:%S")
+        return utc_text(self.start_ns)
 
     @property
     def iterations(self) -> int:

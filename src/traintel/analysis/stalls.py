@@ -14,12 +14,12 @@ Each rank writes one ``ml.training.hang_suspect`` record per stall and one
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from traintel import semconv
+from traintel.analysis.run_info import utc_text
 from traintel.analysis.summary import fmt_seconds
 from traintel.exporters.reader import LogEntry
 
@@ -90,7 +90,7 @@ class Stall:
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, text) lines for a person: when, how long, who waits in what, the culprits."""
-        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.start_ns / 1e9))
+        started = utc_text(self.start_ns) + " UTC"
         lasted = "not recovered" if self.end_ns is None else fmt_seconds((self.end_ns - self.start_ns) / 1e9)
         rows = [("started", started), ("lasted", lasted)]
         if self.waiting:
