@@ -76,22 +76,6 @@ _NO_PARENT: Final = (None, trace_api.INVALID_SPAN_CONTEXT, True, 0)  # matches n
 MAX_EVENTS_PER_SEGMENT = 20
 
 
-class EventBudget:
-    """Caps events of each kind per segment, half of them for iterations not exported."""
-
-    __slots__ = ("counts",)
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def allow(self, kind: str, exported: bool = False) -> bool:
-        count = self.counts.get(kind, 0)
-        if count >= (MAX_EVENTS_PER_SEGMENT if exported else MAX_EVENTS_PER_SEGMENT // 2):
-            return False
-        self.counts[kind] = count + 1
-        return True
-
-
 @dataclass(frozen=True)
 class SpanOutlet:
     """Where the engine's spans go: its tracer, the trace budget, and with traintel's own
@@ -173,7 +157,7 @@ class TrainingEngine:
         #: delivered when it returns: cut there, the iteration would be neither open (for the
         #: preemption report to end) nor exported. Set by the signal handler.
         self.deferred_signal: Callable[[], None] | None = None
-        self.events = EventBudget()
+        self.event_counts: dict[str, int] = {}  # events of each kind in this segment
         self.goodput = GoodputLedger()
         # What this rank exports (None: not decided yet, everything); see set_rank_export.
         self.rank_export: RankExportPolicy | None = None
@@ -623,9 +607,17 @@ class TrainingEngine:
         """The training loop span events go on: traintel's, else one seen in plain OTel spans."""
         return self.loop if self.loop is not None else self.foreign_loop
 
+    def allow_event(self, kind: str, exported: bool = False) -> bool:
+        """Caps events of each kind per segment, half of them for iterations not exported."""
+        count = self.event_counts.get(kind, 0)
+        if count >= (MAX_EVENTS_PER_SEGMENT if exported else MAX_EVENTS_PER_SEGMENT // 2):
+            return False
+        self.event_counts[kind] = count + 1
+        return True
+
     def _slow_event(self, record: IterationRecord, seconds: float, exported: tuple[int, int] | None) -> None:
         loop = self.loop_span()
-        if loop is None or not self.events.allow("slow", exported is not None):
+        if loop is None or not self.allow_event("slow", exported is not None):
             return
         median = self.sampler.median
         attributes: dict[str, AttributeValue] = {
@@ -641,7 +633,7 @@ class TrainingEngine:
         if loop is None or not record.metrics:
             return
         for name, value in record.metrics.items():
-            if math.isfinite(value) or not self.events.allow("nonfinite"):
+            if math.isfinite(value) or not self.allow_event("nonfinite"):
                 continue
             attributes: dict[str, AttributeValue] = {
                 semconv.ITERATION: record.iteration,
@@ -665,7 +657,7 @@ class TrainingEngine:
     def segment_started(self) -> None:
         """A new trace began: the loop's context answers anew, the event caps start over."""
         self._parent_cache = _NO_PARENT
-        self.events = EventBudget()
+        self.event_counts = {}
 
     # --- loops ----------------------------------------------------------------------------------
     def loop_opened(self, phase: str) -> None:

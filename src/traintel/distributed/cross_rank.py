@@ -246,7 +246,7 @@ class CrossRank:
         end_ns = self._window_ends.pop(window.window_index, None)
         job_level = self.job_level
         loop = self.engine.loop_span()
-        if loop is not None and job_level and self.engine.events.allow("ranks"):
+        if loop is not None and job_level and self.engine.allow_event("ranks"):
             loop.add_event(Event.RANKS_METRICS_UPDATE.value, window.attributes(), timestamp=end_ns)
         if window.straggler is not None:
             self._straggler_found(window.straggler, window.window_index, loop, job_level, end_ns)
@@ -260,7 +260,7 @@ class CrossRank:
             self.count_straggler(straggler.rank)
         if loop is None or not (job_level or straggler.rank == self.rank):
             return
-        if self.engine.events.allow("straggler"):
+        if self.engine.allow_event("straggler"):
             loop.add_event(Event.STRAGGLER.value, straggler.attributes(index), timestamp=end_ns)
 
     # --- what the gauges read (metric reader's thread) ------------------------------------------
