@@ -29,7 +29,7 @@ from typing import Any
 
 from traintel import semconv
 from traintel._aggregation.stats import IndexedBatch, QuantileSketch, RunningStats, percentile
-from traintel._aggregation.window import ClosedWindow, ModelMetric, RawRow, Row, add_metric, columns
+from traintel._aggregation.window import ClosedWindow, ModelMetric, RawRow, Row, columns
 
 #: The most iterations a window holds (unless ``log_every_n_iterations`` is larger), whatever its
 #: floor in time: a loop of 100,000 iterations/s would otherwise keep a million rows (~300 MB)
@@ -559,9 +559,6 @@ class EvalStats:
         self.durations.add(duration_ns / 1e9)
         if samples is not None:
             self.samples += samples
-
-    def add_metric(self, name: str, value: float) -> None:
-        add_metric(self.metrics, name, value)
 
     def attributes(self, loop_duration_s: float) -> dict[str, float | int | str]:
         p = semconv.EVAL_PREFIX

@@ -13,6 +13,7 @@ Pure: no OpenTelemetry, no torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Final, NamedTuple
@@ -82,11 +83,13 @@ class ModelMetric:
             self.count += 1
 
 
-def add_metric(metrics: dict[str, ModelMetric], name: str, value: float) -> None:
-    metric = metrics.get(name)
-    if metric is None:
-        metric = metrics[name] = ModelMetric()
-    metric.add(value)
+def add_metrics(metrics: dict[str, ModelMetric], values: Mapping[str, float]) -> None:
+    """Each of ``values`` into its model metric, created on its first value."""
+    for name, value in values.items():
+        metric = metrics.get(name)
+        if metric is None:
+            metric = metrics[name] = ModelMetric()
+        metric.add(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +135,6 @@ class OpenWindow:
     @property
     def iterations_seen(self) -> int:
         return self.seen_closed + len(self.rows)
-
-    def add_metrics(self, metrics: dict[str, float]) -> None:
-        for name, value in metrics.items():
-            add_metric(self.metrics, name, value)
 
     def take(self, final: bool) -> ClosedWindow:
         """The window as it is, handed over; an empty one is open from now on."""

@@ -17,6 +17,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import Span
 
 from traintel import semconv
+from traintel._aggregation.window import add_metrics
 from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
@@ -122,8 +123,7 @@ def _record_on_span(
     # a framework's eval_loss), the values also count toward the loop's update event.
     stats = engine.eval_stats.get(getattr(target, "name", "")) if engine is not None else None
     if stats is not None:
-        for name, number in numbers.items():
-            stats.add_metric(name, float(number))
+        add_metrics(stats.metrics, {name: float(number) for name, number in numbers.items()})
 
 
 def record_batch(

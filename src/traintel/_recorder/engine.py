@@ -28,7 +28,7 @@ from traintel._aggregation.aggregator import CheckpointStats, EvalStats
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._aggregation.goodput import GoodputLedger
 from traintel._aggregation.sampling import IterationSampler
-from traintel._aggregation.window import OpenWindow, RawRow
+from traintel._aggregation.window import OpenWindow, RawRow, add_metrics
 from traintel._recorder import clock
 from traintel._recorder.ports import (
     CheckpointMetrics,
@@ -427,7 +427,7 @@ class TrainingEngine:
         cross-rank row), into the open window."""
         window = self.window
         if record.metrics:
-            window.add_metrics(record.metrics)
+            add_metrics(window.metrics, record.metrics)
         if record.sync_ns:
             window.sync_compute_ns += record.sync_ns - record.start_ns - record.phase_ns[0]
             window.sync_marked += 1
@@ -478,8 +478,7 @@ class TrainingEngine:
             stats = self.eval_stats[loop] = EvalStats()
         stats.add_iteration(duration_ns, record.samples)
         if record.metrics:
-            for name, value in record.metrics.items():
-                stats.add_metric(name, value)
+            add_metrics(stats.metrics, record.metrics)
         sampler = self._eval_sampler(record.phase)
         reason = sampler.tail(record.head_reason, False, record.error is not None, record.nonfinite)
         self._decide(record, self._within_budget(reason))
