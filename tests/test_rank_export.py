@@ -33,7 +33,7 @@ def test_the_policy_reduces_only_ranks_other_than_0_from_the_scale_world_size() 
         (1023, 1024, 64, True, True),
         (0, 1, 1, True, False),  # a single process is rank 0
     ):
-        policy = RankExportPolicy.decide(rank, world, threshold)
+        policy = RankExportPolicy(rank, world, threshold)
         assert (policy.scale_mode, policy.anomalies_only) == (scale, reduced), (rank, world, threshold)
 
 
@@ -48,7 +48,7 @@ def test_the_policy_reduces_only_ranks_other_than_0_from_the_scale_world_size() 
 )
 def test_the_policy_names_bad_input(rank: int, world: int, threshold: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        RankExportPolicy.decide(rank, world, threshold)
+        RankExportPolicy(rank, world, threshold)
 
 
 @dataclass
@@ -212,7 +212,7 @@ def test_the_all_policy_is_reduced_to_the_anomalies_too(
     assert (engine.sampler.policy, engine.sampler.first, engine.sampler.every_n, engine.export_all) == (
         "sampled", 0, 0, False
     )  # fmt: skip
-    engine.set_rank_export(RankExportPolicy.decide(0, 2, 2))  # decided once: ignored
+    engine.set_rank_export(RankExportPolicy(0, 2, 2))  # decided once: ignored
     assert engine.rank_export == RankExportPolicy(1, 2, 2)
 
 

@@ -133,7 +133,7 @@ def _emit(pipeline: Pipeline, rank: int, world: int, scale_world: int) -> tuple[
     telemetry = traintel.get_telemetry()
     cross_rank, engine = telemetry.cross_rank, telemetry.engine
     assert cross_rank is not None and engine is not None
-    engine.set_rank_export(RankExportPolicy.decide(rank, world, scale_world))
+    engine.set_rank_export(RankExportPolicy(rank, world, scale_world))
     cross_rank.rank, cross_rank.world = rank, world
     with traintel.training_loop():
         cross_rank._window_ends[0] = window_end = 1_700_000_000_000_000_000

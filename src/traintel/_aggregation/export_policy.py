@@ -28,13 +28,11 @@ class RankExportPolicy:
     world_size: int
     scale_world_size: int
 
-    @classmethod
-    def decide(cls, rank: int, world_size: int, scale_world_size: int) -> RankExportPolicy:
-        if rank < 0 or world_size < 1 or rank >= world_size:
-            raise ValueError(f"rank={rank} with world_size={world_size}: not a rank of that world")
-        if scale_world_size < 1:
-            raise ValueError(f"scale_world_size={scale_world_size}: must be a positive integer")
-        return cls(rank, world_size, scale_world_size)
+    def __post_init__(self) -> None:
+        if self.rank < 0 or self.world_size < 1 or self.rank >= self.world_size:
+            raise ValueError(f"rank={self.rank} with world_size={self.world_size}: not a rank of that world")
+        if self.scale_world_size < 1:
+            raise ValueError(f"scale_world_size={self.scale_world_size}: must be a positive integer")
 
     @property
     def scale_mode(self) -> bool:

@@ -331,7 +331,7 @@ def _decide_rank_export(
     world = _world_size(resource)
     rank = _rank(resource)
     if world > 1 and 0 <= rank < world:
-        apply(RankExportPolicy.decide(rank, world, settings.cross_rank_scale_world_size))
+        apply(RankExportPolicy(rank, world, settings.cross_rank_scale_world_size))
 
 
 def _current_heartbeat() -> Heartbeat | None:

@@ -173,7 +173,7 @@ class CrossRank:
             world = None
         rank, size = world if world is not None else (0, 1)
         threshold = self.engine.settings.cross_rank_scale_world_size
-        self.apply_rank_export(RankExportPolicy.decide(rank, size, threshold))
+        self.apply_rank_export(RankExportPolicy(rank, size, threshold))
 
     def _start_here(self) -> Exchange | None:
         """Start the exchange where a window opens: on the training thread, in program order
