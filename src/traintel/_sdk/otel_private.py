@@ -287,18 +287,11 @@ def set_clean_attributes(span: Span, attributes: Mapping[str, AttributeValue]) -
 
 
 # --- span processors -----------------------------------------------------------------------------
-def _has_on_ending(processor: SpanProcessor) -> bool:
-    method = getattr(type(processor), "_on_ending", None)
-    base = getattr(SpanProcessor, "_on_ending", None)
-    return method is not None and method is not base
-
-
 def forward_on_ending(wrapper: SpanProcessor, processors: Sequence[SpanProcessor]) -> None:
     """Let ``wrapper`` pass the SDK's ``_on_ending`` hook on to the processors it wraps that
-    implement it (none of the SDK's own do); on an SDK without the hook, nothing to do."""
-    if getattr(SpanProcessor, "_on_ending", None) is None:
-        return
-    ending = [p for p in processors if _has_on_ending(p)]
+    implement it (none of the SDK's own do)."""
+    base = SpanProcessor._on_ending
+    ending = [p for p in processors if getattr(type(p), "_on_ending", base) is not base]
     if not ending:
         return
 
