@@ -107,7 +107,6 @@ class TrainingMetricsProcessor(SpanProcessor):
         self._budget = budget  # in a user's pipeline there is no export filter to count the trace
         self._on_error = on_error
         self._own_scope_seen: object = None
-        self._attribute_cache: dict[str, dict[str, str]] = {}
         self._foreign_steps: dict[int, list[int]] = {}
 
     # --- SpanProcessor ---------------------------------------------------------------------------
@@ -166,18 +165,12 @@ class TrainingMetricsProcessor(SpanProcessor):
         if phase in _CATEGORY_OF:
             self._goodput(engine, span, phase)
         if phase not in _PER_STEP and self._instruments is not None:
-            self._record_phase_duration(self._instruments, phase, duration_ns)
+            self._instruments.phase_duration.record(duration_ns / 1e9, {semconv.PHASE: phase})
         if not self._is_own(span):
             try:
                 self._foreign(engine, span, phase, duration_ns, context)
             except Exception:
                 self._on_error("foreign_span")
-
-    def _record_phase_duration(self, instruments: TrainingInstruments, phase: str, duration_ns: int) -> None:
-        attributes = self._attribute_cache.get(phase)
-        if attributes is None:
-            attributes = self._attribute_cache.setdefault(phase, {semconv.PHASE: phase})
-        instruments.phase_duration.record(duration_ns / 1e9, attributes)
 
     def _goodput(self, engine: SpanEngine, span: ReadableSpan, phase: str) -> None:
         """Book a categorised phase's time: its own time less the categorised phases inside it
