@@ -80,6 +80,8 @@ class PhaseSpan:
     _token: object | None = None  # the context attached for the body
     _thread = 0
     _start_ns = 0
+    #: What an open phase holds, as a closed one has it (a clone starts closed).
+    _OPEN_STATE: Mapping[str, object] = MappingProxyType({"_span": _INVALID_SPAN, "_token": None})
 
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         self._name = name
@@ -175,12 +177,8 @@ class PhaseSpan:
         """A fresh object with this one's settings (what each decorated call uses)."""
         clone = _new(type(self))
         clone.__dict__.update(self.__dict__)
-        clone._reset()
+        clone.__dict__.update(self._OPEN_STATE)
         return clone
-
-    def _reset(self) -> None:
-        self._span = _INVALID_SPAN
-        self._token = None
 
     def __call__(self, func: F) -> F:
         if inspect.iscoroutinefunction(func):
@@ -300,6 +298,7 @@ class IterationPhase(_TimedPhase):
     its fast path reads is set in ``__init__`` (as for :class:`StepPhase`)."""
 
     _record: IterationRecord | None = None  # while open
+    _OPEN_STATE = MappingProxyType({**PhaseSpan._OPEN_STATE, "_record": None})
 
     def __init__(
         self,
@@ -363,10 +362,6 @@ class IterationPhase(_TimedPhase):
         except Exception:
             engine.warn_once("exit:" + self._name, "could not end phase %r", self._name)
 
-    def _reset(self) -> None:
-        super()._reset()
-        self._record = None
-
 
 def _mark_end(record: IterationRecord, exc: BaseException | None, reason: str | None) -> None:
     """An iteration that ends early (``reason``) or failed; without an exception a failure set
@@ -406,6 +401,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
 
     _attributes: Mapping[str, AttributeValue]
     _record: IterationRecord | None = None  # while open on the fast path
+    _OPEN_STATE = MappingProxyType({**PhaseSpan._OPEN_STATE, "_record": None, "_extras": None})
 
     def __init__(self, kind: StepKind, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         self._name = kind.name
@@ -529,11 +525,6 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
         span.set_attribute(semconv.END_REASON, str(error))
         mark_error(span, error, end_ns)
         span.end(end_time=end_ns)
-
-    def _reset(self) -> None:
-        super()._reset()
-        self._record = None
-        self._extras = None
 
     # --- the handle: what ``with model_forward() as span`` gives on the fast path ------------------
     def _keep(self) -> StepExtras:
