@@ -726,12 +726,11 @@ class TrainingEngine:
         duration_s: float,
         size_bytes: int | None,
         strategy: str,
-        own_span: Span | None,
-        parent: Span | None,
+        target: Span | None,
         iteration: int | None = None,
     ) -> dict[str, AttributeValue]:
-        """Count a save's blocking part; the ``checkpoint_metrics_update`` event goes on the
-        save span while it is open (ours), else on its live parent."""
+        """Count a save's blocking part; the ``checkpoint_metrics_update`` event goes on
+        ``target``: the save span while it is open (ours), else its live parent."""
         # What a preemption loses: iterations after the last save (``iteration`` = the first
         # iteration a resume from this checkpoint runs; unknown: the one after the last done).
         self.last_checkpoint = (
@@ -746,7 +745,6 @@ class TrainingEngine:
             attributes[semconv.CHECKPOINT_BYTES_PER_SECOND] = size_bytes / duration_s
         if self.metrics is not None:
             self.metrics.checkpoint_saved(duration_s, size_bytes, strategy)
-        target = own_span if own_span is not None else parent
         if target is not None:
             target.add_event(Event.CHECKPOINT_METRICS_UPDATE.value, attributes)
         return attributes

@@ -64,8 +64,7 @@ class SpanEngine(Protocol):
         duration_s: float,
         size_bytes: int | None,
         strategy: str,
-        own_span: Span | None,
-        parent: Span | None,
+        target: Span | None,
         iteration: int | None = None,
     ) -> dict[str, AttributeValue]: ...
 
@@ -256,7 +255,7 @@ class TrainingMetricsProcessor(SpanProcessor):
             size = attributes.get(semconv.CHECKPOINT_SIZE)
             iteration = attributes.get(semconv.CHECKPOINT_ITERATION)
             engine.checkpoint_saved(
-                duration_s, int(size) if isinstance(size, int) else None, _SAVES[phase], None,
+                duration_s, int(size) if isinstance(size, int) else None, _SAVES[phase],
                 self.open_spans.enclosing_parent(span), iteration if isinstance(iteration, int) else None,
             )  # fmt: skip
         elif phase == Phase.CHECKPOINT_LOAD.value:
