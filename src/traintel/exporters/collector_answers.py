@@ -187,6 +187,3 @@ class _WatchedStub:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stub, name)
-
-
-__all__ = ["Answer", "CollectorAnswers"]

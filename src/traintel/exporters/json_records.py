@@ -54,8 +54,6 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 
 from traintel.exporters.records import MetricSeries, MetricsRecord, NotCanonical
 
-__all__ = ["decode"]
-
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 _UINT64_MAX = (1 << 64) - 1

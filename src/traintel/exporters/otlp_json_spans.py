@@ -210,6 +210,3 @@ def spans_to_json_bytes(spans: Sequence[ReadableSpan]) -> bytes:
         return orjson.dumps(request)
     except orjson.JSONEncodeError as exc:  # a lone surrogate, say: not valid UTF-8
         raise FastPathUnsupported(str(exc)) from exc
-
-
-__all__ = ["FastPathUnsupported", "spans_to_json_bytes"]

@@ -174,6 +174,3 @@ def split_invalid(
                 )
             copies[valid].spans.append(span)
     return good, bad, reasons
-
-
-__all__ = ["InvalidSpanError", "proto_spans", "readable_span", "split_invalid"]

@@ -11,16 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = [
-    "FILE_SUFFIX",
-    "DecodeError",
-    "EventRecord",
-    "MetricSeries",
-    "MetricsRecord",
-    "NotCanonical",
-    "SpanRecord",
-]
-
 _STATUS_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
 
 

@@ -491,14 +491,3 @@ def _stopped(result: ReplayResult) -> str | None:
         "(down, unreachable, or refusing everything); run the same command again to resume "
         "(what was delivered is not sent again)"
     )
-
-
-__all__ = [
-    "BATCH_SPANS",
-    "ReplayResult",
-    "endpoint_key",
-    "otlp_span_exporter",
-    "render",
-    "replay",
-    "replay_files",
-]

@@ -113,6 +113,3 @@ class Ledger:
                     self.path,
                     exc,
                 )
-
-
-__all__ = ["LEDGER_NAME", "Ledger", "target_key"]

@@ -116,6 +116,3 @@ def collection_timed_out() -> None:
 def delivered() -> None:
     """A delivery after failures: the next outage's first lines are shown again."""
     _filter.delivered()
-
-
-__all__ = ["CollectionTimeoutFilter", "RepeatedFailureFilter", "collection_timed_out", "delivered", "install"]

@@ -171,6 +171,3 @@ def _count_and_say(health: ExportHealth, repaired: int, dropped: int, first: str
             "counted in traintel.spans.repaired and traintel.spans.dropped{unencodable}",
             first,
         )
-
-
-__all__ = ["encodable", "encoded_mending", "mend_text"]

@@ -699,14 +699,3 @@ def _after_fork_in_child(reference: weakref.ref[SpoolingSpanExporter]) -> None:
     exporter = reference()
     if exporter is not None:
         exporter._reinit_in_child()
-
-
-__all__ = [
-    "MAX_BATCH_BYTES",
-    "CountingBatchSpanProcessor",
-    "QueueGuard",
-    "SpoolingSpanExporter",
-    "batch_settings",
-    "guard_queue",
-    "split_by_bytes",
-]
