@@ -36,7 +36,6 @@ from traintel.exporters.records import (
     EventRecord,
     MetricSeries,
     MetricsRecord,
-    NotCanonical,
     SpanRecord,
 )
 from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
@@ -45,29 +44,8 @@ from traintel.terminal_text import displayable_line, strip_controls
 if TYPE_CHECKING:
     from traintel.exporters.otlp_json import ExportRequest
 
-__all__ = [  # the records are re-exported: the analysis reads them from here
-    "MAX_LINE_BYTES",
-    "DecodeError",
-    "EventRecord",
-    "MetricSeries",
-    "MetricsRecord",
-    "NotCanonical",
-    "ReadStats",
-    "Record",
-    "SpanRecord",
-    "any_value",
-    "attributes_dict",
-    "decode_line",
-    "expand_paths",
-    "expand_windows",
-    "gc_paused",
-    "iter_metric_requests",
-    "iter_records",
-    "iter_spans",
-    "metrics_records",
-    "read_requests",
-    "spans_in",
-]
+#: The records, re-exported: the analysis reads them from here.
+__all__ = ["DecodeError", "EventRecord", "MetricSeries", "MetricsRecord", "SpanRecord"]
 
 #: Lines longer than this are skipped unread: a corrupt file must not exhaust memory.
 MAX_LINE_BYTES = 64 * 1024 * 1024
