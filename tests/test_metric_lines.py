@@ -24,7 +24,7 @@ from tests.subprocess_helpers import run_python
 from traintel.exporters import reader
 from traintel.exporters.json_records import decode
 from traintel.exporters.otlp_json import DecodeError, json_line_to_request, metrics_to_json_line
-from traintel.exporters.reader import EventRecord, MetricSeries, SpanRecord
+from traintel.exporters.reader import MetricSeries, SpanRecord
 from traintel.terminal_text import displayable_line
 
 
@@ -70,7 +70,7 @@ def _answer(read: Any, text: bytes) -> object:
 
 
 def _fast_records(text: bytes) -> list[Any]:
-    kind, records = decode(text, SpanRecord, EventRecord)
+    kind, records = decode(text)
     assert kind == "metrics"
     return records
 
@@ -229,7 +229,7 @@ def _upper_link(span: dict[str, Any]) -> None:
 def test_ids_of_any_other_spelling_get_the_proto_paths_answer(span_line: bytes, edit: Any) -> None:
     """Ids the fast path does not take as they are (lowercase hex of whole bytes) are left to
     the proto path: its records (ids lowercased) or its skip, never the id as spelled."""
-    kind, records = decode(span_line, SpanRecord, EventRecord)  # the line as written: the fast path's
+    kind, records = decode(span_line)  # the line as written: the fast path's
     assert kind == "spans" and records == list(reader.spans_in(json_line_to_request(span_line.decode())))
     assert any(span.links for span in records)
     edited = _span_edited(span_line, edit)
@@ -277,9 +277,9 @@ def test_every_line_a_real_run_writes_takes_the_fast_path(tmp_path: Path) -> Non
     result = run_python(RUN, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     lines = [line for path in (tmp_path / "out").glob("*.jsonl") for line in path.read_bytes().splitlines()]
-    kinds = [decode(displayable_line(line), SpanRecord, EventRecord)[0] for line in lines]  # raises if not
+    kinds = [decode(displayable_line(line))[0] for line in lines]  # raises if not
     assert set(kinds) == {"spans", "metrics"}
-    spans = [s for line in lines for s in decode(displayable_line(line), SpanRecord, EventRecord)[1]
+    spans = [s for line in lines for s in decode(displayable_line(line))[1]
              if isinstance(s, SpanRecord)]  # fmt: skip
     assert any(s.links for s in spans) and any(s.events for s in spans)
     assert {"checkpoint_save_sync", "validation_loop", "testing_loop"} <= {s.name for s in spans}

@@ -33,7 +33,6 @@ where the proto path would skip it, with the same records.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -52,7 +51,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     SummaryDataPoint,
 )
 
-from traintel.exporters.records import MetricSeries, MetricsRecord, NotCanonical
+from traintel.exporters.records import EventRecord, MetricSeries, MetricsRecord, NotCanonical, SpanRecord
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -400,9 +399,7 @@ def _link(link: _Link) -> tuple[str, str]:
     return link.traceId, link.spanId
 
 
-def _spans(
-    groups: list[_ResourceSpans], span_record: Callable[..., Any], event_record: Callable[..., Any]
-) -> list[Any]:
+def _spans(groups: list[_ResourceSpans]) -> list[SpanRecord]:
     out = []
     for group in groups:
         resource = _resource(group.resource)
@@ -413,7 +410,7 @@ def _spans(
                 trace_id, span_id, parent_id = span.traceId, span.spanId, span.parentSpanId
                 _hex_ids(trace_id, span_id, parent_id)
                 out.append(
-                    span_record(
+                    SpanRecord(
                         span.name,
                         trace_id,
                         span_id,
@@ -423,7 +420,7 @@ def _spans(
                         attributes(span.attributes),
                         tuple(
                             [
-                                event_record(e.name, _uint64(e.timeUnixNano), attributes(e.attributes))
+                                EventRecord(e.name, _uint64(e.timeUnixNano), attributes(e.attributes))
                                 for e in events
                             ]
                         )
@@ -439,12 +436,9 @@ def _spans(
     return out
 
 
-def decode(
-    text: bytes, span_record: Callable[..., Any], event_record: Callable[..., Any]
-) -> tuple[str, list[Any]]:
-    """``("spans", records)`` or ``("metrics", records)`` for one canonical line, the spans built
-    by ``span_record`` (the fields of :class:`~traintel.exporters.reader.SpanRecord`, in order)
-    and ``event_record``; :class:`NotCanonical` for any other line."""
+def decode(text: bytes) -> tuple[str, list[SpanRecord] | list[MetricsRecord]]:
+    """``("spans", records)`` or ``("metrics", records)`` for one canonical line;
+    :class:`NotCanonical` for any other line."""
     try:
         line = _DECODER.decode(text)
     except (msgspec.ValidationError, msgspec.DecodeError):
@@ -453,5 +447,5 @@ def decode(
     if (spans is UNSET) == (metrics is UNSET):  # neither, or both
         raise NotCanonical
     if spans is not UNSET:
-        return "spans", _spans(spans, span_record, event_record)
+        return "spans", _spans(spans)
     return "metrics", _metrics(metrics)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 Two ways in. :func:`read_requests` gives the ``opentelemetry-proto`` messages the collector uses
 (what ``traintel replay`` sends on). :func:`iter_records` gives the flat records the analysis
-reads (:class:`SpanRecord`, :class:`~traintel.exporters.json_records.MetricsRecord`), decoded
+reads (:class:`SpanRecord`, :class:`~traintel.exporters.records.MetricsRecord`), decoded
 with orjson straight from the canonical OTLP/JSON spelling and through the proto messages for
 any other (:func:`decode_line`): the same records either way, about ten times faster.
 
@@ -216,7 +216,7 @@ def spans_in(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
 
 def metrics_records(request: ExportMetricsServiceRequest) -> list[MetricsRecord]:
     """The flat records of a metrics request decoded the proto way (what
-    :func:`~traintel.exporters.json_records.decode_metrics` gives for a canonical line)."""
+    :func:`~traintel.exporters.json_records.decode` gives for a canonical line)."""
     out = []
     for resource_metrics in request.resource_metrics:
         series = []
@@ -282,7 +282,7 @@ def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord] | list[Lo
     :func:`~traintel.terminal_text.displayable_line`): the records are for display."""
     text = displayable_line(text)
     try:
-        return _fast_decoder()(text, SpanRecord, EventRecord)[1]
+        return _fast_decoder()(text)[1]
     except Exception:  # NotCanonical, or anything else the fast path trips on: the proto path decides
         pass
     from traintel.exporters.otlp_json import json_line_to_request  # (the OTLP encoders and the SDK with it)
@@ -299,7 +299,7 @@ def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord] | list[Lo
 
 
 @functools.cache
-def _fast_decoder() -> Callable[..., tuple[str, list[Any]]]:
+def _fast_decoder() -> Callable[[bytes], tuple[str, list[SpanRecord] | list[MetricsRecord]]]:
     """The fast decoder, loaded on first use: only the offline tools need msgspec."""
     from traintel.exporters.json_records import decode
 
