@@ -9,8 +9,7 @@ be exactly those of the proto path, and a line the proto path refuses must stay 
 type of every span field is checked, read or not. Declared as structs (below), msgspec parses a
 line and checks every field's type, range and spelling in C, faster than orjson alone parses it
 into dicts (1.6x, measured 2026-11-27 on the benchmark's node files); what is left to Python is
-the conversion of attribute values and the records themselves. Before, the same checks written
-in Python over orjson's dicts cost as much again as the parse.
+the conversion of attribute values and the records themselves.
 
 The structs are declared ``gc=False``: the garbage collector never tracks them (a decoded line
 is a tree of them, without reference cycles), which makes them cheaper to build and to free:

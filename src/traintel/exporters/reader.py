@@ -111,18 +111,13 @@ def _file_lines(
     path: Path, fh: BinaryIO, stats: ReadStats, progress: Callable[[int], None] | None
 ) -> Iterator[tuple[str, bytes, bool]]:
     """One open file's lines (see :func:`_lines`)."""
-    lineno = 0
-    while True:
-        raw = fh.readline(MAX_LINE_BYTES + 1)
-        if not raw:
-            break
-        lineno += 1
+    for lineno, raw in enumerate(iter(functools.partial(fh.readline, MAX_LINE_BYTES + 1), b""), 1):
         if progress is not None:
             progress(len(raw))
         if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
             stats.skip(f"{path}:{lineno}", f"line longer than {MAX_LINE_BYTES} bytes")
-            while raw and not raw.endswith(b"\n"):  # discard the rest of the line
-                raw = fh.readline(MAX_LINE_BYTES + 1)
+            while (rest := fh.readline(MAX_LINE_BYTES + 1)) and not rest.endswith(b"\n"):
+                pass  # the rest of the line, discarded
             continue
         text = raw.strip()
         if text:
