@@ -25,6 +25,7 @@ from traintel.analysis import report as report_module
 from traintel.analysis.report import Series, WindowPoint, build_report
 from traintel.analysis.report_html import render_html
 from traintel.analysis.report_text import render_text
+from traintel.analysis.summary import summarize
 
 
 def stepping(step: float, iterations: int = 6, config: dict[str, Any] | None = None) -> Callable[[Job], None]:
@@ -469,3 +470,58 @@ def test_the_commands_read_the_default_directory_and_trace_goes_to_stdout(
     code, out, err = run_cli("export-trace", str(tmp_path / "traintel-runs"), "-o", "-", capsys=capsys)
     assert code == 0 and not (tmp_path / "-").exists()
     assert json.loads(out)["traceEvents"] and "trace events to standard output" in err
+
+
+def _write_counters(path: Path, instance: str, exports: list[dict[str, int]]) -> None:
+    """One process's file through the real SDK and file exporters: a span, and traintel counters
+    whose cumulative values at each export (what a process writes every interval) ``exports`` gives."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from traintel.exporters.file import (
+        OtlpJsonFileMetricExporter,
+        OtlpJsonFileSpanExporter,
+        OtlpJsonLinesFile,
+    )
+
+    same_job = {semconv.RUN_ID: "r1", semconv.RESTART_COUNT: 0, semconv.RANK: 0}
+    resource = Resource({"service.name": "job", semconv.SERVICE_INSTANCE_ID: instance, **same_job})
+    file = OtlpJsonLinesFile(path=path)
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    tracer_provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
+    tracer_provider.get_tracer("job").start_span("work", start_time=1_000, attributes={}).end(end_time=2_000)
+    reader = PeriodicExportingMetricReader(
+        OtlpJsonFileMetricExporter(file=file), export_interval_millis=3_600_000
+    )
+    provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
+    counters = {name: provider.get_meter("traintel").create_counter(name) for name in exports[0]}
+    added = dict.fromkeys(exports[0], 0)
+    for values in exports:
+        for name, value in values.items():
+            counters[name].add(value - added[name])
+            added[name] = value
+        assert provider.force_flush()
+    provider.shutdown()
+    tracer_provider.shutdown()
+
+
+def test_report_and_summary_count_each_process_s_counters_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two processes with the same run id, restart and rank (a job relaunched by hand with the same
+    TRAINTEL_RUN_ID, its files read together) but their own service.instance.id: a counter is
+    cumulative per process, so each process's last value counts once and the processes add up
+    (spans 5 + 7, events 2 + 4), in ``traintel report`` as in ``traintel summary``."""
+    spans, events = semconv.METRIC_SPANS_DROPPED, semconv.METRIC_EVENTS_DROPPED
+    _write_counters(tmp_path / "a.otlp.jsonl", "instance-a", [{spans: 3, events: 1}, {spans: 5, events: 2}])
+    _write_counters(tmp_path / "b.otlp.jsonl", "instance-b", [{spans: 7, events: 4}])
+    expected = {events: 6.0, spans: 12.0}
+    assert summarize([tmp_path]).self_telemetry == expected
+    assert build_report([tmp_path]).self_telemetry == expected
+    assert cli.main(["report", "--json", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["self_telemetry"] == expected
+    assert cli.main(["summary", str(tmp_path)]) == 0
+    assert "Telemetry losses: traintel.events.dropped 6, traintel.spans.dropped 12" in capsys.readouterr().out

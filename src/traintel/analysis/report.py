@@ -30,7 +30,6 @@ from traintel.analysis.summary import (
     energy_figures,
     is_loss,
     phase_rows,
-    self_telemetry_of,
 )
 from traintel.exporters.reader import (
     EventRecord,
@@ -503,14 +502,11 @@ class Report:
             )
 
     def add_metrics_record(self, record: MetricsRecord) -> None:
-        """traintel's own counters (dropped measurements, spans, export failures...) of one resource's
-        metrics record: the last cumulative value of each series, per process of the report, kept in
-        the summary (whose merge and totals serve both commands)."""
+        """traintel's own counters (dropped measurements, spans, export failures...), kept by the
+        summary as ``traintel summary`` keeps them: per process (a counter is cumulative per
+        process; two processes may share a run id, restart and rank)."""
         self.summary.runs.add(record)
-        if self.run is not None and run_key(record.resource) != self.run:
-            return
-        for name, value in self_telemetry_of(record):
-            self.summary.self_telemetry_latest[(self.process_of(record.resource).key, name)] = value
+        self.summary.add_metrics_record(record, self.run)
 
     def add_log(self, entry: LogEntry) -> None:
         """A log record: the hang reports are kept (bounded) for :attr:`stalls`."""
@@ -544,8 +540,7 @@ class Report:
 
     @property
     def self_telemetry(self) -> dict[str, float]:
-        """Each ``traintel.*`` series' last value, summed over the processes (as
-        :meth:`add_metrics_record` keys them)."""
+        """Each ``traintel.*`` series' last value, summed over the processes."""
         return self.summary.self_telemetry
 
     # --- views ---------------------------------------------------------------------------------

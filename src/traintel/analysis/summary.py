@@ -19,7 +19,7 @@ import itertools
 import math
 import os
 import textwrap
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,12 +61,10 @@ _MAX_DECIMALS = 24
 _LOSS_WORDS = ("dropped", "failures", "split")
 
 
-def self_telemetry_of(record: MetricsRecord) -> Iterator[tuple[str, float]]:
-    """``(name, value)`` of every ``traintel.*`` sum or gauge of a resource's metrics, summed
-    over its points."""
-    for series in record.metrics:
-        if series.kind in ("sum", "gauge") and series.name.startswith("traintel."):
-            yield series.name, series.total
+def _process_of(resource: Mapping[str, Any]) -> str:
+    """The process a resource describes: its own instance id (ranks, restarts and a job relaunched
+    by hand with the same run id each have theirs)."""
+    return str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
 
 
 def is_loss(name: str) -> bool:
@@ -293,7 +291,7 @@ class RunSummary:
     def _new_resource(self, resource: dict[str, Any]) -> Extent:
         """A resource met for the first time: its identity noted, its process's extent."""
         self._identity(resource)
-        process = str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
+        process = _process_of(resource)
         return self.extents.setdefault(process, Extent(process))
 
     def _phase(self, extent: Extent, phase: str, seconds: float, span: SpanRecord) -> None:
@@ -348,13 +346,14 @@ class RunSummary:
             self.last_window, self.last_window_at = attributes, at
 
     def add_metrics_record(self, record: MetricsRecord, run: str | None = None) -> None:
-        """traintel's own series of one resource's metrics record (its last values count)."""
-        resource = record.resource
-        if run is not None and run_key(resource) != run:
+        """traintel's own series (every ``traintel.*`` sum or gauge, summed over its points) of one
+        resource's metrics record: a series is cumulative per process, so its last value counts."""
+        if run is not None and run_key(record.resource) != run:
             return
-        process = str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
-        for name, value in self_telemetry_of(record):
-            self.self_telemetry_latest[(process, name)] = value
+        process = _process_of(record.resource)
+        for series in record.metrics:
+            if series.kind in ("sum", "gauge") and series.name.startswith("traintel."):
+                self.self_telemetry_latest[(process, series.name)] = series.total
 
     def merge(self, later: RunSummary) -> None:
         """Add what ``later`` read from the files after this one's, as if read after it: counts
