@@ -28,7 +28,7 @@ from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
 from traintel.analysis.run_info import RunsSeen, run_key
-from traintel.exporters.progress_mark import read_mark
+from traintel.exporters.progress_mark import process_key, read_mark
 from traintel.exporters.reader import (
     MetricsRecord,
     ReadStats,
@@ -59,12 +59,6 @@ _MAX_DECIMALS = 24
 
 #: Self-telemetry series that mean something was lost, refused or failed.
 _LOSS_WORDS = ("dropped", "failures", "split")
-
-
-def _process_of(resource: Mapping[str, Any]) -> str:
-    """The process a resource describes: its own instance id (ranks, restarts and a job relaunched
-    by hand with the same run id each have theirs)."""
-    return str(resource.get(semconv.SERVICE_INSTANCE_ID, resource.get(semconv.RUN_ID, "?")))
 
 
 def is_loss(name: str) -> bool:
@@ -291,7 +285,7 @@ class RunSummary:
     def _new_resource(self, resource: dict[str, Any]) -> Extent:
         """A resource met for the first time: its identity noted, its process's extent."""
         self._identity(resource)
-        process = _process_of(resource)
+        process = process_key(resource)
         return self.extents.setdefault(process, Extent(process))
 
     def _phase(self, extent: Extent, phase: str, seconds: float, span: SpanRecord) -> None:
@@ -350,7 +344,7 @@ class RunSummary:
         resource's metrics record: a series is cumulative per process, so its last value counts."""
         if run is not None and run_key(record.resource) != run:
             return
-        process = _process_of(record.resource)
+        process = process_key(record.resource)
         for series in record.metrics:
             if series.kind in ("sum", "gauge") and series.name.startswith("traintel."):
                 self.self_telemetry_latest[(process, series.name)] = series.total
