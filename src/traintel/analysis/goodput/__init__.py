@@ -34,21 +34,16 @@ The rules, applied to each job's reference rank (the lowest, unless asked):
 Every category is a share of the same total and the shares sum to 1 (``other`` is the rest).
 """
 
-from traintel.analysis.goodput.process import InferredTail, Job
-from traintel.analysis.goodput.reading import GoodputReader, load_jobs, read_file
-from traintel.analysis.goodput.sessions import JobGoodput, SessionGoodput, compute_goodput, session_goodput
+from traintel.analysis.goodput.reading import GoodputReader, load_jobs
+from traintel.analysis.goodput.sessions import SessionGoodput, compute_goodput, session_goodput
 from traintel.analysis.goodput.text import parse_time, render_goodput
 
 __all__ = [
     "GoodputReader",
-    "InferredTail",
-    "Job",
-    "JobGoodput",
     "SessionGoodput",
     "compute_goodput",
     "load_jobs",
     "parse_time",
-    "read_file",
     "render_goodput",
     "session_goodput",
 ]
