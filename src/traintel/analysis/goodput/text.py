@@ -6,18 +6,13 @@ import math
 
 from traintel.analysis.goodput.sessions import JobGoodput, SessionGoodput
 from traintel.analysis.links import TraceLinks
+from traintel.analysis.run_info import utc_text
 from traintel.semconv import BADPUT_CATEGORIES
 
 
 def _bar(share: float, width: int = 20) -> str:
     share = min(1.0, max(0.0, share))
     return "#" * round(share * width)
-
-
-def _clock(ns: int) -> str:
-    import datetime
-
-    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def render_goodput(results: list[SessionGoodput], links: TraceLinks | None = None) -> str:
@@ -29,7 +24,7 @@ def render_goodput(results: list[SessionGoodput], links: TraceLinks | None = Non
     for r in results:
         tags = f" (perf_tag {', '.join(r.perf_tags)})" if r.perf_tags else ""
         lines.append(f"session {r.session}{tags}")
-        lines.append(f"  {_clock(r.start_ns)} -> {_clock(r.end_ns)} UTC, {r.total_s:,.1f} s")
+        lines.append(f"  {utc_text(r.start_ns)} -> {utc_text(r.end_ns)} UTC, {r.total_s:,.1f} s")
         lines.append(
             f"  {len(r.jobs)} job(s), {r.disruptions} disruption(s), last iteration {r.last_iteration}"
         )
@@ -92,7 +87,7 @@ def _job_lines(j: JobGoodput) -> list[str]:
     run_id = j.run_id if len(j.run_id) <= 18 else j.run_id[:17] + "…"
     name = f"{run_id}, {j.restart}"
     lines = [
-        f"  {name:<24}{len(j.ranks):>6}{_clock(j.start_ns):>21}{j.total_s:>11.1f}{j.goodput:>9.2%}",
+        f"  {name:<24}{len(j.ranks):>6}{utc_text(j.start_ns):>21}{j.total_s:>11.1f}{j.goodput:>9.2%}",
         f"    iterations {iterations}, {j.status}",
     ]
     if j.wall_clock_step_s:  # durations stay right; timestamps after the step are off by it
