@@ -419,10 +419,7 @@ class Report:
 
     def _process_for(self, resource: dict[str, Any]) -> Process:
         key, rank, label = process_identity(resource)
-        process = self.processes.get(key)
-        if process is None:
-            process = self.processes[key] = Process(key, label, rank)
-        return process
+        return self.processes.setdefault(key, Process(key, label, rank))  # (once per resource)
 
     def _add_event(self, process: Process, event: EventRecord) -> None:
         """A span event: the rank tables see them all; window metrics join the process's

@@ -166,9 +166,7 @@ class RunsSeen:
 
     def _identify(self, resource: dict[str, Any]) -> tuple[RunInfo, _Process]:
         key = run_key(resource)
-        run = self.runs.get(key)
-        if run is None:
-            run = self.runs[key] = RunInfo(key)
+        run = self.runs.setdefault(key, RunInfo(key))  # (once per resource)
         return run, run.see(resource)
 
     def add(self, record: Record) -> None:

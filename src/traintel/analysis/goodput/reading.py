@@ -102,10 +102,7 @@ class GoodputReader:
 
     def _process_of(self, resource: dict[str, Any]) -> Process:
         key = process_key(resource)
-        found = self.processes.get(key)
-        if found is None:
-            found = self.processes[key] = Process(key, resource)
-        return found
+        return self.processes.setdefault(key, Process(key, resource))  # (once per resource)
 
     def add(self, record: Record) -> None:
         """A span into its process; a resource's metrics: their points' times (a job killed
