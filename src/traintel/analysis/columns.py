@@ -17,8 +17,6 @@ from array import array
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Table"]
-
 #: Rows packed into the columns at a time.
 _BATCH = 256
 
