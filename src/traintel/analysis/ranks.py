@@ -54,33 +54,32 @@ class CrossRankTable:
     stragglers: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     dropped: int = 0
 
-    def _window(self, job: str, index: int, attributes: dict[str, Any]) -> _Window | None:
+    def _window(self, job: str, index: int) -> _Window | None:
+        """The window, new (its iterations unknown until its window event) while there is room."""
         key = (job, index)
         window = self.windows.get(key)
         if window is None:
             if len(self.windows) >= MAX_WINDOWS:
                 self.dropped += 1
                 return None
-            first = attributes.get(_W + "first_iteration", -1)
-            last = attributes.get(_W + "last_iteration", -1)
-            window = self.windows[key] = _Window(int(first), int(last))
+            window = self.windows[key] = _Window(-1, -1)
         return window
 
     def add_event(self, job: str, rank: int, name: str, attributes: dict[str, Any]) -> None:
         if name == semconv.Event.TRAINING_METRICS_UPDATE.value:
             index, mean = attributes.get(_W + "index"), attributes.get(_W + "iteration_time.mean")
             if isinstance(index, int) and isinstance(mean, int | float):
-                window = self._window(job, index, attributes)
+                window = self._window(job, index)
                 if window is not None:
                     window.events += 1
                     window.iteration_s[rank] = float(mean)
-                    if window.first_iteration < 0:  # created from the live event
+                    if window.first_iteration < 0:  # new, or made by the live event
                         window.first_iteration = int(attributes.get(_W + "first_iteration", -1))
                         window.last_iteration = int(attributes.get(_W + "last_iteration", -1))
         elif name == semconv.Event.RANKS_METRICS_UPDATE.value:
             index = attributes.get(_R + "window.index")
             if isinstance(index, int):
-                window = self._window(job, index, {})
+                window = self._window(job, index)
                 if window is not None:
                     window.events += 1
                     window.live = window.live or attributes
