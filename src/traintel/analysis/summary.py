@@ -19,6 +19,7 @@ import itertools
 import math
 import os
 import textwrap
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,9 +202,9 @@ class RunSummary:
     #: Per evaluation phase (validation_loop, testing_loop): the precedence and the model
     #: metrics (``name -> last value``) of its latest loop that recorded any.
     last_evaluation: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=dict)
-    exported_iterations: dict[str, int] = field(default_factory=dict)
+    exported_iterations: Counter[str] = field(default_factory=Counter)
     slowest: list[tuple[float, str, str, int]] = field(default_factory=list)
-    events: dict[str, int] = field(default_factory=dict)
+    events: Counter[str] = field(default_factory=Counter)
     stats: ReadStats = field(default_factory=ReadStats)
     #: ``traintel.*`` self-telemetry: the last value of each series, per process.
     self_telemetry_latest: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -239,7 +240,7 @@ class RunSummary:
         extent = self._extent_of(resource)
         extent.see(span.start_ns, span.end_ns)
         for event in span.events:
-            self.events[event.name] = self.events.get(event.name, 0) + 1
+            self.events[event.name] += 1
             if event.name == semconv.Event.TRAINING_METRICS_UPDATE:
                 self._window(event.attributes, _precedence(resource, event.time_ns))
         phase = span.attributes.get(semconv.PHASE)
@@ -257,7 +258,7 @@ class RunSummary:
     def _exported_iteration(self, span: SpanRecord, seconds: float) -> None:
         """An exported (sampled) iteration: counted by sampling reason, kept if among the slowest."""
         reason = str(span.attributes.get(semconv.SAMPLING_REASON, "foreign"))
-        self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + 1
+        self.exported_iterations[reason] += 1
         self._keep_slowest(
             [(seconds, span.trace_id, span.span_id, int(span.attributes.get(semconv.ITERATION, -1)))]
         )
@@ -379,11 +380,9 @@ class RunSummary:
         self.window_iteration_max_s = max(self.window_iteration_max_s, later.window_iteration_max_s)
         for short, seconds in later.step_phase_s.items():
             self.step_phase_s[short] = self.step_phase_s.get(short, 0.0) + seconds
-        for reason, count in later.exported_iterations.items():
-            self.exported_iterations[reason] = self.exported_iterations.get(reason, 0) + count
+        self.exported_iterations.update(later.exported_iterations)
         self._keep_slowest(later.slowest)
-        for name, count in later.events.items():
-            self.events[name] = self.events.get(name, 0) + count
+        self.events.update(later.events)
         self.stats.merge(later.stats)
         self.self_telemetry_latest.update(later.self_telemetry_latest)
 
