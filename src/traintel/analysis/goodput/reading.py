@@ -337,13 +337,8 @@ def _marked_window(process: Process, covered: int) -> Window | None:
         return None  # recorded since
     first, last = progress.first_iteration, progress.last_iteration
     recorded = [row for row in process.window_rows if first <= row[2] and row[3] <= last]
-    iterations, productive, data, startup = (
-        progress.iterations,
-        progress.productive_s,
-        progress.data_loading_s,
-        progress.program_startup_s,
-    )
-    start = progress.start_ns
+    iterations, productive, start = progress.iterations, progress.productive_s, progress.start_ns
+    data, startup = progress.data_loading_s, progress.program_startup_s
     for row in recorded:
         iterations -= row[4]
         productive, data, startup = productive - row[5], data - row[6], startup - row[7]
