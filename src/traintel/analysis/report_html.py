@@ -476,8 +476,7 @@ def _iterations(first: int, last: int) -> str:
 
 
 def _metric_lines(report: Report, name: str) -> list[ChartLine]:
-    """One line per process: the metric's mean over each window (its last value where a window
-    has no finite mean), every point's tooltip with the window's iterations, mean and last."""
+    """One :func:`metric_line` per process that recorded the metric."""
     return [
         metric_line(label, _PALETTE[n % len(_PALETTE)], name, report.processes[key].metrics[name].all())
         for n, (key, label) in enumerate(report.rank_labels())
