@@ -382,8 +382,8 @@ def environment_log_pipeline(resource: Resource, path: str | None) -> LogPipelin
     return LogPipeline(_plan_exporters("logs", os.environ, file, strict=False), resource)
 
 
-#: A batch processor (traintel's, or the guard on one the distro built) and its spool, if any.
-ExportPath = tuple[CountingBatchSpanProcessor | QueueGuard, SpoolingSpanExporter | None]
+#: The queue guard of a batch processor (traintel's, or one the distro built) and its spool, if any.
+ExportPath = tuple[QueueGuard, SpoolingSpanExporter | None]
 
 
 @dataclass
@@ -487,9 +487,9 @@ class Pipeline:
 
     def _spill(self) -> None:
         """The exit bound was reached: what is queued or in flight goes to the spool, not away."""
-        for processor, spooler in self.export_paths:
+        for guard, spooler in self.export_paths:
             try:
-                queued = processor.take_queued()
+                queued = guard.take_queued()
                 if spooler is not None:
                     spooler.spill(queued)
                 elif queued:
@@ -700,7 +700,7 @@ class _OwnedBuild:
         export_paths = self.export_paths(plans, spool)
         export_filter = IterationExportFilter([batcher for batcher, _ in export_paths], TraceBudget())
         provider.add_traintel_processor(export_filter)
-        return provider, export_filter, list[ExportPath](export_paths)
+        return provider, export_filter, [(batcher.guard, spooler) for batcher, spooler in export_paths]
 
     def export_paths(
         self, plans: list[_ExporterPlan], spool: bool

@@ -177,9 +177,6 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
         super().__init__(exporter, **kwargs)
         self.guard = guard_queue(self, health)  # on_end replaced: no extra call per span
 
-    def take_queued(self) -> list[ReadableSpan]:
-        return self.guard.take_queued()
-
 
 #: The batch span processor's settings: variable, keyword, the SDK's default, the least allowed.
 _BATCH_SETTINGS = (
