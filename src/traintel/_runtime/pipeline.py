@@ -682,11 +682,6 @@ class _OwnedBuild:
     environ: Mapping[str, str]
     undo: list[Callable[[], None]] = field(default_factory=list)
 
-    def failed(
-        self, signal: str, name: str, exc: Exception, settings: _Settings | None = None, what: str = ""
-    ) -> None:
-        _exporter_failed(signal, name, exc, self.environ, self.strict, settings, what)
-
     def tracer_provider(
         self, plans: list[_ExporterPlan], spool: bool
     ) -> tuple[OwnedTracerProvider, IterationExportFilter, list[ExportPath]]:
@@ -709,25 +704,29 @@ class _OwnedBuild:
         from ``OTEL_*``, when ``spool``)."""
         paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
         batching = _batch_settings(self.environ, self.strict) if plans else {}
+        # The embedded file's processor gathers spans longer, unless OTEL_BSP_SCHEDULE_DELAY says.
+        longer = not self.environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip()
+        file_batching = (
+            {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS} if longer else batching
+        )
         for plan in plans:
             try:
                 exporter: SpanExporter = plan.factory()
             except Exception as exc:
-                self.failed("traces", plan.name, exc)
+                _exporter_failed("traces", plan.name, exc, self.environ, self.strict)
                 continue
             spooler = None
             if spool and plan.name != FILE_EXPORTER:
                 exporter = spooler = _spooling(exporter, plan.name, self.config, self.resource)
             bound = ProcessBoundSpanExporter(exporter)
             try:
-                processor = CountingBatchSpanProcessor(
-                    bound, health=HEALTH, **_plan_batching(plan, batching, self.environ)
-                )
+                settings = file_batching if plan.name == FILE_EXPORTER else batching
+                processor = CountingBatchSpanProcessor(bound, health=HEALTH, **settings)
             except Exception as exc:
                 if not plan.lent:
                     self.undo.append(exporter.shutdown)
                 what = f"the batch span processor of exporter {plan.name!r} could not start"
-                self.failed("traces", plan.name, exc, _BSP_SETTINGS, what)
+                _exporter_failed("traces", plan.name, exc, self.environ, self.strict, _BSP_SETTINGS, what)
                 continue
             self.undo.append(functools.partial(_stop, processor, bound, plan.lent))
             paths.append((processor, spooler))
@@ -755,7 +754,7 @@ class _OwnedBuild:
             try:
                 built: MetricExporter | MetricReader = plan.factory()
             except Exception as exc:
-                self.failed("metrics", plan.name, exc)
+                _exporter_failed("metrics", plan.name, exc, self.environ, self.strict)
                 continue
             if isinstance(built, MetricReader):  # a pull endpoint (prometheus): its own reader
                 self.undo.append(built.shutdown)
@@ -773,20 +772,11 @@ class _OwnedBuild:
             except Exception as exc:
                 self.undo.append(bound.shutdown)
                 what = f"the periodic metric reader of exporter {plan.name!r} could not start"
-                self.failed("metrics", plan.name, exc, _READER_SETTINGS, what)
+                _exporter_failed("metrics", plan.name, exc, self.environ, self.strict, _READER_SETTINGS, what)
                 continue
             self.undo.append(reader.shutdown)
             readers.append(reader)
         return readers
-
-
-def _plan_batching(
-    plan: _ExporterPlan, batching: dict[str, int], environ: Mapping[str, str]
-) -> dict[str, int]:
-    """The embedded file's processor gathers spans longer, unless ``OTEL_BSP_SCHEDULE_DELAY`` says."""
-    if plan.name == FILE_EXPORTER and not environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip():
-        return {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}
-    return batching
 
 
 def _batch_settings(environ: Mapping[str, str], strict: bool) -> dict[str, int]:
