@@ -251,7 +251,7 @@ def _register(
     # The exchange decides at the first window what a rank exports (scale mode): before the
     # instruments record that window's values.
     windows.register(
-        "the cross-rank exchange", lambda event: cross_rank.window_closed(event.report, event.final)
+        "the cross-rank exchange", lambda event: cross_rank.window_closed(event.report, event.window.final)
     )
     windows.register("the metric instruments", lambda event: instruments.window_closed(event.report))
     windows.register("the goodput record", consumers.book_goodput)

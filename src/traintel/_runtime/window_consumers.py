@@ -165,14 +165,14 @@ class WindowConsumers:
 
     def book_goodput(self, event: WindowEvent) -> None:
         """The goodput ledger's account of the window, and its record exported at once."""
-        ledger, report = self._engine.goodput, event.report
+        ledger, report, final = self._engine.goodput, event.report, event.window.final
         if report is None:
-            records = ledger.flush_held() if event.final else []
+            records = ledger.flush_held() if final else []
         else:
             metrics = report.attributes if self._compact(event) else None
-            records = ledger.close_window(report, event.inputs.peak_flops, event.final, metrics)
+            records = ledger.close_window(report, event.inputs.peak_flops, final, metrics)
         self._held_parent = event.parent
-        self._export(self._by_time(records, event), event.final, event.segment if event.final else None)
+        self._export(self._by_time(records, event), final, event.segment if final else None)
 
     def _by_time(self, records: list[WindowGoodput], event: WindowEvent) -> list[WindowGoodput]:
         """Windows shorter than the time floor (closed by their row bound, at a high step rate)
@@ -192,7 +192,7 @@ class WindowConsumers:
                 size, pace = agreed if record.index == event.window.index else (0, 0.0)
                 agreed_ns = round(size * pace * 1e9) if pace else floor_ns
             ready += self._merger.add(record, floor_ns, event.inputs, agreed_ns)
-        return ready + self._merger.flush() if event.final else ready
+        return ready + self._merger.flush() if event.window.final else ready
 
     def release_held(self) -> None:
         """Telemetry shuts down with the loop open: the records held for merging leave now."""

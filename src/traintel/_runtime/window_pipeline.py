@@ -70,10 +70,6 @@ class WindowEvent:
     #: (pace 0.0: none agreed yet); None in a job of one process.
     agreed: tuple[int, float] | None = None
 
-    @property
-    def final(self) -> bool:
-        return self.window.final
-
 
 Consumer = Callable[[WindowEvent], None]
 #: What a window's rates are computed with, from its configuration and the training device.
