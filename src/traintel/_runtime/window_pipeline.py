@@ -23,6 +23,7 @@ tests assert exactly are there as soon as the window closes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -74,8 +75,8 @@ class WindowEvent:
 Consumer = Callable[[WindowEvent], None]
 #: What a window's rates are computed with, from its configuration and the training device.
 RateSource = Callable[[TrainingConfig, Settings, int | None], RateInputs]
-_Window = tuple[ClosedWindow, TrainingConfig, Settings, Span | None, Span | None, Span | None, int | None]
-_Job = _Window | Callable[[], None]
+#: A closed window's report and consumers, or a task queued behind the windows (``then``).
+_Job = Callable[[], None]
 
 
 class WindowPipeline:
@@ -126,7 +127,7 @@ class WindowPipeline:
             self._before_handover(settings, device)
         except Exception:
             self._warn_once("before_handover", "could not prepare a window's rates")
-        self._put((window, config, settings, loop, segment, parent, device))
+        self._put(functools.partial(self._report, window, config, settings, loop, segment, parent, device))
 
     def at_close(self, task: Callable[[], None]) -> None:
         """Run ``task`` when the pipeline closes, after the windows handed over before it (what a
@@ -213,17 +214,10 @@ class WindowPipeline:
                     self._done.notify_all()
 
     def _process(self, job: _Job) -> None:
-        if callable(job):
-            try:
-                job()
-            except Exception:
-                self._warn_once("window_task", "could not end a trace segment")
-            return
         try:
-            self._report(*job)
-        finally:
-            if job[0].rows:
-                self._reported = job[0].index
+            job()
+        except Exception:
+            self._warn_once("window_task", "could not end a trace segment")
 
     def _report(
         self, window: ClosedWindow, config: TrainingConfig, settings: Settings, loop: Span | None,
@@ -234,14 +228,17 @@ class WindowPipeline:
             report = self.aggregator.close_window(window, inputs)
         except Exception:
             self._warn_once("window_report", "could not report a window (its iterations stay counted)")
-            return
-        agreed = self._agreed.pop(window.index, None)
-        event = WindowEvent(report, window, settings, inputs, loop, segment, parent, device, agreed)
-        asynchronous = not SYNCHRONOUS
-        for name, consumer in self._consumers:
-            try:
-                consumer(event)
-            except Exception:
-                self._warn_once("window:" + name, "could not hand a window to %s", name)
-            if asynchronous:
-                time.sleep(0)  # the GIL to the training thread between two consumers, if it waits
+        else:
+            agreed = self._agreed.pop(window.index, None)
+            event = WindowEvent(report, window, settings, inputs, loop, segment, parent, device, agreed)
+            asynchronous = not SYNCHRONOUS
+            for name, consumer in self._consumers:
+                try:
+                    consumer(event)
+                except Exception:
+                    self._warn_once("window:" + name, "could not hand a window to %s", name)
+                if asynchronous:
+                    time.sleep(0)  # the GIL to the training thread between two consumers, if it waits
+        finally:
+            if window.rows:
+                self._reported = window.index
