@@ -73,6 +73,11 @@ def clean_environment(
     SEQUENCE.entered = SEQUENCE.completed = 0
     yield
     active.shutdown(0.5)
+    # OpenTelemetry sets a global provider once per process: every later configure would attach
+    # to one a test published (tests/test_config.py's errors from OTEL_* would not be raised)
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider), (
+        "the test published a global tracer provider: run it in a child process (subprocess_helpers)"
+    )
     # a test that leaves a span current would parent every later test's spans under it
     leaked = trace.get_current_span()
     context_api.attach(context_api.Context())  # the next test starts clean either way

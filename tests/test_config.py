@@ -169,20 +169,28 @@ with traintel.training_loop():
     assert sum(s.name == "training_iteration" for s in spans) == 600
 
 
-def test_the_initialization_event_says_none_for_a_signal_that_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Metrics off (``OTEL_METRICS_EXPORTER=none``) read as "(user provider)" before."""
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+@pytest.mark.process
+def test_the_initialization_event_says_none_for_a_signal_that_is_off(tmp_path: Path) -> None:
+    """Metrics off (``OTEL_METRICS_EXPORTER=none``) read as "(user provider)" before.
 
-    import traintel
-    from traintel import semconv
+    In a fresh interpreter: with span exporters only, traintel publishes the meter provider it
+    builds as the global one, which OpenTelemetry lets a process set once; a later configure in
+    the same process attaches to it, and then "(user provider)" is right."""
+    code = """
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
-    exporter = InMemorySpanExporter()
-    traintel.configure(span_exporters=[exporter])
-    with traintel.application():
-        pass
-    traintel.shutdown(2)
-    (event,) = [
-        e for s in exporter.get_finished_spans() for e in s.events if e.name == "telemetry_initialization"
-    ]
-    assert (event.attributes or {})[semconv.METRICS_EXPORTERS] == ("none",)
+import traintel
+from traintel import semconv
+
+exporter = InMemorySpanExporter()
+traintel.configure(span_exporters=[exporter])
+with traintel.application():
+    pass
+traintel.shutdown(2)
+(event,) = [e for s in exporter.get_finished_spans()
+      for e in s.events if e.name == "telemetry_initialization"]
+print(repr(event.attributes[semconv.METRICS_EXPORTERS]))
+"""
+    result = run_python(code, tmp_path, OTEL_METRICS_EXPORTER="none")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == repr(("none",))
