@@ -36,8 +36,9 @@ class ConfigurationError(ValueError):
     """A configuration value is invalid; the message names the setting and the bad value."""
 
 
-def _integer(raw: object, *, allow_zero: bool) -> int:
-    """``raw`` as a whole number: a string parsed, an integral float taken, a bool refused."""
+def _integer(raw: object, *, least: int, wanted: str) -> int:
+    """``raw`` as a whole number of at least ``least``: a string parsed, an integral float
+    taken, a bool refused (``wanted`` names the kind in the error)."""
     value = raw
     if isinstance(raw, str):
         try:
@@ -46,8 +47,8 @@ def _integer(raw: object, *, allow_zero: bool) -> int:
             value = None
     elif isinstance(raw, float) and raw.is_integer():
         value = int(raw)
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
-        raise ValueError(f"expected {'a non-negative' if allow_zero else 'a positive'} integer")
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"expected {wanted} integer")
     return value
 
 
@@ -87,8 +88,8 @@ def _float_or_nan(raw: object) -> float:
 
 _positive_number = functools.partial(_number, allow_zero=False)
 _non_negative_number = functools.partial(_number, allow_zero=True)
-_positive_int = functools.partial(_integer, allow_zero=False)
-_non_negative_int = functools.partial(_integer, allow_zero=True)
+_positive_int = functools.partial(_integer, least=1, wanted="a positive")
+_non_negative_int = functools.partial(_integer, least=0, wanted="a non-negative")
 
 
 #: The longest wait a setting in seconds may ask for: a day. Far above any sane exit or exchange
