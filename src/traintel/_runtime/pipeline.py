@@ -706,8 +706,10 @@ class _OwnedBuild:
         batching = _batch_settings(self.environ, self.strict) if plans else {}
         # The embedded file's processor gathers spans longer, unless OTEL_BSP_SCHEDULE_DELAY says.
         longer = not self.environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip()
-        file_batching = (
-            {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS} if longer else batching
+        settings_by_name = (
+            {FILE_EXPORTER: {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}}
+            if longer
+            else {}
         )
         for plan in plans:
             try:
@@ -720,8 +722,9 @@ class _OwnedBuild:
                 exporter = spooler = _spooling(exporter, plan.name, self.config, self.resource)
             bound = ProcessBoundSpanExporter(exporter)
             try:
-                settings = file_batching if plan.name == FILE_EXPORTER else batching
-                processor = CountingBatchSpanProcessor(bound, health=HEALTH, **settings)
+                processor = CountingBatchSpanProcessor(
+                    bound, health=HEALTH, **settings_by_name.get(plan.name, batching)
+                )
             except Exception as exc:
                 if not plan.lent:
                     self.undo.append(exporter.shutdown)
