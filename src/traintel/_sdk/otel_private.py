@@ -692,10 +692,12 @@ _HISTOGRAM_FAST: list[bool] = []  # checked on first use (it builds a meter prov
 
 
 def record_sorted(histogram: Any, ordered: Sequence[float], boundaries: tuple[float, ...]) -> None:
-    """Record ``ordered`` (ascending) into ``histogram``, exactly as one ``record`` per value
-    would. The first value goes through the public API (which makes the SDK's aggregation for
-    every reader); the rest are added to each aggregation as one count per bucket, with their
-    sum, minimum and maximum: a window's values cost one call, not one per iteration. Where a
+    """Record ``ordered`` (ascending) into ``histogram`` as one ``record`` per value would: the
+    same count, buckets, minimum and maximum; the sum of the window correctly rounded
+    (``math.fsum``), which one-by-one addition can miss in the last bits. The first value goes
+    through the public API (which makes the SDK's aggregation for every reader); the rest are
+    added to each aggregation as one count per bucket, with their sum, minimum and maximum: a
+    window's values cost one call, not one per iteration. Where a
     View changed the buckets or the aggregation, or this SDK release keeps its aggregations
     elsewhere, every value goes through the public API. (No exemplars are offered for the added
     values: they are recorded off the training thread, outside any sampled span.)"""
