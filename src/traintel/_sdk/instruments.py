@@ -4,10 +4,10 @@ Why per window: an SDK histogram ``record`` costs microseconds (attribute hashin
 exemplar sampling), as much as a whole iteration of the recorder. The iteration times are
 therefore recorded once per closed window, by the window pipeline's worker, into the SDK's
 histograms as one count per bucket (``record_sorted``: the same points as a ``record`` per
-value, where the histogram's buckets are its own). Nothing is buffered between windows, so
-nothing can be lost waiting for a reader. The samples and tokens counters observe the engine's
-running totals at each collection (every iteration so far); gauges report the last closed
-window.
+value, where the histogram's buckets are its own; the sum rounded once per window). Nothing
+is buffered between windows, so nothing can be lost waiting for a reader. The samples and
+tokens counters observe the engine's running totals at each collection (every iteration so
+far); gauges report the last closed window.
 """
 
 from __future__ import annotations
