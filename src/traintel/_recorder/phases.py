@@ -591,4 +591,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
 
 #: The step kinds by span name (what callbacks and integrations look up).
 STEP_KINDS: dict[str, StepKind] = {name: StepKind(name, index) for name, index in STEP_INDEX.items()}
-DATA_LOADING, MODEL_FORWARD, MODEL_BACKWARD, OPTIMIZER_UPDATE = STEP_KINDS.values()
+DATA_LOADING = STEP_KINDS[Phase.DATA_LOADING.value]
+MODEL_FORWARD = STEP_KINDS[Phase.MODEL_FORWARD.value]
+MODEL_BACKWARD = STEP_KINDS[Phase.MODEL_BACKWARD.value]
+OPTIMIZER_UPDATE = STEP_KINDS[Phase.OPTIMIZER_UPDATE.value]

@@ -217,7 +217,7 @@ class WindowPipeline:
         try:
             job()
         except Exception:
-            self._warn_once("window_task", "could not end a trace segment")
+            self._warn_once("window_task", "could not run a queued window task (a report or a segment's end)")
 
     def _report(
         self, window: ClosedWindow, config: TrainingConfig, settings: Settings, loop: Span | None,
