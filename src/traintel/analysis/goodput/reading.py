@@ -111,7 +111,7 @@ class GoodputReader:
         if isinstance(record, SpanRecord):
             _add_span(process, record)
         else:
-            process.see(0, max([s.last_time_ns for s in record.metrics if s.kind is not None], default=0))
+            process.see(0, record.last_time_ns)
 
     def add_mark_of(self, path: str | os.PathLike[str]) -> None:
         """The progress mark of the file just read, into its process (its records' resource)."""
@@ -159,7 +159,7 @@ def read_file(path: str, progress: Callable[[int], None] | None = None) -> tuple
     """One file's goodput state and read counts (a part of :func:`load_jobs`)."""
     reader, stats = GoodputReader(), ReadStats()
     with gc_paused():
-        for record in iter_records([path], stats, progress):  # (reads no derived window number)
+        for record in iter_records([path], stats, progress, metric_values=False):  # (nor window numbers)
             reader.add(record)
     reader.add_mark_of(path)
     return reader, stats
