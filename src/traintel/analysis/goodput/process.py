@@ -201,26 +201,11 @@ class Process:
         """The process's windows, records then inferred ones, ordered by start, each with the
         share of its iterations that a later job ran again (``later``: their ranges)."""
         out = [
-            Window(
-                start_ns=row[0],
-                end_ns=row[1],
-                first=row[2],
-                last=row[3],
-                iterations=row[4],
-                productive_s=row[5],
-                data_s=row[6],
-                startup_s=row[7],
-                flops=row[8],
-                peak=row[9] or None,
-                p50=row[10],
-                p90=row[11],
-                p99=row[12],
-                max_s=row[13],
-                slowest=row[14] if row[16] else None,
-                ideal=row[15] or None,
-            )
-            for row in self.window_rows
-        ]
+            Window(start, end, first, last, iterations, productive, data, startup, flops, peak or None,
+                   p50, p90, p99, max_s, slowest if has_slowest else None, ideal or None)
+            for start, end, first, last, iterations, productive, data, startup, flops, peak,
+                p50, p90, p99, max_s, slowest, ideal, has_slowest in self.window_rows
+        ]  # fmt: skip
         out.extend(dataclasses.replace(w) for w in self.inferred)
         out.sort(key=lambda w: w.start_ns)
         for w in out:
