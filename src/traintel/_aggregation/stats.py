@@ -266,7 +266,3 @@ class QuantileSketch:
         kept = bisect_right(values, limit)  # values ascend: the kept ones are a prefix
         weighted: float = sum(map(operator.mul, values[:kept], counts[:kept]))
         return min(max(weighted / sum(counts[:kept]), self.low), self.high)
-
-    @property
-    def buckets(self) -> int:
-        return len(self._counts)

@@ -212,7 +212,3 @@ class IterationExportFilter(SpanProcessor):
         right after a flush of the provider keeps them), then the exporting processors."""
         self.before_flush(timeout_millis / 1000)
         return all(processor.force_flush(timeout_millis) for processor in self._processors)
-
-    @property
-    def pending_iterations(self) -> int:
-        return len(self._pending)

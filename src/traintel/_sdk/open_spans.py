@@ -77,15 +77,9 @@ class OpenSpans:
         """The spans open now (a copy; may raise RuntimeError if the registry changes meanwhile)."""
         return list(self._open.values())
 
-    def get(self, span_id: int) -> Span | None:
-        return self._open.get(span_id)
-
     def is_open(self, phase: str) -> bool:
         """Whether any span of ``phase`` is open right now (in any thread)."""
         return self._phase_counts.get(phase, 0) > 0
-
-    def count(self) -> int:
-        return len(self._open)
 
     def ancestors(self, span_id: int) -> Iterator[tuple[int, Span | None]]:
         """``span_id`` and the ids of its ancestors, nearest first, each with its open span; the
