@@ -2,11 +2,9 @@
 
 Why per window: an SDK histogram ``record`` costs microseconds (attribute hashing, locks,
 exemplar sampling), as much as a whole iteration of the recorder. The iteration times are
-therefore recorded once per closed window, by the window pipeline's worker, into the SDK's
-histograms as one count per bucket (``record_sorted``: the same points as a ``record`` per
-value, where the histogram's buckets are its own; the sum rounded once per window). Nothing
-is buffered between windows, so nothing can be lost waiting for a reader. The samples and
-tokens counters observe the engine's running totals at each collection (every iteration so
+therefore recorded once per closed window, by the window pipeline's worker (``record_sorted``).
+Nothing is buffered between windows, so nothing can be lost waiting for a reader. The samples
+and tokens counters observe the engine's running totals at each collection (every iteration so
 far); gauges report the last closed window.
 """
 
@@ -19,7 +17,7 @@ from opentelemetry import metrics as metrics_api
 from opentelemetry.metrics import CallbackOptions, NoOpHistogram, Observation
 
 from traintel import semconv
-from traintel._aggregation.aggregator import TrainingAggregator, WindowReport
+from traintel._aggregation.aggregator import STEP_PHASE_NAMES, TrainingAggregator, WindowReport
 from traintel._aggregation.goodput import GoodputLedger, GoodputSnapshot
 from traintel._sdk.otel_private import record_sorted
 from traintel.version import __version__
@@ -190,7 +188,7 @@ class TrainingInstruments:
         if not iterations:
             return []
         observations = []
-        for phase in ("data_loading", "forward", "backward", "optimizer"):
+        for phase in STEP_PHASE_NAMES:
             total = window.get(_W + "time." + phase)
             if total is not None:
                 observations.append(Observation(total / iterations, {semconv.PHASE: phase}))
