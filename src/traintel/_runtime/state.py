@@ -286,7 +286,7 @@ class Telemetry:
         self._stop_watchers(deadline)
         ok = self.pipeline.shutdown(max(0.0, deadline - time.monotonic())) and windows
         if self.processor is not None:
-            self.processor.disable()
+            self.processor.shutdown()
         say(
             farewell(
                 self.output_file, self.pipeline.trace_exporters, self.resource.attributes.get(semconv.RANK)

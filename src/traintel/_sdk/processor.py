@@ -263,14 +263,12 @@ class TrainingMetricsProcessor(SpanProcessor):
         elif phase in _STAGE_OF:
             engine.checkpoint_stage_done(_STAGE_OF[phase], duration_s)
 
-    def disable(self) -> None:
-        """Stop tracking (traintel shut down); the SDK offers no way to remove a processor."""
+    def shutdown(self) -> None:
+        """Stop tracking: the provider's shutdown, or traintel's own (the SDK offers no way to
+        remove a processor from a provider that lives on)."""
         self.engine = None
         self.open_spans.clear()
         self._foreign_steps.clear()
-
-    def shutdown(self) -> None:
-        self.disable()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
