@@ -211,12 +211,11 @@ class SegmentedSpan(Span):
         self.current.add_event(name, attributes, timestamp)
 
     def add_clean_event(
-        self, name: str, attributes: Mapping[str, types.AttributeValue], segment: Span | None = None
+        self, name: str, attributes: Mapping[str, types.AttributeValue], segment: Span
     ) -> None:
         """``add_event`` for attributes traintel computed (plain numbers and strings): stored
-        without the SDK's per-value cleaning (see ``traintel._sdk.otel_private``); on
-        ``segment`` if given (the one that held a window), counted if it is still the open one."""
-        segment = self.current if segment is None else segment
+        without the SDK's per-value cleaning (see ``traintel._sdk.otel_private``), on
+        ``segment``, the one that held a window (counted if it is still the open one)."""
         if segment is self.current:
             self.open_events += 1
             self.open_bytes += 24 + len(name) + estimate_attributes_bytes(attributes)
