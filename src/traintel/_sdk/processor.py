@@ -36,7 +36,6 @@ class RunningIteration(Protocol):
 
     span_id: int
     phase: str
-    head_reason: str | None
 
     def keep(self, reason: str) -> None: ...
 
