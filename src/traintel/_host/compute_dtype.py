@@ -90,8 +90,7 @@ def forget_model() -> None:
 
 def tf32_matmuls(torch: Any) -> str | None:
     """How fp32 matmuls are told to use TF32, or None if they are not: the global precision
-    (which tells "high" from "medium"), else the per-backend flags (torch ≥ 2.9 refuses the old
-    readers once the old and new setters were both used)."""
+    (which tells "high" from "medium"), else the per-backend flags."""
     matmul = getattr(getattr(getattr(torch, "backends", None), "cuda", None), "matmul", None)
     with contextlib.suppress(Exception):  # torch >= 2.9 refuses when the old and new APIs were both used
         level = torch.get_float32_matmul_precision()

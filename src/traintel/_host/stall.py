@@ -229,8 +229,6 @@ class StallWatcher:
         self._probe = _main_thread_probe()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        #: Records written (suspect, recovered): the tests' and the job's own account.
-        self.records = [0, 0]
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -369,7 +367,6 @@ class StallWatcher:
             self._training_thread(),
         )  # fmt: skip
         self._send(event, report, self._link(), now, body)
-        self.records[event == semconv.EVENT_HANG_RECOVERED] += 1
 
     def _link(self) -> SpanContext | None:
         """The current iteration's span (its id drawn now if it had none), else the innermost

@@ -79,12 +79,13 @@ def _cuda_devices() -> list[tuple[int, str, Any]]:
         return []
 
 
+#: (metric, ``memory_stats`` key, unit): the byte amounts are gauges, the event counts counters.
 _ALLOCATOR = (
-    (semconv.METRIC_DEVICE_MEMORY_ALLOCATED, "allocated_bytes.all.current"),
-    (semconv.METRIC_DEVICE_MEMORY_RESERVED, "reserved_bytes.all.current"),
-    (semconv.METRIC_DEVICE_MEMORY_PEAK, "allocated_bytes.all.peak"),
-    (semconv.METRIC_DEVICE_MEMORY_ALLOC_RETRIES, "num_alloc_retries"),
-    (semconv.METRIC_DEVICE_MEMORY_OOMS, "num_ooms"),
+    (semconv.METRIC_DEVICE_MEMORY_ALLOCATED, "allocated_bytes.all.current", "By"),
+    (semconv.METRIC_DEVICE_MEMORY_RESERVED, "reserved_bytes.all.current", "By"),
+    (semconv.METRIC_DEVICE_MEMORY_PEAK, "allocated_bytes.all.peak", "By"),
+    (semconv.METRIC_DEVICE_MEMORY_ALLOC_RETRIES, "num_alloc_retries", "{retry}"),
+    (semconv.METRIC_DEVICE_MEMORY_OOMS, "num_ooms", "{oom}"),
 )
 
 
@@ -101,13 +102,9 @@ class SystemInstruments:
              "Resident memory of this process"),
         ):  # fmt: skip
             meter.create_observable_gauge(name, [callback], unit=unit, description=description)
-        for name, key in _ALLOCATOR:
-            callback = self._allocator_callback(key)
-            if key.startswith("num_"):
-                unit = "{retry}" if "retries" in key else "{oom}"
-                meter.create_observable_counter(name, [callback], unit=unit, description=f"torch.cuda {key}")
-            else:
-                meter.create_observable_gauge(name, [callback], unit="By", description=f"torch.cuda {key}")
+        for name, key, unit in _ALLOCATOR:
+            create = meter.create_observable_gauge if unit == "By" else meter.create_observable_counter
+            create(name, [self._allocator_callback(key)], unit=unit, description=f"torch.cuda {key}")
 
     def _cpu_callback(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(self._cpu.utilization())]

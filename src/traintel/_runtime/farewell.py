@@ -22,21 +22,18 @@ from traintel.exporters.redaction import redact, url_secrets
 _OTLP_DEFAULTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318/v1/traces"}
 
 
-def otlp_traces_endpoint(environ: Mapping[str, str]) -> str:
-    """Where the OTLP span exporter sends, as the ``OTEL_*`` variables (or their defaults) say;
-    a password or token in the URL is never printed."""
+def _endpoint_used(trace_exporters: list[str], environ: Mapping[str, str]) -> str | None:
+    """The OTLP endpoint the spans go to, if an OTLP exporter sends them, as the ``OTEL_*``
+    variables (or their defaults) say; a password or token in the URL is never printed."""
+    # a provider traintel did not build (the distro's): the exporters OTEL_TRACES_EXPORTER named
+    names = trace_exporters or [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
+    if not any(name.startswith("otlp") for name in names):
+        return None
     endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if endpoint:
         return redact(endpoint, url_secrets(endpoint))
     protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     return _OTLP_DEFAULTS.get(protocol or "grpc", _OTLP_DEFAULTS["grpc"])
-
-
-def _endpoint_used(trace_exporters: list[str], environ: Mapping[str, str]) -> str | None:
-    """The OTLP endpoint the spans go to, if an OTLP exporter sends them."""
-    # a provider traintel did not build (the distro's): the exporters OTEL_TRACES_EXPORTER named
-    names = trace_exporters or [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
-    return otlp_traces_endpoint(environ) if any(name.startswith("otlp") for name in names) else None
 
 
 def _silent(rank: object, environ: Mapping[str, str]) -> bool:

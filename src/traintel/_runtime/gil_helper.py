@@ -1,8 +1,6 @@
-"""The helper process of ``traintel._host.gil_watch`` (which says why and how): run as a script,
-one per rank of a multi-rank job, it reads the ``faulthandler`` dump and the watcher's state from
-their two pipes and, when a dump arrives, sends the ``holding_gil`` hang record through a logs
-pipeline built from the ``OTEL_*`` environment it inherited (the embedded file: one of its own
-beside the rank's, ``-gil`` before the suffix).
+"""The helper process of ``traintel._host.gil_watch`` (which says why and how), run as a script.
+Its hang record goes through a logs pipeline built from the ``OTEL_*`` environment it inherited
+(the embedded file: one of its own beside the rank's, ``-gil`` before the suffix).
 
 Why here, in the runtime: the report is a stall record (``_host.stall``) sent through a logs
 pipeline assembled from the environment (``_runtime.pipeline``); the rank's side in ``_host``

@@ -705,12 +705,9 @@ class _OwnedBuild:
         paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
         batching = _batch_settings(self.environ, self.strict) if plans else {}
         # The embedded file's processor gathers spans longer, unless OTEL_BSP_SCHEDULE_DELAY says.
-        longer = not self.environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip()
-        settings_by_name = (
-            {FILE_EXPORTER: {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}}
-            if longer
-            else {}
-        )
+        by_name: dict[str, dict[str, int]] = {}
+        if not self.environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip():
+            by_name[FILE_EXPORTER] = {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}
         for plan in plans:
             try:
                 exporter: SpanExporter = plan.factory()
@@ -721,10 +718,9 @@ class _OwnedBuild:
             if spool and plan.name != FILE_EXPORTER:
                 exporter = spooler = _spooling(exporter, plan.name, self.config, self.resource)
             bound = ProcessBoundSpanExporter(exporter)
+            settings = by_name.get(plan.name, batching)
             try:
-                processor = CountingBatchSpanProcessor(
-                    bound, health=HEALTH, **settings_by_name.get(plan.name, batching)
-                )
+                processor = CountingBatchSpanProcessor(bound, health=HEALTH, **settings)
             except Exception as exc:
                 if not plan.lent:
                     self.undo.append(exporter.shutdown)

@@ -51,7 +51,7 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
-from traintel._recorder import clock
+from traintel._recorder import active, clock
 from traintel._recorder.engine import TrainingEngine
 from traintel._recorder.record import IterationRecord, OpenStep, Terminated
 from traintel._runtime import state as _state
@@ -110,8 +110,7 @@ _pending: tuple[int, int, int | None] | None = None
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
-    telemetry = _state.configured()
-    engine = telemetry.engine if telemetry is not None else None
+    engine = active.engine
     if engine is not None and engine.deferred_signal is None and _ending_an_iteration(frame):
         # handled as the iteration's end returns (see the module docstring)
         engine.deferred_signal = functools.partial(_handle_now, signum, frame)
@@ -137,8 +136,7 @@ def _handle_now(signum: int, frame: FrameType | None) -> None:
     try:
         previous = _previous.get(signum, signal.SIG_DFL)
         try:
-            telemetry = _state.configured()
-            engine = telemetry.engine if telemetry is not None else None
+            engine = active.engine
             ends_process = previous in (signal.SIG_DFL, signal.default_int_handler)  # the default action
             if not ends_process and engine is not None and engine.app is not None:
                 # the job goes on: report when its application ends

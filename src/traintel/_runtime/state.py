@@ -106,7 +106,7 @@ class Telemetry:
         self.progress: ProgressMarks | None = None  # the embedded file's progress mark
         self.cross_rank: CrossRank | None = None
         self.stall_watcher: StallWatcher | None = None
-        self.warnings = warnings or Warnings()
+        self.warn_once = (warnings or Warnings()).warn_once  # the job's parts say theirs through it too
         self._lock = threading.RLock()
         self._callbacks: list[_OpenCallback] = []
         self._closed = False
@@ -121,10 +121,6 @@ class Telemetry:
         self._closed = value
         if self.engine is not None:
             self.engine.closed = value
-
-    # --- reporting ---------------------------------------------------------------------------
-    def warn_once(self, kind: str, message: str, *args: object) -> None:
-        self.warnings.warn_once(kind, message, *args)
 
     # --- identity ----------------------------------------------------------------------------
     @property
