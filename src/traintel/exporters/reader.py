@@ -156,17 +156,18 @@ def read_requests(
     from traintel.exporters.otlp_json import json_line_to_request
 
     stats = stats if stats is not None else ReadStats()
-    return _decoded(
-        _lines(paths, stats, progress), stats, lambda text: json_line_to_request(text.decode("utf-8"))
-    )
+    return _decoded(paths, stats, progress, lambda text: json_line_to_request(text.decode("utf-8")))
 
 
 def _decoded(
-    lines: Iterable[tuple[str, bytes, bool]], stats: ReadStats, decode: Callable[[bytes], _Decoded]
+    paths: Iterable[str | os.PathLike[str]],
+    stats: ReadStats,
+    progress: Callable[[int], None] | None,
+    decode: Callable[[bytes], _Decoded],
 ) -> Iterator[_Decoded]:
-    """Each line ``decode``d; a line it refuses (:class:`DecodeError`, not UTF-8) is counted
-    in ``stats`` and passed over."""
-    for where, text, ended in lines:
+    """Each line of the files ``decode``d; a line it refuses (:class:`DecodeError`, not UTF-8)
+    is counted in ``stats`` and passed over."""
+    for where, text, ended in _lines(paths, stats, progress):
         try:
             decoded = decode(text)
         except (UnicodeDecodeError, DecodeError) as exc:
@@ -378,9 +379,7 @@ def iter_records(
         batches: Iterable[list[SpanRecord] | list[MetricsRecord] | list[LogEntry]] = (
             _spooled(path, stats, progress)
             if path.name.endswith(SPOOL_SUFFIX)
-            else _decoded(
-                _lines([path], stats, progress), stats, lambda text: decode_line(text, metric_values)
-            )
+            else _decoded([path], stats, progress, lambda text: decode_line(text, metric_values))
         )
         for batch in batches:
             yield from _wanted(batch, windows_expanded, logs)
