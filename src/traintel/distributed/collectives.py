@@ -106,15 +106,15 @@ def _counting(
     return collective
 
 
-def watch_torch_collectives() -> bool:
+def watch_torch_collectives() -> None:
     """Wrap the collective functions if this process imported ``torch.distributed``
-    (idempotent); False when it has not. Never imports torch; never raises."""
+    (idempotent). Never imports torch; never raises."""
     c10d, dist = sys.modules.get(_C10D), sys.modules.get(_DIST)
     if c10d is None or dist is None:
-        return False
+        return
     with _install_lock:
         if _wrapped:
-            return True
+            return
         try:
             compiler = getattr(sys.modules.get("torch"), "compiler", None)
             is_compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
@@ -129,8 +129,6 @@ def watch_torch_collectives() -> bool:
                         setattr(module, name, wrapper)
         except Exception:
             unwatch_torch_collectives()
-            return False
-        return True
 
 
 def unwatch_torch_collectives() -> None:

@@ -99,10 +99,10 @@ class Exchange:
         self._thread = threading.Thread(target=self._run, name="traintel-cross-rank", daemon=True)
         self._thread.start()
 
-    def submit(self, row: list[float]) -> bool:
-        """Queue this rank's row; never blocks. False once the exchange is abandoned."""
+    def submit(self, row: list[float]) -> None:
+        """Queue this rank's row; never blocks. Dropped once the exchange is abandoned."""
         if self.failed is not None:
-            return False
+            return
         with self._idle:
             self._pending += 1
         try:
@@ -111,8 +111,6 @@ class Exchange:
             with self._idle:
                 self._pending -= 1
             self.abandon(f"{MAX_PENDING} windows waiting for the other ranks")
-            return False
-        return True
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait at most ``timeout_s`` for the queued exchanges to finish (or fail)."""

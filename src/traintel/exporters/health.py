@@ -193,20 +193,14 @@ class ExportHealth:
 
 
 def _spool_fields(spools: list[Spool]) -> dict[str, Any]:
-    """The snapshot's spool figures, summed over the spools, and where they are."""
+    """The snapshot's spool figures, summed over the spools; the spools that hold batches, and
+    those that set some aside."""
     return {
         "spool_bytes": sum(s.size_bytes for s in spools),
         "spool_batches": sum(len(s) for s in spools),
         "spool_spans": sum(s.pending_spans for s in spools),
         "spool_dropped_batches": sum(s.dropped_batches for s in spools),
         "spans_quarantined": sum(s.quarantined_spans for s in spools),
-        **_spool_dirs(spools),
-    }
-
-
-def _spool_dirs(spools: list[Spool]) -> dict[str, tuple[str, ...]]:
-    """The spools that hold batches, and those that set some aside."""
-    return {
         "spool_dirs": tuple(sorted(str(s.directory) for s in spools if len(s))),
         "quarantine_dirs": tuple(sorted(str(s.quarantine_directory) for s in spools if s.quarantined_spans)),
     }

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar, overload
 
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 #: The records, re-exported: the analysis reads them from here.
 __all__ = ["DecodeError", "EventRecord", "MetricSeries", "MetricsRecord", "SpanRecord"]
 
+_Decoded = TypeVar("_Decoded")
 #: Lines longer than this are skipped unread: a corrupt file must not exhaust memory.
 MAX_LINE_BYTES = 64 * 1024 * 1024
 
@@ -155,14 +156,25 @@ def read_requests(
     from traintel.exporters.otlp_json import json_line_to_request
 
     stats = stats if stats is not None else ReadStats()
+    return _decoded(paths, stats, progress, lambda text: json_line_to_request(text.decode("utf-8")))
+
+
+def _decoded(
+    paths: Iterable[str | os.PathLike[str]],
+    stats: ReadStats,
+    progress: Callable[[int], None] | None,
+    decode: Callable[[bytes], _Decoded],
+) -> Iterator[_Decoded]:
+    """Each line of the files ``decode``d; a line it refuses (:class:`DecodeError`, not UTF-8)
+    is counted in ``stats`` and passed over."""
     for where, text, ended in _lines(paths, stats, progress):
         try:
-            request = json_line_to_request(text.decode("utf-8"))
+            decoded = decode(text)
         except (UnicodeDecodeError, DecodeError) as exc:
             stats.skip(where, _skip_reason(exc, ended))
             continue
         stats.lines += 1
-        yield request
+        yield decoded
 
 
 def any_value(value: AnyValue) -> Any:
@@ -367,7 +379,7 @@ def iter_records(
         batches: Iterable[list[SpanRecord] | list[MetricsRecord] | list[LogEntry]] = (
             _spooled(path, stats, progress)
             if path.name.endswith(SPOOL_SUFFIX)
-            else _decoded_lines(path, stats, progress, metric_values)
+            else _decoded([path], stats, progress, lambda text: decode_line(text, metric_values))
         )
         for batch in batches:
             yield from _wanted(batch, windows_expanded, logs)
@@ -385,19 +397,6 @@ def _wanted(
     if windows_expanded and isinstance(batch[0], SpanRecord):
         return expand_windows(batch)
     return batch
-
-
-def _decoded_lines(
-    path: Path, stats: ReadStats, progress: Callable[[int], None] | None, metric_values: bool
-) -> Iterator[list[SpanRecord] | list[MetricsRecord] | list[LogEntry]]:
-    for where, text, ended in _lines([path], stats, progress):
-        try:
-            records = decode_line(text, metric_values)
-        except (UnicodeDecodeError, DecodeError) as exc:
-            stats.skip(where, _skip_reason(exc, ended))
-            continue
-        stats.lines += 1
-        yield records
 
 
 def _spooled(

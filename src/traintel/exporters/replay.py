@@ -66,6 +66,7 @@ from traintel.exporters.spool import (
     write_batch,
 )
 from traintel.exporters.spooling import MAX_BATCH_BYTES, split_by_bytes
+from traintel.exporters.tls_errors import tls_targets
 
 _logger = logging.getLogger(__name__)
 
@@ -134,8 +135,7 @@ def endpoint_key(endpoint: str | None = None, protocol: str | None = None) -> st
     """What the ledger calls the endpoint ``otlp_span_exporter`` sends to (without secrets)."""
     protocol = protocol or otlp_protocol("traces", os.environ, strict=True)
     endpoint = endpoint or (
-        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+        tls_targets(os.environ)["traces"].endpoint
         or ("http://localhost:4317" if protocol == "grpc" else "http://localhost:4318")
     )
     return target_key(protocol, endpoint)

@@ -145,12 +145,11 @@ class CertificateFailureFilter(logging.Filter):
 _filter = CertificateFailureFilter({})
 
 
-def install(environ: Mapping[str, str]) -> CertificateFailureFilter:
+def install(environ: Mapping[str, str]) -> None:
     """Attach the filter, with the endpoints and CA files configured now, to the exporters'
     loggers (see :func:`attach_filter`)."""
     _filter.targets = tls_targets(environ)
     attach_filter(_filter, LOGGER_FAMILY)
-    return _filter
 
 
 def attach_filter(log_filter: logging.Filter, *families: str) -> None:
