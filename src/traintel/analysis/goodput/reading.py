@@ -25,6 +25,7 @@ from traintel.analysis.goodput.process import (
     Window,
     span_key,
     trace_key,
+    union,
 )
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
@@ -300,18 +301,6 @@ def _resolve_data_loading(process: Process) -> None:
     process.links.clear()
 
 
-def _union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The intervals merged into disjoint ones, ascending."""
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
-        else:
-            merged.append((start, end))
-    return merged
-
-
 def _covered_ns(union: list[tuple[int, int]], start: int, end: int) -> int:
     """How much of [start, end] the disjoint ascending intervals ``union`` cover."""
     total = 0
@@ -408,8 +397,8 @@ def _infer_iterations(
     (``inner``: the data loading inside iterations; ``no_records``: the first one's excess over
     the median of the others is program startup); returns their productive seconds."""
     begin = tail[0][1][0]
-    inner_data = _union(d for d in inner if d[1] > begin)
-    phases = _union((start, end) for start, end, _ in process.phases if end > begin)
+    inner_data = union(d for d in inner if d[1] > begin)
+    phases = union((start, end) for start, end, _ in process.phases if end > begin)
     durations = [(end - start) / 1e9 for _, (start, end) in tail]
     typical = percentile(sorted(durations[1:]), 50) if len(durations) >= 2 and no_records else None
     productive_total = 0.0
