@@ -535,11 +535,6 @@ class Report:
         self.ranks.merge(later.ranks)
         self._processes_by_resource = None
 
-    @property
-    def self_telemetry(self) -> dict[str, float]:
-        """Each ``traintel.*`` series' last value, summed over the processes."""
-        return self.summary.self_telemetry
-
     # --- views ---------------------------------------------------------------------------------
     @property
     def warnings(self) -> dict[str, int]:
@@ -573,7 +568,9 @@ class Report:
     def notices(self) -> list[tuple[str, float]]:
         """What a reader should see went wrong, counted: warning events by name, what traintel's
         own series say was lost, unreadable lines skipped."""
-        losses = [(name, total) for name, total in self.self_telemetry.items() if total and is_loss(name)]
+        losses = [
+            (name, total) for name, total in self.summary.self_telemetry.items() if total and is_loss(name)
+        ]
         skipped = [("unreadable lines skipped", self.stats.skipped)] if self.stats.skipped else []
         return [*sorted(self.warnings.items()), *losses, *skipped]
 
@@ -653,7 +650,7 @@ class Report:
             "exported_iterations": s.exported_iterations,
             "warnings": self.warnings,
             "warning_details": self.warning_details,
-            "self_telemetry": self.self_telemetry,
+            "self_telemetry": self.summary.self_telemetry,
             "windows": {
                 label: [p.as_dict() for p in self.processes[key].timing()]
                 for key, label in self.rank_labels()

@@ -29,9 +29,10 @@ from traintel.analysis.goodput.process import (
 )
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
+from traintel.analysis.summary import ENERGY_PARTS
 from traintel.exporters.progress_mark import process_key, read_mark
 from traintel.exporters.reader import ReadStats, Record, SpanRecord, expand_paths, gc_paused, iter_records
-from traintel.semconv import BADPUT_CATEGORIES, BADPUT_CATEGORY_OF_PHASE, Phase
+from traintel.semconv import BADPUT_CATEGORY_OF_PHASE, Phase
 
 _W = semconv.WINDOW_PREFIX
 _ITERATION = Phase.TRAINING_ITERATION.value
@@ -255,18 +256,14 @@ def _add_outer(process: Process, span: SpanRecord, phase: str) -> None:
         process.outermost = phase
         process.end_ns = span.end_ns
         process.end_error = span.status_code == 2  # STATUS_CODE_ERROR
-    if phase == APPLICATION and _JOB_ENERGY in attributes:
-        process.job_energy = _energy_of(attributes, _JOB_ENERGY)
-
-
-_JOB_ENERGY = "ml.training.energy"
-_ENERGY_PARTS = ("productive", *BADPUT_CATEGORIES)
+    if phase == APPLICATION and semconv.METRIC_ENERGY in attributes:
+        process.job_energy = _energy_of(attributes, semconv.METRIC_ENERGY)
 
 
 def _energy_of(attributes: dict[str, Any], key: str) -> dict[str, float]:
     """``{"total": J, category: J}`` from ``<key>`` and ``<key>.<category>`` attributes."""
     out = {"total": _float(attributes.get(key))}
-    for part in _ENERGY_PARTS:
+    for part in ENERGY_PARTS:
         value = attributes.get(key + "." + part)
         if value is not None:
             out[part] = _float(value)
