@@ -431,19 +431,19 @@ class Report:
                 process.series.add(point)
                 self._add_metric_points(process, metric_points(point, event.attributes))
         elif event.name in _CONFIG_EVENTS:
-            self._config(event.time_ns, event.attributes)
+            prefix = semconv.CONFIG_PREFIX
+            self._config(
+                event.time_ns,
+                {k[len(prefix) :]: v for k, v in event.attributes.items() if k.startswith(prefix)},
+            )
         elif event.name in WARNING_EVENTS and len(self.warning_details) < WARNING_DETAILS:
             detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
             detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
             self.warning_details.append(detail)
 
-    def _config(self, time_ns: int, attributes: dict[str, Any]) -> None:
+    def _config(self, time_ns: int, config: dict[str, Any]) -> None:
         if time_ns >= self.config_at:
-            prefix = len(semconv.CONFIG_PREFIX)
-            self.config = {
-                k[prefix:]: v for k, v in attributes.items() if k.startswith(semconv.CONFIG_PREFIX)
-            }
-            self.config_at = time_ns
+            self.config, self.config_at = config, time_ns
 
     @staticmethod
     def _add_metric_points(process: Process, points: dict[str, MetricPoint]) -> None:
@@ -530,7 +530,7 @@ class Report:
         self.warning_details.extend(
             later.warning_details[: max(0, WARNING_DETAILS - len(self.warning_details))]
         )
-        self._config(later.config_at, {semconv.CONFIG_PREFIX + k: v for k, v in later.config.items()})
+        self._config(later.config_at, later.config)
         self.hang_records.extend(later.hang_records[: max(0, HANG_RECORDS - len(self.hang_records))])
         self.ranks.merge(later.ranks)
         self._processes_by_resource = None
