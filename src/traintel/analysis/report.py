@@ -351,13 +351,19 @@ class Process:
         self.series.merge(later.series)
         self.windows.merge(later.windows)
         for name, series in later.metrics.items():
-            if name in self.metrics:
-                self.metrics[name].merge(series)
-            elif len(self.metrics) >= MODEL_METRICS:
-                self.metrics_dropped.add(name)
-            else:
-                self.metrics[name] = series
+            if (mine := self.metric(name)) is not None:
+                mine.merge(series)
         self.metrics_dropped |= later.metrics_dropped - set(self.metrics)
+
+    def metric(self, name: str) -> Series[MetricPoint] | None:
+        """Model metric ``name``'s series, made while fewer than ``MODEL_METRICS`` are charted;
+        None beyond them (the name counted as dropped)."""
+        series = self.metrics.get(name)
+        if series is None and len(self.metrics) >= MODEL_METRICS:
+            self.metrics_dropped.add(name)
+        elif series is None:
+            series = self.metrics[name] = Series[MetricPoint]()
+        return series
 
 
 @dataclass(frozen=True)
@@ -429,7 +435,9 @@ class Report:
             point = window_point(event.time_ns, event.attributes)
             if point is not None:
                 process.series.add(point)
-                self._add_metric_points(process, metric_points(point, event.attributes))
+                for name, metric in metric_points(point, event.attributes).items():
+                    if (series := process.metric(name)) is not None:
+                        series.add(metric)
         elif event.name in _CONFIG_EVENTS:
             prefix = semconv.CONFIG_PREFIX
             self._config(
@@ -444,17 +452,6 @@ class Report:
     def _config(self, time_ns: int, config: dict[str, Any]) -> None:
         if time_ns >= self.config_at:
             self.config, self.config_at = config, time_ns
-
-    @staticmethod
-    def _add_metric_points(process: Process, points: dict[str, MetricPoint]) -> None:
-        for name, point in points.items():
-            series = process.metrics.get(name)
-            if series is None:
-                if len(process.metrics) >= MODEL_METRICS:
-                    process.metrics_dropped.add(name)
-                    continue
-                series = process.metrics[name] = Series[MetricPoint]()
-            series.add(point)
 
     def add_span(self, span: SpanRecord) -> None:
         self.summary.runs.add(span)
