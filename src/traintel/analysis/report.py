@@ -412,16 +412,14 @@ class Report:
     #: latest ``telemetry_initialization`` / ``training_config_update`` event left it, and its time.
     config: dict[str, Any] = field(default_factory=dict)
     config_at: int = -1
-    _processes_by_resource: PerResource[Process] | None = field(default=None, repr=False)
+    process_of: PerResource[Process] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.process_of = PerResource(self._process_for)
 
     @property
     def stats(self) -> ReadStats:
         return self.summary.stats
-
-    def process_of(self, resource: dict[str, Any]) -> Process:
-        if self._processes_by_resource is None:
-            self._processes_by_resource = PerResource(self._process_for)
-        return self._processes_by_resource(resource)
 
     def _process_for(self, resource: dict[str, Any]) -> Process:
         key, rank, label = process_identity(resource)
@@ -530,7 +528,7 @@ class Report:
         self._config(later.config_at, later.config)
         self.hang_records.extend(later.hang_records[: max(0, HANG_RECORDS - len(self.hang_records))])
         self.ranks.merge(later.ranks)
-        self._processes_by_resource = None
+        self.process_of.clear()
 
     # --- views ---------------------------------------------------------------------------------
     @property
