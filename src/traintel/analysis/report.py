@@ -437,19 +437,19 @@ class Report:
                     if (series := process.metric(name)) is not None:
                         series.add(metric)
         elif event.name in _CONFIG_EVENTS:
-            prefix = semconv.CONFIG_PREFIX
-            self._config(
-                event.time_ns,
-                {k[len(prefix) :]: v for k, v in event.attributes.items() if k.startswith(prefix)},
-            )
+            self._config(event.time_ns, event.attributes)
         elif event.name in WARNING_EVENTS and len(self.warning_details) < WARNING_DETAILS:
             detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
             detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
             self.warning_details.append(detail)
 
-    def _config(self, time_ns: int, config: dict[str, Any]) -> None:
+    def _config(self, time_ns: int, attributes: dict[str, Any]) -> None:
         if time_ns >= self.config_at:
-            self.config, self.config_at = config, time_ns
+            prefix = len(semconv.CONFIG_PREFIX)
+            self.config = {
+                k[prefix:]: v for k, v in attributes.items() if k.startswith(semconv.CONFIG_PREFIX)
+            }
+            self.config_at = time_ns
 
     def add_span(self, span: SpanRecord) -> None:
         self.summary.runs.add(span)
@@ -525,7 +525,7 @@ class Report:
         self.warning_details.extend(
             later.warning_details[: max(0, WARNING_DETAILS - len(self.warning_details))]
         )
-        self._config(later.config_at, later.config)
+        self._config(later.config_at, {semconv.CONFIG_PREFIX + k: v for k, v in later.config.items()})
         self.hang_records.extend(later.hang_records[: max(0, HANG_RECORDS - len(self.hang_records))])
         self.ranks.merge(later.ranks)
         self.process_of.clear()
