@@ -355,6 +355,11 @@ class Process:
                 mine.merge(series)
         self.metrics_dropped |= later.metrics_dropped - set(self.metrics)
 
+    def add_metrics(self, points: dict[str, MetricPoint]) -> None:
+        for name, point in points.items():
+            if (series := self.metric(name)) is not None:
+                series.add(point)
+
     def metric(self, name: str) -> Series[MetricPoint] | None:
         """Model metric ``name``'s series, made while fewer than ``MODEL_METRICS`` are charted;
         None beyond them (the name counted as dropped)."""
@@ -433,9 +438,7 @@ class Report:
             point = window_point(event.time_ns, event.attributes)
             if point is not None:
                 process.series.add(point)
-                for name, metric in metric_points(point, event.attributes).items():
-                    if (series := process.metric(name)) is not None:
-                        series.add(metric)
+                process.add_metrics(metric_points(point, event.attributes))
         elif event.name in _CONFIG_EVENTS:
             self._config(event.time_ns, event.attributes)
         elif event.name in WARNING_EVENTS and len(self.warning_details) < WARNING_DETAILS:
