@@ -357,8 +357,8 @@ def test_losses_reach_the_exit_line_the_summary_and_the_report(tmp_path: Path) -
     runs = tmp_path / "traintel-runs"
     assert "Telemetry losses: traintel.events.dropped 4" in render(summarize([runs]))
     report = build_report([runs])
-    assert report.self_telemetry[semconv.METRIC_EVENTS_DROPPED] == 4
-    assert report.self_telemetry[semconv.METRIC_SPANS_DROPPED] == 0
+    assert report.summary.self_telemetry[semconv.METRIC_EVENTS_DROPPED] == 4
+    assert report.summary.self_telemetry[semconv.METRIC_SPANS_DROPPED] == 0
 
 
 @pytest.mark.process

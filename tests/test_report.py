@@ -520,7 +520,7 @@ def test_report_and_summary_count_each_process_s_counters_once(
     _write_counters(tmp_path / "b.otlp.jsonl", "instance-b", [{spans: 7, events: 4}])
     expected = {events: 6.0, spans: 12.0}
     assert summarize([tmp_path]).self_telemetry == expected
-    assert build_report([tmp_path]).self_telemetry == expected
+    assert build_report([tmp_path]).summary.self_telemetry == expected
     assert cli.main(["report", "--json", str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["self_telemetry"] == expected
     assert cli.main(["summary", str(tmp_path)]) == 0

@@ -129,14 +129,9 @@ class _Choice:
         return [run.id for run in self.found if run not in self.shown]
 
 
-def _choose(args: argparse.Namespace, files: list[str]) -> _Choice | int:
+def _choice_of(args: argparse.Namespace, found: list[RunInfo]) -> _Choice | int:
     """``--run ID``, ``--all``, or by default the newest run with a note naming the others: two
     runs added together would read as one that never happened. An exit code on a bad ``--run``."""
-    scan = functools.partial(scan_runs, files, workers=_workers(args, files))
-    return _choice_of(args, _with_progress(files, scan))
-
-
-def _choice_of(args: argparse.Namespace, found: list[RunInfo]) -> _Choice | int:
     if not found:
         return _Choice([], [])
     if args.all:
@@ -172,7 +167,8 @@ def _read_runs(
 
     hint = None if args.all or args.run is not None else single_run(files)
     if hint is None:
-        return _read_each(_choose(args, files), files, read)
+        scan = functools.partial(scan_runs, files, workers=_workers(args, files))
+        return _read_each(_choice_of(args, _with_progress(files, scan)), files, read)
     result = read(files, hint)
     found = runs_of(result).newest_first()
     choice = _choice_of(args, found)

@@ -34,13 +34,11 @@ class ChromeTraceWriter:
     def __init__(self, out: IO[str]) -> None:
         self._out = out
         self._pids: dict[str, int] = {}
-        self._first = True
         self.events = 0
         out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
 
     def _emit(self, event: dict[str, Any]) -> None:
-        self._out.write(("" if self._first else ",\n") + json.dumps(event, separators=(",", ":")))
-        self._first = False
+        self._out.write((",\n" if self.events else "") + json.dumps(event, separators=(",", ":")))
         self.events += 1
 
     def _pid(self, resource: dict[str, Any]) -> int:

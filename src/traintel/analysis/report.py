@@ -351,13 +351,24 @@ class Process:
         self.series.merge(later.series)
         self.windows.merge(later.windows)
         for name, series in later.metrics.items():
-            if name in self.metrics:
-                self.metrics[name].merge(series)
-            elif len(self.metrics) >= MODEL_METRICS:
-                self.metrics_dropped.add(name)
-            else:
-                self.metrics[name] = series
+            if (mine := self.metric(name)) is not None:
+                mine.merge(series)
         self.metrics_dropped |= later.metrics_dropped - set(self.metrics)
+
+    def add_metrics(self, points: dict[str, MetricPoint]) -> None:
+        for name, point in points.items():
+            if (series := self.metric(name)) is not None:
+                series.add(point)
+
+    def metric(self, name: str) -> Series[MetricPoint] | None:
+        """Model metric ``name``'s series, made while fewer than ``MODEL_METRICS`` are charted;
+        None beyond them (the name counted as dropped)."""
+        series = self.metrics.get(name)
+        if series is None and len(self.metrics) >= MODEL_METRICS:
+            self.metrics_dropped.add(name)
+        elif series is None:
+            series = self.metrics[name] = Series[MetricPoint]()
+        return series
 
 
 @dataclass(frozen=True)
@@ -406,16 +417,14 @@ class Report:
     #: latest ``telemetry_initialization`` / ``training_config_update`` event left it, and its time.
     config: dict[str, Any] = field(default_factory=dict)
     config_at: int = -1
-    _processes_by_resource: PerResource[Process] | None = field(default=None, repr=False)
+    process_of: PerResource[Process] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.process_of = PerResource(self._process_for)
 
     @property
     def stats(self) -> ReadStats:
         return self.summary.stats
-
-    def process_of(self, resource: dict[str, Any]) -> Process:
-        if self._processes_by_resource is None:
-            self._processes_by_resource = PerResource(self._process_for)
-        return self._processes_by_resource(resource)
 
     def _process_for(self, resource: dict[str, Any]) -> Process:
         key, rank, label = process_identity(resource)
@@ -429,7 +438,7 @@ class Report:
             point = window_point(event.time_ns, event.attributes)
             if point is not None:
                 process.series.add(point)
-                self._add_metric_points(process, metric_points(point, event.attributes))
+                process.add_metrics(metric_points(point, event.attributes))
         elif event.name in _CONFIG_EVENTS:
             self._config(event.time_ns, event.attributes)
         elif event.name in WARNING_EVENTS and len(self.warning_details) < WARNING_DETAILS:
@@ -444,17 +453,6 @@ class Report:
                 k[prefix:]: v for k, v in attributes.items() if k.startswith(semconv.CONFIG_PREFIX)
             }
             self.config_at = time_ns
-
-    @staticmethod
-    def _add_metric_points(process: Process, points: dict[str, MetricPoint]) -> None:
-        for name, point in points.items():
-            series = process.metrics.get(name)
-            if series is None:
-                if len(process.metrics) >= MODEL_METRICS:
-                    process.metrics_dropped.add(name)
-                    continue
-                series = process.metrics[name] = Series[MetricPoint]()
-            series.add(point)
 
     def add_span(self, span: SpanRecord) -> None:
         self.summary.runs.add(span)
@@ -533,12 +531,7 @@ class Report:
         self._config(later.config_at, {semconv.CONFIG_PREFIX + k: v for k, v in later.config.items()})
         self.hang_records.extend(later.hang_records[: max(0, HANG_RECORDS - len(self.hang_records))])
         self.ranks.merge(later.ranks)
-        self._processes_by_resource = None
-
-    @property
-    def self_telemetry(self) -> dict[str, float]:
-        """Each ``traintel.*`` series' last value, summed over the processes."""
-        return self.summary.self_telemetry
+        self.process_of.clear()
 
     # --- views ---------------------------------------------------------------------------------
     @property
@@ -573,7 +566,9 @@ class Report:
     def notices(self) -> list[tuple[str, float]]:
         """What a reader should see went wrong, counted: warning events by name, what traintel's
         own series say was lost, unreadable lines skipped."""
-        losses = [(name, total) for name, total in self.self_telemetry.items() if total and is_loss(name)]
+        losses = [
+            (name, total) for name, total in self.summary.self_telemetry.items() if total and is_loss(name)
+        ]
         skipped = [("unreadable lines skipped", self.stats.skipped)] if self.stats.skipped else []
         return [*sorted(self.warnings.items()), *losses, *skipped]
 
@@ -653,7 +648,7 @@ class Report:
             "exported_iterations": s.exported_iterations,
             "warnings": self.warnings,
             "warning_details": self.warning_details,
-            "self_telemetry": self.self_telemetry,
+            "self_telemetry": self.summary.self_telemetry,
             "windows": {
                 label: [p.as_dict() for p in self.processes[key].timing()]
                 for key, label in self.rank_labels()

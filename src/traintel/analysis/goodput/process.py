@@ -9,6 +9,7 @@ reads it or computes from it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,16 +228,20 @@ class Job:
 
 def redone(later: list[tuple[int, int]], first: int, last: int) -> int:
     """How many of the iterations ``first..last`` the later jobs' ranges cover."""
-    covered: list[tuple[int, int]] = []
-    for low, high in sorted(later):
-        lo, hi = max(low, first), min(high, last)
-        if lo > hi:
-            continue
-        if covered and lo <= covered[-1][1] + 1:
-            covered[-1] = (covered[-1][0], max(covered[-1][1], hi))
+    clipped = [(max(low, first), min(high, last) + 1) for low, high in later]  # half-open
+    return sum(hi - lo for lo, hi in union(c for c in clipped if c[0] < c[1]))
+
+
+def union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The half-open intervals merged into disjoint ones (touching ones join), ascending."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
         else:
-            covered.append((lo, hi))
-    return sum(hi - lo + 1 for lo, hi in covered)
+            merged.append((start, end))
+    return merged
 
 
 def ran(process: Process) -> tuple[int, int] | None:

@@ -25,12 +25,14 @@ from traintel.analysis.goodput.process import (
     Window,
     span_key,
     trace_key,
+    union,
 )
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
+from traintel.analysis.summary import ENERGY_PARTS
 from traintel.exporters.progress_mark import process_key, read_mark
 from traintel.exporters.reader import ReadStats, Record, SpanRecord, expand_paths, gc_paused, iter_records
-from traintel.semconv import BADPUT_CATEGORIES, BADPUT_CATEGORY_OF_PHASE, Phase
+from traintel.semconv import BADPUT_CATEGORY_OF_PHASE, Phase
 
 _W = semconv.WINDOW_PREFIX
 _ITERATION = Phase.TRAINING_ITERATION.value
@@ -254,18 +256,14 @@ def _add_outer(process: Process, span: SpanRecord, phase: str) -> None:
         process.outermost = phase
         process.end_ns = span.end_ns
         process.end_error = span.status_code == 2  # STATUS_CODE_ERROR
-    if phase == APPLICATION and _JOB_ENERGY in attributes:
-        process.job_energy = _energy_of(attributes, _JOB_ENERGY)
-
-
-_JOB_ENERGY = "ml.training.energy"
-_ENERGY_PARTS = ("productive", *BADPUT_CATEGORIES)
+    if phase == APPLICATION and semconv.METRIC_ENERGY in attributes:
+        process.job_energy = _energy_of(attributes, semconv.METRIC_ENERGY)
 
 
 def _energy_of(attributes: dict[str, Any], key: str) -> dict[str, float]:
     """``{"total": J, category: J}`` from ``<key>`` and ``<key>.<category>`` attributes."""
     out = {"total": _float(attributes.get(key))}
-    for part in _ENERGY_PARTS:
+    for part in ENERGY_PARTS:
         value = attributes.get(key + "." + part)
         if value is not None:
             out[part] = _float(value)
@@ -298,18 +296,6 @@ def _resolve_data_loading(process: Process) -> None:
                 process.phases.append((start, end, "data_loading"))
     process.data_loading.clear()
     process.links.clear()
-
-
-def _union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The intervals merged into disjoint ones, ascending."""
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
-        else:
-            merged.append((start, end))
-    return merged
 
 
 def _covered_ns(union: list[tuple[int, int]], start: int, end: int) -> int:
@@ -408,8 +394,8 @@ def _infer_iterations(
     (``inner``: the data loading inside iterations; ``no_records``: the first one's excess over
     the median of the others is program startup); returns their productive seconds."""
     begin = tail[0][1][0]
-    inner_data = _union(d for d in inner if d[1] > begin)
-    phases = _union((start, end) for start, end, _ in process.phases if end > begin)
+    inner_data = union(d for d in inner if d[1] > begin)
+    phases = union((start, end) for start, end, _ in process.phases if end > begin)
     durations = [(end - start) / 1e9 for _, (start, end) in tail]
     typical = percentile(sorted(durations[1:]), 50) if len(durations) >= 2 and no_records else None
     productive_total = 0.0
