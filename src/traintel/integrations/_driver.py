@@ -18,12 +18,27 @@ from traintel._api import phases
 from traintel._host.flops import first_dim
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
+from traintel.semconv import Phase
+
+
+class Key:
+    """The keys the integrations drive phases under: each phase's span name."""
+
+    APP = Phase.APPLICATION.value
+    LOOP = Phase.TRAINING_LOOP.value
+    ITERATION = Phase.TRAINING_ITERATION.value
+    DATA = Phase.DATA_LOADING.value
+    FORWARD = Phase.MODEL_FORWARD.value
+    BACKWARD = Phase.MODEL_BACKWARD.value
+    OPTIMIZER = Phase.OPTIMIZER_UPDATE.value
+    VALIDATION = Phase.VALIDATION_LOOP.value
+    TESTING = Phase.TESTING_LOOP.value
+
 
 #: Phases that run every step are driven directly, not through the callback registry: their
 #: handle is the iteration's record (or, for the iteration, the record itself).
 _STEP_KEYS = frozenset(phase.value for phase in semconv.STEP_PHASES)
-_DIRECT_KEYS = _STEP_KEYS | {semconv.Phase.TRAINING_ITERATION.value}
-_APP = semconv.Phase.APPLICATION.value
+_DIRECT_KEYS = _STEP_KEYS | {Key.ITERATION}
 
 
 class PhaseDriver:
@@ -72,13 +87,13 @@ class PhaseDriver:
     def open_application(self, start_ns: int | None = None) -> bool:
         """Open an ``application`` unless one is open (this driver's, the script's own or a
         callback's: nothing is nested twice); whether this call opened it."""
-        if self.is_open(_APP):
+        if self.is_open(Key.APP):
             return False
         telemetry = _state.current()
-        if not telemetry.enabled or telemetry.find_open_phase(_APP) is not None:
+        if not telemetry.enabled or telemetry.find_open_phase(Key.APP) is not None:
             return False
-        self.open(_APP, phases.application(), start_ns)
-        return self.is_open(_APP)
+        self.open(Key.APP, phases.application(), start_ns)
+        return self.is_open(Key.APP)
 
     def close(self, key: str, end_ns: int | None = None, exc: BaseException | None = None) -> None:
         """Close ``key``, and first anything opened inside it (ended early, not failed)."""

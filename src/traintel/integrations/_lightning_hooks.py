@@ -38,6 +38,7 @@ from traintel._api.model_metrics import record_batch, record_metrics
 from traintel._recorder.clock import time_ns as now_ns  # the phases' timeline
 from traintel._runtime import state as _state
 from traintel.integrations._driver import (
+    Key,
     PhaseDriver,
     Wrapper,
     batch_size,
@@ -47,19 +48,10 @@ from traintel.integrations._driver import (
     unpatch_instance,
 )
 from traintel.integrations._flops import FirstStepFlops
-from traintel.semconv import Phase
 
-_LOOP = Phase.TRAINING_LOOP.value
-_ITERATION = Phase.TRAINING_ITERATION.value
-_DATA = Phase.DATA_LOADING.value
-_FORWARD = Phase.MODEL_FORWARD.value
-_BACKWARD = Phase.MODEL_BACKWARD.value
-_OPTIMIZER = Phase.OPTIMIZER_UPDATE.value
-_VALIDATION_LOOP = Phase.VALIDATION_LOOP.value
-_TESTING_LOOP = Phase.TESTING_LOOP.value
 _EVAL_PHASES = {
-    "validation": (phases.validation_loop, phases.validation_iteration, _VALIDATION_LOOP),
-    "test": (phases.testing_loop, phases.testing_iteration, _TESTING_LOOP),
+    "validation": (phases.validation_loop, phases.validation_iteration, Key.VALIDATION),
+    "test": (phases.testing_loop, phases.testing_iteration, Key.TESTING),
 }
 
 _LIGHTNING = semconv.INTEGRATION_LIGHTNING
@@ -117,7 +109,7 @@ class LightningHooks:
             self._restore.append((owner, name))
 
     def record_if_evaluating(self, name: str, value: Any) -> None:
-        if not (self._driver.is_open(_VALIDATION_LOOP) or self._driver.is_open(_TESTING_LOOP)):
+        if not (self._driver.is_open(Key.VALIDATION) or self._driver.is_open(Key.TESTING)):
             return
         try:
             scalar = isinstance(value, int | float) and not isinstance(value, bool)
@@ -134,10 +126,10 @@ class LightningHooks:
             train_iterations_start=step if isinstance(step, int) else 0,
             train_iterations_target=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
         )
-        self._driver.open(_LOOP, template)
+        self._driver.open(Key.LOOP, template)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._driver.close(_LOOP)
+        self._driver.close(Key.LOOP)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._batch_end_ns = now_ns()
@@ -146,11 +138,11 @@ class LightningHooks:
         driver = self._driver
         start = now_ns()
         waited_from = self._batch_end_ns if self._batch_end_ns is not None else start
-        if not driver.is_open(_ITERATION):
+        if not driver.is_open(Key.ITERATION):
             self._stepped = False
-            driver.open(_ITERATION, phases.training_iteration(), waited_from)
-        driver.open(_DATA, phases.data_loading(), waited_from)
-        driver.close(_DATA, start)
+            driver.open(Key.ITERATION, phases.training_iteration(), waited_from)
+        driver.open(Key.DATA, phases.data_loading(), waited_from)
+        driver.close(Key.DATA, start)
         samples = None
         try:
             samples = self._samples_fn(batch)
@@ -158,23 +150,23 @@ class LightningHooks:
             record_batch(samples=samples, tokens=tokens)
         except Exception:
             _state.current().warn_once("lightning:batch", "lightning: could not count the batch")
-        driver.open(_FORWARD, phases.model_forward(), start)
+        driver.open(Key.FORWARD, phases.model_forward(), start)
         if not self._flops.decided and self._flops.start(pl_module):
             self._flops_samples = samples
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self._flops.forward_done()
-        self._driver.close(_FORWARD)
-        self._driver.open(_BACKWARD, phases.model_backward())
+        self._driver.close(Key.FORWARD)
+        self._driver.open(Key.BACKWARD, phases.model_backward())
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         if self._flops.counting:
             self._flops.finish(self._flops_samples)
-        self._driver.close(_BACKWARD)
+        self._driver.close(Key.BACKWARD)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         self._stepped = True
-        self._driver.open(_OPTIMIZER, phases.optimizer_update())
+        self._driver.open(Key.OPTIMIZER, phases.optimizer_update())
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -183,8 +175,8 @@ class LightningHooks:
         end = now_ns()
         if self._flops.counting:  # no backward hooks ran (manual optimization without them)
             self._flops.finish(self._flops_samples)
-        driver.close(_FORWARD, end)
-        driver.close(_OPTIMIZER, end)
+        driver.close(Key.FORWARD, end)
+        driver.close(Key.OPTIMIZER, end)
         if self._record_loss and self._stepped:  # the step's last micro-batch
             loss = loss_value(outputs)
             if loss is not None:
@@ -193,7 +185,7 @@ class LightningHooks:
                     loss *= getattr(trainer, "accumulate_grad_batches", 1)
                 record_metrics(loss=loss)
         if self._stepped:
-            driver.close(_ITERATION, end)
+            driver.close(Key.ITERATION, end)
         self._batch_end_ns = now_ns()
 
     # --- validation and test -------------------------------------------------------------------

@@ -58,16 +58,11 @@ from traintel._recorder.clock import time_ns as now_ns  # the phases' timeline
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 from traintel.distributed.collectives import unwatch_torch_collectives, watch_torch_collectives
-from traintel.integrations._driver import PhaseDriver, batch_size
+from traintel.integrations._driver import Key, PhaseDriver, batch_size
 from traintel.integrations.torch_monitor import TorchMonitorBridge
-from traintel.semconv import Phase
 
 #: A wrapt wrapper: called with the original, the instance it is bound to, args and kwargs.
 _Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
-_LOOP = Phase.TRAINING_LOOP.value
-_ITERATION = Phase.TRAINING_ITERATION.value
-_DATA = Phase.DATA_LOADING.value
-_OPTIMIZER = Phase.OPTIMIZER_UPDATE.value
 
 
 def _path_of(value: object) -> str | None:
@@ -174,22 +169,22 @@ class TorchPatcher:
     # --- the phase model -------------------------------------------------------------------------
     def _drives_iterations(self, telemetry: _state.Telemetry) -> bool:
         """False when the script runs its own training loop through traintel's API."""
-        if self._driver.is_open(_LOOP):
+        if self._driver.is_open(Key.LOOP):
             return True
-        return telemetry.engine is not None and not telemetry.engine.open_loops.get(_LOOP)
+        return telemetry.engine is not None and not telemetry.engine.open_loops.get(Key.LOOP)
 
     def _ensure_iteration(self, start_ns: int) -> bool:
         telemetry = _state.current()
         if not telemetry.enabled or not self._drives_iterations(telemetry):
             return False
-        if self._driver.is_open(_ITERATION):
+        if self._driver.is_open(Key.ITERATION):
             return True
         self._driver.open_application(self._installed_ns)
-        if not self._driver.is_open(_LOOP):
-            self._driver.open(_LOOP, phases.training_loop(), start_ns)
+        if not self._driver.is_open(Key.LOOP):
+            self._driver.open(Key.LOOP, phases.training_loop(), start_ns)
         start = self._last_step_end if self._last_step_end is not None else start_ns
-        self._driver.open(_ITERATION, phases.training_iteration(), start)
-        return self._driver.is_open(_ITERATION)
+        self._driver.open(Key.ITERATION, phases.training_iteration(), start)
+        return self._driver.is_open(Key.ITERATION)
 
     def _batch_loaded(self, batch: Any, start_ns: int, end_ns: int) -> None:
         import torch
@@ -199,8 +194,8 @@ class TorchPatcher:
             return
         if not self._ensure_iteration(start_ns):
             return
-        self._driver.open(_DATA, phases.data_loading(), start_ns)
-        self._driver.close(_DATA, end_ns)
+        self._driver.open(Key.DATA, phases.data_loading(), start_ns)
+        self._driver.close(Key.DATA, end_ns)
         samples = batch_size(batch)
         if samples:
             record_batch(samples=samples)
@@ -211,7 +206,7 @@ class TorchPatcher:
         try:
             start = now_ns()
             if self._ensure_iteration(start):
-                self._driver.open(_OPTIMIZER, phases.optimizer_update(), start)
+                self._driver.open(Key.OPTIMIZER, phases.optimizer_update(), start)
         except Exception:
             _state.current().warn_once("instrumentor:step_pre", "instrumentor: optimizer pre-hook failed")
 
@@ -220,9 +215,9 @@ class TorchPatcher:
             return
         try:
             end = now_ns()
-            if self._driver.is_open(_ITERATION):
-                self._driver.close(_OPTIMIZER, end)
-                self._driver.close(_ITERATION, end)
+            if self._driver.is_open(Key.ITERATION):
+                self._driver.close(Key.OPTIMIZER, end)
+                self._driver.close(Key.ITERATION, end)
                 self._last_step_end = end
         except Exception:
             _state.current().warn_once("instrumentor:step_post", "instrumentor: optimizer post-hook failed")

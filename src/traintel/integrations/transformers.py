@@ -52,20 +52,10 @@ from traintel._host.flops import unwrap
 from traintel._recorder.clock import time_ns as now_ns  # the phases' timeline
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
-from traintel.integrations._driver import PhaseDriver, batch_size, patch_instance, traced_checkpoint
+from traintel.integrations._driver import Key, PhaseDriver, batch_size, patch_instance, traced_checkpoint
 from traintel.integrations._flops import FirstStepFlops
-from traintel.semconv import Phase
 
 _HF = semconv.INTEGRATION_TRANSFORMERS
-_APP = Phase.APPLICATION.value
-_LOOP = Phase.TRAINING_LOOP.value
-_ITERATION = Phase.TRAINING_ITERATION.value
-_DATA = Phase.DATA_LOADING.value
-_FORWARD = Phase.MODEL_FORWARD.value
-_BACKWARD = Phase.MODEL_BACKWARD.value
-_OPTIMIZER = Phase.OPTIMIZER_UPDATE.value
-_VALIDATION = Phase.VALIDATION_LOOP.value
-_TESTING = Phase.TESTING_LOOP.value
 
 
 def _tokens(inputs: Any) -> Any:
@@ -94,32 +84,32 @@ class TraintelCallback(TrainerCallback):
         self.pending_losses: list[Any] = []
 
     def open_iteration(self, start_ns: int | None = None) -> None:
-        if not self.driver.is_open(_ITERATION):
+        if not self.driver.is_open(Key.ITERATION):
             self.pending_tokens.clear()
             self.pending_losses.clear()
-            self.driver.open(_ITERATION, phases.training_iteration(), start_ns)
+            self.driver.open(Key.ITERATION, phases.training_iteration(), start_ns)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         target = state.max_steps if isinstance(state.max_steps, int) and state.max_steps > 0 else None
         template = phases.training_loop(
             train_iterations_start=int(state.global_step), train_iterations_target=target
         )
-        self.driver.open(_LOOP, template)
+        self.driver.open(Key.LOOP, template)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.driver.close(_LOOP)
+        self.driver.close(Key.LOOP)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.open_iteration()  # without the wrappers, the iteration starts here
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.driver.open(_OPTIMIZER, phases.optimizer_update())
+        self.driver.open(Key.OPTIMIZER, phases.optimizer_update())
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.driver.close(_OPTIMIZER)
+        self.driver.close(Key.OPTIMIZER)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.driver.is_open(_ITERATION):
+        if self.driver.is_open(Key.ITERATION):
             try:
                 if self.pending_tokens:
                     record_batch(tokens=sum(int(t) for t in self.pending_tokens))
@@ -132,14 +122,14 @@ class TraintelCallback(TrainerCallback):
                 _state.current().warn_once("transformers:step_end", "transformers: could not read the step")
             self.pending_tokens.clear()
             self.pending_losses.clear()
-        self.driver.close(_ITERATION)
+        self.driver.close(Key.ITERATION)
 
     # --- evaluation -------------------------------------------------------------------------------
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
-        self.record_eval_metrics(_VALIDATION, metrics)
+        self.record_eval_metrics(Key.VALIDATION, metrics)
 
     def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
-        self.record_eval_metrics(_TESTING, metrics)
+        self.record_eval_metrics(Key.TESTING, metrics)
 
     def record_eval_metrics(self, key: str, metrics: Any) -> None:
         """The evaluation's metrics (``eval_loss``, ``compute_metrics``' results, speed) on its
@@ -199,10 +189,10 @@ class _TrainerWrappers:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             start = now_ns()
             result = original(*args, **kwargs)
-            if self.driver.is_open(_LOOP):
+            if self.driver.is_open(Key.LOOP):
                 self.cb.open_iteration(start)
-                self.driver.open(_DATA, phases.data_loading(), start)
-                self.driver.close(_DATA)
+                self.driver.open(Key.DATA, phases.data_loading(), start)
+                self.driver.close(Key.DATA)
             return result
 
         return wrapper
@@ -210,13 +200,13 @@ class _TrainerWrappers:
     def compute_loss(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not self.driver.is_open(_ITERATION):  # evaluation also computes losses
+            if not self.driver.is_open(Key.ITERATION):  # evaluation also computes losses
                 return original(*args, **kwargs)
-            self.driver.open(_FORWARD, phases.model_forward())
+            self.driver.open(Key.FORWARD, phases.model_forward())
             result = original(*args, **kwargs)
             self.cb.flops.forward_done()
-            self.driver.close(_FORWARD)
-            self.driver.open(_BACKWARD, phases.model_backward())  # ends with training_step
+            self.driver.close(Key.FORWARD)
+            self.driver.open(Key.BACKWARD, phases.model_backward())  # ends with training_step
             return result
 
         return wrapper
@@ -224,7 +214,7 @@ class _TrainerWrappers:
     def training_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-            if not self.driver.is_open(_ITERATION):
+            if not self.driver.is_open(Key.ITERATION):
                 return original(model, inputs, *args, **kwargs)
             try:
                 record_batch(samples=batch_size(inputs))
@@ -243,7 +233,7 @@ class _TrainerWrappers:
                     raise
                 if not self.cb.flops.finish(batch_size(inputs)):
                     self.cb.formula_flops(model, inputs)
-            self.driver.close(_BACKWARD)
+            self.driver.close(Key.BACKWARD)
             if self.cb.record_loss and loss is not None:
                 self.cb.pending_losses.append(loss.detach() if hasattr(loss, "detach") else loss)
             return loss
@@ -254,7 +244,7 @@ class _TrainerWrappers:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                if self.driver.is_open(_VALIDATION) or self.driver.is_open(_TESTING):
+                if self.driver.is_open(Key.VALIDATION) or self.driver.is_open(Key.TESTING):
                     return original(*args, **kwargs)
                 # a standalone evaluate/predict is an application of its own, as Lightning's
                 # self.trainer.validate/test are; inside train() it is part of train's
@@ -265,11 +255,11 @@ class _TrainerWrappers:
                 except BaseException as exc:
                     self.driver.close(key, None, exc)
                     if own_application:
-                        self.driver.close(_APP, None, exc)
+                        self.driver.close(Key.APP, None, exc)
                     raise
                 self.driver.close(key)
                 if own_application:
-                    self.driver.close(_APP)
+                    self.driver.close(Key.APP)
                 return result
 
             return wrapper
@@ -279,7 +269,7 @@ class _TrainerWrappers:
     def prediction_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.driver.is_open(_TESTING):
+            if self.driver.is_open(Key.TESTING):
                 iteration = phases.testing_iteration(samples=batch_size(inputs))
             else:
                 iteration = phases.validation_iteration(samples=batch_size(inputs))
@@ -313,8 +303,8 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
     _wrap(trainer, "compute_loss", wrap.compute_loss)
     _wrap(trainer, "training_step", wrap.training_step)
     _wrap(trainer, "prediction_step", wrap.prediction_step)
-    _wrap(trainer, "evaluate", wrap.eval_loop(_VALIDATION, phases.validation_loop))
-    _wrap(trainer, "predict", wrap.eval_loop(_TESTING, phases.testing_loop))
+    _wrap(trainer, "evaluate", wrap.eval_loop(Key.VALIDATION, phases.validation_loop))
+    _wrap(trainer, "predict", wrap.eval_loop(Key.TESTING, phases.testing_loop))
     _wrap(trainer, "_save_checkpoint", traced_checkpoint(phases.checkpoint_save, _HF, wrap.checkpoint_path))
     _wrap(
         trainer,
