@@ -95,6 +95,13 @@ class PhaseDriver:
         self.open(Key.APP, phases.application(), start_ns)
         return self.is_open(Key.APP)
 
+    def open_loop(self, done: object, max_steps: object) -> None:
+        """Open a trainer's ``training_loop``, numbered from the steps already ``done`` (a resumed
+        run continues its iteration count), toward ``max_steps`` where that is positive."""
+        target = max_steps if isinstance(max_steps, int) and max_steps > 0 else None
+        start = done if isinstance(done, int) else 0
+        self.open(Key.LOOP, phases.training_loop(start, train_iterations_target=target))
+
     def close(self, key: str, end_ns: int | None = None, exc: BaseException | None = None) -> None:
         """Close ``key``, and first anything opened inside it (ended early, not failed)."""
         opened = self._open

@@ -120,13 +120,7 @@ class LightningHooks:
 
     # --- training ------------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        max_steps = getattr(trainer, "max_steps", -1)
-        step = getattr(trainer, "global_step", 0)
-        template = phases.training_loop(
-            train_iterations_start=step if isinstance(step, int) else 0,
-            train_iterations_target=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
-        )
-        self._driver.open(Key.LOOP, template)
+        self._driver.open_loop(getattr(trainer, "global_step", 0), getattr(trainer, "max_steps", -1))
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._driver.close(Key.LOOP)

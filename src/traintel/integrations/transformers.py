@@ -90,11 +90,7 @@ class TraintelCallback(TrainerCallback):
             self.driver.open(Key.ITERATION, phases.training_iteration(), start_ns)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        target = state.max_steps if isinstance(state.max_steps, int) and state.max_steps > 0 else None
-        template = phases.training_loop(
-            train_iterations_start=int(state.global_step), train_iterations_target=target
-        )
-        self.driver.open(Key.LOOP, template)
+        self.driver.open_loop(int(state.global_step), state.max_steps)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.driver.close(Key.LOOP)
