@@ -142,6 +142,25 @@ class PhaseDriver:
             f"{self._integration}:{action}:{key}", "%s: could not %s %r", self._integration, action, key
         )
 
+    def traced_checkpoint(self, phase: Callable[..., PhaseSpan], path_of: Callable[..., Any]) -> Wrapper:
+        """A framework's checkpoint save or load method as a ``checkpoint_save`` /
+        ``checkpoint_load`` span of this integration; ``path_of`` takes the call's arguments."""
+        integration = self._integration
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    path = path_of(*args, **kwargs)
+                except Exception:  # a call the framework itself will refuse: it says why
+                    path = None
+                with phase(path=path, attributes={semconv.INTEGRATION: integration}):
+                    return original(*args, **kwargs)
+
+            return wrapper
+
+        return make
+
     def close_all(self, exc: BaseException | None = None) -> None:
         """Close everything this driver opened, innermost first (each marked ERROR by ``exc``)."""
         for key in reversed(list(self._open)):
@@ -192,24 +211,3 @@ def patch_instance(owner: object, name: str, make: Wrapper) -> bool:
 
 def unpatch_instance(owner: object, name: str) -> None:
     vars(owner).pop(name, None)
-
-
-def traced_checkpoint(
-    phase: Callable[..., PhaseSpan], integration: str, path_of: Callable[..., Any]
-) -> Wrapper:
-    """A framework's checkpoint save or load method as a ``checkpoint_save`` /
-    ``checkpoint_load`` span of ``integration``; ``path_of`` takes the call's arguments."""
-
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                path = path_of(*args, **kwargs)
-            except Exception:  # a call the framework itself will refuse: it says why
-                path = None
-            with phase(path=path, attributes={semconv.INTEGRATION: integration}):
-                return original(*args, **kwargs)
-
-        return wrapper
-
-    return make

@@ -44,7 +44,6 @@ from traintel.integrations._driver import (
     batch_size,
     loss_value,
     patch_instance,
-    traced_checkpoint,
     unpatch_instance,
 )
 from traintel.integrations._flops import FirstStepFlops
@@ -53,8 +52,6 @@ _EVAL_PHASES = {
     "validation": (phases.validation_loop, phases.validation_iteration, Key.VALIDATION),
     "test": (phases.testing_loop, phases.testing_iteration, Key.TESTING),
 }
-
-_LIGHTNING = semconv.INTEGRATION_LIGHTNING
 
 
 class LightningHooks:
@@ -87,10 +84,9 @@ class LightningHooks:
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         try:
             self._driver.open_application()
-            save = traced_checkpoint(phases.checkpoint_save, _LIGHTNING, lambda filepath, *_, **__: filepath)
-            load = traced_checkpoint(
-                phases.checkpoint_load, _LIGHTNING, lambda checkpoint_path, *_, **__: checkpoint_path
-            )
+            trace = self._driver.traced_checkpoint
+            save = trace(phases.checkpoint_save, lambda filepath, *_, **__: filepath)
+            load = trace(phases.checkpoint_load, lambda checkpoint_path, *_, **__: checkpoint_path)
             self._wrap(trainer, "save_checkpoint", save)
             self._wrap(trainer.strategy, "load_checkpoint", load)
             self._wrap(pl_module, "log", lambda original: _LogTap(original, self))

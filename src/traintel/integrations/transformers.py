@@ -52,10 +52,8 @@ from traintel._host.flops import unwrap
 from traintel._recorder.clock import time_ns as now_ns  # the phases' timeline
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
-from traintel.integrations._driver import Key, PhaseDriver, batch_size, patch_instance, traced_checkpoint
+from traintel.integrations._driver import Key, PhaseDriver, batch_size, patch_instance
 from traintel.integrations._flops import FirstStepFlops
-
-_HF = semconv.INTEGRATION_TRANSFORMERS
 
 
 def _tokens(inputs: Any) -> Any:
@@ -301,14 +299,10 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
     _wrap(trainer, "prediction_step", wrap.prediction_step)
     _wrap(trainer, "evaluate", wrap.eval_loop(Key.VALIDATION, phases.validation_loop))
     _wrap(trainer, "predict", wrap.eval_loop(Key.TESTING, phases.testing_loop))
-    _wrap(trainer, "_save_checkpoint", traced_checkpoint(phases.checkpoint_save, _HF, wrap.checkpoint_path))
-    _wrap(
-        trainer,
-        "_load_from_checkpoint",
-        traced_checkpoint(
-            phases.checkpoint_load, _HF, lambda resume_from_checkpoint, *_, **__: resume_from_checkpoint
-        ),
-    )
+    trace = cb.driver.traced_checkpoint
+    _wrap(trainer, "_save_checkpoint", trace(phases.checkpoint_save, wrap.checkpoint_path))
+    load = trace(phases.checkpoint_load, lambda resume_from_checkpoint, *_, **__: resume_from_checkpoint)
+    _wrap(trainer, "_load_from_checkpoint", load)
     return cb
 
 
