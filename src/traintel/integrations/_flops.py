@@ -108,17 +108,14 @@ class FirstStepFlops:
             _state.current().warn_once("flops:start", "could not count the first step's FLOPs")
             return False
 
-    @property
-    def counting(self) -> bool:
-        return self._total is not None
-
     def forward_done(self) -> None:
         self._inner.close()
         if self._attention is not None:  # recomputation in backward is not model FLOPs
             self._attention.in_forward = False
 
     def finish(self, samples: int | None) -> bool:
-        """Stop counting and apply the count; False if nothing usable was counted."""
+        """Stop counting and apply the count; False if nothing usable was counted (or nothing is
+        counting: every path out of a step may call it)."""
         if self._total is None:
             return False
         attention = self._attention

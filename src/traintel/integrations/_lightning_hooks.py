@@ -150,8 +150,7 @@ class LightningHooks:
         self._driver.open(Key.BACKWARD, phases.model_backward())
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        if self._flops.counting:
-            self._flops.finish(self._flops_samples)
+        self._flops.finish(self._flops_samples)  # the count, if one is running
         self._driver.close(Key.BACKWARD)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
@@ -163,8 +162,7 @@ class LightningHooks:
     ) -> None:
         driver = self._driver
         end = now_ns()
-        if self._flops.counting:  # no backward hooks ran (manual optimization without them)
-            self._flops.finish(self._flops_samples)
+        self._flops.finish(self._flops_samples)  # if no backward hooks ran (manual optimization)
         driver.close(Key.FORWARD, end)
         driver.close(Key.OPTIMIZER, end)
         if self._record_loss and self._stepped:  # the step's last micro-batch
