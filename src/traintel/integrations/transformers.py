@@ -217,16 +217,14 @@ class _TrainerWrappers:
                     self.cb.pending_tokens.append(tokens)
             except Exception:
                 _state.current().warn_once("transformers:batch", "transformers: could not count a batch")
-            if not self.cb.flops.start(model):
+            counting = self.cb.flops.start(model)
+            try:
                 loss = original(model, inputs, *args, **kwargs)
-            else:
-                try:
-                    loss = original(model, inputs, *args, **kwargs)
-                except BaseException:
-                    self.cb.flops.abort()
-                    raise
-                if not self.cb.flops.finish(batch_size(inputs)):
-                    self.cb.formula_flops(model, inputs)
+            except BaseException:
+                self.cb.flops.abort()  # nothing to leave unless counting
+                raise
+            if counting and not self.cb.flops.finish(batch_size(inputs)):
+                self.cb.formula_flops(model, inputs)
             self.driver.close(Key.BACKWARD)
             if self.cb.record_loss and loss is not None:
                 self.cb.pending_losses.append(loss.detach() if hasattr(loss, "detach") else loss)
