@@ -204,6 +204,7 @@ def test_fit_validate_checkpoint_and_resume(captured: Captured, tmp_path: Path) 
     load = captured.named("checkpoint_load")
     assert len(load) == 1
     assert attr(load[0], semconv.CHECKPOINT_PATH) == str(path)
+    assert attr(load[0], semconv.INTEGRATION) == attr(save, semconv.INTEGRATION) == "lightning"
     assert parent_name(load[0], spans) == "application"
     loops = captured.named("training_loop")
     assert attr(loops[-1], semconv.TRAIN_ITERATIONS_START) == 48

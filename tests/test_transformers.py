@@ -169,6 +169,7 @@ def test_train_evaluate_checkpoint_resume_and_flops(captured: Captured, tmp_path
     spans = captured.spans()
     load = captured.named("checkpoint_load")
     assert [attr(s, semconv.CHECKPOINT_PATH) for s in load] == [str(path)]
+    assert attr(load[0], semconv.INTEGRATION) == attr(save, semconv.INTEGRATION) == "transformers"
     loops = captured.named("training_loop")
     assert attr(loops[-1], semconv.TRAIN_ITERATIONS_START) == STEPS
     resumed_iterations = [s for s in captured.named("training_iteration") if s.parent == loops[-1].context]
