@@ -54,6 +54,9 @@ def sleep_before_all_reduce():
         pass
 
 def hold_gil_before_all_reduce():
+    # the helper's record carries the state of the watcher's last wake (once a second): let one
+    # see this iteration outside any collective, as it would in a job that does not race it
+    time.sleep(1.5)
     fd = os.open(os.environ["HANG_FIFO"], os.O_RDWR)
     ctypes.PyDLL(None).read(fd, ctypes.create_string_buffer(1), 1)  # PyDLL: the GIL stays held
     os.close(fd)
