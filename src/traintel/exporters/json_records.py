@@ -369,8 +369,7 @@ def _metrics(groups: list[Any]) -> list[MetricsRecord]:
     out = []
     for group in groups:
         series = tuple([_series(metric) for scope in group.scopeMetrics for metric in scope.metrics])
-        last = max([s.last_time_ns for s in series], default=0)
-        out.append(MetricsRecord(_resource(group.resource), series, last))
+        out.append(MetricsRecord.of_series(_resource(group.resource), series))
     return out
 
 

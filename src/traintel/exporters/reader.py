@@ -241,7 +241,7 @@ def metrics_records(request: ExportMetricsServiceRequest) -> list[MetricsRecord]
                             total += point.as_double if is_double else point.as_int
                 series.append(MetricSeries(metric.name, kind, total, last))
         resource = attributes_dict(resource_metrics.resource.attributes)
-        out.append(MetricsRecord(resource, tuple(series), max([s.last_time_ns for s in series], default=0)))
+        out.append(MetricsRecord.of_series(resource, tuple(series)))
     return out
 
 
