@@ -450,3 +450,48 @@ def test_the_mark_s_account_reads_each_row_once_and_starts_over_with_a_new_windo
     assert (job.first_iteration, job.last_iteration, job.iterations) == (0, 4, 5)
     assert (job.productive_s, job.data_loading_s, job.program_startup_s) == (24 + 5 - 1 - 2, 1.0, 2.0)
     assert job_progress(Account(), Account(), 0.0, (0.0, None), None) is None
+
+
+#: The window worker held (a task queued before the first window) while the job runs on: the
+#: marks written meanwhile, then after the worker caught up.
+MARKS_WHILE_THE_WORKER_IS_BEHIND = """
+import json, threading
+import traintel
+from traintel.exporters.progress_mark import read_mark
+telemetry = traintel.configure(warmup_iterations=0)
+def marked():
+    telemetry.progress.mark()
+    progress = (read_mark(telemetry.output_file) or {}).get("progress") or {}
+    return [progress.get(key) for key in ("first_iteration", "last_iteration", "iterations")]
+seen = []
+held = threading.Event()
+with traintel.training_loop(train_iterations_start=0):
+    for i in range(2):
+        with traintel.training_iteration():
+            pass
+    seen.append(marked())
+    telemetry.windows.then(lambda: held.wait(60))
+    for i in range(2, 6):  # iterations 0-3 close the first window: handed over, not processed
+        with traintel.training_iteration():
+            pass
+    seen.append(marked())
+    held.set()
+    telemetry.windows.flush(60)
+    seen.append(marked())
+print(json.dumps(seen))
+"""
+
+
+def test_a_mark_is_never_written_with_a_window_the_worker_has_not_processed(tmp_path: Path) -> None:
+    """Under load the window worker lags the training thread. A mark written then from the
+    processed windows and the open one would skip the window in between: the iterations 0-5
+    counted as 2. The last whole mark stands until the worker has caught up."""
+    result = run_python(
+        MARKS_WHILE_THE_WORKER_IS_BEHIND, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+        TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, behind, caught_up = json.loads(result.stdout.splitlines()[-1])
+    assert before == [0, 1, 2]
+    assert behind == before  # not [4, 5, 2]
+    assert caught_up == [0, 5, 6]

@@ -117,13 +117,15 @@ class ClosedWindow:
 class OpenWindow:
     """The training thread's open window: appended to per iteration, taken when it closes."""
 
-    __slots__ = ("exported_iterations", "index", "metrics", "nested_ns", "nonfinite_iterations", "rows",
-                 "seen_closed", "slow_iterations", "sync_compute_ns", "sync_marked")  # fmt: skip
+    __slots__ = ("current", "exported_iterations", "index", "metrics", "nested_ns", "nonfinite_iterations",
+                 "rows", "slow_iterations", "sync_compute_ns", "sync_marked")  # fmt: skip
 
     def __init__(self) -> None:
         self.rows: list[RawRow] = []
         self.index = 0  # windows handed over so far
-        self.seen_closed = 0  # iterations in them
+        #: The open rows and the iterations handed over before them, as one value: another
+        #: thread reads the pair in one step, never a window's rows with the next one's count.
+        self.current: tuple[list[RawRow], int] = (self.rows, 0)
         self._reset()
 
     def _reset(self) -> None:
@@ -134,18 +136,20 @@ class OpenWindow:
 
     @property
     def iterations_seen(self) -> int:
-        return self.seen_closed + len(self.rows)
+        """Never less than a moment before, read from any thread (a counter's observation)."""
+        rows, before = self.current
+        return before + len(rows)
 
     def take(self, final: bool) -> ClosedWindow:
         """The window as it is, handed over; an empty one is open from now on."""
-        rows = self.rows
+        rows, before = self.current
         closed = ClosedWindow(
-            self.index, self.seen_closed, rows, self.nonfinite_iterations, self.slow_iterations,
+            self.index, before, rows, self.nonfinite_iterations, self.slow_iterations,
             self.exported_iterations, self.metrics,
             self.nested_ns / 1e9, self.sync_compute_ns, self.sync_marked, final,
         )  # fmt: skip
         self.rows = []
-        self.seen_closed += len(rows)
+        self.current = (self.rows, before + len(rows))
         if rows:
             self.index += 1
         self._reset()

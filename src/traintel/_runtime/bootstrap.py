@@ -215,7 +215,7 @@ def _progress_marks(
         return None
     instance = process_key(pipeline.resource.attributes)
     marks = ProgressMarks(engine, pipeline.output_file, instance, windows.flush)
-    windows.register("the progress mark", lambda event: marks.window_closed(event.report))
+    windows.register("the progress mark", lambda event: marks.window_closed(event.report, event.window))
     marks.start()
     return marks
 

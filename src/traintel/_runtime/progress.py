@@ -8,6 +8,11 @@ be written every few seconds whatever the job does, and a job stuck in a kernel 
 still gets its last mark. The training thread pays nothing: the writer reads the rows and
 counters it already keeps, as the heartbeat does. A kill therefore loses at most INTERVAL_S of
 accounting (plus the time a write takes).
+
+A mark is written whole or not at all: the closed windows' sums must reach the open window's
+first row. A window handed over but not yet processed (the worker behind, under load) would
+leave a gap the mark cannot see, counting the job's iterations short; the writer waits for it a
+moment, and otherwise keeps the last mark until the next interval.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, Final
 
 from traintel._aggregation.aggregator import WindowReport
 from traintel._aggregation.progress import Account, OpenWindowProgress, job_progress
+from traintel._aggregation.window import ClosedWindow
 from traintel._recorder.engine import TrainingEngine
 from traintel.exporters.progress_mark import MarkFile, mark_path
 
@@ -49,6 +55,7 @@ class ProgressMarks:
         self._instance = instance
         self._flush_windows = flush_windows
         self._closed = Account()  # the windows the pipeline's worker processed
+        self._closed_through = 0  # the iterations of the job before the next window to process
         self._open = OpenWindowProgress()
         self._file = MarkFile()
         self._lock = threading.Lock()
@@ -69,15 +76,18 @@ class ProgressMarks:
             finally:
                 self._lock.release()
 
-    def window_closed(self, report: WindowReport | None) -> None:
-        """A window the pipeline processed (its worker): into the closed windows' sums."""
+    def window_closed(self, report: WindowReport | None, window: ClosedWindow) -> None:
+        """A window the pipeline processed (its worker): into the closed windows' sums. (A window
+        whose report failed is passed over by the next one: its sums are missing, not the marks.)"""
+        closed = Account()
         if report is not None:
             closed = Account(
                 report.first_iteration, report.last_iteration, len(report.durations), report.start_ns,
                 report.end_ns, report.duration_s - report.nested_badput_s, report.data_loading_s,
             )  # fmt: skip
-            with self._lock:
-                self._closed.add(closed)
+        with self._lock:
+            self._closed.add(closed)
+            self._closed_through = window.seen_before + len(window.rows)
 
     def _run(self) -> None:
         while not self._stop.wait(INTERVAL_S):
@@ -88,15 +98,16 @@ class ProgressMarks:
         if os.getpid() != self._pid:
             return
         try:
-            if self._engine.window.seen_closed > self._closed.iterations:  # a window on its way
+            if self._engine.window.current[1] > self._closed_through:  # a window on its way
                 self._flush_windows(1.0)
             if not self._lock.acquire(timeout=LOCK_WAIT_S):
                 return  # a mark is being written: by another thread, or by this one's code that a
                 # signal handler (a preemption's flush) interrupted - waiting would never end
             try:
                 path = self._output_file()
-                if path is not None and not self._stop.is_set():
-                    self._file.write(mark_path(path), self._sample())
+                mark = self._sample() if path is not None and not self._stop.is_set() else None
+                if path is not None and mark is not None:
+                    self._file.write(mark_path(path), mark)
             finally:
                 self._lock.release()
         except Exception as exc:
@@ -104,16 +115,18 @@ class ProgressMarks:
                 self._failed = True
                 _logger.warning("traintel: could not write the progress mark (%s); training goes on", exc)
 
-    def _sample(self) -> dict[str, Any]:
-        """The job's account now: the open window's rows are read while no window is handed
-        over (its rows swapped, then its count moved), else read again."""
+    def _sample(self) -> dict[str, Any] | None:
+        """The job's account now (None: a window handed over is not processed yet). The open
+        window's rows are read while no window is handed over, else read again."""
         engine = self._engine
         window = engine.window
         for _ in range(3):
-            rows = window.rows
+            rows, before = window.current
             nested_ns, first = window.nested_ns, window.index == 0
-            if window.rows is rows:
+            if window.current[0] is rows:
                 break
+        if before != self._closed_through:
+            return None
         open_window, startup, own_ideal = self._open.update(rows, nested_ns, first)
         ledger = engine.goodput
         startup += ledger.badput_s.get("program_startup", 0.0)
