@@ -63,6 +63,7 @@ def test_otlp_logs_and_the_embedded_file_get_the_same_records(tmp_path: Path, pr
     assert sorted(sent, key=lambda e: e.time_ns) == sorted(in_file, key=lambda e: e.time_ns)
     record = next(e for e in sent if e.event_name == suspect)
     assert record.severity_number == 13  # WARN
+    assert record.attributes[semconv.HANG_PYTHON] == semconv.PYTHON_BLOCKED  # asleep: the GIL released
     assert (
         record.attributes[semconv.ITERATION] == 0 and record.attributes[semconv.PHASE] == "training_iteration"
     )

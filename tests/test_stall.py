@@ -263,6 +263,22 @@ def test_a_watcher_kept_from_running_reports_the_held_gil_when_it_runs_again(job
     assert recovered.attributes[semconv.HANG_PYTHON] == semconv.PYTHON_HOLDING_GIL
 
 
+def test_a_wake_one_period_after_the_last_is_on_time_even_at_a_threshold_of_one_period(job: Job) -> None:
+    """The watcher sleeps a wake period between two wakes: only the time past it is time it was
+    kept from running. At a threshold of one period, every wake on time was taken for a held GIL."""
+    job.watcher.threshold_s = stall.WAKE_S
+    start = time.time_ns()
+    with traintel.training_loop():
+        with traintel.training_iteration(0):
+            pass
+        with traintel.training_iteration(1):
+            for k in range(1, 4):
+                job.watcher.check(start + k * SECOND)  # one period apart
+            (record,) = job.suspects()
+            assert record.attributes[semconv.HANG_PYTHON] != semconv.PYTHON_HOLDING_GIL
+            assert record.attributes[semconv.HANG_STALLED_SECONDS] >= stall.WAKE_S
+
+
 def test_a_stall_that_ends_with_the_loop_is_recovered_at_shutdown(job: Job) -> None:
     start = time.time_ns()
     with traintel.training_loop():

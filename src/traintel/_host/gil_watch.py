@@ -4,10 +4,10 @@ Why a process: C code that holds the GIL (a native call that never releases it, 
 regular expression) stops every Python thread of the process, the stall watcher included, so
 nothing in the process can report it until it lets go. Two pieces need no GIL:
 
-- ``faulthandler``'s timer is a C thread. The watcher re-arms it at every wake with the stall
-  threshold (``dump_traceback_later``): while the watcher runs, it never fires; once the watcher
-  has been kept from running for the threshold, it dumps every thread's Python stack, without
-  the GIL, into a pipe.
+- ``faulthandler``'s timer is a C thread. The watcher re-arms it at every wake with its wake
+  period plus the stall threshold (``dump_traceback_later``): while the watcher runs, it never
+  fires; once the watcher has been kept from running for the threshold past its next wake, it
+  dumps every thread's Python stack, without the GIL, into a pipe.
 - A helper script (``traintel._runtime.gil_helper``: no import of traintel until it reports,
   about 10 MB), in a process of its own per rank, reads that pipe, and the state the watcher
   writes to a second pipe at each wake (phase, iteration, collective sequence, the iteration's
@@ -54,9 +54,9 @@ class GilWatch:
     """The rank's side: starts the helper, re-arms the timer and hands over the state."""
 
     def __init__(
-        self, threshold_s: float, rank: int, resource: Mapping[str, Any], file: Path | None, helper: Path
+        self, after_s: float, rank: int, resource: Mapping[str, Any], file: Path | None, helper: Path
     ) -> None:
-        self._threshold_s = threshold_s
+        self._after_s = after_s  # the watcher's silence that means a held GIL
         self._helper = str(helper)  # the helper process's script
         self._setup = {
             "rank": rank,
@@ -86,7 +86,7 @@ class GilWatch:
         if not self.alive():
             return
         if watched:
-            faulthandler.dump_traceback_later(self._threshold_s, repeat=False, file=self._dump_w, exit=False)
+            faulthandler.dump_traceback_later(self._after_s, repeat=False, file=self._dump_w, exit=False)
         else:
             faulthandler.cancel_dump_traceback_later()
         line = json.dumps(state, separators=(",", ":")).encode() + b"\n"

@@ -276,7 +276,7 @@ class StallWatcher:
         stall = self._stall
         if stall is not None and (progress > stall.progress_ns or not watched):
             self._recovered(stall, now)
-        if self._stall is None and gap_s >= self.threshold_s and was_watched:
+        if self._stall is None and gap_s - WAKE_S >= self.threshold_s and was_watched:
             self._held(progress, gap_s, now, final)  # this thread could not run: C code held the GIL
         if final:
             stall = self._stall

@@ -32,7 +32,7 @@ from traintel._host.energy import EnergyAccounting, EnergyInstruments
 from traintel._host.gil_watch import GilWatch
 from traintel._host.gpu import GpuInstruments
 from traintel._host.heartbeat import Heartbeat, HeartbeatInstruments
-from traintel._host.stall import StallWatcher
+from traintel._host.stall import WAKE_S, StallWatcher
 from traintel._host.system_metrics import SystemInstruments
 from traintel._recorder import active, clock
 from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
@@ -279,7 +279,8 @@ def _stall_watcher(
         return None
     rank = _rank(pipeline.resource)
     helper = Path(gil_helper.__file__)
-    gil_watch = GilWatch(threshold, rank, pipeline.resource.attributes, pipeline.output_file(), helper)
+    silence = threshold + WAKE_S  # the watcher's own wait is no stall
+    gil_watch = GilWatch(silence, rank, pipeline.resource.attributes, pipeline.output_file(), helper)
     send = functools.partial(hang_records.emit, pipeline.logs.logger)
     return StallWatcher(heartbeat, engine, send, threshold, rank, gil_watch=gil_watch, clock=clock.time_ns)
 
