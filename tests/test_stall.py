@@ -28,6 +28,7 @@ from traintel._host import stall
 from traintel._host.heartbeat import Heartbeat
 from traintel._host.stall import StallWatcher
 from traintel._recorder import clock
+from traintel._recorder.engine import TrainingEngine
 from traintel._runtime import hang_records
 from traintel._runtime.gil_helper import held_stack
 from traintel.config import ConfigurationError
@@ -290,6 +291,96 @@ def test_a_stall_that_ends_with_the_loop_is_recovered_at_shutdown(job: Job) -> N
             assert len(job.suspects()) == 1
     job.watcher.stop()  # the last look: the loop is over
     assert len(job.recovered()) == 1
+
+
+@pytest.fixture
+def wait(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], None]:
+    """traintel's timeline on a counter: ``wait(seconds)`` is the only thing that moves it."""
+    now = [time.monotonic_ns()]
+    monkeypatch.setattr(clock, "_monotonic_ns", lambda: now[0])
+    return lambda seconds: now.__setitem__(0, now[0] + round(seconds * SECOND))
+
+
+def test_evaluation_iterations_are_progress(job: Job, wait: Callable[[float], None]) -> None:
+    """A validation loop longer than the threshold, its iterations a second apart with the next
+    batch loaded between two of them. Before, only a training iteration's end was progress:
+    between two evaluation iterations the rank looked stuck since the loop began (1.0 s, 2.0 s,
+    ... after its first ones), and a wake there reported a hang."""
+    heartbeat = Heartbeat(job.telemetry.engine, job.telemetry.open_spans, job.sequence, clock.time_ns)
+    since_progress = []
+    with traintel.training_loop():
+        with traintel.training_iteration(0):
+            pass
+        with traintel.validation_loop():
+            for _ in range(2 * round(THRESHOLD)):
+                wait(0.5)  # the next batch, loaded outside the iteration
+                with traintel.validation_iteration():
+                    wait(0.5)
+                since_progress.append(heartbeat.sample().seconds_since_progress)
+                job.watcher.check(clock.time_ns())
+    assert since_progress == [0.0] * 2 * round(THRESHOLD)
+    assert job.suspects() == []
+
+
+def test_no_iteration_ends_unseen_by_the_heartbeat(
+    job: Job, wait: Callable[[float], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Iterations longer than the threshold, their steps shorter, seen by the heartbeat as they
+    end. The training thread stamps an iteration's end and stops it being the running one in
+    two steps, and the heartbeat reads the two: a sample that saw neither took the previous
+    iteration's end for the rank's last progress (4.0 s ago: a hang for the watcher). Forced
+    both ways: a sample taken between the training thread's two steps (as the running iteration
+    is cleared), and the training thread's steps taken between the heartbeat's two reads."""
+    engine, open_spans = job.telemetry.engine, job.telemetry.open_spans
+    seen: list[float] = []
+
+    class EndsTheIterationAsItIsRead:
+        """The registry, but reading its last end first ends the iteration (once)."""
+
+        end: Callable[[], None] | None = None
+
+        @property
+        def last_end_ns(self) -> int:
+            end, self.end = self.end, None
+            if end is not None:
+                end()
+            return open_spans.last_end_ns
+
+        def spans(self) -> list[Any]:
+            return open_spans.spans()
+
+    registry = EndsTheIterationAsItIsRead()
+    heartbeat = Heartbeat(engine, registry, job.sequence, clock.time_ns)
+
+    class SampledAsTheIterationIsCleared(TrainingEngine):
+        @property
+        def active(self) -> Any:
+            return self.__dict__["active"]
+
+        @active.setter
+        def active(self, record: Any) -> None:
+            self.__dict__["active"] = record
+            if record is None:
+                seen.append(heartbeat.sample().seconds_since_progress)
+
+    monkeypatch.setattr(engine, "__class__", SampledAsTheIterationIsCleared)
+    traintel.set_training_config(export_first_iterations=0)  # steps timed on the fast path, no spans
+    with traintel.training_loop():
+        with traintel.training_iteration(0):
+            pass
+        for number in (1, 2):
+            iteration = traintel.training_iteration(number)
+            iteration.__enter__()
+            for step in (traintel.model_forward, traintel.model_backward):
+                with step():
+                    wait(THRESHOLD * 2 / 3)
+            if number == 1:
+                iteration.__exit__(None, None, None)
+            else:  # the heartbeat reads, the iteration ends, the heartbeat reads on
+                registry.end = functools.partial(iteration.__exit__, None, None, None)
+                seen.append(heartbeat.sample().seconds_since_progress)
+    # as iterations 0, 1 and 2 (inside the heartbeat's read) were cleared, and that read
+    assert seen == [0.0, 0.0, 0.0, 0.0]
 
 
 def test_held_stack_reads_the_thread_of_a_faulthandler_dump(tmp_path: Path) -> None:

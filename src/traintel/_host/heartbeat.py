@@ -53,8 +53,8 @@ class RunningIteration(Protocol):
 class Progress(Protocol):
     """What the heartbeat reads of the engine (it never writes to it)."""
 
-    last_iteration_end_ns: int
-    last_iteration: int
+    iteration_end_ns: int  # when an iteration of any loop last ended
+    last_iteration: int | None  # the last training iteration completed
 
     @property
     def active(self) -> RunningIteration | None: ...
@@ -92,9 +92,11 @@ class Heartbeat:
     def sample(self, now_ns: int | None = None) -> HeartbeatSample:
         now = self._now_ns() if now_ns is None else now_ns
         engine = self._engine
-        progress = max(self._started_ns, engine.last_iteration_end_ns, self._open_spans.last_end_ns)
-        phase, after, step = IDLE, None, None
+        # The running iteration first, then the last end: the training thread stamps an end
+        # before the iteration stops being active, so no iteration ends unseen between the two.
         record = engine.active  # read once: the training thread may replace it meanwhile
+        progress = max(self._started_ns, engine.iteration_end_ns, self._open_spans.last_end_ns)
+        phase, after, step = IDLE, None, None
         if record is not None:
             phase = record.phase
             step = getattr(record.open_step, "open_name", None)
@@ -109,10 +111,10 @@ class Heartbeat:
             if innermost is not None:
                 phase, started = str((innermost.attributes or {})[semconv.PHASE]), innermost.start_time or 0
                 progress = max(progress, started)
-        last = engine.last_iteration if engine.last_iteration_end_ns else None
         entered, completed, name = self._collectives.snapshot()
         seconds = max(0.0, (now - progress) / 1e9)
         waiting_in = name if entered > completed else None
+        last = engine.last_iteration
         return HeartbeatSample(seconds, last, phase, after, entered, completed, progress, step, waiting_in)
 
     def innermost_open_span(self) -> Span | None:

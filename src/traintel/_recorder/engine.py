@@ -150,8 +150,10 @@ class TrainingEngine:
         self.samples_total = 0.0  # every iteration's, read by the metric reader
         self.tokens_total = 0.0
         self.exported_iterations = 0
-        # The heartbeat's progress stamp (read on the metric reader's thread).
-        self.last_iteration_end_ns, self.last_iteration = 0, -1
+        #: The heartbeat's progress stamp: when an iteration of any loop last ended (read on the
+        #: metric reader's and the stall watcher's threads), and the last training iteration done.
+        self.iteration_end_ns = 0
+        self.last_iteration: int | None = None
         self.last_checkpoint: tuple[int, int, float] | None = None  # (iteration, end ns, seconds)
         #: A terminating signal that landed while :meth:`end_iteration` ran on the main thread,
         #: delivered when it returns: cut there, the iteration would be neither open (for the
@@ -361,15 +363,16 @@ class TrainingEngine:
         try:
             record.end_ns = end_ns
             record.context = None  # the body's Context holds the record: break the cycle for refcounting
+            # Progress, stamped before the iteration stops being active: a reader that saw
+            # neither would take the previous iteration's end for the rank's last progress.
+            self.iteration_end_ns = end_ns
             if self.active is record:
                 self.active = None
             duration_ns = end_ns - record.start_ns
             if record.phase != _TRAINING_ITERATION:
                 self._end_eval_iteration(record, duration_ns)
                 return
-            iteration = record.iteration
-            self.last_iteration_end_ns = end_ns
-            self.last_iteration = iteration
+            iteration = self.last_iteration = record.iteration
             self._add_row(record, duration_ns, end_ns)
             if record.metrics or record.sync_ns:
                 self._add_to_window(record)
@@ -733,8 +736,9 @@ class TrainingEngine:
         ``target``: the save span while it is open (ours), else its live parent."""
         # What a preemption loses: iterations after the last save (``iteration`` = the first
         # iteration a resume from this checkpoint runs; unknown: the one after the last done).
+        done = self.last_iteration
         self.last_checkpoint = (
-            iteration if iteration is not None else self.last_iteration + 1,
+            iteration if iteration is not None else 0 if done is None else done + 1,
             clock.time_ns(),
             duration_s,
         )

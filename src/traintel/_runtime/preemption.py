@@ -280,7 +280,7 @@ def _report(signum: int, received_ns: int, end_spans: bool) -> None:
 
 
 def _last_completed(engine: TrainingEngine | None) -> int | None:
-    return engine.last_iteration if engine is not None and engine.last_iteration_end_ns else None
+    return engine.last_iteration if engine is not None else None
 
 
 #: The pipeline's share of ``TRAINTEL_SHUTDOWN_TIMEOUT`` when the process dies by the signal:
