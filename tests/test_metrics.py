@@ -15,6 +15,7 @@ import pytest
 
 import traintel
 from traintel import callbacks, semconv
+from traintel._recorder import active
 from traintel._runtime import window_consumers
 
 T0 = 1_700_000_000_000  # ms since the epoch
@@ -379,6 +380,39 @@ def test_iteration_duration_histogram_and_gauges(owned: Any) -> None:
     assert phase_time["forward"] == 4 / 4 / 3
 
 
+@pytest.mark.parametrize(
+    ("policy", "exported", "not_exported"),
+    [("all", [0, 1, 2, 3, 4, 5, 6], [0] * 7), ("sampled", [0, 1, 2, 3], [0, 0, 3, 3])],
+)
+def test_the_iterations_exported_and_not_only_grow(
+    owned: Any, monkeypatch: pytest.MonkeyPatch, policy: str, exported: list[int], not_exported: list[int]
+) -> None:
+    """The reader collects as each exported iteration is written: the iteration has ended (its
+    row is in) and its export is not counted yet. The iterations not exported were the ones seen
+    less the ones exported: 1 there, 0 once the export counted, a counter going back (Prometheus
+    takes it for a reset and adds the whole count again)."""
+    job = owned(export_iterations=policy, export_first_iterations=2, export_every_n_iterations=5)
+    engine = active.engine
+    assert engine is not None
+    seen: list[dict[bool, float]] = []
+
+    def collect() -> None:
+        points = job.metric_points(semconv.METRIC_ITERATIONS_EXPORTED)
+        seen.append({p.attributes["traintel.exported"]: p.value for p in points})
+
+    materialize = engine._materialize
+
+    def collected_as_written(*args: Any) -> Any:
+        collect()
+        return materialize(*args)
+
+    monkeypatch.setattr(engine, "_materialize", collected_as_written)
+    run_loop([1.0] * 6, phases=False)  # sampled: 0 and 1 (the first), 5 (every fifth)
+    collect()
+    assert [c[True] for c in seen] == exported
+    assert [c[False] for c in seen] == not_exported  # before: 1 more at each write ("all": 1, 0)
+
+
 def test_plain_otel_iterations_are_aggregated(pipeline: Any) -> None:
     traintel.configure(
         tracer_provider=pipeline.tracer_provider, meter_provider=pipeline.meter_provider,
@@ -456,14 +490,14 @@ def test_a_window_whose_report_fails_is_still_emptied(
             with traintel.training_iteration():
                 pass
         assert len(engine.rows) == 5  # emptied at each boundary, failed or not
-        assert engine.iterations_seen == 95 and aggregator.windows_closed == 0
+        assert engine.window.iterations_seen == 95 and aggregator.windows_closed == 0
         assert len(engine.sampler.recent) == 90  # the failed windows' durations still set the slow threshold
         failing["on"] = False
         for _ in range(5):
             with traintel.training_iteration():
                 pass
     assert aggregator.windows_closed == 1  # the tenth: nothing was left for the loop end
-    assert engine.iterations_seen == 100 and aggregator.iterations_seen == 100
+    assert engine.window.iterations_seen == 100 and aggregator.iterations_seen == 100
     assert aggregator.last_window is not None
     assert aggregator.last_window.first_iteration == 90
     assert any("could not report a window" in r.getMessage() for r in caplog.records)

@@ -103,6 +103,8 @@ class EngineHooks:
 class TrainingEngine:
     """State of the running job's training loop(s); one per configured job."""
 
+    last_iteration: int | None
+
     def __init__(
         self,
         config: TrainingConfig,
@@ -149,11 +151,12 @@ class TrainingEngine:
         self.materializing: set[int] = set()
         self.samples_total = 0.0  # every iteration's, read by the metric reader
         self.tokens_total = 0.0
-        self.exported_iterations = 0
+        #: Training iterations decided exported, and not: each only grows (observable counters;
+        #: not derived from the iterations seen, which count an iteration before its decision).
+        self.exported_iterations = self.unexported_iterations = 0
         #: The heartbeat's progress stamp: when an iteration of any loop last ended (read on the
         #: metric reader's and the stall watcher's threads), and the last training iteration done.
-        self.iteration_end_ns = 0
-        self.last_iteration: int | None = None
+        self.iteration_end_ns, self.last_iteration = 0, None
         self.last_checkpoint: tuple[int, int, float] | None = None  # (iteration, end ns, seconds)
         #: A terminating signal that landed while :meth:`end_iteration` ran on the main thread,
         #: delivered when it returns: cut there, the iteration would be neither open (for the
@@ -184,11 +187,6 @@ class TrainingEngine:
         self.segments = Segments(self, outlet.budget)
         self.windows = Windows(self)
         self.apply_config(config)
-
-    @property
-    def iterations_seen(self) -> int:
-        """Training iterations ended so far (the metric reader's thread reads it too)."""
-        return self.window.iterations_seen
 
     def set_export_all(self, export_all: bool) -> None:
         self.export_all = export_all
@@ -385,6 +383,8 @@ class TrainingEngine:
             exported_now = False
             if slow or record.notable or exported_as is not None:
                 exported_now = self._export_decision(record, exported_as, slow, duration_ns / 1e9)
+            else:
+                self.unexported_iterations += 1
             if at_mark:
                 windows.close_if_due(end_ns)
             loop = self.loop
@@ -399,10 +399,13 @@ class TrainingEngine:
         finally:  # a terminating signal that landed in the lines above is handled now
             deliver = self.deferred_signal
             if deliver is not None:
-                try:
-                    deliver()  # still set meanwhile: a signal that lands in it is not deferred
-                finally:
-                    self.deferred_signal = None
+                self._deliver_deferred(deliver)
+
+    def _deliver_deferred(self, deliver: Callable[[], None]) -> None:
+        try:
+            deliver()  # still set meanwhile: a signal that lands in it is not deferred
+        finally:
+            self.deferred_signal = None
 
     def _add_row(self, record: IterationRecord, duration_ns: int, end_ns: int) -> None:
         """The iteration's row in the open window: its time, work and step phases."""
@@ -472,6 +475,8 @@ class TrainingEngine:
             self._nonfinite_events(record, exported)
         if exported is not None:
             self.exported_iterations += 1
+        else:
+            self.unexported_iterations += 1
         return exported is not None and exported_as is None
 
     def _end_eval_iteration(self, record: IterationRecord, duration_ns: int) -> None:

@@ -51,10 +51,8 @@ class MetricSource(Protocol):
     samples_total: float
     tokens_total: float
     exported_iterations: int
+    unexported_iterations: int
     goodput: GoodputLedger
-
-    @property
-    def iterations_seen(self) -> int: ...
 
 
 class TrainingInstruments:
@@ -211,10 +209,10 @@ class TrainingInstruments:
         return observe
 
     def _exported(self, options: CallbackOptions) -> Iterable[Observation]:
-        exported = self._source.exported_iterations
+        source = self._source
         return [
-            Observation(exported, {"traintel.exported": True}),
-            Observation(self._source.iterations_seen - exported, {"traintel.exported": False}),
+            Observation(source.exported_iterations, {"traintel.exported": True}),
+            Observation(source.unexported_iterations, {"traintel.exported": False}),
         ]
 
     # --- checkpoints (the engine's CheckpointMetrics) -------------------------------------------
