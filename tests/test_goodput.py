@@ -26,7 +26,7 @@ from opentelemetry.trace import Span
 import traintel
 from tests.conftest import Pipeline, parent_name
 from traintel import cli, semconv
-from traintel._aggregation.goodput import GoodputLedger
+from traintel._aggregation.goodput import GoodputLedger, WindowGoodput
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.exporters.file import OtlpJsonFileSpanExporter
 from traintel.semconv import BADPUT_CATEGORIES
@@ -458,3 +458,42 @@ def test_seconds_counters_per_goodput_category_equal_the_cli_job_figures(
         pytest.approx(at(0) / 1e9),
         pytest.approx(at(68) / 1e9),
     )  # the last window ends at 68 s
+
+
+def test_a_snapshot_taken_as_a_window_is_booked_sums_to_the_job_s_time() -> None:
+    """The metric reader snapshots the ledger while the window pipeline's worker books a window
+    (forced here between the snapshot's reads of the productive seconds). The snapshot read them
+    twice: "other" was the time less the productive seconds before the window, the productive
+    figure those after it, so goodput and badput summed to 13 s of a 10 s job (1.3)."""
+
+    class BookedAsRead(GoodputLedger):
+        """A ledger whose productive seconds, read once, are added to by a window right after."""
+
+        book: WindowGoodput | None = None
+
+        @property
+        def productive_s(self) -> float:
+            value: float = self.__dict__["productive"]
+            window, self.book = self.book, None
+            if window is not None:
+                self._book([window])
+            return value
+
+        @productive_s.setter
+        def productive_s(self, value: float) -> None:
+            self.__dict__["productive"] = value
+
+    def window(index: int, start_s: int) -> WindowGoodput:  # 4 iterations of 1 s, 0.25 s loading each
+        return WindowGoodput(index, 4 * index, 4 * index + 3, 4, start_s * 10**9, (start_s + 4) * 10**9,
+                             4.0, 1.0, 0.0)  # fmt: skip
+
+    ledger = BookedAsRead()
+    ledger.started(0)
+    ledger._startup_decided = True
+    ledger._book([window(0, 0)])
+    ledger.book = window(1, 4)
+    live = ledger.snapshot(10 * 10**9)
+    assert live.total_s == 10.0
+    assert (live.productive_s, live.badput_s["data_loading"], live.badput_s["other"]) == (3.0, 1.0, 6.0)
+    assert live.productive_s + sum(live.badput_s.values()) == live.total_s
+    assert ledger.snapshot(10 * 10**9).badput_s["other"] == 10 - 6 - 2  # the window booked

@@ -289,6 +289,6 @@ class GoodputLedger:
         total = max(0.0, (now_ns - start) / 1e9)
         with self.lock:
             badput = {k: v for k, v in self.badput_s.items()}
-        accounted = self.productive_s + sum(badput.values())
-        badput["other"] = max(0.0, total - accounted)
-        return GoodputSnapshot(total, self.productive_s, badput)
+        productive = self.productive_s  # read once: the window pipeline's worker adds to it
+        badput["other"] = max(0.0, total - productive - sum(badput.values()))
+        return GoodputSnapshot(total, productive, badput)
