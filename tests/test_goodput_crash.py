@@ -427,17 +427,19 @@ def test_the_mark_s_account_reads_each_row_once_and_starts_over_with_a_new_windo
     account = OpenWindowProgress()
     for number, seconds in enumerate((7, 5, 5)):
         iteration(number, seconds, data=1 if number == 1 else 0)
-    window, startup, ideal = account.update(rows, 0, first_window=True)
+    window, startup, ideal = account.update(rows, (0, 0, 0), first_window=True)
     assert (window.first_iteration, window.last_iteration, window.iterations) == (0, 2, 3)
     assert (window.start_ns, window.end_ns, window.busy_s, window.data_loading_s) == (0, 17 * s, 17.0, 1.0)
     assert (startup, ideal, account.slowest) == (2.0, 5.0, (7.0, 0))  # 7 s over the median 5 s
     iteration(3, 9)
-    window, _, _ = account.update(rows, 2 * s, first_window=True)  # a 2 s save nested in iteration 3
+    window, _, _ = account.update(rows, (3, 0, 2 * s), first_window=True)  # a 2 s save in iteration 3
     assert (window.iterations, window.busy_s, account.slowest) == (4, 24.0, (9.0, 3))
+    window, _, _ = account.update(rows, (4, 2 * s, 5 * s), first_window=True)  # 3 s more in the running 4
+    assert (window.iterations, window.busy_s) == (4, 24.0)  # its row is not in: nor its save
     closed = window
     rows = []  # the window closed: a new list of rows
     iteration(4, 5)
-    window, startup, ideal = account.update(rows, 0, first_window=False)
+    window, startup, ideal = account.update(rows, (0, 0, 0), first_window=False)
     assert (window.first_iteration, window.iterations, startup, ideal, account.slowest) == (
         4,
         1,
@@ -495,3 +497,48 @@ def test_a_mark_is_never_written_with_a_window_the_worker_has_not_processed(tmp_
     assert before == [0, 1, 2]
     assert behind == before  # not [4, 5, 2]
     assert caught_up == [0, 5, 6]
+
+
+#: A save nested in the third iteration; a mark taken after the save, as that iteration runs on.
+MARK_AFTER_A_SAVE_IN_THE_RUNNING_ITERATION = """
+import json, time
+S = 10**9
+NOW = [1_700_000_000 * S]
+time.time_ns = lambda: NOW[0]
+time.monotonic_ns = time.time_ns
+def tick(seconds):
+    NOW[0] += round(seconds * S)
+import traintel
+from traintel.exporters.progress_mark import read_mark
+telemetry = traintel.configure(warmup_iterations=0)
+def marked():
+    telemetry.progress.mark()
+    progress = (read_mark(telemetry.output_file) or {}).get("progress") or {}
+    return [progress.get(key) for key in ("last_iteration", "iterations", "productive_s")]
+seen = []
+with traintel.training_loop(train_iterations_start=0):
+    for i in range(3):
+        with traintel.training_iteration():
+            tick(2)
+            if i == 2:
+                with traintel.checkpoint_save(iteration=3):
+                    tick(3)
+                seen.append(marked())
+                tick(1)
+seen.append(marked())
+print(json.dumps(seen))
+"""
+
+
+def test_a_mark_counts_a_nested_save_with_the_iteration_it_ran_in(tmp_path: Path) -> None:
+    """A save inside an iteration is that iteration's badput, not productive time. The mark
+    read the open window's rows and the time nested in them, and the save's 3 s were in the time
+    as it ended, its iteration's row not yet in: a mark then took them off iterations 0-1
+    (productive 1 s of 4), for as long as that iteration ran on."""
+    result = run_python(
+        MARK_AFTER_A_SAVE_IN_THE_RUNNING_ITERATION, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs")
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    in_the_iteration, after_the_loop = json.loads(result.stdout.splitlines()[-1])
+    assert in_the_iteration == [1, 2, 4.0]  # iterations 0-1, 2 s each
+    assert after_the_loop == [2, 3, 2 + 2 + 6 - 3]  # the third, 6 s with its 3 s save

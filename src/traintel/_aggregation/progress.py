@@ -80,16 +80,19 @@ class OpenWindowProgress:
         self._slowest = 0
 
     def update(
-        self, rows: list[RawRow], nested_ns: int, first_window: bool
+        self, rows: list[RawRow], nested: tuple[int, int, int], first_window: bool
     ) -> tuple[Account, float, float | None]:
         """The open window as of its rows now, its startup share (``first_window``: no window of
-        the job closed before it, so startup is decided here) and, then, its own ideal step time."""
+        the job closed before it, so startup is decided here) and, then, its own ideal step time.
+        ``nested``: the window's (read before its rows: see ``OpenWindow.nested``)."""
         if rows is not self._rows:
             self._rows, self._read = rows, 0
             self._total_ns = self._data_ns = self._max_ns = 0
         self._read_new(rows[self._read :])  # one slice: rows appended meanwhile wait for the next call
         if not self._read:
             return Account(), 0.0, None
+        row, before, total = nested
+        nested_ns = total if self._read > row else before  # that row's not read: its phases neither
         first, last = Row._make(rows[0]), Row._make(rows[self._read - 1])
         total_s, data_s = self._total_ns / 1e9, self._data_ns / 1e9
         busy_s = total_s - nested_ns / 1e9

@@ -117,7 +117,7 @@ class ClosedWindow:
 class OpenWindow:
     """The training thread's open window: appended to per iteration, taken when it closes."""
 
-    __slots__ = ("current", "exported_iterations", "index", "metrics", "nested_ns", "nonfinite_iterations",
+    __slots__ = ("current", "exported_iterations", "index", "metrics", "nested", "nonfinite_iterations",
                  "rows", "slow_iterations", "sync_compute_ns", "sync_marked")  # fmt: skip
 
     def __init__(self) -> None:
@@ -131,7 +131,10 @@ class OpenWindow:
     def _reset(self) -> None:
         self.nonfinite_iterations = self.slow_iterations = self.exported_iterations = 0
         self.metrics: dict[str, ModelMetric] = {}
-        self.nested_ns = 0
+        #: The categorised phases nested in its iterations (ns), as one value: (the row of the
+        #: iteration the last one ended in, their time in the rows before it, their time in all).
+        #: Another thread reads it with the rows, which lack the running iteration's until it ends.
+        self.nested = (0, 0, 0)
         self.sync_compute_ns = self.sync_marked = 0
 
     @property
@@ -140,13 +143,19 @@ class OpenWindow:
         rows, before = self.current
         return before + len(rows)
 
+    def nested_in_running(self, duration_ns: int) -> None:
+        """A categorised phase (a checkpoint save, say) ended inside the running iteration."""
+        row, before, total = self.nested
+        running = len(self.rows)
+        self.nested = (running, before if row == running else total, total + duration_ns)
+
     def take(self, final: bool) -> ClosedWindow:
         """The window as it is, handed over; an empty one is open from now on."""
         rows, before = self.current
         closed = ClosedWindow(
             self.index, before, rows, self.nonfinite_iterations, self.slow_iterations,
             self.exported_iterations, self.metrics,
-            self.nested_ns / 1e9, self.sync_compute_ns, self.sync_marked, final,
+            self.nested[2] / 1e9, self.sync_compute_ns, self.sync_marked, final,
         )  # fmt: skip
         self.rows = []
         self.current = (self.rows, before + len(rows))

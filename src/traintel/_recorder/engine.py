@@ -659,7 +659,7 @@ class TrainingEngine:
     def nested_in_iteration(self, duration_ns: int) -> None:
         """A categorised phase (a checkpoint save, say) ended inside an iteration of the open
         window: its time is that window's nested badput."""
-        self.window.nested_ns += duration_ns
+        self.window.nested_in_running(duration_ns)
 
     def segment_started(self) -> None:
         """A new trace began: the loop's context answers anew, the event caps start over."""

@@ -122,12 +122,12 @@ class ProgressMarks:
         window = engine.window
         for _ in range(3):
             rows, before = window.current
-            nested_ns, first = window.nested_ns, window.index == 0
+            nested, first = window.nested, window.index == 0
             if window.current[0] is rows:
                 break
         if before != self._closed_through:
             return None
-        open_window, startup, own_ideal = self._open.update(rows, nested_ns, first)
+        open_window, startup, own_ideal = self._open.update(rows, nested, first)
         ledger = engine.goodput
         startup += ledger.badput_s.get("program_startup", 0.0)
         ideal = ledger.ideal_step_time_s if ledger.ideal_step_time_s is not None else own_ideal
