@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -497,3 +498,59 @@ def test_a_snapshot_taken_as_a_window_is_booked_sums_to_the_job_s_time() -> None
     assert (live.productive_s, live.badput_s["data_loading"], live.badput_s["other"]) == (3.0, 1.0, 6.0)
     assert live.productive_s + sum(live.badput_s.values()) == live.total_s
     assert ledger.snapshot(10 * 10**9).badput_s["other"] == 10 - 6 - 2  # the window booked
+
+
+def test_the_step_time_deviation_gauge_is_one_window_s_over_its_own_ideal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The metric reader collects as the window pipeline's worker closes a window in the
+    ledger: the job's ideal step time already includes the new window's 2 s steps (1.5 s), the
+    last window is still the one before (1 s steps). The gauge divided the one by the other:
+    -1/3, which neither window's record says (0.0, then 1/3)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from traintel._aggregation.aggregator import RateInputs, TrainingAggregator
+    from traintel._aggregation.window import ClosedWindow
+    from traintel._sdk.instruments import TrainingInstruments
+
+    ledger, aggregator, reader = GoodputLedger(), TrainingAggregator(0), InMemoryMetricReader()
+    source = SimpleNamespace(
+        goodput=ledger, samples_total=0.0, tokens_total=0.0, exported_iterations=0, unexported_iterations=0
+    )
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False)
+    TrainingInstruments(provider, source, aggregator, lambda: 10**12)
+
+    def deviation() -> dict[str, float]:
+        data = reader.get_metrics_data()
+        points = [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                  if m.name == semconv.METRIC_STEP_TIME_DEVIATION for p in m.data.data_points]  # fmt: skip
+        return {p.attributes[semconv.STEP_TIME_QUANTILE]: p.value for p in points}
+
+    def close(index: int, step_s: int) -> list[Any]:  # 100 steps of step_s (the ideal: exact)
+        end = (index + 1) * 100 * step_s * 10**9
+        rows: list[Any] = [
+            (step_s * 10**9, None, None, None, None, None, None, None, None, 100 * index + i,
+             end - (99 - i) * step_s * 10**9)
+            for i in range(100)
+        ]  # fmt: skip
+        window = ClosedWindow(index, 100 * index, rows, 0, 0, 0, {}, 0.0, 0, 0, False)
+        report = aggregator.close_window(window, RateInputs())
+        assert report is not None
+        return ledger.close_window(report, None, False)
+
+    (first,) = close(0, 1)
+    assert deviation()["p50"] == first.attributes()[semconv.STEP_TIME_DEVIATION_PREFIX + "p50"] == 0.0
+    book = ledger._book
+    seen: list[dict[str, float]] = []
+
+    def collected_then_booked(ready: list[Any]) -> list[Any]:
+        seen.append(deviation())
+        return book(ready)
+
+    monkeypatch.setattr(ledger, "_book", collected_then_booked)
+    (second,) = close(1, 2)
+    assert ledger.ideal_step_time_s == 1.5  # the mean of 100 steps of 1 s and 100 of 2 s
+    assert seen == [{"p50": 0.0, "p90": 0.0, "p99": 0.0}]  # the first window's, over its own ideal
+    p50 = second.attributes()[semconv.STEP_TIME_DEVIATION_PREFIX + "p50"]
+    assert deviation()["p50"] == p50 == 2 / 1.5 - 1
+    provider.shutdown()

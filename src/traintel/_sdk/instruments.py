@@ -258,7 +258,10 @@ def _ideal(ledger: GoodputLedger) -> list[Observation]:
 
 
 def _deviation(ledger: GoodputLedger) -> list[Observation]:
-    ideal, window = ledger.ideal_step_time_s, ledger.last_window
+    """Over the ideal the window was closed with, as its record: the ledger's may already
+    include the window the worker is closing."""
+    window = ledger.last_window
+    ideal = window.ideal_step_time_s if window is not None else None
     if ideal is None or window is None or ideal <= 0:
         return []
     return [
