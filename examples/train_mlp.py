@@ -12,6 +12,7 @@ read back and summarised. Point it at a collector instead with, for example::
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -150,6 +151,8 @@ if __name__ == "__main__":
         print()
         print(render(summarize([output])))
         print()
+        # `make demo` runs .venv/bin/python without activating it: then `traintel` is not on PATH
+        command = "traintel" if shutil.which("traintel") else Path(sys.executable).with_name("traintel")
         print(f"telemetry file: {output}")
-        print(f"summarise it again with: traintel summary {output.parent}")
-        print(f"full report with charts: traintel report {output.parent} --html report.html")
+        print(f"summarise it again with: {command} summary {output.parent}")
+        print(f"full report with charts: {command} report {output.parent} --html report.html")

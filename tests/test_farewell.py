@@ -5,6 +5,7 @@ run), or the OTLP endpoint it was sent to; silent on other ranks and under ``TRA
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,10 @@ with traintel.application():
                 pass
 """
 
+#: The console script beside this Python (the test environment's), and a PATH that finds it.
+SCRIPT = Path(sys.executable).with_name("traintel")
+ON_PATH = {"PATH": str(SCRIPT.parent)}
+
 
 @pytest.mark.process
 def test_a_job_says_where_its_telemetry_is_and_the_command_reads_it(
@@ -35,7 +40,7 @@ def test_a_job_says_where_its_telemetry_is_and_the_command_reads_it(
     assert lines[0] == f"traintel: telemetry of this run goes to {output}"  # the file it then wrote
     assert f"is in {output};" in lines[1]
     command = shlex.split(lines[1].split("read it with: ", 1)[1])
-    assert command[:2] == ["traintel", "summary"]
+    assert command[0] in ("traintel", str(SCRIPT)) and command[1] == "summary"  # SCRIPT: not on PATH
     assert cli.main(command[1:]) == 0 and "Spans read: " in capsys.readouterr().out
     quiet = run_python(JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "quiet"), TRAINTEL_QUIET="1")
     assert quiet.returncode == 0 and "telemetry" not in quiet.stderr, quiet.stderr
@@ -49,7 +54,7 @@ def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path
         == "traintel: telemetry of this run was sent to http://collector:4317 (OTLP)"
     )
     assert farewell(
-        output, ["otlp", "traintel_file"], 0, {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+        output, ["otlp", "traintel_file"], 0, {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", **ON_PATH}
     ) == (
         "traintel: telemetry of this run was sent to http://localhost:4318/v1/traces (OTLP) "
         f"and is kept in {output}; read it with: traintel summary {tmp_path}"
@@ -69,3 +74,14 @@ def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path
     assert greeting(output, ["traintel_file"], 0, {"TRAINTEL_QUIET": "1"}) is None
     assert greeting(None, ["console"], 0, {}) is None  # nothing to say where
     assert farewell(None, [], 0, {}) is None  # the user's own providers: nothing known to say
+
+
+def test_the_command_runs_as_pasted_where_traintel_is_not_on_the_path(tmp_path: Path) -> None:
+    """``make demo`` runs ``.venv/bin/python`` without activating the environment: there
+    ``traintel`` is not on PATH, and the line names the console script beside the interpreter."""
+    assert SCRIPT.is_file()  # an environment traintel is installed in
+    output = tmp_path / "run.otlp.jsonl"
+    line = farewell(output, ["traintel_file"], 0, {"PATH": str(tmp_path)})
+    assert line == f"traintel: telemetry of this run is in {output}; read it with: {SCRIPT} summary {tmp_path}"
+    line = farewell(output, ["traintel_file"], 0, ON_PATH)
+    assert line == f"traintel: telemetry of this run is in {output}; read it with: traintel summary {tmp_path}"
