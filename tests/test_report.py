@@ -455,6 +455,22 @@ def test_summary_and_goodput_fit_80_columns(
         assert "trace " in out, command  # the ids are there, on lines of their own
 
 
+def test_goodput_shares_stand_in_one_column(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The goodput row and every badput row, the longest name (infrastructure_recovery)
+    included, put their share in the same column; the report's iteration count is every
+    iteration, its times and rates are after warm-up, and its title says which is which."""
+    run_job(tmp_path, monkeypatch, stepping(4, iterations=12))
+    code, out, _ = run_cli("goodput", str(tmp_path), capsys=capsys)
+    rows = [line for line in out.splitlines() if line.startswith(("  goodput ", "  badput "))]
+    assert code == 0 and len(rows) == 1 + len(semconv.BADPUT_CATEGORIES)
+    assert len({line.index("%") for line in rows}) == 1, rows
+    code, out, _ = run_cli("report", str(tmp_path), capsys=capsys)
+    assert code == 0 and "Iterations and throughput (times and rates after warm-up)" in out
+    assert re.search(r"\n iterations +12 \n", out), out
+
+
 def test_the_commands_read_the_default_directory_and_trace_goes_to_stdout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

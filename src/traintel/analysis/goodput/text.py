@@ -32,7 +32,7 @@ def render_goodput(results: list[SessionGoodput], links: TraceLinks | None = Non
         for category in BADPUT_CATEGORIES:
             share = r.badput(category)
             lines.append(
-                f"  {'badput ' + category:<24}{share:8.2%}{r.badput_s[category]:12.1f} s  {_bar(share)}"
+                f"  {'badput ' + category:<32}{share:8.2%}{r.badput_s[category]:12.1f} s  {_bar(share)}"
             )
         layers = r.layers()
         lines.append(
