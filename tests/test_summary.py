@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 import traintel
 from traintel import callbacks, semconv
 from traintel._aggregation.stats import percentile
-from traintel.analysis.summary import render, summarize
+from traintel.analysis.summary import phase_rows, render, summarize
 from traintel.cli import main
 from traintel.exporters.file import OtlpJsonFileSpanExporter, OtlpJsonLinesFile
 
@@ -97,3 +97,39 @@ def test_cli_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     assert "Run: service exact | run r1 | ranks [0]" in out
     assert main(["summary", str(tmp_path / "empty")]) == 2
+
+
+KILLED_OR_DONE = """
+import os, sys, time, traintel
+start, stop, kill = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "kill"
+with traintel.application():
+    with traintel.training_loop(train_iterations_start=start):
+        for i in range(start, stop):
+            with traintel.training_iteration(samples=4):
+                time.sleep(0.002 if kill else 0)
+    if kill:  # its loop and window records are in the file, its application never ends
+        traintel.get_telemetry().pipeline.tracer_provider.force_flush()
+        os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.process
+def test_a_job_killed_before_its_application_ended_counts_in_the_shares(tmp_path: Path) -> None:
+    """A job killed before its first application segment ended, then resumed in the same
+    session: the killed job's phases are in the table, so its time is in what the shares are of
+    (before, only the resumed job's application was: the iterations showed 1,000 % and more)."""
+    import signal
+
+    from tests.subprocess_helpers import run_python
+
+    env = {"TRAINTEL_OUTPUT_DIR": str(tmp_path / "runs"), "TRAINTEL_SESSION_TAG": "one-task"}
+    for argv, code in ((["0", "200", "kill"], -signal.SIGKILL), (["150", "160", "done"], 0)):
+        script = KILLED_OR_DONE.replace("sys.argv[1]", argv[0]).replace("sys.argv[2]", argv[1])
+        done = run_python(script.replace("sys.argv[3]", repr(argv[2])), tmp_path, **env)
+        assert done.returncode == code, done.stderr
+    summary = summarize([tmp_path / "runs"])
+    rows = {row.phase: row for row in phase_rows(summary)}
+    assert rows["training_loop"].count == 2 and rows["training_iteration"].count == 210
+    shares = [row.share for row in rows.values() if row.share is not None]
+    assert shares and all(0 < share <= 1 for share in shares), rows
+    assert summary.open_at_end and "still running, or killed" in render(summary)

@@ -305,14 +305,17 @@ class RunSummary:
     @property
     def wall_s(self) -> float:
         """The time the phase shares are of: per process its application time, or, where the
-        files end before its application does (a run still going, or killed), the time from its
-        first record to its last; summed over the processes that exported application time."""
-        return sum(max(e.application_s, e.seen_s) for e in self.extents.values() if e.application_s > 0)
+        files end before its application does (a run still going, or killed before its first
+        application segment ended), the time from its first record to its last; summed over the
+        processes, whose phases all count. None (0) where no process used the application phase."""
+        if not any(e.application_s > 0 for e in self.extents.values()):
+            return 0.0
+        return sum(max(e.application_s, e.seen_s) for e in self.extents.values())
 
     @property
     def open_at_end(self) -> bool:
         """Whether some process's last records lie past its exported application time."""
-        return any(e.seen_s > e.application_s > 0 for e in self.extents.values())
+        return self.wall_s > 0 and any(e.seen_s > e.application_s for e in self.extents.values())
 
     def _evaluation(self, phase: str, attributes: dict[str, Any], at: tuple[int, int, int]) -> None:
         metrics = {
