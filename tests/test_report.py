@@ -455,6 +455,25 @@ def test_summary_and_goodput_fit_80_columns(
         assert "trace " in out, command  # the ids are there, on lines of their own
 
 
+def test_a_progress_mark_without_its_file_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job SIGKILLed in its first minute wrote its progress mark, never its spans (the file
+    gathers them for 60 s): the commands say so instead of leaving it silently out."""
+    from traintel.exporters.progress_mark import MarkFile, mark_path
+
+    killed = mark_path(tmp_path / "killed" / "train-1.otlp.jsonl")
+    mark = MarkFile()
+    mark.write(killed, {"instance": "i", "progress": {"first_iteration": 0, "last_iteration": 725}})
+    mark.close()
+    code, _, err = run_cli("summary", str(killed.parent), capsys=capsys)
+    assert code == 2 and "no telemetry files" in err
+    assert f"{killed}: a job at iteration 725 by its progress mark" in err
+    run_job(tmp_path / "killed", monkeypatch, stepping(4))  # its resume, in the same directory
+    code, out, err = run_cli("goodput", str(killed.parent), capsys=capsys)
+    assert code == 0 and "session " in out and f"{killed}: a job at iteration 725" in err
+
+
 def test_goodput_shares_stand_in_one_column(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -34,6 +34,7 @@ from traintel.analysis.runs import (
 from traintel.analysis.summary import render, summarize
 from traintel.environment_variables import TRAINTEL_OUTPUT_DIR
 from traintel.exporters.private_files import open_private
+from traintel.exporters.progress_mark import MARK_SUFFIX, read_mark
 from traintel.exporters.reader import ReadStats, expand_paths, last_line_read
 from traintel.terminal_text import SafeStream
 from traintel.version import __version__
@@ -61,7 +62,23 @@ _UNSAFE_IN_NAME = re.compile(r"[^\w.-]")
 
 
 def _files(paths: Sequence[str]) -> list[str]:
+    """The telemetry files of ``paths``; a progress mark without its file is said (below)."""
+    _say_marks_without_file(paths)
     return [str(path) for path in expand_paths(paths) if path.is_file()]
+
+
+def _say_marks_without_file(paths: Sequence[str]) -> None:
+    """A job killed before its first spans left the process (the embedded file gathers them for
+    a minute) has a progress mark and no file: said, so that it is not silently absent."""
+    for mark in sorted(m for p in map(Path, paths) if p.is_dir() for m in p.glob("*" + MARK_SUFFIX)):
+        progress = (read_mark(mark.with_suffix("")) or {}).get("progress") or {}
+        if "last_iteration" in progress and not mark.with_suffix("").exists():
+            print(
+                f"traintel: {mark}: a job at iteration {progress['last_iteration']} by its progress mark, "
+                "whose spans were never written (killed in its first minute, or still in it), is not "
+                "read: the file gathers spans for 60 s (OTEL_BSP_SCHEDULE_DELAY=5000: every 5 s)",
+                file=sys.stderr,
+            )
 
 
 def _no_files(paths: Sequence[str]) -> int:
