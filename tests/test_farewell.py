@@ -81,7 +81,7 @@ def test_the_command_runs_as_pasted_where_traintel_is_not_on_the_path(tmp_path: 
     ``traintel`` is not on PATH, and the line names the console script beside the interpreter."""
     assert SCRIPT.is_file()  # an environment traintel is installed in
     output = tmp_path / "run.otlp.jsonl"
-    line = farewell(output, ["traintel_file"], 0, {"PATH": str(tmp_path)})
-    assert line == f"traintel: telemetry of this run is in {output}; read it with: {SCRIPT} summary {tmp_path}"
-    line = farewell(output, ["traintel_file"], 0, ON_PATH)
-    assert line == f"traintel: telemetry of this run is in {output}; read it with: traintel summary {tmp_path}"
+    said = f"traintel: telemetry of this run is in {output}; read it with:"
+    not_on_path = {"PATH": str(tmp_path)}
+    assert farewell(output, ["traintel_file"], 0, not_on_path) == f"{said} {SCRIPT} summary {tmp_path}"
+    assert farewell(output, ["traintel_file"], 0, ON_PATH) == f"{said} traintel summary {tmp_path}"

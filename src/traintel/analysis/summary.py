@@ -653,7 +653,8 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
         return lines
     lines = [
         "",
-        f"Iterations: {plain_number(iterations if iterations is not None else n)} (mean and percentiles after warm-up)",
+        f"Iterations: {plain_number(iterations if iterations is not None else n)} "
+        "(mean and percentiles after warm-up)",
         f"  mean {fmt_seconds(value('iteration_time.mean'))}  "
         f"p50 {fmt_seconds(value('iteration_time.p50'))}  p90 {fmt_seconds(value('iteration_time.p90'))}  "
         f"p99 {fmt_seconds(value('iteration_time.p99'))}",
