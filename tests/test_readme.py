@@ -25,6 +25,15 @@ def test_the_readme_stays_short() -> None:
     assert len(README.splitlines()) <= 150
 
 
+def test_the_readme_links_only_to_files_that_exist() -> None:
+    """Read on GitHub or in a clone, the README's links are files: the reference pages exist
+    only in the built site (generated from the code), so they are named, not linked."""
+    root = Path(__file__).resolve().parent.parent
+    targets = re.findall(r"\]\(((?!https?:)[^)#]+)", README)
+    missing = [target for target in targets if not (root / target).exists()]
+    assert targets and not missing, missing
+
+
 def test_every_traintel_variable_the_docs_name_exists() -> None:
     """Every variable is in the generated reference; a page that names one must not name one
     that does not exist (a renamed variable left behind)."""
