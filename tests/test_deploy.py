@@ -562,6 +562,14 @@ def test_agents_route_traces_by_trace_id_to_the_gateways() -> None:
     )
 
 
+@pytest.mark.parametrize("path", COLLECTOR_CONFIGS, ids=lambda p: p.name)
+def test_every_collector_takes_the_hang_reports(path: Path) -> None:
+    """traintel sends its hang reports as OTLP log records to the same endpoint as its spans: a
+    collector without a logs pipeline does not serve the logs service and refuses them."""
+    logs = load_yaml(path)["service"]["pipelines"].get("logs")
+    assert logs is not None and logs["receivers"] == ["otlp"] and logs["exporters"], path.name
+
+
 def test_debug_variant_prints_and_writes_everything() -> None:
     debug = load_yaml(COLLECTOR_DIR / "collector-debug.yaml")
     for pipeline in debug["service"]["pipelines"].values():
