@@ -108,29 +108,35 @@ with traintel.application():
         for i in range(start, stop):
             with traintel.training_iteration(samples=4):
                 time.sleep(0.002 if kill else 0)
-    if kill:  # its loop and window records are in the file, its application never ends
-        traintel.get_telemetry().pipeline.tracer_provider.force_flush()
-        os.kill(os.getpid(), 9)
+            if kill and i == 120:  # windows 0-49 and 50-99 written, 100-120 in the progress mark
+                traintel.get_telemetry().flush()
+                os.kill(os.getpid(), 9)
 """
 
 
 @pytest.mark.process
 def test_a_job_killed_before_its_application_ended_counts_in_the_shares(tmp_path: Path) -> None:
-    """A job killed before its first application segment ended, then resumed in the same
-    session: the killed job's phases are in the table, so its time is in what the shares are of
-    (before, only the resumed job's application was: the iterations showed 1,000 % and more)."""
+    """A job killed mid-window before its first application segment ended, then resumed in the
+    same session: the killed job's phases are in the table, so its time is in what the shares
+    are of (before, only the resumed job's application was: the iterations showed over 1,000 %),
+    and the summary says which job its loop numbers are of and where the killed job's last
+    iterations are."""
     import signal
 
     from tests.subprocess_helpers import run_python
 
     env = {"TRAINTEL_OUTPUT_DIR": str(tmp_path / "runs"), "TRAINTEL_SESSION_TAG": "one-task"}
-    for argv, code in ((["0", "200", "kill"], -signal.SIGKILL), (["150", "160", "done"], 0)):
+    windows = {"TRAINTEL_LOG_EVERY_N_ITERATIONS": "50", "TRAINTEL_WINDOW_MIN_SECONDS": "0"}
+    for argv, code in ((["0", "200", "kill"], -signal.SIGKILL), (["100", "110", "done"], 0)):
         script = KILLED_OR_DONE.replace("sys.argv[1]", argv[0]).replace("sys.argv[2]", argv[1])
-        done = run_python(script.replace("sys.argv[3]", repr(argv[2])), tmp_path, **env)
+        done = run_python(script.replace("sys.argv[3]", repr(argv[2])), tmp_path, **env, **windows)
         assert done.returncode == code, done.stderr
     summary = summarize([tmp_path / "runs"])
     rows = {row.phase: row for row in phase_rows(summary)}
-    assert rows["training_loop"].count == 2 and rows["training_iteration"].count == 210
+    assert rows["training_loop"].count == 1 and rows["training_iteration"].count == 110
     shares = [row.share for row in rows.values() if row.share is not None]
     assert shares and all(0 < share <= 1 for share in shares), rows
-    assert summary.open_at_end and "still running, or killed" in render(summary)
+    text = render(summary)
+    assert summary.open_at_end and "still running, or killed" in text
+    assert "Iterations: 10 (the latest job's loop; mean and percentiles after warm-up)" in text
+    assert "  and 21 of a job after its last window record, to iteration 120, in its" in text

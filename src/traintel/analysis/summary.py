@@ -651,14 +651,20 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
                 f"to iteration {summary.marked_last_iteration}, in the progress mark (killed, or running)"
             )
         return lines
+    latest = "the latest job's loop; " if len(summary.run_ids) > 1 else ""
     lines = [
         "",
         f"Iterations: {plain_number(iterations if iterations is not None else n)} "
-        "(mean and percentiles after warm-up)",
+        f"({latest}mean and percentiles after warm-up)",
         f"  mean {fmt_seconds(value('iteration_time.mean'))}  "
         f"p50 {fmt_seconds(value('iteration_time.p50'))}  p90 {fmt_seconds(value('iteration_time.p90'))}  "
         f"p99 {fmt_seconds(value('iteration_time.p99'))}",
     ]
+    if marked:  # another job of the run, killed mid-window (or still running)
+        lines.append(
+            f"  and {plain_number(marked)} of a job after its last window record, to iteration "
+            f"{summary.marked_last_iteration}, in its progress mark (killed, or running)"
+        )
     first = value("first_iteration_time")
     if first is not None:
         lines.append(f"First iteration: {fmt_seconds(first)}")
@@ -692,7 +698,8 @@ def _rate_lines(summary: RunSummary) -> list[str]:
         # a loop's own saves: with several ranks, one rank's (often the only one that saves)
         rank = summary.summary_rank("checkpoint.saves") if len(summary.ranks) > 1 else None
         lines.append(
-            f"Checkpoints{f' of rank {rank}' if rank is not None else ''}: {plain_number(saves)} saves, "
+            f"Checkpoints{f' of rank {rank}' if rank is not None else ''}"
+            f"{' of the latest job' if len(summary.run_ids) > 1 else ''}: {plain_number(saves)} saves, "
             f"{fmt_seconds(value('checkpoint.save_time.total'))} blocking in total, "
             f"mean {fmt_seconds(value('checkpoint.save_time.mean'))}, "
             f"max {fmt_seconds(value('checkpoint.save_time.max'))}"
