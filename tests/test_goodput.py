@@ -554,3 +554,29 @@ def test_the_step_time_deviation_gauge_is_one_window_s_over_its_own_ideal(
     p50 = second.attributes()[semconv.STEP_TIME_DEVIATION_PREFIX + "p50"]
     assert deviation()["p50"] == p50 == 2 / 1.5 - 1
     provider.shutdown()
+
+
+def long_first_window(job: Job) -> None:
+    """One window of 300 iterations in 40 s: the first 10 s, the others 0.1 s."""
+    app = job.open("application", 0)
+    loop = job.open("training_loop", 0, app)
+    for number in range(300):
+        start, end = (0.0, 10.0) if number == 0 else (9.9 + number / 10, 10.0 + number / 10)
+        job.iteration(loop, number, start, end).end(end_time=at(end))
+    loop.end(end_time=at(40))
+    app.end(end_time=at(40))
+
+
+def test_a_first_window_past_the_exact_range_has_its_ideal_step_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past 256 steps the ideal is recomputed from the sketch every 16 windows; a job whose
+    first windows hold more than 256 steps (a fast loop: 30 s of 60 ms steps) had none until its
+    16th window, so the step-time view of a short run was empty."""
+    from traintel.exporters.reader import iter_spans
+
+    run_job(tmp_path, monkeypatch, long_first_window, window=300)
+    (window,) = [s.attributes for s in iter_spans([tmp_path]) if s.name == semconv.TRAINING_WINDOW_SPAN]
+    assert window[semconv.WINDOW_PREFIX + "iterations"] == 300
+    assert window[semconv.STEP_TIME_IDEAL] == pytest.approx(0.1, rel=0.01)  # the sketch's accuracy
+    assert one_session(tmp_path).ideal_step_time_s == pytest.approx(0.1, rel=0.01)

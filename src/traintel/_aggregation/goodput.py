@@ -227,8 +227,13 @@ class GoodputLedger:
         )
         self.steps.add_many(report.batch if report.batch is not None else durations)
         self._windows_seen += 1
-        if self.steps.is_exact or self._windows_seen % IDEAL_REFRESH_WINDOWS == 0:
-            # exact (and cheap) for the first steps; then from the sketch, every few windows
+        if (
+            self.steps.is_exact
+            or self.ideal_step_time_s is None
+            or self._windows_seen % IDEAL_REFRESH_WINDOWS == 0
+        ):
+            # exact (and cheap) for the first steps; then from the sketch, every few windows (and
+            # at once where the first windows held more steps than the exact range)
             self.ideal_step_time_s = self.steps.robust_mean()
         window.ideal_step_time_s = self.ideal_step_time_s
         window.sums = report.sums
