@@ -59,6 +59,10 @@ def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path
         "traintel: telemetry of this run was sent to http://localhost:4318/v1/traces (OTLP) "
         f"and is kept in {output}; read it with: traintel summary {tmp_path}"
     )
+    assert (
+        farewell(None, ["otlp"], 0, env, spooled=True)
+        == "traintel: telemetry of this run could not all be sent to http://collector:4317 (OTLP)"
+    )
     secret = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://trainer:s3cr3t-pw@collector:4317?token=t0k3n-x"}
     line = farewell(None, ["otlp"], 0, secret)
     assert line is not None and "s3cr3t-pw" not in line and "t0k3n-x" not in line and "collector:4317" in line

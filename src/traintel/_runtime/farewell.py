@@ -66,13 +66,20 @@ def greeting(
 
 
 def farewell(
-    output: Path | None, trace_exporters: list[str], rank: object, environ: Mapping[str, str] = os.environ
+    output: Path | None,
+    trace_exporters: list[str],
+    rank: object,
+    environ: Mapping[str, str] = os.environ,
+    spooled: bool = False,
 ) -> str | None:
-    """The line to write, or None: another rank's job, ``TRAINTEL_QUIET``, or nothing known."""
+    """The line to write, or None: another rank's job, ``TRAINTEL_QUIET``, or nothing known.
+    ``spooled``: spans the collector did not take are left in the spool (said just before):
+    the line does not claim they were sent."""
     if _silent(rank, environ):
         return None
     endpoint = _endpoint_used(trace_exporters, environ)
-    where = f"was sent to {endpoint} (OTLP)" if endpoint else ""
+    sent = "could not all be sent to" if spooled else "was sent to"
+    where = f"{sent} {endpoint} (OTLP)" if endpoint else ""
     if output is not None:
         where = f"{where} and is kept in {output}" if where else f"is in {output}"
         folder = shlex.quote(str(output.parent))

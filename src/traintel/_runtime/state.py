@@ -36,6 +36,7 @@ from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel.config import TrainingConfig
 from traintel.distributed.collectives import unwatch_torch_collectives
+from traintel.exporters.health import HEALTH
 from traintel.version import __version__
 
 if TYPE_CHECKING:
@@ -283,11 +284,9 @@ class Telemetry:
         ok = self.pipeline.shutdown(max(0.0, deadline - time.monotonic())) and windows
         if self.processor is not None:
             self.processor.shutdown()
-        say(
-            farewell(
-                self.output_file, self.pipeline.trace_exporters, self.resource.attributes.get(semconv.RANK)
-            )
-        )
+        rank = self.resource.attributes.get(semconv.RANK)
+        spooled = HEALTH.snapshot().spool_batches > 0
+        say(farewell(self.output_file, self.pipeline.trace_exporters, rank, spooled=spooled))
         forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
         return ok
 
