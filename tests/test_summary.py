@@ -140,3 +140,5 @@ def test_a_job_killed_before_its_application_ended_counts_in_the_shares(tmp_path
     assert summary.open_at_end and "still running, or killed" in text
     assert "Iterations: 10 (the latest job's loop; mean and percentiles after warm-up)" in text
     assert "  and 21 of a job after its last window record, to iteration 120, in its" in text
+    (run,) = summary.runs.newest_first()  # `traintel runs`: 0-120 by the mark, then 100-109
+    assert run.iterations == 121 + 10

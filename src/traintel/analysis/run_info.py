@@ -16,6 +16,7 @@ from typing import Any
 from traintel import semconv
 from traintel.analysis.parallel import merge_by_key
 from traintel.analysis.resources import PerResource
+from traintel.exporters.progress_mark import read_mark
 from traintel.exporters.reader import Record, SpanRecord, gc_paused, iter_records
 
 _W = semconv.WINDOW_PREFIX
@@ -68,6 +69,9 @@ class RunInfo:
     file_set: dict[str, None] = field(default_factory=dict)
     #: Per process, iterations counted from its window spans and from its window events.
     window_iterations: dict[_Process, list[int]] = field(default_factory=dict)
+    #: Per process, the iterations its progress mark counts (a job killed mid-window ran more
+    #: than its window records hold).
+    marked: dict[_Process, int] = field(default_factory=dict)
 
     @property
     def run_ids(self) -> set[str]:
@@ -92,9 +96,9 @@ class RunInfo:
         spans are preferred: every window is exported as one, whereas a plain OpenTelemetry
         loop span keeps only its newest window events."""
         per_job: dict[tuple[str, int], int] = {}
-        for (run_id, restart, _rank), (from_spans, from_events) in self.window_iterations.items():
-            counted = from_spans or from_events
-            per_job[(run_id, restart)] = max(per_job.get((run_id, restart), 0), counted)
+        for process, (from_spans, from_events) in self.window_iterations.items():
+            counted = max(from_spans or from_events, self.marked.get(process, 0))
+            per_job[process[:2]] = max(per_job.get(process[:2], 0), counted)
         return sum(per_job.values())
 
     def see(self, resource: Mapping[str, Any]) -> _Process:
@@ -139,6 +143,8 @@ class RunInfo:
             counts = self.window_iterations.setdefault(process, [0, 0])
             counts[0] += spans
             counts[1] += events
+        for process, marked in later.marked.items():
+            self.marked[process] = max(self.marked.get(process, 0), marked)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -175,9 +181,15 @@ class RunsSeen:
             run.add_span(process, record)
 
     def in_file(self, path: str) -> None:
-        """Every run added so far is in ``path`` (a per-file collector says so at its end)."""
+        """Every run added so far is in ``path`` (a per-file collector says so at its end), and
+        the file's progress mark is its one process's (the embedded default's file)."""
         for run in self.runs.values():
             run.file_set.setdefault(path, None)
+        progress = (read_mark(path) or {}).get("progress")
+        processes = [(run, process) for run in self.runs.values() for process in run.window_iterations]
+        if isinstance(progress, dict) and len(processes) == 1:
+            run, process = processes[0]
+            run.marked[process] = max(run.marked.get(process, 0), _int(progress.get("iterations")))
 
     def merge(self, later: RunsSeen) -> None:
         merge_by_key(self.runs, later.runs)
