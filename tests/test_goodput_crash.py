@@ -542,3 +542,38 @@ def test_a_mark_counts_a_nested_save_with_the_iteration_it_ran_in(tmp_path: Path
     in_the_iteration, after_the_loop = json.loads(result.stdout.splitlines()[-1])
     assert in_the_iteration == [1, 2, 4.0]  # iterations 0-1, 2 s each
     assert after_the_loop == [2, 3, 2 + 2 + 6 - 3]  # the third, 6 s with its 3 s save
+
+
+#: Killed in its first minute, before the file's first line (no flush after the 10 s init): 0-57 s,
+#: iterations 0-5 (47 s: 2 s startup, 1 s data). Then ``RESUMED`` at 80 s: a 4 s load, 6-9, 105 s.
+KILLED_BEFORE_ITS_FILE = KILLED_WITHOUT_A_FLUSH.replace("    telemetry.flush(60)\n", "")
+
+
+def test_a_job_killed_before_its_file_s_first_line_counts_from_its_mark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crash loop's jobs die in their first minute: each leaves a progress mark and no file.
+    The mark names its job and when its telemetry started, so the job stays in its session:
+    its iterations from the mark, the time before its first iteration as other (no span says
+    what it was), the gap to the next job as recovery."""
+    body = "KILL_AT = 5\n" + DIE_ONCE_MARKED + KILLED_BEFORE_ITS_FILE
+    run_job(tmp_path, body, "traintel", restart=0, start_s=0)
+    runs = tmp_path / "runs"
+    assert [p.name.endswith(MARK_SUFFIX) for p in runs.iterdir()] == [True]  # a mark, no file
+    run_job(tmp_path, RESUMED, "traintel", restart=1, start_s=80)
+    result = session_of(runs)
+    expect(
+        result, 105, productive=44 + 20, data_loading=1, program_startup=2, other=10 + 1,
+        checkpoint_load=4, infrastructure_recovery=80 - 57,
+    )  # fmt: skip
+    killed, resumed = result.jobs
+    assert (killed.status, killed.first_iteration, killed.last_iteration) == ("no end exported", 0, 5)
+    assert (killed.start_ns, killed.end_ns) == (T0_S * 10**9, (T0_S + 57) * 10**9)
+    assert (resumed.status, resumed.resumed_from) == ("completed", 6)
+    # the commands read it too, and say where it comes from
+    assert cli.main(["goodput", str(runs), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["sessions"][0]["total_seconds"] == 105
+    assert "a job at iteration 5 by its progress mark has no spans written" in captured.err
+    assert cli.main(["report", str(runs), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["goodput"][0]["total_seconds"] == 105

@@ -34,7 +34,7 @@ from traintel.analysis.runs import (
 from traintel.analysis.summary import render, summarize
 from traintel.environment_variables import TRAINTEL_OUTPUT_DIR
 from traintel.exporters.private_files import open_private
-from traintel.exporters.progress_mark import MARK_SUFFIX, read_mark
+from traintel.exporters.progress_mark import lone_marks, mark_path, read_mark
 from traintel.exporters.reader import ReadStats, expand_paths, last_line_read
 from traintel.terminal_text import SafeStream
 from traintel.version import __version__
@@ -70,13 +70,14 @@ def _files(paths: Sequence[str]) -> list[str]:
 def _say_marks_without_file(paths: Sequence[str]) -> None:
     """A job killed before its first spans left the process (the embedded file gathers them for
     a minute) has a progress mark and no file: said, so that it is not silently absent."""
-    for mark in sorted(m for p in map(Path, paths) if p.is_dir() for m in p.glob("*" + MARK_SUFFIX)):
-        progress = (read_mark(mark.with_suffix("")) or {}).get("progress") or {}
-        if "last_iteration" in progress and not mark.with_suffix("").exists():
+    for file in lone_marks(paths):
+        progress = (read_mark(file) or {}).get("progress") or {}
+        if "last_iteration" in progress:
             print(
-                f"traintel: {mark}: a job at iteration {progress['last_iteration']} by its progress mark, "
-                "whose spans were never written (killed in its first minute, or still in it), is not "
-                "read: the file gathers spans for 60 s (OTEL_BSP_SCHEDULE_DELAY=5000: every 5 s)",
+                f"traintel: {mark_path(file)}: a job at iteration {progress['last_iteration']} by its "
+                "progress mark has no spans written (killed in its first minute, or still in it: the "
+                "file gathers spans for 60 s; OTEL_BSP_SCHEDULE_DELAY=5000 writes every 5 s); goodput "
+                "and report count its time from the mark",
                 file=sys.stderr,
             )
 
@@ -222,7 +223,8 @@ def _report(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     files, links = inputs
-    done = _read_runs(args, files, build_report, lambda report: report.summary.runs)
+    build = functools.partial(build_report, lone=lone_marks(args.paths))
+    done = _read_runs(args, files, build, lambda report: report.summary.runs)
     if isinstance(done, int):
         return done
     choice, reports = done
@@ -514,7 +516,7 @@ def _goodput(args: argparse.Namespace) -> int:
         return 2
     names, links = inputs
     stats = ReadStats()
-    work = functools.partial(load_jobs, names, stats, _workers(args, names))
+    work = functools.partial(load_jobs, names, stats, _workers(args, names), lone=lone_marks(args.paths))
     jobs = _with_progress(names, lambda progress: work(progress=progress))
     if not jobs:
         return _no_spans(args.paths, stats)

@@ -54,7 +54,6 @@ from traintel.config import ConfigurationError, Settings, TrainingConfig
 from traintel.distributed.collectives import SEQUENCE, watch_torch_collectives
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
 from traintel.exporters.health import HEALTH, register_instruments
-from traintel.exporters.progress_mark import process_key
 from traintel.resource_detectors import distributed_identity
 from traintel.version import __version__
 
@@ -213,8 +212,7 @@ def _progress_marks(
     """With the embedded file, a killed job's progress beside it, fed the closed windows."""
     if pipeline.file is None:
         return None
-    instance = process_key(pipeline.resource.attributes)
-    marks = ProgressMarks(engine, pipeline.output_file, instance, windows.flush)
+    marks = ProgressMarks(engine, pipeline.output_file, pipeline.resource.attributes, windows.flush)
     windows.register("the progress mark", lambda event: marks.window_closed(event.report, event.window))
     marks.start()
     return marks

@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -30,7 +30,7 @@ from traintel._aggregation.aggregator import WindowReport
 from traintel._aggregation.progress import Account, OpenWindowProgress, job_progress
 from traintel._aggregation.window import ClosedWindow
 from traintel._recorder.engine import TrainingEngine
-from traintel.exporters.progress_mark import MarkFile, mark_path
+from traintel.exporters.progress_mark import MarkFile, identity, mark_path, process_key
 
 _logger = logging.getLogger(__name__)
 
@@ -47,12 +47,14 @@ class ProgressMarks:
         self,
         engine: TrainingEngine,
         output_file: Callable[[], Path | None],
-        instance: str,
+        resource: Mapping[str, Any],
         flush_windows: Callable[[float], bool],
     ) -> None:
         self._engine = engine
         self._output_file = output_file
-        self._instance = instance
+        self._instance = process_key(resource)
+        # the job, named, and when its telemetry started: read alone if the job dies before its file
+        self._job = {"resource": identity(resource), "start_unix_nano": time.time_ns()}
         self._flush_windows = flush_windows
         self._closed = Account()  # the windows the pipeline's worker processed
         self._closed_through = 0  # the iterations of the job before the next window to process
@@ -132,7 +134,7 @@ class ProgressMarks:
         startup += ledger.badput_s.get("program_startup", 0.0)
         ideal = ledger.ideal_step_time_s if ledger.ideal_step_time_s is not None else own_ideal
         progress = job_progress(self._closed, open_window, startup, self._open.slowest, ideal)
-        mark: dict[str, Any] = {"instance": self._instance, "time_unix_nano": time.time_ns()}
+        mark: dict[str, Any] = {"instance": self._instance, "time_unix_nano": time.time_ns(), **self._job}
         if progress is not None:
             mark["progress"] = dataclasses.asdict(progress)
         return mark

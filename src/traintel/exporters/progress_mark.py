@@ -9,14 +9,17 @@ closes). Overwritten in place, it costs no bytes per hour and no metadata operat
 filesystem (no rename): one ``pwrite`` at offset 0, never shorter than the last one (padded with
 spaces, which JSON ignores), so a reader sees the last mark whole or the one before.
 
-``traintel`` commands read ``<file>.progress`` with ``<file>``; a collector never sees it.
+``traintel`` commands read ``<file>.progress`` with ``<file>``; a collector never sees it. A
+mark also names its job (the resource's identity) and when telemetry started: a job killed before
+its file's first line (the file gathers spans for a minute) is then still one of its session's
+jobs, read from its mark alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,6 +36,28 @@ def mark_path(file: str | os.PathLike[str]) -> Path:
     """Where the mark of the OTLP file ``file`` is."""
     path = Path(file)
     return path.with_name(path.name + MARK_SUFFIX)
+
+
+#: The resource attributes a mark names its job with: what the analysis groups processes by.
+IDENTITY: Final = (
+    semconv.SERVICE_NAME, semconv.SERVICE_INSTANCE_ID, semconv.RUN_ID, semconv.SESSION_TAG,
+    semconv.RESTART_COUNT, semconv.RANK, semconv.PERF_TAG,
+)  # fmt: skip
+
+
+def identity(resource: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of ``resource`` a mark carries (see :data:`IDENTITY`)."""
+    return {key: resource[key] for key in IDENTITY if key in resource}
+
+
+def lone_marks(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The OTLP files, under the directories of ``paths``, that have a mark and do not exist:
+    jobs whose spans never left the process (killed in their first minute, or still in it)."""
+    marks = [
+        mark for path in map(Path, paths) if path.is_dir() for mark in sorted(path.rglob("*" + MARK_SUFFIX))
+    ]
+    files = [mark.with_name(mark.name.removesuffix(MARK_SUFFIX)) for mark in marks]
+    return [file for file in files if not file.exists()]
 
 
 def process_key(resource: Mapping[str, Any]) -> str:

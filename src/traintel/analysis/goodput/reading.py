@@ -9,6 +9,7 @@ import bisect
 import math
 import os
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from traintel import semconv
@@ -30,7 +31,7 @@ from traintel.analysis.goodput.process import (
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
 from traintel.analysis.summary import ENERGY_PARTS
-from traintel.exporters.progress_mark import process_key, read_mark
+from traintel.exporters.progress_mark import lone_marks, process_key, read_mark
 from traintel.exporters.reader import ReadStats, Record, SpanRecord, expand_paths, gc_paused, iter_records
 from traintel.semconv import BADPUT_CATEGORY_OF_PHASE, Phase
 
@@ -116,17 +117,28 @@ class GoodputReader:
             process.see(0, record.last_time_ns)
 
     def add_mark_of(self, path: str | os.PathLike[str]) -> None:
-        """The progress mark of the file just read, into its process (its records' resource)."""
+        """The progress mark of the file just read, into its process (its records' resource); of
+        a file never written, into the process its mark names (a job killed in its first minute)."""
         mark = read_mark(path)
         if mark is None:
             return
         process = self.processes.get(str(mark.get("instance")))
+        job, start = mark.get("resource"), _int(mark.get("start_unix_nano"))
+        if process is None and isinstance(job, dict) and start is not None:
+            process = self._process_of(job)
+            process.see(start, start)
         at = _int(mark.get("time_unix_nano"))
         if process is None or at is None or at < process.mark_ns:
             return
         process.see(0, at)
         progress = mark.get("progress")
         process.mark_ns, process.mark = at, progress if isinstance(progress, dict) else None
+
+    def add_lone_marks(self, files: Iterable[Path]) -> None:
+        """The marks of files never written, after every file was read (a mark's process may
+        have records in another file, a collector's)."""
+        for file in files:
+            self.add_mark_of(file)
 
     def merge(self, later: GoodputReader) -> None:
         merge_by_key(self.processes, later.processes)
@@ -141,19 +153,23 @@ def load_jobs(
     stats: ReadStats | None = None,
     workers: int = 1,
     progress: Callable[[int], None] | None = None,
+    lone: Iterable[Path] | None = None,
 ) -> list[Job]:
     """Read the files (streaming) into jobs: grouped by session, run id and restart count.
 
     Each file is read on its own and the states merged in file order (exactly: see
     :class:`Process`); with ``workers`` > 1 in that many processes. ``progress`` is told the
-    bytes read.
+    bytes read. ``lone``: files never written whose marks count their jobs
+    (:func:`~traintel.exporters.progress_mark.lone_marks`; None: those under ``paths``).
     """
+    paths = list(paths)
     stats = stats if stats is not None else ReadStats()
     reader = GoodputReader()
     files = [str(path) for path in expand_paths(paths)]
     for part, part_stats in map_files(read_file, files, workers, progress):
         reader.merge(part)
         stats.merge(part_stats)
+    reader.add_lone_marks(lone_marks(paths) if lone is None else lone)
     return reader.jobs()
 
 
