@@ -664,3 +664,23 @@ def test_the_hint_is_said_once_when_the_exit_bound_spills_before_the_exporter_s_
         assert said == ["traintel: span export did not complete before exit. SET X"]
         exporter.shutdown()  # (when the process lives on long enough to get here)
     assert len([r for r in caplog.records if "SET X" in r.getMessage()]) == 1
+
+
+def test_the_replay_hint_runs_as_pasted_without_traintel_on_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job run with a virtual environment's Python, not activated (as ``make demo`` does):
+    ``traintel`` alone is not found, the console script beside the interpreter is."""
+    import dataclasses
+    import shlex
+    import sys
+
+    snapshot = dataclasses.replace(
+        ExportHealth().snapshot(), spool_batches=1, spool_spans=2, spool_bytes=10, spool_dirs=["/spool dir"]
+    )
+    script = Path(sys.executable).with_name("traintel")
+    monkeypatch.setenv("PATH", str(script.parent))
+    assert describe(snapshot)[-1].endswith("send them with: traintel replay '/spool dir'")
+    monkeypatch.setenv("PATH", "")
+    hint = describe(snapshot)[-1].split("send them with: ", 1)[1]
+    assert shlex.split(hint) == [str(script), "replay", "/spool dir"]

@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from traintel.environment_variables import TRAINTEL_QUIET
+from traintel.exporters.health import traintel_command
 from traintel.exporters.redaction import redact, url_secrets
 
 _OTLP_DEFAULTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318/v1/traces"}
@@ -35,16 +35,6 @@ def _endpoint_used(trace_exporters: list[str], environ: Mapping[str, str]) -> st
         return redact(endpoint, url_secrets(endpoint))
     protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     return _OTLP_DEFAULTS.get(protocol or "grpc", _OTLP_DEFAULTS["grpc"])
-
-
-def _command(environ: Mapping[str, str]) -> str:
-    """``traintel``, or the path of the console script beside this Python where ``traintel`` is
-    not on ``PATH`` (a virtual environment used without activating it, as ``make demo`` does):
-    the line's command must run as it is pasted."""
-    beside = Path(sys.executable).with_name("traintel")
-    if shutil.which("traintel", path=environ.get("PATH", "")) is None and beside.is_file():
-        return shlex.quote(str(beside))
-    return "traintel"
 
 
 def _silent(rank: object, environ: Mapping[str, str]) -> bool:
@@ -82,8 +72,8 @@ def farewell(
     where = f"{sent} {endpoint} (OTLP)" if endpoint else ""
     if output is not None:
         where = f"{where} and is kept in {output}" if where else f"is in {output}"
-        folder = shlex.quote(str(output.parent))
-        return f"traintel: telemetry of this run {where}; read it with: {_command(environ)} summary {folder}"
+        command = f"{traintel_command(environ)} summary {shlex.quote(str(output.parent))}"
+        return f"traintel: telemetry of this run {where}; read it with: {command}"
     return f"traintel: telemetry of this run {where}" if where else None
 
 

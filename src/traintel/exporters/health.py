@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shlex
+import shutil
+import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol, get_args
 
 from opentelemetry import metrics as metrics_api
@@ -324,6 +329,16 @@ def _export_attempts(snapshot: HealthSnapshot) -> Iterator[str]:
         yield f"{snapshot.batches_split} extra batch(es) from splitting over the size limit"
 
 
+def traintel_command(environ: Mapping[str, str] = os.environ) -> str:
+    """``traintel``, or the path of the console script beside this Python where ``traintel`` is
+    not on ``PATH`` (a virtual environment used without activating it, as ``make demo`` does):
+    a command the job prints must run as it is pasted."""
+    beside = Path(sys.executable).with_name("traintel")
+    if shutil.which("traintel", path=environ.get("PATH", "")) is None and beside.is_file():
+        return shlex.quote(str(beside))
+    return "traintel"
+
+
 def _left_to_deliver(snapshot: HealthSnapshot) -> Iterator[str]:
     """What is kept on disk: spooled, or set aside."""
     if snapshot.spool_batches:
@@ -332,7 +347,7 @@ def _left_to_deliver(snapshot: HealthSnapshot) -> Iterator[str]:
             f"({snapshot.spool_bytes} bytes) not delivered, kept in "
             + ", ".join(snapshot.spool_dirs)
             + "; send them with: "
-            + "; ".join(f"traintel replay {d}" for d in snapshot.spool_dirs)
+            + "; ".join(f"{traintel_command()} replay {shlex.quote(d)}" for d in snapshot.spool_dirs)
         )
     if snapshot.spans_quarantined:
         yield (
