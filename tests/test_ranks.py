@@ -554,6 +554,8 @@ def test_the_report_merges_the_rank_files_into_cross_rank_statistics(
         assert window["top_k"] == [1, 0]
     # Both ranks carried the same straggler events: counted once per window.
     assert [(s["window"], s["rank"]) for s in data["stragglers"]] == [(0, 1), (1, 1), (2, 1)]
+    assert cli.main(["report", *dirs, "--json"]) == 0  # and so in the warnings (6 events, 3 windows)
+    assert json.loads(capsys.readouterr().out)["warnings"][semconv.Event.STRAGGLER.value] == 3
     assert cli.main(["report", *dirs]) == 0
     text = capsys.readouterr().out
     assert "Across ranks, per window" in text and "rank 1" in text

@@ -58,6 +58,7 @@ CHECKPOINT_RECORDS = 500
 #: Warning events kept with their details (counts cover all of them).
 WARNING_DETAILS = 20
 #: Events that are warnings a user should see.
+_STRAGGLER = semconv.Event.STRAGGLER.value
 WARNING_EVENTS = frozenset(
     {
         semconv.Event.SLOW_ITERATION.value,
@@ -408,6 +409,9 @@ class Report:
     saves: list[CheckpointSave] = field(default_factory=list)  # the first CHECKPOINT_RECORDS
     save_bytes: float = 0.0  # of every save
     warning_details: list[dict[str, Any]] = field(default_factory=list)
+    #: Straggler events on the straggler's own loop: one per window where every rank of the job
+    #: records the job's straggler (under the scale threshold), the straggler among them.
+    own_stragglers: int = 0
     goodput: list[SessionGoodput] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     ranks: CrossRankTable = field(default_factory=CrossRankTable)  # merged across the ranks' files
@@ -443,6 +447,8 @@ class Report:
                 process.add_metrics(metric_points(point, event.attributes))
         elif event.name in _CONFIG_EVENTS:
             self._config(event.time_ns, event.attributes)
+        if event.name == _STRAGGLER and event.attributes.get(semconv.STRAGGLER_RANK) == process.rank:
+            self.own_stragglers += 1
         elif event.name in WARNING_EVENTS and len(self.warning_details) < WARNING_DETAILS:
             detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
             detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
@@ -527,6 +533,7 @@ class Report:
         self.timeline_dropped += later.timeline_dropped + max(0, len(later.timeline) - room)
         self.saves.extend(later.saves[: max(0, CHECKPOINT_RECORDS - len(self.saves))])
         self.save_bytes += later.save_bytes
+        self.own_stragglers += later.own_stragglers
         self.warning_details.extend(
             later.warning_details[: max(0, WARNING_DETAILS - len(self.warning_details))]
         )
@@ -538,8 +545,13 @@ class Report:
     # --- views ---------------------------------------------------------------------------------
     @property
     def warnings(self) -> dict[str, int]:
-        """The warning events by name, counted (the summary counts every event)."""
-        return {name: n for name, n in self.summary.events.items() if name in WARNING_EVENTS}
+        """The warning events by name, counted (the summary counts every event); stragglers
+        once per window, not once per rank that recorded the job's verdict."""
+        counts = {name: n for name, n in self.summary.events.items() if name in WARNING_EVENTS}
+        if _STRAGGLER in counts:  # (both are lower bounds: the straggler's file may be missing,
+            # and the table keeps MAX_WINDOWS windows)
+            counts[_STRAGGLER] = max(self.own_stragglers, len(self.ranks.stragglers))
+        return counts
 
     @property
     def stage_s(self) -> dict[str, float]:
