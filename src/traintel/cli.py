@@ -61,16 +61,17 @@ PROGRESS_BYTES = 16 * 1024 * 1024
 _UNSAFE_IN_NAME = re.compile(r"[^\w.-]")
 
 
-def _files(paths: Sequence[str]) -> list[str]:
-    """The telemetry files of ``paths``; a progress mark without its file is said (below)."""
-    _say_marks_without_file(paths)
+def _files(paths: Sequence[str], lone: list[Path] | None = None) -> list[str]:
+    """The telemetry files of ``paths``; a progress mark without its file (``lone``: found
+    already) is said (below)."""
+    _say_marks_without_file(lone_marks(paths) if lone is None else lone)
     return [str(path) for path in expand_paths(paths) if path.is_file()]
 
 
-def _say_marks_without_file(paths: Sequence[str]) -> None:
+def _say_marks_without_file(lone: list[Path]) -> None:
     """A job killed before its first spans left the process (the embedded file gathers them for
     a minute) has a progress mark and no file: said, so that it is not silently absent."""
-    for file in lone_marks(paths):
+    for file in lone:
         progress = (read_mark(file) or {}).get("progress") or {}
         if "last_iteration" in progress:
             print(
@@ -87,13 +88,15 @@ def _no_files(paths: Sequence[str]) -> int:
     return 2
 
 
-def _inputs(args: argparse.Namespace) -> tuple[list[str], TraceLinks] | int:
-    """The files of ``args.paths`` and the trace links; an exit code (said) without either."""
-    files = _files(args.paths)
+def _inputs(args: argparse.Namespace) -> tuple[list[str], TraceLinks, list[Path]] | int:
+    """The files of ``args.paths``, the trace links and the files never written whose marks
+    count (:func:`lone_marks`); an exit code (said) without files or links."""
+    lone = lone_marks(args.paths)
+    files = _files(args.paths, lone)
     if not files:
         return _no_files(args.paths)
     links = _links()
-    return 2 if links is None else (files, links)
+    return 2 if links is None else (files, links, lone)
 
 
 def _with_progress(files: list[str], work: Callable[[Callable[[int], None] | None], T]) -> T:
@@ -222,8 +225,8 @@ def _report(args: argparse.Namespace) -> int:
     inputs = _inputs(args)
     if isinstance(inputs, int):
         return inputs
-    files, links = inputs
-    build = functools.partial(build_report, lone=lone_marks(args.paths))
+    files, links, lone = inputs
+    build = functools.partial(build_report, lone=lone)
     done = _read_runs(args, files, build, lambda report: report.summary.runs)
     if isinstance(done, int):
         return done
@@ -485,7 +488,7 @@ def _summary(args: argparse.Namespace) -> int:
     inputs = _inputs(args)
     if isinstance(inputs, int):
         return inputs
-    files, links = inputs
+    files, links, _lone = inputs
     done = _read_runs(args, files, summarize, lambda summary: summary.runs)
     if isinstance(done, int):
         return done
@@ -514,9 +517,9 @@ def _goodput(args: argparse.Namespace) -> int:
         return inputs
     if not _interval_ok(args):
         return 2
-    names, links = inputs
+    names, links, lone = inputs
     stats = ReadStats()
-    work = functools.partial(load_jobs, names, stats, _workers(args, names), lone=lone_marks(args.paths))
+    work = functools.partial(load_jobs, names, stats, _workers(args, names), lone=lone)
     jobs = _with_progress(names, lambda progress: work(progress=progress))
     if not jobs:
         return _no_spans(args.paths, stats)

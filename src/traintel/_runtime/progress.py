@@ -107,8 +107,10 @@ class ProgressMarks:
                 # signal handler (a preemption's flush) interrupted - waiting would never end
             try:
                 path = self._output_file()
-                mark = self._sample() if path is not None and not self._stop.is_set() else None
-                if path is not None and mark is not None:
+                if path is None or self._stop.is_set():
+                    return
+                mark = self._sample()
+                if mark is not None:  # (None: a window on its way; the last mark stands)
                     self._file.write(mark_path(path), mark)
             finally:
                 self._lock.release()

@@ -32,7 +32,7 @@ from traintel.analysis.summary import (
     is_loss,
     phase_rows,
 )
-from traintel.exporters.progress_mark import lone_marks
+from traintel.exporters.progress_mark import lone_marks, read_mark
 from traintel.exporters.reader import (
     EventRecord,
     LogEntry,
@@ -64,7 +64,7 @@ WARNING_EVENTS = frozenset(
         semconv.Event.SLOW_ITERATION.value,
         semconv.Event.NONFINITE_METRIC.value,
         semconv.Event.METRIC_OUT_OF_RANGE.value,
-        semconv.Event.STRAGGLER.value,
+        _STRAGGLER,
         semconv.Event.WALL_CLOCK_STEP.value,
     }
 )
@@ -739,7 +739,8 @@ def report_file(
                 report.add_span(record)
             else:
                 report.add_metrics_record(record)
+    mark = read_mark(path)
     if goodput is not None:
-        goodput.add_mark_of(path)
-    report.summary.runs.in_file(path)
+        goodput.add_mark(mark)
+    report.summary.runs.in_file(path, mark)
     return report, goodput

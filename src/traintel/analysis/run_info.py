@@ -180,12 +180,12 @@ class RunsSeen:
         if isinstance(record, SpanRecord):
             run.add_span(process, record)
 
-    def in_file(self, path: str) -> None:
+    def in_file(self, path: str, mark: dict[str, Any] | None) -> None:
         """Every run added so far is in ``path`` (a per-file collector says so at its end), and
-        the file's progress mark is its one process's (the embedded default's file)."""
+        the file's progress ``mark`` is its one process's (the embedded default's file)."""
         for run in self.runs.values():
             run.file_set.setdefault(path, None)
-        progress = (read_mark(path) or {}).get("progress")
+        progress = (mark or {}).get("progress")
         processes = [(run, process) for run in self.runs.values() for process in run.window_iterations]
         if isinstance(progress, dict) and len(processes) == 1:
             run, process = processes[0]
@@ -207,5 +207,5 @@ def runs_in_file(path: str, progress: Callable[[int], None] | None = None) -> Ru
     with gc_paused():
         for record in iter_records([path], progress=progress, metric_values=False):
             seen.add(record)
-    seen.in_file(path)
+    seen.in_file(path, read_mark(path))
     return seen

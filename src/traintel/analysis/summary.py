@@ -483,15 +483,15 @@ def summarize_file(run: str | None, path: str, progress: Callable[[int], None] |
                     summary.add(record)
             else:
                 summary.add_metrics_record(record, run)
-    _add_mark(summary, path, kept)
-    runs.in_file(path)
+    mark = read_mark(path)
+    _add_mark(summary, mark if kept else None)
+    runs.in_file(path, mark)
     return summary
 
 
-def _add_mark(summary: RunSummary, path: str, kept: bool) -> None:
+def _add_mark(summary: RunSummary, mark: dict[str, Any] | None) -> None:
     """The file's progress mark (its process's account to its last iteration), less the
     iterations its window records hold."""
-    mark = read_mark(path) if kept else None
     progress = mark.get("progress") if mark is not None else None
     if not isinstance(progress, dict):
         return

@@ -116,10 +116,9 @@ class GoodputReader:
         else:
             process.see(0, record.last_time_ns)
 
-    def add_mark_of(self, path: str | os.PathLike[str]) -> None:
+    def add_mark(self, mark: dict[str, Any] | None) -> None:
         """The progress mark of the file just read, into its process (its records' resource); of
         a file never written, into the process its mark names (a job killed in its first minute)."""
-        mark = read_mark(path)
         if mark is None:
             return
         process = self.processes.get(str(mark.get("instance")))
@@ -138,7 +137,7 @@ class GoodputReader:
         """The marks of files never written, after every file was read (a mark's process may
         have records in another file, a collector's)."""
         for file in files:
-            self.add_mark_of(file)
+            self.add_mark(read_mark(file))
 
     def merge(self, later: GoodputReader) -> None:
         merge_by_key(self.processes, later.processes)
@@ -179,7 +178,7 @@ def read_file(path: str, progress: Callable[[int], None] | None = None) -> tuple
     with gc_paused():
         for record in iter_records([path], stats, progress, metric_values=False):  # (nor window numbers)
             reader.add(record)
-    reader.add_mark_of(path)
+    reader.add_mark(read_mark(path))
     return reader, stats
 
 
