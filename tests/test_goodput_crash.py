@@ -454,34 +454,43 @@ def test_the_mark_s_account_reads_each_row_once_and_starts_over_with_a_new_windo
     assert job_progress(Account(), Account(), 0.0, (0.0, None), None) is None
 
 
-#: The window worker held (a task queued before the first window) while the job runs on: the
-#: marks written meanwhile, then after the worker caught up.
-MARKS_WHILE_THE_WORKER_IS_BEHIND = """
-import json, threading
+#: A job's start that writes its progress mark when asked, and reads back the fields named.
+MARKED = """
+import json
 import traintel
 from traintel.exporters.progress_mark import read_mark
 telemetry = traintel.configure(warmup_iterations=0)
-def marked():
+def marked(*keys):
     telemetry.progress.mark()
     progress = (read_mark(telemetry.output_file) or {}).get("progress") or {}
-    return [progress.get(key) for key in ("first_iteration", "last_iteration", "iterations")]
+    return [progress.get(key) for key in keys]
+"""
+
+#: The window worker held (a task queued before the first window) while the job runs on: the
+#: marks written meanwhile, then after the worker caught up.
+MARKS_WHILE_THE_WORKER_IS_BEHIND = (
+    MARKED
+    + """
+import threading
+KEYS = ("first_iteration", "last_iteration", "iterations")
 seen = []
 held = threading.Event()
 with traintel.training_loop(train_iterations_start=0):
     for i in range(2):
         with traintel.training_iteration():
             pass
-    seen.append(marked())
+    seen.append(marked(*KEYS))
     telemetry.windows.then(lambda: held.wait(60))
     for i in range(2, 6):  # iterations 0-3 close the first window: handed over, not processed
         with traintel.training_iteration():
             pass
-    seen.append(marked())
+    seen.append(marked(*KEYS))
     held.set()
     telemetry.windows.flush(60)
-    seen.append(marked())
+    seen.append(marked(*KEYS))
 print(json.dumps(seen))
 """
+)
 
 
 def test_a_mark_is_never_written_with_a_window_the_worker_has_not_processed(tmp_path: Path) -> None:
@@ -500,21 +509,19 @@ def test_a_mark_is_never_written_with_a_window_the_worker_has_not_processed(tmp_
 
 
 #: A save nested in the third iteration; a mark taken after the save, as that iteration runs on.
-MARK_AFTER_A_SAVE_IN_THE_RUNNING_ITERATION = """
-import json, time
+MARK_AFTER_A_SAVE_IN_THE_RUNNING_ITERATION = (
+    """
+import time
 S = 10**9
 NOW = [1_700_000_000 * S]
 time.time_ns = lambda: NOW[0]
 time.monotonic_ns = time.time_ns
 def tick(seconds):
     NOW[0] += round(seconds * S)
-import traintel
-from traintel.exporters.progress_mark import read_mark
-telemetry = traintel.configure(warmup_iterations=0)
-def marked():
-    telemetry.progress.mark()
-    progress = (read_mark(telemetry.output_file) or {}).get("progress") or {}
-    return [progress.get(key) for key in ("last_iteration", "iterations", "productive_s")]
+"""
+    + MARKED
+    + """
+KEYS = ("last_iteration", "iterations", "productive_s")
 seen = []
 with traintel.training_loop(train_iterations_start=0):
     for i in range(3):
@@ -523,11 +530,12 @@ with traintel.training_loop(train_iterations_start=0):
             if i == 2:
                 with traintel.checkpoint_save(iteration=3):
                     tick(3)
-                seen.append(marked())
+                seen.append(marked(*KEYS))
                 tick(1)
-seen.append(marked())
+seen.append(marked(*KEYS))
 print(json.dumps(seen))
 """
+)
 
 
 def test_a_mark_counts_a_nested_save_with_the_iteration_it_ran_in(tmp_path: Path) -> None:
