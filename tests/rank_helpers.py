@@ -87,14 +87,20 @@ def free_port() -> int:
 
 
 def run_ranks(
-    code: str, tmp_path: Path, world: int = 2, timeout: float = 90, spawn: bool = False, **env: str
+    code: str,
+    tmp_path: Path,
+    world: int = 2,
+    timeout: float = 90,
+    spawn: bool = False,
+    port: int | None = None,
+    **env: str,
 ) -> list[RankResult]:
     """Start ``world`` ranks of ``PRELUDE + code`` (``spawn``: ``SPAWN_PRELUDE``) at once and
-    wait for all (bounded)."""
+    wait for all (bounded). ``port``: the store's (default: a free one, rank 0 serves it)."""
     script = tmp_path / "rank.py"
     script.write_text((SPAWN_PRELUDE if spawn else PRELUDE) + textwrap.dedent(code))
-    port = str(free_port())
-    run_id = f"ranks-{port}"  # torchrun gives every rank the same TORCHELASTIC_RUN_ID
+    master_port = str(port or free_port())
+    run_id = f"ranks-{master_port}"  # torchrun gives every rank the same TORCHELASTIC_RUN_ID
     procs = []
     started = time.monotonic()
     for rank in range(world):
@@ -105,7 +111,8 @@ def run_ranks(
         }  # fmt: skip
         # the rank tests read each window's numbers from the full event, as the in-process tests
         rank_env = clean_env(
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TRAINTEL_OUTPUT_DIR=str(out_dir), OMP_NUM_THREADS="1",
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port, TRAINTEL_OUTPUT_DIR=str(out_dir),
+            OMP_NUM_THREADS="1",
             TORCHELASTIC_RUN_ID=run_id, TRAINTEL_WINDOW_EVENTS="on", **launcher, **env,
         )  # fmt: skip
         if spawn:  # not even the parent's

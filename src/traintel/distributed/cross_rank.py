@@ -176,8 +176,8 @@ class CrossRank:
         self.apply_rank_export(RankExportPolicy(rank, size, threshold))
 
     def _start_here(self) -> Exchange | None:
-        """Start the exchange where a window opens: on the training thread, in program order
-        with the job's own groups (``new_group`` is collective); never raises."""
+        """Start the exchange where a window opens: on the training thread, where every rank
+        reaches it at the same point (making the group is collective); never raises."""
         if self.failed or self.engine.settings.cross_rank == "off":
             return None
         try:
@@ -194,12 +194,13 @@ class CrossRank:
         world = _torch_world()
         if world is None:
             return None
-        from traintel.distributed.exchange import PRESENCE_WAIT_S, Exchange, missing_ranks
+        from traintel.distributed.exchange import PRESENCE_WAIT_S, Exchange, missing_ranks, store_prefix
 
         self.rank, self.world = world
         settings = self.engine.settings
         self.timeout_s = settings.cross_rank_timeout
-        missing, waited = missing_ranks(self.rank, self.world, min(self.timeout_s, PRESENCE_WAIT_S))
+        prefix = store_prefix()
+        missing, waited = missing_ranks(prefix, self.rank, self.world, min(self.timeout_s, PRESENCE_WAIT_S))
         if missing:
             self.failed = True
             _logger.warning(
@@ -210,7 +211,7 @@ class CrossRank:
             )  # fmt: skip
             return None
         self.tracker = RankTracker(settings.cross_rank_top_k, settings.straggler_factor)
-        self.exchange = Exchange(self.timeout_s, self._gathered)
+        self.exchange = Exchange(prefix, self.timeout_s, self._gathered)
         return self.exchange
 
     # --- results (exchange thread) --------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -38,19 +39,32 @@ _ALL_THERE = "all"
 _attempts = itertools.count()  # the ranks' n-th attempt in this process: its own store keys
 
 
-def missing_ranks(rank: int, world: int, wait_s: float) -> tuple[list[int], float]:
+def store_prefix() -> str:
+    """This attempt's own keys in the default group's store.
+
+    Why the restart count: torchrun's agent serves one store for every attempt of a job, so
+    the keys of a failed attempt (its ranks' presence, their verdict, the addresses of its
+    group's members) are still there when the restarted ranks come up; read, they made the
+    restarted group connect to dead ranks and fail. Why the count within the process: a job that
+    destroys and re-initialises torch.distributed starts a new exchange in the same store.
+    (Where torchrun's agents on different nodes count restarts differently, the ranks find
+    each other missing and the statistics stay off for that attempt, with the warning.)"""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"traintel/cross_rank/{restart}/{next(_attempts)}/"
+
+
+def missing_ranks(prefix: str, rank: int, world: int, wait_s: float) -> tuple[list[int], float]:
     """The ranks that did not say they are there within ``wait_s`` (empty: all are), as every
     live rank agrees, and the seconds this rank waited.
 
-    Why: ``new_group`` waits for every rank of the world, for the group's whole timeout, and a
-    rank that died before the group exists would stall each survivor that long. So each rank
+    Why: making the group waits for every rank of the world, for the group's whole timeout, and
+    a rank that died before the group exists would stall each survivor that long. So each rank
     first writes its key in the default group's store; once all keys are there, or once a rank
     has waited ``wait_s``, the first rank to decide writes the verdict (``compare_set``: the
     first writer wins), and every rank, the late ones too, reads the same one. All live ranks
     then make the group, or none does: the order of their collectives and groups stays the
     same on every rank."""
     store = dist.distributed_c10d._get_default_store()
-    prefix = f"traintel/cross_rank/{next(_attempts)}/"
     keys = [f"{prefix}present/{r}" for r in range(world)]
     verdict_key = prefix + "verdict"
     store.set(keys[rank], "1")
@@ -82,13 +96,18 @@ class Exchange:
     """All-gathers fixed-size rows (every rank's the size of its own) on a background thread;
     results go to ``on_rows``."""
 
-    def __init__(self, timeout_s: float, on_rows: Callable[[list[list[float]]], None]) -> None:
-        # new_group is collective: every rank calls it at the same point of its program (the
-        # first window after torch.distributed is initialised), on the training thread, once
-        # every rank is known to be there (see missing_ranks).
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    def __init__(self, prefix: str, timeout_s: float, on_rows: Callable[[list[list[float]]], None]) -> None:
+        # Making the group is collective: every rank does it at the same point of its program
+        # (the first window after torch.distributed is initialised), on the training thread,
+        # once every rank is known to be there (see missing_ranks). A gloo group on this
+        # attempt's own keys rather than new_group's: new_group names its keys by a count that
+        # starts again in a restarted process (the dead ranks' addresses are under that name),
+        # and it would shift the names of the user's later groups.
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
+        c10d = dist.distributed_c10d
+        store = c10d.PrefixStore(prefix + "group/", c10d._get_default_store())
+        self.group = dist.ProcessGroupGloo(store, self.rank, self.world, timedelta(seconds=timeout_s))
         self.timeout_s = timeout_s
         self.failed: str | None = None
         self._on_rows = on_rows
@@ -180,5 +199,5 @@ class Exchange:
     def _gather(self, row: list[float]) -> list[list[float]]:
         mine = torch.tensor(row, dtype=torch.float64)
         out = [torch.zeros(len(row), dtype=torch.float64) for _ in range(self.world)]
-        dist.all_gather(out, mine, group=self.group)
+        self.group.allgather([out], [mine]).wait()  # type: ignore[attr-defined]  # (not in torch's stubs)
         return [tensor.tolist() for tensor in out]
