@@ -142,3 +142,48 @@ def test_a_job_killed_before_its_application_ended_counts_in_the_shares(tmp_path
     assert "  and 21 of a job after its last window record, to iteration 120, in its" in text
     (run,) = summary.runs.newest_first()  # `traintel runs`: 0-120 by the mark, then 100-109
     assert run.iterations == 121 + 10
+
+
+TORCH_JOB = """
+import sys, torch, traintel
+first, stop = int(sys.argv[1]), int(sys.argv[2])
+model = torch.nn.Linear(8, 2)
+optimizer = torch.optim.SGD(model.parameters(), 0.1)
+with traintel.application():
+    with traintel.training_loop(train_iterations_start=first):
+        for i in range(first, stop):
+            with traintel.training_iteration(samples=16):
+                loss = model(torch.randn(16, 8)).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        with traintel.checkpoint_save(iteration=stop):
+            torch.save(model.state_dict(), "checkpoint.pt")
+"""
+
+
+@pytest.mark.process
+def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torchrun (or a Slurm requeue) restarts a job under the same run id, its restart count
+    told apart: the loop's figures are the latest attempt's, and the summary and the report
+    say so (before, only jobs with different run ids got the wording: the summary read
+    "Iterations: 10" under a table counting 40)."""
+    from tests.subprocess_helpers import run_python
+
+    env = {"TRAINTEL_OUTPUT_DIR": str(tmp_path / "runs"), "TORCHELASTIC_RUN_ID": "job-42"}
+    for restart, (first, stop) in enumerate(((0, 30), (20, 30))):
+        script = TORCH_JOB.replace("sys.argv[1]", str(first)).replace("sys.argv[2]", str(stop))
+        done = run_python(script, tmp_path, TORCHELASTIC_RESTART_COUNT=str(restart), **env)
+        assert done.returncode == 0, done.stderr
+    summary = summarize([tmp_path / "runs"])
+    assert summary.run_ids == {"job-42"}
+    text = render(summary)
+    assert {row.phase: row.count for row in phase_rows(summary)}["training_iteration"] == 40
+    assert "Iterations: 10 (the latest job's loop; mean and percentiles after warm-up)" in text
+    assert "Checkpoints of the latest job: 1 saves" in text
+    assert main(["report", str(tmp_path / "runs")]) == 0
+    assert "Iterations and throughput (the latest of 2 jobs; times and rates after warm-up)" in " ".join(
+        capsys.readouterr().out.split()
+    )

@@ -140,7 +140,8 @@ def _phase_table(report: Report, width: int) -> Table:
 def _throughput_table(report: Report) -> Table:
     s = report.summary
     value = s.summary_value
-    perf = _table("Iterations and throughput (times and rates after warm-up)", "", "")
+    latest = f"the latest of {len(s.jobs)} jobs; " if s.several_jobs else ""
+    perf = _table(f"Iterations and throughput ({latest}times and rates after warm-up)", "", "")
     count = value("iterations") if value("iterations") is not None else s.window_iterations
     perf.add_row("iterations", fmt_num(count))
     perf.add_row("first iteration", fmt_s(value("first_iteration_time")))

@@ -179,6 +179,9 @@ class RunSummary:
 
     services: set[str] = field(default_factory=set)
     run_ids: set[str] = field(default_factory=set)
+    #: The jobs (launches) seen: (run id, restart count). Restarts by torchrun or a Slurm requeue
+    #: share the run id, so the run ids alone do not tell one job from several.
+    jobs: set[tuple[str, int]] = field(default_factory=set)
     session_tags: set[str] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
@@ -231,6 +234,9 @@ class RunSummary:
                 target.add(str(resource[key]))
         if semconv.RANK in resource:
             self.ranks.add(int(resource[semconv.RANK]))
+        if semconv.RUN_ID in resource:
+            restart = resource.get(semconv.RESTART_COUNT, 0)
+            self.jobs.add((str(resource[semconv.RUN_ID]), restart if isinstance(restart, int) else 0))
 
     def add(self, span: SpanRecord) -> None:
         self.spans += 1
@@ -359,6 +365,7 @@ class RunSummary:
         :meth:`add` (sums of seconds are added per file, then across files)."""
         self.services |= later.services
         self.run_ids |= later.run_ids
+        self.jobs |= later.jobs
         self.session_tags |= later.session_tags
         self.hosts |= later.hosts
         self.ranks |= later.ranks
@@ -400,6 +407,12 @@ class RunSummary:
         for phase, (at, metrics) in later.last_evaluation.items():
             if phase not in self.last_evaluation or self.last_evaluation[phase][0] <= at:
                 self.last_evaluation[phase] = (at, metrics)
+
+    @property
+    def several_jobs(self) -> bool:
+        """Whether the figures read come from more than one job (a session's restarts, under one
+        run id or several): the loop's numbers are then the latest job's."""
+        return len(self.jobs) > 1
 
     @property
     def self_telemetry(self) -> dict[str, float]:
@@ -651,7 +664,7 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
                 f"to iteration {summary.marked_last_iteration}, in the progress mark (killed, or running)"
             )
         return lines
-    latest = "the latest job's loop; " if len(summary.run_ids) > 1 else ""
+    latest = "the latest job's loop; " if summary.several_jobs else ""
     lines = [
         "",
         f"Iterations: {plain_number(iterations if iterations is not None else n)} "
@@ -699,7 +712,7 @@ def _rate_lines(summary: RunSummary) -> list[str]:
         rank = summary.summary_rank("checkpoint.saves") if len(summary.ranks) > 1 else None
         lines.append(
             f"Checkpoints{f' of rank {rank}' if rank is not None else ''}"
-            f"{' of the latest job' if len(summary.run_ids) > 1 else ''}: {plain_number(saves)} saves, "
+            f"{' of the latest job' if summary.several_jobs else ''}: {plain_number(saves)} saves, "
             f"{fmt_seconds(value('checkpoint.save_time.total'))} blocking in total, "
             f"mean {fmt_seconds(value('checkpoint.save_time.mean'))}, "
             f"max {fmt_seconds(value('checkpoint.save_time.max'))}"
