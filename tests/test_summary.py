@@ -144,21 +144,25 @@ def test_a_job_killed_before_its_application_ended_counts_in_the_shares(tmp_path
     assert run.iterations == 121 + 10
 
 
+#: A small real torch loop; a script adds ``train(first, stop)``. Ranks all-reduce their gradients.
 TORCH_JOB = """
-import sys, torch, traintel
-first, stop = int(sys.argv[1]), int(sys.argv[2])
-model = torch.nn.Linear(8, 2)
-optimizer = torch.optim.SGD(model.parameters(), 0.1)
-with traintel.application():
-    with traintel.training_loop(train_iterations_start=first):
-        for i in range(first, stop):
-            with traintel.training_iteration(samples=16):
-                loss = model(torch.randn(16, 8)).pow(2).mean()
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-        with traintel.checkpoint_save(iteration=stop):
-            torch.save(model.state_dict(), "checkpoint.pt")
+import io, torch, traintel
+import torch.distributed as dist
+
+def train(first, stop):
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1)
+    with traintel.application():
+        with traintel.training_loop(train_iterations_start=first):
+            for i in range(first, stop):
+                with traintel.training_iteration(samples=16):
+                    model(torch.randn(16, 8)).pow(2).mean().backward()
+                    for p in model.parameters() if dist.is_initialized() else ():
+                        dist.all_reduce(p.grad)
+                    optimizer.step()
+                    optimizer.zero_grad()
+            with traintel.checkpoint_save(iteration=stop):
+                torch.save(model.state_dict(), io.BytesIO())
 """
 
 
@@ -174,8 +178,9 @@ def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
 
     env = {"TRAINTEL_OUTPUT_DIR": str(tmp_path / "runs"), "TORCHELASTIC_RUN_ID": "job-42"}
     for restart, (first, stop) in enumerate(((0, 30), (20, 30))):
-        script = TORCH_JOB.replace("sys.argv[1]", str(first)).replace("sys.argv[2]", str(stop))
-        done = run_python(script, tmp_path, TORCHELASTIC_RESTART_COUNT=str(restart), **env)
+        done = run_python(
+            f"{TORCH_JOB}\ntrain({first}, {stop})\n", tmp_path, TORCHELASTIC_RESTART_COUNT=str(restart), **env
+        )
         assert done.returncode == 0, done.stderr
     summary = summarize([tmp_path / "runs"])
     assert summary.run_ids == {"job-42"}
@@ -187,3 +192,24 @@ def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
     assert "Iterations and throughput (the latest of 2 jobs; times and rates after warm-up)" in " ".join(
         capsys.readouterr().out.split()
     )
+
+
+@pytest.mark.process
+def test_two_ranks_exported_iterations_say_they_are_summed_over_the_ranks(tmp_path: Path) -> None:
+    """Every rank exports its own spans of the same sampled iterations: two real gloo ranks
+    running 25 iterations each export 12 (the first 10, then 10 and 20), and the summary says
+    the 24 it counts are summed over the ranks (before: "Iterations exported as spans: 24"
+    beside "Iterations: 25")."""
+    from tests.rank_helpers import run_ranks
+
+    ranks = run_ranks(
+        f"{TORCH_JOB}\ntrain(0, 25)\n",
+        tmp_path,
+        TRAINTEL_EXPORT_EVERY_N_ITERATIONS="10",
+        TRAINTEL_SLOW_ITERATION_FACTOR="1e6",
+    )
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr for r in ranks]
+    summary = summarize([r.out_dir for r in ranks])
+    assert summary.summary_value("iterations") == 25
+    text = " ".join(render(summary).split())
+    assert "Iterations exported as spans, summed over the 2 ranks: 24 (every_n 4, first 20)" in text

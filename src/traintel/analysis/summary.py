@@ -785,7 +785,13 @@ def _export_lines(summary: RunSummary, links: TraceLinks | None) -> list[str]:
             f"{reason} {count}" for reason, count in sorted(summary.exported_iterations.items())
         )
         exported = sum(summary.exported_iterations.values())
-        lines.append(f"Iterations exported as spans: {exported} ({reasons})")
+        summed = [
+            f"the {n} {what}"
+            for n, what in ((len(summary.jobs), "jobs"), (len(summary.ranks), "ranks"))
+            if n > 1
+        ]
+        over = f", summed over {' and '.join(summed)}" if summed else ""
+        lines.append(f"Iterations exported as spans{over}: {exported} ({reasons})")
         for seconds, trace_id, span_id, iteration in sorted(summary.slowest, reverse=True)[:3]:
             lines.append(f"  slowest exported: iteration {iteration} {fmt_seconds(seconds)}")
             lines.append(f"    trace {trace_id} span {span_id}")
