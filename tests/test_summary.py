@@ -167,23 +167,25 @@ def train(first, stop):
 
 
 @pytest.mark.process
+@pytest.mark.parametrize("restart_counts", [(0, 1), (0, 0)], ids=["restarted", "launched-again"])
 def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], restart_counts: tuple[int, int]
 ) -> None:
     """torchrun (or a Slurm requeue) restarts a job under the same run id, its restart count
-    told apart: the loop's figures are the latest attempt's, and the summary and the report
-    say so (before, only jobs with different run ids got the wording: the summary read
-    "Iterations: 10" under a table counting 40)."""
+    told apart, or the same launch is started again (same id, same count: each rank is then
+    written by two processes): the loop's figures are the latest job's, and the summary and
+    the report say so (before, only jobs with different run ids got the wording: the summary
+    read "Iterations: 10" under a table counting 40)."""
     from tests.subprocess_helpers import run_python
 
     env = {"TRAINTEL_OUTPUT_DIR": str(tmp_path / "runs"), "TORCHELASTIC_RUN_ID": "job-42"}
-    for restart, (first, stop) in enumerate(((0, 30), (20, 30))):
+    for restart, (first, stop) in zip(restart_counts, ((0, 30), (20, 30)), strict=True):
         done = run_python(
             f"{TORCH_JOB}\ntrain({first}, {stop})\n", tmp_path, TORCHELASTIC_RESTART_COUNT=str(restart), **env
         )
         assert done.returncode == 0, done.stderr
     summary = summarize([tmp_path / "runs"])
-    assert summary.run_ids == {"job-42"}
+    assert summary.run_ids == {"job-42"} and summary.jobs == 2
     text = render(summary)
     assert {row.phase: row.count for row in phase_rows(summary)}["training_iteration"] == 40
     assert "Iterations: 10 (the latest job's loop; mean and percentiles after warm-up)" in text

@@ -140,7 +140,7 @@ def _phase_table(report: Report, width: int) -> Table:
 def _throughput_table(report: Report) -> Table:
     s = report.summary
     value = s.summary_value
-    latest = f"the latest of {len(s.jobs)} jobs; " if s.several_jobs else ""
+    latest = f"the latest of {s.jobs} jobs; " if s.jobs > 1 else ""
     perf = _table(f"Iterations and throughput ({latest}times and rates after warm-up)", "", "")
     count = value("iterations") if value("iterations") is not None else s.window_iterations
     perf.add_row("iterations", fmt_num(count))

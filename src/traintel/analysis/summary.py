@@ -71,13 +71,13 @@ def _precedence(resource: Mapping[str, Any], time_ns: int) -> tuple[int, int, in
     """Which of several records of one run speaks for it: the latest restart, its lowest rank
     (every rank carries the job's numbers), then the latest in time. File order must not
     decide: it is alphabetical, not chronological."""
-    restart = resource.get(semconv.RESTART_COUNT, 0)
-    rank = resource.get(semconv.RANK, 0)
-    return (
-        restart if isinstance(restart, int) else 0,
-        -(rank if isinstance(rank, int) else 0),
-        time_ns,
-    )
+    return (_count(resource, semconv.RESTART_COUNT), -_count(resource, semconv.RANK), time_ns)
+
+
+def _count(resource: Mapping[str, Any], key: str) -> int:
+    """A restart count or rank of a resource, 0 where it has none."""
+    value = resource.get(key, 0)
+    return value if isinstance(value, int) else 0
 
 
 def plain_number(value: Any, significant: int = 4) -> str:
@@ -179,9 +179,10 @@ class RunSummary:
 
     services: set[str] = field(default_factory=set)
     run_ids: set[str] = field(default_factory=set)
-    #: The jobs (launches) seen: (run id, restart count). Restarts by torchrun or a Slurm requeue
-    #: share the run id, so the run ids alone do not tell one job from several.
-    jobs: set[tuple[str, int]] = field(default_factory=set)
+    #: The processes that wrote the records: (run id, restart count, rank, process). Restarts by
+    #: torchrun or a Slurm requeue share the run id, so the run ids alone do not tell one job from
+    #: several; a job launched again under the same id and count has a rank written twice.
+    processes: set[tuple[str, int, int, str]] = field(default_factory=set)
     session_tags: set[str] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
@@ -235,8 +236,8 @@ class RunSummary:
         if semconv.RANK in resource:
             self.ranks.add(int(resource[semconv.RANK]))
         if semconv.RUN_ID in resource:
-            restart = resource.get(semconv.RESTART_COUNT, 0)
-            self.jobs.add((str(resource[semconv.RUN_ID]), restart if isinstance(restart, int) else 0))
+            restart, rank = _count(resource, semconv.RESTART_COUNT), _count(resource, semconv.RANK)
+            self.processes.add((str(resource[semconv.RUN_ID]), restart, rank, process_key(resource)))
 
     def add(self, span: SpanRecord) -> None:
         self.spans += 1
@@ -365,7 +366,7 @@ class RunSummary:
         :meth:`add` (sums of seconds are added per file, then across files)."""
         self.services |= later.services
         self.run_ids |= later.run_ids
-        self.jobs |= later.jobs
+        self.processes |= later.processes
         self.session_tags |= later.session_tags
         self.hosts |= later.hosts
         self.ranks |= later.ranks
@@ -409,10 +410,14 @@ class RunSummary:
                 self.last_evaluation[phase] = (at, metrics)
 
     @property
-    def several_jobs(self) -> bool:
-        """Whether the figures read come from more than one job (a session's restarts, under one
-        run id or several): the loop's numbers are then the latest job's."""
-        return len(self.jobs) > 1
+    def jobs(self) -> int:
+        """How many jobs (launches) the records come from: per run id and restart count, the most
+        processes one rank had. With several, the loop's figures are the latest job's."""
+        per_rank = Counter(process[:3] for process in self.processes)
+        launches: dict[tuple[str, int], int] = {}
+        for (run_id, restart, _rank), count in per_rank.items():
+            launches[run_id, restart] = max(launches.get((run_id, restart), 0), count)
+        return sum(launches.values())
 
     @property
     def self_telemetry(self) -> dict[str, float]:
@@ -664,7 +669,7 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
                 f"to iteration {summary.marked_last_iteration}, in the progress mark (killed, or running)"
             )
         return lines
-    latest = "the latest job's loop; " if summary.several_jobs else ""
+    latest = "the latest job's loop; " if summary.jobs > 1 else ""
     lines = [
         "",
         f"Iterations: {plain_number(iterations if iterations is not None else n)} "
@@ -712,7 +717,7 @@ def _rate_lines(summary: RunSummary) -> list[str]:
         rank = summary.summary_rank("checkpoint.saves") if len(summary.ranks) > 1 else None
         lines.append(
             f"Checkpoints{f' of rank {rank}' if rank is not None else ''}"
-            f"{' of the latest job' if summary.several_jobs else ''}: {plain_number(saves)} saves, "
+            f"{' of the latest job' if summary.jobs > 1 else ''}: {plain_number(saves)} saves, "
             f"{fmt_seconds(value('checkpoint.save_time.total'))} blocking in total, "
             f"mean {fmt_seconds(value('checkpoint.save_time.mean'))}, "
             f"max {fmt_seconds(value('checkpoint.save_time.max'))}"
@@ -786,9 +791,7 @@ def _export_lines(summary: RunSummary, links: TraceLinks | None) -> list[str]:
         )
         exported = sum(summary.exported_iterations.values())
         summed = [
-            f"the {n} {what}"
-            for n, what in ((len(summary.jobs), "jobs"), (len(summary.ranks), "ranks"))
-            if n > 1
+            f"the {n} {what}" for n, what in ((summary.jobs, "jobs"), (len(summary.ranks), "ranks")) if n > 1
         ]
         over = f", summed over {' and '.join(summed)}" if summed else ""
         lines.append(f"Iterations exported as spans{over}: {exported} ({reasons})")
