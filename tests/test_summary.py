@@ -188,6 +188,7 @@ def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
     assert summary.run_ids == {"job-42"} and summary.jobs == 2
     text = render(summary)
     assert {row.phase: row.count for row in phase_rows(summary)}["training_iteration"] == 40
+    assert "Wall time by phase, summed over the 2 jobs:" in text
     assert "Iterations: 10 (the latest job's loop; mean and percentiles after warm-up)" in text
     assert "Checkpoints of the latest job: 1 saves" in text
     assert main(["report", str(tmp_path / "runs")]) == 0

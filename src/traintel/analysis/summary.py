@@ -615,6 +615,15 @@ def _run_lines(summary: RunSummary) -> list[str]:
     return lines
 
 
+def summed_over(summary: RunSummary) -> str:
+    """``", summed over the 2 jobs and the 8 ranks"``: what a count added over processes says
+    it adds up; empty for one job of one rank."""
+    parts = [
+        f"the {n} {what}" for n, what in ((summary.jobs, "jobs"), (len(summary.ranks), "ranks")) if n > 1
+    ]
+    return f", summed over {' and '.join(parts)}" if parts else ""
+
+
 def _phase_lines(summary: RunSummary) -> list[str]:
     """The table fits 80 columns for traintel's phase names; a longer name of the user's own
     widens its column rather than being cut."""
@@ -627,8 +636,8 @@ def _phase_lines(summary: RunSummary) -> list[str]:
             "The files end before the run's application does (still running, or killed): shares "
             "are of the time up to its last record."
         )
-    if len(summary.ranks) > 1:
-        lines.append(f"Wall time by phase, summed over the {len(summary.ranks)} ranks:")
+    if summed_over(summary):
+        lines.append(f"Wall time by phase{summed_over(summary)}:")
     lines += [header, "-" * len(header)]
     for row in rows:
         share = f"{100 * row.share:.1f}%" if row.share is not None else ""
@@ -790,11 +799,7 @@ def _export_lines(summary: RunSummary, links: TraceLinks | None) -> list[str]:
             f"{reason} {count}" for reason, count in sorted(summary.exported_iterations.items())
         )
         exported = sum(summary.exported_iterations.values())
-        summed = [
-            f"the {n} {what}" for n, what in ((summary.jobs, "jobs"), (len(summary.ranks), "ranks")) if n > 1
-        ]
-        over = f", summed over {' and '.join(summed)}" if summed else ""
-        lines.append(f"Iterations exported as spans{over}: {exported} ({reasons})")
+        lines.append(f"Iterations exported as spans{summed_over(summary)}: {exported} ({reasons})")
         for seconds, trace_id, span_id, iteration in sorted(summary.slowest, reverse=True)[:3]:
             lines.append(f"  slowest exported: iteration {iteration} {fmt_seconds(seconds)}")
             lines.append(f"    trace {trace_id} span {span_id}")
