@@ -97,3 +97,25 @@ def test_every_test_the_reliability_page_cites_exists() -> None:
         source = (root / path).read_text()
         function = re.sub(r"\[.*", "", name)
         assert re.search(rf"^(async )?def {re.escape(function)}\(", source, re.M), f"{path}::{function}"
+
+
+def test_the_readme_and_the_docs_home_say_the_export_policy_the_code_applies() -> None:
+    """Which iterations become spans, in the shipped defaults: the routine sample is every M-th
+    iteration number thinned to about one a minute (it once said "every 100th" alone, while a
+    fast loop exports every 400th or fewer)."""
+    from traintel._aggregation.sampling import stride_for
+    from traintel.config import TrainingConfig
+
+    settings = TrainingConfig.from_env({}, strict=True).resolve(lazy=False)
+    first, every_n = settings.export_first_iterations, settings.export_every_n_iterations
+    # "about one a minute" is these two defaults; new ones need new words
+    assert (settings.export_every_n_seconds, settings.export_tail_per_minute) == (60, 1)
+    assert stride_for(every_n, 60, 60 / every_n / 2) == 2 * every_n  # twice as fast: every 2M-th
+    home = (Path(__file__).resolve().parent.parent / "docs" / "index.md").read_text()
+    for text in (README, home):
+        sentence = " ".join(text.split("Iterations exported as spans: ")[1].split(" ([details]")[0].split())
+        assert sentence == (
+            f"the first {first} of each loop; every {every_n}th, at most about one a minute (a faster "
+            f"loop samples every {2 * every_n}th, {4 * every_n}th …); slow ones, at most about one a "
+            "minute; and any that raised"
+        )

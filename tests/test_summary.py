@@ -142,3 +142,77 @@ def test_a_job_killed_before_its_application_ended_counts_in_the_shares(tmp_path
     assert "  and 21 of a job after its last window record, to iteration 120, in its" in text
     (run,) = summary.runs.newest_first()  # `traintel runs`: 0-120 by the mark, then 100-109
     assert run.iterations == 121 + 10
+
+
+#: A small real torch loop; a script adds ``train(first, stop)``. Ranks all-reduce their gradients.
+TORCH_JOB = """
+import io, torch, traintel
+import torch.distributed as dist
+
+def train(first, stop):
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), 0.1)
+    with traintel.application():
+        with traintel.training_loop(train_iterations_start=first):
+            for i in range(first, stop):
+                with traintel.training_iteration(samples=16):
+                    model(torch.randn(16, 8)).pow(2).mean().backward()
+                    for p in model.parameters() if dist.is_initialized() else ():
+                        dist.all_reduce(p.grad)
+                    optimizer.step()
+                    optimizer.zero_grad()
+            with traintel.checkpoint_save(iteration=stop):
+                torch.save(model.state_dict(), io.BytesIO())
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("restart_counts", [(0, 1), (0, 0)], ids=["restarted", "launched-again"])
+def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], restart_counts: tuple[int, int]
+) -> None:
+    """torchrun (or a Slurm requeue) restarts a job under the same run id, its restart count
+    told apart, or the same launch is started again (same id, same count: each rank is then
+    written by two processes): the loop's figures are the latest job's, and the summary and
+    the report say so (before, only jobs with different run ids got the wording: the summary
+    read "Iterations: 10" under a table counting 40)."""
+    from tests.subprocess_helpers import run_python
+
+    env = {"TRAINTEL_OUTPUT_DIR": str(tmp_path / "runs"), "TORCHELASTIC_RUN_ID": "job-42"}
+    for restart, (first, stop) in zip(restart_counts, ((0, 30), (20, 30)), strict=True):
+        done = run_python(
+            f"{TORCH_JOB}\ntrain({first}, {stop})\n", tmp_path, TORCHELASTIC_RESTART_COUNT=str(restart), **env
+        )
+        assert done.returncode == 0, done.stderr
+    summary = summarize([tmp_path / "runs"])
+    assert summary.run_ids == {"job-42"} and summary.jobs == 2
+    text = render(summary)
+    assert {row.phase: row.count for row in phase_rows(summary)}["training_iteration"] == 40
+    assert "Wall time by phase, summed over the 2 jobs:" in text
+    assert "Iterations: 10 (the latest job's loop; mean and percentiles after warm-up)" in text
+    assert "Checkpoints of the latest job: 1 saves" in text
+    assert main(["report", str(tmp_path / "runs")]) == 0
+    assert "Iterations and throughput (the latest of 2 jobs; times and rates after warm-up)" in " ".join(
+        capsys.readouterr().out.split()
+    )
+
+
+@pytest.mark.process
+def test_two_ranks_exported_iterations_say_they_are_summed_over_the_ranks(tmp_path: Path) -> None:
+    """Every rank exports its own spans of the same sampled iterations: two real gloo ranks
+    running 25 iterations each export 12 (the first 10, then 10 and 20), and the summary says
+    the 24 it counts are summed over the ranks (before: "Iterations exported as spans: 24"
+    beside "Iterations: 25")."""
+    from tests.rank_helpers import run_ranks
+
+    ranks = run_ranks(
+        f"{TORCH_JOB}\ntrain(0, 25)\n",
+        tmp_path,
+        TRAINTEL_EXPORT_EVERY_N_ITERATIONS="10",
+        TRAINTEL_SLOW_ITERATION_FACTOR="1e6",
+    )
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr for r in ranks]
+    summary = summarize([r.out_dir for r in ranks])
+    assert summary.summary_value("iterations") == 25
+    text = " ".join(render(summary).split())
+    assert "Iterations exported as spans, summed over the 2 ranks: 24 (every_n 4, first 20)" in text

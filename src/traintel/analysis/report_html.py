@@ -648,6 +648,7 @@ def _headline_rows(s: RunSummary) -> str:
     value = s.summary_value
     iterations = value("iterations")
     headline = [
+        *([("figures of", f"the latest of {s.jobs} jobs")] if s.jobs > 1 else []),
         ("iterations", fmt_num(iterations if iterations is not None else s.window_iterations)),
         (
             "iteration time mean / p99",

@@ -27,6 +27,7 @@ from traintel.analysis.summary import (
     fmt_seconds,
     phase_rows,
     plain_number,
+    summed_over,
 )
 from traintel.semconv import BADPUT_CATEGORIES, WINDOW_PREFIX
 
@@ -116,8 +117,7 @@ def _phase_table(report: Report, width: int) -> Table:
     (a wide console; a run with errors), so the names and numbers keep their room."""
     rows = phase_rows(report.summary)
     bars, errors = width >= WIDE, any(row.errors for row in rows)
-    ranks = len(report.summary.ranks)
-    title = "Wall time by phase" + (f", summed over the {ranks} ranks" if ranks > 1 else "")
+    title = "Wall time by phase" + summed_over(report.summary)
     columns = ["phase", "count", "total", "mean", "max", "share"]
     phases = _table(title, *columns, *([""] if bars else []), *(["errors"] if errors else []))
     for row in rows:
@@ -140,7 +140,8 @@ def _phase_table(report: Report, width: int) -> Table:
 def _throughput_table(report: Report) -> Table:
     s = report.summary
     value = s.summary_value
-    perf = _table("Iterations and throughput (times and rates after warm-up)", "", "")
+    latest = f"the latest of {s.jobs} jobs; " if s.jobs > 1 else ""
+    perf = _table(f"Iterations and throughput ({latest}times and rates after warm-up)", "", "")
     count = value("iterations") if value("iterations") is not None else s.window_iterations
     perf.add_row("iterations", fmt_num(count))
     perf.add_row("first iteration", fmt_s(value("first_iteration_time")))

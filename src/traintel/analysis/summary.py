@@ -71,13 +71,13 @@ def _precedence(resource: Mapping[str, Any], time_ns: int) -> tuple[int, int, in
     """Which of several records of one run speaks for it: the latest restart, its lowest rank
     (every rank carries the job's numbers), then the latest in time. File order must not
     decide: it is alphabetical, not chronological."""
-    restart = resource.get(semconv.RESTART_COUNT, 0)
-    rank = resource.get(semconv.RANK, 0)
-    return (
-        restart if isinstance(restart, int) else 0,
-        -(rank if isinstance(rank, int) else 0),
-        time_ns,
-    )
+    return (_count(resource, semconv.RESTART_COUNT), -_count(resource, semconv.RANK), time_ns)
+
+
+def _count(resource: Mapping[str, Any], key: str) -> int:
+    """A restart count or rank of a resource, 0 where it has none."""
+    value = resource.get(key, 0)
+    return value if isinstance(value, int) else 0
 
 
 def plain_number(value: Any, significant: int = 4) -> str:
@@ -179,6 +179,10 @@ class RunSummary:
 
     services: set[str] = field(default_factory=set)
     run_ids: set[str] = field(default_factory=set)
+    #: The processes that wrote the records: (run id, restart count, rank, process). Restarts by
+    #: torchrun or a Slurm requeue share the run id, so the run ids alone do not tell one job from
+    #: several; a job launched again under the same id and count has a rank written twice.
+    processes: set[tuple[str, int, int, str]] = field(default_factory=set)
     session_tags: set[str] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
@@ -231,6 +235,9 @@ class RunSummary:
                 target.add(str(resource[key]))
         if semconv.RANK in resource:
             self.ranks.add(int(resource[semconv.RANK]))
+        if semconv.RUN_ID in resource:
+            restart, rank = _count(resource, semconv.RESTART_COUNT), _count(resource, semconv.RANK)
+            self.processes.add((str(resource[semconv.RUN_ID]), restart, rank, process_key(resource)))
 
     def add(self, span: SpanRecord) -> None:
         self.spans += 1
@@ -359,6 +366,7 @@ class RunSummary:
         :meth:`add` (sums of seconds are added per file, then across files)."""
         self.services |= later.services
         self.run_ids |= later.run_ids
+        self.processes |= later.processes
         self.session_tags |= later.session_tags
         self.hosts |= later.hosts
         self.ranks |= later.ranks
@@ -400,6 +408,16 @@ class RunSummary:
         for phase, (at, metrics) in later.last_evaluation.items():
             if phase not in self.last_evaluation or self.last_evaluation[phase][0] <= at:
                 self.last_evaluation[phase] = (at, metrics)
+
+    @property
+    def jobs(self) -> int:
+        """How many jobs (launches) the records come from: per run id and restart count, the most
+        processes one rank had. With several, the loop's figures are the latest job's."""
+        per_rank = Counter(process[:3] for process in self.processes)
+        launches: dict[tuple[str, int], int] = {}
+        for (run_id, restart, _rank), count in per_rank.items():
+            launches[run_id, restart] = max(launches.get((run_id, restart), 0), count)
+        return sum(launches.values())
 
     @property
     def self_telemetry(self) -> dict[str, float]:
@@ -597,6 +615,15 @@ def _run_lines(summary: RunSummary) -> list[str]:
     return lines
 
 
+def summed_over(summary: RunSummary) -> str:
+    """``", summed over the 2 jobs and the 8 ranks"``: what a count added over processes says
+    it adds up; empty for one job of one rank."""
+    parts = [
+        f"the {n} {what}" for n, what in ((summary.jobs, "jobs"), (len(summary.ranks), "ranks")) if n > 1
+    ]
+    return f", summed over {' and '.join(parts)}" if parts else ""
+
+
 def _phase_lines(summary: RunSummary) -> list[str]:
     """The table fits 80 columns for traintel's phase names; a longer name of the user's own
     widens its column rather than being cut."""
@@ -609,8 +636,8 @@ def _phase_lines(summary: RunSummary) -> list[str]:
             "The files end before the run's application does (still running, or killed): shares "
             "are of the time up to its last record."
         )
-    if len(summary.ranks) > 1:
-        lines.append(f"Wall time by phase, summed over the {len(summary.ranks)} ranks:")
+    if summed_over(summary):
+        lines.append(f"Wall time by phase{summed_over(summary)}:")
     lines += [header, "-" * len(header)]
     for row in rows:
         share = f"{100 * row.share:.1f}%" if row.share is not None else ""
@@ -651,7 +678,7 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
                 f"to iteration {summary.marked_last_iteration}, in the progress mark (killed, or running)"
             )
         return lines
-    latest = "the latest job's loop; " if len(summary.run_ids) > 1 else ""
+    latest = "the latest job's loop; " if summary.jobs > 1 else ""
     lines = [
         "",
         f"Iterations: {plain_number(iterations if iterations is not None else n)} "
@@ -699,7 +726,7 @@ def _rate_lines(summary: RunSummary) -> list[str]:
         rank = summary.summary_rank("checkpoint.saves") if len(summary.ranks) > 1 else None
         lines.append(
             f"Checkpoints{f' of rank {rank}' if rank is not None else ''}"
-            f"{' of the latest job' if len(summary.run_ids) > 1 else ''}: {plain_number(saves)} saves, "
+            f"{' of the latest job' if summary.jobs > 1 else ''}: {plain_number(saves)} saves, "
             f"{fmt_seconds(value('checkpoint.save_time.total'))} blocking in total, "
             f"mean {fmt_seconds(value('checkpoint.save_time.mean'))}, "
             f"max {fmt_seconds(value('checkpoint.save_time.max'))}"
@@ -772,7 +799,7 @@ def _export_lines(summary: RunSummary, links: TraceLinks | None) -> list[str]:
             f"{reason} {count}" for reason, count in sorted(summary.exported_iterations.items())
         )
         exported = sum(summary.exported_iterations.values())
-        lines.append(f"Iterations exported as spans: {exported} ({reasons})")
+        lines.append(f"Iterations exported as spans{summed_over(summary)}: {exported} ({reasons})")
         for seconds, trace_id, span_id, iteration in sorted(summary.slowest, reverse=True)[:3]:
             lines.append(f"  slowest exported: iteration {iteration} {fmt_seconds(seconds)}")
             lines.append(f"    trace {trace_id} span {span_id}")
