@@ -384,3 +384,49 @@ def test_every_exported_slow_iteration_has_its_event_whatever_the_cap(exporter: 
         assert iteration in events, f"exported slow iteration {iteration} has no event"
         exported_id = (events[iteration].attributes or {})[semconv.EXPORTED_SPAN_ID]
         assert exported_id == format(span.context.span_id, "016x")
+
+
+def test_a_span_started_on_another_thread_as_its_iteration_ends_is_not_held_forever(
+    exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user thread starts a span under the running iteration; before it flags the iteration as
+    holding user spans, the training thread ends that iteration, sees no flag and drops it
+    without a decision for the filter. The span then waited for a decision that never came: it
+    was never exported, and stayed in memory. It goes out as any other span instead."""
+    import threading
+
+    from traintel._recorder.record import IterationRecord
+
+    traintel.configure(
+        span_exporters=[exporter], metric_readers=[], export_first_iterations=0, export_every_n_iterations=0
+    )
+    pipeline = traintel.get_telemetry().pipeline
+    assert pipeline is not None and pipeline.export_filter is not None
+    tracer = trace.get_tracer("user-code", tracer_provider=_provider())
+    looked, ended = threading.Event(), threading.Event()
+    flag = IterationRecord.hold_user_spans
+
+    def hold_after_the_iteration_ended(record: IterationRecord) -> None:
+        if threading.current_thread().name == "user-thread":
+            looked.set()  # the filter found the iteration running ...
+            assert ended.wait(30)  # ... and the training thread ends it before it is flagged
+        flag(record)
+
+    monkeypatch.setattr(IterationRecord, "hold_user_spans", hold_after_the_iteration_ended)
+    with traintel.training_loop():
+        with traintel.training_iteration():
+            parent = trace.get_current_span()
+            context = trace.set_span_in_context(parent)
+            user = threading.Thread(
+                target=lambda: tracer.start_span("late_user_span", context=context).end(), name="user-thread"
+            )
+            user.start()
+            assert looked.wait(30)
+        ended.set()
+        user.join(30)
+        with traintel.training_iteration():
+            pass
+    names = [s.name for s in finished(exporter)]
+    assert "late_user_span" in names  # not exported as an iteration, not lost with it either
+    assert "training_iteration" not in names
+    assert not pipeline.export_filter._pending  # nothing waits for a decision

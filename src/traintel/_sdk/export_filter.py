@@ -165,18 +165,25 @@ class IterationExportFilter(SpanProcessor):
             return
         parent_id = parent.span_id
         root = owner.get(parent_id)
+        active = None
         if root is None:
             active = self.active_iteration()
-            if active is not None and active.owns(parent_id):
-                root = active.span_id
-                if not active.holds_user_spans:
-                    active.hold_user_spans()
-                    with self._lock:
-                        self._pending[root] = []
-        if root is not None:
-            with self._lock:
-                owner[span.get_span_context().span_id] = root
-                self._open_children[root] = self._open_children.get(root, 0) + 1
+            if active is None or not active.owns(parent_id):
+                return
+            root = active.span_id
+            # Flagged before it is looked at again: the engine stops naming an iteration active
+            # before it reads the flag, so one still active here will have its decision release
+            # what is held. One that ended meanwhile (the span was started on another thread)
+            # may have been decided without the flag: its span goes out as any other, rather
+            # than wait for a decision that never comes.
+            active.hold_user_spans()
+        with self._lock:
+            if active is not None:
+                if self.active_iteration() is not active:
+                    return
+                self._pending.setdefault(root, [])
+            owner[span.get_span_context().span_id] = root
+            self._open_children[root] = self._open_children.get(root, 0) + 1
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.get_span_context()
