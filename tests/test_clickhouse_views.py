@@ -70,6 +70,7 @@ def _killed(*jobs: tuple[str, str, int, float, dict[str, str]]) -> Builder:
 SESSIONS: dict[str, Builder] = {
     "clean": _crafted((crafted.clean_job, {})),
     "killed mid-window after a checkpoint, resumed": crafted.crashed_then_resumed,
+    "killed mid-window after a checkpoint, launched again (same restart count)": crafted.launched_again,
     "several ranks": _crafted((crafted.clean_job, {"rank": 0}), (crafted.slower_rank, {"rank": 1})),
     "two sessions in one directory": _crafted(
         (crafted.clean_job, {"session": "alpha", "run_id": "a1"}),
@@ -206,9 +207,14 @@ def test_views_equal_the_cli_on_every_bucket(
     problems: list[str] = []
     for session, cli_session in expected.items():
         problems += session_disagreements(cli_session, sessions[session])
-        sql_jobs = {(j["run_id"], j["restart"]): j for j in jobs if j["session"] == session}
+
+        # (a job launched again has the run id and restart count of the first: its start tells it)
+        def job_key(job: dict[str, Any]) -> tuple[Any, ...]:
+            return job["run_id"], job["restart"], job["start_unix_nano"]
+
+        sql_jobs = {job_key(j): j for j in jobs if j["session"] == session}
         for cli_job in cli_session["jobs"]:
-            sql_job = sql_jobs.get((cli_job["run_id"], cli_job["restart"]))
+            sql_job = sql_jobs.get(job_key(cli_job))
             if sql_job is None:
                 problems.append(f"session {session!r}: job {cli_job['run_id']!r} missing in ClickHouse")
                 continue

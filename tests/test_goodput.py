@@ -181,7 +181,7 @@ def test_step_time_deviation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert "trace_id" in worst and "span_id" in worst  # the first iterations are exported
 
 
-def crashed_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def crashed_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second_restart: int = 1) -> None:
     def first(job: Job) -> None:  # killed at 45 s: application and loop never end
         app = job.open("application", 0)
         job.span("model_init", 0, 10, app)
@@ -205,11 +205,20 @@ def crashed_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         app.end(end_time=at(100))
 
     run_job(tmp_path, monkeypatch, first, restart=0)
-    run_job(tmp_path, monkeypatch, second, restart=1)
+    run_job(tmp_path, monkeypatch, second, restart=second_restart)
 
 
-def test_crash_after_checkpoint_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    crashed_then_resumed(tmp_path, monkeypatch)
+def launched_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same crash and resume, the resume launched again under the same run id and restart
+    count (torchrun rerun with its ``--rdzv-id``): its own job all the same."""
+    crashed_then_resumed(tmp_path, monkeypatch, second_restart=0)
+
+
+@pytest.mark.parametrize("build", [crashed_then_resumed, launched_again], ids=["restarted", "launched-again"])
+def test_crash_after_checkpoint_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, build: Callable[[Path, pytest.MonkeyPatch], None]
+) -> None:
+    build(tmp_path, monkeypatch)
     result = one_session(tmp_path)
     assert result.total_s == 100
     # iterations 4-5 of the first job (window [32, 42], 10 s) were run again: wasted progress;

@@ -12,6 +12,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 import traintel
 from traintel import callbacks, semconv
 from traintel._aggregation.stats import percentile
+from traintel.analysis.goodput import load_jobs
+from traintel.analysis.goodput.process import ran
 from traintel.analysis.summary import phase_rows, render, summarize
 from traintel.cli import main
 from traintel.exporters.file import OtlpJsonFileSpanExporter, OtlpJsonLinesFile
@@ -195,6 +197,12 @@ def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
     assert "Iterations and throughput (the latest of 2 jobs; times and rates after warm-up)" in " ".join(
         capsys.readouterr().out.split()
     )
+    # goodput counts both launches too (launched again, the second once took the first's place)
+    jobs = sorted(load_jobs([tmp_path / "runs"]), key=lambda job: job.ranks[0].start_ns)
+    assert [(job.restart, ran(job.ranks[0])) for job in jobs] == [
+        (restart_counts[0], (0, 29)),
+        (restart_counts[1], (20, 29)),
+    ]
 
 
 @pytest.mark.process

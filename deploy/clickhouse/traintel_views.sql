@@ -222,12 +222,24 @@ FROM traintel_processes;
 -- rest is `other`.
 CREATE OR REPLACE VIEW traintel_job_goodput AS
 WITH
+    -- A launch started again under the same run id and restart count is a job of its own: in
+    -- start order a process is its rank's n-th, and its launch the largest n of any rank so far.
+    occurrences AS (
+        SELECT instance, session, run_id, restart, rank, start_ns,
+               row_number() OVER (PARTITION BY session, run_id, restart, rank ORDER BY start_ns, instance) AS occurrence
+        FROM traintel_process_windows
+    ),
+    launches AS (
+        SELECT *, max(occurrence) OVER (PARTITION BY session, run_id, restart ORDER BY start_ns, instance
+                                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS launch
+        FROM occurrences
+    ),
     jobs AS (
-        SELECT session, run_id, restart,
+        SELECT session, run_id, restart, launch,
                groupArray(rank) AS ranks,
                argMin(instance, rank) AS reference
-        FROM traintel_process_windows
-        GROUP BY session, run_id, restart
+        FROM launches
+        GROUP BY session, run_id, restart, launch
     ),
     ordered AS (
         SELECT j.session AS session, j.run_id AS run_id, j.restart AS restart, j.ranks AS ranks,

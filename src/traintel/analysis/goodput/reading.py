@@ -183,9 +183,15 @@ def read_file(path: str, progress: Callable[[int], None] | None = None) -> tuple
 
 
 def _group_jobs(processes: Iterable[Process]) -> list[Job]:
-    """Processes with a timeline, grouped into jobs by session, run id and restart count."""
-    jobs: dict[tuple[str, str, int], Job] = {}
-    for process in processes:
+    """Processes with a timeline, grouped into jobs by session, run id, restart count and
+    launch. The launch tells apart a job started again under the same id and count (torchrun
+    rerun with its ``--rdzv-id``), which must not take the first one's place: in start order, a
+    process is its rank's n-th under that key, and its launch the largest n of any rank so far
+    (the ClickHouse views count the same way)."""
+    jobs: dict[tuple[str, str, int, int], Job] = {}
+    seen: dict[tuple[str, str, int, int], int] = {}  # (key, rank) -> processes so far
+    launches: dict[tuple[str, str, int], int] = {}
+    for process in sorted(processes, key=lambda p: (p.start_ns, p.instance)):
         if process.start_ns == 2**63:
             continue  # metrics only: no timeline
         _resolve_data_loading(process)
@@ -194,10 +200,14 @@ def _group_jobs(processes: Iterable[Process]) -> list[Job]:
         session = str(r.get(semconv.SESSION_TAG) or r.get(semconv.RUN_ID) or process.instance)
         run_id = str(r.get(semconv.RUN_ID) or process.instance)
         restart = _int(r.get(semconv.RESTART_COUNT)) or 0
-        perf = r.get(semconv.PERF_TAG)
-        job = jobs.get((session, run_id, restart))
+        key = (session, run_id, restart)
+        of_rank = (session, run_id, restart, process.rank)
+        occurrence = seen[of_rank] = seen.get(of_rank, 0) + 1
+        launch = launches[key] = max(launches.get(key, 0), occurrence)
+        job = jobs.get((session, run_id, restart, launch))
         if job is None:
-            job = jobs[(session, run_id, restart)] = Job(
+            perf = r.get(semconv.PERF_TAG)
+            job = jobs[session, run_id, restart, launch] = Job(
                 session, str(perf) if perf else None, run_id, restart
             )
         job.ranks[process.rank] = process
