@@ -555,7 +555,11 @@ def test_the_report_merges_the_rank_files_into_cross_rank_statistics(
     # Both ranks carried the same straggler events: counted once per window.
     assert [(s["window"], s["rank"]) for s in data["stragglers"]] == [(0, 1), (1, 1), (2, 1)]
     assert cli.main(["report", *dirs, "--json"]) == 0  # and so in the warnings (6 events, 3 windows)
-    assert json.loads(capsys.readouterr().out)["warnings"][semconv.Event.STRAGGLER.value] == 3
+    report = json.loads(capsys.readouterr().out)
+    assert report["warnings"][semconv.Event.STRAGGLER.value] == 3
+    # every event keeps its details, the straggler's own (rank 1's) among them
+    details = [d for d in report["warning_details"] if d["event"] == semconv.Event.STRAGGLER.value]
+    assert len(details) == 6 and {d[semconv.STRAGGLER_RANK] for d in details} == {1}
     assert cli.main(["report", *dirs]) == 0
     text = capsys.readouterr().out
     assert "Across ranks, per window" in text and "rank 1" in text

@@ -449,7 +449,7 @@ class Report:
             self._config(event.time_ns, event.attributes)
         if event.name == _STRAGGLER and event.attributes.get(semconv.STRAGGLER_RANK) == process.rank:
             self.own_stragglers += 1
-        elif event.name in WARNING_EVENTS and len(self.warning_details) < WARNING_DETAILS:
+        if event.name in WARNING_EVENTS and len(self.warning_details) < WARNING_DETAILS:
             detail = {"event": event.name, "process": process.label, "time_ns": event.time_ns}
             detail.update({k: v for k, v in event.attributes.items() if not isinstance(v, list)})
             self.warning_details.append(detail)
