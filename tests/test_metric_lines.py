@@ -183,14 +183,41 @@ def test_read_for_times_alone_a_line_gives_its_latest_time_and_checks_only_what_
     (full,) = _fast_records(line)
     assert full.last_time_ns == max(s.last_time_ns for s in full.metrics) > 0
     times = [MetricsRecord(full.resource, (), full.last_time_ns)]
-    assert decode(line, metric_values=False) == ("metrics", times)
-    assert reader.decode_line(line, metric_values=False) == times
+    assert decode(line, metric_names=None) == ("metrics", times)
+    assert reader.decode_line(line, metric_names=None) == times
     for edit in (_rename, _bad_time, _two_kinds, _unknown_field):
         with pytest.raises(NotCanonical):
-            decode(_edited(line, edit), metric_values=False)
-    assert decode(_edited(line, _both_values), metric_values=False) == ("metrics", times)
+            decode(_edited(line, edit), metric_names=None)
+    assert decode(_edited(line, _both_values), metric_names=None) == ("metrics", times)
     with pytest.raises(NotCanonical):
         decode(_edited(line, _both_values))
+
+
+def _gauge_with_two_values(metric: dict[str, Any]) -> None:
+    point = _first_point(metric, "gauge")
+    if point is not None:
+        point["asInt"] = "1"
+
+
+def test_read_for_named_series_a_line_keeps_them_and_its_latest_time(line: bytes) -> None:
+    """The analysis reads traintel's own series alone: the record keeps the series whose names
+    start with the prefix, and the latest time of every metric; the proto path (for a line the
+    fast path declines) gives the same; a damaged value of another metric is not read."""
+    (full,) = _fast_records(line)
+    named = MetricsRecord(
+        full.resource, tuple(s for s in full.metrics if s.name.startswith("traintel.")), full.last_time_ns
+    )
+    assert [s.name for s in named.metrics] == ["traintel.spans.dropped", "traintel.queue.depth"]
+    assert decode(line, metric_names="traintel.") == ("metrics", [named])
+    assert reader.metrics_records(json_line_to_request(line.decode()), "traintel.") == [named]  # type: ignore[arg-type]
+    aliased = _edited(line, _rename)  # valid OTLP/JSON the fast path declines: the proto path reads it
+    with pytest.raises(NotCanonical):
+        decode(aliased, metric_names="traintel.")
+    assert reader.decode_line(aliased, metric_names="traintel.") == [named]
+    damaged = _edited(line, _gauge_with_two_values)  # ml.training.goodput: not a named series
+    with pytest.raises(NotCanonical):
+        decode(damaged)
+    assert decode(damaged, metric_names="traintel.") == ("metrics", [named])
 
 
 @pytest.fixture(scope="module")

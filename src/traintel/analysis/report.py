@@ -26,6 +26,7 @@ from traintel.analysis.resources import PerResource
 from traintel.analysis.run_info import run_key
 from traintel.analysis.stalls import MAX_STALLS, Stall, find_stalls
 from traintel.analysis.summary import (
+    SELF_TELEMETRY,
     PhaseStats,
     RunSummary,
     energy_figures,
@@ -729,7 +730,10 @@ def report_file(
     report = Report(run=run)
     goodput = GoodputReader() if with_goodput else None
     with gc_paused():
-        for record in iter_records([path], report.stats, progress, windows_expanded=True, logs=True):
+        records = iter_records(
+            [path], report.stats, progress, windows_expanded=True, logs=True, metric_names=SELF_TELEMETRY
+        )
+        for record in records:
             if isinstance(record, LogEntry):
                 report.add_log(record)
                 continue

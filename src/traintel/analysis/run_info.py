@@ -205,7 +205,7 @@ def runs_in_file(path: str, progress: Callable[[int], None] | None = None) -> Ru
     """The runs in one file (a task for :func:`~traintel.analysis.parallel.map_files`)."""
     seen = RunsSeen()
     with gc_paused():
-        for record in iter_records([path], progress=progress, metric_values=False):
+        for record in iter_records([path], progress=progress, metric_names=None):
             seen.add(record)
     seen.in_file(path, read_mark(path))
     return seen

@@ -58,6 +58,8 @@ _COLUMNS_WIDE = 80
 #: Decimals of the smallest fraction ``plain_number`` spells out (``0.000…01``); below it, 0.
 _MAX_DECIMALS = 24
 
+#: The names of traintel's own series: the only metric values the analysis reads.
+SELF_TELEMETRY = "traintel."
 #: Self-telemetry series that mean something was lost, refused or failed.
 _LOSS_WORDS = ("dropped", "failures", "split")
 
@@ -357,7 +359,7 @@ class RunSummary:
             return
         process = process_key(record.resource)
         for series in record.metrics:
-            if series.kind in ("sum", "gauge") and series.name.startswith("traintel."):
+            if series.kind in ("sum", "gauge") and series.name.startswith(SELF_TELEMETRY):
                 self.self_telemetry_latest[(process, series.name)] = series.total
 
     def merge(self, later: RunSummary) -> None:
@@ -491,7 +493,9 @@ def summarize_file(run: str | None, path: str, progress: Callable[[int], None] |
     kept = True
     runs = summary.runs
     with gc_paused():
-        for record in iter_records([path], summary.stats, progress, windows_expanded=True):
+        for record in iter_records(
+            [path], summary.stats, progress, windows_expanded=True, metric_names=SELF_TELEMETRY
+        ):
             runs.add(record)
             if isinstance(record, SpanRecord):
                 if record.resource is not resource:  # the spans of a request share their resource

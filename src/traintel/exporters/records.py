@@ -44,7 +44,7 @@ class MetricsRecord:
     """A ``ResourceMetrics``: the resource's attributes and its metrics, all scopes together."""
 
     resource: dict[str, Any]
-    #: Empty when the metric values were not read (``metric_values=False``).
+    #: Those of the metrics the reader asked for (``metric_names``): none, some or all.
     metrics: tuple[MetricSeries, ...]
     #: The latest ``time_unix_nano`` of its points (0 without points).
     last_time_ns: int

@@ -176,7 +176,7 @@ def read_file(path: str, progress: Callable[[int], None] | None = None) -> tuple
     """One file's goodput state and read counts (a part of :func:`load_jobs`)."""
     reader, stats = GoodputReader(), ReadStats()
     with gc_paused():
-        for record in iter_records([path], stats, progress, metric_values=False):  # (nor window numbers)
+        for record in iter_records([path], stats, progress, metric_names=None):  # (nor window numbers)
             reader.add(record)
     reader.add_mark(read_mark(path))
     return reader, stats
