@@ -17,7 +17,7 @@ import pytest
 from tests.subprocess_helpers import clean_env
 from traintel import semconv
 from traintel.analysis.goodput import compute_goodput, load_jobs
-from traintel.exporters.reader import iter_spans
+from traintel.exporters.reader import MetricsRecord, iter_records, iter_spans
 
 pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
 
@@ -383,3 +383,89 @@ def test_a_signal_during_a_waiting_signals_handling_is_not_deferred_again(tmp_pa
     assert child.returncode == 0, child.stderr
     assert child.stdout.splitlines() == ["handled by iteration 3's end: 2", "clean exit 2"], child.stdout
     assert "Traceback" not in child.stderr and "could not" not in child.stderr, child.stderr
+
+
+# The training thread is stopped by SIGTERM while it holds the goodput ledger's lock, booking a
+# data-loading wait (the signal is raised right after the lock is taken, on the main thread):
+# between iterations, or inside a checkpoint save that the report must then end and book.
+SIGNAL_IN_BOOKING = textwrap.dedent(
+    """
+    import signal, sys, threading
+    import traintel
+    from traintel._runtime import state
+
+    traintel.configure(warmup_iterations=0)
+    ledger = state.configured().engine.goodput
+    real = ledger.lock
+    armed = []
+
+    class SignalWhileHeld:
+        def acquire(self, *args, **kwargs):
+            got = real.acquire(*args, **kwargs)
+            if got and armed and threading.current_thread() is threading.main_thread():
+                armed.clear()
+                signal.raise_signal(signal.SIGTERM)
+            return got
+
+        def release(self):
+            real.release()
+
+        def __enter__(self):
+            return self.acquire()
+
+        def __exit__(self, *exc):
+            self.release()
+
+    ledger.lock = SignalWhileHeld()
+    where = sys.argv[1]
+    with traintel.application(), traintel.training_loop():
+        for n in range(6):
+            if n == 3 and where == "between_iterations":
+                armed.append(True)
+            with traintel.data_loading():
+                pass
+            if n == 3 and where == "in_checkpoint":
+                with traintel.checkpoint_save(iteration=3):
+                    armed.append(True)
+                    with traintel.data_loading():
+                        pass
+            with traintel.training_iteration(n, samples=8):
+                pass
+    print("not stopped", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["between_iterations", "in_checkpoint"])
+def test_a_signal_while_the_training_thread_books_goodput_is_reported_fully(
+    tmp_path: Path, where: str
+) -> None:
+    """The report runs on a helper thread while the training thread, stopped by the signal,
+    holds the goodput ledger's lock: the last metric collection reads the ledger without it,
+    and a phase the report ends (the open save) is not waited for forever but said to be
+    unbooked. Before, the report waited the whole shutdown timeout and the spans were lost."""
+    script = tmp_path / "train.py"
+    script.write_text(SIGNAL_IN_BOOKING)
+    child = subprocess.run(
+        [sys.executable, str(script), where],
+        check=False,
+        cwd=tmp_path,
+        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_SHUTDOWN_TIMEOUT="3"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == -signal.SIGTERM, child.stderr
+    assert "not finished" not in child.stderr and "Traceback" not in child.stderr, child.stderr
+    assert child.stdout == "", child.stdout
+    found = spans(tmp_path)
+    assert the_event(found)[semconv.PREEMPTION_LAST_ITERATION] == 2
+    (loop,) = [s for s in found if s.name == "training_loop"]
+    assert loop.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+    # the last metric collection (at the pipeline's shutdown) read the live goodput
+    final = [r for r in iter_records([tmp_path / "runs"]) if isinstance(r, MetricsRecord)][-1]
+    assert semconv.METRIC_GOODPUT in {series.name for series in final.metrics}
+    if where == "in_checkpoint":
+        (save,) = [s for s in found if s.name == "checkpoint_save_sync"]
+        assert save.is_error and save.attributes[semconv.END_REASON] == "preempted: SIGTERM"
+        assert "goodput of 1 phase(s) ended by the preemption is not booked" in child.stderr, child.stderr

@@ -156,11 +156,23 @@ class GoodputLedger:
     """The current job's productive and badput time, fed by the engine and the processor."""
 
     def __init__(self) -> None:
+        #: Taken by the threads that book phases, never by a reader: a reader copies (a dict's
+        #: copy is one C call, which neither another thread nor a signal handler, run between
+        #: bytecodes, can cut), so a training thread stopped by a signal while it books cannot
+        #: keep the preemption report from reading the ledger.
         self.lock = threading.Lock()
+        #: How long a booking waits for the lock: without bound, but while the preemption report
+        #: ends the open phases (:meth:`interrupted`).
+        self._lock_wait_s = -1.0
+        #: Bookings given up for the lock while interrupted (their spans still carry the time).
+        self.bookings_lost = 0
         self.job_start_ns: int | None = None
         self.job_end_ns: int | None = None
+        #: Written by the window pipeline alone, as are the two below.
         self.productive_s = 0.0
-        self.badput_s = dict.fromkeys(LIVE_CATEGORIES, 0.0)
+        self._window_data_loading_s = 0.0
+        self._startup_s = 0.0
+        self._phase_s = dict.fromkeys(LIVE_CATEGORIES, 0.0)  # categorised phases, under the lock
         self._nested: dict[int, int] = {}  # open categorised span id -> categorised time inside it
         self._held: WindowGoodput | None = None  # the first window, until startup is known
         self._first_iteration_s: float | None = None
@@ -181,14 +193,37 @@ class GoodputLedger:
 
     def phase_ended(self, category: str, span_id: int, duration_ns: int) -> None:
         """A categorised phase ended: its time less the categorised phases inside it."""
-        with self.lock:
+        if not self.lock.acquire(timeout=self._lock_wait_s):
+            self.bookings_lost += 1
+            return
+        try:
             inner = self._nested.pop(span_id, 0)
             exclusive = max(0, duration_ns - inner)
-            self.badput_s[category] = self.badput_s.get(category, 0.0) + exclusive / 1e9
+            self._phase_s[category] = self._phase_s.get(category, 0.0) + exclusive / 1e9
+        finally:
+            self.lock.release()
 
     def nested_in_phase(self, parent_span_id: int, duration_ns: int) -> None:
-        with self.lock:
+        if not self.lock.acquire(timeout=self._lock_wait_s):
+            self.bookings_lost += 1
+            return
+        try:
             self._nested[parent_span_id] = self._nested.get(parent_span_id, 0) + duration_ns
+        finally:
+            self.lock.release()
+
+    def interrupted(self, wait_s: float) -> None:
+        """The preemption report ends the open phases on a helper thread while the training
+        thread, stopped by the signal, may hold the lock for good: bookings wait ``wait_s`` at
+        most, then are given up and counted (:attr:`bookings_lost`)."""
+        self._lock_wait_s = wait_s
+
+    def booked(self) -> dict[str, float]:
+        """Badput seconds by live category so far, read without the lock (see :attr:`lock`)."""
+        booked = self._phase_s.copy()
+        booked["data_loading"] += self._window_data_loading_s
+        booked["program_startup"] += self._startup_s
+        return booked
 
     # --- windows -------------------------------------------------------------------------------
     def close_window(
@@ -266,8 +301,8 @@ class GoodputLedger:
             self.last_window = ready[-1]
         for record in ready:
             self.productive_s += record.productive_s
-            self.badput_s["data_loading"] += record.data_loading_s
-            self.badput_s["program_startup"] += record.program_startup_s
+            self._window_data_loading_s += record.data_loading_s
+            self._startup_s += record.program_startup_s
         return ready
 
     def _decide_startup(self, window: WindowGoodput, typical_s: float) -> None:
@@ -292,8 +327,7 @@ class GoodputLedger:
             now_ns = min(now_ns, self.job_end_ns)
         start = self.job_start_ns if self.job_start_ns is not None else now_ns
         total = max(0.0, (now_ns - start) / 1e9)
-        with self.lock:
-            badput = {k: v for k, v in self.badput_s.items()}
+        badput = self.booked()
         productive = self.productive_s  # read once: the window pipeline's worker adds to it
         badput["other"] = max(0.0, total - productive - sum(badput.values()))
         return GoodputSnapshot(total, productive, badput)

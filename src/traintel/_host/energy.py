@@ -231,8 +231,7 @@ class EnergyAccounting:
 
     def _booked_seconds(self) -> dict[str, float]:
         goodput = self._goodput
-        with goodput.lock:
-            return {PRODUCTIVE: goodput.productive_s, **goodput.badput_s}
+        return {PRODUCTIVE: goodput.productive_s, **goodput.booked()}
 
     # --- the hooks: never raise into training ------------------------------------------------
     def released(self, records: list[Any], final_loop: Any | None = None) -> None:

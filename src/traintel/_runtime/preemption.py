@@ -11,7 +11,9 @@ signal arrives whose action would end the process:
    open phase span, innermost first, all with ERROR status and
    ``traintel.end_reason = "preempted: SIGTERM"``;
 3. everything is flushed — all of it on a helper thread joined with ``TRAINTEL_SHUTDOWN_TIMEOUT``
-   as the deadline, because the interrupted training thread may hold a lock an SDK call needs;
+   as the deadline, because the interrupted training thread may hold a lock an SDK call needs
+   (traintel's own goodput ledger is read without its lock, and the report's bookings wait for
+   it briefly, then are counted and said to be lost);
 4. the signal is handed to the handler installed before traintel's, or re-raised with the
    default action, so the job exits exactly as it would have (same status, same signal).
 
@@ -283,6 +285,10 @@ def _last_completed(engine: TrainingEngine | None) -> int | None:
     return engine.last_iteration if engine is not None else None
 
 
+#: How long the report's goodput bookings wait for the ledger's lock, which a training thread
+#: stopped by the signal inside a booking holds for good (its critical section takes microseconds).
+_BOOKING_WAIT_S = 0.1
+
 #: The pipeline's share of ``TRAINTEL_SHUTDOWN_TIMEOUT`` when the process dies by the signal:
 #: the rest is for the spill to disk that follows when the collector did not answer in time.
 _PIPELINE_SHARE = 0.8
@@ -354,8 +360,10 @@ def _end_at_signal(
 ) -> None:
     """End what is open (the iteration and its step at the signal), then release the pipeline."""
     now = clock.time_ns()
-    if telemetry.engine is not None:
-        _cut_training(telemetry.engine, reason, received_ns, now)
+    engine = telemetry.engine
+    if engine is not None:
+        engine.goodput.interrupted(_BOOKING_WAIT_S)
+        _cut_training(engine, reason, received_ns, now)
     deadline = time.monotonic() + _PIPELINE_SHARE * telemetry.settings.shutdown_timeout
     if telemetry.windows is not None:  # the closed windows' numbers go on the spans first
         telemetry.windows.flush(_PIPELINE_SHARE * telemetry.settings.shutdown_timeout)
@@ -363,6 +371,12 @@ def _end_at_signal(
         span.set_status(Status(StatusCode.ERROR, reason))
         span.set_attribute(semconv.END_REASON, reason)
         span.end(end_time=now)
+    if engine is not None and engine.goodput.bookings_lost:
+        _logger.warning(
+            "traintel: the goodput of %d phase(s) ended by the preemption is not booked (the training "
+            "thread was stopped while booking); their spans carry the time",
+            engine.goodput.bookings_lost,
+        )
     telemetry.closed = True  # the process is about to die: nothing more to record
     if telemetry.pipeline is not None:
         # Released as at a normal exit, so a batch stuck in a send to an unresponsive

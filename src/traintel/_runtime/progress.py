@@ -133,7 +133,7 @@ class ProgressMarks:
             return None
         open_window, startup, own_ideal = self._open.update(rows, nested, first)
         ledger = engine.goodput
-        startup += ledger.badput_s.get("program_startup", 0.0)
+        startup += ledger.booked()["program_startup"]
         ideal = ledger.ideal_step_time_s if ledger.ideal_step_time_s is not None else own_ideal
         progress = job_progress(self._closed, open_window, startup, self._open.slowest, ideal)
         mark: dict[str, Any] = {"instance": self._instance, "time_unix_nano": time.time_ns(), **self._job}
