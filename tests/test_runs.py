@@ -425,11 +425,15 @@ def test_compare_picks_runs_within_a_directory(runs: Runs, capsys: pytest.Captur
     assert code == 0 and f"B = {shared} (run {runs.ids['new']})" in " ".join(out.split())
 
 
+@pytest.mark.parametrize("second", [1, 0], ids=["restarted", "launched-again"])
 def test_a_restarted_session_is_one_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    """Two launches of session s1 (the second a restart), then another session s2."""
+                                        capsys: pytest.CaptureFixture[str], second: int) -> None:  # fmt: skip
+    """Two launches of session s1 (the second a restart, or the same launch started again under
+    the same run id and restart count: a restart all the same), then another session s2."""
     run_job(tmp_path, monkeypatch, stepping(4), session="s1", run_id="job-a", restart=0)
-    run_job(tmp_path, monkeypatch, stepping(4), session="s1", run_id="job-a", restart=1)
+    if second == 0:  # its own file, as each process of the embedded default writes
+        (tmp_path / "job-a-0-0.otlp.jsonl").rename(tmp_path / "job-a-first-0.otlp.jsonl")
+    run_job(tmp_path, monkeypatch, stepping(4), session="s1", run_id="job-a", restart=second)
     monkeypatch.setattr("tests.test_goodput.T0", 1_700_000_000 * 10**9 + 3600 * 10**9)
     run_job(tmp_path, monkeypatch, stepping(5), session="s2", run_id="job-b")
     code, out, _ = _cli("runs", str(tmp_path), "--json", capsys=capsys)
@@ -439,6 +443,7 @@ def test_a_restarted_session_is_one_run(tmp_path: Path, monkeypatch: pytest.Monk
         ("s2", ["job-b"], 0, 6), ("s1", ["job-a"], 1, 12)
     ]  # fmt: skip
     _, out, _ = _cli("summary", str(tmp_path), "--run", "s1", capsys=capsys)
-    launches = [tmp_path / "job-a-0-0.otlp.jsonl", tmp_path / "job-a-1-0.otlp.jsonl"]
+    launches = sorted(tmp_path.glob("job-a-*.otlp.jsonl"))
+    assert len(launches) == 2
     assert out == render(summarize(launches)) + "\n"
     assert summarize([tmp_path], run="s1").phases["model_init"].count == 2  # both launches

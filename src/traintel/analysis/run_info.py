@@ -8,7 +8,8 @@ reads the same records through the same class.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from traintel import semconv
 from traintel.analysis.parallel import merge_by_key
 from traintel.analysis.resources import PerResource
-from traintel.exporters.progress_mark import read_mark
+from traintel.exporters.progress_mark import process_key, read_mark
 from traintel.exporters.reader import Record, SpanRecord, gc_paused, iter_records
 
 _W = semconv.WINDOW_PREFIX
@@ -26,6 +27,18 @@ UNKNOWN_RUN = "unknown"
 
 #: A process of a run: (run id, restart count, rank).
 _Process = tuple[str, int, int]
+
+
+def launches(processes: Iterable[tuple[str, int, int, str]]) -> int:
+    """How many jobs processes (run id, restart count, rank, process key) come from: per run
+    id and restart count, the most processes one rank had. A launch started again under the
+    same id and count (torchrun rerun with its ``--rdzv-id``, a resume given the run id by
+    hand) writes each rank a second time: a job of its own, as a restart is."""
+    per_rank = Counter(process[:3] for process in processes)
+    most: dict[tuple[str, int], int] = {}
+    for (run_id, restart, _rank), count in per_rank.items():
+        most[run_id, restart] = max(most.get((run_id, restart), 0), count)
+    return sum(most.values())
 
 
 def run_key(resource: Mapping[str, Any]) -> str:
@@ -60,8 +73,9 @@ class RunInfo:
     services: set[str] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
-    #: Launches of the run (a restarted job has several): (run id, restart count).
-    jobs: set[tuple[str, int]] = field(default_factory=set)
+    #: Its processes: (run id, restart count, rank, process key); a restarted job has several
+    #: launches (:func:`launches`).
+    processes: set[tuple[str, int, int, str]] = field(default_factory=set)
     start_ns: int = 0
     end_ns: int = 0
     spans: int = 0
@@ -75,7 +89,12 @@ class RunInfo:
 
     @property
     def run_ids(self) -> set[str]:
-        return {run_id for run_id, _restart in self.jobs}
+        return {process[0] for process in self.processes}
+
+    @property
+    def restarts(self) -> int:
+        """Launches after the first (see :func:`launches`)."""
+        return max(0, launches(self.processes) - 1)
 
     @property
     def files(self) -> list[str]:
@@ -106,7 +125,7 @@ class RunInfo:
         run_id = str(resource.get(semconv.RUN_ID) or resource.get(semconv.SERVICE_INSTANCE_ID) or self.id)
         restart = _int(resource.get(semconv.RESTART_COUNT))
         rank = _int(resource.get(semconv.RANK))
-        self.jobs.add((run_id, restart))
+        self.processes.add((run_id, restart, rank, process_key(resource)))
         self.ranks.add(rank)
         for key, target in ((semconv.SERVICE_NAME, self.services), (semconv.HOST_NAME, self.hosts)):
             if resource.get(key):
@@ -133,7 +152,7 @@ class RunInfo:
         self.services |= later.services
         self.hosts |= later.hosts
         self.ranks |= later.ranks
-        self.jobs |= later.jobs
+        self.processes |= later.processes
         if later.start_ns and (not self.start_ns or later.start_ns < self.start_ns):
             self.start_ns = later.start_ns
         self.end_ns = max(self.end_ns, later.end_ns)
@@ -153,7 +172,7 @@ class RunInfo:
             "services": sorted(self.services),
             "hosts": sorted(self.hosts),
             "ranks": sorted(self.ranks),
-            "restarts": len(self.jobs) - 1,
+            "restarts": self.restarts,
             "start_unix_nano": self.start_ns,
             "start_utc": self.started,
             "duration_s": self.duration_s,

@@ -111,7 +111,7 @@ def render_runs(runs: list[RunInfo], where: str) -> str:
     if not runs:
         return f"no runs in {where}"
     ids = short_ids(runs)
-    restarted = any(len(run.jobs) > 1 for run in runs)
+    restarted = any(run.restarts for run in runs)
     header = ["run", "service", "started (UTC)", "duration", "ranks"]
     header += ["restarts"] if restarted else []
     header += ["iterations", "files"]
@@ -119,7 +119,7 @@ def render_runs(runs: list[RunInfo], where: str) -> str:
     for run in runs:
         row = [ids[run.id], ", ".join(sorted(run.services)) or "-", run.started]
         row += [fmt_seconds(run.duration_s), plain_number(len(run.ranks))]
-        row += [plain_number(len(run.jobs) - 1)] if restarted else []
+        row += [plain_number(run.restarts)] if restarted else []
         row += [plain_number(run.iterations), plain_number(len(run.file_set))]
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

@@ -28,7 +28,7 @@ from traintel import semconv
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
-from traintel.analysis.run_info import RunsSeen, run_key
+from traintel.analysis.run_info import RunsSeen, launches, run_key
 from traintel.exporters.progress_mark import process_key, read_mark
 from traintel.exporters.reader import (
     MetricsRecord,
@@ -413,13 +413,9 @@ class RunSummary:
 
     @property
     def jobs(self) -> int:
-        """How many jobs (launches) the records come from: per run id and restart count, the most
-        processes one rank had. With several, the loop's figures are the latest job's."""
-        per_rank = Counter(process[:3] for process in self.processes)
-        launches: dict[tuple[str, int], int] = {}
-        for (run_id, restart, _rank), count in per_rank.items():
-            launches[run_id, restart] = max(launches.get((run_id, restart), 0), count)
-        return sum(launches.values())
+        """How many jobs (launches) the records come from (:func:`launches`). With several, the
+        loop's figures are the latest job's."""
+        return launches(self.processes)
 
     @property
     def self_telemetry(self) -> dict[str, float]:
