@@ -224,3 +224,14 @@ def test_two_ranks_exported_iterations_say_they_are_summed_over_the_ranks(tmp_pa
     assert summary.summary_value("iterations") == 25
     text = " ".join(render(summary).split())
     assert "Iterations exported as spans, summed over the 2 ranks: 24 (every_n 4, first 20)" in text
+    # each slowest exported iteration says whose it is: the ranks export the same iterations
+    slowest = sorted(summary.slowest, reverse=True)[:3]
+    assert {slow.rank for slow in summary.slowest} == {0, 1}
+    for slow in slowest:
+        assert f"slowest exported: iteration {slow.iteration} on rank {slow.rank} " in text
+    from traintel.analysis.report import build_report
+
+    report = build_report([r.out_dir for r in ranks])
+    listed = [(s["iteration"], s["rank"]) for s in report.as_dict()["slowest_iterations"]]
+    assert listed == [(slow.iteration, slow.rank) for slow in sorted(report.summary.slowest, reverse=True)]
+    assert {rank for _iteration, rank in listed} == {0, 1}

@@ -657,8 +657,8 @@ class Report:
             "checkpoints": self.checkpoints(),
             "goodput": [g.as_dict() for g in self.goodput],
             "slowest_iterations": [
-                {"iteration": it, "seconds": sec, "trace_id": t, "span_id": sp}
-                for sec, t, sp, it in sorted(s.slowest, reverse=True)
+                {"iteration": it, "rank": rank, "seconds": sec, "trace_id": t, "span_id": sp}
+                for sec, t, sp, it, rank in sorted(s.slowest, reverse=True)
             ],
             "exported_iterations": s.exported_iterations,
             "warnings": self.warnings,

@@ -206,26 +206,24 @@ def trace_links(report: Report, links: TraceLinks | None) -> list[str]:
     """Each slowest exported iteration's link into the trace backend (``TRAINTEL_TRACE_URL``):
     printed whole after the tables, as a URL in a table cell would be cut at the width."""
     found = []
-    for _seconds, trace_id, span_id, iteration in sorted(report.summary.slowest, reverse=True):
-        url = links.url(trace_id, span_id) if links is not None else None
+    ranks = len(report.summary.ranks)
+    for slow in sorted(report.summary.slowest, reverse=True):
+        url = links.url(slow.trace_id, slow.span_id) if links is not None else None
         if url:
-            found.append(f"iteration {iteration} in the trace backend: {url}")
+            found.append(f"{slow.where(ranks)} in the trace backend: {url}")
     return found
 
 
 def _slowest_table(report: Report) -> Table | None:
     if not report.summary.slowest:
         return None
-    slow = _table(
-        "Slowest exported iterations (open in Jaeger/Tempo by id)",
-        "iteration",
-        "time",
-        "trace id",
-        "span id",
-    )
-    for seconds, trace_id, span_id, iteration in sorted(report.summary.slowest, reverse=True):
-        slow.add_row(str(iteration), fmt_s(seconds), trace_id, span_id)
-    return slow
+    several = len(report.summary.ranks) > 1
+    columns = ("iteration", *(("rank",) if several else ()), "time", "trace id", "span id")
+    table = _table("Slowest exported iterations (open in Jaeger/Tempo by id)", *columns)
+    for slow in sorted(report.summary.slowest, reverse=True):
+        rank = (str(slow.rank),) if several else ()
+        table.add_row(str(slow.iteration), *rank, fmt_s(slow.seconds), slow.trace_id, slow.span_id)
+    return table
 
 
 def _ranks_tables(report: Report) -> list[Table]:

@@ -22,7 +22,7 @@ import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from traintel import semconv
 from traintel.analysis.links import TraceLinks
@@ -74,6 +74,20 @@ def _precedence(resource: Mapping[str, Any], time_ns: int) -> tuple[int, int, in
     (every rank carries the job's numbers), then the latest in time. File order must not
     decide: it is alphabetical, not chronological."""
     return (_count(resource, semconv.RESTART_COUNT), -_count(resource, semconv.RANK), time_ns)
+
+
+class SlowIteration(NamedTuple):
+    """An exported iteration among the slowest, ordered by its time."""
+
+    seconds: float
+    trace_id: str
+    span_id: str
+    iteration: int
+    rank: int  # 0 where the resource names none
+
+    def where(self, ranks: int) -> str:
+        """``"iteration 12"``, and ``" on rank 3"`` where the run has several ranks."""
+        return f"iteration {self.iteration}" + (f" on rank {self.rank}" if ranks > 1 else "")
 
 
 def _count(resource: Mapping[str, Any], key: str) -> int:
@@ -209,7 +223,7 @@ class RunSummary:
     #: metrics (``name -> last value``) of its latest loop that recorded any.
     last_evaluation: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=dict)
     exported_iterations: Counter[str] = field(default_factory=Counter)
-    slowest: list[tuple[float, str, str, int]] = field(default_factory=list)
+    slowest: list[SlowIteration] = field(default_factory=list)
     events: Counter[str] = field(default_factory=Counter)
     stats: ReadStats = field(default_factory=ReadStats)
     #: ``traintel.*`` self-telemetry: the last value of each series, per process.
@@ -268,11 +282,11 @@ class RunSummary:
         """An exported (sampled) iteration: counted by sampling reason, kept if among the slowest."""
         reason = str(span.attributes.get(semconv.SAMPLING_REASON, "foreign"))
         self.exported_iterations[reason] += 1
-        self._keep_slowest(
-            [(seconds, span.trace_id, span.span_id, int(span.attributes.get(semconv.ITERATION, -1)))]
-        )
+        iteration = int(span.attributes.get(semconv.ITERATION, -1))
+        rank = _count(span.resource, semconv.RANK)
+        self._keep_slowest([SlowIteration(seconds, span.trace_id, span.span_id, iteration, rank)])
 
-    def _keep_slowest(self, items: Iterable[tuple[float, str, str, int]]) -> None:
+    def _keep_slowest(self, items: Iterable[SlowIteration]) -> None:
         for item in items:
             if len(self.slowest) < self.keep_slowest:
                 heapq.heappush(self.slowest, item)
@@ -800,10 +814,10 @@ def _export_lines(summary: RunSummary, links: TraceLinks | None) -> list[str]:
         )
         exported = sum(summary.exported_iterations.values())
         lines.append(f"Iterations exported as spans{summed_over(summary)}: {exported} ({reasons})")
-        for seconds, trace_id, span_id, iteration in sorted(summary.slowest, reverse=True)[:3]:
-            lines.append(f"  slowest exported: iteration {iteration} {fmt_seconds(seconds)}")
-            lines.append(f"    trace {trace_id} span {span_id}")
-            url = links.url(trace_id, span_id) if links is not None else None
+        for slow in sorted(summary.slowest, reverse=True)[:3]:
+            lines.append(f"  slowest exported: {slow.where(len(summary.ranks))} {fmt_seconds(slow.seconds)}")
+            lines.append(f"    trace {slow.trace_id} span {slow.span_id}")
+            url = links.url(slow.trace_id, slow.span_id) if links is not None else None
             if url:
                 lines.append(f"    {url}")
     notable = {
