@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
 from traintel import semconv
@@ -222,31 +223,27 @@ def spans_in(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
                 yield _span_record(span, resource, scope_spans.scope.name)
 
 
+def _proto_series(metric: Metric) -> MetricSeries:
+    kind = metric.WhichOneof("data")
+    total = 0.0
+    last = 0
+    for point in getattr(metric, kind).data_points if kind is not None else ():
+        last = max(last, point.time_unix_nano)
+        if kind in ("gauge", "sum"):
+            total += point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
+    return MetricSeries(metric.name, kind, total, last)
+
+
 def metrics_records(request: ExportMetricsServiceRequest, names: str | None = "") -> list[MetricsRecord]:
     """The flat records of a metrics request decoded the proto way (what
     :func:`~traintel.exporters.json_records.decode` gives for a canonical line): the series of
     the metrics whose names start with ``names`` (None: none), the latest time of all."""
     out = []
     for resource_metrics in request.resource_metrics:
-        series = []
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                kind = metric.WhichOneof("data")
-                total = 0.0
-                last = 0
-                if kind is not None:
-                    for point in getattr(metric, kind).data_points:
-                        last = max(last, point.time_unix_nano)
-                        if kind in ("gauge", "sum"):
-                            is_double = point.WhichOneof("value") == "as_double"
-                            total += point.as_double if is_double else point.as_int
-                series.append(MetricSeries(metric.name, kind, total, last))
-        resource = attributes_dict(resource_metrics.resource.attributes)
-        record = MetricsRecord.of_series(resource, tuple(series))
-        if names != "":
-            kept = () if names is None else tuple(s for s in series if s.name.startswith(names))
-            record = MetricsRecord(resource, kept, record.last_time_ns)
-        out.append(record)
+        every = [_proto_series(m) for scope in resource_metrics.scope_metrics for m in scope.metrics]
+        kept = tuple(s for s in every if names is not None and s.name.startswith(names))
+        last = max((s.last_time_ns for s in every), default=0)
+        out.append(MetricsRecord(attributes_dict(resource_metrics.resource.attributes), kept, last))
     return out
 
 

@@ -49,11 +49,6 @@ class MetricsRecord:
     #: The latest ``time_unix_nano`` of its points (0 without points).
     last_time_ns: int
 
-    @classmethod
-    def of_series(cls, resource: dict[str, Any], series: tuple[MetricSeries, ...]) -> MetricsRecord:
-        """The record of a resource's series, its latest time theirs (both decoders' rule)."""
-        return cls(resource, series, max([s.last_time_ns for s in series], default=0))
-
 
 class EventRecord(NamedTuple):
     name: str
