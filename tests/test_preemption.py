@@ -17,6 +17,7 @@ import pytest
 from tests.subprocess_helpers import clean_env
 from traintel import semconv
 from traintel.analysis.goodput import compute_goodput, load_jobs
+from traintel.analysis.summary import summarize
 from traintel.exporters.reader import MetricsRecord, iter_records, iter_spans
 
 pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
@@ -469,3 +470,20 @@ def test_a_signal_while_the_training_thread_books_goodput_is_reported_fully(
         (save,) = [s for s in found if s.name == "checkpoint_save_sync"]
         assert save.is_error and save.attributes[semconv.END_REASON] == "preempted: SIGTERM"
         assert "goodput of 1 phase(s) ended by the preemption is not booked" in child.stderr, child.stderr
+
+
+@pytest.mark.parametrize("where", ["backward", "data_loading"])
+def test_a_preemption_exports_the_open_window_and_the_held_records(tmp_path: Path, where: str) -> None:
+    """With the shipped window floor (records of windows shorter than 30 s are held and leave
+    together), the iterations completed before the signal are all in the file: the loop's end
+    closes the open window, and its record and the held ones go out before the process dies.
+    Before, they were lost: the report showed no iteration, goodput booked the time as other."""
+    run = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM, TRAINTEL_WINDOW_MIN_SECONDS="30")
+    assert run.code == -signal.SIGTERM, run.err
+    assert "not finished" not in run.err and "Traceback" not in run.err, run.err
+    # iterations 0-5 completed; 6, cut short in its backward, is recorded as it ended (ERROR)
+    last = 6 if where == "backward" else 5
+    assert summarize([tmp_path / "runs"]).window_iterations == last + 1
+    (job,) = compute_goodput(load_jobs([tmp_path / "runs"]))[0].jobs
+    assert job.status == "preempted"
+    assert (job.first_iteration, job.last_iteration, job.inferred_tail) == (0, last, None)  # all in records

@@ -365,12 +365,21 @@ def _end_at_signal(
         engine.goodput.interrupted(_BOOKING_WAIT_S)
         _cut_training(engine, reason, received_ns, now)
     deadline = time.monotonic() + _PIPELINE_SHARE * telemetry.settings.shutdown_timeout
-    if telemetry.windows is not None:  # the closed windows' numbers go on the spans first
-        telemetry.windows.flush(_PIPELINE_SHARE * telemetry.settings.shutdown_timeout)
+    windows = telemetry.windows
+    if windows is not None:  # the closed windows' numbers go on the spans first
+        windows.flush(_PIPELINE_SHARE * telemetry.settings.shutdown_timeout)
+    if engine is not None and engine.loop is not None:
+        try:  # as the loop's own end would: its open window closes, its summary goes on it
+            engine.training_loop_closing(engine.loop, now)
+        except Exception:
+            _logger.exception("traintel: could not close the training loop's last window")
     for span in reversed(phase_spans):  # innermost first
         span.set_status(Status(StatusCode.ERROR, reason))
         span.set_attribute(semconv.END_REASON, reason)
         span.end(end_time=now)
+    if windows is not None:  # the last window's record and the ones held for the export floor
+        # go out, as at a normal exit
+        windows.close(max(0.0, deadline - time.monotonic()))
     if engine is not None and engine.goodput.bookings_lost:
         _logger.warning(
             "traintel: the goodput of %d phase(s) ended by the preemption is not booked (the training "
