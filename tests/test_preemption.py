@@ -487,3 +487,63 @@ def test_a_preemption_exports_the_open_window_and_the_held_records(tmp_path: Pat
     (job,) = compute_goodput(load_jobs([tmp_path / "runs"]))[0].jobs
     assert job.status == "preempted"
     assert (job.first_iteration, job.last_iteration, job.inferred_tail) == (0, last, None)  # all in records
+
+
+# Blocks the main thread inside C++ (a store wait for a key no one sets, as a rank does whose
+# peer died), or forks a child that it stops with SIGTERM and then goes on itself.
+BLOCKED_IN_CPP = textwrap.dedent(
+    """
+    import datetime, os, signal, sys, time
+    import torch.distributed as dist
+    import traintel
+
+    traintel.configure()
+    with traintel.application():
+        if sys.argv[1] == "blocked":
+            store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=600))
+            with traintel.dist_init():
+                print("ready", flush=True)
+                store.get("never-set")
+        else:
+            child = os.fork()
+            if child == 0:
+                time.sleep(60)
+                os._exit(0)
+            time.sleep(0.2)
+            os.kill(child, signal.SIGTERM)
+            _, status = os.waitpid(child, 0)
+            time.sleep(2 * 1.0)  # past the watch's grace: a signal it took for this process's would act
+            print("child", os.waitstatus_to_exitcode(status), "parent goes on", flush=True)
+    """
+)
+
+
+def test_sigterm_while_the_main_thread_waits_in_cpp_still_ends_the_job(tmp_path: Path) -> None:
+    """A Python handler runs only when the main thread returns to Python: stuck in a C++ wait,
+    the job ignored SIGTERM until the wait's timeout (without traintel it dies at once). The
+    signal is now noticed off the main thread: the report runs there and the job dies by it."""
+    run = run_and_signal(tmp_path, "blocked", "-", signal.SIGTERM, script_text=BLOCKED_IN_CPP)
+    assert run.code == -signal.SIGTERM, run.err
+    assert "Traceback" not in run.err, run.err
+    found = spans(tmp_path)
+    the_event(found)
+    for name in ("application", "dist_init"):
+        (span,) = [s for s in found if s.name == name]
+        assert span.is_error and span.attributes[semconv.END_REASON] == "preempted: SIGTERM", name
+
+
+def test_a_forked_childs_sigterm_is_not_its_parents(tmp_path: Path) -> None:
+    """The child's signals are its own: the parent's watch never sees them, so it goes on."""
+    script = tmp_path / "train.py"
+    script.write_text(BLOCKED_IN_CPP)
+    child = subprocess.run(
+        [sys.executable, str(script), "fork"],
+        check=False,
+        cwd=tmp_path,
+        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout == f"child {-signal.SIGTERM} parent goes on\n", child.stdout

@@ -17,6 +17,10 @@ signal arrives whose action would end the process:
 4. the signal is handed to the handler installed before traintel's, or re-raised with the
    default action, so the job exits exactly as it would have (same status, same signal).
 
+A main thread inside C++ (a collective that never returns) cannot run a Python handler: a
+watch notices the signal off it and, after a grace period, reports and ends the process from
+there (:mod:`traintel._runtime.signal_watch`); whichever of the two begins first reports.
+
 While traintel reports, the process's other Python-level signal handlers are held (see
 :class:`_Held`). A stop sent to the whole process group (Slurm, Kubernetes, ``kill -TERM -PGID``)
 also kills the DataLoader workers, and torch's SIGCHLD handler then raises "DataLoader worker
@@ -37,6 +41,7 @@ set to be ignored stays ignored. Handlers are installed once per process, from t
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
@@ -56,6 +61,7 @@ from traintel import semconv
 from traintel._recorder import active, clock
 from traintel._recorder.engine import TrainingEngine
 from traintel._recorder.record import IterationRecord, OpenStep, Terminated
+from traintel._runtime import signal_watch
 from traintel._runtime import state as _state
 from traintel._sdk.open_spans import OpenSpans
 
@@ -75,6 +81,7 @@ def install() -> None:
         if not _installed and threading.current_thread() is threading.main_thread():
             _take_signals()
             _installed = True
+            signal_watch.watch(SIGNALS, _stuck)
 
 
 def chain_later_handlers() -> None:
@@ -112,6 +119,7 @@ _pending: tuple[int, int, int | None] | None = None
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
+    signal_watch.handling(signum)
     engine = active.engine
     if engine is not None and engine.deferred_signal is None and _ending_an_iteration(frame):
         # handled as the iteration's end returns (see the module docstring)
@@ -143,6 +151,8 @@ def _handle_now(signum: int, frame: FrameType | None) -> None:
             if not ends_process and engine is not None and engine.app is not None:
                 # the job goes on: report when its application ends
                 _pending = (signum, received_ns, _last_completed(engine))
+            elif previous is signal.SIG_DFL and not _reporting.acquire(blocking=False):
+                threading.Event().wait()  # the watch reports this signal and ends the process
             else:
                 _report(signum, received_ns, end_spans=previous is signal.SIG_DFL)
         except Exception:  # never let telemetry change how the job stops
@@ -184,6 +194,39 @@ def _die(signum: int) -> None:
     """By the same signal, as without traintel."""
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+#: Taken by whichever reports a signal that ends the process: the main thread's handler, or
+#: the watch when that handler cannot run (see :mod:`traintel._runtime.signal_watch`).
+_reporting = threading.Lock()
+
+
+def _stuck(signum: int, received_ns: int) -> None:
+    """The main thread, inside C++, has not begun handling a signal whose default action ends
+    the process: the report runs here, then the process dies by the signal, as it would have."""
+    if _previous.get(signum, signal.SIG_DFL) is not signal.SIG_DFL or not _reporting.acquire(blocking=False):
+        return
+    _logger.warning(
+        "traintel: %s while the main thread is inside a call that does not return to Python; "
+        "reporting from another thread, then exiting by the signal",
+        signal.Signals(signum).name,
+    )
+    _report(signum, received_ns, end_spans=True)
+    _die_off_main(signum)
+
+
+def _die_off_main(signum: int) -> None:
+    """By the same signal from a thread other than the main one, where ``signal.signal`` may
+    not be called: the C library puts the default action back (the interpreter's own table of
+    handlers is left as it is: the process is ending)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(ctypes.c_int(signum), ctypes.c_void_p(0))  # SIG_DFL
+        os.kill(os.getpid(), signum)
+        time.sleep(1.0)  # (delivered at once; should it not be, the exit below)
+    finally:
+        os._exit(128 + signum)
 
 
 class _Held:
