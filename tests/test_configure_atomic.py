@@ -216,21 +216,19 @@ def test_automatic_configuration_says_which_value_and_leaves_nothing_half_built(
 
 
 @pytest.mark.process
-def test_automatic_configuration_leaves_out_only_the_metrics_a_bad_interval_stops(tmp_path: Path) -> None:
-    """Every periodic reader refuses the interval: metrics are left out, one line each saying
-    why, and the traces go on (one bad setting never turns everything off)."""
+def test_automatic_configuration_keeps_every_signal_when_the_interval_is_bad(tmp_path: Path) -> None:
+    """Every periodic reader would refuse the interval (which lost the run's metrics): it gets
+    the default instead, one line says so, and traces and metrics both go on."""
     result = run_python(AUTO_JOB, tmp_path, BAD_VARIABLE="OTEL_METRIC_EXPORT_INTERVAL", BAD_VALUE="0")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (
-        "traintel: OTEL_METRIC_EXPORT_INTERVAL='0': the periodic metric reader of exporter "
-        "'traintel_file' could not start: interval value 0.0 is invalid and needs to be larger than "
-        "zero. (going on without it)"
-    ) in result.stderr
-    assert "telemetry is off" not in result.stderr and "Traceback" not in result.stderr
+    said = "OTEL_METRIC_EXPORT_INTERVAL='0' is not a positive number of milliseconds; using the default"
+    assert result.stderr.count(f"traintel: {said}") == 1, result.stderr
+    assert "could not start" not in result.stderr and "Traceback" not in result.stderr
     report = _report(result.stdout)
     assert report["enabled"] is True and report["tracer_provider"] == "OwnedTracerProvider"
     [file] = (tmp_path / "traintel-runs").glob("*.otlp.jsonl")
-    assert '"training_iteration"' in file.read_text() or '"training_loop"' in file.read_text()
+    text = file.read_text()
+    assert ('"training_iteration"' in text or '"training_loop"' in text) and '"resourceMetrics"' in text
 
 
 @pytest.mark.process
@@ -389,6 +387,37 @@ with traintel.application():
     assert "Traceback" not in result.stderr, result.stderr
     names = [s.name for s in iter_spans([tmp_path / "runs"])]
     assert names.count("training_iteration") == 6 and "application" in names
+
+
+@pytest.mark.process
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_METRIC_EXPORT_INTERVAL", "-1000"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "abc"),
+        ("OTEL_METRIC_EXPORT_TIMEOUT", "0"),
+    ],
+)
+def test_a_bad_metric_reader_value_falls_back_to_the_default_and_keeps_the_metrics(
+    tmp_path: Path, variable: str, value: str
+) -> None:
+    """The automatic configuration: a bad interval or timeout is said once, naming the variable
+    and its value, and the run keeps its metrics (a negative interval lost them all, "abc" was
+    replaced by the SDK with a line that named neither)."""
+    job = """
+import traintel
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(6):
+            with traintel.training_iteration():
+                pass
+"""
+    result = run_python(job, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), **{variable: value})
+    assert result.returncode == 0, result.stderr
+    said = f"{variable}={value!r} is not a positive number of milliseconds; using the default"
+    assert result.stderr.count(said) == 1 and "invalid" not in result.stderr, result.stderr
+    (path,) = (tmp_path / "runs").glob("*.otlp.jsonl")
+    assert any(line.startswith(b'{"resourceMetrics"') for line in path.open("rb"))
 
 
 @pytest.mark.process

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import math
 import os
 import re
 import threading
@@ -749,6 +750,7 @@ class _OwnedBuild:
         """A periodic reader per metric exporter; network exporters' failures are counted (and
         said at exit)."""
         readers: list[MetricReader] = []
+        given = _reader_settings(self.environ, self.strict)
         for plan in plans:
             try:
                 built: MetricExporter | MetricReader = plan.factory()
@@ -759,15 +761,19 @@ class _OwnedBuild:
                 self.undo.append(built.shutdown)
                 readers.append(built)
                 continue
-            interval: float | None = None  # the SDK's: OTEL_METRIC_EXPORT_INTERVAL, else 60 s
+            interval = given.get("export_interval_millis")  # None: the SDK reads the variable
             if plan.name == FILE_EXPORTER:
                 bound: MetricExporter = ProcessBoundMetricExporter(built)
-                if not self.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip():
-                    interval = FILE_METRIC_EXPORT_INTERVAL_MILLIS
+                if interval is not None or not self.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip():
+                    interval = FILE_METRIC_EXPORT_INTERVAL_MILLIS  # unset or bad: the file's own
             else:
                 bound = CountingMetricExporter(built)
             try:
-                reader = PeriodicExportingMetricReader(bound, export_interval_millis=interval)
+                reader = PeriodicExportingMetricReader(
+                    bound,
+                    export_interval_millis=interval,
+                    export_timeout_millis=given.get("export_timeout_millis"),
+                )
             except Exception as exc:
                 self.undo.append(bound.shutdown)
                 what = f"the periodic metric reader of exporter {plan.name!r} could not start"
@@ -776,6 +782,35 @@ class _OwnedBuild:
             self.undo.append(reader.shutdown)
             readers.append(reader)
         return readers
+
+
+_READER_DEFAULTS = (
+    ("OTEL_METRIC_EXPORT_INTERVAL", "export_interval_millis", 60_000.0),
+    ("OTEL_METRIC_EXPORT_TIMEOUT", "export_timeout_millis", 30_000.0),
+)
+
+
+def _reader_settings(environ: Mapping[str, str], strict: bool) -> dict[str, float]:
+    """The periodic readers' arguments: a bad ``OTEL_METRIC_EXPORT_*`` value (not a positive
+    number) replaced by the SDK's default, and said once. Why: the SDK refuses a non-positive
+    interval outright, and the automatic configuration lost every metric of the run (text it
+    replaces without naming the variable). Explicit configuration leaves them to the SDK,
+    whose refusal it reports."""
+    settings: dict[str, float] = {}
+    for variable, keyword, default in _READER_DEFAULTS:
+        raw = environ.get(variable, "").strip()
+        if strict or not raw:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not 0 < value < math.inf:
+            _logger.warning(
+                "traintel: %s=%r is not a positive number of milliseconds; using the default", variable, raw
+            )
+            settings[keyword] = default
+    return settings
 
 
 def _batch_settings(environ: Mapping[str, str], strict: bool) -> dict[str, int]:
