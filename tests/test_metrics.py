@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,6 +272,29 @@ def test_async_checkpoint_blocking_and_background(owned: Any) -> None:
     assert update[C + "bytes.total"] == 1000
     summary = loop.attributes
     assert summary[semconv.SUMMARY_PREFIX + "checkpoint.save_time.total"] == pytest.approx(blocking_s)
+
+
+def test_an_async_save_given_a_path_is_measured_when_its_writer_finishes(
+    owned: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The file does not exist when the blocking part ends (the writer has not written it yet):
+    it is measured at the completion, not at the blocking end, which warned "could not measure
+    checkpoint size" for every async save given a path."""
+    job = owned(log_every_n_iterations=100)
+    path = tmp_path / "ckpt.pt"
+    with caplog.at_level(logging.WARNING, logger="traintel"), traintel.training_loop():
+        with traintel.training_iteration():
+            pass
+        save = traintel.checkpoint_save(strategy="async", path=path)
+        with save:
+            completion = save.completion()
+        path.write_bytes(b"x" * 1234)  # the background write
+        completion.finish(path=path)
+    assert "could not measure" not in caplog.text
+    (blocking,) = job.named("checkpoint_save_async")
+    (finalize,) = job.named("checkpoint_finalize")
+    assert semconv.CHECKPOINT_SIZE not in blocking.attributes
+    assert finalize.attributes[semconv.CHECKPOINT_SIZE] == 1234
 
 
 def test_async_checkpoint_inside_an_iteration_exports_and_links_it(owned: Any) -> None:

@@ -180,7 +180,8 @@ class CheckpointSavePhase(PhaseSpan):
         if self._completion is not None:
             self._completion._start_ns = end_ns
         size = self._size_bytes
-        if size is None and self._path is not None and exc is None:
+        if size is None and self._path is not None and exc is None and self._completion is None:
+            # (an async save's writer has not written the file yet: its finish measures it)
             size = _measured_size(engine, self._path)
         if not span.is_recording():
             return
