@@ -235,3 +235,35 @@ def test_two_ranks_exported_iterations_say_they_are_summed_over_the_ranks(tmp_pa
     listed = [(s["iteration"], s["rank"]) for s in report.as_dict()["slowest_iterations"]]
     assert listed == [(slow.iteration, slow.rank) for slow in sorted(report.summary.slowest, reverse=True)]
     assert {rank for _iteration, rank in listed} == {0, 1}
+
+
+FAILING_STEP = """
+import traintel
+with traintel.application():
+    with traintel.training_loop(train_iterations_start=0):
+        for i in range(20):
+            with traintel.training_iteration(samples=4):
+                with traintel.model_forward():
+                    if i == 12:
+                        raise RuntimeError("boom at 12")
+"""
+
+
+@pytest.mark.process
+def test_a_failed_iteration_and_its_failed_step_count_in_the_errors_column(tmp_path: Path) -> None:
+    """A job whose iteration 12 raises in its forward pass: the iteration and the forward step
+    are exported with ERROR status, and the phase table counts them in their rows' errors
+    (before, per-step rows were counted from the window events only and showed no error,
+    while the application and the loop above them did)."""
+    from tests.subprocess_helpers import run_python
+
+    done = run_python(FAILING_STEP, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"))
+    assert done.returncode == 1 and "boom at 12" in done.stderr
+    summary = summarize([tmp_path / "runs"])
+    rows = {row.phase: (row.count, row.errors) for row in phase_rows(summary)}
+    assert rows["application"] == (1, 1) and rows["training_loop"] == (1, 1)
+    assert rows["training_iteration"] == (13, 1)
+    assert rows["model_forward"] == (13, 1)
+    (line,) = [line for line in render(summary).splitlines() if line.startswith("training_iteration")]
+    assert line.endswith("%       1"), line  # the errors column
+    assert summary.exported_iterations == {"first": 10, "error": 1}
