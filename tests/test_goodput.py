@@ -299,6 +299,27 @@ def test_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     expect(rank1, 13, initialization=10, checkpoint_load=10, data_loading=3, program_startup=6, other=58)
 
 
+def test_a_rank_the_job_does_not_have_is_named_with_the_ranks_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``goodput --rank 5`` on a job of ranks 0 and 1 counts rank 0, and says so above the
+    figures, naming the option, its value and the job's ranks (before: rank 0's figures with
+    nothing said, read as rank 5's; only ``--json`` had ``rank_used``)."""
+    run_job(tmp_path, monkeypatch, clean_job, rank=0)
+    run_job(tmp_path, monkeypatch, slower_rank, rank=1)
+    assert cli.main(["goodput", str(tmp_path), "--rank", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3:5] == [
+        "  --rank 5: no rank 5 in job job-a, 0",
+        "    (its ranks: 0, 1); its rank 0 is counted instead",
+    ]
+    assert lines[5].startswith("  goodput ") and "21.00%" in lines[5]  # rank 0's
+    assert cli.main(["goodput", str(tmp_path), "--rank", "5", "--json"]) == 0
+    (data,) = json.loads(capsys.readouterr().out)["sessions"][0]["jobs"]
+    assert (data["ranks"], data["rank_used"], data["rank_missing"]) == ([0, 1], 0, 5)
+    assert one_session(tmp_path, rank=1).jobs[0].rank_missing is None  # a rank it has
+
+
 def job_with_async_save(job: Job) -> None:
     """Four 4 s iterations around an async save that blocks 1 s and finalizes in the background."""
     app = job.open("application", 0)

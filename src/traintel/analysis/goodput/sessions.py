@@ -68,6 +68,9 @@ class JobGoodput(_Share):
     unaccounted_after: int | None = None
     #: How far the wall clock stepped during the job (its durations stay right: see the text).
     wall_clock_step_s: float = 0.0
+    #: The rank asked for (``--rank``) where the job has none of that number: its lowest rank
+    #: counted instead, which the output must say (else it reads as the rank asked for).
+    rank_missing: int | None = None
 
 
 @dataclass
@@ -138,6 +141,7 @@ class SessionGoodput(_Share):
                     "restart": j.restart,
                     "ranks": j.ranks,
                     "rank_used": j.rank_used,
+                    "rank_missing": j.rank_missing,
                     "start_unix_nano": j.start_ns,
                     "end_unix_nano": j.end_ns,
                     "status": j.status,
@@ -227,6 +231,8 @@ def _session(
         for category, value in prorated.items():
             seconds[category] += value
         job_results.append(_job_result(job, process, windows, later, next_start))
+        if rank is not None and rank not in job.ranks:
+            job_results[-1].rank_missing = rank
     for category, value in totals_ns.items():
         seconds[category] += value / 1e9
     total_s = (b - a) / 1e9
