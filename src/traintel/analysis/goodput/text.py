@@ -90,9 +90,10 @@ def _step_time_lines(r: SessionGoodput, links: TraceLinks | None) -> list[str]:
             f"  last window deviation: p50 {last['p50']:+.1%}  p90 {last['p90']:+.1%}  p99 {last['p99']:+.1%}"
         )
     for entry in r.most_deviating:
-        lines.append(
-            f"    iteration {entry['iteration']}: {entry['seconds'] * 1e3:.1f} ms ({entry['deviation']:+.0%})"
-        )
+        ideal = entry["ideal_seconds"]
+        own = f" over its job's ideal {ideal * 1e3:.2f} ms" if ideal != r.ideal_step_time_s else ""
+        deviation = f"{entry['deviation']:+.0%}{own}"
+        lines.append(f"    iteration {entry['iteration']}: {entry['seconds'] * 1e3:.1f} ms ({deviation})")
         if "trace_id" in entry:
             lines.append(f"      trace {entry['trace_id']} span {entry['span_id']}")
             url = links.url(entry["trace_id"], entry["span_id"]) if links is not None else None
