@@ -194,9 +194,10 @@ def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
     assert "Iterations: 10 (the latest job's loop; mean and percentiles after warm-up)" in text
     assert "Checkpoints of the latest job: 1 saves" in text
     assert main(["report", str(tmp_path / "runs")]) == 0
-    assert "Iterations and throughput (the latest of 2 jobs; times and rates after warm-up)" in " ".join(
-        capsys.readouterr().out.split()
-    )
+    report = " ".join(capsys.readouterr().out.split())
+    assert "Iterations and throughput (the latest of 2 jobs; times and rates after warm-up)" in report
+    # the report's checkpoint table counts both jobs' saves, and says so
+    assert "Checkpoints (blocking time), summed over the 2 jobs saves 2 " in report
     # goodput counts both launches too (launched again, the second once took the first's place)
     jobs = sorted(load_jobs([tmp_path / "runs"]), key=lambda job: job.ranks[0].start_ns)
     assert [(job.restart, ran(job.ranks[0])) for job in jobs] == [
