@@ -215,7 +215,8 @@ class RunSummary:
     marked_last_iteration: int | None = None
     step_phase_s: dict[str, float] = field(default_factory=dict)
     #: Failed iterations and steps, per phase: counted from their exported spans, since the
-    #: window events count iterations but not failures (a failed iteration is always exported).
+    #: window events count iterations but not failures (a failed iteration is always exported,
+    #: unless ``TRAINTEL_EXPORT_ITERATIONS=none`` exports none).
     per_step_errors: Counter[str] = field(default_factory=Counter)
     #: The loops' ``ml.training.summary.*`` attributes, ordered by precedence (the last speaks).
     loop_summaries: list[tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=list)
@@ -560,7 +561,8 @@ class PhaseRow:
 def phase_rows(summary: RunSummary) -> list[PhaseRow]:
     """Wall time by phase, in span-tree order. Per-step phases come from the window events
     (every iteration counted), not from the tail-sampled iteration spans; their errors from
-    the exported spans (every failed one is exported). Shares are of :attr:`RunSummary.wall_s`."""
+    the exported spans (every failed one is, but with ``TRAINTEL_EXPORT_ITERATIONS=none``).
+    Shares are of :attr:`RunSummary.wall_s`."""
     total = summary.wall_s
 
     def share(seconds: float) -> float | None:
