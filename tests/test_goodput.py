@@ -28,7 +28,7 @@ import traintel
 from tests.conftest import Pipeline, parent_name
 from traintel import cli, semconv
 from traintel._aggregation.goodput import GoodputLedger, WindowGoodput
-from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
+from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs, render_goodput
 from traintel.exporters.file import OtlpJsonFileSpanExporter
 from traintel.semconv import BADPUT_CATEGORIES
 
@@ -181,6 +181,48 @@ def test_step_time_deviation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert "trace_id" in worst and "span_id" in worst  # the first iterations are exported
 
 
+def test_each_job_s_step_time_deviation_is_from_its_own_ideal_and_its_own_span(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session whose resumed job steps 4 times faster (another node, another config): each
+    job's iterations deviate from its own ideal step time, and the most deviating iteration's
+    span is its own job's, though both jobs ran an iteration 5 (before: every job's from the
+    last job's 1 s, job 1's 6 s iteration 5 at +500 % first, and both iteration 5 entries
+    pointing at the span read last, job 2's)."""
+    spans: dict[int, str] = {}
+
+    def steps(durations: list[float], first: int, start: float) -> Callable[[Job], None]:
+        def build(job: Job) -> None:
+            app = job.open("application", start)
+            loop = job.open("training_loop", start, app, **{semconv.TRAIN_ITERATIONS_START: first})
+            t = start
+            for number, seconds in enumerate(durations, first):
+                span = job.iteration(loop, number, t, t + seconds)
+                span.end(end_time=at(t + seconds))
+                if number == 5:
+                    spans[len(spans)] = format(span.get_span_context().span_id, "016x")
+                t += seconds
+            loop.end(end_time=at(t))
+            app.end(end_time=at(t))
+
+        return build
+
+    run_job(tmp_path, monkeypatch, steps([4, 4, 4, 4, 4, 6], 0, 0), restart=0)  # ideal 4 s
+    run_job(tmp_path, monkeypatch, steps([1, 2, 1, 1, 1, 1], 4, 50), restart=1)  # ideal 1 s
+    result = one_session(tmp_path)
+    assert result.ideal_step_time_s == 1  # the latest job's
+    first, second = result.most_deviating[:2]
+    listed = [(e["iteration"], e["seconds"], e["deviation"]) for e in (first, second)]
+    assert listed == [(5, 2, 1), (5, 6, 0.5)]
+    assert (second["span_id"], first["span_id"]) == (spans[0], spans[1])
+    assert [(e["restart"], e["ideal_seconds"]) for e in (first, second)] == [(1, 1), (0, 4)]
+    assert all(entry["deviation"] == 0 for entry in result.most_deviating[2:])
+    assert all(window["p50"] == 0 for window in result.recent_deviation if window["first_iteration"] != 4)
+    text = render_goodput([result])
+    assert "    iteration 5: 2000.0 ms (+100%)\n" in text
+    assert "    iteration 5: 6000.0 ms (+50% over its job's ideal 4000.00 ms)\n" in text
+
+
 def crashed_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second_restart: int = 1) -> None:
     def first(job: Job) -> None:  # killed at 45 s: application and loop never end
         app = job.open("application", 0)
@@ -297,6 +339,27 @@ def test_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     )  # fmt: skip
     rank1 = one_session(tmp_path, rank=1)
     expect(rank1, 13, initialization=10, checkpoint_load=10, data_loading=3, program_startup=6, other=58)
+
+
+def test_a_rank_the_job_does_not_have_is_named_with_the_ranks_it_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``goodput --rank 5`` on a job of ranks 0 and 1 counts rank 0, and says so above the
+    figures, naming the option, its value and the job's ranks (before: rank 0's figures with
+    nothing said, read as rank 5's; only ``--json`` had ``rank_used``)."""
+    run_job(tmp_path, monkeypatch, clean_job, rank=0)
+    run_job(tmp_path, monkeypatch, slower_rank, rank=1)
+    assert cli.main(["goodput", str(tmp_path), "--rank", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3:5] == [
+        "  --rank 5: no rank 5 in job job-a, 0",
+        "    (its ranks: 0, 1); its rank 0 is counted instead",
+    ]
+    assert lines[5].startswith("  goodput ") and "21.00%" in lines[5]  # rank 0's
+    assert cli.main(["goodput", str(tmp_path), "--rank", "5", "--json"]) == 0
+    (data,) = json.loads(capsys.readouterr().out)["sessions"][0]["jobs"]
+    assert (data["ranks"], data["rank_used"], data["rank_missing"]) == ([0, 1], 0, 5)
+    assert one_session(tmp_path, rank=1).jobs[0].rank_missing is None  # a rank it has
 
 
 def job_with_async_save(job: Job) -> None:

@@ -324,6 +324,26 @@ def test_report_memory_does_not_grow_with_the_input(tmp_path: Path, monkeypatch:
     assert large - small < 8 * 1024, (small, large, len(lines))
 
 
+def test_report_checkpoints_say_they_are_summed_over_the_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ranks saving once each (2 s, 1 MB): the report's table counts every save of every
+    rank (2), and now says so, as its phase table does (before: "saves 2" under a bare title,
+    while the summary's line, its loop's, says "Checkpoints of rank 0: 1 saves" and the guide
+    said the report's checkpoint figures were the latest job's)."""
+    two_ranks(tmp_path, monkeypatch)
+    code, out, _err = run_cli("report", str(tmp_path), capsys=capsys)
+    assert code == 0
+    table = out[out.index("Checkpoints") :].splitlines()
+    assert table[0].strip() == "Checkpoints (blocking time), summed over the 2 ranks"
+    rows = {line.split()[0]: line.split()[1:] for line in table[2:7] if line.strip()}
+    assert (rows["saves"], rows["total"]) == (["2"], ["4.00", "s"])
+    code, out, _err = run_cli("report", str(tmp_path), "--json", capsys=capsys)
+    checkpoints = json.loads(out)["checkpoints"]
+    assert (checkpoints["saves"], checkpoints["bytes_total"]) == (2, 2_000_000)
+    assert checkpoints["summed_over"] == {"jobs": 1, "ranks": 2}
+
+
 def saving(saves: int) -> Callable[[Job], None]:
     """One 1 s iteration then one save after another: save n lasts 0.5 s x (n % 4 + 1) and
     writes 1,000 x (n + 1) bytes."""

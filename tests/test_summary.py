@@ -194,9 +194,10 @@ def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
     assert "Iterations: 10 (the latest job's loop; mean and percentiles after warm-up)" in text
     assert "Checkpoints of the latest job: 1 saves" in text
     assert main(["report", str(tmp_path / "runs")]) == 0
-    assert "Iterations and throughput (the latest of 2 jobs; times and rates after warm-up)" in " ".join(
-        capsys.readouterr().out.split()
-    )
+    report = " ".join(capsys.readouterr().out.split())
+    assert "Iterations and throughput (the latest of 2 jobs; times and rates after warm-up)" in report
+    # the report's checkpoint table counts both jobs' saves, and says so
+    assert "Checkpoints (blocking time), summed over the 2 jobs saves 2 " in report
     # goodput counts both launches too (launched again, the second once took the first's place)
     jobs = sorted(load_jobs([tmp_path / "runs"]), key=lambda job: job.ranks[0].start_ns)
     assert [(job.restart, ran(job.ranks[0])) for job in jobs] == [
@@ -235,3 +236,35 @@ def test_two_ranks_exported_iterations_say_they_are_summed_over_the_ranks(tmp_pa
     listed = [(s["iteration"], s["rank"]) for s in report.as_dict()["slowest_iterations"]]
     assert listed == [(slow.iteration, slow.rank) for slow in sorted(report.summary.slowest, reverse=True)]
     assert {rank for _iteration, rank in listed} == {0, 1}
+
+
+FAILING_STEP = """
+import traintel
+with traintel.application():
+    with traintel.training_loop(train_iterations_start=0):
+        for i in range(20):
+            with traintel.training_iteration(samples=4):
+                with traintel.model_forward():
+                    if i == 12:
+                        raise RuntimeError("boom at 12")
+"""
+
+
+@pytest.mark.process
+def test_a_failed_iteration_and_its_failed_step_count_in_the_errors_column(tmp_path: Path) -> None:
+    """A job whose iteration 12 raises in its forward pass: the iteration and the forward step
+    are exported with ERROR status, and the phase table counts them in their rows' errors
+    (before, per-step rows were counted from the window events only and showed no error,
+    while the application and the loop above them did)."""
+    from tests.subprocess_helpers import run_python
+
+    done = run_python(FAILING_STEP, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"))
+    assert done.returncode == 1 and "boom at 12" in done.stderr
+    summary = summarize([tmp_path / "runs"])
+    rows = {row.phase: (row.count, row.errors) for row in phase_rows(summary)}
+    assert rows["application"] == (1, 1) and rows["training_loop"] == (1, 1)
+    assert rows["training_iteration"] == (13, 1)
+    assert rows["model_forward"] == (13, 1)
+    (line,) = [line for line in render(summary).splitlines() if line.startswith("training_iteration")]
+    assert line.endswith("%       1"), line  # the errors column
+    assert summary.exported_iterations == {"first": 10, "error": 1}

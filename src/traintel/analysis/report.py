@@ -563,7 +563,9 @@ class Report:
 
     def checkpoints(self) -> dict[str, Any]:
         """Every checkpoint save, synchronous or not, and load, from the summary's phase table (the
-        save records kept for the chart stop at :data:`CHECKPOINT_RECORDS`; these never do)."""
+        save records kept for the chart stop at :data:`CHECKPOINT_RECORDS`; these never do):
+        summed over every rank and job, which ``summed_over`` counts (the summary's checkpoint
+        line is one loop's, of one rank of the latest job)."""
         phases = self.summary.phases
         saves = PhaseStats()
         for phase in semconv.CHECKPOINT_SAVE_PHASES:
@@ -576,6 +578,7 @@ class Report:
             "bytes_total": self.save_bytes,
             "stages_s": self.stage_s,
             "loads": phases.get(Phase.CHECKPOINT_LOAD.value, PhaseStats()).count,
+            "summed_over": {"jobs": max(1, self.summary.jobs), "ranks": max(1, len(self.summary.ranks))},
         }
 
     def notices(self) -> list[tuple[str, float]]:

@@ -167,7 +167,8 @@ def _checkpoint_table(report: Report) -> Table | None:
     if not (report.saves or report.stage_s):
         return None
     data = report.checkpoints()
-    ckpt = _table("Checkpoints (blocking time)", "", "")
+    # every save of every rank and job, as the phase table: the summary's line is one loop's
+    ckpt = _table("Checkpoints (blocking time)" + summed_over(report.summary), "", "")
     ckpt.add_row("saves", fmt_num(data["saves"]))
     ckpt.add_row("total", fmt_s(data["save_time_total_s"]))
     ckpt.add_row("mean", fmt_s(data["save_time_mean_s"]))

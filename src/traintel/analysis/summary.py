@@ -214,6 +214,10 @@ class RunSummary:
     marked_iterations: int = 0
     marked_last_iteration: int | None = None
     step_phase_s: dict[str, float] = field(default_factory=dict)
+    #: Failed iterations and steps, per phase: counted from their exported spans, since the
+    #: window events count iterations but not failures (a failed iteration is always exported,
+    #: unless ``TRAINTEL_EXPORT_ITERATIONS=none`` exports none).
+    per_step_errors: Counter[str] = field(default_factory=Counter)
     #: The loops' ``ml.training.summary.*`` attributes, ordered by precedence (the last speaks).
     loop_summaries: list[tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=list)
     last_window: dict[str, Any] = field(default_factory=dict)
@@ -273,8 +277,9 @@ class RunSummary:
         seconds = span.duration_s
         if phase == Phase.TRAINING_ITERATION:
             self._exported_iteration(span, seconds)
-        if phase in _PER_STEP:
-            return  # counted from the window events, not from the sampled spans
+        if phase in _PER_STEP:  # counted from the window events, not from the sampled spans
+            self.per_step_errors[phase] += span.is_error
+            return
         self._phase(extent, phase, seconds, span)
         self._outer(extent, phase, seconds, span)
 
@@ -408,6 +413,7 @@ class RunSummary:
         for short, seconds in later.step_phase_s.items():
             self.step_phase_s[short] = self.step_phase_s.get(short, 0.0) + seconds
         self.exported_iterations.update(later.exported_iterations)
+        self.per_step_errors.update(later.per_step_errors)
         self._keep_slowest(later.slowest)
         self.events.update(later.events)
         self.stats.merge(later.stats)
@@ -554,8 +560,9 @@ class PhaseRow:
 
 def phase_rows(summary: RunSummary) -> list[PhaseRow]:
     """Wall time by phase, in span-tree order. Per-step phases come from the window events
-    (every iteration counted), not from the tail-sampled iteration spans. Shares are of
-    :attr:`RunSummary.wall_s`."""
+    (every iteration counted), not from the tail-sampled iteration spans; their errors from
+    the exported spans (every failed one is, but with ``TRAINTEL_EXPORT_ITERATIONS=none``).
+    Shares are of :attr:`RunSummary.wall_s`."""
     total = summary.wall_s
 
     def share(seconds: float) -> float | None:
@@ -567,7 +574,7 @@ def phase_rows(summary: RunSummary) -> list[PhaseRow]:
         rows.append(
             PhaseRow(name, stats.count, stats.total_s, stats.mean_s, stats.max_s, shown, stats.errors)
         )
-    n = summary.window_iterations
+    n, errors = summary.window_iterations, summary.per_step_errors
     if n:
         seconds = summary.window_iteration_s
         rows.append(
@@ -578,13 +585,13 @@ def phase_rows(summary: RunSummary) -> list[PhaseRow]:
                 seconds / n,
                 summary.window_iteration_max_s,
                 share(seconds),
-                0,
+                errors[Phase.TRAINING_ITERATION.value],
             )
         )
         for short, phase in _STEP_PHASES:
             seconds = summary.step_phase_s.get(short, 0.0)
             if seconds:
-                rows.append(PhaseRow(phase, n, seconds, seconds / n, None, share(seconds), 0))
+                rows.append(PhaseRow(phase, n, seconds, seconds / n, None, share(seconds), errors[phase]))
     return sorted(rows, key=lambda r: _PHASE_ORDER.get(r.phase, 99))
 
 

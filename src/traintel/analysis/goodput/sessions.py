@@ -68,6 +68,9 @@ class JobGoodput(_Share):
     unaccounted_after: int | None = None
     #: How far the wall clock stepped during the job (its durations stay right: see the text).
     wall_clock_step_s: float = 0.0
+    #: The rank asked for (``--rank``) where the job has none of that number: its lowest rank
+    #: counted instead, which the output must say (else it reads as the rank asked for).
+    rank_missing: int | None = None
 
 
 @dataclass
@@ -138,6 +141,7 @@ class SessionGoodput(_Share):
                     "restart": j.restart,
                     "ranks": j.ranks,
                     "rank_used": j.rank_used,
+                    "rank_missing": j.rank_missing,
                     "start_unix_nano": j.start_ns,
                     "end_unix_nano": j.end_ns,
                     "status": j.status,
@@ -227,6 +231,8 @@ def _session(
         for category, value in prorated.items():
             seconds[category] += value
         job_results.append(_job_result(job, process, windows, later, next_start))
+        if rank is not None and rank not in job.ranks:
+            job_results[-1].rank_missing = rank
     for category, value in totals_ns.items():
         seconds[category] += value / 1e9
     total_s = (b - a) / 1e9
@@ -248,7 +254,7 @@ def _session(
         scheduling_gap_s=scheduling_gap_ns / 1e9,
     )
     _model_goodput(result, windows)
-    _step_time(result, windows, refs)
+    _step_time(result, ref_windows, refs)
     result.energy_j = _session_energy(jobs)
     return result
 
@@ -377,10 +383,18 @@ def _model_goodput(result: SessionGoodput, windows: list[Window]) -> None:
         result.model_flops_utilization = flops / useful
 
 
-def _step_time(result: SessionGoodput, windows: list[Window], refs: list[Process], recent: int = 10) -> None:
-    ideal = next((w.ideal for w in reversed(windows) if w.ideal), None)
-    result.ideal_step_time_s = ideal
-    if not ideal:
+def _step_time(
+    result: SessionGoodput, ref_windows: list[list[Window]], refs: list[Process], recent: int = 10
+) -> None:
+    """Each job's windows against its own ideal step time (its last window's): a resumed job
+    on another node or config steps at its own pace, and the last job's ideal would make every
+    earlier iteration look slow or fast. The session shows the latest job's ideal."""
+    ideals = [next((w.ideal for w in reversed(ws) if w.ideal), None) for ws in ref_windows]
+    result.ideal_step_time_s = next((ideal for ideal in reversed(ideals) if ideal), None)
+    pairs = enumerate(zip(ref_windows, ideals, strict=True))
+    own = [(job, w, ideal) for job, (ws, ideal) in pairs if ideal for w in ws]
+    own.sort(key=lambda item: item[1].end_ns)
+    if not own:
         return
     result.recent_deviation = [
         {
@@ -390,29 +404,36 @@ def _step_time(result: SessionGoodput, windows: list[Window], refs: list[Process
             "p90": w.p90 / ideal - 1,
             "p99": w.p99 / ideal - 1,
         }
-        for w in [w for w in windows if w.quantiles][-recent:]
+        for _job, w, ideal in [item for item in own if item[1].quantiles][-recent:]
     ]
-    result.most_deviating = _most_deviating(windows, refs, ideal)
+    result.most_deviating = _most_deviating(result, own, refs)
 
 
-def _most_deviating(windows: list[Window], refs: list[Process], ideal: float) -> list[dict[str, Any]]:
-    """The five slowest iterations the windows name, with their deviation from the ideal step
-    and, where exported, their trace and span ids."""
-    worst = heapq.nlargest(5, (w for w in windows if w.slowest is not None), key=lambda w: w.max_s)
-    wanted = {w.slowest for w in worst}
-    exported: dict[int, tuple[str, str]] = {}  # exported twice: the later one, as read in order
-    for process in refs:
+def _most_deviating(
+    result: SessionGoodput, own: list[tuple[int, Window, float]], refs: list[Process]
+) -> list[dict[str, Any]]:
+    """The five iterations the windows name that deviate most from their job's ideal step, with
+    their job and, where exported, their trace and span ids: the job's own (iteration numbers
+    repeat across the jobs of a resumed session)."""
+    named = (item for item in own if item[1].slowest is not None)
+    worst = heapq.nlargest(5, named, key=lambda item: item[1].max_s / item[2])
+    wanted = {(job, w.slowest) for job, w, _ideal in worst}
+    exported: dict[tuple[int, int], tuple[str, str]] = {}  # exported twice: the later one, as read
+    for job, process in enumerate(refs):
         for number, _start, _end, high, low, span_id in process.iterations:
-            if number in wanted:
-                exported[number] = (trace_hex(high, low), span_hex(span_id))
+            if (job, number) in wanted:
+                exported[(job, number)] = (trace_hex(high, low), span_hex(span_id))
     out = []
-    for w in worst:
+    for job, w, ideal in worst:
         entry: dict[str, Any] = {
             "iteration": w.slowest,
             "seconds": w.max_s,
             "deviation": w.max_s / ideal - 1,
+            "ideal_seconds": ideal,
+            "run_id": result.jobs[job].run_id,
+            "restart": result.jobs[job].restart,
         }
-        ids = exported.get(w.slowest) if w.slowest is not None else None
+        ids = exported.get((job, w.slowest)) if w.slowest is not None else None
         if ids is not None:
             entry["trace_id"], entry["span_id"] = ids
         out.append(entry)

@@ -28,6 +28,7 @@ def render_goodput(results: list[SessionGoodput], links: TraceLinks | None = Non
         lines.append(
             f"  {len(r.jobs)} job(s), {r.disruptions} disruption(s), last iteration {r.last_iteration}"
         )
+        lines.extend(_rank_missing_lines(r.jobs))
         lines.append(f"  {'goodput':<32}{r.goodput:8.2%}{r.productive_s:12.1f} s  {_bar(r.goodput)}")
         for category in BADPUT_CATEGORIES:
             share = r.badput(category)
@@ -53,6 +54,26 @@ def render_goodput(results: list[SessionGoodput], links: TraceLinks | None = Non
     return "\n".join(lines).rstrip()
 
 
+def _rank_missing_lines(jobs: list[JobGoodput]) -> list[str]:
+    """``--rank N`` that names no rank of a job: said before the figures, which are then of
+    another rank."""
+    lines = []
+    for j in jobs:
+        asked = j.rank_missing
+        if asked is not None:
+            lines.append(f"  --rank {asked}: no rank {asked} in job {j.run_id}, {j.restart}")
+            ranks = _ranks_text(j.ranks)
+            lines.append(f"    (its ranks: {ranks}); its rank {j.rank_used} is counted instead")
+    return lines
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``0-63`` for a run of ranks, else ``0, 2, 5``."""
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
 def _energy_line(energy: dict[str, float]) -> str:
     total = energy["total"]
     parts = ", ".join(f"{k} {v / total:.1%}" for k, v in energy.items() if k != "total" and v)
@@ -69,9 +90,10 @@ def _step_time_lines(r: SessionGoodput, links: TraceLinks | None) -> list[str]:
             f"  last window deviation: p50 {last['p50']:+.1%}  p90 {last['p90']:+.1%}  p99 {last['p99']:+.1%}"
         )
     for entry in r.most_deviating:
-        lines.append(
-            f"    iteration {entry['iteration']}: {entry['seconds'] * 1e3:.1f} ms ({entry['deviation']:+.0%})"
-        )
+        ideal = entry["ideal_seconds"]
+        own = f" over its job's ideal {ideal * 1e3:.2f} ms" if ideal != r.ideal_step_time_s else ""
+        deviation = f"{entry['deviation']:+.0%}{own}"
+        lines.append(f"    iteration {entry['iteration']}: {entry['seconds'] * 1e3:.1f} ms ({deviation})")
         if "trace_id" in entry:
             lines.append(f"      trace {entry['trace_id']} span {entry['span_id']}")
             url = links.url(entry["trace_id"], entry["span_id"]) if links is not None else None
