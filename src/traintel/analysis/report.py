@@ -47,6 +47,7 @@ from traintel.exporters.reader import (
 from traintel.semconv import Phase
 
 _W = semconv.WINDOW_PREFIX
+_FINALIZE = Phase.CHECKPOINT_FINALIZE.value
 _METRIC = _W + "metric."
 #: Points kept per series (per process); beyond it adjacent windows merge.
 SERIES_POINTS = 256
@@ -485,12 +486,14 @@ class Report:
             self.timeline.append(Interval(process.key, phase, span.start_ns, span.end_ns, span.is_error))
         else:
             self.timeline_dropped += 1
-        if phase in semconv.CHECKPOINT_SAVE_PHASES:
-            self._add_save(process, phase, span)
-
-    def _add_save(self, process: Process, phase: str, span: SpanRecord) -> None:
         size = span.attributes.get(semconv.CHECKPOINT_SIZE)
         size_bytes = float(size) if isinstance(size, int | float) else None
+        if phase in semconv.CHECKPOINT_SAVE_PHASES:
+            self._add_save(process, phase, span, size_bytes)
+        elif phase == _FINALIZE:  # an async save's bytes, known when its writer finished
+            self.save_bytes += size_bytes or 0.0
+
+    def _add_save(self, process: Process, phase: str, span: SpanRecord, size_bytes: float | None) -> None:
         self.save_bytes += size_bytes or 0.0
         if len(self.saves) < CHECKPOINT_RECORDS:
             iteration = span.attributes.get(semconv.CHECKPOINT_ITERATION)

@@ -53,6 +53,9 @@ _PER_STEP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semc
 _EVALUATION_LOOPS = {Phase.VALIDATION_LOOP.value, Phase.TESTING_LOOP.value}
 _EVAL_METRIC = semconv.EVAL_PREFIX + "metric."
 
+#: Phases without a share of the wall time: the whole of it, and time spent beside training
+#: (an async save's background write runs while the loop goes on).
+_NO_SHARE = {Phase.APPLICATION.value, Phase.CHECKPOINT_FINALIZE.value}
 #: The width every line keeps to where it can (an 80-column terminal); ids get lines of their own.
 _COLUMNS_WIDE = 80
 #: Decimals of the smallest fraction ``plain_number`` spells out (``0.000…01``); below it, 0.
@@ -570,7 +573,7 @@ def phase_rows(summary: RunSummary) -> list[PhaseRow]:
 
     rows: list[PhaseRow] = []
     for name, stats in summary.phases.items():
-        shown = share(stats.total_s) if name != Phase.APPLICATION else None
+        shown = share(stats.total_s) if name not in _NO_SHARE else None
         rows.append(
             PhaseRow(name, stats.count, stats.total_s, stats.mean_s, stats.max_s, shown, stats.errors)
         )
