@@ -17,6 +17,7 @@ from traintel.analysis.goodput.process import ran
 from traintel.analysis.summary import phase_rows, render, summarize
 from traintel.cli import main
 from traintel.exporters.file import OtlpJsonFileSpanExporter, OtlpJsonLinesFile
+from traintel.exporters.reader import iter_spans
 
 T0 = 1_700_000_000_000  # ms
 
@@ -268,3 +269,38 @@ def test_a_failed_iteration_and_its_failed_step_count_in_the_errors_column(tmp_p
     (line,) = [line for line in render(summary).splitlines() if line.startswith("training_iteration")]
     assert line.endswith("%       1"), line  # the errors column
     assert summary.exported_iterations == {"first": 10, "error": 1}
+
+
+@pytest.mark.process
+def test_plain_opentelemetry_iterations_are_numbered_and_their_loop_is_named(tmp_path: Path) -> None:
+    """The documented plain OpenTelemetry loop (spans carrying ``ml.training.phase`` alone):
+    its iteration spans get their numbers, as the windows count them (before: every slowest
+    exported iteration was -1), and the summary says why its loop has no percentiles rather
+    than "so far" for a loop that ended."""
+    from tests.subprocess_helpers import run_python
+
+    done = run_python(
+        """
+        from opentelemetry import trace
+        import traintel
+
+        traintel.configure()
+        tracer = trace.get_tracer("my-trainer")
+        loop = {"ml.training.phase": "training_loop"}
+        with tracer.start_as_current_span("training_loop", attributes=loop):
+            for step in range(10):
+                phase = {"ml.training.phase": "training_iteration"}
+                with tracer.start_as_current_span("training_iteration", attributes=phase):
+                    traintel.record_metrics(loss=0.3)
+        traintel.shutdown()
+        """,
+        tmp_path,
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+    )
+    assert done.returncode == 0, done.stderr
+    spans = [s for s in iter_spans([tmp_path / "runs"]) if s.name == "training_iteration"]
+    assert sorted(s.attributes[semconv.ITERATION] for s in spans) == list(range(10))
+    summary = summarize([tmp_path / "runs"])
+    assert {slow.iteration for slow in summary.slowest} <= set(range(10)) and len(summary.slowest) == 5
+    text = " ".join(render(summary).split())
+    assert "Iterations: 10 in 1 window(s) (its loop span is not traintel's" in text and "so far" not in text

@@ -787,6 +787,10 @@ class TrainingEngine:
         self.foreign_loop = None
         self.windows.close(final=True, ended_loop=NonRecordingSpan(context))
 
+    def next_foreign_iteration(self) -> int:
+        """The number a foreign iteration span starting now gets where it carries none."""
+        return self.window.iterations_seen
+
     def foreign_iteration(
         self, span: Any, duration_ns: int, steps: list[int] | None, loop_span: Span | None
     ) -> None:

@@ -56,6 +56,8 @@ class SpanEngine(Protocol):
 
     def foreign_loop_ended(self, context: SpanContext) -> None: ...
 
+    def next_foreign_iteration(self) -> int: ...
+
     def nested_in_iteration(self, duration_ns: int) -> None: ...
 
     def checkpoint_saved(
@@ -129,6 +131,8 @@ class TrainingMetricsProcessor(SpanProcessor):
                 self._keep_enclosing_iteration(engine, span, phase)
         if phase == _TRAINING_ITERATION and not self._is_own(span):
             self._foreign_steps[span_id] = [0, 0, 0, 0]
+            if semconv.ITERATION not in (span.attributes or {}):  # numbered as the window counts it
+                span.set_attribute(semconv.ITERATION, engine.next_foreign_iteration())
 
     def on_end(self, span: ReadableSpan) -> None:
         context = span.get_span_context()

@@ -221,6 +221,8 @@ class RunSummary:
     #: window events count iterations but not failures (a failed iteration is always exported,
     #: unless ``TRAINTEL_EXPORT_ITERATIONS=none`` exports none).
     per_step_errors: Counter[str] = field(default_factory=Counter)
+    #: Training loop spans another tracer than traintel's made (they carry no loop summary).
+    foreign_loops: int = 0
     #: The loops' ``ml.training.summary.*`` attributes, ordered by precedence (the last speaks).
     loop_summaries: list[tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=list)
     last_window: dict[str, Any] = field(default_factory=dict)
@@ -307,6 +309,8 @@ class RunSummary:
         if phase == Phase.APPLICATION:
             self.application_s += seconds
             extent.application_s += seconds
+        elif phase == Phase.TRAINING_LOOP and span.scope != semconv.INSTRUMENTATION_SCOPE:
+            self.foreign_loops += 1
         elif phase == Phase.TRAINING_LOOP and _S + "iterations" in span.attributes:
             loop = {k: v for k, v in span.attributes.items() if k.startswith(_S)}
             at = _precedence(resource, span.end_ns)
@@ -417,6 +421,7 @@ class RunSummary:
             self.step_phase_s[short] = self.step_phase_s.get(short, 0.0) + seconds
         self.exported_iterations.update(later.exported_iterations)
         self.per_step_errors.update(later.per_step_errors)
+        self.foreign_loops += later.foreign_loops
         self._keep_slowest(later.slowest)
         self.events.update(later.events)
         self.stats.merge(later.stats)
@@ -687,12 +692,17 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
     marked = summary.marked_iterations
     if iterations is None and not n and not marked:
         return []
-    if value("iteration_time.mean") is None and (n or marked):  # the loop has not ended
+    if value("iteration_time.mean") is None and (n or marked):  # no loop summary (yet)
+        ended = summary.foreign_loops > 0  # a loop span of the user's own: no summary comes
+        why = (
+            "(its loop span is not traintel's: the percentiles come with traintel's training_loop)"
+            if ended
+            else "so far (the run's percentiles come with the end of its loop)"
+        )
         lines = [""]
         if n:
             lines += [
-                f"Iterations: {plain_number(n)} in {plain_number(summary.windows)} window(s) so far (the "
-                "run's percentiles come with the end of its loop)",
+                f"Iterations: {plain_number(n)} in {plain_number(summary.windows)} window(s) {why}",
                 f"  mean {fmt_seconds(summary.window_iteration_s / n)}  "
                 f"max {fmt_seconds(summary.window_iteration_max_s)}",
             ]
