@@ -194,6 +194,14 @@ def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
     assert "Wall time by phase, summed over the 2 jobs:" in text
     assert "Iterations: 10 (the latest job's loop; mean and percentiles after warm-up)" in text
     assert "Checkpoints of the latest job: 1 saves" in text
+    # iteration numbers repeat after a resume: each slowest exported iteration names its job,
+    # and the phase table's max is never below it
+    for slow in sorted(summary.slowest, reverse=True)[:3]:
+        assert f"slowest exported: iteration {slow.iteration} of job job-42, restart {slow.restart} " in text
+    rows = {row.phase: row for row in phase_rows(summary)}
+    assert rows["training_iteration"].max_s == max(
+        [summary.window_iteration_max_s, *(slow.seconds for slow in summary.slowest)]
+    )
     assert main(["report", str(tmp_path / "runs")]) == 0
     report = " ".join(capsys.readouterr().out.split())
     assert "Iterations and throughput (the latest of 2 jobs; times and rates after warm-up)" in report

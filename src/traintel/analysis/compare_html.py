@@ -159,7 +159,7 @@ def _slowest(reports: list[Report], links: TraceLinks | None) -> str:
     rows = [
         f"<tr><td>{letter(n)}</td><td>{it:,}</td><td>{_e(fmt_s(sec))}</td>{trace_cell(t, sp, links)}</tr>"
         for n, report in enumerate(reports)
-        for sec, t, sp, it, _rank in sorted(report.summary.slowest, reverse=True)[:3]
+        for sec, t, sp, it, *_where in sorted(report.summary.slowest, reverse=True)[:3]
     ]
     if not rows:
         return '<p class="none">none exported</p>'

@@ -663,8 +663,16 @@ class Report:
             "checkpoints": self.checkpoints(),
             "goodput": [g.as_dict() for g in self.goodput],
             "slowest_iterations": [
-                {"iteration": it, "rank": rank, "seconds": sec, "trace_id": t, "span_id": sp}
-                for sec, t, sp, it, rank in sorted(s.slowest, reverse=True)
+                {
+                    "iteration": x.iteration,
+                    "rank": x.rank,
+                    "run_id": x.run_id,
+                    "restart": x.restart,
+                    "seconds": x.seconds,
+                    "trace_id": x.trace_id,
+                    "span_id": x.span_id,
+                }
+                for x in sorted(s.slowest, reverse=True)
             ],
             "exported_iterations": s.exported_iterations,
             "warnings": self.warnings,

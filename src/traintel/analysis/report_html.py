@@ -667,7 +667,7 @@ def _headline_rows(s: RunSummary) -> str:
 
 def _slowest_rows(s: RunSummary, links: TraceLinks | None) -> str:
     return "".join(
-        f"<tr><td>{_e(slow.where(len(s.ranks)).removeprefix('iteration '))}</td>"
+        f"<tr><td>{_e(slow.where(s).removeprefix('iteration '))}</td>"
         f"<td>{_e(fmt_s(slow.seconds))}</td>{trace_cell(slow.trace_id, slow.span_id, links)}"
         f"<td><code>{_e(slow.span_id)}</code></td></tr>"
         for slow in sorted(s.slowest, reverse=True)

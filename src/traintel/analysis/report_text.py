@@ -207,11 +207,10 @@ def trace_links(report: Report, links: TraceLinks | None) -> list[str]:
     """Each slowest exported iteration's link into the trace backend (``TRAINTEL_TRACE_URL``):
     printed whole after the tables, as a URL in a table cell would be cut at the width."""
     found = []
-    ranks = len(report.summary.ranks)
     for slow in sorted(report.summary.slowest, reverse=True):
         url = links.url(slow.trace_id, slow.span_id) if links is not None else None
         if url:
-            found.append(f"{slow.where(ranks)} in the trace backend: {url}")
+            found.append(f"{slow.where(report.summary)} in the trace backend: {url}")
     return found
 
 
@@ -220,7 +219,8 @@ def _slowest_table(report: Report) -> Table | None:
         return None
     several = len(report.summary.ranks) > 1
     columns = ("iteration", *(("rank",) if several else ()), "time", "trace id", "span id")
-    table = _table("Slowest exported iterations (open in Jaeger/Tempo by id)", *columns)
+    jobs = ", of every job (their run ids: --json)" if report.summary.jobs > 1 else ""
+    table = _table(f"Slowest exported iterations{jobs} (open in Jaeger/Tempo by id)", *columns)
     for slow in sorted(report.summary.slowest, reverse=True):
         rank = (str(slow.rank),) if several else ()
         table.add_row(str(slow.iteration), *rank, fmt_s(slow.seconds), slow.trace_id, slow.span_id)

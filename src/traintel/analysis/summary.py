@@ -87,10 +87,16 @@ class SlowIteration(NamedTuple):
     span_id: str
     iteration: int
     rank: int  # 0 where the resource names none
+    run_id: str
+    restart: int
 
-    def where(self, ranks: int) -> str:
-        """``"iteration 12"``, and ``" on rank 3"`` where the run has several ranks."""
-        return f"iteration {self.iteration}" + (f" on rank {self.rank}" if ranks > 1 else "")
+    def where(self, summary: RunSummary) -> str:
+        """``"iteration 12"``, ``" on rank 3"`` where the run has several ranks, and the job's
+        run id and restart count where it has several jobs (iteration numbers repeat after a
+        resume)."""
+        rank = f" on rank {self.rank}" if len(summary.ranks) > 1 else ""
+        job = f" of job {self.run_id}, restart {self.restart}" if summary.jobs > 1 else ""
+        return f"iteration {self.iteration}{rank}{job}"
 
 
 def _count(resource: Mapping[str, Any], key: str) -> int:
@@ -293,8 +299,12 @@ class RunSummary:
         reason = str(span.attributes.get(semconv.SAMPLING_REASON, "foreign"))
         self.exported_iterations[reason] += 1
         iteration = int(span.attributes.get(semconv.ITERATION, -1))
-        rank = _count(span.resource, semconv.RANK)
-        self._keep_slowest([SlowIteration(seconds, span.trace_id, span.span_id, iteration, rank)])
+        resource = span.resource
+        run_id, restart = str(resource.get(semconv.RUN_ID, "")), _count(resource, semconv.RESTART_COUNT)
+        slow = SlowIteration(
+            seconds, span.trace_id, span.span_id, iteration, _count(resource, semconv.RANK), run_id, restart
+        )
+        self._keep_slowest([slow])
 
     def _keep_slowest(self, items: Iterable[SlowIteration]) -> None:
         for item in items:
@@ -591,7 +601,8 @@ def phase_rows(summary: RunSummary) -> list[PhaseRow]:
                 n,
                 seconds,
                 seconds / n,
-                summary.window_iteration_max_s,
+                # an exported iteration the windows lost (a killed job's last ones) may be slower
+                max([summary.window_iteration_max_s, *(slow.seconds for slow in summary.slowest)]),
                 share(seconds),
                 errors[Phase.TRAINING_ITERATION.value],
             )
@@ -835,7 +846,7 @@ def _export_lines(summary: RunSummary, links: TraceLinks | None) -> list[str]:
         exported = sum(summary.exported_iterations.values())
         lines.append(f"Iterations exported as spans{summed_over(summary)}: {exported} ({reasons})")
         for slow in sorted(summary.slowest, reverse=True)[:3]:
-            lines.append(f"  slowest exported: {slow.where(len(summary.ranks))} {fmt_seconds(slow.seconds)}")
+            lines.append(f"  slowest exported: {slow.where(summary)} {fmt_seconds(slow.seconds)}")
             lines.append(f"    trace {slow.trace_id} span {slow.span_id}")
             url = links.url(slow.trace_id, slow.span_id) if links is not None else None
             if url:
