@@ -345,6 +345,14 @@ def test_a_header_variable_is_named_without_its_value(caplog: pytest.LogCaptureF
 
 
 _DEFAULT_USED = "is not a positive integer; using the SDK's default"
+SIX_ITERATIONS = """
+import traintel
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(6):
+            with traintel.training_iteration():
+                pass
+"""
 _BATCH = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 
 
@@ -367,16 +375,8 @@ def test_a_bad_batch_processor_value_falls_back_to_the_default_and_loses_nothing
 ) -> None:
     """The automatic configuration: the SDK's default for the one bad value, said once naming
     the variable; the whole trace in the file (OTEL_BSP_SCHEDULE_DELAY=-5 gave 0 spans)."""
-    job = """
-import traintel
-with traintel.application():
-    with traintel.training_loop():
-        for i in range(6):
-            with traintel.training_iteration():
-                pass
-"""
     result = run_python(
-        job,
+        SIX_ITERATIONS,
         tmp_path,
         TRAINTEL_EXPORT_ITERATIONS="all",
         TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
@@ -404,15 +404,9 @@ def test_a_bad_metric_reader_value_falls_back_to_the_default_and_keeps_the_metri
     """The automatic configuration: a bad interval or timeout is said once, naming the variable
     and its value, and the run keeps its metrics (a negative interval lost them all, "abc" was
     replaced by the SDK with a line that named neither)."""
-    job = """
-import traintel
-with traintel.application():
-    with traintel.training_loop():
-        for i in range(6):
-            with traintel.training_iteration():
-                pass
-"""
-    result = run_python(job, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), **{variable: value})
+    result = run_python(
+        SIX_ITERATIONS, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), **{variable: value}
+    )
     assert result.returncode == 0, result.stderr
     said = f"{variable}={value!r} is not a positive number of milliseconds; using the default"
     assert result.stderr.count(said) == 1 and "invalid" not in result.stderr, result.stderr

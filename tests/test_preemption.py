@@ -115,6 +115,21 @@ def run_and_signal(
     return Run(child.returncode, out, err, time.monotonic() - sent, sent_ns)
 
 
+def run_to_end(tmp_path: Path, script_text: str, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script_text`` (with ``argv``) to its end, telemetry under ``tmp_path/runs``."""
+    script = tmp_path / "train.py"
+    script.write_text(script_text)
+    return subprocess.run(
+        [sys.executable, str(script), *argv],
+        check=False,
+        cwd=tmp_path,
+        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def spans(tmp_path: Path) -> list[Any]:
     return list(iter_spans([tmp_path / "runs"]))
 
@@ -298,16 +313,8 @@ def test_a_signal_while_an_iterations_end_is_recorded_waits_for_it(tmp_path: Pat
     exported, yet counted as the last completed: it went missing from the file. It is handled
     as traintel's bookkeeping returns: the iteration is exported whole, and the job stops there
     as it would have (SIGTERM's death, SIGINT's KeyboardInterrupt out of the ``with``)."""
-    script = tmp_path / "train.py"
-    script.write_text(IN_ITERATION_END)
-    child = subprocess.run(
-        [sys.executable, str(script), signal.Signals(signum).name],
-        check=False,
-        cwd=tmp_path,
-        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_EXPORT_ITERATIONS="all"),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    child = run_to_end(
+        tmp_path, IN_ITERATION_END, signal.Signals(signum).name, TRAINTEL_EXPORT_ITERATIONS="all"
     )
     assert child.returncode == -signum, child.stderr  # Python re-raises an uncaught Ctrl-C's signal
     if signum == signal.SIGTERM:
@@ -370,17 +377,7 @@ SECOND_SIGNAL = (
 def test_a_signal_during_a_waiting_signals_handling_is_not_deferred_again(tmp_path: Path) -> None:
     """The waiting signal is handled as the bookkeeping returns; one that arrives while that
     handling runs is handled at once, not left for an iteration end that may never come."""
-    script = tmp_path / "train.py"
-    script.write_text(SECOND_SIGNAL)
-    child = subprocess.run(
-        [sys.executable, str(script)],
-        check=False,
-        cwd=tmp_path,
-        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs")),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    child = run_to_end(tmp_path, SECOND_SIGNAL)
     assert child.returncode == 0, child.stderr
     assert child.stdout.splitlines() == ["handled by iteration 3's end: 2", "clean exit 2"], child.stdout
     assert "Traceback" not in child.stderr and "could not" not in child.stderr, child.stderr
@@ -445,17 +442,7 @@ def test_a_signal_while_the_training_thread_books_goodput_is_reported_fully(
     holds the goodput ledger's lock: the last metric collection reads the ledger without it,
     and a phase the report ends (the open save) is not waited for forever but said to be
     unbooked. Before, the report waited the whole shutdown timeout and the spans were lost."""
-    script = tmp_path / "train.py"
-    script.write_text(SIGNAL_IN_BOOKING)
-    child = subprocess.run(
-        [sys.executable, str(script), where],
-        check=False,
-        cwd=tmp_path,
-        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_SHUTDOWN_TIMEOUT="3"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    child = run_to_end(tmp_path, SIGNAL_IN_BOOKING, where, TRAINTEL_SHUTDOWN_TIMEOUT="3")
     assert child.returncode == -signal.SIGTERM, child.stderr
     assert "not finished" not in child.stderr and "Traceback" not in child.stderr, child.stderr
     assert child.stdout == "", child.stdout
@@ -534,16 +521,6 @@ def test_sigterm_while_the_main_thread_waits_in_cpp_still_ends_the_job(tmp_path:
 
 def test_a_forked_childs_sigterm_is_not_its_parents(tmp_path: Path) -> None:
     """The child's signals are its own: the parent's watch never sees them, so it goes on."""
-    script = tmp_path / "train.py"
-    script.write_text(BLOCKED_IN_CPP)
-    child = subprocess.run(
-        [sys.executable, str(script), "fork"],
-        check=False,
-        cwd=tmp_path,
-        env=clean_env(TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs")),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    child = run_to_end(tmp_path, BLOCKED_IN_CPP, "fork")
     assert child.returncode == 0, child.stderr
     assert child.stdout == f"child {-signal.SIGTERM} parent goes on\n", child.stdout
