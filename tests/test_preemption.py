@@ -524,3 +524,45 @@ def test_a_forked_childs_sigterm_is_not_its_parents(tmp_path: Path) -> None:
     child = run_to_end(tmp_path, BLOCKED_IN_CPP, "fork")
     assert child.returncode == 0, child.stderr
     assert child.stdout == f"child {-signal.SIGTERM} parent goes on\n", child.stdout
+
+
+# Reports slowly (an exporter taking 20 s per batch), so a second SIGTERM lands in the report.
+SLOW_REPORT = textwrap.dedent(
+    """
+    import time
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    import traintel
+
+    class Slow(SpanExporter):
+        def export(self, spans):
+            time.sleep(20)
+            return SpanExportResult.SUCCESS
+
+    traintel.configure(span_exporters=[Slow()])
+    with traintel.application(), traintel.training_loop():
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+)
+
+
+def test_a_second_sigterm_while_the_first_is_reported_ends_the_job_at_once(tmp_path: Path) -> None:
+    """The second signal is the job's call (a scheduler's, a user's Ctrl-C): it ends the
+    process at once, as without traintel, rather than waiting for the first one's report."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "train.py").write_text(SLOW_REPORT)
+    child = subprocess.Popen(
+        [sys.executable, str(tmp_path / "train.py")],
+        cwd=tmp_path,
+        env=clean_env(TRAINTEL_SHUTDOWN_TIMEOUT="30"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGTERM)
+    time.sleep(1.0)  # into the first report's 20 s export
+    child.send_signal(signal.SIGTERM)
+    _out, err = child.communicate(timeout=15)  # (the first report alone would take 20 s)
+    assert child.returncode == -signal.SIGTERM, err

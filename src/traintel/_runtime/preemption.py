@@ -151,8 +151,10 @@ def _handle_now(signum: int, frame: FrameType | None) -> None:
             if not ends_process and engine is not None and engine.app is not None:
                 # the job goes on: report when its application ends
                 _pending = (signum, received_ns, _last_completed(engine))
-            elif previous is signal.SIG_DFL and not _reporting.acquire(blocking=False):
-                threading.Event().wait()  # the watch reports this signal and ends the process
+            elif previous is signal.SIG_DFL and not _claim_report():
+                if _reporter[0] != threading.get_ident():
+                    threading.Event().wait()  # the watch reports this signal and ends the process
+                # else a second signal while this thread reports the first: the job's call, at once
             else:
                 _report(signum, received_ns, end_spans=previous is signal.SIG_DFL)
         except Exception:  # never let telemetry change how the job stops
@@ -197,14 +199,23 @@ def _die(signum: int) -> None:
 
 
 #: Taken by whichever reports a signal that ends the process: the main thread's handler, or
-#: the watch when that handler cannot run (see :mod:`traintel._runtime.signal_watch`).
+#: the watch when that handler cannot run (see :mod:`traintel._runtime.signal_watch`); and
+#: which thread took it.
 _reporting = threading.Lock()
+_reporter = [0]
+
+
+def _claim_report() -> bool:
+    if not _reporting.acquire(blocking=False):
+        return False
+    _reporter[0] = threading.get_ident()
+    return True
 
 
 def _stuck(signum: int, received_ns: int) -> None:
     """The main thread, inside C++, has not begun handling a signal whose default action ends
     the process: the report runs here, then the process dies by the signal, as it would have."""
-    if _previous.get(signum, signal.SIG_DFL) is not signal.SIG_DFL or not _reporting.acquire(blocking=False):
+    if _previous.get(signum, signal.SIG_DFL) is not signal.SIG_DFL or not _claim_report():
         return
     _logger.warning(
         "traintel: %s while the main thread is inside a call that does not return to Python; "

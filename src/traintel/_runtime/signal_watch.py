@@ -32,7 +32,7 @@ _logger = logging.getLogger("traintel")
 #: Python thread reaches its handler within milliseconds (the interpreter's switch interval).
 GRACE_S = 1.0
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # (re-entered by a second signal's handler while the first counts)
 _seen: dict[int, int] = {}  # signal -> times the watch read it
 _handled: dict[int, int] = {}  # signal -> times the main thread's handler began
 _changed = threading.Condition(_lock)
