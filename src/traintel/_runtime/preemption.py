@@ -422,11 +422,8 @@ def _end_at_signal(
     windows = telemetry.windows
     if windows is not None:  # the closed windows' numbers go on the spans first
         windows.flush(_PIPELINE_SHARE * telemetry.settings.shutdown_timeout)
-    if engine is not None and engine.loop is not None:
-        try:  # as the loop's own end would: its open window closes, its summary goes on it
-            engine.training_loop_closing(engine.loop, now)
-        except Exception:
-            _logger.exception("traintel: could not close the training loop's last window")
+    if engine is not None:
+        _close_loop(engine, now)
     for span in reversed(phase_spans):  # innermost first
         span.set_status(Status(StatusCode.ERROR, reason))
         span.set_attribute(semconv.END_REASON, reason)
@@ -434,18 +431,33 @@ def _end_at_signal(
     if windows is not None:  # the last window's record and the ones held for the export floor
         # go out, as at a normal exit
         windows.close(max(0.0, deadline - time.monotonic()))
-    if engine is not None and engine.goodput.bookings_lost:
-        _logger.warning(
-            "traintel: the goodput of %d phase(s) ended by the preemption is not booked (the training "
-            "thread was stopped while booking); their spans carry the time",
-            engine.goodput.bookings_lost,
-        )
+    if engine is not None:
+        _say_lost_bookings(engine)
     telemetry.closed = True  # the process is about to die: nothing more to record
     if telemetry.pipeline is not None:
         # Released as at a normal exit, so a batch stuck in a send to an unresponsive
         # collector and whatever is queued go to the spool (or are counted), not away.
         # Its share of the bound leaves time for that spill before _report stops waiting.
         telemetry.pipeline.shutdown(max(0.0, deadline - time.monotonic()))
+
+
+def _close_loop(engine: TrainingEngine, now: int) -> None:
+    """As the training loop's own end would: its open window closes, its summary goes on it."""
+    if engine.loop is None:
+        return
+    try:
+        engine.training_loop_closing(engine.loop, now)
+    except Exception:
+        _logger.exception("traintel: could not close the training loop's last window")
+
+
+def _say_lost_bookings(engine: TrainingEngine) -> None:
+    if engine.goodput.bookings_lost:
+        _logger.warning(
+            "traintel: the goodput of %d phase(s) ended by the preemption is not booked (the training "
+            "thread was stopped while booking); their spans carry the time",
+            engine.goodput.bookings_lost,
+        )
 
 
 def _cut_training(engine: TrainingEngine, reason: str, received_ns: int, now: int) -> None:
