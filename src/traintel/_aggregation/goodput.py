@@ -191,10 +191,16 @@ class GoodputLedger:
         """The job's outermost span ended: the snapshot stops growing."""
         self.job_end_ns = end_ns
 
+    def _booking(self) -> bool:
+        """The lock taken for a booking; False (counted) where it could not be (see :attr:`lock`)."""
+        if self.lock.acquire(timeout=self._lock_wait_s):
+            return True
+        self.bookings_lost += 1
+        return False
+
     def phase_ended(self, category: str, span_id: int, duration_ns: int) -> None:
         """A categorised phase ended: its time less the categorised phases inside it."""
-        if not self.lock.acquire(timeout=self._lock_wait_s):
-            self.bookings_lost += 1
+        if not self._booking():
             return
         try:
             inner = self._nested.pop(span_id, 0)
@@ -204,8 +210,7 @@ class GoodputLedger:
             self.lock.release()
 
     def nested_in_phase(self, parent_span_id: int, duration_ns: int) -> None:
-        if not self.lock.acquire(timeout=self._lock_wait_s):
-            self.bookings_lost += 1
+        if not self._booking():
             return
         try:
             self._nested[parent_span_id] = self._nested.get(parent_span_id, 0) + duration_ns

@@ -486,15 +486,15 @@ class Report:
             self.timeline.append(Interval(process.key, phase, span.start_ns, span.end_ns, span.is_error))
         else:
             self.timeline_dropped += 1
-        size = span.attributes.get(semconv.CHECKPOINT_SIZE)
-        size_bytes = float(size) if isinstance(size, int | float) else None
-        if phase in semconv.CHECKPOINT_SAVE_PHASES:
-            self._add_save(process, phase, span, size_bytes)
-        elif phase == _FINALIZE:  # an async save's bytes, known when its writer finished
+        if phase in semconv.CHECKPOINT_SAVE_PHASES or phase == _FINALIZE:  # (an async save's
+            # bytes are known when its writer finished, on its finalize span)
+            size = span.attributes.get(semconv.CHECKPOINT_SIZE)
+            size_bytes = float(size) if isinstance(size, int | float) else None
             self.save_bytes += size_bytes or 0.0
+            if phase != _FINALIZE:
+                self._add_save(process, phase, span, size_bytes)
 
     def _add_save(self, process: Process, phase: str, span: SpanRecord, size_bytes: float | None) -> None:
-        self.save_bytes += size_bytes or 0.0
         if len(self.saves) < CHECKPOINT_RECORDS:
             iteration = span.attributes.get(semconv.CHECKPOINT_ITERATION)
             self.saves.append(
@@ -662,18 +662,7 @@ class Report:
             "energy": energy_figures(value),
             "checkpoints": self.checkpoints(),
             "goodput": [g.as_dict() for g in self.goodput],
-            "slowest_iterations": [
-                {
-                    "iteration": x.iteration,
-                    "rank": x.rank,
-                    "run_id": x.run_id,
-                    "restart": x.restart,
-                    "seconds": x.seconds,
-                    "trace_id": x.trace_id,
-                    "span_id": x.span_id,
-                }
-                for x in sorted(s.slowest, reverse=True)
-            ],
+            "slowest_iterations": [slow._asdict() for slow in sorted(s.slowest, reverse=True)],
             "exported_iterations": s.exported_iterations,
             "warnings": self.warnings,
             "warning_details": self.warning_details,

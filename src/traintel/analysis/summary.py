@@ -676,8 +676,9 @@ def _phase_lines(summary: RunSummary) -> list[str]:
             "The files end before the run's application does (still running, or killed): shares "
             "are of the time up to its last record."
         )
-    if summed_over(summary):
-        lines.append(f"Wall time by phase{summed_over(summary)}:")
+    summed = summed_over(summary)
+    if summed:
+        lines.append(f"Wall time by phase{summed}:")
     lines += [header, "-" * len(header)]
     for row in rows:
         share = f"{100 * row.share:.1f}%" if row.share is not None else ""
