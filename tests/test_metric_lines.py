@@ -40,6 +40,9 @@ def line() -> bytes:
     meter = provider.get_meter("traintel")
     meter.create_counter("traintel.spans.dropped").add(7, {"reason": "queue_full"})
     meter.create_counter("traintel.spans.dropped").add(2, {"reason": "budget"})
+    exported = meter.create_counter("traintel.iterations.exported")
+    exported.add(3, {"traintel.exported": True, "b": 1})
+    exported.add(997, {"traintel.exported": False, "b": 1})
     meter.create_up_down_counter("traintel.queue.depth").add(-3)
     meter.create_gauge("ml.training.goodput").set(0.875)
     tracer = TracerProvider().get_tracer("t")
@@ -93,6 +96,12 @@ def test_every_kind_reads_as_the_proto_path_reads_it(line: bytes) -> None:
     assert _fast_records(line) == _proto_records(line)
     series = _series(line)
     assert series["traintel.spans.dropped"].total == 9.0 and series["traintel.spans.dropped"].kind == "sum"
+    assert sorted(series["traintel.iterations.exported"].labelled()) == [  # each attribute set apart
+        ("traintel.iterations.exported", 1000.0),
+        ("traintel.iterations.exported{b=1,traintel.exported=false}", 997.0),
+        ("traintel.iterations.exported{b=1,traintel.exported=true}", 3.0),
+    ]
+    assert series["traintel.queue.depth"].labelled() == [("traintel.queue.depth", -3.0)]
     assert series["traintel.queue.depth"].total == -3.0
     assert series["ml.training.goodput"].total == 0.875 and series["ml.training.goodput"].kind == "gauge"
     assert series["ml.training.iteration.duration"].kind == "histogram"
@@ -207,7 +216,11 @@ def test_read_for_named_series_a_line_keeps_them_and_its_latest_time(line: bytes
     named = MetricsRecord(
         full.resource, tuple(s for s in full.metrics if s.name.startswith("traintel.")), full.last_time_ns
     )
-    assert [s.name for s in named.metrics] == ["traintel.spans.dropped", "traintel.queue.depth"]
+    assert [s.name for s in named.metrics] == [
+        "traintel.spans.dropped",
+        "traintel.iterations.exported",
+        "traintel.queue.depth",
+    ]
     assert decode(line, metric_names="traintel.") == ("metrics", [named])
     assert reader.metrics_records(json_line_to_request(line.decode()), "traintel.") == [named]  # type: ignore[arg-type]
     aliased = _edited(line, _rename)  # valid OTLP/JSON the fast path declines: the proto path reads it

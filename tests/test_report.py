@@ -615,3 +615,38 @@ def test_report_and_summary_count_each_process_s_counters_once(
     assert json.loads(capsys.readouterr().out)["self_telemetry"] == expected
     assert cli.main(["summary", str(tmp_path)]) == 0
     assert "Telemetry losses: traintel.events.dropped 6, traintel.spans.dropped 12" in capsys.readouterr().out
+
+
+@pytest.mark.process
+def test_a_counter_split_by_an_attribute_is_read_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``traintel.iterations.exported`` counts every iteration, split by ``traintel.exported``:
+    the report gives the total and each part, the exported part being the iteration spans the
+    file holds (the process's own figures), the rest not exported."""
+    from tests.subprocess_helpers import run_python
+    from traintel.exporters.reader import iter_records
+
+    code = """
+    import traintel
+    with traintel.application():
+        with traintel.training_loop():
+            for i in range(40):
+                with traintel.training_iteration(samples=4):
+                    pass
+    """
+    result = run_python(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    runs = tmp_path / "traintel-runs"
+    spans = sum(
+        1 for r in iter_records([runs]) if getattr(r, "name", None) == semconv.Phase.TRAINING_ITERATION.value
+    )
+    assert 0 < spans < 40
+    name = semconv.METRIC_ITERATIONS_EXPORTED
+    assert cli.main(["report", "--json", str(runs)]) == 0
+    telemetry = json.loads(capsys.readouterr().out)["self_telemetry"]
+    assert {key: value for key, value in telemetry.items() if key.startswith(name)} == {
+        name: 40,
+        name + "{traintel.exported=false}": 40 - spans,
+        name + "{traintel.exported=true}": spans,
+    }

@@ -68,8 +68,9 @@ _LOSS_WORDS = ("dropped", "failures", "split")
 
 
 def is_loss(name: str) -> bool:
-    """Whether a ``traintel.*`` series counts something lost, refused or failed."""
-    return any(word in name for word in _LOSS_WORDS)
+    """Whether a ``traintel.*`` series' total counts something lost, refused or failed (its
+    ``name{label}`` parts are not counted again)."""
+    return "{" not in name and any(word in name for word in _LOSS_WORDS)
 
 
 def _precedence(resource: Mapping[str, Any], time_ns: int) -> tuple[int, int, int]:
@@ -389,14 +390,16 @@ class RunSummary:
             self.last_window, self.last_window_at = attributes, at
 
     def add_metrics_record(self, record: MetricsRecord, run: str | None = None) -> None:
-        """traintel's own series (every ``traintel.*`` sum or gauge, summed over its points) of one
-        resource's metrics record: a series is cumulative per process, so its last value counts."""
+        """traintel's own series (every ``traintel.*`` sum or gauge, each attribute set apart:
+        ``name{key=value}``) of one resource's metrics record: a series is cumulative per
+        process, so its last value counts."""
         if run is not None and run_key(record.resource) != run:
             return
         process = process_key(record.resource)
         for series in record.metrics:
             if series.kind in ("sum", "gauge") and series.name.startswith(SELF_TELEMETRY):
-                self.self_telemetry_latest[(process, series.name)] = series.total
+                for name, value in series.labelled():
+                    self.self_telemetry_latest[(process, name)] = value
 
     def merge(self, later: RunSummary) -> None:
         """Add what ``later`` read from the files after this one's, as if read after it: counts
@@ -457,7 +460,8 @@ class RunSummary:
 
     @property
     def self_telemetry(self) -> dict[str, float]:
-        """Each ``traintel.*`` series' last value, summed over processes."""
+        """Each ``traintel.*`` series' last value, summed over processes: its total under its
+        name, and each attribute set's under ``name{key=value,...}`` when its points have any."""
         totals: dict[str, float] = {}
         for (_process, name), value in self.self_telemetry_latest.items():
             totals[name] = totals.get(name, 0.0) + value

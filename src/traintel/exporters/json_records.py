@@ -52,7 +52,14 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     SummaryDataPoint,
 )
 
-from traintel.exporters.records import EventRecord, MetricSeries, MetricsRecord, NotCanonical, SpanRecord
+from traintel.exporters.records import (
+    EventRecord,
+    MetricSeries,
+    MetricsRecord,
+    NotCanonical,
+    SpanRecord,
+    attribute_label,
+)
 
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -351,19 +358,43 @@ def _series(metric: Any) -> MetricSeries:
     name = metric.name if metric.name is not UNSET else ""
     key, data = _member(metric)
     if data is None:
-        return MetricSeries(name, None, 0.0, 0)
+        return MetricSeries(name, None, (), 0)
     points = data.dataPoints
-    total = 0.0
+    values: dict[str, float] = {}
     if key in ("gauge", "sum") and points is not UNSET:
         for point in points:
             double, number = point.asDouble, point.asInt
             if double is UNSET:
-                total += _int64(number) if number is not UNSET else 0
+                value: float = _int64(number) if number is not UNSET else 0
             elif number is not UNSET:  # a oneof with two members
                 raise NotCanonical
             else:
-                total += double if type(double) is float else _double(double)
-    return MetricSeries(name, key, total, _last_time(points))
+                value = double if type(double) is float else _double(double)
+            label = _label(point.attributes)
+            values[label] = values.get(label, 0.0) + value
+    return MetricSeries(name, key, tuple(values.items()), _last_time(points))
+
+
+#: Point attributes read so far, by their JSON text: a series repeats its few attribute sets.
+_LABELS: dict[bytes, str] = {}
+_ATTRIBUTES_DECODER = msgspec.json.Decoder(list[_KeyValue])
+
+
+def _label(raw: Raw | UnsetType) -> str:
+    """A point's :func:`~traintel.exporters.records.attribute_label`, from its unparsed text."""
+    if raw is UNSET:
+        return ""
+    text = bytes(raw)
+    label = _LABELS.get(text)
+    if label is None:
+        try:
+            label = attribute_label(attributes(_ATTRIBUTES_DECODER.decode(text)))
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            raise NotCanonical from None
+        if len(_LABELS) >= _RESOURCES_KEPT:
+            _LABELS.clear()
+        _LABELS[text] = label
+    return label
 
 
 def _metrics(groups: list[Any], names: str | None) -> list[MetricsRecord]:

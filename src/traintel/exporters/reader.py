@@ -38,6 +38,7 @@ from traintel.exporters.records import (
     MetricSeries,
     MetricsRecord,
     SpanRecord,
+    attribute_label,
 )
 from traintel.exporters.spool import SPOOL_SUFFIX, read_batch, spool_files
 from traintel.terminal_text import displayable_line, strip_controls
@@ -225,13 +226,15 @@ def spans_in(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
 
 def _proto_series(metric: Metric) -> MetricSeries:
     kind = metric.WhichOneof("data")
-    total = 0.0
+    values: dict[str, float] = {}
     last = 0
     for point in getattr(metric, kind).data_points if kind is not None else ():
         last = max(last, point.time_unix_nano)
         if kind in ("gauge", "sum"):
-            total += point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
-    return MetricSeries(metric.name, kind, total, last)
+            label = attribute_label(attributes_dict(point.attributes))
+            value = point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
+            values[label] = values.get(label, 0.0) + value
+    return MetricSeries(metric.name, kind, tuple(values.items()), last)
 
 
 def metrics_records(request: ExportMetricsServiceRequest, names: str | None = "") -> list[MetricsRecord]:

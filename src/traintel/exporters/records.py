@@ -33,10 +33,33 @@ class MetricSeries(NamedTuple):
     name: str
     #: The ``data`` member (``gauge``, ``sum``, ``histogram``, ...), None when unset.
     kind: str | None
-    #: Sum over the points of ``as_double`` / ``as_int`` (gauge and sum; 0.0 otherwise).
-    total: float
+    #: Each attribute set's ``as_double`` / ``as_int`` (gauge and sum; empty otherwise), by its
+    #: :func:`attribute_label` ("" for a point without attributes).
+    values: tuple[tuple[str, float], ...]
     #: The latest ``time_unix_nano`` of its points (0 without points).
     last_time_ns: int
+
+    @property
+    def total(self) -> float:
+        """The sum over its points."""
+        return sum(value for _label, value in self.values)
+
+    def labelled(self) -> list[tuple[str, float]]:
+        """``(name, total)``, then ``(name{label}, value)`` per attribute set when its points
+        have attributes: a counter split by an attribute is read apart as well as summed."""
+        return [
+            (self.name, self.total),
+            *((f"{self.name}{{{label}}}", value) for label, value in self.values if label),
+        ]
+
+
+def attribute_label(attributes: dict[str, Any]) -> str:
+    """A point's attributes as one text, keys in order (``traintel.exported=true``)."""
+    return ",".join(f"{key}={_label_value(attributes[key])}" for key in sorted(attributes))
+
+
+def _label_value(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True, slots=True)
