@@ -274,6 +274,30 @@ def test_async_checkpoint_blocking_and_background(owned: Any) -> None:
     assert summary[semconv.SUMMARY_PREFIX + "checkpoint.save_time.total"] == pytest.approx(blocking_s)
 
 
+@pytest.mark.parametrize("at_finish", [1000, None])
+def test_an_async_save_s_size_counts_once(owned: Any, at_finish: int | None) -> None:
+    """A size given to the save and again to its writer's ``finish`` is one checkpoint's: the
+    totals, the size histogram and the spans (what the report adds up) have it once; the write
+    rate is still the background write's."""
+    job = owned(log_every_n_iterations=100)
+    with traintel.training_loop():
+        with traintel.training_iteration():
+            pass
+        save = traintel.checkpoint_save(strategy="async", size_bytes=1000)
+        with save:
+            completion = save.completion()
+        completion.finish(size_bytes=at_finish)
+    (blocking,) = job.named("checkpoint_save_async")
+    (finalize,) = job.named("checkpoint_finalize")
+    sizes = [s.attributes.get(semconv.CHECKPOINT_SIZE) for s in (blocking, finalize)]
+    assert sizes == [1000, None]
+    update = dict(finalize.events[-1].attributes or {})
+    assert update[semconv.CHECKPOINT_PREFIX + "bytes.total"] == 1000
+    background_s = (finalize.end_time - finalize.start_time) / 1e9  # type: ignore[operator]
+    assert update[semconv.CHECKPOINT_BYTES_PER_SECOND] == pytest.approx(1000 / background_s)
+    assert [(p.count, p.sum) for p in job.metric_points(semconv.METRIC_CHECKPOINT_SIZE)] == [(1, 1000)]
+
+
 def test_an_async_save_given_a_path_is_measured_when_its_writer_finishes(
     owned: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -60,6 +60,9 @@ class AsyncCheckpointCompletion:
         self._iteration = iteration
         self._parent = parent
         self._start_ns = 0  # set by the save phase as it ends: when control returned to training
+        #: The size the save's blocking part counted (given to ``checkpoint_save``), set as it
+        #: ends: a checkpoint's bytes count once, where they are first known.
+        self._counted_size: int | None = None
         self._done = False
         self._lock = threading.Lock()
 
@@ -92,16 +95,20 @@ class AsyncCheckpointCompletion:
         path: str | os.PathLike[str] | None,
         error: BaseException | None,
     ) -> None:
-        """The ``checkpoint_finalize`` span, from the save's end to now, and the totals."""
+        """The ``checkpoint_finalize`` span, from the save's end to now, and the totals. The
+        size counts here unless the save counted it already (the bytes are one checkpoint's)."""
         end = _time_ns()
         start = self._start_ns or end
-        if size_bytes is None and path is not None:
+        counted = self._counted_size
+        if size_bytes is None and path is not None and counted is None:
             size_bytes = _measured_size(engine, path)
-        span = self._finalize_span(engine, start, size_bytes)
+        new_bytes = size_bytes if counted is None else None
+        span = self._finalize_span(engine, start, new_bytes)
         seconds = (end - start) / 1e9
-        totals = engine.checkpoint_background_done(seconds, size_bytes)
-        if size_bytes is not None and end > start:
-            totals[semconv.CHECKPOINT_BYTES_PER_SECOND] = size_bytes / seconds
+        totals = engine.checkpoint_background_done(seconds, new_bytes)
+        written = counted if size_bytes is None else size_bytes
+        if written is not None and end > start:
+            totals[semconv.CHECKPOINT_BYTES_PER_SECOND] = written / seconds
         if error is None:
             span.add_event(
                 semconv.Event.SAVE_CHECKPOINT_SUCCESS.value, {semconv.CHECKPOINT_ITERATION: self._iteration}
@@ -177,9 +184,10 @@ class CheckpointSavePhase(PhaseSpan):
         return self._completion
 
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
+        size = self._size_bytes
         if self._completion is not None:
             self._completion._start_ns = end_ns
-        size = self._size_bytes
+            self._completion._counted_size = size if span.is_recording() else None
         if size is None and self._path is not None and exc is None and self._completion is None:
             # (an async save's writer has not written the file yet: its finish measures it)
             size = _measured_size(engine, self._path)
