@@ -9,6 +9,7 @@ is checked against the file analysis.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -341,25 +342,31 @@ def test_two_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     expect(rank1, 13, initialization=10, checkpoint_load=10, data_loading=3, program_startup=6, other=58)
 
 
-def test_a_rank_the_job_does_not_have_is_named_with_the_ranks_it_has(
+def test_a_rank_a_job_does_not_have_is_named_with_the_ranks_it_has(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``goodput --rank 5`` on a job of ranks 0 and 1 counts rank 0, and says so above the
-    figures, naming the option, its value and the job's ranks (before: rank 0's figures with
-    nothing said, read as rank 5's; only ``--json`` had ``rank_used``)."""
+    """``goodput --rank 1`` on a session whose resumed job ran rank 0 alone counts that job's
+    rank 0, and says so above the figures, naming the option, its value and the job's ranks
+    (before: rank 0's figures with nothing said; only ``--json`` had ``rank_used``). A rank no
+    job has is an error naming the ranks there are, with no figures (before: exit 0, and
+    every job's lowest rank's figures)."""
     run_job(tmp_path, monkeypatch, clean_job, rank=0)
     run_job(tmp_path, monkeypatch, slower_rank, rank=1)
-    assert cli.main(["goodput", str(tmp_path), "--rank", "5"]) == 0
+    run_job(tmp_path, monkeypatch, functools.partial(clean_job, offset=200), restart=1, rank=0)
+    assert cli.main(["goodput", str(tmp_path), "--rank", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[3:5] == [
-        "  --rank 5: no rank 5 in job job-a, 0",
-        "    (its ranks: 0, 1); its rank 0 is counted instead",
+        "  --rank 1: no rank 1 in job job-a, 1",
+        "    (its ranks: 0); its rank 0 is counted instead",
     ]
-    assert lines[5].startswith("  goodput ") and "21.00%" in lines[5]  # rank 0's
-    assert cli.main(["goodput", str(tmp_path), "--rank", "5", "--json"]) == 0
-    (data,) = json.loads(capsys.readouterr().out)["sessions"][0]["jobs"]
-    assert (data["ranks"], data["rank_used"], data["rank_missing"]) == ([0, 1], 0, 5)
-    assert one_session(tmp_path, rank=1).jobs[0].rank_missing is None  # a rank it has
+    assert cli.main(["goodput", str(tmp_path), "--rank", "1", "--json"]) == 0
+    jobs = json.loads(capsys.readouterr().out)["sessions"][0]["jobs"]
+    assert [(j["ranks"], j["rank_used"], j["rank_missing"]) for j in jobs] == [([0, 1], 1, None), ([0], 0, 1)]
+    for extra in ([], ["--json"]):
+        assert cli.main(["goodput", str(tmp_path), "--rank", "5", *extra]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err == "traintel: --rank 5: no job in these files has rank 5 (ranks: 0, 1)\n"
 
 
 def job_with_async_save(job: Job) -> None:

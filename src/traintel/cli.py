@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs, parse_time, render_goodput
+from traintel.analysis.goodput.text import ranks_text
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import auto_workers
 from traintel.analysis.run_info import RunInfo, RunsSeen
@@ -526,8 +527,21 @@ def _goodput(args: argparse.Namespace) -> int:
     results = compute_goodput(jobs, args.start, args.end, args.rank, args.by_perf_tag)
     if args.session is not None:
         results = [r for r in results if r.session == args.session]
+    if not _rank_found(args.rank, results):
+        return 2
     _print_goodput(args, results, stats, links)
     return 0
+
+
+def _rank_found(rank: int | None, results: list[SessionGoodput]) -> bool:
+    """``--rank N`` names a rank of at least one job shown (where some jobs lack it, their
+    lowest rank counts and the output says so); else an error naming the ranks there are."""
+    jobs = [job for result in results for job in result.jobs]
+    if rank is None or not jobs or any(job.rank_missing is None for job in jobs):
+        return True
+    ranks = ranks_text(sorted({r for job in jobs for r in job.ranks}))
+    print(f"traintel: --rank {rank}: no job in these files has rank {rank} (ranks: {ranks})", file=sys.stderr)
+    return False
 
 
 def _print_goodput(

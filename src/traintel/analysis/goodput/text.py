@@ -62,12 +62,12 @@ def _rank_missing_lines(jobs: list[JobGoodput]) -> list[str]:
         asked = j.rank_missing
         if asked is not None:
             lines.append(f"  --rank {asked}: no rank {asked} in job {j.run_id}, {j.restart}")
-            ranks = _ranks_text(j.ranks)
+            ranks = ranks_text(j.ranks)
             lines.append(f"    (its ranks: {ranks}); its rank {j.rank_used} is counted instead")
     return lines
 
 
-def _ranks_text(ranks: list[int]) -> str:
+def ranks_text(ranks: list[int]) -> str:
     """``0-63`` for a run of ranks, else ``0, 2, 5``."""
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"{ranks[0]}-{ranks[-1]}"
