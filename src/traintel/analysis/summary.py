@@ -31,6 +31,7 @@ from traintel.analysis.resources import PerResource
 from traintel.analysis.run_info import RunsSeen, launches, run_key
 from traintel.exporters.progress_mark import process_key, read_mark
 from traintel.exporters.reader import (
+    MetricSeries,
     MetricsRecord,
     ReadStats,
     SpanRecord,
@@ -243,7 +244,7 @@ class RunSummary:
     events: Counter[str] = field(default_factory=Counter)
     stats: ReadStats = field(default_factory=ReadStats)
     #: ``traintel.*`` self-telemetry: the last value of each series, per process.
-    self_telemetry_latest: dict[tuple[str, str], float] = field(default_factory=dict)
+    self_telemetry_latest: dict[tuple[str, str], MetricSeries] = field(default_factory=dict)
     #: How many of the slowest exported iterations are kept (a bounded heap).
     keep_slowest: int = 5
     #: Every run the read met, the one summarised or not (see ``run_info``).
@@ -398,8 +399,7 @@ class RunSummary:
         process = process_key(record.resource)
         for series in record.metrics:
             if series.kind in ("sum", "gauge") and series.name.startswith(SELF_TELEMETRY):
-                for name, value in series.labelled():
-                    self.self_telemetry_latest[(process, name)] = value
+                self.self_telemetry_latest[(process, series.name)] = series
 
     def merge(self, later: RunSummary) -> None:
         """Add what ``later`` read from the files after this one's, as if read after it: counts
@@ -463,8 +463,9 @@ class RunSummary:
         """Each ``traintel.*`` series' last value, summed over processes: its total under its
         name, and each attribute set's under ``name{key=value,...}`` when its points have any."""
         totals: dict[str, float] = {}
-        for (_process, name), value in self.self_telemetry_latest.items():
-            totals[name] = totals.get(name, 0.0) + value
+        for series in self.self_telemetry_latest.values():
+            for name, value in series.labelled():
+                totals[name] = totals.get(name, 0.0) + value
         return dict(sorted(totals.items()))
 
     def _speaking_loop(self, key: str) -> tuple[tuple[int, int, int], dict[str, Any]] | None:
