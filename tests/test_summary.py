@@ -312,3 +312,25 @@ def test_plain_opentelemetry_iterations_are_numbered_and_their_loop_is_named(tmp
     assert {slow.iteration for slow in summary.slowest} <= set(range(10)) and len(summary.slowest) == 5
     text = " ".join(render(summary).split())
     assert "Iterations: 10 in 1 window(s) (its loop span is not traintel's" in text and "so far" not in text
+
+
+@pytest.mark.parametrize(
+    ("line", "wrapped"),
+    [
+        (
+            "Checkpoints: 2 saves, 5.58 ms blocking in total, mean 2.79 ms, max 3.65 ms, 0.53 MB",
+            ["Checkpoints: 2 saves, 5.58 ms blocking in total, mean 2.79 ms, max 3.65 ms,", "  0.53 MB"],
+        ),
+        (
+            "Model metrics, last window (iterations 0-299): loss 0.0602 (mean 0.2289), lr 0.003",
+            ["Model metrics, last window (iterations 0-299): loss 0.0602 (mean 0.2289),", "  lr 0.003"],
+        ),
+        ("  a path /" + "x" * 90, ["  a path", "    /" + "x" * 90]),  # a word is never broken
+    ],
+)
+def test_a_wrapped_line_keeps_numbers_with_their_units_and_names(line: str, wrapped: list[str]) -> None:
+    """The summary wraps at 80 columns (the demo's checkpoint line read "0.53" with "MB" alone on
+    the next line, and "lr" apart from its 0.003)."""
+    from traintel.analysis.summary import _fit
+
+    assert _fit(line) == wrapped

@@ -18,6 +18,7 @@ import heapq
 import itertools
 import math
 import os
+import re
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -634,13 +635,20 @@ def render(summary: RunSummary, links: TraceLinks | None = None) -> str:
     return "\n".join([*run, *_phase_lines(summary), *itertools.chain.from_iterable(rest)])
 
 
+#: A number with its unit, and a name with its number, kept on one line when a line is wrapped.
+_NUMBER_UNIT = re.compile(r"(\d) (?=(?:[kMGT]?B|[mµn]?s|min|h|%)(?:[\s,;)]|$))|([A-Za-z_]) (?=-?\d)")
+
+
 def _fit(line: str) -> list[str]:
-    """A line in 80 columns, continued indented; never breaking a word (ids, paths, links)."""
+    """A line in 80 columns, continued indented; never breaking a word (ids, paths, links), a
+    number from its unit or a name from its number."""
     if len(line) <= _COLUMNS_WIDE:
         return [line]
     indent = " " * (len(line) - len(line.lstrip()) + 2)
-    return textwrap.wrap(line, _COLUMNS_WIDE, subsequent_indent=indent, break_long_words=False,
-                         break_on_hyphens=False)  # fmt: skip
+    joined = _NUMBER_UNIT.sub(lambda m: f"{m[1] or m[2]}\xa0", line)  # (textwrap breaks at ASCII spaces only)
+    wrapped = textwrap.wrap(joined, _COLUMNS_WIDE, subsequent_indent=indent, break_long_words=False,
+                            break_on_hyphens=False)  # fmt: skip
+    return [part.replace("\xa0", " ") for part in wrapped]
 
 
 def _run_lines(summary: RunSummary) -> list[str]:
