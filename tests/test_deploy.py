@@ -722,6 +722,31 @@ def test_prometheus_receives_otlp_and_stores_exemplars() -> None:
     assert link == {"name": "trace_id", "datasourceUid": "tempo"}
 
 
+_DURATION = re.compile(r"(\d+)([smhdwy])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+
+
+def _seconds(duration: str) -> int:
+    """A Prometheus duration (``30d``, ``1h30m``) in seconds."""
+    return sum(int(n) * _SECONDS[unit] for n, unit in _DURATION.findall(duration))
+
+
+def test_prometheus_keeps_what_the_rules_look_back_on() -> None:
+    """The session rules add up each job's last value over a range (``last_over_time(...[30d])``):
+    samples older than the retention are deleted, and a session's early jobs with them."""
+    ranges = {
+        _seconds(window)
+        for path in RULE_FILES
+        for group in load_yaml(path)["groups"]
+        for rule in group["rules"]
+        for window in re.findall(r"\[(\w+)\]", rule["expr"])
+    }
+    (retention,) = [
+        f for f in SERVICES["prometheus"]["command"] if f.startswith("--storage.tsdb.retention.time=")
+    ]
+    assert _seconds(retention.split("=", 1)[1]) >= max(ranges) == _seconds("30d")
+
+
 IMAGE = re.compile(r"^(?P<repo>[a-z0-9./-]+):(?P<tag>v?\d+\.\d+\.\d+(\.\d+)?)$")
 
 
