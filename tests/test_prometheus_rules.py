@@ -211,3 +211,77 @@ def test_session_rules_equal_the_cli_on_a_killed_and_resumed_session(tmp_path: P
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+ALERTS = next(p for p in RULE_FILES if p.name == "traintel-alerts.yml")
+
+
+def _goodput_drop_series(scrape: bool) -> list[dict[str, str]]:
+    """One scrape every 15 s. Process ``a`` climbs to 90% goodput and ends; ``b``, the same run
+    launched again (a restart) 1 min later, climbs from 0 through its initialization for 11 min
+    (below ``a``'s best all along), holds 92% and then really drops to 80% for 7.5 min. On a
+    scrape both are one target, and a process's series go stale when it ends."""
+    a = [min(0.9, 0.5 + 0.02 * i) for i in range(40)]
+    b = [min(0.92, 0.02 * i) for i in range(56)] + [0.8] * 30
+    series: dict[str, dict[int, float | str]] = defaultdict(dict)
+    for process, points, at in (("a", a, 0), ("b", b, len(a) + 4)):
+        target = f'job="train", instance="{"node-1:9464" if scrape else process}"'
+        name = "ml_training_goodput" if scrape else "ml_training_goodput_ratio"
+        identity = f'ml_training_run_id="run-1", service_instance_id="{process}"'
+        for offset, value in enumerate(points):
+            series[f"{name}{{{target}}}"][at + offset] = value
+            series[f"target_info{{{target}, {identity}}}"][at + offset] = 1.0
+        if scrape:
+            for selector in (f"{name}{{{target}}}", f"target_info{{{target}, {identity}}}"):
+                series[selector].setdefault(at + len(points), "stale")
+    return [{"series": name, "values": _values(samples)} for name, samples in series.items()]
+
+
+@pytest.mark.parametrize("scrape", [False, True], ids=["otlp", "scrape"])
+def test_goodput_drop_compares_a_job_with_its_own_best_not_the_run_before_a_restart(
+    tmp_path: Path, scrape: bool
+) -> None:
+    fired = {
+        "exp_labels": {"severity": "warning", "ml_training_run_id": "run-1"},
+        "exp_annotations": {
+            "summary": "Run run-1: goodput fell more than 5 points below its best of the last hour"
+        },
+    }
+    start_b = 44
+    test = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": _goodput_drop_series(scrape),
+                "alert_rule_test": [
+                    # b still climbs, 8 and 11 min in: below a's best, but it is not a drop
+                    {
+                        "eval_time": f"{(start_b + 32) * 15}s",
+                        "alertname": "TraintelGoodputDrop",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": f"{(start_b + 45) * 15}s",
+                        "alertname": "TraintelGoodputDrop",
+                        "exp_alerts": [],
+                    },
+                    # b's own drop, 6 min after it: fired
+                    {
+                        "eval_time": f"{(start_b + 80) * 15}s",
+                        "alertname": "TraintelGoodputDrop",
+                        "exp_alerts": [fired],
+                    },
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run(
+        [str(PROMTOOL), "test", "rules", str(tmp_path / "test.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
