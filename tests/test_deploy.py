@@ -503,6 +503,17 @@ ALL_COLLECTOR_CONFIGS = [*COLLECTOR_CONFIGS, JAEGER_CONFIG, JAEGER_CLICKHOUSE]
 DEPRECATED_TYPES = {"exporters": {"otlp", "otlphttp", "loadbalancing"}, "connectors": {"spanmetrics"}}
 
 
+@pytest.mark.parametrize("path", COLLECTOR_CONFIGS, ids=lambda p: p.name)
+def test_every_collector_serves_its_own_metrics_where_prometheus_scrapes_them(path: Path) -> None:
+    """Prometheus' otel-collector job scrapes port 8888 of whichever config runs (and the gateways
+    are scaled on those metrics); the collector serves them on localhost only by default."""
+    (job,) = [j for j in PROMETHEUS_CONFIG["scrape_configs"] if j["job_name"] == "otel-collector"]
+    (target,) = job["static_configs"][0]["targets"]
+    (reader,) = load_yaml(path)["service"]["telemetry"]["metrics"]["readers"]
+    exporter = reader["pull"]["exporter"]["prometheus"]
+    assert (exporter["host"], str(exporter["port"])) == ("0.0.0.0", target.split(":")[1])
+
+
 @pytest.mark.parametrize("path", ALL_COLLECTOR_CONFIGS, ids=lambda p: p.name)
 def test_pipelines_reference_only_defined_components(path: Path) -> None:
     config = load_yaml(path)
