@@ -262,6 +262,29 @@ def test_stragglers_view_names_the_ranks_the_report_names(
         )
 
 
+@pytest.mark.process
+def test_stragglers_view_finds_the_rank_ddp_waits_for(clickhouse: Any, tmp_path: Path) -> None:
+    """Two real ranks under DDP over gloo, rank 1 slower before the all-reduce (tests/test_ranks.py):
+    their iteration times come out equal, so the view compares the compute time each rank spent
+    before the collective, as the live exchange does, and names rank 1 in every window with the
+    exchange's own figures."""
+    from tests.rank_helpers import run_ranks
+    from tests.test_ranks import DDP_JOB, DELAY, R, ok
+    from traintel import semconv
+
+    ranks = ok(run_ranks(f"DELAY = {DELAY}\n" + DDP_JOB, tmp_path, TRAINTEL_LOG_EVERY_N_ITERATIONS="4"))
+    load(clickhouse, tmp_path)
+    got = rows(clickhouse, "SELECT * FROM traintel_stragglers ORDER BY window_index")
+    updates = ranks[0].events(semconv.Event.RANKS_METRICS_UPDATE.value)
+    assert [r["window_index"] for r in got] == [u[R + "window.index"] for u in updates] == [0, 1, 2]
+    for row, update in zip(got, updates, strict=True):
+        assert (row["ranks"], row["measure"]) == (2, "compute")
+        assert row["slowest_rank"] == update[semconv.STRAGGLER_RANK] == 1
+        assert row["slowest_seconds"] == pytest.approx(update[R + "compute_time.max"], rel=1e-9)
+        assert row["fastest_seconds"] == pytest.approx(update[R + "compute_time.min"], rel=1e-9)
+        assert row["median_seconds"] == pytest.approx(update[R + "compute_time.median"], rel=1e-9)
+
+
 def test_checkpoints_view_sums_to_the_reports_checkpoint_figures(
     clickhouse: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
