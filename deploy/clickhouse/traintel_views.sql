@@ -363,8 +363,23 @@ GROUP BY session;
 -- not every rank marked that point (measure 'iteration'); the slowest rank and how far it lags
 -- the median rank (lag ratio = slowest / median).
 CREATE OR REPLACE VIEW traintel_stragglers AS
+WITH
+    -- a launch started again under the same run id and restart count is a job of its own, as in
+    -- traintel_job_goodput: in start order a process is its rank's n-th, its launch the largest n
+    -- of any rank so far
+    launches AS (
+        SELECT instance, max(occurrence) OVER (PARTITION BY session, run_id, restart ORDER BY start_ns, instance
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS launch
+        FROM (
+            SELECT instance, session, run_id, restart, start_ns,
+                   row_number() OVER (PARTITION BY session, run_id, restart, rank ORDER BY start_ns, instance) AS occurrence
+            FROM (SELECT instance, any(session) AS session, any(run_id) AS run_id, any(restart) AS restart,
+                         any(rank) AS rank, min(start_ns) AS start_ns
+                  FROM traintel_windows GROUP BY instance)
+        )
+    )
 SELECT
-    session, run_id, restart, window_index,
+    session, run_id, restart, launch, window_index,
     min(first_iteration) AS first_iteration,
     max(last_iteration) AS last_iteration,
     count() AS ranks,
@@ -378,12 +393,13 @@ FROM (
     SELECT *, if(by_compute, assumeNotNull(mean_compute_seconds), mean_iteration_seconds) AS seconds
     FROM (
         SELECT *, min(mean_compute_seconds IS NOT NULL)
-                      OVER (PARTITION BY session, run_id, restart, window_index) AS by_compute
-        FROM traintel_windows
+                      OVER (PARTITION BY session, run_id, restart, launch, window_index) AS by_compute
+        FROM traintel_windows AS w
+        INNER JOIN launches AS l ON l.instance = w.instance
         WHERE mean_iteration_seconds IS NOT NULL
     )
 )
-GROUP BY session, run_id, restart, window_index
+GROUP BY session, run_id, restart, launch, window_index
 HAVING ranks >= 2;
 
 -- Per checkpoint save or load: how long it blocked, its size, and its stages (its child spans
