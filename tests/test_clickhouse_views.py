@@ -297,6 +297,21 @@ def test_stragglers_view_finds_the_rank_ddp_waits_for(clickhouse: Any, tmp_path:
         assert row["median_seconds"] == pytest.approx(update[R + "compute_time.median"], rel=1e-9)
 
 
+@pytest.mark.process
+def test_the_benchmark_times_views_that_agree_with_the_cli() -> None:
+    """benchmarks/bench_backend_views.py, small: its generated session reads the same in both."""
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_backend_views.py"
+    result = subprocess.run(
+        [sys.executable, str(bench), "--ranks", "2", "--windows", "20"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "largest bucket difference 0.000 ms" in result.stdout
+
+
 def test_checkpoints_view_sums_to_the_reports_checkpoint_figures(
     clickhouse: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
