@@ -139,6 +139,7 @@ def write_job(
                 "ml.training.window.last_iteration": first + ITERATIONS - 1,
                 "ml.training.window.iterations": ITERATIONS, "ml.training.window.iteration_time.total": total,
                 "ml.training.window.data_loading_time": data,
+                "ml.training.window.productive_time": total - data,
                 **{f"ml.training.window.iteration_time.{q}": step / S for q in QUANTILES},
             },
         )  # fmt: skip
@@ -251,6 +252,8 @@ def main() -> None:
               f"largest bucket difference {worst * 1e3:.3f} ms")  # fmt: skip
         ratios = f"session goodput {goodput_s / cli_s:.2f}x, stragglers {stragglers_s / cli_s:.2f}x"
         print(f"views / CLI time: {ratios}")
+        if worst > 1e-3:  # the views hold the CLI's definition: a timing of different answers is none
+            raise SystemExit(f"the views and the CLI disagree by {worst * 1e3:.3f} ms")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

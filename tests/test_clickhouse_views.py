@@ -262,6 +262,56 @@ def test_stragglers_view_names_the_ranks_the_report_names(
         )
 
 
+@pytest.mark.process
+def test_stragglers_view_finds_the_rank_ddp_waits_for(clickhouse: Any, tmp_path: Path) -> None:
+    """Two real ranks under DDP over gloo, rank 1 slower before the all-reduce (tests/test_ranks.py):
+    their iteration times come out equal, so the view compares the compute time each rank spent
+    before the collective, as the live exchange does, and names rank 1 in every window with the
+    exchange's own figures. The job is launched twice under the same run id and restart count:
+    each launch's windows stay its own, as its job does in traintel_job_goodput."""
+    from tests.rank_helpers import run_ranks
+    from tests.test_ranks import DDP_JOB, DELAY, R, ok
+    from traintel import semconv
+
+    updates = []
+    for launch in ("first", "again"):
+        (tmp_path / launch).mkdir()
+        ranks = ok(
+            run_ranks(
+                f"DELAY = {DELAY}\n" + DDP_JOB, tmp_path / launch, TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
+                TRAINTEL_RUN_ID="ddp-run",
+            )
+        )  # fmt: skip
+        updates += ranks[0].events(semconv.Event.RANKS_METRICS_UPDATE.value)
+    for table in TABLES:
+        clickhouse.query(f"TRUNCATE TABLE {table}")
+    clickhouse_otel.load(clickhouse, [tmp_path / "first", tmp_path / "again"])
+    got = rows(clickhouse, "SELECT * FROM traintel_stragglers ORDER BY launch, window_index")
+    assert [(r["launch"], r["window_index"]) for r in got] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    assert [u[R + "window.index"] for u in updates] == [0, 1, 2, 0, 1, 2]
+    for row, update in zip(got, updates, strict=True):
+        assert (row["run_id"], row["restart"], row["ranks"], row["measure"]) == ("ddp-run", 0, 2, "compute")
+        assert row["slowest_rank"] == update[semconv.STRAGGLER_RANK] == 1
+        assert row["slowest_seconds"] == pytest.approx(update[R + "compute_time.max"], rel=1e-9)
+        assert row["fastest_seconds"] == pytest.approx(update[R + "compute_time.min"], rel=1e-9)
+        assert row["median_seconds"] == pytest.approx(update[R + "compute_time.median"], rel=1e-9)
+
+
+@pytest.mark.process
+def test_the_benchmark_times_views_that_agree_with_the_cli() -> None:
+    """benchmarks/bench_backend_views.py, small: its generated session reads the same in both."""
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_backend_views.py"
+    result = subprocess.run(
+        [sys.executable, str(bench), "--ranks", "2", "--windows", "20"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "largest bucket difference 0.000 ms" in result.stdout
+
+
 def test_checkpoints_view_sums_to_the_reports_checkpoint_figures(
     clickhouse: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

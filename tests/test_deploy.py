@@ -503,6 +503,17 @@ ALL_COLLECTOR_CONFIGS = [*COLLECTOR_CONFIGS, JAEGER_CONFIG, JAEGER_CLICKHOUSE]
 DEPRECATED_TYPES = {"exporters": {"otlp", "otlphttp", "loadbalancing"}, "connectors": {"spanmetrics"}}
 
 
+@pytest.mark.parametrize("path", COLLECTOR_CONFIGS, ids=lambda p: p.name)
+def test_every_collector_serves_its_own_metrics_where_prometheus_scrapes_them(path: Path) -> None:
+    """Prometheus' otel-collector job scrapes port 8888 of whichever config runs (and the gateways
+    are scaled on those metrics); the collector serves them on localhost only by default."""
+    (job,) = [j for j in PROMETHEUS_CONFIG["scrape_configs"] if j["job_name"] == "otel-collector"]
+    (target,) = job["static_configs"][0]["targets"]
+    (reader,) = load_yaml(path)["service"]["telemetry"]["metrics"]["readers"]
+    exporter = reader["pull"]["exporter"]["prometheus"]
+    assert (exporter["host"], str(exporter["port"])) == ("0.0.0.0", target.split(":")[1])
+
+
 @pytest.mark.parametrize("path", ALL_COLLECTOR_CONFIGS, ids=lambda p: p.name)
 def test_pipelines_reference_only_defined_components(path: Path) -> None:
     config = load_yaml(path)
@@ -720,6 +731,31 @@ def test_prometheus_receives_otlp_and_stores_exemplars() -> None:
     assert set(by_uid) == {"prometheus", "tempo", "jaeger"}
     (link,) = by_uid["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
     assert link == {"name": "trace_id", "datasourceUid": "tempo"}
+
+
+_DURATION = re.compile(r"(\d+)([smhdwy])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+
+
+def _seconds(duration: str) -> int:
+    """A Prometheus duration (``30d``, ``1h30m``) in seconds."""
+    return sum(int(n) * _SECONDS[unit] for n, unit in _DURATION.findall(duration))
+
+
+def test_prometheus_keeps_what_the_rules_look_back_on() -> None:
+    """The session rules add up each job's last value over a range (``last_over_time(...[30d])``):
+    samples older than the retention are deleted, and a session's early jobs with them."""
+    ranges = {
+        _seconds(window)
+        for path in RULE_FILES
+        for group in load_yaml(path)["groups"]
+        for rule in group["rules"]
+        for window in re.findall(r"\[(\w+)\]", rule["expr"])
+    }
+    (retention,) = [
+        f for f in SERVICES["prometheus"]["command"] if f.startswith("--storage.tsdb.retention.time=")
+    ]
+    assert _seconds(retention.split("=", 1)[1]) >= max(ranges) == _seconds("30d")
 
 
 IMAGE = re.compile(r"^(?P<repo>[a-z0-9./-]+):(?P<tag>v?\d+\.\d+\.\d+(\.\d+)?)$")

@@ -44,8 +44,15 @@ INSTRUMENTS = {
     semconv.METRIC_JOB_TIME: ("s", "counter"),
     semconv.METRIC_JOB_START_TIME: ("s", "gauge"),
 }
-#: Resource attributes on target_info that the rules join.
-IDENTITY = (semconv.SESSION_TAG, semconv.RUN_ID, semconv.RESTART_COUNT, semconv.RANK)
+#: Resource attributes on target_info that the rules join (service.instance.id is there on a
+#: scrape and, with ``keep_identifying_resource_attributes``, through OTLP).
+IDENTITY = (
+    semconv.SESSION_TAG,
+    semconv.RUN_ID,
+    semconv.RESTART_COUNT,
+    semconv.RANK,
+    semconv.SERVICE_INSTANCE_ID,
+)
 
 
 def test_every_rule_file_passes_promtool_check() -> None:
@@ -55,15 +62,21 @@ def test_every_rule_file_passes_promtool_check() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _points(directory: Path, t0_ns: int) -> dict[str, dict[int, float]]:
-    """promtool series selector -> {second after t0: value}, from the files' metric lines."""
-    series: dict[str, dict[int, float]] = defaultdict(dict)
-    for file in sorted(directory.rglob("*.jsonl")):
+def _points(directories: list[Path], t0_ns: int, scrape: bool) -> dict[str, dict[int, float | str]]:
+    """promtool series selector -> {second after t0: value}, from the files' metric lines.
+
+    Through OTLP a series' instance is the process's ``service.instance.id``; on a direct scrape
+    (``scrape``) it is the scrape target, the same for every process that serves one port, and a
+    process's series go stale when it stops answering."""
+    series: dict[str, dict[int, float | str]] = defaultdict(dict)
+    last: dict[tuple[str, str], int] = {}  # (selector, process) -> its last second
+    for file in sorted(f for directory in directories for f in directory.rglob("*.jsonl")):
         for line in file.read_bytes().splitlines():
             request = orjson.loads(line)
             for resource_metrics in request.get("resourceMetrics", []):
                 resource = clickhouse_otel.attributes(resource_metrics["resource"]["attributes"])
-                where = f'job="{resource["service.name"]}", instance="{resource["service.instance.id"]}"'
+                instance = "node-1:9464" if scrape else resource["service.instance.id"]
+                where = f'job="{resource["service.name"]}", instance="{instance}"'
                 for scope in resource_metrics.get("scopeMetrics", []):
                     for metric in scope.get("metrics", []):
                         if metric["name"] not in INSTRUMENTS:
@@ -77,31 +90,53 @@ def _points(directory: Path, t0_ns: int) -> dict[str, dict[int, float]]:
                             )
                             second = round((int(point["timeUnixNano"]) - t0_ns) / 1e9)
                             value = float(point.get("asDouble", point.get("asInt", 0)))
-                            series[f"{name}{{{where}{matchers}}}"][second] = value
                             identity = "".join(f', {prometheus_label(k)}="{resource[k]}"' for k in IDENTITY)
-                            series[f"target_info{{{where}{identity}}}"][second] = 1.0
+                            for selector, v in (
+                                (f"{name}{{{where}{matchers}}}", value),
+                                (f"target_info{{{where}{identity}}}", 1.0),
+                            ):
+                                series[selector][second] = v
+                                key = (selector, resource["service.instance.id"])
+                                last[key] = max(last.get(key, second), second)
+    if scrape:
+        for (selector, _), second in last.items():
+            series[selector].setdefault(second + 1, "stale")
     return series
 
 
-def _values(samples: dict[int, float]) -> str:
+def _values(samples: dict[int, float | str]) -> str:
     """promtool's notation: a value at each second that has one, ``_`` (no sample) between."""
     out, at = [], 0
     for second in sorted(samples):
         if second > at:
             out.append(f"_x{second - at}")
-        out.append(repr(samples[second]))
+        value = samples[second]
+        out.append(value if isinstance(value, str) else repr(value))
         at = second + 1
     return " ".join(out)
 
 
-def test_session_rules_equal_the_cli_on_a_killed_and_resumed_session(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "scrape",
+    [
+        pytest.param(False, id="otlp-restarted"),
+        # launched again by hand under the same run id (restart count 0 again) on the same node:
+        # on a direct scrape both launches are one target, the CLI's two jobs
+        pytest.param(True, id="scrape-launched-again"),
+    ],
+)
+def test_session_rules_equal_the_cli_on_a_killed_and_resumed_session(tmp_path: Path, scrape: bool) -> None:
     # windows of 2 iterations: the killed job's last window closed before the kill
     env = {"TRAINTEL_LOG_EVERY_N_ITERATIONS": "2"}
+    again = tmp_path / "again"
+    again.mkdir()
     killed.run_job(tmp_path, killed.KILLED_IN_FIRST_WINDOW, "traintel", restart=0, start_s=0, **env)
-    killed.run_job(tmp_path, killed.RESUMED, "traintel", restart=1, start_s=80, **env)
-    runs = tmp_path / "runs"
+    killed.run_job(
+        again if scrape else tmp_path, killed.RESUMED, "traintel", restart=int(not scrape), start_s=80, **env
+    )
+    runs = [tmp_path / "runs", *([again / "runs"] if scrape else [])]
     capture = subprocess.run(
-        [sys.executable, "-m", "traintel.cli", "goodput", str(runs), "--json"],
+        [sys.executable, "-m", "traintel.cli", "goodput", *map(str, runs), "--json"],
         capture_output=True,
         text=True,
         check=True,
@@ -113,7 +148,7 @@ def test_session_rules_equal_the_cli_on_a_killed_and_resumed_session(tmp_path: P
     assert tails == 0.0  # every iteration was in a closed window: the relation below is exact
     badput = session["badput_seconds"]
 
-    series = _points(runs, session["start_unix_nano"])
+    series = _points(runs, session["start_unix_nano"], scrape)
     assert len({s for s in series if s.startswith("target_info")}) == 2  # two jobs, rank 0 each
     end = max(second for samples in series.values() for second in samples) + 10
     tag = f'ml_training_session_tag="{session["session"]}"'
@@ -165,6 +200,80 @@ def test_session_rules_equal_the_cli_on_a_killed_and_resumed_session(tmp_path: P
                     {"series": name, "values": _values(s)} for name, s in sorted(series.items())
                 ],
                 "promql_expr_test": expected,
+            }
+        ],
+    }
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run(
+        [str(PROMTOOL), "test", "rules", str(tmp_path / "test.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+ALERTS = next(p for p in RULE_FILES if p.name == "traintel-alerts.yml")
+
+
+def _goodput_drop_series(scrape: bool) -> list[dict[str, str]]:
+    """One scrape every 15 s. Process ``a`` climbs to 90% goodput and ends; ``b``, the same run
+    launched again (a restart) 1 min later, climbs from 0 through its initialization for 11 min
+    (below ``a``'s best all along), holds 92% and then really drops to 80% for 7.5 min. On a
+    scrape both are one target, and a process's series go stale when it ends."""
+    a = [min(0.9, 0.5 + 0.02 * i) for i in range(40)]
+    b = [min(0.92, 0.02 * i) for i in range(56)] + [0.8] * 30
+    series: dict[str, dict[int, float | str]] = defaultdict(dict)
+    for process, points, at in (("a", a, 0), ("b", b, len(a) + 4)):
+        target = f'job="train", instance="{"node-1:9464" if scrape else process}"'
+        name = "ml_training_goodput" if scrape else "ml_training_goodput_ratio"
+        identity = f'ml_training_run_id="run-1", service_instance_id="{process}"'
+        for offset, value in enumerate(points):
+            series[f"{name}{{{target}}}"][at + offset] = value
+            series[f"target_info{{{target}, {identity}}}"][at + offset] = 1.0
+        if scrape:
+            for selector in (f"{name}{{{target}}}", f"target_info{{{target}, {identity}}}"):
+                series[selector].setdefault(at + len(points), "stale")
+    return [{"series": name, "values": _values(samples)} for name, samples in series.items()]
+
+
+@pytest.mark.parametrize("scrape", [False, True], ids=["otlp", "scrape"])
+def test_goodput_drop_compares_a_job_with_its_own_best_not_the_run_before_a_restart(
+    tmp_path: Path, scrape: bool
+) -> None:
+    fired = {
+        "exp_labels": {"severity": "warning", "ml_training_run_id": "run-1"},
+        "exp_annotations": {
+            "summary": "Run run-1: goodput fell more than 5 points below its best of the last hour"
+        },
+    }
+    start_b = 44
+    test = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": _goodput_drop_series(scrape),
+                "alert_rule_test": [
+                    # b still climbs, 8 and 11 min in: below a's best, but it is not a drop
+                    {
+                        "eval_time": f"{(start_b + 32) * 15}s",
+                        "alertname": "TraintelGoodputDrop",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": f"{(start_b + 45) * 15}s",
+                        "alertname": "TraintelGoodputDrop",
+                        "exp_alerts": [],
+                    },
+                    # b's own drop, 6 min after it: fired
+                    {
+                        "eval_time": f"{(start_b + 80) * 15}s",
+                        "alertname": "TraintelGoodputDrop",
+                        "exp_alerts": [fired],
+                    },
+                ],
             }
         ],
     }

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.rank_helpers import free_port
+from tests.subprocess_helpers import clean_env
 from traintel import semconv
 from traintel._sdk.providers import build_resource
 from traintel.config import TrainingConfig
@@ -54,6 +58,43 @@ def test_torchrun_identity() -> None:
     }
     assert default_run_id(TORCHRUN) == "job-42"
     assert restart_count(TORCHRUN) == 2
+
+
+#: Each worker writes the run id and restart count it would export, and the first attempt fails.
+_WORKER = """
+import os, sys
+from traintel.resource_detectors import TrainingResourceDetector
+from traintel import semconv
+attributes = TrainingResourceDetector().detect().attributes
+restart = attributes[semconv.RESTART_COUNT]
+with open(f"{os.environ['RANK']}-{restart}.txt", "w") as out:
+    out.write(f"{attributes[semconv.RUN_ID]} {attributes[semconv.SESSION_TAG]}")
+sys.exit(1 if restart == 0 else 0)
+"""
+
+
+@pytest.mark.process
+def test_torchrun_without_a_rendezvous_id_gives_its_ranks_one_run_id(tmp_path: Path) -> None:
+    """``torchrun --nproc-per-node N`` without ``--rdzv-id`` sets ``TORCHELASTIC_RUN_ID=none``:
+    every rank of a launch, and of its restarts, still shares one run id; the next launch has
+    another."""
+    (tmp_path / "worker.py").write_text(_WORKER)
+    ids = []
+    for launch in ("first", "second"):
+        work = tmp_path / launch
+        work.mkdir()
+        result = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+             "--master-port", str(free_port()), str(tmp_path / "worker.py")],
+            cwd=work, env=clean_env(), capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        written = {path.stem: path.read_text().split() for path in work.glob("*.txt")}
+        assert sorted(written) == ["0-0", "0-1", "1-0", "1-1"]  # two ranks, two attempts
+        assert len({run_id for run_id, _ in written.values()}) == 1, written
+        assert all(session == run_id for run_id, session in written.values())
+        ids.append(written["0-0"][0])
+    assert ids[0] != ids[1]
 
 
 def test_slurm_identity() -> None:

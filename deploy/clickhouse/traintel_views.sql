@@ -72,7 +72,9 @@ SELECT
                     - toFloat64OrZero(SpanAttributes['ml.training.window.nested_badput_time'])
                     - program_startup_seconds),
        toFloat64OrZero(SpanAttributes['ml.training.window.productive_time'])) AS productive_seconds,
-    if(iterations > 0, iteration_seconds / iterations, NULL) AS mean_iteration_seconds
+    if(iterations > 0, iteration_seconds / iterations, NULL) AS mean_iteration_seconds,
+    -- mean compute time before the synchronisation point (watch_ddp / mark_sync_point), if marked
+    toFloat64OrNull(SpanAttributes['ml.training.window.compute_time']) AS mean_compute_seconds
 FROM traintel_spans
 WHERE SpanName = 'training_window';
 
@@ -355,22 +357,49 @@ SELECT
 FROM traintel_job_goodput AS j
 GROUP BY session;
 
--- Per window of a job seen on two or more ranks: every rank's mean iteration time, the slowest
--- rank and how far it lags the median rank (lag ratio = slowest / median).
+-- Per window of a job seen on two or more ranks: every rank's mean compute time before the
+-- synchronisation point (measure 'compute': DDP's all-reduce makes every rank's iteration time
+-- the same, and the rank that arrives last is the straggler), or its mean iteration time where
+-- not every rank marked that point (measure 'iteration'); the slowest rank and how far it lags
+-- the median rank (lag ratio = slowest / median).
 CREATE OR REPLACE VIEW traintel_stragglers AS
+WITH
+    -- a launch started again under the same run id and restart count is a job of its own, as in
+    -- traintel_job_goodput: in start order a process is its rank's n-th, its launch the largest n
+    -- of any rank so far
+    launches AS (
+        SELECT instance, max(occurrence) OVER (PARTITION BY session, run_id, restart ORDER BY start_ns, instance
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS launch
+        FROM (
+            SELECT instance, session, run_id, restart, start_ns,
+                   row_number() OVER (PARTITION BY session, run_id, restart, rank ORDER BY start_ns, instance) AS occurrence
+            FROM (SELECT instance, any(session) AS session, any(run_id) AS run_id, any(restart) AS restart,
+                         any(rank) AS rank, min(start_ns) AS start_ns
+                  FROM traintel_windows GROUP BY instance)
+        )
+    )
 SELECT
-    session, run_id, restart, window_index,
+    session, run_id, restart, launch, window_index,
     min(first_iteration) AS first_iteration,
     max(last_iteration) AS last_iteration,
     count() AS ranks,
-    argMax(rank, (mean_iteration_seconds, -rank)) AS slowest_rank,
-    max(mean_iteration_seconds) AS slowest_seconds,
-    quantileExactInclusive(0.5)(mean_iteration_seconds) AS median_seconds,
-    min(mean_iteration_seconds) AS fastest_seconds,
+    if(min(by_compute), 'compute', 'iteration') AS measure,
+    argMax(rank, (seconds, -rank)) AS slowest_rank,
+    max(seconds) AS slowest_seconds,
+    quantileExactInclusive(0.5)(seconds) AS median_seconds,
+    min(seconds) AS fastest_seconds,
     slowest_seconds / median_seconds AS lag_ratio
-FROM traintel_windows
-WHERE mean_iteration_seconds IS NOT NULL
-GROUP BY session, run_id, restart, window_index
+FROM (
+    SELECT *, if(by_compute, assumeNotNull(mean_compute_seconds), mean_iteration_seconds) AS seconds
+    FROM (
+        SELECT *, min(mean_compute_seconds IS NOT NULL)
+                      OVER (PARTITION BY session, run_id, restart, launch, window_index) AS by_compute
+        FROM traintel_windows AS w
+        INNER JOIN launches AS l ON l.instance = w.instance
+        WHERE mean_iteration_seconds IS NOT NULL
+    )
+)
+GROUP BY session, run_id, restart, launch, window_index
 HAVING ranks >= 2;
 
 -- Per checkpoint save or load: how long it blocked, its size, and its stages (its child spans

@@ -43,8 +43,10 @@ TRAINTEL_RUN_ID: Final = "TRAINTEL_RUN_ID"
 .. envvar:: TRAINTEL_RUN_ID
 
 The id shared by every process (rank) of one job, exported as ``ml.training.run_id``.
-Default: ``TORCHELASTIC_RUN_ID`` under torchrun, else the Slurm job id (with step), else a
-random id per process.
+Default: ``TORCHELASTIC_RUN_ID`` under torchrun (without ``--rdzv-id`` torchrun sets it to
+``none``: then an id of the launch, shared by its ranks on one node and by its restarts; on
+several nodes pass ``--rdzv-id`` or set this), else the Slurm job id (with step), else a random
+id per process.
 """
 
 TRAINTEL_GLOBAL_BATCH_SIZE: Final = "TRAINTEL_GLOBAL_BATCH_SIZE"

@@ -151,12 +151,29 @@ def gpu_attributes(environ: Mapping[str, str], nvml: object | None = None) -> di
     return _present({semconv.HW_ID: gpu_in_use(environ, nvml)})
 
 
+def _torchrun_launch_id(environ: Mapping[str, str]) -> str | None:
+    """torchrun without a rendezvous id (``TORCHELASTIC_RUN_ID=none``): an id of the launch's log
+    directory, which its agent makes once (``<dir>/attempt_<restart>/<local rank>/error.json``)
+    and shares with every worker it starts on this node, restarts included."""
+    error_file = environ.get("TORCHELASTIC_ERROR_FILE")
+    if environ.get("TORCHELASTIC_RUN_ID") != "none" or not error_file:
+        return None
+    parts = error_file.split("/")
+    if len(parts) < 4 or not parts[-3].startswith("attempt_"):
+        return None
+    launch = f"{socket.gethostname()}:{'/'.join(parts[:-3])}"
+    return uuid.uuid5(uuid.NAMESPACE_URL, launch).hex
+
+
 def default_run_id(environ: Mapping[str, str] | None = None) -> str:
     """One id for all ranks of a job: the launcher's id where one exists, else a fresh uuid."""
     environ = os.environ if environ is None else environ
     elastic = environ.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
         return elastic
+    launch = _torchrun_launch_id(environ)
+    if launch:
+        return launch
     slurm_job = _first(environ, "SLURM_JOB_ID", "SLURM_JOBID")
     if slurm_job:
         step = _first(environ, "SLURM_STEP_ID", "SLURM_STEPID")

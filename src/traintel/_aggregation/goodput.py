@@ -43,7 +43,7 @@ _RECORD_KEYS = tuple(
     )
 )  # fmt: skip
 _SLOWEST, _FLOPS = WINDOW_KEYS["slowest_iteration"], WINDOW_KEYS["flops"]
-_MERGED = WINDOW_KEYS["merged_windows"]
+_MERGED, _COMPUTE = WINDOW_KEYS["merged_windows"], WINDOW_KEYS["compute_time"]
 
 #: Once the step sketch has left its exact range, the ideal step time is recomputed every this
 #: many windows (its bucket walk costs more than the rest of a window close).
@@ -80,6 +80,11 @@ class WindowGoodput:
     #: The window's sums, and how many windows in a row the record holds (``window_merge``).
     sums: WindowSums | None = None
     windows: int = 1
+    #: Compute time before the synchronisation point (``traintel.distributed``), summed over
+    #: the iterations that marked it, and how many did: what tells a straggler under DDP, whose
+    #: all-reduce makes every rank's iteration time the same.
+    sync_compute_s: float = 0.0
+    sync_marked: int = 0
 
     @property
     def productive_s(self) -> float:
@@ -108,6 +113,8 @@ class WindowGoodput:
             out[_SLOWEST] = self.slowest_iteration
         if self.windows > 1:
             out[_MERGED] = self.windows
+        if self.sync_marked:
+            out[_COMPUTE] = self.sync_compute_s / self.sync_marked
         if self.flops:
             out[_FLOPS] = self.flops
         if self.peak_flops:
@@ -265,6 +272,7 @@ class GoodputLedger:
             max_s,
             slowest,
         )
+        window.sync_compute_s, window.sync_marked = report.sync_compute_ns / 1e9, report.sync_marked
         self.steps.add_many(report.batch if report.batch is not None else durations)
         self._windows_seen += 1
         if (

@@ -104,6 +104,7 @@ class RecordMerger:
             a.nested_badput_s + b.nested_badput_s, a.program_startup_s + b.program_startup_s,
             a.flops + b.flops, b.peak_flops, p50, p90, p99, slower.max_s, slower.slowest_iteration,
             b.ideal_step_time_s, metrics, None, sums, a.windows + b.windows,
+            a.sync_compute_s + b.sync_compute_s, a.sync_marked + b.sync_marked,
         )  # fmt: skip
 
 
