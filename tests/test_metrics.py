@@ -330,6 +330,29 @@ def test_an_evaluation_inside_a_training_step_gives_the_step_back(owned: Any) ->
     assert seconds == {"productive": 1.5, "data_loading": 0.5, "evaluation": 1.0, "checkpoint_save": 1.0}
 
 
+def test_a_checkpoint_inside_an_iteration_counts_when_no_iteration_is_exported(owned: Any) -> None:
+    """``TRAINTEL_EXPORT_ITERATIONS=none`` exports no iteration, yet a save inside one is a save:
+    timed, counted and booked as checkpoint badput, not productive time (the SDK dropped its span
+    with the unsampled iteration)."""
+    job = owned(warmup_iterations=0, export_iterations="none")
+    callbacks.on_train_start(train_iterations_start=0, start_time_msec=ms(0))
+    callbacks.on_training_single_iteration_start(start_time_msec=ms(0))
+    callbacks.on_save_checkpoint_start(global_step=1, start_time_msec=ms(2), size_bytes=100)
+    callbacks.on_save_checkpoint_end(finish_time_msec=ms(3))
+    callbacks.on_training_single_iteration_end(finish_time_msec=ms(4))
+    callbacks.on_train_end(finish_time_msec=ms(4))
+    (window,) = job.named("training_window")
+    attributes = window.attributes or {}
+    assert (attributes[W + "productive_time"], attributes[W + "nested_badput_time"]) == (3.0, 1.0)
+    (save,) = job.metric_points(semconv.METRIC_CHECKPOINT_SAVE_DURATION)
+    assert (save.count, save.sum) == (1, 1.0)
+    seconds = {
+        p.attributes[semconv.GOODPUT_CATEGORY]: p.value
+        for p in job.metric_points(semconv.METRIC_GOODPUT_TIME)
+    }
+    assert seconds == {"productive": 3.0, "checkpoint_save": 1.0}
+
+
 def test_async_checkpoint_inside_an_iteration_exports_and_links_it(owned: Any) -> None:
     job = owned(export_first_iterations=0, export_every_n_iterations=0)
     with traintel.training_loop():

@@ -204,10 +204,24 @@ class TrainingEngine:
         if self.closed:
             return trace_api.INVALID_SPAN
         try:
-            return self.tracer.start_span(name, attributes=attributes, start_time=start_time)
+            return self.tracer.start_span(
+                name, self._badput_parent(name), attributes=attributes, start_time=start_time
+            )
         except Exception:
             self.warn_once("start_span", "could not start span %r", name)
             return trace_api.INVALID_SPAN
+
+    def _badput_parent(self, name: str) -> Context | None:
+        """A checkpoint or evaluation inside an iteration the policy does not sample
+        (``TRAINTEL_EXPORT_ITERATIONS=none``): under the iteration's sampled context, so that it
+        is recorded, counted and booked as badput (the SDK would drop it with its parent);
+        anything else in the current context."""
+        record = self.active
+        if record is None or record.sampled or name not in semconv.BADPUT_CATEGORY_OF_PHASE:
+            return None
+        if self.active_thread != _get_ident():
+            return None
+        return trace_api.set_span_in_context(NonRecordingSpan(record.exported_context()))
 
     def end_span(
         self,
