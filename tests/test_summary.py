@@ -116,6 +116,28 @@ def test_the_checkpoint_line_counts_the_save_after_the_loop(tmp_path: Path) -> N
     assert (summary.checkpoint_value("saves"), summary.checkpoint_value("bytes.total")) == (2, 8_000_000)
 
 
+def test_a_loop_all_in_its_warm_up_says_so_not_that_it_is_still_running(tmp_path: Path) -> None:
+    file = OtlpJsonLinesFile(output_dir=tmp_path)
+    provider = TracerProvider(
+        resource=Resource({semconv.RANK: 0, semconv.RUN_ID: "r1"}), shutdown_on_exit=False
+    )
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
+    traintel.configure(tracer_provider=provider, global_batch_size=4, warmup_iterations=5)
+    callbacks.on_train_start(train_iterations_start=0, start_time_msec=T0)
+    for start, end in ((0, 2000), (2000, 3000), (3000, 4000)):
+        callbacks.on_training_single_iteration_start(start_time_msec=T0 + start)
+        callbacks.on_training_single_iteration_end(finish_time_msec=T0 + end)
+    callbacks.on_train_end(finish_time_msec=T0 + 4000)
+    traintel.shutdown(1)
+    provider.shutdown()
+    assert file.path is not None
+    text = render(summarize([file.path])).replace("\n  ", " ")
+    assert (
+        "Iterations: 3 in 1 window(s) (all in the warm-up, TRAINTEL_WARMUP_ITERATIONS: no percentiles" in text
+    )
+    assert "so far" not in text and "mean 1.33 s  max 2.00 s" in text
+
+
 def test_percentile_interpolates() -> None:
     values = [1.0, 2.0, 3.0, 4.0]
     assert percentile(values, 0) == 1.0

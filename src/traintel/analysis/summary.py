@@ -734,6 +734,8 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
         why = (
             "(its loop span is not traintel's: the percentiles come with traintel's training_loop)"
             if ended
+            else "(all in the warm-up, TRAINTEL_WARMUP_ITERATIONS: no percentiles or rates)"
+            if iterations is not None  # its loop ended, every iteration in the warm-up
             else "so far (the run's percentiles come with the end of its loop)"
         )
         lines = [""]
