@@ -53,6 +53,23 @@ def test_values_are_converted_or_dropped_once(pipeline: Pipeline, caplog: pytest
         assert sum(text in w for w in warnings) == 1, (text, warnings)
 
 
+def test_record_batch_counts_tensors_and_numpy_scalars(owned: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The counts a loop has at hand (``mask.sum()``, a numpy length) are counted through
+    ``.item()``; a count that is no number leaves out that count alone, said once."""
+    caplog.set_level(logging.WARNING)
+    job = owned(warmup_iterations=0, log_every_n_iterations=3, export_iterations="none")
+    with traintel.training_loop(train_iterations_start=0):
+        for _ in range(3):
+            with traintel.training_iteration():
+                traintel.record_batch(samples=4, tokens=torch.ones(4, 8).sum(), padding_tokens=np.int64(2))
+                traintel.record_batch(samples=np.int64(4), tokens=32)
+                traintel.record_batch(samples=1, tokens=torch.ones(2))  # tokens dropped, samples kept
+    (window,) = job.events("training_metrics_update")
+    W = semconv.WINDOW_PREFIX
+    assert (window[W + "samples"], window[W + "tokens"], window[W + "padding_tokens"]) == (27, 192, 6)
+    assert sum("record_batch(tokens=tensor([1., 1.]))" in r.getMessage() for r in caplog.records) == 1
+
+
 # --- the conversion is total: any value, a valid attribute or dropped, never an exception -------
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

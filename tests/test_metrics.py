@@ -321,6 +321,62 @@ def test_an_async_save_given_a_path_is_measured_when_its_writer_finishes(
     assert finalize.attributes[semconv.CHECKPOINT_SIZE] == 1234
 
 
+def test_an_evaluation_inside_a_training_step_gives_the_step_back(owned: Any) -> None:
+    """Validation run within a training step (the loop's body under one iteration): after its
+    iterations the training step is the running one again, so its later work counts and its
+    nested phases are taken from its productive time, once (the categories sum to the job)."""
+    job = owned(warmup_iterations=0)
+    callbacks.on_app_start(start_time_msec=ms(0))
+    callbacks.on_train_start(train_iterations_start=0, start_time_msec=ms(0))
+    callbacks.on_training_single_iteration_start(start_time_msec=ms(0))
+    callbacks.on_data_loading_start(start_time_msec=ms(0))
+    callbacks.on_data_loading_end(finish_time_msec=ms(0.5))
+    callbacks.on_validation_start(start_time_msec=ms(1))
+    callbacks.on_validation_single_iteration_start(start_time_msec=ms(1))
+    callbacks.on_validation_single_iteration_end(finish_time_msec=ms(2))
+    callbacks.on_validation_end(finish_time_msec=ms(2))
+    traintel.record_batch(samples=3)
+    callbacks.on_save_checkpoint_start(global_step=1, start_time_msec=ms(2))
+    callbacks.on_save_checkpoint_end(finish_time_msec=ms(3))
+    callbacks.on_training_single_iteration_end(finish_time_msec=ms(4))
+    callbacks.on_train_end(finish_time_msec=ms(4))
+    callbacks.on_app_end(finish_time_msec=ms(4))
+    (window,) = job.named("training_window")
+    attributes = window.attributes or {}
+    (metrics,) = job.events("training_metrics_update")
+    assert metrics[W + "samples"] == 3  # recorded after the validation iteration ended
+    assert attributes[W + "nested_badput_time"] == 2.0  # the validation loop and the save
+    assert attributes[W + "productive_time"] == 1.5  # 4 s less 0.5 s data loading, 2 s nested
+    seconds = {
+        p.attributes[semconv.GOODPUT_CATEGORY]: p.value
+        for p in job.metric_points(semconv.METRIC_GOODPUT_TIME)
+    }
+    assert seconds == {"productive": 1.5, "data_loading": 0.5, "evaluation": 1.0, "checkpoint_save": 1.0}
+
+
+def test_a_checkpoint_inside_an_iteration_counts_when_no_iteration_is_exported(owned: Any) -> None:
+    """``TRAINTEL_EXPORT_ITERATIONS=none`` exports no iteration, yet a save inside one is a save:
+    timed, counted and booked as checkpoint badput, not productive time (the SDK dropped its span
+    with the unsampled iteration)."""
+    job = owned(warmup_iterations=0, export_iterations="none")
+    callbacks.on_train_start(train_iterations_start=0, start_time_msec=ms(0))
+    callbacks.on_training_single_iteration_start(start_time_msec=ms(0))
+    callbacks.on_save_checkpoint_start(global_step=1, start_time_msec=ms(2), size_bytes=100)
+    callbacks.on_save_checkpoint_end(finish_time_msec=ms(3))
+    callbacks.on_training_single_iteration_end(finish_time_msec=ms(4))
+    callbacks.on_train_end(finish_time_msec=ms(4))
+    (window,) = job.named("training_window")
+    attributes = window.attributes or {}
+    assert (attributes[W + "productive_time"], attributes[W + "nested_badput_time"]) == (3.0, 1.0)
+    (save,) = job.metric_points(semconv.METRIC_CHECKPOINT_SAVE_DURATION)
+    assert (save.count, save.sum) == (1, 1.0)
+    seconds = {
+        p.attributes[semconv.GOODPUT_CATEGORY]: p.value
+        for p in job.metric_points(semconv.METRIC_GOODPUT_TIME)
+    }
+    assert seconds == {"productive": 3.0, "checkpoint_save": 1.0}
+
+
 def test_async_checkpoint_inside_an_iteration_exports_and_links_it(owned: Any) -> None:
     job = owned(export_first_iterations=0, export_every_n_iterations=0)
     with traintel.training_loop():

@@ -87,6 +87,57 @@ def test_summary_numbers_are_exact(tmp_path: Path) -> None:
     assert "Iterations exported as spans: 4 (first 4)" in text
 
 
+def test_the_checkpoint_line_counts_the_save_after_the_loop(tmp_path: Path) -> None:
+    """The final checkpoint, saved after the training loop ended (as most loops do), is one of
+    the job's saves: 2 saves, 2 + 3 s, 3 + 5 MB (the loop's own summary holds only the first)."""
+    file = OtlpJsonLinesFile(output_dir=tmp_path)
+    provider = TracerProvider(
+        resource=Resource({semconv.RANK: 0, semconv.RUN_ID: "r1"}), shutdown_on_exit=False
+    )
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
+    traintel.configure(tracer_provider=provider, global_batch_size=10, warmup_iterations=0)
+    callbacks.on_app_start(start_time_msec=T0)
+    callbacks.on_train_start(train_iterations_start=0, start_time_msec=T0)
+    callbacks.on_training_single_iteration_start(start_time_msec=T0)
+    callbacks.on_training_single_iteration_end(finish_time_msec=T0 + 1000)
+    callbacks.on_save_checkpoint_start(global_step=1, start_time_msec=T0 + 1000, size_bytes=3_000_000)
+    callbacks.on_save_checkpoint_end(finish_time_msec=T0 + 3000)
+    callbacks.on_train_end(finish_time_msec=T0 + 3000)
+    callbacks.on_save_checkpoint_start(global_step=1, start_time_msec=T0 + 3000, size_bytes=5_000_000)
+    callbacks.on_save_checkpoint_end(finish_time_msec=T0 + 6000)
+    callbacks.on_app_end(finish_time_msec=T0 + 6000)
+    traintel.shutdown(1)
+    provider.shutdown()
+    assert file.path is not None
+    summary = summarize([file.path])
+    assert summary.summary_value("checkpoint.saves") == 1  # the loop's, at its end
+    text = render(summary)
+    assert "Checkpoints: 2 saves, 5.00 s blocking in total, mean 2.50 s, max 3.00 s, 8.00 MB" in text
+    assert (summary.checkpoint_value("saves"), summary.checkpoint_value("bytes.total")) == (2, 8_000_000)
+
+
+def test_a_loop_all_in_its_warm_up_says_so_not_that_it_is_still_running(tmp_path: Path) -> None:
+    file = OtlpJsonLinesFile(output_dir=tmp_path)
+    provider = TracerProvider(
+        resource=Resource({semconv.RANK: 0, semconv.RUN_ID: "r1"}), shutdown_on_exit=False
+    )
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
+    traintel.configure(tracer_provider=provider, global_batch_size=4, warmup_iterations=5)
+    callbacks.on_train_start(train_iterations_start=0, start_time_msec=T0)
+    for start, end in ((0, 2000), (2000, 3000), (3000, 4000)):
+        callbacks.on_training_single_iteration_start(start_time_msec=T0 + start)
+        callbacks.on_training_single_iteration_end(finish_time_msec=T0 + end)
+    callbacks.on_train_end(finish_time_msec=T0 + 4000)
+    traintel.shutdown(1)
+    provider.shutdown()
+    assert file.path is not None
+    text = render(summarize([file.path])).replace("\n  ", " ")
+    assert (
+        "Iterations: 3 in 1 window(s) (all in the warm-up, TRAINTEL_WARMUP_ITERATIONS: no percentiles" in text
+    )
+    assert "so far" not in text and "mean 1.33 s  max 2.00 s" in text
+
+
 def test_percentile_interpolates() -> None:
     values = [1.0, 2.0, 3.0, 4.0]
     assert percentile(values, 0) == 1.0

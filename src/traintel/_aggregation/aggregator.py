@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from itertools import compress, repeat
 from typing import Any
@@ -327,6 +328,9 @@ class WindowReport:
     sync_marked: int = 0
     #: The window's sums, for a record that merges it with the windows after it.
     sums: WindowSums | None = None
+    #: Each iteration's data-loading wait (ns; None where it timed no step phases), in the
+    #: order of ``durations``.
+    data_loading_column: Sequence[int | None] = ()
 
     def get(self, key: str) -> float | None:
         value = self.attributes.get(key)
@@ -401,6 +405,7 @@ class TrainingAggregator:
             window.sync_compute_ns,
             window.sync_marked,
             sums,
+            data_loading_ns,
         )
         self.windows_closed += 1
         self.last_window = report

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 from traintel import semconv
 from traintel._aggregation.aggregator import WINDOW_KEYS, WindowReport, WindowSums
@@ -287,20 +288,26 @@ class GoodputLedger:
         window.sums = report.sums
         if metrics is not None:
             window.metrics = metrics
-        return self._book([window] if self._startup_decided else self._startup(window, durations, p50, final))
+        return self._book([window] if self._startup_decided else self._startup(window, report, final))
 
-    def _startup(
-        self, window: WindowGoodput, durations: list[float], p50: float, final: bool
-    ) -> list[WindowGoodput]:
-        """Until the first iteration's startup share is decided: the windows it decides."""
+    def _startup(self, window: WindowGoodput, report: WindowReport, final: bool) -> list[WindowGoodput]:
+        """Until the first iteration's startup share is decided: the windows it decides. An
+        iteration's time here is without its data-loading wait: a first step slow because its
+        batch was slow is data loading, not startup."""
+        steps = [
+            duration - (wait or 0) / 1e9
+            for duration, wait in zip_longest(
+                report.durations, report.data_loading_column[: len(report.durations)]
+            )
+        ]
         held = self._held
         if held is not None:  # the held first window, decided against this one's iterations
-            self._decide_startup(held, p50)
+            self._decide_startup(held, percentile(sorted(steps), 50))
             self._held = None
             return [held, window]
-        self._first_iteration_s = durations[0] if durations else None  # the job's first window
-        if len(durations) >= 2:
-            self._decide_startup(window, percentile(sorted(durations[1:]), 50))
+        self._first_iteration_s = steps[0] if steps else None  # the job's first window
+        if len(steps) >= 2:
+            self._decide_startup(window, percentile(sorted(steps[1:]), 50))
         elif final:  # a job of one iteration: no typical step to compare with
             self._startup_decided = True
         else:

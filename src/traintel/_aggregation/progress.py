@@ -102,7 +102,9 @@ class OpenWindowProgress:
         if not first_window or self._read < 2:
             return span, 0.0, None
         durations = seconds_of(row[0] for row in rows[: self._read])
-        startup = max(0.0, min(durations[0] - percentile(sorted(durations[1:]), 50), busy_s - data_s))
+        # compared without their data-loading wait: a first batch that was slow is data loading
+        steps = seconds_of(row[0] - (row[5] or 0) for row in rows[: self._read])
+        startup = max(0.0, min(steps[0] - percentile(sorted(steps[1:]), 50), busy_s - data_s))
         return span, startup, robust_mean(sorted(durations))
 
     def _read_new(self, new: list[RawRow]) -> None:

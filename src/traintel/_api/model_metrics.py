@@ -22,6 +22,7 @@ from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
 from traintel._runtime import state as _state
+from traintel._sdk.attributes import as_number
 
 
 def _as_number(value: object) -> float | int | bool | None:
@@ -144,18 +145,25 @@ def record_batch(
     if record is None or engine.active_thread != threading.get_ident():
         engine.warn_once("batch_outside", "record_batch called outside a training iteration; ignored")
         return
-    for name, value in (
+    counts = [_count(engine, name, value) for name, value in (
         ("samples", samples),
         ("tokens", tokens),
         ("padding_tokens", padding_tokens),
         ("flops", flops),
-    ):
-        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):
-            engine.warn_once(
-                "batch_value:" + name,
-                "record_batch(%s=%r): expected a non-negative number; ignored",
-                name,
-                value,
-            )
-            return
-    record.add_work(samples, tokens, padding_tokens, flops)
+    )]  # fmt: skip
+    record.add_work(*counts)
+
+
+def _count(engine: TrainingEngine, name: str, value: object) -> float | None:
+    """A count as a Python number (a numpy scalar or one-element tensor through ``.item()``);
+    ``None`` for one not given, or for a value that is no non-negative number (said once, and
+    only that count is left out: the call's other counts still add up)."""
+    if value is None:
+        return None
+    number = as_number(value)
+    if number is None or number < 0:
+        engine.warn_once(
+            "batch_value:" + name, "record_batch(%s=%r): expected a non-negative number; ignored", name, value
+        )
+        return None
+    return number

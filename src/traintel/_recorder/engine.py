@@ -204,10 +204,24 @@ class TrainingEngine:
         if self.closed:
             return trace_api.INVALID_SPAN
         try:
-            return self.tracer.start_span(name, attributes=attributes, start_time=start_time)
+            return self.tracer.start_span(
+                name, self._badput_parent(name), attributes=attributes, start_time=start_time
+            )
         except Exception:
             self.warn_once("start_span", "could not start span %r", name)
             return trace_api.INVALID_SPAN
+
+    def _badput_parent(self, name: str) -> Context | None:
+        """A checkpoint or evaluation inside an iteration the policy does not sample
+        (``TRAINTEL_EXPORT_ITERATIONS=none``): under the iteration's sampled context, so that it
+        is recorded, counted and booked as badput (the SDK would drop it with its parent);
+        anything else in the current context."""
+        record = self.active
+        if record is None or record.sampled or name not in semconv.BADPUT_CATEGORY_OF_PHASE:
+            return None
+        if self.active_thread != _get_ident():
+            return None
+        return trace_api.set_span_in_context(NonRecordingSpan(record.exported_context()))
 
     def end_span(
         self,
@@ -319,8 +333,11 @@ class TrainingEngine:
             ours = self.export_filter is not None
             record.sampled = sampler.policy != "none" if ours else reason is not None
             record.root_flags = cached[3]
+        thread = _get_ident()
+        if self.active is not None and self.active_thread == thread:
+            record.outer = self.active  # an iteration within an iteration: the outer one comes back
         self.active = record
-        self.active_thread = _get_ident()
+        self.active_thread = thread
         return record
 
     def _begin_eval(self, phase: str, given_number: int | None) -> tuple[int, IterationSampler]:
@@ -364,8 +381,10 @@ class TrainingEngine:
             # Progress, stamped before the iteration stops being active: a reader that saw
             # neither would take the previous iteration's end for the rank's last progress.
             self.iteration_end_ns = end_ns
-            if self.active is record:
-                self.active = None
+            if self.active is record:  # the iteration it began within (a training step running
+                # validation) is active again while open: its later work and phases are its own
+                outer = record.outer
+                self.active = outer if outer is not None and not outer.end_ns else None
             duration_ns = end_ns - record.start_ns
             if record.phase != _TRAINING_ITERATION:
                 self._end_eval_iteration(record, duration_ns)

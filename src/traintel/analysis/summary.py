@@ -240,6 +240,10 @@ class RunSummary:
     #: Per evaluation phase (validation_loop, testing_loop): the precedence and the model
     #: metrics (``name -> last value``) of its latest loop that recorded any.
     last_evaluation: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=dict)
+    #: The precedence and the ``ml.training.checkpoint.*`` totals of the latest
+    #: ``checkpoint_metrics_update`` event: the job's saves so far, a save after its loop ended
+    #: (the final checkpoint) included, which the loop's summary cannot hold.
+    last_checkpoints: tuple[tuple[int, int, int], dict[str, Any]] | None = None
     exported_iterations: Counter[str] = field(default_factory=Counter)
     slowest: list[SlowIteration] = field(default_factory=list)
     events: Counter[str] = field(default_factory=Counter)
@@ -284,6 +288,8 @@ class RunSummary:
             self.events[event.name] += 1
             if event.name == semconv.Event.TRAINING_METRICS_UPDATE:
                 self._window(event.attributes, _precedence(resource, event.time_ns))
+            elif event.name == semconv.Event.CHECKPOINT_METRICS_UPDATE:
+                self._checkpoints((_precedence(resource, event.time_ns), event.attributes))
         phase = span.attributes.get(semconv.PHASE)
         if phase is None:
             return
@@ -374,6 +380,23 @@ class RunSummary:
         if metrics and (phase not in self.last_evaluation or self.last_evaluation[phase][0] <= at):
             self.last_evaluation[phase] = (at, metrics)
 
+    def _checkpoints(self, entry: tuple[tuple[int, int, int], dict[str, Any]]) -> None:
+        if self.last_checkpoints is None or self.last_checkpoints[0] <= entry[0]:
+            self.last_checkpoints = entry
+
+    def checkpoint_value(self, key: str) -> Any:
+        """A checkpoint total (``saves``, ``save_time.total``, ``bytes.total`` ...) of the latest
+        job (lowest rank that saved): its latest save's, else its loop summary's."""
+        if self.last_checkpoints is not None:
+            return self.last_checkpoints[1].get(semconv.CHECKPOINT_PREFIX + key)
+        return self.summary_value("checkpoint." + key)
+
+    def checkpoint_rank(self) -> int | None:
+        """The rank whose totals :meth:`checkpoint_value` gives."""
+        if self.last_checkpoints is not None:
+            return -self.last_checkpoints[0][1]
+        return self.summary_rank("checkpoint.saves")
+
     def _window(self, attributes: dict[str, Any], at: tuple[int, int, int]) -> None:
         n = int(attributes.get(_W + "iterations", 0))
         if not n:
@@ -449,6 +472,8 @@ class RunSummary:
             self.last_window_at is None or self.last_window_at <= later.last_window_at
         ):
             self.last_window, self.last_window_at = later.last_window, later.last_window_at
+        if later.last_checkpoints is not None:
+            self._checkpoints(later.last_checkpoints)
         for phase, (at, metrics) in later.last_evaluation.items():
             if phase not in self.last_evaluation or self.last_evaluation[phase][0] <= at:
                 self.last_evaluation[phase] = (at, metrics)
@@ -722,6 +747,8 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
         why = (
             "(its loop span is not traintel's: the percentiles come with traintel's training_loop)"
             if ended
+            else "(all in the warm-up, TRAINTEL_WARMUP_ITERATIONS: no percentiles or rates)"
+            if iterations is not None  # its loop ended, every iteration in the warm-up
             else "so far (the run's percentiles come with the end of its loop)"
         )
         lines = [""]
@@ -778,17 +805,18 @@ def _rate_lines(summary: RunSummary) -> list[str]:
     energy = energy_figures(value)
     if energy is not None:
         lines.append(energy_text(energy))
-    saves = value("checkpoint.saves")
+    checkpoint = summary.checkpoint_value
+    saves = checkpoint("saves")
     if saves:
-        megabytes = value("checkpoint.bytes.total")
-        # a loop's own saves: with several ranks, one rank's (often the only one that saves)
-        rank = summary.summary_rank("checkpoint.saves") if len(summary.ranks) > 1 else None
+        megabytes = checkpoint("bytes.total")
+        # the job's saves: with several ranks, one rank's (often the only one that saves)
+        rank = summary.checkpoint_rank() if len(summary.ranks) > 1 else None
         lines.append(
             f"Checkpoints{f' of rank {rank}' if rank is not None else ''}"
             f"{' of the latest job' if summary.jobs > 1 else ''}: {plain_number(saves)} saves, "
-            f"{fmt_seconds(value('checkpoint.save_time.total'))} blocking in total, "
-            f"mean {fmt_seconds(value('checkpoint.save_time.mean'))}, "
-            f"max {fmt_seconds(value('checkpoint.save_time.max'))}"
+            f"{fmt_seconds(checkpoint('save_time.total'))} blocking in total, "
+            f"mean {fmt_seconds(checkpoint('save_time.mean'))}, "
+            f"max {fmt_seconds(checkpoint('save_time.max'))}"
             + (f", {megabytes / 1e6:,.2f} MB" if megabytes else "")
         )
     return lines

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -417,18 +418,20 @@ def _infer_iterations(
 ) -> float:
     """Each iteration of ``tail`` as an inferred window of one iteration, by the live rules
     (``inner``: the data loading inside iterations; ``no_records``: the first one's excess over
-    the median of the others is program startup); returns their productive seconds."""
+    the median of the others, each without its data-loading wait, is program startup); returns
+    their productive seconds."""
     begin = tail[0][1][0]
     inner_data = union(d for d in inner if d[1] > begin)
     phases = union((start, end) for start, end, _ in process.phases if end > begin)
     durations = [(end - start) / 1e9 for _, (start, end) in tail]
-    typical = percentile(sorted(durations[1:]), 50) if len(durations) >= 2 and no_records else None
+    waits = [_covered_ns(inner_data, start, end) / 1e9 for _, (start, end) in tail]
+    steps = list(map(operator.sub, durations, waits))  # compared without their data-loading wait
+    typical = percentile(sorted(steps[1:]), 50) if len(steps) >= 2 and no_records else None
     productive_total = 0.0
     for position, (number, (start, end)) in enumerate(tail):
-        duration = durations[position]
-        data = _covered_ns(inner_data, start, end) / 1e9
+        duration, data = durations[position], waits[position]
         room = duration - data - _covered_ns(phases, start, end) / 1e9
-        startup = max(0.0, min(duration - typical, room)) if typical is not None and position == 0 else 0.0
+        startup = max(0.0, min(steps[0] - typical, room)) if typical is not None and position == 0 else 0.0
         productive = max(0.0, room - startup)
         productive_total += productive
         process.inferred.append(
