@@ -566,3 +566,41 @@ def test_a_second_sigterm_while_the_first_is_reported_ends_the_job_at_once(tmp_p
     child.send_signal(signal.SIGTERM)
     _out, err = child.communicate(timeout=15)  # (the first report alone would take 20 s)
     assert child.returncode == -signal.SIGTERM, err
+
+
+def test_a_signal_in_validation_inside_a_training_step_ends_both_iterations(tmp_path: Path) -> None:
+    """SIGTERM during a validation iteration run inside training iteration 2: both iterations
+    end at the signal and are exported, innermost first, with the validation loop (before: the
+    training step was never ended, and it and the spans it held were lost)."""
+    code = textwrap.dedent(
+        """
+        import signal, traintel
+        with traintel.application():
+            with traintel.training_loop():
+                for i in range(3):
+                    with traintel.training_iteration(samples=1):
+                        if i == 2:
+                            with traintel.validation_loop():
+                                with traintel.validation_iteration():
+                                    signal.raise_signal(signal.SIGTERM)
+        print("not reached")
+        """
+    )
+    result = run_to_end(tmp_path, code)
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert "Traceback" not in result.stderr
+    cut = {
+        (s.name, s.attributes.get(semconv.ITERATION)): s
+        for s in spans(tmp_path)
+        if s.attributes.get(semconv.END_REASON) == "preempted: SIGTERM"
+    }
+    assert set(cut) == {
+        ("validation_iteration", 0),
+        ("training_iteration", 2),
+        ("validation_loop", None),
+        ("training_loop", None),
+        ("application", None),
+    }
+    inner, outer = cut[("validation_iteration", 0)], cut[("training_iteration", 2)]
+    assert inner.parent_span_id == cut[("validation_loop", None)].span_id
+    assert outer.start_ns < inner.start_ns and inner.end_ns <= outer.end_ns

@@ -460,18 +460,28 @@ def _say_lost_bookings(engine: TrainingEngine) -> None:
         )
 
 
+#: Iterations open one within another that a signal ends (a bound: the chain is the user's).
+_NESTED_ITERATIONS = 8
+
+
 def _cut_training(engine: TrainingEngine, reason: str, received_ns: int, now: int) -> None:
-    """The open step ends at the signal, then its iteration; between iterations (loading data
-    for the next one, say) only the open step."""
+    """The open step ends at the signal, then its iteration, then the iteration that one began
+    within (a training step running validation), innermost first; between iterations (loading
+    data for the next one, say) only the open step."""
     error = Terminated(reason)
     record = engine.active
     if record is None:
         _cut_open_step(engine.open_step, None, error, received_ns)
         return
-    _cut_open_step(record.open_step, record, error, received_ns)
-    record.set_end_reason(reason)
-    record.fail(error)
-    engine.end_iteration(record, now)
+    for _ in range(_NESTED_ITERATIONS):
+        _cut_open_step(record.open_step, record, error, received_ns)
+        record.set_end_reason(reason)
+        record.fail(error)
+        engine.end_iteration(record, now)
+        outer = engine.active
+        if outer is None or outer is record:
+            return
+        record = outer
 
 
 def _cut_open_step(
