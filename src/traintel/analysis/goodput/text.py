@@ -94,7 +94,8 @@ def _step_time_lines(r: SessionGoodput, links: TraceLinks | None) -> list[str]:
         own = f" over its job's ideal {ideal * 1e3:.2f} ms" if ideal != r.ideal_step_time_s else ""
         deviation = f"{entry['deviation']:+.0%}{own}"
         job = f" in job {entry['run_id']}, {entry['restart']}" if len(r.jobs) > 1 else ""
-        lines.append(f"    iteration {entry['iteration']}{job}: {entry['seconds'] * 1e3:.1f} ms ({deviation})")
+        seconds = f"{entry['seconds'] * 1e3:.1f} ms"
+        lines.append(f"    iteration {entry['iteration']}{job}: {seconds} ({deviation})")
         if "trace_id" in entry:
             lines.append(f"      trace {entry['trace_id']} span {entry['span_id']}")
             url = links.url(entry["trace_id"], entry["span_id"]) if links is not None else None
