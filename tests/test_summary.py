@@ -385,3 +385,48 @@ def test_a_wrapped_line_keeps_numbers_with_their_units_and_names(line: str, wrap
     from traintel.analysis.summary import _fit
 
     assert _fit(line) == wrapped
+
+
+_UNEVEN_RANK = """
+import os, time
+S = 10**9
+NOW = [1_700_000_000 * S]
+time.time_ns = lambda: NOW[0]
+time.monotonic_ns = time.time_ns
+import traintel
+rank = int(os.environ["RANK"])
+traintel.configure(warmup_iterations=0, log_every_n_iterations=5)
+with traintel.application(), traintel.training_loop(train_iterations_start=0):
+    for i in range(10):
+        with traintel.training_iteration(samples=8 if rank == 0 else 4, tokens=80 if rank == 0 else 20):
+            NOW[0] += S
+traintel.shutdown()
+"""
+
+
+@pytest.mark.process
+def test_the_job_s_throughput_sums_its_ranks_when_every_rank_was_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three ranks of 1 s steps with 8, 4 and 4 samples (80, 20, 20 tokens): the job did 16
+    samples/s and 120 tokens/s; each rank's own figure is its rate times the world size (24
+    and 12 samples/s). With every rank's file read the summary and report give the job's; with a
+    rank missing, rank 0's figure (balanced ranks assumed)."""
+    from tests.subprocess_helpers import run_python
+
+    for rank in range(3):
+        directory = tmp_path / f"rank{rank}"
+        directory.mkdir()
+        env = {"RANK": str(rank), "WORLD_SIZE": "3", "TRAINTEL_RUN_ID": "uneven"}
+        result = run_python(_UNEVEN_RANK, directory, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), **env)
+        assert result.returncode == 0, result.stderr
+    summary = summarize([tmp_path / "runs"])
+    rates = [summary.summary_value(f"{what}_per_second") for what in ("samples", "tokens")]
+    assert rates == [16, 120]
+    assert main(["report", "--json", str(tmp_path / "runs")]) == 0
+    assert '"samples_per_second": 16.0' in capsys.readouterr().out
+    (tmp_path / "two").mkdir()
+    for path in sorted((tmp_path / "runs").glob("*.otlp.jsonl")):
+        if next(iter_spans([path])).resource[semconv.RANK] != 2:
+            path.rename(tmp_path / "two" / path.name)
+    assert summarize([tmp_path / "two"]).summary_value("samples_per_second") == 24

@@ -45,6 +45,9 @@ from traintel.semconv import Phase
 _PHASE_ORDER = {phase.value: i for i, phase in enumerate(Phase)}
 _W = semconv.WINDOW_PREFIX
 _S = semconv.SUMMARY_PREFIX
+#: Where a loop summary keeps its job (run id, world size), and the rates summed over ranks.
+_JOB = "job"
+_JOB_RATES = ("samples_per_second", "tokens_per_second")
 _STEP_PHASES = (
     ("data_loading", Phase.DATA_LOADING.value),
     ("forward", Phase.MODEL_FORWARD.value),
@@ -332,6 +335,7 @@ class RunSummary:
             self.foreign_loops += 1
         elif phase == Phase.TRAINING_LOOP and _S + "iterations" in span.attributes:
             loop = {k: v for k, v in span.attributes.items() if k.startswith(_S)}
+            loop[_JOB] = (resource.get(semconv.RUN_ID), resource.get(semconv.WORLD_SIZE))
             at = _precedence(resource, span.end_ns)
             bisect.insort(self.loop_summaries, (at, loop), key=lambda item: item[0])
         elif phase in _EVALUATION_LOOPS:
@@ -502,9 +506,26 @@ class RunSummary:
         return None
 
     def summary_value(self, key: str) -> Any:
-        """A ``ml.training.summary.<key>`` value of the last training loop that has it."""
+        """A ``ml.training.summary.<key>`` value of the last training loop that has it; the job's
+        samples or tokens per second summed over its ranks' own where every rank's loop was read
+        (a loop gives its rank's rate times the world size: balanced ranks assumed)."""
         entry = self._speaking_loop(key)
-        return entry[1][_S + key] if entry is not None else None
+        if entry is None:
+            return None
+        return (self._ranks_rate(key, *entry) if key in _JOB_RATES else None) or entry[1][_S + key]
+
+    def _ranks_rate(self, key: str, at: tuple[int, int, int], loop: dict[str, Any]) -> float | None:
+        """The sum of each rank's own rate (its latest loop's job figure over the world size) in
+        the job of ``loop``, when every rank of it was read; None otherwise."""
+        job, world = loop[_JOB], loop[_JOB][1]
+        own: dict[int, float] = {}
+        for (restart, rank, _time), other in self.loop_summaries:  # by precedence: the latest wins
+            rate = other.get(_S + key)
+            if restart == at[0] and other[_JOB] == job and rate is not None:
+                own[-rank] = rate
+        if not isinstance(world, int) or world < 2 or sorted(own) != list(range(world)):
+            return None
+        return sum(own.values()) / world
 
     def summary_rank(self, key: str) -> int | None:
         """The rank whose loop gives :meth:`summary_value` for ``key``."""
