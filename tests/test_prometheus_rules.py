@@ -116,6 +116,18 @@ def _values(samples: dict[int, float | str]) -> str:
     return " ".join(out)
 
 
+def _promtool_test(tmp_path: Path, test: dict[str, Any]) -> None:
+    """``promtool test rules`` on ``test`` (a rule unit test file's content): every case passes."""
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run(
+        [str(PROMTOOL), "test", "rules", str(tmp_path / "test.yml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize(
     "scrape",
     [
@@ -203,14 +215,7 @@ def test_session_rules_equal_the_cli_on_a_killed_and_resumed_session(tmp_path: P
             }
         ],
     }
-    (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = subprocess.run(
-        [str(PROMTOOL), "test", "rules", str(tmp_path / "test.yml")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    _promtool_test(tmp_path, test)
 
 
 ALERTS = next(p for p in RULE_FILES if p.name == "traintel-alerts.yml")
@@ -277,11 +282,4 @@ def test_goodput_drop_compares_a_job_with_its_own_best_not_the_run_before_a_rest
             }
         ],
     }
-    (tmp_path / "test.yml").write_text(yaml.safe_dump(test, sort_keys=False))
-    result = subprocess.run(
-        [str(PROMTOOL), "test", "rules", str(tmp_path / "test.yml")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    _promtool_test(tmp_path, test)
