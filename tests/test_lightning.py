@@ -279,3 +279,25 @@ def test_the_pytorch_lightning_namespace_has_the_same_callback() -> None:
     trainer = integration.TraintelTrainer(callbacks=other, logger=False, enable_checkpointing=False)
     assert other in trainer.callbacks
     assert sum(isinstance(c, integration.TraintelCallback) for c in trainer.callbacks) == 1
+
+
+def test_span_ids_stay_unique_across_the_sanity_checks_rng_isolation(
+    captured: Captured, tmp_path: Path
+) -> None:
+    """Lightning runs its sanity check under ``isolate_rng()`` (Python's ``random`` state saved
+    and restored) and users call ``seed_everything``: span ids must not come from that state."""
+    pl.seed_everything(0, verbose=False)
+    trainer = _trainer(tmp_path, max_epochs=1, enable_checkpointing=False)
+    trainer.num_sanity_val_steps = 2
+    trainer.fit(TinyModule())
+    spans = captured.spans()
+    assert captured.counts()["validation_loop"] == 2  # the sanity check's and the epoch's
+    ids = [s.context.span_id for s in spans]
+    assert len(ids) == len(set(ids))
+    pl.seed_everything(0, verbose=False)  # the same seed again: fresh ids all the same
+    with traintel.timed_span("after_reseeding"):
+        pass
+    (again,) = captured.named("after_reseeding")
+    assert again.context.span_id not in ids and again.context.trace_id not in {
+        s.context.trace_id for s in spans
+    }
