@@ -301,3 +301,43 @@ def test_span_ids_stay_unique_across_the_sanity_checks_rng_isolation(
     assert again.context.span_id not in ids and again.context.trace_id not in {
         s.context.trace_id for s in spans
     }
+
+
+class _SavesUnderTheScriptsOwnSpan(pl.Callback):  # type: ignore[misc]
+    """A script that also traces its own save with traintel: ``trainer.save_checkpoint`` inside
+    ``traintel.checkpoint_save``, mid-fit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        with traintel.checkpoint_save(path=str(self.path)):
+            trainer.save_checkpoint(str(self.path))
+
+
+def test_the_scripts_own_loop_and_checkpoint_spans_are_not_doubled(
+    captured: Captured, tmp_path: Path
+) -> None:
+    manual = tmp_path / "manual.ckpt"
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[_SavesUnderTheScriptsOwnSpan(manual)])
+    with traintel.application(), traintel.training_loop(train_iterations_start=0):
+        trainer.fit(TinyModule())
+    spans = captured.spans()
+    (loop,) = captured.named("training_loop")
+    assert {parent_name(s, spans) for s in captured.named("training_iteration")} == {"training_loop"}
+    assert attr(loop, semconv.SUMMARY_PREFIX + "iterations") == BATCHES_PER_EPOCH // ACCUMULATE
+    saves = captured.named("checkpoint_save_sync")
+    written = [manual, *(tmp_path / "checkpoints").iterdir()]  # the script's and ModelCheckpoint's
+    assert len(saves) == len(written) == 2
+    assert {parent_name(s, spans) for s in saves} == {"training_loop"}
+    data = captured.reader.get_metrics_data()
+    assert data is not None
+    (sizes,) = (
+        point
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == semconv.METRIC_CHECKPOINT_SIZE
+        for point in metric.data.data_points
+    )
+    assert (sizes.count, sizes.sum) == (2, sum(p.stat().st_size for p in written))

@@ -85,8 +85,8 @@ class LightningHooks:
         try:
             self._driver.open_application()
             trace = self._driver.traced_checkpoint
-            save = trace(phases.checkpoint_save, lambda filepath, *_, **__: filepath)
-            load = trace(phases.checkpoint_load, lambda checkpoint_path, *_, **__: checkpoint_path)
+            save = trace(True, lambda filepath, *_, **__: filepath)
+            load = trace(False, lambda checkpoint_path, *_, **__: checkpoint_path)
             self._wrap(trainer, "save_checkpoint", save)
             self._wrap(trainer.strategy, "load_checkpoint", load)
             self._wrap(pl_module, "log", lambda original: _LogTap(original, self))

@@ -298,8 +298,8 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
     _wrap(trainer, "evaluate", wrap.eval_loop(Key.VALIDATION, phases.validation_loop))
     _wrap(trainer, "predict", wrap.eval_loop(Key.TESTING, phases.testing_loop))
     trace = cb.driver.traced_checkpoint
-    _wrap(trainer, "_save_checkpoint", trace(phases.checkpoint_save, wrap.checkpoint_path))
-    load = trace(phases.checkpoint_load, lambda resume_from_checkpoint, *_, **__: resume_from_checkpoint)
+    _wrap(trainer, "_save_checkpoint", trace(True, wrap.checkpoint_path))
+    load = trace(False, lambda resume_from_checkpoint, *_, **__: resume_from_checkpoint)
     _wrap(trainer, "_load_from_checkpoint", load)
     return cb
 
