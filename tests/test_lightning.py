@@ -341,3 +341,25 @@ def test_the_scripts_own_loop_and_checkpoint_spans_are_not_doubled(
         for point in metric.data.data_points
     )
     assert (sizes.count, sizes.sum) == (2, sum(p.stat().st_size for p in written))
+
+
+def test_zero_code_torch_patches_do_not_count_lightnings_save_again(
+    captured: Captured, tmp_path: Path
+) -> None:
+    """``opentelemetry-instrument`` around a script that uses the callback: Lightning's
+    ``save_checkpoint`` calls ``torch.save`` inside the callback's checkpoint span."""
+    from traintel.instrumentation import TraintelInstrumentor
+
+    instrumentor = TraintelInstrumentor()
+    instrumentor.instrument()
+    try:
+        trainer = _trainer(tmp_path, max_epochs=2)
+        trainer.fit(TinyModule())
+        spans = captured.spans()
+    finally:
+        instrumentor.uninstrument()
+    written = list((tmp_path / "checkpoints").iterdir())
+    saves = [s for s in spans if s.name == "checkpoint_save_sync"]
+    assert len(saves) == 2 and len(written) == 1  # ModelCheckpoint each epoch, the same file
+    assert {parent_name(s, spans) for s in saves} == {"training_loop"}
+    assert {attr(s, semconv.INTEGRATION) for s in saves} == {"lightning"}

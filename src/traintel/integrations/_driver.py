@@ -150,23 +150,20 @@ class PhaseDriver:
     def traced_checkpoint(self, save: bool, path_of: Callable[..., Any]) -> Wrapper:
         """A framework's checkpoint save (or load) method as a ``checkpoint_save`` (or
         ``checkpoint_load``) span of this integration, unless the call runs inside an open
-        save (load) span, the script's own ``traintel.checkpoint_save`` around it: counted once.
+        checkpoint span (the script's own ``traintel.checkpoint_save`` around it: counted once).
         ``path_of`` takes the call's arguments."""
         integration = self._integration
         phase = phases.checkpoint_save if save else phases.checkpoint_load
-        kinds = [p.value for p in semconv.CHECKPOINT_SAVE_PHASES] if save else [Phase.CHECKPOINT_LOAD.value]
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    telemetry = _state.current()
-                    inside = any(telemetry.find_open_phase(kind) is not None for kind in kinds)
-                    path = None if inside else path_of(*args, **kwargs)
-                except Exception:  # a call the framework itself will refuse: it says why
-                    inside, path = False, None
-                if inside:
+                if in_checkpoint():
                     return original(*args, **kwargs)
+                try:
+                    path = path_of(*args, **kwargs)
+                except Exception:  # a call the framework itself will refuse: it says why
+                    path = None
                 with phase(path=path, attributes={semconv.INTEGRATION: integration}):
                     return original(*args, **kwargs)
 
@@ -178,6 +175,19 @@ class PhaseDriver:
         """Close everything this driver opened, innermost first (each marked ERROR by ``exc``)."""
         for key in reversed(list(self._open)):
             self.close(key, None, exc)
+
+
+_CHECKPOINT_PHASES = (*(phase.value for phase in semconv.CHECKPOINT_SAVE_PHASES), Phase.CHECKPOINT_LOAD.value)
+
+
+def in_checkpoint() -> bool:
+    """Whether a checkpoint save or load span is open in the current context (a framework's,
+    the script's own): a checkpoint call inside it is part of it, not one more checkpoint."""
+    try:
+        telemetry = _state.current()
+        return any(telemetry.find_open_phase(phase) is not None for phase in _CHECKPOINT_PHASES)
+    except Exception:
+        return False
 
 
 def batch_size(batch: Any) -> int | None:
