@@ -18,7 +18,8 @@ per micro-batch; the loss), ``prediction_step`` (evaluation iterations), ``evalu
 ``predict`` (``validation_loop``/``testing_loop``, inside an ``application`` of their own when
 called outside ``train``; the metrics ``on_evaluate``/``on_predict`` receive, ``eval_loss``
 first, go on that loop and its ``validation_metrics_update``/``testing_metrics_update``
-event), ``_save_checkpoint`` and ``_load_from_checkpoint`` (checkpoint spans).
+event), ``_save_checkpoint``, and ``_load_from_checkpoint`` and ``_load_optimizer_and_scheduler``
+(checkpoint spans: a resume reads the weights, then the optimizer state, often the larger part).
 
 An iteration is one optimizer step (``on_step_end``), however many micro-batches it
 accumulates. FLOPs are counted by traintel on the first micro-batch (``FlopCounterMode`` around
@@ -299,8 +300,9 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
     _wrap(trainer, "predict", wrap.eval_loop(Key.TESTING, phases.testing_loop))
     trace = cb.driver.traced_checkpoint
     _wrap(trainer, "_save_checkpoint", trace(True, wrap.checkpoint_path))
-    load = trace(False, lambda resume_from_checkpoint, *_, **__: resume_from_checkpoint)
-    _wrap(trainer, "_load_from_checkpoint", load)
+    load = trace(False, lambda *args, **kwargs: args[0] if args else next(iter(kwargs.values()), None))
+    _wrap(trainer, "_load_from_checkpoint", load)  # the model's weights
+    _wrap(trainer, "_load_optimizer_and_scheduler", load)  # their state: twice the weights with Adam
     return cb
 
 
