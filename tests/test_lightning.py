@@ -363,3 +363,21 @@ def test_zero_code_torch_patches_do_not_count_lightnings_save_again(
     assert len(saves) == 2 and len(written) == 1  # ModelCheckpoint each epoch, the same file
     assert {parent_name(s, spans) for s in saves} == {"training_loop"}
     assert {attr(s, semconv.INTEGRATION) for s in saves} == {"lightning"}
+
+
+def test_validation_between_the_micro_batches_of_a_step_loses_none_of_its_work(
+    captured: Captured, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``val_check_interval`` counts micro-batches: 3 with 2 per step validates mid-step."""
+    model = TinyModule()
+    trainer = _trainer(tmp_path, max_epochs=1, val_check_interval=3, enable_checkpointing=False)
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        trainer.fit(model)
+    spans = captured.spans()
+    iterations = captured.named("training_iteration")
+    steps = BATCHES_PER_EPOCH // ACCUMULATE
+    assert [attr(s, semconv.SAMPLES) for s in iterations] == [BATCH * ACCUMULATE] * steps
+    assert [attr(s, semconv.METRIC_PREFIX + "loss") for s in iterations] == model.losses[ACCUMULATE - 1 :: 2]
+    assert "training_iteration" in {parent_name(s, spans) for s in captured.named("validation_loop")}
+    assert captured.metric_sum(semconv.METRIC_SAMPLES) == steps * BATCH * ACCUMULATE
+    assert not [r for r in caplog.records if "outside a training iteration" in r.getMessage()]
