@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import traintel
 from tests.conftest import parent_name
 from tests.integration_helpers import Captured, attr, capture, children, window_updates
+from tests.subprocess_helpers import REPO, SUITE_ENV
 from traintel import semconv
 
 pytestmark = [pytest.mark.framework]  # the suite's tiers: tests/tiers.py
@@ -381,3 +386,62 @@ def test_validation_between_the_micro_batches_of_a_step_loses_none_of_its_work(
     assert "training_iteration" in {parent_name(s, spans) for s in captured.named("validation_loop")}
     assert captured.metric_sum(semconv.METRIC_SAMPLES) == steps * BATCH * ACCUMULATE
     assert not [r for r in caplog.records if "outside a training iteration" in r.getMessage()]
+
+
+_DDP_SCRIPT = """
+import lightning.pytorch as pl, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from traintel.integrations.lightning import TraintelTrainer
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(6, 1)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+x = torch.randn(32, 6)
+trainer = TraintelTrainer(
+    max_steps=2, accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
+    enable_model_summary=False, enable_checkpointing=False,
+)
+trainer.fit(Module(), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4))
+"""
+
+
+@pytest.mark.process
+def test_the_ranks_lightning_launches_itself_are_one_run(tmp_path: Path) -> None:
+    """``devices=2`` without torchrun or Slurm: Lightning starts rank 1 itself, with no job id
+    of a launcher; the ranks still report as one run (rank 0's id)."""
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(_DDP_SCRIPT)
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TRAINTEL_", "TORCHELASTIC_", "SLURM_"))
+    }
+    environ.update(SUITE_ENV, PYTHONPATH=str(REPO / "src"), TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_ids: dict[int, set[str]] = {}
+    for path in (tmp_path / "runs").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            for resource_spans in json.loads(line).get("resourceSpans", []):
+                attributes = {
+                    a["key"]: next(iter(a["value"].values()))
+                    for a in resource_spans["resource"]["attributes"]
+                }
+                rank = int(attributes[semconv.RANK])
+                run_ids.setdefault(rank, set()).add(attributes[semconv.RUN_ID])
+    assert set(run_ids) == {0, 1}
+    assert len(run_ids[0] | run_ids[1]) == 1

@@ -29,6 +29,8 @@ The first micro-batch's FLOPs are counted as it runs (forward: batch start to
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +85,7 @@ class LightningHooks:
     # --- application and checkpoints -----------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         try:
+            _share_run_id(trainer)
             self._driver.open_application()
             trace = self._driver.traced_checkpoint
             save = trace(True, lambda filepath, *_, **__: filepath)
@@ -233,6 +236,23 @@ class LightningHooks:
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._flops.abort()
         self._driver.close_all(exception)
+
+
+#: Where a launcher gives every rank of a job the same id (see ``default_run_id``).
+_JOB_ID_VARIABLES = ("TRAINTEL_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_JOBID")
+
+
+def _share_run_id(trainer: Any) -> None:
+    """Ranks Lightning starts itself (``devices=N`` without torchrun or Slurm) have no launcher's
+    job id: rank 0 draws one and broadcasts it to all ranks (``setup`` runs on every rank, and
+    the test of the environment gives them all the same answer), before traintel configures
+    from ``TRAINTEL_RUN_ID``, so the ranks report one run (not if traintel was configured
+    before the fit: set ``TRAINTEL_RUN_ID`` then)."""
+    if getattr(trainer, "world_size", 1) <= 1 or any(os.environ.get(name) for name in _JOB_ID_VARIABLES):
+        return
+    run_id = trainer.strategy.broadcast(uuid.uuid4().hex, 0)
+    if isinstance(run_id, str):  # on every rank, so the next setup's test agrees on them all
+        os.environ["TRAINTEL_RUN_ID"] = run_id
 
 
 def with_callback(kwargs: dict[str, Any], callback_type: type) -> dict[str, Any]:
