@@ -286,7 +286,7 @@ def test_the_pytorch_lightning_namespace_has_the_same_callback() -> None:
     assert sum(isinstance(c, integration.TraintelCallback) for c in trainer.callbacks) == 1
 
 
-def test_span_ids_stay_unique_across_the_sanity_checks_rng_isolation(
+def test_the_sanity_check_keeps_span_ids_unique_and_what_it_logs_out(
     captured: Captured, tmp_path: Path
 ) -> None:
     """Lightning runs its sanity check under ``isolate_rng()`` (Python's ``random`` state saved
@@ -294,9 +294,19 @@ def test_span_ids_stay_unique_across_the_sanity_checks_rng_isolation(
     pl.seed_everything(0, verbose=False)
     trainer = _trainer(tmp_path, max_epochs=1, enable_checkpointing=False)
     trainer.num_sanity_val_steps = 2
-    trainer.fit(TinyModule())
+    model = TinyModule()
+    trainer.fit(model)
     spans = captured.spans()
-    assert captured.counts()["validation_loop"] == 2  # the sanity check's and the epoch's
+    sanity, epoch = captured.named("validation_loop")
+    assert parent_name(sanity, spans) == "application"  # before the training loop
+    # what the sanity check logs Lightning discards; traintel too
+    metric = semconv.EVAL_PREFIX + "metric."
+    assert not [
+        k for k in _eval_update(sanity, semconv.Event.VALIDATION_METRICS_UPDATE) if k.startswith(metric)
+    ]
+    update = _eval_update(epoch, semconv.Event.VALIDATION_METRICS_UPDATE)
+    assert update[metric + "val_loss.last"] == model.eval_losses[-1]
+    assert update[metric + "val_loss.mean"] == sum(model.eval_losses[-2:]) / 2
     ids = [s.context.span_id for s in spans]
     assert len(ids) == len(set(ids))
     pl.seed_everything(0, verbose=False)  # the same seed again: fresh ids all the same

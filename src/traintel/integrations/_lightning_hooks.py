@@ -80,6 +80,7 @@ class LightningHooks:
         self._flops_samples: int | None = None
         self._batch_end_ns: int | None = None
         self._stepped = False
+        self._sanity_check = False  # Lightning discards what its sanity check logs: so do we
         self._restore: list[tuple[object, str]] = []
 
     # --- application and checkpoints -----------------------------------------------------------
@@ -108,7 +109,9 @@ class LightningHooks:
             self._restore.append((owner, name))
 
     def record_if_evaluating(self, name: str, value: Any) -> None:
-        if not (self._driver.is_open(Key.VALIDATION) or self._driver.is_open(Key.TESTING)):
+        if self._sanity_check or not (
+            self._driver.is_open(Key.VALIDATION) or self._driver.is_open(Key.TESTING)
+        ):
             return
         try:
             scalar = isinstance(value, int | float) and not isinstance(value, bool)
@@ -201,6 +204,7 @@ class LightningHooks:
         self._driver.close(_EVAL_PHASES[kind][2] + ":iteration")
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._sanity_check = getattr(trainer, "sanity_checking", False) is True
         self._eval_start("validation")
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
