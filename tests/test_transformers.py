@@ -318,3 +318,20 @@ def test_a_failing_standalone_evaluate_marks_its_application_error(
     assert errors == {"application", "validation_loop"}
     (application,) = captured.named("application")
     assert "bad metric" in (application.status.description or "")
+
+
+def test_inside_the_scripts_own_training_loop_nothing_is_doubled_or_lost(
+    captured: Captured, tmp_path: Path
+) -> None:
+    trainer = _trainer(tmp_path, 4)
+    instrument_trainer(trainer)
+    with traintel.application(), traintel.training_loop(train_iterations_start=0):
+        trainer.train()
+    spans = captured.spans()
+    assert captured.counts()["training_loop"] == 1
+    iterations = captured.named("training_iteration")
+    assert [attr(s, semconv.ITERATION) for s in iterations] == [0, 1, 2, 3]
+    assert {parent_name(s, spans) for s in iterations} == {"training_loop"}
+    for span in iterations:  # the batches' wait too, as in the Trainer's own loop
+        assert children(span, spans)["data_loading"] == 1
+        assert attr(span, semconv.SAMPLES) == BATCH * ACCUMULATE

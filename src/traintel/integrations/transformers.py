@@ -78,6 +78,7 @@ class TraintelCallback(TrainerCallback):
         self.driver = PhaseDriver(semconv.INTEGRATION_TRANSFORMERS)
         self.record_loss = record_loss
         self.flops = FirstStepFlops(count_flops)
+        self.training = False  # between on_train_begin and the end of train(): batches are steps'
         # Per-micro-batch tokens and losses, read once at the step's end (see _tokens).
         self.pending_tokens: list[Any] = []
         self.pending_losses: list[Any] = []
@@ -89,9 +90,11 @@ class TraintelCallback(TrainerCallback):
             self.driver.open(Key.ITERATION, phases.training_iteration(), start_ns)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.training = True
         self.driver.open_loop(int(state.global_step), state.max_steps)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.training = False
         self.driver.close(Key.LOOP)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -172,6 +175,7 @@ class _TrainerWrappers:
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
+                self.cb.training = False
                 self.driver.close_all(exc)
                 raise
             self.driver.close_all()
@@ -184,7 +188,7 @@ class _TrainerWrappers:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             start = now_ns()
             result = original(*args, **kwargs)
-            if self.driver.is_open(Key.LOOP):
+            if self.cb.training:  # in the Trainer's loop (traintel's training_loop or the script's)
                 self.cb.open_iteration(start)
                 self.driver.open(Key.DATA, phases.data_loading(), start)
                 self.driver.close(Key.DATA)
