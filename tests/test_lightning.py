@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import traintel
 from tests.conftest import parent_name
 from tests.integration_helpers import Captured, attr, capture, children, window_updates
+from tests.subprocess_helpers import REPO, SUITE_ENV
 from traintel import semconv
 
 pytestmark = [pytest.mark.framework]  # the suite's tiers: tests/tiers.py
@@ -279,3 +284,174 @@ def test_the_pytorch_lightning_namespace_has_the_same_callback() -> None:
     trainer = integration.TraintelTrainer(callbacks=other, logger=False, enable_checkpointing=False)
     assert other in trainer.callbacks
     assert sum(isinstance(c, integration.TraintelCallback) for c in trainer.callbacks) == 1
+
+
+def test_the_sanity_check_keeps_span_ids_unique_and_what_it_logs_out(
+    captured: Captured, tmp_path: Path
+) -> None:
+    """Lightning runs its sanity check under ``isolate_rng()`` (Python's ``random`` state saved
+    and restored) and users call ``seed_everything``: span ids must not come from that state."""
+    pl.seed_everything(0, verbose=False)
+    trainer = _trainer(tmp_path, max_epochs=1, enable_checkpointing=False)
+    trainer.num_sanity_val_steps = 2
+    model = TinyModule()
+    trainer.fit(model)
+    spans = captured.spans()
+    sanity, epoch = captured.named("validation_loop")
+    assert parent_name(sanity, spans) == "application"  # before the training loop
+    # what the sanity check logs Lightning discards; traintel too
+    metric = semconv.EVAL_PREFIX + "metric."
+    assert not [
+        k for k in _eval_update(sanity, semconv.Event.VALIDATION_METRICS_UPDATE) if k.startswith(metric)
+    ]
+    update = _eval_update(epoch, semconv.Event.VALIDATION_METRICS_UPDATE)
+    assert update[metric + "val_loss.last"] == model.eval_losses[-1]
+    assert update[metric + "val_loss.mean"] == sum(model.eval_losses[-2:]) / 2
+    ids = [s.context.span_id for s in spans]
+    assert len(ids) == len(set(ids))
+    pl.seed_everything(0, verbose=False)  # the same seed again: fresh ids all the same
+    with traintel.timed_span("after_reseeding"):
+        pass
+    (again,) = captured.named("after_reseeding")
+    assert again.context.span_id not in ids and again.context.trace_id not in {
+        s.context.trace_id for s in spans
+    }
+
+
+class _SavesUnderTheScriptsOwnSpan(pl.Callback):  # type: ignore[misc]
+    """A script that also traces its own save with traintel: ``trainer.save_checkpoint`` inside
+    ``traintel.checkpoint_save``, mid-fit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        with traintel.checkpoint_save(path=str(self.path)):
+            trainer.save_checkpoint(str(self.path))
+
+
+def test_the_scripts_own_loop_and_checkpoint_spans_are_not_doubled(
+    captured: Captured, tmp_path: Path
+) -> None:
+    manual = tmp_path / "manual.ckpt"
+    trainer = _trainer(tmp_path, max_epochs=1, callbacks=[_SavesUnderTheScriptsOwnSpan(manual)])
+    with traintel.application(), traintel.training_loop(train_iterations_start=0):
+        trainer.fit(TinyModule())
+    spans = captured.spans()
+    (loop,) = captured.named("training_loop")
+    assert {parent_name(s, spans) for s in captured.named("training_iteration")} == {"training_loop"}
+    assert attr(loop, semconv.SUMMARY_PREFIX + "iterations") == BATCHES_PER_EPOCH // ACCUMULATE
+    saves = captured.named("checkpoint_save_sync")
+    written = [manual, *(tmp_path / "checkpoints").iterdir()]  # the script's and ModelCheckpoint's
+    assert len(saves) == len(written) == 2
+    assert {parent_name(s, spans) for s in saves} == {"training_loop"}
+    data = captured.reader.get_metrics_data()
+    assert data is not None
+    (sizes,) = (
+        point
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == semconv.METRIC_CHECKPOINT_SIZE
+        for point in metric.data.data_points
+    )
+    assert (sizes.count, sizes.sum) == (2, sum(p.stat().st_size for p in written))
+
+
+def test_zero_code_torch_patches_do_not_count_lightnings_save_again(
+    captured: Captured, tmp_path: Path
+) -> None:
+    """``opentelemetry-instrument`` around a script that uses the callback: Lightning's
+    ``save_checkpoint`` calls ``torch.save`` inside the callback's checkpoint span."""
+    from traintel.instrumentation import TraintelInstrumentor
+
+    instrumentor = TraintelInstrumentor()
+    instrumentor.instrument()
+    try:
+        trainer = _trainer(tmp_path, max_epochs=2)
+        trainer.fit(TinyModule())
+        spans = captured.spans()
+    finally:
+        instrumentor.uninstrument()
+    written = list((tmp_path / "checkpoints").iterdir())
+    saves = [s for s in spans if s.name == "checkpoint_save_sync"]
+    assert len(saves) == 2 and len(written) == 1  # ModelCheckpoint each epoch, the same file
+    assert {parent_name(s, spans) for s in saves} == {"training_loop"}
+    assert {attr(s, semconv.INTEGRATION) for s in saves} == {"lightning"}
+
+
+def test_validation_between_the_micro_batches_of_a_step_loses_none_of_its_work(
+    captured: Captured, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``val_check_interval`` counts micro-batches: 3 with 2 per step validates mid-step."""
+    model = TinyModule()
+    trainer = _trainer(tmp_path, max_epochs=1, val_check_interval=3, enable_checkpointing=False)
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        trainer.fit(model)
+    spans = captured.spans()
+    iterations = captured.named("training_iteration")
+    steps = BATCHES_PER_EPOCH // ACCUMULATE
+    assert [attr(s, semconv.SAMPLES) for s in iterations] == [BATCH * ACCUMULATE] * steps
+    assert [attr(s, semconv.METRIC_PREFIX + "loss") for s in iterations] == model.losses[ACCUMULATE - 1 :: 2]
+    assert "training_iteration" in {parent_name(s, spans) for s in captured.named("validation_loop")}
+    assert captured.metric_sum(semconv.METRIC_SAMPLES) == steps * BATCH * ACCUMULATE
+    assert not [r for r in caplog.records if "outside a training iteration" in r.getMessage()]
+
+
+_DDP_SCRIPT = """
+import lightning.pytorch as pl, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from traintel.integrations.lightning import TraintelTrainer
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(6, 1)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+x = torch.randn(32, 6)
+trainer = TraintelTrainer(
+    max_steps=2, accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False,
+    enable_model_summary=False, enable_checkpointing=False,
+)
+trainer.fit(Module(), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4))
+"""
+
+
+@pytest.mark.process
+def test_the_ranks_lightning_launches_itself_are_one_run(tmp_path: Path) -> None:
+    """``devices=2`` without torchrun or Slurm: Lightning starts rank 1 itself, with no job id
+    of a launcher; the ranks still report as one run (rank 0's id)."""
+    script = tmp_path / "ddp_fit.py"
+    script.write_text(_DDP_SCRIPT)
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TRAINTEL_", "TORCHELASTIC_", "SLURM_"))
+    }
+    environ.update(SUITE_ENV, PYTHONPATH=str(REPO / "src"), TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_ids: dict[int, set[str]] = {}
+    for path in (tmp_path / "runs").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            for resource_spans in json.loads(line).get("resourceSpans", []):
+                attributes = {
+                    a["key"]: next(iter(a["value"].values()))
+                    for a in resource_spans["resource"]["attributes"]
+                }
+                rank = int(attributes[semconv.RANK])
+                run_ids.setdefault(rank, set()).add(attributes[semconv.RUN_ID])
+    assert set(run_ids) == {0, 1}
+    assert len(run_ids[0] | run_ids[1]) == 1

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from opentelemetry import trace
 
 pytestmark = [pytest.mark.framework]  # the suite's tiers: tests/tiers.py
 
@@ -62,7 +63,9 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": self.ids[index], "labels": self.ids[index], "attention_mask": mask}
 
 
-def _trainer(output: Path, max_steps: int, logging_steps: int = 1000, **kwargs: Any) -> Any:
+def _trainer(
+    output: Path, max_steps: int, logging_steps: int = 1000, trainer_class: Any = None, **kwargs: Any
+) -> Any:
     args = transformers.TrainingArguments(
         output_dir=str(output),
         max_steps=max_steps,
@@ -80,9 +83,19 @@ def _trainer(output: Path, max_steps: int, logging_steps: int = 1000, **kwargs: 
         dataloader_num_workers=0,
         seed=0,
     )
-    return transformers.Trainer(
+    return (trainer_class or transformers.Trainer)(
         model=_model(), args=args, train_dataset=Tokens(64), eval_dataset=Tokens(8), **kwargs
     )
+
+
+class _SeesItsOptimizerLoad(transformers.Trainer):  # type: ignore[misc]
+    """Notes the span its optimizer state is read in."""
+
+    optimizer_load_span = 0
+
+    def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
+        self.optimizer_load_span = trace.get_current_span().get_span_context().span_id
+        super()._load_optimizer_and_scheduler(checkpoint)
 
 
 def _eval_update(loop: Any) -> dict[str, Any]:
@@ -162,13 +175,15 @@ def test_train_evaluate_checkpoint_resume_and_flops(captured: Captured, tmp_path
     assert sum(u[semconv.WINDOW_PREFIX + "tokens"] for u in updates) == tokens
     assert captured.metric_sum(semconv.METRIC_SAMPLES) == STEPS * BATCH * ACCUMULATE
 
-    # resume: the load is traced, numbering continues from the checkpoint's global step
-    resumed = _trainer(tmp_path / "resumed", STEPS + 4)
+    # resume: the load is traced (the weights, then the optimizer and scheduler state, read
+    # inside the training loop's setup), numbering continues from the checkpoint's global step
+    resumed = _trainer(tmp_path / "resumed", STEPS + 4, trainer_class=_SeesItsOptimizerLoad)
     instrument_trainer(resumed)
     resumed.train(resume_from_checkpoint=str(path))
     spans = captured.spans()
     load = captured.named("checkpoint_load")
-    assert [attr(s, semconv.CHECKPOINT_PATH) for s in load] == [str(path)]
+    assert [attr(s, semconv.CHECKPOINT_PATH) for s in load] == [str(path)] * 2
+    assert resumed.optimizer_load_span == load[1].context.span_id
     assert attr(load[0], semconv.INTEGRATION) == attr(save, semconv.INTEGRATION) == "transformers"
     loops = captured.named("training_loop")
     assert attr(loops[-1], semconv.TRAIN_ITERATIONS_START) == STEPS
@@ -303,3 +318,20 @@ def test_a_failing_standalone_evaluate_marks_its_application_error(
     assert errors == {"application", "validation_loop"}
     (application,) = captured.named("application")
     assert "bad metric" in (application.status.description or "")
+
+
+def test_inside_the_scripts_own_training_loop_nothing_is_doubled_or_lost(
+    captured: Captured, tmp_path: Path
+) -> None:
+    trainer = _trainer(tmp_path, 4)
+    instrument_trainer(trainer)
+    with traintel.application(), traintel.training_loop(train_iterations_start=0):
+        trainer.train()
+    spans = captured.spans()
+    assert captured.counts()["training_loop"] == 1
+    iterations = captured.named("training_iteration")
+    assert [attr(s, semconv.ITERATION) for s in iterations] == [0, 1, 2, 3]
+    assert {parent_name(s, spans) for s in iterations} == {"training_loop"}
+    for span in iterations:  # the batches' wait too, as in the Trainer's own loop
+        assert children(span, spans)["data_loading"] == 1
+        assert attr(span, semconv.SAMPLES) == BATCH * ACCUMULATE

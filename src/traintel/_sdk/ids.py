@@ -10,10 +10,38 @@ interface (``is_trace_id_random`` included: the SDK sets the W3C random-trace-id
 
 from __future__ import annotations
 
+import os
+import random
 import threading
 from typing import Any
 
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+
+#: traintel's own generator, seeded from the OS (again in a forked child): the ``random``
+#: module's shared state is what training code seeds (``seed_everything`` on every rank) and
+#: saves and restores (Lightning's ``isolate_rng`` around its sanity check), so ids drawn from
+#: it repeat.
+_ids_random = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids_random.seed)
+_random_bits = _ids_random.getrandbits
+
+
+def new_span_id() -> int:
+    """A random non-zero 64-bit span id, drawn as the SDK's ``RandomIdGenerator`` draws it
+    without its call overhead (from traintel's own generator): an iteration draws its id when
+    first asked, a window record when written."""
+    span_id = _random_bits(64)
+    while span_id == 0:
+        span_id = _random_bits(64)
+    return span_id
+
+
+def new_trace_id() -> int:
+    trace_id = _random_bits(128)
+    while trace_id == 0:
+        trace_id = _random_bits(128)
+    return trace_id
 
 
 class _Forced(threading.local):
@@ -30,9 +58,11 @@ class ForcingIdGenerator(IdGenerator):
     def __init__(self, inner: IdGenerator | None = None) -> None:
         self.inner = inner or RandomIdGenerator()
         self._local = _Forced()
-        # bound once: the SDK asks for a span id on every span
-        self._inner_span_id = self.inner.generate_span_id
-        self._inner_trace_id = self.inner.generate_trace_id
+        # bound once: the SDK asks for a span id on every span. The SDK's default generator
+        # draws from the `random` module's shared state: traintel's own generator instead
+        default = type(self.inner) is RandomIdGenerator
+        self._inner_span_id = new_span_id if default else self.inner.generate_span_id
+        self._inner_trace_id = new_trace_id if default else self.inner.generate_trace_id
 
     def force(self, span_id: int, trace_id: int | None = None) -> None:
         """The next span started on this thread gets ``span_id`` (and ``trace_id`` if a root)."""

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import threading
 from bisect import bisect_right
 from collections import deque
@@ -76,6 +75,8 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.trace import INVALID_SPAN, NonRecordingSpan, Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
+
+from traintel._sdk import ids as _ids
 
 _logger = logging.getLogger("traintel")
 
@@ -152,27 +153,11 @@ else:  # another OTEL_PYTHON_CONTEXT, or an API release that stores context else
 
 
 # --- ids ---------------------------------------------------------------------------------------------
-_random_bits = random.getrandbits
 #: The W3C random-trace-id flag, where this OpenTelemetry release knows it (from 1.42): a span
 #: keeps its parent's, as the SDK's spans do; any other parent flag is not carried.
 RANDOM_TRACE_ID: Final = 0x02 if hasattr(trace_api.TraceFlags, "RANDOM_TRACE_ID") else 0
-
-
-def new_span_id() -> int:
-    """A random non-zero 64-bit span id, drawn as the SDK's ``RandomIdGenerator`` draws it
-    without its call overhead: an iteration draws its id when first asked, a window record
-    when written."""
-    span_id = _random_bits(64)
-    while span_id == 0:
-        span_id = _random_bits(64)
-    return span_id
-
-
-def new_trace_id() -> int:
-    trace_id = _random_bits(128)
-    while trace_id == 0:
-        trace_id = _random_bits(128)
-    return trace_id
+#: Ids from traintel's own generator (see ``traintel._sdk.ids``), for the recorder.
+new_span_id, new_trace_id = _ids.new_span_id, _ids.new_trace_id
 
 
 # --- SDK span storage ----------------------------------------------------------------------------

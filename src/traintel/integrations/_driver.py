@@ -84,23 +84,28 @@ class PhaseDriver:
         except Exception:
             self._failed("open", key)
 
-    def open_application(self, start_ns: int | None = None) -> bool:
-        """Open an ``application`` unless one is open (this driver's, the script's own or a
-        callback's: nothing is nested twice); whether this call opened it."""
-        if self.is_open(Key.APP):
+    def open_once(self, key: str, template: Callable[[], PhaseSpan], start_ns: int | None = None) -> bool:
+        """Open ``key`` unless one is open (this driver's, the script's own or a callback's:
+        nothing is nested twice); whether this call opened it."""
+        if self.is_open(key):
             return False
         telemetry = _state.current()
-        if not telemetry.enabled or telemetry.find_open_phase(Key.APP) is not None:
+        if not telemetry.enabled or telemetry.find_open_phase(key) is not None:
             return False
-        self.open(Key.APP, phases.application(), start_ns)
-        return self.is_open(Key.APP)
+        self.open(key, template(), start_ns)
+        return self.is_open(key)
+
+    def open_application(self, start_ns: int | None = None) -> bool:
+        """Open an ``application`` unless one is open; whether this call opened it."""
+        return self.open_once(Key.APP, phases.application, start_ns)
 
     def open_loop(self, done: object, max_steps: object) -> None:
-        """Open a trainer's ``training_loop``, numbered from the steps already ``done`` (a resumed
-        run continues its iteration count), toward ``max_steps`` where that is positive."""
+        """Open a trainer's ``training_loop`` unless the script opened its own, numbered from the
+        steps already ``done`` (a resumed run continues its iteration count), toward
+        ``max_steps`` where that is positive."""
         target = max_steps if isinstance(max_steps, int) and max_steps > 0 else None
         start = done if isinstance(done, int) else 0
-        self.open(Key.LOOP, phases.training_loop(start, train_iterations_target=target))
+        self.open_once(Key.LOOP, lambda: phases.training_loop(start, train_iterations_target=target))
 
     def close(self, key: str, end_ns: int | None = None, exc: BaseException | None = None) -> None:
         """Close ``key``, and first anything opened inside it (ended early, not failed)."""
@@ -142,14 +147,19 @@ class PhaseDriver:
             f"{self._integration}:{action}:{key}", "%s: could not %s %r", self._integration, action, key
         )
 
-    def traced_checkpoint(self, phase: Callable[..., PhaseSpan], path_of: Callable[..., Any]) -> Wrapper:
-        """A framework's checkpoint save or load method as a ``checkpoint_save`` /
-        ``checkpoint_load`` span of this integration; ``path_of`` takes the call's arguments."""
+    def traced_checkpoint(self, save: bool, path_of: Callable[..., Any]) -> Wrapper:
+        """A framework's checkpoint save (or load) method as a ``checkpoint_save`` (or
+        ``checkpoint_load``) span of this integration, unless the call runs inside an open
+        checkpoint span (the script's own ``traintel.checkpoint_save`` around it: counted once).
+        ``path_of`` takes the call's arguments."""
         integration = self._integration
+        phase = phases.checkpoint_save if save else phases.checkpoint_load
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if in_checkpoint():
+                    return original(*args, **kwargs)
                 try:
                     path = path_of(*args, **kwargs)
                 except Exception:  # a call the framework itself will refuse: it says why
@@ -165,6 +175,19 @@ class PhaseDriver:
         """Close everything this driver opened, innermost first (each marked ERROR by ``exc``)."""
         for key in reversed(list(self._open)):
             self.close(key, None, exc)
+
+
+_CHECKPOINT_PHASES = (*(phase.value for phase in semconv.CHECKPOINT_SAVE_PHASES), Phase.CHECKPOINT_LOAD.value)
+
+
+def in_checkpoint() -> bool:
+    """Whether a checkpoint save or load span is open in the current context (a framework's,
+    the script's own): a checkpoint call inside it is part of it, not one more checkpoint."""
+    try:
+        telemetry = _state.current()
+        return any(telemetry.find_open_phase(phase) is not None for phase in _CHECKPOINT_PHASES)
+    except Exception:
+        return False
 
 
 def batch_size(batch: Any) -> int | None:

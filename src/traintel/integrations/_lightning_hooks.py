@@ -29,6 +29,8 @@ The first micro-batch's FLOPs are counted as it runs (forward: batch start to
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -78,15 +80,17 @@ class LightningHooks:
         self._flops_samples: int | None = None
         self._batch_end_ns: int | None = None
         self._stepped = False
+        self._sanity_check = False  # Lightning discards what its sanity check logs: so do we
         self._restore: list[tuple[object, str]] = []
 
     # --- application and checkpoints -----------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         try:
+            _share_run_id(trainer)
             self._driver.open_application()
             trace = self._driver.traced_checkpoint
-            save = trace(phases.checkpoint_save, lambda filepath, *_, **__: filepath)
-            load = trace(phases.checkpoint_load, lambda checkpoint_path, *_, **__: checkpoint_path)
+            save = trace(True, lambda filepath, *_, **__: filepath)
+            load = trace(False, lambda checkpoint_path, *_, **__: checkpoint_path)
             self._wrap(trainer, "save_checkpoint", save)
             self._wrap(trainer.strategy, "load_checkpoint", load)
             self._wrap(pl_module, "log", lambda original: _LogTap(original, self))
@@ -105,7 +109,9 @@ class LightningHooks:
             self._restore.append((owner, name))
 
     def record_if_evaluating(self, name: str, value: Any) -> None:
-        if not (self._driver.is_open(Key.VALIDATION) or self._driver.is_open(Key.TESTING)):
+        if self._sanity_check or not (
+            self._driver.is_open(Key.VALIDATION) or self._driver.is_open(Key.TESTING)
+        ):
             return
         try:
             scalar = isinstance(value, int | float) and not isinstance(value, bool)
@@ -198,6 +204,7 @@ class LightningHooks:
         self._driver.close(_EVAL_PHASES[kind][2] + ":iteration")
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._sanity_check = getattr(trainer, "sanity_checking", False) is True
         self._eval_start("validation")
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
@@ -233,6 +240,23 @@ class LightningHooks:
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._flops.abort()
         self._driver.close_all(exception)
+
+
+#: Where a launcher gives every rank of a job the same id (see ``default_run_id``).
+_JOB_ID_VARIABLES = ("TRAINTEL_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_JOBID")
+
+
+def _share_run_id(trainer: Any) -> None:
+    """Ranks Lightning starts itself (``devices=N`` without torchrun or Slurm) have no launcher's
+    job id: rank 0 draws one and broadcasts it to all ranks (``setup`` runs on every rank, and
+    the test of the environment gives them all the same answer), before traintel configures
+    from ``TRAINTEL_RUN_ID``, so the ranks report one run (not if traintel was configured
+    before the fit: set ``TRAINTEL_RUN_ID`` then)."""
+    if getattr(trainer, "world_size", 1) <= 1 or any(os.environ.get(name) for name in _JOB_ID_VARIABLES):
+        return
+    run_id = trainer.strategy.broadcast(uuid.uuid4().hex, 0)
+    if isinstance(run_id, str):  # on every rank, so the next setup's test agrees on them all
+        os.environ["TRAINTEL_RUN_ID"] = run_id
 
 
 def with_callback(kwargs: dict[str, Any], callback_type: type) -> dict[str, Any]:

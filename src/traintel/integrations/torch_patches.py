@@ -16,7 +16,8 @@ What is patched, and why each choice:
   ``async_save`` / ``load`` (DCP is patched when the script imports it, by a post-import hook:
   importing it up front would add about a second to every instrumented start): checkpoint
   spans on the thread that instrumented (the training thread); a call made inside another
-  (DCP writes with ``torch.save``) or by a background writer (``async_save``'s thread, whose
+  (DCP writes with ``torch.save``; so do Lightning's and Hugging Face's saves, inside their
+  integrations' checkpoint spans) or by a background writer (``async_save``'s thread, whose
   time is the async save's finalize) is not counted twice.
 - Only the thread that instrumented (the main thread under ``opentelemetry-instrument``) is
   traced: phases are per-thread contexts, and a script's own prefetching or writer threads are
@@ -58,7 +59,7 @@ from traintel._recorder.clock import time_ns as now_ns  # the phases' timeline
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 from traintel.distributed.collectives import unwatch_torch_collectives, watch_torch_collectives
-from traintel.integrations._driver import Key, PhaseDriver, batch_size
+from traintel.integrations._driver import Key, PhaseDriver, batch_size, in_checkpoint
 from traintel.integrations.torch_monitor import TorchMonitorBridge
 
 #: A wrapt wrapper: called with the original, the instance it is bound to, args and kwargs.
@@ -243,8 +244,9 @@ class TorchPatcher:
             wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
         ) -> Any:
             local = self._local
-            if getattr(local, "inside", False) or threading.get_ident() != self._thread:
-                return wrapped(*args, **kwargs)  # DCP's own torch.save, or a background writer
+            if getattr(local, "inside", False) or threading.get_ident() != self._thread or in_checkpoint():
+                # DCP's own torch.save, a background writer, or a framework's (the script's) save
+                return wrapped(*args, **kwargs)
             template = self._checkpoint_template(call, kind, args, kwargs, path_of)
             local.inside = True
             try:

@@ -18,7 +18,8 @@ per micro-batch; the loss), ``prediction_step`` (evaluation iterations), ``evalu
 ``predict`` (``validation_loop``/``testing_loop``, inside an ``application`` of their own when
 called outside ``train``; the metrics ``on_evaluate``/``on_predict`` receive, ``eval_loss``
 first, go on that loop and its ``validation_metrics_update``/``testing_metrics_update``
-event), ``_save_checkpoint`` and ``_load_from_checkpoint`` (checkpoint spans).
+event), ``_save_checkpoint``, and ``_load_from_checkpoint`` and ``_load_optimizer_and_scheduler``
+(checkpoint spans: a resume reads the weights, then the optimizer state, often the larger part).
 
 An iteration is one optimizer step (``on_step_end``), however many micro-batches it
 accumulates. FLOPs are counted by traintel on the first micro-batch (``FlopCounterMode`` around
@@ -77,6 +78,7 @@ class TraintelCallback(TrainerCallback):
         self.driver = PhaseDriver(semconv.INTEGRATION_TRANSFORMERS)
         self.record_loss = record_loss
         self.flops = FirstStepFlops(count_flops)
+        self.training = False  # between on_train_begin and the end of train(): batches are steps'
         # Per-micro-batch tokens and losses, read once at the step's end (see _tokens).
         self.pending_tokens: list[Any] = []
         self.pending_losses: list[Any] = []
@@ -88,9 +90,11 @@ class TraintelCallback(TrainerCallback):
             self.driver.open(Key.ITERATION, phases.training_iteration(), start_ns)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.training = True
         self.driver.open_loop(int(state.global_step), state.max_steps)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.training = False
         self.driver.close(Key.LOOP)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -171,6 +175,7 @@ class _TrainerWrappers:
             try:
                 result = original(*args, **kwargs)
             except BaseException as exc:
+                self.cb.training = False
                 self.driver.close_all(exc)
                 raise
             self.driver.close_all()
@@ -183,7 +188,7 @@ class _TrainerWrappers:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             start = now_ns()
             result = original(*args, **kwargs)
-            if self.driver.is_open(Key.LOOP):
+            if self.cb.training:  # in the Trainer's loop (traintel's training_loop or the script's)
                 self.cb.open_iteration(start)
                 self.driver.open(Key.DATA, phases.data_loading(), start)
                 self.driver.close(Key.DATA)
@@ -298,9 +303,10 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
     _wrap(trainer, "evaluate", wrap.eval_loop(Key.VALIDATION, phases.validation_loop))
     _wrap(trainer, "predict", wrap.eval_loop(Key.TESTING, phases.testing_loop))
     trace = cb.driver.traced_checkpoint
-    _wrap(trainer, "_save_checkpoint", trace(phases.checkpoint_save, wrap.checkpoint_path))
-    load = trace(phases.checkpoint_load, lambda resume_from_checkpoint, *_, **__: resume_from_checkpoint)
-    _wrap(trainer, "_load_from_checkpoint", load)
+    _wrap(trainer, "_save_checkpoint", trace(True, wrap.checkpoint_path))
+    load = trace(False, lambda *args, **kwargs: args[0] if args else next(iter(kwargs.values()), None))
+    _wrap(trainer, "_load_from_checkpoint", load)  # the model's weights
+    _wrap(trainer, "_load_optimizer_and_scheduler", load)  # their state: twice the weights with Adam
     return cb
 
 
