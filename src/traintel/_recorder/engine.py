@@ -104,9 +104,6 @@ class TrainingEngine:
     """State of the running job's training loop(s); one per configured job."""
 
     last_iteration: int | None
-    #: The training iteration an evaluation runs inside (a framework validating between the
-    #: micro-batches of one optimizer step): active again when the evaluation's iteration ends.
-    paused: IterationRecord | None = None
 
     def __init__(
         self,
@@ -311,13 +308,6 @@ class TrainingEngine:
                 self.segments.rotate(start_ns)  # at the start of the next iteration, never after the last
         else:
             iteration, sampler = self._begin_eval(phase, given_number)
-            active = self.active
-            if (
-                active is not None
-                and active.phase == _TRAINING_ITERATION
-                and self.active_thread == _get_ident()
-            ):
-                self.paused = active
         cached = self._parent_cache
         if context is not cached[0]:  # not the loop's context of the previous iteration
             cached = self._parent_cache = self._parent_of(context)
@@ -509,9 +499,6 @@ class TrainingEngine:
         return exported is not None and exported_as is None
 
     def _end_eval_iteration(self, record: IterationRecord, duration_ns: int) -> None:
-        paused, self.paused = self.paused, None
-        if paused is not None and not paused.end_ns and self.active is None:
-            self.active = paused  # the training iteration this evaluation ran inside goes on
         loop = LOOP_OF_ITERATION[record.phase]
         stats = self.eval_stats.get(loop)
         if stats is None:
