@@ -120,15 +120,22 @@ class WindowGoodput:
             out[_FLOPS] = self.flops
         if self.peak_flops:
             out[semconv.MFU_DENOMINATOR] = self.peak_flops
-        if self.ideal_step_time_s is not None:
-            ideal = self.ideal_step_time_s
-            out[semconv.STEP_TIME_IDEAL] = ideal
-            out[_DEVIATION_P50] = self.p50_s / ideal - 1
-            out[_DEVIATION_P90] = self.p90_s / ideal - 1
-            out[_DEVIATION_P99] = self.p99_s / ideal - 1
+        out.update(self._deviations())
         if self.annotations:
             out.update(self.annotations)
         return out if self.metrics is None else compact(out, self.metrics)
+
+    def _deviations(self) -> dict[str, float]:
+        """The ideal step time and the window's percentiles against it, where it is known."""
+        ideal = self.ideal_step_time_s
+        if ideal is None:
+            return {}
+        return {
+            semconv.STEP_TIME_IDEAL: ideal,
+            _DEVIATION_P50: self.p50_s / ideal - 1,
+            _DEVIATION_P90: self.p90_s / ideal - 1,
+            _DEVIATION_P99: self.p99_s / ideal - 1,
+        }
 
 
 @dataclass

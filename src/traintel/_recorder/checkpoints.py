@@ -99,14 +99,10 @@ class AsyncCheckpointCompletion:
         size counts here unless the save counted it already (the bytes are one checkpoint's)."""
         end = _time_ns()
         start = self._start_ns or end
-        counted = self._counted_size
-        if size_bytes is None and path is not None and counted is None:
-            size_bytes = _measured_size(engine, path)
-        new_bytes = size_bytes if counted is None else None
+        new_bytes, written = self._sizes(engine, size_bytes, path)
         span = self._finalize_span(engine, start, new_bytes)
         seconds = (end - start) / 1e9
         totals = engine.checkpoint_background_done(seconds, new_bytes)
-        written = counted if size_bytes is None else size_bytes
         if written is not None and end > start:
             totals[semconv.CHECKPOINT_BYTES_PER_SECOND] = written / seconds
         if error is None:
@@ -115,6 +111,16 @@ class AsyncCheckpointCompletion:
             )
         span.add_event(semconv.Event.CHECKPOINT_METRICS_UPDATE.value, totals)
         engine.end_span(span, error, end)
+
+    def _sizes(
+        self, engine: TrainingEngine, size_bytes: int | None, path: str | os.PathLike[str] | None
+    ) -> tuple[int | None, int | None]:
+        """The bytes this completion counts (none where the save counted them), and the
+        checkpoint's size (given here, measured at ``path``, else the save's)."""
+        counted = self._counted_size
+        if size_bytes is None and path is not None and counted is None:
+            size_bytes = _measured_size(engine, path)
+        return (size_bytes if counted is None else None), (counted if size_bytes is None else size_bytes)
 
     def _finalize_span(self, engine: TrainingEngine, start: int, size_bytes: int | None) -> Span:
         """Under the training loop (else the save's), linked to the save and its iteration."""
