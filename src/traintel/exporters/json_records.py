@@ -360,7 +360,7 @@ def _series(metric: Any) -> MetricSeries:
     if data is None:
         return MetricSeries(name, None, (), 0)
     points = data.dataPoints
-    values: dict[str, float] = {}
+    values: list[tuple[str, float]] = []
     if key in ("gauge", "sum") and points is not UNSET:
         for point in points:
             double, number = point.asDouble, point.asInt
@@ -370,9 +370,9 @@ def _series(metric: Any) -> MetricSeries:
                 raise NotCanonical
             else:
                 value = double if type(double) is float else _double(double)
-            label = _label(point.attributes)
-            values[label] = values.get(label, 0.0) + value
-    return MetricSeries(name, key, tuple(values.items()), _last_time(points))
+            raw = point.attributes
+            values.append(("" if raw is UNSET else _label(raw), value))
+    return MetricSeries(name, key, tuple(values), _last_time(points))
 
 
 #: Point attributes read so far, by their JSON text: a series repeats its few attribute sets.
@@ -380,10 +380,8 @@ _LABELS: dict[bytes, str] = {}
 _ATTRIBUTES_DECODER = msgspec.json.Decoder(list[_KeyValue])
 
 
-def _label(raw: Raw | UnsetType) -> str:
+def _label(raw: Raw) -> str:
     """A point's :func:`~traintel.exporters.records.attribute_label`, from its unparsed text."""
-    if raw is UNSET:
-        return ""
     text = bytes(raw)
     label = _LABELS.get(text)
     if label is None:

@@ -226,15 +226,14 @@ def spans_in(request: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
 
 def _proto_series(metric: Metric) -> MetricSeries:
     kind = metric.WhichOneof("data")
-    values: dict[str, float] = {}
+    values = []
     last = 0
     for point in getattr(metric, kind).data_points if kind is not None else ():
         last = max(last, point.time_unix_nano)
         if kind in ("gauge", "sum"):
-            label = attribute_label(attributes_dict(point.attributes))
             value = point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
-            values[label] = values.get(label, 0.0) + value
-    return MetricSeries(metric.name, kind, tuple(values.items()), last)
+            values.append((attribute_label(attributes_dict(point.attributes)), value))
+    return MetricSeries(metric.name, kind, tuple(values), last)
 
 
 def metrics_records(request: ExportMetricsServiceRequest, names: str | None = "") -> list[MetricsRecord]:

@@ -33,8 +33,8 @@ class MetricSeries(NamedTuple):
     name: str
     #: The ``data`` member (``gauge``, ``sum``, ``histogram``, ...), None when unset.
     kind: str | None
-    #: Each attribute set's ``as_double`` / ``as_int`` (gauge and sum; empty otherwise), by its
-    #: :func:`attribute_label` ("" for a point without attributes).
+    #: Each point's :func:`attribute_label` ("" for a point without attributes) and its
+    #: ``as_double`` / ``as_int`` (gauge and sum; empty otherwise).
     values: tuple[tuple[str, float], ...]
     #: The latest ``time_unix_nano`` of its points (0 without points).
     last_time_ns: int
@@ -47,7 +47,7 @@ class MetricSeries(NamedTuple):
     def labelled(self) -> list[tuple[str, float]]:
         """``(name, total)``, then ``(name{label}, value)`` per attribute set when its points
         have attributes: a counter split by an attribute is read apart as well as summed."""
-        return [
+        return [  # (a label repeated, as in a damaged line, is added up by the reader of these)
             (self.name, self.total),
             *((f"{self.name}{{{label}}}", value) for label, value in self.values if label),
         ]
