@@ -34,6 +34,7 @@ points' times (goodput: how long a process lived) leaves the names and values un
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import msgspec
@@ -193,6 +194,7 @@ class _Resource(Struct, forbid_unknown_fields=True, gc=False):
 
 _NO_RESOURCE = Raw(b"{}")
 _RESOURCE_DECODER = msgspec.json.Decoder(_Resource)
+_ATTRIBUTES_DECODER = msgspec.json.Decoder(list[_KeyValue])
 
 
 class _Scope(Struct, forbid_unknown_fields=True, gc=False):
@@ -286,6 +288,7 @@ def _kinds(number: dict[str, Any], name: str) -> dict[str, type[Struct]]:
 
 
 M = TypeVar("M")  # a metric's struct: which of its fields a decoder reads
+T = TypeVar("T")
 
 
 class _ScopeMetrics(Struct, Generic[M], forbid_unknown_fields=True, gc=False):
@@ -375,26 +378,6 @@ def _series(metric: Any) -> MetricSeries:
     return MetricSeries(name, key, tuple(values), _last_time(points))
 
 
-#: Point attributes read so far, by their JSON text: a series repeats its few attribute sets.
-_LABELS: dict[bytes, str] = {}
-_ATTRIBUTES_DECODER = msgspec.json.Decoder(list[_KeyValue])
-
-
-def _label(raw: Raw) -> str:
-    """A point's :func:`~traintel.exporters.records.attribute_label`, from its unparsed text."""
-    text = bytes(raw)
-    label = _LABELS.get(text)
-    if label is None:
-        try:
-            label = attribute_label(attributes(_ATTRIBUTES_DECODER.decode(text)))
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            raise NotCanonical from None
-        if len(_LABELS) >= _RESOURCES_KEPT:
-            _LABELS.clear()
-        _LABELS[text] = label
-    return label
-
-
 def _metrics(groups: list[Any], names: str | None) -> list[MetricsRecord]:
     """Each resource's record: the series of the metrics whose names start with ``names``
     (None: none), and the latest point time of all of them."""
@@ -414,33 +397,43 @@ def _metrics(groups: list[Any], names: str | None) -> list[MetricsRecord]:
     return out
 
 
-#: Resources decoded so far, by their JSON text (see :func:`_resource`).
-_RESOURCES: dict[bytes, dict[str, Any]] = {}
-#: How many are kept, and the longest kept (a damaged or edited file may hold a different
-#: resource on every line): at most 16 MB of text.
-_RESOURCES_KEPT = 1024
-_RESOURCE_BYTES_KEPT = 16 * 1024
+#: How many texts a :class:`_ByText` keeps, and the longest it keeps (a damaged or edited file
+#: may hold a different resource on every line): at most 16 MB of text.
+_TEXTS_KEPT = 1024
+_TEXT_BYTES_KEPT = 16 * 1024
 
 
-def _resource(resource: Raw) -> dict[str, Any]:
-    """A resource's attributes. One process's lines repeat the same resource, byte for byte
-    (a collector's file interleaves a few processes'): its text is kept unparsed, checked and
-    converted the first time it is met, and every record of that process shares the one dict,
-    which the analysis then recognises by identity. (Decoding the resource of every line, then
-    comparing it with the recent ones, was a tenth of the read of a metrics line.)"""
-    text = bytes(resource)
-    known = _RESOURCES.get(text)
-    if known is None:
-        try:
-            decoded = _RESOURCE_DECODER.decode(text)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            raise NotCanonical from None
-        known = attributes(decoded.attributes)
-        if len(text) <= _RESOURCE_BYTES_KEPT:
-            if len(_RESOURCES) >= _RESOURCES_KEPT:
-                _RESOURCES.clear()
-            _RESOURCES[text] = known
-    return known
+class _ByText(Generic[T]):
+    """What a JSON text converts to, kept by that text: the same few texts repeat line after
+    line (a process's resource, a series' attribute sets), each checked and converted the first
+    time it is met. (Decoding the resource of every line, then comparing it with the recent
+    ones, was a tenth of the read of a metrics line.)"""
+
+    def __init__(self, convert: Callable[[bytes], T]) -> None:
+        self._convert = convert
+        self._known: dict[bytes, T] = {}
+
+    def __call__(self, raw: Raw) -> T:
+        text = bytes(raw)
+        known = self._known.get(text)
+        if known is None:
+            try:
+                known = self._convert(text)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                raise NotCanonical from None
+            if len(text) <= _TEXT_BYTES_KEPT:
+                if len(self._known) >= _TEXTS_KEPT:
+                    self._known.clear()
+                self._known[text] = known
+        return known
+
+
+#: A resource's attributes. One process's lines repeat the same resource, byte for byte (a
+#: collector's file interleaves a few processes'): every record of that process shares the one
+#: dict, which the analysis then recognises by identity.
+_resource = _ByText(lambda text: attributes(_RESOURCE_DECODER.decode(text).attributes))
+#: A point's :func:`~traintel.exporters.records.attribute_label`, from its unparsed text.
+_label = _ByText(lambda text: attribute_label(attributes(_ATTRIBUTES_DECODER.decode(text))))
 
 
 def _link(link: _Link) -> tuple[str, str]:
