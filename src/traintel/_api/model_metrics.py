@@ -22,7 +22,6 @@ from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
 from traintel._runtime import state as _state
-from traintel._sdk.attributes import as_number
 
 
 def _as_number(value: object) -> float | int | bool | None:
@@ -160,8 +159,8 @@ def _count(engine: TrainingEngine, name: str, value: object) -> float | None:
     only that count is left out: the call's other counts still add up)."""
     if value is None:
         return None
-    number = as_number(value)
-    if number is None or number < 0:
+    number = _as_number(value)
+    if number is None or isinstance(number, bool) or number < 0:
         engine.warn_once(
             "batch_value:" + name, "record_batch(%s=%r): expected a non-negative number; ignored", name, value
         )
