@@ -167,7 +167,11 @@ def _torchrun_launch_id(environ: Mapping[str, str]) -> str | None:
 
 def default_run_id(environ: Mapping[str, str] | None = None) -> str:
     """One id for all ranks of a job: the launcher's id where one exists, else a fresh uuid."""
-    environ = os.environ if environ is None else environ
+    return launcher_run_id(os.environ if environ is None else environ) or uuid.uuid4().hex
+
+
+def launcher_run_id(environ: Mapping[str, str]) -> str | None:
+    """The id a launcher gives every rank of a job (torchrun, Slurm); None where there is none."""
     elastic = environ.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic != "none":
         return elastic
@@ -178,7 +182,7 @@ def default_run_id(environ: Mapping[str, str] | None = None) -> str:
     if slurm_job:
         step = _first(environ, "SLURM_STEP_ID", "SLURM_STEPID")
         return f"slurm-{slurm_job}" + (f".{step}" if step else "")
-    return uuid.uuid4().hex
+    return None
 
 
 def restart_count(environ: Mapping[str, str] | None = None) -> int:

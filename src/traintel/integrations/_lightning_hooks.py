@@ -39,6 +39,7 @@ from traintel._api import phases
 from traintel._api.model_metrics import record_batch, record_metrics
 from traintel._recorder.clock import time_ns as now_ns  # the phases' timeline
 from traintel._runtime import state as _state
+from traintel.environment_variables import TRAINTEL_RUN_ID
 from traintel.integrations._driver import (
     Key,
     PhaseDriver,
@@ -49,6 +50,7 @@ from traintel.integrations._driver import (
     unpatch_instance,
 )
 from traintel.integrations._flops import FirstStepFlops
+from traintel.resource_detectors import launcher_run_id
 
 _EVAL_PHASES = {
     "validation": (phases.validation_loop, phases.validation_iteration, Key.VALIDATION),
@@ -242,17 +244,17 @@ class LightningHooks:
         self._driver.close_all(exception)
 
 
-#: Where a launcher gives every rank of a job the same id (see ``default_run_id``).
-_JOB_ID_VARIABLES = ("TRAINTEL_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_JOBID")
-
-
 def _share_run_id(trainer: Any) -> None:
     """Ranks Lightning starts itself (``devices=N`` without torchrun or Slurm) have no launcher's
     job id: rank 0 draws one and broadcasts it to all ranks (``setup`` runs on every rank, and
     the test of the environment gives them all the same answer), before traintel configures
     from ``TRAINTEL_RUN_ID``, so the ranks report one run (not if traintel was configured
     before the fit: set ``TRAINTEL_RUN_ID`` then)."""
-    if getattr(trainer, "world_size", 1) <= 1 or any(os.environ.get(name) for name in _JOB_ID_VARIABLES):
+    if (
+        getattr(trainer, "world_size", 1) <= 1
+        or os.environ.get(TRAINTEL_RUN_ID)
+        or launcher_run_id(os.environ)
+    ):
         return
     run_id = trainer.strategy.broadcast(uuid.uuid4().hex, 0)
     if isinstance(run_id, str):  # on every rank, so the next setup's test agrees on them all
