@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import traintel
+from tests.integration_helpers import metric_points
 from tests.subprocess_helpers import SUITE_ENV
 from tests.tiers import (  # noqa: F401  (the suite's tiers: pytest finds these hooks here)
     pytest_addoption,
@@ -143,16 +144,7 @@ class Owned:
         return [dict(e.attributes or {}) for s in self.spans() for e in s.events if e.name == name]
 
     def metric_points(self, name: str) -> list[Any]:
-        data = self.reader.get_metrics_data()
-        assert data is not None
-        return [
-            point
-            for rm in data.resource_metrics
-            for sm in rm.scope_metrics
-            for metric in sm.metrics
-            if metric.name == name
-            for point in metric.data.data_points
-        ]
+        return metric_points(self.reader, name)
 
 
 @pytest.fixture

@@ -31,16 +31,21 @@ class Captured:
         return Counter(s.name for s in self.spans())
 
     def metric_sum(self, name: str) -> float:
-        data = self.reader.get_metrics_data()
-        assert data is not None
-        return sum(
-            point.value
-            for rm in data.resource_metrics
-            for sm in rm.scope_metrics
-            for metric in sm.metrics
-            if metric.name == name
-            for point in metric.data.data_points
-        )
+        return sum(point.value for point in metric_points(self.reader, name))
+
+
+def metric_points(reader: InMemoryMetricReader, name: str) -> list[Any]:
+    """Every point of the metric ``name`` the reader collects now, across resources and scopes."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    return [
+        point
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]
 
 
 def capture(**training: object) -> Captured:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import traintel
 from tests.conftest import parent_name
-from tests.integration_helpers import Captured, attr, capture, children, window_updates
+from tests.integration_helpers import Captured, attr, capture, children, metric_points, window_updates
 from tests.subprocess_helpers import REPO, SUITE_ENV
 from traintel import semconv
 
@@ -345,16 +345,7 @@ def test_the_scripts_own_loop_and_checkpoint_spans_are_not_doubled(
     written = [manual, *(tmp_path / "checkpoints").iterdir()]  # the script's and ModelCheckpoint's
     assert len(saves) == len(written) == 2
     assert {parent_name(s, spans) for s in saves} == {"training_loop"}
-    data = captured.reader.get_metrics_data()
-    assert data is not None
-    (sizes,) = (
-        point
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for metric in sm.metrics
-        if metric.name == semconv.METRIC_CHECKPOINT_SIZE
-        for point in metric.data.data_points
-    )
+    (sizes,) = metric_points(captured.reader, semconv.METRIC_CHECKPOINT_SIZE)
     assert (sizes.count, sizes.sum) == (2, sum(p.stat().st_size for p in written))
 
 

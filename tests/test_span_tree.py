@@ -11,6 +11,7 @@ from opentelemetry.trace import SpanKind
 import traintel
 from tests import reference_job
 from tests.conftest import Pipeline, parent_name
+from tests.integration_helpers import metric_points
 from traintel import callbacks, semconv
 
 
@@ -145,16 +146,7 @@ def test_phase_duration_metric_in_seconds(pipeline: Pipeline) -> None:
     span.end(end_time=3_500_000_000)
     span = tracer.start_span("y", attributes={semconv.PHASE: "model_init"}, start_time=4_000_000_000)
     span.end(end_time=4_000_250_000)
-    data = pipeline.reader.get_metrics_data()
-    assert data is not None
-    points = [
-        point
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for metric in sm.metrics
-        if metric.name == semconv.METRIC_PHASE_DURATION
-        for point in metric.data.data_points
-    ]
+    points = metric_points(pipeline.reader, semconv.METRIC_PHASE_DURATION)
     assert len(points) == 1
     assert points[0].attributes == {semconv.PHASE: "model_init"}
     assert points[0].count == 2
