@@ -488,6 +488,28 @@ def test_a_first_step_slow_from_its_batch_is_data_loading_not_startup(
     expect(one_session(tmp_path), 1.5, data_loading=10.0, program_startup=0.5)
 
 
+def first_step_then_uneven_ones(job: Job) -> None:
+    """Four iterations (one window of 4), no data wait: 10 s, then 1, 2 and 4 s."""
+    app = job.open("application", 0)
+    loop = job.open("training_loop", 0, app)
+    for number, (start, end) in enumerate([(0, 10), (10, 11), (11, 13), (13, 17)]):
+        job.iteration(loop, number, start, end, 0).end(end_time=at(end))
+    loop.end(end_time=at(17))
+    app.end(end_time=at(17))
+
+
+def test_startup_is_the_first_step_s_excess_over_the_median_of_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """10 s against 1, 2 and 4 s: the median is 2 (the mean 2.33, the 40th percentile 1.8), so
+    startup is 8 s, live and read back from the files alike."""
+    ledger = run_job(tmp_path, monkeypatch, first_step_then_uneven_ones, window=4)
+    live = ledger.snapshot(at(17))
+    assert live.badput_s["program_startup"] == pytest.approx(8.0, abs=1e-9)
+    assert live.productive_s == pytest.approx(9.0, abs=1e-9)
+    expect(one_session(tmp_path), 9.0, program_startup=8.0)
+
+
 def test_each_window_span_carries_its_productive_time_and_goodput(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -51,6 +51,17 @@ _MERGED, _COMPUTE = WINDOW_KEYS["merged_windows"], WINDOW_KEYS["compute_time"]
 IDEAL_REFRESH_WINDOWS = 16
 
 
+def startup_seconds(steps: list[float], room: float) -> float:
+    """A job's program startup: its first iteration's excess over the median of the ones after
+    it, at most ``room`` (what that iteration's window books as nothing else). ``steps``: the
+    iterations' seconds without their data-loading waits, the first one first (a first step
+    slow because its batch was slow is data loading, not startup); under two, there is no
+    typical step to compare with. One rule for the live account and the offline reader."""
+    if len(steps) < 2:
+        return 0.0
+    return max(0.0, min(steps[0] - percentile(sorted(steps[1:]), 50), room))
+
+
 @dataclass
 class WindowGoodput:
     """One window's goodput record: what a ``training_window`` span carries."""
@@ -309,12 +320,12 @@ class GoodputLedger:
         ]
         held = self._held
         if held is not None:  # the held first window, decided against this one's iterations
-            self._decide_startup(held, percentile(sorted(steps), 50))
+            self._decide_startup(held, [self._first_iteration_s or 0.0, *steps])
             self._held = None
             return [held, window]
         self._first_iteration_s = steps[0] if steps else None  # the job's first window
         if len(steps) >= 2:
-            self._decide_startup(window, percentile(sorted(steps[1:]), 50))
+            self._decide_startup(window, steps)
         elif final:  # a job of one iteration: no typical step to compare with
             self._startup_decided = True
         else:
@@ -332,13 +343,11 @@ class GoodputLedger:
             self._startup_s += record.program_startup_s
         return ready
 
-    def _decide_startup(self, window: WindowGoodput, typical_s: float) -> None:
-        """The first iteration's excess over a typical one, less what the window already books
-        as data-loading wait or nested phases (a first step slow because its batch was slow is
-        data loading, not startup): every second in exactly one category, shares sum to 1."""
-        first = self._first_iteration_s or 0.0
+    def _decide_startup(self, window: WindowGoodput, steps: list[float]) -> None:
+        """The first window's startup share, at most what it does not already book as
+        data-loading wait or nested phases: every second in exactly one category."""
         room = window.iteration_time_s - window.data_loading_s - window.nested_badput_s
-        window.program_startup_s = max(0.0, min(first - typical_s, room))
+        window.program_startup_s = startup_seconds(steps, room)
         self._startup_decided = True
 
     def flush_held(self) -> list[WindowGoodput]:

@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from traintel._aggregation.aggregator import seconds_of
-from traintel._aggregation.stats import percentile, robust_mean
+from traintel._aggregation.goodput import startup_seconds
+from traintel._aggregation.stats import robust_mean
 from traintel._aggregation.window import RawRow, Row
 
 
@@ -104,8 +105,7 @@ class OpenWindowProgress:
         durations = seconds_of(row[0] for row in rows[: self._read])
         # compared without their data-loading wait: a first batch that was slow is data loading
         steps = seconds_of(row[0] - (row[5] or 0) for row in rows[: self._read])
-        startup = max(0.0, min(steps[0] - percentile(sorted(steps[1:]), 50), busy_s - data_s))
-        return span, startup, robust_mean(sorted(durations))
+        return span, startup_seconds(steps, busy_s - data_s), robust_mean(sorted(durations))
 
     def _read_new(self, new: list[RawRow]) -> None:
         for duration_ns, _samples, _tokens, _padding, _flops, data_ns, _f, _b, _o, iteration, _end in new:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from traintel import semconv
+from traintel._aggregation.goodput import startup_seconds
 from traintel._aggregation.progress import JobProgress
-from traintel._aggregation.stats import percentile
 from traintel.analysis.goodput.process import (
     APPLICATION,
     HAS_PARENT,
@@ -426,12 +426,11 @@ def _infer_iterations(
     durations = [(end - start) / 1e9 for _, (start, end) in tail]
     waits = [_covered_ns(inner_data, start, end) / 1e9 for _, (start, end) in tail]
     steps = list(map(operator.sub, durations, waits))  # compared without their data-loading wait
-    typical = percentile(sorted(steps[1:]), 50) if len(steps) >= 2 and no_records else None
     productive_total = 0.0
     for position, (number, (start, end)) in enumerate(tail):
         duration, data = durations[position], waits[position]
         room = duration - data - _covered_ns(phases, start, end) / 1e9
-        startup = max(0.0, min(steps[0] - typical, room)) if typical is not None and position == 0 else 0.0
+        startup = startup_seconds(steps, room) if no_records and position == 0 else 0.0
         productive = max(0.0, room - startup)
         productive_total += productive
         process.inferred.append(
