@@ -21,7 +21,7 @@ APPLICATION = Phase.APPLICATION.value
 LOOP = Phase.TRAINING_LOOP.value
 
 
-@dataclass
+@dataclass(slots=True)
 class Window:
     start_ns: int
     end_ns: int

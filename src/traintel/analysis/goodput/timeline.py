@@ -5,8 +5,10 @@ share of its free time inside the interval), else to ``other``.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
+import operator
 from collections import defaultdict
 
 from traintel.analysis.goodput.process import Process, Window
@@ -90,14 +92,17 @@ def _edges(
     windows: list[Window],
 ) -> list[int]:
     """Every time in [job_start, job_end] where what covers the timeline may change: the job's
-    ends, the interval's ends inside it, each phase's and window's ends (clipped), ascending."""
-    points = {job_start, job_end}
-    points.update(edge for edge in cuts if job_start < edge < job_end)
-    for start, end in phases:
-        points.update((max(start, job_start), min(end, job_end)))
-    for w in windows:
-        points.update((max(w.start_ns, job_start), min(w.end_ns, job_end)))
-    return sorted(points)
+    ends, the interval's ends inside it, each phase's and window's ends (clipped), ascending.
+    (Clipped as a slice of all of them sorted: an end outside the job clips to one of the job's
+    own ends, which are there already.)"""
+    points = {job_start, job_end, *cuts}
+    points.update(itertools.chain.from_iterable(phases))
+    points.update(map(_START, windows), map(_END, windows))
+    ordered = sorted(points)
+    return ordered[bisect.bisect_left(ordered, job_start) : bisect.bisect_right(ordered, job_end)]
+
+
+_START, _END = operator.attrgetter("start_ns"), operator.attrgetter("end_ns")
 
 
 def _prorate(windows: list[Window]) -> tuple[float, dict[str, float]]:
