@@ -123,9 +123,6 @@ class WindowPoint:
         return self.mfu_time / self.time_s if self.mfu_time is not None and self.time_s > 0 else None
 
     def merged(self, other: WindowPoint) -> WindowPoint:
-        def add(a: float | None, b: float | None) -> float | None:
-            return None if a is None and b is None else (a or 0.0) + (b or 0.0)
-
         return WindowPoint(
             min(self.first_iteration, other.first_iteration),
             max(self.last_iteration, other.last_iteration),
@@ -133,10 +130,10 @@ class WindowPoint:
             max(self.end_ns, other.end_ns),
             self.time_s + other.time_s,
             max(self.p99_s, other.p99_s),
-            add(self.samples, other.samples),
-            add(self.tokens, other.tokens),
-            add(self.flops_time, other.flops_time),
-            add(self.mfu_time, other.mfu_time),
+            _add_known(self.samples, other.samples),
+            _add_known(self.tokens, other.tokens),
+            _add_known(self.flops_time, other.flops_time),
+            _add_known(self.mfu_time, other.mfu_time),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -151,6 +148,11 @@ class WindowPoint:
             "tflops_per_device": self.tflops_per_device,
             "mfu": self.mfu,
         }
+
+
+def _add_known(a: float | None, b: float | None) -> float | None:
+    """The sum of what is known (None: neither is)."""
+    return None if a is None and b is None else (a or 0.0) + (b or 0.0)
 
 
 def window_point(end_ns: int, attributes: dict[str, Any]) -> WindowPoint | None:
