@@ -233,13 +233,16 @@ def test_automatic_configuration_keeps_every_signal_when_the_interval_is_bad(tmp
 
 @pytest.mark.process
 def test_automatic_configuration_names_the_value_an_exporter_rejected(tmp_path: Path) -> None:
-    """An exporter that cannot start is left out, as before; the line now says which value."""
+    """An exporter that cannot start is left out, as before; the line now says which value,
+    and the job's first and last lines do not claim the telemetry goes (went) to OTLP."""
     result = run_python(
         AUTO_JOB,
         tmp_path,
         OTEL_TRACES_EXPORTER="otlp",
         OTEL_METRICS_EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
         OTEL_EXPORTER_OTLP_TIMEOUT="abc",
+        TRAINTEL_QUIET="0",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for signal in ("traces", "metrics"):
@@ -247,6 +250,7 @@ def test_automatic_configuration_names_the_value_an_exporter_rejected(tmp_path: 
             f"traintel: OTEL_EXPORTER_OTLP_TIMEOUT='abc': {signal} exporter 'otlp' could not start: "
             "could not convert string to float: 'abc' (going on without it)"
         ) in result.stderr
+    assert "(OTLP)" not in result.stderr, result.stderr
     assert _report(result.stdout)["enabled"] is True
 
 

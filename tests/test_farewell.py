@@ -77,7 +77,7 @@ def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path
     assert greeting(output, ["traintel_file"], 1, {}) is None
     assert greeting(output, ["traintel_file"], 0, {"TRAINTEL_QUIET": "1"}) is None
     assert greeting(None, ["console"], 0, {}) is None  # nothing to say where
-    assert farewell(None, [], 0, {}) is None  # the user's own providers: nothing known to say
+    assert farewell(None, None, 0, {}) is None  # the user's own providers: nothing known to say
 
 
 def test_the_command_runs_as_pasted_where_traintel_is_not_on_the_path(tmp_path: Path) -> None:

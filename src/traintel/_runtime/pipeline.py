@@ -254,6 +254,9 @@ class _ExporterPlan:
     factory: Callable[[], Any]
     #: The caller's own exporter (``span_exporters=``): a failed build hands it back open.
     lent: bool = False
+    #: Built and exporting: what the job's first and last lines and its configuration event
+    #: name (an exporter left out for a bad setting receives nothing).
+    started: bool = False
 
 
 def _plan_exporters(
@@ -395,7 +398,8 @@ class Pipeline:
     meter_provider: metrics_api.MeterProvider
     owns_tracer_provider: bool
     owns_meter_provider: bool
-    trace_exporters: list[str] = field(default_factory=list)
+    #: The span exporters traintel started; None where it did not build the tracer provider.
+    trace_exporters: list[str] | None = None
     metric_exporters: list[str] = field(default_factory=list)
     file: OtlpJsonLinesFile | None = None
     #: Owned providers: the filter in front of the exporting processors.
@@ -730,6 +734,7 @@ class _OwnedBuild:
                 continue
             self.undo.append(functools.partial(_stop, processor, bound, plan.lent))
             paths.append((processor, spooler))
+            plan.started = True
         return paths
 
     def meter_provider(
@@ -760,6 +765,7 @@ class _OwnedBuild:
             if isinstance(built, MetricReader):  # a pull endpoint (prometheus): its own reader
                 self.undo.append(built.shutdown)
                 readers.append(built)
+                plan.started = True
                 continue
             interval = given.get("export_interval_millis")  # None: the SDK reads the variable
             if plan.name == FILE_EXPORTER:
@@ -781,6 +787,7 @@ class _OwnedBuild:
                 continue
             self.undo.append(reader.shutdown)
             readers.append(reader)
+            plan.started = True
         return readers
 
 
@@ -928,12 +935,12 @@ def build_pipeline(
         meter_provider=choice.meter_provider,
         owns_tracer_provider=choice.build_tp,
         owns_meter_provider=choice.build_mp,
-        trace_exporters=[p.name for p in plans.traces],
-        metric_exporters=[p.name for p in plans.metrics],
         file=file if FILE_EXPORTER in plans.names() else None,
         logs=LogPipeline(plans.logs, resource),
     )
     _build_owned(pipeline, choice, options, _OwnedBuild(config, resource, strict, environ), plans)
+    pipeline.trace_exporters = [p.name for p in plans.traces if p.started] if choice.build_tp else None
+    pipeline.metric_exporters = [p.name for p in plans.metrics if p.started]
     _redaction.install(environ)  # the exporters' loggers exist now
     tls_errors.install(environ)
     retry_lines.install()
