@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.otlp_receiver import GrpcReceiver
 from tests.subprocess_helpers import run_python
 from traintel._runtime.pipeline import PipelineOptions, build_pipeline
 from traintel.config import ConfigurationError, TrainingConfig
@@ -73,3 +74,37 @@ def test_a_grpc_endpoint_without_a_scheme_warns_about_tls_once(tmp_path: Path) -
     assert result.returncode == 0 and "trained" in result.stdout, result.stderr
     [line] = _lines(result.stderr, "has no scheme")
     assert "so gRPC uses TLS to reach it: write http://127.0.0.1:9 (plaintext)" in line
+
+
+@pytest.mark.server
+def test_a_timeout_of_zero_or_below_is_replaced_and_one_in_milliseconds_is_said(tmp_path: Path) -> None:
+    """The Python exporters read the timeout in seconds: ``-1`` failed every export at once (the
+    run's spans never reached a listening collector), and the specification's ``10000`` ms is
+    2.8 h per export. The first is replaced by the default and said; the second is said."""
+    with GrpcReceiver() as receiver:
+        result = run_python(
+            JOB,
+            tmp_path,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="-1",
+            OTEL_EXPORTER_OTLP_TIMEOUT="10000",
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+        )
+        assert result.returncode == 0 and "trained" in result.stdout, result.stderr
+    assert "training_iteration" in [span.name for _, span in receiver.received.spans()], result.stderr
+    assert receiver.received.metric_names(), result.stderr
+    [refused] = _lines(result.stderr, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT='-1'")
+    assert "expected a positive number of seconds (every export would fail); using the default, 10" in refused
+    [said] = _lines(result.stderr, "OTEL_EXPORTER_OTLP_TIMEOUT='10000' is in seconds")
+    assert "for 10 s write 10" in said
+    with pytest.raises(
+        ConfigurationError, match=r"^OTEL_EXPORTER_OTLP_TRACES_TIMEOUT='-1': expected a positive"
+    ):
+        build_pipeline(
+            TrainingConfig(),
+            PipelineOptions(metric_readers=[]),
+            strict=True,
+            environ=dict(
+                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="-1"
+            ),
+        )

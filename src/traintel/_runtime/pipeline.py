@@ -66,7 +66,7 @@ from traintel.exporters.file import (
 from traintel.exporters.health import EXIT_TIMEOUT, HEALTH
 from traintel.exporters.http_session import CertificateSession, needs_certificate_session
 from traintel.exporters.metric_counting import CountingMetricExporter
-from traintel.exporters.otlp_env import PROTOCOLS, SIGNAL_VARS, otlp_protocol, report, said
+from traintel.exporters.otlp_env import PROTOCOLS, SIGNAL_VARS, otlp_protocol, otlp_timeout, report, warn_once
 from traintel.exporters.process_bound import ProcessBoundMetricExporter, ProcessBoundSpanExporter
 from traintel.exporters.records import FILE_SUFFIX
 from traintel.exporters.spool import Spool
@@ -225,10 +225,7 @@ def _check_endpoint_scheme(signal: str, protocol: str, environ: Mapping[str, str
             if protocol == "http/protobuf":
                 report(ConfigurationError(f"{variable}={value!r} has no scheme: {fix}"), strict)
             elif not environ.get("OTEL_EXPORTER_OTLP_INSECURE", "").strip():
-                message = f"{variable}={value!r} has no scheme, so gRPC uses TLS to reach it: {fix}"
-                if message not in said:
-                    said.add(message)
-                    _logger.warning("traintel: %s", message)
+                warn_once(f"{variable}={value!r} has no scheme, so gRPC uses TLS to reach it: {fix}")
         return  # the signal's own variable wins: the general one is not read
 
 
@@ -269,9 +266,11 @@ def _plan_exporters(
         if name == FILE_EXPORTER:
             plans.append(_ExporterPlan(name, functools.partial(_FILE_EXPORTERS[signal], file=file)))
             continue
+        timeout = None
         if name == "otlp":
             protocol = otlp_protocol(signal, environ, strict)
             _check_endpoint_scheme(signal, protocol, environ, strict)
+            timeout = otlp_timeout(signal, environ, strict)
             ep_name = PROTOCOLS[protocol]
         else:
             ep_name = name
@@ -292,12 +291,15 @@ def _plan_exporters(
             report(ConfigurationError(f"{exporter_var}: exporter {name!r} failed to load: {exc}"), strict)
             continue
         certificate = ep_name == PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ)
-        plans.append(_ExporterPlan(name, _with_certificate_session(cls) if certificate else cls))
+        factory = _with_certificate_session(cls) if certificate else cls
+        plans.append(
+            _ExporterPlan(name, factory if timeout is None else functools.partial(factory, timeout=timeout))
+        )
     return plans
 
 
-def _with_certificate_session(cls: Any) -> Callable[[], Any]:
-    return lambda: cls(session=CertificateSession())
+def _with_certificate_session(cls: Any) -> Callable[..., Any]:
+    return lambda **kwargs: cls(session=CertificateSession(), **kwargs)
 
 
 def _spooling(
