@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.otlp_receiver import GrpcReceiver
+from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 from tests.subprocess_helpers import run_python
 from traintel._runtime.pipeline import PipelineOptions, build_pipeline
 from traintel.config import ConfigurationError, TrainingConfig
@@ -108,3 +108,21 @@ def test_a_timeout_of_zero_or_below_is_replaced_and_one_in_milliseconds_is_said(
                 OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="-1"
             ),
         )
+
+
+@pytest.mark.server
+def test_http_json_is_sent_as_http_protobuf_to_the_same_endpoint(tmp_path: Path) -> None:
+    """The specification's ``http/json`` names a collector's HTTP port; the Python exporters
+    cannot send it, and the gRPC default sent there delivered nothing."""
+    with HttpReceiver() as receiver:
+        result = run_python(
+            JOB,
+            tmp_path,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/json",
+        )
+        assert result.returncode == 0 and "trained" in result.stdout, result.stderr
+    assert "training_iteration" in [span.name for _, span in receiver.received.spans()], result.stderr
+    assert receiver.received.metric_names(), result.stderr
+    [said] = _lines(result.stderr, "OTEL_EXPORTER_OTLP_PROTOCOL='http/json'")
+    assert "do not send OTLP/JSON; sending http/protobuf to the same endpoint" in said

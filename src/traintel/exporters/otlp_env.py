@@ -83,7 +83,8 @@ def otlp_timeout(signal: str, environ: Mapping[str, str], strict: bool) -> float
 
 
 def otlp_protocol(signal: str, environ: Mapping[str, str], strict: bool) -> str:
-    """The OTLP protocol for ``signal``: the per-signal variable wins over the general one."""
+    """The OTLP protocol for ``signal``: the per-signal variable wins over the general one.
+    ``http/json`` is sent as ``http/protobuf``: it names the collector's HTTP port and paths."""
     _, _, signal_var = SIGNAL_VARS[signal]
     for var in (signal_var, "OTEL_EXPORTER_OTLP_PROTOCOL"):
         raw = environ.get(var, "").strip()
@@ -91,6 +92,10 @@ def otlp_protocol(signal: str, environ: Mapping[str, str], strict: bool) -> str:
             continue
         if raw in PROTOCOLS:
             return raw
+        if raw == "http/json":  # the specification's, not implemented by the Python exporters
+            message = f"{var}={raw!r}: the OpenTelemetry Python exporters do not send OTLP/JSON"
+            report(ConfigurationError(f"{message}; sending http/protobuf to the same endpoint"), strict)
+            return "http/protobuf"  # what a collector's HTTP port takes too; gRPC there sent nothing
         report(
             ConfigurationError(
                 f"{var}={raw!r}: unknown OTLP protocol (supported: {', '.join(sorted(PROTOCOLS))})"
