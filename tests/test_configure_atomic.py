@@ -25,6 +25,7 @@ from tests.subprocess_helpers import run_python
 from traintel._runtime import pipeline as providers
 from traintel._runtime import state as _state
 from traintel.config import ConfigurationError
+from traintel.exporters import otlp_env
 from traintel.exporters.reader import iter_spans
 
 #: Tries ``configure()`` with the bad value, reports what it left, then configures again without it.
@@ -446,3 +447,33 @@ with traintel.application():
     assert len(span_lines) == lines if delay is None else len(span_lines) >= lines
     names = [s.name for s in iter_spans([tmp_path / "runs"])]
     assert names.count("training_iteration") == 3 and "application" in names
+
+
+@pytest.mark.parametrize(
+    ("sampler", "arg", "said"),
+    [("always_off", "", True), ("traceidratio", "0.5", True), ("traceidratio", "1", False), ("", "", False)],
+)
+def test_a_sampler_that_drops_traces_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, sampler: str, arg: str, said: bool
+) -> None:
+    """traintel measures from its spans: a dropped trace is missing from the metrics too (with
+    ``always_off`` the run had no duration, throughput or goodput metric at all)."""
+    monkeypatch.setattr(otlp_env, "said", set())
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    reader = InMemoryMetricReader()
+    with caplog.at_level(logging.WARNING):
+        telemetry = traintel.configure(span_exporters=[InMemorySpanExporter()], metric_readers=[reader])
+        traintel.configure(span_exporters=[InMemorySpanExporter()], metric_readers=[InMemoryMetricReader()])
+    lines = [r.getMessage() for r in caplog.records if "drops traces" in r.getMessage()]
+    if said:
+        given = f"OTEL_TRACES_SAMPLER={sampler!r}" + (f" (OTEL_TRACES_SAMPLER_ARG={arg!r})" if arg else "")
+        assert lines == [
+            f"traintel: {given} drops traces, and traintel measures training from its spans: the "
+            "iterations, windows and checkpoints of a dropped trace are missing from its metrics "
+            "(throughput, goodput, MFU), summary and reports. traintel chooses the spans it "
+            "exports itself (TRAINTEL_EXPORT_ITERATIONS): unset the sampler"
+        ]
+    else:
+        assert lines == []
+    assert telemetry.closed  # replaced by the second configuration

@@ -39,6 +39,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, Perio
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import Decision
 
 from traintel import semconv
 from traintel._sdk import otel_private
@@ -699,6 +700,7 @@ class _OwnedBuild:
             )
         except Exception as exc:
             _raise("the tracer provider could not be built", exc, _TRACER_PROVIDER_SETTINGS, self.environ)
+        _check_sampler(provider, self.environ)
         export_paths = self.export_paths(plans, spool)
         export_filter = IterationExportFilter([batcher for batcher, _ in export_paths], TraceBudget())
         provider.add_traintel_processor(export_filter)
@@ -797,6 +799,28 @@ _READER_DEFAULTS = (
     ("OTEL_METRIC_EXPORT_INTERVAL", "export_interval_millis", 60_000.0),
     ("OTEL_METRIC_EXPORT_TIMEOUT", "export_timeout_millis", 30_000.0),
 )
+
+
+def _check_sampler(provider: TracerProvider, environ: Mapping[str, str]) -> None:
+    """Say once that ``OTEL_TRACES_SAMPLER`` drops traces: traintel measures training from its
+    spans, so a dropped trace is missing from its metrics (throughput, goodput, MFU) and
+    records, not only from export (``always_off`` left a run with no duration, throughput or
+    goodput metric and no readable span). Asked of the sampler itself: a root span of the
+    highest trace id is dropped by every sampler that drops any."""
+    try:
+        decision = provider.sampler.should_sample(None, (1 << 128) - 1, "training_iteration").decision
+    except Exception:  # a sampler of someone else's: what it does is not ours to judge
+        return
+    if decision is Decision.RECORD_AND_SAMPLE:
+        return
+    arg = environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    given = f"OTEL_TRACES_SAMPLER={environ.get('OTEL_TRACES_SAMPLER', '').strip()!r}"
+    warn_once(
+        f"{given}{f' (OTEL_TRACES_SAMPLER_ARG={arg!r})' if arg else ''} drops traces, and traintel "
+        "measures training from its spans: the iterations, windows and checkpoints of a dropped "
+        "trace are missing from its metrics (throughput, goodput, MFU), summary and reports. "
+        "traintel chooses the spans it exports itself (TRAINTEL_EXPORT_ITERATIONS): unset the sampler"
+    )
 
 
 def _reader_settings(environ: Mapping[str, str], strict: bool) -> dict[str, float]:
