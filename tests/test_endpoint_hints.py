@@ -61,19 +61,40 @@ def test_an_http_endpoint_without_a_scheme_says_how_to_write_it(tmp_path: Path) 
         build_pipeline(TrainingConfig(), PipelineOptions(metric_readers=[]), strict=True, environ=env)
 
 
-def test_a_grpc_endpoint_without_a_scheme_warns_about_tls_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("insecure", "warned"),
+    [
+        ({}, True),
+        ({"OTEL_EXPORTER_OTLP_INSECURE": "false"}, True),  # TLS, as without it
+        ({"OTEL_EXPORTER_OTLP_INSECURE": "true"}, False),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true",
+                "OTEL_METRICS_EXPORTER": "none",
+                "OTEL_LOGS_EXPORTER": "none",
+            },
+            False,
+        ),
+    ],
+)
+def test_a_grpc_endpoint_without_a_scheme_warns_about_tls_once(
+    tmp_path: Path, insecure: dict[str, str], warned: bool
+) -> None:
+    """Said where the exporter uses TLS: not where the signal's own variable asks plaintext,
+    and where the general one is ``false``."""
+    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "otlp", **insecure}
     result = run_python(
         JOB,
         tmp_path,
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_METRICS_EXPORTER="otlp",
         OTEL_EXPORTER_OTLP_ENDPOINT="127.0.0.1:9",
         OTEL_EXPORTER_OTLP_TIMEOUT="1",
         TRAINTEL_SHUTDOWN_TIMEOUT="1",
+        **env,
     )
     assert result.returncode == 0 and "trained" in result.stdout, result.stderr
-    [line] = _lines(result.stderr, "has no scheme")
-    assert "so gRPC uses TLS to reach it: write http://127.0.0.1:9 (plaintext)" in line
+    lines = _lines(result.stderr, "has no scheme")
+    assert len(lines) == warned, result.stderr
+    assert all("so gRPC uses TLS to reach it: write http://127.0.0.1:9 (plaintext)" in line for line in lines)
 
 
 @pytest.mark.server

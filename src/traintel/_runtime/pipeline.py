@@ -215,8 +215,12 @@ def _undo(steps: list[Callable[[], None]]) -> None:
 
 def _check_endpoint_scheme(signal: str, protocol: str, environ: Mapping[str, str], strict: bool) -> None:
     """An endpoint written ``collector:4317`` has no scheme: HTTP cannot send to it at all, and
-    the gRPC exporter then speaks TLS unless ``OTEL_EXPORTER_OTLP_INSECURE`` says otherwise, so
-    a plaintext collector never answers. Either way the fix is one word; say it up front."""
+    the gRPC exporter then speaks TLS unless ``OTEL_EXPORTER_OTLP_(SIGNAL_)INSECURE`` is ``true``
+    (the signal's own wins), so a plaintext collector never answers. Either way the fix is one
+    word; say it up front."""
+    insecure = environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_INSECURE") or environ.get(
+        "OTEL_EXPORTER_OTLP_INSECURE", ""
+    )
     for variable in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
         value = environ.get(variable, "").strip()
         if not value:
@@ -225,7 +229,7 @@ def _check_endpoint_scheme(signal: str, protocol: str, environ: Mapping[str, str
             fix = f"write http://{value} (plaintext) or https://{value} (TLS)"
             if protocol == "http/protobuf":
                 report(ConfigurationError(f"{variable}={value!r} has no scheme: {fix}"), strict)
-            elif not environ.get("OTEL_EXPORTER_OTLP_INSECURE", "").strip():
+            elif insecure.strip().lower() != "true":
                 warn_once(f"{variable}={value!r} has no scheme, so gRPC uses TLS to reach it: {fix}")
         return  # the signal's own variable wins: the general one is not read
 
