@@ -222,7 +222,7 @@ def test_automatic_configuration_keeps_every_signal_when_the_interval_is_bad(tmp
     the default instead, one line says so, and traces and metrics both go on."""
     result = run_python(AUTO_JOB, tmp_path, BAD_VARIABLE="OTEL_METRIC_EXPORT_INTERVAL", BAD_VALUE="0")
     assert result.returncode == 0, result.stderr[-3000:]
-    said = "OTEL_METRIC_EXPORT_INTERVAL='0' is not a positive number of milliseconds; using the default"
+    said = "OTEL_METRIC_EXPORT_INTERVAL='0' is not a positive number of milliseconds; using the SDK's default"
     assert result.stderr.count(f"traintel: {said}") == 1, result.stderr
     assert "could not start" not in result.stderr and "Traceback" not in result.stderr
     report = _report(result.stdout)
@@ -413,7 +413,7 @@ def test_a_bad_metric_reader_value_falls_back_to_the_default_and_keeps_the_metri
         SIX_ITERATIONS, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), **{variable: value}
     )
     assert result.returncode == 0, result.stderr
-    said = f"{variable}={value!r} is not a positive number of milliseconds; using the default"
+    said = f"{variable}={value!r} is not a positive number of milliseconds; using the SDK's default"
     assert result.stderr.count(said) == 1 and "invalid" not in result.stderr, result.stderr
     (path,) = (tmp_path / "runs").glob("*.otlp.jsonl")
     assert any(line.startswith(b'{"resourceMetrics"') for line in path.open("rb"))

@@ -75,7 +75,6 @@ from traintel.exporters.spooling import (
     CountingBatchSpanProcessor,
     QueueGuard,
     SpoolingSpanExporter,
-    batch_settings,
     guard_queue,
 )
 from traintel.resource_detectors import TrainingResourceDetector
@@ -718,7 +717,7 @@ class _OwnedBuild:
         paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
         batching = _batch_settings(self.environ, self.strict) if plans else {}
         # The embedded file's processor gathers spans longer, unless OTEL_BSP_SCHEDULE_DELAY says.
-        by_name: dict[str, dict[str, int]] = {}
+        by_name: dict[str, dict[str, float]] = {}
         if not self.environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip():
             by_name[FILE_EXPORTER] = {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}
         for plan in plans:
@@ -763,7 +762,7 @@ class _OwnedBuild:
         """A periodic reader per metric exporter; network exporters' failures are counted (and
         said at exit)."""
         readers: list[MetricReader] = []
-        given = _reader_settings(self.environ, self.strict)
+        given = _sdk_settings(self.environ, self.strict, _READER_DEFAULTS)
         for plan in plans:
             try:
                 built: MetricExporter | MetricReader = plan.factory()
@@ -778,8 +777,8 @@ class _OwnedBuild:
             interval = given.get("export_interval_millis")  # None: the SDK reads the variable
             if plan.name == FILE_EXPORTER:
                 bound: MetricExporter = ProcessBoundMetricExporter(built)
-                if interval is not None or not self.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip():
-                    interval = FILE_METRIC_EXPORT_INTERVAL_MILLIS  # unset or bad: the file's own
+                if not self.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip():
+                    interval = FILE_METRIC_EXPORT_INTERVAL_MILLIS  # unset: the file's own
             else:
                 bound = CountingMetricExporter(built)
             try:
@@ -797,12 +796,6 @@ class _OwnedBuild:
             readers.append(reader)
             plan.started = True
         return readers
-
-
-_READER_DEFAULTS = (
-    ("OTEL_METRIC_EXPORT_INTERVAL", "export_interval_millis", 60_000.0),
-    ("OTEL_METRIC_EXPORT_TIMEOUT", "export_timeout_millis", 30_000.0),
-)
 
 
 def _check_sampler(provider: TracerProvider, environ: Mapping[str, str]) -> None:
@@ -827,37 +820,64 @@ def _check_sampler(provider: TracerProvider, environ: Mapping[str, str]) -> None
     )
 
 
-def _reader_settings(environ: Mapping[str, str], strict: bool) -> dict[str, float]:
-    """The periodic readers' arguments: a bad ``OTEL_METRIC_EXPORT_*`` value (not a positive
-    number) replaced by the SDK's default, and said once. Why: the SDK refuses a non-positive
-    interval outright, and the automatic configuration lost every metric of the run (text it
-    replaces without naming the variable). Explicit configuration leaves them to the SDK,
-    whose refusal it reports."""
+#: What the SDK's batch span processor and periodic metric reader read from ``OTEL_*``: the
+#: variable, their keyword, the SDK's default (an integer where the SDK wants one) and the
+#: value it must be above.
+_BATCH_DEFAULTS = (
+    ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size", 2048, 0),
+    ("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_millis", 5000, 0),
+    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size", 512, 0),
+    ("OTEL_BSP_EXPORT_TIMEOUT", "export_timeout_millis", 30000, -1),
+)
+_READER_DEFAULTS = (
+    ("OTEL_METRIC_EXPORT_INTERVAL", "export_interval_millis", 60_000.0, 0),
+    ("OTEL_METRIC_EXPORT_TIMEOUT", "export_timeout_millis", 30_000.0, 0),
+)
+
+
+def _sdk_settings(
+    environ: Mapping[str, str], strict: bool, table: Sequence[tuple[str, str, float, int]]
+) -> dict[str, float]:
+    """The arguments ``table``'s variables give: each value set, a bad one (text, or not above
+    its bound) replaced by the SDK's default and said. Why: the SDK refuses a non-positive value
+    outright, and the automatic configuration lost the whole trace (``OTEL_BSP_SCHEDULE_DELAY=-5``)
+    or every metric (``OTEL_METRIC_EXPORT_INTERVAL=0``); text it replaces with a traceback or a
+    line naming neither variable nor value. Explicit configuration leaves them to the SDK, whose
+    refusal it reports."""
     settings: dict[str, float] = {}
-    for variable, keyword, default in _READER_DEFAULTS:
+    for variable, keyword, default, above in table:
         raw = environ.get(variable, "").strip()
         if strict or not raw:
             continue
         try:
-            value = float(raw)
+            value = type(default)(raw)
         except ValueError:
             value = math.nan
-        if not 0 < value < math.inf:
+        if not above < value < math.inf:
+            kind = "integer" if isinstance(default, int) else "number of milliseconds"
+            sign = "positive" if above == 0 else "non-negative"
             _logger.warning(
-                "traintel: %s=%r is not a positive number of milliseconds; using the default", variable, raw
+                "traintel: %s=%r is not a %s %s; using the SDK's default %g",
+                variable,
+                raw,
+                sign,
+                kind,
+                default,
             )
-            settings[keyword] = default
+            value = default
+        settings[keyword] = value
     return settings
 
 
-def _batch_settings(environ: Mapping[str, str], strict: bool) -> dict[str, int]:
-    """Explicit configuration leaves ``OTEL_BSP_*`` to the SDK, whose refusal it reports; the
-    automatic one replaces a bad value by the SDK's default, and says so."""
-    if strict:
-        return {}
-    settings, said = batch_settings(environ)
-    for line in said:
-        _logger.warning("traintel: %s", line)
+def _batch_settings(environ: Mapping[str, str], strict: bool) -> dict[str, float]:
+    """The batch span processors' arguments (see :func:`_sdk_settings`); a batch larger than the
+    queue, which the SDK refuses too, is the queue's size."""
+    settings = _sdk_settings(environ, strict, _BATCH_DEFAULTS)
+    queue, batch = settings.get("max_queue_size", 2048), settings.get("max_export_batch_size", 512)
+    if batch > queue:
+        said = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=%d is over the queue's %d (OTEL_BSP_MAX_QUEUE_SIZE); using %d"
+        _logger.warning(f"traintel: {said}", batch, queue, queue)
+        settings["max_export_batch_size"] = queue
     return settings
 
 
