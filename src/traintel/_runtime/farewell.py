@@ -70,8 +70,8 @@ def farewell(
     spooled: bool = False,
 ) -> str | None:
     """The line to write, or None: another rank's job, ``TRAINTEL_QUIET``, or nothing known.
-    ``spooled``: spans the collector did not take are left in the spool (said just before):
-    the line does not claim they were sent."""
+    ``spooled``: spans the collector did not take are left in the spool, or were dropped
+    (said just before): the line does not claim they were sent."""
     if _silent(rank, environ):
         return None
     endpoint = _endpoint_used(trace_exporters, environ)
