@@ -25,6 +25,7 @@ from tests.subprocess_helpers import run_python
 from traintel._runtime import pipeline as providers
 from traintel._runtime import state as _state
 from traintel.config import ConfigurationError
+from traintel.exporters import otlp_env
 from traintel.exporters.reader import iter_spans
 
 #: Tries ``configure()`` with the bad value, reports what it left, then configures again without it.
@@ -221,7 +222,7 @@ def test_automatic_configuration_keeps_every_signal_when_the_interval_is_bad(tmp
     the default instead, one line says so, and traces and metrics both go on."""
     result = run_python(AUTO_JOB, tmp_path, BAD_VARIABLE="OTEL_METRIC_EXPORT_INTERVAL", BAD_VALUE="0")
     assert result.returncode == 0, result.stderr[-3000:]
-    said = "OTEL_METRIC_EXPORT_INTERVAL='0' is not a positive number of milliseconds; using the default"
+    said = "OTEL_METRIC_EXPORT_INTERVAL='0' is not a positive number of milliseconds; using the SDK's default"
     assert result.stderr.count(f"traintel: {said}") == 1, result.stderr
     assert "could not start" not in result.stderr and "Traceback" not in result.stderr
     report = _report(result.stdout)
@@ -233,13 +234,16 @@ def test_automatic_configuration_keeps_every_signal_when_the_interval_is_bad(tmp
 
 @pytest.mark.process
 def test_automatic_configuration_names_the_value_an_exporter_rejected(tmp_path: Path) -> None:
-    """An exporter that cannot start is left out, as before; the line now says which value."""
+    """An exporter that cannot start is left out, as before; the line now says which value,
+    and the job's first and last lines do not claim the telemetry goes (went) to OTLP."""
     result = run_python(
         AUTO_JOB,
         tmp_path,
         OTEL_TRACES_EXPORTER="otlp",
         OTEL_METRICS_EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
         OTEL_EXPORTER_OTLP_TIMEOUT="abc",
+        TRAINTEL_QUIET="0",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for signal in ("traces", "metrics"):
@@ -247,6 +251,7 @@ def test_automatic_configuration_names_the_value_an_exporter_rejected(tmp_path: 
             f"traintel: OTEL_EXPORTER_OTLP_TIMEOUT='abc': {signal} exporter 'otlp' could not start: "
             "could not convert string to float: 'abc' (going on without it)"
         ) in result.stderr
+    assert "(OTLP)" not in result.stderr, result.stderr
     assert _report(result.stdout)["enabled"] is True
 
 
@@ -408,7 +413,7 @@ def test_a_bad_metric_reader_value_falls_back_to_the_default_and_keeps_the_metri
         SIX_ITERATIONS, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), **{variable: value}
     )
     assert result.returncode == 0, result.stderr
-    said = f"{variable}={value!r} is not a positive number of milliseconds; using the default"
+    said = f"{variable}={value!r} is not a positive number of milliseconds; using the SDK's default"
     assert result.stderr.count(said) == 1 and "invalid" not in result.stderr, result.stderr
     (path,) = (tmp_path / "runs").glob("*.otlp.jsonl")
     assert any(line.startswith(b'{"resourceMetrics"') for line in path.open("rb"))
@@ -442,3 +447,33 @@ with traintel.application():
     assert len(span_lines) == lines if delay is None else len(span_lines) >= lines
     names = [s.name for s in iter_spans([tmp_path / "runs"])]
     assert names.count("training_iteration") == 3 and "application" in names
+
+
+@pytest.mark.parametrize(
+    ("sampler", "arg", "said"),
+    [("always_off", "", True), ("traceidratio", "0.5", True), ("traceidratio", "1", False), ("", "", False)],
+)
+def test_a_sampler_that_drops_traces_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, sampler: str, arg: str, said: bool
+) -> None:
+    """traintel measures from its spans: a dropped trace is missing from the metrics too (with
+    ``always_off`` the run had no duration, throughput or goodput metric at all)."""
+    monkeypatch.setattr(otlp_env, "said", set())
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    reader = InMemoryMetricReader()
+    with caplog.at_level(logging.WARNING):
+        telemetry = traintel.configure(span_exporters=[InMemorySpanExporter()], metric_readers=[reader])
+        traintel.configure(span_exporters=[InMemorySpanExporter()], metric_readers=[InMemoryMetricReader()])
+    lines = [r.getMessage() for r in caplog.records if "drops traces" in r.getMessage()]
+    if said:
+        given = f"OTEL_TRACES_SAMPLER={sampler!r}" + (f" (OTEL_TRACES_SAMPLER_ARG={arg!r})" if arg else "")
+        assert lines == [
+            f"traintel: {given} drops traces, and traintel measures training from its spans: the "
+            "iterations, windows and checkpoints of a dropped trace are missing from its metrics "
+            "(throughput, goodput, MFU), summary and reports. traintel chooses the spans it "
+            "exports itself (TRAINTEL_EXPORT_ITERATIONS): unset the sampler"
+        ]
+    else:
+        assert lines == []
+    assert telemetry.closed  # replaced by the second configuration

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 from tests.subprocess_helpers import run_python
 from traintel._runtime.pipeline import PipelineOptions, build_pipeline
 from traintel.config import ConfigurationError, TrainingConfig
@@ -60,16 +61,89 @@ def test_an_http_endpoint_without_a_scheme_says_how_to_write_it(tmp_path: Path) 
         build_pipeline(TrainingConfig(), PipelineOptions(metric_readers=[]), strict=True, environ=env)
 
 
-def test_a_grpc_endpoint_without_a_scheme_warns_about_tls_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("insecure", "warned"),
+    [
+        ({}, True),
+        ({"OTEL_EXPORTER_OTLP_INSECURE": "false"}, True),  # TLS, as without it
+        ({"OTEL_EXPORTER_OTLP_INSECURE": "true"}, False),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true",
+                "OTEL_METRICS_EXPORTER": "none",
+                "OTEL_LOGS_EXPORTER": "none",
+            },
+            False,
+        ),
+    ],
+)
+def test_a_grpc_endpoint_without_a_scheme_warns_about_tls_once(
+    tmp_path: Path, insecure: dict[str, str], warned: bool
+) -> None:
+    """Said where the exporter uses TLS: not where the signal's own variable asks plaintext,
+    and where the general one is ``false``."""
+    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "otlp", **insecure}
     result = run_python(
         JOB,
         tmp_path,
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_METRICS_EXPORTER="otlp",
         OTEL_EXPORTER_OTLP_ENDPOINT="127.0.0.1:9",
         OTEL_EXPORTER_OTLP_TIMEOUT="1",
         TRAINTEL_SHUTDOWN_TIMEOUT="1",
+        **env,
     )
     assert result.returncode == 0 and "trained" in result.stdout, result.stderr
-    [line] = _lines(result.stderr, "has no scheme")
-    assert "so gRPC uses TLS to reach it: write http://127.0.0.1:9 (plaintext)" in line
+    lines = _lines(result.stderr, "has no scheme")
+    assert len(lines) == warned, result.stderr
+    assert all("so gRPC uses TLS to reach it: write http://127.0.0.1:9 (plaintext)" in line for line in lines)
+
+
+@pytest.mark.server
+def test_a_timeout_of_zero_or_below_is_replaced_and_one_in_milliseconds_is_said(tmp_path: Path) -> None:
+    """The Python exporters read the timeout in seconds: ``-1`` failed every export at once (the
+    run's spans never reached a listening collector), and the specification's ``10000`` ms is
+    2.8 h per export. The first is replaced by the default and said; the second is said."""
+    with GrpcReceiver() as receiver:
+        result = run_python(
+            JOB,
+            tmp_path,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="-1",
+            OTEL_EXPORTER_OTLP_TIMEOUT="10000",
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+        )
+        assert result.returncode == 0 and "trained" in result.stdout, result.stderr
+    assert "training_iteration" in [span.name for _, span in receiver.received.spans()], result.stderr
+    assert receiver.received.metric_names(), result.stderr
+    [refused] = _lines(result.stderr, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT='-1'")
+    assert "expected a positive number of seconds (every export would fail); using the default, 10" in refused
+    [said] = _lines(result.stderr, "OTEL_EXPORTER_OTLP_TIMEOUT='10000' is in seconds")
+    assert "for 10 s write 10" in said
+    with pytest.raises(
+        ConfigurationError, match=r"^OTEL_EXPORTER_OTLP_TRACES_TIMEOUT='-1': expected a positive"
+    ):
+        build_pipeline(
+            TrainingConfig(),
+            PipelineOptions(metric_readers=[]),
+            strict=True,
+            environ=dict(
+                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="-1"
+            ),
+        )
+
+
+@pytest.mark.server
+def test_http_json_is_sent_as_http_protobuf_to_the_same_endpoint(tmp_path: Path) -> None:
+    """The specification's ``http/json`` names a collector's HTTP port; the Python exporters
+    cannot send it, and the gRPC default sent there delivered nothing."""
+    with HttpReceiver() as receiver:
+        result = run_python(
+            JOB,
+            tmp_path,
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_EXPORTER_OTLP_PROTOCOL="http/json",
+        )
+        assert result.returncode == 0 and "trained" in result.stdout, result.stderr
+    assert "training_iteration" in [span.name for _, span in receiver.received.spans()], result.stderr
+    assert receiver.received.metric_names(), result.stderr
+    [said] = _lines(result.stderr, "OTEL_EXPORTER_OTLP_PROTOCOL='http/json'")
+    assert "do not send OTLP/JSON; sending http/protobuf to the same endpoint" in said

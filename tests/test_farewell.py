@@ -77,7 +77,7 @@ def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path
     assert greeting(output, ["traintel_file"], 1, {}) is None
     assert greeting(output, ["traintel_file"], 0, {"TRAINTEL_QUIET": "1"}) is None
     assert greeting(None, ["console"], 0, {}) is None  # nothing to say where
-    assert farewell(None, [], 0, {}) is None  # the user's own providers: nothing known to say
+    assert farewell(None, None, 0, {}) is None  # the user's own providers: nothing known to say
 
 
 def test_the_command_runs_as_pasted_where_traintel_is_not_on_the_path(tmp_path: Path) -> None:
@@ -89,3 +89,25 @@ def test_the_command_runs_as_pasted_where_traintel_is_not_on_the_path(tmp_path: 
     not_on_path = {"PATH": str(tmp_path)}
     assert farewell(output, ["traintel_file"], 0, not_on_path) == f"{said} {SCRIPT} summary {tmp_path}"
     assert farewell(output, ["traintel_file"], 0, ON_PATH) == f"{said} traintel summary {tmp_path}"
+
+
+@pytest.mark.process
+def test_spans_dropped_without_a_spool_are_not_said_to_be_sent(tmp_path: Path) -> None:
+    """No spool and no collector: every span is dropped (and counted, said before), so the last
+    line must not say the telemetry was sent."""
+    result = run_python(
+        JOB,
+        tmp_path,
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9",
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",
+        TRAINTEL_SPOOL_MAX_BYTES="0",
+        TRAINTEL_SHUTDOWN_TIMEOUT="3",
+        TRAINTEL_QUIET="0",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "span(s) dropped" in result.stderr, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last == "traintel: telemetry of this run could not all be sent to http://127.0.0.1:9 (OTLP)", (
+        result.stderr
+    )

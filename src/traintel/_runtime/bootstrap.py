@@ -54,6 +54,7 @@ from traintel.config import ConfigurationError, Settings, TrainingConfig
 from traintel.distributed.collectives import SEQUENCE, watch_torch_collectives
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
 from traintel.exporters.health import HEALTH, register_instruments
+from traintel.exporters.otlp_env import warn_once
 from traintel.resource_detectors import distributed_identity
 from traintel.version import __version__
 
@@ -94,8 +95,12 @@ def _auto_configure() -> Telemetry:
 
 
 def _prepare(config: TrainingConfig, options: PipelineOptions, *, strict: bool) -> _Prepared:
-    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip()
+    if disabled.lower() == "true":
         return None
+    if disabled.lower() not in ("", "false"):  # ``1`` or ``yes`` did not turn it off, silently
+        said = "is not true or false: telemetry stays on (only true turns it off)"
+        warn_once(f"OTEL_SDK_DISABLED={disabled!r} {said}")
     return build_pipeline(config, options, strict=strict)
 
 

@@ -23,11 +23,15 @@ from traintel.exporters.redaction import redact, url_secrets
 _OTLP_DEFAULTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318/v1/traces"}
 
 
-def _endpoint_used(trace_exporters: list[str], environ: Mapping[str, str]) -> str | None:
+def _endpoint_used(trace_exporters: list[str] | None, environ: Mapping[str, str]) -> str | None:
     """The OTLP endpoint the spans go to, if an OTLP exporter sends them, as the ``OTEL_*``
-    variables (or their defaults) say; a password or token in the URL is never printed."""
-    # a provider traintel did not build (the distro's): the exporters OTEL_TRACES_EXPORTER named
-    names = trace_exporters or [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
+    variables (or their defaults) say; a password or token in the URL is never printed.
+    ``trace_exporters``: those traintel started (none: an OTLP one that could not start sends
+    nothing), or None for a provider it did not build (the distro's): then the exporters
+    ``OTEL_TRACES_EXPORTER`` names."""
+    names = trace_exporters
+    if names is None:
+        names = [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
     if not any(name.startswith("otlp") for name in names):
         return None
     endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -44,7 +48,10 @@ def _silent(rank: object, environ: Mapping[str, str]) -> bool:
 
 
 def greeting(
-    output: Path | None, trace_exporters: list[str], rank: object, environ: Mapping[str, str] = os.environ
+    output: Path | None,
+    trace_exporters: list[str] | None,
+    rank: object,
+    environ: Mapping[str, str] = os.environ,
 ) -> str | None:
     """The line a job writes as its telemetry starts (where it goes), or None as for
     :func:`farewell`."""
@@ -57,14 +64,14 @@ def greeting(
 
 def farewell(
     output: Path | None,
-    trace_exporters: list[str],
+    trace_exporters: list[str] | None,
     rank: object,
     environ: Mapping[str, str] = os.environ,
     spooled: bool = False,
 ) -> str | None:
     """The line to write, or None: another rank's job, ``TRAINTEL_QUIET``, or nothing known.
-    ``spooled``: spans the collector did not take are left in the spool (said just before):
-    the line does not claim they were sent."""
+    ``spooled``: spans the collector did not take are left in the spool, or were dropped
+    (said just before): the line does not claim they were sent."""
     if _silent(rank, environ):
         return None
     endpoint = _endpoint_used(trace_exporters, environ)

@@ -39,6 +39,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, Perio
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import Decision
 
 from traintel import semconv
 from traintel._sdk import otel_private
@@ -66,7 +67,7 @@ from traintel.exporters.file import (
 from traintel.exporters.health import EXIT_TIMEOUT, HEALTH
 from traintel.exporters.http_session import CertificateSession, needs_certificate_session
 from traintel.exporters.metric_counting import CountingMetricExporter
-from traintel.exporters.otlp_env import PROTOCOLS, SIGNAL_VARS, otlp_protocol, report, said
+from traintel.exporters.otlp_env import PROTOCOLS, SIGNAL_VARS, otlp_protocol, otlp_timeout, report, warn_once
 from traintel.exporters.process_bound import ProcessBoundMetricExporter, ProcessBoundSpanExporter
 from traintel.exporters.records import FILE_SUFFIX
 from traintel.exporters.spool import Spool
@@ -74,7 +75,6 @@ from traintel.exporters.spooling import (
     CountingBatchSpanProcessor,
     QueueGuard,
     SpoolingSpanExporter,
-    batch_settings,
     guard_queue,
 )
 from traintel.resource_detectors import TrainingResourceDetector
@@ -214,8 +214,12 @@ def _undo(steps: list[Callable[[], None]]) -> None:
 
 def _check_endpoint_scheme(signal: str, protocol: str, environ: Mapping[str, str], strict: bool) -> None:
     """An endpoint written ``collector:4317`` has no scheme: HTTP cannot send to it at all, and
-    the gRPC exporter then speaks TLS unless ``OTEL_EXPORTER_OTLP_INSECURE`` says otherwise, so
-    a plaintext collector never answers. Either way the fix is one word; say it up front."""
+    the gRPC exporter then speaks TLS unless ``OTEL_EXPORTER_OTLP_(SIGNAL_)INSECURE`` is ``true``
+    (the signal's own wins), so a plaintext collector never answers. Either way the fix is one
+    word; say it up front."""
+    insecure = environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_INSECURE") or environ.get(
+        "OTEL_EXPORTER_OTLP_INSECURE", ""
+    )
     for variable in (f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
         value = environ.get(variable, "").strip()
         if not value:
@@ -224,11 +228,8 @@ def _check_endpoint_scheme(signal: str, protocol: str, environ: Mapping[str, str
             fix = f"write http://{value} (plaintext) or https://{value} (TLS)"
             if protocol == "http/protobuf":
                 report(ConfigurationError(f"{variable}={value!r} has no scheme: {fix}"), strict)
-            elif not environ.get("OTEL_EXPORTER_OTLP_INSECURE", "").strip():
-                message = f"{variable}={value!r} has no scheme, so gRPC uses TLS to reach it: {fix}"
-                if message not in said:
-                    said.add(message)
-                    _logger.warning("traintel: %s", message)
+            elif insecure.strip().lower() != "true":
+                warn_once(f"{variable}={value!r} has no scheme, so gRPC uses TLS to reach it: {fix}")
         return  # the signal's own variable wins: the general one is not read
 
 
@@ -254,6 +255,9 @@ class _ExporterPlan:
     factory: Callable[[], Any]
     #: The caller's own exporter (``span_exporters=``): a failed build hands it back open.
     lent: bool = False
+    #: Built and exporting: what the job's first and last lines and its configuration event
+    #: name (an exporter left out for a bad setting receives nothing).
+    started: bool = False
 
 
 def _plan_exporters(
@@ -266,9 +270,11 @@ def _plan_exporters(
         if name == FILE_EXPORTER:
             plans.append(_ExporterPlan(name, functools.partial(_FILE_EXPORTERS[signal], file=file)))
             continue
+        timeout = None
         if name == "otlp":
             protocol = otlp_protocol(signal, environ, strict)
             _check_endpoint_scheme(signal, protocol, environ, strict)
+            timeout = otlp_timeout(signal, environ, strict)
             ep_name = PROTOCOLS[protocol]
         else:
             ep_name = name
@@ -289,12 +295,15 @@ def _plan_exporters(
             report(ConfigurationError(f"{exporter_var}: exporter {name!r} failed to load: {exc}"), strict)
             continue
         certificate = ep_name == PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ)
-        plans.append(_ExporterPlan(name, _with_certificate_session(cls) if certificate else cls))
+        factory = _with_certificate_session(cls) if certificate else cls
+        plans.append(
+            _ExporterPlan(name, factory if timeout is None else functools.partial(factory, timeout=timeout))
+        )
     return plans
 
 
-def _with_certificate_session(cls: Any) -> Callable[[], Any]:
-    return lambda: cls(session=CertificateSession())
+def _with_certificate_session(cls: Any) -> Callable[..., Any]:
+    return lambda **kwargs: cls(session=CertificateSession(), **kwargs)
 
 
 def _spooling(
@@ -395,7 +404,8 @@ class Pipeline:
     meter_provider: metrics_api.MeterProvider
     owns_tracer_provider: bool
     owns_meter_provider: bool
-    trace_exporters: list[str] = field(default_factory=list)
+    #: The span exporters traintel started; None where it did not build the tracer provider.
+    trace_exporters: list[str] | None = None
     metric_exporters: list[str] = field(default_factory=list)
     file: OtlpJsonLinesFile | None = None
     #: Owned providers: the filter in front of the exporting processors.
@@ -693,6 +703,7 @@ class _OwnedBuild:
             )
         except Exception as exc:
             _raise("the tracer provider could not be built", exc, _TRACER_PROVIDER_SETTINGS, self.environ)
+        _check_sampler(provider, self.environ)
         export_paths = self.export_paths(plans, spool)
         export_filter = IterationExportFilter([batcher for batcher, _ in export_paths], TraceBudget())
         provider.add_traintel_processor(export_filter)
@@ -706,7 +717,7 @@ class _OwnedBuild:
         paths: list[tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None]] = []
         batching = _batch_settings(self.environ, self.strict) if plans else {}
         # The embedded file's processor gathers spans longer, unless OTEL_BSP_SCHEDULE_DELAY says.
-        by_name: dict[str, dict[str, int]] = {}
+        by_name: dict[str, dict[str, float]] = {}
         if not self.environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip():
             by_name[FILE_EXPORTER] = {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}
         for plan in plans:
@@ -730,6 +741,7 @@ class _OwnedBuild:
                 continue
             self.undo.append(functools.partial(_stop, processor, bound, plan.lent))
             paths.append((processor, spooler))
+            plan.started = True
         return paths
 
     def meter_provider(
@@ -750,7 +762,7 @@ class _OwnedBuild:
         """A periodic reader per metric exporter; network exporters' failures are counted (and
         said at exit)."""
         readers: list[MetricReader] = []
-        given = _reader_settings(self.environ, self.strict)
+        given = _sdk_settings(self.environ, self.strict, _READER_DEFAULTS)
         for plan in plans:
             try:
                 built: MetricExporter | MetricReader = plan.factory()
@@ -760,12 +772,13 @@ class _OwnedBuild:
             if isinstance(built, MetricReader):  # a pull endpoint (prometheus): its own reader
                 self.undo.append(built.shutdown)
                 readers.append(built)
+                plan.started = True
                 continue
             interval = given.get("export_interval_millis")  # None: the SDK reads the variable
             if plan.name == FILE_EXPORTER:
                 bound: MetricExporter = ProcessBoundMetricExporter(built)
-                if interval is not None or not self.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip():
-                    interval = FILE_METRIC_EXPORT_INTERVAL_MILLIS  # unset or bad: the file's own
+                if not self.environ.get("OTEL_METRIC_EXPORT_INTERVAL", "").strip():
+                    interval = FILE_METRIC_EXPORT_INTERVAL_MILLIS  # unset: the file's own
             else:
                 bound = CountingMetricExporter(built)
             try:
@@ -781,46 +794,90 @@ class _OwnedBuild:
                 continue
             self.undo.append(reader.shutdown)
             readers.append(reader)
+            plan.started = True
         return readers
 
 
+def _check_sampler(provider: TracerProvider, environ: Mapping[str, str]) -> None:
+    """Say once that ``OTEL_TRACES_SAMPLER`` drops traces: traintel measures training from its
+    spans, so a dropped trace is missing from its metrics (throughput, goodput, MFU) and
+    records, not only from export (``always_off`` left a run with no duration, throughput or
+    goodput metric and no readable span). Asked of the sampler itself: a root span of the
+    highest trace id is dropped by every sampler that drops any."""
+    try:
+        decision = provider.sampler.should_sample(None, (1 << 128) - 1, "training_iteration").decision
+    except Exception:  # a sampler of someone else's: what it does is not ours to judge
+        return
+    if decision is Decision.RECORD_AND_SAMPLE:
+        return
+    arg = environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    given = f"OTEL_TRACES_SAMPLER={environ.get('OTEL_TRACES_SAMPLER', '').strip()!r}"
+    warn_once(
+        f"{given}{f' (OTEL_TRACES_SAMPLER_ARG={arg!r})' if arg else ''} drops traces, and traintel "
+        "measures training from its spans: the iterations, windows and checkpoints of a dropped "
+        "trace are missing from its metrics (throughput, goodput, MFU), summary and reports. "
+        "traintel chooses the spans it exports itself (TRAINTEL_EXPORT_ITERATIONS): unset the sampler"
+    )
+
+
+#: What the SDK's batch span processor and periodic metric reader read from ``OTEL_*``: the
+#: variable, their keyword, the SDK's default (an integer where the SDK wants one) and the
+#: value it must be above.
+_BATCH_DEFAULTS = (
+    ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size", 2048, 0),
+    ("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_millis", 5000, 0),
+    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size", 512, 0),
+    ("OTEL_BSP_EXPORT_TIMEOUT", "export_timeout_millis", 30000, -1),
+)
 _READER_DEFAULTS = (
-    ("OTEL_METRIC_EXPORT_INTERVAL", "export_interval_millis", 60_000.0),
-    ("OTEL_METRIC_EXPORT_TIMEOUT", "export_timeout_millis", 30_000.0),
+    ("OTEL_METRIC_EXPORT_INTERVAL", "export_interval_millis", 60_000.0, 0),
+    ("OTEL_METRIC_EXPORT_TIMEOUT", "export_timeout_millis", 30_000.0, 0),
 )
 
 
-def _reader_settings(environ: Mapping[str, str], strict: bool) -> dict[str, float]:
-    """The periodic readers' arguments: a bad ``OTEL_METRIC_EXPORT_*`` value (not a positive
-    number) replaced by the SDK's default, and said once. Why: the SDK refuses a non-positive
-    interval outright, and the automatic configuration lost every metric of the run (text it
-    replaces without naming the variable). Explicit configuration leaves them to the SDK,
-    whose refusal it reports."""
+def _sdk_settings(
+    environ: Mapping[str, str], strict: bool, table: Sequence[tuple[str, str, float, int]]
+) -> dict[str, float]:
+    """The arguments ``table``'s variables give: each value set, a bad one (text, or not above
+    its bound) replaced by the SDK's default and said. Why: the SDK refuses a non-positive value
+    outright, and the automatic configuration lost the whole trace (``OTEL_BSP_SCHEDULE_DELAY=-5``)
+    or every metric (``OTEL_METRIC_EXPORT_INTERVAL=0``); text it replaces with a traceback or a
+    line naming neither variable nor value. Explicit configuration leaves them to the SDK, whose
+    refusal it reports."""
     settings: dict[str, float] = {}
-    for variable, keyword, default in _READER_DEFAULTS:
+    for variable, keyword, default, above in table:
         raw = environ.get(variable, "").strip()
         if strict or not raw:
             continue
         try:
-            value = float(raw)
+            value = type(default)(raw)
         except ValueError:
             value = math.nan
-        if not 0 < value < math.inf:
+        if not above < value < math.inf:
+            kind = "integer" if isinstance(default, int) else "number of milliseconds"
+            sign = "positive" if above == 0 else "non-negative"
             _logger.warning(
-                "traintel: %s=%r is not a positive number of milliseconds; using the default", variable, raw
+                "traintel: %s=%r is not a %s %s; using the SDK's default %g",
+                variable,
+                raw,
+                sign,
+                kind,
+                default,
             )
-            settings[keyword] = default
+            value = default
+        settings[keyword] = value
     return settings
 
 
-def _batch_settings(environ: Mapping[str, str], strict: bool) -> dict[str, int]:
-    """Explicit configuration leaves ``OTEL_BSP_*`` to the SDK, whose refusal it reports; the
-    automatic one replaces a bad value by the SDK's default, and says so."""
-    if strict:
-        return {}
-    settings, said = batch_settings(environ)
-    for line in said:
-        _logger.warning("traintel: %s", line)
+def _batch_settings(environ: Mapping[str, str], strict: bool) -> dict[str, float]:
+    """The batch span processors' arguments (see :func:`_sdk_settings`); a batch larger than the
+    queue, which the SDK refuses too, is the queue's size."""
+    settings = _sdk_settings(environ, strict, _BATCH_DEFAULTS)
+    queue, batch = settings.get("max_queue_size", 2048), settings.get("max_export_batch_size", 512)
+    if batch > queue:
+        said = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=%d is over the queue's %d (OTEL_BSP_MAX_QUEUE_SIZE); using %d"
+        _logger.warning(f"traintel: {said}", batch, queue, queue)
+        settings["max_export_batch_size"] = queue
     return settings
 
 
@@ -928,12 +985,12 @@ def build_pipeline(
         meter_provider=choice.meter_provider,
         owns_tracer_provider=choice.build_tp,
         owns_meter_provider=choice.build_mp,
-        trace_exporters=[p.name for p in plans.traces],
-        metric_exporters=[p.name for p in plans.metrics],
         file=file if FILE_EXPORTER in plans.names() else None,
         logs=LogPipeline(plans.logs, resource),
     )
     _build_owned(pipeline, choice, options, _OwnedBuild(config, resource, strict, environ), plans)
+    pipeline.trace_exporters = [p.name for p in plans.traces if p.started] if choice.build_tp else None
+    pipeline.metric_exporters = [p.name for p in plans.metrics if p.started]
     _redaction.install(environ)  # the exporters' loggers exist now
     tls_errors.install(environ)
     retry_lines.install()

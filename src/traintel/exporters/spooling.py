@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -176,48 +176,6 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
     def __init__(self, exporter: SpanExporter, *, health: ExportHealth = HEALTH, **kwargs: Any) -> None:
         super().__init__(exporter, **kwargs)
         self.guard = guard_queue(self, health)  # on_end replaced: no extra call per span
-
-
-#: The batch span processor's settings: variable, keyword, the SDK's default, the least allowed.
-_BATCH_SETTINGS = (
-    ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size", 2048, 1),
-    ("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_millis", 5000, 1),
-    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size", 512, 1),
-    ("OTEL_BSP_EXPORT_TIMEOUT", "export_timeout_millis", 30000, 0),
-)
-
-
-def batch_settings(environ: Mapping[str, str]) -> tuple[dict[str, int], list[str]]:
-    """The ``OTEL_BSP_*`` settings as a batch span processor's arguments, each bad one replaced
-    by the SDK's default; and a line naming each bad one.
-
-    Why: the SDK refuses a non-positive value outright (``OTEL_BSP_SCHEDULE_DELAY=-5`` failed
-    the processor, and the automatic configuration lost the whole trace) and logs a traceback
-    for text; a batch larger than the queue fails it too. Here the rest of the settings keep
-    their values and the run goes on with the default, said once."""
-    settings: dict[str, int] = {}
-    said: list[str] = []
-    for variable, keyword, default, least in _BATCH_SETTINGS:
-        raw = environ.get(variable, "").strip()
-        if not raw:
-            continue
-        try:
-            value = int(raw)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            what = "a positive integer" if least else "a non-negative integer"
-            said.append(f"{variable}={raw!r} is not {what}; using the SDK's default {default}")
-            value = default  # given, so that the SDK does not read the variable itself
-        settings[keyword] = value
-    queue, batch = settings.get("max_queue_size", 2048), settings.get("max_export_batch_size", 512)
-    if batch > queue:
-        said.append(
-            f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE={batch} is over the queue's {queue} "
-            f"(OTEL_BSP_MAX_QUEUE_SIZE); using {queue}"
-        )
-        settings["max_export_batch_size"] = queue
-    return settings, said
 
 
 def guard_queue(processor: BatchSpanProcessor, health: ExportHealth = HEALTH) -> QueueGuard:
