@@ -5,14 +5,18 @@ variable. Each job is a real process with a real one-second stall."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
-from tests.subprocess_helpers import run_python
-from traintel import semconv
+from tests.subprocess_helpers import clean_env, run_python, wait_for
+from traintel import cli, semconv
+from traintel.exporters.progress_mark import MARK_SUFFIX
 from traintel.exporters.reader import LogEntry, iter_records, logs_in
 
 #: One iteration completes, the next sleeps for 4 s: a suspect after 2 s, then its recovery (a
@@ -109,3 +113,50 @@ except traintel.ConfigurationError as exc:
     result = run_python(code, tmp_path, OTEL_LOGS_EXPORTER="carrier_pigeon")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("OTEL_LOGS_EXPORTER='carrier_pigeon': unknown exporter 'carrier_pigeon'")
+
+
+def _logged(runs: Path) -> bool:
+    return any(isinstance(e, LogEntry) for e in iter_records([runs], logs=True))
+
+
+def _mark(runs: Path) -> str:
+    return "".join(mark.read_text() for mark in runs.glob("*" + MARK_SUFFIX))
+
+
+def test_a_job_killed_while_hung_before_any_span_left_gets_its_hang_in_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user kills the hung job before the file wrote a span (it gathers them for 60 s): the
+    record naming where it hangs, and the job's time from its mark, are what the files hold."""
+    code = """
+import time
+import traintel
+def stuck_read():
+    time.sleep(120)
+traintel.configure()
+with traintel.training_loop():
+    for i in range(2):
+        with traintel.training_iteration(samples=1):
+            with traintel.data_loading():
+                if i == 1:
+                    stuck_read()
+"""
+    runs = tmp_path / "runs"
+    (tmp_path / "job.py").write_text(code)
+    env = clean_env(
+        TRAINTEL_OUTPUT_DIR=str(runs), OTEL_BSP_SCHEDULE_DELAY="600000", TRAINTEL_STALL_SECONDS="1"
+    )
+    with subprocess.Popen([sys.executable, "job.py"], cwd=tmp_path, env=env) as job:
+        try:
+            hung = wait_for(lambda: _logged(runs) and '"iterations":1' in _mark(runs), 60)
+        finally:
+            job.kill()
+    assert hung and job.returncode == -signal.SIGKILL
+    assert not any(not isinstance(e, LogEntry) for e in iter_records([runs], logs=True))  # no span
+    assert cli.main(["report", str(runs)]) == 0  # before: "no readable spans", exit 1
+    out = capsys.readouterr().out
+    assert "Stall 1" in out and "not recovered" in out, out
+    assert "culprit  rank 0" in out and "data_loading after iteration 0" in out and "at stuck_read" in out, (
+        out
+    )
+    assert "Goodput" in out, out  # the job's time, from its progress mark

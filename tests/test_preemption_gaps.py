@@ -25,7 +25,9 @@ pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
 # where: "validation" blocks in validation iteration 1 after 4 training iterations and a save
 # after the 2nd; "first_iteration" blocks in iteration 0's forward; "warmup" blocks in
 # iteration 2 of 5 warm-up iterations (a save after iteration 1); "handler_saves" installs a
-# SIGTERM handler that saves a checkpoint (taking 0.2 s) and exits with status 143.
+# SIGTERM handler that saves a checkpoint (taking 0.2 s) and exits with status 143;
+# "failed_save" blocks in iteration 5 after a save at iteration 4 that raised (and was caught);
+# "failed_plain_save" does the same with the save a plain OpenTelemetry span.
 SCRIPT = textwrap.dedent(
     """
     import contextlib, os, sys, time
@@ -59,7 +61,8 @@ SCRIPT = textwrap.dedent(
         print("never signalled", flush=True)
 
     done = [0]
-    block_at = {"first_iteration": 0, "warmup": 2, "handler_saves": 5, "handler_saves_late": 5}.get(where)
+    block_at = {"first_iteration": 0, "warmup": 2, "handler_saves": 5, "handler_saves_late": 5,
+                "failed_save": 5, "failed_plain_save": 5}.get(where)
     with traintel.application():
         with traintel.training_loop():
             for n in range(8):
@@ -73,6 +76,17 @@ SCRIPT = textwrap.dedent(
                 if n == 1:
                     with traintel.checkpoint_save(iteration=2):
                         pass
+                if n == 3 and where == "failed_save":  # the job logs the failure and trains on
+                    with contextlib.suppress(OSError):
+                        with traintel.checkpoint_save(iteration=4):
+                            raise OSError("disk full")
+                if n == 3 and where == "failed_plain_save":  # the same save, a plain OTel span
+                    from opentelemetry import trace
+                    save = {"ml.training.phase": "checkpoint_save_sync",
+                            "ml.training.checkpoint.iteration": 4}
+                    with contextlib.suppress(OSError):
+                        with trace.get_tracer("user").start_as_current_span("save", attributes=save):
+                            raise OSError("disk full")
                 if n == 3 and where == "validation":
                     with traintel.validation_loop():
                         for v in range(3):
@@ -97,7 +111,9 @@ def _done_and_saved(event: dict[str, Any]) -> tuple[int, int]:
     return event[semconv.PREEMPTION_LAST_ITERATION], event[semconv.PREEMPTION_CHECKPOINT_ITERATION]
 
 
-@pytest.mark.parametrize("where", ["validation", "first_iteration", "warmup"])
+@pytest.mark.parametrize(
+    "where", ["validation", "first_iteration", "warmup", "failed_save", "failed_plain_save"]
+)
 def test_sigterm_outside_a_plain_training_step(tmp_path: Path, where: str) -> None:
     plain_code = run_and_signal(tmp_path / "plain", "plain", where, signal.SIGTERM, SCRIPT).code
     code, out, err, _, _ = run_and_signal(tmp_path, "traintel", where, signal.SIGTERM, SCRIPT)
@@ -127,6 +143,9 @@ def test_sigterm_outside_a_plain_training_step(tmp_path: Path, where: str) -> No
         assert event[semconv.PREEMPTION_ITERATIONS_LOST] == 2
         (validation,) = by_name["validation_iteration"][-1:]
         assert validation.attributes[semconv.END_REASON] == PREEMPTED
+    elif where.startswith("failed"):  # 0..4 done; the save at 4 failed: a resume starts from 2
+        assert _done_and_saved(event) == (4, 2)
+        assert event[semconv.PREEMPTION_ITERATIONS_LOST] == 3
     elif where == "warmup":  # iterations 0, 1 done, saved at 2: nothing to redo
         assert _done_and_saved(event) == (1, 2)
         assert event[semconv.PREEMPTION_ITERATIONS_LOST] == 0

@@ -75,6 +75,8 @@ def test_a_replay_stopped_by_an_outage_resumes_where_it_stopped(
         assert _replay([tmp_path / "runs"], receiver, protocol) == 1
         out = capsys.readouterr().out
         assert "replayed 1024 span(s)" in out and "stopped at" in out and "run the same command again" in out
+        # an outage, not a throttle (before: "the collector asks to wait (gRPC UNAVAILABLE)")
+        assert "asks to wait" not in out and "the collector is unavailable (" in out, out
         receiver.fail_after(None)  # back up
         assert _replay([tmp_path / "runs"], receiver, protocol) == 0
         out = capsys.readouterr().out

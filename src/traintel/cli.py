@@ -233,7 +233,7 @@ def _report(args: argparse.Namespace) -> int:
         return done
     choice, reports = done
     for _run, report in reports:
-        if not report.summary.spans:
+        if not (report.summary.spans or report.hang_records or report.goodput):
             return _no_spans(args.paths, report.stats)
     pages = _write_html(args.html, reports, choice, links)
     if pages is None:

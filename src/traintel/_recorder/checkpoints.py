@@ -204,7 +204,9 @@ class CheckpointSavePhase(PhaseSpan):
         if exc is None:
             self._success_event(span)
         duration = (end_ns - self._start_ns) / 1e9
-        attributes = engine.checkpoint_saved(duration, size, self._strategy, span, self._iteration)
+        attributes = engine.checkpoint_saved(
+            duration, size, self._strategy, span, self._iteration, failed=exc is not None
+        )
         rate = attributes.get(semconv.CHECKPOINT_BYTES_PER_SECOND)
         if rate is not None:
             span.set_attribute(semconv.CHECKPOINT_BYTES_PER_SECOND, rate)

@@ -755,17 +755,20 @@ class TrainingEngine:
         strategy: str,
         target: Span | None,
         iteration: int | None = None,
+        failed: bool = False,
     ) -> dict[str, AttributeValue]:
         """Count a save's blocking part; the ``checkpoint_metrics_update`` event goes on
-        ``target``: the save span while it is open (ours), else its live parent."""
+        ``target``: the save span while it is open (ours), else its live parent. A ``failed``
+        save cost its time but left no checkpoint a resume could start from."""
         # What a preemption loses: iterations after the last save (``iteration`` = the first
         # iteration a resume from this checkpoint runs; unknown: the one after the last done).
         done = self.last_iteration
-        self.last_checkpoint = (
-            iteration if iteration is not None else 0 if done is None else done + 1,
-            clock.time_ns(),
-            duration_s,
-        )
+        if not failed:
+            self.last_checkpoint = (
+                iteration if iteration is not None else 0 if done is None else done + 1,
+                clock.time_ns(),
+                duration_s,
+            )
         with self.lock:
             self.checkpoints.add_save(duration_s, size_bytes, strategy)
             attributes: dict[str, AttributeValue] = dict(self.checkpoints.attributes())

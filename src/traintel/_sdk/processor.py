@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import SpanContext, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
@@ -67,6 +67,7 @@ class SpanEngine(Protocol):
         strategy: str,
         target: Span | None,
         iteration: int | None = None,
+        failed: bool = False,
     ) -> dict[str, AttributeValue]: ...
 
     def checkpoint_loaded(self, duration_s: float) -> None: ...
@@ -260,6 +261,7 @@ class TrainingMetricsProcessor(SpanProcessor):
             engine.checkpoint_saved(
                 duration_s, int(size) if isinstance(size, int) else None, _SAVES[phase],
                 self.open_spans.enclosing_parent(span), iteration if isinstance(iteration, int) else None,
+                failed=span.status.status_code is StatusCode.ERROR,
             )  # fmt: skip
         elif phase == Phase.CHECKPOINT_LOAD.value:
             engine.checkpoint_loaded(duration_s)

@@ -94,9 +94,12 @@ class ReplayResult:
     spans_refused_in_accepted: int = 0
     refused_message: str = ""
     #: Where the replay stopped because the collector took nothing, not even an empty request,
-    #: or asked to wait (``asked_to_wait``: its answer, e.g. "HTTP 429, retry after 30s").
+    #: asked to wait (``asked_to_wait``: its answer, e.g. "HTTP 429, retry after 30s"), or was
+    #: unavailable (``unavailable``: "gRPC UNAVAILABLE", "HTTP 503", also what a gRPC exporter
+    #: gets where nothing listens: no collector asked anything then).
     failed_file: Path | None = None
     asked_to_wait: str = ""
+    unavailable: str = ""
     stats: ReadStats = field(default_factory=ReadStats)
 
     @property
@@ -359,8 +362,10 @@ class _Replay:
         """The collector answered "try again later": the replay stops where it is, to be run
         again later."""
         answer = self.answers.asked_to_wait()
-        if answer is not None:
+        if answer is not None and answer.throttled:
             self.result.asked_to_wait = str(answer)
+        elif answer is not None:
+            self.result.unavailable = str(answer)
         return answer is not None
 
     def _export(self, spans: Sequence[ReadableSpan]) -> bool:
@@ -485,6 +490,12 @@ def _stopped(result: ReplayResult) -> str | None:
         return (
             f"stopped at {result.failed_file}: the collector asks to wait ({result.asked_to_wait}); "
             "run the same command again later to resume (what was delivered is not sent again)"
+        )
+    if result.unavailable:
+        return (
+            f"stopped at {result.failed_file}: the collector is unavailable ({result.unavailable}: "
+            "down, unreachable or restarting); run the same command again to resume "
+            "(what was delivered is not sent again)"
         )
     return (
         f"stopped at {result.failed_file}: the collector took no request, not even an empty one "
