@@ -169,3 +169,19 @@ def test_session_tag_defaults_to_run_id(monkeypatch: pytest.MonkeyPatch) -> None
     attributes = build_resource(TrainingConfig.from_env(strict=True)).attributes
     assert attributes[semconv.RUN_ID] == "run-7"
     assert attributes[semconv.SESSION_TAG] == "run-7"
+
+
+@pytest.mark.process
+def test_a_bad_resource_attribute_pair_is_said_once_naming_the_variable(tmp_path: Path) -> None:
+    """``OTEL_RESOURCE_ATTRIBUTES=team=ml%20infra,bad``: the good pair decoded, the bad one left
+    out and said once, with the variable (the SDK said it five times, naming neither)."""
+    job = "import traintel\nprint(traintel.configure().resource.attributes['team'])\ntraintel.shutdown()\n"
+    done = subprocess.run(
+        [sys.executable, "-c", job], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        env=clean_env(OTEL_RESOURCE_ATTRIBUTES="team=ml%20infra,bad"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ml infra"
+    named = [line for line in done.stderr.splitlines() if "OTEL_RESOURCE_ATTRIBUTES" in line]
+    assert named == ["traintel: OTEL_RESOURCE_ATTRIBUTES: 'bad' not key=value: left out of the resource"]
+    assert "bad" not in done.stderr.replace(named[0], ""), done.stderr

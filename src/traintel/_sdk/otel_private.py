@@ -158,6 +158,9 @@ else:  # another OTEL_PYTHON_CONTEXT, or an API release that stores context else
 RANDOM_TRACE_ID: Final = 0x02 if hasattr(trace_api.TraceFlags, "RANDOM_TRACE_ID") else 0
 #: Ids from traintel's own generator (see ``traintel._sdk.ids``), for the recorder.
 new_span_id, new_trace_id = _ids.new_span_id, _ids.new_trace_id
+#: The self-checks' providers' resource: not the job's (a default one would read the ``OTEL_*``
+#: variables again, and say each bad ``OTEL_RESOURCE_ATTRIBUTES`` pair once more per check).
+_NO_RESOURCE = Resource.get_empty()
 
 
 # --- SDK span storage ----------------------------------------------------------------------------
@@ -209,7 +212,9 @@ def _storage_agrees() -> bool:
             max_attribute_length=SpanLimits.UNSET,
             max_span_attribute_length=SpanLimits.UNSET,
         )
-        provider = TracerProvider(sampler=ALWAYS_ON, span_limits=limits, shutdown_on_exit=False)
+        provider = TracerProvider(
+            sampler=ALWAYS_ON, span_limits=limits, resource=_NO_RESOURCE, shutdown_on_exit=False
+        )
         span = provider.get_tracer("traintel.check").start_span("check")
         if not isinstance(span, SdkSpan):
             return False
@@ -511,7 +516,7 @@ def _writer_agrees() -> bool:
         from traintel._sdk.ids import ForcingIdGenerator
 
         ids = ForcingIdGenerator()
-        provider = TracerProvider(id_generator=ids, shutdown_on_exit=False)
+        provider = TracerProvider(id_generator=ids, resource=_NO_RESOURCE, shutdown_on_exit=False)
         captured: list[ReadableSpan] = []
 
         class Capture(SpanProcessor):
@@ -646,7 +651,9 @@ def _histogram_merge_agrees() -> bool:
             InMemoryMetricReader(),
             InMemoryMetricReader(preferred_temporality={HistogramInstrument: AggregationTemporality.DELTA}),
         ]
-        meter = MeterProvider(metric_readers=readers, shutdown_on_exit=False).get_meter("traintel.check")
+        meter = MeterProvider(
+            metric_readers=readers, resource=_NO_RESOURCE, shutdown_on_exit=False
+        ).get_meter("traintel.check")
         bounds = (1.0, 2.0)
         public = meter.create_histogram("public", explicit_bucket_boundaries_advisory=list(bounds))
         merged = meter.create_histogram("merged", explicit_bucket_boundaries_advisory=list(bounds))

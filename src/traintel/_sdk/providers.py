@@ -6,6 +6,8 @@ runtime (``traintel._runtime.pipeline``): this package never imports the exporte
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,18 +24,45 @@ from traintel._sdk.otel_private import SpanWriter
 from traintel.config import TrainingConfig
 from traintel.resource_detectors import TrainingResourceDetector
 
+_logger = logging.getLogger("traintel")
+
 
 def build_resource(config: TrainingConfig, service_name: str | None = None) -> Resource:
     """The job's Resource: SDK defaults < detected identity < ``OTEL_*`` env < explicit args."""
     detected = TrainingResourceDetector(config).detect()
-    env_resource = OTELResourceDetector().detect()
-    resource = Resource.create({}).merge(detected).merge(env_resource)
+    _say_bad_pairs(os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""))
+    quiet = _SaidHere()  # the SDK reads the variable twice here, saying each bad pair each time
+    _SDK_RESOURCE_LOGGER.addFilter(quiet)
+    try:
+        resource = Resource.create({}).merge(detected).merge(OTELResourceDetector().detect())
+    finally:
+        _SDK_RESOURCE_LOGGER.removeFilter(quiet)
     if service_name:
         resource = resource.merge(Resource({semconv.SERVICE_NAME: service_name}))
     elif str(resource.attributes.get(semconv.SERVICE_NAME, "")).startswith("unknown_service"):
         script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
         resource = resource.merge(Resource({semconv.SERVICE_NAME: script or "traintel"}))
     return resource
+
+
+def _say_bad_pairs(text: str) -> None:
+    """Each pair of ``OTEL_RESOURCE_ATTRIBUTES`` that is not ``key=value``, said once with the
+    variable named (the pair is left out of the resource)."""
+    bad = [pair.strip() for pair in text.split(",") if pair.strip() and "=" not in pair]
+    if bad:
+        said = "not key=value: left out of the resource"
+        _logger.warning("traintel: OTEL_RESOURCE_ATTRIBUTES: %s %s", ", ".join(map(repr, bad)), said)
+
+
+_SDK_RESOURCE_LOGGER = logging.getLogger("opentelemetry.sdk.resources")
+
+
+class _SaidHere(logging.Filter):
+    """The SDK's line for a bad pair, which names neither the variable nor its role, said by
+    :func:`_say_bad_pairs` instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Invalid key value resource attribute pair")
 
 
 def _is_unset_meter_provider(provider: object) -> bool:
