@@ -362,6 +362,9 @@ def _compare(args: argparse.Namespace) -> int:
     if isinstance(picked, int):
         return picked
     reports = [_build_report(files, run) for run, files in picked]
+    for path, report in zip(args.runs, reports, strict=True):
+        if not report.summary.spans:  # compared as all "-", it would pass --fail-on-regression
+            return _no_spans([path], report.stats)
     result = compare_runs(reports, args.threshold)
     names = _run_names(args.runs, picked)
     if args.html:
