@@ -100,6 +100,19 @@ def test_report_numbers_are_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert expected in text, expected
 
 
+def test_a_loop_without_end_of_loop_figures_shows_its_windows_mean_in_text_and_html(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that left no end-of-loop figures (killed, still running, or spans of its own) has
+    its windows' mean iteration time in the tables and the page, as ``--json`` has it (before:
+    "-" in both, beside 4.0 in ``iterations.mean_s``)."""
+    run_job(tmp_path, monkeypatch, stepping(4), rank=0)
+    report = build_report([tmp_path])
+    assert report.as_dict()["iterations"]["mean_s"] == pytest.approx(4)
+    assert re.search(r"iteration time mean +4\.00 s \(windows\)", render_text(report))
+    assert "<td>iteration time mean / p99</td><td>4.00 s (windows) / -</td>" in render_html(report)
+
+
 def test_cli_report_text_json_and_skipped_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
