@@ -280,6 +280,25 @@ def test_compare_against_a_file_without_spans_fails_naming_it(
             assert (code, out) == (1, "") and err.startswith(f"traintel: no readable spans in {b}{why}")
 
 
+def test_compare_of_four_runs_shows_every_figure_whole_at_80_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Four runs side by side in a pipe (80 columns): every value and every change against A as
+    ``--json`` has it, none cut (before: a column per change, and the values read "4.0…",
+    "+12…")."""
+    for name, step in (("a", 4), ("b", 5), ("c", 4), ("d", 6)):
+        run_job(tmp_path / name, monkeypatch, stepping(step), run_id=f"run-{name}", session=f"run-{name}")
+    monkeypatch.setenv("COLUMNS", "80")
+    paths = [str(tmp_path / name) for name in "abcd"]
+    code, out, _ = run_cli("compare", *paths, capsys=capsys)
+    assert code == 0 and "…" not in out and max(map(len, out.splitlines())) <= 80
+    code, data, _ = run_cli("compare", *paths, "--json", capsys=capsys)
+    mean = next(d for d in json.loads(data)["differences"] if d["metric"] == "iteration time mean")
+    assert mean["values"] == [4, 5, 4, 6]
+    assert re.search(r"iteration time mean +4\.00 s +5\.00 s +4\.00 s +6\.00 s +B worse, D worse", out)
+    assert re.search(r"\n +vs A +\+25\.0% +\+0\.0% +\+50\.0% *\n", out)
+
+
 def test_series_memory_is_bounded_and_totals_exact() -> None:
     series = Series(capacity=64)
     for n in range(100_000):
