@@ -131,8 +131,29 @@ def test_cli_report_text_json_and_skipped_lines(
     assert data["identity"]["ranks"] == [0, 1]
     assert sorted(data["windows"]) == ["rank 0 · run job-a", "rank 1 · run job-a"]
     assert [w["mean_s"] for w in data["windows"]["rank 1 · run job-a"]] == [pytest.approx(5)] * 3
-    code, _, err = run_cli("report", str(tmp_path / "nothing-here"), capsys=capsys)
+    (tmp_path / "no-files").mkdir()
+    code, _, err = run_cli("report", str(tmp_path / "no-files"), capsys=capsys)
     assert code == 2 and "no telemetry files" in err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["summary"], ["goodput"], ["report"], ["report", "--json"], ["runs"], ["export-trace", "-o", "-"]],
+)
+def test_a_path_that_does_not_exist_is_an_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """A mistyped rank's file beside a real one is an error naming it, nothing printed (before:
+    exit 0 and the other rank's report, the typo said nowhere; alone, "no telemetry files found
+    in" it, as of an empty directory)."""
+    run_job(tmp_path, monkeypatch, stepping(4), rank=0)
+    (real,) = tmp_path.iterdir()
+    typo = str(tmp_path / "job-a-0-1.otlp.jsnl")
+    code, out, err = run_cli(*command, str(real), typo, capsys=capsys)
+    assert (code, out, err) == (2, "", f"traintel: no such file or directory: {typo}\n")
+    if command == ["report"]:
+        code, out, err = run_cli("compare", str(real), typo, capsys=capsys)
+        assert (code, out, err) == (2, "", f"traintel: no such file or directory: {typo}\n")
 
 
 def test_html_report_is_self_contained_with_every_chart(

@@ -63,8 +63,11 @@ _UNSAFE_IN_NAME = re.compile(r"[^\w.-]")
 
 
 def _files(paths: Sequence[str], lone: list[Path] | None = None) -> list[str]:
-    """The telemetry files of ``paths``; a progress mark without its file (``lone``: found
-    already) is said (below)."""
+    """The telemetry files of ``paths``, none where a path does not exist (a mistyped rank's
+    file left out would make a report of the others, said nowhere: :func:`_no_files` names
+    it); a progress mark without its file (``lone``: found already) is said (below)."""
+    if not all(os.path.lexists(path) for path in paths):
+        return []
     _say_marks_without_file(lone_marks(paths) if lone is None else lone)
     return [str(path) for path in expand_paths(paths) if path.is_file()]
 
@@ -85,7 +88,11 @@ def _say_marks_without_file(lone: list[Path]) -> None:
 
 
 def _no_files(paths: Sequence[str]) -> int:
-    print(f"traintel: no telemetry files found in {', '.join(paths)}", file=sys.stderr)
+    missing = [path for path in paths if not os.path.lexists(path)]
+    if missing:
+        print(f"traintel: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+    else:
+        print(f"traintel: no telemetry files found in {', '.join(paths)}", file=sys.stderr)
     return 2
 
 
