@@ -241,6 +241,34 @@ def test_export_trace_one_process_per_rank_phases_nested(
         assert all(len(e["args"]["span_id"]) == 16 for e in own)
 
 
+def test_export_trace_of_a_diverged_loss_is_strict_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A NaN loss on an iteration and on its window is written as the text ``"nan"`` (before:
+    a bare ``NaN``, which is not JSON: Perfetto and chrome://tracing refused the whole file)."""
+
+    def diverging(job: Job) -> None:
+        app = job.open("application", 0)
+        loop = job.open("training_loop", 0, app)
+        for number in range(2):
+            loss = {semconv.METRIC_PREFIX + "loss": float("nan") if number else 1.0}
+            job.iteration(loop, number, number, number + 1, **loss).end(end_time=at(number + 1))
+        loop.end(end_time=at(2))
+        app.end(end_time=at(2))
+
+    run_job(tmp_path, monkeypatch, diverging)
+    code, text, _ = run_cli("export-trace", str(tmp_path), "-o", "-", capsys=capsys)
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    events = json.loads(text, parse_constant=refuse)["traceEvents"]
+    losses = [
+        e["args"].get(semconv.METRIC_PREFIX + "loss") for e in events if e["name"] == "training_iteration"
+    ]
+    assert code == 0 and sorted(losses, key=str) == [1.0, "nan"]
+
+
 def test_compare_flags_the_slower_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
