@@ -391,6 +391,21 @@ def test_cross_rank_tables_merged_file_by_file_count_what_one_table_counts(
     assert merged.rows() == whole.rows()
 
 
+def test_the_cross_rank_table_says_it_shows_the_last_20_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """25 windows of two ranks: the terminal table shows the last 20 and says so (before: 20
+    rows and nothing said, read as the whole run's); ``--json`` has every one."""
+    run_job(tmp_path, monkeypatch, stepping(1, iterations=50), rank=0)
+    run_job(tmp_path, monkeypatch, stepping(2, iterations=50), rank=1)
+    report = build_report([tmp_path])
+    assert [w["window"] for w in report.as_dict()["cross_rank"]["windows"]] == list(range(25))
+    text = render_text(report)
+    assert "the last 20 of 25 windows (each: --json)" in text
+    shown = re.findall(r"^ (\d+) +(\d+)-(\d+) +2 ", text, re.M)
+    assert shown == [(str(w), str(2 * w), str(2 * w + 1)) for w in range(5, 25)]
+
+
 @pytest.mark.process
 def test_report_memory_does_not_grow_with_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The streaming pass keeps bounded state: an input 10x larger needs about the same memory

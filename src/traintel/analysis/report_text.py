@@ -242,7 +242,8 @@ def _slowest_table(report: Report) -> Table | None:
 def _ranks_tables(report: Report) -> list[Table]:
     """The ranks' mean iteration time per window (and the live exchange's compute time before
     the synchronisation point, where recorded): one statistic per column, so it fits 80."""
-    cross = report.ranks.rows()[-20:]
+    rows = report.ranks.rows()
+    cross = rows[-20:]
     if not cross:
         return []
     ranks = _table(
@@ -253,6 +254,8 @@ def _ranks_tables(report: Report) -> list[Table]:
         "Across ranks, per window: compute time before the sync point",
         "window", "iterations", "min", "median", "max",
     )  # fmt: skip
+    if len(rows) > len(cross):  # said: a table of 20 read as the whole run's
+        ranks.caption = f"the last {len(cross)} of {len(rows):,} windows (each: --json)"
     for window in cross:
         iterations = f"{fmt_num(window['first_iteration'])}-{fmt_num(window['last_iteration'])}"
         straggler = window["straggler_rank"]
