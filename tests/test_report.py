@@ -296,9 +296,13 @@ def test_compare_flags_the_slower_run(
     code, out, _ = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "a"), "--fail-on-regression",
                            capsys=capsys)  # fmt: skip
     assert code == 0 and "0 significant difference(s)" in out
-    with pytest.raises(SystemExit):
-        cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--threshold", "-1"])
-    assert "--threshold" in capsys.readouterr().err
+    for threshold in ("inf", "-1"):  # inf flagged nothing: --fail-on-regression passed a 25 % slowdown
+        with pytest.raises(SystemExit):
+            cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--threshold", threshold])
+        assert (
+            f"argument --threshold: must be a finite number > 0 (a fraction: 0.05 is 5%), got '{threshold}'"
+            in (capsys.readouterr().err)
+        )
 
 
 def test_compare_warns_when_perf_tags_differ(

@@ -490,8 +490,10 @@ def _threshold(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0 (a fraction: 0.05 is 5%), got {text!r}")
+    if not 0 < value < math.inf:  # inf would flag nothing: a --fail-on-regression that never fails
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number > 0 (a fraction: 0.05 is 5%), got {text!r}"
+        )
     return value
 
 
