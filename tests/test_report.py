@@ -156,6 +156,18 @@ def test_a_path_that_does_not_exist_is_an_error_naming_it(
         assert (code, out, err) == (2, "", f"traintel: no such file or directory: {typo}\n")
 
 
+def test_the_goodput_table_of_several_ranks_names_the_rank_it_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 runs 37 s, rank 1 43 s: the goodput table (rank 0's, as ``traintel goodput``)
+    says whose time it is, below a phase table summed over both (before: a 37 s total named
+    no rank, beside 80 s of application time)."""
+    two_ranks(tmp_path, monkeypatch)
+    text = render_text(build_report([tmp_path]))
+    assert re.search(r"Goodput · session s1 · perf tag p1 · rank 0 of each job\s", text)
+    assert re.search(r" total +37\.00 s +100\.0%", text)
+
+
 def test_html_report_is_self_contained_with_every_chart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -198,6 +198,9 @@ def _goodput_tables(report: Report) -> list[Table]:
     for session in report.goodput:
         tags = ", ".join(t for t in session.perf_tags if t)
         title = f"Goodput · session {session.session or '-'}" + (f" · perf tag {tags}" if tags else "")
+        # one rank of each job is counted: said, under a phase table summed over every rank
+        used = sorted({job.rank_used for job in session.jobs if len(job.ranks) > 1})
+        title += f" · rank {', '.join(map(str, used))} of each job" if used else ""
         table = _table(title, "category", "time", "share", "")
         table.add_row(
             Text("productive", style="green"),
