@@ -177,6 +177,9 @@ def test_html_report_is_self_contained_with_every_chart(
                     'id="checkpoints"', 'id="heatmap"'):  # fmt: skip
         assert element in page, element
     assert page.count('class="cell"') == 6  # 2 ranks x 3 windows
+    # 37 s + 43 s of application: the sum said, as in the terminal's table (before: not said)
+    assert "<h2>Wall time by phase, summed over the 2 ranks</h2>" in page
+    assert "<tr><td>application</td><td>2</td><td>80.00 s</td>" in page
     assert page.count('class="phase"') >= 2 * 4  # application, init, loop, save per rank
     # nothing to fetch: no scripts, stylesheets, images or fonts from anywhere
     for forbidden in ("<script", "<link", "src=", "url(", "@import"):
