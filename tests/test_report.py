@@ -308,6 +308,11 @@ def test_compare_flags_the_slower_run(
     code, out, _ = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on-regression",
                            capsys=capsys)  # fmt: skip
     assert code == 1 and "worse" in out
+    # a CI log of the page or the JSON alone says why the step failed (before: nothing)
+    for extra in (["--json"], ["--html", str(tmp_path / "compare.html")]):
+        code, out, err = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on-regression",
+                                 *extra, capsys=capsys)  # fmt: skip
+        assert (code, err) == (1, "traintel: --fail-on-regression: worse than A: iteration time mean\n")
     code, out, _ = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "a"), "--fail-on-regression",
                            capsys=capsys)  # fmt: skip
     assert code == 0 and "0 significant difference(s)" in out

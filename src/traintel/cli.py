@@ -402,7 +402,8 @@ def _print_comparison(
     names: list[str],
     picked: list[tuple[RunInfo | None, list[str]]],
 ) -> None:
-    """The comparison as JSON, the page written, or tables."""
+    """The comparison as JSON, the page written, or tables; on stderr, the regressions that
+    ``--fail-on-regression`` fails for."""
     if args.json:
         data = result.as_dict()
         ids = [run.id if run else None for run, _ in picked]
@@ -416,6 +417,9 @@ def _print_comparison(
         from traintel.analysis.compare import render_comparison
 
         Console().print(Group(*render_comparison(result, names)))
+    if args.fail_on_regression and result.regressions:  # why the step fails, whatever was printed
+        worse = ", ".join(d.metric for d in result.regressions)
+        print(f"traintel: --fail-on-regression: worse than A: {worse}", file=sys.stderr)
 
 
 def _write_page(page: str, text: str) -> bool:
