@@ -336,18 +336,21 @@ def test_compare_warns_when_perf_tags_differ(
     assert code == 0 and "perf tags differ" in out
 
 
-def test_compare_against_a_file_without_spans_fails_naming_it(
+def test_compare_and_export_trace_of_a_file_without_spans_fail_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A candidate whose file is empty or not OTLP is an error naming it, as ``report`` says
     (before: exit 0, every figure of B "-", "0 significant difference(s)": a CI gate with
-    ``--fail-on-regression`` passed a run that wrote nothing)."""
+    ``--fail-on-regression`` passed a run that wrote nothing); a trace of it too (before: an
+    empty trace and exit 0)."""
     run_job(tmp_path / "a", monkeypatch, stepping(4))
     empty, other = tmp_path / "empty.otlp.jsonl", tmp_path / "other.jsonl"
     empty.touch()
     other.write_text('{"a": 1}\n')
     a = str(tmp_path / "a")
     for b, why in ((empty, ""), (other, ": 1 unreadable line(s), e.g. ")):
+        code, _, err = run_cli("export-trace", str(b), "-o", str(tmp_path / "trace.json"), capsys=capsys)
+        assert code == 1 and err.startswith(f"traintel: no readable spans in {b}{why}")  # as report says
         for extra in ([], ["--json"], ["--fail-on-regression"]):
             code, out, err = run_cli("compare", a, str(b), *extra, capsys=capsys)
             assert (code, out) == (1, "") and err.startswith(f"traintel: no readable spans in {b}{why}")

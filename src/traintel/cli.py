@@ -345,6 +345,8 @@ def _export_trace(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"traintel: cannot write -o {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    if not events:  # an empty trace written with exit 0 looked like success, as a report would
+        return _no_spans(args.paths, stats)
     said = sys.stderr if to_stdout else sys.stdout
     where = "standard output" if to_stdout else args.output
     print(
