@@ -100,6 +100,19 @@ def test_report_numbers_are_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert expected in text, expected
 
 
+def test_a_loop_without_end_of_loop_figures_shows_its_windows_mean_in_text_and_html(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that left no end-of-loop figures (killed, still running, or spans of its own) has
+    its windows' mean iteration time in the tables and the page, as ``--json`` has it (before:
+    "-" in both, beside 4.0 in ``iterations.mean_s``)."""
+    run_job(tmp_path, monkeypatch, stepping(4), rank=0)
+    report = build_report([tmp_path])
+    assert report.as_dict()["iterations"]["mean_s"] == pytest.approx(4)
+    assert re.search(r"iteration time mean +4\.00 s \(windows\)", render_text(report))
+    assert "<td>iteration time mean / p99</td><td>4.00 s (windows) / -</td>" in render_html(report)
+
+
 def test_cli_report_text_json_and_skipped_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -118,8 +131,41 @@ def test_cli_report_text_json_and_skipped_lines(
     assert data["identity"]["ranks"] == [0, 1]
     assert sorted(data["windows"]) == ["rank 0 · run job-a", "rank 1 · run job-a"]
     assert [w["mean_s"] for w in data["windows"]["rank 1 · run job-a"]] == [pytest.approx(5)] * 3
-    code, _, err = run_cli("report", str(tmp_path / "nothing-here"), capsys=capsys)
+    (tmp_path / "no-files").mkdir()
+    code, _, err = run_cli("report", str(tmp_path / "no-files"), capsys=capsys)
     assert code == 2 and "no telemetry files" in err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["summary"], ["goodput"], ["report"], ["report", "--json"], ["runs"], ["export-trace", "-o", "-"]],
+)
+def test_a_path_that_does_not_exist_is_an_error_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """A mistyped rank's file beside a real one is an error naming it, nothing printed (before:
+    exit 0 and the other rank's report, the typo said nowhere; alone, "no telemetry files found
+    in" it, as of an empty directory)."""
+    run_job(tmp_path, monkeypatch, stepping(4), rank=0)
+    (real,) = tmp_path.iterdir()
+    typo = str(tmp_path / "job-a-0-1.otlp.jsnl")
+    code, out, err = run_cli(*command, str(real), typo, capsys=capsys)
+    assert (code, out, err) == (2, "", f"traintel: no such file or directory: {typo}\n")
+    if command == ["report"]:
+        code, out, err = run_cli("compare", str(real), typo, capsys=capsys)
+        assert (code, out, err) == (2, "", f"traintel: no such file or directory: {typo}\n")
+
+
+def test_the_goodput_table_of_several_ranks_names_the_rank_it_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 runs 37 s, rank 1 43 s: the goodput table (rank 0's, as ``traintel goodput``)
+    says whose time it is, below a phase table summed over both (before: a 37 s total named
+    no rank, beside 80 s of application time)."""
+    two_ranks(tmp_path, monkeypatch)
+    text = render_text(build_report([tmp_path]))
+    assert re.search(r"Goodput · session s1 · perf tag p1 · rank 0 of each job\s", text)
+    assert re.search(r" total +37\.00 s +100\.0%", text)
 
 
 def test_html_report_is_self_contained_with_every_chart(
@@ -131,6 +177,9 @@ def test_html_report_is_self_contained_with_every_chart(
                     'id="checkpoints"', 'id="heatmap"'):  # fmt: skip
         assert element in page, element
     assert page.count('class="cell"') == 6  # 2 ranks x 3 windows
+    # 37 s + 43 s of application: the sum said, as in the terminal's table (before: not said)
+    assert "<h2>Wall time by phase, summed over the 2 ranks</h2>" in page
+    assert "<tr><td>application</td><td>2</td><td>80.00 s</td>" in page
     assert page.count('class="phase"') >= 2 * 4  # application, init, loop, save per rank
     # nothing to fetch: no scripts, stylesheets, images or fonts from anywhere
     for forbidden in ("<script", "<link", "src=", "url(", "@import"):
@@ -207,6 +256,34 @@ def test_export_trace_one_process_per_rank_phases_nested(
         assert all(len(e["args"]["span_id"]) == 16 for e in own)
 
 
+def test_export_trace_of_a_diverged_loss_is_strict_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A NaN loss on an iteration and on its window is written as the text ``"nan"`` (before:
+    a bare ``NaN``, which is not JSON: Perfetto and chrome://tracing refused the whole file)."""
+
+    def diverging(job: Job) -> None:
+        app = job.open("application", 0)
+        loop = job.open("training_loop", 0, app)
+        for number in range(2):
+            loss = {semconv.METRIC_PREFIX + "loss": float("nan") if number else 1.0}
+            job.iteration(loop, number, number, number + 1, **loss).end(end_time=at(number + 1))
+        loop.end(end_time=at(2))
+        app.end(end_time=at(2))
+
+    run_job(tmp_path, monkeypatch, diverging)
+    code, text, _ = run_cli("export-trace", str(tmp_path), "-o", "-", capsys=capsys)
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    events = json.loads(text, parse_constant=refuse)["traceEvents"]
+    losses = [
+        e["args"].get(semconv.METRIC_PREFIX + "loss") for e in events if e["name"] == "training_iteration"
+    ]
+    assert code == 0 and sorted(losses, key=str) == [1.0, "nan"]
+
+
 def test_compare_flags_the_slower_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -231,12 +308,21 @@ def test_compare_flags_the_slower_run(
     code, out, _ = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on-regression",
                            capsys=capsys)  # fmt: skip
     assert code == 1 and "worse" in out
+    # a CI log of the page or the JSON alone says why the step failed (before: nothing)
+    for extra in (["--json"], ["--html", str(tmp_path / "compare.html")]):
+        code, out, err = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on-regression",
+                                 *extra, capsys=capsys)  # fmt: skip
+        assert (code, err) == (1, "traintel: --fail-on-regression: worse than A: iteration time mean\n")
     code, out, _ = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "a"), "--fail-on-regression",
                            capsys=capsys)  # fmt: skip
     assert code == 0 and "0 significant difference(s)" in out
-    with pytest.raises(SystemExit):
-        cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--threshold", "-1"])
-    assert "--threshold" in capsys.readouterr().err
+    for threshold in ("inf", "-1"):  # inf flagged nothing: --fail-on-regression passed a 25 % slowdown
+        with pytest.raises(SystemExit):
+            cli.main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--threshold", threshold])
+        assert (
+            f"argument --threshold: must be a finite number > 0 (a fraction: 0.05 is 5%), got '{threshold}'"
+            in (capsys.readouterr().err)
+        )
 
 
 def test_compare_warns_when_perf_tags_differ(
@@ -248,6 +334,45 @@ def test_compare_warns_when_perf_tags_differ(
     run_job(tmp_path / "b", monkeypatch, stepping(4))
     code, out, _ = run_cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), capsys=capsys)
     assert code == 0 and "perf tags differ" in out
+
+
+def test_compare_and_export_trace_of_a_file_without_spans_fail_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A candidate whose file is empty or not OTLP is an error naming it, as ``report`` says
+    (before: exit 0, every figure of B "-", "0 significant difference(s)": a CI gate with
+    ``--fail-on-regression`` passed a run that wrote nothing); a trace of it too (before: an
+    empty trace and exit 0)."""
+    run_job(tmp_path / "a", monkeypatch, stepping(4))
+    empty, other = tmp_path / "empty.otlp.jsonl", tmp_path / "other.jsonl"
+    empty.touch()
+    other.write_text('{"a": 1}\n')
+    a = str(tmp_path / "a")
+    for b, why in ((empty, ""), (other, ": 1 unreadable line(s), e.g. ")):
+        code, _, err = run_cli("export-trace", str(b), "-o", str(tmp_path / "trace.json"), capsys=capsys)
+        assert code == 1 and err.startswith(f"traintel: no readable spans in {b}{why}")  # as report says
+        for extra in ([], ["--json"], ["--fail-on-regression"]):
+            code, out, err = run_cli("compare", a, str(b), *extra, capsys=capsys)
+            assert (code, out) == (1, "") and err.startswith(f"traintel: no readable spans in {b}{why}")
+
+
+def test_compare_of_four_runs_shows_every_figure_whole_at_80_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Four runs side by side in a pipe (80 columns): every value and every change against A as
+    ``--json`` has it, none cut (before: a column per change, and the values read "4.0…",
+    "+12…")."""
+    for name, step in (("a", 4), ("b", 5), ("c", 4), ("d", 6)):
+        run_job(tmp_path / name, monkeypatch, stepping(step), run_id=f"run-{name}", session=f"run-{name}")
+    monkeypatch.setenv("COLUMNS", "80")
+    paths = [str(tmp_path / name) for name in "abcd"]
+    code, out, _ = run_cli("compare", *paths, capsys=capsys)
+    assert code == 0 and "…" not in out and max(map(len, out.splitlines())) <= 80
+    code, data, _ = run_cli("compare", *paths, "--json", capsys=capsys)
+    mean = next(d for d in json.loads(data)["differences"] if d["metric"] == "iteration time mean")
+    assert mean["values"] == [4, 5, 4, 6]
+    assert re.search(r"iteration time mean +4\.00 s +5\.00 s +4\.00 s +6\.00 s +B worse, D worse", out)
+    assert re.search(r"\n +vs A +\+25\.0% +\+0\.0% +\+50\.0% *\n", out)
 
 
 def test_series_memory_is_bounded_and_totals_exact() -> None:
@@ -291,6 +416,21 @@ def test_cross_rank_tables_merged_file_by_file_count_what_one_table_counts(
     assert sorted(merged.windows) == sorted(whole.windows) == [("job", 0), ("job", 1), ("job", 2)]
     assert merged.dropped == whole.dropped == 2 * 2 + 3 * 2
     assert merged.rows() == whole.rows()
+
+
+def test_the_cross_rank_table_says_it_shows_the_last_20_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """25 windows of two ranks: the terminal table shows the last 20 and says so (before: 20
+    rows and nothing said, read as the whole run's); ``--json`` has every one."""
+    run_job(tmp_path, monkeypatch, stepping(1, iterations=50), rank=0)
+    run_job(tmp_path, monkeypatch, stepping(2, iterations=50), rank=1)
+    report = build_report([tmp_path])
+    assert [w["window"] for w in report.as_dict()["cross_rank"]["windows"]] == list(range(25))
+    text = render_text(report)
+    assert "the last 20 of 25 windows (each: --json)" in text
+    shown = re.findall(r"^ (\d+) +(\d+)-(\d+) +2 ", text, re.M)
+    assert shown == [(str(w), str(2 * w), str(2 * w + 1)) for w in range(5, 25)]
 
 
 @pytest.mark.process

@@ -63,8 +63,11 @@ _UNSAFE_IN_NAME = re.compile(r"[^\w.-]")
 
 
 def _files(paths: Sequence[str], lone: list[Path] | None = None) -> list[str]:
-    """The telemetry files of ``paths``; a progress mark without its file (``lone``: found
-    already) is said (below)."""
+    """The telemetry files of ``paths``, none where a path does not exist (a mistyped rank's
+    file left out would make a report of the others, said nowhere: :func:`_no_files` names
+    it); a progress mark without its file (``lone``: found already) is said (below)."""
+    if not all(os.path.lexists(path) for path in paths):
+        return []
     _say_marks_without_file(lone_marks(paths) if lone is None else lone)
     return [str(path) for path in expand_paths(paths) if path.is_file()]
 
@@ -85,7 +88,11 @@ def _say_marks_without_file(lone: list[Path]) -> None:
 
 
 def _no_files(paths: Sequence[str]) -> int:
-    print(f"traintel: no telemetry files found in {', '.join(paths)}", file=sys.stderr)
+    missing = [path for path in paths if not os.path.lexists(path)]
+    if missing:
+        print(f"traintel: no such file or directory: {', '.join(missing)}", file=sys.stderr)
+    else:
+        print(f"traintel: no telemetry files found in {', '.join(paths)}", file=sys.stderr)
     return 2
 
 
@@ -338,6 +345,8 @@ def _export_trace(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"traintel: cannot write -o {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    if not events:  # an empty trace written with exit 0 looked like success, as a report would
+        return _no_spans(args.paths, stats)
     said = sys.stderr if to_stdout else sys.stdout
     where = "standard output" if to_stdout else args.output
     print(
@@ -362,6 +371,9 @@ def _compare(args: argparse.Namespace) -> int:
     if isinstance(picked, int):
         return picked
     reports = [_build_report(files, run) for run, files in picked]
+    for path, report in zip(args.runs, reports, strict=True):
+        if not report.summary.spans:  # compared as all "-", it would pass --fail-on-regression
+            return _no_spans([path], report.stats)
     result = compare_runs(reports, args.threshold)
     names = _run_names(args.runs, picked)
     if args.html:
@@ -392,7 +404,8 @@ def _print_comparison(
     names: list[str],
     picked: list[tuple[RunInfo | None, list[str]]],
 ) -> None:
-    """The comparison as JSON, the page written, or tables."""
+    """The comparison as JSON, the page written, or tables; on stderr, the regressions that
+    ``--fail-on-regression`` fails for."""
     if args.json:
         data = result.as_dict()
         ids = [run.id if run else None for run, _ in picked]
@@ -406,6 +419,9 @@ def _print_comparison(
         from traintel.analysis.compare import render_comparison
 
         Console().print(Group(*render_comparison(result, names)))
+    if args.fail_on_regression and result.regressions:  # why the step fails, whatever was printed
+        worse = ", ".join(d.metric for d in result.regressions)
+        print(f"traintel: --fail-on-regression: worse than A: {worse}", file=sys.stderr)
 
 
 def _write_page(page: str, text: str) -> bool:
@@ -480,8 +496,10 @@ def _threshold(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0 (a fraction: 0.05 is 5%), got {text!r}")
+    if not 0 < value < math.inf:  # inf would flag nothing: a --fail-on-regression that never fails
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number > 0 (a fraction: 0.05 is 5%), got {text!r}"
+        )
     return value
 
 

@@ -168,7 +168,9 @@ def render_comparison(comparison: Comparison, names: list[str]) -> list[Any]:
 
 
 def _table(comparison: Comparison, letters: list[str]) -> Any:
-    """One row per metric: each run's value, the changes against A, and the verdicts."""
+    """One row per metric: each run's value, the changes against A, and the verdicts. Of more
+    than two runs each change stands in a row of its own under its run's value: a column per
+    change cut the numbers to "4.0…" at 80 columns from four runs on."""
     from rich import box
     from rich.table import Table
 
@@ -176,11 +178,19 @@ def _table(comparison: Comparison, letters: list[str]) -> Any:
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("metric", justify="left", no_wrap=True)
-    changes = ["change"] if len(letters) == 2 else [f"{x} vs A" for x in letters[1:]]
-    for column in [*letters, *changes, ""]:
+    changes = ["change"] if len(letters) == 2 else []
+    for column in [*letters, *changes]:
         table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("", justify="right")  # the verdicts, wrapped at "," where room is short
     for d in comparison.differences:
-        table.add_row(d.metric, *(fmt_unit(v, d.unit) for v in d.values), *_change_cells(d, letters))
+        values = [fmt_unit(v, d.unit) for v in d.values]
+        cells = _change_cells(d, letters)
+        if changes:
+            table.add_row(d.metric, *values, *cells)
+        else:
+            table.add_row(d.metric, *values, cells[-1])
+            if any(change is not None for change in d.changes):
+                table.add_row("  vs A", "", *cells[:-1], "")
     return table
 
 

@@ -145,7 +145,8 @@ def _throughput_table(report: Report) -> Table:
     count = value("iterations") if value("iterations") is not None else s.window_iterations
     perf.add_row("iterations", fmt_num(count))
     perf.add_row("first iteration", fmt_s(value("first_iteration_time")))
-    for stat in ("mean", "stddev", "p50", "p90", "p99"):
+    perf.add_row("iteration time mean", iteration_mean(report))
+    for stat in ("stddev", "p50", "p90", "p99"):
         perf.add_row(f"iteration time {stat}", fmt_s(value(f"iteration_time.{stat}")))
     perf.add_row("samples/s (job)", fmt_num(value("samples_per_second")))
     perf.add_row("tokens/s (job)", fmt_num(value("tokens_per_second")))
@@ -161,6 +162,17 @@ def _throughput_table(report: Report) -> Table:
     if energy is not None:
         perf.add_row("GPU energy", energy_text(energy).removeprefix("GPU energy: "))
     return perf
+
+
+def iteration_mean(report: Report) -> str:
+    """The loop's mean iteration time; where the loop left no end-of-loop figures (killed, or
+    still running) the mean over its windows, said so, the number ``--json`` gives as
+    ``iterations.mean_s`` (a "-" here beside it read as no iteration measured)."""
+    s = report.summary
+    mean = s.summary_value("iteration_time.mean")
+    if mean is not None or not s.window_iterations:
+        return fmt_s(mean)
+    return f"{fmt_s(s.window_iteration_s / s.window_iterations)} (windows)"
 
 
 def _checkpoint_table(report: Report) -> Table | None:
@@ -186,6 +198,9 @@ def _goodput_tables(report: Report) -> list[Table]:
     for session in report.goodput:
         tags = ", ".join(t for t in session.perf_tags if t)
         title = f"Goodput · session {session.session or '-'}" + (f" · perf tag {tags}" if tags else "")
+        # one rank of each job is counted: said, under a phase table summed over every rank
+        used = sorted({job.rank_used for job in session.jobs if len(job.ranks) > 1})
+        title += f" · rank {', '.join(map(str, used))} of each job" if used else ""
         table = _table(title, "category", "time", "share", "")
         table.add_row(
             Text("productive", style="green"),
@@ -230,7 +245,8 @@ def _slowest_table(report: Report) -> Table | None:
 def _ranks_tables(report: Report) -> list[Table]:
     """The ranks' mean iteration time per window (and the live exchange's compute time before
     the synchronisation point, where recorded): one statistic per column, so it fits 80."""
-    cross = report.ranks.rows()[-20:]
+    rows = report.ranks.rows()
+    cross = rows[-20:]
     if not cross:
         return []
     ranks = _table(
@@ -241,6 +257,8 @@ def _ranks_tables(report: Report) -> list[Table]:
         "Across ranks, per window: compute time before the sync point",
         "window", "iterations", "min", "median", "max",
     )  # fmt: skip
+    if len(rows) > len(cross):  # said: a table of 20 read as the whole run's
+        ranks.caption = f"the last {len(cross)} of {len(rows):,} windows (each: --json)"
     for window in cross:
         iterations = f"{fmt_num(window['first_iteration'])}-{fmt_num(window['last_iteration'])}"
         straggler = window["straggler_rank"]
