@@ -19,6 +19,7 @@ from tests.subprocess_helpers import run_python
 from traintel import cli
 from traintel._aggregation.progress import Account, OpenWindowProgress, job_progress
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
+from traintel.analysis.report import build_report
 from traintel.exporters.progress_mark import MARK_SUFFIX
 from traintel.exporters.reader import iter_spans
 from traintel.semconv import BADPUT_CATEGORIES
@@ -337,6 +338,8 @@ def test_a_kill_without_a_flush_loses_no_iteration_the_mark_reached(
         f"Iterations: {iterations} after the last window record, to iteration {kill_at}, in the progress mark"
         in capsys.readouterr().out.replace("\n  ", " ")
     )
+    # the report counts them too (it said 0: the window records alone)
+    assert build_report([runs]).as_dict()["iterations"]["count"] == iterations
 
 
 #: The issue's case: 0.1 s iterations with the default window (50 iterations, a 30 s floor), killed

@@ -113,6 +113,19 @@ def test_a_loop_without_end_of_loop_figures_shows_its_windows_mean_in_text_and_h
     assert "<td>iteration time mean / p99</td><td>4.00 s (windows) / -</td>" in render_html(report)
 
 
+def test_the_iteration_count_of_two_ranks_is_the_run_s_not_their_sum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks of 6 iterations each, no end-of-loop figures: the run ran 6 iterations, as
+    ``traintel runs`` counts them (the window records add up to 12)."""
+    two_ranks(tmp_path, monkeypatch)
+    report = build_report([tmp_path])
+    assert report.summary.window_iterations == 12  # the phase table's count, summed over ranks
+    assert report.as_dict()["iterations"]["count"] == 6
+    assert re.search(r"\n *iterations +6 *\n", render_text(report))
+    assert "<td>iterations</td><td>6</td>" in render_html(report)
+
+
 def test_cli_report_text_json_and_skipped_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -646,7 +646,7 @@ class Report:
             "skipped_reasons": self.stats.reasons,
             "phases": [row.__dict__ for row in phase_rows(s)],
             "iterations": {
-                "count": value("iterations") if value("iterations") is not None else s.window_iterations,
+                "count": s.iteration_count(),
                 "first_s": value("first_iteration_time"),
                 # a loop without traintel's end-of-loop summary: the windows' mean
                 "mean_s": windows_mean_s if mean_s is None else mean_s,

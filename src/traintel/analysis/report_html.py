@@ -648,10 +648,9 @@ def _headline_rows(report: Report) -> str:
     """The run's headline figures: iterations, iteration time, throughput, MFU, energy."""
     s = report.summary
     value = s.summary_value
-    iterations = value("iterations")
     headline = [
         *([("figures of", f"the latest of {s.jobs} jobs")] if s.jobs > 1 else []),
-        ("iterations", fmt_num(iterations if iterations is not None else s.window_iterations)),
+        ("iterations", fmt_num(s.iteration_count())),
         (
             "iteration time mean / p99",
             f"{iteration_mean(report)} / {fmt_s(value('iteration_time.p99'))}",

@@ -142,8 +142,7 @@ def _throughput_table(report: Report) -> Table:
     value = s.summary_value
     latest = f"the latest of {s.jobs} jobs; " if s.jobs > 1 else ""
     perf = _table(f"Iterations and throughput ({latest}times and rates after warm-up)", "", "")
-    count = value("iterations") if value("iterations") is not None else s.window_iterations
-    perf.add_row("iterations", fmt_num(count))
+    perf.add_row("iterations", fmt_num(s.iteration_count()))
     perf.add_row("first iteration", fmt_s(value("first_iteration_time")))
     perf.add_row("iteration time mean", iteration_mean(report))
     for stat in ("stddev", "p50", "p90", "p99"):

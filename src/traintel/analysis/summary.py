@@ -216,6 +216,8 @@ class RunSummary:
     processes: set[tuple[str, int, int, str]] = field(default_factory=set)
     session_tags: set[str] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
+    #: The runs summarised (their :func:`run_key`): those of :attr:`runs` the figures are of.
+    run_keys: set[str] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
     phases: dict[str, PhaseStats] = field(default_factory=dict)
     application_s: float = 0.0
@@ -344,6 +346,7 @@ class RunSummary:
     def _new_resource(self, resource: dict[str, Any]) -> Extent:
         """A resource met for the first time: its identity noted, its process's extent."""
         self._identity(resource)
+        self.run_keys.add(run_key(resource))
         process = process_key(resource)
         return self.extents.setdefault(process, Extent(process))
 
@@ -439,6 +442,7 @@ class RunSummary:
         self.session_tags |= later.session_tags
         self.hosts |= later.hosts
         self.ranks |= later.ranks
+        self.run_keys |= later.run_keys
         self.runs.merge(later.runs)
         self._merge_choices(later)
         merge_by_key(self.phases, later.phases)
@@ -504,6 +508,15 @@ class RunSummary:
             if _S + key in loop:
                 return at, loop
         return None
+
+    def iteration_count(self) -> int:
+        """Training iterations run: the loop's own count where it ended, else as the run index
+        counts them (per launch the most any rank ran, its progress mark included, summed over
+        launches). Not the window records' sum, which adds up the ranks (2 ranks of 6: 12)."""
+        counted = self.summary_value("iterations")
+        if counted is not None:
+            return int(counted)
+        return sum(self.runs.runs[key].iterations for key in self.run_keys if key in self.runs.runs)
 
     def summary_value(self, key: str) -> Any:
         """A ``ml.training.summary.<key>`` value of the last training loop that has it; the job's
