@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from traintel import callbacks, semconv
 from traintel._aggregation.stats import percentile
 from traintel.analysis.goodput import load_jobs
 from traintel.analysis.goodput.process import ran
-from traintel.analysis.summary import phase_rows, render, summarize
+from traintel.analysis.summary import fmt_seconds, phase_rows, render, summarize
 from traintel.cli import main
 from traintel.exporters.file import OtlpJsonFileSpanExporter, OtlpJsonLinesFile
 from traintel.exporters.reader import iter_spans
@@ -430,3 +431,10 @@ def test_the_job_s_throughput_sums_its_ranks_when_every_rank_was_read(
         if next(iter_spans([path])).resource[semconv.RANK] != 2:
             path.rename(tmp_path / "two" / path.name)
     assert summarize([tmp_path / "two"]).summary_value("samples_per_second") == 24
+
+
+def test_a_duration_reads_in_the_unit_that_keeps_it_short_and_zero_as_zero() -> None:
+    """A zero (a run with no iteration: its productive time) is no measurement of microseconds."""
+    assert [fmt_seconds(s) for s in (0, 0.0, 2e-4, 0.25, 3, 600, 7200, None, math.nan)] == [
+        "0 s", "0 s", "200.0 µs", "250.00 ms", "3.00 s", "10.0 min", "2.0 h", "-", "-"
+    ]  # fmt: skip

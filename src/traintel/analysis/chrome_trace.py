@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from traintel import semconv
-from traintel.analysis.report import _json_number, process_identity
+from traintel.analysis.report import json_number, process_identity
 from traintel.exporters.reader import ReadStats, SpanRecord, expand_paths, gc_paused, iter_records
 from traintel.semconv import Phase
 
@@ -28,7 +28,7 @@ def _scalar_args(attributes: dict[str, Any]) -> dict[str, Any]:
     """Scalars only, a non-finite float as text: a diverged loss written as ``NaN`` is not JSON,
     and the viewers refuse the whole file for it."""
     return {
-        k: _json_number(v) if isinstance(v, float) else v
+        k: json_number(v) if isinstance(v, float) else v
         for k, v in attributes.items()
         if isinstance(v, str | int | float | bool)
     }

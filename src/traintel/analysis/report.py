@@ -247,12 +247,12 @@ class MetricPoint:
             "last_iteration": self.last_iteration,
             "iterations": self.iterations,
             "windows": self.windows,
-            "mean": _json_number(self.mean),
-            "last": _json_number(self.last),
+            "mean": json_number(self.mean),
+            "last": json_number(self.last),
         }
 
 
-def _json_number(value: float | None) -> float | str | None:
+def json_number(value: float | None) -> float | str | None:
     """Non-finite values as text (``"nan"``): JSON has no NaN, and a diverged loss must show."""
     return value if value is None or math.isfinite(value) else str(value)
 
@@ -679,11 +679,11 @@ class Report:
             },
             "model_metrics": self._model_metrics(),
             "model_metrics_last_window": {
-                name: {stat: _json_number(v) for stat, v in stats.items()}
+                name: {stat: json_number(v) for stat, v in stats.items()}
                 for name, stats in s.window_metrics().items()
             },
             "model_metrics_evaluation": {
-                phase: {name: _json_number(v) for name, v in metrics.items()}
+                phase: {name: json_number(v) for name, v in metrics.items()}
                 for phase, metrics in s.evaluation_metrics().items()
             },
             "config": dict(sorted(self.config.items())),

@@ -146,8 +146,8 @@ def fmt_seconds(seconds: float | None) -> str:
     if seconds is None or not isinstance(seconds, int | float) or not math.isfinite(seconds):
         return "-"
     magnitude = abs(seconds)
-    if magnitude < 1e-3:
-        return f"{seconds * 1e6:.1f} µs"
+    if magnitude < 1e-3:  # (a zero is no measurement of microseconds)
+        return f"{seconds * 1e6:.1f} µs" if magnitude else "0 s"
     if magnitude < 1:
         return f"{seconds * 1e3:.2f} ms"
     if magnitude < 120:
