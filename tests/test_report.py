@@ -25,7 +25,7 @@ from traintel.analysis import report as report_module
 from traintel.analysis.report import Series, WindowPoint, build_report
 from traintel.analysis.report_html import render_html
 from traintel.analysis.report_text import render_text
-from traintel.analysis.summary import phase_rows, summarize
+from traintel.analysis.summary import phase_rows, render, summarize
 
 
 def stepping(step: float, iterations: int = 6, config: dict[str, Any] | None = None) -> Callable[[Job], None]:
@@ -124,6 +124,8 @@ def test_the_iteration_count_of_two_ranks_is_the_run_s_not_their_sum(
     assert report.as_dict()["iterations"]["count"] == 6
     assert re.search(r"\n *iterations +6 *\n", render_text(report))
     assert "<td>iterations</td><td>6</td>" in render_html(report)
+    summary = render(summarize([tmp_path])).replace("\n  ", " ")
+    assert "Iterations: 12 in 6 window(s), summed over the 2 ranks; the run ran 6 (" in summary
 
 
 def test_cli_report_text_json_and_skipped_lines(

@@ -787,8 +787,10 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
         )
         lines = [""]
         if n:
+            summed = summed_over(summary)  # and what the run itself ran, where that differs
+            summed += f"; the run ran {plain_number(summary.iteration_count())}" if summed else ""
             lines += [
-                f"Iterations: {plain_number(n)} in {plain_number(summary.windows)} window(s) {why}",
+                f"Iterations: {plain_number(n)} in {plain_number(summary.windows)} window(s){summed} {why}",
                 f"  mean {fmt_seconds(summary.window_iteration_s / n)}  "
                 f"max {fmt_seconds(summary.window_iteration_max_s)}",
             ]
