@@ -97,8 +97,13 @@ def test_a_fresh_job_s_first_60000_iterations_make_no_full_collection(tmp_path: 
     the first one came at about iteration 17,000; with nested rows, one every ~150,000."""
     done = run_python(
         """
-        import gc
+        import gc, itertools, time
         from collections import Counter
+
+        # a counter clock (3 us a reading): the loop's windows and sampled spans are the same
+        # however loaded the machine is (a loaded one took over the 30 s window floor)
+        readings = itertools.count(time.time_ns(), 3_000)
+        time.time_ns = time.monotonic_ns = lambda: next(readings)
         import traintel
 
         traintel.configure()
