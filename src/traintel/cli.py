@@ -240,7 +240,7 @@ def _report(args: argparse.Namespace) -> int:
         return done
     choice, reports = done
     for _run, report in reports:
-        if not (report.summary.spans or report.hang_records or report.goodput):
+        if not report.read_anything:
             return _no_spans(args.paths, report.stats)
     pages = _write_html(args.html, reports, choice, links)
     if pages is None:
@@ -370,10 +370,9 @@ def _compare(args: argparse.Namespace) -> int:
     picked = _compare_runs(args)
     if isinstance(picked, int):
         return picked
-    reports = [_build_report(files, run) for run, files in picked]
-    for path, report in zip(args.runs, reports, strict=True):
-        if not report.summary.spans:  # compared as all "-", it would pass --fail-on-regression
-            return _no_spans([path], report.stats)
+    reports = _compared_reports(args.runs, picked)
+    if isinstance(reports, int):
+        return reports
     result = compare_runs(reports, args.threshold)
     names = _run_names(args.runs, picked)
     if args.html:
@@ -383,6 +382,16 @@ def _compare(args: argparse.Namespace) -> int:
             return 2
     _print_comparison(args, result, names, picked)
     return 1 if args.fail_on_regression and result.regressions else 0
+
+
+def _compared_reports(paths: list[str], picked: list[tuple[RunInfo | None, list[str]]]) -> list[Report] | int:
+    """Each run's report; one without a readable span is an error naming its path (compared as
+    all "-", it would pass --fail-on-regression)."""
+    reports = [_build_report(files, run) for run, files in picked]
+    for path, report in zip(paths, reports, strict=True):
+        if not report.summary.spans:
+            return _no_spans([path], report.stats)
+    return reports
 
 
 def _build_report(files: list[str], run: RunInfo | None) -> Report:

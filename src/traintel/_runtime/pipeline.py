@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, Literal, NamedTuple, NoReturn
 from urllib.parse import urlsplit
 
 from opentelemetry import metrics as metrics_api
@@ -270,14 +270,7 @@ def _plan_exporters(
         if name == FILE_EXPORTER:
             plans.append(_ExporterPlan(name, functools.partial(_FILE_EXPORTERS[signal], file=file)))
             continue
-        timeout = None
-        if name == "otlp":
-            protocol = otlp_protocol(signal, environ, strict)
-            _check_endpoint_scheme(signal, protocol, environ, strict)
-            timeout = otlp_timeout(signal, environ, strict)
-            ep_name = PROTOCOLS[protocol]
-        else:
-            ep_name = name
+        ep_name, timeout = _otlp_choice(signal, environ, strict) if name == "otlp" else (name, None)
         found = list(entry_points(group=f"opentelemetry_{signal}_exporter", name=ep_name))
         if not found:
             known = sorted({ep.name for ep in entry_points(group=f"opentelemetry_{signal}_exporter")})
@@ -295,15 +288,24 @@ def _plan_exporters(
             report(ConfigurationError(f"{exporter_var}: exporter {name!r} failed to load: {exc}"), strict)
             continue
         certificate = ep_name == PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ)
-        factory = _with_certificate_session(cls) if certificate else cls
-        plans.append(
-            _ExporterPlan(name, factory if timeout is None else functools.partial(factory, timeout=timeout))
-        )
+        plans.append(_ExporterPlan(name, _factory(cls, certificate, timeout)))
     return plans
 
 
-def _with_certificate_session(cls: Any) -> Callable[..., Any]:
-    return lambda **kwargs: cls(session=CertificateSession(), **kwargs)
+def _otlp_choice(signal: str, environ: Mapping[str, str], strict: bool) -> tuple[str, float | None]:
+    """The OTLP exporter's entry point (by protocol), and a timeout to give it (None: its own)."""
+    protocol = otlp_protocol(signal, environ, strict)
+    _check_endpoint_scheme(signal, protocol, environ, strict)
+    return PROTOCOLS[protocol], otlp_timeout(signal, environ, strict)
+
+
+def _factory(cls: Any, certificate: bool, timeout: float | None) -> Callable[[], Any]:
+    """The exporter's constructor with what traintel gives it: an HTTP session holding the
+    client certificate, a timeout (see :func:`otlp_timeout`)."""
+    given: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    if certificate:
+        return lambda: cls(session=CertificateSession(), **given)
+    return functools.partial(cls, **given)
 
 
 def _spooling(
@@ -989,8 +991,8 @@ def build_pipeline(
         logs=LogPipeline(plans.logs, resource),
     )
     _build_owned(pipeline, choice, options, _OwnedBuild(config, resource, strict, environ), plans)
-    pipeline.trace_exporters = [p.name for p in plans.traces if p.started] if choice.build_tp else None
-    pipeline.metric_exporters = [p.name for p in plans.metrics if p.started]
+    pipeline.trace_exporters = plans.started("traces") if choice.build_tp else None
+    pipeline.metric_exporters = plans.started("metrics")
     _redaction.install(environ)  # the exporters' loggers exist now
     tls_errors.install(environ)
     retry_lines.install()
@@ -1004,6 +1006,11 @@ class _Plans(NamedTuple):
 
     def names(self) -> set[str]:
         return {plan.name for plan in (*self.traces, *self.metrics, *(self.logs or ()))}
+
+    def started(self, signal: Literal["traces", "metrics"]) -> list[str]:
+        """The exporters of ``signal`` that started (an exporter left out for a bad setting
+        receives nothing: the job's first and last lines must not name it)."""
+        return [plan.name for plan in getattr(self, signal) if plan.started]
 
 
 def _plan_all(

@@ -525,6 +525,12 @@ class Report:
             self.hang_records.append(entry)
 
     @property
+    def read_anything(self) -> bool:
+        """Whether there is a report to show: spans, or a hang record, or goodput from a progress
+        mark (a job killed while hung before its file wrote a span)."""
+        return bool(self.summary.spans or self.hang_records or self.goodput)
+
+    @property
     def stalls(self) -> list[Stall]:
         return find_stalls(self.hang_records)[:MAX_STALLS]
 

@@ -19,6 +19,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from traintel.analysis.goodput import SessionGoodput
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.report import Report
 from traintel.analysis.summary import (
@@ -195,12 +196,7 @@ def _checkpoint_table(report: Report) -> Table | None:
 def _goodput_tables(report: Report) -> list[Table]:
     tables = []
     for session in report.goodput:
-        tags = ", ".join(t for t in session.perf_tags if t)
-        title = f"Goodput · session {session.session or '-'}" + (f" · perf tag {tags}" if tags else "")
-        # one rank of each job is counted: said, under a phase table summed over every rank
-        used = sorted({job.rank_used for job in session.jobs if len(job.ranks) > 1})
-        title += f" · rank {', '.join(map(str, used))} of each job" if used else ""
-        table = _table(title, "category", "time", "share", "")
+        table = _table(_goodput_title(session), "category", "time", "share", "")
         table.add_row(
             Text("productive", style="green"),
             fmt_s(session.productive_s),
@@ -215,6 +211,15 @@ def _goodput_tables(report: Report) -> list[Table]:
         table.add_row("total", fmt_s(session.total_s), "100.0%", "")
         tables.append(table)
     return tables
+
+
+def _goodput_title(session: SessionGoodput) -> str:
+    """The session, its perf tags, and the rank of each job counted (said: the phase table
+    above it is summed over every rank)."""
+    tags = ", ".join(t for t in session.perf_tags if t)
+    title = f"Goodput · session {session.session or '-'}" + (f" · perf tag {tags}" if tags else "")
+    used = sorted({job.rank_used for job in session.jobs if len(job.ranks) > 1})
+    return title + (f" · rank {', '.join(map(str, used))} of each job" if used else "")
 
 
 def trace_links(report: Report, links: TraceLinks | None) -> list[str]:
