@@ -95,6 +95,21 @@ def test_ddp_buckets_count_through_the_comm_hook(world: InMemoryMetricReader) ->
     assert _completed_by(before[1] + 1) == before[1] + 1
 
 
+def test_watch_ddp_names_the_bad_argument(world: InMemoryMetricReader) -> None:
+    plain = torch.nn.Linear(4, 2)  # not wrapped in DDP yet
+    with pytest.raises(
+        TypeError, match=r"watch_ddp\(model=...\): expected a DistributedDataParallel model, got Linear"
+    ):
+        watch_ddp(plain)
+    model = torch.nn.parallel.DistributedDataParallel(plain)
+    with pytest.raises(
+        TypeError, match=r"watch_ddp\(hook=...\): expected a DDP comm hook \(a callable\), got 3"
+    ):
+        watch_ddp(model, hook=3)
+    watch_ddp(model)  # nothing was registered by the refused call: DDP takes one hook
+    model(torch.ones(8, 4)).sum().backward()
+
+
 def test_the_heartbeat_carries_the_counts(world: InMemoryMetricReader) -> None:
     dist.all_reduce(torch.ones(1))
     work = dist.all_reduce(torch.ones(1), async_op=True)

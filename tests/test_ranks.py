@@ -563,3 +563,42 @@ def test_the_report_merges_the_rank_files_into_cross_rank_statistics(
     assert cli.main(["report", *dirs]) == 0
     text = capsys.readouterr().out
     assert "Across ranks, per window" in text and "rank 1" in text
+
+
+CRASHED_JOB = """
+traintel.configure()
+model = torch.nn.Linear(8, 1)
+try:
+    with traintel.training_loop():
+        for i in range(40):
+            with traintel.training_iteration():
+                with traintel.model_forward():
+                    loss = model(torch.randn(4, 8)).pow(2).mean()
+                    if RANK == 1 and i == 5:
+                        raise RuntimeError("rank 1 broke")
+                with traintel.model_backward():
+                    loss.backward()
+                    for p in model.parameters():
+                        dist.all_reduce(p.grad)
+except RuntimeError as error:
+    print("RAISED", str(error)[:40], flush=True)
+traintel.shutdown()
+os._exit(0)
+"""
+
+
+def test_a_rank_that_crashes_dies_at_once_and_frees_the_rank_waiting_in_the_collective(
+    tmp_path: Path,
+) -> None:
+    # The exchange timeout set far beyond the test's guard: had the crashing rank waited for its
+    # last window's gather (which rank 0, inside all_reduce, never joins), the test would fail.
+    rank0, rank1 = run_ranks(
+        CRASHED_JOB, tmp_path, timeout=60, TRAINTEL_LOG_EVERY_N_ITERATIONS="2",
+        TRAINTEL_CROSS_RANK_TIMEOUT="600",
+    )  # fmt: skip
+    assert "RAISED rank 1 broke" in rank1.stdout, rank1.stderr[-3000:]
+    # rank 0 was freed by rank 1's exit: its all_reduce failed on the closed connection
+    assert "RAISED" in rank0.stdout and "RAISED rank 1" not in rank0.stdout, rank0.stderr[-3000:]
+    assert rank0.returncode == rank1.returncode == 0
+    # the windows before the crash were exchanged
+    assert rank0.events(semconv.Event.RANKS_METRICS_UPDATE.value)

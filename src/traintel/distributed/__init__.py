@@ -48,6 +48,12 @@ def watch_ddp(model: Any, hook: Any = None, state: Any = None) -> Any:
 
     from traintel.distributed.collectives import watch_torch_collectives
 
+    # Checked here: a model that is not DDP (FSDP, or DDP not wrapped yet) or a hook that is not
+    # callable would otherwise fail as an AttributeError naming neither, or in the first backward.
+    if not callable(getattr(model, "register_comm_hook", None)):
+        raise TypeError(f"watch_ddp(model=...): expected a DistributedDataParallel model, got {model!r:.80}")
+    if hook is not None and not callable(hook):
+        raise TypeError(f"watch_ddp(hook=...): expected a DDP comm hook (a callable), got {hook!r:.80}")
     inner = allreduce_hook if hook is None else hook
     # A lambda, unannotated: DDP checks a hook's annotations at run time, and this module's are
     # postponed (text, which it refuses). DDP also requires the parameter name ``bucket``.

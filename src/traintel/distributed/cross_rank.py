@@ -93,6 +93,8 @@ class CrossRank:
             exchange = self.exchange  # started on the training thread (window_size_for)
             if exchange is None or self.failed or self.engine.settings.cross_rank == "off":
                 return
+            if final and self._loop_failed():
+                return  # the other ranks are not coming: they wait in the collective this rank left
             if report is not None:
                 self._submit(exchange, report)
             if final:
@@ -101,6 +103,14 @@ class CrossRank:
         except Exception:
             self.failed = True
             _logger.exception("traintel: cross-rank statistics disabled after an error")
+
+    def _loop_failed(self) -> bool:
+        """The loop ends with an exception on the training thread: a rank that crashes must die
+        now, not after the cross-rank timeout spent waiting for a gather the others, left in
+        their collective, never join (its death is what frees them)."""
+        thread = self.engine.active_thread or threading.main_thread().ident or 0
+        error = sys._current_exceptions().get(thread)
+        return (error[1] if isinstance(error, tuple) else error) is not None
 
     def _submit(self, exchange: Exchange, report: WindowReport) -> None:
         """The window's row to the exchange, its end kept for the events' times."""
