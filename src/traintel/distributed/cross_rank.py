@@ -90,11 +90,9 @@ class CrossRank:
         try:
             if self.engine.rank_export is None:
                 self._decide_rank_export()
-            exchange = self.exchange  # started on the training thread (window_size_for)
-            if exchange is None or self.failed or self.engine.settings.cross_rank == "off":
-                return
-            if final and self._loop_failed():
-                return  # the other ranks are not coming: they wait in the collective this rank left
+            exchange = self._live_exchange()
+            if exchange is None or (final and self._loop_failed()):
+                return  # (a failed loop: the other ranks wait in the collective this rank left)
             if report is not None:
                 self._submit(exchange, report)
             if final:
@@ -103,6 +101,12 @@ class CrossRank:
         except Exception:
             self.failed = True
             _logger.exception("traintel: cross-rank statistics disabled after an error")
+
+    def _live_exchange(self) -> Exchange | None:
+        """The exchange (started on the training thread: ``window_size_for``), unless it failed
+        or cross-rank statistics are off."""
+        off = self.failed or self.engine.settings.cross_rank == "off"
+        return None if off else self.exchange
 
     def _loop_failed(self) -> bool:
         """The loop ends with an exception on the training thread: a rank that crashes must die
