@@ -286,3 +286,23 @@ def test_traintel_report_names_the_culprit_and_its_stack(hung: Ranks) -> None:
     assert (first["culprits"], first["waiting"], first["collective"]) == ([2], [0, 1, 3], "all_reduce")
     assert first["ranks"]["2"][semconv.HANG_TOP_FRAME].startswith("sleep_before_all_reduce (")
     assert second["ranks"]["2"][semconv.HANG_PYTHON] == semconv.PYTHON_HOLDING_GIL
+
+
+def test_one_waiting_rank_waits_and_several_wait() -> None:
+    """The stall's "waiting" line agrees with how many ranks wait (a job of 2: "rank 0 waits")."""
+
+    def suspect(rank: int, entered: int, waiting_in: str | None) -> LogEntry:
+        attributes: dict[str, Any] = {semconv.HANG_STALLED_SECONDS: 5.0, semconv.COLLECTIVES_ENTERED: entered}
+        if waiting_in is not None:
+            attributes[semconv.HANG_WAITING_IN] = waiting_in
+        resource = {semconv.RANK: rank, semconv.WORLD_SIZE: 3, semconv.SERVICE_INSTANCE_ID: f"i{rank}"}
+        return LogEntry(semconv.EVENT_HANG_SUSPECT, 10**10, 13, "", attributes, "", "", resource, "traintel")
+
+    def waiting(entries: list[LogEntry]) -> str:
+        (stall,) = find_stalls(entries)
+        return dict(stall.rows())["waiting"]
+
+    one = [suspect(0, 8, "all_reduce"), suspect(1, 7, None)]
+    assert waiting(one) == "rank 0 waits in collective #8 (all_reduce)"
+    two = [suspect(0, 8, "all_reduce"), suspect(2, 8, "all_reduce"), suspect(1, 7, None)]
+    assert waiting(two) == "ranks 0, 2 wait in collective #8 (all_reduce)"

@@ -97,7 +97,8 @@ class Stall:
             rows.append(
                 (
                     "waiting",
-                    f"{_ranks(self.waiting)} wait in collective #{self.wavefront} ({self.collective})",
+                    f"{_ranks(self.waiting)} {'wait' if len(self.waiting) > 1 else 'waits'} in collective "
+                    f"#{self.wavefront} ({self.collective})",
                 )
             )
         rows += [("culprit", self._culprit(rank)) for rank in self.culprits[:NAMED_RANKS]]
