@@ -9,6 +9,7 @@ from typing import Final
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel._api.model_metrics import checked_count
 from traintel._recorder import active
 from traintel._recorder.checkpoints import (
     CheckpointLoadPhase,
@@ -29,10 +30,12 @@ from traintel._recorder.phases import (
     TrainingLoopPhase,
     phase_attributes,
 )
-from traintel._sdk.attributes import as_number, clean_attributes, clean_value
+from traintel._sdk.attributes import as_number, clean_attributes
 from traintel.semconv import Phase
 
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
+_VALIDATION_ITERATION: Final = Phase.VALIDATION_ITERATION.value
+_TESTING_ITERATION: Final = Phase.TESTING_ITERATION.value
 
 
 def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -40,18 +43,15 @@ def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None
 
 
 def _iteration_attributes(
-    samples: float | None, tokens: float | None, attributes: Mapping[str, AttributeValue] | None
+    call: str, samples: float | None, tokens: float | None, attributes: Mapping[str, AttributeValue] | None
 ) -> Mapping[str, AttributeValue] | None:
     if samples is None and tokens is None and not attributes:
         return None
     extra: dict[str, AttributeValue] = clean_attributes(attributes) if attributes else {}
-    for key, value in ((semconv.SAMPLES, samples), (semconv.TOKENS, tokens)):
-        if value is not None:
-            number = as_number(value)  # a numpy count or a tensor: its number, not its str()
-            if number is not None:
-                extra[key] = number
-            else:
-                clean_value(key, value)  # says once why it was dropped
+    for key, name, value in ((semconv.SAMPLES, "samples", samples), (semconv.TOKENS, "tokens", tokens)):
+        found = as_number(value) if checked_count(call, name, value) is not None else None
+        if found is not None:  # a numpy count or a tensor: its number, not its str()
+            extra[key] = found
     return extra
 
 
@@ -127,7 +127,8 @@ def training_iteration(
     loop's running count. Its handle (``as span``) is the iteration's span."""
     if samples is None and tokens is None and attributes is None:
         return IterationPhase(_TRAINING_ITERATION, iteration)  # the per-step case
-    return IterationPhase(_TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
+    counts = _iteration_attributes(_TRAINING_ITERATION, samples, tokens, attributes)
+    return IterationPhase(_TRAINING_ITERATION, iteration, counts)
 
 
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -197,7 +198,9 @@ def validation_iteration(
 ) -> PhaseSpan:
     """One validation batch, numbered from 0 in its loop."""
     return IterationPhase(
-        Phase.VALIDATION_ITERATION.value, iteration, _iteration_attributes(samples, None, attributes)
+        _VALIDATION_ITERATION,
+        iteration,
+        _iteration_attributes(_VALIDATION_ITERATION, samples, None, attributes),
     )
 
 
@@ -213,7 +216,7 @@ def testing_iteration(
 ) -> PhaseSpan:
     """One test batch, numbered from 0 in its loop."""
     return IterationPhase(
-        Phase.TESTING_ITERATION.value, iteration, _iteration_attributes(samples, None, attributes)
+        _TESTING_ITERATION, iteration, _iteration_attributes(_TESTING_ITERATION, samples, None, attributes)
     )
 
 
