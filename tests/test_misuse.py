@@ -198,3 +198,21 @@ def test_a_step_phase_object_exited_twice_or_nested_in_itself_raises_nothing() -
             backward.__exit__(None, None, None)
     finally:
         traintel.shutdown(2)
+
+
+@pytest.mark.parametrize("call", ["checkpoint_save", "checkpoint_load"])
+def test_a_checkpoint_path_that_is_no_path_is_said_never_raised(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture, call: str
+) -> None:
+    """``path=step`` (an int) raised TypeError from ``os.fspath`` into the training code; the
+    phase is recorded without a path instead, said once naming the call and the value."""
+    phase = getattr(traintel, call)
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        for _ in range(2):
+            with phase(path=1000):
+                pass
+    spans = pipeline.by_name("checkpoint_save_sync" if call == "checkpoint_save" else call)
+    assert len(spans) == 2
+    assert all(semconv.CHECKPOINT_PATH not in (span.attributes or {}) for span in spans)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(f"{call}(path=1000): expected a str or os.PathLike" in m for m in said) == 1

@@ -15,6 +15,7 @@ from traintel._recorder.checkpoints import (
     CheckpointLoadPhase,
     CheckpointSavePhase,
     CheckpointStagePhase,
+    checked_path,
     checked_strategy,
 )
 from traintel._recorder.phases import (
@@ -89,7 +90,7 @@ def checkpoint_load(
 ) -> PhaseSpan:
     """Loading a checkpoint; ``iteration`` is the iteration it resumes from."""
     extra: dict[str, AttributeValue | None] = {
-        semconv.CHECKPOINT_PATH: os.fspath(path) if path is not None else None,
+        semconv.CHECKPOINT_PATH: checked_path("checkpoint_load", path),
         semconv.CHECKPOINT_ITERATION: iteration,
     }
     extra.update(attributes or {})
