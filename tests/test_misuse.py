@@ -216,3 +216,27 @@ def test_a_checkpoint_path_that_is_no_path_is_said_never_raised(
     assert all(semconv.CHECKPOINT_PATH not in (span.attributes or {}) for span in spans)
     said = [r.getMessage() for r in caplog.records]
     assert sum(f"{call}(path=1000): expected a str or os.PathLike" in m for m in said) == 1
+
+
+def test_an_iteration_number_that_is_no_count_is_said_and_numbered_from_the_loop(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``iteration="7"`` lost the whole iteration ("could not start phase"), ``-5`` and ``3.5``
+    were kept as the iteration's and the window's numbers; each is now numbered from the
+    loop's running count, said once naming the call and the value."""
+    with (
+        caplog.at_level(logging.WARNING, logger="traintel"),
+        traintel.training_loop(train_iterations_start=0),
+    ):
+        for given in ("7", -5, 3.5, None):
+            with traintel.training_iteration(iteration=given):  # type: ignore[arg-type]
+                pass
+        with traintel.validation_loop(), traintel.validation_iteration(iteration=-1):
+            pass
+    numbers = [(s.attributes or {})[semconv.ITERATION] for s in pipeline.by_name("training_iteration")]
+    assert numbers == [0, 1, 2, 3]
+    assert [(s.attributes or {})[semconv.ITERATION] for s in pipeline.by_name("validation_iteration")] == [0]
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("training_iteration(iteration='7'): expected a non-negative int" in m for m in said) == 1
+    assert sum("validation_iteration(iteration=-1): expected a non-negative int" in m for m in said) == 1
+    assert not any("could not start" in m for m in said)

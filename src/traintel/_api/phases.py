@@ -56,6 +56,21 @@ def _iteration_attributes(
     return extra
 
 
+def _checked_iteration(call: str, iteration: object) -> int | None:
+    """The iteration number given, as an int (a numpy integer through its value); for one
+    that is no non-negative integer, None (the loop's running count), said once naming the call
+    and the value: ``"7"`` lost the whole iteration, ``-5`` or ``3.5`` became a window's first
+    and last iteration."""
+    found = as_number(iteration) if iteration is not None else None
+    if iteration is None or (isinstance(found, int) and found >= 0):
+        return found  # type: ignore[return-value]
+    engine = active.current_engine()
+    if engine is not None:
+        why = "%s(iteration=%r): expected a non-negative int; numbered from the loop's count instead"
+        engine.warn_once("bad_iteration:" + call, why, call, iteration)
+    return None
+
+
 # --- the job and its set-up ----------------------------------------------------------------------
 def application(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
     """The whole job: its start carries the ``telemetry_initialization`` event (the configuration
@@ -126,6 +141,8 @@ def training_iteration(
     """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
     micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
     loop's running count. Its handle (``as span``) is the iteration's span."""
+    if iteration is not None and not (type(iteration) is int and iteration >= 0):
+        iteration = _checked_iteration(_TRAINING_ITERATION, iteration)
     if samples is None and tokens is None and attributes is None:
         return IterationPhase(_TRAINING_ITERATION, iteration)  # the per-step case
     counts = _iteration_attributes(_TRAINING_ITERATION, samples, tokens, attributes)
@@ -200,7 +217,7 @@ def validation_iteration(
     """One validation batch, numbered from 0 in its loop."""
     return IterationPhase(
         _VALIDATION_ITERATION,
-        iteration,
+        _checked_iteration(_VALIDATION_ITERATION, iteration),
         _iteration_attributes(_VALIDATION_ITERATION, samples, None, attributes),
     )
 
@@ -217,7 +234,9 @@ def testing_iteration(
 ) -> PhaseSpan:
     """One test batch, numbered from 0 in its loop."""
     return IterationPhase(
-        _TESTING_ITERATION, iteration, _iteration_attributes(_TESTING_ITERATION, samples, None, attributes)
+        _TESTING_ITERATION,
+        _checked_iteration(_TESTING_ITERATION, iteration),
+        _iteration_attributes(_TESTING_ITERATION, samples, None, attributes),
     )
 
 
