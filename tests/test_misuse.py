@@ -240,3 +240,20 @@ def test_an_iteration_number_that_is_no_count_is_said_and_numbered_from_the_loop
     assert sum("training_iteration(iteration='7'): expected a non-negative int" in m for m in said) == 1
     assert sum("validation_iteration(iteration=-1): expected a non-negative int" in m for m in said) == 1
     assert not any("could not start" in m for m in said)
+
+
+def test_a_negative_or_nan_checkpoint_size_is_said_and_left_out(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``size_bytes=-5`` gave the save a negative size and bytes per second (NaN gave NaN);
+    the size is left out (measured from ``path`` where given), said once naming the value."""
+    with caplog.at_level(logging.WARNING, logger="traintel"), traintel.training_loop():
+        for size in (-5, math.nan, 4096):
+            with traintel.checkpoint_save(size_bytes=size):  # type: ignore[arg-type]
+                pass
+    saves = [s.attributes or {} for s in pipeline.by_name("checkpoint_save_sync")]
+    assert [save.get(semconv.CHECKPOINT_SIZE) for save in saves] == [None, None, 4096]
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        sum("checkpoint_save(size_bytes=-5): expected a finite non-negative number" in m for m in said) == 1
+    )

@@ -184,7 +184,10 @@ def checkpoint_save(
     a job resuming from this checkpoint passes as ``train_iterations_start``). Given a
     ``path`` and no ``size_bytes``, the size is measured when the span ends.
     """
-    return CheckpointSavePhase(checked_strategy(strategy), iteration, size_bytes, path, attributes)
+    size = checked_count("checkpoint_save", "size_bytes", size_bytes)  # -5 made a negative bytes/s
+    return CheckpointSavePhase(
+        checked_strategy(strategy), iteration, None if size is None else int(size), path, attributes
+    )
 
 
 def checkpoint_stage(stage: str, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
