@@ -233,6 +233,8 @@ def test_an_iteration_number_that_is_no_count_is_said_and_numbered_from_the_loop
                 pass
         with traintel.validation_loop(), traintel.validation_iteration(iteration=-1):
             pass
+        with traintel.checkpoint_save(iteration="x"):  # type: ignore[arg-type]
+            pass
     numbers = [(s.attributes or {})[semconv.ITERATION] for s in pipeline.by_name("training_iteration")]
     assert numbers == [0, 1, 2, 3]
     assert [(s.attributes or {})[semconv.ITERATION] for s in pipeline.by_name("validation_iteration")] == [0]
@@ -240,6 +242,8 @@ def test_an_iteration_number_that_is_no_count_is_said_and_numbered_from_the_loop
     assert sum("training_iteration(iteration='7'): expected a non-negative int" in m for m in said) == 1
     assert sum("validation_iteration(iteration=-1): expected a non-negative int" in m for m in said) == 1
     assert not any("could not start" in m for m in said)
+    save = pipeline.one("checkpoint_save_sync").attributes or {}
+    assert save[semconv.CHECKPOINT_ITERATION] == 4  # the iterations completed, as when none is given
 
 
 def test_a_negative_or_nan_checkpoint_size_is_said_and_left_out(

@@ -186,7 +186,11 @@ def checkpoint_save(
     """
     size = checked_count("checkpoint_save", "size_bytes", size_bytes)  # -5 made a negative bytes/s
     return CheckpointSavePhase(
-        checked_strategy(strategy), iteration, None if size is None else int(size), path, attributes
+        checked_strategy(strategy),
+        _checked_iteration("checkpoint_save", iteration),
+        None if size is None else int(size),
+        path,
+        attributes,
     )
 
 
