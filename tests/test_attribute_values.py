@@ -4,6 +4,7 @@ OpenTelemetry accepts, with one warning per kind, and counts stay numbers that a
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,36 @@ def test_record_batch_counts_tensors_and_numpy_scalars(owned: Any, caplog: pytes
     W = semconv.WINDOW_PREFIX
     assert (window[W + "samples"], window[W + "tokens"], window[W + "padding_tokens"]) == (27, 192, 6)
     assert sum("record_batch(tokens=tensor([1., 1.]))" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("via", ["training_iteration", "record_batch"])
+def test_a_nan_or_negative_count_is_left_out_not_poisoning_the_run(
+    owned: Any, caplog: pytest.LogCaptureFixture, via: str
+) -> None:
+    """One step's NaN or negative count (a bad ``mask.sum()``) is left out, said once naming the
+    call, argument and value: counted, it made that window's and the whole run's totals and
+    rates NaN (or negative) for good."""
+    caplog.set_level(logging.WARNING)
+    job = owned(warmup_iterations=0, log_every_n_iterations=3, export_iterations="none")
+    with traintel.training_loop(train_iterations_start=0):
+        for step in range(6):
+            counts: dict[str, float] = (
+                {"samples": math.nan, "tokens": -100} if step == 1 else {"samples": 8, "tokens": 64}
+            )
+            if via == "training_iteration":
+                with traintel.training_iteration(**counts):
+                    pass
+            else:
+                with traintel.training_iteration():
+                    traintel.record_batch(**counts)
+    W = semconv.WINDOW_PREFIX
+    windows = job.events("training_metrics_update")
+    assert [(w[W + "samples"], w[W + "tokens"]) for w in windows] == [(16, 128), (24, 192)]
+    rates = [w[f"{W}{n}_per_second_per_device"] for w in windows for n in ("samples", "tokens")]
+    assert all(math.isfinite(rate) and rate > 0 for rate in rates)
+    said = [r.getMessage() for r in caplog.records]
+    for bad in ("samples=nan", "tokens=-100"):
+        assert sum(f"{via}({bad}): expected a finite non-negative number" in m for m in said) == 1
 
 
 # --- the conversion is total: any value, a valid attribute or dropped, never an exception -------

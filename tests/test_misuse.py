@@ -198,3 +198,66 @@ def test_a_step_phase_object_exited_twice_or_nested_in_itself_raises_nothing() -
             backward.__exit__(None, None, None)
     finally:
         traintel.shutdown(2)
+
+
+@pytest.mark.parametrize("call", ["checkpoint_save", "checkpoint_load"])
+def test_a_checkpoint_path_that_is_no_path_is_said_never_raised(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture, call: str
+) -> None:
+    """``path=step`` (an int) raised TypeError from ``os.fspath`` into the training code; the
+    phase is recorded without a path instead, said once naming the call and the value."""
+    phase = getattr(traintel, call)
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        for _ in range(2):
+            with phase(path=1000):
+                pass
+    spans = pipeline.by_name("checkpoint_save_sync" if call == "checkpoint_save" else call)
+    assert len(spans) == 2
+    assert all(semconv.CHECKPOINT_PATH not in (span.attributes or {}) for span in spans)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(f"{call}(path=1000): expected a str or os.PathLike" in m for m in said) == 1
+
+
+def test_an_iteration_number_that_is_no_count_is_said_and_numbered_from_the_loop(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``iteration="7"`` lost the whole iteration ("could not start phase"), ``-5`` and ``3.5``
+    were kept as the iteration's and the window's numbers; each is now numbered from the
+    loop's running count, said once naming the call and the value."""
+    with (
+        caplog.at_level(logging.WARNING, logger="traintel"),
+        traintel.training_loop(train_iterations_start=0),
+    ):
+        for given in ("7", -5, 3.5, None):
+            with traintel.training_iteration(iteration=given):  # type: ignore[arg-type]
+                pass
+        with traintel.validation_loop(), traintel.validation_iteration(iteration=-1):
+            pass
+        with traintel.checkpoint_save(iteration="x"):  # type: ignore[arg-type]
+            pass
+    numbers = [(s.attributes or {})[semconv.ITERATION] for s in pipeline.by_name("training_iteration")]
+    assert numbers == [0, 1, 2, 3]
+    assert [(s.attributes or {})[semconv.ITERATION] for s in pipeline.by_name("validation_iteration")] == [0]
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("training_iteration(iteration='7'): expected a non-negative int" in m for m in said) == 1
+    assert sum("validation_iteration(iteration=-1): expected a non-negative int" in m for m in said) == 1
+    assert not any("could not start" in m for m in said)
+    save = pipeline.one("checkpoint_save_sync").attributes or {}
+    assert save[semconv.CHECKPOINT_ITERATION] == 4  # the iterations completed, as when none is given
+
+
+def test_a_negative_or_nan_checkpoint_size_is_said_and_left_out(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``size_bytes=-5`` gave the save a negative size and bytes per second (NaN gave NaN);
+    the size is left out (measured from ``path`` where given), said once naming the value."""
+    with caplog.at_level(logging.WARNING, logger="traintel"), traintel.training_loop():
+        for size in (-5, math.nan, 4096):
+            with traintel.checkpoint_save(size_bytes=size):  # type: ignore[arg-type]
+                pass
+    saves = [s.attributes or {} for s in pipeline.by_name("checkpoint_save_sync")]
+    assert [save.get(semconv.CHECKPOINT_SIZE) for save in saves] == [None, None, 4096]
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        sum("checkpoint_save(size_bytes=-5): expected a finite non-negative number" in m for m in said) == 1
+    )

@@ -21,6 +21,7 @@ from traintel._aggregation.window import add_metrics
 from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
+from traintel._recorder.record import number as count_of
 from traintel._runtime import state as _state
 
 
@@ -144,7 +145,7 @@ def record_batch(
     if record is None or engine.active_thread != threading.get_ident():
         engine.warn_once("batch_outside", "record_batch called outside a training iteration; ignored")
         return
-    counts = [_count(engine, name, value) for name, value in (
+    counts = [checked_count("record_batch", name, value) for name, value in (
         ("samples", samples),
         ("tokens", tokens),
         ("padding_tokens", padding_tokens),
@@ -153,16 +154,16 @@ def record_batch(
     record.add_work(*counts)
 
 
-def _count(engine: TrainingEngine, name: str, value: object) -> float | None:
-    """A count as a Python number (a numpy scalar or one-element tensor through ``.item()``);
-    ``None`` for one not given, or for a value that is no non-negative number (said once, and
-    only that count is left out: the call's other counts still add up)."""
+def checked_count(call: str, name: str, value: object) -> float | None:
+    """A count as a Python float (a numpy scalar or one-element tensor through ``.item()``);
+    ``None`` for one not given, or for a value that is no finite non-negative number (said
+    once, naming the call and argument, and only that count is left out: one NaN or negative
+    count would poison every later total and rate of the run)."""
     if value is None:
         return None
-    number = _as_number(value)
-    if number is None or isinstance(number, bool) or number < 0:
-        engine.warn_once(
-            "batch_value:" + name, "record_batch(%s=%r): expected a non-negative number; ignored", name, value
-        )
-        return None
-    return number
+    found = count_of(value)
+    engine = active.current_engine() if found is None else None
+    if engine is not None:
+        why = "%s(%s=%r): expected a finite non-negative number; ignored"
+        engine.warn_once(f"count:{call}:{name}", why, call, name, value)
+    return found

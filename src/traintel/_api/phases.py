@@ -9,11 +9,13 @@ from typing import Final
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
+from traintel._api.model_metrics import checked_count
 from traintel._recorder import active
 from traintel._recorder.checkpoints import (
     CheckpointLoadPhase,
     CheckpointSavePhase,
     CheckpointStagePhase,
+    checked_path,
     checked_strategy,
 )
 from traintel._recorder.phases import (
@@ -29,10 +31,12 @@ from traintel._recorder.phases import (
     TrainingLoopPhase,
     phase_attributes,
 )
-from traintel._sdk.attributes import as_number, clean_attributes, clean_value
+from traintel._sdk.attributes import as_number, clean_attributes
 from traintel.semconv import Phase
 
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
+_VALIDATION_ITERATION: Final = Phase.VALIDATION_ITERATION.value
+_TESTING_ITERATION: Final = Phase.TESTING_ITERATION.value
 
 
 def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -40,19 +44,31 @@ def _simple(phase: Phase, attributes: Mapping[str, AttributeValue] | None = None
 
 
 def _iteration_attributes(
-    samples: float | None, tokens: float | None, attributes: Mapping[str, AttributeValue] | None
+    call: str, samples: float | None, tokens: float | None, attributes: Mapping[str, AttributeValue] | None
 ) -> Mapping[str, AttributeValue] | None:
     if samples is None and tokens is None and not attributes:
         return None
     extra: dict[str, AttributeValue] = clean_attributes(attributes) if attributes else {}
-    for key, value in ((semconv.SAMPLES, samples), (semconv.TOKENS, tokens)):
-        if value is not None:
-            number = as_number(value)  # a numpy count or a tensor: its number, not its str()
-            if number is not None:
-                extra[key] = number
-            else:
-                clean_value(key, value)  # says once why it was dropped
+    for key, name, value in ((semconv.SAMPLES, "samples", samples), (semconv.TOKENS, "tokens", tokens)):
+        found = as_number(value) if checked_count(call, name, value) is not None else None
+        if found is not None:  # a numpy count or a tensor: its number, not its str()
+            extra[key] = found
     return extra
+
+
+def _checked_iteration(call: str, iteration: object) -> int | None:
+    """The iteration number given, as an int (a numpy integer through its value); for one
+    that is no non-negative integer, None (the loop's running count), said once naming the call
+    and the value: ``"7"`` lost the whole iteration, ``-5`` or ``3.5`` became a window's first
+    and last iteration."""
+    found = as_number(iteration) if iteration is not None else None
+    if iteration is None or (isinstance(found, int) and found >= 0):
+        return found  # type: ignore[return-value]
+    engine = active.current_engine()
+    if engine is not None:
+        why = "%s(iteration=%r): expected a non-negative int; numbered from the loop's count instead"
+        engine.warn_once("bad_iteration:" + call, why, call, iteration)
+    return None
 
 
 # --- the job and its set-up ----------------------------------------------------------------------
@@ -89,7 +105,7 @@ def checkpoint_load(
 ) -> PhaseSpan:
     """Loading a checkpoint; ``iteration`` is the iteration it resumes from."""
     extra: dict[str, AttributeValue | None] = {
-        semconv.CHECKPOINT_PATH: os.fspath(path) if path is not None else None,
+        semconv.CHECKPOINT_PATH: checked_path("checkpoint_load", path),
         semconv.CHECKPOINT_ITERATION: iteration,
     }
     extra.update(attributes or {})
@@ -125,9 +141,12 @@ def training_iteration(
     """One optimizer step. ``samples`` / ``tokens`` are this rank's work in the step (all
     micro-batches; or report each with :func:`record_batch`); ``iteration`` defaults to the
     loop's running count. Its handle (``as span``) is the iteration's span."""
+    if iteration is not None and not (type(iteration) is int and iteration >= 0):
+        iteration = _checked_iteration(_TRAINING_ITERATION, iteration)
     if samples is None and tokens is None and attributes is None:
         return IterationPhase(_TRAINING_ITERATION, iteration)  # the per-step case
-    return IterationPhase(_TRAINING_ITERATION, iteration, _iteration_attributes(samples, tokens, attributes))
+    counts = _iteration_attributes(_TRAINING_ITERATION, samples, tokens, attributes)
+    return IterationPhase(_TRAINING_ITERATION, iteration, counts)
 
 
 def data_loading(attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -165,7 +184,14 @@ def checkpoint_save(
     a job resuming from this checkpoint passes as ``train_iterations_start``). Given a
     ``path`` and no ``size_bytes``, the size is measured when the span ends.
     """
-    return CheckpointSavePhase(checked_strategy(strategy), iteration, size_bytes, path, attributes)
+    size = checked_count("checkpoint_save", "size_bytes", size_bytes)  # -5 made a negative bytes/s
+    return CheckpointSavePhase(
+        checked_strategy(strategy),
+        _checked_iteration("checkpoint_save", iteration),
+        None if size is None else int(size),
+        path,
+        attributes,
+    )
 
 
 def checkpoint_stage(stage: str, attributes: Mapping[str, AttributeValue] | None = None) -> PhaseSpan:
@@ -197,7 +223,9 @@ def validation_iteration(
 ) -> PhaseSpan:
     """One validation batch, numbered from 0 in its loop."""
     return IterationPhase(
-        Phase.VALIDATION_ITERATION.value, iteration, _iteration_attributes(samples, None, attributes)
+        _VALIDATION_ITERATION,
+        _checked_iteration(_VALIDATION_ITERATION, iteration),
+        _iteration_attributes(_VALIDATION_ITERATION, samples, None, attributes),
     )
 
 
@@ -213,7 +241,9 @@ def testing_iteration(
 ) -> PhaseSpan:
     """One test batch, numbered from 0 in its loop."""
     return IterationPhase(
-        Phase.TESTING_ITERATION.value, iteration, _iteration_attributes(samples, None, attributes)
+        _TESTING_ITERATION,
+        _checked_iteration(_TESTING_ITERATION, iteration),
+        _iteration_attributes(_TESTING_ITERATION, samples, None, attributes),
     )
 
 

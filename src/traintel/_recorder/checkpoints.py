@@ -157,14 +157,14 @@ class CheckpointSavePhase(PhaseSpan):
         extra: dict[str, AttributeValue | None] = {
             semconv.CHECKPOINT_STRATEGY: strategy,
             semconv.CHECKPOINT_SIZE: size_bytes,
-            semconv.CHECKPOINT_PATH: os.fspath(path) if path is not None else None,
+            semconv.CHECKPOINT_PATH: checked_path("checkpoint_save", path),
         }
         extra.update(attributes or {})
         super().__init__(phase.value, phase_attributes(phase, extra))
         self._strategy = strategy
         self._iteration = iteration
         self._size_bytes = size_bytes
-        self._path = path
+        self._path = path if extra[semconv.CHECKPOINT_PATH] is not None else None
         self._completion: AsyncCheckpointCompletion | None = None
 
     def _start_attributes(self, engine: TrainingEngine) -> Mapping[str, AttributeValue] | None:
@@ -257,3 +257,17 @@ def checked_strategy(strategy: object) -> str:
             strategy,
         )
     return "sync"
+
+
+def checked_path(call: str, path: object) -> str | None:
+    """``path`` as a string (a ``str`` or ``os.PathLike``); ``None`` for none, and for anything
+    else, said once naming the call and the value (``os.fspath`` would raise into the
+    training code that opened the phase)."""
+    try:
+        return os.fspath(path) if path is not None else None  # type: ignore[call-overload]
+    except TypeError:
+        engine = active.current_engine()
+        if engine is not None:
+            why = "%s(path=%r): expected a str or os.PathLike; recording no path"
+            engine.warn_once("bad_path:" + call, why, call, path)
+        return None

@@ -78,11 +78,10 @@ Child = tuple[str, int, int, BaseException | None, StepExtras | None]
 
 def number(value: object) -> float | None:
     """A count as a float: Python numbers as they are, a numpy scalar or one-element tensor
-    through its value, anything else None."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+    through its value; None for anything else, and for a negative or non-finite count (one NaN
+    step would make the window's and the whole run's totals and rates NaN)."""
     found = as_number(value)
-    return float(found) if found is not None else None
+    return float(found) if found is not None and 0 <= found < math.inf else None
 
 
 def new_record(phase: str, iteration: int, start_ns: int, parent: SpanContext) -> IterationRecord:
