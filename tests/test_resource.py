@@ -61,14 +61,19 @@ def test_torchrun_identity() -> None:
 
 
 #: Each worker writes the run id and restart count it would export, and the first attempt fails.
+#: A worker leaves only once every rank of its attempt has written: the launcher stops the other
+#: ranks as soon as one fails, and a slower rank would otherwise never write its first file.
 _WORKER = """
-import os, sys
+import glob, os, sys, time
 from traintel.resource_detectors import TrainingResourceDetector
 from traintel import semconv
 attributes = TrainingResourceDetector().detect().attributes
 restart = attributes[semconv.RESTART_COUNT]
-with open(f"{os.environ['RANK']}-{restart}.txt", "w") as out:
+with open(f"{os.environ['RANK']}-{restart}.tmp", "w") as out:
     out.write(f"{attributes[semconv.RUN_ID]} {attributes[semconv.SESSION_TAG]}")
+os.replace(f"{os.environ['RANK']}-{restart}.tmp", f"{os.environ['RANK']}-{restart}.txt")
+while len(glob.glob(f"*-{restart}.txt")) < int(os.environ["WORLD_SIZE"]):
+    time.sleep(0.01)
 sys.exit(1 if restart == 0 else 0)
 """
 
