@@ -5,6 +5,8 @@ variable. Each job is a real process with a real one-second stall."""
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import subprocess
 import sys
@@ -160,3 +162,13 @@ with traintel.training_loop():
         out
     )
     assert "Goodput" in out, out  # the job's time, from its progress mark
+    run_id = json.loads(_mark(runs))["traintel.progress"]["resource"][semconv.RUN_ID]
+    assert re.search(rf"run id +{run_id}", out), out  # (before: "-", the run named by its mark alone)
+    assert re.search(r"^ iterations +1 *$", out, re.MULTILINE), out  # (before: 0)
+    assert cli.main(["summary", str(runs)]) == 0  # before: "no readable spans", exit 1
+    out = capsys.readouterr().out
+    assert f"run {run_id}" in out and "No spans yet" in out, out
+    assert "Iterations: 1, to iteration 0, in the progress mark" in out, out
+    assert cli.main(["runs", str(runs)]) == 0  # before: "no runs in ...: no readable spans"
+    out = capsys.readouterr().out
+    assert re.search(rf"^{run_id[:12]} +job .* 1 +1 +1$", out, re.MULTILINE), out  # 1 rank, iteration, file

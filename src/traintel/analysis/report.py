@@ -29,6 +29,7 @@ from traintel.analysis.summary import (
     SELF_TELEMETRY,
     PhaseStats,
     RunSummary,
+    add_mark,
     energy_figures,
     is_loss,
     phase_rows,
@@ -755,6 +756,7 @@ def report_file(
             else:
                 report.add_metrics_record(record)
     mark = read_mark(path)
+    add_mark(report.summary, mark, run)
     if goodput is not None:
         goodput.add_mark(mark)
     report.summary.runs.in_file(path, mark)

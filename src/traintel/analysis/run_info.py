@@ -202,6 +202,9 @@ class RunsSeen:
     def in_file(self, path: str, mark: dict[str, Any] | None) -> None:
         """Every run added so far is in ``path`` (a per-file collector says so at its end), and
         the file's progress ``mark`` is its one process's (the embedded default's file)."""
+        resource = (mark or {}).get("resource")
+        if not self.runs and mark is not None and isinstance(resource, dict):
+            self._marked_only(mark, resource)
         for run in self.runs.values():
             run.file_set.setdefault(path, None)
         progress = (mark or {}).get("progress")
@@ -210,13 +213,23 @@ class RunsSeen:
             run, process = processes[0]
             run.marked[process] = max(run.marked.get(process, 0), _int(progress.get("iterations")))
 
+    def _marked_only(self, mark: dict[str, Any], resource: dict[str, Any]) -> None:
+        """The run of a file that holds no record yet, from its progress mark: a job killed in
+        its first minute (hung in its first collective or data load) before its file wrote a
+        span is still a run, of the time and iterations its mark counts."""
+        run, process = self._identify(resource)
+        start, end = _int(mark.get("start_unix_nano")), _int(mark.get("time_unix_nano"))
+        run.start_ns = start or end
+        run.end_ns = max(start, end)
+        run.window_iterations.setdefault(process, [0, 0])
+
     def merge(self, later: RunsSeen) -> None:
         merge_by_key(self.runs, later.runs)
         self._of.clear()
 
     def newest_first(self) -> list[RunInfo]:
-        """The runs with spans, newest (latest start) first."""
-        found = [run for run in self.runs.values() if run.spans]
+        """The runs with spans or a progress mark, newest (latest start) first."""
+        found = [run for run in self.runs.values() if run.spans or run.marked]
         return sorted(found, key=lambda run: (run.start_ns, run.id), reverse=True)
 
 

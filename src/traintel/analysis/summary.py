@@ -605,14 +605,20 @@ def summarize_file(run: str | None, path: str, progress: Callable[[int], None] |
             else:
                 summary.add_metrics_record(record, run)
     mark = read_mark(path)
-    _add_mark(summary, mark if kept else None)
+    add_mark(summary, mark if kept else None, run)
     runs.in_file(path, mark)
     return summary
 
 
-def _add_mark(summary: RunSummary, mark: dict[str, Any] | None) -> None:
-    """The file's progress mark (its process's account to its last iteration), less the
-    iterations its window records hold."""
+def add_mark(summary: RunSummary, mark: dict[str, Any] | None, run: str | None) -> None:
+    """A file's progress mark (its process's account to its last iteration), less the
+    iterations its window records hold; of a file without spans (a job killed in its first
+    minute, before its file wrote any), also the process it names: a summary of the run
+    ``run`` (None: any) rather than of nothing."""
+    resource = mark.get("resource") if mark is not None else None
+    if not summary.spans and isinstance(resource, dict) and run in (None, run_key(resource)):
+        summary._identity(resource)
+        summary.run_keys.add(run_key(resource))
     progress = mark.get("progress") if mark is not None else None
     if not isinstance(progress, dict):
         return
@@ -691,7 +697,16 @@ def render(summary: RunSummary, links: TraceLinks | None = None) -> str:
         _telemetry_lines(summary),
     )
     run, *rest = [[wrapped for line in lines for wrapped in _fit(line)] for lines in prose]
-    return "\n".join([*run, *_phase_lines(summary), *itertools.chain.from_iterable(rest)])
+    phases = _phase_lines(summary) if summary.spans else ["", *_fit(_NO_SPANS_YET)]
+    return "\n".join([*run, *phases, *itertools.chain.from_iterable(rest)])
+
+
+#: Said of a run known from its progress mark alone.
+_NO_SPANS_YET = (
+    "No spans yet: the job stopped before its file wrote any (it gathers them for up to a "
+    "minute). What it ran is in its progress mark, below; where it stopped, in its hang "
+    "records: traintel report."
+)
 
 
 #: A number with its unit, and a name with its number, kept on one line when a line is wrapped.
@@ -796,8 +811,9 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
             ]
         if marked:
             lines.append(
-                f"{'  and ' if n else 'Iterations: '}{plain_number(marked)} after the last window record, "
-                f"to iteration {summary.marked_last_iteration}, in the progress mark (killed, or running)"
+                f"{'  and ' if n else 'Iterations: '}{plain_number(marked)}"
+                f"{' after the last window record' if summary.windows else ''}, to iteration "
+                f"{summary.marked_last_iteration}, in the progress mark (killed, or running)"
             )
         return lines
     latest = "the latest job's loop; " if summary.jobs > 1 else ""
