@@ -524,7 +524,7 @@ def _summary(args: argparse.Namespace) -> int:
     if choice.note:
         print(choice.note + "\n")
     for n, (run, summary) in enumerate(summaries, 1):
-        if not summary.spans and not summary.run_keys:  # (a run known from its mark alone: shown)
+        if not summary.run_keys:  # no span of a run, nor a run known from its mark alone
             return _no_spans(args.paths, summary.stats)
         if len(summaries) > 1 and run is not None:
             print(("\n" if n > 1 else "") + f"=== {section_title(run, n, len(summaries))} ===")

@@ -202,9 +202,8 @@ class RunsSeen:
     def in_file(self, path: str, mark: dict[str, Any] | None) -> None:
         """Every run added so far is in ``path`` (a per-file collector says so at its end), and
         the file's progress ``mark`` is its one process's (the embedded default's file)."""
-        resource = (mark or {}).get("resource")
-        if not self.runs and mark is not None and isinstance(resource, dict):
-            self._marked_only(mark, resource)
+        if not self.runs and mark is not None:
+            self._marked_only(mark)
         for run in self.runs.values():
             run.file_set.setdefault(path, None)
         progress = (mark or {}).get("progress")
@@ -213,10 +212,13 @@ class RunsSeen:
             run, process = processes[0]
             run.marked[process] = max(run.marked.get(process, 0), _int(progress.get("iterations")))
 
-    def _marked_only(self, mark: dict[str, Any], resource: dict[str, Any]) -> None:
+    def _marked_only(self, mark: dict[str, Any]) -> None:
         """The run of a file that holds no record yet, from its progress mark: a job killed in
         its first minute (hung in its first collective or data load) before its file wrote a
         span is still a run, of the time and iterations its mark counts."""
+        resource = mark.get("resource")
+        if not isinstance(resource, dict):
+            return
         run, process = self._identify(resource)
         start, end = _int(mark.get("start_unix_nano")), _int(mark.get("time_unix_nano"))
         run.start_ns = start or end
