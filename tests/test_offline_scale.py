@@ -196,6 +196,34 @@ def test_report_and_cli_agree_serial_and_parallel(
     )
 
 
+def test_a_collector_s_rotated_files_are_read_with_the_file_they_came_from(
+    node_files: list[Path], tmp_path: Path
+) -> None:
+    """The collector's file exporter rotates ``node-0.otlp.jsonl`` to
+    ``node-0.otlp-<time>.jsonl`` (its rotation library keeps the last extension): a directory
+    holding both is read as the stream unrotated (before, the rotated part was passed over in
+    silence: a long job lost its first hours)."""
+    lines = node_files[0].read_bytes().splitlines(keepends=True)
+    half = len(lines) // 2
+    (tmp_path / "node-0.otlp-2026-11-27T08-00-00.000.jsonl").write_bytes(b"".join(lines[: half // 2]))
+    (tmp_path / "node-0.otlp-2026-11-28T08-00-00.000.jsonl").write_bytes(b"".join(lines[half // 2 : half]))
+    (tmp_path / "node-0.otlp.jsonl").write_bytes(b"".join(lines[half:]))
+    (tmp_path / "node-0.otlp-notes.jsonl").write_text("not a rotation\n")  # passed over
+    for path in node_files[1:]:
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    assert [p.name for p in reader.expand_paths([tmp_path])][:3] == [
+        "node-0.otlp-2026-11-27T08-00-00.000.jsonl",
+        "node-0.otlp-2026-11-28T08-00-00.000.jsonl",
+        "node-0.otlp.jsonl",
+    ]
+    rotated = [g.as_dict() for g in compute_goodput(load_jobs([tmp_path]))]
+    assert rotated == [g.as_dict() for g in compute_goodput(load_jobs(node_files))]
+    whole = summarize([tmp_path])
+    assert whole.stats.files == NODES + 2 and whole.stats.skipped == 0
+    assert whole.phases == summarize(node_files).phases
+    assert whole.phases["checkpoint_save_sync"].count == RANKS * ITERATIONS // 1000
+
+
 def test_fast_records_equal_the_proto_path(node_files: list[Path]) -> None:
     """Every line of the real files decodes to the same records both ways."""
     lines = [line for line in node_files[0].read_bytes().splitlines() if line][:40]

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import gc
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,15 +77,26 @@ class ReadStats:
         self.reasons.extend(later.reasons[: max(0, 20 - len(self.reasons))])
 
 
+#: A collector's file exporter rotates ``NAME.otlp.jsonl`` to ``NAME.otlp-<UTC time>.jsonl``
+#: (its rotation library keeps the last extension): the older part of the same stream.
+_ROTATED = re.compile(r"\.otlp-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{3}\.jsonl$")
+
+
+def _telemetry_file(path: Path) -> bool:
+    return path.name.endswith(FILE_SUFFIX) or _ROTATED.search(path.name) is not None
+
+
 def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Files as given, directories expanded to their ``*.otlp.jsonl`` files (recursively); a
-    directory without any, to its spooled batches: a job whose only exporter was OTLP with
-    nothing listening (the distro's default) kept its spans there, and is read from them."""
+    """Files as given, directories expanded to their ``*.otlp.jsonl`` files and a collector's
+    rotated backups of them (recursively, by name: a backup before the file it came from, in
+    the order written); a directory without any, to its spooled batches: a job whose only
+    exporter was OTLP with nothing listening (the distro's default) kept its spans there, and
+    is read from them."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files = sorted(p for p in path.rglob(f"*{FILE_SUFFIX}") if p.is_file())
+            files = sorted(p for p in path.rglob("*.jsonl") if _telemetry_file(p) and p.is_file())
             found.extend(files or spool_files([path]))
         else:
             found.append(path)
