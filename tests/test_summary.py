@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -438,3 +439,31 @@ def test_a_duration_reads_in_the_unit_that_keeps_it_short_and_zero_as_zero() -> 
     assert [fmt_seconds(s) for s in (0, 0.0, 2e-4, 0.25, 3, 600, 7200, None, math.nan)] == [
         "0 s", "0 s", "200.0 µs", "250.00 ms", "3.00 s", "10.0 min", "2.0 h", "-", "-"
     ]  # fmt: skip
+
+
+def test_ranks_known_from_their_marks_alone_count_the_run_s_iterations_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ranks killed in their first minute (each file created, no span in it yet): the run
+    ran 3 iterations, which each rank's mark counts; not 6, their sum."""
+    from traintel.exporters.progress_mark import MARK_KEY, mark_path
+
+    s = 10**9
+    for rank in (0, 1):
+        file = tmp_path / f"job-{rank}.otlp.jsonl"
+        file.touch()
+        resource = {
+            semconv.SERVICE_NAME: "job", semconv.SERVICE_INSTANCE_ID: f"i{rank}", semconv.RUN_ID: "r",
+            semconv.SESSION_TAG: "r", semconv.RESTART_COUNT: 0, semconv.RANK: rank,
+        }  # fmt: skip
+        progress = {"first_iteration": 0, "last_iteration": 2, "iterations": 3, "productive_s": 3.0}
+        mark = {"resource": resource, "start_unix_nano": 100 * s, "time_unix_nano": 130 * s}
+        mark["progress"] = progress
+        mark_path(file).write_text(json.dumps({MARK_KEY: mark}))
+    assert main(["summary", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ranks [0, 1]" in out and "No spans yet" in out, out
+    assert "Iterations: 3, to iteration 2, in the progress mark" in out, out  # (before: 6)
+    assert main(["runs", str(tmp_path)]) == 0
+    # duration, ranks, iterations, files
+    assert "30.00 s      2           3      2" in capsys.readouterr().out

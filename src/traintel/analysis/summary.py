@@ -809,11 +809,12 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
                 f"  mean {fmt_seconds(summary.window_iteration_s / n)}  "
                 f"max {fmt_seconds(summary.window_iteration_max_s)}",
             ]
-        if marked:
+        if marked:  # (with window records, what they leave out; else the run's count)
+            tail = f"to iteration {summary.marked_last_iteration}, in the progress mark (killed, or running)"
             lines.append(
-                f"{'  and ' if n else 'Iterations: '}{plain_number(marked)}"
-                f"{' after the last window record' if summary.windows else ''}, to iteration "
-                f"{summary.marked_last_iteration}, in the progress mark (killed, or running)"
+                f"  and {plain_number(marked)}{summed_over(summary)} after the last window record, {tail}"
+                if n
+                else f"Iterations: {plain_number(summary.iteration_count())}, {tail}"
             )
         return lines
     latest = "the latest job's loop; " if summary.jobs > 1 else ""
