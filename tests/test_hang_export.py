@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
 from tests.subprocess_helpers import clean_env, run_python, wait_for
 from traintel import cli, semconv
+from traintel.analysis.summary import fmt_seconds
 from traintel.exporters.progress_mark import MARK_SUFFIX
 from traintel.exporters.reader import LogEntry, iter_records, logs_in
 
@@ -162,7 +163,13 @@ with traintel.training_loop():
         out
     )
     assert "Goodput" in out, out  # the job's time, from its progress mark
-    run_id = json.loads(_mark(runs))["traintel.progress"]["resource"][semconv.RUN_ID]
+    mark = json.loads(_mark(runs))["traintel.progress"]
+    run_id = mark["resource"][semconv.RUN_ID]
+    assert cli.main(["report", str(runs), "--json"]) == 0
+    (stall,) = json.loads(capsys.readouterr().out)["stalls"]
+    assert stall["end_unix_nano"] is None and stall["last_seen_unix_nano"] == mark["time_unix_nano"]
+    stalled = fmt_seconds((mark["time_unix_nano"] - stall["start_unix_nano"]) / 1e9)
+    assert f"not recovered, at least {stalled} (to the job's last sign of life" in " ".join(out.split()), out
     assert re.search(rf"run id +{run_id}", out), out  # (before: "-", the run named by its mark alone)
     assert re.search(r"^ iterations +1 *$", out, re.MULTILINE), out  # (before: 0)
     assert cli.main(["summary", str(runs)]) == 0  # before: "no readable spans", exit 1

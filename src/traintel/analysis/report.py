@@ -533,7 +533,18 @@ class Report:
 
     @property
     def stalls(self) -> list[Stall]:
-        return find_stalls(self.hang_records)[:MAX_STALLS]
+        stalls = find_stalls(self.hang_records)[:MAX_STALLS]
+        for stall in stalls:
+            stall.last_seen_ns = self.last_seen_ns or None
+        return stalls
+
+    @property
+    def last_seen_ns(self) -> int:
+        """The latest moment the files show the run alive: a span's end, a hang record, the
+        end of a goodput session (its jobs' last progress marks included); 0 for none."""
+        ends = [extent.last_ns for extent in self.summary.extents.values()]
+        ends += [entry.time_ns for entry in self.hang_records] + [s.end_ns for s in self.goodput]
+        return max(ends, default=0)
 
     def merge(self, later: Report) -> None:
         """Add what ``later`` read from the files after this one's, as if read after it (exact

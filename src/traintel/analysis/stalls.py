@@ -50,6 +50,9 @@ class Stall:
     end_ns: int | None  # the last rank's recovery; None: some rank never recovered in the files
     records: dict[int, LogEntry] = field(default_factory=dict)
     world_size: int | None = None
+    #: The job's last sign of life in the files (a span's end, a mark, a record): how long a
+    #: stall never recovered lasted at least (None: unknown).
+    last_seen_ns: int | None = None
 
     def _counts(self, key: str) -> dict[int, int]:
         return {rank: int(record.attributes.get(key, 0)) for rank, record in self.records.items()}
@@ -90,9 +93,7 @@ class Stall:
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, text) lines for a person: when, how long, who waits in what, the culprits."""
-        started = utc_text(self.start_ns) + " UTC"
-        lasted = "not recovered" if self.end_ns is None else fmt_seconds((self.end_ns - self.start_ns) / 1e9)
-        rows = [("started", started), ("lasted", lasted)]
+        rows = [("started", utc_text(self.start_ns) + " UTC"), ("lasted", self._lasted())]
         if self.waiting:
             rows.append(
                 (
@@ -107,6 +108,18 @@ class Stall:
         if self.silent:
             rows.append(("no record", _ranks(self.silent)))
         return rows
+
+    def _lasted(self) -> str:
+        """How long: to the last rank's recovery; else at least to the job's last sign of life."""
+        if self.end_ns is not None:
+            return fmt_seconds((self.end_ns - self.start_ns) / 1e9)
+        seen = self.last_seen_ns
+        if seen is None or seen <= self.start_ns:
+            return "not recovered"
+        return (
+            f"not recovered, at least {fmt_seconds((seen - self.start_ns) / 1e9)} (to the job's last sign "
+            f"of life, {utc_text(seen)} UTC)"
+        )
 
     def _culprit(self, rank: int) -> str:
         attributes = self.records[rank].attributes
@@ -129,6 +142,7 @@ class Stall:
         return {
             "start_unix_nano": self.start_ns,
             "end_unix_nano": self.end_ns,
+            "last_seen_unix_nano": self.last_seen_ns,
             "wavefront": self.wavefront,
             "collective": self.collective,
             "waiting": self.waiting,
