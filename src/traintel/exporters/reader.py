@@ -77,7 +77,7 @@ class ReadStats:
         self.reasons.extend(later.reasons[: max(0, 20 - len(self.reasons))])
 
 
-#: A collector's file exporter rotates ``NAME.otlp.jsonl`` to ``NAME.otlp-<UTC time>.jsonl``
+#: A collector's file exporter rotates ``NAME.otlp.jsonl`` to ``NAME.otlp-<time>.jsonl``
 #: (its rotation library keeps the last extension): the older part of the same stream.
 _ROTATED = re.compile(r"\.otlp-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{3}\.jsonl$")
 
