@@ -534,8 +534,9 @@ class Report:
     @property
     def stalls(self) -> list[Stall]:
         stalls = find_stalls(self.hang_records)[:MAX_STALLS]
+        last_seen = self.last_seen_ns or None
         for stall in stalls:
-            stall.last_seen_ns = self.last_seen_ns or None
+            stall.last_seen_ns = last_seen
         return stalls
 
     @property
