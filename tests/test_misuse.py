@@ -261,3 +261,68 @@ def test_a_negative_or_nan_checkpoint_size_is_said_and_left_out(
     assert (
         sum("checkpoint_save(size_bytes=-5): expected a finite non-negative number" in m for m in said) == 1
     )
+
+
+def test_a_span_name_that_is_no_str_is_kept_as_its_text_and_said(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``timed_span(123)`` lost its span where it ended (the SDK refuses the name) with only
+    "could not end a span"; it is recorded as ``"123"``, said once naming the call and the value."""
+    with caplog.at_level(logging.WARNING, logger="traintel"):
+        for name in (123, 123, "mine"):
+            with traintel.timed_span(name, attributes={"k": 1}):  # type: ignore[arg-type]
+                pass
+    assert [span.name for span in pipeline.spans()] == ["123", "123", "mine"]
+    assert all((span.attributes or {}).get("k") == 1 for span in pipeline.spans())
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("timed_span(name=123): expected a str; the span is named '123'" in m for m in said) == 1
+    assert not any("could not" in m for m in said)
+
+
+class _CountedTensor:
+    """A one-element tensor's face, counting the reads of its value (on a CUDA tensor each
+    ``.item()`` waits for the device)."""
+
+    def __init__(self, value: float) -> None:
+        self.value, self.items = value, 0
+
+    def numel(self) -> int:
+        return 1
+
+    def item(self) -> float:
+        self.items += 1
+        return self.value
+
+
+def test_an_iteration_s_counts_given_as_tensors_are_read_once(pipeline: Pipeline) -> None:
+    """``training_iteration(samples=tensor)`` read the tensor's value twice (a check, then the
+    number), a second device synchronisation per step; a bad one is still left out."""
+    samples, tokens = _CountedTensor(32.0), _CountedTensor(-1.0)
+    with traintel.training_loop(), traintel.training_iteration(samples=samples, tokens=tokens) as span:  # type: ignore[arg-type]
+        span.set_attribute("exported", True)
+    assert (samples.items, tokens.items) == (1, 1)
+
+
+def test_an_async_completion_given_a_bad_size_or_path_is_recorded_without_it(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``finish(size_bytes=-5)`` gave a negative size and bytes per second; ``"4096"`` or
+    ``path=1000`` lost the whole completion ("could not record"). The completion is recorded
+    without them, each said once naming the value."""
+    with caplog.at_level(logging.WARNING, logger="traintel"), traintel.training_loop():
+        for size, path in ((-5, None), ("4096", None), (None, 1000), (2048, None)):
+            save = traintel.checkpoint_save(strategy="async")
+            with save:
+                completion = save.completion()
+            completion.finish(size_bytes=size, path=path)  # type: ignore[arg-type]
+    finalizes = pipeline.by_name("checkpoint_finalize")
+    assert [(s.attributes or {}).get(semconv.CHECKPOINT_SIZE) for s in finalizes] == [None, None, None, 2048]
+    totals = [dict(s.events[-1].attributes or {}) for s in finalizes]
+    assert [t.get(semconv.CHECKPOINT_PREFIX + "bytes.total") for t in totals] == [None, None, None, 2048]
+    said = [r.getMessage() for r in caplog.records]
+    for expected in (
+        "AsyncCheckpointCompletion.finish(size_bytes=-5): expected a finite non-negative number",
+        "AsyncCheckpointCompletion.finish(path=1000): expected a str or os.PathLike",
+    ):
+        assert sum(expected in m for m in said) == 1
+    assert not any("could not record" in m for m in said)

@@ -50,9 +50,11 @@ def _iteration_attributes(
         return None
     extra: dict[str, AttributeValue] = clean_attributes(attributes) if attributes else {}
     for key, name, value in ((semconv.SAMPLES, "samples", samples), (semconv.TOKENS, "tokens", tokens)):
-        found = as_number(value) if checked_count(call, name, value) is not None else None
-        if found is not None:  # a numpy count or a tensor: its number, not its str()
-            extra[key] = found
+        if value is None:
+            continue
+        found = as_number(value)  # once: a CUDA tensor's ``.item()`` waits for the device
+        if checked_count(call, name, value if found is None else found) is not None:
+            extra[key] = found  # a numpy count or a tensor: its number, not its str()
     return extra
 
 
@@ -247,12 +249,27 @@ def testing_iteration(
     )
 
 
+def _checked_name(name: object) -> str:
+    """A span name that is no ``str`` (``timed_span(123)``), as its text, said once."""
+    try:
+        text = str(name)
+    except Exception:  # (its own __str__ fails)
+        text = "timed_span"
+    engine = active.current_engine()
+    if engine is not None:
+        why = "timed_span(name=%r): expected a str; the span is named %r"
+        engine.warn_once("bad_name:timed_span", why, name, text)
+    return text
+
+
 def timed_span(
     name: str,
     phase: str | Phase | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
     """Any span of your own; give it a ``phase`` and the processor treats it like ours."""
+    if type(name) is not str:  # the SDK refused it where the span ended: the span was lost
+        name = _checked_name(name)
     merged: dict[str, AttributeValue] = dict(attributes or {})
     if phase is not None:
         merged[semconv.PHASE] = phase.value if isinstance(phase, Phase) else str(phase)

@@ -15,6 +15,7 @@ from traintel import semconv
 from traintel._recorder import active, clock
 from traintel._recorder.engine import TrainingEngine
 from traintel._recorder.phases import PhaseSpan, phase_attributes
+from traintel._recorder.record import number
 from traintel.semconv import Phase
 
 _time_ns = clock.time_ns
@@ -84,7 +85,8 @@ class AsyncCheckpointCompletion:
         if engine is None or engine.closed:
             return
         try:
-            self._record(engine, size_bytes, path, error)
+            call = "AsyncCheckpointCompletion.finish"
+            self._record(engine, _checked_size(engine, call, size_bytes), checked_path(call, path), error)
         except Exception:
             engine.warn_once("ckpt_finish", "could not record the async checkpoint completion")
 
@@ -216,6 +218,16 @@ class CheckpointSavePhase(PhaseSpan):
         success = semconv.Event.SAVE_CHECKPOINT_SUCCESS.value
         if not any(e.name == success for e in getattr(span, "events", ())):
             span.add_event(success, {semconv.CHECKPOINT_ITERATION: self._iteration or 0})
+
+
+def _checked_size(engine: TrainingEngine, call: str, size_bytes: object) -> int | None:
+    """A size given as a finite non-negative number, as an int; else None, said once naming the
+    call and the value (-5 made a negative bytes per second; a string lost the completion)."""
+    size = number(size_bytes) if size_bytes is not None else None
+    if size is None and size_bytes is not None:
+        why = "%s(size_bytes=%r): expected a finite non-negative number; recording no size"
+        engine.warn_once("bad_size:" + call, why, call, size_bytes)
+    return None if size is None else int(size)
 
 
 def _measured_size(engine: TrainingEngine, path: str | os.PathLike[str]) -> int | None:
