@@ -665,23 +665,39 @@ def test_summary_and_goodput_fit_80_columns(
         assert "trace " in out, command  # the ids are there, on lines of their own
 
 
-def test_a_progress_mark_without_its_file_is_said(
+def test_a_progress_mark_without_its_file_is_said_and_read_by_every_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A job SIGKILLed in its first minute wrote its progress mark, never its spans (the file
-    gathers them for 60 s): the commands say so instead of leaving it silently out."""
+    """A job SIGKILLed in its first minute (the OOM killer, say) wrote its progress mark, never
+    its spans (the file gathers them for 60 s). Every command said "goodput and report count its
+    time from the mark", then "no telemetry files found" with exit 2; each now says the mark is
+    there and reads the job from it, alone or beside its resumed job's file."""
     from traintel.exporters.progress_mark import MarkFile, mark_path
 
     killed = mark_path(tmp_path / "killed" / "train-1.otlp.jsonl")
+    resource = {"service.name": "train", "service.instance.id": "i", semconv.RUN_ID: "r1", semconv.RANK: 0}
     mark = MarkFile()
-    mark.write(killed, {"instance": "i", "progress": {"first_iteration": 0, "last_iteration": 725}})
+    mark.write(killed, {
+        "instance": "i", "time_unix_nano": 30 * 10**9, "start_unix_nano": 10**9, "resource": resource,
+        "progress": {"first_iteration": 0, "last_iteration": 725, "iterations": 726},
+    })  # fmt: skip
     mark.close()
-    code, _, err = run_cli("summary", str(killed.parent), capsys=capsys)
-    assert code == 2 and "no telemetry files" in err
-    assert f"{killed}: a job at iteration 725 by its progress mark" in err
+    said = f"{killed}: a job at iteration 725 by its progress mark"
+    code, out, err = run_cli("summary", str(killed.parent), capsys=capsys)
+    assert code == 0 and said in err and "its time and iterations are counted from the mark" in err
+    assert "Run: service train | run r1 | ranks [0]" in out and "Iterations: 726, to iteration 725" in out
+    code, out, err = run_cli("runs", str(killed.parent), "--json", capsys=capsys)
+    (run,) = json.loads(out)["runs"]
+    assert code == 0 and said in err and (run["id"], run["iterations"], run["duration_s"]) == ("r1", 726, 29)
+    code, out, err = run_cli("goodput", str(killed.parent), "--json", capsys=capsys)
+    assert code == 0 and said in err and json.loads(out)["sessions"][0]["total_seconds"] == 29
+    code, out, err = run_cli("report", str(killed.parent), "--json", capsys=capsys)
+    report = json.loads(out)
+    assert code == 0 and said in err and report["goodput"][0]["total_seconds"] == 29
+    assert (report["identity"]["run_ids"], report["iterations"]["count"]) == (["r1"], 726)
     run_job(tmp_path / "killed", monkeypatch, stepping(4))  # its resume, in the same directory
     code, out, err = run_cli("goodput", str(killed.parent), capsys=capsys)
-    assert code == 0 and "session " in out and f"{killed}: a job at iteration 725" in err
+    assert code == 0 and "session " in out and said in err
 
 
 def test_goodput_shares_stand_in_one_column(

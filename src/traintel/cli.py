@@ -35,8 +35,8 @@ from traintel.analysis.runs import (
 from traintel.analysis.summary import render, summarize
 from traintel.environment_variables import TRAINTEL_OUTPUT_DIR
 from traintel.exporters.private_files import open_private
-from traintel.exporters.progress_mark import lone_marks, mark_path, read_mark
-from traintel.exporters.reader import ReadStats, expand_paths, last_line_read
+from traintel.exporters.progress_mark import mark_path, read_mark
+from traintel.exporters.reader import ReadStats, analysis_files, last_line_read, never_written
 from traintel.terminal_text import SafeStream
 from traintel.version import __version__
 
@@ -62,14 +62,15 @@ PROGRESS_BYTES = 16 * 1024 * 1024
 _UNSAFE_IN_NAME = re.compile(r"[^\w.-]")
 
 
-def _files(paths: Sequence[str], lone: list[Path] | None = None) -> list[str]:
-    """The telemetry files of ``paths``, none where a path does not exist (a mistyped rank's
-    file left out would make a report of the others, said nowhere: :func:`_no_files` names
-    it); a progress mark without its file (``lone``: found already) is said (below)."""
+def _files(paths: Sequence[str]) -> list[str]:
+    """The files the commands read of ``paths`` (:func:`analysis_files`), none where a path does
+    not exist (a mistyped rank's file left out would make a report of the others, said nowhere:
+    :func:`_no_files` names it); a progress mark without its file is said (below)."""
     if not all(os.path.lexists(path) for path in paths):
         return []
-    _say_marks_without_file(lone_marks(paths) if lone is None else lone)
-    return [str(path) for path in expand_paths(paths) if path.is_file()]
+    files = analysis_files(paths)
+    _say_marks_without_file([path for path in files if never_written(path)])
+    return [str(path) for path in files]
 
 
 def _say_marks_without_file(lone: list[Path]) -> None:
@@ -81,8 +82,8 @@ def _say_marks_without_file(lone: list[Path]) -> None:
             print(
                 f"traintel: {mark_path(file)}: a job at iteration {progress['last_iteration']} by its "
                 "progress mark has no spans written (killed in its first minute, or still in it: the "
-                "file gathers spans for 60 s; OTEL_BSP_SCHEDULE_DELAY=5000 writes every 5 s); goodput "
-                "and report count its time from the mark",
+                "file gathers spans for 60 s; OTEL_BSP_SCHEDULE_DELAY=5000 writes every 5 s); its "
+                "time and iterations are counted from the mark",
                 file=sys.stderr,
             )
 
@@ -96,20 +97,19 @@ def _no_files(paths: Sequence[str]) -> int:
     return 2
 
 
-def _inputs(args: argparse.Namespace) -> tuple[list[str], TraceLinks, list[Path]] | int:
-    """The files of ``args.paths``, the trace links and the files never written whose marks
-    count (:func:`lone_marks`); an exit code (said) without files or links."""
-    lone = lone_marks(args.paths)
-    files = _files(args.paths, lone)
+def _inputs(args: argparse.Namespace) -> tuple[list[str], TraceLinks] | int:
+    """The files of ``args.paths`` and the trace links; an exit code (said) without files or
+    links."""
+    files = _files(args.paths)
     if not files:
         return _no_files(args.paths)
     links = _links()
-    return 2 if links is None else (files, links, lone)
+    return 2 if links is None else (files, links)
 
 
 def _with_progress(files: list[str], work: Callable[[Callable[[int], None] | None], T]) -> T:
     """Run ``work`` with a byte-progress callback when the input is large and stderr is a tty."""
-    total = sum(os.path.getsize(f) for f in files)
+    total = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
     if total < PROGRESS_BYTES or not sys.stderr.isatty():
         return work(None)
     from rich.console import Console
@@ -233,9 +233,8 @@ def _report(args: argparse.Namespace) -> int:
     inputs = _inputs(args)
     if isinstance(inputs, int):
         return inputs
-    files, links, lone = inputs
-    build = functools.partial(build_report, lone=lone)
-    done = _read_runs(args, files, build, lambda report: report.summary.runs)
+    files, links = inputs
+    done = _read_runs(args, files, build_report, lambda report: report.summary.runs)
     if isinstance(done, int):
         return done
     choice, reports = done
@@ -516,7 +515,7 @@ def _summary(args: argparse.Namespace) -> int:
     inputs = _inputs(args)
     if isinstance(inputs, int):
         return inputs
-    files, links, _lone = inputs
+    files, links = inputs
     done = _read_runs(args, files, summarize, lambda summary: summary.runs)
     if isinstance(done, int):
         return done
@@ -545,9 +544,9 @@ def _goodput(args: argparse.Namespace) -> int:
         return inputs
     if not _interval_ok(args):
         return 2
-    names, links, lone = inputs
+    names, links = inputs
     stats = ReadStats()
-    work = functools.partial(load_jobs, names, stats, _workers(args, names), lone=lone)
+    work = functools.partial(load_jobs, names, stats, _workers(args, names))
     jobs = _with_progress(names, lambda progress: work(progress=progress))
     if not jobs:
         return _no_spans(args.paths, stats)

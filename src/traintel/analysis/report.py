@@ -15,7 +15,6 @@ import math
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from traintel import semconv
@@ -34,14 +33,14 @@ from traintel.analysis.summary import (
     is_loss,
     phase_rows,
 )
-from traintel.exporters.progress_mark import lone_marks, read_mark
+from traintel.exporters.progress_mark import read_mark
 from traintel.exporters.reader import (
     EventRecord,
     LogEntry,
     MetricsRecord,
     ReadStats,
     SpanRecord,
-    expand_paths,
+    analysis_files,
     gc_paused,
     iter_records,
 )
@@ -720,18 +719,15 @@ def build_report(
     with_goodput: bool = True,
     run: str | None = None,
     workers: int = 1,
-    lone: Iterable[Path] | None = None,
 ) -> Report:
     """Read the files once and gather the report, goodput included: of the one run ``run``
     (a :func:`~traintel.analysis.summary.run_key`) when given, else of everything.
 
     Each file is read on its own into a partial report and goodput state, merged in file order
     (:meth:`Report.merge`, :meth:`~traintel.analysis.goodput.GoodputReader.merge`): with
-    ``workers`` > 1 the files are read in that many processes, with the same result. ``lone``:
-    files never written whose marks count their jobs in goodput (None: those under ``paths``).
+    ``workers`` > 1 the files are read in that many processes, with the same result.
     """
-    paths = list(paths)
-    files = [p for p in expand_paths(paths) if p.is_file()]
+    files = analysis_files(paths)
     report = Report(files=[str(f) for f in files], run=run)
     goodput = GoodputReader()
     task = functools.partial(report_file, run, with_goodput)
@@ -740,7 +736,6 @@ def build_report(
         if part_goodput is not None:
             goodput.merge(part_goodput)
     if with_goodput and files:
-        goodput.add_lone_marks(lone_marks(paths) if lone is None else lone)
         jobs = [job for job in goodput.jobs() if run is None or job.session == run]
         report.goodput = compute_goodput(jobs)
     return report

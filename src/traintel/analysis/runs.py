@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from traintel.analysis.parallel import map_files
 from traintel.analysis.run_info import RunInfo, RunsSeen, run_key, runs_in_file
 from traintel.analysis.summary import fmt_seconds, plain_number
-from traintel.exporters.reader import MAX_LINE_BYTES, DecodeError, decode_line, expand_paths
+from traintel.exporters.reader import MAX_LINE_BYTES, DecodeError, analysis_files, decode_line
 
 #: Ids up to this long are shown whole; longer ones (uuids) by a unique prefix of at least
 #: ``_SHORT_ID`` characters, which ``--run`` accepts.
@@ -41,7 +41,7 @@ def scan_runs(
     """The runs with spans in the files or directories, newest (latest start) first; the
     files are read in ``workers`` processes when more than one. Lines that cannot be read are
     left to the full read, which counts and names them."""
-    files = [str(path) for path in expand_paths(paths) if path.is_file()]
+    files = [str(path) for path in analysis_files(paths)]
     seen = RunsSeen()
     for part in map_files(runs_in_file, files, workers, progress):
         seen.merge(part)

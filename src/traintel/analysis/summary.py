@@ -36,7 +36,7 @@ from traintel.exporters.reader import (
     MetricsRecord,
     ReadStats,
     SpanRecord,
-    expand_paths,
+    analysis_files,
     gc_paused,
     iter_records,
 )
@@ -578,7 +578,7 @@ def summarize(
     (:meth:`RunSummary.merge`): with ``workers`` > 1 the files are read in that many processes,
     with the same result. ``progress`` is told the bytes read.
     """
-    files = [str(path) for path in expand_paths(paths)]
+    files = [str(path) for path in analysis_files(paths)]
     summary = RunSummary()
     for part in map_files(functools.partial(summarize_file, run), files, workers, progress):
         summary.merge(part)

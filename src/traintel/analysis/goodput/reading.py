@@ -10,7 +10,6 @@ import math
 import operator
 import os
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from traintel import semconv
@@ -32,8 +31,8 @@ from traintel.analysis.goodput.process import (
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
 from traintel.analysis.summary import ENERGY_PARTS
-from traintel.exporters.progress_mark import lone_marks, process_key, read_mark
-from traintel.exporters.reader import ReadStats, Record, SpanRecord, expand_paths, gc_paused, iter_records
+from traintel.exporters.progress_mark import process_key, read_mark
+from traintel.exporters.reader import ReadStats, Record, SpanRecord, analysis_files, gc_paused, iter_records
 from traintel.semconv import BADPUT_CATEGORY_OF_PHASE, Phase
 
 _W = semconv.WINDOW_PREFIX
@@ -134,12 +133,6 @@ class GoodputReader:
         progress = mark.get("progress")
         process.mark_ns, process.mark = at, progress if isinstance(progress, dict) else None
 
-    def add_lone_marks(self, files: Iterable[Path]) -> None:
-        """The marks of files never written, after every file was read (a mark's process may
-        have records in another file, a collector's)."""
-        for file in files:
-            self.add_mark(read_mark(file))
-
     def merge(self, later: GoodputReader) -> None:
         merge_by_key(self.processes, later.processes)
         self.process_of.clear()
@@ -153,23 +146,19 @@ def load_jobs(
     stats: ReadStats | None = None,
     workers: int = 1,
     progress: Callable[[int], None] | None = None,
-    lone: Iterable[Path] | None = None,
 ) -> list[Job]:
     """Read the files (streaming) into jobs: grouped by session, run id and restart count.
 
     Each file is read on its own and the states merged in file order (exactly: see
     :class:`Process`); with ``workers`` > 1 in that many processes. ``progress`` is told the
-    bytes read. ``lone``: files never written whose marks count their jobs
-    (:func:`~traintel.exporters.progress_mark.lone_marks`; None: those under ``paths``).
+    bytes read (a file never written counts its job from its mark).
     """
-    paths = list(paths)
     stats = stats if stats is not None else ReadStats()
     reader = GoodputReader()
-    files = [str(path) for path in expand_paths(paths)]
+    files = [str(path) for path in analysis_files(paths)]
     for part, part_stats in map_files(read_file, files, workers, progress):
         reader.merge(part)
         stats.merge(part_stats)
-    reader.add_lone_marks(lone_marks(paths) if lone is None else lone)
     return reader.jobs()
 
 
