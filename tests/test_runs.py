@@ -304,6 +304,28 @@ def test_report_json_is_the_chosen_run_alone(runs: Runs, capsys: pytest.CaptureF
     assert [r["run"] for r in json.loads(out)["runs"]] == [runs.ids[n] for n in ("new", "ddp", "old")]
 
 
+def test_export_trace_is_the_chosen_run_alone(
+    runs: Runs, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``export-trace`` of a directory that keeps every run made from it wrote them all into
+    one trace (jobs of different days side by side); it chooses as the other commands do."""
+
+    def trace(*choice: str) -> tuple[str, set[str]]:
+        out = tmp_path / "trace.json"
+        code, said, _ = _cli("export-trace", str(runs.shared), "-o", str(out), *choice, capsys=capsys)
+        assert code == 0
+        events = json.loads(out.read_text())["traceEvents"]
+        shown = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+        return said, {name.split(" · ")[1].removeprefix("run ") for name in shown}
+
+    said, shown = trace()
+    assert "Showing the newest of 3 runs" in said and shown == {runs.ids["new"][:8]}
+    said, shown = trace("--run", runs.ids["ddp"])
+    assert "Showing" not in said and shown == {runs.ids["ddp"][:8]}
+    _, shown = trace("--all")
+    assert shown == {runs.ids[name][:8] for name in ("new", "ddp", "old")}
+
+
 def _window_means(rank: int) -> list[tuple[int, int, float, float]]:
     """(first, last, mean, last value) of the 2-rank job's loss per window of 4, as recorded."""
     out = []

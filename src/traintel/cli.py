@@ -217,14 +217,16 @@ def _read_each(
     return choice, [(run, read(run_files, run.id if run else None)) for run, run_files in targets]
 
 
-def _add_run_choice(parser: argparse.ArgumentParser) -> None:
+def _add_run_choice(
+    parser: argparse.ArgumentParser, every: str = "every run, one after the other, newest first"
+) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument(
         "--run",
         metavar="ID",
         help="the run to show: its id or a unique prefix (traintel runs lists them); default: the newest",
     )
-    group.add_argument("--all", action="store_true", help="every run, one after the other, newest first")
+    group.add_argument("--all", action="store_true", help=every)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -336,17 +338,28 @@ def _export_trace(args: argparse.Namespace) -> int:
     files = _files(args.paths)
     if not files:
         return _no_files(args.paths)
+    choice = _trace_choice(args, files)
+    if isinstance(choice, int):
+        return choice
+    run = choice.shown[0] if len(choice.shown) == 1 else None
+    if run is not None:
+        files = run.files
     stats = ReadStats()
     to_stdout = args.output == "-"  # the trace itself on stdout: what is said about it goes to stderr
+    said = sys.stderr if to_stdout else sys.stdout
+    if choice.note:
+        print(choice.note, file=said)
     try:
         with contextlib.nullcontext(sys.stdout) if to_stdout else open_private(args.output) as out:
-            events = _with_progress(files, lambda progress: export_chrome_trace(files, out, stats, progress))
+            events = _with_progress(
+                files,
+                lambda progress: export_chrome_trace(files, out, stats, progress, run.id if run else None),
+            )
     except OSError as exc:
         print(f"traintel: cannot write -o {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if not events:  # an empty trace written with exit 0 looked like success, as a report would
         return _no_spans(args.paths, stats)
-    said = sys.stderr if to_stdout else sys.stdout
     where = "standard output" if to_stdout else args.output
     print(
         f"wrote {events:,} trace events to {where} (open in https://ui.perfetto.dev or chrome://tracing)",
@@ -355,6 +368,15 @@ def _export_trace(args: argparse.Namespace) -> int:
     if stats.skipped:
         print(f"skipped {stats.skipped} unreadable line(s): {'; '.join(stats.reasons[:3])}", file=said)
     return 0
+
+
+def _trace_choice(args: argparse.Namespace, files: list[str]) -> _Choice | int:
+    """The run a trace shows, chosen as the other commands choose it (``--all``: every run, in
+    one trace): a directory that keeps every run made from it would otherwise give them all."""
+    if args.all:
+        return _Choice([], [])
+    scan = functools.partial(scan_runs, files, workers=auto_workers(files))
+    return _choice_of(args, _with_progress(files, scan))
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -674,6 +696,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="the trace file to write (e.g. trace.json; - for standard output)",
     )
+    _add_run_choice(trace, "every run, in one trace")
     trace.set_defaults(func=_export_trace)
     comp = sub.add_parser(
         "compare",

@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from traintel import semconv
 from traintel.analysis.report import json_number, process_identity
+from traintel.analysis.run_info import run_key
 from traintel.exporters.reader import ReadStats, SpanRecord, expand_paths, gc_paused, iter_records
 from traintel.semconv import Phase
 
@@ -104,13 +105,15 @@ def export_chrome_trace(
     out: IO[str],
     stats: ReadStats | None = None,
     progress: Callable[[int], None] | None = None,
+    run: str | None = None,
 ) -> int:
-    """Write every exported span of the files as a Chrome trace; returns the event count."""
+    """Write the exported spans of the files as a Chrome trace: of the one run ``run`` (a
+    :func:`~traintel.analysis.run_info.run_key`) when given, else all; returns the event count."""
     writer = ChromeTraceWriter(out)
     files = [p for p in expand_paths(paths) if p.is_file()]
     with gc_paused():
         for record in iter_records(files, stats, progress):
-            if isinstance(record, SpanRecord):
+            if isinstance(record, SpanRecord) and (run is None or run_key(record.resource) == run):
                 writer.add(record)
     writer.close()
     return writer.events
