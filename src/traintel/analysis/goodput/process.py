@@ -57,13 +57,19 @@ class InferredTail:
     missing_iterations: int  # numbered in the range but neither marked nor exported: not counted
     productive_s: float
     marked_iterations: int = 0  # counted from the progress mark
+    recorded: bool = True  # the job's files hold a window record (the tail is after the last)
+
+    @property
+    def after(self) -> str:
+        """Where the tail is: after the last window record, or in a job whose files hold none."""
+        return "after the last window record" if self.recorded else "with no window record in the files"
 
     @property
     def source(self) -> str:
         parts = ["the progress mark"] if self.marked_iterations else []
         if self.exported_iterations:
             parts.append("exported training_iteration spans")
-        return " and ".join(parts) + " after the last window record"
+        return " and ".join(parts) + " " + self.after
 
     def as_dict(self) -> dict[str, Any]:
         return {

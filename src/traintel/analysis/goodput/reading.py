@@ -370,10 +370,11 @@ def _infer_tail(process: Process) -> None:
     tail = _iterations_after(process, covered)
     inner = process.inner_data
     process.inner_data = []
+    recorded = bool(process.window_rows)
     if not tail:
         if marked is not None:
             process.tail = InferredTail(
-                marked.first, marked.last, 0, 0, marked.productive_s, marked_iterations=marked.iterations
+                marked.first, marked.last, 0, 0, marked.productive_s, marked.iterations, recorded
             )
         return
     no_records = not process.window_rows and marked is None
@@ -384,9 +385,8 @@ def _infer_tail(process: Process) -> None:
         first, marked_iterations = marked.first, marked.iterations
         productive_total += marked.productive_s
     missing = last - first + 1 - len(tail) - marked_iterations
-    process.tail = InferredTail(
-        first, last, len(tail), missing, productive_total, marked_iterations=marked_iterations
-    )
+    counted = len(tail)
+    process.tail = InferredTail(first, last, counted, missing, productive_total, marked_iterations, recorded)
 
 
 def _iterations_after(process: Process, covered: int) -> list[tuple[int, tuple[int, int]]]:

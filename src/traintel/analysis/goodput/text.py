@@ -123,9 +123,7 @@ def _job_lines(j: JobGoodput) -> list[str]:
         if tail.exported_iterations:
             counted.append(f"{tail.exported_iterations} exported iteration spans")
         missing = f", {tail.missing_iterations} not exported (not counted)" if tail.missing_iterations else ""
-        lines.append(
-            f"    iterations {tail.first_iteration}-{tail.last_iteration} after the last window record:"
-        )
+        lines.append(f"    iterations {tail.first_iteration}-{tail.last_iteration} {tail.after}:")
         lines.append(f"    counted from {' and '.join(counted)}{missing}")
     if j.unaccounted_s > 0:
         after = f"iteration {j.unaccounted_after}" if j.unaccounted_after is not None else "the start"
