@@ -194,3 +194,27 @@ print(repr(event.attributes[semconv.METRICS_EXPORTERS]))
     result = run_python(code, tmp_path, OTEL_METRICS_EXPORTER="none")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[-1] == repr(("none",))
+
+
+@pytest.mark.process
+def test_a_traintel_variable_it_does_not_read_is_said_once_with_the_nearest(tmp_path: Path) -> None:
+    """``TRAINTEL_WARMUP_ITERATION=3`` (one letter short) left the default warm-up in use,
+    unsaid. Each unknown variable is said once, with the nearest known name when one is close,
+    and the job runs on (an explicit ``configure()`` included)."""
+    job = run_python(
+        "import traintel\ntraintel.configure()\n"
+        "with traintel.training_loop():\n    with traintel.training_iteration():\n        pass\n"
+        "traintel.shutdown()\n",
+        tmp_path,
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+        TRAINTEL_WARMUP_ITERATION="3",
+        TRAINTEL_ZQX="1",
+        TRAINTEL_WARMUP_ITERATIONS="2",
+    )
+    assert job.returncode == 0, job.stderr
+    said = [line for line in job.stderr.splitlines() if "is not a traintel variable" in line]
+    assert said == [
+        "traintel: TRAINTEL_WARMUP_ITERATION is not a traintel variable (did you mean "
+        "TRAINTEL_WARMUP_ITERATIONS?); it is ignored",
+        "traintel: TRAINTEL_ZQX is not a traintel variable; it is ignored",
+    ]

@@ -264,7 +264,9 @@ def environment_page() -> str:
         "# Environment variables\n",
         "Every `TRAINTEL_*` variable, generated from `traintel.environment_variables`, with its "
         "default from the code. Those with a keyword are also settings of "
-        "[`traintel.configure()`][traintel.configure], whose value overrides the variable.\n",
+        "[`traintel.configure()`][traintel.configure], whose value overrides the variable. A "
+        "`TRAINTEL_*` variable not listed here (a misspelt one) is said once at start, with the "
+        "nearest name listed, and ignored.\n",
         "Everything OpenTelemetry owns (service name, resource attributes, exporters, endpoints, "
         "protocols, headers, TLS, sampler, batch-processor and metric-reader settings, "
         "`OTEL_SDK_DISABLED`) is configured with the standard `OTEL_*` variables and read by the "

@@ -14,6 +14,7 @@ only the bad setting.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import logging
@@ -239,6 +240,22 @@ def _unknown(name: str) -> ConfigurationError:
     return ConfigurationError(f"{name}: unknown training config setting (known: {FIELD_NAMES})")
 
 
+#: The unknown ``TRAINTEL_*`` variables said so far (once each per process).
+_said_unknown: set[str] = set()
+
+
+def _say_unknown_variables(environ: Mapping[str, str]) -> None:
+    """Each ``TRAINTEL_*`` variable traintel does not read, said once with the nearest one it
+    reads: a misspelt one (``TRAINTEL_WARMUP_ITERATION=3``) left the default in use, unsaid."""
+    for variable in sorted(environ):
+        if variable.startswith("TRAINTEL_") and variable not in ev.ALL and variable not in _said_unknown:
+            _said_unknown.add(variable)
+            prefix = len("TRAINTEL_")  # (compared without it: every name shares it)
+            near = difflib.get_close_matches(variable[prefix:], [v[prefix:] for v in ev.ALL], 1, 0.8)
+            hint = f" (did you mean TRAINTEL_{near[0]}?)" if near else ""
+            _logger.warning("traintel: %s is not a traintel variable%s; it is ignored", variable, hint)
+
+
 def _check(name: str, value: object, source: str) -> object:
     """Validate ``value`` for setting ``name``; callables pass (they are checked when resolved)."""
     meta = _FIELDS[name].metadata
@@ -295,7 +312,9 @@ class TrainingConfig:
         variable or argument); without it the error is logged and that one setting ignored.
         """
         values: dict[str, object] = {}
-        for name, value, source in _given(os.environ if environ is None else environ, overrides or {}):
+        environ = os.environ if environ is None else environ
+        _say_unknown_variables(environ)
+        for name, value, source in _given(environ, overrides or {}):
             try:
                 if name not in _FIELDS:
                     raise _unknown(name)
