@@ -69,6 +69,23 @@ def test_iteration_outside_loop_warns_once_and_still_records(
     assert len(pipeline.by_name("training_iteration")) == 5
 
 
+def test_iterations_outside_any_loop_close_their_last_window_at_shutdown(pipeline: Pipeline) -> None:
+    """A loop closes its last window as it ends; iterations run outside any training_loop had
+    nothing to close theirs: a run shorter than a window (the default's first 30 s) left no
+    window record at all, and a longer one lost its last window. Shutdown closes it."""
+    for samples in (4, 4, 4, 4, 4, 4, 8):
+        with traintel.training_iteration(samples=samples):
+            pass
+    assert pipeline.by_name("training_window") == []  # still open: no window closed yet
+    traintel.shutdown(1.0)
+    (record,) = [s.attributes or {} for s in pipeline.by_name("training_window")]
+    assert record[semconv.WINDOW_PREFIX + "iterations"] == 7
+    assert (
+        record[semconv.WINDOW_PREFIX + "first_iteration"],
+        record[semconv.WINDOW_PREFIX + "last_iteration"],
+    ) == (0, 6)
+
+
 def test_callback_double_start_is_idempotent(pipeline: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="traintel"):
         first = callbacks.on_train_start()

@@ -700,6 +700,13 @@ class TrainingEngine:
                 "outside_loop:" + phase, "%s started outside any %s; recorded where it is", phase, loop
             )
 
+    def shutting_down(self) -> None:
+        """Telemetry shuts down between iterations: the open window's iterations close now,
+        as a loop's end closes its last window (iterations run outside any training loop had
+        nothing else to close it: their last window, all of a short run's, was lost)."""
+        if self.active is None and self.rows:
+            self.windows.close(final=True)
+
     def training_loop_opened(self, loop: SegmentedSpan, start_ns: int) -> None:
         self.goodput.started(start_ns)
         self.loop = loop

@@ -272,6 +272,11 @@ class Telemetry:
         if self.closed:
             return True
         self.close_open_callbacks("telemetry shutdown")
+        if self.engine is not None:
+            try:
+                self.engine.shutting_down()
+            except Exception:
+                self.warn_once("last_window", "could not close the last window at shutdown")
         self.closed = True
         if self.progress is not None:
             self.progress.stop()

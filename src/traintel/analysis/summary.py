@@ -798,7 +798,8 @@ def _iteration_lines(summary: RunSummary) -> list[str]:
             if ended
             else "(all in the warm-up, TRAINTEL_WARMUP_ITERATIONS: no percentiles or rates)"
             if iterations is not None  # its loop ended, every iteration in the warm-up
-            else "so far (the run's percentiles come with the end of its loop)"
+            else "so far (the run's percentiles come with the end of its training_loop; iterations "
+            "outside any get none)"
         )
         lines = [""]
         if n:
