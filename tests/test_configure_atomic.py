@@ -477,3 +477,32 @@ def test_a_sampler_that_drops_traces_is_said_once(
     else:
         assert lines == []
     assert telemetry.closed  # replaced by the second configuration
+
+
+#: Two jobs in one process, each shut down explicitly (a notebook's cells, say).
+TWO_JOBS = """
+import traintel
+for job in range(2):
+    with traintel.training_loop():
+        for i in range(3):
+            with traintel.training_iteration(samples=4):
+                pass
+    traintel.shutdown()
+"""
+
+
+@pytest.mark.process
+def test_a_job_configured_after_shutdown_records_into_providers_of_its_own(tmp_path: Path) -> None:
+    """After ``shutdown()`` the next API call configures a new job. It attached to the first
+    job's providers, still the global ones (OpenTelemetry sets them once) but shut down: its
+    spans and metrics went nowhere ("Shutdown called, ignoring Span", five "A shutdown
+    MeterProvider can not provide a Meter"). It builds its own now, and both jobs are in the file."""
+    result = run_python(TWO_JOBS, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "shutdown `MeterProvider`" not in result.stderr and "ignoring Span" not in result.stderr
+    assert "could not be written" not in result.stderr
+    spans = list(iter_spans([tmp_path / "traintel-runs"]))
+    runs = {str(s.resource["ml.training.run_id"]) for s in spans}
+    iterations = [s for s in spans if s.name == "training_iteration"]
+    windows = [s.attributes["ml.training.window.iterations"] for s in spans if s.name == "training_window"]
+    assert (len(runs), len(iterations), windows) == (2, 6, [3, 3])

@@ -25,6 +25,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -487,6 +488,7 @@ class Pipeline:
     def _end_traces(self, millis: int) -> None:
         _call(self.tracer_provider, "force_flush", millis)
         if self.owns_tracer_provider:
+            _RETIRED.add(self.tracer_provider)
             _call(self.tracer_provider, "shutdown")
 
     def _end_metrics(self, millis: int) -> None:
@@ -494,6 +496,7 @@ class Pipeline:
             _call(self.meter_provider, "force_flush", millis)
             return
         readers = otel_private.collecting_threads(self.meter_provider)  # before: 1.40 forgets them
+        _RETIRED.add(self.meter_provider)
         _call(self.meter_provider, "shutdown", millis)
         for thread in readers:  # each one's last collection (the last metric line): this
             thread.join()  # task waits for it, and the bound says so if it runs out first
@@ -915,23 +918,30 @@ class _Choice:
     set_global_mp: bool
 
 
+#: The providers traintel built and shut down. One of them is still the global provider after
+#: ``shutdown()`` (OpenTelemetry sets the global once): the next job, configured afresh, builds
+#: its own beside it rather than attach to it and record into nothing.
+_RETIRED: weakref.WeakSet[object] = weakref.WeakSet()
+
+
 def _choose(options: PipelineOptions) -> _Choice:
     """The user's providers where set (the global ones included), else traintel's own."""
     _check_exclusive(options)
     tp = options.tracer_provider or trace_api.get_tracer_provider()
     mp = options.meter_provider or metrics_api.get_meter_provider()
     private = options.span_exporters is not None
-    attach_tp = isinstance(tp, TracerProvider) and not private
-    if not attach_tp and not private:
+    retired_tp, retired_mp = tp in _RETIRED, mp in _RETIRED
+    attach_tp = isinstance(tp, TracerProvider) and not private and not retired_tp
+    if not attach_tp and not private and not retired_tp:
         _not_an_sdk_provider(tp, given=options.tracer_provider is not None)
-    unset_mp = options.meter_provider is None and _is_unset_meter_provider(mp)
+    unset_mp = options.meter_provider is None and (_is_unset_meter_provider(mp) or retired_mp)
     return _Choice(
         tp,
         mp,
         build_tp=not attach_tp,
         build_mp=options.metric_readers is not None or unset_mp,
         set_global_tp=not private and isinstance(tp, trace_api.ProxyTracerProvider),
-        set_global_mp=options.metric_readers is None,
+        set_global_mp=options.metric_readers is None and not retired_mp,
     )
 
 
