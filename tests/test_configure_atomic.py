@@ -479,25 +479,33 @@ def test_a_sampler_that_drops_traces_is_said_once(
     assert telemetry.closed  # replaced by the second configuration
 
 
-#: Two jobs in one process, each shut down explicitly (a notebook's cells, say).
+#: Two jobs in one process: each shut down explicitly (a notebook's cells, say), or the second
+#: replacing the first by a ``configure()`` with other providers.
 TWO_JOBS = """
+import os
 import traintel
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 for job in range(2):
+    if os.environ["HOW"] == "reconfigured":
+        traintel.configure(**({"metric_readers": [InMemoryMetricReader()]} if job else {}))
     with traintel.training_loop():
         for i in range(3):
             with traintel.training_iteration(samples=4):
                 pass
-    traintel.shutdown()
+    if os.environ["HOW"] == "shut down":
+        traintel.shutdown()
 """
 
 
 @pytest.mark.process
-def test_a_job_configured_after_shutdown_records_into_providers_of_its_own(tmp_path: Path) -> None:
-    """After ``shutdown()`` the next API call configures a new job. It attached to the first
-    job's providers, still the global ones (OpenTelemetry sets them once) but shut down: its
-    spans and metrics went nowhere ("Shutdown called, ignoring Span", five "A shutdown
-    MeterProvider can not provide a Meter"). It builds its own now, and both jobs are in the file."""
-    result = run_python(TWO_JOBS, tmp_path)
+@pytest.mark.parametrize("how", ["shut down", "reconfigured"])
+def test_a_job_after_another_records_into_providers_of_its_own(tmp_path: Path, how: str) -> None:
+    """After ``shutdown()`` the next API call configures a new job; a ``configure()`` with other
+    providers replaces the running job. Either way the new job attached to the first job's
+    providers, still the global ones (OpenTelemetry sets them once) and shut down with that job:
+    its spans and metrics went nowhere ("Shutdown called, ignoring Span", "A shutdown
+    MeterProvider can not provide a Meter"). It builds its own now; both jobs are in the file."""
+    result = run_python(TWO_JOBS, tmp_path, HOW=how)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "shutdown `MeterProvider`" not in result.stderr and "ignoring Span" not in result.stderr
     assert "could not be written" not in result.stderr
@@ -506,3 +514,13 @@ def test_a_job_configured_after_shutdown_records_into_providers_of_its_own(tmp_p
     iterations = [s for s in spans if s.name == "training_iteration"]
     windows = [s.attributes["ml.training.window.iterations"] for s in spans if s.name == "training_window"]
     assert (len(runs), len(iterations), windows) == (2, 6, [3, 3])
+
+
+@pytest.mark.process
+def test_a_new_service_name_for_the_running_job_is_said_not_dropped(tmp_path: Path) -> None:
+    """``configure(service_name="b")`` on a running job keeps the job (and its name): said."""
+    code = "import traintel\ntraintel.configure(service_name='a')\ntraintel.configure(service_name='b')\n"
+    result = run_python(code, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = "configure(service_name='b'): the running job keeps its name 'a'"
+    assert result.stderr.count(said) == 1, result.stderr

@@ -75,6 +75,7 @@ def configure(options: PipelineOptions, training: Mapping[str, object] | None = 
         previous = state.configured()
         same_providers = replace(options, service_name=None) == PipelineOptions()
         if previous is not None and previous.pipeline is not None and same_providers:
+            _say_name_kept(previous, options.service_name)
             previous.close_open_callbacks("traintel reconfigured")
             previous.update_config(**dict(training or {}))
             return previous
@@ -83,6 +84,19 @@ def configure(options: PipelineOptions, training: Mapping[str, object] | None = 
         if previous is not None:
             previous.shutdown()
         return _install(config, prepared)
+
+
+def _say_name_kept(job: Telemetry, name: str | None) -> None:
+    """``configure(service_name=...)`` on a running job keeps its providers and so its resource:
+    a different name is said, not dropped in silence."""
+    running = job.resource.attributes.get(semconv.SERVICE_NAME)
+    if name is not None and name != running:
+        _logger.warning(
+            "traintel: configure(service_name=%r): the running job keeps its name %r (its resource "
+            "is fixed); call traintel.shutdown() first to start a job of that name",
+            name,
+            running,
+        )
 
 
 def _auto_configure() -> Telemetry:

@@ -488,7 +488,6 @@ class Pipeline:
     def _end_traces(self, millis: int) -> None:
         _call(self.tracer_provider, "force_flush", millis)
         if self.owns_tracer_provider:
-            _RETIRED.add(self.tracer_provider)
             _call(self.tracer_provider, "shutdown")
 
     def _end_metrics(self, millis: int) -> None:
@@ -496,7 +495,6 @@ class Pipeline:
             _call(self.meter_provider, "force_flush", millis)
             return
         readers = otel_private.collecting_threads(self.meter_provider)  # before: 1.40 forgets them
-        _RETIRED.add(self.meter_provider)
         _call(self.meter_provider, "shutdown", millis)
         for thread in readers:  # each one's last collection (the last metric line): this
             thread.join()  # task waits for it, and the bound says so if it runs out first
@@ -918,10 +916,11 @@ class _Choice:
     set_global_mp: bool
 
 
-#: The providers traintel built and shut down. One of them is still the global provider after
-#: ``shutdown()`` (OpenTelemetry sets the global once): the next job, configured afresh, builds
-#: its own beside it rather than attach to it and record into nothing.
-_RETIRED: weakref.WeakSet[object] = weakref.WeakSet()
+#: The providers traintel built, one job's each. A job's stays the global provider after the
+#: job ends (OpenTelemetry sets the global once), and a job ends with its providers: the next
+#: one (after ``shutdown()``, or a ``configure()`` that replaces the job) builds its own beside
+#: it rather than attach to it and record into nothing.
+_BUILT: weakref.WeakSet[object] = weakref.WeakSet()
 
 
 def _choose(options: PipelineOptions) -> _Choice:
@@ -930,18 +929,18 @@ def _choose(options: PipelineOptions) -> _Choice:
     tp = options.tracer_provider or trace_api.get_tracer_provider()
     mp = options.meter_provider or metrics_api.get_meter_provider()
     private = options.span_exporters is not None
-    retired_tp, retired_mp = tp in _RETIRED, mp in _RETIRED
-    attach_tp = isinstance(tp, TracerProvider) and not private and not retired_tp
-    if not attach_tp and not private and not retired_tp:
+    ours_tp, ours_mp = tp in _BUILT, mp in _BUILT  # (an earlier job's)
+    attach_tp = isinstance(tp, TracerProvider) and not private and not ours_tp
+    if not attach_tp and not private and not ours_tp:
         _not_an_sdk_provider(tp, given=options.tracer_provider is not None)
-    unset_mp = options.meter_provider is None and (_is_unset_meter_provider(mp) or retired_mp)
+    unset_mp = options.meter_provider is None and (_is_unset_meter_provider(mp) or ours_mp)
     return _Choice(
         tp,
         mp,
         build_tp=not attach_tp,
         build_mp=options.metric_readers is not None or unset_mp,
         set_global_tp=not private and isinstance(tp, trace_api.ProxyTracerProvider),
-        set_global_mp=options.metric_readers is None and not retired_mp,
+        set_global_mp=options.metric_readers is None and not ours_mp,
     )
 
 
@@ -1058,8 +1057,10 @@ def _build_owned(
             spool = options.span_exporters is None
             tp, pipeline.export_filter, paths = build.tracer_provider(plans.traces, spool)
             pipeline.tracer_provider, pipeline.export_paths = tp, paths
+            _BUILT.add(tp)
         if choice.build_mp:
             pipeline.meter_provider = build.meter_provider(plans.metrics, options.metric_readers or [])
+            _BUILT.add(pipeline.meter_provider)
     except BaseException as exc:
         _undo(build.undo)
         if isinstance(exc, ConfigurationError) or not isinstance(exc, Exception):
