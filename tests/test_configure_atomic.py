@@ -235,7 +235,9 @@ def test_automatic_configuration_keeps_every_signal_when_the_interval_is_bad(tmp
 @pytest.mark.process
 def test_automatic_configuration_names_the_value_an_exporter_rejected(tmp_path: Path) -> None:
     """An exporter that cannot start is left out, as before; the line now says which value,
-    and the job's first and last lines do not claim the telemetry goes (went) to OTLP."""
+    and the job's first and last lines do not claim the telemetry goes (went) to OTLP. With
+    none of a signal's exporters started, the signal goes to the embedded file, said (before:
+    the run was recorded into nothing)."""
     result = run_python(
         AUTO_JOB,
         tmp_path,
@@ -251,8 +253,16 @@ def test_automatic_configuration_names_the_value_an_exporter_rejected(tmp_path: 
             f"traintel: OTEL_EXPORTER_OTLP_TIMEOUT='abc': {signal} exporter 'otlp' could not start: "
             "could not convert string to float: 'abc' (going on without it)"
         ) in result.stderr
+        said = (
+            f"traintel: no {signal} exporter could start: the run's {signal} go to the embedded file instead"
+        )
+        assert result.stderr.count(said) == 1, result.stderr
     assert "(OTLP)" not in result.stderr, result.stderr
     assert _report(result.stdout)["enabled"] is True
+    [file] = (tmp_path / "traintel-runs").glob("*.otlp.jsonl")
+    text = file.read_text()
+    assert '"training_iteration"' in text and '"resourceMetrics"' in text
+    assert f"telemetry of this run is in {file}" in result.stderr
 
 
 # --- in this process: private providers only, so nothing global is involved -----------------

@@ -46,6 +46,20 @@ def test_a_job_says_where_its_telemetry_is_and_the_command_reads_it(
     assert quiet.returncode == 0 and "telemetry" not in quiet.stderr, quiet.stderr
 
 
+@pytest.mark.process
+def test_a_file_that_would_hold_only_hang_records_is_not_named(tmp_path: Path) -> None:
+    """Spans to the console and no metrics: the embedded file is there for hang records alone,
+    and a job that never hangs writes none. Both lines named it as where the run was, a file
+    that did not exist; nothing is named now (console output says where the spans went)."""
+    done = run_python(
+        JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), TRAINTEL_QUIET="0",
+        OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "telemetry of this run" not in done.stderr, done.stderr
+    assert not list((tmp_path / "runs").glob("*.otlp.jsonl"))
+
+
 def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path) -> None:
     output = tmp_path / "run.otlp.jsonl"
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}

@@ -136,7 +136,7 @@ def _install(config: TrainingConfig, prepared: _Prepared) -> Telemetry:
         telemetry.stall_watcher.start()
     say(
         greeting(
-            telemetry.output_file, pipeline.trace_exporters, telemetry.resource.attributes.get(semconv.RANK)
+            pipeline.run_file(), pipeline.trace_exporters, telemetry.resource.attributes.get(semconv.RANK)
         )
     )
     return telemetry

@@ -26,7 +26,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -429,6 +429,13 @@ class Pipeline:
         service = str(self.resource.attributes.get(semconv.SERVICE_NAME, "traintel"))
         return self.file.path or self.file.planned_path(service)
 
+    def run_file(self) -> Path | None:
+        """The embedded file if the run's spans or metrics go to it: what the job's first and
+        last lines name. (Where the OTLP exporters alone export them, the file holds at most
+        hang records: named, it was a file that did not exist, or held no span.)"""
+        exporters = [*(self.trace_exporters or []), *self.metric_exporters]
+        return self.output_file() if FILE_EXPORTER in exporters else None
+
     def add_span_processor(self, processor: SpanProcessor) -> None:
         provider = self.tracer_provider
         if isinstance(provider, OwnedTracerProvider):
@@ -694,7 +701,24 @@ class _OwnedBuild:
     resource: Resource | None
     strict: bool
     environ: Mapping[str, str]
+    #: The embedded file, where a signal goes when none of its exporters could start.
+    file: OtlpJsonLinesFile | None = None
     undo: list[Callable[[], None]] = field(default_factory=list)
+
+    def _planned(self, signal: str, plans: list[_ExporterPlan]) -> Iterator[_ExporterPlan]:
+        """Each plan; then, where the automatic configuration started none of the exporters
+        named (a bad compression value, say), the embedded file, said: the run is kept rather
+        than recorded into nothing."""
+        yield from plans
+        if self.strict or self.file is None or not plans or any(p.started or p.lent for p in plans):
+            return
+        _logger.error(
+            "traintel: no %s exporter could start: the run's %s go to the embedded file instead",
+            signal,
+            signal,
+        )
+        plans.append(_ExporterPlan(FILE_EXPORTER, functools.partial(_FILE_EXPORTERS[signal], file=self.file)))
+        yield plans[-1]
 
     def tracer_provider(
         self, plans: list[_ExporterPlan], spool: bool
@@ -723,7 +747,7 @@ class _OwnedBuild:
         by_name: dict[str, dict[str, float]] = {}
         if not self.environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip():
             by_name[FILE_EXPORTER] = {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}
-        for plan in plans:
+        for plan in self._planned("traces", plans):
             try:
                 exporter: SpanExporter = plan.factory()
             except Exception as exc:
@@ -766,7 +790,7 @@ class _OwnedBuild:
         said at exit)."""
         readers: list[MetricReader] = []
         given = _sdk_settings(self.environ, self.strict, _READER_DEFAULTS)
-        for plan in plans:
+        for plan in self._planned("metrics", plans):
             try:
                 built: MetricExporter | MetricReader = plan.factory()
             except Exception as exc:
@@ -996,10 +1020,10 @@ def build_pipeline(
         meter_provider=choice.meter_provider,
         owns_tracer_provider=choice.build_tp,
         owns_meter_provider=choice.build_mp,
-        file=file if FILE_EXPORTER in plans.names() else None,
         logs=LogPipeline(plans.logs, resource),
     )
-    _build_owned(pipeline, choice, options, _OwnedBuild(config, resource, strict, environ), plans)
+    _build_owned(pipeline, choice, options, _OwnedBuild(config, resource, strict, environ, file), plans)
+    pipeline.file = file if FILE_EXPORTER in plans.names() else None  # (the fallback's included)
     pipeline.trace_exporters = plans.started("traces") if choice.build_tp else None
     pipeline.metric_exporters = plans.started("metrics")
     _redaction.install(environ)  # the exporters' loggers exist now

@@ -292,7 +292,7 @@ class Telemetry:
         rank = self.resource.attributes.get(semconv.RANK)
         health = HEALTH.snapshot()  # spans kept in the spool, or lost (no spool): not all sent
         spooled = health.spool_batches > 0 or any(health.spans_dropped.values())
-        say(farewell(self.output_file, self.pipeline.trace_exporters, rank, spooled=spooled))
+        say(farewell(self.pipeline.run_file(), self.pipeline.trace_exporters, rank, spooled=spooled))
         forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
         return ok
 
