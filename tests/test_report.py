@@ -695,6 +695,9 @@ def test_a_progress_mark_without_its_file_is_said_and_read_by_every_command(
     report = json.loads(out)
     assert code == 0 and said in err and report["goodput"][0]["total_seconds"] == 29
     assert (report["identity"]["run_ids"], report["iterations"]["count"]) == (["r1"], 726)
+    file = str(killed)[: -len(".progress")]  # as the job's first line named it: read too
+    code, out, err = run_cli("summary", file, capsys=capsys)
+    assert code == 0 and said in err and "Iterations: 726, to iteration 725" in out
     run_job(tmp_path / "killed", monkeypatch, stepping(4))  # its resume, in the same directory
     code, out, err = run_cli("goodput", str(killed.parent), capsys=capsys)
     assert code == 0 and "session " in out and said in err

@@ -66,7 +66,7 @@ def _files(paths: Sequence[str]) -> list[str]:
     """The files the commands read of ``paths`` (:func:`analysis_files`), none where a path does
     not exist (a mistyped rank's file left out would make a report of the others, said nowhere:
     :func:`_no_files` names it); a progress mark without its file is said (below)."""
-    if not all(os.path.lexists(path) for path in paths):
+    if not all(os.path.lexists(path) or never_written(Path(path)) for path in paths):
         return []
     files = analysis_files(paths)
     _say_marks_without_file([path for path in files if never_written(path)])
@@ -89,7 +89,7 @@ def _say_marks_without_file(lone: list[Path]) -> None:
 
 
 def _no_files(paths: Sequence[str]) -> int:
-    missing = [path for path in paths if not os.path.lexists(path)]
+    missing = [path for path in paths if not (os.path.lexists(path) or never_written(Path(path)))]
     if missing:
         print(f"traintel: no such file or directory: {', '.join(missing)}", file=sys.stderr)
     else:
