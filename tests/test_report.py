@@ -484,7 +484,7 @@ def test_report_checkpoints_say_they_are_summed_over_the_ranks(
 ) -> None:
     """Two ranks saving once each (2 s, 1 MB): the report's table counts every save of every
     rank (2), and now says so, as its phase table does (before: "saves 2" under a bare title,
-    while the summary's line, its loop's, says "Checkpoints of rank 0: 1 saves" and the guide
+    while the summary's line, its loop's, says "Checkpoints of rank 0: 1 save" and the guide
     said the report's checkpoint figures were the latest job's)."""
     two_ranks(tmp_path, monkeypatch)
     code, out, _err = run_cli("report", str(tmp_path), capsys=capsys)

@@ -82,7 +82,7 @@ def test_summary_numbers_are_exact(tmp_path: Path) -> None:
     assert max(len(line) for line in text.splitlines()[:10]) <= 80  # the phase table fits 80 columns
     assert "First iteration: 4.00 s" in text
     assert "Throughput: 7.5 samples/s (job)" in text
-    assert "Checkpoints: 1 saves, 2.00 s blocking in total, mean 2.00 s, max 2.00 s, 3.00 MB" in text
+    assert "Checkpoints: 1 save, 2.00 s blocking in total, mean 2.00 s, max 2.00 s, 3.00 MB" in text
     assert "Model metrics, last window (iterations 2-3): loss 0.5\n" in text  # its mean reads the same
     assert "Iterations: 4 (mean and percentiles after warm-up)\n" in text  # 4 counted, 3 timed
     assert "\n  mean 1.33 s  p50 1.00 s  p90 1.80 s  p99 1.98 s\n" in text
@@ -246,7 +246,7 @@ def test_restarts_under_one_run_id_say_their_loop_figures_are_the_latest_job_s(
     assert {row.phase: row.count for row in phase_rows(summary)}["training_iteration"] == 40
     assert "Wall time by phase, summed over the 2 jobs:" in text
     assert "Iterations: 10 (the latest job's loop; mean and percentiles after warm-up)" in text
-    assert "Checkpoints of the latest job: 1 saves" in text
+    assert "Checkpoints of the latest job: 1 save" in text
     # iteration numbers repeat after a resume: each slowest exported iteration names its job,
     # and the phase table's max is never below it
     for slow in sorted(summary.slowest, reverse=True)[:3]:

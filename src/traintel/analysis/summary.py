@@ -867,7 +867,8 @@ def _rate_lines(summary: RunSummary) -> list[str]:
         rank = summary.checkpoint_rank() if len(summary.ranks) > 1 else None
         lines.append(
             f"Checkpoints{f' of rank {rank}' if rank is not None else ''}"
-            f"{' of the latest job' if summary.jobs > 1 else ''}: {plain_number(saves)} saves, "
+            f"{' of the latest job' if summary.jobs > 1 else ''}: {plain_number(saves)} "
+            f"save{'s' if saves != 1 else ''}, "
             f"{fmt_seconds(checkpoint('save_time.total'))} blocking in total, "
             f"mean {fmt_seconds(checkpoint('save_time.mean'))}, "
             f"max {fmt_seconds(checkpoint('save_time.max'))}"
