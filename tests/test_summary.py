@@ -467,3 +467,73 @@ def test_ranks_known_from_their_marks_alone_count_the_run_s_iterations_once(
     assert main(["runs", str(tmp_path)]) == 0
     # duration, ranks, iterations, files
     assert "30.00 s      2           3      2" in capsys.readouterr().out
+
+
+def test_the_errors_spans_ended_with_are_shown_where_each_first_happened(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job that crashed: the summary and the report showed an error count per phase and
+    never the error. Each distinct error is shown with the innermost span it ended (the
+    iteration, not the loop and application around it, which end with the same error), when,
+    its trace, and how many spans ended with it."""
+    file = OtlpJsonLinesFile(output_dir=tmp_path)
+    traintel.configure(span_exporters=[OtlpJsonFileSpanExporter(file=file)], metric_readers=[])
+    try:
+        with traintel.application(), traintel.training_loop():
+            for number in range(5):
+                try:
+                    with traintel.checkpoint_save(iteration=number):
+                        if number == 1:
+                            raise OSError(28, "No space left on device")
+                except OSError:
+                    pass  # the job goes on without that checkpoint
+                with traintel.training_iteration():
+                    if number == 3:
+                        raise RuntimeError("CUDA out of memory")
+    except RuntimeError:
+        pass
+    finally:
+        traintel.shutdown(5)
+    spans = list(iter_spans([tmp_path]))
+    failed = next(s for s in spans if s.name == "training_iteration" and s.is_error)
+    saved = next(s for s in spans if s.name == "checkpoint_save_sync" and s.is_error)
+    summary = summarize([tmp_path])
+    assert [f.as_dict() for f in summary.failures.values()] == [
+        {"message": "OSError: [Errno 28] No space left on device", "span": "checkpoint_save_sync",
+         "iteration": None, "rank": 0, "end_ns": saved.end_ns, "trace_id": saved.trace_id,
+         "span_id": saved.span_id, "spans": 1},
+        {"message": "RuntimeError: CUDA out of memory", "span": "training_iteration", "iteration": 3,
+         "rank": 0, "end_ns": failed.end_ns, "trace_id": failed.trace_id, "span_id": failed.span_id,
+         "spans": 3},
+    ]  # fmt: skip
+    text = render(summary)
+    assert "Errors: 4 span(s) ended with one, each shown where it first happened" in text
+    assert "  RuntimeError: CUDA out of memory\n    in training_iteration 3 at " in text
+    assert f"and 2 span(s) around it\n    trace {failed.trace_id} span {failed.span_id}" in text
+    assert main(["report", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["errors"], report["other_errors"]) == ([f.as_dict() for f in summary.failures.values()], 0)
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "Errors, each where it first happened" in out and f"trace {failed.trace_id} span" in out
+
+
+def test_errors_are_bounded_and_merged_across_files_in_file_order() -> None:
+    """Per file read apart, then merged: the same error adds up and keeps its first span; past
+    five distinct errors the rest are counted, not kept."""
+    from traintel.analysis.summary import MAX_FAILURES, RunSummary
+    from traintel.exporters.records import SpanRecord
+
+    def failed(message: str, span_id: str, end_ns: int) -> SpanRecord:
+        return SpanRecord("step", "ab" * 16, span_id, None, end_ns - 5, end_ns, {}, (), (), 2, message,
+                          {semconv.RANK: 0}, "s")  # fmt: skip
+
+    first, later = RunSummary(), RunSummary()
+    first.add(failed("E0", "01" * 8, 10))
+    later.add(failed("E0", "02" * 8, 5))  # earlier in time, later in the files: counted, not kept
+    for n in range(1, MAX_FAILURES + 2):
+        later.add(failed(f"E{n}", "03" * 8, 20 + n))
+    first.merge(later)
+    kept = {message: (f.span_id, f.spans) for message, f in first.failures.items()}
+    assert kept == {"E0": ("01" * 8, 2), **{f"E{n}": ("03" * 8, 1) for n in range(1, MAX_FAILURES)}}
+    assert first.other_failures == 2  # E5 and E6

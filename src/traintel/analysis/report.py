@@ -683,6 +683,8 @@ class Report:
             "checkpoints": self.checkpoints(),
             "goodput": [g.as_dict() for g in self.goodput],
             "slowest_iterations": [slow._asdict() for slow in sorted(s.slowest, reverse=True)],
+            "errors": [failure.as_dict() for failure in s.failures.values()],
+            "other_errors": s.other_failures,
             "exported_iterations": s.exported_iterations,
             "warnings": self.warnings,
             "warning_details": self.warning_details,

@@ -22,6 +22,7 @@ from rich.text import Text
 from traintel.analysis.goodput import SessionGoodput
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.report import Report
+from traintel.analysis.run_info import utc_text
 from traintel.analysis.summary import (
     energy_figures,
     energy_text,
@@ -82,6 +83,7 @@ def renderables(report: Report, width: int = 110) -> list[RenderableType]:
     sections = (
         _run_table(report),
         _phase_table(report, width),
+        _errors_table(report),
         _throughput_table(report),
         _model_metrics_table(report),
         _checkpoint_table(report),
@@ -231,6 +233,24 @@ def trace_links(report: Report, links: TraceLinks | None) -> list[str]:
         if url:
             found.append(f"{slow.where(report.summary)} in the trace backend: {url}")
     return found
+
+
+def _errors_table(report: Report) -> Table | None:
+    """Each error the spans ended with, where it first happened (the innermost span) and its
+    trace: the first thing to read after a crash."""
+    summary = report.summary
+    if not summary.failures:
+        return None
+    more = f"; {summary.other_failures} more spans with other errors" if summary.other_failures else ""
+    table = _table(f"Errors, each where it first happened{more}", "")
+    for failure in summary.failures.values():
+        around = f", {failure.spans} spans with it" if failure.spans > 1 else ""
+        text = Text(failure.message, style="red")
+        text.append(f"\n  in {failure.where(summary)} at {utc_text(failure.end_ns)} UTC{around}", style="")
+        text.append(f"\n  trace {failure.trace_id} span {failure.span_id}", style="")
+        table.add_row(text)
+    table.columns[0].no_wrap = False  # a long message wraps rather than being cut
+    return table
 
 
 def _slowest_table(report: Report) -> Table | None:

@@ -13,6 +13,7 @@ sampled ones (first, every M-th, slow, failed), with their trace and span ids.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -29,7 +30,7 @@ from traintel import semconv
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import map_files, merge_by_key
 from traintel.analysis.resources import PerResource
-from traintel.analysis.run_info import RunsSeen, launches, run_key
+from traintel.analysis.run_info import RunsSeen, launches, run_key, utc_text
 from traintel.exporters.progress_mark import process_key, read_mark
 from traintel.exporters.reader import (
     MetricSeries,
@@ -103,6 +104,33 @@ class SlowIteration(NamedTuple):
         rank = f" on rank {self.rank}" if len(summary.ranks) > 1 else ""
         job = f" of job {self.run_id}, restart {self.restart}" if summary.jobs > 1 else ""
         return f"iteration {self.iteration}{rank}{job}"
+
+
+#: How many distinct errors a summary keeps (the rest are counted).
+MAX_FAILURES = 5
+
+
+@dataclass
+class Failure:
+    """An error spans ended with: the first span that carried it (the innermost: a span ends
+    before the spans around it, which carry the same error) and how many spans did."""
+
+    message: str
+    span: str
+    iteration: int | None
+    rank: int
+    end_ns: int
+    trace_id: str
+    span_id: str
+    spans: int = 1
+
+    def where(self, summary: RunSummary) -> str:
+        """``"training_iteration 33"``, with ``" on rank 3"`` where the run has several ranks."""
+        number = f" {self.iteration}" if self.iteration is not None else ""
+        return self.span + number + (f" on rank {self.rank}" if len(summary.ranks) > 1 else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def _count(resource: Mapping[str, Any], key: str) -> int:
@@ -237,6 +265,10 @@ class RunSummary:
     per_step_errors: Counter[str] = field(default_factory=Counter)
     #: Training loop spans another tracer than traintel's made (they carry no loop summary).
     foreign_loops: int = 0
+    #: The errors spans ended with, by message (at most ``MAX_FAILURES``), and how many spans
+    #: ended with another one.
+    failures: dict[str, Failure] = field(default_factory=dict)
+    other_failures: int = 0
     #: The loops' ``ml.training.summary.*`` attributes, ordered by precedence (the last speaks).
     loop_summaries: list[tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=list)
     last_window: dict[str, Any] = field(default_factory=dict)
@@ -289,6 +321,8 @@ class RunSummary:
             self._extent_of = PerResource(self._new_resource)
         extent = self._extent_of(resource)
         extent.see(span.start_ns, span.end_ns)
+        if span.is_error:
+            self._failed(span)
         for event in span.events:
             self.events[event.name] += 1
             if event.name == semconv.Event.TRAINING_METRICS_UPDATE:
@@ -307,6 +341,24 @@ class RunSummary:
             return
         self._phase(extent, phase, seconds, span)
         self._outer(extent, phase, seconds, span)
+
+    def _failed(self, span: SpanRecord) -> None:
+        iteration = span.attributes.get(semconv.ITERATION)
+        failure = Failure(
+            span.status_message or "ERROR", span.name, iteration if isinstance(iteration, int) else None,
+            _count(span.resource, semconv.RANK), span.end_ns, span.trace_id, span.span_id,
+        )  # fmt: skip
+        self._add_failures([failure])
+
+    def _add_failures(self, failures: Iterable[Failure]) -> None:
+        for failure in failures:
+            seen = self.failures.get(failure.message)
+            if seen is not None:
+                seen.spans += failure.spans
+            elif len(self.failures) < MAX_FAILURES:
+                self.failures[failure.message] = dataclasses.replace(failure)
+            else:
+                self.other_failures += failure.spans
 
     def _exported_iteration(self, span: SpanRecord, seconds: float) -> None:
         """An exported (sampled) iteration: counted by sampling reason, kept if among the slowest."""
@@ -467,6 +519,8 @@ class RunSummary:
         self.exported_iterations.update(later.exported_iterations)
         self.per_step_errors.update(later.per_step_errors)
         self.foreign_loops += later.foreign_loops
+        self._add_failures(later.failures.values())
+        self.other_failures += later.other_failures
         self._keep_slowest(later.slowest)
         self.events.update(later.events)
         self.stats.merge(later.stats)
@@ -693,6 +747,7 @@ def render(summary: RunSummary, links: TraceLinks | None = None) -> str:
         _iteration_lines(summary),
         _rate_lines(summary),
         _model_metric_lines(summary),
+        _failure_lines(summary, links),
         _export_lines(summary, links),
         _telemetry_lines(summary),
     )
@@ -723,6 +778,28 @@ def _fit(line: str) -> list[str]:
     wrapped = textwrap.wrap(joined, _COLUMNS_WIDE, subsequent_indent=indent, break_long_words=False,
                             break_on_hyphens=False)  # fmt: skip
     return [part.replace("\xa0", " ") for part in wrapped]
+
+
+def _failure_lines(summary: RunSummary, links: TraceLinks | None) -> list[str]:
+    """The errors the run's spans ended with: each where it first happened, and its trace."""
+    if not summary.failures:
+        return []
+    total = sum(f.spans for f in summary.failures.values()) + summary.other_failures
+    lines = [
+        "",
+        f"Errors: {plain_number(total)} span(s) ended with one, each shown where it first happened",
+    ]
+    for failure in summary.failures.values():
+        around = f", and {failure.spans - 1} span(s) around it" if failure.spans > 1 else ""
+        lines.append(f"  {failure.message}")
+        lines.append(f"    in {failure.where(summary)} at {utc_text(failure.end_ns)} UTC{around}")
+        lines.append(f"    trace {failure.trace_id} span {failure.span_id}")
+        url = links.url(failure.trace_id, failure.span_id) if links is not None else None
+        if url:
+            lines.append(f"    {url}")
+    if summary.other_failures:
+        lines.append(f"  and {plain_number(summary.other_failures)} span(s) with other errors")
+    return [*lines, ""]
 
 
 def _run_lines(summary: RunSummary) -> list[str]:
