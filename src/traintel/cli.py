@@ -333,34 +333,23 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _export_trace(args: argparse.Namespace) -> int:
-    from traintel.analysis.chrome_trace import export_chrome_trace
-
     files = _files(args.paths)
     if not files:
         return _no_files(args.paths)
-    choice = _trace_choice(args, files)
-    if isinstance(choice, int):
-        return choice
-    run = choice.shown[0] if len(choice.shown) == 1 else None
-    if run is not None:
-        files = run.files
+    chosen = _trace_choice(args, files)
+    if isinstance(chosen, int):
+        return chosen
+    files, run, note = chosen
     stats = ReadStats()
-    to_stdout = args.output == "-"  # the trace itself on stdout: what is said about it goes to stderr
-    said = sys.stderr if to_stdout else sys.stdout
-    if choice.note:
-        print(choice.note, file=said)
-    try:
-        with contextlib.nullcontext(sys.stdout) if to_stdout else open_private(args.output) as out:
-            events = _with_progress(
-                files,
-                lambda progress: export_chrome_trace(files, out, stats, progress, run.id if run else None),
-            )
-    except OSError as exc:
-        print(f"traintel: cannot write -o {args.output}: {exc.strerror or exc}", file=sys.stderr)
+    said = sys.stderr if args.output == "-" else sys.stdout  # stdout: the trace itself, with "-"
+    if note:
+        print(note, file=said)
+    events = _write_trace(args.output, files, stats, run)
+    if events is None:
         return 2
     if not events:  # an empty trace written with exit 0 looked like success, as a report would
         return _no_spans(args.paths, stats)
-    where = "standard output" if to_stdout else args.output
+    where = "standard output" if args.output == "-" else args.output
     print(
         f"wrote {events:,} trace events to {where} (open in https://ui.perfetto.dev or chrome://tracing)",
         file=said,
@@ -370,13 +359,34 @@ def _export_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace_choice(args: argparse.Namespace, files: list[str]) -> _Choice | int:
-    """The run a trace shows, chosen as the other commands choose it (``--all``: every run, in
-    one trace): a directory that keeps every run made from it would otherwise give them all."""
+def _write_trace(output: str, files: list[str], stats: ReadStats, run: str | None) -> int | None:
+    """The trace of ``run`` (None: all) written to ``output`` ("-": standard output); its
+    event count, or None where it could not be written (said)."""
+    from traintel.analysis.chrome_trace import export_chrome_trace
+
+    try:
+        with contextlib.nullcontext(sys.stdout) if output == "-" else open_private(output) as out:
+            return _with_progress(
+                files, lambda progress: export_chrome_trace(files, out, stats, progress, run)
+            )
+    except OSError as exc:
+        print(f"traintel: cannot write -o {output}: {exc.strerror or exc}", file=sys.stderr)
+        return None
+
+
+def _trace_choice(
+    args: argparse.Namespace, files: list[str]
+) -> tuple[list[str], str | None, str | None] | int:
+    """The files, run and note of the run a trace shows, chosen as the other commands choose it
+    (``--all``: every run, in one trace): a directory that keeps every run made from it would
+    otherwise give them all. An exit code on a bad ``--run``."""
     if args.all:
-        return _Choice([], [])
+        return files, None, None
     scan = functools.partial(scan_runs, files, workers=auto_workers(files))
-    return _choice_of(args, _with_progress(files, scan))
+    choice = _choice_of(args, _with_progress(files, scan))
+    if isinstance(choice, int) or len(choice.shown) != 1:
+        return choice if isinstance(choice, int) else (files, None, choice.note)
+    return choice.shown[0].files, choice.shown[0].id, choice.note
 
 
 def _compare(args: argparse.Namespace) -> int:

@@ -953,19 +953,27 @@ def _choose(options: PipelineOptions) -> _Choice:
     tp = options.tracer_provider or trace_api.get_tracer_provider()
     mp = options.meter_provider or metrics_api.get_meter_provider()
     private = options.span_exporters is not None
-    ours_tp, ours_mp = tp in _BUILT, mp in _BUILT  # (an earlier job's)
-    attach_tp = isinstance(tp, TracerProvider) and not private and not ours_tp
-    if not attach_tp and not private and not ours_tp:
-        _not_an_sdk_provider(tp, given=options.tracer_provider is not None)
-    unset_mp = options.meter_provider is None and (_is_unset_meter_provider(mp) or ours_mp)
+    attach_tp = not private and _attachable(tp, given=options.tracer_provider is not None)
+    unset_mp = options.meter_provider is None and (_is_unset_meter_provider(mp) or mp in _BUILT)
     return _Choice(
         tp,
         mp,
         build_tp=not attach_tp,
         build_mp=options.metric_readers is not None or unset_mp,
         set_global_tp=not private and isinstance(tp, trace_api.ProxyTracerProvider),
-        set_global_mp=options.metric_readers is None and not ours_mp,
+        set_global_mp=options.metric_readers is None and mp not in _BUILT,
     )
+
+
+def _attachable(tp: trace_api.TracerProvider, given: bool) -> bool:
+    """Whether traintel records into ``tp``: an SDK provider of the user's, not an earlier
+    job's of traintel's; anything else is said (see :func:`_not_an_sdk_provider`)."""
+    if tp in _BUILT:
+        return False
+    if isinstance(tp, TracerProvider):
+        return True
+    _not_an_sdk_provider(tp, given)
+    return False
 
 
 def _check_exclusive(options: PipelineOptions) -> None:

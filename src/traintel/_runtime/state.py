@@ -272,11 +272,7 @@ class Telemetry:
         if self.closed:
             return True
         self.close_open_callbacks("telemetry shutdown")
-        if self.engine is not None:
-            try:
-                self.engine.shutting_down()
-            except Exception:
-                self.warn_once("last_window", "could not close the last window at shutdown")
+        self._close_last_window()
         self.closed = True
         if self.progress is not None:
             self.progress.stop()
@@ -295,6 +291,15 @@ class Telemetry:
         say(farewell(self.pipeline.run_file(), self.pipeline.trace_exporters, rank, spooled=spooled))
         forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
         return ok
+
+    def _close_last_window(self) -> None:
+        """The open window's iterations, closed as a loop's end would (see the engine's
+        ``shutting_down``)."""
+        try:
+            if self.engine is not None:
+                self.engine.shutting_down()
+        except Exception:
+            self.warn_once("last_window", "could not close the last window at shutdown")
 
     def _stop_watchers(self, deadline: float) -> None:
         if self.cross_rank is not None:
