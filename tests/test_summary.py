@@ -516,6 +516,11 @@ def test_the_errors_spans_ended_with_are_shown_where_each_first_happened(
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "Errors, each where it first happened" in out and f"trace {failed.trace_id} span" in out
+    html = tmp_path / "report.html"
+    assert main(["report", str(tmp_path), "--html", str(html)]) == 0
+    page = html.read_text()
+    row = '<td class="warn">RuntimeError: CUDA out of memory</td><td>training_iteration 3</td>'
+    assert row in page and f"<code>{failed.trace_id}</code>" in page
 
 
 def test_errors_are_bounded_and_merged_across_files_in_file_order() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.report import MetricPoint, Report, WindowPoint
 from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s, iteration_mean
+from traintel.analysis.run_info import utc_text
 from traintel.analysis.summary import (
     RunSummary,
     energy_figures,
@@ -600,6 +601,7 @@ def render_html(report: Report, links: TraceLinks | None = None) -> str:
         f"<h2>Wall time by phase{_e(summed_over(s))}</h2>",  # 80 s of a 43 s job of 2 ranks: said
         f"<table><tr><th>phase</th><th>count</th><th>total</th><th>mean</th><th>share</th></tr>"
         f"{_phase_rows(s)}</table>",
+        *_errors(s, links),
         "<h2>Iteration time per window (mean, p99 dashed)</h2>",
         line_chart(_series_lines(report, "time"), "s", "iteration", "iteration-time"),
         f"<h2>Throughput per window ({unit}/s)</h2>",
@@ -664,6 +666,24 @@ def _headline_rows(report: Report) -> str:
     if energy is not None:
         headline.append(("GPU energy", energy_text(energy).removeprefix("GPU energy: ")))
     return "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in headline)
+
+
+def _errors(s: RunSummary, links: TraceLinks | None) -> list[str]:
+    """The errors the spans ended with, each where it first happened (none: no section)."""
+    if not s.failures:
+        return []
+    rows = "".join(
+        f'<tr><td class="warn">{_e(f.message)}</td><td>{_e(f.where(s))}</td>'
+        f"<td>{_e(utc_text(f.end_ns))}</td><td>{f.spans:,}</td>"
+        f"{trace_cell(f.trace_id, f.span_id, links)}</tr>"
+        for f in s.failures.values()
+    )
+    more = f" ({s.other_failures:,} more spans with other errors)" if s.other_failures else ""
+    return [
+        f"<h2>Errors, each where it first happened{_e(more)}</h2>",
+        "<table><tr><th>error</th><th>in</th><th>at (UTC)</th><th>spans</th><th>trace id</th></tr>"
+        f"{rows}</table>",
+    ]
 
 
 def _slowest_rows(s: RunSummary, links: TraceLinks | None) -> str:
