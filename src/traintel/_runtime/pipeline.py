@@ -726,7 +726,10 @@ class _OwnedBuild:
         """traintel's tracer provider: export filter, batching and spooling in front of ``plans``."""
         try:
             provider = OwnedTracerProvider(
-                resource=self.resource, shutdown_on_exit=False, id_generator=ForcingIdGenerator()
+                resource=self.resource,
+                shutdown_on_exit=False,
+                id_generator=ForcingIdGenerator(),
+                meter_provider=_sdk_metrics_provider(),
             )
         except Exception as exc:
             _raise("the tracer provider could not be built", exc, _TRACER_PROVIDER_SETTINGS, self.environ)
@@ -963,6 +966,13 @@ def _choose(options: PipelineOptions) -> _Choice:
         set_global_tp=not private and isinstance(tp, trace_api.ProxyTracerProvider),
         set_global_mp=options.metric_readers is None and mp not in _BUILT,
     )
+
+
+def _sdk_metrics_provider() -> metrics_api.MeterProvider | None:
+    """Where the SDK's own tracer metrics go: the global meter provider (None: the SDK's
+    default), unless it is an earlier job's of traintel's, shut down with that job (the SDK
+    said "A shutdown MeterProvider can not provide a Meter" for every tracer)."""
+    return metrics_api.NoOpMeterProvider() if metrics_api.get_meter_provider() in _BUILT else None
 
 
 def _attachable(tp: trace_api.TracerProvider, given: bool) -> bool:
