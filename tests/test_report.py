@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -21,11 +22,13 @@ import pytest
 
 from tests.test_goodput import Job, at, run_job
 from traintel import cli, semconv
+from traintel.analysis import parallel
 from traintel.analysis import report as report_module
 from traintel.analysis.report import Series, WindowPoint, build_report
 from traintel.analysis.report_html import render_html
 from traintel.analysis.report_text import render_text
 from traintel.analysis.summary import phase_rows, render, summarize
+from traintel.exporters.reader import analysis_files
 
 
 def stepping(step: float, iterations: int = 6, config: dict[str, Any] | None = None) -> Callable[[Job], None]:
@@ -696,6 +699,15 @@ def test_a_progress_mark_without_its_file_is_said_and_read_by_every_command(
     assert code == 0 and said in err and report["goodput"][0]["total_seconds"] == 29
     assert (report["identity"]["run_ids"], report["iterations"]["count"]) == (["r1"], 726)
     file = str(killed)[: -len(".progress")]  # as the job's first line named it: read too
+    assert analysis_files(iter([killed.parent])) == [Path(file)]  # (paths read twice: a list made)
+    big = tmp_path / "killed" / "big.otlp.jsonl"
+    big.write_bytes(b"\n" * 100)
+    with monkeypatch.context() as patched:
+        patched.setattr(parallel, "PARALLEL_BYTES", 50)
+        patched.setattr(os, "cpu_count", lambda: 4)
+        # the file never written has no bytes, and does not make the reader give up on processes
+        assert (parallel.input_bytes([str(big), file]), parallel.auto_workers([str(big), file])) == (100, 2)
+    big.unlink()
     code, out, err = run_cli("summary", file, capsys=capsys)
     assert code == 0 and said in err and "Iterations: 726, to iteration 725" in out
     run_job(tmp_path / "killed", monkeypatch, stepping(4))  # its resume, in the same directory

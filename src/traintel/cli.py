@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs, parse_time, render_goodput
 from traintel.analysis.goodput.text import ranks_text
 from traintel.analysis.links import TraceLinks
-from traintel.analysis.parallel import auto_workers
+from traintel.analysis.parallel import auto_workers, input_bytes
 from traintel.analysis.run_info import RunInfo, RunsSeen
 from traintel.analysis.runs import (
     RunNotFound,
@@ -109,7 +109,7 @@ def _inputs(args: argparse.Namespace) -> tuple[list[str], TraceLinks] | int:
 
 def _with_progress(files: list[str], work: Callable[[Callable[[int], None] | None], T]) -> T:
     """Run ``work`` with a byte-progress callback when the input is large and stderr is a tty."""
-    total = sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    total = input_bytes(files)
     if total < PROGRESS_BYTES or not sys.stderr.isatty():
         return work(None)
     from rich.console import Console

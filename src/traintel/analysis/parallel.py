@@ -23,7 +23,7 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 R = TypeVar("R")
@@ -58,10 +58,16 @@ def merge_by_key(into: dict[K, M], later: Mapping[K, M]) -> None:
             mine.merge(part)
 
 
+def input_bytes(files: Iterable[str]) -> int:
+    """The bytes to read in ``files``; a file never written (its job read from its progress
+    mark) has none."""
+    return sum(os.path.getsize(path) for path in files if os.path.isfile(path))
+
+
 def auto_workers(files: list[str]) -> int:
     """Workers for the CLI: one per CPU up to one per file, when the input is large enough."""
     try:
-        total = sum(os.path.getsize(path) for path in files)
+        total = input_bytes(files)
     except OSError:
         return 1
     if len(files) < 2 or total < PARALLEL_BYTES:

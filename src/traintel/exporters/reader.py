@@ -115,6 +115,7 @@ def analysis_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """What the commands read of ``paths``: :func:`expand_paths`' files, then the files never
     written whose marks are in its directories (:func:`never_written`): such a job is one of its
     run's and session's, known from its mark alone."""
+    paths = list(paths)  # (read twice)
     found = [path for path in expand_paths(paths) if path.is_file() or never_written(path)]
     return found + lone_marks(paths)
 
