@@ -161,6 +161,10 @@ def test_a_killed_rank_does_not_hang_the_survivor(tmp_path: Path) -> None:
 
 
 EARLY_DEAD_JOB = """
+# Every rank past init_process_group first: gloo connects its mesh in the background, and a rank
+# that exits as soon as its own init returns can close a connection another rank's init is
+# still making ("connectFullMesh failed ... Connection closed by peer" there, not in traintel).
+dist.barrier()
 if RANK == 2:
     os._exit(0)  # dead before traintel's statistics group exists
 traintel.configure()
