@@ -105,8 +105,9 @@ def run_job(tmp_path: Path, body: str, style: str, restart: int, start_s: float,
     work = tmp_path / f"job-{restart}"
     work.mkdir()
     harness = HARNESS
-    if MARKS_EVERY_20_MS in body:  # before traintel starts its thread
-        harness = harness.replace("import traintel\n", MARKS_EVERY_20_MS + "import traintel\n", 1)
+    for every in (MARKS_EVERY_20_MS, MARKS_HOURLY):
+        if every in body:  # before traintel starts its thread
+            harness = harness.replace("import traintel\n", every + "import traintel\n", 1)
     result = run_python(
         f"T0_S = {T0_S}\nSTART = {start_s}\nSTYLE = {style!r}\n" + harness + body,
         work,
@@ -584,6 +585,48 @@ def test_a_mark_counts_a_nested_save_with_the_iteration_it_ran_in(tmp_path: Path
 #: Killed in its first minute, before the file's first line (no flush after the 10 s init): 0-57 s,
 #: iterations 0-5 (47 s: 2 s startup, 1 s data). Then ``RESUMED`` at 80 s: a 4 s load, 6-9, 105 s.
 KILLED_BEFORE_ITS_FILE = KILLED_WITHOUT_A_FLUSH.replace("    telemetry.flush(60)\n", "")
+
+
+#: The mark's thread writes once an hour here: its first mark, written as the job starts, is the
+#: only one a job killed in its first seconds can have.
+MARKS_HOURLY = "import traintel._runtime.progress\ntraintel._runtime.progress.INTERVAL_S = 3600\n"
+#: Killed in its first seconds (its init: the OOM killer at the first allocation, say), once its
+#: first mark is on disk. Its telemetry started at 0 s.
+KILLED_AT_ONCE = (
+    MARKS_HOURLY
+    + """
+from traintel.exporters.progress_mark import read_mark
+deadline = time.monotonic() + 30
+while read_mark(telemetry.output_file) is None and time.monotonic() < deadline:
+    time.sleep(0.005)
+with phase("application"):
+    with phase("model_init"):
+        tick(10)
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+)
+
+
+def test_a_job_killed_in_its_first_seconds_is_one_of_its_session_s_jobs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first mark is written as the job starts, not one interval later: a job killed before
+    then was absent, its session started with the next job and showed no disruption (one job,
+    97 % goodput for a crash and a restart). Now its start opens the session, and the time to
+    the next job is recovery."""
+    run_job(tmp_path, KILLED_AT_ONCE, "traintel", restart=0, start_s=0)
+    runs = tmp_path / "runs"
+    assert [p.name.endswith(MARK_SUFFIX) for p in runs.iterdir()] == [True]  # a mark, no file
+    run_job(tmp_path, RESUMED, "traintel", restart=1, start_s=80)
+    result = session_of(runs)
+    expect(result, 105, productive=20, other=1, checkpoint_load=4, infrastructure_recovery=80)
+    killed, resumed = result.jobs
+    assert (killed.status, killed.first_iteration, killed.start_ns, killed.end_ns) == (
+        "no end exported", None, T0_S * 10**9, T0_S * 10**9,
+    )  # fmt: skip
+    assert (resumed.status, resumed.resumed_from) == ("completed", 6)
+    assert cli.main(["goodput", str(runs)]) == 0
+    assert "a job with no iteration by its progress mark has no spans written" in capsys.readouterr().err
 
 
 def test_a_job_killed_before_its_file_s_first_line_counts_from_its_mark(

@@ -77,15 +77,15 @@ def _say_marks_without_file(lone: list[Path]) -> None:
     """A job killed before its first spans left the process (the embedded file gathers them for
     a minute) has a progress mark and no file: said, so that it is not silently absent."""
     for file in lone:
-        progress = (read_mark(file) or {}).get("progress") or {}
-        if "last_iteration" in progress:
-            print(
-                f"traintel: {mark_path(file)}: a job at iteration {progress['last_iteration']} by its "
-                "progress mark has no spans written (killed in its first minute, or still in it: the "
-                "file gathers spans for 60 s; OTEL_BSP_SCHEDULE_DELAY=5000 writes every 5 s); its "
-                "time and iterations are counted from the mark",
-                file=sys.stderr,
-            )
+        last = ((read_mark(file) or {}).get("progress") or {}).get("last_iteration")
+        where = "with no iteration" if last is None else f"at iteration {last}"
+        print(
+            f"traintel: {mark_path(file)}: a job {where} by its progress mark has no spans written "
+            "(killed in its first minute, or still in it: the file gathers spans for 60 s; "
+            "OTEL_BSP_SCHEDULE_DELAY=5000 writes every 5 s); its time and iterations are counted "
+            "from the mark",
+            file=sys.stderr,
+        )
 
 
 def _no_files(paths: Sequence[str]) -> int:

@@ -7,7 +7,8 @@ metric reader every five minutes, the batch span processors only when spans end;
 be written every few seconds whatever the job does, and a job stuck in a kernel or a collective
 still gets its last mark. The training thread pays nothing: the writer reads the rows and
 counters it already keeps, as the heartbeat does. A kill therefore loses at most INTERVAL_S of
-accounting (plus the time a write takes).
+accounting (plus the time a write takes); the first mark is written as the job starts, so even a
+job killed in its first seconds is one of its session's jobs.
 
 A mark is written whole or not at all: the closed windows' sums must reach the open window's
 first row. A window handed over but not yet processed (the worker behind, under load) would
@@ -92,6 +93,7 @@ class ProgressMarks:
             self._closed_through = window.seen_before + len(window.rows)
 
     def _run(self) -> None:
+        self.mark()  # at once: a job killed in its first seconds is still one of its session's jobs
         while not self._stop.wait(INTERVAL_S):
             self.mark()
 
