@@ -558,15 +558,25 @@ def test_the_report_merges_the_rank_files_into_cross_rank_statistics(
         assert window["top_k"] == [1, 0]
     # Both ranks carried the same straggler events: counted once per window.
     assert [(s["window"], s["rank"]) for s in data["stragglers"]] == [(0, 1), (1, 1), (2, 1)]
+    factors = [s["factor"] for s in data["stragglers"]]
+    assert [w["straggler_factor"] for w in windows] == factors and all(f > 1 for f in factors)
     assert cli.main(["report", *dirs, "--json"]) == 0  # and so in the warnings (6 events, 3 windows)
     report = json.loads(capsys.readouterr().out)
     assert report["warnings"][semconv.Event.STRAGGLER.value] == 3
     # every event keeps its details, the straggler's own (rank 1's) among them
     details = [d for d in report["warning_details"] if d["event"] == semconv.Event.STRAGGLER.value]
     assert len(details) == 6 and {d[semconv.STRAGGLER_RANK] for d in details} == {1}
+    html_path = ddp[0].out_dir.parent / "report.html"
+    assert cli.main(["report", *dirs, "--html", str(html_path)]) == 0
+    capsys.readouterr()
     assert cli.main(["report", *dirs]) == 0
     text = capsys.readouterr().out
-    assert "Across ranks, per window" in text and "rank 1" in text
+    named = [f"rank 1 ({factor:.1f}x)" for factor in factors]  # each window's straggler, by its factor
+    assert "Across ranks, per window: mean iteration time" in text and all(name in text for name in named)
+    assert "Across ranks, per window: compute time before the sync point" in text
+    assert "Across ranks, per window: data-loading wait" in text  # (a rank whose input lags waits there)
+    page = html_path.read_text()  # the same windows in the shareable page
+    assert "<h2>Across ranks, per window (compute time" in page and all(name in page for name in named)
 
 
 CRASHED_JOB = """

@@ -16,7 +16,7 @@ rest counted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from traintel import semconv
 from traintel._aggregation.stats import percentile
@@ -138,8 +138,9 @@ class CrossRankTable:
         for name in ("compute_time", "data_loading_time"):
             row[name] = _live_stats(live, name)
         row["top_k"] = list(live.get(_R + "top_k", []))
-        straggler = self.stragglers.get((job, index))
-        row["straggler_rank"] = straggler.get(semconv.STRAGGLER_RANK) if straggler else None
+        straggler = self.stragglers.get((job, index)) or {}
+        row["straggler_rank"] = straggler.get(semconv.STRAGGLER_RANK)
+        row["straggler_factor"] = straggler.get(semconv.STRAGGLER_FACTOR)
         return row
 
     def as_dict(self) -> dict[str, Any]:
@@ -151,6 +152,21 @@ class CrossRankTable:
             ],
             "windows_dropped": self.dropped,
         }
+
+
+#: The spreads across ranks a window's row holds beside its iteration time, with their titles.
+SPREADS: Final = (
+    ("compute_time", "compute time before the sync point"),
+    ("data_loading_time", "data-loading wait"),
+)
+
+
+def straggler_text(row: dict[str, Any]) -> str:
+    """A row's straggler as the reports name it: ``rank 3 (2.4x)``, "" for none."""
+    rank, factor = row["straggler_rank"], row["straggler_factor"]
+    if rank is None:
+        return ""
+    return f"rank {rank}" + (f" ({factor:.1f}x)" if isinstance(factor, int | float) else "")
 
 
 def _live_stats(live: dict[str, Any], name: str) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from traintel.analysis.links import TraceLinks
+from traintel.analysis.ranks import SPREADS, straggler_text
 from traintel.analysis.report import MetricPoint, Report, WindowPoint
 from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s, iteration_mean
 from traintel.analysis.run_info import utc_text
@@ -392,7 +393,8 @@ def checkpoint_chart(report: Report) -> str:
 
 
 def heatmap(report: Report) -> str:
-    """Ranks x iteration ranges, coloured by mean iteration time (a straggler is a hot row)."""
+    """Ranks x iteration ranges, coloured by mean iteration time (a rank that lags without
+    synchronising is a hot row; a synchronising job's straggler is in :func:`_across_ranks`)."""
     processes = [(key, label) for key, label in report.rank_labels() if report.processes[key].timing()]
     if len(processes) < 2:
         return '<p class="none">one rank only: no heatmap</p>'
@@ -581,6 +583,29 @@ def _stalls(report: Report) -> list[str]:
     return sections
 
 
+def _across_ranks(report: Report) -> list[str]:
+    """The last 20 windows across ranks, as the text report shows them (the heatmap above colours
+    iteration time, which a synchronising job makes equal on every rank): the spread of compute
+    time before the sync point and of data-loading wait, and the straggler the job named."""
+    rows = report.ranks.rows()[-20:]
+    if not rows:
+        return []
+    stats = ("min", "median", "max")
+    head = "".join(f"<th>{_e(title.split(' ')[0])} {k}</th>" for _, title in SPREADS for k in stats)
+    body = "".join(
+        f"<tr><td>{window['window']:,}</td><td>{window['first_iteration']:,}-{window['last_iteration']:,}</td>"
+        f"<td>{window['ranks']:,}</td><td>{_e(fmt_s((window['iteration_time'] or {}).get('median')))}</td>"
+        + "".join(f"<td>{_e(fmt_s((window[name] or {}).get(k)))}</td>" for name, _ in SPREADS for k in stats)
+        + f"<td class='warn'>{_e(straggler_text(window))}</td></tr>"
+        for window in rows
+    )
+    return [
+        "<h2>Across ranks, per window (compute time before the sync point, data-loading wait)</h2>",
+        f"<table><tr><th>window</th><th>iterations</th><th>ranks</th><th>iteration median</th>{head}"
+        f"<th>straggler</th></tr>{body}</table>",
+    ]
+
+
 def render_html(report: Report, links: TraceLinks | None = None) -> str:
     s = report.summary
     title = f"traintel report · {', '.join(sorted(s.services)) or 'run'}"
@@ -618,6 +643,7 @@ def render_html(report: Report, links: TraceLinks | None = None) -> str:
         checkpoint_chart(report),
         "<h2>Iteration time by rank</h2>",
         heatmap(report),
+        *_across_ranks(report),
         *_stalls(report),
         "<h2>Slowest exported iterations</h2>",
         f"<table><tr><th>iteration</th><th>time</th><th>trace id</th><th>span id</th></tr>{slowest}</table>"

@@ -21,6 +21,7 @@ from rich.text import Text
 
 from traintel.analysis.goodput import SessionGoodput
 from traintel.analysis.links import TraceLinks
+from traintel.analysis.ranks import SPREADS, straggler_text
 from traintel.analysis.report import Report
 from traintel.analysis.run_info import utc_text
 from traintel.analysis.summary import (
@@ -267,8 +268,10 @@ def _slowest_table(report: Report) -> Table | None:
 
 
 def _ranks_tables(report: Report) -> list[Table]:
-    """The ranks' mean iteration time per window (and the live exchange's compute time before
-    the synchronisation point, where recorded): one statistic per column, so it fits 80."""
+    """The ranks' mean iteration time per window, and where the live exchange recorded them,
+    their compute time before the synchronisation point and their data-loading wait (a rank whose
+    input pipeline lags waits for data, not in the collective): one statistic per column, so
+    each table fits 80."""
     rows = report.ranks.rows()
     cross = rows[-20:]
     if not cross:
@@ -277,25 +280,26 @@ def _ranks_tables(report: Report) -> list[Table]:
         "Across ranks, per window: mean iteration time (p99, top-k: --json)",
         "window", "iterations", "ranks", "min", "median", "max", "straggler",
     )  # fmt: skip
-    compute = _table(
-        "Across ranks, per window: compute time before the sync point",
-        "window", "iterations", "min", "median", "max",
-    )  # fmt: skip
+    spreads = [
+        (name, _table(f"Across ranks, per window: {title}", "window", "iterations", "min", "median", "max"))
+        for name, title in SPREADS
+    ]
     if len(rows) > len(cross):  # said: a table of 20 read as the whole run's
         ranks.caption = f"the last {len(cross)} of {len(rows):,} windows (each: --json)"
     for window in cross:
         iterations = f"{fmt_num(window['first_iteration'])}-{fmt_num(window['last_iteration'])}"
-        straggler = window["straggler_rank"]
+        straggler = straggler_text(window)
         ranks.add_row(
             fmt_num(window["window"]),
             iterations,
             fmt_num(window["ranks"]),
             *_min_median_max(window["iteration_time"]),
-            Text(f"rank {straggler}", style="yellow") if straggler is not None else "",
+            Text(straggler, style="yellow") if straggler else "",
         )
-        if window["compute_time"]:
-            compute.add_row(fmt_num(window["window"]), iterations, *_min_median_max(window["compute_time"]))
-    return [ranks, compute] if compute.row_count else [ranks]
+        for name, table in spreads:
+            if window[name]:
+                table.add_row(fmt_num(window["window"]), iterations, *_min_median_max(window[name]))
+    return [ranks, *(table for _, table in spreads if table.row_count)]
 
 
 def _min_median_max(stats: dict[str, float] | None) -> list[str]:
