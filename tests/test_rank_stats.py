@@ -75,6 +75,32 @@ def test_no_straggler_below_the_factor_or_the_noise_floor() -> None:
     assert RankTracker().update(rows(0, [0.5])).straggler is None
 
 
+def test_without_a_sync_point_the_rank_that_waited_in_the_collective_is_not_blamed() -> None:
+    """DDP without a sync mark: rank 1's data comes 12 ms late, rank 0 waits for it in the
+    all-reduce; both steps take 18 ms. The step less the data wait (18 ms against 6 ms) named
+    rank 0 a straggler at 3x."""
+    synchronised = [RankWindow(0, 0, 10, 0.018, 0.0, 0.018, False, 0.018),
+                    RankWindow(1, 0, 10, 0.018, 0.012, 0.006, False, 0.018)]  # fmt: skip
+    window = RankTracker().update(synchronised)
+    assert window is not None and window.compute_mode == "step" and window.straggler is None
+    assert window.top_k == (0, 1)  # (the spread is still shown, as measured)
+    # Ranks that do not wait for each other: the slow one's step is slower too, and it is named.
+    independent = [RankWindow(0, 0, 10, 0.010, 0.0, 0.010, False, 0.010),
+                   RankWindow(1, 0, 10, 0.022, 0.0, 0.022, False, 0.022)]  # fmt: skip
+    window = RankTracker().update(independent)
+    assert window is not None and window.straggler is not None
+    assert (window.straggler.rank, window.straggler.factor) == (1, 0.022 / 0.010)
+    # Its step lagging by less than half its compute lag (3 ms of 12 ms): most of it was waiting.
+    waited = [RankWindow(0, 0, 10, 0.021, 0.0, 0.021, False, 0.021),
+              RankWindow(1, 0, 10, 0.018, 0.009, 0.009, False, 0.018)]  # fmt: skip
+    assert RankTracker().update(waited).straggler is None  # type: ignore[union-attr]
+    # Measured at the sync point, compute time alone decides (equal steps, as DDP makes them).
+    marked = [RankWindow(0, 0, 10, 0.018, 0.0, 0.006, True, 0.018),
+              RankWindow(1, 0, 10, 0.018, 0.0, 0.018, True, 0.018)]  # fmt: skip
+    window = RankTracker().update(marked)
+    assert window is not None and window.straggler is not None and window.straggler.rank == 1
+
+
 def test_rows_of_different_windows_are_not_combined() -> None:
     tracker = RankTracker()
     assert (

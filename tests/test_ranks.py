@@ -571,12 +571,57 @@ def test_the_report_merges_the_rank_files_into_cross_rank_statistics(
     capsys.readouterr()
     assert cli.main(["report", *dirs]) == 0
     text = capsys.readouterr().out
+    assert "no sync point marked" not in text  # (watch_ddp marked it)
     named = [f"rank 1 ({factor:.1f}x)" for factor in factors]  # each window's straggler, by its factor
     assert "Across ranks, per window: mean iteration time" in text and all(name in text for name in named)
     assert "Across ranks, per window: compute time before the sync point" in text
     assert "Across ranks, per window: data-loading wait" in text  # (a rank whose input lags waits there)
     page = html_path.read_text()  # the same windows in the shareable page
     assert "<h2>Across ranks, per window (compute time" in page and all(name in page for name in named)
+
+
+#: DDP without watch_ddp or mark_sync_point, rank 1's data DELAY late every step: rank 0 waits
+#: for it in the all-reduce inside backward.
+LATE_DATA_JOB = DDP_JOB.replace("from traintel.distributed import watch_ddp\nwatch_ddp(model)\n", "")
+LATE_DATA_JOB = LATE_DATA_JOB.replace(
+    """            with traintel.model_forward():
+                if RANK == 1:
+                    time.sleep(DELAY)
+""",
+    """            with traintel.data_loading():
+                if RANK == 1:
+                    time.sleep(DELAY)
+            with traintel.model_forward():
+""",
+)
+
+
+def test_without_a_sync_mark_the_rank_waiting_for_late_data_is_not_the_straggler(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The step less the data wait was rank 0's compute time, its wait for rank 1 included:
+    rank 0, the healthy rank, was named the straggler in every window (3x in a run by hand).
+    Now nobody is named; the late data shows in the data-loading wait, and the report says
+    how compute time was measured."""
+    import json
+
+    from traintel import cli
+
+    job = f"DELAY = {DELAY}\n" + LATE_DATA_JOB
+    results = ok(run_ranks(job, tmp_path, TRAINTEL_LOG_EVERY_N_ITERATIONS="4"))
+    updates = results[0].events(semconv.Event.RANKS_METRICS_UPDATE.value)
+    assert [u[R + "compute_mode"] for u in updates] == ["step"] * 3
+    # rank 0's compute time holds its wait for rank 1
+    assert all(u[R + "compute_time.max"] > u[R + "compute_time.min"] + DELAY / 2 for u in updates)
+    assert all(u[R + "data_loading_time.max"] >= DELAY for u in updates)
+    assert not any(r.events(semconv.Event.STRAGGLER.value) for r in results)
+    dirs = [str(result.out_dir) for result in results]
+    assert cli.main(["report", *dirs, "--json"]) == 0
+    windows = json.loads(capsys.readouterr().out)["cross_rank"]["windows"]
+    assert [(w["straggler_rank"], w["compute_mode"]) for w in windows] == [(None, "step")] * 3
+    assert cli.main(["report", *dirs]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # (the caption is wrapped)
+    assert "no sync point marked: the step less its data wait" in text and "Warnings none" in text
 
 
 CRASHED_JOB = """

@@ -135,8 +135,9 @@ class CrossRankTable:
         counted, scaled = live.get(_R + "count"), _live_stats(live, "iteration_time")
         if isinstance(counted, int) and counted > len(times) and scaled is not None:  # scale mode
             row["ranks"], row["iteration_time"], row["slowest_rank"] = counted, scaled, None
-        for name in ("compute_time", "data_loading_time"):
+        for name, _ in SPREADS:
             row[name] = _live_stats(live, name)
+        row["compute_mode"] = live.get(_R + "compute_mode")  # sync_point, step (none marked), mixed
         row["top_k"] = list(live.get(_R + "top_k", []))
         straggler = self.stragglers.get((job, index)) or {}
         row["straggler_rank"] = straggler.get(semconv.STRAGGLER_RANK)
@@ -159,6 +160,18 @@ SPREADS: Final = (
     ("compute_time", "compute time before the sync point"),
     ("data_loading_time", "data-loading wait"),
 )
+
+
+#: Said under the compute times of windows where a rank marked no synchronisation point.
+UNMARKED_COMPUTE: Final = (
+    "no sync point marked: the step less its data wait, which holds the time a rank waited in a "
+    "collective (watch_ddp or mark_sync_point measures it)"
+)
+
+
+def unmarked(rows: list[dict[str, Any]]) -> bool:
+    """Whether some of ``rows`` have compute times measured without a sync point."""
+    return any(row["compute_mode"] in ("step", "mixed") for row in rows)
 
 
 def straggler_text(row: dict[str, Any]) -> str:

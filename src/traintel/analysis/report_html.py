@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from traintel.analysis.links import TraceLinks
-from traintel.analysis.ranks import SPREADS, straggler_text
+from traintel.analysis.ranks import SPREADS, UNMARKED_COMPUTE, straggler_text, unmarked
 from traintel.analysis.report import MetricPoint, Report, WindowPoint
 from traintel.analysis.report_text import fmt_num, fmt_pct, fmt_s, iteration_mean
 from traintel.analysis.run_info import utc_text
@@ -603,6 +603,7 @@ def _across_ranks(report: Report) -> list[str]:
         "<h2>Across ranks, per window (compute time before the sync point, data-loading wait)</h2>",
         f"<table><tr><th>window</th><th>iterations</th><th>ranks</th><th>iteration median</th>{head}"
         f"<th>straggler</th></tr>{body}</table>",
+        *([f'<p class="none">compute time: {_e(UNMARKED_COMPUTE)}</p>'] if unmarked(rows) else []),
     ]
 
 

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from traintel.analysis.goodput import SessionGoodput
 from traintel.analysis.links import TraceLinks
-from traintel.analysis.ranks import SPREADS, straggler_text
+from traintel.analysis.ranks import SPREADS, UNMARKED_COMPUTE, straggler_text, unmarked
 from traintel.analysis.report import Report
 from traintel.analysis.run_info import utc_text
 from traintel.analysis.summary import (
@@ -286,6 +286,8 @@ def _ranks_tables(report: Report) -> list[Table]:
     ]
     if len(rows) > len(cross):  # said: a table of 20 read as the whole run's
         ranks.caption = f"the last {len(cross)} of {len(rows):,} windows (each: --json)"
+    if unmarked(cross):
+        spreads[0][1].caption = UNMARKED_COMPUTE
     for window in cross:
         iterations = f"{fmt_num(window['first_iteration'])}-{fmt_num(window['last_iteration'])}"
         straggler = straggler_text(window)

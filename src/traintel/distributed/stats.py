@@ -209,6 +209,12 @@ class RankTracker:
             )
 
     def _straggler(self, by_compute: list[RankWindow]) -> Straggler | None:
+        """The slowest rank by compute time, if it lags the others' median by the factor and the
+        noise floor. Without a synchronisation point its compute time is the step less its data
+        wait, which holds the time it waited in a collective for a rank whose data came late:
+        it is named only if its iteration time lags too (by half the compute lag at least), as
+        a rank's that does not wait for the others does. Ranks that synchronise every step have
+        equal iteration times, so the rank that waited is not blamed."""
         if len(by_compute) < 2:
             return None
         worst, others = by_compute[0], by_compute[1:]
@@ -216,6 +222,10 @@ class RankTracker:
         lag = worst.compute_s - median
         if worst.compute_s <= self.factor * median or lag < MIN_LAG_S:
             return None
+        if not worst.sync_marked:
+            iteration_lag = worst.iteration_s - percentile(sorted(row.iteration_s for row in others), 50)
+            if iteration_lag < lag / 2:
+                return None
         ewma = self._ewma[worst.rank]
         others_ewma = percentile(sorted(self._ewma[row.rank] for row in others), 50)
         factor = worst.compute_s / median if median > 0 else float("inf")
