@@ -33,7 +33,12 @@ def _write_run(directory: Path) -> Path:
     )
     provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
     traintel.configure(
-        tracer_provider=provider, log_every_n_iterations=2, global_batch_size=10, warmup_iterations=1
+        tracer_provider=provider,
+        log_every_n_iterations=2,
+        global_batch_size=10,
+        warmup_iterations=1,
+        flops_per_sample=1e6,
+        peak_flops=1e7,  # a small model on a CPU: 7.5e-6 TFLOP/s
     )
     callbacks.on_app_start(start_time_msec=T0)
     callbacks.on_model_init_start(start_time_msec=T0)
@@ -82,6 +87,7 @@ def test_summary_numbers_are_exact(tmp_path: Path) -> None:
     assert max(len(line) for line in text.splitlines()[:10]) <= 80  # the phase table fits 80 columns
     assert "First iteration: 4.00 s" in text
     assert "Throughput: 7.5 samples/s (job)" in text
+    assert "Compute: 0.0000075 TFLOP/s per device, MFU 75.0%" in text  # (it read 0.000 TFLOP/s)
     assert "Checkpoints: 1 save, 2.00 s blocking in total, mean 2.00 s, max 2.00 s, 3.00 MB" in text
     assert "Model metrics, last window (iterations 2-3): loss 0.5\n" in text  # its mean reads the same
     assert "Iterations: 4 (mean and percentiles after warm-up)\n" in text  # 4 counted, 3 timed

@@ -929,7 +929,7 @@ def _rate_lines(summary: RunSummary) -> list[str]:
     if tflops is not None:
         mfu, measured = value("mfu"), value("mfu_measured")
         lines.append(
-            f"Compute: {tflops:,.3f} TFLOP/s per device"
+            f"Compute: {plain_number(tflops)} TFLOP/s per device"
             + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
             + (f" ({100 * measured:.1f}% of the measured matmul peak)" if measured is not None else "")
         )
