@@ -170,6 +170,13 @@ def test_sigterm_ends_open_spans_reports_the_loss_and_dies_by_the_signal(tmp_pat
         assert cut.is_error and cut.attributes[semconv.END_REASON] == "preempted: SIGTERM"
     (job,) = compute_goodput(load_jobs([tmp_path / "runs"]))[0].jobs
     assert job.status == "preempted"
+    # one error, shown once where it happened: the cut spans and those around them say the same
+    # (the loop and application read "preempted: SIGTERM", the cut iteration "Terminated: ...")
+    errored = [s for s in found if s.is_error]
+    summary = summarize([tmp_path / "runs"])
+    assert {s.status_message for s in errored} == {"Terminated: preempted: SIGTERM"}
+    (failure,) = summary.failures.values()
+    assert failure.spans == len(errored) and summary.other_failures == 0
 
 
 def test_a_users_own_sigterm_handler_keeps_control(tmp_path: Path) -> None:

@@ -54,12 +54,11 @@ from typing import Any
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.trace import Span
-from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
 from traintel._recorder import active, clock
-from traintel._recorder.engine import TrainingEngine
+from traintel._recorder.engine import TrainingEngine, mark_error
 from traintel._recorder.record import IterationRecord, OpenStep, Terminated
 from traintel._runtime import signal_watch
 from traintel._runtime import state as _state
@@ -424,8 +423,8 @@ def _end_at_signal(
         windows.flush(_PIPELINE_SHARE * telemetry.settings.shutdown_timeout)
     if engine is not None:
         _close_loop(engine, now)
-    for span in reversed(phase_spans):  # innermost first
-        span.set_status(Status(StatusCode.ERROR, reason))
+    for span in reversed(phase_spans):  # innermost first, ended as the cut iteration is: one error
+        mark_error(span, Terminated(reason), now)
         span.set_attribute(semconv.END_REASON, reason)
         span.end(end_time=now)
     if windows is not None:  # the last window's record and the ones held for the export floor
