@@ -190,6 +190,32 @@ def test_no_peak_on_cpu_means_no_mfu_and_one_warning(
     assert caplog.text.count("no MFU: no GPU: set TRAINTEL_PEAK_FLOPS") == 1
 
 
+@pytest.mark.parametrize(("samples", "said"), [(64, True), (32, False), (8, False), (None, False)])
+def test_more_samples_per_iteration_than_the_global_batch_is_said_once(
+    owned: Any, caplog: pytest.LogCaptureFixture, samples: int | None, said: bool
+) -> None:
+    """``samples=`` is each rank's: 64 per iteration with ``global_batch_size=32`` (the batch
+    given twice over, or each rank's samples given the global batch) makes every samples/s 2x
+    too high. 32 is the batch, 8 a micro-batch of a step accumulated over four iterations, and
+    without ``samples=`` each iteration counts the global batch's share: none of those is said."""
+    job = owned(log_every_n_iterations=2, global_batch_size=32, export_iterations="none")
+    with caplog.at_level(logging.WARNING):
+        callbacks.on_train_start(train_iterations_start=0, start_time_msec=ms(0))
+        for i in range(6):
+            callbacks.on_training_single_iteration_start(start_time_msec=ms(i), samples=samples)
+            callbacks.on_training_single_iteration_end(finish_time_msec=ms(i + 1))
+        callbacks.on_train_end(finish_time_msec=ms(6))
+    windows = job.events("training_metrics_update")
+    assert [w[W + "samples"] for w in windows] == [2 * (samples or 32)] * 3  # the counts as given
+    expected = (
+        "samples= counts 64 per iteration on each of 1 rank(s), 64 per step, more than "
+        "global_batch_size=32: samples= is each rank's share, and the job's samples/s multiplies "
+        "it by the world size (throughput is 2x the global batch's)"
+    )
+    assert caplog.text.count(expected) == (1 if said else 0), caplog.text
+    assert said or "global_batch_size=" not in caplog.text
+
+
 def test_checkpoint_metrics(owned: Any) -> None:
     job = owned(export_iterations="none")
     pipeline = traintel.get_telemetry().pipeline

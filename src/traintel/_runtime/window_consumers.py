@@ -16,7 +16,7 @@ from typing import Final
 from opentelemetry.trace import Span
 
 from traintel import semconv
-from traintel._aggregation.aggregator import RateInputs, WindowReport
+from traintel._aggregation.aggregator import WINDOW_KEYS, RateInputs, WindowReport
 from traintel._aggregation.goodput import WindowGoodput
 from traintel._aggregation.window_merge import RecordMerger
 from traintel._aggregation.window_record import loop_attributes
@@ -250,6 +250,25 @@ class WindowConsumers:
             self._warn_once(
                 "out_of_range", "%s: check flops_per_* and the peak FLOP/s%s (not reported as a metric)",
                 error, guess,
+            )  # fmt: skip
+
+    def say_samples_over_the_batch(self, event: WindowEvent) -> None:
+        """More samples per iteration across the ranks than ``global_batch_size``: ``samples=``
+        is each rank's (the job's throughput multiplies it by the world size), so one of the two
+        is wrong, usually the global batch given as each rank's samples, and every samples/s is
+        too high by that much. Said once with the numbers; the counts stay as given."""
+        report, batch = event.report, event.settings.global_batch_size
+        if report is None or not batch or not report.durations:
+            return
+        samples = report.attributes.get(WINDOW_KEYS["samples"], 0.0)
+        per_rank, world = float(samples) / len(report.durations), event.inputs.world_size
+        if per_rank * world > batch * (1 + 1e-9):
+            self._warn_once(
+                "samples_over_batch",
+                "samples= counts %s per iteration on each of %d rank(s), %s per step, more than "
+                "global_batch_size=%d: samples= is each rank's share, and the job's samples/s "
+                "multiplies it by the world size (throughput is %.3gx the global batch's)",
+                f"{per_rank:g}", world, f"{per_rank * world:g}", batch, per_rank * world / batch,
             )  # fmt: skip
 
     def say_wall_clock_step(self, event: WindowEvent) -> None:
