@@ -52,7 +52,7 @@ def test_sdk_disabled_records_nothing_and_user_code_runs_unchanged(tmp_path: Pat
     enabled = run_python(USER_JOB, tmp_path, OTEL_SDK_DISABLED="1")  # only "true" turns it off
     assert enabled.returncode == 0, enabled.stderr
     assert enabled.stdout == "result 10 IterationRecord\n"
-    assert len(list((tmp_path / "traintel-runs").iterdir())) == 1
+    assert len(list((tmp_path / "traintel-runs").glob("*.otlp.jsonl"))) == 1
     assert enabled.stderr == (
         "traintel: OTEL_SDK_DISABLED='1' is not true or false: telemetry stays on (only true turns it off)\n"
     )
@@ -196,7 +196,7 @@ def test_implicit_configuration_survives_bad_env(tmp_path: Path) -> None:
     assert result.stdout.splitlines() == ["result 10 IterationRecord", "128"]
     assert "TRAINTEL_GLOBAL_BATCH_SIZE='lots': expected a positive integer" in result.stderr
     assert result.stderr.count("TRAINTEL_GLOBAL_BATCH_SIZE") == 1
-    files = list((tmp_path / "out").iterdir())
+    files = list((tmp_path / "out").glob("*.otlp.jsonl"))
     assert len(files) == 1
     assert len(list(iter_spans(files))) == 8  # 7 phases and the window record
 
