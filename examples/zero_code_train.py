@@ -6,8 +6,13 @@ Run it under OpenTelemetry's launcher and traintel's instrumentor traces it::
 
 Every optimizer step becomes a ``training_iteration`` with ``data_loading`` and
 ``optimizer_update`` children, ``torch.save`` / ``torch.load`` become checkpoint spans, and
-the processor computes throughput from the batch sizes the DataLoader yields. With no
-``OTEL_*`` exporter configured the spans go to ``./traintel-runs`` (OTLP/JSON lines).
+the processor computes throughput from the batch sizes the DataLoader yields. The launcher's
+exporters are OpenTelemetry's: with the ``opentelemetry-distro`` defaults they send OTLP to
+localhost (point ``OTEL_EXPORTER_OTLP_ENDPOINT`` at your collector); to keep the run in
+``./traintel-runs`` (OTLP/JSON lines, what ``traintel summary`` reads) instead::
+
+    OTEL_TRACES_EXPORTER=traintel_file OTEL_METRICS_EXPORTER=traintel_file \
+        opentelemetry-instrument python examples/zero_code_train.py
 """
 
 from __future__ import annotations
