@@ -617,6 +617,14 @@ def test_a_job_killed_in_its_first_seconds_is_one_of_its_session_s_jobs(
     run_job(tmp_path, KILLED_AT_ONCE, "traintel", restart=0, start_s=0)
     runs = tmp_path / "runs"
     assert [p.name.endswith(MARK_SUFFIX) for p in runs.iterdir()] == [True]  # a mark, no file
+    # alone, it is a run of no iteration (before: `runs` said "no runs", `summary` read "0 from
+    # 0 file(s)" and pointed at iterations "below" that were not there)
+    assert cli.main(["runs", str(runs), "--json"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert (run["id"], run["iterations"], run["duration_s"]) == ("session", 0, 0)  # (its session tag)
+    assert cli.main(["summary", str(runs)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Spans read: 0 from 1 file(s)" in text and "says it ran no iteration" in text
     run_job(tmp_path, RESUMED, "traintel", restart=1, start_s=80)
     result = session_of(runs)
     expect(result, 105, productive=20, other=1, checkpoint_load=4, infrastructure_recovery=80)

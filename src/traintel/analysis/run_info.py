@@ -224,6 +224,7 @@ class RunsSeen:
         run.start_ns = start or end
         run.end_ns = max(start, end)
         run.window_iterations.setdefault(process, [0, 0])
+        run.marked.setdefault(process, 0)  # a run, if of no iteration yet (killed in its init)
 
     def merge(self, later: RunsSeen) -> None:
         merge_by_key(self.runs, later.runs)

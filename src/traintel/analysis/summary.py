@@ -752,14 +752,21 @@ def render(summary: RunSummary, links: TraceLinks | None = None) -> str:
         _telemetry_lines(summary),
     )
     run, *rest = [[wrapped for line in lines for wrapped in _fit(line)] for lines in prose]
-    phases = _phase_lines(summary) if summary.spans else ["", *_fit(_NO_SPANS_YET)]
+    ran = _NO_SPANS_YET + (_MARKED_BELOW if summary.marked_iterations else _MARKED_NO_ITERATION)
+    phases = _phase_lines(summary) if summary.spans else ["", *_fit(ran)]
     return "\n".join([*run, *phases, *itertools.chain.from_iterable(rest)])
 
 
 #: Said of a run known from its progress mark alone.
 _NO_SPANS_YET = (
-    "No spans yet: the job stopped before its file wrote any (it gathers them for up to a "
-    "minute). What it ran is in its progress mark, below; where it hung, if it did, in its "
+    "No spans yet: the job stopped before its file wrote any (it gathers them for up to a minute). "
+)
+_MARKED_BELOW = (
+    "What it ran is in its progress mark, below; where it hung, if it did, in its hang records: "
+    "traintel report."
+)
+_MARKED_NO_ITERATION = (
+    "Its progress mark names it and says it ran no iteration; where it hung, if it did, is in its "
     "hang records: traintel report."
 )
 
