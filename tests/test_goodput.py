@@ -370,6 +370,28 @@ def test_a_rank_a_job_does_not_have_is_named_with_the_ranks_it_has(
         assert err == "traintel: --rank 5: no job in these files has rank 5 (ranks: 0, 1)\n"
 
 
+def test_a_session_or_an_interval_none_of_the_files_has_is_an_error_saying_what_they_have(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--session`` misspelt, or ``--start``/``--end`` outside the run: "no training sessions
+    found" with exit 0 read as a job that recorded nothing. Now an error naming the sessions
+    there are, or the time the files cover."""
+    from traintel.analysis.goodput import load_jobs
+    from traintel.analysis.run_info import utc_text
+
+    run_job(tmp_path, monkeypatch, clean_job)
+    assert cli.main(["goodput", str(tmp_path), "--session", "s2"]) == 2
+    assert capsys.readouterr() == ("", "traintel: --session s2: no such session in these files (s1)\n")
+    (process,) = [p for job in load_jobs([tmp_path]) for p in job.ranks.values()]
+    assert process.end_ns is not None
+    covered = f"they run from {utc_text(process.start_ns)} to {utc_text(process.end_ns)} UTC\n"
+    for interval in (["--end", "2001-01-01"], ["--start", str(process.end_ns // 10**9 + 60)]):
+        assert cli.main(["goodput", str(tmp_path), *interval]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"traintel: no session in these files overlaps --start/--end: {covered}"
+    assert cli.main(["goodput", str(tmp_path), "--session", "s1"]) == 0  # (the one there is)
+
+
 def job_with_async_save(job: Job) -> None:
     """Four 4 s iterations around an async save that blocks 1 s and finalizes in the background."""
     app = job.open("application", 0)

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs, parse_time, render_goodput
+from traintel.analysis.goodput.process import Job
 from traintel.analysis.goodput.text import ranks_text
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.parallel import auto_workers, input_bytes
-from traintel.analysis.run_info import RunInfo, RunsSeen
+from traintel.analysis.run_info import RunInfo, RunsSeen, utc_text
 from traintel.analysis.runs import (
     RunNotFound,
     find_run,
@@ -585,10 +586,31 @@ def _goodput(args: argparse.Namespace) -> int:
     results = compute_goodput(jobs, args.start, args.end, args.rank, args.by_perf_tag)
     if args.session is not None:
         results = [r for r in results if r.session == args.session]
+    if not results:  # (an interval or a session none of the files has: said, not "none found")
+        return _nothing_selected(args, jobs)
     if not _rank_found(args.rank, results):
         return 2
     _print_goodput(args, results, stats, links)
     return 0
+
+
+def _nothing_selected(args: argparse.Namespace, jobs: list[Job]) -> int:
+    """``--session`` naming none of the files' sessions, or ``--start``/``--end`` outside all
+    of them: an error saying what there is."""
+    if args.session is not None and all(job.session != args.session for job in jobs):
+        sessions = ", ".join(sorted({job.session for job in jobs}))
+        said = f"--session {args.session}: no such session in these files ({sessions})"
+        print(f"traintel: {said}", file=sys.stderr)
+        return 2
+    processes = [process for job in jobs for process in job.ranks.values()]
+    first = min(process.start_ns for process in processes)
+    last = max(process.end_ns or process.last_ns for process in processes)
+    print(
+        f"traintel: no session in these files overlaps --start/--end: they run from {utc_text(first)} "
+        f"to {utc_text(last)} UTC",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def _rank_found(rank: int | None, results: list[SessionGoodput]) -> bool:
