@@ -46,6 +46,19 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"traintel {__version__}\n"
 
 
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_workers_below_one_is_an_error_naming_the_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """(``--workers 0`` ran one process, said nowhere.)"""
+    for command in ("summary", "goodput", "report"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, str(tmp_path), "--workers", value])
+        assert exit_info.value.code == 2
+        expected = f"argument --workers: expected a number of processes, 1 or more: {value!r}"
+        assert expected in capsys.readouterr().err
+
+
 def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """``traintel goodput DIR --json | head -1``: the reader leaves after one line."""
     assert run_python(JOB, tmp_path, TRAINTEL_EXPORT_ITERATIONS="all").returncode == 0

@@ -131,7 +131,7 @@ def _with_progress(files: list[str], work: Callable[[Callable[[int], None] | Non
 def _workers(args: argparse.Namespace, files: Sequence[str]) -> int:
     """``--workers``, else one process per CPU up to one per file for a large input."""
     if args.workers is not None:
-        return max(1, int(args.workers))
+        return int(args.workers)
     return auto_workers(list(files))
 
 
@@ -665,10 +665,21 @@ def _replay(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _processes(text: str) -> int:
+    """``--workers``: a whole number of processes, 1 or more (0 ran one, said nowhere)."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of processes, 1 or more: {text!r}")
+    return number
+
+
 def _add_workers(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers",
-        type=int,
+        type=_processes,
         metavar="N",
         help="processes reading the files (default: one per CPU, up to one per file, for inputs over 64 MiB)",
     )
