@@ -190,30 +190,41 @@ def test_no_peak_on_cpu_means_no_mfu_and_one_warning(
     assert caplog.text.count("no MFU: no GPU: set TRAINTEL_PEAK_FLOPS") == 1
 
 
-@pytest.mark.parametrize(("samples", "said"), [(64, True), (32, False), (8, False), (None, False)])
-def test_more_samples_per_iteration_than_the_global_batch_is_said_once(
-    owned: Any, caplog: pytest.LogCaptureFixture, samples: int | None, said: bool
+@pytest.mark.parametrize(
+    ("samples", "tokens", "said"),
+    [(64, None, "samples"), (32, 8192, "tokens"), (32, 4096, ""), (8, 1024, ""), (None, None, "")],
+)
+def test_more_samples_or_tokens_per_iteration_than_the_global_batch_is_said_once(
+    owned: Any, caplog: pytest.LogCaptureFixture, samples: int | None, tokens: int | None, said: str
 ) -> None:
-    """``samples=`` is each rank's: 64 per iteration with ``global_batch_size=32`` (the batch
-    given twice over, or each rank's samples given the global batch) makes every samples/s 2x
-    too high. 32 is the batch, 8 a micro-batch of a step accumulated over four iterations, and
-    without ``samples=`` each iteration counts the global batch's share: none of those is said."""
-    job = owned(log_every_n_iterations=2, global_batch_size=32, export_iterations="none")
+    """``samples=`` and ``tokens=`` are each rank's: 64 samples per iteration with
+    ``global_batch_size=32`` (the batch given twice over, or each rank's samples given the global
+    batch), or 8,192 tokens with 32 x 128 per step, make every samples/s (tokens/s) 2x too high.
+    The batch itself, a micro-batch of a step accumulated over four iterations, and no counts
+    (each iteration counts the global batch's share) are not said."""
+    job = owned(log_every_n_iterations=2, global_batch_size=32, seq_len=128, export_iterations="none")
     with caplog.at_level(logging.WARNING):
         callbacks.on_train_start(train_iterations_start=0, start_time_msec=ms(0))
         for i in range(6):
-            callbacks.on_training_single_iteration_start(start_time_msec=ms(i), samples=samples)
+            callbacks.on_training_single_iteration_start(
+                start_time_msec=ms(i), samples=samples, tokens=tokens
+            )
             callbacks.on_training_single_iteration_end(finish_time_msec=ms(i + 1))
         callbacks.on_train_end(finish_time_msec=ms(6))
     windows = job.events("training_metrics_update")
     assert [w[W + "samples"] for w in windows] == [2 * (samples or 32)] * 3  # the counts as given
-    expected = (
-        "samples= counts 64 per iteration on each of 1 rank(s), 64 per step, more than "
+    assert [w[W + "tokens"] for w in windows] == [2 * (tokens or (samples or 32) * 128)] * 3
+    expected = {
+        "samples": "samples= counts 64 per iteration on each of 1 rank(s), 64 per step, more than "
         "global_batch_size=32: samples= is each rank's share, and the job's samples/s multiplies "
-        "it by the world size (throughput is 2x the global batch's)"
-    )
-    assert caplog.text.count(expected) == (1 if said else 0), caplog.text
-    assert said or "global_batch_size=" not in caplog.text
+        "it by the world size (throughput is 2x the global batch's)",
+        "tokens": "tokens= counts 8192 per iteration on each of 1 rank(s), 8192 per step, more than "
+        "global_batch_size x seq_len=32 x 128: tokens= is each rank's share, and the job's tokens/s "
+        "multiplies it by the world size (throughput is 2x the global batch's)",
+    }
+    for what, line in expected.items():
+        assert caplog.text.count(line) == (what == said), caplog.text
+    assert said or "global_batch_size" not in caplog.text
 
 
 def test_checkpoint_metrics(owned: Any) -> None:

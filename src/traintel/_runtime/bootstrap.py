@@ -274,7 +274,7 @@ def _register(
     windows.register("the goodput record", consumers.book_goodput)
     windows.at_close(consumers.release_held)
     windows.register("the wall clock's step", consumers.say_wall_clock_step)
-    windows.register("the samples against the global batch", consumers.say_samples_over_the_batch)
+    windows.register("the counts against the global batch", consumers.say_counts_over_the_batch)
     windows.register("the loop span", consumers.update_loop)
 
 

@@ -252,24 +252,32 @@ class WindowConsumers:
                 error, guess,
             )  # fmt: skip
 
-    def say_samples_over_the_batch(self, event: WindowEvent) -> None:
-        """More samples per iteration across the ranks than ``global_batch_size``: ``samples=``
-        is each rank's (the job's throughput multiplies it by the world size), so one of the two
-        is wrong, usually the global batch given as each rank's samples, and every samples/s is
-        too high by that much. Said once with the numbers; the counts stay as given."""
-        report, batch = event.report, event.settings.global_batch_size
+    def say_counts_over_the_batch(self, event: WindowEvent) -> None:
+        """More samples (tokens) per iteration across the ranks than ``global_batch_size``
+        (× ``seq_len``): ``samples=`` and ``tokens=`` are each rank's (the job's throughput
+        multiplies them by the world size), so one of the two is wrong, usually the global batch
+        given as each rank's, and every samples/s (tokens/s) is too high by that much. Said once
+        with the numbers (the samples first); the counts stay as given."""
+        report, settings = event.report, event.settings
+        batch, seq_len = settings.global_batch_size, settings.seq_len
         if report is None or not batch or not report.durations:
             return
-        samples = report.attributes.get(WINDOW_KEYS["samples"], 0.0)
-        per_rank, world = float(samples) / len(report.durations), event.inputs.world_size
-        if per_rank * world > batch * (1 + 1e-9):
-            self._warn_once(
-                "samples_over_batch",
-                "samples= counts %s per iteration on each of %d rank(s), %s per step, more than "
-                "global_batch_size=%d: samples= is each rank's share, and the job's samples/s "
-                "multiplies it by the world size (throughput is %.3gx the global batch's)",
-                f"{per_rank:g}", world, f"{per_rank * world:g}", batch, per_rank * world / batch,
-            )  # fmt: skip
+        world = event.inputs.world_size
+        for what, step, limit in (
+            ("samples", batch, f"global_batch_size={batch}"),
+            ("tokens", batch * (seq_len or 0), f"global_batch_size x seq_len={batch} x {seq_len}"),
+        ):
+            per_rank = float(report.attributes.get(WINDOW_KEYS[what], 0.0)) / len(report.durations)
+            if step and per_rank * world > step * (1 + 1e-9):
+                self._warn_once(
+                    what + "_over_batch",
+                    "%s= counts %s per iteration on each of %d rank(s), %s per step, more than %s: "
+                    "%s= is each rank's share, and the job's %s/s multiplies it by the world size "
+                    "(throughput is %.3gx the global batch's)",
+                    what, f"{per_rank:g}", world, f"{per_rank * world:g}", limit, what, what,
+                    per_rank * world / step,
+                )  # fmt: skip
+                return  # (tokens derived from too many samples are too many too: said once)
 
     def say_wall_clock_step(self, event: WindowEvent) -> None:
         """A wall-clock step since the last window (1 s or more): said once, and a
