@@ -89,6 +89,23 @@ def test_the_distros_default_endpoint_with_nothing_listening(tmp_path: Path) -> 
     assert _replayed(tmp_path / "out" / "spool") == produced, "the spool kept every span"
 
 
+def test_the_file_the_distros_exporters_write_is_named_as_the_job_starts_and_ends(
+    tmp_path: Path,
+) -> None:
+    """``OTEL_TRACES_EXPORTER=traintel_file`` under ``opentelemetry-instrument``, as the docs
+    say to keep a zero-code run in a file: the job's first and last lines name it and the
+    command that reads it, as they do for a run configured by traintel (they said nothing)."""
+    files = {"OTEL_TRACES_EXPORTER": "traintel_file", "OTEL_METRICS_EXPORTER": "traintel_file"}
+    result, _ = _instrumented(tmp_path, TRAINTEL_QUIET="0", **files)
+    assert result.returncode == 0, result.stderr
+    (written,) = (tmp_path / "out").glob("*.otlp.jsonl")
+    said = "traintel: telemetry of this run"
+    lines = [line for line in result.stderr.splitlines() if line.startswith(said)]
+    assert lines[0] == f"{said} goes to {written}", result.stderr
+    assert lines[1].startswith(f"{said} is in {written}; read it with: "), lines
+    assert len(lines) == 2 and len(list(iter_spans([written]))) > 30
+
+
 def test_a_blackholed_endpoint_is_bounded_spooled_and_counted(tmp_path: Path) -> None:
     send = 30.0
     with BlackHole() as hole:

@@ -64,6 +64,7 @@ from traintel.exporters.file import (
     OtlpJsonFileSpanExporter,
     OtlpJsonLinesFile,
     _file_name,
+    made_default_file,
 )
 from traintel.exporters.health import EXIT_TIMEOUT, HEALTH
 from traintel.exporters.http_session import CertificateSession, needs_certificate_session
@@ -432,9 +433,18 @@ class Pipeline:
     def run_file(self) -> Path | None:
         """The embedded file if the run's spans or metrics go to it: what the job's first and
         last lines name. (Where the OTLP exporters alone export them, the file holds at most
-        hang records: named, it was a file that did not exist, or held no span.)"""
+        hang records: named, it was a file that did not exist, or held no span.) Under
+        providers traintel did not build (``opentelemetry-instrument``'s), the file their
+        ``traintel_file`` exporters share, if ``OTEL_TRACES_EXPORTER`` or ``OTEL_METRICS_EXPORTER``
+        made them."""
         exporters = [*(self.trace_exporters or []), *self.metric_exporters]
-        return self.output_file() if FILE_EXPORTER in exporters else None
+        if FILE_EXPORTER in exporters:
+            return self.output_file()
+        file = made_default_file() if self.trace_exporters is None else None
+        if file is None:
+            return None
+        service = str(self.resource.attributes.get(semconv.SERVICE_NAME, "traintel"))
+        return file.path or file.planned_path(service)
 
     def add_span_processor(self, processor: SpanProcessor) -> None:
         provider = self.tracer_provider

@@ -233,12 +233,23 @@ _default_files_lock = threading.Lock()
 
 def default_file(output_dir: str | os.PathLike[str] | None = None) -> OtlpJsonLinesFile:
     """The process-wide file for ``output_dir``, so span and metric exporters share it."""
-    key = str(Path(output_dir or os.environ.get(ev.TRAINTEL_OUTPUT_DIR) or DEFAULT_OUTPUT_DIR).resolve())
+    key = _default_key(output_dir)
     with _default_files_lock:
         existing = _default_files.get(key)
         if existing is None or existing._closed:
             existing = _default_files[key] = OtlpJsonLinesFile(key)
         return existing
+
+
+def made_default_file(output_dir: str | os.PathLike[str] | None = None) -> OtlpJsonLinesFile | None:
+    """:func:`default_file`'s file if an exporter made it, closed or not (what the exporters
+    the SDK built from ``OTEL_*`` write): None, and none made, if not."""
+    with _default_files_lock:
+        return _default_files.get(_default_key(output_dir))
+
+
+def _default_key(output_dir: str | os.PathLike[str] | None) -> str:
+    return str(Path(output_dir or os.environ.get(ev.TRAINTEL_OUTPUT_DIR) or DEFAULT_OUTPUT_DIR).resolve())
 
 
 def _service_name_of(resource_attributes: object) -> str:
