@@ -611,8 +611,6 @@ def test_without_a_sync_mark_the_rank_waiting_for_late_data_is_not_the_straggler
     results = ok(run_ranks(job, tmp_path, TRAINTEL_LOG_EVERY_N_ITERATIONS="4"))
     updates = results[0].events(semconv.Event.RANKS_METRICS_UPDATE.value)
     assert [u[R + "compute_mode"] for u in updates] == ["step"] * 3
-    # rank 0's compute time holds its wait for rank 1
-    assert all(u[R + "compute_time.max"] > u[R + "compute_time.min"] + DELAY / 2 for u in updates)
     assert all(u[R + "data_loading_time.max"] >= DELAY for u in updates)
     assert not any(r.events(semconv.Event.STRAGGLER.value) for r in results)
     dirs = [str(result.out_dir) for result in results]
