@@ -600,17 +600,18 @@ def _nothing_selected(args: argparse.Namespace, jobs: list[Job]) -> int:
     if args.session is not None and all(job.session != args.session for job in jobs):
         sessions = ", ".join(sorted({job.session for job in jobs}))
         said = f"--session {args.session}: no such session in these files ({sessions})"
-        print(f"traintel: {said}", file=sys.stderr)
-        return 2
+    else:
+        said = f"no session in these files overlaps --start/--end: they run from {_covered(jobs)} UTC"
+    print(f"traintel: {said}", file=sys.stderr)
+    return 2
+
+
+def _covered(jobs: list[Job]) -> str:
+    """The time the jobs' processes cover, from the first start to the last end."""
     processes = [process for job in jobs for process in job.ranks.values()]
     first = min(process.start_ns for process in processes)
     last = max(process.end_ns or process.last_ns for process in processes)
-    print(
-        f"traintel: no session in these files overlaps --start/--end: they run from {utc_text(first)} "
-        f"to {utc_text(last)} UTC",
-        file=sys.stderr,
-    )
-    return 2
+    return f"{utc_text(first)} to {utc_text(last)}"
 
 
 def _rank_found(rank: int | None, results: list[SessionGoodput]) -> bool:

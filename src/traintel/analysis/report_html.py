@@ -590,21 +590,29 @@ def _across_ranks(report: Report) -> list[str]:
     rows = report.ranks.rows()[-20:]
     if not rows:
         return []
-    stats = ("min", "median", "max")
-    head = "".join(f"<th>{_e(title.split(' ')[0])} {k}</th>" for _, title in SPREADS for k in stats)
-    body = "".join(
-        f"<tr><td>{window['window']:,}</td><td>{window['first_iteration']:,}-{window['last_iteration']:,}</td>"
-        f"<td>{window['ranks']:,}</td><td>{_e(fmt_s((window['iteration_time'] or {}).get('median')))}</td>"
-        + "".join(f"<td>{_e(fmt_s((window[name] or {}).get(k)))}</td>" for name, _ in SPREADS for k in stats)
-        + f"<td class='warn'>{_e(straggler_text(window))}</td></tr>"
-        for window in rows
-    )
+    head = "".join(f"<th>{_e(title.split(' ')[0])} {k}</th>" for _, title in SPREADS for k in _SPREAD_STATS)
     return [
         "<h2>Across ranks, per window (compute time before the sync point, data-loading wait)</h2>",
         f"<table><tr><th>window</th><th>iterations</th><th>ranks</th><th>iteration median</th>{head}"
-        f"<th>straggler</th></tr>{body}</table>",
+        f"<th>straggler</th></tr>{''.join(map(_across_row, rows))}</table>",
         *([f'<p class="none">compute time: {_e(UNMARKED_COMPUTE)}</p>'] if unmarked(rows) else []),
     ]
+
+
+_SPREAD_STATS = ("min", "median", "max")
+
+
+def _across_row(window: dict[str, Any]) -> str:
+    """One window's row of :func:`_across_ranks`."""
+    cells = [
+        f"{window['window']:,}",
+        f"{window['first_iteration']:,}-{window['last_iteration']:,}",
+        f"{window['ranks']:,}",
+        fmt_s((window["iteration_time"] or {}).get("median")),
+        *(fmt_s((window[name] or {}).get(k)) for name, _ in SPREADS for k in _SPREAD_STATS),
+    ]
+    straggler = f"<td class='warn'>{_e(straggler_text(window))}</td>"
+    return "<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in cells) + straggler + "</tr>"
 
 
 def render_html(report: Report, links: TraceLinks | None = None) -> str:

@@ -13,6 +13,7 @@ integers, fixed decimals with units), never scientific notation.
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -280,28 +281,39 @@ def _ranks_tables(report: Report) -> list[Table]:
         "Across ranks, per window: mean iteration time (p99, top-k: --json)",
         "window", "iterations", "ranks", "min", "median", "max", "straggler",
     )  # fmt: skip
-    spreads = [
-        (name, _table(f"Across ranks, per window: {title}", "window", "iterations", "min", "median", "max"))
-        for name, title in SPREADS
-    ]
     if len(rows) > len(cross):  # said: a table of 20 read as the whole run's
         ranks.caption = f"the last {len(cross)} of {len(rows):,} windows (each: --json)"
-    if unmarked(cross):
-        spreads[0][1].caption = UNMARKED_COMPUTE
     for window in cross:
-        iterations = f"{fmt_num(window['first_iteration'])}-{fmt_num(window['last_iteration'])}"
         straggler = straggler_text(window)
         ranks.add_row(
-            fmt_num(window["window"]),
-            iterations,
+            *_window_cells(window),
             fmt_num(window["ranks"]),
             *_min_median_max(window["iteration_time"]),
             Text(straggler, style="yellow") if straggler else "",
         )
-        for name, table in spreads:
+    return [ranks, *_spread_tables(cross)]
+
+
+def _window_cells(window: dict[str, Any]) -> tuple[str, str]:
+    """A window's index and iteration range, as the tables across ranks start their rows."""
+    first, last = fmt_num(window["first_iteration"]), fmt_num(window["last_iteration"])
+    return fmt_num(window["window"]), f"{first}-{last}"
+
+
+def _spread_tables(cross: list[dict[str, Any]]) -> list[Table]:
+    """A table per spread across ranks (:data:`SPREADS`) the windows recorded, the compute
+    time's saying how it was measured where no sync point was marked."""
+    tables = []
+    for name, title in SPREADS:
+        table = _table(f"Across ranks, per window: {title}", "window", "iterations", "min", "median", "max")
+        for window in cross:
             if window[name]:
-                table.add_row(fmt_num(window["window"]), iterations, *_min_median_max(window[name]))
-    return [ranks, *(table for _, table in spreads if table.row_count)]
+                table.add_row(*_window_cells(window), *_min_median_max(window[name]))
+        if name == "compute_time" and unmarked(cross):
+            table.caption = UNMARKED_COMPUTE
+        if table.row_count:
+            tables.append(table)
+    return tables
 
 
 def _min_median_max(stats: dict[str, float] | None) -> list[str]:

@@ -167,6 +167,13 @@ def _compute_mode(rows: list[RankWindow]) -> str:
     return "sync_point" if marked == len(rows) else "step" if marked == 0 else "mixed"
 
 
+def _waited(worst: RankWindow, others: list[RankWindow], lag: float) -> bool:
+    """Whether ``worst``'s compute lag may be time it waited in a collective: measured without a
+    sync point, with an iteration time lagging the others' median by less than half of it."""
+    iteration_lag = worst.iteration_s - percentile(sorted(row.iteration_s for row in others), 50)
+    return not worst.sync_marked and iteration_lag < lag / 2
+
+
 class RankTracker:
     """Per-rank EWMAs across windows: O(world size) memory, whatever the number of windows."""
 
@@ -220,12 +227,8 @@ class RankTracker:
         worst, others = by_compute[0], by_compute[1:]
         median = percentile(sorted(row.compute_s for row in others), 50)
         lag = worst.compute_s - median
-        if worst.compute_s <= self.factor * median or lag < MIN_LAG_S:
+        if worst.compute_s <= self.factor * median or lag < MIN_LAG_S or _waited(worst, others, lag):
             return None
-        if not worst.sync_marked:
-            iteration_lag = worst.iteration_s - percentile(sorted(row.iteration_s for row in others), 50)
-            if iteration_lag < lag / 2:
-                return None
         ewma = self._ewma[worst.rank]
         others_ewma = percentile(sorted(self._ewma[row.rank] for row in others), 50)
         factor = worst.compute_s / median if median > 0 else float("inf")
