@@ -212,3 +212,14 @@ def test_scale_mode_rank_0_exports_the_job_view_and_counts(pipeline: Pipeline) -
     assert update[R + "top_k"] == (2, 0, 1) and update[semconv.STRAGGLER_RANK] == 2
     (counted,) = metrics[semconv.METRIC_STRAGGLERS]
     assert counted.value == 1 and dict(counted.attributes) == {semconv.STRAGGLER_RANK: 2}
+
+
+def test_the_reports_name_a_straggler_with_its_factor_when_it_is_finite() -> None:
+    from traintel.analysis.ranks import straggler_text
+
+    def row(rank: int | None, factor: float | None) -> dict[str, Any]:
+        return {"straggler_rank": rank, "straggler_factor": factor}
+
+    assert straggler_text(row(3, 2.44)) == "rank 3 (2.4x)"
+    assert straggler_text(row(1, float("inf"))) == "rank 1"  # the others computed nothing
+    assert straggler_text(row(1, None)) == "rank 1" and straggler_text(row(None, None)) == ""

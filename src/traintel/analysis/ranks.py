@@ -15,6 +15,7 @@ rest counted.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -179,7 +180,8 @@ def straggler_text(row: dict[str, Any]) -> str:
     rank, factor = row["straggler_rank"], row["straggler_factor"]
     if rank is None:
         return ""
-    return f"rank {rank}" + (f" ({factor:.1f}x)" if isinstance(factor, int | float) else "")
+    known = isinstance(factor, int | float) and math.isfinite(factor)  # (inf: the others computed nothing)
+    return f"rank {rank}" + (f" ({factor:.1f}x)" if known else "")
 
 
 def _live_stats(live: dict[str, Any], name: str) -> dict[str, Any] | None:
