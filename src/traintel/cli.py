@@ -610,8 +610,7 @@ def _covered(jobs: list[Job]) -> str:
     """The time the jobs' processes cover, from the first start to the last end."""
     processes = [process for job in jobs for process in job.ranks.values()]
     first = min(process.start_ns for process in processes)
-    last = max(process.end_ns or process.last_ns for process in processes)
-    return f"{utc_text(first)} to {utc_text(last)}"
+    return f"{utc_text(first)} to {utc_text(max(process.stop_ns for process in processes))}"
 
 
 def _rank_found(rank: int | None, results: list[SessionGoodput]) -> bool:

@@ -425,10 +425,14 @@ class Pipeline:
         return getattr(self.tracer_provider, "resource", None) or Resource.get_empty()
 
     def output_file(self) -> Path | None:
-        if self.file is None:
+        return self._path_of(self.file)
+
+    def _path_of(self, file: OtlpJsonLinesFile | None) -> Path | None:
+        """Where ``file`` is, or will be at its first write for this job's service."""
+        if file is None:
             return None
         service = str(self.resource.attributes.get(semconv.SERVICE_NAME, "traintel"))
-        return self.file.path or self.file.planned_path(service)
+        return file.path or file.planned_path(service)
 
     def run_file(self) -> Path | None:
         """The embedded file if the run's spans or metrics go to it: what the job's first and
@@ -440,11 +444,7 @@ class Pipeline:
         exporters = [*(self.trace_exporters or []), *self.metric_exporters]
         if FILE_EXPORTER in exporters:
             return self.output_file()
-        file = made_default_file() if self.trace_exporters is None else None
-        if file is None:
-            return None
-        service = str(self.resource.attributes.get(semconv.SERVICE_NAME, "traintel"))
-        return file.path or file.planned_path(service)
+        return self._path_of(made_default_file() if self.trace_exporters is None else None)
 
     def add_span_processor(self, processor: SpanProcessor) -> None:
         provider = self.tracer_provider
