@@ -445,6 +445,14 @@ def test_compare_picks_runs_within_a_directory(runs: Runs, capsys: pytest.Captur
     assert json.loads(out)["runs"] == {"a": runs.ids["old"], "b": runs.ids["old"]}
     code, out, _ = _cli("compare", str(runs.own["old"]), shared, capsys=capsys)
     assert code == 0 and f"B = {shared} (run {runs.ids['new']})" in " ".join(out.split())
+    # given once: the same as twice, its two newest or the two named; never a run against itself
+    code, out, _ = _cli("compare", shared, "--json", capsys=capsys)
+    assert code == 0 and json.loads(out)["runs"] == {"a": runs.ids["ddp"], "b": runs.ids["new"]}
+    code, out, _ = _cli("compare", shared, "--run-a", runs.ids["old"][:10], "--json", capsys=capsys)
+    assert json.loads(out)["runs"] == {"a": runs.ids["old"], "b": runs.ids["new"]}
+    for alone, both in (([own], "old"), ([shared, "--run-a", runs.ids["new"]], "new")):
+        code, out, err = _cli("compare", *alone, capsys=capsys)
+        assert (code, out) == (2, "") and f"A and B would both be run {runs.ids[both]} of" in err
 
 
 @pytest.mark.parametrize("second", [1, 0], ids=["restarted", "launched-again"])

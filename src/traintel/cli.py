@@ -396,12 +396,18 @@ def _compare(args: argparse.Namespace) -> int:
     links = _links()
     if links is None:
         return 2
-    if len(args.runs) < 2:
-        print("traintel: compare needs at least two runs: traintel compare A B [C ...]", file=sys.stderr)
-        return 2
+    one_path = len(args.runs) == 1  # its previous run (A) against its newest (B), or the two named
+    args.runs *= 2 if one_path else 1
     picked = _compare_runs(args)
     if isinstance(picked, int):
         return picked
+    if one_path and picked[0][0] is not None and picked[0][0] == picked[1][0]:
+        print(
+            f"traintel: compare: A and B would both be run {picked[0][0].id} of {args.runs[0]}: "
+            "give a second path, or --run-a and --run-b naming two different runs",
+            file=sys.stderr,
+        )
+        return 2
     reports = _compared_reports(args.runs, picked)
     if isinstance(reports, int):
         return reports
@@ -750,7 +756,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="RUN",
         help="two or more runs (files or directories; the newest run of each, the first is the baseline A); "
-        "a directory given k times stands for its k newest runs, oldest first",
+        "a directory given k times stands for its k newest runs, oldest first; given once, for its two "
+        "newest (or the two --run-a and --run-b name)",
     )
     comp.add_argument("--run-a", dest="run_a_id", metavar="ID", help="the baseline's run id (or a prefix)")
     comp.add_argument("--run-b", dest="run_b_id", metavar="ID", help="the compared run's id (or a prefix)")
