@@ -430,6 +430,18 @@ traintel.shutdown()
 RESUMED_UNTIL_150 = RESUMED.replace("tick(1)", "tick(26)")
 
 
+@pytest.mark.parametrize("traces", ["console", "none"])
+def test_no_progress_mark_where_the_run_s_spans_do_not_go_to_the_file(tmp_path: Path, traces: str) -> None:
+    """Spans sent elsewhere, the embedded file holds at most hang records (logs still go to it):
+    a mark beside it, superseded by no window record, would outlive the job as its only record
+    and say it stopped at the mark's last write (its start, for a short job)."""
+    run_job(tmp_path, RESUMED, "traintel", restart=0, start_s=0,
+            OTEL_TRACES_EXPORTER=traces, OTEL_METRICS_EXPORTER="none")  # fmt: skip
+    assert not list((tmp_path / "runs").rglob("*" + MARK_SUFFIX))
+    run_job(tmp_path, RESUMED, "traintel", restart=1, start_s=0)  # to the file: marked
+    assert len(list((tmp_path / "runs").rglob("*" + MARK_SUFFIX))) == 1
+
+
 def test_a_late_exit_flush_does_not_stretch_the_session(tmp_path: Path) -> None:
     # Job 1 ends cleanly, but its end carries 300 s, after job 2 started at 100 s (its exit flush
     # ran late); job 2 ends at 150 s. Every total is clipped at job 2's start.

@@ -38,7 +38,7 @@ from traintel._recorder import active, clock
 from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
 from traintel._runtime import gil_helper, hang_records, preemption, state
 from traintel._runtime.farewell import greeting, say
-from traintel._runtime.pipeline import Pipeline, PipelineOptions, build_pipeline
+from traintel._runtime.pipeline import FILE_EXPORTER, Pipeline, PipelineOptions, build_pipeline
 from traintel._runtime.progress import ProgressMarks
 from traintel._runtime.state import Telemetry, Warnings
 from traintel._runtime.window_consumers import PeakFlops, WindowConsumers
@@ -228,8 +228,10 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
 def _progress_marks(
     pipeline: Pipeline, engine: TrainingEngine, windows: WindowPipeline
 ) -> ProgressMarks | None:
-    """With the embedded file, a killed job's progress beside it, fed the closed windows."""
-    if pipeline.file is None:
+    """Where the run's spans go to the embedded file, a killed job's progress beside it, fed the
+    closed windows. (Spans sent elsewhere, the file holds hang records at most: no window record
+    would ever supersede the mark, which would then say the job stopped where it was last written.)"""
+    if pipeline.file is None or FILE_EXPORTER not in (pipeline.trace_exporters or ()):
         return None
     marks = ProgressMarks(engine, pipeline.output_file, pipeline.resource.attributes, windows.flush)
     windows.register("the progress mark", lambda event: marks.window_closed(event.report, event.window))
