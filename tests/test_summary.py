@@ -491,6 +491,8 @@ def test_the_errors_spans_ended_with_are_shown_where_each_first_happened(
                     with traintel.checkpoint_save(iteration=number):
                         if number == 1:
                             raise OSError(28, "No space left on device")
+                        if number == 2:
+                            raise TimeoutError  # no message: its span's status reads "TimeoutError: "
                 except OSError:
                     pass  # the job goes on without that checkpoint
                 with traintel.training_iteration():
@@ -502,18 +504,20 @@ def test_the_errors_spans_ended_with_are_shown_where_each_first_happened(
         traintel.shutdown(5)
     spans = list(iter_spans([tmp_path]))
     failed = next(s for s in spans if s.name == "training_iteration" and s.is_error)
-    saved = next(s for s in spans if s.name == "checkpoint_save_sync" and s.is_error)
+    saved, timed_out = [s for s in spans if s.name == "checkpoint_save_sync" and s.is_error]
     summary = summarize([tmp_path])
     assert [f.as_dict() for f in summary.failures.values()] == [
         {"message": "OSError: [Errno 28] No space left on device", "span": "checkpoint_save_sync",
          "iteration": None, "rank": 0, "end_ns": saved.end_ns, "trace_id": saved.trace_id,
          "span_id": saved.span_id, "spans": 1},
+        {"message": "TimeoutError", "span": "checkpoint_save_sync", "iteration": None, "rank": 0,
+         "end_ns": timed_out.end_ns, "trace_id": timed_out.trace_id, "span_id": timed_out.span_id, "spans": 1},
         {"message": "RuntimeError: CUDA out of memory", "span": "training_iteration", "iteration": 3,
          "rank": 0, "end_ns": failed.end_ns, "trace_id": failed.trace_id, "span_id": failed.span_id,
          "spans": 3},
     ]  # fmt: skip
     text = render(summary)
-    assert "Errors: 4 span(s) ended with one, each shown where it first happened" in text
+    assert "Errors: 5 span(s) ended with one, each shown where it first happened" in text
     assert "  RuntimeError: CUDA out of memory\n    in training_iteration 3 at " in text
     assert f"and 2 span(s) around it\n    trace {failed.trace_id} span {failed.span_id}" in text
     assert main(["report", str(tmp_path), "--json"]) == 0

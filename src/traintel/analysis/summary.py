@@ -344,8 +344,9 @@ class RunSummary:
 
     def _failed(self, span: SpanRecord) -> None:
         iteration = span.attributes.get(semconv.ITERATION)
+        message = span.status_message.removesuffix(": ")  # (an exception without a message: "Name: ")
         failure = Failure(
-            span.status_message or "ERROR", span.name, iteration if isinstance(iteration, int) else None,
+            message or "ERROR", span.name, iteration if isinstance(iteration, int) else None,
             _count(span.resource, semconv.RANK), span.end_ns, span.trace_id, span.span_id,
         )  # fmt: skip
         self._add_failures([failure])
