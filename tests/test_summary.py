@@ -518,7 +518,7 @@ def test_the_errors_spans_ended_with_are_shown_where_each_first_happened(
          "spans": 3},
     ]  # fmt: skip
     text = render(summary)
-    assert "Errors: 5 span(s) ended with one, each shown where it first happened" in text
+    assert "Errors: 5 span(s) ended with one, earliest first, each where it first happened" in text
     assert "  RuntimeError: CUDA out of memory\n    in training_iteration 3 at " in text
     assert f"and 2 span(s) around it\n    trace {failed.trace_id} span {failed.span_id}" in text
     assert main(["report", str(tmp_path), "--json"]) == 0
@@ -526,7 +526,10 @@ def test_the_errors_spans_ended_with_are_shown_where_each_first_happened(
     assert (report["errors"], report["other_errors"]) == ([f.as_dict() for f in summary.failures.values()], 0)
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "Errors, each where it first happened" in out and f"trace {failed.trace_id} span" in out
+    assert (
+        "Errors, earliest first, each where it first happened" in out
+        and f"trace {failed.trace_id} span" in out
+    )
     html = tmp_path / "report.html"
     assert main(["report", str(tmp_path), "--html", str(html)]) == 0
     page = html.read_text()
@@ -534,9 +537,11 @@ def test_the_errors_spans_ended_with_are_shown_where_each_first_happened(
     assert row in page and f"<code>{failed.trace_id}</code>" in page
 
 
-def test_errors_are_bounded_and_merged_across_files_in_file_order() -> None:
-    """Per file read apart, then merged: the same error adds up and keeps its first span; past
-    five distinct errors the rest are counted, not kept."""
+def test_errors_are_bounded_and_merged_across_files_earliest_first() -> None:
+    """Per file read apart, then merged: the same error adds up and keeps its earliest span
+    (wherever its file comes); the five earliest distinct errors are kept, earliest first (a
+    crashed rank's error before the "peer closed" of the ranks after it, whatever the ranks'
+    file order), the rest are counted."""
     from traintel.analysis.summary import MAX_FAILURES, RunSummary
     from traintel.exporters.records import SpanRecord
 
@@ -546,10 +551,11 @@ def test_errors_are_bounded_and_merged_across_files_in_file_order() -> None:
 
     first, later = RunSummary(), RunSummary()
     first.add(failed("E0", "01" * 8, 10))
-    later.add(failed("E0", "02" * 8, 5))  # earlier in time, later in the files: counted, not kept
+    first.add(failed("peer closed", "04" * 8, 30))
+    later.add(failed("E0", "02" * 8, 5))  # earlier in time, later in the files: kept
     for n in range(1, MAX_FAILURES + 2):
-        later.add(failed(f"E{n}", "03" * 8, 20 + n))
+        later.add(failed(f"E{n}", "03" * 8, 20 - n))
     first.merge(later)
-    kept = {message: (f.span_id, f.spans) for message, f in first.failures.items()}
-    assert kept == {"E0": ("01" * 8, 2), **{f"E{n}": ("03" * 8, 1) for n in range(1, MAX_FAILURES)}}
-    assert first.other_failures == 2  # E5 and E6
+    kept = [(message, f.span_id, f.spans) for message, f in first.failures.items()]
+    assert kept == [("E0", "02" * 8, 2), *[(f"E{n}", "03" * 8, 1) for n in range(MAX_FAILURES + 1, 2, -1)]]
+    assert first.other_failures == 3  # E2 (18 ns), E1 (19), peer closed (30)

@@ -715,7 +715,7 @@ def _errors(s: RunSummary, links: TraceLinks | None) -> list[str]:
     )
     more = f" ({s.other_failures:,} more spans with other errors)" if s.other_failures else ""
     return [
-        f"<h2>Errors, each where it first happened{_e(more)}</h2>",
+        f"<h2>Errors, earliest first, each where it first happened{_e(more)}</h2>",
         "<table><tr><th>error</th><th>in</th><th>at (UTC)</th><th>spans</th><th>trace id</th></tr>"
         f"{rows}</table>",
     ]

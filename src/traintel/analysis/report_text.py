@@ -244,7 +244,7 @@ def _errors_table(report: Report) -> Table | None:
     if not summary.failures:
         return None
     more = f"; {summary.other_failures} more spans with other errors" if summary.other_failures else ""
-    table = _table(f"Errors, each where it first happened{more}", "")
+    table = _table(f"Errors, earliest first, each where it first happened{more}", "")
     for failure in summary.failures.values():
         around = f", {failure.spans} spans with it" if failure.spans > 1 else ""
         text = Text(failure.message, style="red")

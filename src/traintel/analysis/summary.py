@@ -265,8 +265,9 @@ class RunSummary:
     per_step_errors: Counter[str] = field(default_factory=Counter)
     #: Training loop spans another tracer than traintel's made (they carry no loop summary).
     foreign_loops: int = 0
-    #: The errors spans ended with, by message (at most ``MAX_FAILURES``), and how many spans
-    #: ended with another one.
+    #: The errors spans ended with, by message, earliest first (the ``MAX_FAILURES`` earliest:
+    #: in a job of many ranks the first error is the cause, the others' "peer closed" follow
+    #: it), and how many spans ended with another one.
     failures: dict[str, Failure] = field(default_factory=dict)
     other_failures: int = 0
     #: The loops' ``ml.training.summary.*`` attributes, ordered by precedence (the last speaks).
@@ -352,14 +353,16 @@ class RunSummary:
         self._add_failures([failure])
 
     def _add_failures(self, failures: Iterable[Failure]) -> None:
+        kept = self.failures
         for failure in failures:
-            seen = self.failures.get(failure.message)
-            if seen is not None:
-                seen.spans += failure.spans
-            elif len(self.failures) < MAX_FAILURES:
-                self.failures[failure.message] = dataclasses.replace(failure)
-            else:
-                self.other_failures += failure.spans
+            seen = kept.get(failure.message)
+            first = failure if seen is None or failure.end_ns < seen.end_ns else seen
+            kept[failure.message] = dataclasses.replace(
+                first, spans=failure.spans + (seen.spans if seen else 0)
+            )
+        ordered = sorted(kept.values(), key=lambda f: f.end_ns)  # (stable: file order among equals)
+        self.failures = {f.message: f for f in ordered[:MAX_FAILURES]}
+        self.other_failures += sum(f.spans for f in ordered[MAX_FAILURES:])
 
     def _exported_iteration(self, span: SpanRecord, seconds: float) -> None:
         """An exported (sampled) iteration: counted by sampling reason, kept if among the slowest."""
@@ -795,7 +798,7 @@ def _failure_lines(summary: RunSummary, links: TraceLinks | None) -> list[str]:
     total = sum(f.spans for f in summary.failures.values()) + summary.other_failures
     lines = [
         "",
-        f"Errors: {plain_number(total)} span(s) ended with one, each shown where it first happened",
+        f"Errors: {plain_number(total)} span(s) ended with one, earliest first, each where it first happened",
     ]
     for failure in summary.failures.values():
         around = f", and {failure.spans - 1} span(s) around it" if failure.spans > 1 else ""
