@@ -97,6 +97,24 @@ def test_spans_round_trip_with_hex_ids(tmp_path: Path) -> None:
     assert names == {"things"}
 
 
+def test_processes_of_the_same_pid_and_second_on_two_hosts_write_two_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nodes of a job in containers run their ranks under the same pids, started in the
+    same second, into one shared directory: the host in the name keeps their files (and their
+    progress marks and spools) apart, where two appenders would interleave in one file."""
+    monkeypatch.setattr("time.time", lambda: 1_700_000_000.25)
+    paths = []
+    for host in ("node-a.cluster.local", "node b/1"):
+        monkeypatch.setattr("socket.gethostname", lambda host=host: host)
+        paths.append(OtlpJsonLinesFile(output_dir=tmp_path).planned_path("job"))
+    pid = os.getpid()
+    assert [p.name for p in paths] == [
+        f"job-20231114T221320Z-node-a.cluster.local-{pid}.otlp.jsonl",
+        f"job-20231114T221320Z-node_b_1-{pid}.otlp.jsonl",
+    ]
+
+
 def test_reader_skips_bad_and_truncated_lines(tmp_path: Path) -> None:
     tracer_provider, meter_provider, file = _providers(tmp_path)
     tracer = tracer_provider.get_tracer("t")

@@ -3,8 +3,10 @@
 Why a file and not a local collector: ``make demo`` and a first experiment must work with
 nothing else installed, and a file of standard OTLP/JSON requests can later be replayed to
 any collector or read by ``traintel`` commands. Traces, metrics and logs (hang reports) of one
-process share one file (the line's top-level key says which), named by service, start time and
-pid so ranks and restarts never collide.
+process share one file (the line's top-level key says which), named by service, start time,
+host and pid so ranks and restarts never collide: the host because the nodes of a job in
+containers often run their ranks under the same pids, started in the same second, and write to
+one shared directory.
 
 Writes happen on the SDK's export threads, never on the training thread. A write error is
 reported once and the export fails; training goes on and other exporters are unaffected. A
@@ -21,6 +23,7 @@ import errno
 import logging
 import os
 import re
+import socket
 import stat
 import threading
 import time
@@ -67,7 +70,8 @@ WRITING_THE_FILE = "the telemetry file writer"
 def _file_name(service_name: str, started: float, pid: int) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
     safe = _UNSAFE.sub("_", service_name).strip("._") or "traintel"
-    return f"{safe}-{stamp}-{pid}{FILE_SUFFIX}"
+    host = _UNSAFE.sub("_", socket.gethostname()).strip("._")[:64] or "host"
+    return f"{safe}-{stamp}-{host}-{pid}{FILE_SUFFIX}"
 
 
 class OtlpJsonLinesFile:
