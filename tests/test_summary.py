@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -326,7 +327,9 @@ def test_a_failed_iteration_and_its_failed_step_count_in_the_errors_column(tmp_p
     while the application and the loop above them did)."""
     from tests.subprocess_helpers import run_python
 
-    done = run_python(FAILING_STEP, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"))
+    # (no slow iteration exported: a microsecond step that a loaded machine delays is one)
+    runs = str(tmp_path / "runs")
+    done = run_python(FAILING_STEP, tmp_path, TRAINTEL_OUTPUT_DIR=runs, TRAINTEL_EXPORT_TAIL_PER_MINUTE="0")
     assert done.returncode == 1 and "boom at 12" in done.stderr
     summary = summarize([tmp_path / "runs"])
     rows = {row.phase: (row.count, row.errors) for row in phase_rows(summary)}
@@ -487,6 +490,11 @@ def test_the_errors_spans_ended_with_are_shown_where_each_first_happened(
     try:
         with traintel.application(), traintel.training_loop():
             for number in range(5):
+                if number == 0:  # an async save whose writer fails after the training resumed
+                    save = traintel.checkpoint_save(strategy="async", iteration=number)
+                    with save:
+                        completion = save.completion()
+                    completion.finish(error=OSError(5, "Input/output error"))
                 try:
                     with traintel.checkpoint_save(iteration=number):
                         if number == 1:
@@ -505,12 +513,16 @@ def test_the_errors_spans_ended_with_are_shown_where_each_first_happened(
     spans = list(iter_spans([tmp_path]))
     failed = next(s for s in spans if s.name == "training_iteration" and s.is_error)
     saved, timed_out = [s for s in spans if s.name == "checkpoint_save_sync" and s.is_error]
+    written = next(s for s in spans if s.name == "checkpoint_finalize")
     summary = summarize([tmp_path])
     assert [f.as_dict() for f in summary.failures.values()] == [
+        {"message": "OSError: [Errno 5] Input/output error", "span": "checkpoint_finalize",
+         "iteration": 0, "rank": 0, "end_ns": written.end_ns, "trace_id": written.trace_id,
+         "span_id": written.span_id, "spans": 1},
         {"message": "OSError: [Errno 28] No space left on device", "span": "checkpoint_save_sync",
-         "iteration": None, "rank": 0, "end_ns": saved.end_ns, "trace_id": saved.trace_id,
+         "iteration": 1, "rank": 0, "end_ns": saved.end_ns, "trace_id": saved.trace_id,
          "span_id": saved.span_id, "spans": 1},
-        {"message": "TimeoutError", "span": "checkpoint_save_sync", "iteration": None, "rank": 0,
+        {"message": "TimeoutError", "span": "checkpoint_save_sync", "iteration": 2, "rank": 0,
          "end_ns": timed_out.end_ns, "trace_id": timed_out.trace_id, "span_id": timed_out.span_id,
          "spans": 1},
         {"message": "RuntimeError: CUDA out of memory", "span": "training_iteration", "iteration": 3,
@@ -518,14 +530,18 @@ def test_the_errors_spans_ended_with_are_shown_where_each_first_happened(
          "spans": 3},
     ]  # fmt: skip
     text = render(summary)
-    assert "Errors: 5 span(s) ended with one, earliest first, each where it first happened" in text
+    assert "Errors: 6 span(s) ended with one, earliest first, each where it first happened" in text
+    assert "  TimeoutError\n    in checkpoint_save_sync of iteration 2 at " in text
     assert "  RuntimeError: CUDA out of memory\n    in training_iteration 3 at " in text
     assert f"and 2 span(s) around it\n    trace {failed.trace_id} span {failed.span_id}" in text
     assert main(["report", str(tmp_path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["errors"], report["other_errors"]) == ([f.as_dict() for f in summary.failures.values()], 0)
+    checkpoints = report["checkpoints"]  # 4 sync saves (two raised) and an async one (its writer failed)
+    assert (checkpoints["saves"], checkpoints["failed_saves"], checkpoints["failed_loads"]) == (5, 3, 0)
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
+    assert re.search(r"\n saves +5 \(3 failed\) *\n", out)
     assert (
         "Errors, earliest first, each where it first happened" in out
         and f"trace {failed.trace_id} span" in out

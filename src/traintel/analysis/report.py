@@ -593,14 +593,18 @@ class Report:
         saves = PhaseStats()
         for phase in semconv.CHECKPOINT_SAVE_PHASES:
             saves.merge(phases.get(phase, PhaseStats()))
+        loads = phases.get(Phase.CHECKPOINT_LOAD.value, PhaseStats())
         return {
             "saves": saves.count,
+            # its blocking part raised, or (an async save) its writer's finish did
+            "failed_saves": saves.errors + phases.get(_FINALIZE, PhaseStats()).errors,
             "save_time_total_s": saves.total_s,
             "save_time_mean_s": saves.mean_s if saves.count else None,
             "save_time_max_s": saves.max_s if saves.count else None,
             "bytes_total": self.save_bytes,
             "stages_s": self.stage_s,
-            "loads": phases.get(Phase.CHECKPOINT_LOAD.value, PhaseStats()).count,
+            "loads": loads.count,
+            "failed_loads": loads.errors,
             "summed_over": {"jobs": max(1, self.summary.jobs), "ranks": max(1, len(self.summary.ranks))},
         }
 

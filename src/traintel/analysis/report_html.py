@@ -368,9 +368,10 @@ def checkpoint_chart(report: Report) -> str:
     shown = report.saves[:60]
     bar_w = min(40.0, max(4.0, (_W - _PAD - 20) / max(len(shown), 1) - 2))
     parts = [_svg("checkpoints", _H)]
-    total = report.checkpoints()["saves"]
+    counts = report.checkpoints()
+    total, failed = counts["saves"], counts["failed_saves"]
     which = f"the first {len(shown):,} of {total:,} saves" if total > len(shown) else "saves in order"
-    x_label = f"{which} (hover for iteration and size)"
+    x_label = f"{which}{f', {failed:,} failed' if failed else ''} (hover for iteration and size)"
     parts += _grid(_zero_ticks(longest, "s"), 0.0, longest, 1, len(shown), x_label, x_ticks=False)
     for i, save in enumerate(shown):
         h = (_H - 40) * save.duration_s / longest

@@ -125,8 +125,10 @@ class Failure:
     spans: int = 1
 
     def where(self, summary: RunSummary) -> str:
-        """``"training_iteration 33"``, with ``" on rank 3"`` where the run has several ranks."""
-        number = f" {self.iteration}" if self.iteration is not None else ""
+        """``"training_iteration 33"`` (a checkpoint's: ``"checkpoint_finalize of iteration 60"``),
+        with ``" on rank 3"`` where the run has several ranks."""
+        at = " of iteration" if self.span.startswith("checkpoint") else ""
+        number = f"{at} {self.iteration}" if self.iteration is not None else ""
         return self.span + number + (f" on rank {self.rank}" if len(summary.ranks) > 1 else "")
 
     def as_dict(self) -> dict[str, Any]:
@@ -344,7 +346,7 @@ class RunSummary:
         self._outer(extent, phase, seconds, span)
 
     def _failed(self, span: SpanRecord) -> None:
-        iteration = span.attributes.get(semconv.ITERATION)
+        iteration = span.attributes.get(semconv.ITERATION, span.attributes.get(semconv.CHECKPOINT_ITERATION))
         message = span.status_message.removesuffix(": ")  # (an exception without a message: "Name: ")
         failure = Failure(
             message or "ERROR", span.name, iteration if isinstance(iteration, int) else None,
