@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,9 @@ from traintel import cli
 from traintel._aggregation.progress import Account, OpenWindowProgress, job_progress
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.analysis.report import build_report
-from traintel.exporters.progress_mark import MARK_SUFFIX
+from traintel.exporters.progress_mark import MARK_KEY, MARK_SUFFIX
 from traintel.exporters.reader import iter_spans
-from traintel.semconv import BADPUT_CATEGORIES
+from traintel.semconv import BADPUT_CATEGORIES, HOST_NAME
 
 pytestmark = [pytest.mark.process]  # the suite's tiers: tests/tiers.py
 
@@ -628,7 +629,9 @@ def test_a_job_killed_in_its_first_seconds_is_one_of_its_session_s_jobs(
     the next job is recovery."""
     run_job(tmp_path, KILLED_AT_ONCE, "traintel", restart=0, start_s=0)
     runs = tmp_path / "runs"
-    assert [p.name.endswith(MARK_SUFFIX) for p in runs.iterdir()] == [True]  # a mark, no file
+    (mark,) = runs.iterdir()
+    assert mark.name.endswith(MARK_SUFFIX)  # a mark, no file: it names the job and its host
+    assert json.loads(mark.read_text())[MARK_KEY]["resource"][HOST_NAME] == socket.gethostname()
     # alone, it is a run of no iteration (before: `runs` said "no runs", `summary` read "0 from
     # 0 file(s)" and pointed at iterations "below" that were not there)
     assert cli.main(["runs", str(runs), "--json"]) == 0
@@ -659,7 +662,9 @@ def test_a_job_killed_before_its_file_s_first_line_counts_from_its_mark(
     body = "KILL_AT = 5\n" + DIE_ONCE_MARKED + KILLED_BEFORE_ITS_FILE
     run_job(tmp_path, body, "traintel", restart=0, start_s=0)
     runs = tmp_path / "runs"
-    assert [p.name.endswith(MARK_SUFFIX) for p in runs.iterdir()] == [True]  # a mark, no file
+    (mark,) = runs.iterdir()
+    assert mark.name.endswith(MARK_SUFFIX)  # a mark, no file: it names the job and its host
+    assert json.loads(mark.read_text())[MARK_KEY]["resource"][HOST_NAME] == socket.gethostname()
     run_job(tmp_path, RESUMED, "traintel", restart=1, start_s=80)
     result = session_of(runs)
     expect(

@@ -765,7 +765,8 @@ def render(summary: RunSummary, links: TraceLinks | None = None) -> str:
 
 #: Said of a run known from its progress mark alone.
 _NO_SPANS_YET = (
-    "No spans yet: the job stopped before its file wrote any (it gathers them for up to a minute). "
+    "No spans yet: the job stopped, or is still running, before its file wrote any (it gathers "
+    "them for up to a minute). "
 )
 _MARKED_BELOW = (
     "What it ran is in its progress mark, below; where it hung, if it did, in its hang records: "

@@ -38,10 +38,11 @@ def mark_path(file: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + MARK_SUFFIX)
 
 
-#: The resource attributes a mark names its job with: what the analysis groups processes by.
+#: The resource attributes a mark names its job with: what the analysis groups processes by,
+#: and the host it ran on (a node that keeps killing its jobs).
 IDENTITY: Final = (
     semconv.SERVICE_NAME, semconv.SERVICE_INSTANCE_ID, semconv.RUN_ID, semconv.SESSION_TAG,
-    semconv.RESTART_COUNT, semconv.RANK, semconv.PERF_TAG,
+    semconv.RESTART_COUNT, semconv.RANK, semconv.PERF_TAG, semconv.HOST_NAME,
 )  # fmt: skip
 
 
