@@ -11,6 +11,7 @@ themselves run on a real Prometheus in tests/test_prometheus_real.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -208,6 +209,8 @@ def emitted() -> Iterator[dict[str, Any]]:
     with traintel.checkpoint_stage("write"):
         pass
     callbacks.on_save_checkpoint_end(finish_time_msec=ms(end + 2))
+    with contextlib.suppress(OSError), traintel.checkpoint_save(iteration=7):
+        raise OSError(28, "No space left on device")  # (the checkpoint failure counter)
     callbacks.on_validation_start()
     callbacks.on_validation_single_iteration_start()
     callbacks.on_validation_single_iteration_end()

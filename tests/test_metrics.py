@@ -6,6 +6,7 @@ duration is exact and every formula can be asserted to the digit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.trace import StatusCode
 
 import traintel
 from traintel import callbacks, semconv
@@ -264,6 +266,34 @@ def test_checkpoint_metrics(owned: Any) -> None:
     points = job.metric_points(semconv.METRIC_CHECKPOINT_SAVE_DURATION)
     assert [(p.count, p.sum) for p in points] == [(2, 6.0)]
     assert points[0].attributes == {semconv.CHECKPOINT_STRATEGY: "sync"}
+
+
+def test_failed_checkpoints_are_counted_by_phase(owned: Any) -> None:
+    """A save that raised, an async save whose writer finished with an error, a load that raised
+    and a plain OpenTelemetry save span ended with ERROR: each counted once by its phase, so a
+    backend sees that the job's checkpoints stopped working (the durations alone do not say)."""
+    job = owned(export_iterations="none")
+    pipeline = traintel.get_telemetry().pipeline
+    assert pipeline is not None
+    tracer = pipeline.tracer_provider.get_tracer("user-checkpointer")
+    with traintel.application(), traintel.training_loop():
+        for failing in (traintel.checkpoint_save(), traintel.checkpoint_load()):
+            with contextlib.suppress(OSError), failing:
+                raise OSError(28, "No space left on device")
+        with traintel.checkpoint_save(iteration=1):  # a save that worked: not counted
+            pass
+        save = traintel.checkpoint_save(strategy="async")
+        with save:
+            completion = save.completion()
+        completion.finish(error=OSError(5, "Input/output error"))
+        span = tracer.start_span("save", attributes={semconv.PHASE: "checkpoint_save_async"})
+        span.set_status(StatusCode.ERROR, "writer died")
+        span.end()
+    points = job.metric_points(semconv.METRIC_CHECKPOINT_FAILURES)
+    assert sorted((p.attributes[semconv.PHASE], p.value) for p in points) == [
+        ("checkpoint_finalize", 1), ("checkpoint_load", 1),
+        ("checkpoint_save_async", 1), ("checkpoint_save_sync", 1),
+    ]  # fmt: skip
 
 
 def test_async_checkpoint_blocking_and_background(owned: Any) -> None:

@@ -63,7 +63,8 @@ CANNOT_HERE = {
 }
 
 #: Trains until told to stop: every step phase, data loading, a checkpoint load, a save with a
-#: stage every 20 iterations, a validation loop every 50; ``ready`` once all of them happened.
+#: stage every 20 iterations (the second fails), a validation loop every 50; ``ready`` once all of
+#: them happened.
 JOB = """
 import pathlib, time
 import traintel
@@ -83,9 +84,14 @@ with traintel.application():
                 with traintel.optimizer_update():
                     pass
             if i % 20 == 19:
-                with traintel.checkpoint_save(iteration=i, size_bytes=4096):
-                    with traintel.checkpoint_stage("write"):
-                        time.sleep(0.005)
+                try:
+                    with traintel.checkpoint_save(iteration=i, size_bytes=4096):
+                        with traintel.checkpoint_stage("write"):
+                            time.sleep(0.005)
+                            if i == 39:
+                                raise OSError(28, "No space left on device")
+                except OSError:
+                    pass  # the job trains on without that checkpoint
             if i % 50 == 49:
                 with traintel.validation_loop():
                     with traintel.validation_iteration():

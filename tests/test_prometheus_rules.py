@@ -283,3 +283,49 @@ def test_goodput_drop_compares_a_job_with_its_own_best_not_the_run_before_a_rest
         ],
     }
     _promtool_test(tmp_path, test)
+
+
+def test_a_checkpoint_failure_fires_at_the_first_one_and_again_at_the_next(tmp_path: Path) -> None:
+    """Rank 0's save fails at minute 10 (its counter's series appears, with 1: increase() alone
+    sees no rise there), nothing fails for 20 minutes, then a second failure at minute 40."""
+    target = 'job="train", instance="rank0"'
+    failures = {4 * minute: 1.0 if minute < 40 else 2.0 for minute in range(10, 50)}  # (15 s steps)
+    phase = 'ml_training_phase="checkpoint_save_sync"'
+    series = {
+        f"ml_training_checkpoint_failures_total{{{target}, {phase}}}": failures,
+        f'target_info{{{target}, ml_training_run_id="run-1"}}': dict.fromkeys(range(4 * 50), 1.0),
+    }
+    fired = {
+        "exp_labels": {
+            "severity": "warning", "ml_training_run_id": "run-1", "ml_training_phase": "checkpoint_save_sync"
+        },
+        "exp_annotations": {
+            "summary": "Run run-1: a checkpoint_save_sync failed in the last 15 min",
+            "description": (
+                "The error is on the failed span (Jaeger/Tempo: ml.training.phase=checkpoint_save_sync, "
+                "status ERROR), and traintel report lists it; the last good checkpoint is where a restart "
+                "resumes."
+            ),
+        },
+    }  # fmt: skip
+    at = {"before": 5, "first": 11, "quiet": 30, "second": 41}
+    expected = {"before": [], "first": [fired], "quiet": [], "second": [fired]}
+    test = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": [{"series": name, "values": _values(s)} for name, s in series.items()],
+                "alert_rule_test": [
+                    {
+                        "eval_time": f"{at[when]}m",
+                        "alertname": "TraintelCheckpointFailing",
+                        "exp_alerts": alerts,
+                    }
+                    for when, alerts in expected.items()
+                ],
+            }
+        ],
+    }
+    _promtool_test(tmp_path, test)

@@ -104,7 +104,7 @@ class AsyncCheckpointCompletion:
         new_bytes, written = self._sizes(engine, size_bytes, path)
         span = self._finalize_span(engine, start, new_bytes)
         seconds = (end - start) / 1e9
-        totals = engine.checkpoint_background_done(seconds, new_bytes)
+        totals = engine.checkpoint_background_done(seconds, new_bytes, failed=error is not None)
         if written is not None and end > start:
             totals[semconv.CHECKPOINT_BYTES_PER_SECOND] = written / seconds
         if error is None:
@@ -241,7 +241,7 @@ def _measured_size(engine: TrainingEngine, path: str | os.PathLike[str]) -> int 
 class CheckpointLoadPhase(PhaseSpan):
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         if span.is_recording():
-            engine.checkpoint_loaded((end_ns - self._start_ns) / 1e9)
+            engine.checkpoint_loaded((end_ns - self._start_ns) / 1e9, failed=exc is not None)
 
 
 class CheckpointStagePhase(PhaseSpan):

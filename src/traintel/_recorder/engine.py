@@ -65,6 +65,8 @@ _EVAL_LOOPS: Final = {
     Phase.VALIDATION_LOOP.value: (Phase.VALIDATION_ITERATION.value, Event.VALIDATION_METRICS_UPDATE.value),
     Phase.TESTING_LOOP.value: (Phase.TESTING_ITERATION.value, Event.TESTING_METRICS_UPDATE.value),
 }
+#: A save's phase by its strategy (what the checkpoint failure counter names).
+_SAVE_PHASE: Final = {"sync": Phase.CHECKPOINT_SAVE_SYNC.value, "async": Phase.CHECKPOINT_SAVE_ASYNC.value}
 #: The step-phase fields of the row of an iteration that did not time its step phases.
 _UNTIMED: Final = (None, None, None, None)
 _get_ident = threading.get_ident
@@ -783,25 +785,31 @@ class TrainingEngine:
             attributes[semconv.CHECKPOINT_BYTES_PER_SECOND] = size_bytes / duration_s
         if self.metrics is not None:
             self.metrics.checkpoint_saved(duration_s, size_bytes, strategy)
+            if failed:
+                self.metrics.checkpoint_failed(_SAVE_PHASE.get(strategy, Phase.CHECKPOINT_SAVE_SYNC.value))
         if target is not None:
             target.add_event(Event.CHECKPOINT_METRICS_UPDATE.value, attributes)
         return attributes
 
     def checkpoint_background_done(
-        self, duration_s: float, size_bytes: int | None
+        self, duration_s: float, size_bytes: int | None, failed: bool = False
     ) -> dict[str, AttributeValue]:
         with self.lock:
             self.checkpoints.add_background(duration_s, size_bytes)
             attributes: dict[str, AttributeValue] = dict(self.checkpoints.attributes())
         if self.metrics is not None:
             self.metrics.background_written(size_bytes)
+            if failed:
+                self.metrics.checkpoint_failed(Phase.CHECKPOINT_FINALIZE.value)
         return attributes
 
-    def checkpoint_loaded(self, duration_s: float) -> None:
+    def checkpoint_loaded(self, duration_s: float, failed: bool = False) -> None:
         with self.lock:
             self.checkpoints.add_load(duration_s)
         if self.metrics is not None:
             self.metrics.checkpoint_loaded(duration_s)
+            if failed:
+                self.metrics.checkpoint_failed(Phase.CHECKPOINT_LOAD.value)
 
     def checkpoint_stage_done(self, stage: str, duration_s: float) -> None:
         with self.lock:

@@ -86,11 +86,13 @@ class WindowSink(Protocol):
 
 
 class CheckpointMetrics(Protocol):
-    """The checkpoint histograms (the metric instruments)."""
+    """The checkpoint histograms and failure counter (the metric instruments)."""
 
     def checkpoint_saved(self, duration_s: float, size_bytes: int | None, strategy: str) -> None: ...
 
     def checkpoint_loaded(self, duration_s: float) -> None: ...
+
+    def checkpoint_failed(self, phase: str) -> None: ...
 
     def background_written(self, size_bytes: int | None) -> None: ...
 

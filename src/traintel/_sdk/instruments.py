@@ -98,6 +98,13 @@ class TrainingInstruments:
         self.checkpoint_size = histogram(
             semconv.METRIC_CHECKPOINT_SIZE, "Size of each checkpoint written.", "By", SIZE_BUCKETS_BY
         )
+        # (kept in scale mode: a failure is an anomaly every rank reports, and none exports nothing)
+        self.checkpoint_failures = meter.create_counter(
+            semconv.METRIC_CHECKPOINT_FAILURES,
+            unit="{checkpoint}",
+            description="Checkpoint saves and loads that failed, by ml.training.phase "
+            "(checkpoint_finalize: an async save's writer).",
+        )
         for last_window in _LAST_WINDOW_GAUGES:
             self._gauge(meter, *last_window)
         gauge, counter = meter.create_observable_gauge, meter.create_observable_counter
@@ -224,6 +231,9 @@ class TrainingInstruments:
 
     def checkpoint_loaded(self, duration_s: float) -> None:
         self.checkpoint_load_duration.record(duration_s)
+
+    def checkpoint_failed(self, phase: str) -> None:
+        self.checkpoint_failures.add(1, {semconv.PHASE: phase})
 
     def background_written(self, size_bytes: int | None) -> None:
         if size_bytes is not None:
