@@ -285,21 +285,13 @@ def test_goodput_drop_compares_a_job_with_its_own_best_not_the_run_before_a_rest
     _promtool_test(tmp_path, test)
 
 
-def test_a_checkpoint_failure_fires_at_the_first_one_and_again_at_the_next(tmp_path: Path) -> None:
-    """Rank 0's save fails at minute 10 (its counter's series appears, with 1: increase() alone
-    sees no rise there), nothing fails for 20 minutes, then a second failure at minute 40."""
-    target = 'job="train", instance="rank0"'
-    failures = {4 * minute: 1.0 if minute < 40 else 2.0 for minute in range(10, 50)}  # (15 s steps)
-    phase = 'ml_training_phase="checkpoint_save_sync"'
-    series = {
-        f"ml_training_checkpoint_failures_total{{{target}, {phase}}}": failures,
-        f'target_info{{{target}, ml_training_run_id="run-1"}}': dict.fromkeys(range(4 * 50), 1.0),
-    }
-    fired = {
-        "exp_labels": {
-            "severity": "warning", "ml_training_run_id": "run-1", "ml_training_phase": "checkpoint_save_sync"
-        },
-        "exp_annotations": {
+#: Counters whose series appear at their first event (with 1), and their alert: the label that
+#: names what happened, and what the alert says of it.
+COUNTED = {
+    "checkpoint failure": (
+        "TraintelCheckpointFailing", "ml_training_checkpoint_failures_total",
+        {"ml_training_phase": "checkpoint_save_sync"},
+        {
             "summary": "Run run-1: a checkpoint_save_sync failed in the last 15 min",
             "description": (
                 "The error is on the failed span (Jaeger/Tempo: ml.training.phase=checkpoint_save_sync, "
@@ -307,7 +299,36 @@ def test_a_checkpoint_failure_fires_at_the_first_one_and_again_at_the_next(tmp_p
                 "resumes."
             ),
         },
-    }  # fmt: skip
+    ),
+    "straggler": (
+        "TraintelStraggler", "ml_training_stragglers_total", {"ml_training_straggler_rank": "3"},
+        {
+            "summary": "Run run-1: rank 3 flagged as a straggler",
+            "description": (
+                "traintel compares per-rank compute time before the collective (all-reduce equalises "
+                "step times); see the straggler heatmap."
+            ),
+        },
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("counted", list(COUNTED))
+def test_a_counted_event_alerts_at_the_first_one_and_again_at_the_next(tmp_path: Path, counted: str) -> None:
+    """The first event at minute 10 (the counter's series appears, with 1: increase() alone sees
+    no rise there), none for 20 minutes, then a second one at minute 40."""
+    alert, metric, label, annotations = COUNTED[counted]
+    target = 'job="train", instance="rank0"'
+    events = {4 * minute: 1.0 if minute < 40 else 2.0 for minute in range(10, 50)}  # (15 s steps)
+    labels = ", ".join(f'{key}="{value}"' for key, value in label.items())
+    series = {
+        f"{metric}{{{target}, {labels}}}": events,
+        f'target_info{{{target}, ml_training_run_id="run-1"}}': dict.fromkeys(range(4 * 50), 1.0),
+    }
+    fired = {
+        "exp_labels": {"severity": "warning", "ml_training_run_id": "run-1", **label},
+        "exp_annotations": annotations,
+    }
     at = {"before": 5, "first": 11, "quiet": 30, "second": 41}
     expected = {"before": [], "first": [fired], "quiet": [], "second": [fired]}
     test = {
@@ -318,11 +339,7 @@ def test_a_checkpoint_failure_fires_at_the_first_one_and_again_at_the_next(tmp_p
                 "interval": "15s",
                 "input_series": [{"series": name, "values": _values(s)} for name, s in series.items()],
                 "alert_rule_test": [
-                    {
-                        "eval_time": f"{at[when]}m",
-                        "alertname": "TraintelCheckpointFailing",
-                        "exp_alerts": alerts,
-                    }
+                    {"eval_time": f"{at[when]}m", "alertname": alert, "exp_alerts": alerts}
                     for when, alerts in expected.items()
                 ],
             }
