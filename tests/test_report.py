@@ -205,6 +205,30 @@ def test_html_report_is_self_contained_with_every_chart(
     assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
 
 
+def test_each_window_is_drawn_as_a_level_over_its_iterations() -> None:
+    """A run of one window (a short job: windows close every 30 s) was a dot at its last iteration
+    on an axis from 299 to 300; each window is a level from its first iteration to its last, the
+    marker (its tooltip) at its end, and the axis starts where the first window does."""
+    from traintel.analysis.report_html import _W, line_chart, window_line
+
+    def points(chart: str) -> list[tuple[float, float]]:
+        coords = re.search(r'<polyline class="series"[^>]* points="([^"]+)"', chart)
+        assert coords is not None, chart
+        return [(float(x), float(y)) for x, y in (pair.split(",") for pair in coords[1].split())]
+
+    one = WindowPoint(0, 299, 300, 10**9, 9.0, 0.05)
+    chart = line_chart([window_line("rank 0", "#000", [one], lambda p: p.mean_s, str)], "s", "iteration", "c")
+    (left, level), (right, same) = points(chart)
+    assert level == same and right == _W - 10 and left < right - 0.8 * _W / 2  # across the plot
+    assert chart.count('class="point"') == 1 and f'cx="{right:.1f}"' in chart
+    assert "rank 0: iterations 0-299: 0.03" in chart and ">0</text>" in chart and ">299</text>" in chart
+    # resumed at 1,000: two windows, a step between them at 1,049/1,050
+    two = [WindowPoint(1000, 1049, 50, 0, 1.0, 0.03), WindowPoint(1050, 1149, 100, 0, 4.0, 0.05)]
+    xy = points(line_chart([window_line("r", "#000", two, lambda p: p.mean_s, str)], "s", "it", "d"))
+    assert [y for _, y in xy][0::2] == [y for _, y in xy][1::2] and xy[0][1] != xy[2][1]
+    assert xy[0][0] < xy[1][0] < xy[2][0] < xy[3][0] == _W - 10
+
+
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 

@@ -201,13 +201,25 @@ def _grid(
 
 @dataclass(frozen=True)
 class ChartLine:
-    """One line of a chart: its points, and the tooltip of each point's marker."""
+    """One line of a chart: its points, and the tooltip of each point's marker. A point that
+    stands for a range of x (a window of iterations: ``starts`` holds where each begins) is drawn
+    as a level over that range, the marker at its end: a run of one window is a line across its
+    iterations, not a dot on an axis of one iteration."""
 
     label: str
     colour: str
     points: list[tuple[float, float]]
     dashed: bool = False
     tips: list[str] | None = None  # one per point; default "label: x: y"
+    starts: list[float] | None = None  # one per point
+
+    def drawn(self) -> list[tuple[float, float]]:
+        """The points the line passes through: each range's start and end, else the points."""
+        if self.starts is None:
+            return self.points
+        return [
+            xy for start, (x, y) in zip(self.starts, self.points, strict=True) for xy in ((start, y), (x, y))
+        ]
 
 
 def line_chart(
@@ -216,7 +228,7 @@ def line_chart(
     """Lines in one SVG, each point a marker whose tooltip holds its numbers. Non-finite
     values are left out of the drawing (their tooltips elsewhere say so)."""
     shown = [_finite(line) for line in lines]
-    points = [p for line in shown for p in line.points]
+    points = [p for line in shown for p in line.drawn()]
     if not points:
         return '<p class="none">no data</p>'
     x_min = min(x for x, _ in points)
@@ -232,15 +244,18 @@ def line_chart(
     pad = _pad_for(ticks)
     parts = [_svg(chart_id, _H), *grid]
     legend = []
-    markers = len(points) <= MARKERS
+    markers = sum(len(line.points) for line in shown) <= MARKERS
+    width = (_W - pad - 10) / (x_max - x_min)
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return pad + width * (x - x_min), _y(y, low, high)
+
     for line in shown:
         if not line.points:
             continue
-        width = (_W - pad - 10) / (x_max - x_min)
-        xy = [(pad + width * (x - x_min), _y(y, low, high)) for x, y in line.points]
-        parts.append(_polyline(line, xy))
+        parts.append(_polyline(line, [at(x, y) for x, y in line.drawn()]))
         if markers:
-            parts += _markers(line, xy, y_fmt)
+            parts += _markers(line, [at(x, y) for x, y in line.points], y_fmt)
         legend.append(f'<span><i style="background:{line.colour}"></i>{_e(line.label)}</span>')
     parts.append("</svg>")
     return "".join(parts) + f'<div class="legend">{"".join(legend)}</div>'
@@ -251,7 +266,8 @@ def _finite(line: ChartLine) -> ChartLine:
     if len(kept) == len(line.points):
         return line
     tips = [line.tips[i] for i in kept] if line.tips is not None else None
-    return ChartLine(line.label, line.colour, [line.points[i] for i in kept], line.dashed, tips)
+    starts = [line.starts[i] for i in kept] if line.starts is not None else None
+    return ChartLine(line.label, line.colour, [line.points[i] for i in kept], line.dashed, tips, starts)
 
 
 def _polyline(line: ChartLine, xy: list[tuple[float, float]]) -> str:
@@ -473,6 +489,7 @@ def window_line(
         [(float(p.last_iteration), float(y)) for p, y in kept],
         dashed,
         [f"{label}: {_iterations(p.first_iteration, p.last_iteration)}: {fmt(y)}" for p, y in kept],
+        [float(p.first_iteration) for p, _ in kept],
     )
 
 
@@ -499,7 +516,9 @@ def metric_line(label: str, colour: str, name: str, points: list[MetricPoint]) -
         return f"{label} · {name}, {where}{windows}: mean {fmt_num(point.mean)}, last {fmt_num(point.last)}"
 
     means = [(float(p.last_iteration), p.mean if p.mean is not None else p.last) for p in points]
-    return ChartLine(label, colour, means, tips=[tip(p) for p in points])
+    return ChartLine(
+        label, colour, means, tips=[tip(p) for p in points], starts=[float(p.first_iteration) for p in points]
+    )
 
 
 def model_metrics(report: Report) -> str:
@@ -508,7 +527,7 @@ def model_metrics(report: Report) -> str:
     if not names:
         return (
             '<p class="none">no model metrics recorded (traintel.record_metrics(loss=..., lr=...) '
-            "inside the training loop records them per window)</p>"
+            "inside each training iteration records them per window; between iterations, on the loop)</p>"
         )
     parts = []
     for i, name in enumerate(names):
