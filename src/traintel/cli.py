@@ -396,18 +396,9 @@ def _compare(args: argparse.Namespace) -> int:
     links = _links()
     if links is None:
         return 2
-    one_path = len(args.runs) == 1  # its previous run (A) against its newest (B), or the two named
-    args.runs *= 2 if one_path else 1
     picked = _compare_runs(args)
     if isinstance(picked, int):
         return picked
-    if one_path and picked[0][0] is not None and picked[0][0] == picked[1][0]:
-        print(
-            f"traintel: compare: A and B would both be run {picked[0][0].id} of {args.runs[0]}: "
-            "give a second path, or --run-a and --run-b naming two different runs",
-            file=sys.stderr,
-        )
-        return 2
     reports = _compared_reports(args.runs, picked)
     if isinstance(reports, int):
         return reports
@@ -493,7 +484,22 @@ def _links() -> TraceLinks | None:
 def _compare_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[str]]] | int:
     """The run of each path: ``--run-a``/``--run-b`` for the first two, else the newest in its
     path; a path given k times (and without an id) stands for its k newest runs, oldest first
-    (the same directory twice: its previous run (A) against its newest (B))."""
+    (the same directory twice: its previous run (A) against its newest (B)). A path given once
+    stands for two, never for one run twice (it holds one, or the ids name one: an error)."""
+    one_path = len(args.runs) == 1
+    args.runs *= 2 if one_path else 1
+    picked = _picked_runs(args)
+    if one_path and not isinstance(picked, int) and picked[0][0] is not None and picked[0][0] == picked[1][0]:
+        print(
+            f"traintel: compare: A and B would both be run {picked[0][0].id} of {args.runs[0]}: "
+            "give a second path, or --run-a and --run-b naming two different runs",
+            file=sys.stderr,
+        )
+        return 2
+    return picked
+
+
+def _picked_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[str]]] | int:
     scanned = _scan_each(args.runs)
     if isinstance(scanned, int):
         return scanned
