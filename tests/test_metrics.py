@@ -296,6 +296,42 @@ def test_failed_checkpoints_are_counted_by_phase(owned: Any) -> None:
     ]  # fmt: skip
 
 
+def test_an_async_save_whose_write_failed_is_no_resume_point(owned: Any) -> None:
+    """Where a preemption says a resume starts: the last save that did not raise, an async one
+    from its blocking part; once its writer fails, the save before it again, unless a later save
+    has been made since."""
+    import signal
+
+    from traintel._runtime.preemption import preemption_attributes
+
+    owned(export_iterations="none")
+    telemetry = traintel.get_telemetry()
+
+    def resume_point() -> object:
+        at = preemption_attributes(telemetry, signal.SIGTERM, 0, 9)
+        return at[semconv.PREEMPTION_CHECKPOINT_ITERATION], at[semconv.PREEMPTION_ITERATIONS_LOST]
+
+    completions = {}
+    with traintel.application(), traintel.training_loop(train_iterations_start=0):
+        for i in range(10):
+            with traintel.training_iteration():
+                pass
+            if i == 3:
+                with traintel.checkpoint_save(iteration=4):
+                    pass
+            if i in (5, 7, 9):
+                save = traintel.checkpoint_save(strategy="async", iteration=i + 1)
+                with save:
+                    completions[i + 1] = save.completion()
+        assert resume_point() == (10, 0)
+        completions[10].finish(error=OSError(5, "Input/output error"))
+        assert resume_point() == (8, 2)  # the one before it (its writer still busy)
+        completions[6].finish(error=OSError(5, "Input/output error"))
+        assert resume_point() == (8, 2)  # a later save was made since: it stands
+        completions[8].finish()
+        assert resume_point() == (8, 2)
+
+
 def test_async_checkpoint_blocking_and_background(owned: Any) -> None:
     job = owned(log_every_n_iterations=100)
     done = threading.Event()

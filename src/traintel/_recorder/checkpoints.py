@@ -19,6 +19,8 @@ from traintel._recorder.record import number
 from traintel.semconv import Phase
 
 _time_ns = clock.time_ns
+#: Where a resume would start: (iteration, end ns, seconds) of a save (the engine's last_checkpoint).
+ResumePoint = tuple[int, int, float] | None
 
 
 def directory_size(path: str | os.PathLike[str]) -> int:
@@ -64,6 +66,9 @@ class AsyncCheckpointCompletion:
         #: The size the save's blocking part counted (given to ``checkpoint_save``), set as it
         #: ends: a checkpoint's bytes count once, where they are first known.
         self._counted_size: int | None = None
+        #: The job's resume point before the save's blocking part, and the one it made: a write
+        #: that fails takes its own back (unless a later save has made another since).
+        self._resume_points: tuple[ResumePoint, ResumePoint] = (None, None)
         self._done = False
         self._lock = threading.Lock()
 
@@ -107,10 +112,13 @@ class AsyncCheckpointCompletion:
         totals = engine.checkpoint_background_done(seconds, new_bytes, failed=error is not None)
         if written is not None and end > start:
             totals[semconv.CHECKPOINT_BYTES_PER_SECOND] = written / seconds
+        before, made = self._resume_points
         if error is None:
             span.add_event(
                 semconv.Event.SAVE_CHECKPOINT_SUCCESS.value, {semconv.CHECKPOINT_ITERATION: self._iteration}
             )
+        elif made is not None and engine.last_checkpoint is made:  # no checkpoint: not where a resume starts
+            engine.last_checkpoint = before
         span.add_event(semconv.Event.CHECKPOINT_METRICS_UPDATE.value, totals)
         engine.end_span(span, error, end)
 
@@ -206,9 +214,12 @@ class CheckpointSavePhase(PhaseSpan):
         if exc is None:
             self._success_event(span)
         duration = (end_ns - self._start_ns) / 1e9
+        before = engine.last_checkpoint
         attributes = engine.checkpoint_saved(
             duration, size, self._strategy, span, self._iteration, failed=exc is not None
         )
+        if self._completion is not None:
+            self._completion._resume_points = (before, engine.last_checkpoint)
         rate = attributes.get(semconv.CHECKPOINT_BYTES_PER_SECOND)
         if rate is not None:
             span.set_attribute(semconv.CHECKPOINT_BYTES_PER_SECOND, rate)
