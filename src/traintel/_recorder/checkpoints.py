@@ -13,14 +13,12 @@ from opentelemetry.util.types import AttributeValue
 
 from traintel import semconv
 from traintel._recorder import active, clock
-from traintel._recorder.engine import TrainingEngine
+from traintel._recorder.engine import ResumePoint, TrainingEngine
 from traintel._recorder.phases import PhaseSpan, phase_attributes
 from traintel._recorder.record import number
 from traintel.semconv import Phase
 
 _time_ns = clock.time_ns
-#: Where a resume would start: (iteration, end ns, seconds) of a save (the engine's last_checkpoint).
-ResumePoint = tuple[int, int, float] | None
 
 
 def directory_size(path: str | os.PathLike[str]) -> int:
@@ -117,8 +115,8 @@ class AsyncCheckpointCompletion:
             span.add_event(
                 semconv.Event.SAVE_CHECKPOINT_SUCCESS.value, {semconv.CHECKPOINT_ITERATION: self._iteration}
             )
-        elif made is not None and engine.last_checkpoint is made:  # no checkpoint: not where a resume starts
-            engine.last_checkpoint = before
+        else:
+            engine.checkpoint_unwritten(made, before)
         span.add_event(semconv.Event.CHECKPOINT_METRICS_UPDATE.value, totals)
         engine.end_span(span, error, end)
 

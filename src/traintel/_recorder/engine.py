@@ -65,6 +65,8 @@ _EVAL_LOOPS: Final = {
     Phase.VALIDATION_LOOP.value: (Phase.VALIDATION_ITERATION.value, Event.VALIDATION_METRICS_UPDATE.value),
     Phase.TESTING_LOOP.value: (Phase.TESTING_ITERATION.value, Event.TESTING_METRICS_UPDATE.value),
 }
+#: Where a resume would start: (its first iteration, the save's end ns, its seconds), or None.
+ResumePoint = tuple[int, int, float] | None
 #: A save's phase by its strategy (what the checkpoint failure counter names).
 _SAVE_PHASE: Final = {"sync": Phase.CHECKPOINT_SAVE_SYNC.value, "async": Phase.CHECKPOINT_SAVE_ASYNC.value}
 #: The step-phase fields of the row of an iteration that did not time its step phases.
@@ -159,7 +161,7 @@ class TrainingEngine:
         #: The heartbeat's progress stamp: when an iteration of any loop last ended (read on the
         #: metric reader's and the stall watcher's threads), and the last training iteration done.
         self.iteration_end_ns, self.last_iteration = 0, None
-        self.last_checkpoint: tuple[int, int, float] | None = None  # (iteration, end ns, seconds)
+        self.last_checkpoint: ResumePoint = None
         #: A terminating signal that landed while :meth:`end_iteration` ran on the main thread,
         #: delivered when it returns: cut there, the iteration would be neither open (for the
         #: preemption report to end) nor exported. Set by the signal handler.
@@ -772,13 +774,13 @@ class TrainingEngine:
         # What a preemption loses: iterations after the last save (``iteration`` = the first
         # iteration a resume from this checkpoint runs; unknown: the one after the last done).
         done = self.last_iteration
-        if not failed:
-            self.last_checkpoint = (
-                iteration if iteration is not None else 0 if done is None else done + 1,
-                clock.time_ns(),
-                duration_s,
-            )
         with self.lock:
+            if not failed:
+                self.last_checkpoint = (
+                    iteration if iteration is not None else 0 if done is None else done + 1,
+                    clock.time_ns(),
+                    duration_s,
+                )
             self.checkpoints.add_save(duration_s, size_bytes, strategy)
             attributes: dict[str, AttributeValue] = dict(self.checkpoints.attributes())
         if size_bytes is not None and duration_s > 0:
@@ -802,6 +804,13 @@ class TrainingEngine:
             if failed:
                 self.metrics.checkpoint_failed(Phase.CHECKPOINT_FINALIZE.value)
         return attributes
+
+    def checkpoint_unwritten(self, made: ResumePoint, before: ResumePoint) -> None:
+        """An async save's writer failed: the resume point its blocking part ``made`` is taken
+        back (``before`` it is again), unless a later save has made another since."""
+        with self.lock:
+            if made is not None and self.last_checkpoint is made:
+                self.last_checkpoint = before
 
     def checkpoint_loaded(self, duration_s: float, failed: bool = False) -> None:
         with self.lock:
