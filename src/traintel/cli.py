@@ -489,9 +489,12 @@ def _compare_runs(args: argparse.Namespace) -> list[tuple[RunInfo | None, list[s
     one_path = len(args.runs) == 1
     args.runs *= 2 if one_path else 1
     picked = _picked_runs(args)
-    if one_path and not isinstance(picked, int) and picked[0][0] is not None and picked[0][0] == picked[1][0]:
+    if isinstance(picked, int) or not one_path:
+        return picked
+    (a, _), (b, _) = picked
+    if a is not None and a == b:
         print(
-            f"traintel: compare: A and B would both be run {picked[0][0].id} of {args.runs[0]}: "
+            f"traintel: compare: A and B would both be run {a.id} of {args.runs[0]}: "
             "give a second path, or --run-a and --run-b naming two different runs",
             file=sys.stderr,
         )

@@ -56,6 +56,8 @@ STEP_PHASES: Final = frozenset(
 )
 #: Checkpoint save phases and the stage names ``checkpoint_stage()`` accepts.
 CHECKPOINT_SAVE_PHASES: Final = frozenset({Phase.CHECKPOINT_SAVE_SYNC, Phase.CHECKPOINT_SAVE_ASYNC})
+#: The save phase of each ``ml.training.checkpoint.strategy``.
+CHECKPOINT_SAVE_PHASE_OF: Final = {"sync": Phase.CHECKPOINT_SAVE_SYNC, "async": Phase.CHECKPOINT_SAVE_ASYNC}
 CHECKPOINT_STAGES: Final = {
     "staging": Phase.CHECKPOINT_STAGING,
     "write": Phase.CHECKPOINT_WRITE,

@@ -161,7 +161,7 @@ class CheckpointSavePhase(PhaseSpan):
         path: str | os.PathLike[str] | None,
         attributes: Mapping[str, AttributeValue] | None,
     ) -> None:
-        phase = Phase.CHECKPOINT_SAVE_ASYNC if strategy == "async" else Phase.CHECKPOINT_SAVE_SYNC
+        phase = semconv.CHECKPOINT_SAVE_PHASE_OF.get(strategy, Phase.CHECKPOINT_SAVE_SYNC)
         extra: dict[str, AttributeValue | None] = {
             semconv.CHECKPOINT_STRATEGY: strategy,
             semconv.CHECKPOINT_SIZE: size_bytes,

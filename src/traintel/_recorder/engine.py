@@ -67,8 +67,6 @@ _EVAL_LOOPS: Final = {
 }
 #: Where a resume would start: (its first iteration, the save's end ns, its seconds), or None.
 ResumePoint = tuple[int, int, float] | None
-#: A save's phase by its strategy (what the checkpoint failure counter names).
-_SAVE_PHASE: Final = {"sync": Phase.CHECKPOINT_SAVE_SYNC.value, "async": Phase.CHECKPOINT_SAVE_ASYNC.value}
 #: The step-phase fields of the row of an iteration that did not time its step phases.
 _UNTIMED: Final = (None, None, None, None)
 _get_ident = threading.get_ident
@@ -788,7 +786,8 @@ class TrainingEngine:
         if self.metrics is not None:
             self.metrics.checkpoint_saved(duration_s, size_bytes, strategy)
             if failed:
-                self.metrics.checkpoint_failed(_SAVE_PHASE.get(strategy, Phase.CHECKPOINT_SAVE_SYNC.value))
+                phase = semconv.CHECKPOINT_SAVE_PHASE_OF.get(strategy, Phase.CHECKPOINT_SAVE_SYNC)
+                self.metrics.checkpoint_failed(phase.value)
         if target is not None:
             target.add_event(Event.CHECKPOINT_METRICS_UPDATE.value, attributes)
         return attributes

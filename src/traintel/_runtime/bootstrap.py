@@ -231,7 +231,7 @@ def _progress_marks(
     """Where the run's spans go to the embedded file, a killed job's progress beside it, fed the
     closed windows. (Spans sent elsewhere, the file holds hang records at most: no window record
     would ever supersede the mark, which would then say the job stopped where it was last written.)"""
-    if pipeline.file is None or FILE_EXPORTER not in (pipeline.trace_exporters or ()):
+    if FILE_EXPORTER not in (pipeline.trace_exporters or ()):
         return None
     marks = ProgressMarks(engine, pipeline.output_file, pipeline.resource.attributes, windows.flush)
     windows.register("the progress mark", lambda event: marks.window_closed(event.report, event.window))

@@ -82,7 +82,7 @@ _DATA_LOADING = Phase.DATA_LOADING.value
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 _CONTINUES = semconv.SEGMENT_CONTINUES
 _APPLICATION = Phase.APPLICATION.value
-_SAVES = {Phase.CHECKPOINT_SAVE_SYNC.value: "sync", Phase.CHECKPOINT_SAVE_ASYNC.value: "async"}
+_SAVES = {phase.value: strategy for strategy, phase in semconv.CHECKPOINT_SAVE_PHASE_OF.items()}
 
 
 def _phase_of(span: ReadableSpan) -> str | None:

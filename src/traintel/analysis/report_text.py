@@ -185,22 +185,21 @@ def _checkpoint_table(report: Report) -> Table | None:
     data = report.checkpoints()
     # every save of every rank and job, as the phase table: the summary's line is one loop's
     ckpt = _table("Checkpoints (blocking time)" + summed_over(report.summary), "", "")
-    ckpt.add_row(
-        "saves",
-        fmt_num(data["saves"]) + (f" ({data['failed_saves']:,} failed)" if data["failed_saves"] else ""),
-    )
+    ckpt.add_row("saves", _with_failed(data["saves"], data["failed_saves"]))
     ckpt.add_row("total", fmt_s(data["save_time_total_s"]))
     ckpt.add_row("mean", fmt_s(data["save_time_mean_s"]))
     ckpt.add_row("max", fmt_s(data["save_time_max_s"]))
     if data["bytes_total"]:
         ckpt.add_row("bytes written", f"{data['bytes_total'] / 1e6:,.2f} MB")
-    ckpt.add_row(
-        "loads",
-        fmt_num(data["loads"]) + (f" ({data['failed_loads']:,} failed)" if data["failed_loads"] else ""),
-    )
+    ckpt.add_row("loads", _with_failed(data["loads"], data["failed_loads"]))
     for stage, seconds in sorted(report.stage_s.items()):
         ckpt.add_row(f"stage {stage}", fmt_s(seconds))
     return ckpt
+
+
+def _with_failed(count: int, failed: int) -> str:
+    """``"5 (3 failed)"``; ``"5"`` when none failed."""
+    return fmt_num(count) + (f" ({failed:,} failed)" if failed else "")
 
 
 def _goodput_tables(report: Report) -> list[Table]:
