@@ -60,6 +60,41 @@ def test_a_file_that_would_hold_only_hang_records_is_not_named(tmp_path: Path) -
     assert not list((tmp_path / "runs").glob("*.otlp.jsonl"))
 
 
+OWN_PROVIDER_JOB = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+import traintel
+trace.set_tracer_provider(TracerProvider())  # the user's: no exporter, no service name
+with traintel.application():
+    with traintel.training_loop():
+        for i in range(3):
+            with traintel.training_iteration():
+                pass
+"""
+
+
+@pytest.mark.process
+def test_beside_the_user_s_tracer_provider_the_file_is_named_as_written_and_said_to_hold_metrics(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user's own tracer provider takes the spans; the meters traintel builds write the
+    embedded file. The first line named a file of the user's resource's service name
+    (``unknown_service_python-…``) that was never written, and the last pointed at
+    ``traintel summary``, which found no span there and said only that."""
+    runs = tmp_path / "runs"
+    done = run_python(OWN_PROVIDER_JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(runs), TRAINTEL_QUIET="0")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("traintel: telemetry of this run")]
+    (output,) = (tmp_path / "runs").glob("*.otlp.jsonl")
+    assert lines == [
+        f"traintel: telemetry of this run goes to {output} (metrics only)",
+        f"traintel: telemetry of this run is in {output} (metrics only)",
+    ], done.stderr
+    assert cli.main(["summary", str(output.parent)]) == 1
+    said = capsys.readouterr().err
+    assert "line(s) of metrics or logs only (the job's spans were exported elsewhere" in said, said
+
+
 def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path) -> None:
     output = tmp_path / "run.otlp.jsonl"
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}
@@ -91,6 +126,16 @@ def test_the_line_names_the_otlp_endpoint_and_only_rank_0_says_it(tmp_path: Path
     assert greeting(output, ["traintel_file"], 1, {}) is None
     assert greeting(output, ["traintel_file"], 0, {"TRAINTEL_QUIET": "1"}) is None
     assert greeting(None, ["console"], 0, {}) is None  # nothing to say where
+    # Spans elsewhere (the console, or the user's own provider): the file has the metrics only.
+    said = "traintel: telemetry of this run"
+    assert greeting(output, ["console"], 0, {}) == f"{said} goes to {output} (metrics only)"
+    assert farewell(output, None, 0, ON_PATH) == f"{said} is in {output} (metrics only)"
+    assert farewell(output, ["otlp"], 0, env) == (
+        f"{said} was sent to http://collector:4317 (OTLP) and is kept in {output} (metrics only)"
+    )
+    assert farewell(output, None, 0, {"OTEL_TRACES_EXPORTER": "traintel_file", **ON_PATH}) == (
+        f"traintel: telemetry of this run is in {output}; read it with: traintel summary {tmp_path}"
+    )  # the distro's file exporter takes the spans
     assert farewell(None, None, 0, {}) is None  # the user's own providers: nothing known to say
 
 

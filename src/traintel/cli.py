@@ -138,6 +138,11 @@ def _workers(args: argparse.Namespace, files: Sequence[str]) -> int:
 def _no_spans(paths: Sequence[str], stats: ReadStats) -> int:
     """Files found but no span in them: say why (a report of nothing would look like success)."""
     why = f": {stats.skipped} unreadable line(s), e.g. {stats.reasons[0]}" if stats.skipped else ""
+    if stats.lines and not why:  # the job's spans went elsewhere: the file has its metrics
+        why = (
+            f": {stats.lines} line(s) of metrics or logs only (the job's spans were exported "
+            "elsewhere: OTEL_TRACES_EXPORTER, or the job's own tracer provider)"
+        )
     print(f"traintel: no readable spans in {', '.join(paths)}{why}", file=sys.stderr)
     return 1
 

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from traintel._runtime.pipeline import FILE_EXPORTER
 from traintel.environment_variables import TRAINTEL_QUIET
 from traintel.exporters.health import traintel_command
 from traintel.exporters.redaction import redact, url_secrets
@@ -23,22 +24,32 @@ from traintel.exporters.redaction import redact, url_secrets
 _OTLP_DEFAULTS = {"grpc": "http://localhost:4317", "http/protobuf": "http://localhost:4318/v1/traces"}
 
 
+def _span_exporters(trace_exporters: list[str] | None, environ: Mapping[str, str]) -> list[str]:
+    """``trace_exporters``: those traintel started (none: an OTLP one that could not start sends
+    nothing), or None for a provider it did not build (the distro's, or the user's own): then
+    the exporters ``OTEL_TRACES_EXPORTER`` names (the distro builds those)."""
+    if trace_exporters is not None:
+        return trace_exporters
+    return [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
+
+
 def _endpoint_used(trace_exporters: list[str] | None, environ: Mapping[str, str]) -> str | None:
     """The OTLP endpoint the spans go to, if an OTLP exporter sends them, as the ``OTEL_*``
-    variables (or their defaults) say; a password or token in the URL is never printed.
-    ``trace_exporters``: those traintel started (none: an OTLP one that could not start sends
-    nothing), or None for a provider it did not build (the distro's): then the exporters
-    ``OTEL_TRACES_EXPORTER`` names."""
-    names = trace_exporters
-    if names is None:
-        names = [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
-    if not any(name.startswith("otlp") for name in names):
+    variables (or their defaults) say; a password or token in the URL is never printed."""
+    if not any(name.startswith("otlp") for name in _span_exporters(trace_exporters, environ)):
         return None
     endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if endpoint:
         return redact(endpoint, url_secrets(endpoint))
     protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     return _OTLP_DEFAULTS.get(protocol or "grpc", _OTLP_DEFAULTS["grpc"])
+
+
+def _spans_in_file(trace_exporters: list[str] | None, environ: Mapping[str, str]) -> bool:
+    """Whether the run's spans go to the embedded file. Where they do not (a user's own tracer
+    provider, ``OTEL_TRACES_EXPORTER=console``), the file holds metrics only, and the lines say
+    so instead of pointing at ``traintel summary``, which reads spans and would find none."""
+    return FILE_EXPORTER in _span_exporters(trace_exporters, environ)
 
 
 def _silent(rank: object, environ: Mapping[str, str]) -> bool:
@@ -58,7 +69,10 @@ def greeting(
     if _silent(rank, environ):
         return None
     endpoint = _endpoint_used(trace_exporters, environ)
-    targets = ([f"{endpoint} (OTLP)"] if endpoint else []) + ([str(output)] if output is not None else [])
+    targets = [f"{endpoint} (OTLP)"] if endpoint else []
+    if output is not None:
+        in_file = _spans_in_file(trace_exporters, environ)
+        targets.append(str(output) if in_file else f"{output} (metrics only)")
     return f"traintel: telemetry of this run goes to {' and '.join(targets)}" if targets else None
 
 
@@ -79,6 +93,8 @@ def farewell(
     where = f"{sent} {endpoint} (OTLP)" if endpoint else ""
     if output is not None:
         where = f"{where} and is kept in {output}" if where else f"is in {output}"
+        if not _spans_in_file(trace_exporters, environ):
+            return f"traintel: telemetry of this run {where} (metrics only)"
         command = f"{traintel_command(environ)} summary {shlex.quote(str(output.parent))}"
         return f"traintel: telemetry of this run {where}; read it with: {command}"
     return f"traintel: telemetry of this run {where}" if where else None

@@ -418,10 +418,18 @@ class Pipeline:
     export_paths: list[ExportPath] = field(default_factory=list)
     #: Where traintel's log records go (built on the first one).
     logs: LogPipeline = field(default_factory=lambda: LogPipeline(None, None))
+    #: The resource of the providers traintel built (None: it built none).
+    built_resource: Resource | None = None
     _shut_down: bool = False
 
     @property
     def resource(self) -> Resource:
+        """The job's resource: the one traintel built its providers with, else the user's tracer
+        provider's. Why not always the tracer provider's: beside a user's own tracer provider,
+        the meters traintel builds carry the run's identity, rank and service name (the embedded
+        file is named after it), which the user's resource may lack."""
+        if self.built_resource is not None:
+            return self.built_resource
         return getattr(self.tracer_provider, "resource", None) or Resource.get_empty()
 
     def output_file(self) -> Path | None:
@@ -1049,6 +1057,7 @@ def build_pipeline(
         owns_tracer_provider=choice.build_tp,
         owns_meter_provider=choice.build_mp,
         logs=LogPipeline(plans.logs, resource),
+        built_resource=resource,
     )
     _build_owned(pipeline, choice, options, _OwnedBuild(config, resource, strict, environ, file), plans)
     pipeline.file = file if FILE_EXPORTER in plans.names() else None  # (the fallback's included)
