@@ -6,8 +6,11 @@ import logging
 import math
 import sys
 import threading
+import time
+from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
@@ -343,3 +346,37 @@ def test_an_async_completion_given_a_bad_size_or_path_is_recorded_without_it(
     ):
         assert sum(expected in m for m in said) == 1
     assert not any("could not record" in m for m in said)
+
+
+def test_phases_open_at_an_explicit_shutdown_end_with_it_and_are_exported(
+    owned: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``traintel.shutdown()`` inside the application (a ``finally`` in ``main``, say): the
+    application span, the job's goodput on it, ended after its job had released the exporters,
+    and was lost; a loop open there lost its summary. Now the phases still open end at the
+    shutdown, innermost first, with its reason, and their ``with`` blocks then only put the
+    context back: no span is ended twice."""
+    job = owned()
+    with traintel.application():
+        with traintel.training_loop(train_iterations_start=0):
+            for _ in range(3):
+                with traintel.training_iteration(samples=2):
+                    pass
+            with traintel.checkpoint_save(iteration=2):
+                traintel.shutdown(5)
+                shut_down = time.time_ns()
+            assert trace.get_current_span().name == "training_loop"  # the context is the user's
+    assert not trace.get_current_span().get_span_context().is_valid
+    spans = {s.name: s for s in job.exporter.get_finished_spans()}
+    ended = ["checkpoint_save_sync", "training_loop", "application"]
+    for name in ended:
+        assert spans[name].attributes[semconv.END_REASON] == "telemetry shutdown"
+        assert spans[name].status.status_code is StatusCode.UNSET
+        assert spans[name].end_time <= shut_down
+    assert [spans[n].end_time for n in ended] == sorted(spans[n].end_time for n in ended)  # innermost first
+    assert spans["training_loop"].attributes[semconv.SUMMARY_PREFIX + "iterations"] == 3
+    save = spans["checkpoint_save_sync"]  # the job's goodput, on its application span
+    booked = spans["application"].attributes["ml.training.badput.checkpoint_save_time"]
+    assert booked == pytest.approx((save.end_time - save.start_time) / 1e9, rel=1e-12)
+    assert parent_name(spans["training_loop"], list(spans.values())) == "application"
+    assert "ended span" not in caplog.text  # the SDK's "Calling end() on an ended span"

@@ -137,6 +137,9 @@ class TrainingEngine:
         #: iteration opens): what a terminating signal ends, if it is still open.
         self.open_step: OpenStep | None = None
         self.app: SegmentedSpan | None = None
+        #: The phases opened as real spans (not iterations or their steps) and not yet ended,
+        #: in the order opened: how each ends if the job shuts down first (``end_open_phases``).
+        self.open_phases: dict[int, Callable[[str], None]] = {}
         self.loop: SegmentedSpan | None = None
         self.foreign_loop: Span | None = None
         self.loop_start_ns = 0
@@ -151,8 +154,7 @@ class TrainingEngine:
         #: Threads creating traintel's own records through the tracer (an exported iteration's
         #: spans, a window's record): the processor skips their spans, already counted.
         self.materializing: set[int] = set()
-        self.samples_total = 0.0  # every iteration's, read by the metric reader
-        self.tokens_total = 0.0
+        self.samples_total = self.tokens_total = 0.0  # every iteration's, read by the metric reader
         #: Training iterations decided exported, and not: each only grows (observable counters;
         #: not derived from the iterations seen, which count an iteration before its decision).
         self.exported_iterations = self.unexported_iterations = 0

@@ -80,8 +80,11 @@ class PhaseSpan:
     _token: object | None = None  # the context attached for the body
     _thread = 0
     _start_ns = 0
+    _engine: TrainingEngine | None = None  # the job it was opened in, while open
     #: What an open phase holds, as a closed one has it (a clone starts closed).
-    _OPEN_STATE: Mapping[str, object] = MappingProxyType({"_span": _INVALID_SPAN, "_token": None})
+    _OPEN_STATE: Mapping[str, object] = MappingProxyType(
+        {"_span": _INVALID_SPAN, "_token": None, "_engine": None}
+    )
 
     def __init__(self, name: str, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         self._name = name
@@ -105,6 +108,8 @@ class PhaseSpan:
         self._span = span
         self._token = attach(with_span(span, get_current()))
         self._thread = _get_ident()
+        self._engine = engine
+        engine.open_phases[id(self)] = self._end_at_shutdown
         device = engine.device
         if device is not None:
             record = engine.active  # a step phase as a real span inside an iteration: name it
@@ -118,10 +123,24 @@ class PhaseSpan:
         end_ns: int | None = None,
         reason: str | None = None,
     ) -> None:
-        span, token = self._span, self._token
+        token = self._token
         if token is None:
             return
-        self._span, self._token = _INVALID_SPAN, None
+        self._token = self._engine = None
+        try:
+            self._end_span(engine, exc, end_ns, reason)
+        finally:  # what a signal handler raised in there goes on up; the context is put right
+            self._detach(engine, token)
+
+    def _end_span(
+        self, engine: TrainingEngine, exc: BaseException | None, end_ns: int | None, reason: str | None
+    ) -> None:
+        """End the span, once: at the ``with``'s end, or before it at the job's shutdown."""
+        span = self._span
+        if span is _INVALID_SPAN:
+            return
+        self._span = _INVALID_SPAN
+        engine.open_phases.pop(id(self), None)
         end = _time_ns() if end_ns is None else end_ns
         error = clean_exit(exc)
         try:
@@ -131,9 +150,18 @@ class PhaseSpan:
                 self._before_end(engine, span, error, end)
             except Exception:
                 engine.warn_once("before_end:" + self._name, "could not finish attributes of %r", self._name)
-        finally:  # what a signal handler raised above goes on up; the context and span are put right
-            self._detach(engine, token)
+        finally:
             engine.end_span(span, error, end, reason)
+
+    def _end_at_shutdown(self, reason: str) -> None:
+        """The job shuts down (``traintel.shutdown()`` inside an ``application``, say) while this
+        phase is open: its span ends now, with the reason, as the job's last records; its
+        ``with`` ends later and only puts the context back. Without this the span ended after
+        its job had released the exporters, and was lost (the application's with the job's
+        goodput)."""
+        engine = self._engine
+        if engine is not None:
+            self._end_span(engine, None, None, reason)
 
     def _detach(self, engine: TrainingEngine, token: object) -> None:
         if self._thread == _get_ident():
@@ -166,7 +194,7 @@ class PhaseSpan:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        engine = active.engine
+        engine = self._engine  # its own job's, though another may run now
         if engine is not None:
             try:
                 self._close(engine, exc)
@@ -493,7 +521,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
             return _INVALID_SPAN
 
     def _exit_elsewhere(self, exc: BaseException | None, end_ns: int, reason: str | None) -> None:
-        engine = active.engine
+        engine = self._engine
         if engine is None:
             return
         try:
@@ -595,3 +623,13 @@ DATA_LOADING = STEP_KINDS[Phase.DATA_LOADING.value]
 MODEL_FORWARD = STEP_KINDS[Phase.MODEL_FORWARD.value]
 MODEL_BACKWARD = STEP_KINDS[Phase.MODEL_BACKWARD.value]
 OPTIMIZER_UPDATE = STEP_KINDS[Phase.OPTIMIZER_UPDATE.value]
+
+
+def end_open_phases(engine: TrainingEngine, reason: str) -> None:
+    """End the spans of the job's phases still open, innermost first (see
+    :meth:`PhaseSpan._end_at_shutdown`); never raises."""
+    for end in reversed(list(engine.open_phases.values())):
+        try:
+            end(reason)
+        except Exception:
+            engine.warn_once("end_open_phases", "could not end a phase open at shutdown")

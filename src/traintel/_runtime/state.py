@@ -30,7 +30,7 @@ from traintel._host.compute_dtype import forget_model
 from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
-from traintel._recorder.phases import PhaseSpan
+from traintel._recorder.phases import PhaseSpan, end_open_phases
 from traintel._runtime.farewell import farewell, say
 from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
@@ -272,6 +272,8 @@ class Telemetry:
         if self.closed:
             return True
         self.close_open_callbacks("telemetry shutdown")
+        if self.engine is not None:
+            end_open_phases(self.engine, "telemetry shutdown")
         self._close_last_window()
         self.closed = True
         if self.progress is not None:
