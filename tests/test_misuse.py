@@ -380,3 +380,20 @@ def test_phases_open_at_an_explicit_shutdown_end_with_it_and_are_exported(
     assert booked == pytest.approx((save.end_time - save.start_time) / 1e9, rel=1e-12)
     assert parent_name(spans["training_loop"], list(spans.values())) == "application"
     assert "ended span" not in caplog.text  # the SDK's "Calling end() on an ended span"
+
+
+def test_the_batch_itself_given_as_a_count_is_named_by_its_shape(
+    pipeline: Pipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``training_iteration(samples=batch)``: the warning printed the whole batch (torch's
+    repr, one line per row, 1,000 values before it elides); it names its type and shape."""
+    torch = pytest.importorskip("torch")
+    with traintel.training_loop(), traintel.training_iteration(samples=torch.zeros(64, 2048)):  # type: ignore[arg-type]
+        traintel.record_batch(tokens=torch.zeros(3, 100))  # type: ignore[arg-type]
+    said = [r.getMessage() for r in caplog.records if "expected a finite" in r.getMessage()]
+    assert said == [
+        "traintel: training_iteration(samples=<Tensor of shape (64, 2048)>): expected a finite "
+        "non-negative number (a count such as len(batch)); ignored (reported once)",
+        "traintel: record_batch(tokens=<Tensor of shape (3, 100)>): expected a finite "
+        "non-negative number (a count such as len(batch)); ignored (reported once)",
+    ]

@@ -10,6 +10,7 @@ also count toward its ``*_metrics_update`` event (last and mean), like per-itera
 
 from __future__ import annotations
 
+import reprlib
 import threading
 from collections.abc import Mapping
 
@@ -164,6 +165,19 @@ def checked_count(call: str, name: str, value: object) -> float | None:
     found = count_of(value)
     engine = active.current_engine() if found is None else None
     if engine is not None:
-        why = "%s(%s=%r): expected a finite non-negative number; ignored"
-        engine.warn_once(f"count:{call}:{name}", why, call, name, value)
+        why = "%s(%s=%s): expected a finite non-negative number (a count such as len(batch)); ignored"
+        engine.warn_once(f"count:{call}:{name}", why, call, name, _shown(value))
     return found
+
+
+def _shown(value: object) -> str:
+    """A bad value as a warning names it: a tensor or array by its type and shape where its
+    repr is long (the batch itself passed as ``samples=``: many lines of it), anything else by
+    its repr, cut short."""
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return reprlib.repr(value)
+    text = repr(value)
+    return (
+        text if len(text) <= 80 and "\n" not in text else f"<{type(value).__name__} of shape {tuple(shape)}>"
+    )
