@@ -9,7 +9,9 @@ A record an analysis command cannot use ends it with one line naming the file an
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -179,3 +181,38 @@ def test_a_reason_quoting_a_lone_surrogate_is_printed(
     out = capsys.readouterr().out
     assert code == 1 and "not sent: 1 unreadable line(s)" in out, out
     assert "\ufffd" in out
+
+
+def test_a_run_archived_with_gzip_reads_as_its_file(
+    good_lines: list[bytes], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gzip`` on a run's file (archived runs): the commands read ``.otlp.jsonl.gz`` as the
+    file it holds (before: "no telemetry files found" for its directory, and every line "not
+    UTF-8" named alone); a compressed file beside its own original (``gzip -k``) is read once,
+    and one cut short or not gzip at all is counted and named, the rest read."""
+    data = b"\n".join(good_lines) + b"\n"
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir()
+    packed.mkdir()
+    (plain / "job.otlp.jsonl").write_bytes(data)
+    (packed / "job.otlp.jsonl.gz").write_bytes(gzip.compress(data))
+
+    def report(path: Path) -> dict[str, Any]:
+        assert main(["report", "--json", str(path)]) == 0
+        found: dict[str, Any] = json.loads(capsys.readouterr().out)
+        del found["files"]
+        return found
+
+    expected = report(plain)
+    assert report(packed) == expected
+    shutil.copy(plain / "job.otlp.jsonl", packed)  # gzip -k: both there, the run read once
+    assert report(packed) == expected
+    (packed / "job.otlp.jsonl").unlink()
+    (packed / "cut.otlp.jsonl.gz").write_bytes(gzip.compress(data)[: len(data) // 20])
+    (packed / "not.otlp.jsonl.gz").write_bytes(data)
+    stats = ReadStats()
+    records = list(iter_records([packed], stats))
+    assert len(records) > 0 and stats.files == 3
+    reasons = "\n".join(stats.reasons)
+    assert "cut.otlp.jsonl.gz: unreadable from here on (Compressed file ended" in reasons, reasons
+    assert "not.otlp.jsonl.gz: unreadable from here on (Not a gzipped file" in reasons, reasons

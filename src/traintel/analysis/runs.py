@@ -19,7 +19,13 @@ from collections.abc import Callable, Iterable
 from traintel.analysis.parallel import map_files
 from traintel.analysis.run_info import RunInfo, RunsSeen, run_key, runs_in_file
 from traintel.analysis.summary import fmt_seconds, plain_number
-from traintel.exporters.reader import MAX_LINE_BYTES, DecodeError, analysis_files, decode_line
+from traintel.exporters.reader import (
+    MAX_LINE_BYTES,
+    DecodeError,
+    analysis_files,
+    decode_line,
+    open_telemetry_file,
+)
 
 #: Ids up to this long are shown whole; longer ones (uuids) by a unique prefix of at least
 #: ``_SHORT_ID`` characters, which ``--run`` accepts.
@@ -56,11 +62,11 @@ def single_run(files: Iterable[str]) -> str | None:
     found: set[str] = set()
     for path in files:
         try:
-            with open(path, "rb") as fh:
+            with open_telemetry_file(path) as fh:
                 line = fh.readline(MAX_LINE_BYTES + 1)
                 while line and not line.strip():
                     line = fh.readline(MAX_LINE_BYTES + 1)
-        except OSError:
+        except (OSError, EOFError):  # (EOFError: a compressed file cut short)
             return None
         if not line.strip():
             continue  # an empty file holds no run

@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import gzip
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypeVar, cast, overload
 
 from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -83,8 +84,22 @@ class ReadStats:
 _ROTATED = re.compile(r"\.otlp-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d\.\d{3}\.jsonl$")
 
 
+#: A telemetry file compressed with gzip (an archived run) is read as the file it holds.
+_GZIP = ".gz"
+
+
 def _telemetry_file(path: Path) -> bool:
-    return path.name.endswith(FILE_SUFFIX) or _ROTATED.search(path.name) is not None
+    name = path.name.removesuffix(_GZIP)
+    return name.endswith(FILE_SUFFIX) or _ROTATED.search(name) is not None
+
+
+def open_telemetry_file(path: str | os.PathLike[str]) -> BinaryIO:
+    """A telemetry file for reading, decompressed if its name ends in ``.gz``."""
+    if os.fspath(path).endswith(_GZIP):
+        return cast(BinaryIO, gzip.open(path, "rb"))
+    # a 1 MiB buffer: a collector's line of a few hundred kB is read in one or two calls
+    # (lines read 2.3x faster than with the default 8 KiB, and 1.4x than with 64 KiB)
+    return open(path, "rb", buffering=1 << 20)
 
 
 def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -97,11 +112,17 @@ def expand_paths(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*.jsonl") if _telemetry_file(p) and p.is_file())
+            candidates = [*path.rglob("*.jsonl"), *path.rglob("*.jsonl" + _GZIP)]
+            files = sorted(p for p in candidates if _telemetry_file(p) and p.is_file() and not _unpacked(p))
             found.extend(files or spool_files([path]))
         else:
             found.append(path)
     return found
+
+
+def _unpacked(path: Path) -> bool:
+    """A compressed file beside the file it holds (``gzip -k``): read once, from that file."""
+    return path.name.endswith(_GZIP) and path.with_name(path.name.removesuffix(_GZIP)).is_file()
 
 
 def never_written(path: Path) -> bool:
@@ -129,9 +150,7 @@ def _lines(
     that cannot be read at all (a file that does not open, an over-long line) are counted."""
     for path in expand_paths(paths):
         try:
-            # a 1 MiB buffer: a collector's line of a few hundred kB is read in one or two calls
-            # (lines read 2.3x faster than with the default 8 KiB, and 1.4x than with 64 KiB)
-            fh = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - closed below, generator-friendly
+            fh = open_telemetry_file(path)
         except OSError as exc:
             if never_written(path):
                 stats.files += 1  # (a file without lines, beside its mark)
@@ -140,7 +159,10 @@ def _lines(
             continue
         stats.files += 1
         with fh:
-            yield from _file_lines(path, fh, stats, progress)
+            try:
+                yield from _file_lines(path, fh, stats, progress)
+            except (OSError, EOFError) as exc:  # a compressed file that is not gzip, or cut short
+                stats.skip(str(path), f"unreadable from here on ({exc})")
 
 
 def _file_lines(
