@@ -218,3 +218,29 @@ def test_a_traintel_variable_it_does_not_read_is_said_once_with_the_nearest(tmp_
         "TRAINTEL_WARMUP_ITERATIONS?); it is ignored",
         "traintel: TRAINTEL_ZQX is not a traintel variable; it is ignored",
     ]
+
+
+@pytest.mark.process
+def test_an_opentelemetry_variable_a_letter_off_is_said_with_the_one_meant(tmp_path: Path) -> None:
+    """``OTEL_TRACE_EXPORTER=otlp`` (an ``S`` short): the SDK ignores it, and the spans went to
+    the local file, unsaid. An ``OTEL_*`` name that is near one of the SDK's is said once with
+    it; names of other tools (near none) and the SDK's own are left alone."""
+    job = run_python(
+        "import traintel\ntraintel.configure()\ntraintel.shutdown()\n",
+        tmp_path,
+        TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+        OTEL_TRACE_EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_PROTOCAL="grpc",
+        OTEL_BSP_MAX_QUEUE_SIZE="4096",
+        OTEL_PYTHON_LOG_CORRELATION="true",
+        OTEL_EXPORTER_PROMETHEUS_PORT="9464",
+        OTEL_SEMCONV_STABILITY_OPT_IN="http",
+    )
+    assert job.returncode == 0, job.stderr
+    said = [line for line in job.stderr.splitlines() if "is not an OpenTelemetry variable" in line]
+    assert said == [
+        "traintel: OTEL_EXPORTER_OTLP_PROTOCAL is not an OpenTelemetry variable (did you mean "
+        "OTEL_EXPORTER_OTLP_PROTOCOL?); it is ignored",
+        "traintel: OTEL_TRACE_EXPORTER is not an OpenTelemetry variable (did you mean "
+        "OTEL_TRACES_EXPORTER?); it is ignored",
+    ]

@@ -246,14 +246,36 @@ _said_unknown: set[str] = set()
 
 def _say_unknown_variables(environ: Mapping[str, str]) -> None:
     """Each ``TRAINTEL_*`` variable traintel does not read, said once with the nearest one it
-    reads: a misspelt one (``TRAINTEL_WARMUP_ITERATION=3``) left the default in use, unsaid."""
-    for variable in sorted(environ):
-        if variable.startswith("TRAINTEL_") and variable not in ev.ALL and variable not in _said_unknown:
+    reads: a misspelt one (``TRAINTEL_WARMUP_ITERATION=3``) left the default in use, unsaid.
+    And each ``OTEL_*`` variable a letter or two from one of the OpenTelemetry SDK's
+    (``OTEL_TRACE_EXPORTER=otlp``: the spans stayed in the local file, unsaid); one near none is
+    left alone, as instrumentations and other tools read ``OTEL_*`` names of their own."""
+    for variable in sorted(set(environ) - _said_unknown):
+        if variable.startswith("TRAINTEL_") and variable not in ev.ALL:
             _said_unknown.add(variable)
             prefix = len("TRAINTEL_")  # (compared without it: every name shares it)
             near = difflib.get_close_matches(variable[prefix:], [v[prefix:] for v in ev.ALL], 1, 0.8)
             hint = f" (did you mean TRAINTEL_{near[0]}?)" if near else ""
             _logger.warning("traintel: %s is not a traintel variable%s; it is ignored", variable, hint)
+        elif variable.startswith("OTEL_") and variable not in _otel_variables():
+            _said_unknown.add(variable)
+            near = difflib.get_close_matches(variable, _otel_variables(), 1, 0.9)
+            if near:
+                _logger.warning(
+                    "traintel: %s is not an OpenTelemetry variable (did you mean %s?); it is ignored",
+                    variable,
+                    near[0],
+                )
+
+
+@functools.cache
+def _otel_variables() -> frozenset[str]:
+    """The variables the OpenTelemetry API and SDK name (the SDK's ``environment_variables``)."""
+    from opentelemetry import environment_variables as api
+    from opentelemetry.sdk import environment_variables as sdk
+
+    names = (value for module in (api, sdk) for value in vars(module).values())
+    return frozenset(name for name in names if isinstance(name, str) and name.startswith("OTEL_"))
 
 
 def _check(name: str, value: object, source: str) -> object:
