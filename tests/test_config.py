@@ -108,7 +108,14 @@ def test_unknown_exporter_name_is_an_error(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin_v9")
     with pytest.raises(
         ConfigurationError, match=r"OTEL_TRACES_EXPORTER='zipkin_v9': unknown exporter 'zipkin_v9'"
-    ):
+    ) as caught:
+        traintel.configure()
+    # each installed name once (otlp was listed twice), and no package to suggest for this one
+    installed = str(caught.value).split("(installed: ", 1)[1].removesuffix(")").split(", ")
+    assert installed == sorted(set(installed)) and {"otlp", "none", "traintel_file"} <= set(installed)
+    # an exporter the OpenTelemetry project ships apart, not installed: the package to install
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
+    with pytest.raises(ConfigurationError, match=r"; pip install opentelemetry-exporter-zipkin\)$"):
         traintel.configure()
 
 

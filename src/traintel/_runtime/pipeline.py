@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, NoReturn
+from typing import Any, Final, Literal, NamedTuple, NoReturn
 from urllib.parse import urlsplit
 
 from opentelemetry import metrics as metrics_api
@@ -262,6 +262,13 @@ class _ExporterPlan:
     started: bool = False
 
 
+#: Exporters the OpenTelemetry Python project ships apart, by the name that selects them.
+_EXPORTER_PACKAGES: Final = {
+    "prometheus": "opentelemetry-exporter-prometheus",
+    "zipkin": "opentelemetry-exporter-zipkin",
+}
+
+
 def _plan_exporters(
     signal: str, environ: Mapping[str, str], file: OtlpJsonLinesFile, strict: bool
 ) -> list[_ExporterPlan]:
@@ -275,11 +282,13 @@ def _plan_exporters(
         ep_name, timeout = _otlp_choice(signal, environ, strict) if name == "otlp" else (name, None)
         found = list(entry_points(group=f"opentelemetry_{signal}_exporter", name=ep_name))
         if not found:
-            known = sorted({ep.name for ep in entry_points(group=f"opentelemetry_{signal}_exporter")})
+            known = {ep.name for ep in entry_points(group=f"opentelemetry_{signal}_exporter")}
+            package = _EXPORTER_PACKAGES.get(name)
+            install = f"; pip install {package}" if package else ""
             report(
                 ConfigurationError(
                     f"{exporter_var}={environ.get(exporter_var, name)!r}: unknown exporter {name!r} "
-                    f"(installed: {', '.join([*known, 'otlp', 'none'])})"
+                    f"(installed: {', '.join(sorted(known | {'otlp', 'none'}))}{install})"
                 ),
                 strict,
             )
