@@ -95,6 +95,61 @@ def test_a_running_job_is_scraped_with_traintels_metrics(tmp_path: Path, how: st
     assert list((tmp_path / "runs").glob("*.otlp.jsonl"))
 
 
+def _free_port_pair() -> int:
+    """A port whose next one is free too (the two ranks of a host)."""
+    for _ in range(50):
+        port = _free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two consecutive free ports")
+
+
+def test_the_ranks_of_one_host_each_serve_their_metrics(tmp_path: Path) -> None:
+    """torchrun's two ranks on one host, one ``OTEL_EXPORTER_PROMETHEUS_PORT``: the second
+    rank's exporter could not start (the port was the first's), and its metrics went to the file
+    alone. Each rank now serves on the port plus its local rank."""
+    port = _free_port_pair()
+    (tmp_path / "job.py").write_text(JOB)
+    for local_rank in (0, 1):
+        (tmp_path / str(local_rank)).mkdir()
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "job.py"), "automatic"],
+            cwd=tmp_path / str(local_rank),
+            env=clean_env(
+                OTEL_METRICS_EXPORTER="prometheus",
+                OTEL_EXPORTER_PROMETHEUS_PORT=str(port),
+                OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+                LOCAL_RANK=str(local_rank),
+                TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for local_rank in (0, 1)
+    ]
+    try:
+        for local_rank, job in enumerate(jobs):
+            ready = tmp_path / str(local_rank) / "ready"
+            assert wait_for(lambda: ready.exists() or job.poll() is not None, 60)  # noqa: B023
+        scraped = [_scrape(port + local_rank) for local_rank in (0, 1)]
+    finally:
+        for local_rank in (0, 1):
+            (tmp_path / str(local_rank) / "go").touch()
+        ended = [job.communicate(timeout=60) for job in jobs]
+    for job, (_, stderr) in zip(jobs, ended, strict=True):
+        assert job.returncode == 0 and "could not start" not in stderr, stderr
+    for metrics in scraped:
+        assert [v for _, v in metrics["ml_training_samples_total"]] == [960.0]  # each its own job's
+    served = [metrics["target_info"][0][0]["ml_training_local_rank"] for metrics in scraped]
+    assert served == ["0", "1"]
+
+
 def test_a_metrics_exporter_that_cannot_start_leaves_the_rest_running(tmp_path: Path) -> None:
     """The prometheus port is taken: that exporter is left out, with one line naming it; the
     file exporter and the traces go on (automatic configuration never turns everything off)."""

@@ -79,7 +79,7 @@ from traintel.exporters.spooling import (
     SpoolingSpanExporter,
     guard_queue,
 )
-from traintel.resource_detectors import TrainingResourceDetector
+from traintel.resource_detectors import TrainingResourceDetector, distributed_identity
 from traintel.version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -298,9 +298,24 @@ def _plan_exporters(
         except Exception as exc:
             report(ConfigurationError(f"{exporter_var}: exporter {name!r} failed to load: {exc}"), strict)
             continue
+        if name == "prometheus" and (local_rank := distributed_identity(environ)[1]):
+            plans.append(_ExporterPlan(name, functools.partial(_prometheus_reader, environ, local_rank)))
+            continue
         certificate = ep_name == PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ)
         plans.append(_ExporterPlan(name, _factory(cls, certificate, timeout)))
     return plans
+
+
+def _prometheus_reader(environ: Mapping[str, str], local_rank: int) -> Any:
+    """The Prometheus exporter's reader, serving on ``OTEL_EXPORTER_PROMETHEUS_PORT`` (9464) plus
+    the process's local rank: the ranks of one host each serve their own metrics. (On the one
+    port, every rank but the first failed to start it, and its metrics went elsewhere.)"""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import start_http_server
+
+    port = int(environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")) + local_rank
+    start_http_server(port=port, addr=environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost"))
+    return PrometheusMetricReader()
 
 
 def _otlp_choice(signal: str, environ: Mapping[str, str], strict: bool) -> tuple[str, float | None]:
