@@ -639,7 +639,7 @@ def test_a_job_killed_in_its_first_seconds_is_one_of_its_session_s_jobs(
     assert (run["id"], run["iterations"], run["duration_s"]) == ("session", 0, 0)  # (its session tag)
     assert cli.main(["summary", str(runs)]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "Spans read: 0 from 1 file(s)" in text and "says it ran no iteration" in text
+    assert "Spans read: 0 from 1 file(s)" in text and "counts no iteration" in text
     run_job(tmp_path, RESUMED, "traintel", restart=1, start_s=80)
     result = session_of(runs)
     expect(result, 105, productive=20, other=1, checkpoint_load=4, infrastructure_recovery=80)

@@ -575,3 +575,36 @@ def test_errors_are_bounded_and_merged_across_files_earliest_first() -> None:
     kept = [(message, f.span_id, f.spans) for message, f in first.failures.items()]
     assert kept == [("E0", "02" * 8, 2), *[(f"E{n}", "03" * 8, 1) for n in range(MAX_FAILURES + 1, 2, -1)]]
     assert first.other_failures == 3  # E2 (18 ns), E1 (19), peer closed (30)
+
+
+@pytest.mark.process
+def test_a_run_whose_spans_were_lost_before_its_file_had_any_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A disk that filled while a short job ran: its span lines failed (counted, "not_written"),
+    its smaller metric lines were written. The summary said the job "stopped, or is still
+    running" and that its mark says it ran no iteration, of a job that completed 300; it now
+    says how many spans were lost and where the job said why. (The file: a real job's, its span
+    lines taken out and the loss its metric line counts set as the full disk left it.)"""
+    from tests.subprocess_helpers import run_python
+
+    runs = tmp_path / "runs"
+    done = run_python(KILLED_OR_DONE.replace("sys.argv[1]", "0").replace("sys.argv[2]", "300")
+                      .replace("sys.argv[3]", "'done'"), tmp_path, TRAINTEL_OUTPUT_DIR=str(runs))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (path,) = runs.glob("*.otlp.jsonl")
+    lines = [line for line in path.read_text().splitlines() if not line.startswith('{"resourceSpans"')]
+    full_disk = (
+        '"asInt":"6009","attributes":[{"key":"traintel.drop.reason","value":{"stringValue":"not_written"}}]'
+    )
+    kept = '"asInt":"0","attributes":[{"key":"traintel.drop.reason","value":{"stringValue":"queue_full"}}]'
+    assert kept in lines[-1]
+    path.write_text("\n".join([*lines[:-1], lines[-1].replace(kept, full_disk)]) + "\n")
+    assert main(["summary", str(runs)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert (
+        "No spans in its file: 6,009 were lost before they were written (the file could not be written"
+        in said
+    )
+    assert "stopped, or is still running" not in said
+    assert "Telemetry losses: traintel.spans.dropped 6,009" in said

@@ -758,7 +758,10 @@ def render(summary: RunSummary, links: TraceLinks | None = None) -> str:
         _telemetry_lines(summary),
     )
     run, *rest = [[wrapped for line in lines for wrapped in _fit(line)] for lines in prose]
-    ran = _NO_SPANS_YET + (_MARKED_BELOW if summary.marked_iterations else _MARKED_NO_ITERATION)
+    lost = summary.self_telemetry.get(semconv.METRIC_SPANS_DROPPED)
+    ran = (_spans_lost(lost) if lost else _NO_SPANS_YET) + (
+        _MARKED_BELOW if summary.marked_iterations else _MARKED_NO_ITERATION
+    )
     phases = _phase_lines(summary) if summary.spans else ["", *_fit(ran)]
     return "\n".join([*run, *phases, *itertools.chain.from_iterable(rest)])
 
@@ -768,13 +771,24 @@ _NO_SPANS_YET = (
     "No spans yet: the job stopped, or is still running, before its file wrote any (it gathers "
     "them for up to a minute). "
 )
+
+
+def _spans_lost(count: float) -> str:
+    """Said of a run whose metric lines count spans lost before the file had any (a full disk,
+    say): not a job that stopped early."""
+    return (
+        f"No spans in its file: {count:,.0f} were lost before they were written (the file could "
+        "not be written, or the export queue overflowed: the job said why on its stderr). "
+    )
+
+
 _MARKED_BELOW = (
     "What it ran is in its progress mark, below; where it hung, if it did, in its hang records: "
     "traintel report."
 )
 _MARKED_NO_ITERATION = (
-    "Its progress mark names it and says it ran no iteration; where it hung, if it did, is in its "
-    "hang records: traintel report."
+    "Its progress mark names it and counts no iteration (it is written every few seconds); where "
+    "it hung, if it did, is in its hang records: traintel report."
 )
 
 
