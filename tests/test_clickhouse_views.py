@@ -334,3 +334,44 @@ def test_checkpoints_view_sums_to_the_reports_checkpoint_figures(
             stages[stage] = stages.get(stage, 0.0) + seconds
     assert stages == checkpoints["stages_s"] == {"finalize": 8.0}
     assert loads[0]["seconds"] == 5.0
+
+
+ASYNC_SAVES = """
+import threading, time, traintel
+with traintel.application():
+    with traintel.training_loop(train_iterations_start=0):
+        for i in range(6):
+            with traintel.training_iteration(samples=4):
+                time.sleep(0.002)
+            if i in (1, 3):
+                save = traintel.checkpoint_save(strategy="async", iteration=i)
+                with save:
+                    completion = save.completion()
+                error = None if i == 1 else OSError(28, "No space left on device")
+                writer = threading.Thread(target=lambda c=completion, e=error: (time.sleep(0.01),
+                                          c.finish(size_bytes=4096, error=e)))
+                writer.start()
+                writer.join()
+"""
+
+
+@pytest.mark.process
+def test_an_async_save_s_write_is_its_stage_and_its_failure_in_the_checkpoints_view(
+    clickhouse: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """traintel's own async saves, in a training loop: the finalize span (the background write)
+    is parented on the loop and linked to its save. The view joined stages by parent only, so
+    the write was no stage of its save, and a save whose write failed read ``failed = false``;
+    both now agree with the report (its ``failed_saves`` and ``stages_s``)."""
+    from tests.subprocess_helpers import run_python
+
+    done = run_python(ASYNC_SAVES, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"))
+    assert done.returncode == 0, done.stderr
+    load(clickhouse, tmp_path / "runs")
+    expected = report(tmp_path / "runs", capsys)["checkpoints"]
+    saves = rows(clickhouse, "SELECT * FROM traintel_checkpoints ORDER BY start_unix_nano")
+    assert [(s["iteration"], s["failed"]) for s in saves] == [(1, 0), (3, 1)]
+    assert sum(s["failed"] for s in saves) == expected["failed_saves"] == 1
+    assert [[stage for stage, _ in s["stages"]] for s in saves] == [["finalize"], ["finalize"]]
+    written = sum(seconds for s in saves for _, seconds in s["stages"])
+    assert written == pytest.approx(expected["stages_s"]["finalize"], abs=1e-9)

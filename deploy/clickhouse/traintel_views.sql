@@ -48,6 +48,8 @@ SELECT
     start_ns + toInt64(Duration) AS end_ns,
     StatusCode,
     SpanAttributes,
+    Links.TraceId AS link_trace_ids,
+    Links.SpanId AS link_span_ids,
     Events.Name AS event_names,
     arrayMap(t -> toUnixTimestamp64Nano(t), Events.Timestamp) AS event_ns
 FROM otel_traces;
@@ -402,9 +404,11 @@ FROM (
 GROUP BY session, run_id, restart, launch, window_index
 HAVING ranks >= 2;
 
--- Per checkpoint save or load: how long it blocked, its size, and its stages (its child spans
--- staging / write / upload / finalize / barrier) with their seconds. A finalize that the job
--- parented on the loop (an async save finishing later) is not under its save: find it by name.
+-- Per checkpoint save or load: how long it blocked, its size, its stages (its child spans
+-- staging / write / upload / finalize / barrier) with their seconds, and whether it failed. An
+-- async save's finalize is parented on the training loop and linked to its save: a stage is
+-- the save's by its parent or by a link. A save failed if its span or its finalize (the
+-- background write) ended in error.
 CREATE OR REPLACE VIEW traintel_checkpoints AS
 SELECT
     c.session AS session, c.run_id AS run_id, c.restart AS restart, c.rank AS rank,
@@ -415,16 +419,19 @@ SELECT
     c.start_ns AS start_unix_nano,
     (c.end_ns - c.start_ns) / 1e9 AS seconds,
     toFloat64OrNull(c.SpanAttributes['ml.training.checkpoint.size']) AS bytes,
-    c.StatusCode = 'Error' AS failed,
+    max(c.StatusCode = 'Error' OR (s.phase = 'checkpoint_finalize' AND s.StatusCode = 'Error')) AS failed,
     arraySort(groupArrayIf((substring(s.phase, 12), (s.end_ns - s.start_ns) / 1e9), s.SpanId != '')) AS stages,
     c.TraceId AS trace_id,
     c.SpanId AS span_id
 FROM (SELECT * FROM traintel_spans
       WHERE phase IN ('checkpoint_save_sync', 'checkpoint_save_async', 'checkpoint_load')) AS c
-LEFT JOIN (SELECT TraceId, SpanId, ParentSpanId, phase, start_ns, end_ns FROM traintel_spans
+LEFT JOIN (SELECT owner.1 AS owner_trace, owner.2 AS owner_span, SpanId, phase, start_ns, end_ns, StatusCode
+           FROM traintel_spans
+           ARRAY JOIN arrayDistinct(arrayZip(arrayConcat([TraceId], link_trace_ids),
+                                             arrayConcat([ParentSpanId], link_span_ids))) AS owner
            WHERE phase IN ('checkpoint_staging', 'checkpoint_write', 'checkpoint_upload',
                            'checkpoint_finalize', 'checkpoint_barrier')) AS s
-    ON s.TraceId = c.TraceId AND s.ParentSpanId = c.SpanId
+    ON s.owner_trace = c.TraceId AND s.owner_span = c.SpanId
 GROUP BY session, run_id, restart, rank, operation, phase, iteration, strategy, start_unix_nano, seconds,
-         bytes, failed, trace_id, span_id
+         bytes, trace_id, span_id
 SETTINGS join_use_nulls = 0;
