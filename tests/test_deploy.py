@@ -378,7 +378,8 @@ def label_values_query(query: str) -> tuple[str, str]:
 
 
 def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """(where, PromQL) for every Prometheus query of the dashboard, variables included."""
+    """(where, PromQL) for every Prometheus query of the dashboard, annotations and variables
+    included."""
 
     def panels(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         for item in items:
@@ -389,6 +390,9 @@ def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
         for target in panel.get("targets", []):
             if (target.get("datasource") or panel.get("datasource") or {}).get("uid") == "prometheus":
                 yield f"panel {panel['title']!r}", target["expr"]
+    for annotation in dashboard["annotations"]["list"]:
+        if (annotation.get("datasource") or {}).get("uid") == "prometheus":
+            yield f"annotation {annotation['name']!r}", annotation["expr"]
     for variable in dashboard["templating"]["list"]:
         selector, label = label_values_query(variable["definition"])
         yield f"variable {variable['name']!r}", f"count by ({label}) ({selector})"
