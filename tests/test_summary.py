@@ -608,3 +608,60 @@ def test_a_run_whose_spans_were_lost_before_its_file_had_any_says_so(
     )
     assert "stopped, or is still running" not in said
     assert "Telemetry losses: traintel.spans.dropped 6,009" in said
+
+
+CUSTOM_PHASES = """
+import traintel
+with traintel.application():
+    with traintel.timed_span("load_tokenizer", phase="load_tokenizer"):
+        pass
+    with traintel.training_loop(train_iterations_start=0):
+        for i in range(50):
+            with traintel.training_iteration(samples=2):
+                with traintel.timed_span("grad_clip", phase="grad_clip"):
+                    pass
+            if i % 10 == 9:
+                with traintel.timed_span("generate", phase="generate"):
+                    pass
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("export", ["sampled", "all"])
+def test_a_phase_of_the_user_s_own_inside_iterations_is_said_to_be_counted_as_exported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], export: str
+) -> None:
+    """``timed_span("grad_clip", phase="grad_clip")`` in each of 50 iterations: its spans are
+    exported with their iterations only, and the table read "grad_clip 10", as if it ran ten
+    times. Its spans now carry their iteration's number; a row counted from the exported
+    iterations alone is marked and says so. Phases outside iterations are whole; exporting every
+    iteration counts every one."""
+    from tests.subprocess_helpers import run_python
+
+    runs = tmp_path / "runs"
+    done = run_python(
+        CUSTOM_PHASES, tmp_path, TRAINTEL_OUTPUT_DIR=str(runs), TRAINTEL_EXPORT_ITERATIONS=export
+    )
+    assert done.returncode == 0, done.stderr
+    clips = [s for s in iter_spans([runs]) if s.name == "grad_clip"]
+    parents = {s.span_id: s for s in iter_spans([runs]) if s.name == "training_iteration"}
+    assert clips and all(
+        c.attributes[semconv.ITERATION] == parents[str(c.parent_span_id)].attributes[semconv.ITERATION]
+        for c in clips
+    )
+    summary = summarize([runs])
+    rows = {row.phase: row for row in phase_rows(summary)}
+    exported = sum(summary.exported_iterations.values())  # the first 10, and any slow one
+    assert (exported < 50) is (export == "sampled")
+    counts = {
+        name: (rows[name].count, rows[name].sampled) for name in ("load_tokenizer", "grad_clip", "generate")
+    }
+    assert counts == {
+        "load_tokenizer": (1, False),
+        "grad_clip": (exported, exported < 50),
+        "generate": (5, False),
+    }
+    assert main(["summary", str(runs)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    said = f"* inside iterations: counted in the exported ones only ({exported} of 50); the metric"
+    assert (said in text and f"grad_clip* {exported}" in text) is (export == "sampled"), text

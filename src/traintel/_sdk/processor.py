@@ -36,6 +36,7 @@ class RunningIteration(Protocol):
 
     span_id: int
     phase: str
+    iteration: int
 
     def keep(self, reason: str) -> None: ...
 
@@ -79,6 +80,7 @@ _PER_STEP = frozenset({p.value for p in semconv.ITERATION_PHASES} | {p.value for
 _STAGE_OF = {phase.value: stage for stage, phase in semconv.CHECKPOINT_STAGES.items()}
 _CATEGORY_OF = semconv.BADPUT_CATEGORY_OF_PHASE
 _DATA_LOADING = Phase.DATA_LOADING.value
+_OURS = frozenset(phase.value for phase in Phase)
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 _CONTINUES = semconv.SEGMENT_CONTINUES
 _APPLICATION = Phase.APPLICATION.value
@@ -125,11 +127,14 @@ class TrainingMetricsProcessor(SpanProcessor):
 
     def _phase_started(self, engine: SpanEngine, span: Span, phase: str, span_id: int) -> None:
         """A span with a phase started: the job's time runs; a checkpoint or evaluation keeps the
-        iteration it is in; a foreign iteration gets its step-phase tally."""
+        iteration it is in; a phase of the user's own inside an iteration carries its number; a
+        foreign iteration gets its step-phase tally."""
         if span.start_time is not None:
             engine.goodput.started(span.start_time)
             if phase in _CATEGORY_OF and phase != _DATA_LOADING:
                 self._keep_enclosing_iteration(engine, span, phase)
+            elif phase not in _OURS:
+                self._number_by_enclosing_iteration(engine, span)
         if phase == _TRAINING_ITERATION and not self._is_own(span):
             self._foreign_steps[span_id] = [0, 0, 0, 0]
             if semconv.ITERATION not in (span.attributes or {}):  # numbered as the window counts it
@@ -200,6 +205,16 @@ class TrainingMetricsProcessor(SpanProcessor):
         record = engine.active
         if kind == "iteration" and record is not None and record.span_id == span_id:
             record.keep("checkpoint" if phase.startswith("checkpoint") else "nested_phase")
+
+    def _number_by_enclosing_iteration(self, engine: SpanEngine, span: Span) -> None:
+        """A phase of the user's own (``timed_span(..., phase="grad_clip")``) inside a fast-path
+        iteration: it is exported only with that iteration, so the offline tables, which count
+        it from its spans, say so (they read this number); and a trace viewer shows which
+        iteration's it is."""
+        kind, span_id = self._goodput_parent(engine, span)
+        record = engine.active
+        if kind == "iteration" and record is not None and record.span_id == span_id:
+            span.set_attribute(semconv.ITERATION, record.iteration)
 
     def _goodput_parent(self, engine: SpanEngine, span: ReadableSpan) -> tuple[str | None, int]:
         """The nearest enclosing categorised phase ("phase", its id) or training iteration

@@ -25,6 +25,7 @@ from traintel.analysis.summary import (
     energy_text,
     phase_rows,
     plain_number,
+    sampled_note,
     summed_over,
 )
 from traintel.semconv import BADPUT_CATEGORIES, Phase
@@ -694,11 +695,13 @@ def _identity(report: Report) -> str:
 
 
 def _phase_rows(s: RunSummary) -> str:
+    rows = phase_rows(s)
+    note = sampled_note(s, rows)
     return "".join(
-        f"<tr><td>{_e(r.phase)}</td><td>{r.count:,}</td><td>{_e(fmt_s(r.total_s))}</td>"
-        f"<td>{_e(fmt_s(r.mean_s))}</td><td>{_e(fmt_pct(r.share))}</td></tr>"
-        for r in phase_rows(s)
-    )
+        f"<tr><td>{_e(r.phase)}{'*' if r.sampled else ''}</td><td>{r.count:,}</td>"
+        f"<td>{_e(fmt_s(r.total_s))}</td><td>{_e(fmt_s(r.mean_s))}</td><td>{_e(fmt_pct(r.share))}</td></tr>"
+        for r in rows
+    ) + (f'<tr><td colspan="5" class="none">{_e(note)}</td></tr>' if note else "")
 
 
 def _headline_rows(report: Report) -> str:

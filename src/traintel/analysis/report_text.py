@@ -31,6 +31,7 @@ from traintel.analysis.summary import (
     fmt_seconds,
     phase_rows,
     plain_number,
+    sampled_note,
     summed_over,
 )
 from traintel.semconv import BADPUT_CATEGORIES, WINDOW_PREFIX
@@ -127,7 +128,7 @@ def _phase_table(report: Report, width: int) -> Table:
     phases = _table(title, *columns, *([""] if bars else []), *(["errors"] if errors else []))
     for row in rows:
         cells: list[str | Text] = [
-            row.phase,
+            row.phase + ("*" if row.sampled else ""),
             fmt_num(row.count),
             fmt_s(row.total_s),
             fmt_s(row.mean_s),
@@ -139,6 +140,7 @@ def _phase_table(report: Report, width: int) -> Table:
         if errors:
             cells.append(Text(fmt_num(row.errors), style="red") if row.errors else "")
         phases.add_row(*cells)
+    phases.caption = sampled_note(report.summary, rows)
     return phases
 
 

@@ -193,6 +193,9 @@ class PhaseStats:
     total_s: float = 0.0
     max_s: float = 0.0
     errors: int = 0
+    #: A phase of the user's own seen inside iterations (its spans carry the iteration's
+    #: number): exported with its iteration only, so counted in the exported iterations alone.
+    in_iterations: bool = False
 
     def add(self, seconds: float, error: bool, count: int = 1) -> None:
         self.count += count
@@ -209,6 +212,7 @@ class PhaseStats:
         self.total_s += later.total_s
         self.max_s = max(self.max_s, later.max_s)
         self.errors += later.errors
+        self.in_iterations |= later.in_iterations
 
 
 @dataclass
@@ -412,6 +416,8 @@ class RunSummary:
         """A phase span; a segment of a phase cut into segments counts as part of its span: the
         first one counts the span, the later ones add their time, its max is the whole."""
         stats = self.phases.setdefault(phase, PhaseStats())
+        if phase not in _PHASE_ORDER and semconv.ITERATION in span.attributes:
+            stats.in_iterations = True
         index = span.attributes.get(semconv.SEGMENT_INDEX)
         if not isinstance(index, int) or isinstance(index, bool):
             stats.add(seconds, span.is_error)
@@ -705,6 +711,9 @@ class PhaseRow:
     max_s: float | None
     share: float | None
     errors: int
+    #: Counted in the exported iterations only (a phase of the user's own inside iterations,
+    #: of a run that did not export every iteration): see :func:`sampled_note`.
+    sampled: bool = False
 
 
 def phase_rows(summary: RunSummary) -> list[PhaseRow]:
@@ -718,11 +727,11 @@ def phase_rows(summary: RunSummary) -> list[PhaseRow]:
         return seconds / total if total > 0 else None
 
     rows: list[PhaseRow] = []
+    sampled = sum(summary.exported_iterations.values()) < summary.window_iterations
     for name, stats in summary.phases.items():
         shown = share(stats.total_s) if name not in _NO_SHARE else None
-        rows.append(
-            PhaseRow(name, stats.count, stats.total_s, stats.mean_s, stats.max_s, shown, stats.errors)
-        )
+        counts = (stats.count, stats.total_s, stats.mean_s, stats.max_s, shown, stats.errors)
+        rows.append(PhaseRow(name, *counts, sampled=sampled and stats.in_iterations))
     n, errors = summary.window_iterations, summary.per_step_errors
     if n:
         seconds = summary.window_iteration_s
@@ -856,11 +865,23 @@ def summed_over(summary: RunSummary) -> str:
     return f", summed over {' and '.join(parts)}" if parts else ""
 
 
+def sampled_note(summary: RunSummary, rows: list[PhaseRow]) -> str | None:
+    """What a ``*`` after a phase's name says, if a row has one."""
+    if not any(row.sampled for row in rows):
+        return None
+    exported = sum(summary.exported_iterations.values())
+    return (
+        f"* inside iterations: counted in the exported ones only ({plain_number(exported)} of "
+        f"{plain_number(summary.window_iterations)}); the metric {semconv.METRIC_PHASE_DURATION} "
+        "counts every one"
+    )
+
+
 def _phase_lines(summary: RunSummary) -> list[str]:
     """The table fits 80 columns for traintel's phase names; a longer name of the user's own
     widens its column rather than being cut."""
     rows = phase_rows(summary)
-    name_width = max([_NAME_WIDTH - 2, *(len(row.phase) for row in rows)]) + 2
+    name_width = max([_NAME_WIDTH - 2, *(len(row.phase) + row.sampled for row in rows)]) + 2
     header = f"{'phase':<{name_width}}" + "".join(f"{title:>{width}}" for title, width in _COLUMNS)
     lines = [""]
     if summary.open_at_end:
@@ -882,11 +903,13 @@ def _phase_lines(summary: RunSummary) -> list[str]:
             share,
             plain_number(row.errors) if row.errors else "",
         )
-        line = f"{row.phase:<{name_width}}" + "".join(
+        name = row.phase + ("*" if row.sampled else "")
+        line = f"{name:<{name_width}}" + "".join(
             f"{cell:>{width}}" for cell, (_title, width) in zip(cells, _COLUMNS, strict=True)
         )
         lines.append(line.rstrip())
-    return lines
+    note = sampled_note(summary, rows)
+    return lines + _fit(note) if note else lines
 
 
 def _iteration_lines(summary: RunSummary) -> list[str]:
