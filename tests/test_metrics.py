@@ -20,6 +20,7 @@ import traintel
 from traintel import callbacks, semconv
 from traintel._recorder import active
 from traintel._runtime import window_consumers
+from traintel._sdk.processor import MAX_OWN_PHASES
 
 T0 = 1_700_000_000_000  # ms since the epoch
 W = semconv.WINDOW_PREFIX
@@ -294,6 +295,28 @@ def test_failed_checkpoints_are_counted_by_phase(owned: Any) -> None:
         ("checkpoint_finalize", 1), ("checkpoint_load", 1),
         ("checkpoint_save_async", 1), ("checkpoint_save_sync", 1),
     ]  # fmt: skip
+
+
+def test_phases_of_the_user_s_own_past_the_cap_count_as_other_in_the_metric(
+    owned: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``timed_span(..., phase=f"layer_{i}")`` for 70 layers: one histogram series per value in
+    every backend. The metric keeps the first 64 apart and counts the rest as ``other``, said
+    once; traintel's own phases are never folded, and every span keeps its phase."""
+    job = owned(export_iterations="none")
+    with traintel.application(), traintel.training_loop():
+        for i in range(70):
+            with traintel.timed_span(f"layer {i}", phase=f"layer_{i}"):
+                pass
+        with traintel.checkpoint_save(iteration=1):
+            pass
+    counts = {p.attributes[semconv.PHASE]: p.count for p in job.metric_points(semconv.METRIC_PHASE_DURATION)}
+    assert {f"layer_{i}" for i in range(MAX_OWN_PHASES)} <= set(counts)
+    assert counts["other"] == 70 - MAX_OWN_PHASES and counts["checkpoint_save_sync"] == 1
+    assert not {f"layer_{i}" for i in range(MAX_OWN_PHASES, 70)} & set(counts)
+    said = [r.getMessage() for r in caplog.records if "phases of your own" in r.getMessage()]
+    assert len(said) == 1 and "'layer_64'" in said[0], said
+    assert {s.attributes[semconv.PHASE] for s in job.named("layer 69")} == {"layer_69"}
 
 
 def test_an_async_save_whose_write_failed_is_no_resume_point(owned: Any) -> None:

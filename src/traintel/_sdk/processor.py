@@ -11,6 +11,7 @@ It also fills the registry of open spans (``open_spans.py`` says why it is neede
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -29,6 +30,7 @@ from traintel._sdk.open_spans import OpenSpans
 from traintel.semconv import Phase
 
 _get_ident = threading.get_ident
+_logger = logging.getLogger(__name__)
 
 
 class RunningIteration(Protocol):
@@ -81,6 +83,10 @@ _STAGE_OF = {phase.value: stage for stage, phase in semconv.CHECKPOINT_STAGES.it
 _CATEGORY_OF = semconv.BADPUT_CATEGORY_OF_PHASE
 _DATA_LOADING = Phase.DATA_LOADING.value
 _OURS = frozenset(phase.value for phase in Phase)
+#: Phases of the user's own that ``ml.training.phase.duration`` keeps apart; later ones are
+#: ``other`` there (see ``TrainingMetricsProcessor._label``).
+MAX_OWN_PHASES = 64
+OTHER_PHASE = "other"
 _TRAINING_ITERATION = Phase.TRAINING_ITERATION.value
 _CONTINUES = semconv.SEGMENT_CONTINUES
 _APPLICATION = Phase.APPLICATION.value
@@ -111,6 +117,8 @@ class TrainingMetricsProcessor(SpanProcessor):
         self._on_error = on_error
         self._own_scope_seen: object = None
         self._foreign_steps: dict[int, list[int]] = {}
+        self._own_phases: set[str] = set()  # the user's phases the phase-duration metric keeps
+        self._said_too_many = False
 
     # --- SpanProcessor ---------------------------------------------------------------------------
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
@@ -173,12 +181,34 @@ class TrainingMetricsProcessor(SpanProcessor):
         if phase in _CATEGORY_OF:
             self._goodput(engine, span, phase)
         if phase not in _PER_STEP and self._instruments is not None:
-            self._instruments.phase_duration.record(duration_ns / 1e9, {semconv.PHASE: phase})
+            self._instruments.phase_duration.record(duration_ns / 1e9, {semconv.PHASE: self._label(phase)})
         if not self._is_own(span):
             try:
                 self._foreign(engine, span, phase, duration_ns, context)
             except Exception:
                 self._on_error("foreign_span")
+
+    def _label(self, phase: str) -> str:
+        """The phase-duration metric's phase: ours, or one of the first ``MAX_OWN_PHASES`` of the
+        user's, else ``other`` (said once). A phase per layer or per step (``phase=f"layer_{i}"``)
+        made a histogram series per value in every backend: 2,000 per metric before the SDK
+        folds the rest into its overflow series."""
+        if phase in _OURS or phase in self._own_phases:
+            return phase
+        if len(self._own_phases) < MAX_OWN_PHASES:
+            self._own_phases.add(phase)
+            return phase
+        if not self._said_too_many:
+            self._said_too_many = True
+            _logger.warning(
+                "traintel: phase %r is one more than the %d phases of your own that %s keeps apart; "
+                "it and later new ones count as phase 'other' there (a phase names a kind of work: "
+                "put the layer or step in an attribute)",
+                phase,
+                MAX_OWN_PHASES,
+                semconv.METRIC_PHASE_DURATION,
+            )
+        return OTHER_PHASE
 
     def _goodput(self, engine: SpanEngine, span: ReadableSpan, phase: str) -> None:
         """Book a categorised phase's time: its own time less the categorised phases inside it
