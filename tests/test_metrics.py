@@ -542,6 +542,34 @@ def test_validation_metrics_update(owned: Any) -> None:
     assert job.named("validation_loop")[0].attributes[E + "iterations"] == 3
 
 
+def test_metrics_recorded_on_a_validation_loop_inside_a_training_step_go_on_that_loop(owned: Any) -> None:
+    """Validation every N steps, run inside the step's ``with``: a value recorded on the loop
+    after its iterations (``val_loss``) went on the training iteration around it, into the
+    training window's model metrics, and the loop's update never had it. It now goes on the
+    loop, as outside a step; the step's own values before and after the loop stay the step's."""
+    job = owned(export_iterations="none", log_every_n_iterations=2, window_min_seconds=0)
+    with traintel.training_loop(train_iterations_start=0):
+        for step in range(2):
+            with traintel.training_iteration():
+                traintel.record_metrics(loss=1.0 + step)
+                if step == 1:
+                    with traintel.validation_loop():
+                        with traintel.validation_iteration():
+                            traintel.record_metrics(val_acc=0.25)
+                        traintel.record_metrics(val_loss=0.5)
+                    traintel.record_metrics(lr=0.1)
+    (window,) = job.events("training_metrics_update")
+    W, E = semconv.WINDOW_PREFIX, semconv.EVAL_PREFIX
+    assert {key for key in window if key.startswith(W + "metric.")} == {
+        W + "metric.loss.last",
+        W + "metric.loss.mean",
+        W + "metric.lr.last",
+        W + "metric.lr.mean",
+    }
+    (update,) = job.events("validation_metrics_update")
+    assert (update[E + "metric.val_loss.last"], update[E + "metric.val_acc.last"]) == (0.5, 0.25)
+
+
 def test_metrics_recorded_on_an_eval_loop_count_toward_its_update(owned: Any) -> None:
     """A value recorded inside the loop but after its iterations (an epoch-level accuracy, a
     framework's eval_loss) is one more value of the update's last and mean; the next loop

@@ -65,18 +65,20 @@ def _numbers(
     return numbers
 
 
+_ITERATIONS_AND_LOOPS = frozenset(p.value for p in (*semconv.ITERATION_PHASES, *semconv.LOOP_PHASES))
+
+
 def _metrics_target(telemetry: _state.Telemetry) -> Span | None:
-    """The open iteration (else loop) span enclosing the current context, else the innermost
-    iteration or loop a callback opened."""
+    """The innermost open iteration or loop span enclosing the current context (a validation
+    loop inside a training step: the loop), else the innermost iteration or loop a callback
+    opened."""
     open_spans = telemetry.open_spans
     if open_spans is None:
         return None
     current = trace_api.get_current_span().get_span_context().span_id
-    target: Span | None
-    for phases in (semconv.ITERATION_PHASES, semconv.LOOP_PHASES):
-        target = open_spans.enclosing(current, phases)
-        if target is not None:
-            return target
+    enclosing = open_spans.enclosing(current, _ITERATIONS_AND_LOOPS)
+    if enclosing is not None:
+        return enclosing
     for phase in (*semconv.ITERATION_PHASES, *semconv.LOOP_PHASES):
         target = telemetry.callback_span(phase.value)
         if target is not None:
@@ -85,7 +87,8 @@ def _metrics_target(telemetry: _state.Telemetry) -> Span | None:
 
 
 def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: object) -> None:
-    """Attach model metrics to the current iteration (or loop). Never raises for a failure of
+    """Attach model metrics to the innermost iteration or loop around the call (a validation
+    loop run inside a training step: that loop). Never raises for a failure of
     its own (an exception a signal handler raises meanwhile is the job's, and goes on up).
 
     Non-numeric values are dropped with one warning; non-finite ones are kept (a NaN loss
@@ -98,7 +101,12 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
         numbers = _numbers(telemetry, metrics, more)
         engine = telemetry.engine
         record = engine.active if engine is not None else None
-        if record is not None and engine is not None and engine.active_thread == threading.get_ident():
+        if (
+            record is not None
+            and engine is not None
+            and engine.active_thread == threading.get_ident()
+            and not record.inner_loops  # (else on the loop opened inside it: a validation's)
+        ):
             for name, number in numbers.items():
                 record.record_metric(name, float(number))
             return

@@ -253,14 +253,26 @@ class ApplicationPhase(PhaseSpan):
 
 class LoopPhase(PhaseSpan):
     """A loop: counted open, so an iteration can tell it is inside its loop even when the
-    sampler dropped the loop span (the processor never sees unsampled spans)."""
+    sampler dropped the loop span (the processor never sees unsampled spans). A loop run inside
+    an iteration (validation every N steps, inside the step) is counted on that iteration too:
+    ``record_metrics`` on the loop itself then goes on the loop, not on the iteration around it."""
+
+    _inside: IterationRecord | None = None  # the iteration it runs in, on its thread, while open
+    _OPEN_STATE = MappingProxyType({**PhaseSpan._OPEN_STATE, "_inside": None})
 
     def _start_attributes(self, engine: TrainingEngine) -> Mapping[str, AttributeValue] | None:
         engine.loop_opened(self._name)
+        record = engine.active
+        if record is not None and engine.active_thread == _get_ident():
+            record.inner_loops += 1
+            self._inside = record
         return self._attributes
 
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         engine.loop_closed(self._name)
+        record, self._inside = self._inside, None
+        if record is not None:
+            record.inner_loops -= 1
 
 
 class TrainingLoopPhase(LoopPhase):

@@ -133,6 +133,7 @@ class IterationRecord(NonRecordingSpan):
     head_reason: str | None = None
     holds_user_spans = False  # the export filter holds spans started inside it
     outer: IterationRecord | None = None  # the open iteration this one began within, on its thread
+    inner_loops = 0  # loops open inside it, on its thread (record_metrics goes on the innermost)
     step_spans = False  # a step phase ran as a real span (under a user span)
     sampled = False  # the trace flag spans started inside inherit
     step_ids: set[int] | None = None  # ids drawn for its steps (spans were started inside them)
