@@ -22,6 +22,7 @@ from traintel._aggregation.window import add_metrics
 from traintel._host.signal_raised import raised_by_signal_handler
 from traintel._recorder import active
 from traintel._recorder.engine import TrainingEngine
+from traintel._recorder.record import IterationRecord
 from traintel._recorder.record import number as count_of
 from traintel._runtime import state as _state
 
@@ -100,19 +101,23 @@ def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: objec
     try:
         numbers = _numbers(telemetry, metrics, more)
         engine = telemetry.engine
-        record = engine.active if engine is not None else None
-        if (
-            record is not None
-            and engine is not None
-            and engine.active_thread == threading.get_ident()
-            and not record.inner_loops  # (else on the loop opened inside it: a validation's)
-        ):
+        record = _running_iteration(engine)
+        if record is not None:
             for name, number in numbers.items():
                 record.record_metric(name, float(number))
             return
         _record_on_span(telemetry, engine, numbers)
     except Exception:
         telemetry.warn_once("record_metrics", "record_metrics failed")
+
+
+def _running_iteration(engine: TrainingEngine | None) -> IterationRecord | None:
+    """The fast path's iteration running on this thread, if the call is directly in it (not in
+    a loop opened inside it: a validation's, whose values are the loop's)."""
+    record = engine.active if engine is not None else None
+    if record is None or engine is None or engine.active_thread != threading.get_ident():
+        return None
+    return None if record.inner_loops else record
 
 
 def _record_on_span(

@@ -282,16 +282,7 @@ def _plan_exporters(
         ep_name, timeout = _otlp_choice(signal, environ, strict) if name == "otlp" else (name, None)
         found = list(entry_points(group=f"opentelemetry_{signal}_exporter", name=ep_name))
         if not found:
-            known = {ep.name for ep in entry_points(group=f"opentelemetry_{signal}_exporter")}
-            package = _EXPORTER_PACKAGES.get(name)
-            install = f"; pip install {package}" if package else ""
-            report(
-                ConfigurationError(
-                    f"{exporter_var}={environ.get(exporter_var, name)!r}: unknown exporter {name!r} "
-                    f"(installed: {', '.join(sorted(known | {'otlp', 'none'}))}{install})"
-                ),
-                strict,
-            )
+            report(_unknown_exporter(signal, name, environ.get(exporter_var, name)), strict)
             continue
         try:
             cls = found[0].load()
@@ -304,6 +295,19 @@ def _plan_exporters(
         certificate = ep_name == PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ)
         plans.append(_ExporterPlan(name, _factory(cls, certificate, timeout)))
     return plans
+
+
+def _unknown_exporter(signal: str, name: str, setting: str) -> ConfigurationError:
+    """The error for an exporter name no entry point has: the installed ones, and the package
+    to install where the OpenTelemetry project ships that exporter apart."""
+    exporter_var = SIGNAL_VARS[signal][0]
+    known = {ep.name for ep in entry_points(group=f"opentelemetry_{signal}_exporter")}
+    package = _EXPORTER_PACKAGES.get(name)
+    install = f"; pip install {package}" if package else ""
+    return ConfigurationError(
+        f"{exporter_var}={setting!r}: unknown exporter {name!r} "
+        f"(installed: {', '.join(sorted(known | {'otlp', 'none'}))}{install})"
+    )
 
 
 def _prometheus_reader(environ: Mapping[str, str], local_rank: int) -> Any:

@@ -271,9 +271,7 @@ class Telemetry:
         """End open callback spans, flush and release owned providers within the bound."""
         if self.closed:
             return True
-        self.close_open_callbacks("telemetry shutdown")
-        if self.engine is not None:
-            end_open_phases(self.engine, "telemetry shutdown")
+        self._end_open_phases("telemetry shutdown")
         self._close_last_window()
         self.closed = True
         if self.progress is not None:
@@ -293,6 +291,12 @@ class Telemetry:
         say(farewell(self.pipeline.run_file(), self.pipeline.trace_exporters, rank, spooled=spooled))
         forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
         return ok
+
+    def _end_open_phases(self, reason: str) -> None:
+        """Callbacks' phases, then those of ``with`` blocks the shutdown is called inside."""
+        self.close_open_callbacks(reason)
+        if self.engine is not None:
+            end_open_phases(self.engine, reason)
 
     def _close_last_window(self) -> None:
         """The open window's iterations, closed as a loop's end would (see the engine's

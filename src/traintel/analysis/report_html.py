@@ -698,7 +698,7 @@ def _phase_rows(s: RunSummary) -> str:
     rows = phase_rows(s)
     note = sampled_note(s, rows)
     return "".join(
-        f"<tr><td>{_e(r.phase)}{'*' if r.sampled else ''}</td><td>{r.count:,}</td>"
+        f"<tr><td>{_e(r.shown)}</td><td>{r.count:,}</td>"
         f"<td>{_e(fmt_s(r.total_s))}</td><td>{_e(fmt_s(r.mean_s))}</td><td>{_e(fmt_pct(r.share))}</td></tr>"
         for r in rows
     ) + (f'<tr><td colspan="5" class="none">{_e(note)}</td></tr>' if note else "")

@@ -128,7 +128,7 @@ def _phase_table(report: Report, width: int) -> Table:
     phases = _table(title, *columns, *([""] if bars else []), *(["errors"] if errors else []))
     for row in rows:
         cells: list[str | Text] = [
-            row.phase + ("*" if row.sampled else ""),
+            row.shown,
             fmt_num(row.count),
             fmt_s(row.total_s),
             fmt_s(row.mean_s),

@@ -715,6 +715,11 @@ class PhaseRow:
     #: of a run that did not export every iteration): see :func:`sampled_note`.
     sampled: bool = False
 
+    @property
+    def shown(self) -> str:
+        """The phase as the tables name it: marked ``*`` where :func:`sampled_note` applies."""
+        return self.phase + "*" if self.sampled else self.phase
+
 
 def phase_rows(summary: RunSummary) -> list[PhaseRow]:
     """Wall time by phase, in span-tree order. Per-step phases come from the window events
@@ -881,7 +886,7 @@ def _phase_lines(summary: RunSummary) -> list[str]:
     """The table fits 80 columns for traintel's phase names; a longer name of the user's own
     widens its column rather than being cut."""
     rows = phase_rows(summary)
-    name_width = max([_NAME_WIDTH - 2, *(len(row.phase) + row.sampled for row in rows)]) + 2
+    name_width = max([_NAME_WIDTH - 2, *(len(row.shown) for row in rows)]) + 2
     header = f"{'phase':<{name_width}}" + "".join(f"{title:>{width}}" for title, width in _COLUMNS)
     lines = [""]
     if summary.open_at_end:
@@ -903,13 +908,15 @@ def _phase_lines(summary: RunSummary) -> list[str]:
             share,
             plain_number(row.errors) if row.errors else "",
         )
-        name = row.phase + ("*" if row.sampled else "")
-        line = f"{name:<{name_width}}" + "".join(
+        line = f"{row.shown:<{name_width}}" + "".join(
             f"{cell:>{width}}" for cell, (_title, width) in zip(cells, _COLUMNS, strict=True)
         )
         lines.append(line.rstrip())
-    note = sampled_note(summary, rows)
-    return lines + _fit(note) if note else lines
+    return lines + _note_lines(sampled_note(summary, rows))
+
+
+def _note_lines(note: str | None) -> list[str]:
+    return _fit(note) if note else []
 
 
 def _iteration_lines(summary: RunSummary) -> list[str]:
