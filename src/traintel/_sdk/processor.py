@@ -231,9 +231,8 @@ class TrainingMetricsProcessor(SpanProcessor):
     def _keep_enclosing_iteration(self, engine: SpanEngine, span: Span, phase: str) -> None:
         """A checkpoint save or evaluation inside a fast-path iteration: export that iteration,
         so the phase span is not dropped with it (it is badput the analysis must see)."""
-        kind, span_id = self._goodput_parent(engine, span)
-        record = engine.active
-        if kind == "iteration" and record is not None and record.span_id == span_id:
+        record = self._enclosing_fast_iteration(engine, span)
+        if record is not None:
             record.keep("checkpoint" if phase.startswith("checkpoint") else "nested_phase")
 
     def _number_by_enclosing_iteration(self, engine: SpanEngine, span: Span) -> None:
@@ -241,10 +240,16 @@ class TrainingMetricsProcessor(SpanProcessor):
         iteration: it is exported only with that iteration, so the offline tables, which count
         it from its spans, say so (they read this number); and a trace viewer shows which
         iteration's it is."""
+        record = self._enclosing_fast_iteration(engine, span)
+        if record is not None:
+            span.set_attribute(semconv.ITERATION, record.iteration)
+
+    def _enclosing_fast_iteration(self, engine: SpanEngine, span: Span) -> RunningIteration | None:
+        """The engine's running iteration, if it is the nearest iteration or categorised phase
+        around ``span`` (a fast-path iteration: no span of its own in the registry)."""
         kind, span_id = self._goodput_parent(engine, span)
         record = engine.active
-        if kind == "iteration" and record is not None and record.span_id == span_id:
-            span.set_attribute(semconv.ITERATION, record.iteration)
+        return record if kind == "iteration" and record is not None and record.span_id == span_id else None
 
     def _goodput_parent(self, engine: SpanEngine, span: ReadableSpan) -> tuple[str | None, int]:
         """The nearest enclosing categorised phase ("phase", its id) or training iteration
