@@ -96,6 +96,25 @@ def test_summary_numbers_are_exact(tmp_path: Path) -> None:
     assert "Iterations exported as spans: 4 (first 4)" in text
 
 
+def test_two_applications_of_one_process_are_not_read_as_a_run_still_going(tmp_path: Path) -> None:
+    """A notebook cell run twice: two applications, 100 s apart, in one process. The shares are
+    of their 20 s, not of the 120 s from the first record to the last, and the run ended."""
+    file = OtlpJsonLinesFile(output_dir=tmp_path)
+    provider = TracerProvider(resource=Resource({semconv.RUN_ID: "twice"}), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
+    traintel.configure(tracer_provider=provider)
+    for start in (0, 110_000):
+        callbacks.on_app_start(start_time_msec=T0 + start)
+        callbacks.on_model_init_start(start_time_msec=T0 + start)
+        callbacks.on_model_init_end(finish_time_msec=T0 + start + 2000)
+        callbacks.on_app_end(finish_time_msec=T0 + start + 10_000)
+    traintel.shutdown(1)
+    provider.shutdown()
+    summary = summarize([tmp_path])
+    assert summary.wall_s == 20.0 and not summary.open_at_end
+    assert "\nmodel_init                   2     4.00 s     2.00 s     2.00 s   20.0%" in render(summary)
+
+
 def test_the_checkpoint_line_counts_the_save_after_the_loop(tmp_path: Path) -> None:
     """The final checkpoint, saved after the training loop ended (as most loops do), is one of
     the job's saves: 2 saves, 2 + 3 s, 3 + 5 MB (the loop's own summary holds only the first)."""
@@ -608,6 +627,28 @@ def test_a_run_whose_spans_were_lost_before_its_file_had_any_says_so(
     )
     assert "stopped, or is still running" not in said
     assert "Telemetry losses: traintel.spans.dropped 6,009" in said
+
+
+@pytest.mark.process
+def test_a_run_whose_trace_its_sampler_dropped_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job run with ``OTEL_TRACES_SAMPLER=always_off`` completed 300 iterations: the summary
+    said it "stopped, or is still running" and that it ran no iteration."""
+    from tests.subprocess_helpers import run_python
+
+    runs = tmp_path / "runs"
+    done = run_python(KILLED_OR_DONE.replace("sys.argv[1]", "0").replace("sys.argv[2]", "300")
+                      .replace("sys.argv[3]", "'done'"), tmp_path, TRAINTEL_OUTPUT_DIR=str(runs),
+                      OTEL_TRACES_SAMPLER="always_off")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert main(["summary", str(runs)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert (
+        "No spans in its file, though its metrics count 300 iterations: the job's trace was dropped "
+        "by its sampler" in said
+    )
+    assert "still running" not in said and "no iteration" not in said
 
 
 CUSTOM_PHASES = """

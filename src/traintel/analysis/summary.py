@@ -223,6 +223,7 @@ class Extent:
     application_s: float = 0.0
     first_ns: int = 0
     last_ns: int = 0
+    application_end_ns: int = 0  # where its last exported application (or segment of one) ends
 
     def see(self, start_ns: int, end_ns: int) -> None:
         if start_ns and (not self.first_ns or start_ns < self.first_ns):
@@ -230,11 +231,16 @@ class Extent:
         self.last_ns = max(self.last_ns, end_ns)
 
     @property
-    def seen_s(self) -> float:
-        return max(0, self.last_ns - self.first_ns) / 1e9 if self.first_ns else 0.0
+    def open_s(self) -> float:
+        """The time its records go on past its last exported application's end (a run still
+        going, or killed): all of it where none ended. Not the time between two applications
+        (a notebook cell run twice), nor before the first."""
+        since = max(self.application_end_ns, self.first_ns)
+        return max(0, self.last_ns - since) / 1e9 if self.first_ns else 0.0
 
     def merge(self, later: Extent) -> None:
         self.application_s += later.application_s
+        self.application_end_ns = max(self.application_end_ns, later.application_end_ns)
         self.see(later.first_ns, later.last_ns)
 
 
@@ -395,6 +401,7 @@ class RunSummary:
         if phase == Phase.APPLICATION:
             self.application_s += seconds
             extent.application_s += seconds
+            extent.application_end_ns = max(extent.application_end_ns, span.end_ns)
         elif phase == Phase.TRAINING_LOOP and span.scope != semconv.INSTRUMENTATION_SCOPE:
             self.foreign_loops += 1
         elif phase == Phase.TRAINING_LOOP and _S + "iterations" in span.attributes:
@@ -429,18 +436,18 @@ class RunSummary:
 
     @property
     def wall_s(self) -> float:
-        """The time the phase shares are of: per process its application time, or, where the
-        files end before its application does (a run still going, or killed before its first
-        application segment ended), the time from its first record to its last; summed over the
+        """The time the phase shares are of: per process its application time, and where the
+        files end after its last application does (a run still going, or killed before its
+        application, or a segment of it, ended), the time its records go on; summed over the
         processes, whose phases all count. None (0) where no process used the application phase."""
         if not any(e.application_s > 0 for e in self.extents.values()):
             return 0.0
-        return sum(max(e.application_s, e.seen_s) for e in self.extents.values())
+        return sum(e.application_s + e.open_s for e in self.extents.values())
 
     @property
     def open_at_end(self) -> bool:
         """Whether some process's last records lie past its exported application time."""
-        return self.wall_s > 0 and any(e.seen_s > e.application_s for e in self.extents.values())
+        return self.wall_s > 0 and any(e.open_s > 0 for e in self.extents.values())
 
     def _evaluation(self, phase: str, attributes: dict[str, Any], at: tuple[int, int, int]) -> None:
         metrics = {
@@ -772,12 +779,32 @@ def render(summary: RunSummary, links: TraceLinks | None = None) -> str:
         _telemetry_lines(summary),
     )
     run, *rest = [[wrapped for line in lines for wrapped in _fit(line)] for lines in prose]
-    lost = summary.self_telemetry.get(semconv.METRIC_SPANS_DROPPED)
-    ran = (_spans_lost(lost) if lost else _NO_SPANS_YET) + (
-        _MARKED_BELOW if summary.marked_iterations else _MARKED_NO_ITERATION
-    )
-    phases = _phase_lines(summary) if summary.spans else ["", *_fit(ran)]
+    phases = _phase_lines(summary) if summary.spans else ["", *_fit(_why_no_spans(summary))]
     return "\n".join([*run, *phases, *itertools.chain.from_iterable(rest)])
+
+
+def _why_no_spans(summary: RunSummary) -> str:
+    """Said of a run with no span in its files: lost on the way (its metrics count them), kept
+    elsewhere (its metrics count iterations: a sampler or another exporter took its spans), or
+    not written yet (a run known from its progress mark alone)."""
+    telemetry = summary.self_telemetry
+    lost = telemetry.get(semconv.METRIC_SPANS_DROPPED)
+    if lost:
+        why = _spans_lost(lost)
+    elif telemetry.get(semconv.METRIC_ITERATIONS_EXPORTED):
+        return _spans_elsewhere(telemetry[semconv.METRIC_ITERATIONS_EXPORTED])
+    else:
+        why = _NO_SPANS_YET
+    return why + (_MARKED_BELOW if summary.marked_iterations else _MARKED_NO_ITERATION)
+
+
+def _spans_elsewhere(iterations: float) -> str:
+    return (
+        f"No spans in its file, though its metrics count {iterations:,.0f} iterations: the job's "
+        "trace was dropped by its sampler (OTEL_TRACES_SAMPLER), or its spans went to another "
+        "exporter (OTEL_TRACES_EXPORTER) or tracer provider of the job's own. The file holds its "
+        "metrics only."
+    )
 
 
 #: Said of a run known from its progress mark alone.
