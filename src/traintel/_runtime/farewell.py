@@ -101,7 +101,10 @@ def farewell(
 
 
 def say(line: str | None) -> None:
-    """Write :func:`greeting`'s or :func:`farewell`'s line; never raises (stderr may be closed)."""
+    """Write :func:`greeting`'s or :func:`farewell`'s line in one write, so the lines of processes
+    sharing a terminal (``torch.multiprocessing.spawn``'s) do not run into each other; never
+    raises (stderr may be closed)."""
     with contextlib.suppress(Exception):
         if line is not None:
-            print(line, file=sys.stderr, flush=True)
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
