@@ -496,6 +496,7 @@ def test_scale_mode_rank_0_exports_the_job_the_other_ranks_their_anomalies(tmp_p
 SPAWNED_JOB = """
 traintel.configure()  # before the process group, no RANK in the environment: world unknown
 dist.init_process_group("gloo", init_method=INIT, rank=RANK, world_size=2)
+traintel.set_training_config(global_batch_size=64)
 x = torch.randn(64, 64)
 with traintel.training_loop():
     for i in range(8):
@@ -530,6 +531,14 @@ def test_scale_mode_is_decided_from_torch_distributed_at_the_first_window(tmp_pa
     }
     (loop,) = [s for s in rank1.spans() if s.name == semconv.Phase.TRAINING_LOOP.value]
     assert loop.attributes[semconv.SUMMARY_RANK_EXPORT] == semconv.RANK_EXPORT_ANOMALIES_ONLY
+    # Each rank's share of the global batch is half of it (not the whole batch on each, as the
+    # Resource's world of 1 would have it), and each rank says why its records cannot tell it.
+    *_, (_time, _attributes, samples) = rank0.metric_points(semconv.METRIC_SAMPLES)
+    assert samples == 8 * 64 / 2
+    for result in (rank0, rank1):
+        said = " ".join(result.stderr.split())
+        assert f"makes this process rank {result.rank} of 2, but its telemetry started before" in said
+        assert "Set RANK, LOCAL_RANK and WORLD_SIZE in each process" in said
 
 
 def test_the_report_merges_the_rank_files_into_cross_rank_statistics(

@@ -187,6 +187,24 @@ def test_the_export_policy_changes_mid_run(exporter: InMemorySpanExporter) -> No
     assert exported == [0, 1, 5, 20, 24, 28]  # first 2, every 5th; nothing; every 4th
 
 
+def test_each_training_loop_exports_its_own_first_iterations(exporter: InMemorySpanExporter) -> None:
+    """A second loop in the same process (a notebook cell run again, a fine-tuning stage after
+    pre-training) is seen from its start as the first was."""
+    traintel.configure(
+        span_exporters=[exporter], metric_readers=[], export_first_iterations=2,
+        export_every_n_iterations=0, slow_iteration_factor=1e9,
+    )  # fmt: skip
+    for start in (0, 100):
+        with traintel.training_loop(train_iterations_start=start):
+            for _ in range(5):
+                with traintel.training_iteration():
+                    pass
+    reasons = {
+        i: s.attributes[semconv.SAMPLING_REASON] for i, s in exported_by_iteration(finished(exporter)).items()
+    }
+    assert reasons == {0: "first", 1: "first", 100: "first", 101: "first"}
+
+
 def test_user_provider_without_filter_leaves_no_orphans(pipeline: Pipeline) -> None:
     """In the user's own pipeline traintel cannot hold spans back: user spans follow the head
     decision (ParentBased sampling), tail-exported iterations come without them."""

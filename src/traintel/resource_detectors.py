@@ -70,14 +70,15 @@ def distributed_identity(environ: Mapping[str, str] | None = None) -> tuple[int,
     rank = _int_env(environ, "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
     local_rank = _int_env(environ, "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
     world_size = _int_env(environ, "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-    group = _process_group()
+    group = process_group()
     if group is not None:
         rank, world_size = group
     return (rank or 0, local_rank if local_rank is not None else (rank or 0), world_size or 1)
 
 
-def _process_group() -> tuple[int, int] | None:
-    """(rank, world size) of the initialised ``torch.distributed`` process group, if any."""
+def process_group() -> tuple[int, int] | None:
+    """(rank, world size) of the initialised ``torch.distributed`` process group, if any; never
+    imports torch itself (a job that never imported it is not distributed)."""
     dist = getattr(sys.modules.get("torch"), "distributed", None)
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():

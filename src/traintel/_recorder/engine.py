@@ -100,6 +100,9 @@ class EngineHooks:
     #: handlers), and just before it ends, with the exception (a deferred preemption event).
     on_application_start: Callable[[Span], None]
     on_application_end: Callable[[Span, BaseException | None], None]
+    #: The job's world size as known now: a process group initialised after the telemetry
+    #: started can change it (each rank's share of the global batch follows).
+    world_size: Callable[[], int] = lambda: 1
 
 
 class TrainingEngine:
@@ -114,7 +117,6 @@ class TrainingEngine:
         hooks: EngineHooks,
         window_sink: WindowSink,
         open_spans: OpenPhases,
-        world_size: int,
         metrics: CheckpointMetrics | None = None,
     ) -> None:
         self.tracer = outlet.tracer
@@ -126,7 +128,7 @@ class TrainingEngine:
         self.window_sink = window_sink
         self.metrics = metrics
         self.open_spans = open_spans
-        self.world_size = max(1, world_size)
+        self.world_size = hooks.world_size
         self.warn_once = hooks.warn_once
         self.lock = threading.RLock()
         #: Set when the job is shut down or the process forked: the phase API records nothing.
@@ -266,7 +268,9 @@ class TrainingEngine:
         if self.rank_export is not None and self.rank_export.anomalies_only:
             self._stop_routine_sampling()
         global_batch = settings.global_batch_size
-        self.default_samples: float | None = global_batch / self.world_size if global_batch else None
+        self.default_samples: float | None = (
+            global_batch / max(1, self.world_size()) if global_batch else None
+        )
         self.seq_len = settings.seq_len
         self.flops_per_token = settings.flops_per_token
         self.flops_per_sample = settings.flops_per_sample
@@ -712,6 +716,10 @@ class TrainingEngine:
             self.windows.close(final=True)
 
     def training_loop_opened(self, loop: SegmentedSpan, start_ns: int) -> None:
+        """The loop's start: its first K iterations are exported, and the global batch is shared
+        by the ranks of a process group initialised since the configuration was read."""
+        self.apply_config(self.config)
+        self.sampler.seen = 0
         self.goodput.started(start_ns)
         self.loop = loop
         self.loop_start_ns = start_ns

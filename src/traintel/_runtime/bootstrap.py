@@ -55,7 +55,7 @@ from traintel.distributed.collectives import SEQUENCE, watch_torch_collectives
 from traintel.distributed.cross_rank import CrossRank, CrossRankInstruments
 from traintel.exporters.health import HEALTH, register_instruments
 from traintel.exporters.otlp_env import warn_once
-from traintel.resource_detectors import distributed_identity
+from traintel.resource_detectors import distributed_identity, process_group
 from traintel.version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -161,11 +161,14 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
     warned = Warnings()
     open_spans = OpenSpans()
     settings = config.resolve()
-    world = _world_size(pipeline.resource)
     aggregator = TrainingAggregator(settings.warmup_iterations)
     device = device_hooks(settings, warned.warn_once)
     probing = _probes_autocast(settings)
-    peak = PeakFlops(world, warned.warn_once, (lambda: engine.set_device(device)) if probing else None)
+    peak = PeakFlops(
+        _world_size(pipeline.resource),
+        warned.warn_once,
+        (lambda: engine.set_device(device)) if probing else None,
+    )
     windows = WindowPipeline(aggregator, peak, warned.warn_once, before_handover=peak.measure_if_asked)
     direct = pipeline.direct_spans(tracer)
     energy: EnergyAccounting | None = None
@@ -182,10 +185,10 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
             warned.warn_once,
             on_application_start=lambda span: _application_started(telemetry, span),
             on_application_end=application_ended,
+            world_size=_world_follower(peak, warned.warn_once),
         ),
         windows,
         open_spans,
-        world,
     )
     engine.set_device(AutocastProbe(device, peak.dtype_found) if probing else device)
     instruments = engine.metrics = TrainingInstruments(meters, engine, aggregator, clock.time_ns)
@@ -330,6 +333,35 @@ def _world_size(resource: Resource) -> int:
         return int(str(resource.attributes.get(semconv.WORLD_SIZE)))
     except (TypeError, ValueError):
         return distributed_identity()[2]
+
+
+def _world_follower(peak: PeakFlops, warn_once: Callable[..., None]) -> Callable[[], int]:
+    """The job's world size as the engine asks for it (at the configuration, a training loop's
+    start, each window's end): the Resource's, or where that says a single process, the size of
+    a process group initialised since (``torch.multiprocessing.spawn`` starts ranks without the
+    launcher's variables, and the job's first phase may open before ``init_process_group``).
+    Each rank's share of the global batch and the job's rates then count every rank, instead of
+    counting the whole batch on each; the Resource, already exported, cannot follow: said once,
+    with what names the ranks."""
+
+    def world_size() -> int:
+        if peak.world_size == 1:
+            group = process_group()
+            if group is not None and group[1] > 1:
+                peak.world_size = group[1]
+                warn_once("late_world", _LATE_WORLD, *group, group[1])
+        return peak.world_size
+
+    return world_size
+
+
+_LATE_WORLD = (
+    "torch.distributed makes this process rank %d of %d, but its telemetry started before "
+    "init_process_group: its records name it rank 0 of 1, so they do not tell its ranks apart "
+    "(each rank's share of the global batch now counts 1/%d of it). "
+    "Set RANK, LOCAL_RANK and WORLD_SIZE in each process before its first traintel call, and "
+    "TRAINTEL_RUN_ID (the same for all) before starting them, or launch with torchrun"
+)
 
 
 def _rank(resource: Resource) -> int:

@@ -43,6 +43,7 @@ from traintel.distributed.stats import (
     agreed_pace,
     agreed_window_size,
 )
+from traintel.resource_detectors import process_group
 from traintel.semconv import Event
 from traintel.version import __version__
 
@@ -297,16 +298,9 @@ class CrossRank:
 
 
 def _torch_world() -> tuple[int, int] | None:
-    """torch.distributed's rank and world size once it is up with several ranks; never imports
-    torch itself (a job that never imported it is not distributed)."""
-    if "torch" not in sys.modules:
-        return None
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    world = dist.get_world_size()
-    return (dist.get_rank(), world) if world > 1 else None
+    """torch.distributed's rank and world size once it is up with several ranks."""
+    group = process_group()
+    return group if group is not None and group[1] > 1 else None
 
 
 class CrossRankInstruments:
