@@ -542,24 +542,39 @@ def test_validation_metrics_update(owned: Any) -> None:
     assert job.named("validation_loop")[0].attributes[E + "iterations"] == 3
 
 
-def test_metrics_recorded_on_a_validation_loop_inside_a_training_step_go_on_that_loop(owned: Any) -> None:
+def test_metrics_recorded_on_a_validation_loop_inside_a_training_step_go_on_that_loop(
+    owned: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     """Validation every N steps, run inside the step's ``with``: a value recorded on the loop
     after its iterations (``val_loss``) went on the training iteration around it, into the
     training window's model metrics, and the loop's update never had it. It now goes on the
-    loop, as outside a step; the step's own values before and after the loop stay the step's."""
+    loop, as outside a step; the step's own values before and after the loop stay the step's.
+    The validation's work given to ``record_batch`` there is no training work: it was added to
+    the step's samples (the training throughput), and is now left out, said once."""
+    caplog.set_level(logging.WARNING)
     job = owned(export_iterations="none", log_every_n_iterations=2, window_min_seconds=0)
     with traintel.training_loop(train_iterations_start=0):
         for step in range(2):
             with traintel.training_iteration():
                 traintel.record_metrics(loss=1.0 + step)
+                traintel.record_batch(samples=4)
                 if step == 1:
                     with traintel.validation_loop():
                         with traintel.validation_iteration():
                             traintel.record_metrics(val_acc=0.25)
                         traintel.record_metrics(val_loss=0.5)
+                        traintel.record_batch(samples=100)
                     traintel.record_metrics(lr=0.1)
     (window,) = job.events("training_metrics_update")
     W, E = semconv.WINDOW_PREFIX, semconv.EVAL_PREFIX
+    assert window[W + "samples"] == 8
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        said.count(
+            "traintel: record_batch called in a loop run inside a training iteration; ignored (reported once)"
+        )
+        == 1
+    )
     assert {key for key in window if key.startswith(W + "metric.")} == {
         W + "metric.loss.last",
         W + "metric.loss.mean",

@@ -155,9 +155,10 @@ def record_batch(
     engine = active.current_engine()
     if engine is None:
         return
-    record = engine.active
-    if record is None or engine.active_thread != threading.get_ident():
-        engine.warn_once("batch_outside", "record_batch called outside a training iteration; ignored")
+    record = _running_iteration(engine)
+    if record is None:  # outside any iteration, or in a loop run inside one (a validation's)
+        where = "in a loop run inside" if engine.active is not None else "outside"
+        engine.warn_once("batch_outside", "record_batch called %s a training iteration; ignored", where)
         return
     counts = [checked_count("record_batch", name, value) for name, value in (
         ("samples", samples),
