@@ -367,6 +367,39 @@ def test_compare_flags_the_slower_run(
         )
 
 
+def test_compare_counts_each_run_s_iterations_and_names_one_that_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that crashed half-way is compared with one that completed: its faster means read
+    as a win, with no word that it ran half the iterations and failed."""
+    from opentelemetry.trace import Status, StatusCode
+
+    def crashing(job: Job) -> None:
+        app = job.open("application", 0)
+        loop = job.open("training_loop", 0, app)
+        for number in range(3):
+            job.iteration(loop, number, number, number + 1).end(end_time=at(number + 1))
+        for span in (loop, app):
+            span.record_exception(RuntimeError("CUDA error: an illegal memory access"), timestamp=at(3))
+            span.set_status(Status(StatusCode.ERROR, "RuntimeError: CUDA error: an illegal memory access"))
+            span.end(end_time=at(3))
+
+    run_job(tmp_path / "a", monkeypatch, stepping(4))
+    run_job(tmp_path / "b", monkeypatch, crashing)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    code, out, _ = run_cli("compare", a, b, "--json", capsys=capsys)
+    data = json.loads(out)
+    iterations = next(d for d in data["differences"] if d["metric"] == "iterations")
+    assert (iterations["a"], iterations["b"], iterations["verdict"]) == (6, 3, "")  # neither better nor worse
+    assert data["endings"] == ["completed", "failed (RuntimeError: CUDA error: an illegal memory access)"]
+    code, out, _ = run_cli("compare", a, b, capsys=capsys)
+    said = " ".join(out.split())
+    assert (
+        code == 0 and "not completed: B failed (RuntimeError: CUDA error: an illegal memory access)" in said
+    )
+    assert re.search(r"iterations +6 +3 +-50\.0% *\n", out)
+
+
 def test_compare_warns_when_perf_tags_differ(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,8 +14,9 @@ from typing import Any
 
 from traintel.analysis.report import Report
 
-#: (label, section of the report's JSON, key, higher is better, unit)
-_METRICS: tuple[tuple[str, str, str, bool, str], ...] = (
+#: (label, section of the report's JSON, key, higher is better (None: neither), unit)
+_METRICS: tuple[tuple[str, str, str, bool | None, str], ...] = (
+    ("iterations", "iterations", "count", None, "n"),
     ("iteration time mean", "iterations", "mean_s", False, "s"),
     ("iteration time p50", "iterations", "p50_s", False, "s"),
     ("iteration time p99", "iterations", "p99_s", False, "s"),
@@ -66,6 +67,15 @@ class Comparison:
     threshold: float
     #: Settings whose values differ between the runs: name -> each run's value (None: unset).
     config_differences: dict[str, list[Any]]
+    #: How each run's last job ended: "completed", "failed (KeyboardInterrupt)", ...; None where
+    #: its files tell no job's end.
+    endings: list[str | None]
+
+    def not_completed(self) -> str | None:
+        """The runs that did not complete, as a note ("B failed (KeyboardInterrupt)"): their
+        figures are of less work than the others'."""
+        ended = [f"{letter(n)} {how}" for n, how in enumerate(self.endings) if how not in (None, "completed")]
+        return f"not completed: {'; '.join(ended)}" if ended else None
 
     @property
     def perf_tags_match(self) -> bool:
@@ -98,6 +108,7 @@ class Comparison:
             "differences": [d.as_dict() for d in self.differences],
             "regressions": [d.metric for d in self.regressions],
             "config_differences": self.config_differences,
+            "endings": self.endings,
         }
 
 
@@ -113,8 +124,22 @@ def goodput_of(data: dict[str, Any]) -> float | None:
     return productive / total if total > 0 else None
 
 
+def ending_of(data: dict[str, Any]) -> str | None:
+    """How the run's last job ended: its status, with the run's first error where it did not
+    complete; None where no job's end is known."""
+    jobs = [job for session in data.get("goodput") or [] for job in session.get("jobs", [])]
+    if not jobs:
+        return None
+    last = max(jobs, key=lambda job: job.get("start_unix_nano") or 0)
+    status = last.get("status")
+    if status in (None, "completed"):
+        return None if status is None else str(status)
+    errors = data.get("errors") or []
+    return f"{status} ({errors[0]['message']})" if errors and errors[0].get("message") else str(status)
+
+
 def _difference(
-    label: str, values: list[float | None], higher: bool, unit: str, threshold: float
+    label: str, values: list[float | None], higher: bool | None, unit: str, threshold: float
 ) -> Difference:
     base = values[0]
     changes: list[float | None] = [None]
@@ -123,7 +148,7 @@ def _difference(
         change = (value - base) / abs(base) if value is not None and base is not None and base != 0 else None
         changes.append(change)
         verdict = ""
-        if change is not None and abs(change) >= threshold:
+        if change is not None and higher is not None and abs(change) >= threshold:
             verdict = "better" if (change > 0) == higher else "worse"
         verdicts.append(verdict)
     return Difference(label, values, changes, verdicts, unit)
@@ -150,7 +175,8 @@ def compare_runs(reports: list[Report], threshold: float = 0.05) -> Comparison:
     ]
     differences.append(_difference("goodput", [goodput_of(d) for d in data], True, "%", threshold))
     tags = [d["identity"]["perf_tags"] for d in data]
-    return Comparison(tags, differences, threshold, config_differences(reports))
+    endings = [ending_of(d) for d in data]
+    return Comparison(tags, differences, threshold, config_differences(reports), endings)
 
 
 def render_comparison(comparison: Comparison, names: list[str]) -> list[Any]:
@@ -220,4 +246,7 @@ def _notes(comparison: Comparison, letters: list[str]) -> list[Any]:
     for name, values in comparison.config_differences.items():
         shown = ", ".join(f"{x} {'-' if v is None else v}" for x, v in zip(letters, values, strict=True))
         out.append(Text(f"config {name} differs: {shown}", style="yellow"))
+    ended = comparison.not_completed()
+    if ended:
+        out.append(Text(ended, style="yellow"))
     return [*out, Text(comparison.significant())]

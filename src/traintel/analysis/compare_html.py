@@ -76,9 +76,8 @@ def _metric_lines(reports: list[Report], name: str) -> list[ChartLine]:
 def run_table(reports: list[Report], names: list[str], comparison: Comparison) -> str:
     """One row per run: who, when, how long, how far, goodput, MFU, and the settings that differ."""
     differing = comparison.config_differences
-    head = (
-        "<tr><th>run</th><th>start (UTC)</th><th>duration</th><th>iterations</th><th>goodput</th><th>MFU</th>"
-    )
+    head = "<tr><th>run</th><th>start (UTC)</th><th>duration</th><th>iterations</th><th>ended</th>"
+    head += "<th>goodput</th><th>MFU</th>"
     head += "<th>settings that differ</th></tr>"
     rows = []
     for n, (report, name) in enumerate(zip(reports, names, strict=True)):
@@ -91,6 +90,7 @@ def run_table(reports: list[Report], names: list[str], comparison: Comparison) -
             f'<tr><td class="name"><b style="color:{colour}">{letter(n)}</b> {_e(name)}</td>'
             f'<td class="when">{utc_text(report.start_ns) if report.start_ns else "-"}</td>'
             f"<td>{_e(fmt_s(report.duration_s))}</td><td>{_e(fmt_num(data['iterations']['count']))}</td>"
+            f"<td>{_e(comparison.endings[n] or '-')}</td>"
             f"<td>{_e(fmt_pct(goodput_of(data)))}</td><td>{_e(fmt_pct(data['throughput']['mfu']))}</td>"
             f'<td class="{"diff" if differing else ""}">{_e(settings)}</td></tr>'
         )
@@ -198,9 +198,9 @@ def render_compare_html(
         "<h2>Differences against A</h2>",
         differences_table(comparison, len(reports)),
     ]
-    note = comparison.perf_tags_note()
-    if note:
-        sections.append(f'<p class="warn">{_e(note)}</p>')
+    for note in (comparison.perf_tags_note(), comparison.not_completed()):
+        if note:
+            sections.append(f'<p class="warn">{_e(note)}</p>')
     for i, (title, fmt, lines, zero_based) in enumerate(curves):
         if not lines:
             continue
