@@ -205,6 +205,27 @@ def test_each_training_loop_exports_its_own_first_iterations(exporter: InMemoryS
     assert reasons == {0: "first", 1: "first", 100: "first", 101: "first"}
 
 
+def test_the_end_of_the_data_inside_an_iteration_is_no_error(exporter: InMemorySpanExporter) -> None:
+    """``next(batches)`` inside the iteration raises StopIteration at each epoch's end, and the
+    loop catches it: each ended its iteration and data_loading ERROR, exported for it, and the
+    summary counted 6 errors in a run of 3 epochs that had none."""
+    traintel.configure(
+        span_exporters=[exporter], metric_readers=[], export_first_iterations=0, export_every_n_iterations=0
+    )
+    with traintel.application(), traintel.training_loop():
+        for _epoch in range(3):
+            batches = iter(range(4))
+            while True:
+                try:
+                    with traintel.training_iteration(), traintel.data_loading():
+                        next(batches)
+                except StopIteration:
+                    break
+    spans = finished(exporter)
+    assert not exported_by_iteration(spans)  # none exported for an error
+    assert [s.name for s in spans if s.status.status_code is StatusCode.ERROR] == []
+
+
 def test_user_provider_without_filter_leaves_no_orphans(pipeline: Pipeline) -> None:
     """In the user's own pipeline traintel cannot hold spans back: user spans follow the head
     decision (ParentBased sampling), tail-exported iterations come without them."""

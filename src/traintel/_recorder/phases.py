@@ -60,8 +60,12 @@ def phase_attributes(
 
 
 def clean_exit(exc: BaseException | None) -> BaseException | None:
-    """The exception to record: none for ``sys.exit(0)``."""
-    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None)):
+    """The exception to record: none for ``sys.exit(0)``, nor for the end of an iterator
+    (``next(batches)`` inside a phase at an epoch's end: the loop's control flow, not a failure).
+    """
+    if exc is None or isinstance(exc, StopIteration | StopAsyncIteration):
+        return None
+    if isinstance(exc, SystemExit) and exc.code in (0, None):
         return None
     return exc
 
