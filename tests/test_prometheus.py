@@ -151,8 +151,9 @@ def test_the_ranks_of_one_host_each_serve_their_metrics(tmp_path: Path) -> None:
 
 
 def test_a_metrics_exporter_that_cannot_start_leaves_the_rest_running(tmp_path: Path) -> None:
-    """The prometheus port is taken: that exporter is left out, with one line naming it; the
-    file exporter and the traces go on (automatic configuration never turns everything off)."""
+    """The prometheus port is taken: that exporter is left out, with one line naming it and the
+    port taken (before: "[Errno 98] Address already in use", no port); the file exporter and the
+    traces go on (automatic configuration never turns everything off)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -177,6 +178,10 @@ def test_a_metrics_exporter_that_cannot_start_leaves_the_rest_running(tmp_path: 
     lines = [line for line in result.stderr.splitlines() if "prometheus" in line]
     assert len(lines) == 1 and "metrics exporter 'prometheus' could not start" in lines[0], result.stderr
     assert "going on without it" in lines[0]
+    assert (
+        f"Address already in use on 127.0.0.1:{port} (OTEL_EXPORTER_PROMETHEUS_PORT {port} + local rank 0)"
+        in lines[0]
+    )
     [file] = (tmp_path / "runs").glob("*.otlp.jsonl")
     text = file.read_text()
     assert '"resourceMetrics"' in text and '"training_iteration"' in text

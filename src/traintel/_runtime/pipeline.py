@@ -289,7 +289,8 @@ def _plan_exporters(
         except Exception as exc:
             report(ConfigurationError(f"{exporter_var}: exporter {name!r} failed to load: {exc}"), strict)
             continue
-        if name == "prometheus" and (local_rank := distributed_identity(environ)[1]):
+        if name == "prometheus":
+            local_rank = distributed_identity(environ)[1]
             plans.append(_ExporterPlan(name, functools.partial(_prometheus_reader, environ, local_rank)))
             continue
         certificate = ep_name == PROTOCOLS["http/protobuf"] and needs_certificate_session(signal, environ)
@@ -313,12 +314,20 @@ def _unknown_exporter(signal: str, name: str, setting: str) -> ConfigurationErro
 def _prometheus_reader(environ: Mapping[str, str], local_rank: int) -> Any:
     """The Prometheus exporter's reader, serving on ``OTEL_EXPORTER_PROMETHEUS_PORT`` (9464) plus
     the process's local rank: the ranks of one host each serve their own metrics. (On the one
-    port, every rank but the first failed to start it, and its metrics went elsewhere.)"""
+    port, every rank but the first failed to start it, and its metrics went elsewhere.) A port
+    taken is said with the port and where it comes from."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import start_http_server
 
     port = int(environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")) + local_rank
-    start_http_server(port=port, addr=environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost"))
+    host = environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
+    try:
+        start_http_server(port=port, addr=host)
+    except OSError as exc:  # the port taken: say which, and where it comes from
+        raise OSError(
+            f"{exc.strerror or exc} on {host}:{port} (OTEL_EXPORTER_PROMETHEUS_PORT "
+            f"{environ.get('OTEL_EXPORTER_PROMETHEUS_PORT', '9464')} + local rank {local_rank})"
+        ) from exc
     return PrometheusMetricReader()
 
 
