@@ -1,5 +1,6 @@
-"""Two mistakes of a first OTLP setup, said once and plainly: an endpoint without a scheme,
-and a protocol that does not exist (real jobs, automatic and explicit configuration)."""
+"""The mistakes of a first OTLP setup, said once and plainly: an endpoint without a scheme, a
+protocol that does not exist, the other protocol's port, a signal's own HTTP endpoint without
+its path (real jobs, automatic and explicit configuration)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,34 @@ def test_an_http_endpoint_without_a_scheme_says_how_to_write_it(tmp_path: Path) 
     assert "OTEL_EXPORTER_OTLP_ENDPOINT='127.0.0.1:9' has no scheme: write http://127.0.0.1:9" in line
     with pytest.raises(ConfigurationError, match=r"has no scheme: write http://127.0.0.1:9"):
         build_pipeline(TrainingConfig(), PipelineOptions(metric_readers=[]), strict=True, environ=env)
+
+
+def test_the_other_protocol_s_port_and_a_signal_endpoint_without_its_path_are_said(tmp_path: Path) -> None:
+    """gRPC (the default protocol) to the collector's HTTP port 4318 retried "Failed parsing
+    HTTP/2" until the exit; a signal's own HTTP endpoint is used as given, so without
+    ``/v1/metrics`` the collector answered 404. Each is said once, with the fix."""
+    result = run_python(
+        JOB,
+        tmp_path,
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRICS_EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318",
+        OTEL_EXPORTER_OTLP_METRICS_PROTOCOL="http/protobuf",
+        OTEL_EXPORTER_OTLP_METRICS_ENDPOINT="http://127.0.0.1:9/",
+        OTEL_EXPORTER_OTLP_TIMEOUT="1",
+        TRAINTEL_SHUTDOWN_TIMEOUT="1",
+    )
+    assert result.returncode == 0 and "trained" in result.stdout, result.stderr
+    [port] = _lines(result.stderr, "OTLP http/protobuf port")
+    assert (
+        "OTEL_EXPORTER_OTLP_ENDPOINT='http://127.0.0.1:4318' is the collector's OTLP http/protobuf port, and "
+        "the protocol is grpc: set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, or use its grpc port (4317)"
+    ) in port
+    [path] = _lines(result.stderr, "is used as given")
+    assert (
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT='http://127.0.0.1:9/' is used as given, without the path the "
+        "collector takes metrics on: write http://127.0.0.1:9/v1/metrics"
+    ) in path
 
 
 @pytest.mark.parametrize(

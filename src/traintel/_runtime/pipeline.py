@@ -232,7 +232,37 @@ def _check_endpoint_scheme(signal: str, protocol: str, environ: Mapping[str, str
                 report(ConfigurationError(f"{variable}={value!r} has no scheme: {fix}"), strict)
             elif insecure.strip().lower() != "true":
                 warn_once(f"{variable}={value!r} has no scheme, so gRPC uses TLS to reach it: {fix}")
+        else:
+            _check_endpoint_port(signal, variable, value, protocol)
         return  # the signal's own variable wins: the general one is not read
+
+
+#: The collector's OTLP ports by protocol, as its default configuration opens them.
+_OTLP_PORTS: Final = {"grpc": 4317, "http/protobuf": 4318}
+
+
+def _check_endpoint_port(signal: str, variable: str, value: str, protocol: str) -> None:
+    """The two mistakes that send nothing with no word but a retry line: the other protocol's
+    port (gRPC to 4318 answers "Failed parsing HTTP/2"), and a signal's own HTTP endpoint
+    without its path (used as given, so the collector answers 404)."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:  # not a URL: the exporter says so
+        return
+    shown = _redaction.redact(value, _redaction.url_secrets(value))
+    other = next((name for name, number in _OTLP_PORTS.items() if number == port), protocol)
+    if other != protocol:
+        warn_once(
+            f"{variable}={shown!r} is the collector's OTLP {other} port, and the protocol is {protocol}: "
+            f"set OTEL_EXPORTER_OTLP_PROTOCOL={other}, or use its {protocol} port ({_OTLP_PORTS[protocol]})"
+        )
+    if protocol == "http/protobuf" and variable != "OTEL_EXPORTER_OTLP_ENDPOINT" and parts.path in ("", "/"):
+        warn_once(
+            f"{variable}={shown!r} is used as given, without the path the collector takes {signal} "
+            f"on: write {shown.rstrip('/')}/v1/{signal} (or set OTEL_EXPORTER_OTLP_ENDPOINT, to "
+            "which the path is added)"
+        )
 
 
 def exporter_names(signal: str, environ: Mapping[str, str]) -> list[str]:
