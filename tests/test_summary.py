@@ -115,6 +115,37 @@ def test_two_applications_of_one_process_are_not_read_as_a_run_still_going(tmp_p
     assert "\nmodel_init                   2     4.00 s     2.00 s     2.00 s   20.0%" in render(summary)
 
 
+def test_evaluation_iterations_are_rows_of_the_phase_table(tmp_path: Path) -> None:
+    """Two validation loops (iterations of 1 s and 3 s, then one of 2 s) and an evaluation-only
+    testing loop: their iterations were no row at all (only the sampled spans exist of them);
+    they are now counted from their loops, every one, as the windows count training's."""
+    file = OtlpJsonLinesFile(output_dir=tmp_path)
+    provider = TracerProvider(resource=Resource({semconv.RUN_ID: "eval"}), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
+    traintel.configure(tracer_provider=provider, export_iterations="none")
+    callbacks.on_app_start(start_time_msec=T0)
+    for start, durations in ((0, (1, 3)), (10, (2,))):
+        callbacks.on_validation_start(start_time_msec=T0 + start * 1000)
+        t = start
+        for duration in durations:
+            callbacks.on_validation_single_iteration_start(start_time_msec=T0 + t * 1000)
+            callbacks.on_validation_single_iteration_end(finish_time_msec=T0 + (t + duration) * 1000)
+            t += duration
+        callbacks.on_validation_end(finish_time_msec=T0 + t * 1000)
+    callbacks.on_testing_start(start_time_msec=T0 + 12_000)
+    callbacks.on_testing_single_iteration_start(start_time_msec=T0 + 12_000)
+    callbacks.on_testing_single_iteration_end(finish_time_msec=T0 + 17_000)
+    callbacks.on_testing_end(finish_time_msec=T0 + 17_000)
+    callbacks.on_app_end(finish_time_msec=T0 + 20_000)
+    traintel.shutdown(1)
+    provider.shutdown()
+    rows = {row.phase: row for row in phase_rows(summarize([tmp_path]))}
+    validation, testing = rows["validation_iteration"], rows["testing_iteration"]
+    assert (validation.count, validation.total_s, validation.mean_s, validation.max_s) == (3, 6.0, 2.0, 3.0)
+    assert validation.share == 6.0 / 20
+    assert (testing.count, testing.total_s, testing.max_s, testing.share) == (1, 5.0, 5.0, 5.0 / 20)
+
+
 def test_the_checkpoint_line_counts_the_save_after_the_loop(tmp_path: Path) -> None:
     """The final checkpoint, saved after the training loop ended (as most loops do), is one of
     the job's saves: 2 saves, 2 + 3 s, 3 + 5 MB (the loop's own summary holds only the first)."""

@@ -57,7 +57,10 @@ _STEP_PHASES = (
 )
 _PER_STEP = {p.value for p in semconv.ITERATION_PHASES} | {p.value for p in semconv.STEP_PHASES}
 _EVALUATION_LOOPS = {Phase.VALIDATION_LOOP.value, Phase.TESTING_LOOP.value}
-_EVAL_METRIC = semconv.EVAL_PREFIX + "metric."
+#: An evaluation loop's iteration phase (its iterations are counted in the loop's own update).
+_ITERATION_OF_LOOP = {loop.value: iteration.value for iteration, loop in semconv.LOOP_OF_ITERATION.items()}
+_E = semconv.EVAL_PREFIX
+_EVAL_METRIC = _E + "metric."
 
 #: Phases without a share of the wall time: the whole of it, and time spent beside training
 #: (an async save's background write runs while the loop goes on).
@@ -290,6 +293,9 @@ class RunSummary:
     #: Per evaluation phase (validation_loop, testing_loop): the precedence and the model
     #: metrics (``name -> last value``) of its latest loop that recorded any.
     last_evaluation: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = field(default_factory=dict)
+    #: Validation and testing iterations, every one, from their loops' own counts (as the
+    #: training iterations from the window records): by iteration phase.
+    eval_iterations: dict[str, PhaseStats] = field(default_factory=dict)
     #: The precedence and the ``ml.training.checkpoint.*`` totals of the latest
     #: ``checkpoint_metrics_update`` event: the job's saves so far, a save after its loop ended
     #: (the final checkpoint) included, which the loop's summary cannot hold.
@@ -450,6 +456,11 @@ class RunSummary:
         return self.wall_s > 0 and any(e.open_s > 0 for e in self.extents.values())
 
     def _evaluation(self, phase: str, attributes: dict[str, Any], at: tuple[int, int, int]) -> None:
+        count, mean = attributes.get(_E + "iterations"), attributes.get(_E + "iteration_time.mean")
+        if isinstance(count, int) and count > 0 and isinstance(mean, int | float):
+            stats = self.eval_iterations.setdefault(_ITERATION_OF_LOOP[phase], PhaseStats())
+            stats.add(count * mean, False, count)
+            stats.max_s = max(stats.max_s, float(attributes.get(_E + "iteration_time.max", mean)))
         metrics = {
             key[len(_EVAL_METRIC) : -len(".last")]: value
             for key, value in attributes.items()
@@ -558,6 +569,7 @@ class RunSummary:
         for phase, (at, metrics) in later.last_evaluation.items():
             if phase not in self.last_evaluation or self.last_evaluation[phase][0] <= at:
                 self.last_evaluation[phase] = (at, metrics)
+        merge_by_key(self.eval_iterations, later.eval_iterations)
 
     @property
     def jobs(self) -> int:
@@ -730,7 +742,8 @@ class PhaseRow:
 
 def phase_rows(summary: RunSummary) -> list[PhaseRow]:
     """Wall time by phase, in span-tree order. Per-step phases come from the window events
-    (every iteration counted), not from the tail-sampled iteration spans; their errors from
+    (every iteration counted), and evaluation iterations from their loops' counts, not from
+    the tail-sampled iteration spans; their errors from
     the exported spans (every failed one is, but with ``TRAINTEL_EXPORT_ITERATIONS=none``).
     Shares are of :attr:`RunSummary.wall_s`."""
     total = summary.wall_s
@@ -763,6 +776,9 @@ def phase_rows(summary: RunSummary) -> list[PhaseRow]:
             seconds = summary.step_phase_s.get(short, 0.0)
             if seconds:
                 rows.append(PhaseRow(phase, n, seconds, seconds / n, None, share(seconds), errors[phase]))
+    for phase, stats in summary.eval_iterations.items():
+        counts = (stats.count, stats.total_s, stats.mean_s, stats.max_s, share(stats.total_s), errors[phase])
+        rows.append(PhaseRow(phase, *counts))
     return sorted(rows, key=lambda r: _PHASE_ORDER.get(r.phase, 99))
 
 
