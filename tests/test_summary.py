@@ -134,12 +134,15 @@ def test_evaluation_iterations_are_rows_of_the_phase_table(tmp_path: Path) -> No
         callbacks.on_validation_end(finish_time_msec=T0 + t * 1000)
     callbacks.on_testing_start(start_time_msec=T0 + 12_000)
     callbacks.on_testing_single_iteration_start(start_time_msec=T0 + 12_000)
+    traintel.record_metrics(acc=0.5)
     callbacks.on_testing_single_iteration_end(finish_time_msec=T0 + 17_000)
     callbacks.on_testing_end(finish_time_msec=T0 + 17_000)
     callbacks.on_app_end(finish_time_msec=T0 + 20_000)
     traintel.shutdown(1)
     provider.shutdown()
-    rows = {row.phase: row for row in phase_rows(summarize([tmp_path]))}
+    summary = summarize([tmp_path])
+    rows = {row.phase: row for row in phase_rows(summary)}
+    assert "   25.0%\n\nModel metrics, last testing loop: acc 0.5" in render(summary)  # apart from the table
     validation, testing = rows["validation_iteration"], rows["testing_iteration"]
     assert (validation.count, validation.total_s, validation.mean_s, validation.max_s) == (3, 6.0, 2.0, 3.0)
     assert validation.share == 6.0 / 20

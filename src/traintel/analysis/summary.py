@@ -796,7 +796,10 @@ def render(summary: RunSummary, links: TraceLinks | None = None) -> str:
     )
     run, *rest = [[wrapped for line in lines for wrapped in _fit(line)] for lines in prose]
     phases = _phase_lines(summary) if summary.spans else ["", *_fit(_why_no_spans(summary))]
-    return "\n".join([*run, *phases, *itertools.chain.from_iterable(rest)])
+    body = list(itertools.chain.from_iterable(rest))
+    if body and body[0]:  # a run without training iterations: its rates follow the table apart
+        body.insert(0, "")
+    return "\n".join([*run, *phases, *body])
 
 
 def _why_no_spans(summary: RunSummary) -> str:
