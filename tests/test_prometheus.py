@@ -111,7 +111,8 @@ def _free_port_pair() -> int:
 def test_the_ranks_of_one_host_each_serve_their_metrics(tmp_path: Path) -> None:
     """torchrun's two ranks on one host, one ``OTEL_EXPORTER_PROMETHEUS_PORT``: the second
     rank's exporter could not start (the port was the first's), and its metrics went to the file
-    alone. Each rank now serves on the port plus its local rank."""
+    alone. Each rank now serves on the port plus its local rank, and the job's first line says
+    where."""
     port = _free_port_pair()
     (tmp_path / "job.py").write_text(JOB)
     for local_rank in (0, 1):
@@ -126,6 +127,7 @@ def test_the_ranks_of_one_host_each_serve_their_metrics(tmp_path: Path) -> None:
                 OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
                 LOCAL_RANK=str(local_rank),
                 TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+                TRAINTEL_QUIET="0",  # the job's first line is part of the test
             ),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -144,6 +146,8 @@ def test_the_ranks_of_one_host_each_serve_their_metrics(tmp_path: Path) -> None:
         ended = [job.communicate(timeout=60) for job in jobs]
     for job, (_, stderr) in zip(jobs, ended, strict=True):
         assert job.returncode == 0 and "could not start" not in stderr, stderr
+    for local_rank, (_, stderr) in enumerate(ended):  # each job's first line says where to scrape
+        assert f"http://127.0.0.1:{port + local_rank}/metrics (metrics, for Prometheus to scrape)" in stderr
     for metrics in scraped:
         assert [v for _, v in metrics["ml_training_samples_total"]] == [960.0]  # each its own job's
     served = [metrics["target_info"][0][0]["ml_training_local_rank"] for metrics in scraped]

@@ -38,7 +38,13 @@ from traintel._recorder import active, clock
 from traintel._recorder.engine import EngineHooks, SpanOutlet, TrainingEngine
 from traintel._runtime import gil_helper, hang_records, preemption, state
 from traintel._runtime.farewell import greeting, say
-from traintel._runtime.pipeline import FILE_EXPORTER, Pipeline, PipelineOptions, build_pipeline
+from traintel._runtime.pipeline import (
+    FILE_EXPORTER,
+    Pipeline,
+    PipelineOptions,
+    build_pipeline,
+    prometheus_address,
+)
 from traintel._runtime.progress import ProgressMarks
 from traintel._runtime.state import Telemetry, Warnings
 from traintel._runtime.window_consumers import PeakFlops, WindowConsumers
@@ -134,11 +140,12 @@ def _install(config: TrainingConfig, prepared: _Prepared) -> Telemetry:
     preemption.install()
     if telemetry.stall_watcher is not None:
         telemetry.stall_watcher.start()
-    say(
-        greeting(
-            pipeline.run_file(), pipeline.trace_exporters, telemetry.resource.attributes.get(semconv.RANK)
-        )
-    )
+    scraped = None
+    if "prometheus" in pipeline.metric_exporters:  # served where the reader started it
+        host, port = prometheus_address(os.environ, distributed_identity()[1])
+        scraped = f"http://{host}:{port}/metrics"
+    rank = telemetry.resource.attributes.get(semconv.RANK)
+    say(greeting(pipeline.run_file(), pipeline.trace_exporters, rank, scraped=scraped))
     return telemetry
 
 

@@ -63,9 +63,10 @@ def greeting(
     trace_exporters: list[str] | None,
     rank: object,
     environ: Mapping[str, str] = os.environ,
+    scraped: str | None = None,
 ) -> str | None:
     """The line a job writes as its telemetry starts (where it goes), or None as for
-    :func:`farewell`."""
+    :func:`farewell`. ``scraped``: the address its metrics are served on for Prometheus."""
     if _silent(rank, environ):
         return None
     endpoint = _endpoint_used(trace_exporters, environ)
@@ -73,6 +74,8 @@ def greeting(
     if output is not None:
         in_file = _spans_in_file(trace_exporters, environ)
         targets.append(str(output) if in_file else f"{output} (metrics only)")
+    if scraped is not None:
+        targets.append(f"{scraped} (metrics, for Prometheus to scrape)")
     return f"traintel: telemetry of this run goes to {' and '.join(targets)}" if targets else None
 
 

@@ -341,6 +341,13 @@ def _unknown_exporter(signal: str, name: str, setting: str) -> ConfigurationErro
     )
 
 
+def prometheus_address(environ: Mapping[str, str], local_rank: int) -> tuple[str, int]:
+    """Where a rank serves its metrics for scraping: ``OTEL_EXPORTER_PROMETHEUS_HOST``
+    (localhost) and ``OTEL_EXPORTER_PROMETHEUS_PORT`` (9464) plus its local rank."""
+    host = environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
+    return host, int(environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")) + local_rank
+
+
 def _prometheus_reader(environ: Mapping[str, str], local_rank: int) -> Any:
     """The Prometheus exporter's reader, serving on ``OTEL_EXPORTER_PROMETHEUS_PORT`` (9464) plus
     the process's local rank: the ranks of one host each serve their own metrics. (On the one
@@ -349,8 +356,7 @@ def _prometheus_reader(environ: Mapping[str, str], local_rank: int) -> Any:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import start_http_server
 
-    port = int(environ.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")) + local_rank
-    host = environ.get("OTEL_EXPORTER_PROMETHEUS_HOST", "localhost")
+    host, port = prometheus_address(environ, local_rank)
     try:
         start_http_server(port=port, addr=host)
     except OSError as exc:  # the port taken: say which, and where it comes from
