@@ -154,3 +154,45 @@ def test_a_spawned_child_that_trains_exports_its_own_run(tmp_path: Path) -> None
         assert [s.name for s in iter_spans([file])].count("training_iteration") == 3
     trained_here = [s for s in iter_spans(list((tmp_path / "runs").glob(f"*-{parent}.otlp.jsonl")))]
     assert not [s for s in trained_here if s.name == "training_iteration"], "the parent did not train"
+
+
+SWEEP_JOB = """
+import multiprocessing, os
+import traintel
+
+def train(point):
+    with traintel.application():
+        with traintel.training_loop():
+            for i in range(5):
+                with traintel.training_iteration():
+                    pass
+    return os.getpid()
+
+if __name__ == "__main__":
+    with traintel.model_init():  # the parent configured first: a forked worker inherits its job
+        pass
+    with multiprocessing.get_context(os.environ["MP_METHOD"]).Pool(2) as pool:
+        workers = set(pool.map(train, range(2), chunksize=1))
+    print(os.getpid(), *workers, flush=True)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_each_worker_of_a_pool_that_trains_exports_its_own_run(tmp_path: Path, method: str) -> None:
+    """A sweep in a ``multiprocessing.Pool``, left by its ``with`` (which terminates the workers
+    as they exit). Forked, a worker recorded nothing: the parent's job, closed in the child, made
+    the API a no-op. Either way, a worker that had trained exited by its finalizers (no exit
+    hooks run) as the parent's SIGTERM came: its file was never written. Each worker now
+    records into a job of its own, shut down by the finalizers, the signal waiting for it."""
+    result = run_python(
+        SWEEP_JOB, tmp_path, MP_METHOD=method, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    parent, *workers = result.stdout.split()
+    trained = 0  # (a worker may have run both points)
+    for worker in workers:
+        [file] = (tmp_path / "runs").glob(f"*-{worker}.otlp.jsonl")
+        trained += [s.name for s in iter_spans([file])].count("training_iteration")
+    assert trained == 10, result.stderr
+    [file] = (tmp_path / "runs").glob(f"*-{parent}.otlp.jsonl")
+    assert [s.name for s in iter_spans([file])] == ["model_init"]

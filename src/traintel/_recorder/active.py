@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -42,9 +43,11 @@ engine: TrainingEngine | None = None
 #: The current job, and the one an explicit shutdown() is closing (still reported until shut).
 job: Job | None = None
 closing: Job | None = None
+_forked_from: Job | None = None  # the parent's job in a forked child: closed, kept alive
 lock = threading.RLock()
 _first_use: Callable[[], Job] | None = None
 _atexit_registered = False
+_child_exit_registered = False  # the process's multiprocessing exit hook (see _at_child_exit)
 
 
 def set_first_use(configure: Callable[[], Job]) -> None:
@@ -70,12 +73,28 @@ def current_engine() -> TrainingEngine | None:
 
 
 def set_current(new: J) -> J:
-    global job, engine, _atexit_registered
+    global job, engine, _atexit_registered, _child_exit_registered
     job, engine = new, new.engine
     if not _atexit_registered:
         _atexit_registered = True
         atexit.register(_at_exit)
+    if not _child_exit_registered:
+        _child_exit_registered = True
+        _at_child_exit()
     return new
+
+
+def _at_child_exit() -> None:
+    """A multiprocessing child (a pool worker, a ``Process`` target, forked) ends with
+    ``os._exit`` once its finalizers ran, without the interpreter's exit hooks, so a job it
+    configured is shut down among those finalizers (else its file lost everything not yet
+    written). A spawned child runs them too, before its exit hooks, which then find it shut."""
+    multiprocessing = sys.modules.get("multiprocessing")
+    if multiprocessing is None or multiprocessing.parent_process() is None:
+        return
+    from multiprocessing import util
+
+    util.Finalize(None, _at_exit, exitpriority=100)
 
 
 def shutdown(timeout_s: float | None = None) -> bool:
@@ -102,15 +121,21 @@ def _at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """A forked child (a DataLoader worker, say) stops recording into the parent's copy.
+    """A forked child stops recording into the parent's copy of the job, and records into a
+    job of its own if it uses the API (a ``multiprocessing`` worker training a sweep's point);
+    a DataLoader worker's first use configures none (see the runtime's first use).
 
-    Its exporters are process-bound (``traintel.exporters.process_bound``), so nothing it holds
-    is sent twice; closing it also makes the API a no-op there and skips any flush at exit.
+    The copy's exporters are process-bound (``traintel.exporters.process_bound``), so nothing
+    it holds is sent twice; closed, it skips any flush at exit. It is kept, not dropped: its
+    objects are the parent's, and nothing in the child may finalize them.
     """
-    global lock
+    global lock, job, engine, closing, _forked_from, _child_exit_registered
     lock = threading.RLock()  # another thread may have held it at the fork
+    _child_exit_registered = False
     if job is not None:
         job.closed = True
+        _forked_from = job
+    job = engine = closing = None
 
 
 if hasattr(os, "register_at_fork"):

@@ -119,6 +119,9 @@ _pending: tuple[int, int, int | None] | None = None
 
 def _handle(signum: int, frame: FrameType | None) -> None:
     signal_watch.handling(signum)
+    telemetry = _state.running()
+    if telemetry is not None and telemetry.defer_signal(signum):
+        return  # raised again once the job's shutdown, under way on this thread, is done
     engine = active.engine
     if engine is not None and engine.deferred_signal is None and _ending_an_iteration(frame):
         # handled as the iteration's end returns (see the module docstring)

@@ -11,6 +11,7 @@ escapes into the training loop.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import threading
 import time
@@ -111,6 +112,8 @@ class Telemetry:
         self._lock = threading.RLock()
         self._callbacks: list[_OpenCallback] = []
         self._closed = False
+        self._shutting_down_on: int | None = None  # the thread running shutdown(), meanwhile
+        self._signal_after_shutdown: int | None = None
 
     @property
     def closed(self) -> bool:
@@ -267,10 +270,30 @@ class Telemetry:
             self.progress.mark()
         return flushed
 
+    def defer_signal(self, signum: int) -> bool:
+        """A terminating signal while this thread shuts the job down (a multiprocessing worker
+        exits by itself as its parent's ``terminate()`` signals it): the shutdown finishes, then
+        the signal is raised again, and ends the process as it would have. Ended at once, the
+        worker lost every span its file had not written yet."""
+        if self._shutting_down_on != threading.get_ident():
+            return False
+        self._signal_after_shutdown = signum
+        return True
+
     def shutdown(self, timeout_s: float | None = None) -> bool:
         """End open callback spans, flush and release owned providers within the bound."""
         if self.closed:
             return True
+        self._shutting_down_on = threading.get_ident()
+        try:
+            return self._shutdown(timeout_s)
+        finally:
+            self._shutting_down_on = None
+            signum, self._signal_after_shutdown = self._signal_after_shutdown, None
+            if signum is not None:
+                signal.raise_signal(signum)
+
+    def _shutdown(self, timeout_s: float | None) -> bool:
         self._end_open_phases("telemetry shutdown")
         self._close_last_window()
         self.closed = True
