@@ -119,7 +119,7 @@ _pending: tuple[int, int, int | None] | None = None
 
 def _handle(signum: int, frame: FrameType | None) -> None:
     signal_watch.handling(signum)
-    telemetry = _state.running()
+    telemetry = _state.running() if signum == signal.SIGTERM else None  # (Ctrl-C still cuts an exit short)
     if telemetry is not None and telemetry.defer_signal(signum):
         return  # raised again once the job's shutdown, under way on this thread, is done
     engine = active.engine
