@@ -127,15 +127,19 @@ def goodput_of(data: dict[str, Any]) -> float | None:
 def ending_of(data: dict[str, Any]) -> str | None:
     """How the run's last job ended: its status, with the run's first error where it did not
     complete; None where no job's end is known."""
+    status = _last_job_status(data)
+    if status is None or status == "completed":
+        return status
+    message = next((error.get("message") for error in data.get("errors") or []), None)
+    return f"{status} ({message})" if message else status
+
+
+def _last_job_status(data: dict[str, Any]) -> str | None:
     jobs = [job for session in data.get("goodput") or [] for job in session.get("jobs", [])]
     if not jobs:
         return None
-    last = max(jobs, key=lambda job: job.get("start_unix_nano") or 0)
-    status = last.get("status")
-    if status in (None, "completed"):
-        return None if status is None else str(status)
-    errors = data.get("errors") or []
-    return f"{status} ({errors[0]['message']})" if errors and errors[0].get("message") else str(status)
+    status = max(jobs, key=lambda job: job.get("start_unix_nano") or 0).get("status")
+    return None if status is None else str(status)
 
 
 def _difference(

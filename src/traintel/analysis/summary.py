@@ -456,11 +456,7 @@ class RunSummary:
         return self.wall_s > 0 and any(e.open_s > 0 for e in self.extents.values())
 
     def _evaluation(self, phase: str, attributes: dict[str, Any], at: tuple[int, int, int]) -> None:
-        count, mean = attributes.get(_E + "iterations"), attributes.get(_E + "iteration_time.mean")
-        if isinstance(count, int) and count > 0 and isinstance(mean, int | float):
-            stats = self.eval_iterations.setdefault(_ITERATION_OF_LOOP[phase], PhaseStats())
-            stats.add(count * mean, False, count)
-            stats.max_s = max(stats.max_s, float(attributes.get(_E + "iteration_time.max", mean)))
+        self._eval_iterations(phase, attributes)
         metrics = {
             key[len(_EVAL_METRIC) : -len(".last")]: value
             for key, value in attributes.items()
@@ -468,6 +464,14 @@ class RunSummary:
         }
         if metrics and (phase not in self.last_evaluation or self.last_evaluation[phase][0] <= at):
             self.last_evaluation[phase] = (at, metrics)
+
+    def _eval_iterations(self, phase: str, attributes: dict[str, Any]) -> None:
+        """An evaluation loop's iterations, every one, as its record counts them."""
+        count, mean = attributes.get(_E + "iterations"), attributes.get(_E + "iteration_time.mean")
+        if isinstance(count, int) and count > 0 and isinstance(mean, int | float):
+            stats = self.eval_iterations.setdefault(_ITERATION_OF_LOOP[phase], PhaseStats())
+            stats.add(count * mean, False, count)
+            stats.max_s = max(stats.max_s, float(attributes.get(_E + "iteration_time.max", mean)))
 
     def _checkpoints(self, entry: tuple[tuple[int, int, int], dict[str, Any]]) -> None:
         if self.last_checkpoints is None or self.last_checkpoints[0] <= entry[0]:
