@@ -12,7 +12,7 @@ import pytest
 
 from tests.subprocess_helpers import run_python
 from traintel import cli
-from traintel._runtime.farewell import farewell, greeting
+from traintel._runtime.farewell import farewell, greeting, say
 
 JOB = """
 import traintel
@@ -170,3 +170,22 @@ def test_spans_dropped_without_a_spool_are_not_said_to_be_sent(tmp_path: Path) -
     assert last == "traintel: telemetry of this run could not all be sent to http://127.0.0.1:9 (OTLP)", (
         result.stderr
     )
+
+
+def test_a_line_is_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks ``torch.multiprocessing.spawn`` starts share one terminal: a line written as
+    its text and then its newline ran into the next rank's (two lines on one)."""
+    writes: list[str] = []
+
+    class Stream:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    say("traintel: telemetry of this run goes to x")
+    say(None)
+    assert writes == ["traintel: telemetry of this run goes to x\n"]
