@@ -223,10 +223,14 @@ def test_formula_fallback_counts_the_model_behind_its_wrapper(captured: Captured
 
 
 def test_the_callback_alone_still_gives_one_iteration_per_optimizer_step(
-    captured: Captured, tmp_path: Path
+    captured: Captured, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """And says once what it cannot see (the run had no samples nor throughput, silently)."""
+    caplog.set_level(logging.WARNING)
     trainer = _trainer(tmp_path, 4, callbacks=[TraintelCallback(count_flops=False)])
     trainer.train()
+    said = [r.getMessage() for r in caplog.records if "TraintelCallback alone" in r.getMessage()]
+    assert len(said) == 1 and "use instrument_trainer(trainer) instead" in said[0]
     spans = captured.spans()
     iterations = captured.named("training_iteration")
     assert [attr(s, semconv.ITERATION) for s in iterations] == [0, 1, 2, 3]

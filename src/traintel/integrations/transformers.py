@@ -82,6 +82,7 @@ class TraintelCallback(TrainerCallback):
         # Per-micro-batch tokens and losses, read once at the step's end (see _tokens).
         self.pending_tokens: list[Any] = []
         self.pending_losses: list[Any] = []
+        self.instrumented = False  # instrument_trainer wrapped the trainer's methods
 
     def open_iteration(self, start_ns: int | None = None) -> None:
         if not self.driver.is_open(Key.ITERATION):
@@ -92,6 +93,13 @@ class TraintelCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.training = True
         self.driver.open_loop(int(state.global_step), state.max_steps)
+        if not self.instrumented:  # the events carry no batch: no samples, no throughput, no MFU
+            _state.current().warn_once(
+                "transformers:callback_alone",
+                "transformers: TraintelCallback alone sees no batch, so the run has no samples, "
+                "tokens, throughput, FLOPs or forward/backward split: use instrument_trainer(trainer) "
+                "instead (it adds the callback and wraps that trainer's methods)",
+            )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.training = False
@@ -293,6 +301,7 @@ def instrument_trainer(trainer: Any, callback: TraintelCallback | None = None) -
     cb = callback or TraintelCallback()
     trainer.add_callback(cb)
     trainer._traintel_callback = cb
+    cb.instrumented = True
     wrap = _TrainerWrappers(trainer, cb)
     _wrap = patch_instance  # this trainer's methods only; not undone (the trainer is the user's)
     _wrap(trainer, "train", wrap.train)
