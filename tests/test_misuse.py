@@ -382,6 +382,24 @@ def test_phases_open_at_an_explicit_shutdown_end_with_it_and_are_exported(
     assert "ended span" not in caplog.text  # the SDK's "Calling end() on an ended span"
 
 
+def test_an_iteration_the_shutdown_is_called_in_is_counted_and_its_context_goes_back(owned: Any) -> None:
+    """An early stop inside the step (``if done: traintel.shutdown()``): that iteration was not
+    counted (2 of 3 in the loop's summary and its window) and its ``with`` left its own context
+    attached. It now ends at the shutdown, counted, as the loop around it does."""
+    job = owned(export_iterations="none")
+    with traintel.application(), traintel.training_loop(train_iterations_start=0):
+        for step in range(3):
+            with traintel.training_iteration(samples=2):
+                if step == 2:
+                    with traintel.model_forward():
+                        traintel.shutdown(5)
+            assert trace.get_current_span().name == "training_loop"  # the context is the user's
+    spans = {s.name: s for s in job.exporter.get_finished_spans()}  # (job.spans() would flush a new job)
+    assert spans["training_loop"].attributes[semconv.SUMMARY_PREFIX + "iterations"] == 3
+    (window,) = [e.attributes for e in spans["training_loop"].events if e.name == "training_metrics_update"]
+    assert window[semconv.WINDOW_PREFIX + "samples"] == 6
+
+
 def test_the_batch_itself_given_as_a_count_is_named_by_its_shape(
     pipeline: Pipeline, caplog: pytest.LogCaptureFixture
 ) -> None:
