@@ -439,6 +439,22 @@ def test_cli_table_and_json(
     assert json.loads(capsys.readouterr().out)["sessions"][0]["total_seconds"] == pytest.approx(10)
 
 
+def test_cli_text_of_a_job_without_training_iterations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An evaluation-only job read "last iteration None"."""
+
+    def evaluation_only(job: Job) -> None:
+        app = job.open("application", 0)
+        job.span("testing_loop", 1, 9, app)
+        app.end(end_time=at(10))
+
+    run_job(tmp_path, monkeypatch, evaluation_only)
+    assert cli.main(["goodput", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "  1 job(s), 0 disruption(s), no training iteration\n" in text and "None" not in text
+
+
 @pytest.mark.process
 def test_cli_rejects_bad_times_by_name(tmp_path: Path) -> None:
     result = subprocess.run(

@@ -25,9 +25,8 @@ def render_goodput(results: list[SessionGoodput], links: TraceLinks | None = Non
         tags = f" (perf_tag {', '.join(r.perf_tags)})" if r.perf_tags else ""
         lines.append(f"session {r.session}{tags}")
         lines.append(f"  {utc_text(r.start_ns)} -> {utc_text(r.end_ns)} UTC, {r.total_s:,.1f} s")
-        lines.append(
-            f"  {len(r.jobs)} job(s), {r.disruptions} disruption(s), last iteration {r.last_iteration}"
-        )
+        last = "no training iteration" if r.last_iteration is None else f"last iteration {r.last_iteration}"
+        lines.append(f"  {len(r.jobs)} job(s), {r.disruptions} disruption(s), {last}")
         lines.extend(_rank_missing_lines(r.jobs))
         lines.append(f"  {'goodput':<32}{r.goodput:8.2%}{r.productive_s:12.1f} s  {_bar(r.goodput)}")
         for category in BADPUT_CATEGORIES:
