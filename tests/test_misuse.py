@@ -400,24 +400,6 @@ def test_an_iteration_the_shutdown_is_called_in_is_counted_and_its_context_goes_
     assert window[semconv.WINDOW_PREFIX + "samples"] == 6
 
 
-def test_an_application_s_records_are_exported_as_it_ends(
-    owned: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A process that lives on after training (a notebook, a script that evaluates next): its
-    spans waited in the batch until it was due (the embedded file's after a minute: "No spans
-    yet", and lost if the process was killed meanwhile). The application's end now exports
-    them, on a thread of traintel's."""
-    from tests.subprocess_helpers import wait_for
-
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # due in 10 minutes
-    job = owned()
-    with traintel.application(), traintel.training_loop():
-        with traintel.training_iteration():
-            pass
-    exported = job.exporter.get_finished_spans
-    assert wait_for(lambda: {"application", "training_loop"} <= {s.name for s in exported()}, 60)
-
-
 def test_the_batch_itself_given_as_a_count_is_named_by_its_shape(
     pipeline: Pipeline, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -185,9 +185,6 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
             energy.application_ended(span)
         preemption.report_pending(telemetry, span, exc)
 
-    def application_over() -> None:
-        telemetry.flush_soon()
-
     engine = TrainingEngine(
         config,
         SpanOutlet(tracer, budget, ids, pipeline.export_filter, direct),
@@ -196,7 +193,6 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
             on_application_start=lambda span: _application_started(telemetry, span),
             on_application_end=application_ended,
             world_size=_world_follower(peak, warned.warn_once),
-            after_application_end=application_over,
         ),
         windows,
         open_spans,

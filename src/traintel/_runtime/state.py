@@ -114,7 +114,6 @@ class Telemetry:
         self._closed = False
         self._shutting_down_on: int | None = None  # the thread running shutdown(), meanwhile
         self._signal_after_shutdown: int | None = None
-        self._flushing: threading.Thread | None = None  # flush_soon's, joined by shutdown
 
     @property
     def closed(self) -> bool:
@@ -271,23 +270,6 @@ class Telemetry:
             self.progress.mark()
         return flushed
 
-    def flush_soon(self) -> None:
-        """The application ended: its records are exported now, on a thread of traintel's (the
-        caller never waits), not when the batch is due. The embedded file gathers spans for a
-        minute: a process that lives on after training (a notebook, a script that goes on to
-        evaluate or upload) read as "no spans yet" for up to a minute, and lost them if killed
-        meanwhile. A shutdown waits for it, within its own bound."""
-        if self.closed or self.pipeline is None:
-            return
-        try:
-            thread = threading.Thread(
-                target=self.flush, args=(self.settings.shutdown_timeout,), name="traintel-flush", daemon=True
-            )
-            thread.start()
-            self._flushing = thread
-        except Exception:  # (no thread at interpreter exit: the exit's shutdown writes them)
-            pass
-
     def defer_signal(self, signum: int) -> bool:
         """A terminating signal while this thread shuts the job down (a multiprocessing worker
         exits by itself as its parent's ``terminate()`` signals it): the shutdown finishes, then
@@ -321,9 +303,6 @@ class Telemetry:
             return True
         timeout = self.settings.shutdown_timeout if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
-        flushing = self._flushing
-        if flushing is not None and flushing is not threading.current_thread():
-            flushing.join(timeout)  # the providers are not shut down under its flush
         windows = self.windows is None or self.windows.close(timeout)  # their records go out too
         self._stop_watchers(deadline)
         ok = self.pipeline.shutdown(max(0.0, deadline - time.monotonic())) and windows
