@@ -210,7 +210,11 @@ def test_the_end_of_the_data_inside_an_iteration_is_no_error(exporter: InMemoryS
     loop catches it: each ended its iteration and data_loading ERROR, exported for it, and the
     summary counted 6 errors in a run of 3 epochs that had none."""
     traintel.configure(
-        span_exporters=[exporter], metric_readers=[], export_first_iterations=0, export_every_n_iterations=0
+        span_exporters=[exporter],
+        metric_readers=[],
+        export_first_iterations=0,
+        export_every_n_iterations=0,
+        slow_iteration_factor=1e9,  # (microsecond steps: a slow one is noise, and exported)
     )
     with traintel.application(), traintel.training_loop():
         for _epoch in range(3):
