@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any, TypeVar, cast
 
@@ -661,17 +661,31 @@ def end_open_phases(engine: TrainingEngine, reason: str) -> None:
             engine.warn_once("end_open_phases", "could not end a phase open at shutdown")
 
 
-#: Iterations open one within another that a shutdown ends (a bound: the chain is the user's).
+#: Iterations open one within another that a shutdown or a signal ends (a bound: the chain is
+#: the user's).
 _NESTED_ITERATIONS = 8
+
+
+def open_iterations(engine: TrainingEngine, record: IterationRecord | None) -> Iterator[IterationRecord]:
+    """``record`` (the engine's active iteration, read once by the caller) and those open around
+    it, innermost first, for the caller to end each before the next is given: the one it began
+    within (a training step running validation), active again."""
+    for _ in range(_NESTED_ITERATIONS):
+        if record is None:
+            return
+        yield record
+        outer = engine.active
+        if outer is record:  # not ended: nothing further out is reached
+            return
+        record = outer
 
 
 def _end_open_iterations(engine: TrainingEngine, reason: str) -> None:
     """The fast path's iterations open on this thread end now, with the reason: the iteration
     an early stop shuts the job down in was lost (49 of 50 counted). One open on another
     thread is left to that thread."""
-    for _ in range(_NESTED_ITERATIONS):
-        record = engine.active
-        if record is None or engine.active_thread != _get_ident():
-            return
+    if engine.active_thread != _get_ident():
+        return
+    for record in open_iterations(engine, engine.active):
         record.set_end_reason(reason)
         engine.end_iteration(record, _time_ns())

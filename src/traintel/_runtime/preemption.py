@@ -59,6 +59,7 @@ from opentelemetry.util.types import AttributeValue
 from traintel import semconv
 from traintel._recorder import active, clock
 from traintel._recorder.engine import TrainingEngine, mark_error
+from traintel._recorder.phases import open_iterations
 from traintel._recorder.record import IterationRecord, OpenStep, Terminated
 from traintel._runtime import signal_watch
 from traintel._runtime import state as _state
@@ -462,28 +463,20 @@ def _say_lost_bookings(engine: TrainingEngine) -> None:
         )
 
 
-#: Iterations open one within another that a signal ends (a bound: the chain is the user's).
-_NESTED_ITERATIONS = 8
-
-
 def _cut_training(engine: TrainingEngine, reason: str, received_ns: int, now: int) -> None:
     """The open step ends at the signal, then its iteration, then the iteration that one began
     within (a training step running validation), innermost first; between iterations (loading
     data for the next one, say) only the open step."""
     error = Terminated(reason)
-    record = engine.active
-    if record is None:
+    innermost = engine.active
+    if innermost is None:
         _cut_open_step(engine.open_step, None, error, received_ns)
         return
-    for _ in range(_NESTED_ITERATIONS):
+    for record in open_iterations(engine, innermost):
         _cut_open_step(record.open_step, record, error, received_ns)
         record.set_end_reason(reason)
         record.fail(error)
         engine.end_iteration(record, now)
-        outer = engine.active
-        if outer is None or outer is record:
-            return
-        record = outer
 
 
 def _cut_open_step(
