@@ -157,7 +157,8 @@ def record_batch(
         return
     record = _running_iteration(engine)
     if record is None:  # outside any iteration, or in a loop run inside one (a validation's)
-        where = "in a loop run inside" if engine.active is not None else "outside"
+        inside = engine.active is not None and engine.active_thread == threading.get_ident()
+        where = "in a loop run inside" if inside else "outside"
         engine.warn_once("batch_outside", "record_batch called %s a training iteration; ignored", where)
         return
     counts = [checked_count("record_batch", name, value) for name, value in (

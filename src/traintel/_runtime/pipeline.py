@@ -362,7 +362,7 @@ def _prometheus_reader(environ: Mapping[str, str], local_rank: int) -> Any:
     except OSError as exc:  # the port taken: say which, and where it comes from
         raise OSError(
             f"{exc.strerror or exc} on {host}:{port} (OTEL_EXPORTER_PROMETHEUS_PORT "
-            f"{environ.get('OTEL_EXPORTER_PROMETHEUS_PORT', '9464')} + local rank {local_rank})"
+            f"{port - local_rank} + local rank {local_rank})"
         ) from exc
     return PrometheusMetricReader()
 
