@@ -87,8 +87,20 @@ def test_bad_env_value_lenient_logs_and_ignores_only_that_setting(caplog: pytest
 def test_explicit_argument_errors_name_the_argument() -> None:
     with pytest.raises(ConfigurationError, match=r"^global_batch_size=0: expected a positive integer$"):
         traintel.configure(global_batch_size=0)
-    with pytest.raises(ConfigurationError, match=r"^batch_size: unknown training config setting"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^batch_size: unknown training config setting; did you mean global_batch_size\?",
+    ):
         traintel.configure(batch_size=8)
+    with pytest.raises(
+        ConfigurationError, match=r"^colour: unknown training config setting \(known: session_tag, "
+    ):
+        traintel.configure(colour="red")
+    with pytest.raises(
+        ConfigurationError,
+        match=r"^seq_length: unknown training config setting; did you mean seq_len\? \(known: session_tag, ",
+    ):
+        traintel.configure(seq_length=512)
     with pytest.raises(ConfigurationError, match=r"output_dir cannot be a callable"):
         traintel.configure(output_dir=lambda: "x")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import Span, StatusCode
 
 import traintel
 from traintel import callbacks, semconv
@@ -363,8 +363,11 @@ def test_async_checkpoint_blocking_and_background(owned: Any) -> None:
             with traintel.training_iteration():
                 pass
             if i == 0:
-                save = traintel.checkpoint_save(strategy="async", size_bytes=1000)
-                with save:
+                # ``as``: the save's span, with its completion (the docs' spelling binds the
+                # phase first: ``save = checkpoint_save(...)``, ``with save:``; both work)
+                with traintel.checkpoint_save(strategy="async", size_bytes=1000) as save:
+                    assert isinstance(save, Span)
+                    save.set_attribute("writer", "thread")
                     completion = save.completion()
 
                     def write(completion: traintel.AsyncCheckpointCompletion = completion) -> None:
@@ -378,6 +381,8 @@ def test_async_checkpoint_blocking_and_background(owned: Any) -> None:
         writer.join()
     (blocking,) = job.named("checkpoint_save_async")
     (finalize,) = job.named("checkpoint_finalize")
+    assert blocking.context.span_id == save.get_span_context().span_id
+    assert blocking.attributes["writer"] == "thread"
     assert finalize.start_time == blocking.end_time  # background time starts when training resumes
     first_iteration = next(s for s in job.named("training_iteration") if s.attributes[semconv.ITERATION] == 0)
     # linked to its save and to the iteration that was just completed (exported: it was the first)

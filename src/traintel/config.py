@@ -237,7 +237,13 @@ _DEFAULTS: Final = Settings()
 
 
 def _unknown(name: str) -> ConfigurationError:
-    return ConfigurationError(f"{name}: unknown training config setting (known: {FIELD_NAMES})")
+    """The error for a setting that does not exist, with the nearest one (``seq_length``: did
+    you mean ``seq_len``?) before the list of all of them."""
+    near = difflib.get_close_matches(name, FIELD_NAMES, 1, 0.6)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    return ConfigurationError(
+        f"{name}: unknown training config setting{hint} (known: {', '.join(FIELD_NAMES)})"
+    )
 
 
 #: The unknown ``TRAINTEL_*`` variables said so far (once each per process).

@@ -181,7 +181,8 @@ def checkpoint_save(
     """Saving a checkpoint: span ``checkpoint_save_sync`` or ``checkpoint_save_async``.
 
     The span covers the blocking part (until control returns to training); for an async save
-    call ``.completion()`` on the object inside the ``with`` and ``finish()`` it from the writer.
+    call ``save.completion()`` inside ``with checkpoint_save(...) as save`` (``save`` is the
+    save's span) and ``finish()`` it from the writer.
     ``iteration`` defaults to the number of training iterations completed so far (the value
     a job resuming from this checkpoint passes as ``train_iterations_start``). Given a
     ``path`` and no ``size_bytes``, the size is measured when the span ends.

@@ -14,6 +14,7 @@ from opentelemetry.util.types import AttributeValue
 from traintel import semconv
 from traintel._recorder import active, clock
 from traintel._recorder.engine import ResumePoint, TrainingEngine
+from traintel._recorder.forwarding_span import ForwardingSpan
 from traintel._recorder.phases import PhaseSpan, phase_attributes
 from traintel._recorder.record import number
 from traintel.semconv import Phase
@@ -182,6 +183,9 @@ class CheckpointSavePhase(PhaseSpan):
         attributes[semconv.CHECKPOINT_ITERATION] = self._iteration
         return attributes
 
+    def __enter__(self) -> CheckpointSaveSpan:
+        return CheckpointSaveSpan(super().__enter__(), self)
+
     def completion(self) -> AsyncCheckpointCompletion:
         """The handle the background writer finishes (async saves); call inside the ``with``."""
         if self._completion is None:
@@ -227,6 +231,20 @@ class CheckpointSavePhase(PhaseSpan):
         success = semconv.Event.SAVE_CHECKPOINT_SUCCESS.value
         if not any(e.name == success for e in getattr(span, "events", ())):
             span.add_event(success, {semconv.CHECKPOINT_ITERATION: self._iteration or 0})
+
+
+class CheckpointSaveSpan(ForwardingSpan):
+    """What ``with checkpoint_save(...) as save`` binds: the save's span, with the save's
+    :meth:`completion` (``save.completion()`` is the natural spelling; a bare span raised
+    AttributeError into the training code)."""
+
+    def __init__(self, span: Span, phase: CheckpointSavePhase) -> None:
+        super().__init__(span)
+        self._phase = phase
+
+    def completion(self) -> AsyncCheckpointCompletion:
+        """See :meth:`CheckpointSavePhase.completion`."""
+        return self._phase.completion()
 
 
 def _checked_size(engine: TrainingEngine, call: str, size_bytes: object) -> int | None:

@@ -22,11 +22,12 @@ from typing import Final, Protocol
 from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanLimits
-from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanContext
 from opentelemetry.util import types
 
 from traintel import semconv
 from traintel._aggregation.otlp_size import estimate_attributes_bytes
+from traintel._recorder.forwarding_span import ForwardingSpan
 from traintel._recorder.ports import TraceBudget, WindowSink
 from traintel._sdk.otel_private import add_clean_event
 from traintel.config import Settings
@@ -173,11 +174,11 @@ class Segments:
             loop.close_segment(end_ns, continues=False, usage=lambda: self.budget.usage(trace_id))()
 
 
-class SegmentedSpan(Span):
+class SegmentedSpan(ForwardingSpan):
     """A stable handle on a phase whose SDK span is replaced at each segment boundary."""
 
     def __init__(self, first: Span, name: str, attributes: Mapping[str, types.AttributeValue] | None) -> None:
-        self.current = first
+        super().__init__(first)
         self.first_context = self._context = first.get_span_context()
         self.name = name
         self.start_attributes = dict(attributes or {})
@@ -192,18 +193,9 @@ class SegmentedSpan(Span):
         #: Events on the open segment: the SDK drops those beyond the span's event limit.
         self.open_events = 0
 
-    # --- Span API: forward to the current segment -------------------------------------------------
-    def end(self, end_time: int | None = None) -> None:
-        self.current.end(end_time=end_time)
-
+    # --- Span API: forwarded to the current segment, but for these ------------------------------
     def get_span_context(self) -> SpanContext:
         return self._context  # the current segment's; read once per iteration, so cached
-
-    def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
-        self.current.set_attributes(attributes)
-
-    def set_attribute(self, key: str, value: types.AttributeValue) -> None:
-        self.current.set_attribute(key, value)
 
     def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
         self.open_events += 1
@@ -221,27 +213,9 @@ class SegmentedSpan(Span):
             self.open_bytes += 24 + len(name) + estimate_attributes_bytes(attributes)
         add_clean_event(segment, name, attributes)
 
-    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
-        self.current.add_link(context, attributes)
-
     def update_name(self, name: str) -> None:
         self.name = name
         self.current.update_name(name)
-
-    def is_recording(self) -> bool:
-        return self.current.is_recording()
-
-    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        self.current.set_status(status, description)
-
-    def record_exception(
-        self,
-        exception: BaseException,
-        attributes: types.Attributes = None,
-        timestamp: int | None = None,
-        escaped: bool = False,
-    ) -> None:
-        self.current.record_exception(exception, attributes, timestamp, escaped)
 
     def __repr__(self) -> str:
         return f"SegmentedSpan({self.name!r}, segment={self.segment_index}, current={self.current!r})"
