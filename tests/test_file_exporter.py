@@ -263,6 +263,39 @@ def test_the_file_collects_every_five_minutes_unless_the_interval_is_set(
     assert readers == expected
 
 
+_LIVES_ON = """
+import time, traintel
+from traintel.exporters.reader import iter_spans
+with traintel.application(), traintel.training_loop():
+    for _ in range(3):
+        with traintel.training_iteration():
+            pass
+# the process goes on (a notebook, a script that evaluates next): the file is read meanwhile
+path = traintel.get_telemetry().pipeline.output_file()
+deadline = time.monotonic() + 60  # a hang guard (the batch is due in 10 minutes)
+while time.monotonic() < deadline:
+    names = sorted({s.name for s in iter_spans([path])}) if path.exists() else []
+    if "application" in names:
+        break
+    time.sleep(0.05)
+print(names)
+"""
+
+
+@pytest.mark.process
+def test_an_application_s_spans_are_in_the_file_as_it_ends(tmp_path: Path) -> None:
+    """The file's batch gathers spans for a long time (a minute by default; 10 minutes here):
+    a process that lived on after training (a notebook, a script that evaluates or uploads
+    next) read as "No spans yet" until it was due, and lost them if killed meanwhile. The
+    application's end writes them, off the training thread; the network exporters keep their
+    schedule."""
+    result = run_python(_LIVES_ON, tmp_path, OTEL_BSP_SCHEDULE_DELAY="600000")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == str(
+        ["application", "training_iteration", "training_loop", "training_window"]
+    )
+
+
 def test_files_are_owner_only(tmp_path: Path) -> None:
     file = OtlpJsonLinesFile(output_dir=tmp_path / "runs" / "deeper")
     assert file.write_line('{"resourceSpans":[]}', "svc")

@@ -103,6 +103,8 @@ class EngineHooks:
     #: The job's world size as known now: a process group initialised after the telemetry
     #: started can change it (each rank's share of the global batch follows).
     world_size: Callable[[], int] = lambda: 1
+    #: Just after traintel's application span ended (its records can be written now).
+    after_application_end: Callable[[], None] = lambda: None
 
 
 class TrainingEngine:
@@ -121,8 +123,7 @@ class TrainingEngine:
     ) -> None:
         self.tracer = outlet.tracer
         self.direct = outlet.direct
-        self.on_application_start = hooks.on_application_start
-        self.on_application_end = hooks.on_application_end
+        self.hooks = hooks
         self.ids = ids = outlet.ids
         self.export_filter = outlet.export_filter
         self.window_sink = window_sink

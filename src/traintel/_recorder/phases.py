@@ -238,16 +238,24 @@ class ApplicationPhase(PhaseSpan):
     def _wrap(self, engine: TrainingEngine, span: Span) -> Span:
         if not span.is_recording():
             return span
-        engine.on_application_start(span)
+        engine.hooks.on_application_start(span)
         proxy = SegmentedSpan(span, self._name, self._attributes)
         if engine.app is None:
             engine.app = proxy
         return proxy
 
+    def _end_span(
+        self, engine: TrainingEngine, exc: BaseException | None, end_ns: int | None, reason: str | None
+    ) -> None:
+        ends_job = engine.app is not None and engine.app is self._span
+        super()._end_span(engine, exc, end_ns, reason)
+        if ends_job:
+            engine.hooks.after_application_end()
+
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         if engine.app is span:
             engine.window_sink.flush()  # the job's goodput (and energy) is its windows' too
-            engine.on_application_end(span, exc)
+            engine.hooks.on_application_end(span, exc)
             engine.goodput.ended(end_ns)
             span.set_attributes(engine.goodput.snapshot(end_ns).attributes())
             if isinstance(span, SegmentedSpan) and span.segment_index:

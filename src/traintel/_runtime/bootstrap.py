@@ -193,6 +193,10 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
             on_application_start=lambda span: _application_started(telemetry, span),
             on_application_end=application_ended,
             world_size=_world_follower(peak, warned.warn_once),
+            # the file's spans written now, on the window worker, behind the windows
+            after_application_end=lambda: windows.then(
+                functools.partial(pipeline.flush_file_spans, settings.shutdown_timeout)
+            ),
         ),
         windows,
         open_spans,

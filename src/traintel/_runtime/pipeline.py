@@ -489,6 +489,8 @@ class Pipeline:
     export_filter: IterationExportFilter | None = None
     #: Owned providers: each exporting batch processor with its spooling wrapper (if any).
     export_paths: list[ExportPath] = field(default_factory=list)
+    #: Owned providers: the embedded file's batch span processor, if spans go to the file.
+    file_spans: BatchSpanProcessor | None = None
     #: Where traintel's log records go (built on the first one).
     logs: LogPipeline = field(default_factory=lambda: LogPipeline(None, None))
     #: The resource of the providers traintel built (None: it built none).
@@ -541,6 +543,14 @@ class Pipeline:
             return None
         writer = span_writer(tracer)
         return DirectSpans(writer, export_filter.forward, provider) if writer is not None else None
+
+    def flush_file_spans(self, timeout_s: float) -> None:
+        """Write the spans the embedded file gathers now, not when its batch is due (a minute:
+        see ``FILE_SPAN_EXPORT_DELAY_MILLIS``). For the end of an application: a process that
+        lives on after training (a notebook, a script that goes on to evaluate or upload) read
+        as "no spans yet" until then. The network exporters keep their own schedule."""
+        if self.file_spans is not None:
+            _call(self.file_spans, "force_flush", int(timeout_s * 1000))
 
     def flush(self, timeout_s: float) -> bool:
         """Export what is buffered, waiting at most ``timeout_s``; never raises."""
@@ -795,6 +805,8 @@ class _OwnedBuild:
     #: The embedded file, where a signal goes when none of its exporters could start.
     file: OtlpJsonLinesFile | None = None
     undo: list[Callable[[], None]] = field(default_factory=list)
+    #: The embedded file's batch span processor, once built.
+    file_spans: BatchSpanProcessor | None = None
 
     def _planned(self, signal: str, plans: list[_ExporterPlan]) -> Iterator[_ExporterPlan]:
         """Each plan; then, where the automatic configuration started none of the exporters
@@ -862,6 +874,8 @@ class _OwnedBuild:
                 continue
             self.undo.append(functools.partial(_stop, processor, bound, plan.lent))
             paths.append((processor, spooler))
+            if plan.name == FILE_EXPORTER:
+                self.file_spans = processor
             plan.started = True
         return paths
 
@@ -1191,6 +1205,7 @@ def _build_owned(
             spool = options.span_exporters is None
             tp, pipeline.export_filter, paths = build.tracer_provider(plans.traces, spool)
             pipeline.tracer_provider, pipeline.export_paths = tp, paths
+            pipeline.file_spans = build.file_spans
             _BUILT.add(tp)
         if choice.build_mp:
             pipeline.meter_provider = build.meter_provider(plans.metrics, options.metric_readers or [])
