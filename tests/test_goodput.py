@@ -221,8 +221,8 @@ def test_each_job_s_step_time_deviation_is_from_its_own_ideal_and_its_own_span(
     assert all(entry["deviation"] == 0 for entry in result.most_deviating[2:])
     assert all(window["p50"] == 0 for window in result.recent_deviation if window["first_iteration"] != 4)
     text = render_goodput([result])
-    assert "    iteration 5 in job job-a, 1: 2000.0 ms (+100%)\n" in text  # whose, as numbers repeat
-    assert "    iteration 5 in job job-a, 0: 6000.0 ms (+50% over its job's ideal 4000.00 ms)\n" in text
+    assert "    iteration 5 in job job-a, 1: 2.00 s (+100%)\n" in text  # whose, as numbers repeat
+    assert "    iteration 5 in job job-a, 0: 6.00 s (+50% over its job's ideal 4.00 s)\n" in text
 
 
 def crashed_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second_restart: int = 1) -> None:

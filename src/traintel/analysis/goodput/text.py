@@ -7,6 +7,7 @@ import math
 from traintel.analysis.goodput.sessions import JobGoodput, SessionGoodput
 from traintel.analysis.links import TraceLinks
 from traintel.analysis.run_info import utc_text
+from traintel.analysis.summary import fmt_seconds
 from traintel.semconv import BADPUT_CATEGORIES
 
 
@@ -24,16 +25,15 @@ def render_goodput(results: list[SessionGoodput], links: TraceLinks | None = Non
     for r in results:
         tags = f" (perf_tag {', '.join(r.perf_tags)})" if r.perf_tags else ""
         lines.append(f"session {r.session}{tags}")
-        lines.append(f"  {utc_text(r.start_ns)} -> {utc_text(r.end_ns)} UTC, {r.total_s:,.1f} s")
+        lines.append(f"  {utc_text(r.start_ns)} -> {utc_text(r.end_ns)} UTC, {fmt_seconds(r.total_s)}")
         last = "no training iteration" if r.last_iteration is None else f"last iteration {r.last_iteration}"
         lines.append(f"  {len(r.jobs)} job(s), {r.disruptions} disruption(s), {last}")
         lines.extend(_rank_missing_lines(r.jobs))
-        lines.append(f"  {'goodput':<32}{r.goodput:8.2%}{r.productive_s:12.1f} s  {_bar(r.goodput)}")
+        lines.append(f"  {'goodput':<32}{r.goodput:8.2%}{fmt_seconds(r.productive_s):>12}  {_bar(r.goodput)}")
         for category in BADPUT_CATEGORIES:
             share = r.badput(category)
-            lines.append(
-                f"  {'badput ' + category:<32}{share:8.2%}{r.badput_s[category]:12.1f} s  {_bar(share)}"
-            )
+            took = fmt_seconds(r.badput_s[category])
+            lines.append(f"  {'badput ' + category:<32}{share:8.2%}{took:>12}  {_bar(share)}")
         layers = r.layers()
         lines.append(
             f"  layers: infrastructure {layers['infrastructure']['badput']:.2%} badput, "
@@ -45,7 +45,7 @@ def render_goodput(results: list[SessionGoodput], links: TraceLinks | None = Non
             lines.append(_energy_line(r.energy_j))
         lines.extend(_step_time_lines(r, links))
         lines.append(
-            f"  {'job (run id, restart)':<24}{'ranks':>6}{'start (UTC)':>21}{'seconds':>11}{'goodput':>9}"
+            f"  {'job (run id, restart)':<24}{'ranks':>6}{'start (UTC)':>21}{'time':>11}{'goodput':>9}"
         )
         for j in r.jobs:
             lines.extend(_job_lines(j))
@@ -82,7 +82,7 @@ def _energy_line(energy: dict[str, float]) -> str:
 def _step_time_lines(r: SessionGoodput, links: TraceLinks | None) -> list[str]:
     if not r.ideal_step_time_s:
         return []
-    lines = [f"  ideal step time {r.ideal_step_time_s * 1e3:.2f} ms (mean of steps <= median + 3 MAD)"]
+    lines = [f"  ideal step time {fmt_seconds(r.ideal_step_time_s)} (mean of steps <= median + 3 MAD)"]
     if r.recent_deviation:
         last = r.recent_deviation[-1]
         lines.append(
@@ -90,11 +90,11 @@ def _step_time_lines(r: SessionGoodput, links: TraceLinks | None) -> list[str]:
         )
     for entry in r.most_deviating:
         ideal = entry["ideal_seconds"]
-        own = f" over its job's ideal {ideal * 1e3:.2f} ms" if ideal != r.ideal_step_time_s else ""
+        own = f" over its job's ideal {fmt_seconds(ideal)}" if ideal != r.ideal_step_time_s else ""
         deviation = f"{entry['deviation']:+.0%}{own}"
         job = f" in job {entry['run_id']}, {entry['restart']}" if len(r.jobs) > 1 else ""
-        seconds = f"{entry['seconds'] * 1e3:.1f} ms"
-        lines.append(f"    iteration {entry['iteration']}{job}: {seconds} ({deviation})")
+        took = fmt_seconds(entry["seconds"])
+        lines.append(f"    iteration {entry['iteration']}{job}: {took} ({deviation})")
         if "trace_id" in entry:
             lines.append(f"      trace {entry['trace_id']} span {entry['span_id']}")
             url = links.url(entry["trace_id"], entry["span_id"]) if links is not None else None
@@ -109,8 +109,9 @@ def _job_lines(j: JobGoodput) -> list[str]:
     iterations = f"{j.first_iteration}-{j.last_iteration}" if j.first_iteration is not None else "-"
     run_id = j.run_id if len(j.run_id) <= 18 else j.run_id[:17] + "…"
     name = f"{run_id}, {j.restart}"
+    started, took = utc_text(j.start_ns), fmt_seconds(j.total_s)
     lines = [
-        f"  {name:<24}{len(j.ranks):>6}{utc_text(j.start_ns):>21}{j.total_s:>11.1f}{j.goodput:>9.2%}",
+        f"  {name:<24}{len(j.ranks):>6}{started:>21}{took:>11}{j.goodput:>9.2%}",
         f"    iterations {iterations}, {j.status}",
     ]
     if j.wall_clock_step_s:  # durations stay right; timestamps after the step are off by it
@@ -126,7 +127,8 @@ def _job_lines(j: JobGoodput) -> list[str]:
         lines.append(f"    counted from {' and '.join(counted)}{missing}")
     if j.unaccounted_s > 0:
         after = f"iteration {j.unaccounted_after}" if j.unaccounted_after is not None else "the start"
-        lines.append(f"    unaccounted: {j.unaccounted_s:.1f} s after {after} (what ran then is unknown)")
+        took = fmt_seconds(j.unaccounted_s)
+        lines.append(f"    unaccounted: {took} after {after} (what ran then is unknown)")
     return lines
 
 
