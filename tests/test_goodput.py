@@ -455,6 +455,35 @@ def test_cli_text_of_a_job_without_training_iterations(
     assert "  1 job(s), 0 disruption(s), no training iteration\n" in text and "None" not in text
 
 
+def two_stages(job: Job, application: bool) -> None:
+    """Two training loops (pre-training, then fine-tuning; or a notebook cell run again) of two
+    5 s iterations each, 20 s apart, then a 5 s validation: in one application, or in none."""
+    app = job.open("application", 0) if application else None
+    for offset in (0, 30):
+        loop = job.open("training_loop", offset, app)
+        for number, start in enumerate((offset, offset + 5)):
+            job.iteration(loop, number, start, start + 5).end(end_time=at(start + 5))
+        loop.end(end_time=at(offset + 10))
+    job.span("validation_loop", 45, 50, app)
+    if app is not None:
+        app.end(end_time=at(50))
+
+
+@pytest.mark.parametrize("application", [True, False])
+def test_loops_run_without_an_application_count_to_the_process_s_last_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, application: bool
+) -> None:
+    """Without ``application()`` the job's account ended with its first loop: the second
+    loop's and the validation's 40 s were left out (10 s total, 100 % goodput)."""
+    # (the full window event on the loop is stamped when it is added, on this test's real clock)
+    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "off")
+    run_job(tmp_path, monkeypatch, lambda job: two_stages(job, application))
+    result = one_session(tmp_path)
+    assert result.total_s == 50
+    expect(result, 20, evaluation=5, other=25)
+    assert [job.status for job in result.jobs] == ["completed"]
+
+
 @pytest.mark.process
 def test_cli_rejects_bad_times_by_name(tmp_path: Path) -> None:
     result = subprocess.run(

@@ -167,7 +167,20 @@ class Process:
 
     @property
     def stop_ns(self) -> int:
-        return self.end_ns if self.end_ns is not None else max(self.last_ns, self.start_ns)
+        """Where the process's account ends: its application's end; without one (loops run
+        without ``application()``), its last record, the evaluation after the loop included."""
+        if self.end_ns is not None and self.outermost == APPLICATION:
+            return self.end_ns
+        return max(self.last_ns, self.start_ns, self.end_ns or 0)
+
+    def ended(self, phase: str, end_ns: int, error: bool) -> None:
+        """An application or loop span's final end. The process's is its latest application's
+        (a notebook cell run again is a second one); without one, its latest loop's (a
+        fine-tuning stage after pre-training). The latest, not the first read: files merge in
+        any order to the same end."""
+        rank = (phase == APPLICATION, end_ns)
+        if self.outermost is None or rank >= (self.outermost == APPLICATION, self.end_ns or 0):
+            self.outermost, self.end_ns, self.end_error = phase, end_ns, error
 
     def see(self, start_ns: int, end_ns: int) -> None:
         if start_ns and start_ns < self.start_ns:
@@ -177,10 +190,8 @@ class Process:
     def merge(self, later: Process) -> None:
         """Add what ``later`` read (from the files after this one's) as if read after it."""
         self.see(later.start_ns if later.start_ns != 2**63 else 0, later.last_ns)
-        if later.outermost is not None and (
-            self.outermost is None or (later.outermost == APPLICATION and self.outermost == LOOP)
-        ):
-            self.outermost, self.end_ns, self.end_error = later.outermost, later.end_ns, later.end_error
+        if later.outermost is not None and later.end_ns is not None:
+            self.ended(later.outermost, later.end_ns, later.end_error)
         self.preempted = self.preempted or later.preempted
         self.wall_clock_step_s = max(self.wall_clock_step_s, later.wall_clock_step_s, key=abs)
         self.phases.extend(later.phases)

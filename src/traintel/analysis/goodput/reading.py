@@ -266,11 +266,8 @@ def _add_outer(process: Process, span: SpanRecord, phase: str) -> None:
         resume = _int(attributes.get(semconv.TRAIN_ITERATIONS_START))
         if resume is not None and (process.resume is None or resume < process.resume):
             process.resume = resume
-    final = not attributes.get(semconv.SEGMENT_CONTINUES, False)
-    if final and (process.outermost is None or (phase == APPLICATION and process.outermost == LOOP)):
-        process.outermost = phase
-        process.end_ns = span.end_ns
-        process.end_error = span.status_code == 2  # STATUS_CODE_ERROR
+    if not attributes.get(semconv.SEGMENT_CONTINUES, False):
+        process.ended(phase, span.end_ns, span.status_code == 2)  # STATUS_CODE_ERROR
     if phase == APPLICATION and semconv.METRIC_ENERGY in attributes:
         process.job_energy = _energy_of(attributes, semconv.METRIC_ENERGY)
 
