@@ -149,6 +149,32 @@ def test_evaluation_iterations_are_rows_of_the_phase_table(tmp_path: Path) -> No
     assert (testing.count, testing.total_s, testing.max_s, testing.share) == (1, 5.0, 5.0, 5.0 / 20)
 
 
+def test_metrics_given_to_the_training_loop_between_iterations_are_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A per-epoch accuracy recorded between the epoch's iterations goes on the training loop
+    span; no summary or report showed it."""
+    file = OtlpJsonLinesFile(output_dir=tmp_path)
+    provider = TracerProvider(resource=Resource({semconv.RUN_ID: "epochs"}), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
+    traintel.configure(tracer_provider=provider)
+    with traintel.application(), traintel.training_loop():
+        for accuracy in (0.6, 0.7):
+            for _ in range(3):
+                with traintel.training_iteration():
+                    traintel.record_metrics(loss=1.0)
+            traintel.record_metrics(epoch_acc=accuracy)
+    traintel.shutdown(1)
+    provider.shutdown()
+    text = render(summarize([tmp_path]))
+    window, loop = "last window (iterations 0-5): loss 1", "last training loop: epoch_acc 0.7"
+    assert f"Model metrics, {window}\nModel metrics, {loop}\n" in text
+    assert main(["report", "--json", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["model_metrics_evaluation"] == {
+        "training_loop": {"epoch_acc": 0.7}
+    }
+
+
 def test_the_checkpoint_line_counts_the_save_after_the_loop(tmp_path: Path) -> None:
     """The final checkpoint, saved after the training loop ended (as most loops do), is one of
     the job's saves: 2 saves, 2 + 3 s, 3 + 5 MB (the loop's own summary holds only the first)."""

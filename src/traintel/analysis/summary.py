@@ -61,6 +61,7 @@ _EVALUATION_LOOPS = {Phase.VALIDATION_LOOP.value, Phase.TESTING_LOOP.value}
 _ITERATION_OF_LOOP = {loop.value: iteration.value for iteration, loop in semconv.LOOP_OF_ITERATION.items()}
 _E = semconv.EVAL_PREFIX
 _EVAL_METRIC = _E + "metric."
+_LOOP_METRIC = semconv.METRIC_PREFIX
 
 #: Phases without a share of the wall time: the whole of it, and time spent beside training
 #: (an async save's background write runs while the loop goes on).
@@ -410,11 +411,13 @@ class RunSummary:
             extent.application_end_ns = max(extent.application_end_ns, span.end_ns)
         elif phase == Phase.TRAINING_LOOP and span.scope != semconv.INSTRUMENTATION_SCOPE:
             self.foreign_loops += 1
-        elif phase == Phase.TRAINING_LOOP and _S + "iterations" in span.attributes:
-            loop = {k: v for k, v in span.attributes.items() if k.startswith(_S)}
-            loop[_JOB] = (resource.get(semconv.RUN_ID), resource.get(semconv.WORLD_SIZE))
+        elif phase == Phase.TRAINING_LOOP:
             at = _precedence(resource, span.end_ns)
-            bisect.insort(self.loop_summaries, (at, loop), key=lambda item: item[0])
+            self._loop_metrics(phase, span.attributes, at)  # (on the segment that had them)
+            if _S + "iterations" in span.attributes:
+                loop = {k: v for k, v in span.attributes.items() if k.startswith(_S)}
+                loop[_JOB] = (resource.get(semconv.RUN_ID), resource.get(semconv.WORLD_SIZE))
+                bisect.insort(self.loop_summaries, (at, loop), key=lambda item: item[0])
         elif phase in _EVALUATION_LOOPS:
             self._evaluation(phase, span.attributes, _precedence(resource, span.end_ns))
 
@@ -457,11 +460,20 @@ class RunSummary:
 
     def _evaluation(self, phase: str, attributes: dict[str, Any], at: tuple[int, int, int]) -> None:
         self._eval_iterations(phase, attributes)
-        metrics = {
-            key[len(_EVAL_METRIC) : -len(".last")]: value
-            for key, value in attributes.items()
-            if key.startswith(_EVAL_METRIC) and key.endswith(".last")
-        }
+        self._loop_metrics(
+            phase,
+            {key[: -len(".last")]: value for key, value in attributes.items() if key.endswith(".last")},
+            at,
+            _EVAL_METRIC,
+        )
+
+    def _loop_metrics(
+        self, phase: str, attributes: dict[str, Any], at: tuple[int, int, int], prefix: str = _LOOP_METRIC
+    ) -> None:
+        """A loop's model metrics as it ended (``prefix`` + name): an evaluation loop's last
+        values, or what a training loop was given between its iterations (a per-epoch
+        accuracy), kept for the loop of each phase that ended last."""
+        metrics = {key[len(prefix) :]: value for key, value in attributes.items() if key.startswith(prefix)}
         if metrics and (phase not in self.last_evaluation or self.last_evaluation[phase][0] <= at):
             self.last_evaluation[phase] = (at, metrics)
 
@@ -644,7 +656,8 @@ class RunSummary:
         return dict(sorted(metrics.items()))
 
     def evaluation_metrics(self) -> dict[str, dict[str, Any]]:
-        """The model metrics of the last loop of each evaluation phase: ``phase -> {name: last}``."""
+        """The model metrics of the last loop of each phase (evaluation loops; a training loop's
+        given between its iterations): ``phase -> {name: last}``."""
         return {
             phase: dict(sorted(self.last_evaluation[phase][1].items()))
             for phase in sorted(self.last_evaluation, key=lambda p: _PHASE_ORDER.get(p, 99))
