@@ -182,15 +182,20 @@ def test_bad_arguments_never_raise(pipeline: Pipeline, caplog: pytest.LogCapture
     assert len(pipeline.by_name("checkpoint_save_sync")) == 2
 
 
-def test_record_metrics_outside_any_loop_is_ignored(
+def test_record_metrics_outside_any_loop_goes_on_the_application_else_is_ignored(
     pipeline: Pipeline, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A final test accuracy recorded after the loops, inside the application, was ignored."""
     with caplog.at_level(logging.WARNING, logger="traintel"):
         traintel.record_metrics(loss=1.0)
-        with traintel.validation_loop():
-            traintel.record_metrics(val_loss=0.5)
+        with traintel.application():
+            with traintel.validation_loop():
+                traintel.record_metrics(val_loss=0.5)
+            traintel.record_metrics(final_acc=0.99)
     assert pipeline.one("validation_loop").attributes[semconv.METRIC_PREFIX + "val_loss"] == 0.5  # type: ignore[index]
-    assert sum("outside any iteration or loop" in r.getMessage() for r in caplog.records) == 1
+    assert pipeline.one("application").attributes[semconv.METRIC_PREFIX + "final_acc"] == 0.99  # type: ignore[index]
+    outside = "outside any application, loop or iteration; ignored"
+    assert sum(outside in r.getMessage() for r in caplog.records) == 1
 
 
 def test_record_metrics_converts_tensors(pipeline: Pipeline) -> None:

@@ -153,26 +153,28 @@ def test_metrics_given_to_the_training_loop_between_iterations_are_shown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A per-epoch accuracy recorded between the epoch's iterations goes on the training loop
-    span; no summary or report showed it."""
+    span, a final one after the loop on the application's; no summary or report showed them."""
     file = OtlpJsonLinesFile(output_dir=tmp_path)
     provider = TracerProvider(resource=Resource({semconv.RUN_ID: "epochs"}), shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
     traintel.configure(tracer_provider=provider)
-    with traintel.application(), traintel.training_loop():
-        for accuracy in (0.6, 0.7):
-            for _ in range(3):
-                with traintel.training_iteration():
-                    traintel.record_metrics(loss=1.0)
-            traintel.record_metrics(epoch_acc=accuracy)
+    with traintel.application():
+        with traintel.training_loop():
+            for accuracy in (0.6, 0.7):
+                for _ in range(3):
+                    with traintel.training_iteration():
+                        traintel.record_metrics(loss=1.0)
+                traintel.record_metrics(epoch_acc=accuracy)
+        traintel.record_metrics(test_acc=0.65)  # after the loop: on the application
     traintel.shutdown(1)
     provider.shutdown()
     text = render(summarize([tmp_path]))
     window, loop = "last window (iterations 0-5): loss 1", "last training loop: epoch_acc 0.7"
-    assert f"Model metrics, {window}\nModel metrics, {loop}\n" in text
+    application = "last application: test_acc 0.65"
+    assert f"Model metrics, {window}\nModel metrics, {application}\nModel metrics, {loop}\n" in text
     assert main(["report", "--json", str(tmp_path)]) == 0
-    assert json.loads(capsys.readouterr().out)["model_metrics_evaluation"] == {
-        "training_loop": {"epoch_acc": 0.7}
-    }
+    by_phase = {"application": {"test_acc": 0.65}, "training_loop": {"epoch_acc": 0.7}}
+    assert json.loads(capsys.readouterr().out)["model_metrics_evaluation"] == by_phase
 
 
 def test_the_checkpoint_line_counts_the_save_after_the_loop(tmp_path: Path) -> None:

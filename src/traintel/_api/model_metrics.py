@@ -67,20 +67,22 @@ def _numbers(
 
 
 _ITERATIONS_AND_LOOPS = frozenset(p.value for p in (*semconv.ITERATION_PHASES, *semconv.LOOP_PHASES))
+_APPLICATION = frozenset({semconv.Phase.APPLICATION.value})
 
 
 def _metrics_target(telemetry: _state.Telemetry) -> Span | None:
     """The innermost open iteration or loop span enclosing the current context (a validation
     loop inside a training step: the loop), else the innermost iteration or loop a callback
-    opened."""
+    opened; outside every loop, the application (a final test accuracy)."""
     open_spans = telemetry.open_spans
     if open_spans is None:
         return None
     current = trace_api.get_current_span().get_span_context().span_id
-    enclosing = open_spans.enclosing(current, _ITERATIONS_AND_LOOPS)
-    if enclosing is not None:
-        return enclosing
-    for phase in (*semconv.ITERATION_PHASES, *semconv.LOOP_PHASES):
+    for phases in (_ITERATIONS_AND_LOOPS, _APPLICATION):
+        enclosing = open_spans.enclosing(current, phases)
+        if enclosing is not None:
+            return enclosing
+    for phase in (*semconv.ITERATION_PHASES, *semconv.LOOP_PHASES, semconv.Phase.APPLICATION):
         target = telemetry.callback_span(phase.value)
         if target is not None:
             return target
@@ -89,7 +91,7 @@ def _metrics_target(telemetry: _state.Telemetry) -> Span | None:
 
 def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: object) -> None:
     """Attach model metrics to the innermost iteration or loop around the call (a validation
-    loop run inside a training step: that loop). Never raises for a failure of
+    loop run inside a training step: that loop), else to the application. Never raises for a failure of
     its own (an exception a signal handler raises meanwhile is the job's, and goes on up).
 
     Non-numeric values are dropped with one warning; non-finite ones are kept (a NaN loss
@@ -129,7 +131,8 @@ def _record_on_span(
         if engine is not None and any(engine.open_loops.values()):
             return  # inside a loop whose spans the sampler dropped: nothing to attach to
         telemetry.warn_once(
-            "metrics_outside_loop", "record_metrics called outside any iteration or loop; ignored"
+            "metrics_outside_loop",
+            "record_metrics called outside any application, loop or iteration; ignored",
         )
         return
     for name, number in numbers.items():

@@ -409,6 +409,7 @@ class RunSummary:
             self.application_s += seconds
             extent.application_s += seconds
             extent.application_end_ns = max(extent.application_end_ns, span.end_ns)
+            self._loop_metrics(phase, span.attributes, _precedence(resource, span.end_ns))
         elif phase == Phase.TRAINING_LOOP and span.scope != semconv.INSTRUMENTATION_SCOPE:
             self.foreign_loops += 1
         elif phase == Phase.TRAINING_LOOP:
@@ -471,8 +472,9 @@ class RunSummary:
         self, phase: str, attributes: dict[str, Any], at: tuple[int, int, int], prefix: str = _LOOP_METRIC
     ) -> None:
         """A loop's model metrics as it ended (``prefix`` + name): an evaluation loop's last
-        values, or what a training loop was given between its iterations (a per-epoch
-        accuracy), kept for the loop of each phase that ended last."""
+        values, what a training loop was given between its iterations (a per-epoch accuracy)
+        or an application outside every loop (a final test accuracy); for each phase, the
+        loop that ended last."""
         metrics = {key[len(prefix) :]: value for key, value in attributes.items() if key.startswith(prefix)}
         if metrics and (phase not in self.last_evaluation or self.last_evaluation[phase][0] <= at):
             self.last_evaluation[phase] = (at, metrics)
@@ -657,7 +659,8 @@ class RunSummary:
 
     def evaluation_metrics(self) -> dict[str, dict[str, Any]]:
         """The model metrics of the last loop of each phase (evaluation loops; a training loop's
-        given between its iterations): ``phase -> {name: last}``."""
+        given between its iterations), and the application's given outside every loop:
+        ``phase -> {name: last}``."""
         return {
             phase: dict(sorted(self.last_evaluation[phase][1].items()))
             for phase in sorted(self.last_evaluation, key=lambda p: _PHASE_ORDER.get(p, 99))
