@@ -165,6 +165,28 @@ def test_micro_batches_are_summed_per_step(owned: Any) -> None:
     assert [s.attributes[semconv.MICRO_BATCHES] for s in spans] == [4, 4]
 
 
+def test_a_count_given_to_the_iteration_and_to_record_batch_is_said(
+    owned: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``training_iteration(samples=8)`` and the same step's two ``record_batch(samples=4)``
+    count 16 samples a step (the two add up, as they always did): every rate twice what the
+    user meant, and nothing said. Now said once, naming the count; one given in one place
+    (tokens here, padding) is not."""
+    job = owned(log_every_n_iterations=2, export_iterations="all")
+    with caplog.at_level(logging.WARNING, logger="traintel"), traintel.training_loop():
+        for _ in range(2):
+            with traintel.training_iteration(samples=8, tokens=100):
+                traintel.record_batch(samples=4)
+                traintel.record_batch(samples=4, padding_tokens=2)
+    (window,) = job.events("training_metrics_update")
+    assert (window[W + "samples"], window[W + "tokens"], window[W + "padding_tokens"]) == (32.0, 200.0, 4.0)
+    said = [r.getMessage() for r in caplog.records if "add up" in r.getMessage()]
+    assert said == [
+        "traintel: record_batch(samples) on iteration 0, which was given it already (training_iteration(...) "
+        "or its attributes): the two add up; give each count in one place (reported once)"
+    ]
+
+
 def test_mfu_above_one_is_an_error_event_not_a_metric(owned: Any, caplog: pytest.LogCaptureFixture) -> None:
     job = owned(log_every_n_iterations=2, global_batch_size=1, flops_per_sample=5e3, peak_flops=1e3)
     with caplog.at_level(logging.WARNING):

@@ -164,13 +164,27 @@ def record_batch(
         where = "in a loop run inside" if inside else "outside"
         engine.warn_once("batch_outside", "record_batch called %s a training iteration; ignored", where)
         return
-    counts = [checked_count("record_batch", name, value) for name, value in (
-        ("samples", samples),
-        ("tokens", tokens),
-        ("padding_tokens", padding_tokens),
-        ("flops", flops),
-    )]  # fmt: skip
+    counts = [
+        checked_count("record_batch", name, value)
+        for name, value in zip(_WORK, (samples, tokens, padding_tokens, flops), strict=True)
+    ]
+    if record.micro_batches == 0:  # the step's first: a count the iteration was given adds up with it
+        given = (record.samples, record.tokens, record.padding, record.flops)
+        twice = [
+            name for name, count, had in zip(_WORK, counts, given, strict=True) if None not in (count, had)
+        ]
+        if twice:
+            engine.warn_once(
+                "batch_and_given",
+                "record_batch(%s) on iteration %s, which was given it already (training_iteration(...) "
+                "or its attributes): the two add up; give each count in one place",
+                "/".join(twice),
+                record.iteration,
+            )
     record.add_work(*counts)
+
+
+_WORK = ("samples", "tokens", "padding_tokens", "flops")
 
 
 def checked_count(call: str, name: str, value: object) -> float | None:
