@@ -149,6 +149,28 @@ def test_evaluation_iterations_are_rows_of_the_phase_table(tmp_path: Path) -> No
     assert (testing.count, testing.total_s, testing.max_s, testing.share) == (1, 5.0, 5.0, 5.0 / 20)
 
 
+def test_a_run_without_an_application_has_shares_of_its_records_time(tmp_path: Path) -> None:
+    """Loops run without ``application()``: the share column was empty. The shares are of the
+    time from the process's first record to its last (20 s here), and no "killed" line."""
+    file = OtlpJsonLinesFile(output_dir=tmp_path)
+    provider = TracerProvider(resource=Resource({semconv.RUN_ID: "loops"}), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
+    traintel.configure(tracer_provider=provider)
+    callbacks.on_train_start(start_time_msec=T0)
+    callbacks.on_training_single_iteration_start(start_time_msec=T0)
+    callbacks.on_training_single_iteration_end(finish_time_msec=T0 + 5000)
+    callbacks.on_train_end(finish_time_msec=T0 + 10_000)
+    callbacks.on_validation_start(start_time_msec=T0 + 12_000)
+    callbacks.on_validation_end(finish_time_msec=T0 + 20_000)
+    traintel.shutdown(1)
+    provider.shutdown()
+    summary = summarize([tmp_path])
+    assert summary.wall_s == 20.0 and not summary.open_at_end
+    rows = {row.phase: row.share for row in phase_rows(summary)}
+    assert (rows["training_loop"], rows["training_iteration"], rows["validation_loop"]) == (0.5, 0.25, 0.4)
+    assert "still running, or killed" not in render(summary)
+
+
 def test_metrics_given_to_the_training_loop_between_iterations_are_shown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -449,15 +449,16 @@ class RunSummary:
         """The time the phase shares are of: per process its application time, and where the
         files end after its last application does (a run still going, or killed before its
         application, or a segment of it, ended), the time its records go on; summed over the
-        processes, whose phases all count. None (0) where no process used the application phase."""
-        if not any(e.application_s > 0 for e in self.extents.values()):
-            return 0.0
+        processes, whose phases all count. A process without any application (loops run
+        without ``application()``): the time from its first record to its last."""
         return sum(e.application_s + e.open_s for e in self.extents.values())
 
     @property
     def open_at_end(self) -> bool:
-        """Whether some process's last records lie past its exported application time."""
-        return self.wall_s > 0 and any(e.open_s > 0 for e in self.extents.values())
+        """Whether some process's last records lie past its exported application time (in a run
+        that uses the application phase: a process of it without one was killed before its end)."""
+        extents = self.extents.values()
+        return any(e.application_s > 0 for e in extents) and any(e.open_s > 0 for e in extents)
 
     def _evaluation(self, phase: str, attributes: dict[str, Any], at: tuple[int, int, int]) -> None:
         self._eval_iterations(phase, attributes)
