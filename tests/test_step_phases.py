@@ -112,6 +112,33 @@ def test_a_step_under_a_user_span_nests_under_it_and_its_time_counts(exporter: I
     assert window.attributes[semconv.WINDOW_PREFIX + "time.forward"] > 0  # type: ignore[index,operator]
 
 
+def test_a_timed_span_with_a_step_phase_is_that_step_under_its_own_name(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """``timed_span("fwd", phase="model_forward")`` in an iteration was a span the windows did
+    not count: no forward time, no model_forward row in the summary. It is now that step,
+    exported under its own name with the step's phase."""
+    with traintel.training_loop():
+        for _ in range(3):
+            with traintel.training_iteration():
+                with traintel.timed_span("fwd", phase=semconv.Phase.MODEL_FORWARD, attributes={"k": 1}):
+                    pass
+                with traintel.timed_span("bwd", phase="model_backward"):
+                    pass
+    spans = finished(exporter)
+    for iteration in iterations(spans):
+        kids = children_of(iteration, spans)
+        assert [(s.name, dict(s.attributes or {})) for s in kids] == [
+            ("fwd", {semconv.PHASE: "model_forward", "k": 1}),
+            ("bwd", {semconv.PHASE: "model_backward"}),
+        ]
+    (loop,) = [s for s in spans if s.name == "training_loop"]
+    (window,) = [e for e in loop.events if e.name == "training_metrics_update"]
+    for name, key in (("fwd", "time.forward"), ("bwd", "time.backward")):
+        total_ns = sum((s.end_time or 0) - (s.start_time or 0) for s in spans if s.name == name)
+        assert window.attributes[semconv.WINDOW_PREFIX + key] == total_ns / 1e9  # type: ignore[index]
+
+
 def test_a_step_on_another_thread_meanwhile_is_a_span_of_its_own(exporter: InMemorySpanExporter) -> None:
     errors: list[BaseException] = []
 

@@ -23,10 +23,12 @@ from traintel._recorder.phases import (
     MODEL_BACKWARD,
     MODEL_FORWARD,
     OPTIMIZER_UPDATE,
+    STEP_KINDS,
     ApplicationPhase,
     EvalLoopPhase,
     IterationPhase,
     PhaseSpan,
+    StepKind,
     StepPhase,
     TrainingLoopPhase,
     phase_attributes,
@@ -268,10 +270,16 @@ def timed_span(
     phase: str | Phase | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> PhaseSpan:
-    """Any span of your own; give it a ``phase`` and the processor treats it like ours."""
+    """Any span of your own; give it a ``phase`` and the processor treats it like ours (a step
+    phase's, ``model_forward`` say, inside an iteration: its time is the step's forward time)."""
     if type(name) is not str:  # the SDK refused it where the span ended: the span was lost
         name = _checked_name(name)
     merged: dict[str, AttributeValue] = dict(attributes or {})
-    if phase is not None:
-        merged[semconv.PHASE] = phase.value if isinstance(phase, Phase) else str(phase)
+    value = phase.value if isinstance(phase, Phase) else None if phase is None else str(phase)
+    step = STEP_KINDS.get(value) if value is not None else None
+    if step is not None:  # timed into the iteration as that step (it was a span the windows missed)
+        # (given attributes, its phase among them, make it export as a span of its own name)
+        return StepPhase(StepKind(name, step.index, value), {**(attributes or {}), semconv.PHASE: value})
+    if value is not None:
+        merged[semconv.PHASE] = value
     return PhaseSpan(name, merged)

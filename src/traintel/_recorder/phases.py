@@ -436,10 +436,10 @@ class StepKind:
 
     __slots__ = ("attributes", "index", "name")
 
-    def __init__(self, name: str, index: int) -> None:
+    def __init__(self, name: str, index: int, phase: str | None = None) -> None:
         self.name = name
         self.index = index
-        self.attributes: Mapping[str, AttributeValue] = MappingProxyType({semconv.PHASE: name})
+        self.attributes: Mapping[str, AttributeValue] = MappingProxyType({semconv.PHASE: phase or name})
 
 
 class StepPhase(_TimedPhase, NonRecordingSpan):
