@@ -28,6 +28,7 @@ from traintel.analysis.report import Series, WindowPoint, build_report
 from traintel.analysis.report_html import render_html
 from traintel.analysis.report_text import render_text
 from traintel.analysis.summary import phase_rows, render, summarize
+from traintel.exporters.file import OtlpJsonFileSpanExporter
 from traintel.exporters.reader import analysis_files
 
 
@@ -710,6 +711,25 @@ def test_report_html_has_a_configuration_panel(
     html = page.read_text()
     assert "<h2>Configuration</h2>" in html and "<tr><td>global_batch_size</td><td>32</td></tr>" in html
     assert build_report([tmp_path]).as_dict()["config"]["global_batch_size"] == 32
+
+
+def test_a_run_without_an_application_records_its_configuration(tmp_path: Path) -> None:
+    """The configuration events went on the application span alone: a run of loops without
+    ``application()`` had none (the report's configuration empty; ``compare`` listed every
+    setting as differing). Its training loop carries them."""
+    import traintel
+
+    path = tmp_path / "loops.otlp.jsonl"
+    traintel.configure(
+        span_exporters=[OtlpJsonFileSpanExporter(path)], metric_readers=[], warmup_iterations=2
+    )
+    with traintel.training_loop():
+        traintel.set_training_config(global_batch_size=32)
+        with traintel.training_iteration():
+            pass
+    traintel.shutdown(5)
+    config = build_report([tmp_path]).as_dict()["config"]
+    assert (config["warmup_iterations"], config["global_batch_size"]) == (2, 32)
 
 
 def test_summary_and_goodput_fit_80_columns(

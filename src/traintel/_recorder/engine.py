@@ -97,7 +97,8 @@ class EngineHooks:
 
     warn_once: Callable[..., None]
     #: As traintel's application span starts (the telemetry_initialization event, the signal
-    #: handlers), and just before it ends, with the exception (a deferred preemption event).
+    #: handlers; a training loop's, without an application), and just before it ends, with the
+    #: exception (a deferred preemption event).
     on_application_start: Callable[[Span], None]
     on_application_end: Callable[[Span, BaseException | None], None]
     #: The job's world size as known now: a process group initialised after the telemetry

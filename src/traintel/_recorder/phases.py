@@ -301,6 +301,8 @@ class TrainingLoopPhase(LoopPhase):
             return span
         proxy = SegmentedSpan(span, self._name, self._attributes)
         engine.training_loop_opened(proxy, self._start_ns)
+        if engine.app is None:  # run without application(): the job's configuration goes here
+            engine.hooks.on_application_start(proxy)
         return proxy
 
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:

@@ -174,15 +174,19 @@ class Telemetry:
         return attributes
 
     def update_config(self, **changes: object) -> None:
-        """Apply ``set_training_config``; the application span gets a ``training_config_update``."""
+        """Apply ``set_training_config``; the application span gets a ``training_config_update``
+        (without one, the training loop's)."""
         new_config = self.config.updated(**changes)  # raises before anything changes
         self.config = new_config
         self.settings = new_config.resolve()
-        if self.engine is not None:
-            self.engine.apply_config(new_config)
-        app: Span | None = self.engine.app if self.engine is not None else None
+        engine = self.engine
+        if engine is not None:
+            engine.apply_config(new_config)
+        app: Span | None = engine.app if engine is not None else None
         if app is None:
-            app = self.find_open_phase(semconv.Phase.APPLICATION)
+            app = self.find_open_phase(semconv.Phase.APPLICATION) or (
+                engine.loop if engine is not None else None
+            )
         if app is not None:
             self.config_event(app, semconv.Event.TRAINING_CONFIG_UPDATE)
 
