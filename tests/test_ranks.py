@@ -459,8 +459,9 @@ def test_scale_mode_rank_0_exports_the_job_the_other_ranks_their_anomalies(tmp_p
     ]  # fmt: skip
     assert len([s for s in spans if s.name == "training_window"]) == 3
     (loop1,) = [s for s in spans if s.name == semconv.Phase.TRAINING_LOOP.value]
-    assert sorted(e.name for e in loop1.events) == [
-        "nonfinite_metric", "slow_iteration", "straggler", "straggler", "straggler"
+    assert sorted(e.name for e in loop1.events) == [  # (no application: its configuration is here)
+        "nonfinite_metric", "slow_iteration", "straggler", "straggler", "straggler",
+        "telemetry_initialization",
     ]  # fmt: skip
     assert [s[semconv.STRAGGLER_RANK] for s in rank1.events(semconv.Event.STRAGGLER.value)] == [1, 1, 1]
     assert loop1.attributes[semconv.SUMMARY_RANK_EXPORT] == semconv.RANK_EXPORT_ANOMALIES_ONLY
