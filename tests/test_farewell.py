@@ -47,6 +47,21 @@ def test_a_job_says_where_its_telemetry_is_and_the_command_reads_it(
 
 
 @pytest.mark.process
+def test_a_file_that_could_not_be_written_is_not_pointed_at(tmp_path: Path) -> None:
+    """``TRAINTEL_OUTPUT_DIR`` naming a file: the job trains on and says why each write
+    failed, but its last line said its telemetry "is in" the file it could not write, and
+    gave the command to read it."""
+    taken = tmp_path / "not-a-directory"
+    taken.write_text("")
+    done = run_python(JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(taken), TRAINTEL_QUIET="0")
+    assert done.returncode == 0, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"traintel: telemetry of this run could not be written to {taken}/"), done.stderr
+    assert last.endswith(".otlp.jsonl (said above; TRAINTEL_OUTPUT_DIR sets where it goes)")
+    assert "Not a directory" in done.stderr
+
+
+@pytest.mark.process
 def test_a_file_that_would_hold_only_hang_records_is_not_named(tmp_path: Path) -> None:
     """Spans to the console and no metrics: the embedded file is there for hang records alone,
     and a job that never hangs writes none. Both lines named it as where the run was, a file

@@ -85,15 +85,20 @@ def farewell(
     rank: object,
     environ: Mapping[str, str] = os.environ,
     spooled: bool = False,
+    unwritten: bool = False,
 ) -> str | None:
     """The line to write, or None: another rank's job, ``TRAINTEL_QUIET``, or nothing known.
     ``spooled``: spans the collector did not take are left in the spool, or were dropped
-    (said just before): the line does not claim they were sent."""
+    (said just before): the line does not claim they were sent. ``unwritten``: the file could
+    not be written at all (its directory is a file, or read-only): the line does not point at it."""
     if _silent(rank, environ):
         return None
     endpoint = _endpoint_used(trace_exporters, environ)
     sent = "could not all be sent to" if spooled else "was sent to"
     where = f"{sent} {endpoint} (OTLP)" if endpoint else ""
+    if output is not None and unwritten:
+        lost = f"could not be written to {output} (said above; TRAINTEL_OUTPUT_DIR sets where it goes)"
+        return f"traintel: telemetry of this run {where + ', but ' if where else ''}{lost}"
     if output is not None:
         where = f"{where} and is kept in {output}" if where else f"is in {output}"
         if not _spans_in_file(trace_exporters, environ):

@@ -37,7 +37,7 @@ from traintel._sdk.open_spans import OpenSpans
 from traintel._sdk.processor import TrainingMetricsProcessor
 from traintel.config import TrainingConfig
 from traintel.distributed.collectives import unwatch_torch_collectives
-from traintel.exporters.health import HEALTH
+from traintel.exporters.health import HEALTH, NOT_WRITTEN
 from traintel.version import __version__
 
 if TYPE_CHECKING:
@@ -315,7 +315,10 @@ class Telemetry:
         rank = self.resource.attributes.get(semconv.RANK)
         health = HEALTH.snapshot()  # spans kept in the spool, or lost (no spool): not all sent
         spooled = health.spool_batches > 0 or any(health.spans_dropped.values())
-        say(farewell(self.pipeline.run_file(), self.pipeline.trace_exporters, rank, spooled=spooled))
+        output = self.pipeline.run_file()
+        failed = health.spans_dropped.get(NOT_WRITTEN, 0) or health.metric_lines_not_written
+        unwritten = bool(failed) and output is not None and not output.is_file()
+        say(farewell(output, self.pipeline.trace_exporters, rank, spooled=spooled, unwritten=unwritten))
         forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
         return ok
 
