@@ -67,8 +67,18 @@ def _killed(*jobs: tuple[str, str, int, float, dict[str, str]]) -> Builder:
     return build
 
 
+def _two_stages(application: bool) -> Builder:
+    def build(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "off")  # (see the crafted test)
+        crafted.run_job(directory, monkeypatch, lambda job: crafted.two_stages(job, application))
+
+    return build
+
+
 SESSIONS: dict[str, Builder] = {
     "clean": _crafted((crafted.clean_job, {})),
+    "two loops and a validation, no application": _two_stages(False),
+    "two loops and a validation in an application": _two_stages(True),
     "killed mid-window after a checkpoint, resumed": crafted.crashed_then_resumed,
     "killed mid-window after a checkpoint, launched again (same restart count)": crafted.launched_again,
     "several ranks": _crafted((crafted.clean_job, {"rank": 0}), (crafted.slower_rank, {"rank": 1})),

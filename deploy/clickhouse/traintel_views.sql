@@ -135,9 +135,10 @@ WITH
         GROUP BY instance
     ),
     outer_spans AS (
-        -- the outermost span's final end: the application's, else the training loop's
+        -- the outermost span's final end: the latest application's, else the latest training loop's
         SELECT instance,
-               argMin((end_ns, StatusCode = 'Error'), (phase != 'application', end_ns)) AS final_end
+               argMax((end_ns, StatusCode = 'Error', phase = 'application'), (phase = 'application', end_ns))
+                   AS final_end
         FROM traintel_spans
         WHERE phase IN ('application', 'training_loop')
           AND SpanAttributes['ml.training.segment.continues'] != 'true'
@@ -162,7 +163,9 @@ SELECT
     greatest(t.span_last_ns, ifNull(m.last_ns, 0)) AS last_ns,
     if(o.instance != '', o.final_end.1, NULL) AS end_ns,
     o.instance != '' AND NOT o.final_end.2 AS ended_cleanly,
-    ifNull(end_ns, greatest(last_ns, t.first_ns)) AS stop_ns,
+    -- an application's end; without one, the process's last record (evaluation after the loop)
+    if(o.instance != '' AND o.final_end.3, o.final_end.1, greatest(last_ns, t.first_ns, ifNull(end_ns, 0)))
+        AS stop_ns,
     t.preempted AS preempted,
     t.resume AS resume,
     p.phases AS phases,
