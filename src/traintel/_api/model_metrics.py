@@ -168,7 +168,7 @@ def record_batch(
         checked_count("record_batch", name, value)
         for name, value in zip(_WORK, (samples, tokens, padding_tokens, flops), strict=True)
     ]
-    if record.micro_batches == 0:  # the step's first: a count the iteration was given adds up with it
+    if record.counted and not record.micro_batches:  # counts given to the iteration: they add up
         given = (record.samples, record.tokens, record.padding, record.flops)
         twice = [
             name for name, count, had in zip(_WORK, counts, given, strict=True) if None not in (count, had)
