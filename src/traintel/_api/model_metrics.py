@@ -169,22 +169,26 @@ def record_batch(
         for name, value in zip(_WORK, (samples, tokens, padding_tokens, flops), strict=True)
     ]
     if record.counted and not record.micro_batches:  # counts given to the iteration: they add up
-        given = (record.samples, record.tokens, record.padding, record.flops)
-        twice = [
-            name for name, count, had in zip(_WORK, counts, given, strict=True) if None not in (count, had)
-        ]
-        if twice:
-            engine.warn_once(
-                "batch_and_given",
-                "record_batch(%s) on iteration %s, which was given it already (training_iteration(...) "
-                "or its attributes): the two add up; give each count in one place",
-                "/".join(twice),
-                record.iteration,
-            )
+        _say_given_twice(engine, record, counts)
     record.add_work(*counts)
 
 
 _WORK = ("samples", "tokens", "padding_tokens", "flops")
+
+
+def _say_given_twice(engine: TrainingEngine, record: IterationRecord, counts: list[float | None]) -> None:
+    """Once: a count of the step's first micro-batch that the iteration was given already
+    (``training_iteration(samples=8)`` and two ``record_batch(samples=4)``: 16 a step)."""
+    given = (record.samples, record.tokens, record.padding, record.flops)
+    twice = [name for name, count, had in zip(_WORK, counts, given, strict=True) if None not in (count, had)]
+    if twice:
+        engine.warn_once(
+            "batch_and_given",
+            "record_batch(%s) on iteration %s, which was given it already (training_iteration(...) "
+            "or its attributes): the two add up; give each count in one place",
+            "/".join(twice),
+            record.iteration,
+        )
 
 
 def checked_count(call: str, name: str, value: object) -> float | None:

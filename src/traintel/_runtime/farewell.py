@@ -96,16 +96,22 @@ def farewell(
     endpoint = _endpoint_used(trace_exporters, environ)
     sent = "could not all be sent to" if spooled else "was sent to"
     where = f"{sent} {endpoint} (OTLP)" if endpoint else ""
-    if output is not None and unwritten:
-        lost = f"could not be written to {output} (said above; TRAINTEL_OUTPUT_DIR sets where it goes)"
-        return f"traintel: telemetry of this run {where + ', but ' if where else ''}{lost}"
     if output is not None:
-        where = f"{where} and is kept in {output}" if where else f"is in {output}"
-        if not _spans_in_file(trace_exporters, environ):
-            return f"traintel: telemetry of this run {where} (metrics only)"
-        command = f"{traintel_command(environ)} summary {shlex.quote(str(output.parent))}"
-        return f"traintel: telemetry of this run {where}; read it with: {command}"
+        return "traintel: telemetry of this run " + _kept(where, output, trace_exporters, environ, unwritten)
     return f"traintel: telemetry of this run {where}" if where else None
+
+
+def _kept(
+    sent: str, output: Path, trace_exporters: list[str] | None, environ: Mapping[str, str], unwritten: bool
+) -> str:
+    """Where the file is, after where the spans were ``sent`` (if anywhere), and what reads it."""
+    if unwritten:
+        lost = f"could not be written to {output} (said above; TRAINTEL_OUTPUT_DIR sets where it goes)"
+        return f"{sent}, but {lost}" if sent else lost
+    where = f"{sent} and is kept in {output}" if sent else f"is in {output}"
+    if not _spans_in_file(trace_exporters, environ):
+        return f"{where} (metrics only)"
+    return f"{where}; read it with: {traintel_command(environ)} summary {shlex.quote(str(output.parent))}"
 
 
 def say(line: str | None) -> None:

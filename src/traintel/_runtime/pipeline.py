@@ -854,30 +854,37 @@ class _OwnedBuild:
         if not self.environ.get("OTEL_BSP_SCHEDULE_DELAY", "").strip():
             by_name[FILE_EXPORTER] = {**batching, "schedule_delay_millis": FILE_SPAN_EXPORT_DELAY_MILLIS}
         for plan in self._planned("traces", plans):
-            try:
-                exporter: SpanExporter = plan.factory()
-            except Exception as exc:
-                _exporter_failed("traces", plan.name, exc, self.environ, self.strict)
-                continue
-            spooler = None
-            if spool and plan.name != FILE_EXPORTER:
-                exporter = spooler = _spooling(exporter, plan.name, self.config, self.resource)
-            bound = ProcessBoundSpanExporter(exporter)
-            settings = by_name.get(plan.name, batching)
-            try:
-                processor = CountingBatchSpanProcessor(bound, health=HEALTH, **settings)
-            except Exception as exc:
-                if not plan.lent:
-                    self.undo.append(exporter.shutdown)
-                what = f"the batch span processor of exporter {plan.name!r} could not start"
-                _exporter_failed("traces", plan.name, exc, self.environ, self.strict, _BSP_SETTINGS, what)
-                continue
-            self.undo.append(functools.partial(_stop, processor, bound, plan.lent))
-            paths.append((processor, spooler))
-            if plan.name == FILE_EXPORTER:
-                self.file_spans = processor
-            plan.started = True
+            path = self._span_path(plan, spool, by_name.get(plan.name, batching))
+            if path is not None:
+                paths.append(path)
+                plan.started = True
+                if plan.name == FILE_EXPORTER:
+                    self.file_spans = path[0]
         return paths
+
+    def _span_path(
+        self, plan: _ExporterPlan, spool: bool, settings: dict[str, float]
+    ) -> tuple[CountingBatchSpanProcessor, SpoolingSpanExporter | None] | None:
+        """One exporter's batch processor, behind its spool; None (said) where it cannot start."""
+        try:
+            exporter: SpanExporter = plan.factory()
+        except Exception as exc:
+            _exporter_failed("traces", plan.name, exc, self.environ, self.strict)
+            return None
+        spooler = None
+        if spool and plan.name != FILE_EXPORTER:
+            exporter = spooler = _spooling(exporter, plan.name, self.config, self.resource)
+        bound = ProcessBoundSpanExporter(exporter)
+        try:
+            processor = CountingBatchSpanProcessor(bound, health=HEALTH, **settings)
+        except Exception as exc:
+            if not plan.lent:
+                self.undo.append(exporter.shutdown)
+            what = f"the batch span processor of exporter {plan.name!r} could not start"
+            _exporter_failed("traces", plan.name, exc, self.environ, self.strict, _BSP_SETTINGS, what)
+            return None
+        self.undo.append(functools.partial(_stop, processor, bound, plan.lent))
+        return processor, spooler
 
     def meter_provider(
         self, plans: list[_ExporterPlan], callers_readers: Sequence[MetricReader]

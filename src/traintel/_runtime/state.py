@@ -312,15 +312,19 @@ class Telemetry:
         ok = self.pipeline.shutdown(max(0.0, deadline - time.monotonic())) and windows
         if self.processor is not None:
             self.processor.shutdown()
-        rank = self.resource.attributes.get(semconv.RANK)
-        health = HEALTH.snapshot()  # spans kept in the spool, or lost (no spool): not all sent
-        spooled = health.spool_batches > 0 or any(health.spans_dropped.values())
-        output = self.pipeline.run_file()
-        failed = health.spans_dropped.get(NOT_WRITTEN, 0) or health.metric_lines_not_written
-        unwritten = bool(failed) and output is not None and not output.is_file()
-        say(farewell(output, self.pipeline.trace_exporters, rank, spooled=spooled, unwritten=unwritten))
+        self._say_farewell(self.pipeline)
         forget_model()  # the next job's MFU divisor does not inherit this one's model dtype
         return ok
+
+    def _say_farewell(self, pipeline: Pipeline) -> None:
+        """The job's last line: where its telemetry went, and what reads it."""
+        health = HEALTH.snapshot()  # spans kept in the spool, or lost (no spool): not all sent
+        spooled = health.spool_batches > 0 or any(health.spans_dropped.values())
+        output = pipeline.run_file()
+        failed = health.spans_dropped.get(NOT_WRITTEN, 0) or health.metric_lines_not_written
+        unwritten = bool(failed) and output is not None and not output.is_file()
+        rank = self.resource.attributes.get(semconv.RANK)
+        say(farewell(output, pipeline.trace_exporters, rank, spooled=spooled, unwritten=unwritten))
 
     def _end_open_phases(self, reason: str) -> None:
         """Callbacks' phases, then those of ``with`` blocks the shutdown is called inside."""
