@@ -91,8 +91,8 @@ def _metrics_target(telemetry: _state.Telemetry) -> Span | None:
 
 def record_metrics(metrics: Mapping[str, object] | None = None, /, **more: object) -> None:
     """Attach model metrics to the innermost iteration or loop around the call (a validation
-    loop run inside a training step: that loop), else to the application. Never raises for a failure of
-    its own (an exception a signal handler raises meanwhile is the job's, and goes on up).
+    loop run inside a training step: that loop), else to the application. Never raises for a
+    failure of its own (an exception a signal handler raises meanwhile is the job's, and goes on up).
 
     Non-numeric values are dropped with one warning; non-finite ones are kept (a NaN loss
     is exactly what a user needs to find).
