@@ -530,6 +530,29 @@ def test_a_checkpoint_inside_an_iteration_counts_when_no_iteration_is_exported(o
     assert seconds == {"productive": 3.0, "checkpoint_save": 1.0}
 
 
+def test_a_checkpoint_timed_with_timed_span_counts_as_one(owned: Any) -> None:
+    """``timed_span("save_to_s3", phase="checkpoint_save_sync")``: its span was in traintel's
+    scope, which the processor takes for one the engine counted, and the engine did not: no
+    save in the checkpoint totals or histograms (a plain OpenTelemetry span counted). Inside an
+    iteration no policy exports, its span went with the iteration too. Now it counts as the
+    user's own span with that phase does."""
+    job = owned(warmup_iterations=0, export_iterations="none")
+    with traintel.training_loop():
+        with traintel.training_iteration():
+            with traintel.timed_span("save_to_s3", phase=semconv.Phase.CHECKPOINT_SAVE_SYNC):
+                pass
+        with traintel.timed_span("restore", phase="checkpoint_load"):
+            pass
+    (save,) = job.named("save_to_s3")
+    assert save.instrumentation_scope is not None and save.instrumentation_scope.name == "traintel.timed_span"
+    (duration,) = job.metric_points(semconv.METRIC_CHECKPOINT_SAVE_DURATION)
+    assert (duration.count, duration.sum) == (1, ((save.end_time or 0) - (save.start_time or 0)) / 1e9)
+    (load,) = job.metric_points(semconv.METRIC_CHECKPOINT_LOAD_DURATION)
+    assert load.count == 1
+    (loop,) = job.named("training_loop")
+    assert (loop.attributes or {})[semconv.SUMMARY_PREFIX + "checkpoint.saves"] == 1
+
+
 def test_async_checkpoint_inside_an_iteration_exports_and_links_it(owned: Any) -> None:
     job = owned(export_first_iterations=0, export_every_n_iterations=0)
     with traintel.training_loop():

@@ -372,6 +372,8 @@ EXPORT_SIGNAL: Final = "traintel.export.signal"
 
 #: Instrumentation scope name for every tracer and meter traintel creates.
 INSTRUMENTATION_SCOPE: Final = "traintel"
+#: The scope of ``timed_span``'s spans: the user's own, aggregated as any span with a phase.
+USER_SPANS_SCOPE: Final = "traintel.timed_span"
 
 # Framework integrations: which driver opened a phase span, and the torch.monitor bridge.
 #: On spans opened by an integration: ``lightning``, ``transformers`` or ``instrumentor``.

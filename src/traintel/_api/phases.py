@@ -31,6 +31,7 @@ from traintel._recorder.phases import (
     StepKind,
     StepPhase,
     TrainingLoopPhase,
+    UsersSpan,
     phase_attributes,
 )
 from traintel._sdk.attributes import as_number, clean_attributes
@@ -282,4 +283,4 @@ def timed_span(
         return StepPhase(StepKind(name, step.index, value), {**(attributes or {}), semconv.PHASE: value})
     if value is not None:
         merged[semconv.PHASE] = value
-    return PhaseSpan(name, merged)
+    return UsersSpan(name, merged)

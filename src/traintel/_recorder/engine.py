@@ -89,6 +89,8 @@ class SpanOutlet:
     ids: IdSteering | None = None
     export_filter: HeldSpans | None = None
     direct: DirectWriter | None = None
+    #: ``timed_span``'s spans: the user's own, in a scope of their own (default: ``tracer``).
+    user_tracer: trace_api.Tracer | None = None
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ class TrainingEngine:
         open_spans: OpenPhases,
         metrics: CheckpointMetrics | None = None,
     ) -> None:
-        self.tracer = outlet.tracer
+        self.tracer, self.user_tracer = outlet.tracer, outlet.user_tracer or outlet.tracer
         self.direct = outlet.direct
         self.hooks = hooks
         self.ids = ids = outlet.ids
@@ -206,26 +208,32 @@ class TrainingEngine:
 
     # --- spans ------------------------------------------------------------------------------------
     def start_span(
-        self, name: str, attributes: Mapping[str, AttributeValue] | None, start_time: int | None = None
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue] | None,
+        start_time: int | None = None,
+        users: bool = False,
     ) -> Span:
-        """A real span of a phase, in the current context; never raises."""
+        """A real span of a phase, in the current context; never raises. ``users``: a span of the
+        user's own (``timed_span``), aggregated by the processor as any span with a phase."""
         if self.closed:
             return trace_api.INVALID_SPAN
         try:
-            return self.tracer.start_span(
-                name, self._badput_parent(name), attributes=attributes, start_time=start_time
+            phase = str((attributes or {}).get(semconv.PHASE, name))
+            return (self.user_tracer if users else self.tracer).start_span(
+                name, self._badput_parent(phase), attributes=attributes, start_time=start_time
             )
         except Exception:
             self.warn_once("start_span", "could not start span %r", name)
             return trace_api.INVALID_SPAN
 
-    def _badput_parent(self, name: str) -> Context | None:
+    def _badput_parent(self, phase: str) -> Context | None:
         """A checkpoint or evaluation inside an iteration the policy does not sample
         (``TRAINTEL_EXPORT_ITERATIONS=none``): under the iteration's sampled context, so that it
         is recorded, counted and booked as badput (the SDK would drop it with its parent);
         anything else in the current context."""
         record = self.active
-        if record is None or record.sampled or name not in semconv.BADPUT_CATEGORY_OF_PHASE:
+        if record is None or record.sampled or phase not in semconv.BADPUT_CATEGORY_OF_PHASE:
             return None
         if self.active_thread != _get_ident():
             return None

@@ -85,6 +85,7 @@ class PhaseSpan:
     _thread = 0
     _start_ns = 0
     _engine: TrainingEngine | None = None  # the job it was opened in, while open
+    _users = False  # a span of the user's own (``timed_span``): see ``UsersSpan``
     #: What an open phase holds, as a closed one has it (a clone starts closed).
     _OPEN_STATE: Mapping[str, object] = MappingProxyType(
         {"_span": _INVALID_SPAN, "_token": None, "_engine": None}
@@ -108,7 +109,9 @@ class PhaseSpan:
     def _open(self, engine: TrainingEngine, start_ns: int | None = None) -> Span:
         start = _time_ns() if start_ns is None else start_ns
         self._start_ns = start
-        span = self._wrap(engine, engine.start_span(self._name, self._start_attributes(engine), start))
+        span = self._wrap(
+            engine, engine.start_span(self._name, self._start_attributes(engine), start, self._users)
+        )
         self._span = span
         self._token = attach(with_span(span, get_current()))
         self._thread = _get_ident()
@@ -228,6 +231,14 @@ class PhaseSpan:
                 return func(*args, **kwargs)
 
         return cast(F, wrapper)
+
+
+class UsersSpan(PhaseSpan):
+    """``timed_span``: a span of the user's own, in a scope of its own, so the processor
+    aggregates it as any span with a phase (a checkpoint save's counts, a loop, an iteration):
+    in traintel's scope it was taken for one the engine had counted, and was not."""
+
+    _users = True
 
 
 # --- application and loops ---------------------------------------------------------------------

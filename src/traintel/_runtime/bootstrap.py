@@ -187,7 +187,14 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
 
     engine = TrainingEngine(
         config,
-        SpanOutlet(tracer, budget, ids, pipeline.export_filter, direct),
+        SpanOutlet(
+            tracer,
+            budget,
+            ids,
+            pipeline.export_filter,
+            direct,
+            pipeline.tracer_provider.get_tracer(semconv.USER_SPANS_SCOPE, __version__),
+        ),
         EngineHooks(
             warned.warn_once,
             on_application_start=lambda span: _application_started(telemetry, span),
