@@ -44,7 +44,8 @@ class TraintelInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             from traintel._runtime.pipeline import adopt_instrumented_providers
 
             try:
-                ours = () if telemetry.engine is None else (telemetry.engine.tracer,)  # made already
+                engine = telemetry.engine  # its tracers are made already
+                ours = () if engine is None else (engine.tracer, engine.user_tracer)
                 adopt_instrumented_providers(telemetry.pipeline, telemetry.config, ours)
             except Exception:
                 telemetry.warn_once("adopt", "could not put the distro's exporters behind the spool")
