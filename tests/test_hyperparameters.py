@@ -87,7 +87,11 @@ def test_two_runs_differing_only_in_learning_rate(tmp_path: Path, capsys: pytest
 @pytest.mark.parametrize(
     ("given", "message"),
     [
-        ({"lr": [0.1]}, r"hyperparameters=\{'lr': \[0.1\]\}: hyper-parameter lr=\[0.1\] is not a number"),
+        ({"lr": {0.1}}, r"hyperparameters=\{'lr': \{0.1\}\}: hyper-parameter lr=\{0.1\} is not a number"),
+        (
+            {"opt": {"betas": [[0.9]]}},
+            r"hyper-parameter opt.betas=\[\[0.9\]\] is not a number, string, boolean",
+        ),
         ({"": 1}, "hyper-parameter name '' is not a non-empty string"),
         ("lr=0.1", "expected a JSON object"),
         ([("lr", 0.1)], "expected a mapping"),
@@ -96,6 +100,15 @@ def test_two_runs_differing_only_in_learning_rate(tmp_path: Path, capsys: pytest
 def test_a_bad_hyperparameter_is_named(given: object, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         TrainingConfig({"hyperparameters": given})
+
+
+def test_a_nested_configuration_is_flattened_to_dotted_names() -> None:
+    """A Hydra or YAML configuration, as a job has it: sections and lists were refused, and the
+    job stopped at ``set_training_config``."""
+    given = {"lr": 3e-4, "optimizer": {"name": "adamw", "betas": [0.9, 0.95], "eps": {"value": 1e-8}}}
+    assert dict(TrainingConfig({"hyperparameters": given}).resolve().hyperparameters or ()) == {
+        "lr": 3e-4, "optimizer.name": "adamw", "optimizer.betas": "[0.9, 0.95]", "optimizer.eps.value": 1e-8,
+    }  # fmt: skip
 
 
 def test_hyperparameters_from_the_environment() -> None:

@@ -124,8 +124,9 @@ HyperparameterValue = str | bool | int | float
 
 
 def _hyperparameters(raw: object) -> tuple[tuple[str, HyperparameterValue], ...]:
-    """Names to numbers, strings or booleans, as a mapping (from the environment, a JSON
-    object), kept as sorted pairs: immutable, and the same whatever order they were given in."""
+    """Names to numbers, strings or booleans (sections and lists of them, see :func:`_flatten`),
+    as a mapping (from the environment, a JSON object), kept as sorted pairs: immutable, and
+    the same whatever order they were given in."""
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
@@ -136,13 +137,27 @@ def _hyperparameters(raw: object) -> tuple[tuple[str, HyperparameterValue], ...]
     if not isinstance(raw, Mapping):
         raise ValueError("expected a mapping of names to numbers, strings or booleans")
     pairs: dict[str, HyperparameterValue] = {}
+    _flatten(raw, "", pairs)
+    return tuple(sorted(pairs.items()))
+
+
+def _flatten(raw: Mapping[object, object], prefix: str, into: dict[str, HyperparameterValue]) -> None:
+    """A nested section (a Hydra or YAML config's ``optimizer: {name: adamw}``) as dotted names
+    (``optimizer.name``); a list of plain values (``betas: [0.9, 0.95]``) as its JSON text."""
     for name, value in raw.items():
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"hyper-parameter name {name!r} is not a non-empty string")
-        if not isinstance(value, str | bool | int | float):
-            raise ValueError(f"hyper-parameter {name}={value!r} is not a number, string or boolean")
-        pairs[name.strip()] = value
-    return tuple(sorted(pairs.items()))
+        key = prefix + name.strip()
+        if isinstance(value, Mapping):
+            _flatten(value, key + ".", into)
+        elif isinstance(value, list | tuple) and all(isinstance(v, str | bool | int | float) for v in value):
+            into[key] = json.dumps(list(value))
+        elif isinstance(value, str | bool | int | float):
+            into[key] = value
+        else:
+            raise ValueError(
+                f"hyper-parameter {key}={value!r} is not a number, string, boolean or a list of them"
+            )
 
 
 def _setting(env: str, parse: Callable[[object], Any], default: Any = None, *, eager: bool = False) -> Any:
