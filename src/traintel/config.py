@@ -21,7 +21,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
@@ -150,14 +150,24 @@ def _flatten(raw: Mapping[object, object], prefix: str, into: dict[str, Hyperpar
         key = prefix + name.strip()
         if isinstance(value, Mapping):
             _flatten(value, key + ".", into)
-        elif isinstance(value, list | tuple) and all(isinstance(v, str | bool | int | float) for v in value):
-            into[key] = json.dumps(list(value))
         elif isinstance(value, str | bool | int | float):
             into[key] = value
+        elif _plain_list(value):
+            into[key] = json.dumps(list(value))  # type: ignore[call-overload]
         else:
             raise ValueError(
                 f"hyper-parameter {key}={value!r} is not a number, string, boolean or a list of them"
             )
+
+
+def _plain_list(value: object) -> bool:
+    """A list of numbers, strings or booleans (a list, a tuple, OmegaConf's ``ListConfig``)."""
+    plain = str | bool | int | float
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, str | bytes)
+        and all(isinstance(v, plain) for v in value)
+    )
 
 
 def _setting(env: str, parse: Callable[[object], Any], default: Any = None, *, eager: bool = False) -> Any:
