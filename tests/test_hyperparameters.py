@@ -111,6 +111,25 @@ def test_a_nested_configuration_is_flattened_to_dotted_names() -> None:
     }  # fmt: skip
 
 
+def test_a_script_s_arguments_or_dataclass_are_taken_as_they_are() -> None:
+    """``vars(args)`` was needed, and an option left out (None) stopped the job."""
+    import argparse
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Optimizer:
+        name: str = "adamw"
+        betas: tuple[float, float] = (0.9, 0.95)
+
+    args = argparse.Namespace(lr=0.1, resume=None, optimizer={"name": "sgd"})
+    assert dict(TrainingConfig({"hyperparameters": args}).resolve().hyperparameters or ()) == {
+        "lr": 0.1, "optimizer.name": "sgd",
+    }  # fmt: skip
+    assert dict(TrainingConfig({"hyperparameters": Optimizer()}).resolve().hyperparameters or ()) == {
+        "name": "adamw", "betas": "[0.9, 0.95]",
+    }  # fmt: skip
+
+
 def test_hyperparameters_from_the_environment() -> None:
     config = TrainingConfig.from_env({"TRAINTEL_HYPERPARAMETERS": '{"lr": 0.5, "warmup": true}'}, strict=True)
     described = config.describe()

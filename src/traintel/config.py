@@ -13,6 +13,7 @@ only the bad setting.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import functools
@@ -134,6 +135,10 @@ def _hyperparameters(raw: object) -> tuple[tuple[str, HyperparameterValue], ...]
             raise ValueError("expected a JSON object of names to numbers, strings or booleans") from None
     if isinstance(raw, tuple):  # (parsed before: a copy of the configuration checks it again)
         raw = dict(raw)
+    if isinstance(raw, argparse.Namespace):  # a script's parsed arguments, as they are
+        raw = vars(raw)
+    elif dataclasses.is_dataclass(raw) and not isinstance(raw, type):
+        raw = dataclasses.asdict(raw)
     if not isinstance(raw, Mapping):
         raise ValueError("expected a mapping of names to numbers, strings or booleans")
     pairs: dict[str, HyperparameterValue] = {}
@@ -143,11 +148,14 @@ def _hyperparameters(raw: object) -> tuple[tuple[str, HyperparameterValue], ...]
 
 def _flatten(raw: Mapping[object, object], prefix: str, into: dict[str, HyperparameterValue]) -> None:
     """A nested section (a Hydra or YAML config's ``optimizer: {name: adamw}``) as dotted names
-    (``optimizer.name``); a list of plain values (``betas: [0.9, 0.95]``) as its JSON text."""
+    (``optimizer.name``); a list of plain values (``betas: [0.9, 0.95]``) as its JSON text; a
+    None left out."""
     for name, value in raw.items():
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"hyper-parameter name {name!r} is not a non-empty string")
         key = prefix + name.strip()
+        if value is None:  # an option not given (``--resume`` left out): no value to show
+            continue
         if isinstance(value, Mapping):
             _flatten(value, key + ".", into)
         elif isinstance(value, str | bool | int | float):
