@@ -553,6 +553,21 @@ def test_a_checkpoint_timed_with_timed_span_counts_as_one(owned: Any) -> None:
     assert (loop.attributes or {})[semconv.SUMMARY_PREFIX + "checkpoint.saves"] == 1
 
 
+def test_a_loop_and_iterations_timed_with_timed_span_are_counted(owned: Any) -> None:
+    """A loop and iterations given as ``timed_span``s count as the user's own OpenTelemetry
+    spans with those phases do; in traintel's scope they counted as nothing (no iteration in
+    any window, each exported one numbered -1)."""
+    job = owned(log_every_n_iterations=100)
+    with traintel.timed_span("epoch", phase="training_loop"):
+        for _ in range(4):
+            with traintel.timed_span("step", phase="training_iteration", attributes={semconv.SAMPLES: 2}):
+                pass
+    (record,) = job.named("training_window")
+    assert (record.attributes or {})[W + "iterations"] == 4
+    assert [point.value for point in job.metric_points(semconv.METRIC_SAMPLES)] == [8]
+    assert sorted(s.attributes[semconv.ITERATION] for s in job.named("step")) == [0, 1, 2, 3]
+
+
 def test_async_checkpoint_inside_an_iteration_exports_and_links_it(owned: Any) -> None:
     job = owned(export_first_iterations=0, export_every_n_iterations=0)
     with traintel.training_loop():
