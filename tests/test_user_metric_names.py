@@ -108,6 +108,8 @@ def test_traintels_window_numbers_are_kept_whatever_the_number_of_names(tmp_path
         assert kept == [f"grad_norm.layer{i:03d}" for i in range(len(kept))], "the first names kept"
     assert stderr.count("record_metrics names do not fit in a training_window span") == 1, stderr
     assert "100 record_metrics names do not fit" in stderr and "are left out of it" in stderr
+    # which ones: the last recorded first (a loss recorded after 100 norms was left out, unnamed)
+    assert "left out of it (grad_norm.layer099, grad_norm.layer098, grad_norm.layer097, ...)" in stderr
     assert "Attributes dict is full" not in stderr and "Attributes dict is full" not in stderr_one
     for run, records in ((runs, windows), (runs_one, windows_one)):
         productive = _windows_productive(records)

@@ -255,19 +255,20 @@ class UserNamesCap:
                 name = key[len(prefix) :].removesuffix(".last").removesuffix(".mean")
                 by_name.setdefault(name, []).append(key)
         kept = dict(attributes)
-        left_out = 0
-        for keys in reversed(by_name.values()):
+        left_out: list[str] = []
+        for name, keys in reversed(by_name.items()):
             if len(kept) <= limit:
                 break
             for key in keys:
                 del kept[key]
-            left_out += 1
+            left_out.append(name)
         if left_out:
+            named = ", ".join(left_out[:3]) + (", ..." if len(left_out) > 3 else "")
             self._warn_once(
                 "user_names_cap:" + what,
                 "%d record_metrics names do not fit in a %s with traintel's own numbers (at most %d "
-                "attributes: %s or OTEL_ATTRIBUTE_COUNT_LIMIT); the last %d are left out of it, "
+                "attributes: %s or OTEL_ATTRIBUTE_COUNT_LIMIT); the last %d are left out of it (%s), "
                 "traintel's numbers kept",
-                len(by_name), what, limit, variable, left_out,
+                len(by_name), what, limit, variable, len(left_out), named,
             )  # fmt: skip
         return kept
