@@ -263,7 +263,7 @@ class UserNamesCap:
                 del kept[key]
             left_out.append(name)
         if left_out:
-            named = ", ".join(left_out[:3]) + (", ..." if len(left_out) > 3 else "")
+            named = ", ".join(left_out[:3] + ["..."] * (len(left_out) > 3))
             self._warn_once(
                 "user_names_cap:" + what,
                 "%d record_metrics names do not fit in a %s with traintel's own numbers (at most %d "
