@@ -219,21 +219,23 @@ class TrainingEngine:
         if self.closed:
             return trace_api.INVALID_SPAN
         try:
-            phase = str((attributes or {}).get(semconv.PHASE, name))
             return (self.user_tracer if users else self.tracer).start_span(
-                name, self._badput_parent(phase), attributes=attributes, start_time=start_time
+                name, self._badput_parent(name, attributes), attributes=attributes, start_time=start_time
             )
         except Exception:
             self.warn_once("start_span", "could not start span %r", name)
             return trace_api.INVALID_SPAN
 
-    def _badput_parent(self, phase: str) -> Context | None:
-        """A checkpoint or evaluation inside an iteration the policy does not sample
-        (``TRAINTEL_EXPORT_ITERATIONS=none``): under the iteration's sampled context, so that it
-        is recorded, counted and booked as badput (the SDK would drop it with its parent);
-        anything else in the current context."""
+    def _badput_parent(self, name: str, attributes: Mapping[str, AttributeValue] | None) -> Context | None:
+        """A checkpoint or evaluation (by its phase; a ``timed_span`` is named otherwise) inside
+        an iteration the policy does not sample (``TRAINTEL_EXPORT_ITERATIONS=none``): under the
+        iteration's sampled context, so that it is recorded, counted and booked as badput (the
+        SDK would drop it with its parent); anything else in the current context."""
         record = self.active
-        if record is None or record.sampled or phase not in semconv.BADPUT_CATEGORY_OF_PHASE:
+        if record is None or record.sampled:
+            return None
+        phase = str((attributes or {}).get(semconv.PHASE, name))
+        if phase not in semconv.BADPUT_CATEGORY_OF_PHASE:
             return None
         if self.active_thread != _get_ident():
             return None
