@@ -202,7 +202,7 @@ def _build(config: TrainingConfig, pipeline: Pipeline) -> Telemetry:
             world_size=_world_follower(peak, warned.warn_once),
             # the file's spans written now, on the window worker, behind the windows
             after_application_end=lambda: windows.then(
-                functools.partial(pipeline.flush_file_spans, settings.shutdown_timeout)
+                lambda: pipeline.flush_file_spans(telemetry.settings.shutdown_timeout)  # (as set now)
             ),
         ),
         windows,
