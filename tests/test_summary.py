@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.resources import Resource
@@ -25,37 +28,45 @@ from traintel.exporters.reader import iter_spans
 T0 = 1_700_000_000_000  # ms
 
 
+@contextlib.contextmanager
+def _recorded(directory: Path, resource: dict[str, Any], **training: Any) -> Iterator[OtlpJsonLinesFile]:
+    """traintel on a tracer provider of the test's own (``resource``) that writes ``directory``'s
+    file; as the block ends, the job is shut down and the provider's spans are written."""
+    file = OtlpJsonLinesFile(output_dir=directory)
+    provider = TracerProvider(resource=Resource(resource), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
+    traintel.configure(tracer_provider=provider, **training)
+    try:
+        yield file
+    finally:
+        traintel.shutdown(1)
+        provider.shutdown()
+
+
 def _write_run(directory: Path) -> Path:
     """A job driven by callbacks with explicit times: iterations of 4, 1, 1, 2 s."""
-    file = OtlpJsonLinesFile(output_dir=directory)
-    provider = TracerProvider(
-        resource=Resource({"service.name": "exact", semconv.RANK: 0, semconv.RUN_ID: "r1"}),
-        shutdown_on_exit=False,
-    )
-    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
-    traintel.configure(
-        tracer_provider=provider,
+    with _recorded(
+        directory,
+        {"service.name": "exact", semconv.RANK: 0, semconv.RUN_ID: "r1"},
         log_every_n_iterations=2,
         global_batch_size=10,
         warmup_iterations=1,
         flops_per_sample=1e6,
         peak_flops=1e7,  # a small model on a CPU: 7.5e-6 TFLOP/s
-    )
-    callbacks.on_app_start(start_time_msec=T0)
-    callbacks.on_model_init_start(start_time_msec=T0)
-    callbacks.on_model_init_end(finish_time_msec=T0 + 2000)
-    callbacks.on_train_start(train_iterations_start=0, start_time_msec=T0 + 2000)
-    for start, duration in ((2, 4), (6, 1), (7, 1), (8, 2)):
-        callbacks.on_training_single_iteration_start(start_time_msec=T0 + start * 1000)
-        if start == 8:
-            traintel.record_metrics(loss=0.5)
-        callbacks.on_training_single_iteration_end(finish_time_msec=T0 + (start + duration) * 1000)
-    callbacks.on_save_checkpoint_start(global_step=4, start_time_msec=T0 + 10_000, size_bytes=3_000_000)
-    callbacks.on_save_checkpoint_end(finish_time_msec=T0 + 12_000)
-    callbacks.on_train_end(finish_time_msec=T0 + 12_000)
-    callbacks.on_app_end(finish_time_msec=T0 + 20_000)
-    traintel.shutdown(1)
-    provider.shutdown()
+    ) as file:
+        callbacks.on_app_start(start_time_msec=T0)
+        callbacks.on_model_init_start(start_time_msec=T0)
+        callbacks.on_model_init_end(finish_time_msec=T0 + 2000)
+        callbacks.on_train_start(train_iterations_start=0, start_time_msec=T0 + 2000)
+        for start, duration in ((2, 4), (6, 1), (7, 1), (8, 2)):
+            callbacks.on_training_single_iteration_start(start_time_msec=T0 + start * 1000)
+            if start == 8:
+                traintel.record_metrics(loss=0.5)
+            callbacks.on_training_single_iteration_end(finish_time_msec=T0 + (start + duration) * 1000)
+        callbacks.on_save_checkpoint_start(global_step=4, start_time_msec=T0 + 10_000, size_bytes=3_000_000)
+        callbacks.on_save_checkpoint_end(finish_time_msec=T0 + 12_000)
+        callbacks.on_train_end(finish_time_msec=T0 + 12_000)
+        callbacks.on_app_end(finish_time_msec=T0 + 20_000)
     assert file.path is not None
     return file.path
 
@@ -99,17 +110,12 @@ def test_summary_numbers_are_exact(tmp_path: Path) -> None:
 def test_two_applications_of_one_process_are_not_read_as_a_run_still_going(tmp_path: Path) -> None:
     """A notebook cell run twice: two applications, 100 s apart, in one process. The shares are
     of their 20 s, not of the 120 s from the first record to the last, and the run ended."""
-    file = OtlpJsonLinesFile(output_dir=tmp_path)
-    provider = TracerProvider(resource=Resource({semconv.RUN_ID: "twice"}), shutdown_on_exit=False)
-    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
-    traintel.configure(tracer_provider=provider)
-    for start in (0, 110_000):
-        callbacks.on_app_start(start_time_msec=T0 + start)
-        callbacks.on_model_init_start(start_time_msec=T0 + start)
-        callbacks.on_model_init_end(finish_time_msec=T0 + start + 2000)
-        callbacks.on_app_end(finish_time_msec=T0 + start + 10_000)
-    traintel.shutdown(1)
-    provider.shutdown()
+    with _recorded(tmp_path, {semconv.RUN_ID: "twice"}):
+        for start in (0, 110_000):
+            callbacks.on_app_start(start_time_msec=T0 + start)
+            callbacks.on_model_init_start(start_time_msec=T0 + start)
+            callbacks.on_model_init_end(finish_time_msec=T0 + start + 2000)
+            callbacks.on_app_end(finish_time_msec=T0 + start + 10_000)
     summary = summarize([tmp_path])
     assert summary.wall_s == 20.0 and not summary.open_at_end
     assert "\nmodel_init                   2     4.00 s     2.00 s     2.00 s   20.0%" in render(summary)
@@ -119,27 +125,22 @@ def test_evaluation_iterations_are_rows_of_the_phase_table(tmp_path: Path) -> No
     """Two validation loops (iterations of 1 s and 3 s, then one of 2 s) and an evaluation-only
     testing loop: their iterations were no row at all (only the sampled spans exist of them);
     they are now counted from their loops, every one, as the windows count training's."""
-    file = OtlpJsonLinesFile(output_dir=tmp_path)
-    provider = TracerProvider(resource=Resource({semconv.RUN_ID: "eval"}), shutdown_on_exit=False)
-    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
-    traintel.configure(tracer_provider=provider, export_iterations="none")
-    callbacks.on_app_start(start_time_msec=T0)
-    for start, durations in ((0, (1, 3)), (10, (2,))):
-        callbacks.on_validation_start(start_time_msec=T0 + start * 1000)
-        t = start
-        for duration in durations:
-            callbacks.on_validation_single_iteration_start(start_time_msec=T0 + t * 1000)
-            callbacks.on_validation_single_iteration_end(finish_time_msec=T0 + (t + duration) * 1000)
-            t += duration
-        callbacks.on_validation_end(finish_time_msec=T0 + t * 1000)
-    callbacks.on_testing_start(start_time_msec=T0 + 12_000)
-    callbacks.on_testing_single_iteration_start(start_time_msec=T0 + 12_000)
-    traintel.record_metrics(acc=0.5)
-    callbacks.on_testing_single_iteration_end(finish_time_msec=T0 + 17_000)
-    callbacks.on_testing_end(finish_time_msec=T0 + 17_000)
-    callbacks.on_app_end(finish_time_msec=T0 + 20_000)
-    traintel.shutdown(1)
-    provider.shutdown()
+    with _recorded(tmp_path, {semconv.RUN_ID: "eval"}, export_iterations="none"):
+        callbacks.on_app_start(start_time_msec=T0)
+        for start, durations in ((0, (1, 3)), (10, (2,))):
+            callbacks.on_validation_start(start_time_msec=T0 + start * 1000)
+            t = start
+            for duration in durations:
+                callbacks.on_validation_single_iteration_start(start_time_msec=T0 + t * 1000)
+                callbacks.on_validation_single_iteration_end(finish_time_msec=T0 + (t + duration) * 1000)
+                t += duration
+            callbacks.on_validation_end(finish_time_msec=T0 + t * 1000)
+        callbacks.on_testing_start(start_time_msec=T0 + 12_000)
+        callbacks.on_testing_single_iteration_start(start_time_msec=T0 + 12_000)
+        traintel.record_metrics(acc=0.5)
+        callbacks.on_testing_single_iteration_end(finish_time_msec=T0 + 17_000)
+        callbacks.on_testing_end(finish_time_msec=T0 + 17_000)
+        callbacks.on_app_end(finish_time_msec=T0 + 20_000)
     summary = summarize([tmp_path])
     rows = {row.phase: row for row in phase_rows(summary)}
     assert "   25.0%\n\nModel metrics, last testing loop: acc 0.5" in render(summary)  # apart from the table
@@ -152,18 +153,13 @@ def test_evaluation_iterations_are_rows_of_the_phase_table(tmp_path: Path) -> No
 def test_a_run_without_an_application_has_shares_of_its_records_time(tmp_path: Path) -> None:
     """Loops run without ``application()``: the share column was empty. The shares are of the
     time from the process's first record to its last (20 s here), and no "killed" line."""
-    file = OtlpJsonLinesFile(output_dir=tmp_path)
-    provider = TracerProvider(resource=Resource({semconv.RUN_ID: "loops"}), shutdown_on_exit=False)
-    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
-    traintel.configure(tracer_provider=provider)
-    callbacks.on_train_start(start_time_msec=T0)
-    callbacks.on_training_single_iteration_start(start_time_msec=T0)
-    callbacks.on_training_single_iteration_end(finish_time_msec=T0 + 5000)
-    callbacks.on_train_end(finish_time_msec=T0 + 10_000)
-    callbacks.on_validation_start(start_time_msec=T0 + 12_000)
-    callbacks.on_validation_end(finish_time_msec=T0 + 20_000)
-    traintel.shutdown(1)
-    provider.shutdown()
+    with _recorded(tmp_path, {semconv.RUN_ID: "loops"}):
+        callbacks.on_train_start(start_time_msec=T0)
+        callbacks.on_training_single_iteration_start(start_time_msec=T0)
+        callbacks.on_training_single_iteration_end(finish_time_msec=T0 + 5000)
+        callbacks.on_train_end(finish_time_msec=T0 + 10_000)
+        callbacks.on_validation_start(start_time_msec=T0 + 12_000)
+        callbacks.on_validation_end(finish_time_msec=T0 + 20_000)
     summary = summarize([tmp_path])
     assert summary.wall_s == 20.0 and not summary.open_at_end
     rows = {row.phase: row.share for row in phase_rows(summary)}
@@ -176,20 +172,15 @@ def test_metrics_given_to_the_training_loop_between_iterations_are_shown(
 ) -> None:
     """A per-epoch accuracy recorded between the epoch's iterations goes on the training loop
     span, a final one after the loop on the application's; no summary or report showed them."""
-    file = OtlpJsonLinesFile(output_dir=tmp_path)
-    provider = TracerProvider(resource=Resource({semconv.RUN_ID: "epochs"}), shutdown_on_exit=False)
-    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
-    traintel.configure(tracer_provider=provider)
-    with traintel.application():
-        with traintel.training_loop():
-            for accuracy in (0.6, 0.7):
-                for _ in range(3):
-                    with traintel.training_iteration():
-                        traintel.record_metrics(loss=1.0)
-                traintel.record_metrics(epoch_acc=accuracy)
-        traintel.record_metrics(test_acc=0.65)  # after the loop: on the application
-    traintel.shutdown(1)
-    provider.shutdown()
+    with _recorded(tmp_path, {semconv.RUN_ID: "epochs"}):
+        with traintel.application():
+            with traintel.training_loop():
+                for accuracy in (0.6, 0.7):
+                    for _ in range(3):
+                        with traintel.training_iteration():
+                            traintel.record_metrics(loss=1.0)
+                    traintel.record_metrics(epoch_acc=accuracy)
+            traintel.record_metrics(test_acc=0.65)  # after the loop: on the application
     text = render(summarize([tmp_path]))
     window, loop = "last window (iterations 0-5): loss 1", "last training loop: epoch_acc 0.7"
     application = "last application: test_acc 0.65"
@@ -202,24 +193,19 @@ def test_metrics_given_to_the_training_loop_between_iterations_are_shown(
 def test_the_checkpoint_line_counts_the_save_after_the_loop(tmp_path: Path) -> None:
     """The final checkpoint, saved after the training loop ended (as most loops do), is one of
     the job's saves: 2 saves, 2 + 3 s, 3 + 5 MB (the loop's own summary holds only the first)."""
-    file = OtlpJsonLinesFile(output_dir=tmp_path)
-    provider = TracerProvider(
-        resource=Resource({semconv.RANK: 0, semconv.RUN_ID: "r1"}), shutdown_on_exit=False
-    )
-    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
-    traintel.configure(tracer_provider=provider, global_batch_size=10, warmup_iterations=0)
-    callbacks.on_app_start(start_time_msec=T0)
-    callbacks.on_train_start(train_iterations_start=0, start_time_msec=T0)
-    callbacks.on_training_single_iteration_start(start_time_msec=T0)
-    callbacks.on_training_single_iteration_end(finish_time_msec=T0 + 1000)
-    callbacks.on_save_checkpoint_start(global_step=1, start_time_msec=T0 + 1000, size_bytes=3_000_000)
-    callbacks.on_save_checkpoint_end(finish_time_msec=T0 + 3000)
-    callbacks.on_train_end(finish_time_msec=T0 + 3000)
-    callbacks.on_save_checkpoint_start(global_step=1, start_time_msec=T0 + 3000, size_bytes=5_000_000)
-    callbacks.on_save_checkpoint_end(finish_time_msec=T0 + 6000)
-    callbacks.on_app_end(finish_time_msec=T0 + 6000)
-    traintel.shutdown(1)
-    provider.shutdown()
+    with _recorded(
+        tmp_path, {semconv.RANK: 0, semconv.RUN_ID: "r1"}, global_batch_size=10, warmup_iterations=0
+    ) as file:
+        callbacks.on_app_start(start_time_msec=T0)
+        callbacks.on_train_start(train_iterations_start=0, start_time_msec=T0)
+        callbacks.on_training_single_iteration_start(start_time_msec=T0)
+        callbacks.on_training_single_iteration_end(finish_time_msec=T0 + 1000)
+        callbacks.on_save_checkpoint_start(global_step=1, start_time_msec=T0 + 1000, size_bytes=3_000_000)
+        callbacks.on_save_checkpoint_end(finish_time_msec=T0 + 3000)
+        callbacks.on_train_end(finish_time_msec=T0 + 3000)
+        callbacks.on_save_checkpoint_start(global_step=1, start_time_msec=T0 + 3000, size_bytes=5_000_000)
+        callbacks.on_save_checkpoint_end(finish_time_msec=T0 + 6000)
+        callbacks.on_app_end(finish_time_msec=T0 + 6000)
     assert file.path is not None
     summary = summarize([file.path])
     assert summary.summary_value("checkpoint.saves") == 1  # the loop's, at its end
@@ -229,19 +215,14 @@ def test_the_checkpoint_line_counts_the_save_after_the_loop(tmp_path: Path) -> N
 
 
 def test_a_loop_all_in_its_warm_up_says_so_not_that_it_is_still_running(tmp_path: Path) -> None:
-    file = OtlpJsonLinesFile(output_dir=tmp_path)
-    provider = TracerProvider(
-        resource=Resource({semconv.RANK: 0, semconv.RUN_ID: "r1"}), shutdown_on_exit=False
-    )
-    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileSpanExporter(file=file)))
-    traintel.configure(tracer_provider=provider, global_batch_size=4, warmup_iterations=5)
-    callbacks.on_train_start(train_iterations_start=0, start_time_msec=T0)
-    for start, end in ((0, 2000), (2000, 3000), (3000, 4000)):
-        callbacks.on_training_single_iteration_start(start_time_msec=T0 + start)
-        callbacks.on_training_single_iteration_end(finish_time_msec=T0 + end)
-    callbacks.on_train_end(finish_time_msec=T0 + 4000)
-    traintel.shutdown(1)
-    provider.shutdown()
+    with _recorded(
+        tmp_path, {semconv.RANK: 0, semconv.RUN_ID: "r1"}, global_batch_size=4, warmup_iterations=5
+    ) as file:
+        callbacks.on_train_start(train_iterations_start=0, start_time_msec=T0)
+        for start, end in ((0, 2000), (2000, 3000), (3000, 4000)):
+            callbacks.on_training_single_iteration_start(start_time_msec=T0 + start)
+            callbacks.on_training_single_iteration_end(finish_time_msec=T0 + end)
+        callbacks.on_train_end(finish_time_msec=T0 + 4000)
     assert file.path is not None
     text = render(summarize([file.path])).replace("\n  ", " ")
     assert (
