@@ -540,6 +540,26 @@ def test_report_memory_does_not_grow_with_the_input(tmp_path: Path, monkeypatch:
     assert large - small < 8 * 1024, (small, large, len(lines))
 
 
+def test_an_async_save_s_background_write_is_said_to_be_beside_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A save that blocks 1 s and whose writer runs 8 s beside the next iterations: the table of
+    blocking times (total 1 s) listed the writer's 8 s as a bare "stage finalize", as if training
+    had waited for it; its row now says whose time it is (text and HTML)."""
+    from tests.test_goodput import job_with_async_save
+
+    run_job(tmp_path, monkeypatch, job_with_async_save)
+    code, out, _err = run_cli("report", str(tmp_path), capsys=capsys)
+    assert code == 0
+    table = out[out.index("Checkpoints (blocking time)") :].split("\n\n")[0]
+    rows = {" ".join(line.split()[:-2]): line.split()[-2:] for line in table.splitlines()[2:]}
+    assert rows["total"] == ["1.00", "s"]
+    assert rows["stage finalize (async writers, beside training)"] == ["8.00", "s"]
+    html = tmp_path / "report.html"
+    assert run_cli("report", str(tmp_path), "--html", str(html), capsys=capsys)[0] == 0
+    assert "<td>finalize (async writers, beside training)</td><td>8.00 s</td>" in html.read_text()
+
+
 def test_report_checkpoints_say_they_are_summed_over_the_ranks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

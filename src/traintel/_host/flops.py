@@ -255,24 +255,14 @@ def measure_flops(
     model, the batch and the targets are copied to the meta device, so nothing runs and the
     real model is untouched; for that reason a loss must take its targets as ``targets=``
     rather than capture real tensors. Wrappers (DDP, FSDP, ``torch.compile``) are unwrapped
-    first. ``samples`` defaults to the batch's first dimension.
+    first; a model sharded by ``fully_shard`` (FSDP2) is counted whole, as each rank runs it.
+    ``samples`` defaults to the batch's first dimension.
     """
-    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     module = unwrap(model)
     note_model(module)
-    # A structural copy whose parameters and buffers are meta stand-ins: pre-seeding deepcopy's
-    # memo means the real weights are never copied (no second copy of a large model in memory),
-    # and code that runs later (activation-checkpoint recomputation in backward) sees them too.
-    memo: dict[int, Any] = {}
-    for parameter in module.parameters():
-        memo[id(parameter)] = torch.nn.Parameter(
-            torch.empty_like(parameter, device="meta"), requires_grad=parameter.requires_grad
-        )
-    for buffer in module.buffers():
-        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
-    meta_model = copy.deepcopy(module, memo)
+    meta_model = _meta_copy(module)
     meta_model.train()
     batch = _to_meta(example_batch)
     meta_targets = _to_meta(targets)
@@ -307,6 +297,52 @@ def measure_flops(
         raise RuntimeError(_LOSS_NOT_ON_META.format(exc)) from exc
     _, backward = counted(loss.backward)
     return FlopCount(forward=forward, backward=backward, samples=int(count))
+
+
+def _meta_copy(module: Any) -> Any:
+    """A structural copy of ``module`` whose parameters and buffers are meta stand-ins.
+
+    Pre-seeding deepcopy's memo means the real weights are never copied (no second copy of a
+    large model in memory), and code that runs later (activation-checkpoint recomputation in
+    backward) sees them too. The stand-ins have the full shape: a parameter that FSDP2
+    (``fully_shard``) holds as a shard reports its whole shape, and each rank runs the whole
+    model on its own batch. Such a module refuses deepcopy and carries the hooks that gather its
+    shards, so its copy is made from the module's own class, without that state and those hooks
+    (children first: a parent's copy finds them in the memo).
+    """
+    import torch
+
+    memo: dict[int, Any] = {}
+    for parameter in module.parameters():
+        memo[id(parameter)] = torch.nn.Parameter(
+            torch.empty(parameter.shape, dtype=parameter.dtype, device="meta"),
+            requires_grad=parameter.requires_grad,
+        )
+    for buffer in module.buffers():
+        memo[id(buffer)] = torch.empty(buffer.shape, dtype=buffer.dtype, device="meta")
+    for sub in reversed(list(module.modules())):
+        own_class = _fully_sharded_own_class(type(sub))
+        if own_class is not None:
+            state = {
+                name: type(value)() if "_hooks" in name and isinstance(value, dict) else value
+                for name, value in vars(sub).items()
+                if not name.startswith("__composable_api")  # the FSDP state and its registry
+            }
+            plain: Any = object.__new__(own_class)
+            plain.__dict__.update(copy.deepcopy(state, memo))
+            memo[id(sub)] = plain
+    return copy.deepcopy(module, memo)
+
+
+def _fully_sharded_own_class(cls: type) -> type | None:
+    """The class a module had before ``fully_shard`` made it a subclass of ``FSDPModule``."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2, or without torch.distributed
+        return None
+    if not issubclass(cls, FSDPModule):
+        return None
+    return next(base for base in cls.__bases__ if base is not FSDPModule)
 
 
 _MODEL_NOT_ON_META = (

@@ -584,6 +584,15 @@ class Report:
         stages = semconv.CHECKPOINT_STAGES.items()
         return {stage: phases[phase].total_s for stage, phase in stages if phase in phases}
 
+    def stage_rows(self) -> list[tuple[str, float]]:
+        """The checkpoint tables' stage rows, by name. An async save's finalize is its writer's
+        time, beside training: said in its row, under a table of blocking times."""
+        writers = Phase.CHECKPOINT_SAVE_ASYNC.value in self.summary.phases
+        return [
+            (f"{stage} (async writers, beside training)" if writers and stage == "finalize" else stage, s)
+            for stage, s in sorted(self.stage_s.items())
+        ]
+
     def checkpoints(self) -> dict[str, Any]:
         """Every checkpoint save, synchronous or not, and load, from the summary's phase table (the
         save records kept for the chart stop at :data:`CHECKPOINT_RECORDS`; these never do):

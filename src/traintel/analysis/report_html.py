@@ -403,9 +403,7 @@ def checkpoint_chart(report: Report) -> str:
     parts.append("</svg>")
     stages = ""
     if report.stage_s:
-        rows = "".join(
-            f"<tr><td>{_e(k)}</td><td>{_e(fmt_s(v))}</td></tr>" for k, v in sorted(report.stage_s.items())
-        )
+        rows = "".join(f"<tr><td>{_e(k)}</td><td>{_e(fmt_s(v))}</td></tr>" for k, v in report.stage_rows())
         stages = f"<table><tr><th>stage</th><th>total</th></tr>{rows}</table>"
     return "".join(parts) + stages
 

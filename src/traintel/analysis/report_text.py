@@ -194,7 +194,7 @@ def _checkpoint_table(report: Report) -> Table | None:
     if data["bytes_total"]:
         ckpt.add_row("bytes written", f"{data['bytes_total'] / 1e6:,.2f} MB")
     ckpt.add_row("loads", _with_failed(data["loads"], data["failed_loads"]))
-    for stage, seconds in sorted(report.stage_s.items()):
+    for stage, seconds in report.stage_rows():
         ckpt.add_row(f"stage {stage}", fmt_s(seconds))
     return ckpt
 

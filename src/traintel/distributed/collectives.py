@@ -33,12 +33,14 @@ from collections.abc import Callable
 from typing import Any
 
 #: The collective functions wrapped, where the installed torch has them (point-to-point sends
-#: and receives are not collectives: their counts differ between ranks by design).
+#: and receives are not collectives: their counts differ between ranks by design). FSDP2 calls
+#: the ``_single`` spellings (newer torch), which the ``_into_tensor`` / ``_tensor`` ones call.
 COLLECTIVE_FUNCTIONS = (
-    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_coalesced",
-    "all_gather_object", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast",
-    "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object",
-    "scatter", "scatter_object_list",
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_single",
+    "all_gather_coalesced", "all_gather_object", "all_to_all", "all_to_all_single", "barrier",
+    "monitored_barrier", "broadcast", "broadcast_object_list", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "reduce_scatter_single", "gather", "gather_object", "scatter",
+    "scatter_object_list",
 )  # fmt: skip
 _C10D = "torch.distributed.distributed_c10d"
 _DIST = "torch.distributed"
