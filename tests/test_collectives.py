@@ -70,6 +70,8 @@ def test_each_collective_entered_counts_and_completes(world: InMemoryMetricReade
     assert _moved(before)[0] == 1
     work.wait()
     assert _completed_by(before[1] + 1) == before[1] + 1
+    # completed on gloo's thread, for the thread that entered it
+    assert SEQUENCE.threads_in_flight() == ()
 
     before = SEQUENCE.snapshot()
     gathered: list[Any] = [None]

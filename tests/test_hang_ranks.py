@@ -306,3 +306,37 @@ def test_one_waiting_rank_waits_and_several_wait() -> None:
     assert waiting(one) == "rank 0 waits in collective #8 (all_reduce)"
     two = [suspect(0, 8, "all_reduce"), suspect(2, 8, "all_reduce"), suspect(1, 7, None)]
     assert waiting(two) == "ranks 0, 2 wait in collective #8 (all_reduce)"
+
+
+def test_ranks_in_different_collectives_and_collectives_of_two_threads_are_said() -> None:
+    """An async checkpoint writer calling collectives on the training's process group: the ranks
+    interleave them differently and deadlock. The stall said "ranks 0, 1 wait in collective #8
+    (all_gather_single, broadcast)" and nothing else; it now says the ranks are out of order,
+    and which threads had collectives in flight."""
+
+    def suspect(rank: int, waiting_in: str, threads: list[str]) -> LogEntry:
+        attributes: dict[str, Any] = {
+            semconv.HANG_STALLED_SECONDS: 5.0, semconv.COLLECTIVES_ENTERED: 8,
+            semconv.HANG_WAITING_IN: waiting_in, semconv.HANG_COLLECTIVE_THREADS: threads,
+        }  # fmt: skip
+        resource = {semconv.RANK: rank, semconv.WORLD_SIZE: 2, semconv.SERVICE_INSTANCE_ID: f"i{rank}"}
+        return LogEntry(semconv.EVENT_HANG_SUSPECT, 10**10, 13, "", attributes, "", "", resource, "traintel")
+
+    (stall,) = find_stalls(
+        [
+            suspect(0, "all_gather_single", ["MainThread"]),
+            suspect(1, "broadcast", ["AsyncWriter", "MainThread"]),
+        ]
+    )
+    rows = dict(stall.rows())
+    assert rows["out of order"] == (
+        "rank 0 in all_gather_single; rank 1 in broadcast: the ranks called different collectives at #8"
+    )
+    assert rows["threads"].startswith(
+        "rank 1: collectives in flight from threads AsyncWriter, MainThread; two "
+    )
+    assert stall.as_dict()["out_of_order"] == {"all_gather_single": [0], "broadcast": [1]}
+    (agreeing,) = find_stalls(
+        [suspect(0, "all_reduce", ["MainThread"]), suspect(1, "all_reduce", ["MainThread"])]
+    )
+    assert {label for label, _ in agreeing.rows()} == {"started", "lasted", "waiting"}

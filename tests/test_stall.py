@@ -229,6 +229,28 @@ def test_a_rank_waiting_in_a_collective_is_watched_before_any_iteration(job: Job
     assert semconv.HANG_WAITING_IN not in recovered.attributes
 
 
+def test_collectives_in_flight_from_two_threads_are_named(job: Job) -> None:
+    """A writer thread's collective and the training thread's, both in flight: the record names
+    both threads (two threads on one process group can deadlock the ranks)."""
+    start = time.time_ns()
+    writer = threading.Thread(target=job.sequence.enter, args=("scatter",), name="checkpoint-writer")
+    writer.start()
+    writer.join()
+    job.sequence.enter("all_reduce")
+    for k in range(4):
+        job.watcher.check(start + k * SECOND)
+    (record,) = job.suspects()
+    assert tuple(record.attributes[semconv.HANG_COLLECTIVE_THREADS]) == ("MainThread", "checkpoint-writer")
+    assert (
+        "#2 (all_reduce), with collectives in flight from threads MainThread, checkpoint-writer;"
+        in record.body
+    )
+    job.sequence.complete("checkpoint-writer")
+    assert job.sequence.threads_in_flight() == ("MainThread",)
+    job.sequence.complete()
+    assert job.sequence.threads_in_flight() == ()
+
+
 def test_long_phases_before_the_first_iteration_and_after_the_loop_are_not_stalls(job: Job) -> None:
     with traintel.model_init():  # loading a model or compiling for minutes is normal
         start = time.time_ns()

@@ -436,6 +436,8 @@ PYTHON_RUNNING: Final = "running"
 HANG_TOP_FRAME: Final = "ml.training.hang.top_frame"
 #: The collective this rank entered and has not completed (absent when it waits in none).
 HANG_WAITING_IN: Final = "ml.training.hang.waiting_in"
+#: Then, the threads (by name) with a collective in flight: two on one process group can deadlock.
+HANG_COLLECTIVE_THREADS: Final = "ml.training.hang.collective_threads"
 #: The collective sequence numbers (see ``METRIC_HEARTBEAT_COLLECTIVES_ENTERED``) on the record.
 COLLECTIVES_ENTERED: Final = "ml.training.collectives.entered"
 COLLECTIVES_COMPLETED: Final = "ml.training.collectives.completed"

@@ -40,6 +40,8 @@ class Collectives(Protocol):
 
     def snapshot(self) -> tuple[int, int, str]: ...
 
+    def threads_in_flight(self) -> tuple[str, ...]: ...
+
 
 class RunningIteration(Protocol):
     """What the heartbeat reads of the engine's running iteration."""
@@ -75,6 +77,7 @@ class HeartbeatSample:
     progress_ns: int = 0  # when (traintel's clock, Unix ns) the rank last made progress
     step: str | None = None  # inside an iteration: the step phase open now, if any
     waiting_in: str | None = None  # the collective entered and not completed, if any
+    waiting_threads: tuple[str, ...] = ()  # then: the threads with a collective in flight
 
 
 class Heartbeat:
@@ -114,8 +117,11 @@ class Heartbeat:
         entered, completed, name = self._collectives.snapshot()
         seconds = max(0.0, (now - progress) / 1e9)
         waiting_in = name if entered > completed else None
+        threads = self._collectives.threads_in_flight() if waiting_in is not None else ()
         last = engine.last_iteration
-        return HeartbeatSample(seconds, last, phase, after, entered, completed, progress, step, waiting_in)
+        return HeartbeatSample(
+            seconds, last, phase, after, entered, completed, progress, step, waiting_in, threads
+        )
 
     def innermost_open_span(self) -> Span | None:
         """The open phase span started last (spans nest, so it is the innermost one)."""

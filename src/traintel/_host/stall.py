@@ -87,6 +87,8 @@ class StallReport:
     stack: str
     top_frame: str
     thread_id: int
+    #: The threads with a collective in flight, when it waits in one.
+    threads: tuple[str, ...] = ()
 
     def attributes(self) -> dict[str, AttributeValue]:
         attributes: dict[str, AttributeValue] = {
@@ -102,6 +104,8 @@ class StallReport:
             attributes[semconv.ITERATION] = self.iteration
         if self.waiting_in is not None:
             attributes[semconv.HANG_WAITING_IN] = self.waiting_in
+            if self.threads:
+                attributes[semconv.HANG_COLLECTIVE_THREADS] = list(self.threads)
         if self.stack:
             attributes[semconv.CODE_STACKTRACE] = self.stack
             attributes[semconv.HANG_TOP_FRAME] = self.top_frame
@@ -113,6 +117,8 @@ class StallReport:
         )
         if self.waiting_in is not None:
             collective = f"waits in collective #{self.entered} ({self.waiting_in})"
+            if len(self.threads) > 1:
+                collective += f", with collectives in flight from threads {', '.join(self.threads)}"
         else:
             collective = f"in no collective (entered #{self.entered}, all completed)"
         python = {
@@ -359,12 +365,16 @@ class StallWatcher:
     ) -> None:
         """Send one record of the rank as seen at this wake (by default as now, with no
         collective named as waited in)."""
-        sample = replace(self._heartbeat.sample(now), waiting_in=None) if sample is None else sample
+        sample = (
+            replace(self._heartbeat.sample(now), waiting_in=None, waiting_threads=())
+            if sample is None
+            else sample
+        )
         stack, top = python_stack(frame) if frame is not None else ("", "")
         report = StallReport(
             self._rank, sample.step or sample.phase, sample.iteration, sample.collectives_entered,
             sample.collectives_completed, sample.waiting_in, stalled_s, python, stack, top,
-            self._training_thread(),
+            self._training_thread(), sample.waiting_threads,
         )  # fmt: skip
         self._send(event, report, self._link(), now, body)
 
@@ -399,6 +409,7 @@ class StallWatcher:
             "entered": sample.collectives_entered,
             "completed": sample.collectives_completed,
             "waiting_in": sample.waiting_in,
+            "threads": list(sample.waiting_threads),
             "progress_ns": progress,
             "thread": self._training_thread(),
             "trace_id": trace_id,

@@ -67,6 +67,7 @@ def _report(setup: Mapping[str, Any], state: Mapping[str, Any], dump: str) -> No
         entered=int(state.get("entered", 0)),
         completed=int(state.get("completed", 0)),
         waiting_in=state.get("waiting_in"),
+        threads=tuple(state.get("threads") or ()),
         stalled_s=(now - int(state.get("progress_ns", now))) / 1e9,
         python=semconv.PYTHON_HOLDING_GIL,
         stack=stack,

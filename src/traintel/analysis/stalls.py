@@ -10,6 +10,9 @@ Each rank writes one ``ml.training.hang_suspect`` record per stall and one
   wait in that one, and a rank whose count is behind it never joined it: the culprit. When no
   rank waits in a collective, every stalled rank is its own culprit. Ranks of the job (its world
   size) with no record at all are named too: a rank that died, or whose records never left.
+- ranks at the wavefront that wait in different collectives called them out of order; a rank
+  with collectives in flight from two threads says which (two threads calling collectives on
+  one process group interleave differently on each rank).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from traintel.exporters.reader import LogEntry
 _SHOWN = (
     semconv.PHASE, semconv.ITERATION, semconv.HANG_PYTHON, semconv.HANG_STALLED_SECONDS,
     semconv.COLLECTIVES_ENTERED, semconv.COLLECTIVES_COMPLETED, semconv.HANG_WAITING_IN,
-    semconv.HANG_TOP_FRAME, semconv.CODE_STACKTRACE,
+    semconv.HANG_TOP_FRAME, semconv.CODE_STACKTRACE, semconv.HANG_COLLECTIVE_THREADS,
 )  # fmt: skip
 #: What ``ml.training.hang.python`` says, in words.
 PYTHON_STATES = {
@@ -75,6 +78,28 @@ class Stall:
         return ", ".join(sorted(str(n) for n in names)) if names else None
 
     @property
+    def out_of_order(self) -> dict[str, list[int]]:
+        """The collectives the ranks at the wavefront wait in, by name, when they differ."""
+        entered = self._counts(semconv.COLLECTIVES_ENTERED)
+        by_name: dict[str, list[int]] = {}
+        for rank in self.waiting:
+            if entered[rank] == self.wavefront:
+                by_name.setdefault(str(self.records[rank].attributes[semconv.HANG_WAITING_IN]), []).append(
+                    rank
+                )
+        return by_name if len(by_name) > 1 else {}
+
+    @property
+    def threaded(self) -> dict[tuple[str, ...], list[int]]:
+        """Ranks with collectives in flight from more than one thread, by those threads."""
+        found: dict[tuple[str, ...], list[int]] = {}
+        for rank, record in sorted(self.records.items()):
+            threads = tuple(str(t) for t in record.attributes.get(semconv.HANG_COLLECTIVE_THREADS) or ())
+            if len(threads) > 1:
+                found.setdefault(threads, []).append(rank)
+        return found
+
+    @property
     def culprits(self) -> list[int]:
         """Ranks behind the wavefront (never joined the collective the others wait in); every
         stalled rank when none waits."""
@@ -102,6 +127,19 @@ class Stall:
                     f"#{self.wavefront} ({self.collective})",
                 )
             )
+        if self.out_of_order:
+            waits = "; ".join(
+                f"{_ranks(ranks)} in {name}" for name, ranks in sorted(self.out_of_order.items())
+            )
+            rows.append(
+                ("out of order", f"{waits}: the ranks called different collectives at #{self.wavefront}")
+            )
+        rows += [
+            ("threads", f"{_ranks(ranks)}: collectives in flight from threads {', '.join(threads)}; two "
+             "threads calling collectives on one process group can interleave differently on each rank "
+             "and deadlock (give one its own group: torch.distributed.new_group)")
+            for threads, ranks in self.threaded.items()
+        ]  # fmt: skip
         rows += [("culprit", self._culprit(rank)) for rank in self.culprits[:NAMED_RANKS]]
         if len(self.culprits) > NAMED_RANKS:
             rows.append(("", f"and {len(self.culprits) - NAMED_RANKS} more"))
@@ -147,6 +185,7 @@ class Stall:
             "collective": self.collective,
             "waiting": self.waiting,
             "culprits": self.culprits,
+            "out_of_order": self.out_of_order,
             "silent": self.silent,
             "ranks": {
                 str(rank): {key: record.attributes[key] for key in _SHOWN if key in record.attributes}

@@ -47,28 +47,49 @@ _DIST = "torch.distributed"
 
 
 class CollectiveSequence:
-    """The two counts and the name of the collective entered last; safe from any thread (a
-    comm hook runs on autograd's threads, a future's callback on the backend's)."""
+    """The two counts, the name of the collective entered last, and the threads with a
+    collective in flight; safe from any thread (a comm hook runs on autograd's threads, a
+    future's callback on the backend's).
+
+    Why the threads: ranks must call their collectives on a process group in the same order. Two
+    threads that both call them on one group (an async checkpoint writer on the default group,
+    say) may interleave differently on each rank and deadlock; a hung rank with collectives in
+    flight from two threads says so."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.entered = 0
         self.completed = 0
         self.last_entered = ""
+        self._in_flight: dict[str, int] = {}  # by thread name
 
-    def enter(self, name: str) -> None:
+    def enter(self, name: str) -> str:
+        """One collective entered by this thread; the thread's name, for :meth:`complete`."""
+        thread = threading.current_thread().name
         with self._lock:
             self.entered += 1
             self.last_entered = name
+            self._in_flight[thread] = self._in_flight.get(thread, 0) + 1
+        return thread
 
-    def complete(self, *_ignored: object) -> None:
-        """One entered collective completed (a future's done callback passes the future)."""
+    def complete(self, thread: str | None = None, *_ignored: object) -> None:
+        """One collective entered by ``thread`` (default: this one) completed (a future's done
+        callback, through a partial, passes the future too)."""
+        thread = threading.current_thread().name if thread is None else thread
         with self._lock:
             self.completed += 1
+            left = self._in_flight.pop(thread, 0) - 1
+            if left > 0:
+                self._in_flight[thread] = left
 
     def snapshot(self) -> tuple[int, int, str]:
         with self._lock:
             return self.entered, self.completed, self.last_entered
+
+    def threads_in_flight(self) -> tuple[str, ...]:
+        """The threads that entered a collective not completed yet, by name."""
+        with self._lock:
+            return tuple(sorted(self._in_flight))
 
 
 #: The process's sequence (ranks are processes).
@@ -88,20 +109,20 @@ def _counting(
     def collective(*args: Any, **kwargs: Any) -> Any:
         if is_compiling():  # traced into a compiled graph: the graph's collective, not counted
             return original(*args, **kwargs)
-        sequence.enter(name)
+        thread = sequence.enter(name)
         try:
             result = original(*args, **kwargs)
         except BaseException:
-            sequence.complete()  # it left the collective (a timeout, a bad argument)
+            sequence.complete(thread)  # it left the collective (a timeout, a bad argument)
             raise
         get_future = getattr(result, "get_future", None)
         if get_future is None:  # a blocking call: it completed as it returned
-            sequence.complete()
+            sequence.complete(thread)
             return result
         try:  # counted when its future completes
-            get_future().add_done_callback(sequence.complete)
+            get_future().add_done_callback(functools.partial(sequence.complete, thread))
         except Exception:  # a future that cannot be followed: counted now
-            sequence.complete()
+            sequence.complete(thread)
         return result
 
     collective.__traintel_original__ = original  # type: ignore[attr-defined]
