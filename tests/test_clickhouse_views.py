@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 
 from tests import clickhouse_otel
 from tests import test_goodput as crafted
@@ -75,6 +76,22 @@ def _two_stages(application: bool) -> Builder:
     return build
 
 
+def _killed_after_a_step_that_raised(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three 4 s iterations, then a fourth that raised; the job dies there (no end exported).
+    The step that raised is no progress: not in the inferred tail, its time not productive."""
+
+    def body(job: crafted.Job) -> None:
+        loop = job.open("training_loop", 0, job.open("application", 0))
+        for number, start in enumerate((0, 4, 8, 12)):
+            span = job.iteration(loop, number, start, start + 4)
+            if number == 3:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "OutOfMemoryError"))
+            span.end(end_time=crafted.at(start + 4))
+
+    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "off")  # (see the crafted test)
+    crafted.run_job(directory, monkeypatch, body, window=3)
+
+
 SESSIONS: dict[str, Builder] = {
     "clean": _crafted((crafted.clean_job, {})),
     "two loops and a validation, no application": _two_stages(False),
@@ -87,6 +104,7 @@ SESSIONS: dict[str, Builder] = {
         (lambda job: crafted.clean_job(job, offset=50), {"session": "beta", "run_id": "b1"}),
     ),
     "async checkpoint": _crafted((crafted.job_with_async_save, {})),
+    "killed after a step that raised": _killed_after_a_step_that_raised,
     "first step waits for its batch": _crafted((crafted.first_step_waits_for_its_batch, {"window": 3})),
     "killed in its first window, resumed (traintel API)": _killed(
         (killed.KILLED_IN_FIRST_WINDOW, "traintel", 0, 0, {}), (killed.RESUMED, "traintel", 1, 80, {})

@@ -30,7 +30,9 @@ from tests.conftest import Pipeline, parent_name
 from traintel import cli, semconv
 from traintel._aggregation.goodput import GoodputLedger, WindowGoodput
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs, render_goodput
+from traintel.analysis.summary import summarize
 from traintel.exporters.file import OtlpJsonFileSpanExporter
+from traintel.exporters.reader import iter_spans
 from traintel.semconv import BADPUT_CATEGORIES
 
 T0 = 1_700_000_000 * 10**9
@@ -406,6 +408,40 @@ def job_with_async_save(job: Job) -> None:
         job.iteration(loop, number, start, start + 4).end(end_time=at(start + 4))
     loop.end(end_time=at(17))
     app.end(end_time=at(17))
+
+
+def test_an_iteration_that_raised_is_neither_counted_nor_productive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four 4 s iterations of 8 samples; the third runs out of memory and the loop skips it. It
+    did no work that stays, yet its 4 s were productive, its 8 samples in the throughput and it
+    counted as completed (the job's last completed iteration, had it crashed there)."""
+
+    def skipped_step(job: Job) -> None:
+        app = job.open("application", 0)
+        loop = job.open("training_loop", 0, app)
+        for number, start in enumerate((0, 4, 8, 12)):
+            span = job.iteration(loop, number, start, start + 4, **{semconv.SAMPLES: 8})
+            if number == 2:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "OutOfMemoryError"))
+            span.end(end_time=at(start + 4))
+        loop.end(end_time=at(16))
+        app.end(end_time=at(16))
+
+    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "off")  # the shipped default: windows as spans
+    ledger = run_job(tmp_path, monkeypatch, skipped_step)
+    result = one_session(tmp_path)
+    expect(result, 12, other=4)
+    assert ledger.snapshot(at(16)).productive_s == pytest.approx(12, abs=1e-9)  # live, alike
+    summary = summarize([tmp_path])
+    assert (summary.window_iterations, summary.window_iteration_s) == (3, 12.0)
+    windows = [s.attributes for s in iter_spans([tmp_path]) if s.name == semconv.TRAINING_WINDOW_SPAN]
+    assert [
+        (w[semconv.WINDOW_PREFIX + "first_iteration"], w[semconv.WINDOW_PREFIX + "samples"]) for w in windows
+    ] == [
+        (0, 16.0),
+        (3, 8.0),
+    ]
 
 
 def test_async_checkpoint_counts_only_its_blocking_part(

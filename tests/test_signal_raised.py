@@ -47,14 +47,14 @@ def _inside_iteration_end(at: int, action: Callable[[], None]) -> None:
     telemetry = state.configured()
     assert telemetry is not None and telemetry.engine is not None
     engine: Any = telemetry.engine
-    add_row = engine._add_row
+    add_row = engine._completed
 
     def add_row_then(record: Any, duration_ns: int, end_ns: int) -> None:
         add_row(record, duration_ns, end_ns)
         if record.iteration == at:
             action()
 
-    engine._add_row = add_row_then
+    engine._completed = add_row_then
 
 
 def _train(iterations: range, done: list[int]) -> None:

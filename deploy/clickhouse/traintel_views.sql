@@ -98,7 +98,7 @@ WITH
     -- phase of its own (an iteration's subtree is exported whole or not at all).
     iterations AS (
         SELECT instance, TraceId, start_ns, end_ns,
-               toInt64OrNull(SpanAttributes['ml.training.iteration']) AS number
+               toInt64OrNull(SpanAttributes['ml.training.iteration']) AS number, StatusCode = 'Error' AS failed
         FROM traintel_spans
         WHERE phase = 'training_iteration' AND SpanName != 'training_window'
     ),
@@ -131,7 +131,7 @@ WITH
     iteration_arrays AS (
         SELECT instance, groupArray((number, last_start, last_end)) AS exported
         FROM (SELECT instance, assumeNotNull(number) AS number, max(i.start_ns) AS last_start, argMax(i.end_ns, i.start_ns) AS last_end
-              FROM iterations AS i WHERE number IS NOT NULL GROUP BY instance, number)
+              FROM iterations AS i WHERE number IS NOT NULL AND NOT failed GROUP BY instance, number)
         GROUP BY instance
     ),
     outer_spans AS (

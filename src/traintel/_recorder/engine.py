@@ -409,10 +409,9 @@ class TrainingEngine:
             if record.phase != _TRAINING_ITERATION:
                 self._end_eval_iteration(record, duration_ns)
                 return
-            iteration = self.last_iteration = record.iteration
-            self._add_row(record, duration_ns, end_ns)
-            if record.metrics or record.sync_ns:
-                self._add_to_window(record)
+            iteration = record.iteration
+            if record.error is None:  # one that raised (or a signal cut short) did no work that stays
+                self._completed(record, duration_ns, end_ns)
             windows = self.windows
             at_mark = len(self.rows) >= windows.rows_mark or end_ns >= windows.due_ns
             if at_mark:  # the slow threshold may start with this iteration, before it is tested
@@ -446,12 +445,15 @@ class TrainingEngine:
         finally:
             self.deferred_signal = None
 
-    def _add_row(self, record: IterationRecord, duration_ns: int, end_ns: int) -> None:
-        """The iteration's row in the open window: its time, work and step phases."""
+    def _completed(self, record: IterationRecord, duration_ns: int, end_ns: int) -> None:
+        """A completed training iteration: the rank's last, and its row in the open window (its
+        time, work and step phases)."""
+        self.last_iteration = iteration = record.iteration
+        if record.metrics or record.sync_ns:
+            self._add_to_window(record)
         timed = record.children or record.step_spans
         data, forward, backward, optimizer = record.phase_ns if timed else _UNTIMED
         if not record.counted and not self._derives_counts:  # no work reported or derived
-            iteration = record.iteration
             self.rows.append(
                 (duration_ns, None, None, None, None, data, forward, backward, optimizer, iteration, end_ns)
             )
@@ -461,7 +463,6 @@ class TrainingEngine:
             self.samples_total += samples
         if tokens is not None:
             self.tokens_total += tokens
-        iteration = record.iteration
         self.rows.append(
             (duration_ns, samples, tokens, record.padding, flops, data, forward, backward, optimizer,
              iteration, end_ns)
@@ -872,6 +873,8 @@ class TrainingEngine:
             span.parent or trace_api.INVALID_SPAN_CONTEXT,
         )
         record.add_work(*(number(attributes.get(key)) for key in COUNT_ATTRIBUTES))
+        if span.status.status_code is StatusCode.ERROR:  # it raised: no completed iteration
+            record.fail(RuntimeError(span.status.description or "the iteration failed"))
         _foreign_steps_and_metrics(record, steps, attributes)
         context = span.get_span_context()
         self.end_iteration(record, span.start_time + duration_ns, (context.trace_id, context.span_id))

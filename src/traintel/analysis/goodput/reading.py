@@ -241,7 +241,7 @@ def _add_phase_span(process: Process, span: SpanRecord, phase: object) -> None:
         process.links.append((span_key(span.span_id), span_key(parent) if parent is not None else 0, flags))
     if is_iteration:
         iteration = _int(attributes.get(semconv.ITERATION))
-        if iteration is not None:
+        if iteration is not None and not span.is_error:  # one that raised did not complete
             process.iterations.append(
                 (iteration, start, end, *trace_key(span.trace_id), span_key(span.span_id))
             )
