@@ -80,10 +80,10 @@ class Stall:
     @property
     def out_of_order(self) -> dict[str, list[int]]:
         """The collectives the ranks at the wavefront wait in, by name, when they differ."""
-        entered = self._counts(semconv.COLLECTIVES_ENTERED)
+        entered, wavefront = self._counts(semconv.COLLECTIVES_ENTERED), self.wavefront
         by_name: dict[str, list[int]] = {}
         for rank in self.waiting:
-            if entered[rank] == self.wavefront:
+            if entered[rank] == wavefront:
                 by_name.setdefault(str(self.records[rank].attributes[semconv.HANG_WAITING_IN]), []).append(
                     rank
                 )
