@@ -127,10 +127,9 @@ class Stall:
                     f"#{self.wavefront} ({self.collective})",
                 )
             )
-        if self.out_of_order:
-            waits = "; ".join(
-                f"{_ranks(ranks)} in {name}" for name, ranks in sorted(self.out_of_order.items())
-            )
+        out_of_order = self.out_of_order
+        if out_of_order:
+            waits = "; ".join(f"{_ranks(ranks)} in {name}" for name, ranks in sorted(out_of_order.items()))
             rows.append(
                 ("out of order", f"{waits}: the ranks called different collectives at #{self.wavefront}")
             )
