@@ -5,7 +5,8 @@ three writer threads (so several saves overlap, and they finish while the loop i
 spans on the main thread). Asserted: no deadlock (every thread ends within a bound), exact
 counts, unique span ids, every ``checkpoint_finalize`` parented to the training loop and linked
 to its own ``checkpoint_save_async`` span and to the iteration that started it, background time
-totals that add up to the finalize spans' durations.
+totals that add up to the finalize spans' durations, and the spans the writers made (a stage,
+the finalize) named with their thread, what trained with none.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def _writer(jobs: queue.Queue[Any], finished: list[int]) -> None:
         if job is None:
             return
         iteration, completion = job
-        time.sleep(0.002 * (iteration % 7))  # uneven: saves finish out of order, overlapping
+        with traintel.checkpoint_stage("write"):  # a stage marked beside training
+            time.sleep(0.002 * (iteration % 7))  # uneven: saves finish out of order, overlapping
         completion.finish(size_bytes=1000 + iteration)
         finished.append(iteration)
 
@@ -56,7 +58,9 @@ def _writer(jobs: queue.Queue[Any], finished: list[int]) -> None:
 def test_overlapping_async_saves_finished_by_writer_threads(exporter: InMemorySpanExporter) -> None:
     jobs: queue.Queue[Any] = queue.Queue()
     finished: list[int] = []
-    writers = [threading.Thread(target=_writer, args=(jobs, finished)) for _ in range(WRITERS)]
+    writers = [
+        threading.Thread(target=_writer, args=(jobs, finished), name=f"writer-{n}") for n in range(WRITERS)
+    ]
     for writer in writers:
         writer.start()
     with traintel.application(), traintel.training_loop():
@@ -86,6 +90,18 @@ def test_overlapping_async_saves_finished_by_writer_threads(exporter: InMemorySp
     assert len(named["model_forward"]) == ITERATIONS
     assert len(named["checkpoint_save_async"]) == saves
     assert len(named["checkpoint_finalize"]) == saves
+    # What ran beside training says on which thread; what trained says nothing.
+    threads = {(s.attributes or {}).get(semconv.THREAD_NAME) for s in spans if s.name != "checkpoint_write"}
+    assert None in threads and set() < threads - {None} <= {f"writer-{n}" for n in range(WRITERS)}
+    writes = named["checkpoint_write"]
+    assert len(writes) == saves and all(
+        str((s.attributes or {})[semconv.THREAD_NAME]).startswith("writer-") for s in writes
+    )
+    assert all(
+        semconv.THREAD_NAME not in (s.attributes or {})
+        for s in spans
+        if s.name in ("training_iteration", "model_forward", "checkpoint_save_async", "training_loop")
+    )
     (loop,) = named["training_loop"]
     iterations = {s.attributes[semconv.ITERATION]: s for s in named["training_iteration"]}  # type: ignore[index]
     blocking = {s.attributes[semconv.CHECKPOINT_ITERATION]: s for s in named["checkpoint_save_async"]}  # type: ignore[index]

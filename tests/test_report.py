@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -297,6 +298,113 @@ def test_export_trace_one_process_per_rank_phases_nested(
         step = 4 if names[pid].startswith("rank 0") else 5
         assert {e["dur"] for e in iterations} == {step * 1e6}
         assert all(len(e["args"]["span_id"]) == 16 for e in own)
+
+
+def _tracks(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The complete events of each track (one process), by the track's name; each track's
+    slices asserted to nest as Perfetto requires (one that overlaps without nesting is dropped)."""
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    tracks: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        if event["ph"] == "X":
+            tracks.setdefault(names[event["tid"]], []).append(event)
+    for name, slices in tracks.items():
+        open_ends: list[int] = []
+        for s in sorted(slices, key=lambda e: (e["ts"], -e["dur"])):
+            while open_ends and open_ends[-1] <= s["ts"]:
+                open_ends.pop()
+            assert not open_ends or s["ts"] + s["dur"] <= open_ends[-1], (name, s["name"], s["ts"])
+            open_ends.append(s["ts"] + s["dur"])
+    return tracks
+
+
+def test_export_trace_nests_every_track_with_writers_windows_and_queued_saves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real job: an async save's writer thread marks its stages (as the docs advise) while
+    training goes on, a second save queues behind the first (their background halves overlap),
+    and windows of 3 iterations run across segments of 5. Before: all of it on one "training"
+    track, where the writer's stages overlapped iterations and the windows the segments (7 and
+    11 slices Perfetto would drop in two real runs), and the report gave the writer's stages a
+    share of the wall time (52 % and 31 % beside 54 % for the iterations)."""
+    import traintel
+    from traintel.threads import ContextThreadPoolExecutor
+
+    traintel.configure(
+        span_exporters=[OtlpJsonFileSpanExporter(tmp_path / "job.otlp.jsonl")],
+        metric_readers=[],
+        export_iterations="all",
+        log_every_n_iterations=3,
+        segment_iterations=5,
+    )
+    second_saved = threading.Event()
+
+    def write(completion: Any, wait: bool) -> None:
+        with traintel.checkpoint_stage("write"):
+            if wait:  # the first write lasts until the second save has returned to training
+                second_saved.wait(30)
+        with traintel.checkpoint_stage("upload"):
+            pass
+        completion.finish(size_bytes=10)
+
+    with ContextThreadPoolExecutor(max_workers=1, thread_name_prefix="writer") as pool:
+        with traintel.application(), traintel.training_loop():
+            for i in range(12):
+                with traintel.training_iteration(samples=2):
+                    with traintel.model_forward():
+                        pass
+                if i in (3, 6):
+                    with traintel.checkpoint_save(strategy="async") as save:
+                        with traintel.checkpoint_stage("staging"):
+                            pass
+                        pool.submit(write, save.completion(), i == 3)
+                    if i == 6:
+                        second_saved.set()
+    traintel.shutdown(5)
+
+    code, text, _ = run_cli("export-trace", str(tmp_path), "-o", "-", capsys=capsys)
+    assert code == 0
+    tracks = _tracks(json.loads(text)["traceEvents"])
+    names = {track: sorted({e["name"] for e in slices}) for track, slices in tracks.items()}
+    assert names["thread writer_0"] == ["checkpoint_upload", "checkpoint_write"]
+    assert names["windows"] == ["training_window"]
+    assert names["background"] == names["background 2"] == ["checkpoint_finalize"]
+    assert "checkpoint_staging" in names["training"] and "checkpoint_write" not in names["training"]
+    assert len([e for e in tracks["training"] if e["name"] == "training_loop"]) == 3  # segments
+
+    report = build_report([tmp_path])
+    shares = {row["phase"]: row["share"] for row in report.as_dict()["phases"]}
+    assert shares["checkpoint_write"] is None and shares["checkpoint_upload"] is None
+    assert shares["checkpoint_staging"] is not None
+    rows = dict(report.stage_rows())
+    assert set(rows) == {
+        "finalize (async writers, beside training)",
+        "staging",
+        "upload (writer threads, beside training)",
+        "write (writer threads, beside training)",
+    }
+
+
+def test_export_trace_keeps_a_child_that_ends_with_its_parent_inside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An iteration that ends in the nanosecond its loop ends (as a shutdown ends both). Before:
+    start and length in fractional microseconds, each rounded apart at today's epoch times (a
+    double holds a quarter microsecond there), put the iteration's end past the loop's."""
+    end = 20.000039595
+
+    def together(job: Job) -> None:
+        app = job.open("application", 0)
+        loop = job.open("training_loop", 10, app)
+        job.iteration(loop, 0, 10.000000685, end).end(end_time=at(end))
+        loop.end(end_time=at(end))
+        app.end(end_time=at(21))
+
+    run_job(tmp_path, monkeypatch, together)
+    code, text, _ = run_cli("export-trace", str(tmp_path), "-o", "-", capsys=capsys)
+    slices = {e["name"]: e for e in _tracks(json.loads(text)["traceEvents"])["training"]}
+    assert code == 0 and slices["training_iteration"]["ts"] == at(10.000000685) // 1000
+    assert slices["training_iteration"]["ts"] + slices["training_iteration"]["dur"] == at(end) // 1000
 
 
 def test_export_trace_of_a_diverged_loss_is_strict_json(

@@ -444,3 +444,6 @@ COLLECTIVES_COMPLETED: Final = "ml.training.collectives.completed"
 #: The training thread's Python stack, most recent call last (OpenTelemetry's attribute).
 CODE_STACKTRACE: Final = "code.stacktrace"
 THREAD_ID: Final = "thread.id"
+#: On a phase's span started off the training thread (an async checkpoint writer's stages, a
+#: prefetcher's spans): the thread, as OpenTelemetry names it. Such a span ran beside training.
+THREAD_NAME: Final = "thread.name"

@@ -147,7 +147,7 @@ class AsyncCheckpointCompletion:
         return engine.tracer.start_span(
             Phase.CHECKPOINT_FINALIZE.value,
             context=set_span_in_context(parent) if parent is not None else None,
-            attributes=attributes,
+            attributes=engine.thread_attributes(attributes),
             links=links,
             start_time=start,
         )

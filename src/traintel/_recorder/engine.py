@@ -139,6 +139,9 @@ class TrainingEngine:
         self.closed = False
         self.active: IterationRecord | None = None
         self.active_thread = 0
+        #: The thread that trains (that configured the job, then that opened its latest training
+        #: loop): a phase's span started on another ran beside training and says on which.
+        self.training_thread = _get_ident()
         #: The step phase entered last outside any iteration (a ``data_loading`` before the
         #: iteration opens): what a terminating signal ends, if it is still open.
         self.open_step: OpenStep | None = None
@@ -219,12 +222,22 @@ class TrainingEngine:
         if self.closed:
             return trace_api.INVALID_SPAN
         try:
+            attributes = self.thread_attributes(attributes)
             return (self.user_tracer if users else self.tracer).start_span(
                 name, self._badput_parent(name, attributes), attributes=attributes, start_time=start_time
             )
         except Exception:
             self.warn_once("start_span", "could not start span %r", name)
             return trace_api.INVALID_SPAN
+
+    def thread_attributes(
+        self, attributes: Mapping[str, AttributeValue] | None
+    ) -> Mapping[str, AttributeValue] | None:
+        """``attributes``, with the thread's name off the training thread: the span ran beside
+        training (an async writer's stage), which the reports and the trace view keep apart."""
+        if _get_ident() == self.training_thread:
+            return attributes
+        return {**(attributes or {}), semconv.THREAD_NAME: threading.current_thread().name}
 
     def _badput_parent(self, name: str, attributes: Mapping[str, AttributeValue] | None) -> Context | None:
         """A checkpoint or evaluation (by its phase; a ``timed_span`` is named otherwise) inside
@@ -732,6 +745,7 @@ class TrainingEngine:
         """The loop's start: its first K iterations are exported, and the global batch is shared
         by the ranks of a process group initialised since the configuration was read."""
         self.apply_config(self.config)
+        self.training_thread = _get_ident()
         self.sampler.seen = 0
         self.goodput.started(start_ns)
         self.loop = loop

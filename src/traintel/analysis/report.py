@@ -585,13 +585,28 @@ class Report:
         return {stage: phases[phase].total_s for stage, phase in stages if phase in phases}
 
     def stage_rows(self) -> list[tuple[str, float]]:
-        """The checkpoint tables' stage rows, by name. An async save's finalize is its writer's
-        time, beside training: said in its row, under a table of blocking times."""
+        """The checkpoint tables' stage rows, by name. What ran beside training (an async save's
+        finalize, its writer's time; a stage its writer thread marked) is said in its own row,
+        under a table of blocking times."""
         writers = Phase.CHECKPOINT_SAVE_ASYNC.value in self.summary.phases
-        return [
-            (f"{stage} (async writers, beside training)" if writers and stage == "finalize" else stage, s)
-            for stage, s in sorted(self.stage_s.items())
-        ]
+        beside = self.stage_beside_s
+        rows: list[tuple[str, float]] = []
+        for stage, seconds in sorted(self.stage_s.items()):
+            if writers and stage == "finalize":
+                rows.append((f"{stage} (async writers, beside training)", seconds))
+                continue
+            if seconds > beside.get(stage, 0.0) or stage not in beside:
+                rows.append((stage, seconds - beside.get(stage, 0.0)))
+            if stage in beside:
+                rows.append((f"{stage} (writer threads, beside training)", beside[stage]))
+        return rows
+
+    @property
+    def stage_beside_s(self) -> dict[str, float]:
+        """Of :attr:`stage_s`, the seconds of stages marked off the training thread."""
+        phases = self.summary.phases
+        stages = semconv.CHECKPOINT_STAGES.items()
+        return {s: phases[p].beside_s for s, p in stages if p in phases and phases[p].beside_s}
 
     def checkpoints(self) -> dict[str, Any]:
         """Every checkpoint save, synchronous or not, and load, from the summary's phase table (the
@@ -612,6 +627,7 @@ class Report:
             "save_time_max_s": saves.max_s if saves.count else None,
             "bytes_total": self.save_bytes,
             "stages_s": self.stage_s,
+            "stages_beside_training_s": self.stage_beside_s,
             "loads": loads.count,
             "failed_loads": loads.errors,
             "summed_over": {"jobs": max(1, self.summary.jobs), "ranks": max(1, len(self.summary.ranks))},

@@ -197,6 +197,9 @@ class PhaseStats:
     total_s: float = 0.0
     max_s: float = 0.0
     errors: int = 0
+    #: Of ``total_s``, the spans' run off the training thread (an async writer's stages): time
+    #: beside training, without a share of the wall time.
+    beside_s: float = 0.0
     #: A phase of the user's own seen inside iterations (its spans carry the iteration's
     #: number): exported with its iteration only, so counted in the exported iterations alone.
     in_iterations: bool = False
@@ -211,11 +214,19 @@ class PhaseStats:
     def mean_s(self) -> float:
         return self.total_s / self.count if self.count else 0.0
 
+    @property
+    def shared_s(self) -> float | None:
+        """Its time on the training thread, which has a share of the wall time; none where all
+        of it ran beside training."""
+        blocking = self.total_s - self.beside_s
+        return blocking if blocking > 0 or not self.beside_s else None
+
     def merge(self, later: PhaseStats) -> None:
         self.count += later.count
         self.total_s += later.total_s
         self.max_s = max(self.max_s, later.max_s)
         self.errors += later.errors
+        self.beside_s += later.beside_s
         self.in_iterations |= later.in_iterations
 
 
@@ -435,6 +446,8 @@ class RunSummary:
         stats = self.phases.setdefault(phase, PhaseStats())
         if phase not in _PHASE_ORDER and semconv.ITERATION in span.attributes:
             stats.in_iterations = True
+        if semconv.THREAD_NAME in span.attributes:
+            stats.beside_s += seconds
         index = span.attributes.get(semconv.SEGMENT_INDEX)
         if not isinstance(index, int) or isinstance(index, bool):
             stats.add(seconds, span.is_error)
@@ -766,16 +779,17 @@ def phase_rows(summary: RunSummary) -> list[PhaseRow]:
     (every iteration counted), and evaluation iterations from their loops' counts, not from
     the tail-sampled iteration spans; their errors from
     the exported spans (every failed one is, but with ``TRAINTEL_EXPORT_ITERATIONS=none``).
-    Shares are of :attr:`RunSummary.wall_s`."""
+    Shares are of :attr:`RunSummary.wall_s`, and of the time on the training thread (a phase
+    run beside training only, such as an async writer's, has none)."""
     total = summary.wall_s
 
-    def share(seconds: float) -> float | None:
-        return seconds / total if total > 0 else None
+    def share(seconds: float | None) -> float | None:
+        return seconds / total if seconds is not None and total > 0 else None
 
     rows: list[PhaseRow] = []
     sampled = sum(summary.exported_iterations.values()) < summary.window_iterations
     for name, stats in summary.phases.items():
-        shown = share(stats.total_s) if name not in _NO_SHARE else None
+        shown = share(stats.shared_s) if name not in _NO_SHARE else None
         counts = (stats.count, stats.total_s, stats.mean_s, stats.max_s, shown, stats.errors)
         rows.append(PhaseRow(name, *counts, sampled=sampled and stats.in_iterations))
     n, errors = summary.window_iterations, summary.per_step_errors
