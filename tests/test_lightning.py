@@ -371,6 +371,58 @@ def test_zero_code_torch_patches_do_not_count_lightnings_save_again(
     assert {attr(s, semconv.INTEGRATION) for s in saves} == {"lightning"}
 
 
+class _FailingSecondWrite(pl.plugins.io.TorchCheckpointIO):  # type: ignore[misc]
+    """A base IO whose second write fails (a full disk), under ``AsyncCheckpointIO``."""
+
+    writes = 0
+
+    def save_checkpoint(self, checkpoint: Any, path: Any, storage_options: Any = None) -> None:
+        self.writes += 1
+        if self.writes == 2:
+            raise OSError(28, "No space left on device")
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+def _async_fit(root: Path, base: Any = None) -> list[Path]:
+    every_epoch = pl.callbacks.ModelCheckpoint(dirpath=root / "ck", save_top_k=-1)
+    io = pl.plugins.io.AsyncCheckpointIO(base)
+    _trainer(root, max_epochs=2, callbacks=[every_epoch], plugins=[io]).fit(TinyModule())
+    return sorted((root / "ck").iterdir())
+
+
+def test_async_checkpoint_io_saves_are_async_and_end_with_their_write(
+    captured: Captured, tmp_path: Path
+) -> None:
+    """Lightning's ``AsyncCheckpointIO`` writes in a thread of its own. Before: each save was a
+    blocking ``checkpoint_save_sync`` of a few milliseconds, its size not measurable yet (said
+    once, no bytes), and the write itself was seen nowhere."""
+    written = _async_fit(tmp_path)
+    spans = captured.spans()
+    saves, finalizes = captured.named("checkpoint_save_async"), captured.named("checkpoint_finalize")
+    assert len(written) == len(saves) == len(finalizes) == 2 and not captured.named("checkpoint_save_sync")
+    save_ids = {s.context.span_id for s in saves}
+    for finalize in finalizes:
+        (save_link, *_) = finalize.links
+        assert save_link.context.span_id in save_ids and finalize.status.is_ok
+        assert str(attr(finalize, semconv.THREAD_NAME)).startswith("ThreadPoolExecutor")
+    sizes = sorted(attr(f, semconv.CHECKPOINT_SIZE) for f in finalizes)
+    assert sizes == sorted(p.stat().st_size for p in written)
+    assert {parent_name(s, spans) for s in saves} == {"training_loop"}
+    (size_points,) = metric_points(captured.reader, semconv.METRIC_CHECKPOINT_SIZE)
+    assert (size_points.count, size_points.sum) == (2, sum(sizes))
+
+
+def test_an_async_checkpoint_io_write_that_fails_ends_its_save_in_error(
+    captured: Captured, tmp_path: Path
+) -> None:
+    with pytest.raises(OSError, match="No space left"):  # Lightning re-raises at teardown
+        _async_fit(tmp_path, _FailingSecondWrite())
+    finalizes = captured.named("checkpoint_finalize")
+    assert sorted(f.status.is_ok for f in finalizes) == [False, True]
+    (failed,) = [f for f in finalizes if not f.status.is_ok]
+    assert "No space left" in str(failed.status.description)
+
+
 def test_validation_between_the_micro_batches_of_a_step_loses_none_of_its_work(
     captured: Captured, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

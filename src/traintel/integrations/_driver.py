@@ -10,12 +10,15 @@ framework.
 from __future__ import annotations
 
 import functools
+import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from traintel import semconv
 from traintel._api import phases
 from traintel._host.flops import first_dim
+from traintel._recorder.checkpoints import AsyncCheckpointCompletion
 from traintel._recorder.phases import PhaseSpan
 from traintel._runtime import state as _state
 from traintel.semconv import Phase
@@ -147,11 +150,14 @@ class PhaseDriver:
             f"{self._integration}:{action}:{key}", "%s: could not %s %r", self._integration, action, key
         )
 
-    def traced_checkpoint(self, save: bool, path_of: Callable[..., Any]) -> Wrapper:
+    def traced_checkpoint(
+        self, save: bool, path_of: Callable[..., Any], writes: AsyncWrites | None = None
+    ) -> Wrapper:
         """A framework's checkpoint save (or load) method as a ``checkpoint_save`` (or
         ``checkpoint_load``) span of this integration, unless the call runs inside an open
         checkpoint span (the script's own ``traintel.checkpoint_save`` around it: counted once).
-        ``path_of`` takes the call's arguments."""
+        ``path_of`` takes the call's arguments. With ``writes`` (the framework writes in a thread
+        of its own), a save is async: its background half ends when that write does."""
         integration = self._integration
         phase = phases.checkpoint_save if save else phases.checkpoint_load
 
@@ -164,7 +170,12 @@ class PhaseDriver:
                     path = path_of(*args, **kwargs)
                 except Exception:  # a call the framework itself will refuse: it says why
                     path = None
-                with phase(path=path, attributes={semconv.INTEGRATION: integration}):
+                attributes = {semconv.INTEGRATION: integration}
+                if writes is None:
+                    with phase(path=path, attributes=attributes):
+                        return original(*args, **kwargs)
+                with phases.checkpoint_save(strategy="async", path=path, attributes=attributes) as span:
+                    writes.expect(path, span.completion())
                     return original(*args, **kwargs)
 
             return wrapper
@@ -215,6 +226,55 @@ def loss_value(outputs: Any) -> float | None:
 
 #: Makes a framework method's replacement from the method (see :func:`patch_instance`).
 Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+class AsyncWrites:
+    """A framework's checkpoint writes that run in a thread of its own (Lightning's
+    ``AsyncCheckpointIO``): each finishes the async save that handed it over, found by the path
+    both were given (in order, for a path saved again before its last write ended)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, deque[AsyncCheckpointCompletion]] = {}
+        self._lock = threading.Lock()
+
+    def expect(self, path: object, completion: AsyncCheckpointCompletion) -> None:
+        with self._lock:
+            self._pending.setdefault(str(path), deque()).append(completion)
+
+    def _take(self, path: object) -> AsyncCheckpointCompletion | None:
+        with self._lock:
+            waiting = self._pending.get(str(path))
+            if not waiting:
+                return None
+            completion = waiting.popleft()
+            if not waiting:
+                del self._pending[str(path)]
+            return completion
+
+    def finishing(self, path_of: Callable[..., Any]) -> Wrapper:
+        """The writer's own save method (``path_of`` takes its arguments), finishing its save."""
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    path = path_of(*args, **kwargs)
+                except Exception:
+                    path = None
+                completion = self._take(path) if path is not None else None
+                try:
+                    result = original(*args, **kwargs)
+                except BaseException as exc:
+                    if completion is not None:
+                        completion.finish(error=exc)
+                    raise
+                if completion is not None:
+                    completion.finish(path=path)
+                return result
+
+            return wrapper
+
+        return make
 
 
 def patch_instance(owner: object, name: str, make: Wrapper) -> bool:

@@ -13,7 +13,9 @@ the first micro-batch of an accumulation window and closes at the end of the mic
 previous batch to this batch's start: the time the loop waited for it), ``model_forward``
 (batch start to ``on_before_backward``) and ``model_backward`` children, and its batch size (and
 tokens, given ``tokens_fn``) to the iteration. ``trainer.save_checkpoint`` and the strategy's
-``load_checkpoint`` are wrapped between ``setup`` and ``teardown`` for checkpoint spans.
+``load_checkpoint`` are wrapped between ``setup`` and ``teardown`` for checkpoint spans; with
+``AsyncCheckpointIO`` a save is async, its background half ended by the write in Lightning's
+writer thread (the base IO's ``save_checkpoint``, wrapped too).
 ``on_exception`` marks every span it opened ERROR; Lightning then re-raises the exception.
 What the module logs (``self.log`` / ``self.log_dict``, wrapped on the module between ``setup``
 and ``teardown``) while a validation or test loop runs is recorded too, as
@@ -41,6 +43,7 @@ from traintel._recorder.clock import time_ns as now_ns  # the phases' timeline
 from traintel._runtime import state as _state
 from traintel.environment_variables import TRAINTEL_RUN_ID
 from traintel.integrations._driver import (
+    AsyncWrites,
     Key,
     PhaseDriver,
     Wrapper,
@@ -56,6 +59,19 @@ _EVAL_PHASES = {
     "validation": (phases.validation_loop, phases.validation_iteration, Key.VALIDATION),
     "test": (phases.testing_loop, phases.testing_iteration, Key.TESTING),
 }
+
+
+def _async_writer(strategy: Any) -> Any:
+    """The checkpoint IO that writes for Lightning's ``AsyncCheckpointIO`` (in its thread), if the
+    strategy saves through one: its saves are async, done when that IO's write returns."""
+    io = getattr(strategy, "checkpoint_io", None)
+    if not any(cls.__name__ == "AsyncCheckpointIO" for cls in type(io).__mro__):
+        return None
+    return getattr(io, "checkpoint_io", None)
+
+
+def _written_path(checkpoint: Any, path: Any, *_: Any, **__: Any) -> Any:
+    return path
 
 
 class LightningHooks:
@@ -91,9 +107,13 @@ class LightningHooks:
             _share_run_id(trainer)
             self._driver.open_application()
             trace = self._driver.traced_checkpoint
-            save = trace(True, lambda filepath, *_, **__: filepath)
+            writer = _async_writer(trainer.strategy)
+            writes = AsyncWrites() if writer is not None else None
+            save = trace(True, lambda filepath, *_, **__: filepath, writes)
             load = trace(False, lambda checkpoint_path, *_, **__: checkpoint_path)
             self._wrap(trainer, "save_checkpoint", save)
+            if writes is not None:
+                self._wrap(writer, "save_checkpoint", writes.finishing(_written_path))
             self._wrap(trainer.strategy, "load_checkpoint", load)
             self._wrap(pl_module, "log", lambda original: _LogTap(original, self))
         except Exception:
