@@ -104,6 +104,7 @@ SESSIONS: dict[str, Builder] = {
         (lambda job: crafted.clean_job(job, offset=50), {"session": "beta", "run_id": "b1"}),
     ),
     "async checkpoint": _crafted((crafted.job_with_async_save, {})),
+    "phases beside training": _crafted((crafted.beside_training_job, {})),
     "killed after a step that raised": _killed_after_a_step_that_raised,
     "first step waits for its batch": _crafted((crafted.first_step_waits_for_its_batch, {"window": 3})),
     "killed in its first window, resumed (traintel API)": _killed(

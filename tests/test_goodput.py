@@ -172,6 +172,35 @@ def test_clean_run_every_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert snapshot.badput_s["other"] == pytest.approx(34)
 
 
+def beside_training_job(job: Job) -> None:
+    """20 s: 4 iterations of 4 s (0.5 s waiting for each batch) while a prefetcher thread decodes
+    the next batch (2 s each) and a writer thread saves (3 s), both beside training."""
+    app = job.open("application", 0)
+    loop = job.open("training_loop", 2, app)
+    for number in range(4):
+        start = 2 + 4 * number
+        job.span("data_loading", start, start + 2, loop, **{semconv.THREAD_NAME: "prefetcher"})
+        job.iteration(loop, number, start, start + 4, data=0.5).end(end_time=at(start + 4))
+    job.span("checkpoint_save_sync", 12, 15, loop, **{semconv.THREAD_NAME: "writer"})
+    loop.end(end_time=at(18))
+    app.end(end_time=at(20))
+
+
+def test_phases_run_beside_training_are_not_badput(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefetcher thread's data loading (ML Goodput's "async data loading") and a writer
+    thread's save, overlapping the iterations, held nothing up: not badput, offline nor live.
+    Before: 8 s of data loading and 3 s of saving booked beside the productive iterations of a
+    20 s job (the shares summed past 100 % with a negative `other`; live, `other` clamped at 0)."""
+    ledger = run_job(tmp_path, monkeypatch, beside_training_job)
+    result = one_session(tmp_path)
+    # 4 iterations of 4 s, each with a 0.5 s wait for its batch: 14 s productive, 2 s waiting
+    expect(result, 14, data_loading=2, other=4)
+    live = ledger.snapshot(at(20))
+    assert live.productive_s == pytest.approx(14)
+    assert (live.badput_s["data_loading"], live.badput_s["checkpoint_save"]) == (pytest.approx(2), 0)
+    assert live.badput_s["other"] == pytest.approx(4)
+
+
 def test_step_time_deviation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_job(tmp_path, monkeypatch, clean_job)
     result = one_session(tmp_path)

@@ -92,7 +92,8 @@ WITH
                        phase IN ('validation_loop', 'testing_loop'), 'evaluation',
                        phase = 'data_loading', 'data_loading', '') AS category
         FROM traintel_spans
-        WHERE SpanName != 'training_window' AND category != ''
+        -- (a phase run beside training, off the training thread, held nothing up)
+        WHERE SpanName != 'training_window' AND category != '' AND SpanAttributes['thread.name'] = ''
     ),
     -- Data loading inside an exported iteration of the same trace is the window's wait, not a
     -- phase of its own (an iteration's subtree is exported whole or not at all).

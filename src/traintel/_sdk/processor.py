@@ -213,10 +213,13 @@ class TrainingMetricsProcessor(SpanProcessor):
     def _goodput(self, engine: SpanEngine, span: ReadableSpan, phase: str) -> None:
         """Book a categorised phase's time: its own time less the categorised phases inside it
         (innermost wins); its whole time is taken from what encloses it. Data loading inside an
-        iteration is already the iteration's data-loading wait."""
+        iteration is already the iteration's data-loading wait; a phase off the training thread
+        did not hold training up."""
         context = span.get_span_context()
         if context is None or span.start_time is None or span.end_time is None:
             return
+        if semconv.THREAD_NAME in (span.attributes or {}):
+            return  # it ran beside training (a prefetcher's loading, a writer's save): not badput
         duration_ns = span.end_time - span.start_time
         kind, ancestor = self._goodput_parent(engine, span)
         if phase == _DATA_LOADING and kind == "iteration":

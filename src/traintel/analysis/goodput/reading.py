@@ -250,7 +250,7 @@ def _add_phase_span(process: Process, span: SpanRecord, phase: object) -> None:
         _add_outer(process, span, str(phase))
         return
     category = BADPUT_CATEGORY_OF_PHASE.get(str(phase)) if phase is not None else None
-    if category is None:
+    if category is None or semconv.THREAD_NAME in attributes:  # (beside training: not badput)
         return
     if phase == _DATA_LOADING:
         has_parent = parent is not None
