@@ -265,6 +265,36 @@ def test_long_phases_before_the_first_iteration_and_after_the_loop_are_not_stall
     assert job.records() == []
 
 
+def test_a_writer_thread_s_open_stage_is_not_where_training_is(job: Job) -> None:
+    """Between iterations the training thread is in an async save's blocking part while the
+    writer of the save before it marks its `write` stage. Before: the phase open last, the
+    writer's, was said to be the rank's (a hang there named `checkpoint_write`), and its start
+    counted as the rank's progress."""
+    heartbeat = Heartbeat(job.telemetry.engine, job.telemetry.open_spans, job.sequence, clock.time_ns)
+    started, release = threading.Event(), threading.Event()
+    writer_entered: list[int] = []
+
+    def write() -> None:
+        writer_entered.append(clock.time_ns())
+        with traintel.checkpoint_stage("write"):
+            started.set()
+            release.wait(GUARD_S)
+
+    with traintel.training_loop():
+        with traintel.training_iteration(0):
+            pass
+        saving = clock.time_ns()
+        with traintel.checkpoint_save(strategy="async"):
+            writer = threading.Thread(target=write, name="writer")
+            writer.start()
+            assert started.wait(GUARD_S)
+            sample = heartbeat.sample()
+            release.set()
+            writer.join(GUARD_S)
+    assert sample.phase == "checkpoint_save_async"
+    assert saving <= sample.progress_ns < writer_entered[0]
+
+
 def test_a_watcher_kept_from_running_reports_the_held_gil_when_it_runs_again(job: Job) -> None:
     """Without the helper process (a process alone): the gap between two wakes is the time C
     code held the GIL; said when the watcher runs again, and recovered at the next progress."""

@@ -134,8 +134,12 @@ class Heartbeat:
 
 
 def _phase_start(span: Span) -> int:
-    """When a phase's span started; 0 for a span of no phase."""
-    return (span.start_time or 0) if (span.attributes or {}).get(semconv.PHASE) is not None else 0
+    """When a phase's span started; 0 for a span of no phase, and for one that runs beside
+    training on a thread of its own (an async writer's stage is not where training is)."""
+    attributes = span.attributes or {}
+    if attributes.get(semconv.PHASE) is None or semconv.THREAD_NAME in attributes:
+        return 0
+    return span.start_time or 0
 
 
 class HeartbeatInstruments:
