@@ -132,3 +132,40 @@ def test_overlapping_async_saves_finished_by_writer_threads(exporter: InMemorySp
     C = semconv.CHECKPOINT_PREFIX
     assert max(t[C + "background_time.total"] for t in totals) == pytest.approx(backgrounds)  # type: ignore[type-var]
     assert max(t[C + "bytes.total"] for t in totals) == sum(1000 + i for i in range(0, ITERATIONS, EVERY))  # type: ignore[type-var]
+
+
+def test_a_job_configured_on_the_main_thread_that_trains_in_another_is_not_beside_itself(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Configured on the main thread (the fixture), trained in a thread of its own (as a
+    framework that runs the training function in a worker thread does): its phases are the
+    training's, initialization included; only its writer's stage ran beside it."""
+
+    def train() -> None:
+        with traintel.application():
+            with traintel.model_init():
+                pass
+            with traintel.training_loop():
+                with traintel.training_iteration(0):
+                    pass
+                with traintel.checkpoint_save(strategy="async") as save:
+                    writer = threading.Thread(target=_stage_then_finish, args=(save.completion(),), name="w")
+                    writer.start()
+                    writer.join(30)
+
+    trainer = threading.Thread(target=train, name="trainer")
+    trainer.start()
+    trainer.join(30)
+    assert traintel.get_telemetry().flush(30)
+    threads = {s.name: (s.attributes or {}).get(semconv.THREAD_NAME) for s in exporter.get_finished_spans()}
+    assert threads["checkpoint_write"] == threads["checkpoint_finalize"] == "w"
+    training = ("application", "model_init", "training_loop", "checkpoint_save_async")
+    assert {threads[name] for name in training} == {None}
+    ledger = traintel.get_telemetry().engine.goodput  # type: ignore[union-attr]
+    assert ledger.booked()["initialization"] > 0
+
+
+def _stage_then_finish(completion: Any) -> None:
+    with traintel.checkpoint_stage("write"):
+        pass
+    completion.finish(size_bytes=1)

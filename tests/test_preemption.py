@@ -391,7 +391,9 @@ def test_a_signal_during_a_waiting_signals_handling_is_not_deferred_again(tmp_pa
 
 
 # The training thread is stopped by SIGTERM while it holds the goodput ledger's lock, booking a
-# data-loading wait (the signal is raised right after the lock is taken, on the main thread):
+# data-loading wait outside the iterations (directly in the loop's body it would be the next
+# iteration's first step, booked with it; under a span of the script's own it is booked as it
+# ends) (the signal is raised right after the lock is taken, on the main thread):
 # between iterations, or inside a checkpoint save that the report must then end and book.
 SIGNAL_IN_BOOKING = textwrap.dedent(
     """
@@ -427,8 +429,8 @@ SIGNAL_IN_BOOKING = textwrap.dedent(
         for n in range(6):
             if n == 3 and where == "between_iterations":
                 armed.append(True)
-            with traintel.data_loading():
-                pass
+            with traintel.timed_span("fetch"), traintel.data_loading():
+                pass  # (under a span of its own: a real span, booked as it ends)
             if n == 3 and where == "in_checkpoint":
                 with traintel.checkpoint_save(iteration=3):
                     armed.append(True)

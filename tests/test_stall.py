@@ -265,6 +265,24 @@ def test_long_phases_before_the_first_iteration_and_after_the_loop_are_not_stall
     assert job.records() == []
 
 
+def test_a_rank_loading_the_next_batch_is_said_to_be_loading_it(job: Job) -> None:
+    """Between iterations, in the loop's body, the next batch being loaded (timed without a span
+    of its own, as the next iteration's first step): the rank is in `data_loading` since it
+    began, as when that wait was a span."""
+    heartbeat = Heartbeat(job.telemetry.engine, job.telemetry.open_spans, job.sequence, clock.time_ns)
+    with traintel.training_loop():
+        with traintel.training_iteration(0):
+            pass
+        loading = clock.time_ns()
+        with traintel.data_loading():
+            sample = heartbeat.sample()
+        after = heartbeat.sample()
+        with traintel.training_iteration(1):
+            pass
+    assert (sample.phase, after.phase) == ("data_loading", "training_loop")
+    assert loading <= sample.progress_ns <= after.progress_ns
+
+
 def test_a_writer_thread_s_open_stage_is_not_where_training_is(job: Job) -> None:
     """Between iterations the training thread is in an async save's blocking part while the
     writer of the save before it marks its `write` stage. Before: the phase open last, the

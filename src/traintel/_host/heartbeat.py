@@ -13,7 +13,7 @@ the one whose count is behind the others' has not joined the collective they wai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,9 +57,14 @@ class Progress(Protocol):
 
     iteration_end_ns: int  # when an iteration of any loop last ended
     last_iteration: int | None  # the last training iteration completed
+    open_step: Any  # a step open before the next iteration (``open_name``, ``open_since_ns``)
 
     @property
     def active(self) -> RunningIteration | None: ...
+
+    @property
+    def prelude(self) -> Sequence[Any]:
+        """The steps done before the next iteration: ((name, start, end, ...), ...)."""
 
 
 IDLE = "idle"
@@ -110,10 +115,7 @@ class Heartbeat:
                 after = name
                 progress = max(progress, end)
         else:
-            innermost = self.innermost_open_span()
-            if innermost is not None:
-                phase, started = str((innermost.attributes or {})[semconv.PHASE]), innermost.start_time or 0
-                progress = max(progress, started)
+            phase, progress = self._between_iterations(progress)
         entered, completed, name = self._collectives.snapshot()
         seconds = max(0.0, (now - progress) / 1e9)
         waiting_in = name if entered > completed else None
@@ -122,6 +124,20 @@ class Heartbeat:
         return HeartbeatSample(
             seconds, last, phase, after, entered, completed, progress, step, waiting_in, threads
         )
+
+    def _between_iterations(self, progress: int) -> tuple[str, int]:
+        """Where the rank is outside any iteration, and its progress: a step before the next
+        iteration (loading its batch; the ones done count), else the innermost open phase."""
+        engine = self._engine
+        before, prelude = engine.open_step, engine.prelude
+        if prelude:
+            progress = max(progress, prelude[-1][0][2])
+        if getattr(before, "open_name", None) is not None:
+            return before.open_name, max(progress, before.open_since_ns)
+        innermost = self.innermost_open_span()
+        if innermost is None:
+            return IDLE, progress
+        return str((innermost.attributes or {})[semconv.PHASE]), max(progress, innermost.start_time or 0)
 
     def innermost_open_span(self) -> Span | None:
         """The open phase span started last (spans nest, so it is the innermost one)."""

@@ -42,6 +42,7 @@ from traintel._recorder.ports import (
 )
 from traintel._recorder.record import (
     COUNT_ATTRIBUTES,
+    Child,
     IterationRecord,
     OpenStep,
     StepExtras,
@@ -52,7 +53,7 @@ from traintel._recorder.record import (
 from traintel._recorder.segments import SegmentedSpan, Segments
 from traintel._recorder.windows import Windows
 from traintel._sdk.attributes import UserNamesCap
-from traintel._sdk.otel_private import attribute_limits, current_span, new_span_id
+from traintel._sdk.otel_private import attribute_limits, current_span, get_current, new_span_id
 from traintel.config import TrainingConfig
 from traintel.semconv import Event, Phase
 
@@ -70,6 +71,8 @@ ResumePoint = tuple[int, int, float] | None
 #: The step-phase fields of the row of an iteration that did not time its step phases.
 _UNTIMED: Final = (None, None, None, None)
 _get_ident = threading.get_ident
+#: A step run before an iteration: the step, its index in the step split, its start attributes.
+PreludeStep = tuple[Child, int, Mapping[str, AttributeValue]]
 _NO_PARENT: Final = (None, trace_api.INVALID_SPAN_CONTEXT, True, 0)  # matches no Context
 #: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; iterations that are
 #: not exported may take half of them, so that the exported ones (whose event names their trace
@@ -114,6 +117,9 @@ class TrainingEngine:
     """State of the running job's training loop(s); one per configured job."""
 
     last_iteration: int | None
+    #: Step phases run directly in the training loop's body since the last iteration (the next
+    #: batch fetched before the iteration opens): the next iteration starts with them.
+    prelude: tuple[PreludeStep, ...] = ()
 
     def __init__(
         self,
@@ -139,9 +145,11 @@ class TrainingEngine:
         self.closed = False
         self.active: IterationRecord | None = None
         self.active_thread = 0
-        #: The thread that trains (that configured the job, then that opened its latest training
-        #: loop): a phase's span started on another ran beside training and says on which.
-        self.training_thread = _get_ident()
+        #: The thread that trains (that opened the job's first phase, then its latest training
+        #: loop; 0 before): a phase's span started on another ran beside training and says on
+        #: which. (Not the thread that configured traintel: a job may configure on the main
+        #: thread and train in one of its own.)
+        self.training_thread = 0
         #: The step phase entered last outside any iteration (a ``data_loading`` before the
         #: iteration opens): what a terminating signal ends, if it is still open.
         self.open_step: OpenStep | None = None
@@ -221,6 +229,8 @@ class TrainingEngine:
         user's own (``timed_span``), aggregated by the processor as any span with a phase."""
         if self.closed:
             return trace_api.INVALID_SPAN
+        if self.prelude and _get_ident() == self.training_thread:
+            self.flush_prelude()  # no iteration came next: its own spans, before this one
         try:
             attributes = self.thread_attributes(attributes)
             return (self.user_tracer if users else self.tracer).start_span(
@@ -235,7 +245,11 @@ class TrainingEngine:
     ) -> Mapping[str, AttributeValue] | None:
         """``attributes``, with the thread's name off the training thread: the span ran beside
         training (an async writer's stage), which the reports and the trace view keep apart."""
-        if _get_ident() == self.training_thread:
+        thread = _get_ident()
+        if thread == self.training_thread:
+            return attributes
+        if not self.training_thread:  # the job's first phase: where it trains, until a loop says
+            self.training_thread = thread
             return attributes
         return {**(attributes or {}), semconv.THREAD_NAME: threading.current_thread().name}
 
@@ -333,6 +347,9 @@ class TrainingEngine:
     ) -> IterationRecord:
         """The record (and span handle) of an iteration whose body starts now in ``context``;
         numbered ``given_number``, else its loop's running count."""
+        prelude = self.prelude
+        if prelude:  # the steps run since the last iteration: its first ones, from their start
+            start_ns, prelude = self._take_prelude(phase, context, start_ns)
         if phase == _TRAINING_ITERATION:
             iteration = self.next_train_iteration if given_number is None else given_number
             self.next_train_iteration = iteration + 1
@@ -345,6 +362,10 @@ class TrainingEngine:
         if context is not cached[0]:  # not the loop's context of the previous iteration
             cached = self._parent_cache = self._parent_of(context)
         record = new_record(phase, iteration, start_ns, cached[1])
+        if prelude:
+            for child, index, _attributes in prelude:
+                record.children.append(child)
+                record.phase_ns[index] += child[2] - child[1]
         if attributes:  # samples= / tokens= among them count as the step's work
             record.set_attributes(attributes)
         index = sampler.seen
@@ -372,6 +393,56 @@ class TrainingEngine:
         self.active = record
         self.active_thread = thread
         return record
+
+    # --- step phases before an iteration ------------------------------------------------------------
+    def prelude_opens(self, step: OpenStep) -> bool:
+        """Whether a step phase opening outside any iteration is timed without a span, to be the
+        next iteration's first step: directly in the training loop's body, on its thread, with
+        no per-step hooks ("all" mode, device timing). A span per step cost 55 µs a step (9 µs
+        inside the iteration) and one exported span each, and the tables left it out."""
+        loop = self.loop
+        if loop is None or self.step_hooks or _get_ident() != self.training_thread:
+            return False
+        if current_span(get_current()) is not loop:
+            return False
+        self.open_step = step
+        return True
+
+    def _take_prelude(
+        self, phase: str, context: Context, start_ns: int
+    ) -> tuple[int, tuple[PreludeStep, ...]]:
+        """The steps before an iteration beginning in ``context``, with its start: a training
+        iteration directly in the loop's body starts with them; anything else, without (they
+        become spans of their own)."""
+        prelude = self.prelude
+        if phase == _TRAINING_ITERATION and current_span(context) is self.loop:
+            self.prelude = ()
+            return prelude[0][0][1], prelude
+        self.flush_prelude()
+        return start_ns, ()
+
+    def prelude_ended(self, child: Child, index: int, attributes: Mapping[str, AttributeValue]) -> None:
+        self.open_step = None
+        self.prelude += ((child, index, attributes),)
+        if child[3] is not None:  # it failed: no iteration is its, its span says so now
+            self.flush_prelude()
+
+    def flush_prelude(self) -> None:
+        """The steps run before an iteration that did not come (the loop ended, an evaluation or
+        a checkpoint came first, a step failed): each a span of its own under the loop, as a
+        step phase outside any iteration is (data loading there is badput of its own)."""
+        prelude, self.prelude = self.prelude, ()
+        loop = self.loop
+        context = trace_api.set_span_in_context(loop) if loop is not None else None
+        for (name, start_ns, end_ns, error, extras), _index, given in prelude:
+            attributes = extras.attributes if extras is not None else given
+            if isinstance(error, Terminated):  # cut by a signal: it says why it ended
+                attributes = {**attributes, semconv.END_REASON: str(error)}
+            try:
+                span = self.tracer.start_span(name, context, attributes=attributes, start_time=start_ns)
+                _finish(span, extras, error, end_ns)
+            except Exception:
+                self.warn_once("prelude", "could not record the step %r before an iteration", name)
 
     def _begin_eval(self, phase: str, given_number: int | None) -> tuple[int, IterationSampler]:
         """A validation or testing iteration's number (its loop's running count unless given)
@@ -738,6 +809,7 @@ class TrainingEngine:
         """Telemetry shuts down between iterations: the open window's iterations close now,
         as a loop's end closes its last window (iterations run outside any training loop had
         nothing else to close it: their last window, all of a short run's, was lost)."""
+        self.flush_prelude()
         if self.active is None and self.rows:
             self.windows.close(final=True)
 
@@ -756,6 +828,7 @@ class TrainingEngine:
         """Last partial window, the at-a-glance summary and the segment marks, before end()."""
         if self.loop is not loop:
             return
+        self.flush_prelude()
         self.windows.close(final=True)
         self.window_sink.flush()  # the loop's own numbers are the totals of all its windows
         train_time = (end_ns - self.loop_start_ns) / 1e9 if self.loop_start_ns else None

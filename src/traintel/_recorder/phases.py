@@ -471,6 +471,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
 
     _attributes: Mapping[str, AttributeValue]
     _record: IterationRecord | None = None  # while open on the fast path
+    _prelude: TrainingEngine | None = None  # while open before an iteration, timed without a span
     _OPEN_STATE = MappingProxyType({**PhaseSpan._OPEN_STATE, "_record": None, "_extras": None})
 
     def __init__(self, kind: StepKind, attributes: Mapping[str, AttributeValue] | None = None) -> None:
@@ -486,8 +487,13 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
 
     @property
     def open_name(self) -> str | None:
-        """Its phase while it is open in an iteration's body (the stall watcher reads it)."""
-        return self._name if self._record is not None else None
+        """Its phase while it is open in an iteration's body or before one (the stall watcher
+        reads it)."""
+        return self._name if self._record is not None or self._prelude is not None else None
+
+    @property
+    def open_since_ns(self) -> int:
+        return self._start_ns
 
     def __enter__(self, start_ns: int = 0) -> Span:
         """``with`` passes no time (the clock's); callbacks pass theirs."""
@@ -518,7 +524,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
         """``with`` passes no time (the clock's); callbacks and a terminating signal pass
         theirs, and a reason."""
         record = self._record
-        if record is None:  # a real span (or exited twice, or cut by a signal: nothing open)
+        if record is None:  # a real span, before an iteration (or exited twice, or cut)
             self._exit_elsewhere(exc, end_ns, reason)
             return
         self._record = None
@@ -548,10 +554,15 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
             engine.device.ended(self._name)
 
     def _enter_elsewhere(self, engine: TrainingEngine, record: IterationRecord | None, start_ns: int) -> Span:
-        """Anywhere but directly in the iteration's body, on its thread: a real span."""
+        """Anywhere but directly in the iteration's body, on its thread: a real span; directly in
+        the training loop's body, a step before the next iteration (see ``engine.prelude``)."""
         if engine.closed:
             return _INVALID_SPAN
         try:
+            if record is None and engine.prelude_opens(self):
+                self._prelude = engine
+                self._start_ns = start_ns or _time_ns()
+                return self
             span = PhaseSpan._open(self, engine, start_ns or None)
             if record is None:
                 engine.open_step = self  # outside any iteration (data loading before it opens)
@@ -563,6 +574,15 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
             return _INVALID_SPAN
 
     def _exit_elsewhere(self, exc: BaseException | None, end_ns: int, reason: str | None) -> None:
+        prelude = self._prelude
+        if prelude is not None:
+            self._prelude = None
+            end = end_ns or _time_ns()
+            error = None if exc is None else clean_exit(exc)
+            step = (self._name, self._start_ns, end, error, self._extras)
+            prelude.prelude_ended(step, self._index, self._attributes)
+            self._extras = None
+            return
         engine = self._engine
         if engine is None:
             return
@@ -585,6 +605,9 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
             self._token = None  # its context is the training thread's: left as it is
             self._hooked = None
             self.__exit__(Terminated, error, None, end_ns)  # a later __exit__ finds nothing open
+            return
+        if record is None and self._prelude is not None:  # before an iteration: its span now
+            self._exit_elsewhere(error, end_ns, None)
             return
         if self._token is None:  # closed
             return
