@@ -425,3 +425,31 @@ def test_a_step_before_what_is_no_iteration_is_a_span_of_its_own(exporter: InMem
     first = min(loads, key=lambda s: s.start_time or 0)
     assert first.end_time is not None and save.start_time is not None and first.end_time <= save.start_time
     assert all(not children_of(step, spans) for step in iterations(spans))
+
+
+def test_a_step_before_an_iteration_keeps_its_attributes_and_an_iteration_inside_it_its_time(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Attributes given to a step before an iteration go on its span in that iteration; an
+    iteration that begins inside a step still open (callbacks out of order) does not take it,
+    nor does the next one (it would start before the one before it ended): a span of its own."""
+    with traintel.training_loop():
+        with traintel.data_loading(attributes={"shard": 3}):
+            pass
+        with traintel.training_iteration():
+            pass
+        with traintel.data_loading():
+            with traintel.training_iteration():
+                pass
+        with traintel.training_iteration():
+            pass
+    spans = finished(exporter)
+    first, second, third = iterations(spans)
+    (load,) = children_of(first, spans)
+    assert (load.name, load.attributes["shard"]) == ("data_loading", 3)  # type: ignore[index]
+    assert not children_of(second, spans) and not children_of(third, spans)
+    assert second.end_time is not None and third.start_time is not None
+    assert second.end_time <= third.start_time
+    (loop,) = [s for s in spans if s.name == "training_loop"]
+    (lone,) = [s for s in children_of(loop, spans) if s.name == "data_loading"]
+    assert lone.start_time is not None and lone.start_time <= second.start_time  # type: ignore[operator]

@@ -71,8 +71,8 @@ ResumePoint = tuple[int, int, float] | None
 #: The step-phase fields of the row of an iteration that did not time its step phases.
 _UNTIMED: Final = (None, None, None, None)
 _get_ident = threading.get_ident
-#: A step run before an iteration: the step, its index in the step split, its start attributes.
-PreludeStep = tuple[Child, int, Mapping[str, AttributeValue]]
+#: A step run before an iteration: the step, and its index in the step split.
+PreludeStep = tuple[Child, int]
 _NO_PARENT: Final = (None, trace_api.INVALID_SPAN_CONTEXT, True, 0)  # matches no Context
 #: Events of one kind (slow_iteration, nonfinite_metric) per segment at most; iterations that are
 #: not exported may take half of them, so that the exported ones (whose event names their trace
@@ -363,7 +363,7 @@ class TrainingEngine:
             cached = self._parent_cache = self._parent_of(context)
         record = new_record(phase, iteration, start_ns, cached[1])
         if prelude:
-            for child, index, _attributes in prelude:
+            for child, index in prelude:
                 record.children.append(child)
                 record.phase_ns[index] += child[2] - child[1]
         if attributes:  # samples= / tokens= among them count as the step's work
@@ -413,17 +413,23 @@ class TrainingEngine:
     ) -> tuple[int, tuple[PreludeStep, ...]]:
         """The steps before an iteration beginning in ``context``, with its start: a training
         iteration directly in the loop's body starts with them; anything else, without (they
-        become spans of their own)."""
+        become spans of their own), and so does one that began inside them (their start is
+        before the last iteration's end)."""
         prelude = self.prelude
-        if phase == _TRAINING_ITERATION and current_span(context) is self.loop:
+        first = prelude[0][0][1]
+        if (
+            phase == _TRAINING_ITERATION
+            and current_span(context) is self.loop
+            and first >= self.iteration_end_ns
+        ):
             self.prelude = ()
-            return prelude[0][0][1], prelude
+            return first, prelude
         self.flush_prelude()
         return start_ns, ()
 
-    def prelude_ended(self, child: Child, index: int, attributes: Mapping[str, AttributeValue]) -> None:
+    def prelude_ended(self, child: Child, index: int) -> None:
         self.open_step = None
-        self.prelude += ((child, index, attributes),)
+        self.prelude += ((child, index),)
         if child[3] is not None:  # it failed: no iteration is its, its span says so now
             self.flush_prelude()
 
@@ -434,8 +440,8 @@ class TrainingEngine:
         prelude, self.prelude = self.prelude, ()
         loop = self.loop
         context = trace_api.set_span_in_context(loop) if loop is not None else None
-        for (name, start_ns, end_ns, error, extras), _index, given in prelude:
-            attributes = extras.attributes if extras is not None else given
+        for (name, start_ns, end_ns, error, extras), _index in prelude:
+            attributes = extras.attributes if extras is not None else {semconv.PHASE: name}
             if isinstance(error, Terminated):  # cut by a signal: it says why it ended
                 attributes = {**attributes, semconv.END_REASON: str(error)}
             try:

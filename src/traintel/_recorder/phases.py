@@ -562,6 +562,8 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
             if record is None and engine.prelude_opens(self):
                 self._prelude = engine
                 self._start_ns = start_ns or _time_ns()
+                if self._custom:  # its own attributes go on its span
+                    self._extras = StepExtras(self._attributes)
                 return self
             span = PhaseSpan._open(self, engine, start_ns or None)
             if record is None:
@@ -579,8 +581,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
             self._prelude = None
             end = end_ns or _time_ns()
             error = None if exc is None else clean_exit(exc)
-            step = (self._name, self._start_ns, end, error, self._extras)
-            prelude.prelude_ended(step, self._index, self._attributes)
+            prelude.prelude_ended((self._name, self._start_ns, end, error, self._extras), self._index)
             self._extras = None
             return
         engine = self._engine
