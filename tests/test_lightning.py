@@ -498,3 +498,21 @@ def test_the_ranks_lightning_launches_itself_are_one_run(tmp_path: Path) -> None
                 run_ids.setdefault(rank, set()).add(attributes[semconv.RUN_ID])
     assert set(run_ids) == {0, 1}
     assert len(run_ids[0] | run_ids[1]) == 1
+
+
+def test_saves_no_write_finishes_are_let_go_past_a_bound(captured: Captured, tmp_path: Path) -> None:
+    """Under DDP only rank 0 writes: the other ranks hand over saves no write finishes. At most
+    ``MAX_PENDING`` wait; the oldest are let go, and a later write still finishes its own."""
+    from traintel.integrations._driver import AsyncWrites
+
+    writes = AsyncWrites()
+    with traintel.training_loop():
+        for n in range(AsyncWrites.MAX_PENDING + 6):
+            with traintel.checkpoint_save(strategy="async") as save:
+                writes.expect(tmp_path / f"{n}.ckpt", save.completion())
+    assert len(writes._pending) == AsyncWrites.MAX_PENDING
+    written: list[Any] = []
+    write = writes.finishing(lambda checkpoint, path: path)(lambda checkpoint, path: written.append(path))
+    write({}, tmp_path / "0.ckpt")  # let go: nothing to finish
+    write({}, tmp_path / f"{AsyncWrites.MAX_PENDING + 5}.ckpt")
+    assert len(written) == 2 and len(captured.named("checkpoint_finalize")) == 1

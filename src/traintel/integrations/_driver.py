@@ -237,9 +237,15 @@ class AsyncWrites:
         self._pending: dict[str, deque[AsyncCheckpointCompletion]] = {}
         self._lock = threading.Lock()
 
+    #: Saves waiting for their write at most: a rank whose strategy writes nothing (only rank 0
+    #: does under DDP) hands over saves no write will finish; the oldest are let go.
+    MAX_PENDING = 64
+
     def expect(self, path: object, completion: AsyncCheckpointCompletion) -> None:
         with self._lock:
             self._pending.setdefault(str(path), deque()).append(completion)
+            if len(self._pending) > self.MAX_PENDING:
+                del self._pending[next(iter(self._pending))]
 
     def _take(self, path: object) -> AsyncCheckpointCompletion | None:
         with self._lock:
