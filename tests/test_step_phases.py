@@ -453,3 +453,20 @@ def test_a_step_before_an_iteration_keeps_its_attributes_and_an_iteration_inside
     (loop,) = [s for s in spans if s.name == "training_loop"]
     (lone,) = [s for s in children_of(loop, spans) if s.name == "data_loading"]
     assert lone.start_time is not None and lone.start_time <= second.start_time  # type: ignore[operator]
+
+
+def test_a_shutdown_inside_a_step_before_an_iteration_ends_it_with_the_reason(
+    exporter: InMemorySpanExporter,
+) -> None:
+    with traintel.training_loop():
+        with traintel.training_iteration():
+            pass
+        with traintel.data_loading():
+            traintel.get_telemetry().flush(10)
+            before = len(exporter.get_finished_spans())
+            traintel.shutdown(5)
+    spans = list(exporter.get_finished_spans())
+    (load,) = [s for s in spans[before:] if s.name == "data_loading"]
+    assert load.attributes[semconv.END_REASON] == "telemetry shutdown"  # type: ignore[index]
+    (loop,) = [s for s in spans if s.name == "training_loop"]
+    assert load.parent is not None and load.parent.span_id == loop.context.span_id

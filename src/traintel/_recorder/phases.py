@@ -697,6 +697,7 @@ def end_open_phases(engine: TrainingEngine, reason: str) -> None:
     ends, then the spans (see :meth:`PhaseSpan._end_at_shutdown`); never raises."""
     try:
         _end_open_iterations(engine, reason)
+        _end_open_prelude(engine, reason)
     except Exception:
         engine.warn_once("end_open_iterations", "could not end an iteration open at shutdown")
     for end in reversed(list(engine.open_phases.values())):
@@ -723,6 +724,15 @@ def open_iterations(engine: TrainingEngine, record: IterationRecord | None) -> I
         if outer is record:  # not ended: nothing further out is reached
             return
         record = outer
+
+
+def _end_open_prelude(engine: TrainingEngine, reason: str) -> None:
+    """A step open before the next iteration, on this thread, ends now with the reason (a span
+    of its own when the loop around it ends, as it was when such a step was always one)."""
+    step = engine.open_step
+    if isinstance(step, StepPhase) and step._prelude is engine and engine.training_thread == _get_ident():
+        step.set_attribute(semconv.END_REASON, reason)
+        step._exit_elsewhere(None, 0, reason)
 
 
 def _end_open_iterations(engine: TrainingEngine, reason: str) -> None:
