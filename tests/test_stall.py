@@ -313,6 +313,29 @@ def test_a_writer_thread_s_open_stage_is_not_where_training_is(job: Job) -> None
     assert saving <= sample.progress_ns < writer_entered[0]
 
 
+def test_a_writer_thread_s_stage_ending_is_not_the_rank_s_progress(job: Job) -> None:
+    """The training thread waits between iterations (no phase) while a writer thread ends its
+    `write` stage: before, that end was the rank's last progress, and a hang of the training
+    thread there was seen that much later."""
+    heartbeat = Heartbeat(job.telemetry.engine, job.telemetry.open_spans, job.sequence, clock.time_ns)
+    with traintel.training_loop():
+        with traintel.training_iteration(0):
+            pass
+        last_end = heartbeat.sample().progress_ns
+
+        def write() -> None:
+            with traintel.checkpoint_stage("write"):
+                pass
+
+        writer = threading.Thread(target=write, name="writer")
+        writer.start()
+        writer.join(GUARD_S)
+        sample = heartbeat.sample()
+        with traintel.training_iteration(1):
+            pass
+    assert sample.progress_ns == last_end
+
+
 def test_a_watcher_kept_from_running_reports_the_held_gil_when_it_runs_again(job: Job) -> None:
     """Without the helper process (a process alone): the gap between two wakes is the time C
     code held the GIL; said when the watcher runs again, and recovered at the next progress."""

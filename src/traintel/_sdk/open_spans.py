@@ -53,12 +53,14 @@ class OpenSpans:
             with self._lock:
                 self._phase_counts[phase] = self._phase_counts.get(phase, 0) + 1
 
-    def ended(self, span_id: int, phase: str | None, end_ns: int) -> None:
-        """Forget an ended span."""
+    def ended(self, span_id: int, phase: str | None, end_ns: int, beside_training: bool = False) -> None:
+        """Forget an ended span; its end is progress unless it ran beside training (a writer
+        thread's stage ending says nothing of the training thread)."""
         live = self._open.pop(span_id, None)
         if phase is None:
             return
-        self.last_end_ns = end_ns
+        if not beside_training:
+            self.last_end_ns = end_ns
         if live is not None:
             with self._lock:
                 remaining = self._phase_counts.get(phase, 0) - 1

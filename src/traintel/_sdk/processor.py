@@ -161,7 +161,8 @@ class TrainingMetricsProcessor(SpanProcessor):
             self._own_step_ended(engine, span)
             return
         phase = _phase_of(span)
-        self.open_spans.ended(context.span_id, phase, span.end_time or 0)
+        beside = semconv.THREAD_NAME in (span.attributes or {})
+        self.open_spans.ended(context.span_id, phase, span.end_time or 0, beside)
         if phase is not None:
             self._phase_ended(engine, span, phase, context)
 
