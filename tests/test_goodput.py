@@ -30,7 +30,7 @@ from tests.conftest import Pipeline, parent_name
 from traintel import cli, semconv
 from traintel._aggregation.goodput import GoodputLedger, WindowGoodput
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs, render_goodput
-from traintel.analysis.summary import summarize
+from traintel.analysis.summary import phase_rows, summarize
 from traintel.exporters.file import OtlpJsonFileSpanExporter
 from traintel.exporters.reader import iter_spans
 from traintel.semconv import BADPUT_CATEGORIES
@@ -199,6 +199,11 @@ def test_phases_run_beside_training_are_not_badput(tmp_path: Path, monkeypatch: 
     assert live.productive_s == pytest.approx(14)
     assert (live.badput_s["data_loading"], live.badput_s["checkpoint_save"]) == (pytest.approx(2), 0)
     assert live.badput_s["other"] == pytest.approx(4)
+    # the tables show the prefetcher's loading on a row of its own, without a share
+    rows = {row.phase: row for row in phase_rows(summarize([tmp_path]))}
+    beside = rows["data_loading (beside training)"]
+    assert (beside.count, beside.total_s, beside.share) == (4, pytest.approx(8), None)
+    assert rows["data_loading"].total_s == pytest.approx(2)
 
 
 def test_step_time_deviation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -63,6 +63,8 @@ _E = semconv.EVAL_PREFIX
 _EVAL_METRIC = _E + "metric."
 _LOOP_METRIC = semconv.METRIC_PREFIX
 
+#: The row of a step phase run on another thread than the one that trains (a prefetcher's).
+BESIDE_TRAINING = " (beside training)"
 #: Phases without a share of the wall time: the whole of it, and time spent beside training
 #: (an async save's background write runs while the loop goes on).
 _NO_SHARE = {Phase.APPLICATION.value, Phase.CHECKPOINT_FINALIZE.value}
@@ -368,8 +370,10 @@ class RunSummary:
         if phase == Phase.TRAINING_ITERATION:
             self._exported_iteration(span, seconds)
         if phase in _PER_STEP:  # counted from the window events, not from the sampled spans
-            self.per_step_errors[phase] += span.is_error
-            return
+            if semconv.THREAD_NAME not in span.attributes:
+                self.per_step_errors[phase] += span.is_error
+                return
+            phase += BESIDE_TRAINING  # a prefetcher thread's loading: every span, a row of its own
         self._phase(extent, phase, seconds, span)
         self._outer(extent, phase, seconds, span)
 
