@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 
 from tests.test_goodput import Job, at, run_job
 from traintel import cli, semconv
@@ -405,6 +406,36 @@ def test_export_trace_keeps_a_child_that_ends_with_its_parent_inside_it(
     slices = {e["name"]: e for e in _tracks(json.loads(text)["traceEvents"])["training"]}
     assert code == 0 and slices["training_iteration"]["ts"] == at(10.000000685) // 1000
     assert slices["training_iteration"]["ts"] + slices["training_iteration"]["dur"] == at(end) // 1000
+
+
+def test_an_iteration_that_raised_is_not_the_slowest_iteration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 4 s step that hangs 100 s and raises (then the loop goes on): not a completed iteration,
+    so not the table's max nor a slowest iteration (before: max 100 s beside a count and a mean
+    of the 4 s steps); the errors name it."""
+
+    def hung_then_raised(job: Job) -> None:
+        app = job.open("application", 0)
+        loop = job.open("training_loop", 0, app)
+        t = 0.0
+        for number in range(4):
+            step = 100 if number == 2 else 4
+            span = job.iteration(loop, number, t, t + step)
+            if number == 2:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "TimeoutError"))
+            span.end(end_time=at(t + step))
+            t += step
+        loop.end(end_time=at(t))
+        app.end(end_time=at(t))
+
+    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "off")  # (a plain OpenTelemetry loop)
+    run_job(tmp_path, monkeypatch, hung_then_raised)
+    summary = summarize([tmp_path])
+    row = next(r for r in phase_rows(summary) if r.phase == "training_iteration")
+    assert (row.count, row.max_s, row.errors) == (3, pytest.approx(4), 1)
+    assert {slow.iteration for slow in summary.slowest} == {0, 1, 3}
+    assert [f.iteration for f in summary.failures.values()] == [2]
 
 
 def test_export_trace_of_a_diverged_loss_is_strict_json(

@@ -399,9 +399,13 @@ class RunSummary:
         self.other_failures += sum(f.spans for f in ordered[MAX_FAILURES:])
 
     def _exported_iteration(self, span: SpanRecord, seconds: float) -> None:
-        """An exported (sampled) iteration: counted by sampling reason, kept if among the slowest."""
+        """An exported (sampled) iteration: counted by sampling reason, kept if among the slowest
+        (unless it raised: not a completed iteration, its time is in no iteration statistic; the
+        errors name it)."""
         reason = str(span.attributes.get(semconv.SAMPLING_REASON, "foreign"))
         self.exported_iterations[reason] += 1
+        if span.is_error:
+            return
         iteration = int(span.attributes.get(semconv.ITERATION, -1))
         resource = span.resource
         run_id, restart = str(resource.get(semconv.RUN_ID, "")), _count(resource, semconv.RESTART_COUNT)
