@@ -438,6 +438,28 @@ def test_an_iteration_that_raised_is_not_the_slowest_iteration(
     assert [f.iteration for f in summary.failures.values()] == [2]
 
 
+def test_plain_opentelemetry_iterations_after_one_that_raised_keep_their_own_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Iteration spans of the user's own, without numbers; the third raises. Before: the fourth
+    got the third's number (the windows, which number them, do not count one that raised)."""
+
+    def unnumbered(job: Job) -> None:
+        loop = job.open("training_loop", 0)
+        for n in range(4):
+            span = job.open("training_iteration", 4 * n, loop)
+            if n == 2:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "ValueError"))
+            span.end(end_time=at(4 * n + 4))
+        loop.end(end_time=at(16))
+
+    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "off")  # (a plain OpenTelemetry loop)
+    run_job(tmp_path, monkeypatch, unnumbered)
+    summary = summarize([tmp_path])
+    assert {slow.iteration for slow in summary.slowest} == {0, 1, 3}
+    assert [f.iteration for f in summary.failures.values()] == [2]
+
+
 def test_export_trace_of_a_diverged_loss_is_strict_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

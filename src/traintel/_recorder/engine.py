@@ -120,6 +120,7 @@ class TrainingEngine:
     #: Step phases run directly in the training loop's body since the last iteration (the next
     #: batch fetched before the iteration opens): the next iteration starts with them.
     prelude: tuple[PreludeStep, ...] = ()
+    _foreign_next = 0  # the next number for a foreign iteration span that carries none
 
     def __init__(
         self,
@@ -949,8 +950,12 @@ class TrainingEngine:
         self.windows.close(final=True, ended_loop=NonRecordingSpan(context))
 
     def next_foreign_iteration(self) -> int:
-        """The number a foreign iteration span starting now gets where it carries none."""
-        return self.window.iterations_seen
+        """The number a foreign iteration span starting now gets where it carries none: as the
+        windows count, but past the last one numbered (one that raised is not counted in the
+        windows: the next took its number)."""
+        number = max(self.window.iterations_seen, self._foreign_next)
+        self._foreign_next = number + 1
+        return number
 
     def foreign_iteration(
         self, span: Any, duration_ns: int, steps: list[int] | None, loop_span: Span | None
