@@ -363,10 +363,9 @@ class TrainingEngine:
         if context is not cached[0]:  # not the loop's context of the previous iteration
             cached = self._parent_cache = self._parent_of(context)
         record = new_record(phase, iteration, start_ns, cached[1])
-        if prelude:
-            for child, index in prelude:
-                record.children.append(child)
-                record.phase_ns[index] += child[2] - child[1]
+        for child, index in prelude:  # (none, mostly)
+            record.children.append(child)
+            record.phase_ns[index] += child[2] - child[1]
         if attributes:  # samples= / tokens= among them count as the step's work
             record.set_attributes(attributes)
         index = sampler.seen

@@ -560,11 +560,7 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
             return _INVALID_SPAN
         try:
             if record is None and engine.prelude_opens(self):
-                self._prelude = engine
-                self._start_ns = start_ns or _time_ns()
-                if self._custom:  # its own attributes go on its span
-                    self._extras = StepExtras(self._attributes)
-                return self
+                return self._enter_prelude(engine, start_ns)
             span = PhaseSpan._open(self, engine, start_ns or None)
             if record is None:
                 engine.open_step = self  # outside any iteration (data loading before it opens)
@@ -574,6 +570,14 @@ class StepPhase(_TimedPhase, NonRecordingSpan):
         except Exception:
             engine.warn_once("enter:" + self._name, "could not start phase %r", self._name)
             return _INVALID_SPAN
+
+    def _enter_prelude(self, engine: TrainingEngine, start_ns: int) -> Span:
+        """Before the next iteration, in the loop's body: timed, its handle this object."""
+        self._prelude = engine
+        self._start_ns = start_ns or _time_ns()
+        if self._custom:  # its own attributes go on its span
+            self._extras = StepExtras(self._attributes)
+        return self
 
     def _exit_elsewhere(self, exc: BaseException | None, end_ns: int, reason: str | None) -> None:
         prelude = self._prelude

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 
 from opentelemetry.sdk.trace import ReadableSpan, Span
 
@@ -53,13 +53,15 @@ class OpenSpans:
             with self._lock:
                 self._phase_counts[phase] = self._phase_counts.get(phase, 0) + 1
 
-    def ended(self, span_id: int, phase: str | None, end_ns: int, beside_training: bool = False) -> None:
+    def ended(
+        self, span_id: int, phase: str | None, end_ns: int, attributes: Mapping[str, object] | None = None
+    ) -> None:
         """Forget an ended span; its end is progress unless it ran beside training (a writer
         thread's stage ending says nothing of the training thread)."""
         live = self._open.pop(span_id, None)
         if phase is None:
             return
-        if not beside_training:
+        if semconv.THREAD_NAME not in (attributes or {}):
             self.last_end_ns = end_ns
         if live is not None:
             with self._lock:

@@ -161,8 +161,7 @@ class TrainingMetricsProcessor(SpanProcessor):
             self._own_step_ended(engine, span)
             return
         phase = _phase_of(span)
-        beside = semconv.THREAD_NAME in (span.attributes or {})
-        self.open_spans.ended(context.span_id, phase, span.end_time or 0, beside)
+        self.open_spans.ended(context.span_id, phase, span.end_time or 0, span.attributes)
         if phase is not None:
             self._phase_ended(engine, span, phase, context)
 
@@ -216,11 +215,14 @@ class TrainingMetricsProcessor(SpanProcessor):
         (innermost wins); its whole time is taken from what encloses it. Data loading inside an
         iteration is already the iteration's data-loading wait; a phase off the training thread
         did not hold training up."""
+        if semconv.THREAD_NAME in (span.attributes or {}):
+            return  # it ran beside training (a prefetcher's loading, a writer's save): not badput
+        self._book(engine, span, phase)
+
+    def _book(self, engine: SpanEngine, span: ReadableSpan, phase: str) -> None:
         context = span.get_span_context()
         if context is None or span.start_time is None or span.end_time is None:
             return
-        if semconv.THREAD_NAME in (span.attributes or {}):
-            return  # it ran beside training (a prefetcher's loading, a writer's save): not badput
         duration_ns = span.end_time - span.start_time
         kind, ancestor = self._goodput_parent(engine, span)
         if phase == _DATA_LOADING and kind == "iteration":

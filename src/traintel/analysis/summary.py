@@ -356,12 +356,8 @@ class RunSummary:
         extent.see(span.start_ns, span.end_ns)
         if span.is_error:
             self._failed(span)
-        for event in span.events:
-            self.events[event.name] += 1
-            if event.name == semconv.Event.TRAINING_METRICS_UPDATE:
-                self._window(event.attributes, _precedence(resource, event.time_ns))
-            elif event.name == semconv.Event.CHECKPOINT_METRICS_UPDATE:
-                self._checkpoints((_precedence(resource, event.time_ns), event.attributes))
+        if span.events:
+            self._events(span)
         phase = span.attributes.get(semconv.PHASE)
         if phase is None:
             return
@@ -370,12 +366,29 @@ class RunSummary:
         if phase == Phase.TRAINING_ITERATION:
             self._exported_iteration(span, seconds)
         if phase in _PER_STEP:  # counted from the window events, not from the sampled spans
-            if semconv.THREAD_NAME not in span.attributes:
-                self.per_step_errors[phase] += span.is_error
+            phase = self._per_step(phase, span)
+            if phase is None:
                 return
-            phase += BESIDE_TRAINING  # a prefetcher thread's loading: every span, a row of its own
         self._phase(extent, phase, seconds, span)
         self._outer(extent, phase, seconds, span)
+
+    def _events(self, span: SpanRecord) -> None:
+        """A span's events: counted by name; window records and checkpoint totals read."""
+        resource = span.resource
+        for event in span.events:
+            self.events[event.name] += 1
+            if event.name == semconv.Event.TRAINING_METRICS_UPDATE:
+                self._window(event.attributes, _precedence(resource, event.time_ns))
+            elif event.name == semconv.Event.CHECKPOINT_METRICS_UPDATE:
+                self._checkpoints((_precedence(resource, event.time_ns), event.attributes))
+
+    def _per_step(self, phase: str, span: SpanRecord) -> str | None:
+        """A step phase's span: its error counted (its time is the windows'); but on a thread
+        beside training (a prefetcher's loading), every span, on a row of its own."""
+        if semconv.THREAD_NAME in span.attributes:
+            return phase + BESIDE_TRAINING
+        self.per_step_errors[phase] += span.is_error
+        return None
 
     def _failed(self, span: SpanRecord) -> None:
         iteration = span.attributes.get(semconv.ITERATION, span.attributes.get(semconv.CHECKPOINT_ITERATION))
