@@ -76,6 +76,11 @@ def _two_stages(application: bool) -> Builder:
     return build
 
 
+def _two_stages_killed(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "off")  # (see the crafted test)
+    crafted.run_job(directory, monkeypatch, crafted.two_stages_killed)
+
+
 def _killed_after_a_step_that_raised(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three 4 s iterations, then a fourth that raised; the job dies there (no end exported).
     The step that raised is no progress: not in the inferred tail, its time not productive."""
@@ -105,6 +110,7 @@ SESSIONS: dict[str, Builder] = {
     ),
     "async checkpoint": _crafted((crafted.job_with_async_save, {})),
     "phases beside training": _crafted((crafted.beside_training_job, {})),
+    "loops without an application, killed in the second": _two_stages_killed,
     "killed after a step that raised": _killed_after_a_step_that_raised,
     "first step waits for its batch": _crafted((crafted.first_step_waits_for_its_batch, {"window": 3})),
     "killed in its first window, resumed (traintel API)": _killed(

@@ -206,6 +206,30 @@ def test_phases_run_beside_training_are_not_badput(tmp_path: Path, monkeypatch: 
     assert rows["data_loading"].total_s == pytest.approx(2)
 
 
+def two_stages_killed(job: Job) -> None:
+    """No application: a pre-training loop that ends, then a fine-tuning loop killed after its
+    window record (its loop span never ends)."""
+    first = job.open("training_loop", 0)
+    for number in range(2):
+        job.iteration(first, number, 4 * number, 4 * number + 4).end(end_time=at(4 * number + 4))
+    first.end(end_time=at(8))
+    second = job.open("training_loop", 10)  # never ends: the node went
+    for number in range(2, 4):
+        start = 10 + 4 * (number - 2)
+        job.iteration(second, number, start, start + 4).end(end_time=at(start + 4))
+
+
+def test_a_job_of_loops_killed_in_its_second_loop_has_no_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: "completed" (the first loop's end was the job's: a job resuming it would not
+    have counted a disruption, nor the gap as recovery)."""
+    monkeypatch.setenv("TRAINTEL_WINDOW_EVENTS", "off")  # (a plain OpenTelemetry loop)
+    run_job(tmp_path, monkeypatch, two_stages_killed)
+    (job,) = one_session(tmp_path).jobs
+    assert (job.status, job.last_iteration) == ("no end exported", 3)
+
+
 def test_step_time_deviation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_job(tmp_path, monkeypatch, clean_job)
     result = one_session(tmp_path)

@@ -162,8 +162,13 @@ SELECT
     t.instance AS instance, t.session AS session, t.run_id AS run_id, t.restart AS restart, t.rank AS rank,
     t.perf_tag AS perf_tag, t.first_ns AS start_ns,
     greatest(t.span_last_ns, ifNull(m.last_ns, 0)) AS last_ns,
-    if(o.instance != '', o.final_end.1, NULL) AS end_ns,
-    o.instance != '' AND NOT o.final_end.2 AS ended_cleanly,
+    -- a job of loops without an application that trained past its latest loop's end (a second
+    -- stage killed mid-way) has no end
+    o.instance != '' AND (o.final_end.3 OR greatest(arrayMax(arrayPushBack(arrayMap(r -> r.2, w.records), 0)),
+                                                     arrayMax(arrayPushBack(arrayMap(i -> i.3, e.exported), 0)))
+                                            <= o.final_end.1) AS has_end,
+    if(has_end, o.final_end.1, NULL) AS end_ns,
+    has_end AND NOT o.final_end.2 AS ended_cleanly,
     -- an application's end; without one, the process's last record (evaluation after the loop)
     if(o.instance != '' AND o.final_end.3, o.final_end.1, greatest(last_ns, t.first_ns, ifNull(end_ns, 0)))
         AS stop_ns,

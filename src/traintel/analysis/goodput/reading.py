@@ -186,6 +186,7 @@ def _group_jobs(processes: Iterable[Process]) -> list[Job]:
             continue  # metrics only: no timeline
         _resolve_data_loading(process)
         _infer_tail(process)
+        _trained_past_its_end(process)
         r = process.resource
         session = str(r.get(semconv.SESSION_TAG) or r.get(semconv.RUN_ID) or process.instance)
         run_id = str(r.get(semconv.RUN_ID) or process.instance)
@@ -350,6 +351,20 @@ def _marked_window(process: Process, covered: int) -> Window | None:
         max_s=progress.max_s, slowest=progress.slowest_iteration, ideal=progress.ideal_step_time_s,
         inferred=True, quantiles=False,
     )  # fmt: skip
+
+
+def _trained_past_its_end(process: Process) -> None:
+    """A job of loops without ``application()`` whose latest exported loop end comes before
+    iterations it ran (a second stage killed mid-way, its loop never ended) has no end: it did
+    not complete where its first stage did."""
+    if process.outermost != LOOP or process.end_ns is None:
+        return
+    trained = max(
+        max((row[1] for row in process.window_rows), default=0),
+        max((window.end_ns for window in process.inferred), default=0),
+    )
+    if trained > process.end_ns:
+        process.outermost, process.end_ns, process.end_error = None, None, False
 
 
 def _infer_tail(process: Process) -> None:
