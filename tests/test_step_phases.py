@@ -470,3 +470,26 @@ def test_a_shutdown_inside_a_step_before_an_iteration_ends_it_with_the_reason(
     assert load.attributes[semconv.END_REASON] == "telemetry shutdown"  # type: ignore[index]
     (loop,) = [s for s in spans if s.name == "training_loop"]
     assert load.parent is not None and load.parent.span_id == loop.context.span_id
+
+
+def test_in_all_mode_a_step_before_an_iteration_is_its_child_too() -> None:
+    """``TRAINTEL_EXPORT_ITERATIONS=all`` exports every iteration: the batch fetched before one is
+    its first child there too, and the tables count it (before: a span of its own under the
+    loop, which the phase table, counting steps from the windows, left out)."""
+    exporter = InMemorySpanExporter()
+    traintel.configure(span_exporters=[exporter], metric_readers=[], export_iterations="all")
+    try:
+        with traintel.training_loop():
+            for _ in range(3):
+                with traintel.data_loading():
+                    pass
+                with traintel.training_iteration():
+                    with traintel.model_forward():
+                        pass
+        spans = finished(exporter)
+    finally:
+        traintel.shutdown(2)
+    steps = iterations(spans)
+    assert len(steps) == 3
+    assert all([c.name for c in children_of(s, spans)] == ["data_loading", "model_forward"] for s in steps)
+    assert len([s for s in spans if s.name == "data_loading"]) == 3

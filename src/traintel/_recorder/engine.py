@@ -397,11 +397,11 @@ class TrainingEngine:
     # --- step phases before an iteration ------------------------------------------------------------
     def prelude_opens(self, step: OpenStep) -> bool:
         """Whether a step phase opening outside any iteration is timed without a span, to be the
-        next iteration's first step: directly in the training loop's body, on its thread, with
-        no per-step hooks ("all" mode, device timing). A span per step cost 55 µs a step (9 µs
-        inside the iteration) and one exported span each, and the tables left it out."""
+        next iteration's first step: directly in the training loop's body, on its thread, without
+        device timing (it times steps on the device as they run). A span per step cost 55 µs a
+        step (9 µs inside the iteration) and one exported span each, and the tables left it out."""
         loop = self.loop
-        if loop is None or self.step_hooks or _get_ident() != self.training_thread:
+        if loop is None or self.device is not None or _get_ident() != self.training_thread:
             return False
         if current_span(get_current()) is not loop:
             return False
