@@ -439,16 +439,22 @@ class TrainingEngine:
         step phase outside any iteration is (data loading there is badput of its own)."""
         prelude, self.prelude = self.prelude, ()
         loop = self.loop
-        context = trace_api.set_span_in_context(loop) if loop is not None else None
-        for (name, start_ns, end_ns, error, extras), _index in prelude:
-            attributes = extras.attributes if extras is not None else {semconv.PHASE: name}
-            if isinstance(error, Terminated):  # cut by a signal: it says why it ended
-                attributes = {**attributes, semconv.END_REASON: str(error)}
+        context = trace_api.set_span_in_context(loop) if loop is not None else get_current()
+        for child, _index in prelude:
             try:
-                span = self.tracer.start_span(name, context, attributes=attributes, start_time=start_ns)
-                _finish(span, extras, error, end_ns)
+                self._step_span(child, context)
             except Exception:
-                self.warn_once("prelude", "could not record the step %r before an iteration", name)
+                self.warn_once("prelude", "could not record the step %r before an iteration", child[0])
+
+    def _step_span(self, child: Child, context: Context) -> None:
+        """A step's span, started and ended at its times under ``context``: its own attributes
+        (else its phase), the reason a signal cut it, what was set on its handle."""
+        name, start_ns, end_ns, error, extras = child
+        attributes = extras.attributes if extras is not None else {semconv.PHASE: name}
+        if isinstance(error, Terminated):  # cut by a signal: it says why it ended
+            attributes = {**attributes, semconv.END_REASON: str(error)}
+        step_id = extras.span_id if extras is not None else 0  # drawn if spans started inside
+        _finish(self._start(name, context, attributes, start_ns, step_id), extras, error, end_ns)
 
     def _begin_eval(self, phase: str, given_number: int | None) -> tuple[int, IterationSampler]:
         """A validation or testing iteration's number (its loop's running count unless given)
@@ -709,12 +715,8 @@ class TrainingEngine:
             root_trace = None if parent.is_valid else record.trace_id
             span = self._start(record.phase, context, attributes, record.start_ns, record.span_id, root_trace)
             inside = trace_api.set_span_in_context(span)
-            for name, start_ns, end_ns, error, extras in record.children:
-                attributes = extras.attributes if extras is not None else {semconv.PHASE: name}
-                if isinstance(error, Terminated):  # cut by a signal: it says why it ended
-                    attributes = {**attributes, semconv.END_REASON: str(error)}
-                step_id = extras.span_id if extras is not None else 0  # drawn if spans started inside
-                _finish(self._start(name, inside, attributes, start_ns, step_id), extras, error, end_ns)
+            for child in record.children:
+                self._step_span(child, inside)
             _finish(span, record, record.error, record.end_ns)
         finally:
             self.materializing.discard(thread)

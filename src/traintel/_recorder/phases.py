@@ -731,8 +731,8 @@ def open_iterations(engine: TrainingEngine, record: IterationRecord | None) -> I
 
 
 def _end_open_prelude(engine: TrainingEngine, reason: str) -> None:
-    """A step open before the next iteration, on this thread, ends now with the reason (a span
-    of its own when the loop around it ends, as it was when such a step was always one)."""
+    """A step open before the next iteration, on this thread, ends now with the reason: no
+    iteration follows, so it becomes a span of its own as the loop around it ends."""
     step = engine.open_step
     if isinstance(step, StepPhase) and step._prelude is engine and engine.training_thread == _get_ident():
         step.set_attribute(semconv.END_REASON, reason)

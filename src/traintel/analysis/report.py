@@ -595,10 +595,11 @@ class Report:
             if writers and stage == "finalize":
                 rows.append((f"{stage} (async writers, beside training)", seconds))
                 continue
-            if seconds > beside.get(stage, 0.0) or stage not in beside:
-                rows.append((stage, seconds - beside.get(stage, 0.0)))
-            if stage in beside:
-                rows.append((f"{stage} (writer threads, beside training)", beside[stage]))
+            away = beside.get(stage, 0.0)
+            if seconds > away or not away:
+                rows.append((stage, seconds - away))
+            if away:
+                rows.append((f"{stage} (writer threads, beside training)", away))
         return rows
 
     @property

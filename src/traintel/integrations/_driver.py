@@ -166,10 +166,7 @@ class PhaseDriver:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 if in_checkpoint():
                     return original(*args, **kwargs)
-                try:
-                    path = path_of(*args, **kwargs)
-                except Exception:  # a call the framework itself will refuse: it says why
-                    path = None
+                path = _path_of(path_of, args, kwargs)
                 attributes = {semconv.INTEGRATION: integration}
                 if writes is None:
                     with phase(path=path, attributes=attributes):
@@ -228,6 +225,15 @@ def loss_value(outputs: Any) -> float | None:
 Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
+def _path_of(path_of: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The path a framework's checkpoint call was given; None for a call it will refuse itself
+    (it says why)."""
+    try:
+        return path_of(*args, **kwargs)
+    except Exception:
+        return None
+
+
 class AsyncWrites:
     """A framework's checkpoint writes that run in a thread of its own (Lightning's
     ``AsyncCheckpointIO``): each finishes the async save that handed it over, found by the path
@@ -263,10 +269,7 @@ class AsyncWrites:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    path = path_of(*args, **kwargs)
-                except Exception:
-                    path = None
+                path = _path_of(path_of, args, kwargs)
                 completion = self._take(path) if path is not None else None
                 try:
                     result = original(*args, **kwargs)
