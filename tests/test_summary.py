@@ -427,11 +427,16 @@ def test_a_failed_iteration_and_its_failed_step_count_in_the_errors_column(tmp_p
 
 
 @pytest.mark.process
-def test_plain_opentelemetry_iterations_are_numbered_and_their_loop_is_named(tmp_path: Path) -> None:
+@pytest.mark.parametrize("window_events", ["off", "on"])
+def test_plain_opentelemetry_iterations_are_numbered_and_their_loop_is_named(
+    tmp_path: Path, window_events: str
+) -> None:
     """The documented plain OpenTelemetry loop (spans carrying ``ml.training.phase`` alone):
     its iteration spans get their numbers, as the windows count them (before: every slowest
     exported iteration was -1), and the summary says why its loop has no percentiles rather
-    than "so far" for a loop that ended."""
+    than "so far" for a loop that ended. With the full window events asked for, the window
+    that closes with the loop has no open loop to carry its event: its numbers ride on its
+    record (before: the summary had no iterations at all)."""
     from tests.subprocess_helpers import run_python
 
     done = run_python(
@@ -451,6 +456,7 @@ def test_plain_opentelemetry_iterations_are_numbered_and_their_loop_is_named(tmp
         """,
         tmp_path,
         TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"),
+        TRAINTEL_WINDOW_EVENTS=window_events,
     )
     assert done.returncode == 0, done.stderr
     spans = [s for s in iter_spans([tmp_path / "runs"]) if s.name == "training_iteration"]
@@ -459,6 +465,7 @@ def test_plain_opentelemetry_iterations_are_numbered_and_their_loop_is_named(tmp
     assert {slow.iteration for slow in summary.slowest} <= set(range(10)) and len(summary.slowest) == 5
     text = " ".join(render(summary).split())
     assert "Iterations: 10 in 1 window(s) (its loop span is not traintel's" in text and "so far" not in text
+    assert next(r for r in phase_rows(summary) if r.phase == "training_iteration").count == 10
 
 
 @pytest.mark.parametrize(

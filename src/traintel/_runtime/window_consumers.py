@@ -154,8 +154,9 @@ class WindowConsumers:
         self._held_parent: Span | None = None  # where the held records go (the latest window's)
 
     def _compact(self, event: WindowEvent) -> bool:
-        """The window's numbers ride on its record (the default), or on a full event on the loop."""
-        return self._engine.window_events and event.settings.window_events == "off"
+        """The window's numbers ride on its record (the default, and where no loop is open to
+        take them: a plain OpenTelemetry loop's last window), or on a full event on the loop."""
+        return self._engine.window_events and (event.settings.window_events == "off" or event.segment is None)
 
     def annotate_device(self, event: WindowEvent) -> None:
         if event.report is not None:
