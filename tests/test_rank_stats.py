@@ -48,6 +48,21 @@ def test_statistics_across_ranks_are_exact() -> None:
     assert attributes[semconv.STRAGGLER_RANK] == 3
 
 
+def test_a_window_holding_warm_up_names_no_straggler_and_seeds_no_ewma() -> None:
+    """Rank 1 compiles for longer in its first iteration (three times the others' compute over
+    window 0): no straggler, and the EWMAs start from the first window after the warm-up (before:
+    rank 1 named in window 0, and its EWMA seeded with the compile, chronic for windows after)."""
+    tracker = RankTracker(factor=1.25)
+    compute = [0.1, 0.3]
+    warm = [RankWindow(r, 0, 10, 1.0, 0.0, c, True, 1.0, warm_up=r == 0) for r, c in enumerate(compute)]
+    window = tracker.update(warm)
+    assert window is not None and window.straggler is None and window.ewma == ()
+    assert (window.compute.min, window.compute.max, window.top_k) == (0.1, 0.3, (1, 0))  # still reported
+    steady = tracker.update(rows(1, [0.10, 0.11]))
+    assert steady is not None and steady.straggler is None
+    assert steady.ewma == (0.10, 0.11) and not tracker.chronic(1)
+
+
 def test_ewma_tells_a_one_off_stall_from_a_chronic_lag() -> None:
     tracker = RankTracker(factor=1.25)
     for index in range(3):

@@ -51,7 +51,10 @@ def ok(results: list[RankResult]) -> list[RankResult]:
 @pytest.fixture(scope="module")
 def ddp(tmp_path_factory: pytest.TempPathFactory) -> list[RankResult]:
     tmp = tmp_path_factory.mktemp("ddp")
-    return ok(run_ranks(f"DELAY = {DELAY}\n" + DDP_JOB, tmp, TRAINTEL_LOG_EVERY_N_ITERATIONS="4"))
+    # Rank 1's delay is there from its first iteration: no warm-up (a window that holds one names
+    # no straggler), so every window names it.
+    job = f"DELAY = {DELAY}\n" + DDP_JOB
+    return ok(run_ranks(job, tmp, TRAINTEL_LOG_EVERY_N_ITERATIONS="4", TRAINTEL_WARMUP_ITERATIONS="0"))
 
 
 def test_ddp_equalises_iteration_times_but_the_straggler_is_rank_1(ddp: list[RankResult]) -> None:
@@ -82,6 +85,19 @@ def test_ddp_equalises_iteration_times_but_the_straggler_is_rank_1(ddp: list[Ran
         assert [s[semconv.STRAGGLER_RANK] for s in stragglers] == [1, 1, 1]
         assert all(s[semconv.STRAGGLER_COMPUTE_TIME] >= DELAY for s in stragglers)
         assert all(s[semconv.STRAGGLER_CHRONIC] for s in stragglers)
+
+
+def test_a_rank_that_compiles_longer_in_its_first_iteration_is_no_straggler(tmp_path: Path) -> None:
+    """Rank 1's first iteration takes DELAY longer (a cache miss, a longer compile), then the
+    ranks step alike: window 0 holds that warm-up, and no window names a straggler (before:
+    rank 1, in window 0). The job's view of window 0 is still exported."""
+    job = DDP_JOB.replace("if RANK == 1:", "if RANK == 1 and i == 0:")
+    rank0, _rank1 = ok(run_ranks(f"DELAY = {DELAY}\n" + job, tmp_path, TRAINTEL_LOG_EVERY_N_ITERATIONS="4"))
+    updates = rank0.events(semconv.Event.RANKS_METRICS_UPDATE.value)
+    assert [u[R + "window.index"] for u in updates] == [0, 1, 2]
+    assert updates[0][R + "compute_time.max"] >= DELAY / 4  # the first iteration's delay, in window 0
+    assert rank0.events(semconv.Event.STRAGGLER.value) == []
+    assert not rank0.metric_points(semconv.METRIC_STRAGGLERS)
 
 
 def test_each_ranks_own_window_shows_equal_iteration_times(ddp: list[RankResult]) -> None:
@@ -413,6 +429,7 @@ def test_scale_mode_rank_0_exports_the_job_the_other_ranks_their_anomalies(tmp_p
             f"DELAY = {delay}\nSLOW = {SLOW}\n" + SCALE_JOB, tmp_path, TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
             TRAINTEL_CROSS_RANK_SCALE_WORLD_SIZE="1", TRAINTEL_SLOW_ITERATION_FACTOR="5",
             OTEL_METRIC_EXPORT_INTERVAL="300",  # collections during the run too (the heartbeat's)
+            TRAINTEL_WARMUP_ITERATIONS="0",  # (as the DDP job's: rank 1 is slow from its first step)
         )
     )  # fmt: skip
     updates = rank0.events(semconv.Event.RANKS_METRICS_UPDATE.value)

@@ -331,6 +331,8 @@ class WindowReport:
     #: Each iteration's data-loading wait (ns; None where it timed no step phases), in the
     #: order of ``durations``.
     data_loading_column: Sequence[int | None] = ()
+    #: The job's warm-up iterations among its rows (the first ones): compilation, cold caches.
+    warm: int = 0
 
     def get(self, key: str) -> float | None:
         value = self.attributes.get(key)
@@ -406,6 +408,7 @@ class TrainingAggregator:
             window.sync_marked,
             sums,
             data_loading_ns,
+            warm,
         )
         self.windows_closed += 1
         self.last_window = report

@@ -2,7 +2,7 @@
 
 The training thread pays one timestamp per iteration at the synchronisation point (stamped on
 the iteration by ``mark_sync_point``, called by the DDP comm hook or by the user); the window
-pipeline builds each window's six-number row from its report and hands it to the exchange
+pipeline builds each window's eight-number row from its report and hands it to the exchange
 thread. Everything else (the gather, the statistics, events and metrics) happens on the
 exchange thread; the gauges are read on the metric reader's thread. torch is imported only when
 the exchange starts.
@@ -177,6 +177,7 @@ class CrossRank:
             compute,
             marked > 0,
             (report.end_ns - report.start_ns) / 1e9 / n,
+            report.warm > 0,
         )
 
     def _decide_rank_export(self) -> None:

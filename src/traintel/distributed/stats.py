@@ -30,7 +30,10 @@ EWMA_ALPHA = 0.1
 #: are timer and scheduler noise on small steps, not a slow rank.
 MIN_LAG_S = 0.005
 #: The fields every rank contributes per window, in exchange order.
-FIELDS = ("window_index", "iterations", "iteration_s", "data_loading_s", "compute_s", "sync_marked", "pace_s")
+FIELDS = (
+    "window_index", "iterations", "iteration_s", "data_loading_s", "compute_s", "sync_marked", "pace_s",
+    "warm_up",
+)  # fmt: skip
 #: Windows that may wait for the exchange thread. More pending means the exchange cannot keep
 #: up (a rank is stuck): this rank stops exchanging rather than fall out of step.
 MAX_PENDING_WINDOWS = 8
@@ -74,6 +77,8 @@ class RankWindow:
     #: Its pace: the time from its first iteration's start to its last one's end per iteration
     #: (the time between iterations included), which is how long the rank's windows take.
     pace_s: float
+    #: It holds warm-up iterations (compilation, cold caches), which tell no straggler.
+    warm_up: bool = False
 
     def vector(self) -> list[float]:
         """The fixed-size row this rank sends (its rank is its position in the gather)."""
@@ -81,7 +86,7 @@ class RankWindow:
 
     @classmethod
     def from_vector(cls, rank: int, row: Sequence[float]) -> RankWindow:
-        return cls(rank, int(row[0]), int(row[1]), row[2], row[3], row[4], row[5] > 0.5, row[6])
+        return cls(rank, int(row[0]), int(row[1]), row[2], row[3], row[4], row[5] > 0.5, row[6], row[7] > 0.5)
 
 
 @dataclass(frozen=True)
@@ -183,14 +188,18 @@ class RankTracker:
         self._ewma: dict[int, float] = {}
 
     def update(self, rows: Sequence[RankWindow]) -> CrossRankWindow | None:
-        """Fold one window's rows (one per rank) in; None if they do not describe one window."""
+        """Fold one window's rows (one per rank) in; None if they do not describe one window.
+        A window that holds warm-up iterations on any rank names no straggler and leaves the
+        EWMAs alone: one rank compiling longer, or missing a cache the others hit, is no lag."""
         rows = [row for row in rows if row.iterations > 0]
         if not rows or len({row.window_index for row in rows}) != 1:
             return None
-        self._fold_ewma(rows)
-        return self._window(rows, sorted(rows, key=lambda row: (-row.compute_s, row.rank)))
+        warm_up = any(row.warm_up for row in rows)
+        if not warm_up:
+            self._fold_ewma(rows)
+        return self._window(rows, sorted(rows, key=lambda row: (-row.compute_s, row.rank)), warm_up)
 
-    def _window(self, rows: list[RankWindow], by_compute: list[RankWindow]) -> CrossRankWindow:
+    def _window(self, rows: list[RankWindow], by_compute: list[RankWindow], warm_up: bool) -> CrossRankWindow:
         top = by_compute[: self.top_k]
         return CrossRankWindow(
             window_index=rows[0].window_index,
@@ -201,8 +210,8 @@ class RankTracker:
             compute_mode=_compute_mode(rows),
             top_k=tuple(row.rank for row in top),
             top_k_compute=tuple(row.compute_s for row in top),
-            ewma=tuple(self._ewma.get(rank, 0.0) for rank in range(max(self._ewma) + 1)),
-            straggler=self._straggler(by_compute),
+            ewma=tuple(self._ewma.get(rank, 0.0) for rank in range(max(self._ewma, default=-1) + 1)),
+            straggler=None if warm_up else self._straggler(by_compute),
             pace=agreed_pace(rows),
         )
 
