@@ -220,7 +220,7 @@ def emitted() -> Iterator[dict[str, Any]]:
     cross_rank = traintel.get_telemetry().cross_rank
     assert cross_rank is not None
     cross_rank.world = 2
-    cross_rank._gathered([[0.0, 2.0, 1.0, 0.1, 0.2, 1.0, 1.0], [0.0, 2.0, 1.0, 0.1, 0.6, 1.0, 1.0]])
+    cross_rank._gathered([[0.0, 2.0, 1.0, 0.1, 0.2, 1.0, 1.0, 0.0], [0.0, 2.0, 1.0, 0.1, 0.6, 1.0, 1.0, 0.0]])
     # A collective as a rank counts it (for real, several ranks: tests/test_hang_ranks.py).
     SEQUENCE.enter("all_reduce")
     SEQUENCE.complete()
