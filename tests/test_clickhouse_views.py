@@ -143,6 +143,21 @@ SESSIONS: dict[str, Builder] = {
     "late exit flush": _killed(
         (killed.LATE_END, "otel", 0, 0, {}), (killed.RESUMED_UNTIL_150, "otel", 1, 100, {})
     ),
+    "restarted in its process from a checkpoint": _killed(
+        (killed.NUMBERED + killed.RESTARTED_IN_PROCESS, "traintel", 0, 0, {})
+    ),
+    "rolled back in its loop to a checkpoint": _killed(
+        (killed.NUMBERED + killed.ROLLED_BACK_IN_ITS_LOOP, "otel", 0, 0, {})
+    ),
+    "numbered per epoch": _killed(
+        (
+            killed.NUMBERED + killed.NUMBERED_PER_EPOCH,
+            "traintel",
+            0,
+            0,
+            {"TRAINTEL_LOG_EVERY_N_ITERATIONS": "6"},
+        ),
+    ),
 }
 
 
@@ -314,7 +329,7 @@ def test_stragglers_view_finds_the_rank_ddp_waits_for(clickhouse: Any, tmp_path:
         ranks = ok(
             run_ranks(
                 f"DELAY = {DELAY}\n" + DDP_JOB, tmp_path / launch, TRAINTEL_LOG_EVERY_N_ITERATIONS="4",
-                TRAINTEL_RUN_ID="ddp-run",
+                TRAINTEL_RUN_ID="ddp-run", TRAINTEL_WARMUP_ITERATIONS="0",  # (slow from its first step)
             )
         )  # fmt: skip
         updates += ranks[0].events(semconv.Event.RANKS_METRICS_UPDATE.value)

@@ -102,6 +102,58 @@ traintel.shutdown()
 """
 
 
+#: An iteration numbered ``i`` in either style (the harness's traintel phases count their own).
+NUMBERED = """
+def step(i):
+    if STYLE == "traintel":
+        return traintel.training_iteration(iteration=i)
+    return phase("training_iteration", i)
+"""
+
+#: An in-process restart (the training function run again after a fault, as NVIDIA's resiliency
+#: extension does): 5 s iterations 0-5 (0-30 s), a fault, the checkpoint of iteration 4 loaded
+#: (30-33 s), iterations 4-7 again (33-53 s), 1 s more. Iterations 4-5 of the first pass (10 s)
+#: are discarded progress.
+RESTARTED_IN_PROCESS = """
+with phase("application"):
+    for start, stop in ((0, 6), (4, 8)):
+        if start:
+            with load(start):
+                tick(3)
+        with loop(start):
+            for i in range(start, stop):
+                with step(i):
+                    tick(5)
+    tick(1)
+traintel.shutdown()
+"""
+
+#: A rollback inside one loop (after a loss spike): the same times, without the loop's end.
+ROLLED_BACK_IN_ITS_LOOP = """
+with phase("application"):
+    with loop(0):
+        for i in [*range(0, 6), *range(4, 8)]:
+            if i == 4 and NOW[0] > (T0_S + START + 29) * S:
+                with load(4):
+                    tick(3)
+            with step(i):
+                tick(5)
+    tick(1)
+traintel.shutdown()
+"""
+
+#: Iterations numbered per epoch (0-5, then 0-3 again), no checkpoint loaded: nothing discarded.
+NUMBERED_PER_EPOCH = """
+with phase("application"):
+    with loop(0):
+        for i in [*range(0, 6), *range(0, 4)]:
+            with step(i):
+                tick(5)
+    tick(1)
+traintel.shutdown()
+"""
+
+
 def run_job(tmp_path: Path, body: str, style: str, restart: int, start_s: float, **env: str) -> None:
     work = tmp_path / f"job-{restart}"
     work.mkdir()
@@ -132,6 +184,31 @@ def expect(result: SessionGoodput, total: float, productive: float, **badput: fl
     for category in BADPUT_CATEGORIES:
         assert result.badput_s[category] == pytest.approx(badput.get(category, 0.0), abs=1e-9), category
     assert result.productive_s + sum(result.badput_s.values()) == pytest.approx(result.total_s, abs=1e-9)
+
+
+@pytest.mark.parametrize("style", ["traintel", "otel"])
+@pytest.mark.parametrize(
+    "body", [RESTARTED_IN_PROCESS, ROLLED_BACK_IN_ITS_LOOP], ids=["restarted", "rolled-back"]
+)
+def test_progress_a_checkpoint_load_takes_back_in_the_process_is_wasted(
+    tmp_path: Path, style: str, body: str
+) -> None:
+    """54 s: 40 s of iterations kept, 10 s of the first pass of iterations 4-5 discarded by the
+    load of iteration 4's checkpoint (3 s), 1 s after the loop (before: all 50 s productive;
+    the offline rule, and traintel's window closing at the load, keep them apart)."""
+    run_job(tmp_path, NUMBERED + body, style, restart=0, start_s=0)
+    result = session_of(tmp_path / "runs")
+    expect(result, 54, 40, wasted_progress=10, checkpoint_load=3, other=1)
+    (job,) = result.jobs
+    assert (job.first_iteration, job.last_iteration, job.status) == (0, 7, "completed")
+
+
+@pytest.mark.parametrize("style", ["traintel", "otel"])
+def test_iterations_numbered_per_epoch_waste_nothing(tmp_path: Path, style: str) -> None:
+    """Numbers that start again without a checkpoint load (per epoch) take nothing back, each
+    epoch in windows of its own."""
+    run_job(tmp_path, NUMBERED + NUMBERED_PER_EPOCH, style, 0, 0, TRAINTEL_LOG_EVERY_N_ITERATIONS="6")
+    expect(session_of(tmp_path / "runs"), 51, 50, other=1)
 
 
 @pytest.mark.parametrize("style", ["traintel", "otel"])

@@ -297,12 +297,24 @@ WITH
                                                              greatest(acc.2, least(x.2, least(w.2, job_end_ns)))),
                                                 by_start, (toInt64(0), greatest(w.1, start_ns))).1,
                            windows) AS counted,
-               -- the share of each counted window's iterations that a later job ran again
+               -- a checkpoint load after which the next window went back to iterations run before
+               -- it (an in-process restart, a rollback): the progress past that point is discarded
+               -- (that window's start, its first iteration)
+               arraySort(w -> w.1, windows) AS by_time,
+               arrayMap(r -> (by_time[r.1].1, by_time[r.1].3),
+                        arrayFilter(r -> r.1 > 1 AND by_time[r.1 - 1].2 <= r.2
+                                         AND by_time[r.1].3 <= arrayMax(arrayMap(w -> w.4, arraySlice(by_time, 1, r.1 - 1))),
+                                    arrayMap(p -> (arrayFirstIndex(w -> w.1 >= p.2, by_time), p.2),
+                                             arrayFilter(p -> p.3 = 'checkpoint_load', phases)))) AS rewinds,
+               -- the share of each counted window's iterations that a later job ran again, or that
+               -- a later window of its own went back to
                arrayMap(w -> if(w.4 - w.3 + 1 > 0,
                                 arrayFold((acc, r) -> (acc.1 + if(least(r.2, w.4) >= greatest(r.1, w.3, acc.2 + 1),
                                                                   least(r.2, w.4) - greatest(r.1, w.3, acc.2 + 1) + 1, 0),
                                                        greatest(acc.2, least(r.2, w.4))),
-                                          arraySort(arrayMap(r -> (r.2, r.3), arrayFilter(r -> r.1, later_ranges))),
+                                          arraySort(arrayConcat(
+                                              arrayMap(r -> (r.2, r.3), arrayFilter(r -> r.1, later_ranges)),
+                                              arrayMap(r -> (r.2, w.4), arrayFilter(r -> r.1 > w.1, rewinds)))),
                                           (toInt64(0), w.3 - 1)).1 / (w.4 - w.3 + 1),
                                 0.),
                         counted) AS wasted_fractions

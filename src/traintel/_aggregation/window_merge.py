@@ -65,7 +65,9 @@ class RecordMerger:
         held, ready, held_ns = self._held, [], self._held_ns
         if held is None:
             merged = record
-        elif held.sums is None or record.sums is None:  # not mergeable exactly: each its own
+        elif held.sums is None or record.sums is None or record.first_iteration <= held.last_iteration:
+            # not mergeable exactly, or numbered back (a rollback to an older checkpoint, which
+            # the analysis tells by the ranges): each its own
             ready, merged, held_ns = self.flush(), record, 0
         else:
             merged = self._merge(held, record, held.sums, record.sums, inputs)

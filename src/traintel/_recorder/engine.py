@@ -930,6 +930,12 @@ class TrainingEngine:
                 self.last_checkpoint = before
 
     def checkpoint_loaded(self, duration_s: float, failed: bool = False) -> None:
+        """A load ended. After iterations it may take the model back to an older step (a rollback
+        after a loss spike): the open window closes, so that the iterations run before it and
+        those run again after it are in windows of their own (the analysis counts the progress
+        discarded)."""
+        if not failed and self.rows and self.training_thread in (0, _get_ident()):  # (0: plain spans only)
+            self.windows.close()
         with self.lock:
             self.checkpoints.add_load(duration_s)
         if self.metrics is not None:

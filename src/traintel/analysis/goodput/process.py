@@ -8,6 +8,7 @@ reads it or computes from it.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from traintel.semconv import Phase
 
 APPLICATION = Phase.APPLICATION.value
 LOOP = Phase.TRAINING_LOOP.value
+CHECKPOINT_LOAD = Phase.CHECKPOINT_LOAD.value
 
 
 @dataclass(slots=True)
@@ -226,10 +228,37 @@ class Process:
         ]  # fmt: skip
         out.extend(dataclasses.replace(w) for w in self.inferred)
         out.sort(key=lambda w: w.start_ns)
-        for w in out:
+        loads = sorted(end for _start, end, category in self.phases if category == CHECKPOINT_LOAD)
+        for w, rewound_to in zip(out, rewinds(out, loads), strict=True):
             span = w.last - w.first + 1
-            w.wasted_fraction = redone(later, w.first, w.last) / span if later and span > 0 else 0.0
+            ranges = later if rewound_to is None else [*later, (rewound_to, w.last)]
+            w.wasted_fraction = redone(ranges, w.first, w.last) / span if ranges and span > 0 else 0.0
         return out
+
+
+def rewinds(windows: list[Window], load_ends: list[int]) -> list[int | None]:
+    """For each window (ordered by start), the lowest iteration a later window of the same
+    process went back to after a checkpoint load (None: none did). A loop restarted in the
+    process from an older checkpoint (an in-process restart, a rollback after a loss spike)
+    discards the progress made past it, as a later job's resuming there does. Without a load
+    between them, a window numbered lower is not one (iterations numbered per epoch)."""
+    went_back: list[int | None] = [None] * len(windows)
+    reached, previous_end = None, 0
+    for position, w in enumerate(windows):
+        if reached is not None and w.first <= reached:
+            loaded = bisect.bisect_left(load_ends, previous_end)  # the first load since the last window
+            if loaded < len(load_ends) and load_ends[loaded] <= w.start_ns:
+                went_back[position] = w.first
+        reached = w.last if reached is None else max(reached, w.last)
+        previous_end = w.end_ns
+    lowest: int | None = None
+    out: list[int | None] = [None] * len(windows)
+    for position in range(len(windows) - 1, -1, -1):
+        out[position] = lowest
+        to = went_back[position]
+        if to is not None and (lowest is None or to < lowest):
+            lowest = to
+    return out
 
 
 @dataclass
