@@ -228,37 +228,42 @@ class Process:
         ]  # fmt: skip
         out.extend(dataclasses.replace(w) for w in self.inferred)
         out.sort(key=lambda w: w.start_ns)
-        loads = sorted(end for _start, end, category in self.phases if category == CHECKPOINT_LOAD)
-        for w, rewound_to in zip(out, rewinds(out, loads), strict=True):
+        for w, redoing in zip(out, redoing_ranges(out, later, self.phases), strict=True):
             span = w.last - w.first + 1
-            ranges = later if rewound_to is None else [*later, (rewound_to, w.last)]
-            w.wasted_fraction = redone(ranges, w.first, w.last) / span if ranges and span > 0 else 0.0
+            w.wasted_fraction = redone(redoing, w.first, w.last) / span if redoing and span > 0 else 0.0
         return out
 
 
-def rewinds(windows: list[Window], load_ends: list[int]) -> list[int | None]:
-    """For each window (ordered by start), the lowest iteration a later window of the same
-    process went back to after a checkpoint load (None: none did). A loop restarted in the
-    process from an older checkpoint (an in-process restart, a rollback after a loss spike)
-    discards the progress made past it, as a later job's resuming there does. Without a load
-    between them, a window numbered lower is not one (iterations numbered per epoch)."""
-    went_back: list[int | None] = [None] * len(windows)
-    reached, previous_end = None, 0
-    for position, w in enumerate(windows):
-        if reached is not None and w.first <= reached:
-            loaded = bisect.bisect_left(load_ends, previous_end)  # the first load since the last window
-            if loaded < len(load_ends) and load_ends[loaded] <= w.start_ns:
-                went_back[position] = w.first
-        reached = w.last if reached is None else max(reached, w.last)
-        previous_end = w.end_ns
-    lowest: int | None = None
-    out: list[int | None] = [None] * len(windows)
-    for position in range(len(windows) - 1, -1, -1):
-        out[position] = lowest
-        to = went_back[position]
-        if to is not None and (lowest is None or to < lowest):
-            lowest = to
-    return out
+def redoing_ranges(
+    windows: list[Window], later: list[tuple[int, int]], phases: list[tuple[int, int, str]]
+) -> list[list[tuple[int, int]]]:
+    """For each window (ordered by start), the iteration ranges run again after it: the later
+    jobs' (``later``), and from the lowest iteration a later window of the same process went
+    back to after a checkpoint load. A loop restarted in the process from an older checkpoint
+    (an in-process restart, a rollback after a loss spike) discards the progress made past it,
+    as a later job's resuming there does. Without a load between them, a window numbered lower
+    is not one (iterations numbered per epoch)."""
+    ranges: list[list[tuple[int, int]]] = []
+    floor: int | None = None  # the lowest iteration a later window went back to
+    for w, to in zip(reversed(windows), reversed(_went_back(windows, phases)), strict=True):
+        ranges.append(later if floor is None else [*later, (floor, w.last)])
+        if to is not None:
+            floor = to if floor is None else min(floor, to)
+    return ranges[::-1]
+
+
+def _went_back(windows: list[Window], phases: list[tuple[int, int, str]]) -> list[int | None]:
+    """Each window's first iteration if it went back to one run before, after a checkpoint load
+    since the window before it (None otherwise)."""
+    load_ends = sorted(end for _start, end, category in phases if category == CHECKPOINT_LOAD)
+    went_back: list[int | None] = []
+    reached, previous_end = -1, 0  # (iterations are numbered from 0)
+    for w in windows:
+        load = bisect.bisect_left(load_ends, previous_end)  # the first load since the last window
+        loaded = load < len(load_ends) and load_ends[load] <= w.start_ns
+        went_back.append(w.first if loaded and w.first <= reached else None)
+        reached, previous_end = max(reached, w.last), w.end_ns
+    return went_back
 
 
 @dataclass
