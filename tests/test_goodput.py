@@ -282,7 +282,40 @@ def test_each_job_s_step_time_deviation_is_from_its_own_ideal_and_its_own_span(
     assert all(window["p50"] == 0 for window in result.recent_deviation if window["first_iteration"] != 4)
     text = render_goodput([result])
     assert "    iteration 5 in job job-a, 1: 2.00 s (+100%)\n" in text  # whose, as numbers repeat
-    assert "    iteration 5 in job job-a, 0: 6.00 s (+50% over its job's ideal 4.00 s)\n" in text
+    assert "    iteration 5 in job job-a, 0: 6.00 s (+50% over its loop's ideal 4.00 s)\n" in text
+
+
+def test_each_loop_of_a_process_has_its_own_ideal_step_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pre-training at 4 s a step, then fine-tuning at 1 s in the same process: each loop's
+    windows deviate from its own ideal, live and in the files (before: one ideal, 4 s, for
+    both; the fine-tuning's last window read -75 %)."""
+
+    def two_stages(job: Job) -> None:
+        app = job.open("application", 0)
+        t, number = 0.0, 0
+        for durations in ([4, 4, 4, 4, 4, 6], [1, 2, 1, 1, 1, 1]):
+            loop = job.open("training_loop", t, app)
+            for seconds in durations:
+                job.iteration(loop, number, t, t + seconds).end(end_time=at(t + seconds))
+                t, number = t + seconds, number + 1
+            loop.end(end_time=at(t))
+        app.end(end_time=at(t))
+
+    ledger = run_job(tmp_path, monkeypatch, two_stages)
+    assert ledger.ideal_step_time_s == 1
+    last = ledger.last_window
+    assert last is not None and last.attributes()[semconv.STEP_TIME_IDEAL] == 1
+    result = one_session(tmp_path)
+    assert result.ideal_step_time_s == 1
+    listed = [
+        (e["iteration"], e["seconds"], e["deviation"], e["ideal_seconds"]) for e in result.most_deviating
+    ]
+    assert listed[:2] == [(7, 2, 1, 1), (5, 6, 0.5, 4)]
+    assert all(entry["deviation"] == 0 for entry in result.most_deviating[2:])
+    # windows of 2: [4, 4], [4, 4], [4, 6] over 4 s; [1, 2], [1, 1], [1, 1] over 1 s
+    assert [w["p50"] for w in result.recent_deviation] == [0, 0, 0.25, 0.5, 0, 0]
 
 
 def crashed_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, second_restart: int = 1) -> None:

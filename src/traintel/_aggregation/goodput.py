@@ -203,7 +203,7 @@ class GoodputLedger:
         self._held: WindowGoodput | None = None  # the first window, until startup is known
         self._first_iteration_s: float | None = None
         self._startup_decided = False
-        self.steps = QuantileSketch(0.01, exact_limit=256)  # the ideal is recomputed every window
+        self.steps = QuantileSketch(0.01, exact_limit=256)  # the loop's; the ideal is recomputed every window
         self.ideal_step_time_s: float | None = None
         self._windows_seen = 0
         self.last_window: WindowGoodput | None = None
@@ -294,13 +294,9 @@ class GoodputLedger:
         window.sync_compute_s, window.sync_marked = report.sync_compute_ns / 1e9, report.sync_marked
         self.steps.add_many(report.batch if report.batch is not None else durations)
         self._windows_seen += 1
-        if (
-            self.steps.is_exact
-            or self.ideal_step_time_s is None
-            or self._windows_seen % IDEAL_REFRESH_WINDOWS == 0
-        ):
+        if self.steps.is_exact or self._windows_seen == 1 or self._windows_seen % IDEAL_REFRESH_WINDOWS == 0:
             # exact (and cheap) for the first steps; then from the sketch, every few windows (and
-            # at once where the first windows held more steps than the exact range)
+            # at once where a loop's first window held more steps than the exact range)
             self.ideal_step_time_s = self.steps.robust_mean()
         window.ideal_step_time_s = self.ideal_step_time_s
         window.sums = report.sums
@@ -349,6 +345,11 @@ class GoodputLedger:
         room = window.iteration_time_s - window.data_loading_s - window.nested_badput_s
         window.program_startup_s = startup_seconds(steps, room)
         self._startup_decided = True
+
+    def loop_ended(self) -> None:
+        """The next loop (a later stage, another model) steps at a pace of its own: its ideal
+        step time is its own steps'."""
+        self.steps, self._windows_seen = QuantileSketch(0.01, exact_limit=256), 0
 
     def flush_held(self) -> list[WindowGoodput]:
         """The loop ended with only the first iteration's window held: export it as it is."""

@@ -172,6 +172,8 @@ class WindowConsumers:
         else:
             metrics = report.attributes if self._compact(event) else None
             records = ledger.close_window(report, event.inputs.peak_flops, final, metrics)
+        if final:
+            ledger.loop_ended()
         self._held_parent = event.parent
         self._export(self._by_time(records, event), final, event.segment if final else None)
 

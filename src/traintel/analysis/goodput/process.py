@@ -137,6 +137,8 @@ class Process:
     wall_clock_step_s: float = 0.0  # the largest step of the wall clock a ``wall_clock_step`` event said
     outermost: str | None = None
     phases: list[tuple[int, int, str]] = field(default_factory=list)
+    #: Where its training loops ended (each loop has an ideal step time of its own).
+    loop_ends: list[int] = field(default_factory=list)
     #: Data-loading spans, resolved (inside an iteration or not) once every span is read.
     data_loading: Table = field(default_factory=lambda: Table(DATA_ROW))
     #: Every span's parent, for that resolution.
@@ -180,6 +182,11 @@ class Process:
         (a notebook cell run again is a second one); without one, its latest loop's (a
         fine-tuning stage after pre-training). The latest, not the first read: files merge in
         any order to the same end."""
+        if phase == LOOP:
+            self.loop_ends.append(end_ns)
+        self._outermost_end(phase, end_ns, error)
+
+    def _outermost_end(self, phase: str, end_ns: int, error: bool) -> None:
         rank = (phase == APPLICATION, end_ns)
         if self.outermost is None or rank >= (self.outermost == APPLICATION, self.end_ns or 0):
             self.outermost, self.end_ns, self.end_error = phase, end_ns, error
@@ -193,10 +200,11 @@ class Process:
         """Add what ``later`` read (from the files after this one's) as if read after it."""
         self.see(later.start_ns if later.start_ns != 2**63 else 0, later.last_ns)
         if later.outermost is not None and later.end_ns is not None:
-            self.ended(later.outermost, later.end_ns, later.end_error)
+            self._outermost_end(later.outermost, later.end_ns, later.end_error)
         self.preempted = self.preempted or later.preempted
         self.wall_clock_step_s = max(self.wall_clock_step_s, later.wall_clock_step_s, key=abs)
         self.phases.extend(later.phases)
+        self.loop_ends.extend(later.loop_ends)
         if later.resume is not None and (self.resume is None or later.resume < self.resume):
             self.resume = later.resume
         for mine, theirs in (

@@ -4,6 +4,7 @@ timeline of each job's reference rank, wasted progress, model goodput and step-t
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import os
 from collections import defaultdict
@@ -386,14 +387,13 @@ def _model_goodput(result: SessionGoodput, windows: list[Window]) -> None:
 def _step_time(
     result: SessionGoodput, ref_windows: list[list[Window]], refs: list[Process], recent: int = 10
 ) -> None:
-    """Each job's windows against its own ideal step time (its last window's): a resumed job
-    on another node or config steps at its own pace, and the last job's ideal would make every
-    earlier iteration look slow or fast. The session shows the latest job's ideal."""
-    ideals = [next((w.ideal for w in reversed(ws) if w.ideal), None) for ws in ref_windows]
-    result.ideal_step_time_s = next((ideal for ideal in reversed(ideals) if ideal), None)
-    pairs = enumerate(zip(ref_windows, ideals, strict=True))
-    own = [(job, w, ideal) for job, (ws, ideal) in pairs if ideal for w in ws]
+    """Each loop's windows against its own ideal step time (its last window's): a resumed job
+    on another node or config, or a later stage of one job (fine-tuning after pre-training),
+    steps at its own pace, and one ideal would make every other iteration look slow or fast.
+    The session shows the latest loop's ideal."""
+    own = [(job, w, ideal) for job, ws in enumerate(ref_windows) for w, ideal in _loop_ideals(ws, refs[job])]
     own.sort(key=lambda item: item[1].end_ns)
+    result.ideal_step_time_s = own[-1][2] if own else None
     if not own:
         return
     result.recent_deviation = [
@@ -407,6 +407,20 @@ def _step_time(
         for _job, w, ideal in [item for item in own if item[1].quantiles][-recent:]
     ]
     result.most_deviating = _most_deviating(result, own, refs)
+
+
+def _loop_ideals(windows: list[Window], process: Process) -> list[tuple[Window, float]]:
+    """Each window with an ideal, and its loop's (the last one of the windows that ended with
+    or before the loop's end)."""
+    ends = sorted(process.loop_ends)
+    loops: dict[int, list[Window]] = {}
+    for w in windows:
+        loops.setdefault(bisect.bisect_left(ends, w.end_ns), []).append(w)
+    out = []
+    for members in loops.values():
+        ideal = next((w.ideal for w in reversed(members) if w.ideal), None)
+        out += [(w, ideal) for w in members] if ideal else []
+    return out
 
 
 def _most_deviating(

@@ -90,7 +90,7 @@ def _step_time_lines(r: SessionGoodput, links: TraceLinks | None) -> list[str]:
         )
     for entry in r.most_deviating:
         ideal = entry["ideal_seconds"]
-        own = f" over its job's ideal {fmt_seconds(ideal)}" if ideal != r.ideal_step_time_s else ""
+        own = f" over its loop's ideal {fmt_seconds(ideal)}" if ideal != r.ideal_step_time_s else ""
         deviation = f"{entry['deviation']:+.0%}{own}"
         job = f" in job {entry['run_id']}, {entry['restart']}" if len(r.jobs) > 1 else ""
         took = fmt_seconds(entry["seconds"])
