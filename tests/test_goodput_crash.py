@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.subprocess_helpers import run_python
-from traintel import cli
+from traintel import cli, semconv
 from traintel._aggregation.progress import Account, OpenWindowProgress, job_progress
 from traintel.analysis.goodput import SessionGoodput, compute_goodput, load_jobs
 from traintel.analysis.report import build_report
@@ -142,6 +142,19 @@ with phase("application"):
 traintel.shutdown()
 """
 
+#: A load between every two iterations that takes nothing back (a ``torch.load`` of data, say):
+#: 12 iterations of 5 s, each after a 1 s load.
+LOADS_GOING_ON = """
+with phase("application"):
+    with loop(0):
+        for i in range(12):
+            with load(i):
+                tick(1)
+            with step(i):
+                tick(5)
+traintel.shutdown()
+"""
+
 #: Iterations numbered per epoch (0-5, then 0-3 again), no checkpoint loaded: nothing discarded.
 NUMBERED_PER_EPOCH = """
 with phase("application"):
@@ -201,6 +214,17 @@ def test_progress_a_checkpoint_load_takes_back_in_the_process_is_wasted(
     expect(result, 54, 40, wasted_progress=10, checkpoint_load=3, other=1)
     (job,) = result.jobs
     assert (job.first_iteration, job.last_iteration, job.status) == (0, 7, "completed")
+
+
+@pytest.mark.parametrize("style", ["traintel", "otel"])
+def test_loads_that_take_nothing_back_leave_the_windows_alone(tmp_path: Path, style: str) -> None:
+    """A load before every iteration, the numbers going on: the windows close every 4
+    iterations as configured (a window closed at every load would make a record per
+    iteration, and ranks that load apart would stop agreeing on their windows)."""
+    run_job(tmp_path, NUMBERED + LOADS_GOING_ON, style, 0, 0, TRAINTEL_LOG_EVERY_N_ITERATIONS="4")
+    windows = [s for s in iter_spans([tmp_path / "runs"]) if s.name == "training_window"]
+    assert [s.attributes[semconv.WINDOW_PREFIX + "first_iteration"] for s in windows] == [0, 4, 8]
+    expect(session_of(tmp_path / "runs"), 72, 60, checkpoint_load=12)
 
 
 @pytest.mark.parametrize("style", ["traintel", "otel"])

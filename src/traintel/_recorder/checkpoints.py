@@ -268,7 +268,7 @@ def _measured_size(engine: TrainingEngine, path: str | os.PathLike[str]) -> int 
 class CheckpointLoadPhase(PhaseSpan):
     def _before_end(self, engine: TrainingEngine, span: Span, exc: BaseException | None, end_ns: int) -> None:
         if span.is_recording():
-            engine.checkpoint_loaded((end_ns - self._start_ns) / 1e9, failed=exc is not None)
+            engine.checkpoint_loaded((end_ns - self._start_ns) / 1e9, end_ns, failed=exc is not None)
 
 
 class CheckpointStagePhase(PhaseSpan):

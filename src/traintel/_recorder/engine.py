@@ -28,7 +28,7 @@ from traintel._aggregation.aggregator import CheckpointStats, EvalStats
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._aggregation.goodput import GoodputLedger
 from traintel._aggregation.sampling import IterationSampler
-from traintel._aggregation.window import OpenWindow, RawRow, add_metrics
+from traintel._aggregation.window import END, OpenWindow, RawRow, Row, add_metrics
 from traintel._recorder import clock
 from traintel._recorder.ports import (
     CheckpointMetrics,
@@ -58,6 +58,7 @@ from traintel.config import TrainingConfig
 from traintel.semconv import Event, Phase
 
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
+_ITERATION: Final = Row._fields.index("iteration")  # a row's iteration number
 _METRIC_PREFIX: Final = semconv.METRIC_PREFIX
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
@@ -121,6 +122,7 @@ class TrainingEngine:
     #: batch fetched before the iteration opens): the next iteration starts with them.
     prelude: tuple[PreludeStep, ...] = ()
     _foreign_next = 0  # the next number for a foreign iteration span that carries none
+    load_end_ns = 0  # when a checkpoint load last ended (see _rolled_back)
 
     def __init__(
         self,
@@ -353,6 +355,8 @@ class TrainingEngine:
             start_ns, prelude = self._take_prelude(phase, context, start_ns)
         if phase == _TRAINING_ITERATION:
             iteration = self.next_train_iteration if given_number is None else given_number
+            if given_number is not None and self.load_end_ns:
+                self._rolled_back(iteration)
             self.next_train_iteration = iteration + 1
             sampler = self.sampler
             if self.segments.rotate_pending:
@@ -929,19 +933,31 @@ class TrainingEngine:
             if made is not None and self.last_checkpoint is made:
                 self.last_checkpoint = before
 
-    def checkpoint_loaded(self, duration_s: float, failed: bool = False) -> None:
-        """A load ended. After iterations it may take the model back to an older step (a rollback
-        after a loss spike): the open window closes, so that the iterations run before it and
-        those run again after it are in windows of their own (the analysis counts the progress
-        discarded)."""
-        if not failed and self.rows and self.training_thread in (0, _get_ident()):  # (0: plain spans only)
-            self.windows.close()
+    def checkpoint_loaded(self, duration_s: float, end_ns: int, failed: bool = False) -> None:
+        if not failed:  # it may have taken the model back to an older step (see _rolled_back)
+            self.load_end_ns = max(self.load_end_ns, end_ns)
         with self.lock:
             self.checkpoints.add_load(duration_s)
         if self.metrics is not None:
             self.metrics.checkpoint_loaded(duration_s)
             if failed:
                 self.metrics.checkpoint_failed(Phase.CHECKPOINT_LOAD.value)
+
+    def _rolled_back(self, iteration: int) -> None:
+        """A checkpoint was loaded since the open window's last iteration, and ``iteration`` is
+        numbered at or below that one: the model went back to an older step (a rollback after a
+        loss spike). The window closes, so that the iterations run before the load and those
+        run again after it are in windows of their own (the analysis counts the progress
+        discarded). A load that takes nothing back (numbers going on, a ``torch.load`` of data)
+        leaves the window as it is."""
+        rows = self.rows
+        if not rows:
+            return
+        last: tuple[Any, ...] = rows[-1]
+        if last[END] > self.load_end_ns:  # the load came before the window's last iteration
+            self.load_end_ns = 0  # (read: not again)
+        elif iteration <= last[_ITERATION]:
+            self.windows.close()
 
     def checkpoint_stage_done(self, stage: str, duration_s: float) -> None:
         with self.lock:
@@ -978,6 +994,7 @@ class TrainingEngine:
             span.parent or trace_api.INVALID_SPAN_CONTEXT,
         )
         record.add_work(*(number(attributes.get(key)) for key in COUNT_ATTRIBUTES))
+        self._rolled_back(record.iteration)
         if span.status.status_code is StatusCode.ERROR:  # it raised: no completed iteration
             record.fail(RuntimeError(span.status.description or "the iteration failed"))
         _foreign_steps_and_metrics(record, steps, attributes)

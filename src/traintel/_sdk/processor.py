@@ -73,7 +73,7 @@ class SpanEngine(Protocol):
         failed: bool = False,
     ) -> dict[str, AttributeValue]: ...
 
-    def checkpoint_loaded(self, duration_s: float, failed: bool = False) -> None: ...
+    def checkpoint_loaded(self, duration_s: float, end_ns: int, failed: bool = False) -> None: ...
 
     def checkpoint_stage_done(self, stage: str, duration_s: float) -> None: ...
 
@@ -320,7 +320,8 @@ class TrainingMetricsProcessor(SpanProcessor):
                 failed=span.status.status_code is StatusCode.ERROR,
             )  # fmt: skip
         elif phase == Phase.CHECKPOINT_LOAD.value:
-            engine.checkpoint_loaded(duration_s, failed=span.status.status_code is StatusCode.ERROR)
+            end_ns = span.end_time or 0
+            engine.checkpoint_loaded(duration_s, end_ns, failed=span.status.status_code is StatusCode.ERROR)
         elif phase in _STAGE_OF:
             engine.checkpoint_stage_done(_STAGE_OF[phase], duration_s)
 
