@@ -196,3 +196,46 @@ def test_each_worker_of_a_pool_that_trains_exports_its_own_run(tmp_path: Path, m
     assert trained == 10, result.stderr
     [file] = (tmp_path / "runs").glob(f"*-{parent}.otlp.jsonl")
     assert [s.name for s in iter_spans([file])] == ["model_init"]
+
+
+BLOCKED_CHILD_JOB = """
+import multiprocessing, os, signal, time
+import traintel
+
+def child(ready):
+    with traintel.application():  # a job of its own, with its threads
+        with traintel.training_loop():
+            with traintel.training_iteration():
+                pass
+    # The main thread waits in C (as a Pool worker for its next task) and the signal goes to one
+    # of the job's threads: the kernel picks any thread that does not block it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    ready.put(os.getpid())
+    lock = multiprocessing.Lock()
+    lock.acquire()
+    lock.acquire()
+
+if __name__ == "__main__":
+    with traintel.model_init():  # the parent configured first: its signal watch is its own
+        pass
+    context = multiprocessing.get_context("fork")
+    ready = context.SimpleQueue()
+    process = context.Process(target=child, args=(ready,))
+    process.start()
+    ready.get()
+    process.terminate()
+    process.join(20)
+    print(process.exitcode, flush=True)
+    if process.exitcode is None:
+        process.kill()
+"""
+
+
+def test_a_forked_child_that_trains_dies_by_sigterm_while_its_main_thread_waits_in_c(tmp_path: Path) -> None:
+    """A forked child with a job of its own, its main thread blocked in C, SIGTERM delivered to
+    one of its other threads: it dies by the signal, as without traintel (before: it lived on,
+    as a ``Pool`` worker waiting for its next task did under load, and the pool's exit waited
+    for it forever; the child had its parent's handler but no signal watch of its own)."""
+    result = run_python(BLOCKED_CHILD_JOB, tmp_path, TRAINTEL_OUTPUT_DIR=str(tmp_path / "runs"), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(-15)], result.stderr

@@ -208,6 +208,19 @@ _reporting = threading.Lock()
 _reporter = [0]
 
 
+def _forget_in_child() -> None:
+    """A forked child keeps its parent's handlers but not its watch: a job of its own installs
+    one (see :mod:`traintel._runtime.signal_watch`)."""
+    global _installed, _reporting
+    _installed = False
+    _reporting = threading.Lock()
+    _reporter[0] = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def _claim_report() -> bool:
     if not _reporting.acquire(blocking=False):
         return False
@@ -218,6 +231,9 @@ def _claim_report() -> bool:
 def _stuck(signum: int, received_ns: int) -> None:
     """The main thread, inside C++, has not begun handling a signal whose default action ends
     the process: the report runs here, then the process dies by the signal, as it would have."""
+    telemetry = _state.running()
+    if telemetry is not None and telemetry.shutting_down:
+        return  # bounded: the main thread takes the signal once its shutdown is done
     if _previous.get(signum, signal.SIG_DFL) is not signal.SIG_DFL or not _claim_report():
         return
     _logger.warning(

@@ -11,9 +11,13 @@ the main thread is doing; a thread here reads it. When the main thread has not b
 the signal within :data:`GRACE_S`, ``on_stuck(signum, received_ns)`` runs on that thread (the
 preemption report, then death by the signal).
 
-A forked child's signals are its own: its copy of the descriptor is pointed at ``/dev/null``.
-Nothing is installed where the descriptor is already someone else's (an asyncio loop's), nor
-on Windows.
+A forked child's signals are its own, and the parent's watch thread did not survive the fork:
+the child lets the descriptor go (where it cannot, it is pointed at ``/dev/null``), and a job
+the child configures (a ``multiprocessing.Pool`` worker that trains) starts a watch of its own.
+Without one, such a worker, whose job's threads may take the signal while its main thread
+waits in C for its next task, lived on after its pool's ``terminate()``, and the pool's exit
+waited for it forever. Nothing is installed where the descriptor is already someone else's (an
+asyncio loop's), nor on Windows.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ def watch(signums: Collection[int], on_stuck: Callable[[int, int], None]) -> boo
         writer.close()
         return False
     _sockets.extend((reader, writer))
-    os.register_at_fork(after_in_child=lambda: _silence(writer.fileno()))
+    os.register_at_fork(after_in_child=lambda: _forget(writer.fileno()))
     thread = threading.Thread(
         target=_run, args=(reader, frozenset(signums), on_stuck), name="traintel-signals", daemon=True
     )
@@ -72,8 +76,28 @@ def watch(signums: Collection[int], on_stuck: Callable[[int, int], None]) -> boo
     return True
 
 
+def _forget(fd: int) -> None:
+    """In a forked child: the parent's watch (its descriptor, counts and sockets) let go."""
+    with _lock:
+        _seen.clear()
+        _handled.clear()
+    try:
+        previous = signal.set_wakeup_fd(-1)
+    except (ValueError, OSError):
+        _silence(fd)
+        return
+    if previous != fd:  # someone else's since: theirs stays
+        signal.set_wakeup_fd(previous)
+        _silence(fd)
+        return
+    for sock in _sockets:
+        sock.close()
+    _sockets.clear()
+
+
 def _silence(fd: int) -> None:
-    """In a forked child: its signals go to /dev/null, not to its parent's watch."""
+    """In a forked child that cannot let its descriptor go: its signals go to /dev/null, not to
+    its parent's watch."""
     try:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, fd)

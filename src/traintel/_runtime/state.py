@@ -274,6 +274,11 @@ class Telemetry:
             self.progress.mark()
         return flushed
 
+    @property
+    def shutting_down(self) -> bool:
+        """A thread is running :meth:`shutdown` (bounded)."""
+        return self._shutting_down_on is not None
+
     def defer_signal(self, signum: int) -> bool:
         """A terminating signal while this thread shuts the job down (a multiprocessing worker
         exits by itself as its parent's ``terminate()`` signals it): the shutdown finishes, then
