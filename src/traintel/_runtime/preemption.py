@@ -211,9 +211,9 @@ _reporter = [0]
 def _forget_in_child() -> None:
     """A forked child keeps its parent's handlers but not its watch: a job of its own installs
     one (see :mod:`traintel._runtime.signal_watch`)."""
-    global _installed, _reporting
+    global _installed, _install_lock, _reporting
     _installed = False
-    _reporting = threading.Lock()
+    _install_lock, _reporting = threading.Lock(), threading.Lock()  # (a thread may have held them)
     _reporter[0] = 0
 
 

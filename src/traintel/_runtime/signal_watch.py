@@ -68,7 +68,6 @@ def watch(signums: Collection[int], on_stuck: Callable[[int, int], None]) -> boo
         writer.close()
         return False
     _sockets.extend((reader, writer))
-    os.register_at_fork(after_in_child=lambda: _forget(writer.fileno()))
     thread = threading.Thread(
         target=_run, args=(reader, frozenset(signums), on_stuck), name="traintel-signals", daemon=True
     )
@@ -76,11 +75,17 @@ def watch(signums: Collection[int], on_stuck: Callable[[int, int], None]) -> boo
     return True
 
 
-def _forget(fd: int) -> None:
-    """In a forked child: the parent's watch (its descriptor, counts and sockets) let go."""
-    with _lock:
-        _seen.clear()
-        _handled.clear()
+def _forget() -> None:
+    """In a forked child: the parent's watch (its descriptor, counts, sockets and lock, which
+    its thread may have held at the fork) let go."""
+    global _lock, _changed
+    _lock = threading.RLock()
+    _changed = threading.Condition(_lock)
+    _seen.clear()
+    _handled.clear()
+    if not _sockets:  # the parent watched nothing
+        return
+    fd = _sockets[-1].fileno()  # the writer
     try:
         previous = signal.set_wakeup_fd(-1)
     except (ValueError, OSError):
@@ -93,6 +98,10 @@ def _forget(fd: int) -> None:
     for sock in _sockets:
         sock.close()
     _sockets.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget)
 
 
 def _silence(fd: int) -> None:
