@@ -28,7 +28,7 @@ from traintel._aggregation.aggregator import CheckpointStats, EvalStats
 from traintel._aggregation.export_policy import RankExportPolicy
 from traintel._aggregation.goodput import GoodputLedger
 from traintel._aggregation.sampling import IterationSampler
-from traintel._aggregation.window import END, OpenWindow, RawRow, Row, add_metrics
+from traintel._aggregation.window import OpenWindow, RawRow, Row, add_metrics
 from traintel._recorder import clock
 from traintel._recorder.ports import (
     CheckpointMetrics,
@@ -58,7 +58,6 @@ from traintel.config import TrainingConfig
 from traintel.semconv import Event, Phase
 
 _TRAINING_ITERATION: Final = Phase.TRAINING_ITERATION.value
-_ITERATION: Final = Row._fields.index("iteration")  # a row's iteration number
 _METRIC_PREFIX: Final = semconv.METRIC_PREFIX
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 LOOP_OF_ITERATION: Final = {i.value: loop.value for i, loop in semconv.LOOP_OF_ITERATION.items()}
@@ -953,10 +952,10 @@ class TrainingEngine:
         rows = self.rows
         if not rows:
             return
-        last: tuple[Any, ...] = rows[-1]
-        if last[END] > self.load_end_ns:  # the load came before the window's last iteration
+        last = Row._make(rows[-1])
+        if last.end_ns > self.load_end_ns:  # the load came before the window's last iteration
             self.load_end_ns = 0  # (read: not again)
-        elif iteration <= last[_ITERATION]:
+        elif iteration <= last.iteration:
             self.windows.close()
 
     def checkpoint_stage_done(self, stage: str, duration_s: float) -> None:
